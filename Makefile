@@ -1,0 +1,32 @@
+# Two commands do everything from a fresh clone: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test lint bench figures clean
+
+$(STAMP): pyproject.toml constraints.txt
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "pipebubble needs Python >= 3.11"'
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) code/main.py
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check src tests bench code examples
+	$(PY) -m pytest
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests bench code examples
+
+bench: $(STAMP)
+	$(PY) bench/bench_simulate.py
+
+figures: $(STAMP)
+	$(PY) examples/make_figures.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info
