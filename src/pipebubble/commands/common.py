@@ -1,0 +1,121 @@
+"""Flags and helpers shared by the subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..costs import CostModel
+from ..schedule import Schedule, ScheduleError
+from ..schedules import closed_form_bubble, get_schedule, schedule_names
+from ..timeline import Timeline
+
+
+def positive_int(name: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{name} must be an integer >= 1, got {text!r}"
+            ) from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{name} must be >= 1, got {value}")
+        return value
+
+    return parse
+
+
+def time_value(name: str):
+    """A scalar or a comma list of non-negative numbers (one per stage)."""
+
+    def parse(text: str) -> float | list[float]:
+        parts = [p.strip() for p in text.split(",")]
+        try:
+            values = [float(p) for p in parts]
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{name} must be a number or a comma list of numbers, got {text!r}"
+            ) from None
+        for v in values:
+            if not v >= 0 or v == float("inf"):
+                raise argparse.ArgumentTypeError(f"{name} must be finite and >= 0, got {v:g}")
+        return values[0] if len(values) == 1 else values
+
+    return parse
+
+
+def add_schedule_flags(p: argparse.ArgumentParser, schedule_required: bool = True) -> None:
+    if schedule_required:
+        p.add_argument("--schedule", required=True, metavar="NAME",
+                       help=f"one of: {', '.join(schedule_names())} (case-insensitive)")
+    p.add_argument("--ranks", "-p", type=positive_int("--ranks"), required=True, metavar="P")
+    p.add_argument("--microbatches", "-m", type=positive_int("--microbatches"), required=True,
+                   metavar="M")
+    p.add_argument("--chunks", "-v", type=positive_int("--chunks"), default=None, metavar="V",
+                   help="stages per rank (interleaved schedules); default: the schedule's own")
+
+
+def add_cost_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("costs (a scalar is one rank's share; a comma list is per stage)")
+    g.add_argument("--f", type=time_value("--f"), default=1.0, metavar="T", help="forward (1)")
+    g.add_argument("--b", type=time_value("--b"), default=2.0, metavar="T",
+                   help="full backward B = I + W (2)")
+    g.add_argument("--w", type=time_value("--w"), default=1.0, metavar="T",
+                   help="weight-gradient part W of the backward (1)")
+    g.add_argument("--comm", type=time_value("--comm"), default=0.0, metavar="T",
+                   help="time per hop between ranks (0)")
+    g.add_argument("--overlap", type=float, default=1.0, metavar="X",
+                   help="overlapped F&B pair time as a fraction of F + B (1.0)")
+
+
+def costs_from_args(args: argparse.Namespace) -> CostModel:
+    if isinstance(args.comm, list):
+        raise ScheduleError("--comm takes one value (time per hop), got a list")
+    return CostModel(f=args.f, b=args.b, w=args.w, comm=args.comm,
+                     overlap=getattr(args, "overlap", 1.0))
+
+
+def schedule_from_args(args: argparse.Namespace) -> Schedule:
+    return get_schedule(args.schedule, args.ranks, args.microbatches, args.chunks)
+
+
+def closed_form_for(schedule: Schedule, costs: CostModel) -> float | None:
+    """The closed-form bubble for a registered schedule under these costs (None if unknown)."""
+    try:
+        sc = costs.resolve(schedule.num_stages, schedule.chunks)
+        return closed_form_bubble(schedule.name, schedule.num_ranks, schedule.num_microbatches,
+                                  schedule.chunks, sc)
+    except ScheduleError:
+        return None
+
+
+def timeline_json(timeline: Timeline, closed_form: float | None, events: bool = True) -> dict:
+    """The JSON contract shared by every command (see README, "JSON output")."""
+    out = timeline.summary()
+    out["closed_form_bubble"] = closed_form
+    if events:
+        out["events"] = timeline.events_json()
+    return out
+
+
+def print_json(obj: object) -> None:
+    json.dump(obj, sys.stdout)
+    sys.stdout.write("\n")
+
+
+def add_figure_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("pictures and traces")
+    g.add_argument("--png", metavar="FILE", help="save the Gantt chart as PNG")
+    g.add_argument("--svg", metavar="FILE", help="save the Gantt chart as SVG")
+    g.add_argument("--trace", metavar="FILE", help="save a Chrome/Perfetto trace (JSON)")
+
+
+def write_figures(args: argparse.Namespace, timelines: list[Timeline], title: str) -> None:
+    """Write whatever --png/--svg/--trace asked for (render/figures.py does the drawing)."""
+    if not any(getattr(args, k, None) for k in ("png", "svg", "trace")):
+        return
+    from ..render import figures
+
+    figures.write(args, timelines, title)

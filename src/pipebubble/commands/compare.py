@@ -1,0 +1,73 @@
+"""``pipebubble compare``: every registered schedule side by side under the same costs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+from ..schedule import ScheduleError
+from ..schedules import get_schedule, lookup, schedule_names
+from ..simulate import simulate
+from .common import (
+    add_cost_flags,
+    add_figure_flags,
+    closed_form_for,
+    costs_from_args,
+    positive_int,
+    print_json,
+    timeline_json,
+    write_figures,
+)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("compare", help="compare every schedule for the same p, m and costs")
+    p.add_argument("--ranks", "-p", type=positive_int("--ranks"), required=True, metavar="P")
+    p.add_argument("--microbatches", "-m", type=positive_int("--microbatches"), required=True,
+                   metavar="M")
+    p.add_argument("--chunks", "-v", type=positive_int("--chunks"), default=None, metavar="V",
+                   help="chunks for schedules that take a variable number (default: their own)")
+    add_cost_flags(p)
+    add_figure_flags(p)
+    p.add_argument("--json", action="store_true", help="print a JSON list and nothing else")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    costs = costs_from_args(args)
+    rows, skipped = [], []
+    for name in schedule_names():
+        spec = lookup(name)
+        chunks = args.chunks if (args.chunks and not spec.fixed_chunks) else None
+        try:
+            schedule = get_schedule(name, args.ranks, args.microbatches, chunks)
+            timeline = simulate(schedule, costs)
+        except ScheduleError as exc:
+            skipped.append((name, str(exc)))
+            continue
+        rows.append((schedule, timeline, closed_form_for(schedule, costs)))
+    write_figures(args, [t for _, t, _ in rows], f"p={args.ranks} m={args.microbatches}")
+    if args.json:
+        print_json([timeline_json(t, c, events=False) for _, t, c in rows])
+        for name, why in skipped:
+            sys.stderr.write(f"pipebubble: skipped {name}: {why}\n")
+        return 0
+    table = Table(title=f"p={args.ranks} m={args.microbatches}")
+    for col in ("schedule", "v", "step time", "bubble", "closed form", "peak act. (rank 0)",
+                "peak mem (max)"):
+        table.add_column(col, justify="right")
+    for schedule, t, closed in rows:
+        stats = t.rank_stats()
+        table.add_row(
+            schedule.name, str(schedule.chunks), f"{t.step_time:.4g}", f"{t.bubble_fraction:.2%}",
+            "—" if closed is None else f"{closed:.2%}", str(stats[0].peak_activations),
+            f"{max(s.peak_memory for s in stats):.4g}",
+        )
+    console = Console()
+    console.print(table)
+    for name, why in skipped:
+        console.print(f"[dim]skipped {name}: {why}[/dim]")
+    return 0

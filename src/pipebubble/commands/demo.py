@@ -1,0 +1,21 @@
+"""``pipebubble demo``: the lesson's 4-stage pipeline with trace, Gantt chart and bubble."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..demo import run_demo
+from .common import positive_int
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("demo", help="the lesson's 4-stage demo: trace, Gantt chart, bubble")
+    p.add_argument("--stages", type=positive_int("--stages"), default=4)
+    p.add_argument("--microbatches", "-m", type=positive_int("--microbatches"), default=8)
+    p.add_argument("--schedule", default="gpipe")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    run_demo(args.stages, args.microbatches, args.schedule)
+    return 0

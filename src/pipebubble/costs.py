@@ -1,0 +1,148 @@
+"""CostModel: how long each action takes and how much memory it holds.
+
+Times: ``f`` (forward), ``b`` (full backward) and ``w`` (the weight-gradient part of the
+backward; ``I = B - W``). A scalar is the time of *one rank's share* of the model, so with
+``v`` chunks per rank each chunk takes ``1/v`` of it; a list gives one value per stage, as is.
+
+Memory (DESIGN.md, after Zero Bubble Table 1): F adds the stage's activation memory ``M_B``
+for the microbatch; B frees it; I frees ``M_B - M_W`` and W frees ``M_W``. With
+recomputation F keeps only the stage input (``input_memory``) and the backward first re-runs
+the forward, so it costs ``F`` more and briefly re-materialises ``M_B``.
+
+Example: ``CostModel(f=1, b=2).resolve(stages=8, chunks=2).f == [0.5] * 8``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .schedule import ScheduleError
+
+Value = float | Sequence[float]
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Per-stage compute times, per-hop communication time, per-stage memory.
+
+    ``overlap`` is the time of an overlapped forward+backward pair as a fraction of the sum
+    of its parts (1.0: no gain from overlapping; DualPipe hopes for less).
+    ``allreduce`` is the time of one stage's data-parallel gradient all-reduce (scalar per
+    rank-share, or per stage), added at the end of the step on the stage's rank.
+    """
+
+    f: Value = 1.0
+    b: Value = 2.0
+    w: Value = 1.0
+    comm: float = 0.0
+    activation_memory: Value = 1.0
+    weight_memory: Value = 0.0
+    input_memory: Value = 0.0
+    recompute: bool | Sequence[bool] = False
+    overlap: float = 1.0
+    allreduce: Value = 0.0
+
+    def resolve(self, stages: int, chunks: int = 1) -> StageCosts:
+        """Expand scalars to one value per stage, check everything, return StageCosts."""
+        if stages < 1:
+            raise ScheduleError(f"stages must be >= 1, got {stages}")
+        if chunks < 1:
+            raise ScheduleError(f"chunks must be >= 1, got {chunks}")
+
+        def per_stage(name: str, value: Value) -> list[float]:
+            if isinstance(value, int | float):
+                out = [float(value) / chunks] * stages
+            else:
+                out = [float(x) for x in value]
+                if len(out) != stages:
+                    raise ScheduleError(
+                        f"{name} has {len(out)} values; expected 1 or {stages} (one per stage)"
+                    )
+            for i, x in enumerate(out):
+                if not x >= 0:  # also rejects NaN
+                    raise ScheduleError(f"{name} must be >= 0, got {x} for stage {i}")
+            return out
+
+        f = per_stage("f", self.f)
+        b = per_stage("b", self.b)
+        w = per_stage("w", self.w)
+        for s in range(stages):
+            if w[s] > b[s] + 1e-12:
+                raise ScheduleError(
+                    f"w must be <= b (W is part of the backward), got w={w[s]} > b={b[s]} "
+                    f"for stage {s}"
+                )
+        if not self.comm >= 0:
+            raise ScheduleError(f"comm must be >= 0, got {self.comm}")
+        if not 0 < self.overlap <= 1:
+            raise ScheduleError(f"overlap must be in (0, 1], got {self.overlap}")
+        mem = per_stage("activation_memory", self.activation_memory)
+        mem_w = per_stage("weight_memory", self.weight_memory)
+        mem_in = per_stage("input_memory", self.input_memory)
+        for s in range(stages):
+            if mem_w[s] > mem[s] + 1e-12:
+                raise ScheduleError(
+                    f"weight_memory must be <= activation_memory, got {mem_w[s]} > {mem[s]} "
+                    f"for stage {s}"
+                )
+        if isinstance(self.recompute, bool):
+            rec = [self.recompute] * stages
+        else:
+            rec = [bool(x) for x in self.recompute]
+            if len(rec) != stages:
+                raise ScheduleError(f"recompute has {len(rec)} values; expected 1 or {stages}")
+        return StageCosts(
+            f=f, b=b, w=w, comm=float(self.comm), activation_memory=mem, weight_memory=mem_w,
+            input_memory=mem_in, recompute=rec, overlap=float(self.overlap),
+            allreduce=per_stage("allreduce", self.allreduce),
+        )
+
+
+@dataclass(frozen=True)
+class StageCosts:
+    """CostModel expanded to one value per stage; what the simulator reads."""
+
+    f: list[float]
+    b: list[float]
+    w: list[float]
+    comm: float
+    activation_memory: list[float]
+    weight_memory: list[float]
+    input_memory: list[float]
+    recompute: list[bool]
+    overlap: float
+    allreduce: list[float]
+
+    def duration(self, stage: int, kind: str) -> float:
+        """Time of one action; with recomputation the backward re-runs the forward first."""
+        extra = self.f[stage] if self.recompute[stage] else 0.0
+        if kind == "F":
+            return self.f[stage]
+        if kind == "B":
+            return self.b[stage] + extra
+        if kind == "I":
+            return self.b[stage] - self.w[stage] + extra
+        if kind == "W":
+            return self.w[stage]
+        raise ScheduleError(f"unknown kind {kind!r}; valid are F, I, W, B")
+
+    def memory_deltas(self, stage: int, kind: str) -> tuple[float, float]:
+        """(added at the action's start, added at its end) to the rank's activation memory."""
+        m_b, m_w = self.activation_memory[stage], self.weight_memory[stage]
+        if self.recompute[stage]:
+            kept = self.input_memory[stage]
+            if kind == "F":
+                return kept, 0.0
+            if kind == "B":
+                return m_b - kept, -m_b
+            if kind == "I":
+                return m_b - kept, -(m_b - m_w)
+            return 0.0, -m_w
+        if kind == "F":
+            return m_b, 0.0
+        if kind == "B":
+            return 0.0, -m_b
+        if kind == "I":
+            return 0.0, -(m_b - m_w)
+        return 0.0, -m_w

@@ -1,0 +1,131 @@
+"""Built-in models, as flat layer lists ready to be cut into stages.
+
+- :func:`mlp`: ``layers`` blocks of Linear -> GELU, every block the same compute.
+- :func:`transformer`: a small causal language model: a token embedding with many parameters
+  and almost no compute, ``layers`` transformer blocks, and a large output head. It makes the
+  lesson's point: balancing by parameter count is not balancing by compute.
+
+Each builder returns a :class:`ModelSpec` with the layer list, a sample input/target maker and
+the loss, so the runtime, the profiler and the partitioner treat every model alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass
+class ModelSpec:
+    name: str
+    layers: list[nn.Module]
+    make_batch: Callable[[int, torch.Generator], tuple[torch.Tensor, torch.Tensor]]
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class MLPBlock(nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.linear = nn.Linear(width, width)
+        self.act = nn.GELU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.linear(x))
+
+
+def mlp(layers: int = 8, width: int = 64, seed: int = 0) -> ModelSpec:
+    """``layers`` equal Linear+GELU blocks; regression to random targets (MSE)."""
+    _check("layers", layers)
+    _check("width", width)
+    torch.manual_seed(seed)
+    blocks: list[nn.Module] = [MLPBlock(width) for _ in range(layers)]
+
+    def make_batch(batch: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randn(batch, width, generator=gen), torch.randn(batch, width, generator=gen)
+
+    return ModelSpec("mlp", blocks, make_batch, nn.functional.mse_loss)
+
+
+class Embedding(nn.Module):
+    """Token + position embedding: many parameters, a table lookup of compute."""
+
+    def __init__(self, vocab: int, dim: int, seq: int):
+        super().__init__()
+        self.tokens = nn.Embedding(vocab, dim)
+        self.positions = nn.Parameter(torch.zeros(seq, dim))
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.tokens(idx) + self.positions[: idx.shape[1]]
+
+
+class Block(nn.Module):
+    """Pre-norm causal self-attention + MLP."""
+
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(dim)
+        self.attn = nn.MultiheadAttention(dim, heads, batch_first=True)
+        self.ln2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[1]
+        mask = torch.triu(torch.ones(n, n, dtype=torch.bool, device=x.device), 1)
+        h = self.ln1(x)
+        x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
+        return x + self.mlp(self.ln2(x))
+
+
+class Head(nn.Module):
+    """Final norm and the projection to the vocabulary: large in parameters and compute."""
+
+    def __init__(self, dim: int, vocab: int):
+        super().__init__()
+        self.ln = nn.LayerNorm(dim)
+        self.proj = nn.Linear(dim, vocab)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.ln(x))
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def transformer(
+    layers: int = 4, dim: int = 64, heads: int = 4, vocab: int = 4096, seq: int = 32,
+    seed: int = 0,
+) -> ModelSpec:
+    """Embedding, ``layers`` blocks, head: ``layers + 2`` pipeline-cuttable layers."""
+    for name, value in (("layers", layers), ("dim", dim), ("heads", heads), ("vocab", vocab),
+                        ("seq", seq)):
+        _check(name, value)
+    if dim % heads:
+        raise ValueError(f"dim must be a multiple of heads, got dim={dim}, heads={heads}")
+    torch.manual_seed(seed)
+    parts: list[nn.Module] = [Embedding(vocab, dim, seq)]
+    parts += [Block(dim, heads) for _ in range(layers)]
+    parts.append(Head(dim, vocab))
+
+    def make_batch(batch: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = torch.randint(0, vocab, (batch, seq + 1), generator=gen)
+        return idx[:, :-1], idx[:, 1:]
+
+    return ModelSpec("transformer", parts, make_batch, lm_loss)
+
+
+MODELS = {"mlp": mlp, "transformer": transformer}
+
+
+def build_model(name: str, **kwargs: int) -> ModelSpec:
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; valid are {', '.join(MODELS)}")
+    return MODELS[name](**kwargs)
+
+
+def _check(name: str, value: int) -> None:
+    if not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")

@@ -1,0 +1,1 @@
+"""Renderers read only Timelines: terminal (rich), matplotlib, traces."""

@@ -1,0 +1,70 @@
+"""Clocks time each action for the Timeline.
+
+- :class:`VirtualClock` is the lesson's per-stage clock for one process: stages run one after
+  another for real, but each rank keeps its own clock, and an action starts at
+  ``max(rank's clock, arrival of its inputs)``. Its duration is measured (``costs=None``) or
+  taken from a cost model, in which case the timeline equals ``simulate``'s.
+- :class:`WallClock` records real start and end times (one process per rank), relative to
+  an origin set when the step begins.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from ..costs import StageCosts
+from ..schedule import Action
+
+
+class Clock(Protocol):
+    def time(
+        self, rank: int, action: Action, earliest: float, work: Callable[[], Any]
+    ) -> tuple[float, float, Any]:
+        """Run ``work``; return (start, end, its result)."""
+
+    def arrival(self, t: float, cross_rank: bool) -> float:
+        """When a message produced at ``t`` can be consumed."""
+
+
+class VirtualClock:
+    """Per-rank clocks advanced by measured (or modelled) durations."""
+
+    def __init__(self, ranks: int, costs: StageCosts | None = None, comm: float = 0.0):
+        self.now = [0.0] * ranks
+        self.costs = costs
+        self.comm = costs.comm if costs is not None else comm
+        self.durations: dict[Action, float] = {}
+        self.source = "measured" if costs is None else "cost-model"
+
+    def time(self, rank: int, action: Action, earliest: float, work: Callable[[], Any]):
+        t0 = time.perf_counter()
+        out = work()
+        measured = time.perf_counter() - t0
+        self.durations[action] = measured
+        dur = measured if self.costs is None else self.costs.duration(action.stage, action.kind)
+        start = max(self.now[rank], earliest)
+        end = start + dur
+        self.now[rank] = end
+        return start, end, out
+
+    def arrival(self, t: float, cross_rank: bool) -> float:
+        return t + (self.comm if cross_rank else 0.0)
+
+
+class WallClock:
+    """Real time since ``origin`` (perf_counter seconds)."""
+
+    source = "measured"
+
+    def __init__(self, origin: float | None = None):
+        self.origin = time.perf_counter() if origin is None else origin
+
+    def time(self, rank: int, action: Action, earliest: float, work: Callable[[], Any]):
+        start = time.perf_counter() - self.origin
+        out = work()
+        return start, time.perf_counter() - self.origin, out
+
+    def arrival(self, t: float, cross_rank: bool) -> float:
+        return t

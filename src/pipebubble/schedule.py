@@ -1,0 +1,270 @@
+"""The schedule IR: actions, per-rank orders, placement, validation.
+
+A schedule is data. Each rank gets an ordered list of *steps*; a step is either one
+:class:`Action` (``2F5`` = stage 2, forward, microbatch 5) or an :class:`Overlap` of a
+forward and a backward that a rank runs together (DualPipe's overlapped F&B pairs).
+
+Kinds of compute:
+
+- ``F``: forward of one stage on one microbatch.
+- ``B``: full backward (``I`` + ``W`` fused).
+- ``I``: backward w.r.t. the stage input, the part the previous stage waits for.
+- ``W``: backward w.r.t. the stage weights, which zero-bubble schedules delay.
+
+Tiny example, GPipe with 2 ranks and 2 microbatches::
+
+    rank 0: 0F0 0F1 0B0 0B1
+    rank 1: 1F0 1F1 1B0 1B1
+
+The text form follows torch.distributed.pipelining (``_Action.__repr__``), so a schedule
+written here reads there and back.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+KINDS = ("F", "I", "W", "B")
+_ACTION_RE = re.compile(r"^\s*(\d+)([A-Za-z]+)(\d+)\s*$")
+
+
+class ScheduleError(ValueError):
+    """A schedule, or the request for one, is invalid. The message names the bad value."""
+
+
+class Action(NamedTuple):
+    """One unit of compute: ``stage`` runs ``kind`` on ``microbatch``. Text form ``2F5``."""
+
+    stage: int
+    kind: str
+    microbatch: int
+
+    def __str__(self) -> str:
+        return f"{self.stage}{self.kind}{self.microbatch}"
+
+    __repr__ = __str__
+
+    @staticmethod
+    def from_str(text: str) -> Action:
+        """Parse ``2F5`` back into ``Action(2, 'F', 5)``; the inverse of ``str``."""
+        match = _ACTION_RE.match(text)
+        if not match or match.group(2) not in KINDS:
+            raise ScheduleError(
+                f"cannot parse action {text!r}: expected STAGE KIND MICROBATCH with KIND in "
+                f"{'/'.join(KINDS)}, e.g. 2F5"
+            )
+        return Action(int(match.group(1)), match.group(2), int(match.group(3)))
+
+
+class Overlap(NamedTuple):
+    """A forward and a backward that one rank runs as one overlapped block (DualPipe's F&B).
+
+    The block costs ``CostModel.overlap`` (by default the sum of its parts). Text form
+    ``(0F7;7B3)``, as torch writes it before ``OVERLAP_F_B``.
+    """
+
+    forward: Action
+    backward: Action
+
+    def __str__(self) -> str:
+        return f"({self.forward};{self.backward})"
+
+    __repr__ = __str__
+
+
+Step = Action | Overlap
+
+
+def parse_step(text: str) -> Step:
+    """Parse ``2F5`` or ``(0F7;7B3)`` (optionally followed by ``OVERLAP_F_B``)."""
+    text = text.strip()
+    if text.startswith("("):
+        inner, _, suffix = text[1:].partition(")")
+        if suffix not in ("", "OVERLAP_F_B"):
+            raise ScheduleError(f"cannot parse overlapped step {text!r}: expected (xFy;zBw)")
+        parts = [Action.from_str(p) for p in inner.split(";")]
+        if len(parts) != 2 or parts[0].kind != "F" or parts[1].kind not in ("B", "I"):
+            raise ScheduleError(
+                f"cannot parse overlapped step {text!r}: expected a forward then a backward"
+            )
+        return Overlap(parts[0], parts[1])
+    return Action.from_str(text)
+
+
+def step_actions(step: Step) -> tuple[Action, ...]:
+    """The actions a step performs: one for an Action, two for an Overlap."""
+    return (step.forward, step.backward) if isinstance(step, Overlap) else (step,)
+
+
+def loop_placement(ranks: int, stages: int) -> tuple[int, ...]:
+    """Megatron interleaving: stage ``s`` lives on rank ``s mod p``."""
+    return tuple(s % ranks for s in range(stages))
+
+
+def v_placement(ranks: int) -> tuple[int, ...]:
+    """ZB-V / DualPipeV: rank ``r`` holds stages ``r`` and ``2p - 1 - r``."""
+    return tuple(list(range(ranks)) + list(reversed(range(ranks))))
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Per-rank ordered steps plus the stage → rank placement.
+
+    ``orders[r]`` is what rank ``r`` runs, in order. ``stage_to_rank[s]`` is the rank that
+    holds stage ``s``. ``placement`` names the layout: ``loop``, ``v`` or ``custom``.
+    """
+
+    name: str
+    orders: tuple[tuple[Step, ...], ...]
+    num_stages: int
+    num_microbatches: int
+    stage_to_rank: tuple[int, ...]
+    placement: str = "loop"
+    options: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def num_ranks(self) -> int:
+        return len(self.orders)
+
+    @property
+    def chunks(self) -> int:
+        """Stages per rank (``v``); 1 for single-stage schedules."""
+        return self.num_stages // max(1, self.num_ranks)
+
+    def num_actions(self) -> int:
+        return sum(len(step_actions(s)) for order in self.orders for s in order)
+
+    def actions(self, rank: int) -> Iterator[Action]:
+        for step in self.orders[rank]:
+            yield from step_actions(step)
+
+    def uses_split_backward(self) -> bool:
+        return any(a.kind in ("I", "W") for r in range(self.num_ranks) for a in self.actions(r))
+
+    def to_text(self) -> str:
+        """One line per rank, steps separated by spaces."""
+        return "\n".join(" ".join(str(s) for s in order) for order in self.orders)
+
+
+def make_schedule(
+    name: str,
+    orders: Sequence[Iterable[Step]],
+    num_stages: int,
+    num_microbatches: int,
+    placement: str | Sequence[int] = "loop",
+    **options: object,
+) -> Schedule:
+    """Build a Schedule; ``placement`` is ``loop``, ``v`` or an explicit stage→rank list."""
+    ranks = len(orders)
+    if isinstance(placement, str):
+        if placement == "loop":
+            stage_to_rank = loop_placement(ranks, num_stages)
+        elif placement == "v":
+            if num_stages != 2 * ranks:
+                raise ScheduleError(
+                    f"v placement needs 2 stages per rank ({2 * ranks}), got {num_stages}"
+                )
+            stage_to_rank = v_placement(ranks)
+        else:
+            raise ScheduleError(f"unknown placement {placement!r}: valid are loop, v, or a list")
+        name_of_placement = placement
+    else:
+        stage_to_rank = tuple(int(r) for r in placement)
+        name_of_placement = _name_placement(stage_to_rank, ranks)
+    return Schedule(
+        name=name,
+        orders=tuple(tuple(o) for o in orders),
+        num_stages=num_stages,
+        num_microbatches=num_microbatches,
+        stage_to_rank=stage_to_rank,
+        placement=name_of_placement,
+        options=dict(options),
+    )
+
+
+def _name_placement(stage_to_rank: tuple[int, ...], ranks: int) -> str:
+    if stage_to_rank == loop_placement(ranks, len(stage_to_rank)):
+        return "loop"
+    if len(stage_to_rank) == 2 * ranks and stage_to_rank == v_placement(ranks):
+        return "v"
+    return "custom"
+
+
+def infer_placement(orders: Sequence[Iterable[Step]]) -> tuple[int, ...]:
+    """Stage → rank from which rank runs each stage's actions (used for imported files)."""
+    seen: dict[int, int] = {}
+    for rank, order in enumerate(orders):
+        for step in order:
+            for a in step_actions(step):
+                other = seen.setdefault(a.stage, rank)
+                if other != rank:
+                    raise ScheduleError(
+                        f"stage {a.stage} appears on rank {other} and on rank {rank} ({a}); "
+                        "a stage must live on one rank"
+                    )
+    if not seen:
+        raise ScheduleError("schedule has no actions")
+    stages = max(seen) + 1
+    missing = [s for s in range(stages) if s not in seen]
+    if missing:
+        raise ScheduleError(f"stages {missing} have no actions (stages 0..{stages - 1} expected)")
+    return tuple(seen[s] for s in range(stages))
+
+
+def validate(schedule: Schedule) -> None:
+    """Check a schedule is complete and consistent; raise ScheduleError naming rank and action.
+
+    Rules: every stage lives on exactly one rank; every (stage, microbatch) runs F exactly
+    once and either B once or I and W once each (never both forms); backward after forward,
+    W after I, in the rank's own order when both are on that rank; microbatch indices in
+    range; kinds known.
+    """
+    p, S, M = schedule.num_ranks, schedule.num_stages, schedule.num_microbatches
+    if len(schedule.stage_to_rank) != S:
+        raise ScheduleError(f"placement lists {len(schedule.stage_to_rank)} stages, expected {S}")
+    for s, r in enumerate(schedule.stage_to_rank):
+        if not 0 <= r < p:
+            raise ScheduleError(f"stage {s} placed on rank {r}; valid ranks are 0..{p - 1}")
+    seen: dict[Action, int] = {}
+    for rank in range(p):
+        for a in schedule.actions(rank):
+            where = f"rank {rank}, action {a}"
+            if a.kind not in KINDS:
+                raise ScheduleError(f"{where}: unknown kind {a.kind!r}; valid are F, I, W, B")
+            if not 0 <= a.stage < S:
+                raise ScheduleError(f"{where}: stage {a.stage} out of range 0..{S - 1}")
+            if not 0 <= a.microbatch < M:
+                raise ScheduleError(f"{where}: microbatch {a.microbatch} out of range 0..{M - 1}")
+            owner = schedule.stage_to_rank[a.stage]
+            if owner != rank:
+                raise ScheduleError(f"{where}: stage {a.stage} lives on rank {owner}")
+            if a in seen:
+                raise ScheduleError(f"{where}: duplicated")
+            if a.kind in ("B", "I") and Action(a.stage, "F", a.microbatch) not in seen:
+                raise ScheduleError(
+                    f"{where}: backward before its forward {a.stage}F{a.microbatch}"
+                )
+            if a.kind == "W" and Action(a.stage, "I", a.microbatch) not in seen:
+                raise ScheduleError(f"{where}: W without its I {a.stage}I{a.microbatch} before it")
+            if a.kind == "B" and Action(a.stage, "I", a.microbatch) in seen:
+                raise ScheduleError(f"{where}: both B and I for stage {a.stage} mb {a.microbatch}")
+            if a.kind == "I" and Action(a.stage, "B", a.microbatch) in seen:
+                raise ScheduleError(f"{where}: both I and B for stage {a.stage} mb {a.microbatch}")
+            seen[a] = rank
+    for s in range(S):
+        rank = schedule.stage_to_rank[s]
+        for m in range(M):
+            if Action(s, "F", m) not in seen:
+                raise ScheduleError(f"rank {rank}: missing action {s}F{m}")
+            has_b = Action(s, "B", m) in seen
+            has_i = Action(s, "I", m) in seen
+            has_w = Action(s, "W", m) in seen
+            if not (has_b or has_i):
+                raise ScheduleError(f"rank {rank}: missing backward {s}B{m} (or {s}I{m}+{s}W{m})")
+            if has_i and not has_w:
+                raise ScheduleError(f"rank {rank}: missing action {s}W{m} after {s}I{m}")
+            if has_b and has_w:
+                raise ScheduleError(f"rank {rank}: both B and W for stage {s} mb {m}")

@@ -1,0 +1,29 @@
+"""Schedule generators and their registry.
+
+Every generator is a pure function ``(ranks, microbatches, chunks, **options) -> Schedule``.
+Families register themselves with :func:`register`; look them up by name, case-insensitive,
+with :func:`get_schedule`.
+"""
+
+from .registry import (
+    SCHEDULES,
+    ScheduleSpec,
+    closed_form_bubble,
+    get_schedule,
+    lookup,
+    register,
+    schedule_names,
+)
+
+# Importing the family modules registers them.
+from . import gpipe, one_f_one_b  # noqa: E402,F401  isort: skip
+
+__all__ = [
+    "SCHEDULES",
+    "ScheduleSpec",
+    "closed_form_bubble",
+    "get_schedule",
+    "lookup",
+    "register",
+    "schedule_names",
+]

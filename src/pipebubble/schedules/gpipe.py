@@ -1,0 +1,31 @@
+"""GPipe (Huang et al. 2019): all forwards, then all backwards.
+
+Rank r runs ``rF0 .. rF(m-1)`` then ``rB0 .. rB(m-1)``. Simple, but each rank holds the
+activations of all m microbatches before the first backward frees one.
+Step time with uniform costs: (m + p - 1)(F + B); bubble (p - 1)/(m + p - 1).
+"""
+
+from __future__ import annotations
+
+from ..formulas import gpipe_closed_form
+from ..schedule import Action, Schedule, make_schedule
+from .registry import ScheduleSpec, register
+
+
+def gpipe(ranks: int, microbatches: int, chunks: int = 1) -> Schedule:
+    orders = []
+    for r in range(ranks):
+        fwd = [Action(r, "F", m) for m in range(microbatches)]
+        bwd = [Action(r, "B", m) for m in range(microbatches)]
+        orders.append(fwd + bwd)
+    return make_schedule("gpipe", orders, ranks, microbatches)
+
+
+register(
+    ScheduleSpec(
+        "gpipe",
+        gpipe,
+        "all forwards, then all backwards (Huang et al. 2019)",
+        closed_form=gpipe_closed_form,
+    )
+)

@@ -1,0 +1,42 @@
+"""1F1B (PipeDream-Flush, Megatron-LM): warm up, then alternate one forward, one backward.
+
+Rank r warms up with ``min(p - r - 1, m)`` forwards, then alternates F and B until its
+forwards run out, then drains the remaining backwards. At most ``p - r`` microbatches are in
+flight on rank r, so activation memory is bounded by the pipeline depth, not by m.
+Same bubble as GPipe: (p - 1)/(m + p - 1).
+
+Rank 1 of 2 with m = 3:  ``1F0 1B0 1F1 1B1 1F2 1B2``.
+"""
+
+from __future__ import annotations
+
+from ..formulas import gpipe_closed_form
+from ..schedule import Action, Schedule, make_schedule
+from .registry import ScheduleSpec, register
+
+
+def one_f_one_b(ranks: int, microbatches: int, chunks: int = 1) -> Schedule:
+    orders = []
+    for r in range(ranks):
+        warmup = min(ranks - r - 1, microbatches)
+        order = [Action(r, "F", m) for m in range(warmup)]
+        f, b = warmup, 0
+        while f < microbatches:
+            order.append(Action(r, "F", f))
+            order.append(Action(r, "B", b))
+            f += 1
+            b += 1
+        order.extend(Action(r, "B", m) for m in range(b, microbatches))
+        orders.append(order)
+    return make_schedule("1f1b", orders, ranks, microbatches)
+
+
+register(
+    ScheduleSpec(
+        "1f1b",
+        one_f_one_b,
+        "warm-up forwards, then one forward one backward (PipeDream-Flush, Megatron-LM)",
+        aliases=("one-f-one-b", "pipedream-flush"),
+        closed_form=gpipe_closed_form,
+    )
+)

@@ -1,0 +1,97 @@
+"""The registry of schedule families: name -> generator, with up-front checks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..costs import StageCosts
+from ..schedule import Schedule, ScheduleError
+
+Generator = Callable[..., Schedule]
+# (ranks, microbatches, chunks, per-stage costs) -> published bubble fraction, or None
+ClosedForm = Callable[[int, int, int, StageCosts], float | None]
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    """A registered schedule family.
+
+    ``chunks`` is the default number of stages per rank; ``min_chunks``/``fixed_chunks``
+    say what the family accepts. ``closed_form`` (optional) maps (ranks, microbatches,
+    chunks, costs) to the published bubble fraction, or None where no formula applies
+    (non-uniform costs, communication time, too few microbatches).
+    """
+
+    name: str
+    generate: Generator
+    summary: str
+    chunks: int = 1
+    min_chunks: int = 1
+    fixed_chunks: bool = True
+    split_backward: bool = False
+    aliases: tuple[str, ...] = ()
+    closed_form: ClosedForm | None = None
+
+
+SCHEDULES: dict[str, ScheduleSpec] = {}
+_ALIASES: dict[str, str] = {}
+
+
+def register(spec: ScheduleSpec) -> ScheduleSpec:
+    SCHEDULES[spec.name] = spec
+    for key in (spec.name, *spec.aliases):
+        _ALIASES[key.lower()] = spec.name
+    return spec
+
+
+def schedule_names() -> list[str]:
+    return list(SCHEDULES)
+
+
+def lookup(name: str) -> ScheduleSpec:
+    key = _ALIASES.get(str(name).lower())
+    if key is None:
+        raise ScheduleError(
+            f"unknown schedule {name!r}; valid are {', '.join(schedule_names())}"
+        )
+    return SCHEDULES[key]
+
+
+def get_schedule(
+    name: str, ranks: int, microbatches: int, chunks: int | None = None, **options: object
+) -> Schedule:
+    """Generate schedule ``name`` for ``ranks`` ranks and ``microbatches`` microbatches.
+
+    >>> get_schedule("GPipe", ranks=2, microbatches=2).to_text()
+    '0F0 0F1 0B0 0B1\\n1F0 1F1 1B0 1B1'
+    """
+    spec = lookup(name)
+    check_counts(ranks, microbatches)
+    if chunks is None:
+        chunks = spec.chunks
+    if not isinstance(chunks, int) or chunks < 1:
+        raise ScheduleError(f"chunks must be an integer >= 1, got {chunks!r}")
+    if spec.fixed_chunks and chunks != spec.chunks:
+        raise ScheduleError(
+            f"{spec.name} uses exactly {spec.chunks} chunk(s) per rank, got {chunks}"
+        )
+    if chunks < spec.min_chunks:
+        raise ScheduleError(f"{spec.name} needs chunks >= {spec.min_chunks}, got {chunks}")
+    return spec.generate(ranks, microbatches, chunks, **options)
+
+
+def check_counts(ranks: int, microbatches: int) -> None:
+    if not isinstance(ranks, int) or ranks < 1:
+        raise ScheduleError(f"ranks must be an integer >= 1, got {ranks!r}")
+    if not isinstance(microbatches, int) or microbatches < 1:
+        raise ScheduleError(f"microbatches must be an integer >= 1, got {microbatches!r}")
+
+
+def closed_form_bubble(name: str, ranks: int, microbatches: int, chunks: int,
+                       costs: StageCosts) -> float | None:
+    """The published bubble fraction for this schedule and costs, or None if none applies."""
+    spec = lookup(name)
+    if spec.closed_form is None:
+        return None
+    return spec.closed_form(ranks, microbatches, chunks, costs)

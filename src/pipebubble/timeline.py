@@ -1,0 +1,247 @@
+"""Timeline: the single record of what happened, simulated or measured, and its metrics.
+
+Events are kept as columns (one list per field, rank-major: all of rank 0's events in time
+order, then rank 1's, ...) so a million-action timeline stays cheap. ``events()`` yields
+:class:`Event` tuples for code that wants rows.
+
+Metrics (DESIGN.md):
+
+- step time: last end minus first start over all ranks.
+- per rank: busy (sum of durations), idle = step time - busy, bubble = idle / step time,
+  span = the rank's last end - its first start.
+- bubble fraction = total idle / (ranks x step time).
+- lower bound = the busiest rank's busy time (no schedule can beat it).
+- memory: each event adds ``mem_start`` at its start and ``mem_end`` at its end (F allocates
+  activations, B/I/W free them), giving memory over time and its peak per rank.
+- in-flight activations: microbatches whose F is done on a stage and whose I/B has not run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+
+class Event(NamedTuple):
+    rank: int
+    stage: int
+    kind: str
+    microbatch: int
+    start: float
+    end: float
+    mem_start: float = 0.0
+    mem_end: float = 0.0
+    overlapped: bool = False
+
+
+@dataclass
+class RankStats:
+    rank: int
+    busy: float
+    idle: float
+    bubble_fraction: float
+    span: float
+    peak_activations: int
+    peak_memory: float
+
+    def as_dict(self) -> dict:
+        return {
+            "rank": self.rank,
+            "busy": self.busy,
+            "idle": self.idle,
+            "bubble_fraction": self.bubble_fraction,
+            "span": self.span,
+            "peak_activations": self.peak_activations,
+            "peak_memory": self.peak_memory,
+        }
+
+
+@dataclass
+class Timeline:
+    """Columns of events plus what they came from. Build with ``Timeline.from_events``."""
+
+    schedule: str
+    num_ranks: int
+    num_stages: int
+    num_microbatches: int
+    stage_to_rank: tuple[int, ...]
+    rank: list[int]
+    stage: list[int]
+    kind: list[str]
+    microbatch: list[int]
+    start: list[float]
+    end: list[float]
+    mem_start: list[float]
+    mem_end: list[float]
+    overlapped: list[bool]
+    source: str = "simulated"
+    offsets: list[int] = field(default_factory=list)  # rank r's events: offsets[r]:offsets[r+1]
+    _stats: list[RankStats] | None = field(default=None, repr=False)
+    _step: float | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.offsets:
+            self.offsets = _rank_offsets(self.rank, self.num_ranks)
+
+    # ---- construction -------------------------------------------------------------
+    @classmethod
+    def from_events(
+        cls,
+        events: Sequence[Event],
+        *,
+        schedule: str,
+        num_ranks: int,
+        num_stages: int,
+        num_microbatches: int,
+        stage_to_rank: Sequence[int],
+        source: str = "measured",
+        shift_to_zero: bool = True,
+    ) -> Timeline:
+        """Sort events by (rank, start) and, by default, shift time so the first start is 0."""
+        evs = sorted(events, key=lambda e: (e.rank, e.start, e.end))
+        t0 = min((e.start for e in evs), default=0.0) if shift_to_zero else 0.0
+        return cls(
+            schedule=schedule,
+            num_ranks=num_ranks,
+            num_stages=num_stages,
+            num_microbatches=num_microbatches,
+            stage_to_rank=tuple(stage_to_rank),
+            rank=[e.rank for e in evs],
+            stage=[e.stage for e in evs],
+            kind=[e.kind for e in evs],
+            microbatch=[e.microbatch for e in evs],
+            start=[e.start - t0 for e in evs],
+            end=[e.end - t0 for e in evs],
+            mem_start=[e.mem_start for e in evs],
+            mem_end=[e.mem_end for e in evs],
+            overlapped=[e.overlapped for e in evs],
+            source=source,
+        )
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    def events(self, rank: int | None = None) -> Iterator[Event]:
+        lo, hi = (0, len(self)) if rank is None else (self.offsets[rank], self.offsets[rank + 1])
+        for i in range(lo, hi):
+            yield Event(
+                self.rank[i], self.stage[i], self.kind[i], self.microbatch[i], self.start[i],
+                self.end[i], self.mem_start[i], self.mem_end[i], self.overlapped[i],
+            )
+
+    # ---- metrics --------------------------------------------------------------------
+    @property
+    def chunks(self) -> int:
+        return max(1, self.num_stages // max(1, self.num_ranks))
+
+    @property
+    def step_time(self) -> float:
+        if self._step is None:
+            self._step = (max(self.end) - min(self.start)) if self.start else 0.0
+        return self._step
+
+    def rank_stats(self) -> list[RankStats]:
+        if self._stats is None:
+            self._stats = [self._one_rank(r) for r in range(self.num_ranks)]
+        return self._stats
+
+    def _one_rank(self, r: int) -> RankStats:
+        lo, hi = self.offsets[r], self.offsets[r + 1]
+        step = self.step_time
+        starts, ends = self.start[lo:hi], self.end[lo:hi]
+        busy = sum(ends) - sum(starts)
+        idle = max(0.0, step - busy)
+        span = (max(ends) - min(starts)) if starts else 0.0
+        # Memory and in-flight count, walking the rank's events in time order.
+        cur = peak = 0.0
+        for a, b in zip(self.mem_start[lo:hi], self.mem_end[lo:hi], strict=True):
+            cur += a
+            if cur > peak:
+                peak = cur
+            cur += b
+            if cur > peak:
+                peak = cur
+        inflight = top = 0
+        for k in self.kind[lo:hi]:
+            if k == "F":
+                inflight += 1
+                if inflight > top:
+                    top = inflight
+            elif k == "B" or k == "I":
+                inflight -= 1
+        return RankStats(
+            rank=r,
+            busy=busy,
+            idle=idle,
+            bubble_fraction=idle / step if step > 0 else 0.0,
+            span=span,
+            peak_activations=top,
+            peak_memory=peak,
+        )
+
+    @property
+    def bubble_fraction(self) -> float:
+        """Total idle / (ranks x step time)."""
+        step = self.step_time
+        if step <= 0:
+            return 0.0
+        return sum(s.idle for s in self.rank_stats()) / (self.num_ranks * step)
+
+    @property
+    def lower_bound(self) -> float:
+        """The busiest rank's busy time: no order of these actions can finish sooner."""
+        return max((s.busy for s in self.rank_stats()), default=0.0)
+
+    def memory_curve(self, rank: int) -> tuple[list[float], list[float]]:
+        """Activation memory of ``rank`` over time as a step function: (times, values)."""
+        lo, hi = self.offsets[rank], self.offsets[rank + 1]
+        times, values, cur = [0.0], [0.0], 0.0
+        for i in range(lo, hi):
+            cur += self.mem_start[i]
+            times.append(self.start[i])
+            values.append(cur)
+            cur += self.mem_end[i]
+            times.append(self.end[i])
+            values.append(cur)
+        return times, values
+
+    def summary(self) -> dict:
+        """The JSON contract (without ``events``): see README, "JSON output"."""
+        return {
+            "schedule": self.schedule,
+            "ranks": self.num_ranks,
+            "stages": self.num_stages,
+            "microbatches": self.num_microbatches,
+            "step_time": self.step_time,
+            "bubble_fraction": self.bubble_fraction,
+            "lower_bound": self.lower_bound,
+            "per_rank": [s.as_dict() for s in self.rank_stats()],
+        }
+
+    def events_json(self) -> list[dict]:
+        return [
+            {
+                "rank": e.rank,
+                "stage": e.stage,
+                "kind": e.kind,
+                "microbatch": e.microbatch,
+                "start": e.start,
+                "end": e.end,
+            }
+            for e in self.events()
+        ]
+
+
+def _rank_offsets(ranks: list[int], num_ranks: int) -> list[int]:
+    """Offsets of each rank's block in rank-major columns; checks the columns are rank-major."""
+    offsets = [0] * (num_ranks + 1)
+    for r in ranks:
+        if not 0 <= r < num_ranks:
+            raise ValueError(f"event on rank {r}; valid ranks are 0..{num_ranks - 1}")
+        offsets[r + 1] += 1
+    for r in range(num_ranks):
+        offsets[r + 1] += offsets[r]
+    if any(ranks[i] > ranks[i + 1] for i in range(len(ranks) - 1)):
+        raise ValueError("timeline columns must be rank-major; use Timeline.from_events")
+    return offsets
