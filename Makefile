@@ -23,7 +23,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench code examples
 
 bench: $(STAMP)
-	$(PY) bench/bench_simulate.py
+	for f in bench/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
 
 figures: $(STAMP)
 	$(PY) examples/make_figures.py
