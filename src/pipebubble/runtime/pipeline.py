@@ -2,6 +2,7 @@
 
 >>> import torch
 >>> from torch import nn
+>>> from pipebubble import CostModel, bubble_fraction
 >>> stages = [PipelineStage(nn.Linear(4, 4)) for _ in range(4)]
 >>> pipe = Pipeline(stages, num_microbatches=8, costs=CostModel(f=1, b=2))
 >>> result = pipe.step(torch.randn(16, 4), torch.randn(16, 4))
