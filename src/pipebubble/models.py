@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .runtime.sleep import sleep
+
 
 @dataclass
 class ModelSpec:
@@ -117,7 +119,7 @@ def transformer(
     return ModelSpec("transformer", parts, make_batch, lm_loss)
 
 
-MODELS = {"mlp": mlp, "transformer": transformer}
+MODELS = {"mlp": mlp, "transformer": transformer, "sleep": sleep}
 
 
 def build_model(name: str, **kwargs: int) -> ModelSpec:

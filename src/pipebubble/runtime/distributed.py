@@ -1,0 +1,306 @@
+"""One process per rank: the per-rank driver over torch.distributed.
+
+Every process runs this with ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``
+set (by our launcher, :mod:`pipebubble.runtime.launch`, or by ``torchrun``). With
+``P`` pipeline ranks and ``D`` data-parallel replicas there are ``P x D`` processes; global
+rank ``g`` is pipeline rank ``g mod P`` of replica ``g // P``.
+
+One step on one rank:
+
+1. a barrier, then the rank's clock origin (``WallClock``);
+2. the rank's wire program (``wire.lower``): compute actions go to the stage interpreter,
+   SEND/RECV steps to the :class:`~pipebubble.runtime.p2p.P2PTransport`; a watchdog
+   (:mod:`~pipebubble.runtime.watchdog`) is told where the rank is before each blocking call;
+3. the sends still in flight are waited for;
+4. with ``D > 1``, each stage's gradients are all-reduced (summed) across its
+   data-parallel group: every replica weights its microbatch losses by their share of the
+   *global* batch, so the sum equals the unsplit model's gradient on the global batch.
+
+Rank 0 then gathers every rank's events and figures (:mod:`~pipebubble.runtime.report`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..models import ModelSpec, build_model
+from ..schedule import Action, Schedule, ScheduleError, validate
+from ..schedules import get_schedule
+from ..wire import lower
+from .clock import WallClock
+from .interpreter import StageInterpreter
+from .p2p import P2PTransport
+from .watchdog import Watchdog
+
+
+@dataclass
+class DistConfig:
+    """What to run; every process gets the same one (from the same command line)."""
+
+    schedule: str
+    ranks: int
+    microbatches: int
+    chunks: int | None = None
+    dp: int = 1
+    backend: str = "gloo"
+    p2p: str = "batched"
+    model: str = "mlp"
+    model_args: dict = field(default_factory=dict)
+    microbatch_size: int = 4
+    steps: int = 1
+    check: bool = False
+    seed: int = 0
+    threads: int = 1
+    stall_timeout: float = 30.0
+    heartbeat_timeout: float = 10.0
+    fault: str | None = None  # tests: "kill:RANK:N" or "raise:RANK:N" before compute N
+
+    @property
+    def world_size(self) -> int:
+        return self.ranks * self.dp
+
+
+@dataclass
+class Env:
+    """Where this process sits: from the launcher's (or torchrun's) environment."""
+
+    rank: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    agent_store: bool  # the launcher hosts the store (torchrun, or ours)
+    our_launcher: bool
+
+    @staticmethod
+    def from_environ() -> Env:
+        missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+                   if k not in os.environ]
+        if missing:
+            raise ValueError(f"not launched as a distributed worker: {', '.join(missing)} unset")
+        return Env(
+            rank=int(os.environ["RANK"]),
+            world_size=int(os.environ["WORLD_SIZE"]),
+            master_addr=os.environ["MASTER_ADDR"],
+            master_port=int(os.environ["MASTER_PORT"]),
+            agent_store=os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
+            our_launcher=os.environ.get("PIPEBUBBLE_LAUNCHER") == "1",
+        )
+
+
+def split_layers(layers: list[nn.Module], stages: int) -> list[nn.Module]:
+    """Cut ``layers`` into ``stages`` contiguous stages, sizes differing by at most one."""
+    if len(layers) < stages:
+        raise ScheduleError(
+            f"the model has {len(layers)} layers, fewer than the {stages} stages; "
+            f"use at least {stages} layers"
+        )
+    out, start = [], 0
+    for s in range(stages):
+        n = len(layers) // stages + (s < len(layers) % stages)
+        out.append(nn.Sequential(*layers[start : start + n]))
+        start += n
+    return out
+
+
+def make_schedule_for(cfg: DistConfig) -> Schedule:
+    schedule = get_schedule(cfg.schedule, cfg.ranks, cfg.microbatches, cfg.chunks)
+    validate(schedule)
+    return schedule
+
+
+def global_batch(cfg: DistConfig, spec: ModelSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """The step's global batch: the same on every process (same seed)."""
+    gen = torch.Generator().manual_seed(cfg.seed + 1)
+    return spec.make_batch(cfg.microbatch_size * cfg.microbatches * cfg.dp, gen)
+
+
+def build(cfg: DistConfig) -> tuple[Schedule, ModelSpec, list[nn.Module]]:
+    """Schedule, model and its stages; every process builds the same (seeded) model."""
+    schedule = make_schedule_for(cfg)
+    spec = build_model(cfg.model, seed=cfg.seed, **cfg.model_args)
+    return schedule, spec, split_layers(spec.layers, schedule.num_stages)
+
+
+@dataclass
+class RankResult:
+    """What one rank sends to rank 0 after a step."""
+
+    global_rank: int
+    replica: int
+    rank: int
+    host: str
+    origin: float  # perf_counter() at the clock origin (after the barrier)
+    events: list
+    losses: dict[int, float]
+    allreduce: dict[int, float]  # stage -> seconds
+    messages: int
+    grads: dict[int, list[torch.Tensor]] | None = None
+
+
+class Worker:
+    """One process: its stages, transport, watchdog and process groups."""
+
+    def __init__(self, cfg: DistConfig, env: Env):
+        self.cfg, self.env = cfg, env
+        if env.world_size != cfg.world_size:
+            raise ValueError(
+                f"WORLD_SIZE is {env.world_size} but --ranks {cfg.ranks} x --dp {cfg.dp} "
+                f"needs {cfg.world_size} processes"
+            )
+        torch.set_num_threads(cfg.threads)
+        self.g = env.rank
+        self.replica, self.rank = divmod(self.g, cfg.ranks)
+        self.schedule, self.spec, stages = build(cfg)
+        self.wired = lower(self.schedule, cfg.p2p)
+        where = self.schedule.stage_to_rank
+        self.modules = {s: m for s, m in enumerate(stages) if where[s] == self.rank}
+        self.store = self._connect()
+        timeout = timedelta(seconds=max(60.0, 3 * cfg.stall_timeout))
+        dist.init_process_group(cfg.backend, store=dist.PrefixStore("pg", self.store),
+                                rank=self.g, world_size=env.world_size, timeout=timeout)
+        self.dp_group = None
+        if cfg.dp > 1:  # every process creates every group, in the same order
+            for r in range(cfg.ranks):
+                grp = dist.new_group([d * cfg.ranks + r for d in range(cfg.dp)])
+                if r == self.rank:
+                    self.dp_group = grp
+        wd_store = self._connect(client=True)
+        self.watchdog = Watchdog(
+            wd_store, self.g, env.world_size, cfg.stall_timeout, cfg.heartbeat_timeout,
+            coordinator=(self.g == 0 and not env.our_launcher), p2p=cfg.p2p,
+        ).start()
+        self.transport = P2PTransport(
+            rank=self.rank, stage_to_rank=where, num_microbatches=cfg.microbatches,
+            peer_rank=lambda r: self.replica * cfg.ranks + r,
+            on_wait=lambda what: self.watchdog.at(what, True),
+        )
+        x, y = global_batch(cfg, self.spec)
+        n = cfg.microbatch_size * cfg.microbatches
+        mine = slice(self.replica * n, (self.replica + 1) * n)
+        self.xs = list(torch.tensor_split(x[mine], cfg.microbatches))
+        self.ys = list(torch.tensor_split(y[mine], cfg.microbatches))
+        self.weights = [xm.shape[0] / x.shape[0] for xm in self.xs]
+        self.fault = _parse_fault(cfg.fault)
+
+    def _connect(self, client: bool = False):
+        env = self.env
+        host = not client and self.g == 0 and not env.agent_store
+        store = dist.TCPStore(env.master_addr, env.master_port, env.world_size, host,
+                              timeout=timedelta(seconds=60), wait_for_workers=False)
+        return dist.PrefixStore("pipebubble", store)
+
+    def step(self, index: int, gather: bool = True) -> list[RankResult] | None:
+        """Run one training step; rank 0 gets every rank's result when ``gather``."""
+        for mod in self.modules.values():
+            mod.zero_grad(set_to_none=True)
+        self.transport.new_step()
+        wd = self.watchdog
+        wd.at(f"step {index} start barrier", True)
+        dist.barrier()
+        origin = time.perf_counter()
+        interp = StageInterpreter(
+            rank=self.rank, modules=self.modules, num_stages=self.schedule.num_stages,
+            stage_to_rank=self.schedule.stage_to_rank, transport=self.transport,
+            clock=WallClock(origin), inputs=self.xs, targets=self.ys,
+            loss_fn=self.spec.loss_fn, loss_weights=self.weights,
+        )
+        computes = 0
+        for op in self.wired.orders[self.rank]:
+            if isinstance(op, Action):
+                if self.fault and index == 0 and self.fault[1] == self.g \
+                        and computes == self.fault[2]:
+                    _inject(self.fault[0], self.g, op)
+                wd.at(f"{op} (compute)", False)
+                interp.run(op)
+                computes += 1
+            else:
+                self.transport.run(op)
+            wd.advance()
+        self.transport.finish()
+        allreduce = self._allreduce()
+        wd.at(f"step {index} done", True)
+        if not gather:
+            return None
+        result = RankResult(
+            global_rank=self.g, replica=self.replica, rank=self.rank,
+            host=socket.gethostname(), origin=origin, events=interp.events,
+            losses=dict(interp.losses), allreduce=allreduce,
+            messages=self.transport.messages,
+            grads=self._grads() if self.cfg.check and self.replica == 0 else None,
+        )
+        out = [None] * self.env.world_size if self.g == 0 else None
+        wd.at(f"step {index}: gathering results on rank 0", True)
+        dist.gather_object(result, out, dst=0)
+        return out
+
+    def _allreduce(self) -> dict[int, float]:
+        """Sum each stage's gradients across the data-parallel group; seconds per stage."""
+        times: dict[int, float] = {}
+        if self.dp_group is None:
+            return times
+        for s, mod in sorted(self.modules.items()):
+            params = [p for p in mod.parameters() if p.requires_grad]
+            for p in params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            self.watchdog.at(f"all-reduce of stage {s} gradients (replica group)", True)
+            t0 = time.perf_counter()
+            flat = torch.cat([p.grad.reshape(-1) for p in params]) if params else None
+            if flat is not None:
+                dist.all_reduce(flat, group=self.dp_group)
+                i = 0
+                for p in params:
+                    p.grad.copy_(flat[i : i + p.numel()].view_as(p))
+                    i += p.numel()
+            times[s] = time.perf_counter() - t0
+            self.watchdog.advance()
+        return times
+
+    def _grads(self) -> dict[int, list[torch.Tensor]]:
+        return {
+            s: [p.grad.clone() if p.grad is not None else torch.zeros_like(p)
+                for p in mod.parameters()]
+            for s, mod in self.modules.items()
+        }
+
+    def close(self) -> None:
+        self.watchdog.at("final barrier", True)
+        dist.barrier()
+        self.watchdog.stop()
+        dist.destroy_process_group()
+
+
+def reference_gradients(cfg: DistConfig) -> tuple[float, dict[int, list[torch.Tensor]]]:
+    """The unsplit model on the whole global batch: its loss and each stage's gradients."""
+    schedule, spec, stages = build(cfg)
+    x, y = global_batch(cfg, spec)
+    model = nn.Sequential(*stages)
+    loss = spec.loss_fn(model(x), y)
+    loss.backward()
+    grads = {s: [p.grad.clone() if p.grad is not None else torch.zeros_like(p)
+                 for p in mod.parameters()] for s, mod in enumerate(stages)}
+    return float(loss.detach()), grads
+
+
+def _parse_fault(text: str | None) -> tuple[str, int, int] | None:
+    if not text:
+        return None
+    kind, rank, n = text.split(":")
+    if kind not in ("kill", "raise"):
+        raise ValueError(f"fault kind must be kill or raise, got {kind!r}")
+    return kind, int(rank), int(n)
+
+
+def _inject(kind: str, g: int, op: Action) -> None:
+    if kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    raise RuntimeError(f"injected fault before {op}")

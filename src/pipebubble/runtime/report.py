@@ -1,0 +1,114 @@
+"""Rank 0's side of a distributed run: align clocks, build the Timeline, predict, print.
+
+**Clock alignment.** Every rank leaves the same barrier at the start of a step and takes
+that moment as its time origin, so its events are in seconds since the barrier. That is the
+barrier-based alignment: its error is how far apart the ranks leave the barrier (tens of
+microseconds on one machine with gloo; one network latency across machines). When all
+ranks run on one host they also share its monotonic clock (``time.perf_counter``), so rank
+0 shifts each rank's events by the difference of the origins, which removes the barrier's
+skew altogether; the spread of the origins is reported as ``barrier_skew`` (what the
+barrier alone would have left). Across hosts only the barrier is used.
+
+**Prediction.** A CostModel is calibrated from the measured timeline (median F, B or I/W
+per stage; ``comm`` = median delay of a message whose receiver was already waiting), plus
+the measured all-reduce time per stage when ``--dp`` > 1, and simulated; predicted and
+measured step time and bubble are printed side by side.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from statistics import median
+
+import torch
+
+from ..calibrate import costs_from_timeline
+from ..costs import CostModel
+from ..schedule import Schedule
+from ..simulate import simulate
+from ..timeline import Event, Timeline
+from .dataparallel import step_time_with_allreduce
+
+
+@dataclass
+class Alignment:
+    method: str  # "shared host clock" or "barrier"
+    barrier_skew: float | None  # spread of barrier exits (seconds), when measurable
+
+    def as_dict(self) -> dict:
+        return {"method": self.method, "barrier_skew": self.barrier_skew}
+
+
+def measured_timeline(schedule: Schedule, results: list) -> tuple[Timeline, Alignment]:
+    """Replica 0's events from every pipeline rank, on one aligned clock."""
+    mine = [r for r in results if r.replica == 0]
+    hosts = {r.host for r in results}
+    if len(hosts) == 1:
+        base = min(r.origin for r in results)
+        skew = max(r.origin for r in results) - base
+        shift = {r.rank: r.origin - base for r in mine}
+        align = Alignment("shared host clock", skew)
+    else:
+        shift = {r.rank: 0.0 for r in mine}
+        align = Alignment("barrier", None)
+    events = [
+        Event(e.rank, e.stage, e.kind, e.microbatch, e.start + shift[r.rank],
+              e.end + shift[r.rank], e.mem_start, e.mem_end, e.overlapped)
+        for r in mine for e in r.events
+    ]
+    tl = Timeline.from_events(
+        events, schedule=schedule.name, num_ranks=schedule.num_ranks,
+        num_stages=schedule.num_stages, num_microbatches=schedule.num_microbatches,
+        stage_to_rank=schedule.stage_to_rank, source="measured",
+    )
+    return tl, align
+
+
+def measured_comm(timeline: Timeline) -> float:
+    """Median delay between a producer's end and its consumer's start on another rank,
+    over the messages whose consumer was already idle (so the delay is the message's)."""
+    where = timeline.stage_to_rank
+    ev = {(e.stage, e.kind, e.microbatch): e for e in timeline.events()}
+    prev_end: dict[tuple[int, int, str, int], float] = {}
+    for r in range(timeline.num_ranks):
+        last = 0.0
+        for e in timeline.events(r):
+            prev_end[e.stage, e.microbatch, e.kind, r] = last
+            last = e.end
+    gaps = []
+    for (s, k, m), e in ev.items():
+        if k == "F" and s > 0:
+            src = ev.get((s - 1, "F", m))
+        elif k in ("B", "I") and s < timeline.num_stages - 1:
+            src = ev.get((s + 1, "I", m)) or ev.get((s + 1, "B", m))
+        else:
+            continue
+        if src is None or where[src.stage] == where[s]:
+            continue
+        if prev_end[s, m, k, where[s]] <= src.end:
+            gaps.append(max(0.0, e.start - src.end))
+    return median(gaps) if gaps else 0.0
+
+
+def predict(schedule: Schedule, timeline: Timeline, allreduce: dict[int, float],
+            dp: int) -> dict:
+    """Simulated step time and bubble under costs calibrated from ``timeline``."""
+    base = costs_from_timeline(timeline, comm=measured_comm(timeline))
+    ar = [allreduce.get(s, 0.0) for s in range(schedule.num_stages)]
+    costs = CostModel(f=base.f, b=base.b, w=base.w, comm=base.comm, allreduce=ar)
+    sim = simulate(schedule, costs)
+    out = {"step_time": sim.step_time, "bubble_fraction": sim.bubble_fraction,
+           "comm": base.comm}
+    if dp > 1:
+        out["step_time_with_allreduce"] = step_time_with_allreduce(sim, costs, dp)
+    return out
+
+
+def grad_diffs(results: list, ref_loss: float, ref: dict[int, list[torch.Tensor]],
+               loss: float) -> dict:
+    diff = 0.0
+    for r in results:
+        for s, grads in (r.grads or {}).items():
+            for a, b in zip(grads, ref[s], strict=True):
+                diff = max(diff, float((a - b).abs().max()) if a.numel() else 0.0)
+    return {"grad_max_abs_diff": diff, "loss_abs_diff": abs(loss - ref_loss)}

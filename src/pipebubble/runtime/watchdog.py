@@ -1,0 +1,214 @@
+"""A watchdog thread per rank: heartbeats, deadlock detection and failure propagation.
+
+Every rank publishes, through the rendezvous key-value store (a TCPStore, separate from the
+process group's connections, so it still answers while P2P calls are stuck), a heartbeat
+``hb/<rank> = seq|actions done|state|where``, where ``state`` is ``compute``, ``wait`` (in
+a blocking send, receive or collective) or ``done``. Each watchdog reads everybody's and
+ends its own process (``os._exit``, the main thread may be stuck inside gloo) when:
+
+- another rank has published ``failed`` (it raised, or the launcher saw it die): exit 1,
+  naming that rank;
+- a peer's heartbeat has not moved for ``heartbeat_timeout`` seconds (the process died or
+  froze, e.g. under torchrun where no launcher of ours watches): it publishes ``failed`` and
+  exits 1;
+- every rank is waiting and no rank has finished an action for ``stall_timeout`` seconds:
+  a deadlock. Each rank publishes ``stuck/<rank>`` with the operation it is stuck at, prints
+  it, and exits 3. The coordinator (the launcher, or rank 0 under torchrun) prints them all.
+
+Exit codes: 1 failure elsewhere or here, 3 deadlock.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+EXIT_FAILED = 1
+EXIT_DEADLOCK = 3
+
+
+def publish_failure(store, message: str) -> str:
+    """Record the first failure in the store; return the one that stands (maybe earlier)."""
+    try:
+        got = store.compare_set("failed", "", message)
+        return got.decode() if isinstance(got, bytes) else str(got)
+    except Exception:  # noqa: BLE001 - the store itself may be gone with the failed rank
+        return message
+
+
+def read_failure(store) -> str | None:
+    try:
+        if store.check(["failed"]):
+            return store.get("failed").decode()
+    except Exception:  # noqa: BLE001
+        return "the rendezvous store stopped answering (the launcher or rank 0 is gone)"
+    return None
+
+
+def collect_stuck(store, world: int, wait: float = 3.0) -> dict[int, str]:
+    """The stuck operation every rank published, waiting up to ``wait`` s for stragglers."""
+    out: dict[int, str] = {}
+    deadline = time.monotonic() + wait
+    while True:
+        for g in range(world):
+            if g not in out:
+                try:
+                    if store.check([f"stuck/{g}"]):
+                        out[g] = store.get(f"stuck/{g}").decode()
+                except Exception:  # noqa: BLE001
+                    return out
+        if len(out) == world or time.monotonic() > deadline:
+            return out
+        time.sleep(0.05)
+
+
+def _any_stuck(store, world: int) -> bool:
+    try:
+        return any(store.check([f"stuck/{g}"]) for g in range(world))
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def deadlock_message(stuck: dict[int, str], world: int, p2p: str = "") -> str:
+    how = f" with --p2p {p2p}" if p2p else ""
+    parts = [f"rank {g} stuck at {stuck.get(g, '(no report)')}" for g in range(world)]
+    return f"deadlock{how}: " + "; ".join(parts)
+
+
+class Watchdog:
+    """Watches one rank; the main thread tells it what it is doing (:meth:`at`)."""
+
+    def __init__(
+        self,
+        store,
+        rank: int,
+        world: int,
+        stall_timeout: float = 30.0,
+        heartbeat_timeout: float = 10.0,
+        interval: float = 0.25,
+        coordinator: bool = False,
+        p2p: str = "",
+        exit_fn: Callable[[int], None] = os._exit,
+    ):
+        self.store, self.rank, self.world = store, rank, world
+        self.stall_timeout, self.heartbeat_timeout = stall_timeout, heartbeat_timeout
+        self.interval, self.coordinator, self.p2p = interval, coordinator, p2p
+        self.exit_fn = exit_fn
+        self.state, self.where, self.count = "compute", "starting", 0
+        self._seq = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="pipebubble-watchdog",
+                                        daemon=True)
+        self._peers: dict[int, tuple[str, float]] = {}  # rank -> (heartbeat seq, when it moved)
+        self._counts: tuple = ()
+        self._counts_since = time.monotonic()
+
+    # ---- called by the main thread ---------------------------------------------------
+    def at(self, where: str, waiting: bool) -> None:
+        self.where, self.state = where, ("wait" if waiting else "compute")
+
+    def advance(self) -> None:
+        self.count += 1
+
+    def start(self) -> Watchdog:
+        self._beat()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """This rank is done: peers stop expecting its heartbeat."""
+        self.state, self.where = "done", "finished"
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        self._beat()
+
+    def fail(self, message: str, peer_error: bool = False) -> None:
+        """The main thread raised: publish (unless a peer failed first), print, exit 1.
+
+        ``peer_error``: the error came from a connection to a peer (it closed, timed out):
+        the peer is the likely culprit, so wait up to the heartbeat timeout for its failure
+        (or the launcher's word on it) before blaming this rank.
+        """
+        self._stop.set()
+        if _any_stuck(self.store, self.world):  # a deadlock is being reported: join it
+            self._deadlock(self.stall_timeout)
+            return
+        if peer_error:
+            deadline = time.monotonic() + self.heartbeat_timeout + 2 * self.interval
+            while time.monotonic() < deadline and read_failure(self.store) is None:
+                time.sleep(self.interval)
+        first = publish_failure(self.store, f"rank {self.rank} failed: {message}")
+        _say(f"rank {self.rank}: {message}" if first.startswith(f"rank {self.rank} failed")
+             else f"rank {self.rank}: stopping because {first}")
+        self.exit_fn(EXIT_FAILED)
+
+    # ---- the thread ----------------------------------------------------------------------
+    def _beat(self) -> None:
+        self._seq += 1
+        try:
+            self.store.set(f"hb/{self.rank}",
+                           f"{self._seq}|{self.count}|{self.state}|{self.where}")
+        except Exception:  # noqa: BLE001
+            pass
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._beat()
+            failed = read_failure(self.store)
+            if failed and not self._stop.is_set():
+                _say(f"rank {self.rank}: stopping because {failed} (this rank was at "
+                     f"{self.where})")
+                self.exit_fn(EXIT_FAILED)
+                return
+            self._check_peers()
+
+    def _check_peers(self) -> None:
+        now = time.monotonic()
+        try:
+            raw = self.store.multi_get([f"hb/{g}" for g in range(self.world)])
+        except Exception:  # noqa: BLE001 - a peer has not published yet, or store gone
+            return
+        states, counts = [], []
+        for g, val in enumerate(raw):
+            seq, count, state, where = val.decode().split("|", 3)
+            states.append(state)
+            counts.append(int(count))
+            last = self._peers.get(g)
+            if last is None or last[0] != seq:
+                self._peers[g] = (seq, now)
+            elif (state != "done" and g != self.rank
+                  and now - last[1] > self.heartbeat_timeout):
+                msg = (f"rank {g} stopped responding: no heartbeat for "
+                       f"{now - last[1]:.0f} s (it was at {where})")
+                msg = publish_failure(self.store, msg)
+                _say(f"rank {self.rank}: stopping because {msg}")
+                self.exit_fn(EXIT_FAILED)
+                return
+        if tuple(counts) != self._counts or "compute" in states or self.state == "done":
+            self._counts, self._counts_since = tuple(counts), now
+            return
+        if now - self._counts_since > self.stall_timeout:
+            self._deadlock(now - self._counts_since)
+
+    def _deadlock(self, stalled: float) -> None:
+        try:
+            self.store.set(f"stuck/{self.rank}", self.where)
+        except Exception:  # noqa: BLE001
+            pass
+        _say(f"rank {self.rank}: no rank has made progress for {stalled:.1f} s; "
+             f"this rank is stuck at {self.where}")
+        # Every rank sees the stall within one interval; wait for all reports before
+        # exiting, or a peer's blocked call would fail on our closed connection first.
+        stuck = collect_stuck(self.store, self.world, wait=2.0 + 4 * self.interval)
+        if self.coordinator:
+            _say("error: " + deadlock_message(stuck, self.world, self.p2p))
+        self.exit_fn(EXIT_DEADLOCK)
+
+
+def _say(line: str) -> None:
+    sys.stderr.write(f"pipebubble: {line}\n")
+    sys.stderr.flush()
