@@ -56,7 +56,8 @@ class DistConfig:
     model: str = "mlp"
     model_args: dict = field(default_factory=dict)
     microbatch_size: int = 4
-    steps: int = 1
+    warmup: int = 1
+    repeat: int = 1
     check: bool = False
     seed: int = 0
     threads: int = 1
@@ -146,38 +147,64 @@ class RankResult:
     grads: dict[int, list[torch.Tensor]] | None = None
 
 
-class Worker:
-    """One process: its stages, transport, watchdog and process groups."""
+class Cluster:
+    """This process's membership: the store, the process group, the watchdog.
 
-    def __init__(self, cfg: DistConfig, env: Env):
-        self.cfg, self.env = cfg, env
-        if env.world_size != cfg.world_size:
+    One Cluster can run several pipelines one after the other (:class:`Worker`), each with
+    its own ``P x D`` layout of the same world.
+    """
+
+    def __init__(self, env: Env, backend: str = "gloo", stall_timeout: float = 30.0,
+                 heartbeat_timeout: float = 10.0, p2p: str = ""):
+        self.env, self.g = env, env.rank
+        self.store = self._connect()
+        timeout = timedelta(seconds=max(60.0, 3 * stall_timeout))
+        dist.init_process_group(backend, store=dist.PrefixStore("pg", self.store),
+                                rank=self.g, world_size=env.world_size, timeout=timeout)
+        self.watchdog = Watchdog(
+            self._connect(client=True), self.g, env.world_size, stall_timeout,
+            heartbeat_timeout, coordinator=(self.g == 0 and not env.our_launcher), p2p=p2p,
+        ).start()
+
+    def _connect(self, client: bool = False):
+        env = self.env
+        host = not client and self.g == 0 and not env.agent_store
+        store = dist.TCPStore(env.master_addr, env.master_port, env.world_size, host,
+                              timeout=timedelta(seconds=60), wait_for_workers=False)
+        return dist.PrefixStore("pipebubble", store)
+
+    def close(self) -> None:
+        self.watchdog.at("final barrier", True)
+        dist.barrier()
+        self.watchdog.stop()
+        dist.destroy_process_group()
+
+
+class Worker:
+    """This process's part of one pipeline run: its stages, transport and groups."""
+
+    def __init__(self, cfg: DistConfig, cluster: Cluster):
+        self.cfg, self.cluster, self.env = cfg, cluster, cluster.env
+        if self.env.world_size != cfg.world_size:
             raise ValueError(
-                f"WORLD_SIZE is {env.world_size} but --ranks {cfg.ranks} x --dp {cfg.dp} "
+                f"WORLD_SIZE is {self.env.world_size} but --ranks {cfg.ranks} x --dp {cfg.dp} "
                 f"needs {cfg.world_size} processes"
             )
         torch.set_num_threads(cfg.threads)
-        self.g = env.rank
+        self.g = cluster.g
         self.replica, self.rank = divmod(self.g, cfg.ranks)
         self.schedule, self.spec, stages = build(cfg)
         self.wired = lower(self.schedule, cfg.p2p)
         where = self.schedule.stage_to_rank
         self.modules = {s: m for s, m in enumerate(stages) if where[s] == self.rank}
-        self.store = self._connect()
-        timeout = timedelta(seconds=max(60.0, 3 * cfg.stall_timeout))
-        dist.init_process_group(cfg.backend, store=dist.PrefixStore("pg", self.store),
-                                rank=self.g, world_size=env.world_size, timeout=timeout)
         self.dp_group = None
         if cfg.dp > 1:  # every process creates every group, in the same order
             for r in range(cfg.ranks):
                 grp = dist.new_group([d * cfg.ranks + r for d in range(cfg.dp)])
                 if r == self.rank:
                     self.dp_group = grp
-        wd_store = self._connect(client=True)
-        self.watchdog = Watchdog(
-            wd_store, self.g, env.world_size, cfg.stall_timeout, cfg.heartbeat_timeout,
-            coordinator=(self.g == 0 and not env.our_launcher), p2p=cfg.p2p,
-        ).start()
+        self.watchdog = cluster.watchdog
+        self.watchdog.p2p = cfg.p2p
         self.transport = P2PTransport(
             rank=self.rank, stage_to_rank=where, num_microbatches=cfg.microbatches,
             peer_rank=lambda r: self.replica * cfg.ranks + r,
@@ -190,13 +217,6 @@ class Worker:
         self.ys = list(torch.tensor_split(y[mine], cfg.microbatches))
         self.weights = [xm.shape[0] / x.shape[0] for xm in self.xs]
         self.fault = _parse_fault(cfg.fault)
-
-    def _connect(self, client: bool = False):
-        env = self.env
-        host = not client and self.g == 0 and not env.agent_store
-        store = dist.TCPStore(env.master_addr, env.master_port, env.world_size, host,
-                              timeout=timedelta(seconds=60), wait_for_workers=False)
-        return dist.PrefixStore("pipebubble", store)
 
     def step(self, index: int, gather: bool = True) -> list[RankResult] | None:
         """Run one training step; rank 0 gets every rank's result when ``gather``."""
@@ -216,7 +236,7 @@ class Worker:
         computes = 0
         for op in self.wired.orders[self.rank]:
             if isinstance(op, Action):
-                if self.fault and index == 0 and self.fault[1] == self.g \
+                if self.fault and index == self.cfg.warmup and self.fault[1] == self.g \
                         and computes == self.fault[2]:
                     _inject(self.fault[0], self.g, op)
                 wd.at(f"{op} (compute)", False)
@@ -271,12 +291,6 @@ class Worker:
                 for p in mod.parameters()]
             for s, mod in self.modules.items()
         }
-
-    def close(self) -> None:
-        self.watchdog.at("final barrier", True)
-        dist.barrier()
-        self.watchdog.stop()
-        dist.destroy_process_group()
 
 
 def reference_gradients(cfg: DistConfig) -> tuple[float, dict[int, list[torch.Tensor]]]:

@@ -64,6 +64,13 @@ def measured_timeline(schedule: Schedule, results: list) -> tuple[Timeline, Alig
     return tl, align
 
 
+def step_span(results: list) -> float:
+    """Replica 0's step time on the shared host clock (or each rank's own, across hosts)."""
+    ts = [(r.origin + e.start, r.origin + e.end) for r in results if r.replica == 0
+          for e in r.events]
+    return max(b for _, b in ts) - min(a for a, _ in ts) if ts else 0.0
+
+
 def measured_comm(timeline: Timeline) -> float:
     """Median delay between a producer's end and its consumer's start on another rank,
     over the messages whose consumer was already idle (so the delay is the message's)."""
