@@ -133,14 +133,16 @@ class Watchdog:
         the peer is the likely culprit, so wait up to the heartbeat timeout for its failure
         (or the launcher's word on it) before blaming this rank.
         """
-        self._stop.set()
         if _any_stuck(self.store, self.world):  # a deadlock is being reported: join it
+            self._stop.set()
             self._deadlock(self.stall_timeout)
             return
-        if peer_error:
-            deadline = time.monotonic() + self.heartbeat_timeout + 2 * self.interval
+        if peer_error:  # the watchdog thread keeps running: it may find the dead peer
+            self.where, self.state = f"{self.where} (failed: {message})", "wait"
+            deadline = time.monotonic() + self.heartbeat_timeout + 4 * self.interval
             while time.monotonic() < deadline and read_failure(self.store) is None:
                 time.sleep(self.interval)
+        self._stop.set()
         first = publish_failure(self.store, f"rank {self.rank} failed: {message}")
         _say(f"rank {self.rank}: {message}" if first.startswith(f"rank {self.rank} failed")
              else f"rank {self.rank}: stopping because {first}")

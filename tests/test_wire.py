@@ -1,0 +1,122 @@
+"""The wire pass and the blocking-P2P simulator (pure, no processes)."""
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pipebubble import CostModel, get_schedule, schedule_names, simulate
+from pipebubble.cli import main
+from pipebubble.schedule import Action, make_schedule
+from pipebubble.wire import Batch, Comm, WireDeadlock, lower, pair_order_mismatches, run_wire
+from strategies import random_valid_schedule, schedules_and_costs
+
+
+def test_naive_and_parity_text_for_1f1b():
+    s = get_schedule("1f1b", ranks=2, microbatches=2)
+    assert lower(s, "parity").to_text().splitlines() == [
+        "0F0 0SEND_F0 0F1 0SEND_F1 0RECV_B0 0B0 0RECV_B1 0B1",  # even: send, then receive
+        "1RECV_F0 1F0 1B0 1RECV_F1 1SEND_B0 1F1 1B1 1SEND_B1",  # odd: receive, then send
+    ]
+    batched = lower(s, "batched").orders
+    assert batched[1][3] == Batch((Comm(1, "SEND_B", 0, 0), Comm(1, "RECV_F", 1, 0)))
+
+
+def test_every_message_sent_once_and_received_once():
+    for name in schedule_names():
+        for p in (2, 3, 4):
+            s = get_schedule(name, p, 2 * p)
+            w = lower(s, "naive")
+            sent = [(r, c.peer, c.key) for r in range(p) for c in w.comms(r) if c.is_send]
+            got = [(c.peer, r, c.key) for r in range(p) for c in w.comms(r) if not c.is_send]
+            assert sorted(sent) == sorted(got) and len(set(sent)) == len(sent)
+            # one activation and one gradient per cross-rank stage boundary and microbatch
+            where = s.stage_to_rank
+            cross = sum(where[i] != where[i + 1] for i in range(s.num_stages - 1))
+            assert len(sent) == 2 * cross * s.num_microbatches
+            assert pair_order_mismatches(w) == []
+
+
+def test_v_placement_hands_over_locally():
+    # rank 0 holds stages 0 and 3, rank 1 holds 1 and 2: the 1 -> 2 edge is local
+    orders = [[Action(0, "F", 0), Action(3, "F", 0), Action(3, "B", 0), Action(0, "B", 0)],
+              [Action(1, "F", 0), Action(2, "F", 0), Action(2, "B", 0), Action(1, "B", 0)]]
+    s = make_schedule("v", orders, 4, 1, placement="v")
+    w = lower(s, "naive")
+    assert w.to_text().splitlines() == [
+        "0F0 0SEND_F0 3RECV_F0 3F0 3B0 3SEND_B0 0RECV_B0 0B0",
+        "1RECV_F0 1F0 2F0 2SEND_F0 2RECV_B0 2B0 1B0 1SEND_B0",
+    ]
+    # one chain of 4 F then 4 B; with 2 chunks per rank each stage takes F/2 = 0.5, B/2 = 1
+    assert run_wire(w, CostModel(f=1, b=2)).timeline.step_time == 6
+
+
+def test_naive_blocking_deadlocks_1f1b_naming_each_rank():
+    s = get_schedule("1f1b", ranks=2, microbatches=4)
+    with pytest.raises(WireDeadlock) as info:
+        run_wire(lower(s, "naive"), blocking=True)
+    # rank 0 sends activation 1 forward while rank 1 sends gradient 0 back: neither receives
+    assert info.value.stuck[0][0] == "0SEND_F1"
+    assert info.value.stuck[1][0] == "1SEND_B0"
+    assert "rank 1 to post the matching receive" in info.value.stuck[0][1]
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 5, 8])
+def test_parity_and_batched_complete_1f1b_naive_does_not(p):
+    for m in (p, 2 * p + 1):
+        s = get_schedule("1f1b", p, m)
+        with pytest.raises(WireDeadlock) as info:
+            run_wire(lower(s, "naive"), blocking=True)
+        assert set(info.value.stuck) == set(range(p))  # every rank is named
+        for ordering in ("parity", "batched"):
+            run_wire(lower(s, ordering), blocking=True)  # completes
+
+
+def test_parity_is_not_universal_gpipe_turn():
+    """At GPipe's turn from forwards to backwards an odd rank would receive the gradient of
+    microbatch 0 before sending the activation the next rank needs to produce it."""
+    run_wire(lower(get_schedule("gpipe", 2, 4), "parity"))
+    with pytest.raises(WireDeadlock) as info:
+        run_wire(lower(get_schedule("gpipe", 3, 4), "parity"))
+    assert info.value.stuck[1][0] == "1RECV_B0"
+    run_wire(lower(get_schedule("gpipe", 3, 4), "naive"))  # naive is fine there
+
+
+def test_blocking_timing_by_hand():
+    # GPipe p=2 m=2, F=1 B=2, comm 0.5. Buffered: 10 (as simulate). Blocking: rank 1 posts
+    # 1RECV_F1 at 2.5, after 0SEND_F1 (at 2), so it lands at 3.0, not 2.5; one hop later
+    # again for the gradients: rank 0 gets 0RECV_B0 at 6.5, 0RECV_B1 at 9.0; ends at 11.
+    s = get_schedule("gpipe", 2, 2)
+    c = CostModel(f=1, b=2, comm=0.5)
+    assert simulate(s, c).step_time == 10
+    assert run_wire(lower(s, "batched"), c, blocking=False).timeline.step_time == 10
+    res = run_wire(lower(s, "batched"), c, blocking=True)
+    assert res.timeline.step_time == 11
+    assert res.comm_done[1, Comm(1, "RECV_F", 1, 0)] == 3.0
+    assert res.comm_done[0, Comm(0, "RECV_B", 0, 1)] == 6.5
+
+
+@given(schedules_and_costs(), st.sampled_from(["naive", "batched"]))
+def test_buffered_wire_equals_simulate(sc, ordering):
+    schedule, costs = sc
+    ref = simulate(schedule, costs)
+    got = run_wire(lower(schedule, ordering), costs, blocking=False).timeline
+    assert got.start == pytest.approx(ref.start) and got.end == pytest.approx(ref.end)
+
+
+@given(st.integers(0, 2**31), st.integers(1, 5), st.integers(1, 3), st.integers(1, 6),
+       st.booleans())
+def test_batched_never_deadlocks_a_valid_schedule(seed, p, v, m, split):
+    s = random_valid_schedule(seed, p, v, m, split, "loop")
+    t = run_wire(lower(s, "batched"), CostModel(comm=0.25), blocking=True).timeline
+    assert t.step_time >= simulate(s, CostModel(comm=0.25)).step_time - 1e-9
+
+
+def test_wire_command(capsys):
+    assert main(["wire", "--schedule", "1f1b", "-p", "2", "-m", "4", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    rows = {r["p2p"]: r for r in out["orderings"]}
+    assert rows["naive"]["deadlock"] and rows["naive"]["stuck"]["0"]["at"] == "0SEND_F1"
+    assert not rows["parity"]["deadlock"] and not rows["batched"]["deadlock"]
+    assert out["compute_only_step_time"] == 15  # (4 + 2 - 1) x 3
