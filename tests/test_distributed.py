@@ -65,6 +65,7 @@ def test_every_schedule_gradients_4_ranks_and_2x2():
             except ScheduleError:
                 continue
             assert (name, p, d, "batched") in ran, (name, p, d)
+    # parity completes for real where the wire simulator says it does (1F1B's exchange)
     assert ("1f1b", 4, 1, "parity") in ran and ("1f1b", 2, 2, "parity") in ran
 
 
@@ -92,13 +93,6 @@ def test_naive_ordering_really_deadlocks_and_every_rank_reports():
     assert "rank 0 stuck at 0SEND_F1" in err and "rank 1 stuck at 1SEND_B0" in err
     assert "rank 0: no rank has made progress" in err and "rank 1: no rank has made" in err
     assert took < 60 and left == []
-
-
-def test_parity_ordering_completes_for_real():
-    proc, _, left = launch(["--schedule", "1f1b", "--ranks", "2", "--microbatches", "4",
-                            "--p2p", "parity", "--check", "--json", *SMALL])
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert json.loads(proc.stdout)["grad_max_abs_diff"] < 1e-5 and left == []
 
 
 @pytest.mark.parametrize("fault, culprit", [("kill:1:2", "rank 1 died (killed by SIGKILL)"),
