@@ -58,8 +58,8 @@ def step_time_with_allreduce(timeline: Timeline, costs: CostModel | StageCosts, 
 
     >>> from pipebubble import get_schedule, simulate
     >>> c = CostModel(f=1, b=2, allreduce=[0.5, 3.0])
-    >>> tl = simulate(get_schedule("1f1b", 2, 4), c)   # step 15: rank 0 ends at 15, rank 1 at 14
-    >>> step_time_with_allreduce(tl, c, dp=2)          # max(15 + 0.5, 14 + 3)
-    17.0
+    >>> tl = simulate(get_schedule("1f1b", 2, 4), c)   # rank 0 ends at 15, rank 1 at 13
+    >>> step_time_with_allreduce(tl, c, dp=2)          # max(15 + 0.5, 13 + 3)
+    16.0
     """
     return max(rank_finish_times(timeline, costs, dp), default=0.0)
