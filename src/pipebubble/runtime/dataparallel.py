@@ -14,7 +14,7 @@ each link in ``2 (D - 1)`` rounds (Patarasuk & Yuan 2009):
     t = 2 (D - 1) / D x n / bandwidth + 2 (D - 1) x latency
 
 >>> round(ring_allreduce_time(1e9, 4, bandwidth=100e9, latency=5e-6), 6)  # 1 GB, 4 GPUs
-0.015030
+0.01503
 >>> ring_allreduce_time(1e9, 1, bandwidth=100e9)  # one replica: nothing to reduce
 0.0
 """
