@@ -84,17 +84,20 @@ def test_parity_is_not_universal_gpipe_turn():
 
 
 def test_blocking_timing_by_hand():
-    # GPipe p=2 m=2, F=1 B=2, comm 0.5. Buffered: 10 (as simulate). Blocking: rank 1 posts
-    # 1RECV_F1 at 2.5, after 0SEND_F1 (at 2), so it lands at 3.0, not 2.5; one hop later
-    # again for the gradients: rank 0 gets 0RECV_B0 at 6.5, 0RECV_B1 at 9.0; ends at 11.
+    # GPipe p=2 m=2, F=1 B=2, comm 0.5; buffered: 10, as simulate. Naive, blocking: rank 0's
+    # 0SEND_F1 (posted at 2) waits for rank 1 to post 1RECV_F1 after its F0 (at 2.5): both
+    # finish at 3.0, so 1F1 runs 3-4, 1B0 4-6, 1B1 6.5-8.5 (after 1SEND_B0 completes at 6.5);
+    # rank 0 runs 0B0 6.5-8.5 and 0B1 9-11 (0RECV_B1 posted at 8.5). Step 11.
     s = get_schedule("gpipe", 2, 2)
     c = CostModel(f=1, b=2, comm=0.5)
     assert simulate(s, c).step_time == 10
-    assert run_wire(lower(s, "batched"), c, blocking=False).timeline.step_time == 10
-    res = run_wire(lower(s, "batched"), c, blocking=True)
+    assert run_wire(lower(s, "naive"), c, blocking=False).timeline.step_time == 10
+    res = run_wire(lower(s, "naive"), c, blocking=True)
     assert res.timeline.step_time == 11
     assert res.comm_done[1, Comm(1, "RECV_F", 1, 0)] == 3.0
     assert res.comm_done[0, Comm(0, "RECV_B", 0, 1)] == 6.5
+    # batched posts each receive one batch early: every message flows when it is sent
+    assert run_wire(lower(s, "batched"), c, blocking=True).timeline.step_time == 10
 
 
 @given(schedules_and_costs(), st.sampled_from(["naive", "batched"]))

@@ -17,7 +17,9 @@ k's inputs. The ``ordering`` says how a boundary is posted:
 - ``batched``: the whole boundary is posted at once (``batch_isend_irecv``); the rank waits
   for its receives before the next compute and for its sends only at the end of the step,
   as torch.distributed.pipelining does. No rank ever waits on a send mid-step, so a batched
-  program finishes whenever the compute schedule itself does.
+  program finishes whenever the compute schedule itself does. Each batch also posts the
+  receives of the rank's *next* batch (prefetch), so with rendezvous transports a message
+  moves as soon as it is sent rather than when its consumer gets round to asking.
 
 Why naive deadlocks when a send blocks until its receive is posted (rendezvous, as gloo does):
 in 1F1B's steady state rank r has just run F and sends an activation forward while rank r+1
@@ -233,6 +235,17 @@ def run_wire(
             return max(mine, other) + comm
         return max(mine, other + comm)
 
+    # A batch also posts the receives of the rank's next batch (prefetch, see ``lower``).
+    nxt: list[dict[int, tuple[Comm, ...]]] = []
+    for order in wired.orders:
+        ahead: dict[int, tuple[Comm, ...]] = {}
+        last = None
+        for i, step in enumerate(order):
+            if isinstance(step, Batch):
+                if last is not None:
+                    ahead[last] = tuple(c for c in step.ops if not c.is_send)
+                last = i
+        nxt.append(ahead)
     remaining = sum(len(o) for o in wired.orders)
     while remaining:
         progressed = 0
@@ -250,8 +263,10 @@ def run_wire(
                     ops = step.ops if isinstance(step, Batch) else (step,)
                     if posted[r] is None:
                         posted[r] = now[r]
-                        for c in ops:
-                            (send_post if c.is_send else recv_post)[c.key] = now[r]
+                        early = nxt[r].get(ptr[r], ()) if lazy else ()
+                        for c in (*ops, *early):
+                            box = send_post if c.is_send else recv_post
+                            box.setdefault(c.key, now[r])  # a prefetched receive keeps its time
                         progressed += 1  # posting can unblock a peer
                     # A batch waits for its receives; its sends finish in the background
                     # and are waited for at the end of the step (see ``lower``).

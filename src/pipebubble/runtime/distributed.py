@@ -35,7 +35,7 @@ from torch import nn
 from ..models import ModelSpec, build_model
 from ..schedule import Action, Schedule, ScheduleError, validate
 from ..schedules import get_schedule
-from ..wire import lower
+from ..wire import Batch, lower
 from .clock import WallClock
 from .interpreter import StageInterpreter
 from .p2p import P2PTransport
@@ -195,6 +195,11 @@ class Worker:
         self.replica, self.rank = divmod(self.g, cfg.ranks)
         self.schedule, self.spec, stages = build(cfg)
         self.wired = lower(self.schedule, cfg.p2p)
+        self._next_batch: dict[int, Batch] = {}  # batch index -> the rank's next batch
+        batches = [i for i, op in enumerate(self.wired.orders[self.rank])
+                   if isinstance(op, Batch)]
+        for a, b in zip(batches, batches[1:], strict=False):
+            self._next_batch[a] = self.wired.orders[self.rank][b]
         where = self.schedule.stage_to_rank
         self.modules = {s: m for s, m in enumerate(stages) if where[s] == self.rank}
         self.dp_group = None
@@ -234,7 +239,8 @@ class Worker:
             loss_fn=self.spec.loss_fn, loss_weights=self.weights,
         )
         computes = 0
-        for op in self.wired.orders[self.rank]:
+        order = self.wired.orders[self.rank]
+        for i, op in enumerate(order):
             if isinstance(op, Action):
                 if self.fault and index == self.cfg.warmup and self.fault[1] == self.g \
                         and computes == self.fault[2]:
@@ -243,7 +249,7 @@ class Worker:
                 interp.run(op)
                 computes += 1
             else:
-                self.transport.run(op)
+                self.transport.run(op, self._next_batch.get(i))
             wd.advance()
         self.transport.finish()
         allreduce = self._allreduce()

@@ -56,6 +56,7 @@ class P2PTransport:
     inbox: dict[Key, tuple[torch.Tensor, float]] = field(default_factory=dict)
     outbox: dict[Key, tuple[torch.Tensor, float]] = field(default_factory=dict)
     in_flight: list = field(default_factory=list)  # (work, tensor) of sends not yet waited
+    prefetched: dict = field(default_factory=dict)  # key -> (work, buffer) of early receives
     messages: int = 0
 
     # ---- the Transport protocol (what the interpreter calls) ---------------------------
@@ -78,12 +79,17 @@ class P2PTransport:
         self.messages = 0
 
     # ---- the wire program --------------------------------------------------------------
-    def run(self, step: Comm | Batch) -> None:
-        """Carry out one SEND/RECV step (blocking) or one batch (receives waited)."""
+    def run(self, step: Comm | Batch, next_batch: Batch | None = None) -> None:
+        """Carry out one SEND/RECV step (blocking) or one batch (receives waited).
+
+        With a batch, the receives of ``next_batch`` (the rank's next one) are posted too,
+        when their shapes are known, and waited for when that batch comes (prefetch).
+        """
         if isinstance(step, Comm):
             self._blocking(step)
         else:
-            self._batched(step.ops)
+            ahead = [c for c in next_batch.ops if not c.is_send] if next_batch else []
+            self._batched(step.ops, ahead)
 
     def finish(self) -> None:
         """Wait for the sends still in flight (end of step); check nothing is left over."""
@@ -91,7 +97,7 @@ class P2PTransport:
             self.on_wait(f"waiting for send {i + 1} of {len(self.in_flight)} to complete")
             work.wait()
         self.in_flight.clear()
-        left = sorted(self.outbox) + sorted(self.inbox)
+        left = sorted(self.outbox) + sorted(self.inbox) + sorted(self.prefetched)
         if left:
             raise RuntimeError(f"rank {self.rank}: messages never consumed: {left[:4]}")
 
@@ -135,7 +141,7 @@ class P2PTransport:
             self.inbox[c.key] = (buf, 0.0)
         self.messages += 1
 
-    def _batched(self, ops: Sequence[Comm]) -> None:
+    def _batched(self, ops: Sequence[Comm], prefetch: Sequence[Comm] = ()) -> None:
         headers: list[dist.P2POp] = []
         got: list[tuple[Comm, torch.Tensor]] = []
         payloads: dict[Comm, torch.Tensor] = {}
@@ -157,19 +163,36 @@ class P2PTransport:
             self._wait_receives(headers, "headers of " + " ".join(map(str, ops)))
             for c, hdr in got:
                 self.shapes[c.key] = _parse_header(hdr)
-        p2p = []
-        recvs = []
+        p2p: list[dist.P2POp] = []
+        mine: list[tuple[Comm, dist.P2POp | None]] = []  # None: posted by an earlier batch
         for c in ops:
             peer = self.peer_rank(c.peer)
             if c.is_send:
                 p2p.append(dist.P2POp(dist.isend, payloads[c], peer, self.group,
                                       self._tag(c.key)))
+            elif c.key in self.prefetched:
+                mine.append((c, None))
             else:
-                buf = self._buffer(c)
-                recvs.append((c, buf))
-                p2p.append(dist.P2POp(dist.irecv, buf, peer, self.group, self._tag(c.key)))
-        self._wait_receives(p2p, " ".join(map(str, ops)))
-        for c, buf in recvs:
+                op = dist.P2POp(dist.irecv, self._buffer(c), peer, self.group, self._tag(c.key))
+                p2p.append(op)
+                mine.append((c, op))
+        early = []
+        for c in prefetch:
+            if c.key in self.shapes and c.key not in self.prefetched:
+                op = dist.P2POp(dist.irecv, self._buffer(c), self.peer_rank(c.peer),
+                                self.group, self._tag(c.key))
+                p2p.append(op)
+                early.append((c, op))
+        works = dict(zip(map(id, p2p), dist.batch_isend_irecv(p2p), strict=True)) if p2p else {}
+        for op in p2p:
+            if op.op is dist.isend:
+                self.in_flight.append((works[id(op)], op.tensor))
+        for c, op in early:
+            self.prefetched[c.key] = (works[id(op)], op.tensor)
+        self.on_wait(f"batch {' '.join(map(str, ops))}: waiting for its receives")
+        for c, op in mine:
+            work, buf = self.prefetched.pop(c.key) if op is None else (works[id(op)], op.tensor)
+            work.wait()
             self.inbox[c.key] = (buf, 0.0)
         self.messages += len(ops)
 
