@@ -224,13 +224,18 @@ class Worker:
         self.fault = _parse_fault(cfg.fault)
 
     def step(self, index: int, gather: bool = True) -> list[RankResult] | None:
-        """Run one training step; rank 0 gets every rank's result when ``gather``."""
+        """Run one training step; rank 0 gets every rank's result when ``gather``.
+
+        A gathered (measured) step starts with a barrier that sets the ranks' common time
+        origin; an unmeasured one (warm-up, benchmarks) has no barrier of its own.
+        """
         for mod in self.modules.values():
             mod.zero_grad(set_to_none=True)
         self.transport.new_step()
         wd = self.watchdog
-        wd.at(f"step {index} start barrier", True)
-        dist.barrier()
+        if gather:  # a measured step: common time origin (see report.py)
+            wd.at(f"step {index} start barrier", True)
+            dist.barrier()
         origin = time.perf_counter()
         interp = StageInterpreter(
             rank=self.rank, modules=self.modules, num_stages=self.schedule.num_stages,
