@@ -12,8 +12,8 @@ alternately, step after step, so both see the same machine load. A step is timed
 barrier to a barrier on rank 0; we report the medians over ``--steps`` steps (after
 warm-up), the fastest steps, and the median of the per-step ratios ours / torch's (each
 pair of steps ran back to back, so it sees the same load). Target: <= 1.0. The gradients
-of the two are
-compared too (they must agree: same model, same loss, mean over the batch).
+of the two are compared too (they must agree: same model, same loss, mean over the
+batch).
 
 Run: ``.venv/bin/python bench/bench_dist_vs_torch.py [--width 512] [--microbatches 8]``.
 Asserts nothing; prints the figures.
