@@ -119,22 +119,34 @@ class WireSchedule:
                 yield from step.ops
 
 
-def inputs_of(action: Action, where: tuple[int, ...], rank: int) -> list[Comm]:
+def chain_starts(schedule: Schedule) -> tuple[int, ...]:
+    """First stage of each independent chain (DualPipe's two model copies: ``(0, p)``)."""
+    return tuple(getattr(schedule, "chain_starts", (0,)))
+
+
+def _feeds(s: int, where: tuple[int, ...], starts: tuple[int, ...]) -> bool:
+    """True if stage s's output goes to stage s+1 (same chain)."""
+    return s + 1 < len(where) and s + 1 not in starts
+
+
+def inputs_of(action: Action, where: tuple[int, ...], rank: int,
+              starts: tuple[int, ...] = (0,)) -> list[Comm]:
     """Receives ``action`` needs before it runs on ``rank`` (none for local hand-over)."""
     s, k, m = action
-    if k == "F" and s > 0 and where[s - 1] != rank:
+    if k == "F" and s > 0 and _feeds(s - 1, where, starts) and where[s - 1] != rank:
         return [Comm(s, "RECV_F", m, where[s - 1])]
-    if k in ("B", "I") and s < len(where) - 1 and where[s + 1] != rank:
+    if k in ("B", "I") and _feeds(s, where, starts) and where[s + 1] != rank:
         return [Comm(s, "RECV_B", m, where[s + 1])]
     return []
 
 
-def outputs_of(action: Action, where: tuple[int, ...], rank: int) -> list[Comm]:
+def outputs_of(action: Action, where: tuple[int, ...], rank: int,
+               starts: tuple[int, ...] = (0,)) -> list[Comm]:
     """Sends ``action`` makes after it runs on ``rank`` (none for local hand-over)."""
     s, k, m = action
-    if k == "F" and s < len(where) - 1 and where[s + 1] != rank:
+    if k == "F" and _feeds(s, where, starts) and where[s + 1] != rank:
         return [Comm(s, "SEND_F", m, where[s + 1])]
-    if k in ("B", "I") and s > 0 and where[s - 1] != rank:
+    if k in ("B", "I") and s > 0 and _feeds(s - 1, where, starts) and where[s - 1] != rank:
         return [Comm(s, "SEND_B", m, where[s - 1])]
     return []
 
@@ -148,13 +160,14 @@ def lower(schedule: Schedule, ordering: str = "batched") -> WireSchedule:
     if ordering not in ORDERINGS:
         raise ScheduleError(f"unknown p2p ordering {ordering!r}; valid are {', '.join(ORDERINGS)}")
     where = schedule.stage_to_rank
+    starts = chain_starts(schedule)
     orders = []
     for r in range(schedule.num_ranks):
         comps = [a for step in schedule.orders[r] for a in step_actions(step)]
         out: list[WireStep] = []
         for k in range(len(comps) + 1):
-            sends = outputs_of(comps[k - 1], where, r) if k > 0 else []
-            recvs = inputs_of(comps[k], where, r) if k < len(comps) else []
+            sends = outputs_of(comps[k - 1], where, r, starts) if k > 0 else []
+            recvs = inputs_of(comps[k], where, r, starts) if k < len(comps) else []
             if ordering == "batched":
                 if sends or recvs:
                     out.append(Batch(tuple(sends + recvs)))
@@ -216,6 +229,7 @@ def run_wire(
     )
     p, comm = sched.num_ranks, sc.comm
     where = sched.stage_to_rank
+    starts = chain_starts(sched)
     ptr, now = [0] * p, [0.0] * p
     posted: list[float | None] = [None] * p  # when rank r posted its current comm step
     send_post: dict[tuple, float] = {}
@@ -255,7 +269,7 @@ def run_wire(
                 step = order[ptr[r]]
                 lazy = isinstance(step, Batch)
                 if isinstance(step, Action):
-                    t = _compute(step, r, now[r], sc, where, avail[r], events)
+                    t = _compute(step, r, now[r], sc, where, avail[r], events, starts)
                     if t is None:
                         break
                     now[r] = t
@@ -297,14 +311,14 @@ def run_wire(
     return WireResult(timeline, comm_done)
 
 
-def _compute(a: Action, r: int, t: float, sc: StageCosts, where, avail, events) -> float | None:
+def _compute(a: Action, r: int, t: float, sc: StageCosts, where, avail, events,
+             starts) -> float | None:
     """Run compute ``a`` on rank r at time t if its inputs are present; return its end."""
     s, k, m = a
-    S = len(where)
     need = None
-    if k == "F" and s > 0:
+    if k == "F" and s > 0 and _feeds(s - 1, where, starts):
         need = ("act", s, m)
-    elif k in ("B", "I") and s < S - 1:
+    elif k in ("B", "I") and _feeds(s, where, starts):
         need = ("grad", s, m)
     if k in ("B", "I") and ("F", s, m) not in avail:
         return None
@@ -318,9 +332,9 @@ def _compute(a: Action, r: int, t: float, sc: StageCosts, where, avail, events) 
     lo, hi = sc.memory_deltas(s, k)
     events.append(Event(r, s, k, m, t, end, lo, hi))
     avail[k, s, m] = end
-    if k == "F" and s < S - 1 and where[s + 1] == r:
+    if k == "F" and _feeds(s, where, starts) and where[s + 1] == r:
         avail["act", s + 1, m] = end
-    if k in ("B", "I") and s > 0 and where[s - 1] == r:
+    if k in ("B", "I") and s > 0 and _feeds(s - 1, where, starts) and where[s - 1] == r:
         avail["grad", s - 1, m] = end
     return end
 
@@ -347,8 +361,9 @@ def _wire_deadlock(wired, ptr, send_post, recv_post, blocking) -> WireDeadlock:
 
 def wired_step_count(schedule: Schedule) -> int:
     """Number of messages between ranks in one step (2 per stage boundary per microbatch)."""
-    where = schedule.stage_to_rank
-    cross = sum(1 for s in range(schedule.num_stages - 1) if where[s] != where[s + 1])
+    where, starts = schedule.stage_to_rank, chain_starts(schedule)
+    cross = sum(1 for s in range(schedule.num_stages - 1)
+                if _feeds(s, where, starts) and where[s] != where[s + 1])
     return 2 * cross * schedule.num_microbatches
 
 

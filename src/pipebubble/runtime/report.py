@@ -71,9 +71,10 @@ def step_span(results: list) -> float:
     return max(b for _, b in ts) - min(a for a, _ in ts) if ts else 0.0
 
 
-def measured_comm(timeline: Timeline) -> float:
+def measured_comm(timeline: Timeline, starts: tuple[int, ...] = (0,)) -> float:
     """Median delay between a producer's end and its consumer's start on another rank,
-    over the messages whose consumer was already idle (so the delay is the message's)."""
+    over the messages whose consumer was already idle (so the delay is the message's).
+    ``starts``: the schedule's ``chain_starts`` (no message into the first stage of a chain)."""
     where = timeline.stage_to_rank
     ev = {(e.stage, e.kind, e.microbatch): e for e in timeline.events()}
     prev_end: dict[tuple[int, int, str, int], float] = {}
@@ -82,11 +83,12 @@ def measured_comm(timeline: Timeline) -> float:
         for e in timeline.events(r):
             prev_end[e.stage, e.microbatch, e.kind, r] = last
             last = e.end
+    starts = set(starts)
     gaps = []
     for (s, k, m), e in ev.items():
-        if k == "F" and s > 0:
+        if k == "F" and s not in starts:
             src = ev.get((s - 1, "F", m))
-        elif k in ("B", "I") and s < timeline.num_stages - 1:
+        elif k in ("B", "I") and s < timeline.num_stages - 1 and s + 1 not in starts:
             src = ev.get((s + 1, "I", m)) or ev.get((s + 1, "B", m))
         else:
             continue
@@ -100,7 +102,8 @@ def measured_comm(timeline: Timeline) -> float:
 def predict(schedule: Schedule, timeline: Timeline, allreduce: dict[int, float],
             dp: int) -> dict:
     """Simulated step time and bubble under costs calibrated from ``timeline``."""
-    base = costs_from_timeline(timeline, comm=measured_comm(timeline))
+    starts = tuple(getattr(schedule, "chain_starts", (0,)))
+    base = costs_from_timeline(timeline, comm=measured_comm(timeline, starts))
     ar = [allreduce.get(s, 0.0) for s in range(schedule.num_stages)]
     costs = CostModel(f=base.f, b=base.b, w=base.w, comm=base.comm, allreduce=ar)
     sim = simulate(schedule, costs)
