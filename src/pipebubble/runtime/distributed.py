@@ -35,7 +35,7 @@ from torch import nn
 from ..models import ModelSpec, build_model
 from ..schedule import Action, Schedule, ScheduleError, validate
 from ..schedules import get_schedule
-from ..wire import Batch, lower
+from ..wire import Batch, lower, pair_order_mismatches
 from .clock import WallClock
 from .interpreter import StageInterpreter
 from .p2p import P2PTransport
@@ -116,6 +116,10 @@ def make_schedule_for(cfg: DistConfig) -> Schedule:
     schedule = get_schedule(cfg.schedule, cfg.ranks, cfg.microbatches, cfg.chunks)
     validate(schedule)
     return schedule
+
+
+def schedule_name(cfg: DistConfig) -> str:
+    return f"{cfg.schedule} (p={cfg.ranks}, m={cfg.microbatches})"
 
 
 def global_batch(cfg: DistConfig, spec: ModelSpec) -> tuple[torch.Tensor, torch.Tensor]:
@@ -201,7 +205,16 @@ class Worker:
         for a, b in zip(batches, batches[1:], strict=False):
             self._next_batch[a] = self.wired.orders[self.rank][b]
         where = self.schedule.stage_to_rank
-        self.modules = {s: m for s, m in enumerate(stages) if where[s] == self.rank}
+        self.device = torch.device("cpu")
+        if cfg.backend == "nccl":  # one GPU per process; NCCL matches messages in order
+            self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(self.device)
+            bad = pair_order_mismatches(self.wired)
+            if bad:
+                raise ValueError(f"--backend nccl needs messages in the same order at both "
+                                 f"ends; {schedule_name(cfg)} with --p2p {cfg.p2p}: {bad[0]}")
+        self.modules = {s: m.to(self.device) for s, m in enumerate(stages)
+                        if where[s] == self.rank}
         self.dp_group = None
         if cfg.dp > 1:  # every process creates every group, in the same order
             for r in range(cfg.ranks):
@@ -213,13 +226,13 @@ class Worker:
         self.transport = P2PTransport(
             rank=self.rank, stage_to_rank=where, num_microbatches=cfg.microbatches,
             peer_rank=lambda r: self.replica * cfg.ranks + r,
-            on_wait=lambda what: self.watchdog.at(what, True),
+            on_wait=lambda what: self.watchdog.at(what, True), device=self.device,
         )
         x, y = global_batch(cfg, self.spec)
         n = cfg.microbatch_size * cfg.microbatches
         mine = slice(self.replica * n, (self.replica + 1) * n)
-        self.xs = list(torch.tensor_split(x[mine], cfg.microbatches))
-        self.ys = list(torch.tensor_split(y[mine], cfg.microbatches))
+        self.xs = list(torch.tensor_split(x[mine].to(self.device), cfg.microbatches))
+        self.ys = list(torch.tensor_split(y[mine].to(self.device), cfg.microbatches))
         self.weights = [xm.shape[0] / x.shape[0] for xm in self.xs]
         self.fault = _parse_fault(cfg.fault)
 
@@ -240,7 +253,7 @@ class Worker:
         interp = StageInterpreter(
             rank=self.rank, modules=self.modules, num_stages=self.schedule.num_stages,
             stage_to_rank=self.schedule.stage_to_rank, transport=self.transport,
-            clock=WallClock(origin), inputs=self.xs, targets=self.ys,
+            clock=_clock(origin, self.device), inputs=self.xs, targets=self.ys,
             loss_fn=self.spec.loss_fn, loss_weights=self.weights,
         )
         computes = 0
@@ -298,7 +311,7 @@ class Worker:
 
     def _grads(self) -> dict[int, list[torch.Tensor]]:
         return {
-            s: [p.grad.clone() if p.grad is not None else torch.zeros_like(p)
+            s: [p.grad.detach().cpu() if p.grad is not None else torch.zeros_like(p, device="cpu")
                 for p in mod.parameters()]
             for s, mod in self.modules.items()
         }
@@ -314,6 +327,24 @@ def reference_gradients(cfg: DistConfig) -> tuple[float, dict[int, list[torch.Te
     grads = {s: [p.grad.clone() if p.grad is not None else torch.zeros_like(p)
                  for p in mod.parameters()] for s, mod in enumerate(stages)}
     return float(loss.detach()), grads
+
+
+def _clock(origin: float, device: torch.device) -> WallClock:
+    """Wall time since ``origin``; on CUDA the kernels are waited for around each action
+    (inside ``work``, so that the end is read after they finish, not after their launch)."""
+    return WallClock(origin) if device.type != "cuda" else _CudaWallClock(origin)
+
+
+class _CudaWallClock(WallClock):
+    def time(self, rank, action, earliest, work, *args, **kwargs):
+        torch.cuda.synchronize()
+
+        def synced():
+            out = work()
+            torch.cuda.synchronize()
+            return out
+
+        return super().time(rank, action, earliest, synced, *args, **kwargs)
 
 
 def _parse_fault(text: str | None) -> tuple[str, int, int] | None:

@@ -16,7 +16,9 @@ Shapes and dtypes are sent first: on the first step every activation is preceded
 header (dtype code and shape), after which the receiver remembers them per (stage,
 microbatch). A gradient needs no header: it has the shape of the activation this rank sent.
 Messages carry a tag made of (kind, stage, microbatch), so gloo matches them whatever order
-they are posted in.
+they are posted in. NCCL ignores tags and matches messages between two ranks in posting
+order, so there the program must post them in the same order on both ends
+(``wire.pair_order_mismatches`` is checked first); tensors then live on the rank's GPU.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class P2PTransport:
     headers_sent: set[Key] = field(default_factory=set)
     on_wait: Callable[[str], None] = lambda what: None
     group: object | None = None
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     inbox: dict[Key, tuple[torch.Tensor, float]] = field(default_factory=dict)
     outbox: dict[Key, tuple[torch.Tensor, float]] = field(default_factory=dict)
     in_flight: list = field(default_factory=list)  # (work, tensor) of sends not yet waited
@@ -125,14 +128,15 @@ class P2PTransport:
             tensor = self._payload(c)
             if self._needs_header(c):
                 self.on_wait(f"{c} (header): send to rank {c.peer}, waiting for its receive")
-                dist.send(_header(tensor), peer, group=self.group, tag=self._tag(c.key, True))
+                dist.send(_header(tensor).to(self.device), peer, group=self.group,
+                          tag=self._tag(c.key, True))
                 self.headers_sent.add(c.key)
             self.on_wait(f"{c}: send to rank {c.peer}, waiting for it to post the receive")
             dist.send(tensor, peer, group=self.group, tag=self._tag(c.key))
         else:
             if self._needs_header(c):
                 self.on_wait(f"{c} (header): receive from rank {c.peer}, waiting for its send")
-                hdr = torch.empty(_HEADER, dtype=torch.int64)
+                hdr = torch.empty(_HEADER, dtype=torch.int64, device=self.device)
                 dist.recv(hdr, peer, group=self.group, tag=self._tag(c.key, True))
                 self.shapes[c.key] = _parse_header(hdr)
             buf = self._buffer(c)
@@ -150,12 +154,12 @@ class P2PTransport:
             if c.is_send:
                 payloads[c] = self._payload(c)
                 if self._needs_header(c):
-                    hdr = _header(payloads[c])
+                    hdr = _header(payloads[c]).to(self.device)
                     headers.append(dist.P2POp(dist.isend, hdr, peer, self.group,
                                               self._tag(c.key, True)))
                     self.headers_sent.add(c.key)
             elif self._needs_header(c):
-                hdr = torch.empty(_HEADER, dtype=torch.int64)
+                hdr = torch.empty(_HEADER, dtype=torch.int64, device=self.device)
                 headers.append(dist.P2POp(dist.irecv, hdr, peer, self.group,
                                           self._tag(c.key, True)))
                 got.append((c, hdr))
@@ -211,7 +215,7 @@ class P2PTransport:
                 f"rank {self.rank}: shape of {c} unknown (its activation was never sent)"
             )
         shape, dtype = self.shapes[c.key]
-        return torch.empty(shape, dtype=dtype)
+        return torch.empty(shape, dtype=dtype, device=self.device)
 
 
 def _header(t: torch.Tensor) -> torch.Tensor:
