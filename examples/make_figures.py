@@ -9,8 +9,8 @@ bubble sweep, plus a Perfetto trace. Everything is drawn by the same code the CL
    microbatches, measured per-stage clock), its costs calibrated from the measurement with
    ``calibrate.costs_from_timeline``, and the simulator's prediction drawn above it.
 4. ``sweep.png``: ``pipebubble sweep -p 4 -m 1..128 --png ...`` over every registered schedule.
-5. ``trace_1f1b.json`` (not committed): ``pipebubble simulate ... --trace``; open it in
-   https://ui.perfetto.dev.
+5. Traces to open in https://ui.perfetto.dev: ``trace_1f1b.json`` (``pipebubble simulate
+   ... --trace``, 1 unit = 1 ms) and ``predicted_vs_measured.json`` (real durations).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from pipebubble.calibrate import costs_from_timeline
 from pipebubble.cli import main
 from pipebubble.models import mlp
 from pipebubble.render.plots import save, timelines_figure
+from pipebubble.render.trace import write_trace
 
 
 def predicted_vs_measured(path: Path, stages: int = 4, microbatches: int = 8) -> None:
@@ -38,13 +39,12 @@ def predicted_vs_measured(path: Path, stages: int = 4, microbatches: int = 8) ->
     pipe.zero_grad()
     measured = pipe.step(x, y).timeline
     predicted = simulate(pipe.schedule, costs_from_timeline(measured))
-    fig = timelines_figure(
-        [predicted, measured],
-        labels=["predicted: simulator with costs calibrated from the run",
-                "measured: Pipeline on a 4-stage MLP (CPU, per-stage clock)"],
-        title=f"1f1b  p={stages} m={microbatches}: predicted vs measured",
-    )
+    labels = ["predicted: simulator with costs calibrated from the run",
+              "measured: Pipeline on a 4-stage MLP (CPU, per-stage clock)"]
+    fig = timelines_figure([predicted, measured], labels=labels,
+                           title=f"1f1b  p={stages} m={microbatches}: predicted vs measured")
     save(fig, path)
+    write_trace(path.with_suffix(".json"), [predicted, measured], ["predicted", "measured"])
     print(f"wrote {path}: predicted step {predicted.step_time * 1e3:.3g} ms, "
           f"measured {measured.step_time * 1e3:.3g} ms")
 

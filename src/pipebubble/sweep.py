@@ -59,7 +59,7 @@ def parse_range(text: str, flag: str = "range") -> list[int]:
                 f"{flag}: cannot read {part!r}; use N, A..B or A..B:STEP (e.g. 1..128), "
                 "comma-separated"
             ) from None
-        if (colon and not dots) or step < 1:
+        if step < 1:
             raise ValueError(f"{flag}: bad step in {part!r}; use A..B:STEP with STEP >= 1")
         if lo < 1:
             raise ValueError(f"{flag} must be >= 1, got {lo} in {part!r}")

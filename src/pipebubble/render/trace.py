@@ -72,8 +72,9 @@ def trace_events(
     bwd: dict[tuple[int, int], int] = {}
     slices: list[dict] = []
     for i, e in enumerate(timeline.events()):
+        # Round the ends, not the duration, so back-to-back actions stay back to back.
         ts = _us((e.start - t0) * us_per_unit)
-        dur = _us((e.end - e.start) * us_per_unit)
+        dur = _us(_us((e.end - t0) * us_per_unit) - ts)
         slices.append({
             "name": f"{e.kind}{e.microbatch}", "cat": e.kind, "ph": "X", "ts": ts, "dur": dur,
             "pid": pid_base + e.rank, "tid": chunk[e.stage] + 1,
