@@ -138,13 +138,31 @@ def texts_of(fig):
     out = [t for t in fig.texts]
     for ax in fig.axes:
         out += ax.texts + [ax.title, ax.xaxis.label, ax.yaxis.label]
-        out += [t for t in ax.get_xticklabels() + ax.get_yticklabels()]
+        (x0, x1), (y0, y1) = sorted(ax.get_xlim()), sorted(ax.get_ylim())
+        out += [t for t in ax.get_xticklabels() if x0 <= t.get_position()[0] <= x1]
+        out += [t for t in ax.get_yticklabels() if y0 <= t.get_position()[1] <= y1]
         if ax.get_legend():
             out += ax.get_legend().get_texts()
     for leg in fig.legends:
         out += leg.get_texts()
     return [(t, t.get_window_extent(renderer)) for t in out
             if t.get_visible() and t.get_text().strip() and t.get_window_extent(renderer).width]
+
+
+def assert_legible(fig) -> None:
+    """No two pieces of text overlap, and none runs off the figure."""
+    texts = texts_of(fig)
+    width, height = fig.canvas.get_width_height()
+    for t, bb in texts:
+        assert bb.x0 >= -0.5 and bb.y0 >= -0.5, t
+        assert bb.x1 <= width + 0.5 and bb.y1 <= height + 0.5, t
+    boxes = [b for _, b in texts]
+    for i in range(len(boxes)):
+        for j in range(i + 1, len(boxes)):
+            a, b = boxes[i], boxes[j]
+            overlap_x = min(a.x1, b.x1) - max(a.x0, b.x0)
+            overlap_y = min(a.y1, b.y1) - max(a.y0, b.y0)
+            assert overlap_x <= 0.5 or overlap_y <= 0.5, (texts[i][0], texts[j][0])
 
 
 @pytest.mark.parametrize("p, m, labelled", [(2, 4, 16), (8, 32, 256), (32, 128, 0)])
@@ -158,14 +176,7 @@ def test_labels_fit_boxes_and_no_text_overlaps(p, m, labelled):
     fig = gantt_figure(timeline, memory=True)
     ax = fig.axes[0]
     assert len(ax.texts) == labelled
-    texts = texts_of(fig)
-    boxes = [b for _, b in texts]
-    for i in range(len(boxes)):
-        for j in range(i + 1, len(boxes)):
-            a, b = boxes[i], boxes[j]
-            overlap_x = min(a.x1, b.x1) - max(a.x0, b.x0)
-            overlap_y = min(a.y1, b.y1) - max(a.y0, b.y0)
-            assert overlap_x <= 0.5 or overlap_y <= 0.5, (texts[i][0], texts[j][0])
+    assert_legible(fig)
     # Each label lies inside the box of the event it names.
     to_px = ax.transData
     events = {(e.rank, (e.start + e.end) / 2): e for e in timeline.events()}
@@ -191,6 +202,10 @@ def test_memory_lines_are_the_timelines_curves():
         assert list(line.get_xdata()) == times
         assert list(line.get_ydata()) == values
     assert max(ax.lines[0].get_ydata()) == 8  # GPipe: rank 0 holds all m microbatches
+    stacked = timelines_figure([timeline, simulate(get_schedule("1f1b", 4, 8))], memory=True)
+    gpipe_mem, one_f_mem = stacked.axes[1], stacked.axes[3]
+    assert max(one_f_mem.lines[0].get_ydata()) == 4  # 1F1B: at most p on rank 0
+    assert gpipe_mem.get_ylim() == one_f_mem.get_ylim()  # one memory scale to compare by eye
     assert memory_ranks(32) == [0, 6, 12, 19, 25, 31]
     assert memory_ranks(5) == [0, 1, 2, 3, 4]
 
@@ -227,3 +242,15 @@ def test_figures_write_draws_what_the_flags_ask(tmp_path):
         figures.write(argparse.Namespace(png=str(tmp_path / "no" / "x.png")), [one], "t")
     with pytest.raises(ValueError, match="cannot save a figure as 'gif'"):
         save(gantt_figure(one), tmp_path / "x.gif")
+
+
+def test_stacked_hand_built_and_sweep_figures_are_legible():
+    from pipebubble.render.sweep_plot import sweep_figure
+    from pipebubble.sweep import sweep
+
+    timelines = [simulate(s, COSTS) for s in hand_built().values()]
+    fig = timelines_figure(timelines, title="hand-built")
+    assert_legible(fig)
+    assert len(fig.legends[0].get_texts()) == 7  # F I W B, chunk 1, idle, overlapped pair
+    assert_legible(sweep_figure(sweep(["gpipe", "1f1b"], 4, range(1, 129))))
+    assert_legible(memory_figure(simulate(get_schedule("gpipe", 32, 8))))

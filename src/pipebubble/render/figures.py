@@ -4,7 +4,7 @@
 
 - one timeline: its Gantt chart (with ``--memory``, the memory curves stacked under it);
 - several (``compare``'s schedules, or a prediction and a measurement): one figure with the
-  timelines stacked on one time axis;
+  timelines stacked on one time axis (with ``--memory``, each with its memory under it);
 - ``--trace``: one Chrome/Perfetto trace holding every timeline (see ``trace.py``).
 
 Labels are the schedule names when those differ, else the sources (``simulated`` /
@@ -28,7 +28,7 @@ def figure(timelines: Sequence[Timeline], title: str | None = None, memory: bool
         raise ValueError("nothing to draw: no timelines")
     if len(timelines) == 1:
         return gantt_figure(timelines[0], title=title, memory=memory)
-    return timelines_figure(timelines, labels=labels, title=title)
+    return timelines_figure(timelines, labels=labels, title=title, memory=memory)
 
 
 def write(args: argparse.Namespace, timelines: Sequence[Timeline], title: str,

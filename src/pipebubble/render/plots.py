@@ -28,6 +28,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator
 
 from ..timeline import Timeline
 from .style import (
@@ -208,6 +209,7 @@ def draw_memory(ax, timeline: Timeline, *, factor: float) -> None:
                 linewidth=1.5, label=f"rank {r}")
     ax.set_ylabel(label, fontsize=8)
     ax.set_ylim(bottom=0, top=max(peak * mfactor * 1.12, 1e-9))
+    ax.yaxis.set_major_locator(MaxNLocator(nbins=4, steps=[1, 2, 5, 10]))
     ax.grid(axis="y", color="#dddddd", linewidth=0.6)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
@@ -222,8 +224,7 @@ def _legend_handles(timelines: Sequence[Timeline]) -> list:
     chunks = max((max(chunk_of_stage(t), default=0) + 1 for t in timelines), default=1)
     for c in range(1, chunks):
         handles.append(Patch(facecolor=kind_color("F", c, chunks),
-                             label=f"chunk {c} (darker)" if chunks > 2 or c > 1 else
-                             "chunk 1 (darker shade)"))
+                             label="chunk 1 (darker shade)" if chunks == 2 else f"chunk {c}"))
     handles.append(Patch(facecolor=IDLE_COLOR, label="idle"))
     if any(any(t.overlapped) for t in timelines):
         handles.append(Patch(facecolor="white", edgecolor=OVERLAP_EDGE, linewidth=1.3,
@@ -231,12 +232,22 @@ def _legend_handles(timelines: Sequence[Timeline]) -> list:
     return handles
 
 
+LEGEND_COLUMNS = 7
+
+
+def _legend_height(timelines: Sequence[Timeline]) -> float:
+    """Inches for the legend under the chart: one line per 7 entries."""
+    rows = -(-len(_legend_handles(timelines)) // LEGEND_COLUMNS)
+    return 0.18 + 0.22 * rows
+
+
 def _finish(fig: Figure, where: dict, timelines: Sequence[Timeline], unit: str) -> None:
-    """x label, the legend, and the bottom axis's ticks."""
+    """x label and the legend under the bottom axes."""
     bottom, h = where["legend"]
-    fig.legend(handles=_legend_handles(timelines), loc="center", ncol=8, frameon=False,
-               fontsize=9, bbox_to_anchor=(0.5, bottom + h / 2), handlelength=1.4,
-               columnspacing=1.4)
+    handles = _legend_handles(timelines)
+    fig.legend(handles=handles, loc="center", ncol=min(LEGEND_COLUMNS, len(handles)),
+               frameon=False, fontsize=9, bbox_to_anchor=(0.5, bottom + h / 2),
+               handlelength=1.4, columnspacing=1.4)
     b, h = where["xlabel"]
     left = LEFT_IN / WIDTH_IN
     fig.text(left + (1 - left - RIGHT_IN / WIDTH_IN) / 2, b + h * 0.2, f"time ({unit})",
@@ -258,7 +269,7 @@ def gantt_figure(timeline: Timeline, title: str | None = None, memory: bool = Fa
         stack.add("gap", 0.3)
         stack.add("memory", MEMORY_IN)
     stack.add("xlabel", 0.5)
-    stack.add("legend", 0.4)
+    stack.add("legend", _legend_height([timeline]))
     fig, where = stack.build()
     ax = _Stack.axes(fig, where["gantt"])
     xmax = max(timeline.step_time * factor, 1e-12)
@@ -304,11 +315,14 @@ def timelines_figure(
     timelines: Sequence[Timeline],
     labels: Sequence[str] | None = None,
     title: str | None = None,
+    memory: bool = False,
 ) -> Figure:
     """Several timelines stacked on one time axis: predicted over measured, or schedules.
 
     Each panel is titled with its label, step time and bubble; all share the x axis, so a
-    shorter step ends visibly earlier.
+    shorter step ends visibly earlier. With ``memory`` each chart has its memory curves
+    under it, on one memory scale when the timelines share units (GPipe's m against
+    1F1B's p at a glance).
     """
     if not timelines:
         raise ValueError("timelines_figure needs at least one timeline")
@@ -322,16 +336,25 @@ def timelines_figure(
     for k, t in enumerate(timelines):
         stack.add(f"head{k}", 0.3)
         stack.add(f"gantt{k}", row * t.num_ranks)
+        if memory:
+            stack.add(f"memgap{k}", 0.3)
+            stack.add(f"memory{k}", 1.2)
         stack.add(f"gap{k}", 0.12)
     stack.add("xlabel", 0.5)
-    stack.add("legend", 0.4)
+    stack.add("legend", _legend_height(timelines))
     fig, where = stack.build()
     xmax = max(max(t.step_time for t in timelines) * factor, 1e-12)
     first = None
+    mem_axes = []
     for k, t in enumerate(timelines):
         ax = _Stack.axes(fig, where[f"gantt{k}"], sharex=first)
         first = first or ax
         draw_gantt(ax, t, factor=factor, xmax=xmax, row_in=row)
+        if memory:
+            ax.tick_params(axis="x", labelbottom=False)
+            ax = _Stack.axes(fig, where[f"memory{k}"], sharex=first)
+            draw_memory(ax, t, factor=factor)
+            mem_axes.append(ax)
         if k < len(timelines) - 1:
             ax.tick_params(axis="x", labelbottom=False)
         b, h = where[f"head{k}"]
@@ -339,6 +362,11 @@ def timelines_figure(
                  va="bottom")
         fig.text(1 - RIGHT_IN / WIDTH_IN, b + h * 0.2, headline(t, factor, unit), fontsize=9,
                  ha="right", va="bottom", color="#333333")
+    if mem_axes and len({a.get_ylabel() for a in mem_axes}) == 1:
+        top = max(a.get_ylim()[1] for a in mem_axes)
+        for a in mem_axes:
+            a.set_ylim(0, top)
+    first.set_xlim(0, xmax)
     if title:
         b, h = where["title"]
         fig.text(LEFT_IN / WIDTH_IN, b + h * 0.3, title, fontsize=11, fontweight="bold")

@@ -92,11 +92,11 @@ def timeline_time_scale(timelines: Sequence[Timeline]) -> tuple[float, str]:
 def memory_scale(timeline: Timeline, peak: float) -> tuple[float, str]:
     """(factor, label) for activation memory: bytes for measured runs, else M_B units."""
     if timeline.source != "measured":
-        return 1.0, "activation memory (× M_B)"
+        return 1.0, "activation memory\n(× M_B)"
     for factor, unit in ((2.0**-30, "GiB"), (2.0**-20, "MiB"), (2.0**-10, "KiB")):
         if peak * factor >= 1.0:
-            return factor, f"activation memory ({unit})"
-    return 1.0, "activation memory (bytes)"
+            return factor, f"activation memory\n({unit})"
+    return 1.0, "activation memory\n(bytes)"
 
 
 def describe(timeline: Timeline) -> str:
