@@ -109,6 +109,8 @@ def add_figure_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("pictures and traces")
     g.add_argument("--png", metavar="FILE", help="save the Gantt chart as PNG")
     g.add_argument("--svg", metavar="FILE", help="save the Gantt chart as SVG")
+    g.add_argument("--memory", action="store_true",
+                   help="stack each rank's activation memory under the Gantt chart")
     g.add_argument("--trace", metavar="FILE", help="save a Chrome/Perfetto trace (JSON)")
 
 
