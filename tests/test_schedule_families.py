@@ -389,3 +389,16 @@ def test_cli_constraint_errors_exit_2(capsys, args, needle):
     assert main(["simulate", *args]) == 2
     err = capsys.readouterr().err
     assert needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_peak_memory_on_rank_0_for_every_family():
+    # In rank-shares of M_B (M_W = 0), m >= 2p: GPipe m, 1F1B p, interleaved p(1+(p-1)/(pv)),
+    # looped BFS m, ZB-H1 p, ZB-H2 2p-1, ZB-V p, DualPipeV p + 1/2 (= PP + 1 chunks, PP = 2p).
+    for p in range(1, 6):
+        m = 3 * p
+        expected = {"gpipe": m, "1f1b": p, "interleaved-1f1b": p * (1 + (p - 1) / (2 * p)),
+                    "looped-bfs": m, "zb-h1": p, "zb-h2": 2 * p - 1, "zbv": p,
+                    "dualpipev": p + 0.5}
+        for name, mem in expected.items():
+            got = simulate(get_schedule(name, p, m)).rank_stats()[0].peak_memory
+            assert got == approx(mem), (name, p)
