@@ -187,6 +187,12 @@ def test_markers_take_no_time_and_overlaps_parse():
     assert simulate(s, CostModel(f=1, b=2)).step_time == 6
 
 
+def test_a_byte_order_mark_and_crlf_are_fine(tmp_path):
+    path = tmp_path / "excel.csv"
+    path.write_bytes("\ufeff0F0,0B0\r\n1F0,1B0\r\n".encode())
+    assert read_torch_csv(path).to_text() == "0F0 0B0\n1F0 1B0"
+
+
 def test_missing_file_and_unreadable_file(tmp_path):
     with pytest.raises(ScheduleError, match="no such file"):
         read_torch_csv(tmp_path / "nope.csv")

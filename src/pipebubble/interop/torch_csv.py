@@ -218,7 +218,7 @@ def read_torch_csv(
     """Read a compute-only CSV file (see :func:`parse_torch_csv`)."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a spreadsheet may add a BOM
     except FileNotFoundError:
         raise ScheduleError(f"no such file: {path}") from None
     except (OSError, UnicodeDecodeError) as exc:
