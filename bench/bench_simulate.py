@@ -20,9 +20,8 @@ from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
 from torch.distributed.pipelining.schedules import _simulate_comms_compute
 
 from pipebubble import CostModel, get_schedule, simulate
-from pipebubble.schedule import Action, Overlap, infer_placement, make_schedule
+from pipebubble.interop.torch_csv import parse_torch_csv
 
-COMPUTE = {"F", "I", "W", "B"}
 NO_TIME = {"UNSHARD", "RESHARD", "REDUCE_GRAD"}
 
 
@@ -36,25 +35,9 @@ def best_of(fn, repeats: int = 3) -> float:
 
 
 def from_torch(rows, num_microbatches: int, name: str):
-    """torch _Action rows -> our Schedule (compute actions and overlapped pairs only)."""
-    orders = []
-    for row in rows:
-        order = []
-        for a in row:
-            if a is None:
-                continue
-            kind = a.computation_type.value
-            if kind == "OVERLAP_F_B":
-                f, b = a.sub_actions
-                order.append(Overlap(
-                    Action(f.stage_index, f.computation_type.value, f.microbatch_index),
-                    Action(b.stage_index, b.computation_type.value, b.microbatch_index),
-                ))
-            elif kind in COMPUTE:
-                order.append(Action(a.stage_index, kind, a.microbatch_index))
-        orders.append(order)
-    where = infer_placement(orders)
-    return make_schedule(name, orders, len(where), num_microbatches, placement=where)
+    """torch _Action rows -> our Schedule, through the CSV text torch itself writes."""
+    text = "\n".join(",".join("" if a is None else str(a) for a in row) for row in rows)
+    return parse_torch_csv(text, name=name, microbatches=num_microbatches)
 
 
 def throughput() -> None:
@@ -73,8 +56,8 @@ def throughput() -> None:
 
 def against_torch() -> None:
     print("2) torch's schedules: our simulate vs torch's _simulate_comms_compute dry run")
-    cases = [("Interleaved1F1B", 4, 32, 2), ("Interleaved1F1B", 8, 64, 2), ("LoopedBFS", 4, 32, 2),
-             ("InterleavedZeroBubble", 4, 32, 2), ("ZBVZeroBubble", 4, 32, 2),
+    cases = [("Interleaved1F1B", 4, 32, 2), ("Interleaved1F1B", 8, 64, 2), ("LoopedBFS", 8, 64, 2),
+             ("InterleavedZeroBubble", 8, 64, 2), ("ZBVZeroBubble", 8, 64, 2),
              ("DualPipeV", 4, 32, 2)]
     for name, p, m, v in cases:
         rows = get_schedule_ops(name, p, m, num_stages_per_rank=v)
