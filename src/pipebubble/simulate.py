@@ -8,6 +8,9 @@ dependencies are done:
   from the next stage);
 - ``W(s, m)`` after ``I(s, m)``;
 
+(the first stage of a chain takes its input and the last one its loss: no dependency there;
+DualPipe's two model copies are two chains, see ``Schedule.chain_starts``)
+
 plus ``costs.comm`` when producer and consumer stages live on different ranks. That is a
 longest path through a DAG whose edges are the rank orders and the data dependencies, so
 the order in which ranks are visited changes nothing; we sweep ranks round-robin, each as
@@ -65,7 +68,7 @@ def simulate(schedule: Schedule, costs: CostModel | StageCosts | None = None) ->
         )
     p, S, M = schedule.num_ranks, schedule.num_stages, schedule.num_microbatches
     where = schedule.stage_to_rank
-    templates = _templates(sc, where, S, M)
+    templates = _templates(sc, where, S, M, schedule.chain_starts)
 
     plans: list[list[tuple]] = []
     mbs: list[list[int]] = []
@@ -111,6 +114,7 @@ def simulate(schedule: Schedule, costs: CostModel | StageCosts | None = None) ->
         num_stages=S,
         num_microbatches=M,
         stage_to_rank=tuple(where),
+        chains=schedule.chains,
         rank=col_rank,
         stage=col_stage,
         kind=col_kind,
@@ -179,7 +183,8 @@ def _run(plans: list[list[tuple]], mbs: list[list[int]], p: int, S: int, M: int,
     return starts, ends
 
 
-def _templates(sc: StageCosts, where: tuple[int, ...], S: int, M: int) -> list[dict]:
+def _templates(sc: StageCosts, where: tuple[int, ...], S: int, M: int,
+               starts: tuple[int, ...] = (0,)) -> list[dict]:
     """Per rank: (stage, kind) -> (own slot, dep slot, lag, dep slot, lag, duration, stage,
     kind, memory added at start, memory added at end). Slots are bases, offset by the
     microbatch at run time: ``s*M`` is F(s) done, ``S*M + s*M`` the input gradient of s
@@ -189,14 +194,15 @@ def _templates(sc: StageCosts, where: tuple[int, ...], S: int, M: int) -> list[d
     out: list[dict] = [{} for _ in range(max(where, default=-1) + 1)]
     for s in range(S):
         r = where[s]
-        up = comm if s > 0 and where[s - 1] != r else 0.0
-        down = comm if s < S - 1 and where[s + 1] != r else 0.0
+        first, last = s in starts, s == S - 1 or (s + 1) in starts
+        up = comm if not first and where[s - 1] != r else 0.0
+        down = comm if not last and where[s + 1] != r else 0.0
         mem = {k: sc.memory_deltas(s, k) for k in KINDS}
         t = out[r]
-        t[s, "F"] = (s * M, (s - 1) * M if s > 0 else none, up, none, 0.0,
+        t[s, "F"] = (s * M, none if first else (s - 1) * M, up, none, 0.0,
                      sc.duration(s, "F"), s, "F", *mem["F"])
         for k in ("B", "I"):
-            t[s, k] = (SM + s * M, s * M, 0.0, SM + (s + 1) * M if s < S - 1 else none, down,
+            t[s, k] = (SM + s * M, s * M, 0.0, none if last else SM + (s + 1) * M, down,
                        sc.duration(s, k), s, k, *mem[k])
         t[s, "W"] = (2 * SM + s * M, SM + s * M, 0.0, none, 0.0, sc.duration(s, "W"), s, "W",
                      *mem["W"])
@@ -251,16 +257,15 @@ def _raise_bad(acts, r, S, M, where=None):
 def _deadlock(schedule: Schedule, ptr: list[int]) -> Deadlock:
     """Name each unfinished rank's stuck action (ptr counts actions, overlaps count two)."""
     stuck: dict[int, tuple[str, str]] = {}
-    S = schedule.num_stages
     for r in range(schedule.num_ranks):
         acts = list(schedule.actions(r))
         if ptr[r] >= len(acts):
             continue
         s, k, m = acts[ptr[r]]
         if k == "F":
-            waits = f"{s - 1}F{m}" if s > 0 else "nothing"
+            waits = "nothing" if schedule.first_stage(s) else f"{s - 1}F{m}"
         elif k in ("B", "I"):
-            waits = f"{s}F{m}" + (f" and {s + 1}I/B{m}" if s < S - 1 else "")
+            waits = f"{s}F{m}" + ("" if schedule.last_stage(s) else f" and {s + 1}I/B{m}")
         else:
             waits = f"{s}I{m}"
         stuck[r] = (str(acts[ptr[r]]), waits)

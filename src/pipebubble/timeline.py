@@ -78,6 +78,7 @@ class Timeline:
     mem_end: list[float]
     overlapped: list[bool]
     source: str = "simulated"
+    chains: int = 1  # independent stage chains (DualPipe: 2), each running num_microbatches
     offsets: list[int] = field(default_factory=list)  # rank r's events: offsets[r]:offsets[r+1]
     _stats: list[RankStats] | None = field(default=None, repr=False)
     _step: float | None = field(default=None, repr=False)
@@ -100,6 +101,7 @@ class Timeline:
         stage_to_rank: Sequence[int],
         source: str = "measured",
         shift_to_zero: bool = True,
+        chains: int = 1,
     ) -> Timeline:
         """Sort events by (rank, start) and, by default, shift time so the first start is 0."""
         evs = sorted(events, key=lambda e: (e.rank, e.start, e.end))
@@ -120,6 +122,7 @@ class Timeline:
             mem_end=[e.mem_end for e in evs],
             overlapped=[e.overlapped for e in evs],
             source=source,
+            chains=chains,
         )
 
     def __len__(self) -> int:
@@ -220,7 +223,7 @@ class Timeline:
             "schedule": self.schedule,
             "ranks": self.num_ranks,
             "stages": self.num_stages,
-            "microbatches": self.num_microbatches,
+            "microbatches": self.num_microbatches * self.chains,
             "step_time": self.step_time,
             "bubble_fraction": self.bubble_fraction,
             "lower_bound": self.lower_bound,
