@@ -155,7 +155,7 @@ def test_two_chains_are_independent():
     s = make_schedule("t", [[Action.from_str(a) for a in o] for o in orders], 4, 1,
                       placement="v", chain_starts=(0, 2))
     assert s.chains == 2 and s.first_stage(2) and s.last_stage(1) and not s.last_stage(2)
-    t = simulate(s, CostModel(f=1, b=2))
+    t = simulate(s, CostModel(f=[1] * 4, b=[2] * 4))
     ev = {(e.stage, e.kind): (e.start, e.end) for e in t.events()}
     assert ev[2, "F"] == (0, 1)  # stage 2 starts chain B: no wait for stage 1
     assert ev[3, "F"] == (1, 2) and ev[3, "B"] == (2, 4)  # stage 3 ends chain B: its own loss
