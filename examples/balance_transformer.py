@@ -21,6 +21,8 @@ Run: ``python examples/balance_transformer.py`` (about a minute on one CPU core)
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
 import torch
 from rich.console import Console
@@ -43,6 +45,8 @@ def main() -> None:
     ap.add_argument("--schedule", default="1f1b")
     ap.add_argument("--repeats", type=int, default=5, help="measured steps per cut (median)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--save", metavar="DIR", help="write profile.json and the params cut's "
+                    "measured timeline.json here (for pipebubble partition --measured)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     console = Console()
@@ -52,7 +56,7 @@ def main() -> None:
     x, y = spec.make_batch(args.microbatch_size * args.microbatches, gen)
     mb = args.microbatch_size
     profile = profile_layers(spec.layers, x[:mb], target=y[:mb], loss_fn=spec.loss_fn,
-                             warmup=2, repeats=max(9, args.repeats),
+                             warmup=5, repeats=max(9, args.repeats),
                              metadata={"model": "transformer", "model_args": MODEL})
     console.print(profile_table(profile))
 
@@ -66,14 +70,28 @@ def main() -> None:
     by_params, by_time = plans
     p_pred, t_pred = by_params.predicted_step_time, by_time.predicted_step_time
     p_meas, t_meas = measured[0].step_time, measured[1].step_time
-    console.print(f"step time by params: predicted {fmt_time(p_pred)}, measured {fmt_time(p_meas)}")
-    console.print(f"step time by time:   predicted {fmt_time(t_pred)}, measured {fmt_time(t_meas)}")
+    console.print(f"step time by params: predicted {fmt_time(p_pred)}, measured {fmt_time(p_meas)}"
+                  f" {spread(measured[0])}")
+    console.print(f"step time by time:   predicted {fmt_time(t_pred)}, measured {fmt_time(t_meas)}"
+                  f" {spread(measured[1])}")
     console.print(f"[bold]time cut is faster by {1 - t_pred / p_pred:.1%} predicted, "
                   f"{1 - t_meas / p_meas:.1%} measured[/bold] "
                   f"(params {by_params.ranges} vs time {by_time.ranges})")
 
+    if args.save:
+        out = Path(args.save)
+        out.mkdir(parents=True, exist_ok=True)
+        profile.save(out / "profile.json")
+        tl = measured[0].timeline
+        (out / "timeline.json").write_text(json.dumps(
+            {**tl.summary(), "source": tl.source, "events": tl.events_json()}))
+        cut = ",".join(f"{a}-{b}" for a, b in by_params.ranges)
+        console.print(f"wrote {out}/profile.json and {out}/timeline.json; try: pipebubble "
+                      f"partition --profile {out}/profile.json -p {args.ranks} --measured "
+                      f"{out}/timeline.json --current-cut {cut}")
+
     console.print("\n[bold]rebalance from the measured run of the params cut[/bold]")
-    _, before, after = rebalance(profile, by_params, measured[0].timeline)
+    _, before, after = rebalance(profile, by_params, measured[0].timelines)
     console.print(stages_table([before, after]))
     console.print(f"predicted: {fmt_time(before.predicted_step_time)} -> "
                   f"{fmt_time(after.predicted_step_time)} "
@@ -81,8 +99,14 @@ def main() -> None:
                   f"new cut {after.ranges}")
     again = measure_plans([by_params, after], spec.layers, x, y, spec.loss_fn,
                           repeats=args.repeats)
-    console.print(f"measured:  {fmt_time(again[0].step_time)} -> {fmt_time(again[1].step_time)}"
-                  f" ({1 - again[1].step_time / again[0].step_time:.1%} faster)")
+    console.print(f"measured:  {fmt_time(again[0].step_time)} {spread(again[0])} -> "
+                  f"{fmt_time(again[1].step_time)} {spread(again[1])} "
+                  f"({1 - again[1].step_time / again[0].step_time:.1%} faster)")
+
+
+def spread(m) -> str:
+    return f"(median of {len(m.step_times)}; {fmt_time(min(m.step_times))} to " \
+           f"{fmt_time(max(m.step_times))})"
 
 
 if __name__ == "__main__":

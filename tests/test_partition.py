@@ -281,6 +281,10 @@ def test_calibrate_and_rebalance_by_hand():
     cal = calibrate_profile(prof, current.ranges, measured)
     assert cal.column("forward") == [0.5, 0.5, 1.5, 1.5]
     assert cal.column("backward") == [1.0, 1.0, 3.0, 3.0]
+    # Several runs: the median of each stage's medians (two runs: their mean).
+    slower = simulate(get_schedule("1f1b", 2, 4), CostModel(f=[1, 5], b=[2, 10], w=0))
+    assert calibrate_profile(prof, current.ranges, [measured, slower]).column("forward") == [
+        0.5, 0.5, 2.0, 2.0]
     _, before, after = rebalance(prof, current, measured)
     assert before.predicted_step_time == pytest.approx(measured.step_time)
     assert after.ranges == [(0, 2), (3, 3)]  # 1.5 + 1.5 + 4.5 | 4.5
@@ -339,10 +343,13 @@ def test_cli_rebalance_from_measured_file(tmp_path, capsys):
     measured = simulate(get_schedule("1f1b", 2, 4), CostModel(f=[1, 3], b=[2, 6], w=0))
     tl = tmp_path / "t.json"
     tl.write_text(json.dumps({**measured.summary(), "events": measured.events_json()}))
-    assert main(["partition", "--profile", str(prof), "-p", "2", "-m", "4", "--measured",
+    # Schedule and microbatches default to the measured run's (1f1b, 4).
+    assert main(["partition", "--profile", str(prof), "-p", "2", "--measured",
                  str(tl), "--current-cut", "0-1,2-3", "--json"]) == 0
     before, after = json.loads(capsys.readouterr().out)
+    assert before["microbatches"] == 4 and before["schedule"] == "1f1b"
     assert before["bottleneck"] == 9.0 and after["bottleneck"] == 7.5
+    assert [(s["first_layer"], s["last_layer"]) for s in after["stages"]] == [(0, 2), (3, 3)]
     assert before["predicted_step_time"] == pytest.approx(measured.step_time)
 
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from statistics import median
 
 from .calibrate import stage_times
 from .costs import CostModel
@@ -292,35 +293,51 @@ def best_by_simulation(profile: Profile, options: Options, schedule: Schedule | 
     return min(plans, key=lambda p: (p.predicted_step_time, p.bottleneck))
 
 
-def calibrate_profile(profile: Profile, ranges: Ranges, timeline: Timeline) -> Profile:
+def calibrate_profile(profile: Profile, ranges: Ranges,
+                      timeline: Timeline | Sequence[Timeline]) -> Profile:
     """Spread each stage's measured F and B over its layers, in proportion to the profile.
 
     The result has the measured stage totals exactly (so simulating the old cut reproduces
     the measured stage times) and the profile's shape within each stage (equal shares where
     the profile has zero). Re-cutting it by ``time`` is a rebalance from a measured run.
+    Several timelines (repeated steps) give the median over them of each stage's median.
     """
-    if timeline.num_stages != len(ranges):
-        raise PartitionError(f"timeline has {timeline.num_stages} stages, the cut has "
-                             f"{len(ranges)}")
-    t = stage_times(timeline)
+    timelines = [timeline] if isinstance(timeline, Timeline) else list(timeline)
+    if not timelines:
+        raise PartitionError("no measured timeline to calibrate from")
+    for tl in timelines:
+        if tl.num_stages != len(ranges):
+            raise PartitionError(f"timeline has {tl.num_stages} stages, the cut has "
+                                 f"{len(ranges)}")
+    per_run = [_measured_f_b(tl) for tl in timelines]
     layers = list(profile.layers)
     for k, (a, b) in enumerate(ranges):
-        f = t["F"][k]
-        bwd = t["B"][k] if t["B"][k] is not None else (
-            None if t["I"][k] is None else t["I"][k] + (t["W"][k] or 0.0))
-        if f is None or bwd is None:
+        fs_k = [f[k] for f, _ in per_run if f[k] is not None]
+        bs_k = [b_[k] for _, b_ in per_run if b_[k] is not None]
+        if not fs_k or not bs_k:
             raise PartitionError(f"timeline has no forward or backward for stage {k}")
-        fs = _spread(f, [x.forward for x in layers[a:b + 1]])
-        bs = _spread(bwd, [x.backward for x in layers[a:b + 1]])
+        fs = _spread(median(fs_k), [x.forward for x in layers[a:b + 1]])
+        bs = _spread(median(bs_k), [x.backward for x in layers[a:b + 1]])
         for i, (fi, bi) in enumerate(zip(fs, bs, strict=True)):
             layers[a + i] = replace(layers[a + i], forward=fi, backward=bi)
-    meta = {**profile.metadata, "calibrated_from": f"{timeline.source} {timeline.schedule} run"}
+    src = timelines[0]
+    meta = {**profile.metadata,
+            "calibrated_from": f"{len(timelines)} {src.source} {src.schedule} run(s)"}
     return Profile(layers, meta)
 
 
-def rebalance(profile: Profile, plan: Plan, timeline: Timeline, top: int = 0,
-              schedule: Schedule | None = None) -> tuple[Profile, Plan, Plan]:
-    """Re-cut from a measured run of ``plan``: (calibrated profile, old cut, new cut).
+def _measured_f_b(timeline: Timeline) -> tuple[list[float | None], list[float | None]]:
+    """Per stage: median F, and median B (or I + W when the backward was split)."""
+    t = stage_times(timeline)
+    b = [t["B"][k] if t["B"][k] is not None else
+         (None if t["I"][k] is None else t["I"][k] + (t["W"][k] or 0.0))
+         for k in range(timeline.num_stages)]
+    return t["F"], b
+
+
+def rebalance(profile: Profile, plan: Plan, timeline: Timeline | Sequence[Timeline],
+              top: int = 0, schedule: Schedule | None = None) -> tuple[Profile, Plan, Plan]:
+    """Re-cut from measured runs of ``plan``: (calibrated profile, old cut, new cut).
 
     Both cuts are scored on the calibrated profile, so the old one's predicted step uses the
     measured stage times and the difference is the predicted improvement. The first/last

@@ -56,6 +56,7 @@ class CpuTimeClock:
 class Measurement:
     step_times: list[float]
     timeline: Timeline  # the run with the median step time
+    timelines: list[Timeline]  # every measured run, in order
 
     @property
     def step_time(self) -> float:
@@ -94,5 +95,6 @@ def measure_plans(
     out = []
     for r in runs:
         ordered = sorted(r, key=lambda x: x[0])
-        out.append(Measurement([t for t, _ in r], ordered[len(ordered) // 2][1]))
+        out.append(Measurement([t for t, _ in r], ordered[len(ordered) // 2][1],
+                               [tl for _, tl in r]))
     return out

@@ -21,6 +21,7 @@ from ..balance import METHODS, SIM_METHOD, Options, Plan, balance, rebalance
 from ..layouts import layer_lists, megatron_flags, megatron_layout, torchtitan_fqns
 from ..partition import PartitionError, Ranges
 from ..profile import Profile
+from ..schedules import schedule_names
 from ..timeline import Event, Timeline
 from .common import positive_int, print_json, time_value
 
@@ -38,10 +39,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ranks", "-p", type=positive_int("--ranks"), required=True, metavar="P")
     p.add_argument("--chunks", "-v", type=positive_int("--chunks"), default=1, metavar="V",
                    help="stages per rank (interleaved schedules): P x V stages (1)")
-    p.add_argument("--microbatches", "-m", type=positive_int("--microbatches"), default=8,
-                   metavar="M", help="microbatches per step, for the simulation (8)")
-    p.add_argument("--schedule", default="1f1b", metavar="NAME",
-                   help="schedule to simulate each cut with (1f1b)")
+    p.add_argument("--microbatches", "-m", type=positive_int("--microbatches"), default=None,
+                   metavar="M", help="microbatches per step, for the simulation (8, or the "
+                   "measured run's)")
+    p.add_argument("--schedule", default=None, metavar="NAME",
+                   help="schedule to simulate each cut with (1f1b, or the measured run's)")
     p.add_argument("--method", default="all", metavar="M",
                    help=f"{'|'.join(METHODS)}|{SIM_METHOD}|all, or a comma list (all)")
     p.add_argument("--top", type=int, default=0, metavar="K",
@@ -144,6 +146,18 @@ def load_timeline(path: str) -> Timeline:
 
 def run(args: argparse.Namespace) -> int:
     profile = Profile.load(args.profile)
+    timeline = None
+    if args.measured or args.current_cut:
+        if not (args.measured and args.current_cut):
+            raise ValueError("--measured and --current-cut go together")
+        timeline = load_timeline(args.measured)
+        if args.microbatches is None:
+            args.microbatches = timeline.num_microbatches
+        if args.schedule is None and timeline.schedule.lower() in map(str.lower,
+                                                                      schedule_names()):
+            args.schedule = timeline.schedule
+    args.microbatches = args.microbatches or 8
+    args.schedule = args.schedule or "1f1b"
     if not 0 <= args.w_fraction <= 1:
         raise ValueError(f"--w-fraction must be in [0, 1], got {args.w_fraction}")
     if isinstance(args.comm, list):
@@ -157,10 +171,8 @@ def run(args: argparse.Namespace) -> int:
         w_fraction=args.w_fraction)
     if args.top < 0:
         raise ValueError(f"--top must be >= 0, got {args.top}")
-    if args.measured or args.current_cut:
-        if not (args.measured and args.current_cut):
-            raise ValueError("--measured and --current-cut go together")
-        plans = _rebalance(profile, options, args)
+    if timeline is not None:
+        plans = _rebalance(profile, options, timeline, args)
     else:
         plans = balance(profile, options, parse_methods(args.method), top=args.top)
     if args.json:
@@ -173,6 +185,12 @@ def run(args: argparse.Namespace) -> int:
                   f"{args.profile} ({profile.metadata.get('device', 'device unknown')})")
     console.print(stages_table(plans))
     console.print(summary_table(plans))
+    if timeline is not None:
+        before, after = plans
+        gain = 1 - after.predicted_step_time / before.predicted_step_time
+        console.print(f"rebalanced from {args.measured}: predicted step "
+                      f"{fmt_time(before.predicted_step_time)} -> "
+                      f"{fmt_time(after.predicted_step_time)} ({gain:.1%} faster)")
     for line in layouts_text(profile, plans):
         console.print(line, highlight=False, soft_wrap=True, markup=False)
     return 0
@@ -184,8 +202,8 @@ def _scalar(value: float | list[float], flag: str) -> float:
     return value
 
 
-def _rebalance(profile: Profile, options: Options, args: argparse.Namespace) -> list[Plan]:
-    timeline = load_timeline(args.measured)
+def _rebalance(profile: Profile, options: Options, timeline: Timeline,
+               args: argparse.Namespace) -> list[Plan]:
     ranges = parse_cut(args.current_cut, len(profile))
     if len(ranges) != options.stages:
         raise ValueError(f"--current-cut has {len(ranges)} stages; --ranks x --chunks is "
