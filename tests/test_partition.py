@@ -111,6 +111,13 @@ def test_hand_checked_cuts():
     assert min_max_partition([0, 0, 0, 0], 2, tie_break="balanced") == [(0, 1), (2, 3)]
 
 
+def test_extreme_magnitudes():
+    assert min_max_partition([1.1125369292536007e-308], 1) == [(0, 0)]  # subnormal total
+    assert min_max_partition([1e-310, 3e-310, 2e-310], 2) == [(0, 1), (2, 2)]
+    assert min_max_partition([1e308, 1e308, 1e308], 2) in ([(0, 0), (1, 2)], [(0, 1), (2, 2)])
+    assert min_max_partition([0.0, 0.0, 0.0], 3) == [(0, 0), (1, 1), (2, 2)]
+
+
 def test_larger_instance_matches_the_dp():
     g = torch.Generator().manual_seed(3)
     costs = torch.rand(300, generator=g).tolist()

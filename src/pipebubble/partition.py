@@ -111,12 +111,18 @@ def _check_costs(costs: Sequence[float], first_extra: float, last_extra: float) 
 
 def _integers(arr: np.ndarray, extras: list[float]) -> tuple[np.ndarray, list[int]]:
     """Integer costs with the same optimum: as they are if integral, else scaled to 2^50."""
-    total = float(arr.sum()) + sum(extras)
+    top = max(float(arr.max()), *extras)
+    small = top < 2**53 / (len(arr) + len(extras))  # then every sum is exact in a float
     integral = all(float(x).is_integer() for x in extras) and bool(np.all(arr == np.rint(arr)))
-    if integral and total < 2**53:
+    if integral and small:
         return arr.astype(np.int64), [int(x) for x in extras]
-    scale = _SCALE_TOTAL / total if total > 0 else 1.0
-    return np.rint(arr * scale).astype(np.int64), [int(round(x * scale)) for x in extras]
+    if top <= 0:
+        return np.zeros(len(arr), dtype=np.int64), [0] * len(extras)
+    # Normalise by the largest value first: neither a subnormal total nor one that would
+    # overflow (values near 1e308) may break the scale.
+    norm, ext = arr / top, [x / top for x in extras]
+    scale = _SCALE_TOTAL / (float(norm.sum()) + sum(ext))
+    return np.rint(norm * scale).astype(np.int64), [int(round(x * scale)) for x in ext]
 
 
 def _memory_reach(memory: Sequence[Sequence[float]] | None,
