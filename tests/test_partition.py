@@ -269,8 +269,9 @@ def test_layouts():
     prof = lm_profile()
     ranges = [(0, 3), (4, 6), (7, 7)]
     assert megatron_layout(prof, ranges) == "Et*3|t*3|L"
-    assert megatron_flags(prof, ranges) == (
-        "--decoder-first-pipeline-num-layers 3 --decoder-last-pipeline-num-layers 0")
+    assert megatron_flags(prof, ranges) is None  # the last stage has no transformer layer
+    assert megatron_flags(prof, [(0, 2), (3, 5), (6, 7)]) == (
+        "--decoder-first-pipeline-num-layers 2 --decoder-last-pipeline-num-layers 1")
     assert megatron_flags(prof, [(0, 1), (2, 3), (4, 6), (7, 7)]) is None  # middle 2 vs 3
     assert torchtitan_fqns(prof, [(0, 3), (4, 7)]) == (
         'module_fqns_per_model_part = [["tok_embeddings", "layers.0", "layers.1", "layers.2"], '

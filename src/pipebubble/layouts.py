@@ -10,7 +10,8 @@
   "loss"); everything else is ``t``.
 - :func:`megatron_flags`: ``--decoder-first-pipeline-num-layers`` and
   ``--decoder-last-pipeline-num-layers`` (transformer layers only) when the middle stages
-  hold equal numbers of them and there is one chunk per rank; otherwise None.
+  hold equal numbers of them, every stage holds at least one, and there is one chunk per
+  rank; otherwise None (the layout string still says it).
 - :func:`torchtitan_fqns`: torchtitan's ``module_fqns_per_model_part``, the layer (module)
   names of each stage, as a TOML line for the ``[parallelism]`` table.
 
@@ -73,8 +74,8 @@ def megatron_flags(profile: Profile, ranges: Ranges, chunks: int = 1) -> str | N
         return None
     sym = megatron_symbols(profile)
     counts = [sym[a:b + 1].count("t") for a, b in ranges]
-    if len(set(counts[1:-1])) > 1 or (len(counts) > 2 and counts[1] == 0):
-        return None
+    if len(set(counts[1:-1])) > 1 or 0 in counts:
+        return None  # uneven middle stages or an empty one: use the layout string
     return (f"--decoder-first-pipeline-num-layers {counts[0]} "
             f"--decoder-last-pipeline-num-layers {counts[-1]}")
 
