@@ -10,7 +10,8 @@ Methods (what each layer weighs when cutting):
 
 Every method uses the exact min-max partitioner (:mod:`pipebubble.partition`) on its own
 weights; memory caps apply to all of them. The extra first/last-stage costs are seconds and
-apply to ``time`` (and to ``flops`` converted at the profile's FLOPs per second).
+apply to ``time`` (and to ``flops`` converted at the profile's FLOPs per second); when a cut
+is scored they are added to its first/last stage, one third to F and two thirds to B.
 
 A cut is then *scored* the same way for every method: its stages' measured forward and
 backward times become a per-stage :class:`~pipebubble.costs.CostModel`, the chosen schedule
