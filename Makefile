@@ -16,11 +16,11 @@ demo: $(STAMP)
 	$(PY) code/main.py
 
 test: $(STAMP)
-	$(VENV)/bin/ruff check src tests bench code examples
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests bench code examples
+	$(VENV)/bin/ruff check .
 
 bench: $(STAMP)
 	for f in bench/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done

@@ -147,3 +147,20 @@ def test_invariants_hold_for_random_schedules(case):
     for st in t.rank_stats():
         assert 0 <= st.bubble_fraction <= 1
         assert st.peak_memory >= 0
+
+
+def test_two_chains_are_independent():
+    # DualPipe-style: chain A = stages 0,1 on ranks 0,1; chain B = stages 2,3 on ranks 1,0.
+    orders = [["0F0", "3F0", "3B0", "0B0"], ["2F0", "1F0", "1B0", "2B0"]]
+    s = make_schedule("t", [[Action.from_str(a) for a in o] for o in orders], 4, 1,
+                      placement="v", chain_starts=(0, 2))
+    assert s.chains == 2 and s.first_stage(2) and s.last_stage(1) and not s.last_stage(2)
+    t = simulate(s, CostModel(f=[1] * 4, b=[2] * 4))
+    ev = {(e.stage, e.kind): (e.start, e.end) for e in t.events()}
+    assert ev[2, "F"] == (0, 1)  # stage 2 starts chain B: no wait for stage 1
+    assert ev[3, "F"] == (1, 2) and ev[3, "B"] == (2, 4)  # stage 3 ends chain B: its own loss
+    assert ev[1, "B"] == (2, 4)  # stage 1 ends chain A: no gradient from stage 2
+    assert ev[2, "B"] == (4, 6) and ev[0, "B"] == (4, 6)
+    assert t.step_time == 6 and t.summary()["microbatches"] == 2
+    with pytest.raises(ScheduleError, match="chain_starts must start at 0"):
+        make_schedule("t", [[], []], 4, 1, chain_starts=(1, 2))

@@ -10,6 +10,8 @@ With F and B the per-rank forward and full-backward time, p ranks, m microbatche
 
 from __future__ import annotations
 
+import math
+
 from .costs import StageCosts
 
 
@@ -56,3 +58,128 @@ def gpipe_closed_form(
     if not is_uniform(costs):
         return None
     return bubble_fraction(ranks, microbatches)
+
+
+# ---- the schedules beyond GPipe/1F1B ----------------------------------------------------
+#
+# Each ``*_closed_form(ranks, microbatches, chunks, costs)`` returns the published bubble
+# fraction, or None where the publication's conditions do not hold. ``costs`` holds per-stage
+# times; with ``v`` chunks per rank a chunk's time is a rank-share's time divided by v, so
+# ``F = v * costs.f[0]`` is one rank-share's forward. The conditions below were found by
+# simulating every combination of p <= 6, m <= 4p and F, I, W in {0.5, 1, 1.5, 2, 3}; the
+# tests in ``tests/test_schedule_families.py`` repeat that check.
+
+
+def _le(a: float, b: float) -> bool:
+    return a <= b or math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def _eq(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def _rank_share(costs: StageCosts, chunks: int) -> tuple[float, float, float] | None:
+    """(F, I, W) of one rank-share when every stage costs the same and comm is free."""
+    if not is_uniform(costs) or any(costs.recompute):
+        return None
+    f, b, w = costs.f[0] * chunks, costs.b[0] * chunks, costs.w[0] * chunks
+    return f, b - w, w
+
+
+def interleaved_bubble_fraction(ranks: int, microbatches: int, chunks: int) -> float:
+    """Interleaved 1F1B and looped BFS with v chunks per rank (Narayanan et al. 2021):
+    bubble time (p - 1)(F + B)/v per rank, so the fraction is (p - 1)/(v m + p - 1).
+
+    >>> round(interleaved_bubble_fraction(4, 8, 2), 4)   # 3 / 19
+    0.1579
+    """
+    _check(ranks, microbatches)
+    return (ranks - 1) / (chunks * microbatches + ranks - 1)
+
+
+def interleaved_closed_form(
+    ranks: int, microbatches: int, chunks: int, costs: StageCosts
+) -> float | None:
+    """Holds for m >= p (every m the generator accepts; see ``schedules/interleaved.py``)."""
+    if _rank_share(costs, chunks) is None or microbatches < ranks:
+        return None
+    return interleaved_bubble_fraction(ranks, microbatches, chunks)
+
+
+def zb_h1_bubble_time(ranks: int, f: float, i: float, w: float) -> float:
+    """ZB-H1 (Qi et al. 2024): idle time per rank (p - 1)(F + I - W)."""
+    return (ranks - 1) * (f + i - w)
+
+
+def zb_h2_bubble_time(ranks: int, f: float, i: float, w: float) -> float:
+    """ZB-H2 (Qi et al. 2024): idle time (p - 1)(F + I - 2W) within rank 0's span (first F to
+    last action; the paper drops the optimizer barrier between steps)."""
+    return (ranks - 1) * (f + i - 2 * w)
+
+
+def zb_h1_closed_form(
+    ranks: int, microbatches: int, chunks: int, costs: StageCosts
+) -> float | None:
+    """Fraction (p-1)(F+I-W) / (m(F+B) + (p-1)(F+I-W)); holds iff m >= p, W <= F, W <= I."""
+    share = _rank_share(costs, chunks)
+    if share is None:
+        return None
+    f, i, w = share
+    if microbatches < ranks or not (_le(w, f) and _le(w, i)):
+        return None
+    idle = zb_h1_bubble_time(ranks, f, i, w)
+    total = microbatches * (f + i + w) + idle
+    return idle / total if total > 0 else 0.0
+
+
+def zb_h2_closed_form(
+    ranks: int, microbatches: int, chunks: int, costs: StageCosts
+) -> float | None:
+    """Over rank 0's span: (p-1)(F+I-2W) / (m(F+B) + (p-1)(F+I-2W)); holds iff
+    m >= 2p - 1, W <= F and F + I >= 2W."""
+    share = _rank_share(costs, chunks)
+    if share is None:
+        return None
+    f, i, w = share
+    if microbatches < 2 * ranks - 1 or not (_le(w, f) and _le(2 * w, f + i)):
+        return None
+    idle = zb_h2_bubble_time(ranks, f, i, w)
+    total = microbatches * (f + i + w) + idle
+    return idle / total if total > 0 else 0.0
+
+
+def zbv_closed_form(ranks: int, microbatches: int, chunks: int, costs: StageCosts) -> float | None:
+    """ZB-V (Qi et al. 2024, section 6): zero bubble within every rank's span when
+    F = I = W and m >= 2p - 1; the paper gives no formula for other costs."""
+    share = _rank_share(costs, chunks)
+    if share is None:
+        return None
+    f, i, w = share
+    if microbatches < 2 * ranks - 1 or not (_eq(f, i) and _eq(i, w)):
+        return None
+    return 0.0
+
+
+def dualpipe_bubble_time(half_stages: int, fb: float, b: float, w: float) -> float:
+    """DualPipe / DualPipeV (DeepSeek, DualPipe README): (PP/2 - 1)(F&B + B - 3W), with PP the
+    number of pipeline stages and F, B, W, F&B the times of one chunk (one stage).
+    ``half_stages`` is PP/2: the number of ranks for DualPipeV (PP = 2p stages)."""
+    return (half_stages - 1) * (fb + b - 3 * w)
+
+
+def dualpipev_closed_form(
+    ranks: int, microbatches: int, chunks: int, costs: StageCosts
+) -> float | None:
+    """DualPipeV on p ranks (PP = 2p stages, chunk times F/2, B/2, W/2): every rank idles
+    (p - 1)(F&B + B - 3W) when F = I, W <= I, m >= 2p and overlap = 1 (with overlap < 1
+    the ranks do different numbers of overlapped pairs, so only the idlest rank matches)."""
+    share = _rank_share(costs, chunks)
+    if share is None or costs.overlap != 1.0:
+        return None
+    f, i, w = costs.f[0], costs.b[0] - costs.w[0], costs.w[0]  # one chunk
+    if microbatches < 2 * ranks or not (_eq(f, i) and _le(w, i)):
+        return None
+    b = i + w
+    idle = dualpipe_bubble_time(ranks, costs.overlap * (f + b), b, w)
+    total = microbatches * 2 * (f + b) + idle
+    return idle / total if total > 0 else 0.0

@@ -115,6 +115,11 @@ class Schedule:
 
     ``orders[r]`` is what rank ``r`` runs, in order. ``stage_to_rank[s]`` is the rank that
     holds stage ``s``. ``placement`` names the layout: ``loop``, ``v`` or ``custom``.
+
+    Stages normally form one chain (stage s feeds stage s+1). ``chain_starts`` splits them
+    into independent chains, e.g. ``(0, p)`` for DualPipe's two model copies: stage p then
+    takes its own input instead of stage p-1's output, and stage p-1 computes a loss. Each
+    chain runs ``num_microbatches`` microbatches of its own.
     """
 
     name: str
@@ -124,6 +129,25 @@ class Schedule:
     stage_to_rank: tuple[int, ...]
     placement: str = "loop"
     options: dict = field(default_factory=dict, compare=False)
+    chain_starts: tuple[int, ...] = (0,)
+
+    @property
+    def chains(self) -> int:
+        """Independent stage chains: 1 for one model; 2 for DualPipe's two model copies."""
+        return len(self.chain_starts)
+
+    @property
+    def total_microbatches(self) -> int:
+        """Microbatches per step over all chains (each chain runs ``num_microbatches``)."""
+        return self.num_microbatches * self.chains
+
+    def first_stage(self, stage: int) -> bool:
+        """True if ``stage`` takes the input (it starts a chain)."""
+        return stage in self.chain_starts
+
+    def last_stage(self, stage: int) -> bool:
+        """True if ``stage`` computes the loss (it ends a chain)."""
+        return stage == self.num_stages - 1 or (stage + 1) in self.chain_starts
 
     @property
     def num_ranks(self) -> int:
@@ -155,9 +179,17 @@ def make_schedule(
     num_stages: int,
     num_microbatches: int,
     placement: str | Sequence[int] = "loop",
+    chain_starts: Sequence[int] = (0,),
     **options: object,
 ) -> Schedule:
-    """Build a Schedule; ``placement`` is ``loop``, ``v`` or an explicit stage→rank list."""
+    """Build a Schedule; ``placement`` is ``loop``, ``v`` or an explicit stage→rank list;
+    ``chain_starts`` lists the first stage of each independent chain (default one chain)."""
+    starts = tuple(sorted(set(int(c) for c in chain_starts)))
+    if not starts or starts[0] != 0 or starts[-1] >= max(1, num_stages):
+        raise ScheduleError(
+            f"chain_starts must start at 0 and lie in 0..{num_stages - 1}, "
+            f"got {tuple(chain_starts)}"
+        )
     ranks = len(orders)
     if isinstance(placement, str):
         if placement == "loop":
@@ -182,6 +214,7 @@ def make_schedule(
         stage_to_rank=stage_to_rank,
         placement=name_of_placement,
         options=dict(options),
+        chain_starts=starts,
     )
 
 

@@ -8,22 +8,36 @@ dependencies are done:
   from the next stage);
 - ``W(s, m)`` after ``I(s, m)``;
 
+(the first stage of a chain takes its input and the last one its loss: no dependency there;
+DualPipe's two model copies are two chains, see ``Schedule.chain_starts``)
+
 plus ``costs.comm`` when producer and consumer stages live on different ranks. That is a
 longest path through a DAG whose edges are the rank orders and the data dependencies, so
 the order in which ranks are visited changes nothing; we sweep ranks round-robin, each as
 far as it can go, and every action is timed exactly once (cost linear in the actions).
 
+How it stays fast (a million actions in about a second of CPython): every action is compiled
+to a shared per-(stage, kind) template plus its microbatch. ``done[slot]`` holds the end
+time of what a slot stands for (F(s, m) done; the input gradient of (s, m) ready; W done),
+``inf`` until then, so "not ready yet" is one comparison; a missing dependency points at a
+block of slots that are always 0.
+
 A sweep in which no rank can advance while actions remain is a deadlock: the error names
 the action every rank is stuck at and what it waits for. The simulator never hangs.
 
 An Overlap (DualPipe's F&B pair) runs as one block of ``overlap x (F + B)``, starting when
-both parts may start; it is recorded as its two parts, back to back, scaled to the block.
+both parts may start; it is recorded as its two parts, back to back, each scaled by
+``overlap``. (Its forward part carries the backward part's gradient dependency, so the
+block never starts before both are ready.)
 """
 
 from __future__ import annotations
 
+from array import array
+from operator import itemgetter
+
 from .costs import CostModel, StageCosts
-from .schedule import KINDS, Overlap, Schedule, ScheduleError, step_actions
+from .schedule import KINDS, Overlap, Schedule, ScheduleError
 from .timeline import Timeline
 
 
@@ -54,178 +68,179 @@ def simulate(schedule: Schedule, costs: CostModel | StageCosts | None = None) ->
         )
     p, S, M = schedule.num_ranks, schedule.num_stages, schedule.num_microbatches
     where = schedule.stage_to_rank
-    tmpl = _templates(sc, where, S, M)
-    mem = {(s, k): sc.memory_deltas(s, k) for s in range(S) for k in "FIWB"}
+    templates = _templates(sc, where, S, M, schedule.chain_starts)
 
-    # Compile each rank's order into (template, microbatch) pairs. A template holds the
-    # slot of the action's own result, its two dependency slots (offset by microbatch),
-    # their communication lags, and its duration. Columns for the Timeline come out of
-    # the same pass.
     plans: list[list[tuple]] = []
     mbs: list[list[int]] = []
+    col_ov: list[bool] = []
+    for r, order in enumerate(schedule.orders):
+        mine = templates[r]
+        if Overlap in map(type, order):
+            plan, mb, ov = _compile_with_overlaps(order, mine, sc.overlap, r, S, M)
+            col_ov.extend(ov)
+        else:
+            try:
+                plan = [mine[s, k] for s, k, _ in order]
+            except (KeyError, ValueError, TypeError):
+                _raise_bad(order, r, S, M, where)
+            mb = [m for _, _, m in order]
+            if mb and (min(mb) < 0 or max(mb) >= M):
+                _raise_bad(order, r, S, M, where)
+            col_ov.extend([False] * len(order))
+        plans.append(plan)
+        mbs.append(mb)
+
+    starts, ends = _run(plans, mbs, p, S, M, schedule)
+
+    col_rank: list[int] = []
     col_stage: list[int] = []
     col_kind: list[str] = []
     col_mb: list[int] = []
-    col_ov: list[bool] = []
+    col_m0: list[float] = []
+    col_m1: list[float] = []
     offsets = [0]
-    for r, order in enumerate(schedule.orders):
-        if Overlap in map(type, order):
-            plan, mb = _compile_with_overlaps(order, tmpl, r, S, M)
-            acts = [a for step in order for a in step_actions(step)]
-            col_ov.extend(x for step in order for x in
-                          ((True, True) if type(step) is Overlap else (False,)))
-        else:
-            try:
-                plan = [tmpl[s, k] for s, k, _ in order]
-            except KeyError:
-                _raise_bad(order, r, S, M)
-            mb = [m for _, _, m in order]
-            acts = order
-            col_ov.extend([False] * len(order))
-        for a in acts:
-            if not (0 <= a[0] < S and 0 <= a[2] < M) or where[a[0]] != r:
-                _raise_bad(acts, r, S, M, where)
-        plans.append(plan)
-        mbs.append(mb)
-        col_stage.extend([a[0] for a in acts])
-        col_kind.extend([a[1] for a in acts])
-        col_mb.extend([a[2] for a in acts])
-        offsets.append(offsets[-1] + len(acts))
-    col_rank = [r for r in range(p) for _ in range(offsets[r + 1] - offsets[r])]
-    mems = [mem[s, k] for s, k in zip(col_stage, col_kind, strict=True)]
-
-    done = [-1.0] * (3 * S * M)
-    free = [0.0] * p
-    ptr = [0] * p
-    starts: list[list[float]] = [[] for _ in range(p)]
-    ends: list[list[float]] = [[] for _ in range(p)]
-    remaining = sum(len(a) for a in plans)
-    overlap = sc.overlap
-    while remaining:
-        progressed = 0
-        for r in range(p):
-            plan, mb = plans[r], mbs[r]
-            i = i0 = ptr[r]
-            n = len(plan)
-            t = free[r]
-            st_r, en_r = starts[r], ends[r]
-            while i < n:
-                out, da, la, db, lb, d, ov = plan[i]
-                m = mb[i]
-                st = t
-                if da >= 0:
-                    x = done[da + m]
-                    if x < 0:
-                        break
-                    x += la
-                    if x > st:
-                        st = x
-                if db >= 0:
-                    x = done[db + m]
-                    if x < 0:
-                        break
-                    x += lb
-                    if x > st:
-                        st = x
-                if ov is None:
-                    t = st + d
-                    st_r.append(st)
-                    en_r.append(t)
-                    done[out + m] = t
-                else:  # an overlapped pair: absolute slots, m == 0
-                    out2, da2, la2, db2, lb2, d2, _ = ov
-                    if da2 >= 0:
-                        x = done[da2]
-                        if x < 0:
-                            break
-                        if x + la2 > st:
-                            st = x + la2
-                    if db2 >= 0:
-                        x = done[db2]
-                        if x < 0:
-                            break
-                        if x + lb2 > st:
-                            st = x + lb2
-                    mid = st + d * overlap
-                    t = mid + d2 * overlap
-                    st_r.append(st)
-                    en_r.append(mid)
-                    st_r.append(mid)
-                    en_r.append(t)
-                    done[out] = mid
-                    done[out2] = t
-                i += 1
-            if i != i0:
-                progressed += i - i0
-                ptr[r] = i
-                free[r] = t
-        if not progressed:
-            raise _deadlock(schedule, ptr)
-        remaining -= progressed
-
+    for r in range(p):
+        plan = plans[r]
+        col_rank.extend([r] * len(plan))
+        col_stage.extend(map(_STAGE, plan))
+        col_kind.extend(map(_KIND, plan))
+        col_m0.extend(map(_MEM0, plan))
+        col_m1.extend(map(_MEM1, plan))
+        col_mb.extend(mbs[r])
+        offsets.append(offsets[-1] + len(plan))
     return Timeline(
         schedule=schedule.name,
         num_ranks=p,
         num_stages=S,
         num_microbatches=M,
         stage_to_rank=tuple(where),
+        chains=schedule.chains,
         rank=col_rank,
         stage=col_stage,
         kind=col_kind,
         microbatch=col_mb,
-        start=[x for lst in starts for x in lst],
-        end=[x for lst in ends for x in lst],
-        mem_start=[a for a, _ in mems],
-        mem_end=[b for _, b in mems],
+        start=_concat(starts),
+        end=_concat(ends),
+        mem_start=col_m0,
+        mem_end=col_m1,
         overlapped=col_ov,
         source="simulated",
         offsets=offsets,
     )
 
 
-def _templates(sc: StageCosts, where: tuple[int, ...], S: int, M: int) -> dict:
-    """(stage, kind) -> (own slot, dep slot, lag, dep slot, lag, duration, None); slots are
-    offset by the microbatch at run time. Slot ``s*M + m`` is F(s, m) done; ``S*M + s*M + m``
-    is I/B(s, m) done (the input gradient is ready); ``2*S*M + s*M + m`` is W(s, m) done."""
+_INF = float("inf")
+
+
+def _concat(parts: list[array]) -> array:
+    out = array("d")
+    for part in parts:
+        out.extend(part)
+    return out
+
+_STAGE, _KIND, _MEM0, _MEM1 = (itemgetter(i) for i in range(6, 10))
+
+
+def _run(plans: list[list[tuple]], mbs: list[list[int]], p: int, S: int, M: int,
+         schedule: Schedule) -> tuple[list[array], list[array]]:
+    """The clock: sweep ranks, each as far as its dependencies allow; raise on deadlock."""
+    inf = _INF
+    done = [inf] * (3 * S * M) + [0.0] * M  # the last M slots: "no dependency", ready at 0
+    # C doubles, not float objects: cheap to store, and numpy reads them without a copy.
+    starts = [array("d", bytes(8 * len(plan))) for plan in plans]
+    ends = [array("d", bytes(8 * len(plan))) for plan in plans]
+    remaining = sum(len(plan) for plan in plans)
+    # One list per rank: plan, microbatches, starts, ends, length, next index, clock.
+    ranks = [[plans[r], mbs[r], starts[r], ends[r], len(plans[r]), 0, 0.0] for r in range(p)]
+    while remaining:
+        progressed = 0
+        for state in ranks:
+            plan, mb, st_r, en_r, n, i0, t = state
+            i = i0
+            while i < n:
+                out, da, la, db, lb, d, _, _, _, _ = plan[i]
+                m = mb[i]
+                x = done[da + m] + la
+                y = done[db + m] + lb
+                if y > x:
+                    x = y
+                if x > t:
+                    if x == inf:
+                        break
+                    t = x
+                st_r[i] = t
+                t += d
+                en_r[i] = t
+                done[out + m] = t
+                i += 1
+            if i != i0:
+                progressed += i - i0
+                state[5] = i
+                state[6] = t
+        if not progressed:
+            raise _deadlock(schedule, [state[5] for state in ranks])
+        remaining -= progressed
+    return starts, ends
+
+
+def _templates(sc: StageCosts, where: tuple[int, ...], S: int, M: int,
+               starts: tuple[int, ...] = (0,)) -> list[dict]:
+    """Per rank: (stage, kind) -> (own slot, dep slot, lag, dep slot, lag, duration, stage,
+    kind, memory added at start, memory added at end). Slots are bases, offset by the
+    microbatch at run time: ``s*M`` is F(s) done, ``S*M + s*M`` the input gradient of s
+    ready (I or B done), ``2*S*M + s*M`` W done, ``3*S*M`` "no dependency"."""
     SM, comm = S * M, sc.comm
-    out: dict = {}
+    none = 3 * SM
+    out: list[dict] = [{} for _ in range(max(where, default=-1) + 1)]
     for s in range(S):
         r = where[s]
-        up = comm if s > 0 and where[s - 1] != r else 0.0
-        down = comm if s < S - 1 and where[s + 1] != r else 0.0
-        out[s, "F"] = (s * M, (s - 1) * M if s > 0 else -1, up, -1, 0.0,
-                       sc.duration(s, "F"), None)
+        first, last = s in starts, s == S - 1 or (s + 1) in starts
+        up = comm if not first and where[s - 1] != r else 0.0
+        down = comm if not last and where[s + 1] != r else 0.0
+        mem = {k: sc.memory_deltas(s, k) for k in KINDS}
+        t = out[r]
+        t[s, "F"] = (s * M, none if first else (s - 1) * M, up, none, 0.0,
+                     sc.duration(s, "F"), s, "F", *mem["F"])
         for k in ("B", "I"):
-            out[s, k] = (SM + s * M, s * M, 0.0, SM + (s + 1) * M if s < S - 1 else -1, down,
-                         sc.duration(s, k), None)
-        out[s, "W"] = (2 * SM + s * M, SM + s * M, 0.0, -1, 0.0, sc.duration(s, "W"), None)
+            t[s, k] = (SM + s * M, s * M, 0.0, none if last else SM + (s + 1) * M, down,
+                       sc.duration(s, k), s, k, *mem[k])
+        t[s, "W"] = (2 * SM + s * M, SM + s * M, 0.0, none, 0.0, sc.duration(s, "W"), s, "W",
+                     *mem["W"])
     return out
 
 
-def _compile_with_overlaps(order, tmpl, r, S, M):
-    plan, mb = [], []
+def _compile_with_overlaps(order, mine, overlap, r, S, M):
+    """Compile a rank's order holding Overlap steps: each pair becomes its two parts with
+    durations scaled by ``overlap``; the forward part also waits for the backward part's
+    input gradient (its slot re-based to the forward's microbatch), so the block starts
+    only when both parts may start."""
+    plan, mb, ov = [], [], []
     for step in order:
         if type(step) is Overlap:
-            parts = []
-            for a in (step.forward, step.backward):
-                if (a[0], a[1]) not in tmpl or not 0 <= a[2] < M:
+            fa, ba = step
+            for a in (fa, ba):
+                if (a[0], a[1]) not in mine or not 0 <= a[2] < M:
                     _raise_bad([a], r, S, M)
-                out, da, la, db, lb, d, _ = tmpl[a[0], a[1]]
-                m = a[2]
-                parts.append((out + m if out >= 0 else out, da + m if da >= 0 else -1, la,
-                              db + m if db >= 0 else -1, lb, d, None))
-            plan.append(parts[0][:6] + (parts[1],))
-            mb.append(0)
+            tf, tb = mine[fa[0], fa[1]], mine[ba[0], ba[1]]
+            shift = ba[2] - fa[2]
+            plan.append((tf[0], tf[1], tf[2], tb[3] + shift, tb[4], tf[5] * overlap) + tf[6:])
+            plan.append(tb[:5] + (tb[5] * overlap,) + tb[6:])
+            mb.extend((fa[2], ba[2]))
+            ov.extend((True, True))
         else:
-            if (step[0], step[1]) not in tmpl:
+            if (step[0], step[1]) not in mine or not 0 <= step[2] < M:
                 _raise_bad([step], r, S, M)
-            plan.append(tmpl[step[0], step[1]])
+            plan.append(mine[step[0], step[1]])
             mb.append(step[2])
-    return plan, mb
+            ov.append(False)
+    return plan, mb, ov
 
 
 def _raise_bad(acts, r, S, M, where=None):
     for a in acts:
+        if isinstance(a, Overlap):
+            _raise_bad(list(a), r, S, M, where)
+            continue
         if a[1] not in KINDS:
             raise ScheduleError(
                 f"rank {r}, action {a}: unknown kind {a[1]!r}; valid are F, I, W, B"
@@ -240,19 +255,18 @@ def _raise_bad(acts, r, S, M, where=None):
 
 
 def _deadlock(schedule: Schedule, ptr: list[int]) -> Deadlock:
+    """Name each unfinished rank's stuck action (ptr counts actions, overlaps count two)."""
     stuck: dict[int, tuple[str, str]] = {}
-    S = schedule.num_stages
-    for r, order in enumerate(schedule.orders):
-        if ptr[r] >= len(order):
+    for r in range(schedule.num_ranks):
+        acts = list(schedule.actions(r))
+        if ptr[r] >= len(acts):
             continue
-        step = order[ptr[r]]
-        a = step.forward if isinstance(step, Overlap) else step
-        s, k, m = a
+        s, k, m = acts[ptr[r]]
         if k == "F":
-            waits = f"{s - 1}F{m}" if s > 0 else "nothing"
+            waits = "nothing" if schedule.first_stage(s) else f"{s - 1}F{m}"
         elif k in ("B", "I"):
-            waits = f"{s}F{m}" + (f" and {s + 1}I/B{m}" if s < S - 1 else "")
+            waits = f"{s}F{m}" + ("" if schedule.last_stage(s) else f" and {s + 1}I/B{m}")
         else:
             waits = f"{s}I{m}"
-        stuck[r] = (str(step), waits)
+        stuck[r] = (str(acts[ptr[r]]), waits)
     return Deadlock(stuck)

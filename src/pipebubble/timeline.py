@@ -22,6 +22,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import numpy as np
+
 
 class Event(NamedTuple):
     rank: int
@@ -70,15 +72,17 @@ class Timeline:
     stage: list[int]
     kind: list[str]
     microbatch: list[int]
-    start: list[float]
-    end: list[float]
+    start: Sequence[float]  # a list, or array("d") from the simulator
+    end: Sequence[float]
     mem_start: list[float]
     mem_end: list[float]
     overlapped: list[bool]
     source: str = "simulated"
+    chains: int = 1  # independent stage chains (DualPipe: 2), each running num_microbatches
     offsets: list[int] = field(default_factory=list)  # rank r's events: offsets[r]:offsets[r+1]
     _stats: list[RankStats] | None = field(default=None, repr=False)
     _step: float | None = field(default=None, repr=False)
+    _np: dict | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not self.offsets:
@@ -97,6 +101,7 @@ class Timeline:
         stage_to_rank: Sequence[int],
         source: str = "measured",
         shift_to_zero: bool = True,
+        chains: int = 1,
     ) -> Timeline:
         """Sort events by (rank, start) and, by default, shift time so the first start is 0."""
         evs = sorted(events, key=lambda e: (e.rank, e.start, e.end))
@@ -117,6 +122,7 @@ class Timeline:
             mem_end=[e.mem_end for e in evs],
             overlapped=[e.overlapped for e in evs],
             source=source,
+            chains=chains,
         )
 
     def __len__(self) -> int:
@@ -138,7 +144,8 @@ class Timeline:
     @property
     def step_time(self) -> float:
         if self._step is None:
-            self._step = (max(self.end) - min(self.start)) if self.start else 0.0
+            a = self._arrays()
+            self._step = float(a["end"].max() - a["start"].min()) if len(self.start) else 0.0
         return self._step
 
     def rank_stats(self) -> list[RankStats]:
@@ -146,30 +153,34 @@ class Timeline:
             self._stats = [self._one_rank(r) for r in range(self.num_ranks)]
         return self._stats
 
+    def _arrays(self) -> dict[str, np.ndarray]:
+        """Columns as numpy arrays (built once): the metrics are vectorised."""
+        if self._np is None:
+            kind = np.array(self.kind, dtype="U1") if self.kind else np.zeros(0, dtype="U1")
+            inflight = (kind == "F").astype(np.int64) - (kind == "B") - (kind == "I")
+            self._np = {
+                "start": np.asarray(self.start, dtype=np.float64),
+                "end": np.asarray(self.end, dtype=np.float64),
+                "m0": np.asarray(self.mem_start, dtype=np.float64),
+                "m1": np.asarray(self.mem_end, dtype=np.float64),
+                "inflight": inflight,
+            }
+        return self._np
+
     def _one_rank(self, r: int) -> RankStats:
         lo, hi = self.offsets[r], self.offsets[r + 1]
         step = self.step_time
-        starts, ends = self.start[lo:hi], self.end[lo:hi]
-        busy = sum(ends) - sum(starts)
+        a = self._arrays()
+        starts, ends = a["start"][lo:hi], a["end"][lo:hi]
+        busy = float(ends.sum() - starts.sum())
         idle = max(0.0, step - busy)
-        span = (max(ends) - min(starts)) if starts else 0.0
-        # Memory and in-flight count, walking the rank's events in time order.
-        cur = peak = 0.0
-        for a, b in zip(self.mem_start[lo:hi], self.mem_end[lo:hi], strict=True):
-            cur += a
-            if cur > peak:
-                peak = cur
-            cur += b
-            if cur > peak:
-                peak = cur
-        inflight = top = 0
-        for k in self.kind[lo:hi]:
-            if k == "F":
-                inflight += 1
-                if inflight > top:
-                    top = inflight
-            elif k == "B" or k == "I":
-                inflight -= 1
+        span = float(ends.max() - starts.min()) if hi > lo else 0.0
+        # Memory changes at each event's start (m0) and end (m1), in time order.
+        deltas = np.empty(2 * (hi - lo))
+        deltas[0::2] = a["m0"][lo:hi]
+        deltas[1::2] = a["m1"][lo:hi]
+        peak = max(0.0, float(np.cumsum(deltas).max())) if hi > lo else 0.0
+        top = max(0, int(np.cumsum(a["inflight"][lo:hi]).max())) if hi > lo else 0
         return RankStats(
             rank=r,
             busy=busy,
@@ -212,7 +223,7 @@ class Timeline:
             "schedule": self.schedule,
             "ranks": self.num_ranks,
             "stages": self.num_stages,
-            "microbatches": self.num_microbatches,
+            "microbatches": self.num_microbatches * self.chains,
             "step_time": self.step_time,
             "bubble_fraction": self.bubble_fraction,
             "lower_bound": self.lower_bound,

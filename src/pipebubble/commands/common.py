@@ -8,7 +8,7 @@ import sys
 
 from ..costs import CostModel
 from ..schedule import Schedule, ScheduleError
-from ..schedules import closed_form_bubble, get_schedule, schedule_names
+from ..schedules import closed_form_bubble, get_schedule, lookup, schedule_names
 from ..timeline import Timeline
 
 
@@ -46,13 +46,17 @@ def time_value(name: str):
     return parse
 
 
-def add_schedule_flags(p: argparse.ArgumentParser, schedule_required: bool = True) -> None:
-    if schedule_required:
-        p.add_argument("--schedule", required=True, metavar="NAME",
+def add_schedule_flags(p: argparse.ArgumentParser, schedule_required: bool = True,
+                       optional: bool = False) -> None:
+    """--schedule/--ranks/--microbatches/--chunks. ``optional``: none of them is required
+    (a command that can also read its schedule from a file checks them itself)."""
+    if schedule_required or optional:
+        p.add_argument("--schedule", required=not optional, metavar="NAME",
                        help=f"one of: {', '.join(schedule_names())} (case-insensitive)")
-    p.add_argument("--ranks", "-p", type=positive_int("--ranks"), required=True, metavar="P")
-    p.add_argument("--microbatches", "-m", type=positive_int("--microbatches"), required=True,
-                   metavar="M")
+    p.add_argument("--ranks", "-p", type=positive_int("--ranks"), required=not optional,
+                   metavar="P")
+    p.add_argument("--microbatches", "-m", type=positive_int("--microbatches"),
+                   required=not optional, metavar="M")
     p.add_argument("--chunks", "-v", type=positive_int("--chunks"), default=None, metavar="V",
                    help="stages per rank (interleaved schedules); default: the schedule's own")
 
@@ -91,10 +95,33 @@ def closed_form_for(schedule: Schedule, costs: CostModel) -> float | None:
         return None
 
 
-def timeline_json(timeline: Timeline, closed_form: float | None, events: bool = True) -> dict:
-    """The JSON contract shared by every command (see README, "JSON output")."""
+def closed_form_basis(schedule: Schedule) -> str | None:
+    """``step`` or ``span``: what the schedule's published bubble is measured over."""
+    try:
+        return lookup(schedule.name).closed_form_basis
+    except ScheduleError:
+        return None
+
+
+def span_bubble(timeline: Timeline) -> float:
+    """The idlest rank's idle time within its own span (first start to last end) over that
+    span: what ZB-H2 and ZB-V publish (no optimizer barrier between steps)."""
+    return max(((s.span - s.busy) / s.span if s.span > 0 else 0.0
+                for s in timeline.rank_stats()), default=0.0)
+
+
+def timeline_json(timeline: Timeline, closed_form: float | None, events: bool = True,
+                  basis: str | None = "step") -> dict:
+    """The JSON contract shared by every command (see README, "JSON output").
+
+    Beyond the base contract: ``span_bubble_fraction`` (see :func:`span_bubble`) and
+    ``closed_form_basis`` (``step`` or ``span``: which of the two fractions the closed form
+    is comparable with; null when there is no closed form).
+    """
     out = timeline.summary()
     out["closed_form_bubble"] = closed_form
+    out["span_bubble_fraction"] = span_bubble(timeline)
+    out["closed_form_basis"] = basis if closed_form is not None else None
     if events:
         out["events"] = timeline.events_json()
     return out
@@ -109,6 +136,8 @@ def add_figure_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("pictures and traces")
     g.add_argument("--png", metavar="FILE", help="save the Gantt chart as PNG")
     g.add_argument("--svg", metavar="FILE", help="save the Gantt chart as SVG")
+    g.add_argument("--memory", action="store_true",
+                   help="stack each rank's activation memory under the Gantt chart")
     g.add_argument("--trace", metavar="FILE", help="save a Chrome/Perfetto trace (JSON)")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -14,10 +15,12 @@ from ..simulate import simulate
 from .common import (
     add_cost_flags,
     add_figure_flags,
+    closed_form_basis,
     closed_form_for,
     costs_from_args,
     positive_int,
     print_json,
+    span_bubble,
     timeline_json,
     write_figures,
 )
@@ -48,26 +51,38 @@ def run(args: argparse.Namespace) -> int:
         except ScheduleError as exc:
             skipped.append((name, str(exc)))
             continue
-        rows.append((schedule, timeline, closed_form_for(schedule, costs)))
-    write_figures(args, [t for _, t, _ in rows], f"p={args.ranks} m={args.microbatches}")
+        rows.append((schedule, timeline, closed_form_for(schedule, costs),
+                     closed_form_basis(schedule)))
+    write_figures(args, [t for _, t, _, _ in rows], f"p={args.ranks} m={args.microbatches}")
     if args.json:
-        print_json([timeline_json(t, c, events=False) for _, t, c in rows])
+        print_json([timeline_json(t, c, events=False, basis=b) for _, t, c, b in rows])
         for name, why in skipped:
             sys.stderr.write(f"pipebubble: skipped {name}: {why}\n")
         return 0
-    table = Table(title=f"p={args.ranks} m={args.microbatches}")
-    for col in ("schedule", "v", "step time", "bubble", "closed form", "peak act. (rank 0)",
-                "peak mem (max)"):
-        table.add_column(col, justify="right")
-    for schedule, t, closed in rows:
+    table = Table(title=f"p={args.ranks} m={args.microbatches}", caption=_CAPTION,
+                  box=box.SIMPLE_HEAD, caption_justify="left")
+    for col in ("schedule", "v", "step\ntime", "bubble", "span\nbubble", "closed\nform",
+                "act\nr0", "mem\nr0", "mem\nmax"):
+        table.add_column(col, justify="right", no_wrap=True)
+    for schedule, t, closed, basis in rows:
         stats = t.rank_stats()
+        form = "—" if closed is None else f"{closed:.2%}" + ("*" if basis == "span" else " ")
         table.add_row(
             schedule.name, str(schedule.chunks), f"{t.step_time:.4g}", f"{t.bubble_fraction:.2%}",
-            "—" if closed is None else f"{closed:.2%}", str(stats[0].peak_activations),
-            f"{max(s.peak_memory for s in stats):.4g}",
+            f"{span_bubble(t):.2%}", form, str(stats[0].peak_activations),
+            f"{stats[0].peak_memory:.4g}", f"{max(s.peak_memory for s in stats):.4g}",
         )
     console = Console()
     console.print(table)
     for name, why in skipped:
         console.print(f"[dim]skipped {name}: {why}[/dim]")
     return 0
+
+
+_CAPTION = (
+    "bubble: idle / (ranks x step). span bubble: the idlest rank's idle time within its own "
+    "span (first start to last end) over that span. closed form: the published bubble, over "
+    "the step, or * over the span (as ZB-H2 and ZB-V are published); — where its conditions "
+    "do not hold. act r0: peak in-flight (stage, microbatch) activations on rank 0. mem: peak "
+    "activation memory in rank-shares of M_B."
+)

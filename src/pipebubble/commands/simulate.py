@@ -1,4 +1,10 @@
-"""``pipebubble simulate``: generate (or read) a schedule, simulate it, draw it."""
+"""``pipebubble simulate``: generate (or read) a schedule, simulate it, draw it.
+
+``--csv FILE`` reads torch.distributed.pipelining's compute-only CSV instead of generating
+a schedule (see ``interop/torch_csv.py``); then --schedule, --ranks and --microbatches are
+optional (given, --ranks and --microbatches are checked against the file), and every cost
+flag and --json apply as usual.
+"""
 
 from __future__ import annotations
 
@@ -6,17 +12,20 @@ import argparse
 
 from rich.console import Console
 
+from ..interop.torch_csv import explain_deadlock, read_torch_csv
 from ..render.terminal import gantt, summary_lines, summary_table
-from ..schedule import validate
-from ..simulate import simulate
+from ..schedule import Schedule, ScheduleError, validate
+from ..simulate import Deadlock, simulate
 from .common import (
     add_cost_flags,
     add_figure_flags,
     add_schedule_flags,
+    closed_form_basis,
     closed_form_for,
     costs_from_args,
     print_json,
     schedule_from_args,
+    span_bubble,
     timeline_json,
     write_figures,
 )
@@ -26,7 +35,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("simulate", help="simulate one schedule and draw its Gantt chart",
                        description="Simulate one schedule with a cost model; print the Gantt "
                        "chart and a summary, or one JSON object with --json.")
-    add_schedule_flags(p)
+    add_schedule_flags(p, optional=True)
+    p.add_argument("--csv", metavar="FILE", help="read the schedule from a torch.distributed."
+                   "pipelining compute-only CSV file instead of --schedule")
     add_cost_flags(p)
     add_figure_flags(p)
     p.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
@@ -34,21 +45,43 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def load_schedule(args: argparse.Namespace) -> Schedule:
+    """The schedule --csv names, or the one --schedule/--ranks/--microbatches generate."""
+    if args.csv:
+        if args.chunks is not None:
+            raise ScheduleError("--chunks does not apply with --csv (the file fixes the stages)")
+        return read_torch_csv(args.csv, name=args.schedule, ranks=args.ranks,
+                              microbatches=args.microbatches)
+    missing = [flag for flag, v in (("--schedule", args.schedule), ("--ranks", args.ranks),
+                                    ("--microbatches", args.microbatches)) if v is None]
+    if missing:
+        raise ScheduleError(f"{', '.join(missing)} required (or --csv FILE)")
     schedule = schedule_from_args(args)
     validate(schedule)
+    return schedule
+
+
+def run(args: argparse.Namespace) -> int:
+    schedule = load_schedule(args)
     costs = costs_from_args(args)
-    timeline = simulate(schedule, costs)
-    closed = closed_form_for(schedule, costs)
+    try:
+        timeline = simulate(schedule, costs)
+    except Deadlock as exc:
+        raise explain_deadlock(schedule, exc) from None
+    closed = None if args.csv else closed_form_for(schedule, costs)
     title = (f"{schedule.name}  p={schedule.num_ranks} m={schedule.num_microbatches} "
              f"v={schedule.chunks}")
     write_figures(args, [timeline], title)
     if args.json:
-        print_json(timeline_json(timeline, closed))
+        print_json(timeline_json(timeline, closed, basis=closed_form_basis(schedule)))
         return 0
     console = Console()
     console.print(gantt(timeline, width=args.width, title=title))
     console.print(summary_table(timeline))
     for line in summary_lines(timeline, closed):
         console.print(line)
+    if closed_form_basis(schedule) == "span":
+        console.print(f"span bubble {span_bubble(timeline):.2%} (the idlest rank's idle time "
+                      "within its own first-start-to-last-end span, which is what this "
+                      "schedule's closed form measures)")
     return 0

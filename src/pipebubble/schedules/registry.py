@@ -21,6 +21,10 @@ class ScheduleSpec:
     say what the family accepts. ``closed_form`` (optional) maps (ranks, microbatches,
     chunks, costs) to the published bubble fraction, or None where no formula applies
     (non-uniform costs, communication time, too few microbatches).
+    ``closed_form_basis`` says what that fraction is measured over: ``step`` (idle over
+    ranks x step time, like ``Timeline.bubble_fraction``) or ``span`` (idle within the idlest
+    rank's own span, first start to last end, as ZB-H2 and ZB-V are published: the paper
+    drops the optimizer barrier between steps).
     """
 
     name: str
@@ -32,6 +36,7 @@ class ScheduleSpec:
     split_backward: bool = False
     aliases: tuple[str, ...] = ()
     closed_form: ClosedForm | None = None
+    closed_form_basis: str = "step"
 
 
 SCHEDULES: dict[str, ScheduleSpec] = {}

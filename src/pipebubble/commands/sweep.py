@@ -1,0 +1,111 @@
+"""``pipebubble sweep``: bubble and peak activation memory against m, per schedule.
+
+    pipebubble sweep --ranks 4 --microbatches 1..128 --schedules gpipe,1f1b \\
+        --csv sweep.csv --png sweep.png
+
+Prints a table (a sample of m values when there are many), writes every point as CSV with
+``--csv FILE`` (``-`` for stdout, then nothing else is printed) and the picture with
+``--png``/``--svg``. A long sweep shows a progress bar on the terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ..schedules import lookup, schedule_names
+from ..sweep import SweepPoint, parse_range, sweep, write_csv
+from .common import add_cost_flags, costs_from_args, positive_int
+
+PROGRESS_FROM = 200  # points; fewer finish before a bar would be worth drawing
+TABLE_ROWS = 16
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "sweep", help="bubble and peak memory against the number of microbatches",
+        description="Simulate schedules over a range of microbatch counts; plot the bubble "
+        "fraction (with its closed form) and the peak activation memory against m.")
+    p.add_argument("--ranks", "-p", type=positive_int("--ranks"), required=True, metavar="P")
+    p.add_argument("--microbatches", "-m", default="1..64", metavar="RANGE",
+                   help="N, A..B, A..B:STEP or a comma list of those (default 1..64)")
+    p.add_argument("--schedules", default=None, metavar="LIST",
+                   help=f"comma list (default all: {','.join(schedule_names())})")
+    p.add_argument("--chunks", "-v", type=positive_int("--chunks"), default=None, metavar="V",
+                   help="chunks for schedules that take a variable number")
+    add_cost_flags(p)
+    g = p.add_argument_group("output")
+    g.add_argument("--csv", metavar="FILE", help="write every point as CSV ('-': stdout)")
+    g.add_argument("--png", metavar="FILE", help="save the plot as PNG")
+    g.add_argument("--svg", metavar="FILE", help="save the plot as SVG")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    ms = parse_range(args.microbatches, "--microbatches")
+    names = [n.strip() for n in (args.schedules or ",".join(schedule_names())).split(",")]
+    if not all(names):
+        raise ValueError(f"--schedules: empty name in {args.schedules!r}; use e.g. gpipe,1f1b")
+    names = list(dict.fromkeys(lookup(n).name for n in names))  # unknown names fail here
+    costs = costs_from_args(args)
+    total = len(names) * len(ms)
+    err = Console(stderr=True)
+    with Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err, transient=True,
+                  disable=total < PROGRESS_FROM or not err.is_terminal) as bar:
+        task = bar.add_task("sweep", total=total)
+        points = sweep(names, args.ranks, ms, costs, args.chunks,
+                       on_point=lambda: bar.advance(task))
+    missing = total - len(points)
+    if missing:
+        err.print(f"[dim]{missing} (schedule, m) pairs were not valid and are left out[/dim]")
+    if not points:
+        raise ValueError(f"no schedule in {','.join(names)} accepts p={args.ranks} with m in "
+                         f"{args.microbatches}")
+    title = f"bubble and activation memory against microbatches, p={args.ranks}"
+    if args.png or args.svg:
+        from ..render.plots import save
+        from ..render.sweep_plot import sweep_figure
+
+        fig = sweep_figure(points, title)
+        if args.png:
+            save(fig, args.png, "png")
+        if args.svg:
+            save(fig, args.svg, "svg")
+    if args.csv == "-":
+        write_csv(points, sys.stdout)
+        return 0
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            write_csv(points, f)
+    Console().print(_table(points, names, title))
+    return 0
+
+
+def _table(points: list[SweepPoint], names: list[str], title: str) -> Table:
+    """Bubble (simulated / closed form) and peak memory per schedule for a sample of m."""
+    ms = sorted({p.microbatches for p in points})
+    if len(ms) > TABLE_ROWS:
+        keep = {ms[0], ms[-1]} | {m for m in ms if m & (m - 1) == 0}
+        ms = sorted(keep)[:TABLE_ROWS]
+    by_key = {(p.schedule, p.microbatches): p for p in points}
+    table = Table(title=title, show_edge=False)
+    table.add_column("m", justify="right")
+    for n in names:
+        table.add_column(f"{n} bubble", justify="right")
+        table.add_column(f"{n} peak mem", justify="right")
+    for m in ms:
+        row = [str(m)]
+        for n in names:
+            p = by_key.get((n, m))
+            if p is None:
+                row += ["—", "—"]
+                continue
+            closed = "" if p.closed_form_bubble is None else f" ({p.closed_form_bubble:.2%})"
+            row += [f"{p.bubble_fraction:.2%}{closed}", f"{p.peak_memory:.4g}"]
+        table.add_row(*row)
+    return table

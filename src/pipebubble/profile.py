@@ -1,0 +1,327 @@
+"""Measure each layer of a model: time, parameters, activation memory, FLOPs.
+
+A :class:`Profile` is what the partitioner needs to cut a model into stages. It is measured
+on a sample batch the size of one microbatch:
+
+- ``forward`` / ``backward``: median seconds over ``repeats`` timed passes, after ``warmup``
+  untimed ones. On a GPU: wall time between synchronisations. On a CPU with one torch
+  thread: the process's CPU time (``timer="auto"``), which other processes sharing the
+  cores do not inflate; ``timer="wall"`` forces wall time. Each layer runs on the detached
+  output of the previous one, so the backward of layer i is timed alone, fed the real
+  gradient that layer i+1 produced (the first layer, like stage 0 in the runtime, computes
+  no gradient for the model's input). With a ``loss_fn`` the loss belongs to the last
+  layer (as in the runtime, where the last stage computes it).
+- ``params``: number of parameter elements.
+- ``activation_bytes``: bytes the autograd graph keeps for the backward (the tensors saved
+  by the layer's operations, counted once each, parameters excluded), seen through
+  ``torch.autograd.graph.saved_tensors_hooks``. What a stage holds per in-flight microbatch.
+- ``flops``: forward plus backward FLOPs counted by ``torch.utils.flop_counter.FlopCounterMode``
+  (matrix multiplications, convolutions, attention; element-wise work counts zero, which is
+  why an embedding lookup shows 0).
+
+The file format is a JSON object with ``layers`` (a list of objects with ``name``,
+``forward``, ``backward``, ``params``, ``activation_bytes``, ``flops``; an optional ``type``)
+and any other top-level keys (device, dtype, batch shape) kept as metadata, so a profile
+taken on a GPU machine can be partitioned anywhere, or written by another tool.
+
+>>> p = Profile.from_dict({"device": "cpu", "layers": [
+...     {"name": "0", "forward": 1e-3, "backward": 2e-3, "params": 10, "activation_bytes": 64,
+...      "flops": 100}]})
+>>> p.layers[0].time, p.metadata
+(0.003, {'device': 'cpu'})
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+FIELDS = ("name", "forward", "backward", "params", "activation_bytes", "flops")
+FORMAT = "pipebubble-profile"
+
+
+class ProfileError(ValueError):
+    """A profile file or dictionary that cannot be used; the message names the bad value."""
+
+
+@dataclass(frozen=True)
+class LayerProfile:
+    name: str
+    forward: float
+    backward: float
+    params: int
+    activation_bytes: float
+    flops: float
+    type: str | None = None
+    extra: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def time(self) -> float:
+        """Forward plus backward: the layer's work per microbatch."""
+        return self.forward + self.backward
+
+    def as_dict(self) -> dict:
+        out: dict[str, Any] = {k: getattr(self, k) for k in FIELDS}
+        if self.type is not None:
+            out["type"] = self.type
+        out.update(self.extra)
+        return out
+
+
+@dataclass(frozen=True)
+class Profile:
+    layers: list[LayerProfile]
+    metadata: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.layers:
+            raise ProfileError("profile has no layers ('layers' is empty); it needs at least one")
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def column(self, name: str) -> list[float]:
+        """One value per layer: a field (``forward``, ``flops``, ...) or ``time``."""
+        return [float(getattr(layer, name)) for layer in self.layers]
+
+    def as_dict(self) -> dict:
+        return {**self.metadata, "layers": [layer.as_dict() for layer in self.layers]}
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.as_dict(), indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> Profile:
+        try:
+            data = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise ProfileError(f"profile file {str(path)!r} not found") from None
+        except json.JSONDecodeError as exc:
+            raise ProfileError(f"profile file {str(path)!r} is not valid JSON: {exc}") from None
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_dict(cls, data: object) -> Profile:
+        """Check every layer and field; errors name the layer, the field and the value."""
+        if not isinstance(data, dict) or "layers" not in data:
+            raise ProfileError("a profile must be a JSON object with a 'layers' list, got "
+                               f"{type(data).__name__}" + (" without 'layers'"
+                                                           if isinstance(data, dict) else ""))
+        raw = data["layers"]
+        if not isinstance(raw, list):
+            raise ProfileError(f"'layers' must be a list, got {type(raw).__name__}")
+        if not raw:
+            raise ProfileError("profile has no layers ('layers' is empty); it needs at least one")
+        layers, seen = [], set()
+        for i, item in enumerate(raw):
+            layers.append(_layer_from_dict(i, item))
+            if layers[-1].name in seen:
+                raise ProfileError(f"layer {i}: name {layers[-1].name!r} appears twice; "
+                                   "layer names must be unique")
+            seen.add(layers[-1].name)
+        return cls(layers, {k: v for k, v in data.items() if k != "layers"})
+
+
+def _layer_from_dict(i: int, item: object) -> LayerProfile:
+    if not isinstance(item, dict):
+        raise ProfileError(f"layer {i} must be an object with {', '.join(FIELDS)}, "
+                           f"got {type(item).__name__}")
+    label = f"layer {i}" + (f" ({item['name']!r})" if "name" in item else "")
+    missing = [k for k in FIELDS if k not in item]
+    if missing:
+        raise ProfileError(f"{label} is missing {', '.join(repr(k) for k in missing)}; "
+                           f"every layer needs {', '.join(FIELDS)}")
+    if not isinstance(item["name"], str) or not item["name"]:
+        raise ProfileError(f"{label}: name must be a non-empty string, got {item['name']!r}")
+    values = {}
+    for key, unit in (("forward", "seconds"), ("backward", "seconds"), ("params", "count"),
+                      ("activation_bytes", "bytes"), ("flops", "count")):
+        v = item[key]
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+            raise ProfileError(f"{label}: {key} must be a finite number >= 0 ({unit}), got {v!r}")
+        values[key] = v
+    if float(values["params"]) != int(values["params"]):
+        raise ProfileError(f"{label}: params must be a whole number, got {values['params']!r}")
+    kind = item.get("type")
+    if kind is not None and not isinstance(kind, str):
+        raise ProfileError(f"{label}: type must be a string, got {kind!r}")
+    extra = {k: v for k, v in item.items() if k not in FIELDS and k != "type"}
+    return LayerProfile(item["name"], float(values["forward"]), float(values["backward"]),
+                        int(values["params"]), float(values["activation_bytes"]),
+                        float(values["flops"]), kind, extra)
+
+
+# ---- measuring ------------------------------------------------------------------------------
+
+def profile_layers(
+    layers: Sequence[nn.Module] | nn.Sequential,
+    sample: torch.Tensor,
+    *,
+    target: torch.Tensor | None = None,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    names: Sequence[str] | None = None,
+    warmup: int = 2,
+    repeats: int = 5,
+    timer: str = "auto",
+    metadata: dict | None = None,
+) -> Profile:
+    """Profile each layer of ``layers`` (run in order) on ``sample``; see the module doc.
+
+    Layers and sample must already be on the device to measure. Gradients the passes leave
+    in the parameters are cleared (set to None) at the end.
+    """
+    if isinstance(layers, nn.Sequential):
+        names = names or [n for n, _ in layers.named_children()]
+    mods = list(layers)
+    if not mods:
+        raise ProfileError("no layers to profile; give at least one module")
+    names = list(names) if names is not None else [str(i) for i in range(len(mods))]
+    if len(names) != len(mods):
+        raise ProfileError(f"{len(names)} names for {len(mods)} layers")
+    for name, value in (("warmup", warmup), ("repeats", repeats)):
+        if not isinstance(value, int) or value < (0 if name == "warmup" else 1):
+            raise ProfileError(f"{name} must be an integer >= {0 if name == 'warmup' else 1}, "
+                               f"got {value!r}")
+    if loss_fn is not None and target is None:
+        raise ProfileError("loss_fn needs a target batch")
+    sync = _synchronizer(sample.device)
+    timer = resolve_timer(timer, sample.device)
+    clock = time.process_time if timer == "cpu" else time.perf_counter
+
+    flops, act_bytes = _count_pass(mods, sample, target, loss_fn)
+    for _ in range(warmup):
+        _timed_pass(mods, sample, target, loss_fn, sync, clock)
+    fwd: list[list[float]] = [[] for _ in mods]
+    bwd: list[list[float]] = [[] for _ in mods]
+    for _ in range(repeats):
+        f, b = _timed_pass(mods, sample, target, loss_fn, sync, clock)
+        for i in range(len(mods)):
+            fwd[i].append(f[i])
+            bwd[i].append(b[i])
+    for mod in mods:
+        for p in mod.parameters():
+            p.grad = None
+    out = [
+        LayerProfile(names[i], median(fwd[i]), median(bwd[i]),
+                     sum(p.numel() for p in mods[i].parameters()), float(act_bytes[i]),
+                     float(flops[i]), type(mods[i]).__name__)
+        for i in range(len(mods))
+    ]
+    first_param = next((p for m in mods for p in m.parameters()), None)
+    meta = {
+        "format": FORMAT,
+        "device": str(sample.device),
+        "dtype": str(first_param.dtype if first_param is not None else sample.dtype),
+        "batch_shape": list(sample.shape),
+        "warmup": warmup,
+        "repeats": repeats,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "timer": timer,
+        **(metadata or {}),
+    }
+    return Profile(out, meta)
+
+
+def resolve_timer(timer: str, device: torch.device | str = "cpu") -> str:
+    """``auto`` -> ``cpu`` (process CPU time) on a CPU with one torch thread, else ``wall``."""
+    if timer not in ("auto", "wall", "cpu"):
+        raise ProfileError(f"unknown timer {timer!r}; valid are auto, wall, cpu")
+    if timer == "auto":
+        one_thread = torch.get_num_threads() == 1
+        return "cpu" if torch.device(device).type == "cpu" and one_thread else "wall"
+    return timer
+
+
+def _synchronizer(device: torch.device) -> Callable[[], None]:
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None
+
+
+def _layer_input(x: torch.Tensor, first: bool) -> torch.Tensor:
+    """Detached; a leaf that wants a gradient except for the first layer (as in the runtime:
+    nothing consumes the gradient of the model's input) and for token ids."""
+    return x.detach().requires_grad_(not first and (x.is_floating_point() or x.is_complex()))
+
+
+def _forward(mods, i, x, target, loss_fn):
+    y = mods[i](x)
+    if loss_fn is not None and i == len(mods) - 1:
+        y = loss_fn(y, target)
+    return y
+
+
+def _backward(y: torch.Tensor, grad: torch.Tensor | None) -> None:
+    if y.requires_grad:
+        if grad is None and y.numel() != 1:
+            grad = torch.ones_like(y)  # no loss: any output gradient times the same work
+        torch.autograd.backward(y, grad_tensors=grad)
+
+
+def _timed_pass(mods, sample, target, loss_fn, sync, clock) -> tuple[list[float], list[float]]:
+    """One forward and one backward, layer by layer, each layer timed on its own."""
+    xs, ys, f = [], [], []
+    x = sample
+    for i in range(len(mods)):
+        xi = _layer_input(x, i == 0)
+        sync()
+        t0 = clock()
+        y = _forward(mods, i, xi, target, loss_fn)
+        sync()
+        f.append(clock() - t0)
+        xs.append(xi)
+        ys.append(y)
+        x = y
+    b = [0.0] * len(mods)
+    grad = None
+    for i in reversed(range(len(mods))):
+        sync()
+        t0 = clock()
+        _backward(ys[i], grad)
+        sync()
+        b[i] = clock() - t0
+        grad = xs[i].grad
+    return f, b
+
+
+def _count_pass(mods, sample, target, loss_fn) -> tuple[list[int], list[int]]:
+    """FLOPs (forward + backward) and saved-activation bytes per layer, in one untimed pass."""
+    params = {p.untyped_storage().data_ptr() for m in mods for p in m.parameters()}
+    flops, saved = [], []
+    xs, ys = [], []
+    x = sample
+    for i in range(len(mods)):
+        xi = _layer_input(x, i == 0)
+        seen: dict[tuple[int, int], int] = {}
+
+        def pack(t: torch.Tensor, seen=seen) -> torch.Tensor:
+            if t.untyped_storage().data_ptr() not in params:
+                seen[(t.data_ptr(), t.nbytes)] = t.nbytes
+            return t
+
+        with FlopCounterMode(display=False) as counter, \
+                torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            y = _forward(mods, i, xi, target, loss_fn)
+        flops.append(counter.get_total_flops())
+        saved.append(sum(seen.values()))
+        xs.append(xi)
+        ys.append(y)
+        x = y
+    grad = None
+    for i in reversed(range(len(mods))):
+        with FlopCounterMode(display=False) as counter:
+            _backward(ys[i], grad)
+        flops[i] += counter.get_total_flops()
+        grad = xs[i].grad
+    return flops, saved

@@ -1,0 +1,88 @@
+"""The bubble sweep picture: bubble fraction and peak activation memory against m.
+
+Left: the simulated bubble of each schedule (markers) and its closed form (a line in the same
+colour) where one is known. Right: the peak activation memory on any rank. Together they show
+the trade-off when tuning m: more microbatches, a smaller bubble; under GPipe, more memory.
+
+>>> from pipebubble.sweep import sweep
+>>> fig = sweep_figure(sweep(["gpipe", "1f1b"], 4, [1, 2, 4, 8]), title="p=4")
+>>> [ax.get_xlabel() for ax in fig.axes]
+['microbatches m', 'microbatches m']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
+
+from ..sweep import SweepPoint
+from .plots import WIDTH_IN, new_figure
+from .style import schedule_color
+
+MARKERS = "osD^vP*X"
+
+
+def sweep_figure(points: Sequence[SweepPoint], title: str | None = None) -> Figure:
+    """Two panels side by side, one series per schedule (in the order first seen)."""
+    if not points:
+        raise ValueError("nothing to plot: the sweep has no points")
+    names = list(dict.fromkeys(p.schedule for p in points))
+    fig = new_figure(WIDTH_IN, 4.6)
+    fig.subplots_adjust(left=0.07, right=0.985, top=0.83, bottom=0.24, wspace=0.2)
+    bubble_ax, mem_ax = fig.subplots(1, 2)
+    ms = sorted({p.microbatches for p in points})
+    log_x = ms[-1] / ms[0] >= 8
+    handles = []
+    for k, name in enumerate(names):
+        pts = sorted((p for p in points if p.schedule == name), key=lambda p: p.microbatches)
+        color, marker = schedule_color(name), MARKERS[k % len(MARKERS)]
+        x = [p.microbatches for p in pts]
+        size = 4.5 if len(x) <= 40 else 3.0
+        # Later schedules get smaller hollow markers so equal values stay visible.
+        style = dict(color=color, marker=marker, linestyle="none", markersize=size + 2 - k,
+                     markerfacecolor="none" if k else color, markeredgewidth=1.1)
+        bubble_ax.plot(x, [100 * p.bubble_fraction for p in pts], **style)
+        closed = [(p.microbatches, p.closed_form_bubble) for p in pts
+                  if p.closed_form_bubble is not None]
+        if closed:
+            bubble_ax.plot([c[0] for c in closed], [100 * c[1] for c in closed], color=color,
+                           linewidth=1.2, alpha=0.8, zorder=1)
+        mem_ax.plot(x, [p.peak_memory for p in pts], linewidth=0.9, alpha=0.6, color=color)
+        mem_ax.plot(x, [p.peak_memory for p in pts], **style)
+        v = pts[0].chunks
+        label = name + (f" (v={v})" if v > 1 else "") + ", simulated"
+        handles.append(Line2D([], [], **style, label=label))
+    handles.append(Line2D([], [], color="#555555", linewidth=1.2,
+                          label="closed form (line in the schedule's colour)"))
+    if log_x and min(p.peak_memory for p in points) > 0:
+        # log-log: GPipe's m microbatches is a straight line, 1F1B's p a flat one.
+        mem_ax.set_yscale("log", base=2)
+        mem_ax.yaxis.set_major_locator(LogLocator(base=2))
+        mem_ax.yaxis.set_minor_locator(NullLocator())
+        mem_ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
+    else:
+        mem_ax.set_ylim(bottom=0)
+    bubble_ax.set_ylabel("bubble fraction (%)")
+    bubble_ax.set_ylim(bottom=0)
+    bubble_ax.set_title("bubble: idle / (ranks × step time)", fontsize=10, loc="left")
+    mem_ax.set_ylabel("peak activation memory (× M_B)")
+    mem_ax.set_title("peak activation memory on any rank", fontsize=10, loc="left")
+    for ax in (bubble_ax, mem_ax):
+        ax.set_xlabel("microbatches m")
+        ax.grid(color="#e3e3e3", linewidth=0.6)
+        for side in ("top", "right"):
+            ax.spines[side].set_visible(False)
+        if log_x:
+            ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_locator(LogLocator(base=2))
+            ax.xaxis.set_minor_locator(NullLocator())
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
+    ranks = points[0].ranks
+    fig.suptitle(title or f"bubble and activation memory against microbatches, p={ranks}",
+                 x=0.07, ha="left", fontsize=11, fontweight="bold")
+    fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 6), frameon=False,
+               fontsize=9, bbox_to_anchor=(0.5, 0.0))
+    return fig

@@ -1,0 +1,156 @@
+"""Chrome / Perfetto traces of Timelines (JSON Trace Event Format).
+
+Open the file in https://ui.perfetto.dev or chrome://tracing. Layout:
+
+- one *process* per rank (``pid``), named ``<label> rank r``; with several timelines
+  (predicted and measured, or several schedules) each gets its own block of processes;
+- one *thread* (track) per chunk: ``tid`` = chunk + 1, named ``stage s (chunk c)``, so an
+  interleaved or V-shaped schedule shows each of a rank's stages on its own line;
+- each action is a complete event (``ph: "X"``) named ``F3``/``B3``/..., category = kind,
+  with ``args`` stage, microbatch, action (``2F3``) and overlapped;
+- flow arrows (``ph: "s"`` then ``ph: "f"``, same ``id``) for every send → receive: from
+  F(s, m) to F(s+1, m) (the activation) and from the backward I/B(s, m) to I/B(s-1, m)
+  (the gradient). A flow starts just inside the end of its producer and binds to the
+  slice enclosing its consumer's start (``bp: "e"``);
+- a counter (``ph: "C"``) per rank, ``activation memory``, set at time 0 and at every change.
+
+Times: the format counts microseconds. Measured timelines are in seconds (1 s = 1e6 µs). The
+simulator's abstract units are written as **1 unit = 1 ms**, so F=1, B=2 reads as 1 ms and
+2 ms; ``otherData.time_scale`` says which scale a file uses. When any timeline is measured,
+all of them are taken to be in seconds (a prediction calibrated from a measurement).
+
+>>> from pipebubble import get_schedule, simulate
+>>> doc = trace_document([simulate(get_schedule("gpipe", 2, 2))])
+>>> sorted({e["ph"] for e in doc["traceEvents"]})
+['C', 'M', 'X', 'f', 's']
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..timeline import Timeline
+from .style import is_measured
+from .terminal import chunk_of_stage
+
+US_PER_SECOND = 1e6
+US_PER_UNIT = 1e3  # simulated: 1 unit = 1 ms
+
+
+def _us(x: float) -> float:
+    return round(x, 3)
+
+
+def trace_events(
+    timeline: Timeline, *, us_per_unit: float, pid_base: int = 0, flow_base: int = 0,
+    label: str | None = None,
+) -> list[dict]:
+    """All events of one timeline; ranks get pids ``pid_base .. pid_base + p - 1`` and flows
+    the integer ids ``flow_base, flow_base + 1, ...``."""
+    label = label or timeline.schedule
+    chunk = chunk_of_stage(timeline)
+    t0 = min(timeline.start, default=0.0)
+    events: list[dict] = []
+    for r in range(timeline.num_ranks):
+        pid = pid_base + r
+        events.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0,
+                       "args": {"name": f"{label} rank {r}"}})
+        events.append({"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0,
+                       "args": {"sort_index": pid}})
+        for s in range(timeline.num_stages):
+            if timeline.stage_to_rank[s] == r:
+                tid = chunk[s] + 1
+                events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
+                               "args": {"name": f"stage {s} (chunk {chunk[s]})"}})
+                events.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid,
+                               "args": {"sort_index": tid}})
+
+    # Slices, and where each (stage, microbatch)'s forward and backward ran.
+    fwd: dict[tuple[int, int], int] = {}
+    bwd: dict[tuple[int, int], int] = {}
+    slices: list[dict] = []
+    for i, e in enumerate(timeline.events()):
+        # Round the ends, not the duration, so back-to-back actions stay back to back.
+        ts = _us((e.start - t0) * us_per_unit)
+        dur = _us(_us((e.end - t0) * us_per_unit) - ts)
+        slices.append({
+            "name": f"{e.kind}{e.microbatch}", "cat": e.kind, "ph": "X", "ts": ts, "dur": dur,
+            "pid": pid_base + e.rank, "tid": chunk[e.stage] + 1,
+            "args": {"stage": e.stage, "microbatch": e.microbatch,
+                     "action": f"{e.stage}{e.kind}{e.microbatch}", "overlapped": e.overlapped},
+        })
+        if e.kind == "F":
+            fwd[e.stage, e.microbatch] = i
+        elif e.kind in ("B", "I"):
+            bwd[e.stage, e.microbatch] = i
+    events.extend(slices)
+
+    # Flows: activation F(s) -> F(s+1), gradient I/B(s) -> I/B(s-1).
+    edges = [(fwd[s, m], fwd[s + 1, m], "activation") for (s, m) in fwd if (s + 1, m) in fwd]
+    edges += [(bwd[s, m], bwd[s - 1, m], "gradient") for (s, m) in bwd if (s - 1, m) in bwd]
+    for n, (a, b, name) in enumerate(edges):
+        src, dst = slices[a], slices[b]
+        flow_id = flow_base + n
+        start = _us(src["ts"] + max(0.0, src["dur"] - min(1.0, src["dur"] / 2)))
+        events.append({"name": name, "cat": "flow", "ph": "s", "id": flow_id, "ts": start,
+                       "pid": src["pid"], "tid": src["tid"]})
+        events.append({"name": name, "cat": "flow", "ph": "f", "bp": "e", "id": flow_id,
+                       "ts": dst["ts"], "pid": dst["pid"], "tid": dst["tid"]})
+
+    # Memory counters: time 0, then every change.
+    name = "activation memory" + (" (bytes)" if timeline.source == "measured" else " (M_B)")
+    for r in range(timeline.num_ranks):
+        pid, cur = pid_base + r, 0.0
+        events.append({"name": name, "ph": "C", "ts": 0.0, "pid": pid, "tid": 0,
+                       "args": {"memory": 0.0}})
+        for e in timeline.events(r):
+            for t, delta in ((e.start, e.mem_start), (e.end, e.mem_end)):
+                if delta:
+                    cur += delta
+                    events.append({"name": name, "ph": "C", "ts": _us((t - t0) * us_per_unit),
+                                   "pid": pid, "tid": 0, "args": {"memory": cur}})
+    return events
+
+
+def trace_document(timelines: Sequence[Timeline], labels: Sequence[str] | None = None) -> dict:
+    """The whole JSON object: ``traceEvents`` plus ``otherData`` saying what and which scale."""
+    if not timelines:
+        raise ValueError("a trace needs at least one timeline")
+    if labels is None:
+        from .plots import default_labels
+
+        labels = default_labels(timelines)
+    measured = is_measured(timelines)
+    us_per_unit = US_PER_SECOND if measured else US_PER_UNIT
+    events: list[dict] = []
+    pid = flows = 0
+    for t, label in zip(timelines, labels, strict=True):
+        mine = trace_events(t, us_per_unit=us_per_unit, pid_base=pid, flow_base=flows,
+                            label=label)
+        events.extend(mine)
+        pid += t.num_ranks
+        flows += sum(1 for e in mine if e["ph"] == "s")
+    other = {
+        "generator": "pipebubble",
+        "time_scale": "measured: timestamps are real time (1 s = 1e6 us)" if measured else
+        "simulated: 1 cost-model unit = 1 ms (1000 us)",
+    }
+    for k, (t, label) in enumerate(zip(timelines, labels, strict=True)):
+        other[f"timeline {k}"] = (
+            f"{label}: {t.schedule}, p={t.num_ranks}, m={t.num_microbatches}, v={t.chunks}, "
+            f"{t.source}, step time {t.step_time:.6g}, bubble {t.bubble_fraction:.2%}"
+        )
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}
+
+
+def write_trace(path: str | Path, timelines: Sequence[Timeline],
+                labels: Sequence[str] | None = None) -> Path:
+    """Write the trace of ``timelines`` to ``path`` (compact JSON); return the path."""
+    path = Path(path)
+    if not path.parent.exists():
+        raise FileNotFoundError(f"directory {str(path.parent)!r} does not exist for {str(path)!r}")
+    doc = trace_document(timelines, labels)
+    path.write_text(json.dumps(doc, separators=(",", ":")))
+    return path

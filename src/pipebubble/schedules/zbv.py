@@ -1,0 +1,79 @@
+"""ZB-V (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", section 6).
+
+Two chunks per rank in the ``v`` placement: rank r holds stage r (chunk 0, on the way
+down) and stage 2p - 1 - r (chunk 1, on the way back up), so rank 0 holds both the first
+and the last stage and a microbatch's forward goes 0 → p-1 → 0 like a V, its backward the
+other way. The backward is split into I and W. Rank r runs, with c0 and c1 its two stages:
+
+1. 2(p - r) - 1 forwards of c0;
+2. r times: F c1, F c0;
+3. p - r times: F c1, I c1, W c1;
+4. steady state, while forwards remain: F c0, I c0, W c0, F c1, I c1, W c1;
+5. cool-down: r times I c0, I c1; p - r times I c0, W c0; then the remaining Ws.
+
+With F = I = W and m >= 2p - 1 no rank is ever idle between its first and last action
+("zero bubble", the paper drops the optimizer barrier), while rank 0 holds at most 2p chunk
+activations = p rank-shares, the same as 1F1B. For m < 2p - 1 the schedule is built for
+2p - 1 microbatches and the actions of the missing ones are dropped (as PyTorch's
+``ScheduleZBVZeroBubble`` does).
+"""
+
+from __future__ import annotations
+
+from ..formulas import zbv_closed_form
+from ..schedule import Action, Schedule, make_schedule
+from .registry import ScheduleSpec, register
+
+
+def zbv(ranks: int, microbatches: int, chunks: int = 2) -> Schedule:
+    p, m = ranks, microbatches
+    n = max(m, 2 * p - 1)
+    orders = [[a for a in _rank_order(p, n, r) if a.microbatch < m] for r in range(p)]
+    return make_schedule("zbv", orders, 2 * p, m, placement="v")
+
+
+def _rank_order(p: int, n: int, r: int) -> list[Action]:
+    """Rank r's steps 1-5 above for n microbatches."""
+    c0, c1 = r, 2 * p - 1 - r
+    nxt = {(c, k): 0 for c in (c0, c1) for k in "FIW"}
+    order: list[Action] = []
+
+    def run(stage: int, kinds: str) -> None:
+        for k in kinds:
+            order.append(Action(stage, k, nxt[stage, k]))
+            nxt[stage, k] += 1
+
+    run(c0, "F" * (2 * (p - r) - 1))
+    for _ in range(r):
+        run(c1, "F")
+        run(c0, "F")
+    for _ in range(p - r):
+        run(c1, "FIW")
+    while nxt[c1, "F"] < nxt[c0, "F"] or nxt[c0, "F"] < n:
+        run(c0, "FIW" if nxt[c0, "F"] < n else "IW")
+        run(c1, "FIW")
+    for _ in range(r):
+        run(c0, "I")
+        run(c1, "I")
+    for _ in range(p - r):
+        run(c0, "IW")
+    run(c1, "W" * (nxt[c1, "I"] - nxt[c1, "W"]))
+    run(c0, "W" * (nxt[c0, "I"] - nxt[c0, "W"]))
+    return order
+
+
+register(
+    ScheduleSpec(
+        "zbv",
+        zbv,
+        "V placement (2 chunks), split backward: no bubble within a rank's span at 1F1B's "
+        "memory when F = I = W (Qi et al. 2024)",
+        chunks=2,
+        min_chunks=2,
+        fixed_chunks=True,
+        split_backward=True,
+        aliases=("zb-v", "zbvzerobubble"),
+        closed_form=zbv_closed_form,
+        closed_form_basis="span",
+    )
+)

@@ -1,0 +1,129 @@
+"""Bubble sweeps: simulate schedules over a range of microbatch counts.
+
+The lesson's trade-off when tuning m: more microbatches shrink the bubble,
+(p - 1)/(m + p - 1) for GPipe and 1F1B, but under GPipe every rank holds all m microbatches'
+activations before the first backward, while 1F1B holds at most p. A sweep puts numbers on
+both sides: one :class:`SweepPoint` per (schedule, m) with the simulated bubble, the closed
+form where one is known, and the peak activation memory.
+
+>>> parse_range("1..4,8,16..32:8", "--microbatches")
+[1, 2, 3, 4, 8, 16, 24, 32]
+>>> pts = sweep(["gpipe", "1f1b"], ranks=4, microbatches=[8])
+>>> [(p.schedule, round(p.bubble_fraction, 4), p.peak_memory) for p in pts]
+[('gpipe', 0.2727, 8.0), ('1f1b', 0.2727, 4.0)]
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, fields
+from typing import TextIO
+
+from .costs import CostModel
+from .schedule import ScheduleError
+from .schedules import closed_form_bubble, get_schedule, lookup
+from .simulate import simulate
+
+MAX_POINTS = 100_000
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One simulated (schedule, m): what the sweep's CSV holds, one row each."""
+
+    schedule: str
+    ranks: int
+    chunks: int
+    microbatches: int
+    step_time: float
+    bubble_fraction: float
+    closed_form_bubble: float | None
+    peak_activations: int  # the most in-flight microbatches on any rank
+    peak_memory: float  # the most activation memory on any rank (units of M_B by default)
+
+
+def parse_range(text: str, flag: str = "range") -> list[int]:
+    """Integers from ``8``, ``1..128`` (inclusive), ``1..128:4`` (step) or a comma list of
+    those; sorted, duplicates dropped. Every value must be >= 1."""
+    values: set[int] = set()
+    for part in (p.strip() for p in str(text).split(",")):
+        lo_text, dots, rest = part.partition("..")
+        hi_text, colon, step_text = rest.partition(":")
+        try:
+            lo = int(lo_text)
+            hi = int(hi_text) if dots else lo
+            step = int(step_text) if colon else 1
+        except ValueError:
+            raise ValueError(
+                f"{flag}: cannot read {part!r}; use N, A..B or A..B:STEP (e.g. 1..128), "
+                "comma-separated"
+            ) from None
+        if step < 1:
+            raise ValueError(f"{flag}: bad step in {part!r}; use A..B:STEP with STEP >= 1")
+        if lo < 1:
+            raise ValueError(f"{flag} must be >= 1, got {lo} in {part!r}")
+        if hi < lo:
+            raise ValueError(f"{flag}: empty range {part!r} (end {hi} < start {lo})")
+        if (hi - lo) // step + 1 + len(values) > MAX_POINTS:
+            raise ValueError(f"{flag}: {part!r} has too many values (at most {MAX_POINTS})")
+        values.update(range(lo, hi + 1, step))
+    return sorted(values)
+
+
+def sweep(
+    schedules: Sequence[str],
+    ranks: int,
+    microbatches: Iterable[int],
+    costs: CostModel | None = None,
+    chunks: int | None = None,
+    on_point: Callable[[], None] | None = None,
+) -> list[SweepPoint]:
+    """Simulate every schedule at every m; return the points, schedule by schedule.
+
+    ``chunks`` goes only to schedules that take a variable number of chunks. A (schedule, m)
+    the generator refuses (say, m not a multiple of p for an interleaved schedule) is left
+    out; an unknown schedule name raises before anything runs. ``on_point`` is called after
+    each point (progress bars).
+    """
+    costs = costs or CostModel()
+    specs = [lookup(name) for name in schedules]
+    ms = list(microbatches)
+    out = []
+    for spec in specs:
+        v = chunks if (chunks and not spec.fixed_chunks) else None
+        for m in ms:
+            try:
+                schedule = get_schedule(spec.name, ranks, m, v)
+                timeline = simulate(schedule, costs)
+            except ScheduleError:
+                if on_point:
+                    on_point()
+                continue
+            try:
+                sc = costs.resolve(schedule.num_stages, schedule.chunks)
+                closed = closed_form_bubble(spec.name, ranks, m, schedule.chunks, sc)
+            except ScheduleError:
+                closed = None
+            stats = timeline.rank_stats()
+            out.append(SweepPoint(
+                schedule=spec.name, ranks=ranks, chunks=schedule.chunks, microbatches=m,
+                step_time=timeline.step_time, bubble_fraction=timeline.bubble_fraction,
+                closed_form_bubble=closed,
+                peak_activations=max(s.peak_activations for s in stats),
+                peak_memory=max(s.peak_memory for s in stats),
+            ))
+            if on_point:
+                on_point()
+    return out
+
+
+def write_csv(points: Sequence[SweepPoint], out: TextIO) -> None:
+    """One header line, then one row per point; a missing closed form is an empty cell."""
+    names = [f.name for f in fields(SweepPoint)]
+    writer = csv.DictWriter(out, fieldnames=names, lineterminator="\n")
+    writer.writeheader()
+    for p in points:
+        row = asdict(p)
+        row["closed_form_bubble"] = "" if p.closed_form_bubble is None else p.closed_form_bubble
+        writer.writerow(row)
