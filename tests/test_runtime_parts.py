@@ -104,3 +104,15 @@ def test_measured_comm_counts_only_waiting_consumers():
     tl, _ = measured_timeline(get_schedule("gpipe", 2, 2),
                               [_result(0, 0.0, ev[:2]), _result(1, 0.0, ev[2:])])
     assert measured_comm(tl) == pytest.approx(0.25)
+
+
+def test_compare_shows_the_2d_step(capsys):
+    import json
+
+    from pipebubble.cli import main
+
+    assert main(["compare", "-p", "4", "-m", "8", "--dp", "2", "--allreduce", "2", "--json"]) == 0
+    rows = {r["schedule"]: r for r in json.loads(capsys.readouterr().out)}
+    # GPipe: rank 0 ends last at 33 and then all-reduces its stage for 2: 35
+    assert rows["gpipe"]["step_time"] == 33 and rows["gpipe"]["step_time_with_allreduce"] == 35
+    assert rows["gpipe"]["dp"] == 2

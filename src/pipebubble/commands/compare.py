@@ -9,6 +9,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from ..runtime.dataparallel import add_dp_flags, dp_fields, with_allreduce
 from ..schedule import ScheduleError
 from ..schedules import get_schedule, lookup, schedule_names
 from ..simulate import simulate
@@ -34,13 +35,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chunks", "-v", type=positive_int("--chunks"), default=None, metavar="V",
                    help="chunks for schedules that take a variable number (default: their own)")
     add_cost_flags(p)
+    add_dp_flags(p)
     add_figure_flags(p)
     p.add_argument("--json", action="store_true", help="print a JSON list and nothing else")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    costs = costs_from_args(args)
+    costs = with_allreduce(costs_from_args(args), args)
     rows, skipped = [], []
     for name in schedule_names():
         spec = lookup(name)
@@ -55,22 +57,30 @@ def run(args: argparse.Namespace) -> int:
                      closed_form_basis(schedule)))
     write_figures(args, [t for _, t, _, _ in rows], f"p={args.ranks} m={args.microbatches}")
     if args.json:
-        print_json([timeline_json(t, c, events=False, basis=b) for _, t, c, b in rows])
+        out = [timeline_json(t, c, events=False, basis=b) for _, t, c, b in rows]
+        if args.dp > 1:
+            for obj, (_, t, _, _) in zip(out, rows, strict=True):
+                obj.update(dp_fields(t, costs, args.dp))
+        print_json(out)
         for name, why in skipped:
             sys.stderr.write(f"pipebubble: skipped {name}: {why}\n")
         return 0
     table = Table(title=f"p={args.ranks} m={args.microbatches}", caption=_CAPTION,
                   box=box.SIMPLE_HEAD, caption_justify="left")
-    for col in ("schedule", "v", "step\ntime", "bubble", "span\nbubble", "closed\nform",
-                "act\nr0", "mem\nr0", "mem\nmax"):
+    dp_col = (f"step+AR\ndp={args.dp}",) if args.dp > 1 else ()
+    for col in ("schedule", "v", "step\ntime", *dp_col, "bubble", "span\nbubble",
+                "closed\nform", "act\nr0", "mem\nr0", "mem\nmax"):
         table.add_column(col, justify="right", no_wrap=True)
     for schedule, t, closed, basis in rows:
         stats = t.rank_stats()
         form = "—" if closed is None else f"{closed:.2%}" + ("*" if basis == "span" else " ")
+        ar = ((f"{dp_fields(t, costs, args.dp)['step_time_with_allreduce']:.4g}",)
+              if dp_col else ())
         table.add_row(
-            schedule.name, str(schedule.chunks), f"{t.step_time:.4g}", f"{t.bubble_fraction:.2%}",
-            f"{span_bubble(t):.2%}", form, str(stats[0].peak_activations),
-            f"{stats[0].peak_memory:.4g}", f"{max(s.peak_memory for s in stats):.4g}",
+            schedule.name, str(schedule.chunks), f"{t.step_time:.4g}", *ar,
+            f"{t.bubble_fraction:.2%}", f"{span_bubble(t):.2%}", form,
+            str(stats[0].peak_activations), f"{stats[0].peak_memory:.4g}",
+            f"{max(s.peak_memory for s in stats):.4g}",
         )
     console = Console()
     console.print(table)
