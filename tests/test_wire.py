@@ -133,3 +133,16 @@ def test_wire_command(capsys):
     assert rows["naive"]["deadlock"] and rows["naive"]["stuck"]["0"]["at"] == "0SEND_F1"
     assert not rows["parity"]["deadlock"] and not rows["batched"]["deadlock"]
     assert out["compute_only_step_time"] == 15  # (4 + 2 - 1) x 3
+
+
+@pytest.mark.parametrize("name", schedule_names())
+def test_registered_schedules_buffered_equal_simulate(name):
+    # overlapped pairs (DualPipe's F&B) stay one step: both inputs first, both outputs after
+    s = get_schedule(name, 4, 8)
+    c = CostModel(f=1, b=2, w=1, comm=0.25, overlap=0.8)
+    ref = simulate(s, c)
+    for ordering in ("naive", "batched"):
+        got = run_wire(lower(s, ordering), c, blocking=False).timeline
+        assert got.step_time == pytest.approx(ref.step_time)
+        assert sorted(got.start) == pytest.approx(sorted(ref.start))
+    run_wire(lower(s, "batched"), c, blocking=True)  # completes with blocking sends too

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from .costs import CostModel, StageCosts
-from .schedule import Action, Schedule, ScheduleError, step_actions
+from .schedule import Action, Overlap, Schedule, ScheduleError, step_actions
 from .simulate import Deadlock
 from .timeline import Event, Timeline
 
@@ -97,7 +97,7 @@ class Batch(NamedTuple):
     __repr__ = __str__
 
 
-WireStep = Action | Comm | Batch
+WireStep = Action | Overlap | Comm | Batch
 
 
 @dataclass(frozen=True)
@@ -154,8 +154,8 @@ def outputs_of(action: Action, where: tuple[int, ...], rank: int,
 def lower(schedule: Schedule, ordering: str = "batched") -> WireSchedule:
     """Insert each rank's SEND/RECV operations, posted in ``ordering`` (see module doc).
 
-    Overlapped pairs are lowered as their forward then their backward: the runtime runs
-    them in sequence.
+    An overlapped pair (DualPipe's F&B) stays one step: both parts' receives come before
+    it and both parts' sends after it; the runtime runs its two parts in sequence.
     """
     if ordering not in ORDERINGS:
         raise ScheduleError(f"unknown p2p ordering {ordering!r}; valid are {', '.join(ORDERINGS)}")
@@ -163,11 +163,13 @@ def lower(schedule: Schedule, ordering: str = "batched") -> WireSchedule:
     starts = chain_starts(schedule)
     orders = []
     for r in range(schedule.num_ranks):
-        comps = [a for step in schedule.orders[r] for a in step_actions(step)]
+        comps = schedule.orders[r]
         out: list[WireStep] = []
         for k in range(len(comps) + 1):
-            sends = outputs_of(comps[k - 1], where, r, starts) if k > 0 else []
-            recvs = inputs_of(comps[k], where, r, starts) if k < len(comps) else []
+            before = step_actions(comps[k - 1]) if k > 0 else ()
+            after = step_actions(comps[k]) if k < len(comps) else ()
+            sends = [c for a in before for c in outputs_of(a, where, r, starts)]
+            recvs = [c for a in after for c in inputs_of(a, where, r, starts)]
             if ordering == "batched":
                 if sends or recvs:
                     out.append(Batch(tuple(sends + recvs)))
@@ -268,7 +270,7 @@ def run_wire(
             while ptr[r] < len(order):
                 step = order[ptr[r]]
                 lazy = isinstance(step, Batch)
-                if isinstance(step, Action):
+                if isinstance(step, Action | Overlap):
                     t = _compute(step, r, now[r], sc, where, avail[r], events, starts)
                     if t is None:
                         break
@@ -311,9 +313,43 @@ def run_wire(
     return WireResult(timeline, comm_done)
 
 
-def _compute(a: Action, r: int, t: float, sc: StageCosts, where, avail, events,
+def _compute(step: Action | Overlap, r: int, t: float, sc: StageCosts, where, avail, events,
              starts) -> float | None:
-    """Run compute ``a`` on rank r at time t if its inputs are present; return its end."""
+    """Run ``step`` on rank r at time t if its inputs are present; return its end.
+
+    An Overlap starts when both parts may and lasts ``overlap x (F + B)``, as in simulate.
+    """
+    if isinstance(step, Overlap):
+        times = [_ready(a, where, avail, starts) for a in (step.forward, step.backward)]
+        if times[0] is None or times[1] is None:
+            return None
+        t0 = max([t, *times[0], *times[1]])
+        mid = _compute_one(step.forward, r, t0, sc, where, avail, events, starts, sc.overlap,
+                           True)
+        return _compute_one(step.backward, r, mid, sc, where, avail, events, starts,
+                            sc.overlap, True)
+    return _compute_one(step, r, t, sc, where, avail, events, starts)
+
+
+def _ready(a: Action, where, avail, starts) -> list[float] | None:
+    """When ``a``'s inputs arrived ([] if it needs none), or None if one is missing."""
+    s, k, m = a
+    need = []
+    if k == "F" and s > 0 and _feeds(s - 1, where, starts):
+        need.append(("act", s, m))
+    if k in ("B", "I") and _feeds(s, where, starts):
+        need.append(("grad", s, m))
+    if k in ("B", "I"):
+        need.append(("F", s, m))
+    if k == "W":
+        need.append(("I", s, m))
+    if any(n not in avail for n in need):
+        return None
+    return [avail[n] for n in need]
+
+
+def _compute_one(a: Action, r: int, t: float, sc: StageCosts, where, avail, events, starts,
+                 scale: float = 1.0, overlapped: bool = False) -> float | None:
     s, k, m = a
     need = None
     if k == "F" and s > 0 and _feeds(s - 1, where, starts):
@@ -328,9 +364,9 @@ def _compute(a: Action, r: int, t: float, sc: StageCosts, where, avail, events,
         if need not in avail:
             return None
         t = max(t, avail[need])
-    end = t + sc.duration(s, k)
+    end = t + sc.duration(s, k) * scale
     lo, hi = sc.memory_deltas(s, k)
-    events.append(Event(r, s, k, m, t, end, lo, hi))
+    events.append(Event(r, s, k, m, t, end, lo, hi, overlapped))
     avail[k, s, m] = end
     if k == "F" and _feeds(s, where, starts) and where[s + 1] == r:
         avail["act", s + 1, m] = end
@@ -345,7 +381,7 @@ def _wire_deadlock(wired, ptr, send_post, recv_post, blocking) -> WireDeadlock:
         if ptr[r] >= len(order):
             continue
         step = order[ptr[r]]
-        if isinstance(step, Action):
+        if isinstance(step, Action | Overlap):
             stuck[r] = (str(step), "its input")
             continue
         waits = []

@@ -33,7 +33,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..models import ModelSpec, build_model
-from ..schedule import Action, Schedule, ScheduleError, validate
+from ..schedule import Action, Overlap, Schedule, ScheduleError, step_actions, validate
 from ..schedules import get_schedule
 from ..wire import Batch, lower, pair_order_mismatches
 from .clock import WallClock
@@ -259,12 +259,16 @@ class Worker:
         computes = 0
         order = self.wired.orders[self.rank]
         for i, op in enumerate(order):
-            if isinstance(op, Action):
+            if isinstance(op, Action | Overlap):
                 if self.fault and index == self.cfg.warmup and self.fault[1] == self.g \
                         and computes == self.fault[2]:
                     _inject(self.fault[0], self.g, op)
                 wd.at(f"{op} (compute)", False)
-                interp.run(op)
+                if hasattr(interp, "run_step"):  # an Overlap's two parts run in sequence
+                    interp.run_step(op)
+                else:
+                    for a in step_actions(op):
+                        interp.run(a)
                 computes += 1
             else:
                 self.transport.run(op, self._next_batch.get(i))
