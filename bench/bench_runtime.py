@@ -9,7 +9,7 @@
 
 Each figure is the minimum over repeats (the run least disturbed by other work).
 
-    python bench/bench_runtime.py [--width 1024] [--repeat 20]
+    python bench/bench_runtime.py [--model transformer] [--width 1024] [--repeat 20]
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import time
 import torch
 
 from pipebubble.calibrate import stage_times
-from pipebubble.models import mlp
+from pipebubble.models import mlp, transformer
 from pipebubble.runtime.local import run_local
 from pipebubble.runtime.stages import split_stages
 from pipebubble.schedule import Action, make_schedule
@@ -55,15 +55,20 @@ def best(fn, repeat: int):
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--width", type=int, default=512)
+    ap.add_argument("--model", default="mlp", help="mlp or transformer (dim = --width)")
+    ap.add_argument("--width", type=int, default=None, help="mlp width (512) / dim (64)")
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--microbatches", type=int, default=8)
-    ap.add_argument("--rows", type=int, default=32, help="rows per microbatch")
+    ap.add_argument("--rows", type=int, default=32, help="samples per microbatch (mlp)")
     ap.add_argument("--repeat", type=int, default=10)
     args = ap.parse_args()
     torch.set_num_threads(1)
     p, m = args.ranks, args.microbatches
-    spec = mlp(2 * p, args.width)
+    if args.model == "transformer":
+        spec = transformer(layers=2 * p - 2, dim=args.width or 64, vocab=4096, seq=32)
+        args.rows = min(args.rows, 4)
+    else:
+        spec = mlp(2 * p, args.width or 512)
     stages = split_stages(spec.layers, p)
     x, y = spec.make_batch(args.rows * m, torch.Generator().manual_seed(0))
 
@@ -82,7 +87,8 @@ def main() -> None:
     split = stage_times(step(split_1f1b(p, m)).timeline)
     rec = stage_times(step(get_schedule("1f1b", p, m), recompute=True).timeline)
     b = total(fused, "B")
-    print(f"mlp width {args.width}, {p} stages x 2 blocks, {m} microbatches of {args.rows} rows"
+    print(f"{spec.name} width {args.width or 'default'}, {p} stages x 2 layers, {m} "
+          f"microbatches of {args.rows} samples"
           f" (median per stage, summed; best of {args.repeat} steps)")
     print(f"1. split backward: (I + W) / B = {total(split, 'IW') / b:.3f}"
           f"   (I {total(split, 'I') * 1e3:.3f} ms + W {total(split, 'W') * 1e3:.3f} ms"

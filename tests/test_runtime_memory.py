@@ -171,3 +171,61 @@ def test_cuda_allocator_peaks_are_recorded():
     r = run_local(get_schedule("1f1b", 2, 4), stages, x.to(dev), y.to(dev), loss_fn,
                   device=dev)
     assert r.allocator_peak is not None and r.allocator_peak >= max(r.peak_bytes)
+
+
+class FlopClock:
+    """A clock that counts each action's FLOPs (torch.utils.flop_counter) as its duration:
+    deterministic, so tests can compare compute without timing anything."""
+
+    source = "flops"
+
+    def __init__(self, ranks):
+        from pipebubble.runtime.clock import VirtualClock
+
+        self.inner = VirtualClock(ranks)
+        self.flops = {}
+
+    def time(self, rank, action, earliest, work, overlapped=False):
+        from torch.utils.flop_counter import FlopCounterMode
+
+        with FlopCounterMode(display=False) as fc:
+            out = work()
+        self.flops[action] = fc.get_total_flops()
+        start = max(self.inner.now[rank], earliest)
+        self.inner.now[rank] = start + self.flops[action]
+        return start, self.inner.now[rank], out
+
+    def arrival(self, t, cross_rank):
+        return t
+
+
+def flops_by_stage(schedule, recompute, problem):
+    stages, _, x, y, loss_fn = problem
+    clock = FlopClock(schedule.num_ranks)
+    run_local(schedule, stages, x, y, loss_fn, clock=clock, recompute=recompute)
+    out = {}
+    for a, f in clock.flops.items():
+        out.setdefault((a.stage, a.kind), set()).add(f)
+    assert all(len(v) == 1 for v in out.values())  # equal microbatches: equal compute
+    return {k: v.pop() for k, v in out.items()}
+
+
+@pytest.mark.parametrize("problem", ["mlp", "transformer"])
+def test_split_adds_no_compute_and_recompute_adds_one_forward(problem):
+    """FLOPs: I + W == B (W does not re-run the activation path); with recomputation the
+    backward costs F + B, which is what CostModel(recompute=True) charges."""
+    p, m = 2, 4
+
+    def make():
+        if problem == "mlp":
+            return mlp_problem(p, N * m, W, 2)
+        return transformer_problem(p, m)
+
+    fused = flops_by_stage(get_schedule("1f1b", p, m), False, make())
+    split = flops_by_stage(greedy_schedule(p, 1, m, split=True), False, make())
+    rec = flops_by_stage(get_schedule("1f1b", p, m), True, make())
+    for s in range(p):
+        assert fused[s, "B"] > 0 and split[s, "W"] > 0
+        assert split[s, "I"] + split[s, "W"] == fused[s, "B"]
+        assert rec[s, "B"] == fused[s, "F"] + fused[s, "B"]
+        assert rec[s, "F"] == fused[s, "F"]
