@@ -66,26 +66,27 @@ def main() -> None:
     stages = split_stages(spec.layers, p)
     x, y = spec.make_batch(args.rows * m, torch.Generator().manual_seed(0))
 
-    def measure(schedule, recompute=False):
-        best = None
-        for _ in range(args.repeat + 1):  # the first is a warm-up
-            for s in stages:
-                s.zero_grad(set_to_none=True)
-            r = run_local(schedule, stages, x, y, spec.loss_fn, recompute=recompute)
-            if best is None or r.timeline.step_time < best.timeline.step_time:
-                best = r
-        return best
-
     one_f_one_b = get_schedule("1f1b", p, m)
-    plain = measure(one_f_one_b)
-    costs = calibrated_costs(plain.timeline, False, plain.input_bytes)
-    m_b = costs.activation_memory
     rows = [
         ("gpipe", get_schedule("gpipe", p, m), False),
         ("1f1b", one_f_one_b, False),
         ("1f1b + recompute", one_f_one_b, True),
         ("1f1b, split I/W", zb_like(p, m), False),
     ]
+    # The variants take turns, so a busy spell on a shared machine slows them alike; each
+    # keeps its fastest step. The first round is a warm-up.
+    results: dict = {}
+    for i in range(args.repeat + 1):
+        for label, schedule, rec in rows:
+            for s in stages:
+                s.zero_grad(set_to_none=True)
+            r = run_local(schedule, stages, x, y, spec.loss_fn, recompute=rec)
+            if i and (label not in results
+                      or r.timeline.step_time < results[label].timeline.step_time):
+                results[label] = r
+    plain = results["1f1b"]
+    costs = calibrated_costs(plain.timeline, False, plain.input_bytes)
+    m_b = costs.activation_memory
     console = Console()
     console.print(f"[bold]{spec.name}, {len(spec.layers)} layers in {p} stages, {m} microbatches"
                   f" of {args.rows} samples[/bold]; M_B per stage (bytes): "
@@ -96,10 +97,8 @@ def main() -> None:
     for r in range(p):
         table.add_column(f"rank {r}", justify="right")
     table.add_column("step: measured / predicted", justify="right")
-    results = {}
     for label, schedule, rec in rows:
-        res = plain if (schedule is one_f_one_b and not rec) else measure(schedule, rec)
-        results[label] = res
+        res = results[label]
         if schedule.uses_split_backward():
             # what I keeps for W (M_W) and the I/W times are only known from a split run
             model = calibrated_costs(res.timeline, False, res.input_bytes)

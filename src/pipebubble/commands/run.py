@@ -211,22 +211,27 @@ def check_against_unsplit(setup: RunSetup, loss: float) -> tuple[float, float]:
 
 
 # ---- the local path ------------------------------------------------------------------------
-def run_local_step(setup: RunSetup, recompute: bool, warmup: int = 1, repeat: int = 1):
-    """``warmup`` unmeasured steps, then ``repeat`` measured ones; return the fastest.
+def run_local_steps(setup: RunSetup, recompute: list[bool], warmup: int = 1,
+                    repeat: int = 1) -> list:
+    """One measured step per entry of ``recompute``: the fastest of ``repeat``.
 
-    Gradients are zeroed before each step, so after the call they are those of one step
-    (every step computes the same gradients: the weights do not change).
+    The variants take turns (warm-up steps first), so that a busy spell on a shared
+    machine slows them alike. Gradients are zeroed before each step, so afterwards they are
+    those of one step of the last variant (every step computes the same gradients: the
+    weights do not change).
     """
     from ..runtime.local import run_local
 
-    best = None
+    best: list = [None] * len(recompute)
     for i in range(warmup + repeat):
-        for st in setup.stages:
-            st.zero_grad(set_to_none=True)
-        result = run_local(setup.schedule, setup.stages, setup.inputs, setup.targets,
-                           setup.spec.loss_fn, recompute=recompute, device=setup.device)
-        if i >= warmup and (best is None or result.timeline.step_time < best.timeline.step_time):
-            best = result
+        for k, rec in enumerate(recompute):
+            for st in setup.stages:
+                st.zero_grad(set_to_none=True)
+            result = run_local(setup.schedule, setup.stages, setup.inputs, setup.targets,
+                               setup.spec.loss_fn, recompute=rec, device=setup.device)
+            if i >= warmup and (best[k] is None
+                                or result.timeline.step_time < best[k].timeline.step_time):
+                best[k] = result
     return best
 
 
@@ -273,10 +278,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
     torch.set_num_threads(args.threads)
     setup = build_setup(args, reference=args.check)
-    plain = None
-    if args.recompute:
-        plain = run_local_step(setup, False, args.warmup, args.repeat)
-    result = run_local_step(setup, args.recompute, args.warmup, args.repeat)
+    variants = [False, True] if args.recompute else [False]
+    *rest, result = run_local_steps(setup, variants, args.warmup, args.repeat)
+    plain = rest[0] if rest else None
     report = analyse(setup, result.timeline, result.loss, result.peak_bytes, args.recompute,
                      result.input_bytes, result.allocator_peak)
     if args.check:
