@@ -247,9 +247,9 @@ def recompute_trade(setup: RunSetup, plain, rec, rec_report: RunReport) -> dict:
     rec_bwd = _backward_total(stage_times(rec.timeline))
     f_total = sum(x or 0.0 for x in stage_times(plain.timeline)["F"])
     return {
-        "peak_bytes_without": max(plain.peak_bytes),
-        "peak_bytes_with": max(rec.peak_bytes),
-        "predicted_peak_bytes_with": max(s.peak_memory for s in model.rank_stats()),
+        "peak_bytes_without": list(plain.peak_bytes),
+        "peak_bytes_with": list(rec.peak_bytes),
+        "predicted_peak_bytes_with": [s.peak_memory for s in model.rank_stats()],
         "backward_time_without": plain_bwd,
         "backward_time_with": rec_bwd,
         "predicted_backward_time_with": plain_bwd + f_total,
@@ -357,18 +357,22 @@ def print_report(report: RunReport, console: Console, width: int | None = None) 
                    show_edge=False)
         for col in ("", "without", "with (measured)", "with (cost model)"):
             rt.add_column(col, justify="right")
-        rt.add_row("peak activation memory (max over ranks)", _bytes(tr["peak_bytes_without"]),
-                   _bytes(tr["peak_bytes_with"]), _bytes(tr["predicted_peak_bytes_with"]))
-        rt.add_row("backward time (sum over stages, median)", _ms(tr["backward_time_without"]),
+        for r, (a, b, c) in enumerate(zip(tr["peak_bytes_without"], tr["peak_bytes_with"],
+                                          tr["predicted_peak_bytes_with"], strict=True)):
+            rt.add_row(f"peak memory, rank {r}", _bytes(a), _bytes(b), _bytes(c))
+        rt.add_row("backward (medians summed)", _ms(tr["backward_time_without"]),
                    _ms(tr["backward_time_with"]), _ms(tr["predicted_backward_time_with"]))
         rt.add_row("step time", _ms(tr["step_time_without"]), _ms(tr["step_time_with"]),
                    _ms(tr["predicted_step_time_with"]))
         console.print(rt)
-        saved = 1 - tr["peak_bytes_with"] / tr["peak_bytes_without"]
+        saved = 1 - sum(tr["peak_bytes_with"]) / sum(tr["peak_bytes_without"])
+        first = 1 - tr["peak_bytes_with"][0] / tr["peak_bytes_without"][0]
         added = tr["backward_time_with"] / tr["backward_time_without"] - 1
-        console.print(f"recomputation saves {saved:.1%} of the peak activation memory and adds "
-                      f"{added:.1%} to the backward time (the cost model: one more forward per "
-                      "backward)")
+        model = tr["predicted_backward_time_with"] / tr["backward_time_without"] - 1
+        console.print(f"recomputation saves {first:.1%} of rank 0's peak activation memory "
+                      f"({saved:.1%} of the peaks summed over ranks) and adds {added:.1%} to "
+                      f"the backward time; the cost model (one more forward per backward) "
+                      f"says {model:+.1%}")
 
 
 def _ms(seconds: float) -> str:
