@@ -1,5 +1,13 @@
 """Executors: run a Schedule on real tensors (one process now; torch.distributed later).
 
-The stage interpreter (``interpreter.py``) has one handler per action kind and does not know
-which schedule it runs; tensors reach it through a transport (``transport.py``).
+- ``interpreter.py``: the stage interpreter, one handler per action kind (F, B, I, W, and
+  Overlap steps), recomputation; it does not know which schedule it runs.
+- ``split.py``: the split backward (I now, W later) on any autograd graph.
+- ``memory.py``: the activation bytes a stage holds for its backward, CUDA allocator peaks.
+- ``clock.py``: per-rank virtual clock (measured or cost-model durations), wall clock.
+- ``transport.py``: how activations and gradients reach the next stage (in process here).
+- ``local.py``: every rank in one process, taking turns (``run_local``).
+- ``pipeline.py``: the lesson's ``Pipeline`` and ``PipelineStage``.
+- ``stages.py``: cut a layer list into stages (even split or given boundaries).
+- ``calibrated.py``: CostModel from a measured run, and the simulator's prediction.
 """

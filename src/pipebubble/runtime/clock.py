@@ -3,7 +3,10 @@
 - :class:`VirtualClock` is the lesson's per-stage clock for one process: stages run one after
   another for real, but each rank keeps its own clock, and an action starts at
   ``max(rank's clock, arrival of its inputs)``. Its duration is measured (``costs=None``) or
-  taken from a cost model, in which case the timeline equals ``simulate``'s.
+  taken from a cost model, in which case the timeline equals ``simulate``'s (an overlapped
+  F&B pair takes ``costs.overlap`` of the sum of its parts, as in the simulator). On CUDA
+  (``device``) it synchronises before and after each action so the measured time is the
+  kernels', not the launch's.
 - :class:`WallClock` records real start and end times (one process per rank), relative to
   an origin set when the step begins.
 """
@@ -14,15 +17,18 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+import torch
+
 from ..costs import StageCosts
 from ..schedule import Action
 
 
 class Clock(Protocol):
     def time(
-        self, rank: int, action: Action, earliest: float, work: Callable[[], Any]
+        self, rank: int, action: Action, earliest: float, work: Callable[[], Any],
+        overlapped: bool = False,
     ) -> tuple[float, float, Any]:
-        """Run ``work``; return (start, end, its result)."""
+        """Run ``work``; return (start, end, its result). ``overlapped``: part of an Overlap."""
 
     def arrival(self, t: float, cross_rank: bool) -> float:
         """When a message produced at ``t`` can be consumed."""
@@ -31,19 +37,29 @@ class Clock(Protocol):
 class VirtualClock:
     """Per-rank clocks advanced by measured (or modelled) durations."""
 
-    def __init__(self, ranks: int, costs: StageCosts | None = None, comm: float = 0.0):
+    def __init__(self, ranks: int, costs: StageCosts | None = None, comm: float = 0.0,
+                 device: torch.device | str | None = None):
         self.now = [0.0] * ranks
         self.costs = costs
         self.comm = costs.comm if costs is not None else comm
         self.durations: dict[Action, float] = {}
         self.source = "measured" if costs is None else "cost-model"
+        self._sync = _synchronizer(device)
 
-    def time(self, rank: int, action: Action, earliest: float, work: Callable[[], Any]):
+    def time(self, rank: int, action: Action, earliest: float, work: Callable[[], Any],
+             overlapped: bool = False):
+        self._sync()
         t0 = time.perf_counter()
         out = work()
+        self._sync()
         measured = time.perf_counter() - t0
         self.durations[action] = measured
-        dur = measured if self.costs is None else self.costs.duration(action.stage, action.kind)
+        if self.costs is None:
+            dur = measured
+        else:
+            dur = self.costs.duration(action.stage, action.kind)
+            if overlapped:
+                dur *= self.costs.overlap
         start = max(self.now[rank], earliest)
         end = start + dur
         self.now[rank] = end
@@ -61,10 +77,18 @@ class WallClock:
     def __init__(self, origin: float | None = None):
         self.origin = time.perf_counter() if origin is None else origin
 
-    def time(self, rank: int, action: Action, earliest: float, work: Callable[[], Any]):
+    def time(self, rank: int, action: Action, earliest: float, work: Callable[[], Any],
+             overlapped: bool = False):
         start = time.perf_counter() - self.origin
         out = work()
         return start, time.perf_counter() - self.origin, out
 
     def arrival(self, t: float, cross_rank: bool) -> float:
         return t
+
+
+def _synchronizer(device: torch.device | str | None) -> Callable[[], None]:
+    dev = torch.device(device) if device is not None else None
+    if dev is not None and dev.type == "cuda":
+        return lambda: torch.cuda.synchronize(dev)
+    return lambda: None

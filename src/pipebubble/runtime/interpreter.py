@@ -1,28 +1,47 @@
 """The stage interpreter: one handler per action kind, the same for every schedule.
 
-A rank holds one or more stages (``modules[stage]``). The interpreter runs one action at a
-time when its inputs have arrived through the transport:
+A rank holds one or more stages (``modules[stage]``; several with interleaved or V-shaped
+placement). The interpreter runs one *step* at a time, once its inputs have arrived through
+the transport. It never knows which schedule it runs.
 
 - ``F(s, m)``: take the activation (stage 0: the input microbatch), run the stage, keep what
   the backward needs, send the output to stage s+1 (the last stage computes the loss).
 - ``B(s, m)``: take the output gradient (last stage: from the loss), backpropagate through
   the stage, accumulate weight gradients, send the input gradient to stage s-1.
+- ``I(s, m)``: like B, but compute only the input gradient and send it; keep what W needs
+  (``split.py``) and free the rest.
+- ``W(s, m)``: the weight gradients of (s, m), from what I kept; nothing is sent.
+- An ``Overlap`` of a forward and a backward: both parts start once both inputs are there,
+  and run one after the other (one process computes one thing at a time).
 
-Each action is timed by a clock (``clock.py``): a virtual per-stage clock in one process,
+With **recomputation** (activation checkpointing) for a stage, F runs without building the
+graph and keeps only its input; B (or I) first re-runs the forward, then backpropagates. It
+saves the activations of every microbatch in flight but one and costs one more forward.
+
+Memory, per action, as in DESIGN.md: F adds what it keeps (its graph's saved tensors, or
+only its input with recomputation); B frees it; I frees all but what W needs; W frees that.
+The bytes are measured (``memory.py``) and go into the Event, so the Timeline's memory
+curve of a real run is read like a simulated one. On CUDA the allocator peak is recorded
+around every step as well.
+
+Each action is timed by a clock (``clock.py``): a per-rank virtual clock in one process,
 real wall time across processes. The interpreter records one Event per action.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from ..schedule import Action
+from ..schedule import Action, Overlap, Step
 from ..timeline import Event
 from .clock import Clock
+from .memory import AllocatorPeaks, SavedTensors, param_storages
+from .split import WeightWork, backward_input
 from .transport import Transport
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -33,17 +52,20 @@ class _Saved:
     """What F keeps for the backward of one (stage, microbatch)."""
 
     inputs: torch.Tensor
-    output: torch.Tensor  # for the last stage: the scaled loss
-    nbytes: int = 0
+    output: torch.Tensor | None  # the stage output (last stage: the scaled loss); None: recompute
+    saved: SavedTensors | None  # the graph's saved tensors (None with recomputation)
+    nbytes: int  # bytes F added to the rank's activation memory
+    rng: tuple | None = None  # RNG state at F, replayed by the recomputation
 
 
 @dataclass
 class StageInterpreter:
-    """Runs the actions of the stages that one rank holds.
+    """Runs the steps of the stages that one rank holds.
 
     ``inputs``/``targets`` are the microbatches (needed only by the rank holding stage 0 /
     the last stage); ``loss_weights[m]`` scales microbatch m's loss so that accumulated
-    gradients equal the full-batch gradient of the mean loss.
+    gradients equal the full-batch gradient of the mean loss. ``recompute`` is one flag for
+    all stages or one per stage (indexed by stage). ``device`` turns on CUDA allocator peaks.
     """
 
     rank: int
@@ -56,28 +78,56 @@ class StageInterpreter:
     targets: Sequence[torch.Tensor] = ()
     loss_fn: LossFn | None = None
     loss_weights: Sequence[float] = ()
+    recompute: bool | Sequence[bool] = False
+    device: torch.device | str | None = None
     saved: dict[tuple[int, int], _Saved] = field(default_factory=dict)
+    kept: dict[tuple[int, int], WeightWork] = field(default_factory=dict)
     events: list[Event] = field(default_factory=list)
     losses: dict[int, float] = field(default_factory=dict)
+    input_bytes: dict[tuple[int, int], int] = field(default_factory=dict)
     held_bytes: int = 0
-    _param_ptrs: set[int] = field(default_factory=set)
+    peak_bytes: int = 0
 
     def __post_init__(self) -> None:
-        self._param_ptrs = {
-            p.untyped_storage().data_ptr()
-            for mod in self.modules.values()
-            for p in mod.parameters()
-        }
+        self._storages = param_storages(p for m in self.modules.values() for p in m.parameters())
+        if isinstance(self.recompute, bool):
+            self._recompute = [self.recompute] * self.num_stages
+        else:
+            self._recompute = [bool(x) for x in self.recompute]
+            if len(self._recompute) != self.num_stages:
+                raise ValueError(
+                    f"recompute has {len(self._recompute)} flags; expected {self.num_stages}"
+                )
+        self.allocator = AllocatorPeaks(self.device)
 
     # ---- readiness --------------------------------------------------------------------
-    def ready(self, action: Action) -> bool:
-        """True when the inputs ``action`` needs have arrived (peeks, takes nothing)."""
-        s, kind, m = action
+    def ready(self, step: Step) -> bool:
+        """True when the inputs ``step`` needs have arrived (peeks, takes nothing)."""
+        if isinstance(step, Overlap):
+            return self.ready(step.forward) and self.ready(step.backward)
+        s, kind, m = step
         if kind == "F":
             return s == 0 or self._peek("act", s, m)
         if kind in ("B", "I"):
-            return s == self.num_stages - 1 or self._peek("grad", s, m)
+            return (s, m) in self.saved and (s == self.num_stages - 1 or self._peek("grad", s, m))
+        if kind == "W":
+            return (s, m) in self.kept
         return True
+
+    def waits_for(self, step: Step) -> str:
+        """What an unready step waits for, in words (for deadlock messages)."""
+        a = step.forward if isinstance(step, Overlap) else step
+        s, kind, m = a
+        if isinstance(step, Overlap) and self.ready(step.forward):
+            a = step.backward
+            s, kind, m = a
+        if kind == "F":
+            return f"the activation of {s - 1}F{m}"
+        if kind in ("B", "I") and (s, m) not in self.saved:
+            return f"its forward {s}F{m}"
+        if kind in ("B", "I"):
+            return f"the gradient from stage {s + 1} (its I or B of microbatch {m})"
+        return f"{s}I{m} on this rank"
 
     def _peek(self, kind: str, s: int, m: int) -> bool:
         peek = getattr(self.transport, "peek", None)
@@ -87,105 +137,167 @@ class StageInterpreter:
 
     # ---- execution ----------------------------------------------------------------------
     def run(self, action: Action) -> Event:
-        handler = getattr(self, f"_do_{action.kind}", None)
-        if handler is None:
-            raise ValueError(f"no handler for action {action}; valid kinds are F, B")
-        return handler(action)
+        """Run one action (see :meth:`run_step`)."""
+        return self.run_step(action)[0]
 
-    def _recv(self, kind: str, s: int, m: int) -> tuple[torch.Tensor, float]:
+    def run_step(self, step: Step) -> list[Event]:
+        """Run one step (an Action, or an Overlap's two parts in order); return its Events."""
+        with self.allocator:
+            if isinstance(step, Overlap):
+                fx, fe = self._take(step.forward)
+                bx, be = self._take(step.backward)
+                t = max(fe, be)
+                return [self._exec(step.forward, fx, t, True),
+                        self._exec(step.backward, bx, t, True)]
+            x, earliest = self._take(step)
+            return [self._exec(step, x, earliest, False)]
+
+    def _exec(self, a: Action, x: torch.Tensor | None, earliest: float, ov: bool) -> Event:
+        handler = getattr(self, f"_do_{a.kind}", None)
+        if handler is None:
+            raise ValueError(f"no handler for action {a}; valid kinds are F, I, W, B")
+        ev = handler(a, x, earliest, ov)
+        self.events.append(ev)
+        return ev
+
+    def _take(self, a: Action) -> tuple[torch.Tensor | None, float]:
+        """The tensor ``a`` consumes and the earliest time it may start."""
+        s, kind, m = a
+        if kind == "F":
+            if s == 0:
+                return self.inputs[m], 0.0
+            return self._recv("act", s, m, s - 1)
+        if kind in ("B", "I") and s < self.num_stages - 1:
+            return self._recv("grad", s, m, s + 1)
+        if kind not in ("F", "I", "W", "B"):
+            raise ValueError(f"no handler for action {a}; valid kinds are F, I, W, B")
+        return None, 0.0
+
+    def _recv(self, kind: str, s: int, m: int, producer: int) -> tuple[torch.Tensor, float]:
         got = self.transport.recv(kind, s, m)
         if got is None:
             raise RuntimeError(f"rank {self.rank}: {kind} for stage {s} microbatch {m} missing")
-        return got
+        tensor, t = got
+        cross = self.stage_to_rank[producer] != self.rank
+        return tensor, self.clock.arrival(t, cross)
 
-    def _arrival(self, producer_stage: int, t: float) -> float:
-        cross = self.stage_to_rank[producer_stage] != self.rank
-        return self.clock.arrival(t, cross)
+    def _hold(self, delta: int) -> None:
+        self.held_bytes += delta
+        self.peak_bytes = max(self.peak_bytes, self.held_bytes)
 
-    def _do_F(self, action: Action) -> Event:
-        s, _, m = action
-        if s == 0:
-            x, earliest = self.inputs[m], 0.0
-        else:
-            x, t = self._recv("act", s, m)
-            earliest = self._arrival(s - 1, t)
-        x = x.detach().requires_grad_(s > 0)
-        module = self.modules[s]
-        last = s == self.num_stages - 1
+    def _forward(self, s: int, m: int, x: torch.Tensor) -> torch.Tensor:
+        y = self.modules[s](x)
+        if s == self.num_stages - 1:
+            if self.loss_fn is None:
+                raise ValueError("the last stage needs a loss_fn")
+            y = self.loss_fn(y, self.targets[m]) * self.loss_weights[m]
+        return y
 
-        def work() -> torch.Tensor:
-            y = module(x)
-            if last:
-                if self.loss_fn is None:
-                    raise ValueError("the last stage needs a loss_fn")
-                y = self.loss_fn(y, self.targets[m]) * self.loss_weights[m]
-            return y
+    def _do_F(self, a: Action, x: torch.Tensor, earliest: float, ov: bool) -> Event:
+        s, _, m = a
+        x = x.detach().requires_grad_(s > 0 and x.is_floating_point())
+        self.input_bytes[s, m] = x.nbytes
+        rec = self._recompute[s]
+        saved = None if rec else SavedTensors(storages=self._storages)
 
-        start, end, y = self.clock.time(self.rank, action, earliest, work)
-        nbytes = _graph_bytes(y, self._param_ptrs)
-        self.saved[s, m] = _Saved(x, y, nbytes)
-        self.held_bytes += nbytes
-        if last:
+        def work() -> tuple[torch.Tensor, tuple | None]:
+            if rec:
+                rng = _rng_state(self.device)
+                with torch.no_grad():
+                    return self._forward(s, m, x), rng
+            with saved:
+                return self._forward(s, m, x), None
+
+        start, end, (y, rng) = self.clock.time(self.rank, a, earliest, work, overlapped=ov)
+        nbytes = x.nbytes if rec else saved.nbytes  # type: ignore[union-attr]
+        self.saved[s, m] = _Saved(x, None if rec else y, saved, nbytes, rng)
+        self._hold(nbytes)
+        if s == self.num_stages - 1:
             self.losses[m] = float(y.detach())
         else:
             self.transport.send("act", s + 1, m, y.detach(), end)
-        ev = Event(self.rank, s, "F", m, start, end, float(nbytes), 0.0)
-        self.events.append(ev)
-        return ev
+        return Event(self.rank, s, "F", m, start, end, float(nbytes), 0.0, ov)
 
-    def _do_B(self, action: Action) -> Event:
-        s, _, m = action
-        saved = self.saved.pop((s, m))
-        if s == self.num_stages - 1:
-            grad, earliest = None, 0.0
-        else:
-            grad, t = self._recv("grad", s, m)
-            earliest = self._arrival(s + 1, t)
+    def _graph(self, s: int, m: int, sv: _Saved) -> tuple[torch.Tensor, SavedTensors | None]:
+        """The graph to backpropagate through; with recomputation, run the forward again."""
+        if sv.output is not None:
+            return sv.output, sv.saved
+        saved = SavedTensors(storages=self._storages)
+        with _replay_rng(sv.rng, self.device), saved:
+            y = self._forward(s, m, sv.inputs)
+        return y, saved
+
+    def _do_B(self, a: Action, grad: torch.Tensor | None, earliest: float, ov: bool) -> Event:
+        s, _, m = a
+        sv = self.saved.pop((s, m))
+        total = [sv.nbytes]
 
         def work() -> torch.Tensor | None:
-            torch.autograd.backward(saved.output, grad_tensors=grad)
-            return saved.inputs.grad if s > 0 else None
+            y, saved = self._graph(s, m, sv)
+            if saved is not None:
+                total[0] = saved.nbytes
+            torch.autograd.backward(y, grad_tensors=grad)
+            if saved is not None:
+                saved.free()
+            return sv.inputs.grad if sv.inputs.requires_grad else None
 
-        start, end, gin = self.clock.time(self.rank, action, earliest, work)
-        self.held_bytes -= saved.nbytes
+        start, end, gin = self.clock.time(self.rank, a, earliest, work, overlapped=ov)
+        extra = total[0] - sv.nbytes if sv.output is None else 0  # re-materialised by recompute
+        self._hold(extra)
+        self._hold(-(sv.nbytes + extra))
         if s > 0:
             self.transport.send("grad", s - 1, m, gin, end)
-        ev = Event(self.rank, s, "B", m, start, end, 0.0, -float(saved.nbytes))
-        self.events.append(ev)
-        return ev
+        return Event(self.rank, s, "B", m, start, end, float(extra), -float(sv.nbytes + extra), ov)
+
+    def _do_I(self, a: Action, grad: torch.Tensor | None, earliest: float, ov: bool) -> Event:
+        s, _, m = a
+        sv = self.saved.pop((s, m))
+        total = [sv.nbytes]
+
+        def work() -> tuple[torch.Tensor | None, WeightWork]:
+            y, saved = self._graph(s, m, sv)
+            if saved is not None:
+                total[0] = saved.nbytes
+            return backward_input(y, grad, sv.inputs, saved)
+
+        start, end, (gin, kept) = self.clock.time(self.rank, a, earliest, work, overlapped=ov)
+        extra = total[0] - sv.nbytes if sv.output is None else 0
+        self.kept[s, m] = kept
+        self._hold(extra)
+        freed = sv.nbytes + extra - kept.nbytes
+        self._hold(-freed)
+        if s > 0:
+            self.transport.send("grad", s - 1, m, gin, end)
+        return Event(self.rank, s, "I", m, start, end, float(extra), -float(freed), ov)
+
+    def _do_W(self, a: Action, _: object, earliest: float, ov: bool) -> Event:
+        s, _k, m = a
+        kept = self.kept.pop((s, m))
+        start, end, _r = self.clock.time(self.rank, a, earliest, kept.run, overlapped=ov)
+        self._hold(-kept.nbytes)
+        return Event(self.rank, s, "W", m, start, end, 0.0, -float(kept.nbytes), ov)
 
 
-def _graph_bytes(y: torch.Tensor, exclude: set[int]) -> int:
-    """Bytes of tensors the autograd graph of ``y`` keeps for the backward.
+def _cuda(device: torch.device | str | None) -> torch.device | None:
+    if device is None:
+        return None
+    dev = torch.device(device)
+    return dev if dev.type == "cuda" else None
 
-    Walks ``y.grad_fn`` and sums the saved tensors it holds (``_saved_*`` attributes), each
-    (address, size) counted once and views counted by their own size; parameters
-    (storages in ``exclude``) are not counted. This is what F adds to a
-    rank's activation memory.
-    """
-    seen: set[tuple[int, int]] = set()
-    total = 0
-    stack = [y.grad_fn] if y.grad_fn is not None else []
-    visited: set[int] = set()
-    while stack:
-        fn = stack.pop()
-        if fn is None or id(fn) in visited:
-            continue
-        visited.add(id(fn))
-        for name in dir(fn):
-            if not name.startswith("_saved_"):
-                continue
-            try:
-                val = getattr(fn, name)
-            except RuntimeError:
-                continue
-            for t in val if isinstance(val, tuple | list) else (val,):
-                if isinstance(t, torch.Tensor):
-                    if t.untyped_storage().data_ptr() in exclude:
-                        continue
-                    key = (t.data_ptr(), t.nbytes)
-                    if key not in seen:
-                        seen.add(key)
-                        total += t.nbytes
-        stack.extend(nxt for nxt, _ in fn.next_functions)
-    return total
+
+def _rng_state(device: torch.device | str | None) -> tuple:
+    dev = _cuda(device)
+    return torch.get_rng_state(), (torch.cuda.get_rng_state(dev) if dev is not None else None)
+
+
+@contextmanager
+def _replay_rng(state: tuple | None, device: torch.device | str | None) -> Iterator[None]:
+    """Run the recomputation with the RNG state the forward saw (dropout masks match)."""
+    dev = _cuda(device)
+    with torch.random.fork_rng(devices=[dev] if dev is not None else [],
+                               enabled=state is not None):
+        if state is not None:
+            torch.set_rng_state(state[0])
+            if dev is not None:
+                torch.cuda.set_rng_state(state[1], dev)
+        yield

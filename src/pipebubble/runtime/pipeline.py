@@ -11,11 +11,16 @@
 
 With ``costs=CostModel(f=1, b=2)`` the per-stage clock uses the cost model and the bubble
 equals the closed form (N-1)/(M+N-1) exactly; with ``costs=None`` durations are measured.
+
+Any registered schedule runs, with ``chunks`` stages per rank where it takes several:
+``Pipeline(stages, 8, schedule="interleaved-1f1b", chunks=2)`` over 8 stages is 4 ranks.
+``recompute=True`` checkpoints every stage (F keeps only its input).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 from torch import nn
@@ -57,6 +62,8 @@ class Pipeline:
         loss_fn: LossFn | None = None,
         costs: CostModel | None = None,
         chunks: int | None = None,
+        recompute: bool | Sequence[bool] = False,
+        device: torch.device | str | None = None,
     ):
         if not stages:
             raise ValueError("Pipeline needs at least one stage")
@@ -78,6 +85,8 @@ class Pipeline:
             )
         self.loss_fn = loss_fn or nn.functional.mse_loss
         self.costs = costs
+        self.recompute = recompute
+        self.device = device
 
     def zero_grad(self) -> None:
         for stage in self.stages:
@@ -87,9 +96,13 @@ class Pipeline:
         """Forward and backward over all microbatches; gradients accumulate in the stages."""
         sc = None
         if self.costs is not None:
-            sc = self.costs.resolve(self.schedule.num_stages, self.schedule.chunks)
-        clock = VirtualClock(self.schedule.num_ranks, sc)
-        return run_local(self.schedule, self.stages, inputs, targets, self.loss_fn, clock)
+            costs = self.costs
+            if self.recompute is not False and costs.recompute is False:
+                costs = replace(costs, recompute=self.recompute)
+            sc = costs.resolve(self.schedule.num_stages, self.schedule.chunks)
+        clock = VirtualClock(self.schedule.num_ranks, sc, device=self.device)
+        return run_local(self.schedule, self.stages, inputs, targets, self.loss_fn, clock,
+                         recompute=self.recompute, device=self.device)
 
     @staticmethod
     def trace(result: LocalResult) -> list[str]:

@@ -1,0 +1,208 @@
+"""The split backward: I (input gradient) now, W (weight gradients) later.
+
+Zero-bubble schedules (Qi et al. 2024) cut each stage's backward B in two. ``I`` computes the
+gradient w.r.t. the stage input, which the previous stage is waiting for; ``W`` computes the
+weight gradients, which nobody waits for, so a schedule can run it later in a bubble. For one
+Linear ``y = x A^T + b`` with output gradient ``g``: I is ``dx = g A`` and W is
+``dA = g^T x``, ``db = sum(g)``. W needs ``x`` and ``g``; nothing else of the graph.
+
+This module does that split on any autograd graph, not only on Linear layers:
+
+1. Classify the graph of the stage output. A *weight chain* is a node with one input that is
+   a parameter or another weight chain (``A.t()``, ``positions[:n]``, an embedding lookup):
+   it depends on weights only. A *boundary node* is any other node with an input that is a
+   parameter or a weight chain: it mixes an activation with a weight (``addmm(b, x, A^T)``,
+   a LayerNorm with its affine weights, ``emb + positions``).
+2. **I**: one ``torch.autograd.grad`` from the output to the stage input *and* to the
+   gradient edges into every boundary node (what flows into it, ``g``), with the graph
+   retained. Autograd computes only what these targets need, so a boundary node computes
+   its activation gradient and not its weight gradient. Then every saved tensor except
+   those of boundary nodes and weight chains is freed (see ``memory.SavedTensors``): I
+   frees ``M_B - M_W`` and keeps ``M_W``, as in the paper's memory model.
+3. **W**: for each boundary node, one ``torch.autograd.grad`` from its captured ``g`` to its
+   weight inputs only (so it does not run the activation path again), then one pass from
+   the weight-chain gradients down to the parameters. Gradients accumulate into ``.grad``.
+
+I followed by W gives the same gradients as the fused backward B (same operations, only the
+summation order of ``.grad`` may differ in the last bit).
+
+>>> import torch
+>>> lin = torch.nn.Linear(3, 2)
+>>> x = torch.randn(4, 3, requires_grad=True)
+>>> saved = SavedTensors(lin.parameters())
+>>> with saved:
+...     y = lin(x)
+>>> dx, work = backward_input(y, torch.ones(4, 2), x, saved)
+>>> lin.weight.grad is None, work.nbytes == x.nbytes    # W keeps x, nothing ran yet
+(True, True)
+>>> work.run()
+>>> torch.allclose(lin.bias.grad, torch.full((2,), 4.0))
+True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch.autograd.graph import GradientEdge, Node
+
+from .memory import SavedTensors
+
+
+def _is_leaf(node: Node) -> bool:
+    return hasattr(node, "variable")  # AccumulateGrad: the gradient sink of a leaf tensor
+
+
+@dataclass
+class WeightWork:
+    """What I keeps for W: boundary nodes, the gradients that flowed into them, the memory."""
+
+    boundary: list[tuple[Node, list[tuple[int, Node, int]], tuple[torch.Tensor | None, ...]]]
+    saved: SavedTensors | None
+    nbytes: int
+    _done: bool = field(default=False, repr=False)
+
+    def run(self) -> None:
+        """Compute the weight gradients and accumulate them into the parameters' ``.grad``."""
+        if self._done:
+            raise RuntimeError("W already ran for this stage and microbatch")
+        self._done = True
+        chains: dict[tuple[Node, int], torch.Tensor] = {}
+        for node, slots, grads in self.boundary:
+            outs = [(GradientEdge(node, k), g) for k, g in enumerate(grads) if g is not None]
+            if not outs:
+                continue
+            res = torch.autograd.grad(
+                [e for e, _ in outs], [GradientEdge(n, nr) for _, n, nr in slots],
+                grad_outputs=[g for _, g in outs], allow_unused=True,
+            )
+            for (_, n, nr), g in zip(slots, res, strict=True):
+                if g is None:
+                    continue
+                if _is_leaf(n):
+                    _accumulate(n.variable, g)
+                else:
+                    key = (n, nr)
+                    chains[key] = g if key not in chains else chains[key] + g
+        if chains:
+            keys = list(chains)
+            params = _leaves_below([n for n, _ in keys])
+            res = torch.autograd.grad(
+                [GradientEdge(n, nr) for n, nr in keys], params,
+                grad_outputs=[chains[k] for k in keys], allow_unused=True,
+            )
+            for p, g in zip(params, res, strict=True):
+                if g is not None:
+                    _accumulate(p, g)
+        self.boundary = []
+        if self.saved is not None:
+            self.saved.free()
+
+
+def backward_input(
+    output: torch.Tensor,
+    grad: torch.Tensor | None,
+    stage_input: torch.Tensor,
+    saved: SavedTensors | None = None,
+) -> tuple[torch.Tensor | None, WeightWork]:
+    """Run I: return the stage input's gradient (None if it needs none) and the W work.
+
+    ``output`` is the stage output (or the loss, with ``grad=None``); ``saved`` the hooks the
+    forward ran under, so that I can free what W does not need (without it, the whole graph
+    stays alive until W).
+    """
+    root = output.grad_fn
+    if root is None:
+        return None, WeightWork([], saved, 0)
+    nodes = _walk(root)
+    chain: dict[Node, bool] = {}
+
+    def is_chain(n: Node) -> bool:  # depends on weights only, through one input each
+        if n in chain:
+            return chain[n]
+        chain[n] = False  # guards against cycles (there are none in autograd graphs)
+        nxt = n.next_functions
+        ok = (not _is_leaf(n) and len(nxt) == 1 and nxt[0][0] is not None
+              and (_is_weight(nxt[0][0], stage_input) or is_chain(nxt[0][0])))
+        chain[n] = ok
+        return ok
+
+    boundary: list[tuple[Node, list[tuple[int, Node, int]]]] = []
+    for n in nodes:
+        if _is_leaf(n) or is_chain(n):
+            continue
+        slots = [(i, f, nr) for i, (f, nr) in enumerate(n.next_functions)
+                 if f is not None and (_is_weight(f, stage_input) or is_chain(f))]
+        if slots:
+            boundary.append((n, slots))
+    targets: list[torch.Tensor | GradientEdge] = []
+    wants_input = stage_input.requires_grad
+    if wants_input:
+        targets.append(stage_input)
+    counts = []
+    for n, _ in boundary:
+        k = len(n._input_metadata)  # the node's forward outputs
+        counts.append(k)
+        targets.extend(GradientEdge(n, i) for i in range(k))
+    grads: tuple[torch.Tensor | None, ...] = ()
+    if targets:
+        grads = torch.autograd.grad(
+            output, targets, grad_outputs=grad, retain_graph=True, allow_unused=True
+        )
+    dx = grads[0] if wants_input else None
+    pos = 1 if wants_input else 0
+    kept = []
+    for (n, slots), k in zip(boundary, counts, strict=True):
+        kept.append((n, slots, tuple(grads[pos:pos + k])))
+        pos += k
+    nbytes = 0
+    if saved is not None:
+        w_nodes = [n for n, _ in boundary] + [n for n, ok in chain.items() if ok]
+        nbytes = saved.keep_only(w_nodes)
+    return dx, WeightWork(kept, saved, nbytes)
+
+
+def _is_weight(node: Node, stage_input: torch.Tensor) -> bool:
+    return _is_leaf(node) and node.variable is not stage_input
+
+
+def _walk(root: Node) -> list[Node]:
+    seen: set[Node] = set()
+    out: list[Node] = []
+    stack = [root]
+    while stack:
+        n = stack.pop()
+        if n is None or n in seen:
+            continue
+        seen.add(n)
+        out.append(n)
+        stack.extend(f for f, _ in n.next_functions)
+    return out
+
+
+def _leaves_below(nodes: list[Node]) -> list[torch.Tensor]:
+    out, ids = [], set()
+    for n in _walk_many(nodes):
+        if _is_leaf(n) and id(n.variable) not in ids:
+            ids.add(id(n.variable))
+            out.append(n.variable)
+    return out
+
+
+def _walk_many(nodes: list[Node]) -> list[Node]:
+    seen: set[Node] = set()
+    out: list[Node] = []
+    for root in nodes:
+        for n in _walk(root):
+            if n not in seen:
+                seen.add(n)
+                out.append(n)
+    return out
+
+
+def _accumulate(p: torch.Tensor, g: torch.Tensor) -> None:
+    if p.grad is None:
+        p.grad = g.detach().clone()
+    else:
+        p.grad.add_(g)

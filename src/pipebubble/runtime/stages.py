@@ -1,0 +1,64 @@
+"""Cut a model (a flat list of layers) into pipeline stages.
+
+A model with ``n`` layers becomes ``ranks x chunks`` stages, each a contiguous slice. By
+default the split is even (``n`` must be a multiple of the number of stages); otherwise give
+the *boundaries*: the index of the first layer of every stage after the first.
+
+>>> from torch import nn
+>>> layers = [nn.Linear(2, 2) for _ in range(6)]
+>>> even_boundaries(6, 3)
+[2, 4]
+>>> [len(s.layers) for s in split_stages(layers, 3, boundaries=[1, 5])]
+[1, 4, 1]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from torch import nn
+
+from .pipeline import PipelineStage
+
+
+def even_boundaries(num_layers: int, num_stages: int) -> list[int]:
+    """Cut points of an even split; raise ValueError naming the counts if there is none."""
+    if num_stages < 1:
+        raise ValueError(f"number of stages must be >= 1, got {num_stages}")
+    if num_layers % num_stages:
+        raise ValueError(
+            f"{num_layers} layers do not split evenly into {num_stages} stages "
+            f"(ranks x chunks); use a multiple of {num_stages} layers or give boundaries"
+        )
+    k = num_layers // num_stages
+    return [k * i for i in range(1, num_stages)]
+
+
+def check_boundaries(boundaries: Sequence[int], num_layers: int, num_stages: int) -> list[int]:
+    """Validate cut points: ``num_stages - 1`` strictly increasing values in 1..n-1."""
+    cuts = [int(b) for b in boundaries]
+    if len(cuts) != num_stages - 1:
+        raise ValueError(
+            f"boundaries has {len(cuts)} cut points; {num_stages} stages need {num_stages - 1}"
+        )
+    prev = 0
+    for c in cuts:
+        if not prev < c < num_layers:
+            raise ValueError(
+                f"boundaries must increase strictly within 1..{num_layers - 1}, got {cuts}"
+            )
+        prev = c
+    return cuts
+
+
+def split_stages(
+    layers: Sequence[nn.Module], num_stages: int, boundaries: Sequence[int] | None = None
+) -> list[PipelineStage]:
+    """``num_stages`` PipelineStages over ``layers`` (the layer objects are shared, not copied)."""
+    n = len(layers)
+    if boundaries is None:
+        cuts = even_boundaries(n, num_stages)
+    else:
+        cuts = check_boundaries(boundaries, n, num_stages)
+    edges = [0, *cuts, n]
+    return [PipelineStage(*layers[a:b]) for a, b in zip(edges, edges[1:], strict=False)]

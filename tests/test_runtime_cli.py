@@ -1,0 +1,95 @@
+"""``pipebubble run --local``: the JSON contract, the check, recomputation, bad input."""
+
+import argparse
+import json
+
+import pytest
+
+from pipebubble.cli import main
+from pipebubble.commands import run as run_cmd
+
+SMALL = ["--width", "16", "--warmup", "0", "--repeat", "1"]
+
+
+def run_json(capsys, *args):
+    assert main(["run", "--local", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_json_contract_and_check(capsys):
+    out = run_json(capsys, "--schedule", "1f1b", "-p", "2", "-m", "3", "--batch", "9",
+                   "--check", *SMALL)
+    assert out["schedule"] == "1f1b" and out["ranks"] == 2 and out["microbatches"] == 3
+    for key in ("step_time", "bubble_fraction", "lower_bound", "closed_form_bubble",
+                "per_rank", "events", "predicted", "loss", "grad_max_abs_diff",
+                "loss_abs_diff", "peak_activation_bytes"):
+        assert key in out, key
+    assert len(out["events"]) == 2 * 3 * 2
+    assert out["step_time"] >= out["lower_bound"] > 0
+    assert 0 <= out["bubble_fraction"] < 1
+    assert set(out["predicted"]) >= {"step_time", "bubble_fraction"}
+    assert out["grad_max_abs_diff"] < 1e-5 and out["loss_abs_diff"] < 1e-5
+    # 2 MLP blocks per stage by default; the measured peak is what the simulator predicts
+    assert out["predicted"]["peak_memory"] == [float(b) for b in out["peak_activation_bytes"]]
+    assert [r["peak_memory"] for r in out["per_rank"]] == out["predicted"]["peak_memory"]
+
+
+def test_transformer_with_recompute_prints_the_trade(capsys):
+    out = run_json(capsys, "--schedule", "gpipe", "-p", "2", "-m", "2", "--model",
+                   "transformer", "--layers", "2", "--dim", "16", "--heads", "2", "--vocab",
+                   "64", "--seq", "8", "--recompute", "--check", *SMALL)
+    assert out["stages"] == 2 and out["grad_max_abs_diff"] < 1e-4
+    trade = out["recompute_trade"]
+    assert trade["peak_bytes_with"][0] < trade["peak_bytes_without"][0]
+    assert trade["predicted_peak_bytes_with"] == [float(b) for b in trade["peak_bytes_with"]]
+
+
+def test_text_output(capsys):
+    assert main(["run", "--local", "--schedule", "gpipe", "-p", "2", "-m", "4", "--check",
+                 "--recompute", "--chart-width", "60", *SMALL]) == 0
+    text = capsys.readouterr().out
+    for needle in ("rank 0", "rank 1", "measured vs predicted", "step time", "bubble",
+                   "loss", "largest gradient difference", "activation recomputation"):
+        assert needle in text, needle
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--schedule", "1f1b", "-p", "3", "-m", "2", "--layers", "4"],
+     "4 layers do not split evenly into 3 stages"),
+    (["--schedule", "1f1b", "-p", "2", "-m", "4", "--model", "transformer", "--layers", "3"],
+     "5 layers (embedding + blocks + head) do not split evenly into 2 stages"),
+    (["--schedule", "1f1b", "-p", "2", "-m", "8", "--batch", "4"],
+     "--batch 4 is smaller than --microbatches 8"),
+    (["--schedule", "1f1b", "-p", "2", "-m", "2", "--model", "resnet"],
+     "unknown model 'resnet'; valid are mlp, transformer"),
+    (["--schedule", "nope", "-p", "2", "-m", "2"], "unknown schedule 'nope'"),
+    (["--schedule", "1f1b", "-p", "2", "-m", "2", "--boundaries", "1,2"],
+     "boundaries has 2 cut points; 2 stages need 1"),
+])
+def test_bad_input_is_one_line_exit_2(capsys, args, message):
+    assert main(["run", "--local", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("pipebubble: error: ") and message in err
+
+
+def test_needs_local(capsys):
+    assert main(["run", "--schedule", "1f1b", "-p", "2", "-m", "2"]) == 2
+    assert "--local" in capsys.readouterr().err
+
+
+def test_setup_and_report_are_reusable():
+    """The distributed path reuses build_setup and analyse/report_json."""
+    from pipebubble.runtime.local import run_local
+
+    args = argparse.Namespace(schedule="gpipe", ranks=2, microbatches=2, chunks=None,
+                              model="mlp", layers=4, width=8, heads=2, vocab=16, seq=4,
+                              batch=4, boundaries="1", seed=0, device="cpu")
+    setup = run_cmd.build_setup(args, reference=True)
+    assert setup.boundaries == [1] and [len(s.layers) for s in setup.stages] == [1, 3]
+    r = run_local(setup.schedule, setup.stages, setup.inputs, setup.targets,
+                  setup.spec.loss_fn)
+    report = run_cmd.analyse(setup, r.timeline, r.loss, r.peak_bytes)
+    out = run_cmd.report_json(report)
+    assert out["loss"] == r.loss and len(out["events"]) == 8
+    grad_diff, loss_diff = run_cmd.check_against_unsplit(setup, r.loss)
+    assert grad_diff < 1e-5 and loss_diff < 1e-5
