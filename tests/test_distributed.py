@@ -17,8 +17,8 @@ import pytest
 from pipebubble import get_schedule, schedule_names
 from pipebubble.schedule import ScheduleError
 
-ENTRY = [sys.executable, "-m", "pipebubble.runtime.dist_cli"]
-SMALL = ["--dim", "8", "--microbatch-size", "2", "--warmup", "0", "--repeat", "1"]
+ENTRY = [sys.executable, "-m", "pipebubble", "run"]
+SMALL = ["--width", "8", "--warmup", "0", "--repeat", "1"]
 
 
 def launch(args, timeout=90, entry=ENTRY):

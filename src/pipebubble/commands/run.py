@@ -33,6 +33,7 @@ from .common import (
     positive_int,
     print_json,
     schedule_from_args,
+    time_value,
     timeline_json,
     write_figures,
 )
@@ -45,9 +46,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "action's time and activation memory, calibrate the simulator from it and compare.",
     )
     p.add_argument("--local", action="store_true",
-                   help="run every rank in this process (the local executor)")
+                   help="run every rank in this process (the local executor); without it, "
+                   "one process per rank (see the distributed flags)")
     add_schedule_flags(p)
     add_model_flags(p)
+    from ..runtime.dist_cli import add_distributed_flags
+
+    add_distributed_flags(p)
     p.add_argument("--recompute", action="store_true",
                    help="recompute activations in the backward (F keeps only its input); also "
                    "runs without it and prints the memory saved and the time added")
@@ -72,7 +77,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def add_model_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model (built-in, cut evenly into ranks x chunks stages)")
-    g.add_argument("--model", default="mlp", help="mlp (default) or transformer")
+    g.add_argument("--model", default="mlp",
+                   help="mlp (default), transformer, or sleep (layers sleep --sleep-f/-b/-w)")
     g.add_argument("--layers", type=positive_int("--layers"), default=None, metavar="L",
                    help="MLP blocks or transformer blocks (default: 2 layers per stage; the "
                    "transformer adds an embedding and a head)")
@@ -88,6 +94,12 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--boundaries", default=None, metavar="I,J,..",
                    help="first layer of each stage after the first (default: even split)")
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--sleep-f", type=time_value("--sleep-f"), default=0.01, metavar="S",
+                   help="sleep model: forward seconds per layer (or a comma list per layer)")
+    g.add_argument("--sleep-b", type=time_value("--sleep-b"), default=0.02, metavar="S",
+                   help="sleep model: full backward seconds per layer (I + W)")
+    g.add_argument("--sleep-w", type=time_value("--sleep-w"), default=0.01, metavar="S",
+                   help="sleep model: weight-gradient seconds per layer")
 
 
 # ---- set-up ----------------------------------------------------------------------------------
@@ -113,9 +125,15 @@ def build_setup(args: argparse.Namespace, reference: bool = False) -> RunSetup:
     schedule = schedule_from_args(args)
     validate(schedule)
     S, M = schedule.num_stages, schedule.num_microbatches
-    if args.model not in ("mlp", "transformer"):
-        raise ValueError(f"unknown model {args.model!r}; valid are mlp, transformer")
-    if args.model == "mlp":
+    if args.model not in ("mlp", "transformer", "sleep"):
+        raise ValueError(f"unknown model {args.model!r}; valid are mlp, transformer, sleep")
+    if args.model == "sleep":
+        layers = args.layers or S
+        spec = build_model("sleep", layers=layers, width=args.width or 8, f=args.sleep_f,
+                           b=args.sleep_b, w=args.sleep_w, seed=args.seed)
+        what = (f"sleep ({layers} layers: F {args.sleep_f} s, B {args.sleep_b} s, "
+                f"W {args.sleep_w} s)")
+    elif args.model == "mlp":
         layers = args.layers or 2 * S
         spec = build_model("mlp", layers=layers, width=args.width or 256, seed=args.seed)
         what = f"mlp ({layers} blocks, width {args.width or 256})"
@@ -271,9 +289,14 @@ def _backward_total(t: dict) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    if not args.local:
-        raise ValueError("only --local runs are available (all ranks in this process); "
-                         "add --local")
+    if args.warmup < 0:
+        raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
+    if not args.local:  # one process per rank: runtime/dist_cli.py
+        from ..runtime.dist_cli import run_distributed
+
+        return run_distributed(args)
+    if args.dp > 1:
+        raise ValueError(f"--dp {args.dp} needs one process per rank; drop --local")
     if args.warmup < 0:
         raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
     torch.set_num_threads(args.threads)

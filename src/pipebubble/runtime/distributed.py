@@ -33,7 +33,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..models import ModelSpec, build_model
-from ..schedule import Action, Overlap, Schedule, ScheduleError, step_actions, validate
+from ..schedule import Action, Overlap, Schedule, ScheduleError, validate
 from ..schedules import get_schedule
 from ..wire import Batch, lower, pair_order_mismatches
 from .clock import WallClock
@@ -149,6 +149,8 @@ class RankResult:
     allreduce: dict[int, float]  # stage -> seconds
     messages: int
     grads: dict[int, list[torch.Tensor]] | None = None
+    peak_bytes: int = 0  # most activation bytes held for later backward passes
+    input_bytes: dict = field(default_factory=dict)  # (stage, microbatch) -> input bytes
 
 
 class Cluster:
@@ -187,8 +189,12 @@ class Cluster:
 class Worker:
     """This process's part of one pipeline run: its stages, transport and groups."""
 
-    def __init__(self, cfg: DistConfig, cluster: Cluster):
+    def __init__(self, cfg: DistConfig, cluster: Cluster, built: tuple | None = None,
+                 recompute: bool = False):
+        """``built``: (schedule, spec, stages, global inputs, global targets) made by the
+        caller (the run command's ``build_setup``); by default built from ``cfg``."""
         self.cfg, self.cluster, self.env = cfg, cluster, cluster.env
+        self.recompute = recompute
         if self.env.world_size != cfg.world_size:
             raise ValueError(
                 f"WORLD_SIZE is {self.env.world_size} but --ranks {cfg.ranks} x --dp {cfg.dp} "
@@ -197,7 +203,11 @@ class Worker:
         torch.set_num_threads(cfg.threads)
         self.g = cluster.g
         self.replica, self.rank = divmod(self.g, cfg.ranks)
-        self.schedule, self.spec, stages = build(cfg)
+        if built is None:
+            self.schedule, self.spec, stages = build(cfg)
+            x, y = global_batch(cfg, self.spec)
+        else:
+            self.schedule, self.spec, stages, x, y = built
         self.wired = lower(self.schedule, cfg.p2p)
         self._next_batch: dict[int, Batch] = {}  # batch index -> the rank's next batch
         batches = [i for i, op in enumerate(self.wired.orders[self.rank])
@@ -228,8 +238,10 @@ class Worker:
             peer_rank=lambda r: self.replica * cfg.ranks + r,
             on_wait=lambda what: self.watchdog.at(what, True), device=self.device,
         )
-        x, y = global_batch(cfg, self.spec)
-        n = cfg.microbatch_size * cfg.microbatches
+        if x.shape[0] % cfg.dp:
+            raise ValueError(f"the global batch of {x.shape[0]} does not split into {cfg.dp} "
+                             "replicas")
+        n = x.shape[0] // cfg.dp
         mine = slice(self.replica * n, (self.replica + 1) * n)
         self.xs = list(torch.tensor_split(x[mine].to(self.device), cfg.microbatches))
         self.ys = list(torch.tensor_split(y[mine].to(self.device), cfg.microbatches))
@@ -254,7 +266,7 @@ class Worker:
             rank=self.rank, modules=self.modules, num_stages=self.schedule.num_stages,
             stage_to_rank=self.schedule.stage_to_rank, transport=self.transport,
             clock=_clock(origin, self.device), inputs=self.xs, targets=self.ys,
-            loss_fn=self.spec.loss_fn, loss_weights=self.weights,
+            loss_fn=self.spec.loss_fn, loss_weights=self.weights, recompute=self.recompute,
         )
         computes = 0
         order = self.wired.orders[self.rank]
@@ -264,11 +276,7 @@ class Worker:
                         and computes == self.fault[2]:
                     _inject(self.fault[0], self.g, op)
                 wd.at(f"{op} (compute)", False)
-                if hasattr(interp, "run_step"):  # an Overlap's two parts run in sequence
-                    interp.run_step(op)
-                else:
-                    for a in step_actions(op):
-                        interp.run(a)
+                interp.run_step(op)  # an Overlap's two parts run in sequence
                 computes += 1
             else:
                 self.transport.run(op, self._next_batch.get(i))
@@ -284,6 +292,7 @@ class Worker:
             losses=dict(interp.losses), allreduce=allreduce,
             messages=self.transport.messages,
             grads=self._grads() if self.cfg.check and self.replica == 0 else None,
+            peak_bytes=interp.peak_bytes, input_bytes=dict(interp.input_bytes),
         )
         out = [None] * self.env.world_size if self.g == 0 else None
         wd.at(f"step {index}: gathering results on rank 0", True)
@@ -325,8 +334,15 @@ def reference_gradients(cfg: DistConfig) -> tuple[float, dict[int, list[torch.Te
     """The unsplit model on the whole global batch: its loss and each stage's gradients."""
     schedule, spec, stages = build(cfg)
     x, y = global_batch(cfg, spec)
-    model = nn.Sequential(*stages)
-    loss = spec.loss_fn(model(x), y)
+    return unsplit_gradients(stages, spec.loss_fn, x, y)
+
+
+def unsplit_gradients(stages: list[nn.Module], loss_fn, x: torch.Tensor, y: torch.Tensor
+                      ) -> tuple[float, dict[int, list[torch.Tensor]]]:
+    """Run ``stages`` as one model on the whole batch; the loss and each stage's gradients."""
+    for mod in stages:
+        mod.zero_grad(set_to_none=True)
+    loss = loss_fn(nn.Sequential(*stages)(x), y)
     loss.backward()
     grads = {s: [p.grad.clone() if p.grad is not None else torch.zeros_like(p)
                  for p in mod.parameters()] for s, mod in enumerate(stages)}
