@@ -30,6 +30,12 @@ from .report import grad_diffs, measured_comm, measured_timeline, step_span
 
 def worker_command() -> list[str]:
     """How a worker is started: this very command line, as ``python -m pipebubble``."""
+    if sys.argv[1:2] != ["run"]:
+        raise ValueError(
+            "a distributed run starts its workers with its own command line, so it must be "
+            "started as `pipebubble run ...` (or `python -m pipebubble run ...`); from "
+            "Python, call pipebubble.runtime.launch.launch() with that command"
+        )
     return [sys.executable, "-m", "pipebubble", *sys.argv[1:]]
 
 
@@ -77,6 +83,7 @@ def run_distributed(args: argparse.Namespace) -> int:
         os._exit(rc)
     setup = build_setup(args)  # every flag checked before any process starts
     cfg = config_from_args(args, setup.schedule)
+    command = worker_command()
     try:
         run_wire(lower(setup.schedule, cfg.p2p), blocking=True)
     except WireDeadlock as exc:
@@ -84,7 +91,7 @@ def run_distributed(args: argparse.Namespace) -> int:
             f"pipebubble: warning: with --p2p {cfg.p2p} the wire simulator predicts a "
             f"{exc}; running anyway: the watchdog stops it after {cfg.stall_timeout:g} s\n"
         )
-    return launch(worker_command(), cfg.world_size, p2p=cfg.p2p)
+    return launch(command, cfg.world_size, p2p=cfg.p2p)
 
 
 def worker_main(args: argparse.Namespace) -> int:
