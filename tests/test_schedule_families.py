@@ -40,7 +40,7 @@ def accepted(name, p, m, v=None):
 
 def test_the_registry_holds_every_family():
     assert set(ALL) >= {"gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zb-h1", "zb-h2",
-                        "zbv", "dualpipev"}
+                        "zbv", "dualpipev", "dualpipe"}
 
 
 @pytest.mark.parametrize("name", ALL)

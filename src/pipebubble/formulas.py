@@ -172,7 +172,8 @@ def dualpipev_closed_form(
 ) -> float | None:
     """DualPipeV on p ranks (PP = 2p stages, chunk times F/2, B/2, W/2): every rank idles
     (p - 1)(F&B + B - 3W) when F = I, W <= I, m >= 2p and overlap = 1 (with overlap < 1
-    the ranks do different numbers of overlapped pairs, so only the idlest rank matches)."""
+    the ranks do different numbers of overlapped pairs, so only the idlest rank matches, and
+    only while F&B >= B: see ``tests/test_dualpipe.py``, DualPipe is two DualPipeVs)."""
     share = _rank_share(costs, chunks)
     if share is None or costs.overlap != 1.0:
         return None

@@ -1,4 +1,4 @@
-"""DualPipeV (DeepSeek, github.com/deepseek-ai/DualPipe; DeepSeek-V3 report 2024).
+"""DualPipeV and DualPipe (DeepSeek, github.com/deepseek-ai/DualPipe; DeepSeek-V3 report).
 
 DualPipe feeds microbatches from both ends of the pipeline into two copies of the model;
 DualPipeV is its "cut in half" form: one copy, 2p stages in the ``v`` placement (rank r
@@ -123,7 +123,9 @@ def dualpipe(ranks: int, microbatches: int, chunks: int = 2) -> Schedule:
     ``half_num_chunks`` = M/2, and requires p even, M even and M >= 2p.
 
     Bubble (DualPipe README): (PP/2 - 1)(F&B + B - 3W) with PP = p and F, B, W, F&B the
-    times of one stage; rank 0 holds PP + 1 = p + 1 stage activations; 2x the parameters.
+    times of one stage; every rank holds PP + 1 = p + 1 stage activations; 2x the
+    parameters. A scalar ``CostModel`` value is one rank's share, here two stages, so each
+    stage costs half of it: twice 1F1B's scalars describe the same model.
 
     >>> s = dualpipe(2, 4)
     >>> print(s.to_text())
