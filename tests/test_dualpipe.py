@@ -230,7 +230,8 @@ def test_compare_and_simulate_show_dualpipe(capsys):
     assert row["per_rank"][0]["peak_activations"] == 5  # p + 1
     assert main(["simulate", "--schedule", "dualpipe", "-p", "4", "-m", "8"]) == 0
     out = capsys.readouterr().out
-    assert "dualpipe  p=4 m=8 v=2" in out and "rank 3" in out
+    assert "dualpipe  p=4 m=8 v=1" in out and "rank 3" in out  # one stage per copy per rank
+    assert row["step_time"] == 26 and row["per_rank"][0]["peak_memory"] == 5  # same model
 
 
 def test_csv_export_writes_it_and_reads_back_with_its_chains(tmp_path, capsys):
