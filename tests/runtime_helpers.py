@@ -146,13 +146,12 @@ def assert_timeline_invariants(timeline, schedule):
             assert e.end >= e.start
             assert schedule.stage_to_rank[e.stage] == r
             ev[e.stage, e.kind, e.microbatch] = e
-    S = schedule.num_stages
     for (s, k, m), e in ev.items():
-        if k == "F" and s > 0:
+        if k == "F" and not schedule.first_stage(s):
             assert e.start >= ev[s - 1, "F", m].end
         if k in ("B", "I"):
             assert e.start >= ev[s, "F", m].end
-            if s < S - 1:
+            if not schedule.last_stage(s):
                 up = ev.get((s + 1, "I", m)) or ev[s + 1, "B", m]
                 assert e.start >= up.end
         if k == "W":

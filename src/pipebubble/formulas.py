@@ -172,7 +172,8 @@ def dualpipev_closed_form(
 ) -> float | None:
     """DualPipeV on p ranks (PP = 2p stages, chunk times F/2, B/2, W/2): every rank idles
     (p - 1)(F&B + B - 3W) when F = I, W <= I, m >= 2p and overlap = 1 (with overlap < 1
-    the ranks do different numbers of overlapped pairs, so only the idlest rank matches)."""
+    the ranks do different numbers of overlapped pairs, so only the idlest rank matches, and
+    only while F&B >= B: see ``tests/test_dualpipe.py``, DualPipe is two DualPipeVs)."""
     share = _rank_share(costs, chunks)
     if share is None or costs.overlap != 1.0:
         return None
@@ -183,3 +184,26 @@ def dualpipev_closed_form(
     idle = dualpipe_bubble_time(ranks, costs.overlap * (f + b), b, w)
     total = microbatches * 2 * (f + b) + idle
     return idle / total if total > 0 else 0.0
+
+
+def dualpipe_closed_form(
+    ranks: int, microbatches: int, chunks: int, costs: StageCosts
+) -> float | None:
+    """DualPipe on p ranks (p even) with M microbatches in total (M/2 from each end): every
+    rank runs M stages' F and B and idles (p/2 - 1)(F&B + B - 3W), PP = p, with F, B, W the
+    times of one stage (one of a rank's two stages, one per model copy). Found by simulation
+    (``tests/test_dualpipe.py``): holds on every rank when F = I, W <= I, M >= 2p and
+    overlap = 1, and for p = 2 always (no bubble). With overlap < 1 it holds only on the
+    idlest rank, and only while F&B >= B, so no fraction is given then."""
+    if _rank_share(costs, chunks) is None or costs.overlap != 1.0:
+        return None
+    p, total = ranks, microbatches
+    if p % 2 or total % 2 or total < 2 * p:
+        return None
+    f, i, w = costs.f[0], costs.b[0] - costs.w[0], costs.w[0]  # one stage
+    if p > 2 and not (_eq(f, i) and _le(w, i)):
+        return None
+    b = i + w
+    idle = dualpipe_bubble_time(p // 2, f + b, b, w)
+    busy = total * (f + b)
+    return idle / (busy + idle) if busy + idle > 0 else 0.0

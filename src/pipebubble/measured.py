@@ -29,27 +29,7 @@ from .profile import resolve_timer
 from .runtime.clock import VirtualClock
 from .runtime.local import run_local
 from .runtime.pipeline import PipelineStage
-from .schedule import Action
 from .timeline import Timeline
-
-
-class CpuTimeClock:
-    """Per-rank virtual clocks advanced by each action's process CPU time."""
-
-    source = "measured"
-
-    def __init__(self, ranks: int):
-        self.now = [0.0] * ranks
-
-    def time(self, rank: int, action: Action, earliest: float, work: Callable[[], object]):
-        t0 = time.process_time()
-        out = work()
-        start = max(self.now[rank], earliest)
-        self.now[rank] = end = start + (time.process_time() - t0)
-        return start, end, out
-
-    def arrival(self, t: float, cross_rank: bool) -> float:
-        return t
 
 
 @dataclass
@@ -86,7 +66,8 @@ def measure_plans(
     setups = [(stage_modules(layers, p.ranges), make_schedule(p.options)) for p in plans]
     for rep in range(warmup + repeats):
         for i, (stages, schedule) in enumerate(setups):
-            clock = CpuTimeClock(schedule.num_ranks) if cpu else VirtualClock(schedule.num_ranks)
+            clock = VirtualClock(schedule.num_ranks,
+                                 timer=time.process_time if cpu else time.perf_counter)
             result = run_local(schedule, stages, inputs, targets, loss_fn, clock)
             for st in stages:
                 st.zero_grad(set_to_none=True)

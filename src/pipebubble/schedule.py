@@ -155,8 +155,9 @@ class Schedule:
 
     @property
     def chunks(self) -> int:
-        """Stages per rank (``v``); 1 for single-stage schedules."""
-        return self.num_stages // max(1, self.num_ranks)
+        """Stages per rank per chain (``v``): what one rank's share of one model copy is cut
+        into. 1 for single-stage schedules and for DualPipe (one stage of each copy)."""
+        return self.num_stages // max(1, self.num_ranks * len(self.chain_starts))
 
     def num_actions(self) -> int:
         return sum(len(step_actions(s)) for order in self.orders for s in order)

@@ -89,7 +89,7 @@ def closed_form_for(schedule: Schedule, costs: CostModel) -> float | None:
     """The closed-form bubble for a registered schedule under these costs (None if unknown)."""
     try:
         sc = costs.resolve(schedule.num_stages, schedule.chunks)
-        return closed_form_bubble(schedule.name, schedule.num_ranks, schedule.num_microbatches,
+        return closed_form_bubble(schedule.name, schedule.num_ranks, schedule.total_microbatches,
                                   schedule.chunks, sc)
     except ScheduleError:
         return None

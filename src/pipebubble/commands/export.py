@@ -30,7 +30,9 @@ def run(args: argparse.Namespace) -> int:
     validate(schedule)
     write_torch_csv(schedule, args.csv)
     if args.csv != "-":
+        per_chain = (f" ({schedule.num_microbatches} per chain)" if schedule.chains > 1
+                     else "")
         sys.stderr.write(f"wrote {args.csv}: {schedule.name}, {schedule.num_ranks} ranks, "
-                         f"{schedule.num_stages} stages, {schedule.num_microbatches} "
-                         f"microbatches, {schedule.num_actions()} actions\n")
+                         f"{schedule.num_stages} stages, {schedule.total_microbatches} "
+                         f"microbatches{per_chain}, {schedule.num_actions()} actions\n")
     return 0

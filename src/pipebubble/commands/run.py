@@ -124,7 +124,9 @@ def build_setup(args: argparse.Namespace, reference: bool = False) -> RunSetup:
 
     schedule = schedule_from_args(args)
     validate(schedule)
-    S, M = schedule.num_stages, schedule.num_microbatches
+    # Stages of one model copy (DualPipe's second chain runs a copy; see run_local) and the
+    # microbatches of the whole step.
+    S, M = schedule.num_stages // schedule.chains, schedule.total_microbatches
     if args.model not in ("mlp", "transformer", "sleep"):
         raise ValueError(f"unknown model {args.model!r}; valid are mlp, transformer, sleep")
     if args.model == "sleep":

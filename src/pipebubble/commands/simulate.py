@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     except Deadlock as exc:
         raise explain_deadlock(schedule, exc) from None
     closed = None if args.csv else closed_form_for(schedule, costs)
-    title = (f"{schedule.name}  p={schedule.num_ranks} m={schedule.num_microbatches} "
+    title = (f"{schedule.name}  p={schedule.num_ranks} m={schedule.total_microbatches} "
              f"v={schedule.chunks}")
     write_figures(args, [timeline], title)
     if args.json:

@@ -96,12 +96,15 @@ def parse_torch_csv(
     name: str | None = None,
     ranks: int | None = None,
     microbatches: int | None = None,
+    chain_starts: Sequence[int] = (0,),
 ) -> Schedule:
     """Parse the text of a compute-only CSV into a validated Schedule.
 
     ``ranks`` and ``microbatches``, when given, are checked against the file; otherwise
-    ranks = the number of rows and microbatches = the largest index + 1. ``source`` names
-    the file in error messages.
+    ranks = the number of rows and microbatches = the largest index + 1 (per chain).
+    ``source`` names the file in error messages. The format has no notion of independent
+    chains of stages (DualPipe's two model copies): pass ``chain_starts=(0, p)`` to read
+    such a file back; by default the stages form one chain.
     """
     try:
         rows = list(csv.reader(io.StringIO(text)))
@@ -159,7 +162,7 @@ def parse_torch_csv(
             )
     schedule = make_schedule(
         name or "csv", orders, stages, microbatches,
-        placement=[owner[s][0] for s in range(stages)],
+        placement=[owner[s][0] for s in range(stages)], chain_starts=chain_starts,
         source=source, csv_columns=[[c + 1 for c in cols] for cols in columns],
     )
     try:
@@ -214,6 +217,7 @@ def read_torch_csv(
     name: str | None = None,
     ranks: int | None = None,
     microbatches: int | None = None,
+    chain_starts: Sequence[int] = (0,),
 ) -> Schedule:
     """Read a compute-only CSV file (see :func:`parse_torch_csv`)."""
     path = Path(path)
@@ -225,7 +229,7 @@ def read_torch_csv(
         raise ScheduleError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") \
             from None
     return parse_torch_csv(text, source=str(path), name=name or path.stem, ranks=ranks,
-                           microbatches=microbatches)
+                           microbatches=microbatches, chain_starts=chain_starts)
 
 
 def cell_text(step: Step) -> str:

@@ -100,9 +100,9 @@ def memory_scale(timeline: Timeline, peak: float) -> tuple[float, str]:
 
 
 def describe(timeline: Timeline) -> str:
-    """``1f1b  p=4 m=8 v=1``: what the timeline ran."""
-    return (f"{timeline.schedule}  p={timeline.num_ranks} m={timeline.num_microbatches} "
-            f"v={timeline.chunks}")
+    """``1f1b  p=4 m=8 v=1``: what the timeline ran (m over all chains: DualPipe's total)."""
+    m = timeline.num_microbatches * timeline.chains
+    return f"{timeline.schedule}  p={timeline.num_ranks} m={m} v={timeline.chunks}"
 
 
 def headline(timeline: Timeline, factor: float, unit: str) -> str:

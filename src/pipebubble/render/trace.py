@@ -139,7 +139,8 @@ def trace_document(timelines: Sequence[Timeline], labels: Sequence[str] | None =
     }
     for k, (t, label) in enumerate(zip(timelines, labels, strict=True)):
         other[f"timeline {k}"] = (
-            f"{label}: {t.schedule}, p={t.num_ranks}, m={t.num_microbatches}, v={t.chunks}, "
+            f"{label}: {t.schedule}, p={t.num_ranks}, m={t.num_microbatches * t.chains}, "
+            f"v={t.chunks}, "
             f"{t.source}, step time {t.step_time:.6g}, bubble {t.bubble_fraction:.2%}"
         )
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}

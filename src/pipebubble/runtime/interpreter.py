@@ -80,6 +80,8 @@ class StageInterpreter:
     loss_weights: Sequence[float] = ()
     recompute: bool | Sequence[bool] = False
     device: torch.device | str | None = None
+    chain_starts: Sequence[int] = (0,)  # first stage of each chain (DualPipe: two copies)
+    num_microbatches: int = 0  # per chain; chain c's microbatch m is inputs[c * this + m]
     saved: dict[tuple[int, int], _Saved] = field(default_factory=dict)
     kept: dict[tuple[int, int], WeightWork] = field(default_factory=dict)
     events: list[Event] = field(default_factory=list)
@@ -99,6 +101,15 @@ class StageInterpreter:
                     f"recompute has {len(self._recompute)} flags; expected {self.num_stages}"
                 )
         self.allocator = AllocatorPeaks(self.device)
+        starts = sorted(self.chain_starts)
+        self._chain = [sum(1 for c in starts if c <= st) - 1 for st in range(self.num_stages)]
+        self._first = [st in starts for st in range(self.num_stages)]
+        self._last = [st == self.num_stages - 1 or st + 1 in starts
+                      for st in range(self.num_stages)]
+
+    def _mb(self, s: int, m: int) -> int:
+        """Index of (stage s's chain, microbatch m) in ``inputs``/``targets``/``losses``."""
+        return self._chain[s] * self.num_microbatches + m
 
     # ---- readiness --------------------------------------------------------------------
     def ready(self, step: Step) -> bool:
@@ -107,9 +118,9 @@ class StageInterpreter:
             return self.ready(step.forward) and self.ready(step.backward)
         s, kind, m = step
         if kind == "F":
-            return s == 0 or self._peek("act", s, m)
+            return self._first[s] or self._peek("act", s, m)
         if kind in ("B", "I"):
-            return (s, m) in self.saved and (s == self.num_stages - 1 or self._peek("grad", s, m))
+            return (s, m) in self.saved and (self._last[s] or self._peek("grad", s, m))
         if kind == "W":
             return (s, m) in self.kept
         return True
@@ -164,10 +175,10 @@ class StageInterpreter:
         """The tensor ``a`` consumes and the earliest time it may start."""
         s, kind, m = a
         if kind == "F":
-            if s == 0:
-                return self.inputs[m], 0.0
+            if self._first[s]:
+                return self.inputs[self._mb(s, m)], 0.0
             return self._recv("act", s, m, s - 1)
-        if kind in ("B", "I") and s < self.num_stages - 1:
+        if kind in ("B", "I") and not self._last[s]:
             return self._recv("grad", s, m, s + 1)
         if kind not in ("F", "I", "W", "B"):
             raise ValueError(f"no handler for action {a}; valid kinds are F, I, W, B")
@@ -187,15 +198,16 @@ class StageInterpreter:
 
     def _forward(self, s: int, m: int, x: torch.Tensor) -> torch.Tensor:
         y = self.modules[s](x)
-        if s == self.num_stages - 1:
+        if self._last[s]:
             if self.loss_fn is None:
                 raise ValueError("the last stage needs a loss_fn")
-            y = self.loss_fn(y, self.targets[m]) * self.loss_weights[m]
+            g = self._mb(s, m)
+            y = self.loss_fn(y, self.targets[g]) * self.loss_weights[g]
         return y
 
     def _do_F(self, a: Action, x: torch.Tensor, earliest: float, ov: bool) -> Event:
         s, _, m = a
-        x = x.detach().requires_grad_(s > 0 and x.is_floating_point())
+        x = x.detach().requires_grad_(not self._first[s] and x.is_floating_point())
         self.input_bytes[s, m] = x.nbytes
         rec = self._recompute[s]
         saved = None if rec else SavedTensors(storages=self._storages)
@@ -212,8 +224,8 @@ class StageInterpreter:
         nbytes = x.nbytes if rec else saved.nbytes  # type: ignore[union-attr]
         self.saved[s, m] = _Saved(x, None if rec else y, saved, nbytes, rng)
         self._hold(nbytes)
-        if s == self.num_stages - 1:
-            self.losses[m] = float(y.detach())
+        if self._last[s]:
+            self.losses[self._mb(s, m)] = float(y.detach())
         else:
             self.transport.send("act", s + 1, m, y.detach(), end)
         return Event(self.rank, s, "F", m, start, end, float(nbytes), 0.0, ov)
@@ -245,7 +257,7 @@ class StageInterpreter:
         extra = total[0] - sv.nbytes if sv.output is None else 0  # re-materialised by recompute
         self._hold(extra)
         self._hold(-(sv.nbytes + extra))
-        if s > 0:
+        if not self._first[s]:
             self.transport.send("grad", s - 1, m, gin, end)
         return Event(self.rank, s, "B", m, start, end, float(extra), -float(sv.nbytes + extra), ov)
 
@@ -266,7 +278,7 @@ class StageInterpreter:
         self._hold(extra)
         freed = sv.nbytes + extra - kept.nbytes
         self._hold(-freed)
-        if s > 0:
+        if not self._first[s]:
             self.transport.send("grad", s - 1, m, gin, end)
         return Event(self.rank, s, "I", m, start, end, float(extra), -float(freed), ov)
 

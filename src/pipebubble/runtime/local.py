@@ -12,6 +12,7 @@ the forward in the backward.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import median
@@ -85,18 +86,18 @@ def run_local(
     """Run one training step of ``schedule``; gradients accumulate in the modules' ``.grad``.
 
     ``modules[s]`` is stage s. The loss is the mean over the batch: microbatch m's loss is
-    weighted by its share of the batch, so gradients equal the unsplit model's. ``recompute``
-    is one flag or one per stage. ``device`` (CUDA) adds allocator peaks and synchronised
-    timing; the modules and tensors must already live there.
+    weighted by its share of the batch, so gradients equal the unsplit model's. With several
+    chains (DualPipe), give one module per stage of one chain: the other chains run deep
+    copies (chain c's first microbatches come after chain c-1's), and after the step each
+    copy's gradients are added into the original's, as DualPipe's copies synchronise theirs.
+    ``recompute`` is one flag or one per stage. ``device`` (CUDA) adds allocator peaks and
+    synchronised timing; the modules and tensors must already live there.
     """
     validate(schedule)
-    if len(modules) != schedule.num_stages:
-        raise ValueError(
-            f"schedule has {schedule.num_stages} stages but {len(modules)} modules given"
-        )
+    modules, copies = _with_copies(schedule, modules)
     M = schedule.num_microbatches
-    xs = split_microbatches(inputs, M)
-    ys = split_microbatches(targets, M)
+    xs = split_microbatches(inputs, schedule.total_microbatches)
+    ys = split_microbatches(targets, schedule.total_microbatches)
     total = inputs.shape[0]
     weights = [x.shape[0] / total for x in xs]
     clock = clock or VirtualClock(schedule.num_ranks, device=device)
@@ -109,7 +110,8 @@ def run_local(
                 rank=r, modules=mine, num_stages=schedule.num_stages,
                 stage_to_rank=schedule.stage_to_rank, transport=transport, clock=clock,
                 inputs=xs, targets=ys, loss_fn=loss_fn, loss_weights=weights,
-                recompute=recompute, device=device,
+                recompute=recompute, device=device, chain_starts=schedule.chain_starts,
+                num_microbatches=M,
             )
         )
     orders = [list(schedule.orders[r]) for r in range(schedule.num_ranks)]
@@ -135,8 +137,33 @@ def run_local(
         events, schedule=schedule.name, num_ranks=schedule.num_ranks,
         num_stages=schedule.num_stages, num_microbatches=M,
         stage_to_rank=schedule.stage_to_rank, source=getattr(clock, "source", "measured"),
-        shift_to_zero=False,
+        shift_to_zero=False, chains=schedule.chains,
     )
+    _sum_copy_grads(copies)
     losses_by_mb = {m: v for it in interps for m, v in it.losses.items()}
-    losses = [losses_by_mb[m] for m in range(M)]
+    losses = [losses_by_mb[m] for m in range(schedule.total_microbatches)]
     return LocalResult(timeline, sum(losses), losses, interps)
+
+
+def _with_copies(schedule: Schedule, modules: Sequence[nn.Module]):
+    """Modules for every stage, plus (original, copy) pairs when chains share a model."""
+    S, chains = schedule.num_stages, schedule.chains
+    if len(modules) == S:
+        return list(modules), []
+    per = S // chains
+    equal = all(b - a == per for a, b in zip(schedule.chain_starts,
+                                               [*schedule.chain_starts[1:], S], strict=True))
+    if chains > 1 and equal and len(modules) == per:
+        copies = [copy.deepcopy(m) for _ in range(chains - 1) for m in modules]
+        pairs = [(modules[i % per], c) for i, c in enumerate(copies)]
+        return list(modules) + copies, pairs
+    valid = f"{S}" if chains == 1 else f"{S} (one per stage) or {per} (one per stage of a chain)"
+    raise ValueError(f"schedule has {S} stages but {len(modules)} modules given; expected {valid}")
+
+
+def _sum_copy_grads(pairs: list[tuple[nn.Module, nn.Module]]) -> None:
+    for orig, dup in pairs:
+        for p, q in zip(orig.parameters(), dup.parameters(), strict=True):
+            if q.grad is None:
+                continue
+            p.grad = q.grad.clone() if p.grad is None else p.grad + q.grad

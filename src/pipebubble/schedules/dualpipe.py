@@ -1,4 +1,4 @@
-"""DualPipeV (DeepSeek, github.com/deepseek-ai/DualPipe; DeepSeek-V3 report 2024).
+"""DualPipeV and DualPipe (DeepSeek, github.com/deepseek-ai/DualPipe; DeepSeek-V3 report).
 
 DualPipe feeds microbatches from both ends of the pipeline into two copies of the model;
 DualPipeV is its "cut in half" form: one copy, 2p stages in the ``v`` placement (rank r
@@ -23,16 +23,14 @@ Every I queues its W; each "W" step runs the oldest queued one. Needs m >= 2p. B
 (p - 1)(F&B + B - 3W); rank 0 holds PP + 1 = 2p + 1 chunk activations (p + 1/2
 rank-shares).
 
-DualPipe itself (two model copies, p even) is not generated here: its two copies are two
-independent chains of stages, and the simulator's dependency rule follows one chain per
-microbatch (stage s after stage s - 1); see the README.
+DualPipe itself (:func:`dualpipe`) is two mirrored DualPipeVs: see its docstring.
 """
 
 from __future__ import annotations
 
 from collections import deque
 
-from ..formulas import dualpipev_closed_form
+from ..formulas import dualpipe_closed_form, dualpipev_closed_form
 from ..schedule import Action, Overlap, Schedule, ScheduleError, Step, make_schedule
 from .registry import ScheduleSpec, register
 
@@ -43,12 +41,13 @@ def dualpipev(ranks: int, microbatches: int, chunks: int = 2) -> Schedule:
         raise ScheduleError(
             f"dualpipev needs microbatches >= 2 x ranks = {2 * p}, got {m}"
         )
-    orders = [_rank_order(p, m, r) for r in range(p)]
+    orders = [_rank_order(p, m, r, (r, 2 * p - 1 - r)) for r in range(p)]
     return make_schedule("dualpipev", orders, 2 * p, m, placement="v")
 
 
-def _rank_order(p: int, m: int, r: int) -> list[Step]:
-    stage = (r, 2 * p - 1 - r)
+def _rank_order(p: int, m: int, r: int, stage: tuple[int, int]) -> list[Step]:
+    """The eight phases of rank ``r`` of a ``p``-rank DualPipeV with ``m`` microbatches;
+    ``stage`` = (its chunk-0 stage, its chunk-1 stage). Rank p - 1 is the turn of the V."""
     next_f = [0, 0]
     next_b = [0, 0]
     weights: deque[Action] = deque()
@@ -102,6 +101,57 @@ def _rank_order(p: int, m: int, r: int) -> list[Step]:
     return order
 
 
+def dualpipe(ranks: int, microbatches: int, chunks: int = 2) -> Schedule:
+    """DualPipe (DeepSeek-V3 report, github.com/deepseek-ai/DualPipe): two copies of the
+    model, microbatches entering from both ends.
+
+    ``p`` ranks (even), ``microbatches`` = M in total: M/2 enter copy A at rank 0 and run
+    down to rank p - 1, M/2 enter copy B at rank p - 1 and run up to rank 0. Copy A is the
+    chain of stages 0..p-1, copy B the chain p..2p-1 (``chain_starts=(0, p)``; copy B's stage
+    j = global stage p + j lives on rank p - 1 - j), so the placement is exactly ``v``: rank
+    r holds copy A's stage r and copy B's stage p - 1 - r (global 2p - 1 - r), and every
+    stage is 1/p of one copy. ``Schedule.num_microbatches`` is M/2 (per chain);
+    ``total_microbatches`` is M.
+
+    Each rank r works on its *near* direction (the copy entering at its end of the
+    pipeline: A for r < p/2, B for r >= p/2) and its *far* one. With h = min(r, p - 1 - r)
+    its order is exactly rank h of a DualPipeV on p/2 ranks with M/2 microbatches (see
+    :func:`dualpipev`: chunk 0 = near stage, chunk 1 = far stage): the two halves of the
+    ranks mirror each other, and the V's turn becomes the hop between the middle ranks
+    p/2 - 1 and p/2, the ones that run their first F0 and B1 apart. DeepSeek's reference
+    (``DualPipe.step``) has the same phases with ``half_rank`` = h and
+    ``half_num_chunks`` = M/2, and requires p even, M even and M >= 2p.
+
+    Bubble (DualPipe README): (PP/2 - 1)(F&B + B - 3W) with PP = p and F, B, W, F&B the
+    times of one stage; every rank holds PP + 1 = p + 1 stage activations; 2x the
+    parameters. A scalar ``CostModel`` value is one rank's share, here two stages, so each
+    stage costs half of it: twice 1F1B's scalars describe the same model.
+
+    >>> s = dualpipe(2, 4)
+    >>> print(s.to_text())
+    0F0 3F0 0F1 3B0 (3F1;0B0) 3B1 0I1 0W1
+    2F0 1F0 2F1 1B0 (1F1;2B0) 1B1 2I1 2W1
+    """
+    p, total = ranks, microbatches
+    if p < 2 or p % 2:
+        raise ScheduleError(
+            f"dualpipe needs an even number of ranks >= 2 (its two halves mirror each other), "
+            f"got {p}; try dualpipev for any p"
+        )
+    if total % 2 or total < 2 * p:
+        raise ScheduleError(
+            f"dualpipe needs an even number of microbatches >= 2 x ranks = {2 * p} (half "
+            f"enter from each end, and each direction needs >= p), got {total}"
+        )
+    half, m = p // 2, total // 2
+    orders = []
+    for r in range(p):
+        mine = (r, 2 * p - 1 - r)  # (copy A's stage, copy B's stage)
+        near_far = mine if r < half else mine[::-1]
+        orders.append(_rank_order(half, m, min(r, p - 1 - r), near_far))
+    return make_schedule("dualpipe", orders, 2 * p, m, placement="v", chain_starts=(0, p))
+
+
 register(
     ScheduleSpec(
         "dualpipev",
@@ -114,5 +164,20 @@ register(
         split_backward=True,
         aliases=("dualpipe-v", "dual-pipe-v"),
         closed_form=dualpipev_closed_form,
+    )
+)
+
+register(
+    ScheduleSpec(
+        "dualpipe",
+        dualpipe,
+        "two model copies, microbatches from both ends, overlapped F&B pairs: bubble "
+        "(p/2-1)(F&B+B-3W), p even, M even >= 2p (M/2 per direction; DeepSeek DualPipe)",
+        chunks=2,
+        min_chunks=2,
+        fixed_chunks=True,
+        split_backward=True,
+        aliases=("dual-pipe",),
+        closed_form=dualpipe_closed_form,
     )
 )

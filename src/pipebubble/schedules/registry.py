@@ -20,7 +20,8 @@ class ScheduleSpec:
     ``chunks`` is the default number of stages per rank; ``min_chunks``/``fixed_chunks``
     say what the family accepts. ``closed_form`` (optional) maps (ranks, microbatches,
     chunks, costs) to the published bubble fraction, or None where no formula applies
-    (non-uniform costs, communication time, too few microbatches).
+    (non-uniform costs, communication time, too few microbatches); ``microbatches`` is what
+    the generator was given (``Schedule.total_microbatches``: for DualPipe, both directions).
     ``closed_form_basis`` says what that fraction is measured over: ``step`` (idle over
     ranks x step time, like ``Timeline.bubble_fraction``) or ``span`` (idle within the idlest
     rank's own span, first start to last end, as ZB-H2 and ZB-V are published: the paper
