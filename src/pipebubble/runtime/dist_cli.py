@@ -195,7 +195,9 @@ def _stages_of(setup) -> list:
     """The reference model cut as the pipeline is (its stages share the reference's weights)."""
     from .stages import split_stages
 
-    return split_stages(list(setup.reference), setup.schedule.num_stages, setup.boundaries)
+    sched = setup.schedule
+    return split_stages(list(setup.reference), sched.num_stages // sched.chains,
+                        setup.boundaries)
 
 
 def _print(args, report, extra: dict) -> None:

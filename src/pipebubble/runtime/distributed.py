@@ -38,6 +38,7 @@ from ..schedules import get_schedule
 from ..wire import Batch, lower, pair_order_mismatches
 from .clock import WallClock
 from .interpreter import StageInterpreter
+from .local import _with_copies
 from .p2p import P2PTransport
 from .watchdog import Watchdog
 
@@ -125,14 +126,16 @@ def schedule_name(cfg: DistConfig) -> str:
 def global_batch(cfg: DistConfig, spec: ModelSpec) -> tuple[torch.Tensor, torch.Tensor]:
     """The step's global batch: the same on every process (same seed)."""
     gen = torch.Generator().manual_seed(cfg.seed + 1)
-    return spec.make_batch(cfg.microbatch_size * cfg.microbatches * cfg.dp, gen)
+    chains = make_schedule_for(cfg).chains
+    return spec.make_batch(cfg.microbatch_size * cfg.microbatches * chains * cfg.dp, gen)
 
 
 def build(cfg: DistConfig) -> tuple[Schedule, ModelSpec, list[nn.Module]]:
-    """Schedule, model and its stages; every process builds the same (seeded) model."""
+    """Schedule, model and its stages (of one chain: DualPipe's second chain runs a copy);
+    every process builds the same (seeded) model."""
     schedule = make_schedule_for(cfg)
     spec = build_model(cfg.model, seed=cfg.seed, **cfg.model_args)
-    return schedule, spec, split_layers(spec.layers, schedule.num_stages)
+    return schedule, spec, split_layers(spec.layers, schedule.num_stages // schedule.chains)
 
 
 @dataclass
@@ -223,6 +226,7 @@ class Worker:
             if bad:
                 raise ValueError(f"--backend nccl needs messages in the same order at both "
                                  f"ends; {schedule_name(cfg)} with --p2p {cfg.p2p}: {bad[0]}")
+        stages, _ = _with_copies(self.schedule, stages)  # DualPipe: the chains' copies
         self.modules = {s: m.to(self.device) for s, m in enumerate(stages)
                         if where[s] == self.rank}
         self.dp_group = None
@@ -243,8 +247,9 @@ class Worker:
                              "replicas")
         n = x.shape[0] // cfg.dp
         mine = slice(self.replica * n, (self.replica + 1) * n)
-        self.xs = list(torch.tensor_split(x[mine].to(self.device), cfg.microbatches))
-        self.ys = list(torch.tensor_split(y[mine].to(self.device), cfg.microbatches))
+        total = self.schedule.total_microbatches  # over all chains
+        self.xs = list(torch.tensor_split(x[mine].to(self.device), total))
+        self.ys = list(torch.tensor_split(y[mine].to(self.device), total))
         self.weights = [xm.shape[0] / x.shape[0] for xm in self.xs]
         self.fault = _parse_fault(cfg.fault)
 
@@ -267,6 +272,8 @@ class Worker:
             stage_to_rank=self.schedule.stage_to_rank, transport=self.transport,
             clock=_clock(origin, self.device), inputs=self.xs, targets=self.ys,
             loss_fn=self.spec.loss_fn, loss_weights=self.weights, recompute=self.recompute,
+            chain_starts=self.schedule.chain_starts,
+            num_microbatches=self.schedule.num_microbatches,
         )
         computes = 0
         order = self.wired.orders[self.rank]

@@ -59,7 +59,7 @@ def measured_timeline(schedule: Schedule, results: list) -> tuple[Timeline, Alig
     tl = Timeline.from_events(
         events, schedule=schedule.name, num_ranks=schedule.num_ranks,
         num_stages=schedule.num_stages, num_microbatches=schedule.num_microbatches,
-        stage_to_rank=schedule.stage_to_rank, source="measured",
+        stage_to_rank=schedule.stage_to_rank, source="measured", chains=schedule.chains,
     )
     return tl, align
 
@@ -116,9 +116,22 @@ def predict(schedule: Schedule, timeline: Timeline, allreduce: dict[int, float],
 
 def grad_diffs(results: list, ref_loss: float, ref: dict[int, list[torch.Tensor]],
                loss: float) -> dict:
-    diff = 0.0
+    """Largest |gradient - reference| and |loss - reference loss|.
+
+    ``ref`` has one entry per stage of the model; with several chains (DualPipe) stage s
+    runs a copy of model stage ``s mod len(ref)``, and the copies' gradients are summed (as
+    DualPipe's copies synchronise theirs) before comparing.
+    """
+    per = len(ref)
+    total: dict[int, list[torch.Tensor]] = {}
     for r in results:
         for s, grads in (r.grads or {}).items():
-            for a, b in zip(grads, ref[s], strict=True):
-                diff = max(diff, float((a - b).abs().max()) if a.numel() else 0.0)
+            if s % per in total:
+                total[s % per] = [a + b for a, b in zip(total[s % per], grads, strict=True)]
+            else:
+                total[s % per] = list(grads)
+    diff = 0.0
+    for s, grads in total.items():
+        for a, b in zip(grads, ref[s], strict=True):
+            diff = max(diff, float((a - b).abs().max()) if a.numel() else 0.0)
     return {"grad_max_abs_diff": diff, "loss_abs_diff": abs(loss - ref_loss)}

@@ -44,7 +44,8 @@ def plan(layouts: list[tuple[int, int]], orderings: list[str], names: list[str])
                                        "skipped": f"wire simulator: {exc}"}))
                     continue
                 cfg = DistConfig(name, p, m, dp=d, p2p=o, model="mlp",
-                                 model_args={"layers": sched.num_stages, "width": 8},
+                                 model_args={"layers": sched.num_stages // sched.chains,
+                                             "width": 8},
                                  microbatch_size=2, check=True, stall_timeout=20.0)
                 out.append((cfg, {"schedule": name, "ranks": p, "dp": d, "p2p": o,
                                   "chunks": sched.chunks}))
