@@ -43,9 +43,12 @@ def worker(args: argparse.Namespace) -> None:
     rows = []
     for name, sched in configs(args.microbatches):
         v = sched.chunks
-        cfg = DistConfig(name, RANKS, args.microbatches, chunks=v, model="sleep",
-                         model_args={"layers": sched.num_stages, "f": F / v, "b": B / v,
-                                     "w": W / v, "width": 4},
+        # each layer (one per stage of a chain) sleeps what the simulator charges its stage
+        sc = CostModel(f=F, b=B, w=W).resolve(sched.num_stages, sched.chunks)
+        per = sched.num_stages // sched.chains
+        cfg = DistConfig(name, RANKS, args.microbatches, model="sleep",
+                         model_args={"layers": per, "f": sc.f[:per], "b": sc.b[:per],
+                                     "w": sc.w[:per], "width": 4},
                          microbatch_size=1, stall_timeout=60.0)
         w = Worker(cfg, cluster)
         best = None
