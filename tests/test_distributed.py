@@ -115,3 +115,30 @@ def test_same_entry_point_under_torchrun():
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout)
     assert out["grad_max_abs_diff"] < 1e-5 and out["world_size"] == 2 and left == []
+
+
+def test_dead_rank_found_by_heartbeat_without_a_launcher():
+    """Started by hand (as on several machines without torchrun's agent): rank 0 hosts the
+    store; when rank 1 dies, rank 0 notices its heartbeat stopped and names it."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    tag = uuid.uuid4().hex
+    base = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+            "WORLD_SIZE": "2", "PIPEBUBBLE_TEST_TAG": tag, "OMP_NUM_THREADS": "1"}
+    args = [*ENTRY, "--schedule", "gpipe", "--ranks", "2", "--microbatches", "4",
+            "--inject-fault", "kill:1:2", "--heartbeat-timeout", "3", *SMALL]
+    t0 = time.monotonic()
+    procs = [subprocess.Popen(args, env={**base, "RANK": str(r)}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    try:
+        out0 = procs[0].communicate(timeout=90)
+        procs[1].communicate(timeout=10)
+    finally:
+        for p in procs:
+            p.kill()
+    assert procs[0].returncode == 1 and procs[1].returncode == -9
+    assert "rank 0: stopping because rank 1 stopped responding" in out0[1], out0[1][-2000:]
+    assert time.monotonic() - t0 < 60 and _processes_tagged(tag) == []
