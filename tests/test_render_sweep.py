@@ -94,7 +94,7 @@ def test_sweep_command_writes_csv_png_svg(tmp_path, capsys):
     assert "27.27% (27.27%)" in out  # m = 8 is in the sampled table
     rows = list(csv.DictReader((tmp_path / "s.csv").open()))
     assert len(rows) == 2 * 64
-    assert png_ok(tmp_path / "s.png") == (1200, 460)
+    assert png_ok(tmp_path / "s.png") == (1200, 415)  # 3.9 in + one legend row of 0.25 in
     ET.parse(tmp_path / "s.svg")
     assert main(["sweep", "-p", "2", "-m", "1..3", "--schedules", "gpipe", "--csv", "-"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()

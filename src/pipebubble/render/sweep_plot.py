@@ -30,8 +30,12 @@ def sweep_figure(points: Sequence[SweepPoint], title: str | None = None) -> Figu
     if not points:
         raise ValueError("nothing to plot: the sweep has no points")
     names = list(dict.fromkeys(p.schedule for p in points))
-    fig = new_figure(WIDTH_IN, 4.6)
-    fig.subplots_adjust(left=0.07, right=0.985, top=0.83, bottom=0.24, wspace=0.2)
+    ncol = 4
+    rows = -(-(len(names) + 1) // ncol)  # legend rows, the closed-form entry included
+    height = 3.9 + 0.25 * rows
+    fig = new_figure(WIDTH_IN, height)
+    fig.subplots_adjust(left=0.07, right=0.985, top=1 - 0.75 / height,
+                        bottom=(0.55 + 0.25 * rows) / height, wspace=0.2)
     bubble_ax, mem_ax = fig.subplots(1, 2)
     ms = sorted({p.microbatches for p in points})
     log_x = ms[-1] / ms[0] >= 8
@@ -42,7 +46,8 @@ def sweep_figure(points: Sequence[SweepPoint], title: str | None = None) -> Figu
         x = [p.microbatches for p in pts]
         size = 4.5 if len(x) <= 40 else 3.0
         # Later schedules get smaller hollow markers so equal values stay visible.
-        style = dict(color=color, marker=marker, linestyle="none", markersize=size + 2 - k,
+        style = dict(color=color, marker=marker, linestyle="none",
+                     markersize=max(2.5, size + 2 - 0.6 * k),
                      markerfacecolor="none" if k else color, markeredgewidth=1.1)
         bubble_ax.plot(x, [100 * p.bubble_fraction for p in pts], **style)
         closed = [(p.microbatches, p.closed_form_bubble) for p in pts
@@ -83,6 +88,6 @@ def sweep_figure(points: Sequence[SweepPoint], title: str | None = None) -> Figu
     ranks = points[0].ranks
     fig.suptitle(title or f"bubble and activation memory against microbatches, p={ranks}",
                  x=0.07, ha="left", fontsize=11, fontweight="bold")
-    fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 6), frameon=False,
+    fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), ncol), frameon=False,
                fontsize=9, bbox_to_anchor=(0.5, 0.0))
     return fig

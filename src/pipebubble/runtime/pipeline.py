@@ -19,7 +19,8 @@ Any registered schedule runs, with ``chunks`` stages per rank where it takes sev
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import torch
@@ -64,6 +65,7 @@ class Pipeline:
         chunks: int | None = None,
         recompute: bool | Sequence[bool] = False,
         device: torch.device | str | None = None,
+        timer: Callable[[], float] = time.perf_counter,
     ):
         if not stages:
             raise ValueError("Pipeline needs at least one stage")
@@ -87,6 +89,7 @@ class Pipeline:
         self.costs = costs
         self.recompute = recompute
         self.device = device
+        self.timer = timer  # time.process_time: CPU time, immune to other processes
 
     def zero_grad(self) -> None:
         for stage in self.stages:
@@ -100,7 +103,7 @@ class Pipeline:
             if self.recompute is not False and costs.recompute is False:
                 costs = replace(costs, recompute=self.recompute)
             sc = costs.resolve(self.schedule.num_stages, self.schedule.chunks)
-        clock = VirtualClock(self.schedule.num_ranks, sc, device=self.device)
+        clock = VirtualClock(self.schedule.num_ranks, sc, device=self.device, timer=self.timer)
         return run_local(self.schedule, self.stages, inputs, targets, self.loss_fn, clock,
                          recompute=self.recompute, device=self.device)
 
