@@ -201,7 +201,10 @@ def _stages_of(setup) -> list:
 
 
 def _print(args, report, extra: dict) -> None:
+    from ..commands.common import write_figures
     from ..commands.run import print_report, report_json
+
+    write_figures(args, [report.measured, report.predicted], report.title)
 
     if args.json:
         out = report_json(report)
