@@ -67,12 +67,7 @@ class CostModel:
         f = per_stage("f", self.f)
         b = per_stage("b", self.b)
         w = per_stage("w", self.w)
-        for s in range(stages):
-            if w[s] > b[s] + 1e-12:
-                raise ScheduleError(
-                    f"w must be <= b (W is part of the backward), got w={w[s]} > b={b[s]} "
-                    f"for stage {s}"
-                )
+        _part_of(w, b, "w", "b (W is part of the backward)")
         if not self.comm >= 0:
             raise ScheduleError(f"comm must be >= 0, got {self.comm}")
         if not 0 < self.overlap <= 1:
@@ -80,12 +75,7 @@ class CostModel:
         mem = per_stage("activation_memory", self.activation_memory)
         mem_w = per_stage("weight_memory", self.weight_memory)
         mem_in = per_stage("input_memory", self.input_memory)
-        for s in range(stages):
-            if mem_w[s] > mem[s] + 1e-12:
-                raise ScheduleError(
-                    f"weight_memory must be <= activation_memory, got {mem_w[s]} > {mem[s]} "
-                    f"for stage {s}"
-                )
+        _part_of(mem_w, mem, "weight_memory", "activation_memory")
         if isinstance(self.recompute, bool):
             rec = [self.recompute] * stages
         else:
@@ -97,6 +87,12 @@ class CostModel:
             input_memory=mem_in, recompute=rec, overlap=float(self.overlap),
             allreduce=per_stage("allreduce", self.allreduce),
         )
+
+
+def _part_of(part: list[float], whole: list[float], name: str, of: str) -> None:
+    for s, (x, y) in enumerate(zip(part, whole, strict=True)):
+        if x > y + 1e-12:
+            raise ScheduleError(f"{name} must be <= {of}, got {x} > {y} for stage {s}")
 
 
 @dataclass(frozen=True)
