@@ -79,8 +79,9 @@ def run_demo(
                   "computes the loss)")
     predicted = simulate(real.schedule, costs_from_timeline(measured.timeline))
     console.print(f"simulated bubble {predicted.bubble_fraction:.2%} from the measured per-stage "
-                  f"times (step {predicted.step_time * 1e3:.2f} ms): the unequal stages, "
-                  "not the clock, make the difference")
+                  f"median times (step {predicted.step_time * 1e3:.2f} ms): unequal stages "
+                  "explain the gap to the closed form; action-to-action variation in real "
+                  "durations explains the rest")
     return {"closed_form": closed, "bubble_cost_clock": b_model, "bubble_measured": b_meas,
             "bubble_predicted_from_measured": predicted.bubble_fraction}
 
