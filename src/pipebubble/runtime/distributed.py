@@ -235,6 +235,7 @@ class Worker:
                 grp = dist.new_group([d * cfg.ranks + r for d in range(cfg.dp)])
                 if r == self.rank:
                     self.dp_group = grp
+        self.copy_groups = self._copy_groups(cfg)
         self.watchdog = cluster.watchdog
         self.watchdog.p2p = cfg.p2p
         self.transport = P2PTransport(
@@ -289,6 +290,7 @@ class Worker:
                 self.transport.run(op, self._next_batch.get(i))
             wd.advance()
         self.transport.finish()
+        self._sync_copies()
         allreduce = self._allreduce()
         wd.at(f"step {index} done", True)
         if not gather:
@@ -305,6 +307,51 @@ class Worker:
         wd.at(f"step {index}: gathering results on rank 0", True)
         dist.gather_object(result, out, dst=0)
         return out
+
+    def _copy_groups(self, cfg: DistConfig) -> list[tuple[object, list[int]]]:
+        """DualPipe: the ranks holding copies of the same model stage sum their gradients.
+
+        Model stage j runs as stage ``c + j`` of every chain c (chains of equal length); the
+        global ranks holding those copies form one group. Every process creates every group
+        in the same order (torch.distributed requires it); each keeps the groups it is in,
+        with its own stages listed by model stage, so both ends concatenate alike.
+        """
+        starts, S = self.schedule.chain_starts, self.schedule.num_stages
+        if len(starts) < 2:
+            return []
+        per = S // len(starts)
+        where = self.schedule.stage_to_rank
+        sets: dict[tuple[int, ...], list[int]] = {}
+        for replica in range(cfg.dp):
+            for j in range(per):
+                ranks = tuple(sorted({replica * cfg.ranks + where[c + j] for c in starts}))
+                if len(ranks) > 1:
+                    sets.setdefault(ranks, []).append(j)
+        mine = []
+        for ranks, models in sorted(sets.items()):
+            grp = dist.new_group(list(ranks))
+            if self.g in ranks:
+                stages = sorted((s for s in self.modules if s % per in models),
+                                key=lambda s: (s % per, s))
+                mine.append((grp, stages))
+        return mine
+
+    def _sync_copies(self) -> None:
+        """Sum the gradients of each model stage over its copies (one all-reduce per group),
+        so every copy holds the gradient of the whole model, as DualPipe's copies do."""
+        for grp, stages in self.copy_groups:
+            self.watchdog.at(f"sum of model-copy gradients (stages {stages})", True)
+            params = [p for s in stages for p in self.modules[s].parameters() if p.requires_grad]
+            for p in params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            flat = torch.cat([p.grad.reshape(-1) for p in params])
+            dist.all_reduce(flat, group=grp)
+            i = 0
+            for p in params:
+                p.grad.copy_(flat[i : i + p.numel()].view_as(p))
+                i += p.numel()
+            self.watchdog.advance()
 
     def _allreduce(self) -> dict[int, float]:
         """Sum each stage's gradients across the data-parallel group; seconds per stage."""

@@ -119,19 +119,13 @@ def grad_diffs(results: list, ref_loss: float, ref: dict[int, list[torch.Tensor]
     """Largest |gradient - reference| and |loss - reference loss|.
 
     ``ref`` has one entry per stage of the model; with several chains (DualPipe) stage s
-    runs a copy of model stage ``s mod len(ref)``, and the copies' gradients are summed (as
-    DualPipe's copies synchronise theirs) before comparing.
+    runs a copy of model stage ``s mod len(ref)``, and after the step every copy holds the
+    sum over the copies (the workers synchronise them), so each copy is compared as it is.
     """
     per = len(ref)
-    total: dict[int, list[torch.Tensor]] = {}
-    for r in results:
-        for s, grads in (r.grads or {}).items():
-            if s % per in total:
-                total[s % per] = [a + b for a, b in zip(total[s % per], grads, strict=True)]
-            else:
-                total[s % per] = list(grads)
+    total = [(s % per, grads) for r in results for s, grads in (r.grads or {}).items()]
     diff = 0.0
-    for s, grads in total.items():
+    for s, grads in total:
         for a, b in zip(grads, ref[s], strict=True):
             diff = max(diff, float((a - b).abs().max()) if a.numel() else 0.0)
     return {"grad_max_abs_diff": diff, "loss_abs_diff": abs(loss - ref_loss)}
