@@ -135,3 +135,15 @@ def test_simulate_and_compare_write_figures(tmp_path, capsys):
     assert main(["simulate", "--schedule", "gpipe", "-p", "2", "-m", "2",
                  "--png", str(tmp_path / "missing" / "x.png")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_sweep_trace_holds_each_schedule_at_the_largest_m(tmp_path, capsys):
+    path = tmp_path / "sweep.json"
+    assert main(["sweep", "-p", "2", "-m", "1..4", "--schedules", "gpipe,1f1b",
+                 "--trace", str(path)]) == 0
+    events = json.loads(path.read_text())["traceEvents"]
+    slices = [e for e in events if e["ph"] == "X"]
+    assert len(slices) == 2 * (2 * 4 * 2)  # two schedules x 2 stages x 4 microbatches x F, B
+    names = {e["args"]["name"] for e in events
+             if e["ph"] == "M" and e["name"] == "process_name"}
+    assert names == {f"{s} m=4 rank {r}" for s in ("gpipe", "1f1b") for r in (0, 1)}

@@ -5,7 +5,8 @@
 
 Prints a table (a sample of m values when there are many), writes every point as CSV with
 ``--csv FILE`` (``-`` for stdout, then nothing else is printed) and the picture with
-``--png``/``--svg``. A long sweep shows a progress bar on the terminal.
+``--png``/``--svg``, and with ``--trace FILE`` a Perfetto trace of every schedule at the
+largest m swept. A long sweep shows a progress bar on the terminal.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--csv", metavar="FILE", help="write every point as CSV ('-': stdout)")
     g.add_argument("--png", metavar="FILE", help="save the plot as PNG")
     g.add_argument("--svg", metavar="FILE", help="save the plot as SVG")
+    g.add_argument("--trace", metavar="FILE",
+                   help="save a Perfetto trace of each schedule at the sweep's largest m")
     p.set_defaults(func=run)
 
 
@@ -76,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
             save(fig, args.png, "png")
         if args.svg:
             save(fig, args.svg, "svg")
+    if args.trace:
+        _write_trace(args.trace, points, names, args, costs)
     if args.csv == "-":
         write_csv(points, sys.stdout)
         return 0
@@ -84,6 +89,25 @@ def run(args: argparse.Namespace) -> int:
             write_csv(points, f)
     Console().print(_table(points, names, title))
     return 0
+
+
+def _write_trace(path: str, points: list[SweepPoint], names: list[str],
+                 args: argparse.Namespace, costs) -> None:
+    """One trace holding every schedule's timeline at the largest m it was swept at."""
+    from ..render.trace import write_trace
+    from ..schedules import get_schedule
+    from ..simulate import simulate
+
+    timelines, labels = [], []
+    for name in names:
+        ms = [p.microbatches for p in points if p.schedule == name]
+        if not ms:
+            continue
+        spec = lookup(name)
+        v = args.chunks if (args.chunks and not spec.fixed_chunks) else None
+        timelines.append(simulate(get_schedule(name, args.ranks, max(ms), v), costs))
+        labels.append(f"{name} m={max(ms)}")
+    write_trace(path, timelines, labels)
 
 
 def _table(points: list[SweepPoint], names: list[str], title: str) -> Table:
