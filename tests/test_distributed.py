@@ -83,6 +83,18 @@ def test_cli_check_json_two_ranks_dp2():
     assert out["predicted"]["step_time_with_allreduce"] >= out["predicted"]["step_time"]
 
 
+def test_first_step_headers_do_not_hold_back_sends():
+    """ZB-V at p=2, m=1: rank 0's first batch sends 0F0 and receives 3F0, which rank 1 can
+    only produce from 0F0. The shape headers of the first step must not hold the send back
+    (they once did, and the run stalled until the watchdog stopped it)."""
+    proc, took, left = launch(["--schedule", "zbv", "--ranks", "2", "--microbatches", "1",
+                               "--check", "--json", "--timeout", "20", *SMALL])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    assert out["grad_max_abs_diff"] < 1e-5 and out["loss_abs_diff"] < 1e-5
+    assert took < 60 and left == []
+
+
 def test_naive_ordering_really_deadlocks_and_every_rank_reports():
     proc, took, left = launch(["--schedule", "1f1b", "--ranks", "2", "--microbatches", "4",
                                "--p2p", "naive", "--timeout", "2", *SMALL])

@@ -146,38 +146,41 @@ class P2PTransport:
         self.messages += 1
 
     def _batched(self, ops: Sequence[Comm], prefetch: Sequence[Comm] = ()) -> None:
-        headers: list[dist.P2POp] = []
+        """Post the batch's sends (headers and payloads) and receives, then wait for the
+        receives. On the first step a receive needs its header first: headers and every
+        send go out at once, and a payload receive is posted once its header is in. (A send
+        never waits for this batch's headers: its peer may need the send before it can
+        produce what this batch receives, as in ZB-V's turn at p=2, m=1.)"""
+        first: list[dist.P2POp] = []  # header sends and receives, payload sends
         got: list[tuple[Comm, torch.Tensor]] = []
-        payloads: dict[Comm, torch.Tensor] = {}
         for c in ops:
             peer = self.peer_rank(c.peer)
             if c.is_send:
-                payloads[c] = self._payload(c)
+                payload = self._payload(c)
                 if self._needs_header(c):
-                    hdr = _header(payloads[c]).to(self.device)
-                    headers.append(dist.P2POp(dist.isend, hdr, peer, self.group,
-                                              self._tag(c.key, True)))
+                    first.append(dist.P2POp(dist.isend, _header(payload).to(self.device), peer,
+                                            self.group, self._tag(c.key, True)))
                     self.headers_sent.add(c.key)
+                first.append(dist.P2POp(dist.isend, payload, peer, self.group, self._tag(c.key)))
             elif self._needs_header(c):
                 hdr = torch.empty(_HEADER, dtype=torch.int64, device=self.device)
-                headers.append(dist.P2POp(dist.irecv, hdr, peer, self.group,
-                                          self._tag(c.key, True)))
+                first.append(dist.P2POp(dist.irecv, hdr, peer, self.group,
+                                        self._tag(c.key, True)))
                 got.append((c, hdr))
-        if headers:  # first step only: shapes travel before the tensors
-            self._wait_receives(headers, "headers of " + " ".join(map(str, ops)))
+        if first:
+            self._wait_receives(first, "headers of " + " ".join(map(str, ops)))
             for c, hdr in got:
                 self.shapes[c.key] = _parse_header(hdr)
         p2p: list[dist.P2POp] = []
         mine: list[tuple[Comm, dist.P2POp | None]] = []  # None: posted by an earlier batch
         for c in ops:
-            peer = self.peer_rank(c.peer)
             if c.is_send:
-                p2p.append(dist.P2POp(dist.isend, payloads[c], peer, self.group,
-                                      self._tag(c.key)))
-            elif c.key in self.prefetched:
+                continue
+            if c.key in self.prefetched:
                 mine.append((c, None))
             else:
-                op = dist.P2POp(dist.irecv, self._buffer(c), peer, self.group, self._tag(c.key))
+                op = dist.P2POp(dist.irecv, self._buffer(c), self.peer_rank(c.peer),
+                                self.group, self._tag(c.key))
                 p2p.append(op)
                 mine.append((c, op))
         early = []
@@ -188,9 +191,6 @@ class P2PTransport:
                 p2p.append(op)
                 early.append((c, op))
         works = dict(zip(map(id, p2p), dist.batch_isend_irecv(p2p), strict=True)) if p2p else {}
-        for op in p2p:
-            if op.op is dist.isend:
-                self.in_flight.append((works[id(op)], op.tensor))
         for c, op in early:
             self.prefetched[c.key] = (works[id(op)], op.tensor)
         self.on_wait(f"batch {' '.join(map(str, ops))}: waiting for its receives")
