@@ -151,11 +151,17 @@ def _run(plans: list[list[tuple]], mbs: list[list[int]], p: int, S: int, M: int,
     ends = [array("d", bytes(8 * len(plan))) for plan in plans]
     remaining = sum(len(plan) for plan in plans)
     # One list per rank: plan, microbatches, starts, ends, length, next index, clock.
-    ranks = [[plans[r], mbs[r], starts[r], ends[r], len(plans[r]), 0, 0.0] for r in range(p)]
+    # The last field is the slot the rank last blocked on: while it is not done, the rank
+    # is skipped without decoding its next action.
+    ready = len(done) - 1
+    ranks = [[plans[r], mbs[r], starts[r], ends[r], len(plans[r]), 0, 0.0, ready]
+             for r in range(p)]
     while remaining:
         progressed = 0
         for state in ranks:
-            plan, mb, st_r, en_r, n, i0, t = state
+            if done[state[7]] == inf:
+                continue
+            plan, mb, st_r, en_r, n, i0, t, _ = state
             i = i0
             while i < n:
                 out, da, la, db, lb, d, _, _, _, _ = plan[i]
@@ -166,6 +172,7 @@ def _run(plans: list[list[tuple]], mbs: list[list[int]], p: int, S: int, M: int,
                     x = y
                 if x > t:
                     if x == inf:
+                        state[7] = da + m if done[da + m] == inf else db + m
                         break
                     t = x
                 st_r[i] = t
