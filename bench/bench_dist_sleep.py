@@ -19,10 +19,10 @@ import os
 import sys
 
 from pipebubble import CostModel, get_schedule, schedule_names, simulate
-from pipebubble.runtime.distributed import Cluster, DistConfig, Env, Worker
-from pipebubble.runtime.launch import launch, under_launcher
-from pipebubble.runtime.report import measured_comm, measured_timeline, step_span
-from pipebubble.schedule import ScheduleError
+from pipebubble.ir.schedule import ScheduleError
+from pipebubble.runtime.dist.launch import launch, under_launcher
+from pipebubble.runtime.dist.report import measured_comm, measured_timeline, step_span
+from pipebubble.runtime.dist.worker import Cluster, DistConfig, Env, Worker
 
 RANKS = 4
 F, B, W = 0.040, 0.080, 0.040

@@ -31,8 +31,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-from pipebubble.runtime.distributed import Cluster, DistConfig, Env, Worker, build
-from pipebubble.runtime.launch import launch, under_launcher
+from pipebubble.runtime.dist.launch import launch, under_launcher
+from pipebubble.runtime.dist.worker import Cluster, DistConfig, Env, Worker, build
 
 TORCH = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 

@@ -13,7 +13,7 @@ import argparse
 import random
 import time
 
-from pipebubble.partition import bottleneck, min_max_partition, min_max_partition_dp
+from pipebubble.plan.partition import bottleneck, min_max_partition, min_max_partition_dp
 
 
 def best_of(repeats: int, fn):

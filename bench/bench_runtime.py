@@ -19,11 +19,11 @@ import time
 
 import torch
 
-from pipebubble.calibrate import stage_times
+from pipebubble.ir.schedule import Action, make_schedule
 from pipebubble.models import mlp, transformer
+from pipebubble.plan.calibrate import stage_times
 from pipebubble.runtime.local import run_local
 from pipebubble.runtime.stages import split_stages
-from pipebubble.schedule import Action, make_schedule
 from pipebubble.schedules import get_schedule
 
 

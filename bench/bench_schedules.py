@@ -18,7 +18,7 @@ import time
 
 from pipebubble.costs import CostModel
 from pipebubble.schedules import get_schedule, schedule_names
-from pipebubble.simulate import simulate
+from pipebubble.sim.kernel import simulate
 
 TORCH = {"gpipe": ("GPipe", None), "interleaved-1f1b": ("Interleaved1F1B", 2),
          "looped-bfs": ("LoopedBFS", 2), "zbv": ("ZBVZeroBubble", 2),

@@ -6,7 +6,7 @@ is a large matrix multiply plus the loss. Cut by parameters, the first stage get
 embedding and few blocks and sits idle, while another stage is the bottleneck; cut by
 measured time, the first stage takes more blocks. This script:
 
-1. profiles every layer on one microbatch (``pipebubble.profile``);
+1. profiles every layer on one microbatch (``pipebubble.plan.profile``);
 2. cuts the model into 4 stages by ``params`` and by ``time`` (exact min-max) and simulates
    1F1B for each cut: the *predicted* step times;
 3. runs both cuts for real with the local runtime (measured per-stage clock), alternating,
@@ -27,12 +27,12 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-from pipebubble.balance import Options, balance, rebalance
 from pipebubble.commands.partition import fmt_time, stages_table, summary_table
 from pipebubble.commands.profile import profile_table
-from pipebubble.measured import measure_plans
 from pipebubble.models import transformer
-from pipebubble.profile import profile_layers
+from pipebubble.plan.balance import Options, balance, rebalance
+from pipebubble.plan.measured import measure_plans
+from pipebubble.plan.profile import profile_layers
 
 MODEL = dict(layers=12, dim=128, heads=4, vocab=6144, seq=64)
 

@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 
 from pipebubble import Pipeline, PipelineStage, get_schedule, simulate
-from pipebubble.calibrate import costs_from_timeline
 from pipebubble.cli import main
 from pipebubble.models import mlp
+from pipebubble.plan.calibrate import costs_from_timeline
 from pipebubble.render.plots import save, timelines_figure
 from pipebubble.render.trace import write_trace
 

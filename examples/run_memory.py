@@ -22,14 +22,14 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from pipebubble.calibrate import stage_times
+from pipebubble.ir.schedule import Action, make_schedule
 from pipebubble.models import build_model
+from pipebubble.plan.calibrate import stage_times
 from pipebubble.runtime.calibrated import calibrated_costs
 from pipebubble.runtime.local import run_local
 from pipebubble.runtime.stages import split_stages
-from pipebubble.schedule import Action, make_schedule
 from pipebubble.schedules import get_schedule
-from pipebubble.simulate import simulate
+from pipebubble.sim.kernel import simulate
 
 
 def zb_like(ranks: int, microbatches: int):

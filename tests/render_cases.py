@@ -3,7 +3,7 @@ backward (I/W), interleaved chunks, V placement, DualPipe-style overlapped F&B s
 
 from __future__ import annotations
 
-from pipebubble.schedule import Action, Overlap, Schedule, make_schedule, validate
+from pipebubble.ir.schedule import Action, Overlap, Schedule, make_schedule, validate
 
 
 def projected(name: str, ranks: int, chunks: int, microbatches: int, split: bool,

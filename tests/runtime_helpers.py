@@ -7,10 +7,10 @@ import copy
 import torch
 from torch import nn
 
+from pipebubble.ir.schedule import Action, Overlap, make_schedule, v_placement, validate
 from pipebubble.models import transformer
 from pipebubble.runtime.stages import split_stages
-from pipebubble.schedule import Action, Overlap, make_schedule, v_placement, validate
-from pipebubble.simulate import simulate
+from pipebubble.sim.kernel import simulate
 
 
 class Block(nn.Module):

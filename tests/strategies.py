@@ -7,7 +7,7 @@ import random
 from hypothesis import strategies as st
 
 from pipebubble.costs import CostModel
-from pipebubble.schedule import Action, make_schedule
+from pipebubble.ir.schedule import Action, make_schedule
 
 
 def random_valid_schedule(seed: int, ranks: int, chunks: int, microbatches: int, split: bool,

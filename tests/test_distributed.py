@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from pipebubble import get_schedule, schedule_names
-from pipebubble.schedule import ScheduleError
+from pipebubble.ir.schedule import ScheduleError
 
 ENTRY = [sys.executable, "-m", "pipebubble", "run"]
 SMALL = ["--width", "8", "--warmup", "0", "--repeat", "1"]
@@ -48,7 +48,7 @@ def _processes_tagged(tag: str) -> list[int]:
 def test_every_schedule_gradients_4_ranks_and_2x2():
     """All registered schedules on a 4-rank pipeline and on 2 replicas of a 2-rank one:
     every gradient and the loss equal the unsplit model's on the global batch."""
-    selfcheck = [sys.executable, "-m", "pipebubble.runtime.selfcheck"]
+    selfcheck = [sys.executable, "-m", "pipebubble.runtime.dist.selfcheck"]
     proc, _, left = launch(["--world", "4", "--layouts", "4x1,2x2", "--p2p", "batched,parity"],
                            timeout=170, entry=selfcheck)
     assert proc.returncode == 0, proc.stderr[-2000:]

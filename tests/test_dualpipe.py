@@ -26,11 +26,11 @@ import pytest
 
 from pipebubble.cli import main
 from pipebubble.costs import CostModel
-from pipebubble.formulas import dualpipe_bubble_time
 from pipebubble.interop import parse_torch_csv, to_torch_csv
-from pipebubble.schedule import Action, Overlap, ScheduleError, v_placement, validate
+from pipebubble.ir.schedule import Action, Overlap, ScheduleError, v_placement, validate
 from pipebubble.schedules import closed_form_bubble, get_schedule
-from pipebubble.simulate import Deadlock, simulate
+from pipebubble.sim.formulas import dualpipe_bubble_time
+from pipebubble.sim.kernel import Deadlock, simulate
 
 
 def approx(x):

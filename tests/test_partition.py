@@ -7,7 +7,11 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipebubble.balance import (
+from pipebubble.cli import main
+from pipebubble.costs import CostModel
+from pipebubble.ir.schedule import Action, make_schedule
+from pipebubble.models import mlp
+from pipebubble.plan.balance import (
     SIM_METHOD,
     Options,
     balance,
@@ -18,12 +22,9 @@ from pipebubble.balance import (
     make_plan,
     rebalance,
 )
-from pipebubble.cli import main
-from pipebubble.costs import CostModel
-from pipebubble.layouts import megatron_flags, megatron_layout, torchtitan_fqns
-from pipebubble.measured import measure_plans
-from pipebubble.models import mlp
-from pipebubble.partition import (
+from pipebubble.plan.layouts import megatron_flags, megatron_layout, torchtitan_fqns
+from pipebubble.plan.measured import measure_plans
+from pipebubble.plan.partition import (
     TIE_BREAKS,
     PartitionError,
     bottleneck,
@@ -31,10 +32,9 @@ from pipebubble.partition import (
     min_max_partition_dp,
     ranges_from_ends,
 )
-from pipebubble.profile import LayerProfile, Profile
-from pipebubble.schedule import Action, make_schedule
+from pipebubble.plan.profile import LayerProfile, Profile
 from pipebubble.schedules import get_schedule
-from pipebubble.simulate import simulate
+from pipebubble.sim.kernel import simulate
 
 
 def brute_force(costs, stages, first=0.0, last=0.0, memory=None, caps=None):

@@ -6,7 +6,13 @@ from torch import nn
 
 from pipebubble.cli import main
 from pipebubble.models import transformer
-from pipebubble.profile import LayerProfile, Profile, ProfileError, profile_layers, resolve_timer
+from pipebubble.plan.profile import (
+    LayerProfile,
+    Profile,
+    ProfileError,
+    profile_layers,
+    resolve_timer,
+)
 
 
 def tiny():

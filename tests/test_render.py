@@ -12,7 +12,8 @@ import torch
 from matplotlib.collections import PolyCollection
 
 from pipebubble import CostModel, Pipeline, PipelineStage, get_schedule, simulate
-from pipebubble.calibrate import costs_from_timeline
+from pipebubble.ir.schedule import ScheduleError
+from pipebubble.plan.calibrate import costs_from_timeline
 from pipebubble.render import figures
 from pipebubble.render.plots import (
     DPI,
@@ -26,7 +27,6 @@ from pipebubble.render.plots import (
 )
 from pipebubble.render.style import IDLE_COLOR, kind_color
 from pipebubble.render.terminal import chunk_of_stage
-from pipebubble.schedule import ScheduleError
 from pipebubble.schedules import schedule_names
 from render_cases import hand_built
 
@@ -245,8 +245,8 @@ def test_figures_write_draws_what_the_flags_ask(tmp_path):
 
 
 def test_stacked_hand_built_and_sweep_figures_are_legible():
+    from pipebubble.plan.sweep import sweep
     from pipebubble.render.sweep_plot import sweep_figure
-    from pipebubble.sweep import sweep
 
     timelines = [simulate(s, COSTS) for s in hand_built().values()]
     fig = timelines_figure(timelines, title="hand-built")

@@ -12,10 +12,10 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from pipebubble.cli import main
-from pipebubble.schedule import ScheduleError
+from pipebubble.ir.schedule import ScheduleError
+from pipebubble.plan.sweep import parse_range, sweep, write_csv
 from pipebubble.schedules import registry
 from pipebubble.schedules.gpipe import gpipe
-from pipebubble.sweep import parse_range, sweep, write_csv
 
 
 @pytest.mark.parametrize("text, values", [

@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipebubble import CostModel, Pipeline, simulate
+from pipebubble.ir.schedule import Action, ScheduleError, make_schedule
 from pipebubble.runtime.local import run_local
-from pipebubble.schedule import Action, ScheduleError, make_schedule
 from pipebubble.schedules import get_schedule, lookup, schedule_names
-from pipebubble.simulate import Deadlock
+from pipebubble.sim.kernel import Deadlock
 from runtime_helpers import (
     assert_grads_equal,
     assert_timeline_invariants,

@@ -6,10 +6,10 @@ import torch
 
 from pipebubble import CostModel, Event, get_schedule, simulate
 from pipebubble.models import build_model
-from pipebubble.runtime import sleep as sleep_mod
-from pipebubble.runtime.dataparallel import ring_allreduce_time, step_time_with_allreduce
-from pipebubble.runtime.distributed import RankResult, split_layers
-from pipebubble.runtime.report import measured_comm, measured_timeline, step_span
+from pipebubble.models import sleep as sleep_mod
+from pipebubble.runtime.dist.report import measured_comm, measured_timeline, step_span
+from pipebubble.runtime.dist.worker import RankResult, split_layers
+from pipebubble.sim.dataparallel import ring_allreduce_time, step_time_with_allreduce
 
 
 class _Naps:

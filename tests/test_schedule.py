@@ -1,6 +1,6 @@
 import pytest
 
-from pipebubble.schedule import (
+from pipebubble.ir.schedule import (
     Action,
     Overlap,
     ScheduleError,

@@ -12,15 +12,15 @@ import itertools
 import pytest
 
 from pipebubble.costs import CostModel
-from pipebubble.formulas import (
+from pipebubble.ir.schedule import ScheduleError, validate
+from pipebubble.schedules import closed_form_bubble, get_schedule, lookup, schedule_names
+from pipebubble.sim.formulas import (
     dualpipe_bubble_time,
     interleaved_bubble_fraction,
     zb_h1_bubble_time,
     zb_h2_bubble_time,
 )
-from pipebubble.schedule import ScheduleError, validate
-from pipebubble.schedules import closed_form_bubble, get_schedule, lookup, schedule_names
-from pipebubble.simulate import simulate
+from pipebubble.sim.kernel import simulate
 
 ALL = schedule_names()
 

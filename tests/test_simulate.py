@@ -2,10 +2,10 @@ import pytest
 from hypothesis import given
 
 from pipebubble.costs import CostModel
-from pipebubble.formulas import bubble_fraction, gpipe_step_time
-from pipebubble.schedule import Action, Overlap, ScheduleError, make_schedule
+from pipebubble.ir.schedule import Action, Overlap, ScheduleError, make_schedule
 from pipebubble.schedules import get_schedule
-from pipebubble.simulate import Deadlock, simulate
+from pipebubble.sim.formulas import bubble_fraction, gpipe_step_time
+from pipebubble.sim.kernel import Deadlock, simulate
 from strategies import schedules_and_costs
 
 

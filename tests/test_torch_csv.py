@@ -16,11 +16,11 @@ import pytest
 
 from pipebubble.cli import main
 from pipebubble.costs import CostModel
-from pipebubble.formulas import zb_h1_bubble_time
 from pipebubble.interop import parse_torch_csv, read_torch_csv, to_torch_csv, write_torch_csv
-from pipebubble.schedule import Action, Overlap, ScheduleError
+from pipebubble.ir.schedule import Action, Overlap, ScheduleError
 from pipebubble.schedules import get_schedule, schedule_names
-from pipebubble.simulate import simulate
+from pipebubble.sim.formulas import zb_h1_bubble_time
+from pipebubble.sim.kernel import simulate
 
 pipelining = pytest.importorskip("torch.distributed.pipelining.schedules")
 from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops  # noqa: E402

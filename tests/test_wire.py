@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 from pipebubble import CostModel, get_schedule, schedule_names, simulate
 from pipebubble.cli import main
-from pipebubble.schedule import Action, ScheduleError, make_schedule
-from pipebubble.wire import Batch, Comm, WireDeadlock, lower, pair_order_mismatches, run_wire
+from pipebubble.ir.schedule import Action, ScheduleError, make_schedule
+from pipebubble.sim.wire import Batch, Comm, WireDeadlock, lower, pair_order_mismatches, run_wire
 from strategies import random_valid_schedule, schedules_and_costs
 
 

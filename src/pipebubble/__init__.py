@@ -1,16 +1,25 @@
 """pipebubble: plan, simulate, draw and run pipeline-parallel training schedules.
 
-The schedule is data (``schedule.py``); the simulator (``simulate.py``) and the executors
-(``runtime/``) consume it and both produce a ``Timeline`` (``timeline.py``).
+A schedule is data (:mod:`pipebubble.ir`); the simulator (:mod:`pipebubble.sim`) and the
+executors (:mod:`pipebubble.runtime`) consume it, and both produce a :class:`Timeline`.
+
+Importing this package loads neither torch nor matplotlib: the lesson's ``Pipeline`` and
+``PipelineStage`` (which need torch) are loaded the first time they are asked for.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from .costs import CostModel
-from .formulas import bubble_fraction
-from .runtime.pipeline import Pipeline, PipelineStage
-from .schedule import Action, Overlap, Schedule, ScheduleError, validate
+from .ir.schedule import Action, Overlap, Schedule, ScheduleError, validate
 from .schedules import get_schedule, schedule_names
-from .simulate import Deadlock, simulate
+from .sim import Deadlock, simulate
+from .sim.formulas import bubble_fraction
 from .timeline import Event, Timeline
+
+if TYPE_CHECKING:
+    from .runtime.pipeline import Pipeline, PipelineStage
 
 __all__ = [
     "Action",
@@ -31,3 +40,13 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+_LAZY = {"Pipeline": "runtime.pipeline", "PipelineStage": "runtime.pipeline"}
+
+
+def __getattr__(name: str):  # PEP 562: torch is imported only when the lesson's classes are used
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

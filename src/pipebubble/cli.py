@@ -13,7 +13,7 @@ import pkgutil
 import sys
 
 from . import commands
-from .schedule import ScheduleError
+from .ir.schedule import ScheduleError
 
 
 class UsageError(Exception):

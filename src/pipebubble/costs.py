@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .schedule import ScheduleError
+from .ir.schedule import ScheduleError
 
 Value = float | Sequence[float]
 

@@ -16,12 +16,12 @@ import torch
 from rich.console import Console
 from torch import nn
 
-from .calibrate import costs_from_timeline
 from .costs import CostModel
-from .formulas import bubble_fraction
+from .plan.calibrate import costs_from_timeline
 from .render.terminal import gantt
 from .runtime.pipeline import Pipeline, PipelineStage
-from .simulate import simulate
+from .sim.formulas import bubble_fraction
+from .sim.kernel import simulate
 
 
 def build_stages(num_stages: int = 4, width: int = 256, seed: int = 0) -> list[PipelineStage]:

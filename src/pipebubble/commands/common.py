@@ -7,7 +7,7 @@ import json
 import sys
 
 from ..costs import CostModel
-from ..schedule import Schedule, ScheduleError
+from ..ir.schedule import Schedule, ScheduleError
 from ..schedules import closed_form_bubble, get_schedule, lookup, schedule_names
 from ..timeline import Timeline
 

@@ -9,10 +9,10 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from ..runtime.dataparallel import add_dp_flags, dp_fields, with_allreduce
-from ..schedule import ScheduleError
+from ..ir.schedule import ScheduleError
 from ..schedules import get_schedule, lookup, schedule_names
-from ..simulate import simulate
+from ..sim.dataparallel import add_dp_flags, dp_fields, with_allreduce
+from ..sim.kernel import simulate
 from .common import (
     add_cost_flags,
     add_figure_flags,

@@ -12,7 +12,7 @@ import argparse
 import sys
 
 from ..interop.torch_csv import write_torch_csv
-from ..schedule import validate
+from ..ir.schedule import validate
 from .common import add_schedule_flags, schedule_from_args
 
 

@@ -17,10 +17,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from ..balance import METHODS, SIM_METHOD, Options, Plan, balance, rebalance
-from ..layouts import layer_lists, megatron_flags, megatron_layout, torchtitan_fqns
-from ..partition import PartitionError, Ranges
-from ..profile import Profile
+from ..plan.balance import METHODS, SIM_METHOD, Options, Plan, balance, rebalance
+from ..plan.layouts import layer_lists, megatron_flags, megatron_layout, torchtitan_fqns
+from ..plan.partition import PartitionError, Ranges
+from ..plan.profile import Profile
 from ..schedules import schedule_names
 from ..timeline import Event, Timeline
 from .common import positive_int, print_json, time_value
@@ -208,7 +208,7 @@ def _rebalance(profile: Profile, options: Options, timeline: Timeline,
     if len(ranges) != options.stages:
         raise ValueError(f"--current-cut has {len(ranges)} stages; --ranks x --chunks is "
                          f"{options.stages}")
-    from ..balance import make_plan
+    from ..plan.balance import make_plan
 
     current = make_plan(profile, ranges, "current", options, score=False)
     _, before, after = rebalance(profile, current, timeline, top=args.top)

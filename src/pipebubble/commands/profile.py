@@ -62,7 +62,7 @@ def build(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ..profile import profile_layers
+    from ..plan.profile import profile_layers
 
     if args.warmup < 0:
         raise ValueError(f"--warmup must be >= 0, got {args.warmup}")

@@ -21,10 +21,10 @@ from rich.table import Table
 from torch import nn
 
 from ..costs import CostModel
+from ..ir.schedule import Schedule, validate
 from ..models import ModelSpec, build_model
 from ..render.terminal import gantt, summary_table
-from ..schedule import Schedule, validate
-from ..simulate import simulate
+from ..sim.kernel import simulate
 from ..timeline import Timeline
 from .common import (
     add_figure_flags,
@@ -50,7 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "one process per rank (see the distributed flags)")
     add_schedule_flags(p)
     add_model_flags(p)
-    from ..runtime.dist_cli import add_distributed_flags
+    from ..runtime.dist.run import add_distributed_flags
 
     add_distributed_flags(p)
     p.add_argument("--recompute", action="store_true",
@@ -258,7 +258,7 @@ def run_local_steps(setup: RunSetup, recompute: list[bool], warmup: int = 1,
 def recompute_trade(setup: RunSetup, plain, rec, rec_report: RunReport) -> dict:
     """Memory saved and time added by recomputation: measured, and predicted by the cost model
     (the plain run's calibrated costs with ``recompute=True``)."""
-    from ..calibrate import stage_times
+    from ..plan.calibrate import stage_times
     from ..runtime.calibrated import calibrated_costs
 
     base = calibrated_costs(plain.timeline, False, plain.input_bytes)
@@ -294,7 +294,7 @@ def run(args: argparse.Namespace) -> int:
     if args.warmup < 0:
         raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
     if not args.local:  # one process per rank: runtime/dist_cli.py
-        from ..runtime.dist_cli import run_distributed
+        from ..runtime.dist.run import run_distributed
 
         return run_distributed(args)
     if args.dp > 1:

@@ -13,9 +13,9 @@ import argparse
 from rich.console import Console
 
 from ..interop.torch_csv import explain_deadlock, read_torch_csv
+from ..ir.schedule import Schedule, ScheduleError, validate
 from ..render.terminal import gantt, summary_lines, summary_table
-from ..schedule import Schedule, ScheduleError, validate
-from ..simulate import Deadlock, simulate
+from ..sim.kernel import Deadlock, simulate
 from .common import (
     add_cost_flags,
     add_figure_flags,

@@ -18,8 +18,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ..plan.sweep import SweepPoint, parse_range, sweep, write_csv
 from ..schedules import lookup, schedule_names
-from ..sweep import SweepPoint, parse_range, sweep, write_csv
 from .common import add_cost_flags, costs_from_args, positive_int
 
 PROGRESS_FROM = 200  # points; fewer finish before a bar would be worth drawing
@@ -96,7 +96,7 @@ def _write_trace(path: str, points: list[SweepPoint], names: list[str],
     """One trace holding every schedule's timeline at the largest m it was swept at."""
     from ..render.trace import write_trace
     from ..schedules import get_schedule
-    from ..simulate import simulate
+    from ..sim.kernel import simulate
 
     timelines, labels = [], []
     for name in names:

@@ -13,9 +13,9 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
-from ..schedule import validate
-from ..simulate import simulate
-from ..wire import ORDERINGS, WireDeadlock, lower, run_wire
+from ..ir.schedule import validate
+from ..sim.kernel import simulate
+from ..sim.wire import ORDERINGS, WireDeadlock, lower, run_wire
 from .common import (
     add_cost_flags,
     add_schedule_flags,

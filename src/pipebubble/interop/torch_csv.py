@@ -11,12 +11,12 @@ schedule as one CSV row per rank and one action per cell, in the text form of ``
 - an empty cell: an idle slot. PyTorch uses them to line ranks up for display; here they
   are spacing only and take no time (the simulator waits on data dependencies instead);
 - ``(0F7;7B3)OVERLAP_F_B``: a forward and a backward run as one overlapped block
-  (DualPipeV), read as an :class:`~pipebubble.schedule.Overlap`;
+  (DualPipeV), read as an :class:`~pipebubble.ir.schedule.Overlap`;
 - ``0UNSHARD``, ``0RESHARD``, ``0REDUCE_GRAD``: FSDP and gradient-reduction markers,
   accepted and given no time.
 
 The stage → rank placement is inferred from which row runs each stage. A malformed or
-inconsistent file gets one :class:`~pipebubble.schedule.ScheduleError` naming the row (and
+inconsistent file gets one :class:`~pipebubble.ir.schedule.ScheduleError` naming the row (and
 its rank), the column and the cell, e.g. ``s.csv: row 2 (rank 1), column 4, cell '1B3':
 backward of stage 1 for microbatch 3, which this rank never ran forward``. Rows and columns
 count from 1, as in a spreadsheet; ranks from 0.
@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
-from ..schedule import (
+from ..ir.schedule import (
     Action,
     Overlap,
     Schedule,
@@ -50,7 +50,7 @@ from ..schedule import (
     step_actions,
     validate,
 )
-from ..simulate import Deadlock
+from ..sim.kernel import Deadlock
 
 _COMPUTE = re.compile(r"^(\d+)([FIWB])(\d+)$")
 _MARKER = re.compile(r"^(\d+)(UNSHARD|RESHARD|REDUCE_GRAD)(\d*)$")

@@ -4,7 +4,7 @@ Left: the simulated bubble of each schedule (markers) and its closed form (a lin
 colour) where one is known. Right: the peak activation memory on any rank. Together they show
 the trade-off when tuning m: more microbatches, a smaller bubble; under GPipe, more memory.
 
->>> from pipebubble.sweep import sweep
+>>> from pipebubble.plan.sweep import sweep
 >>> fig = sweep_figure(sweep(["gpipe", "1f1b"], 4, [1, 2, 4, 8]), title="p=4")
 >>> [ax.get_xlabel() for ax in fig.axes]
 ['microbatches m', 'microbatches m']
@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
-from ..sweep import SweepPoint
+from ..plan.sweep import SweepPoint
 from .plots import WIDTH_IN, new_figure
 from .style import schedule_color
 

@@ -33,10 +33,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import median
 
-from ..calibrate import costs_from_timeline
 from ..costs import CostModel
-from ..schedule import Schedule
-from ..simulate import simulate
+from ..ir.schedule import Schedule
+from ..plan.calibrate import costs_from_timeline
+from ..sim.kernel import simulate
 from ..timeline import Timeline
 
 

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import torch
 
 from ..costs import StageCosts
-from ..schedule import Action
+from ..ir.schedule import Action
 
 
 class Clock(Protocol):

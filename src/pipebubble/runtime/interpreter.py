@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..schedule import Action, Overlap, Step
+from ..ir.schedule import Action, Overlap, Step
 from ..timeline import Event
 from .clock import Clock
 from .memory import AllocatorPeaks, SavedTensors, param_storages

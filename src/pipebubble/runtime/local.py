@@ -20,8 +20,8 @@ from statistics import median
 import torch
 from torch import nn
 
-from ..schedule import Schedule, validate
-from ..simulate import Deadlock
+from ..ir.schedule import Schedule, validate
+from ..sim.kernel import Deadlock
 from ..timeline import Timeline
 from .clock import Clock, VirtualClock
 from .interpreter import LossFn, StageInterpreter

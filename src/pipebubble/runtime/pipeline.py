@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from ..costs import CostModel
-from ..schedule import Schedule
+from ..ir.schedule import Schedule
 from ..schedules import get_schedule
 from .clock import VirtualClock
 from .interpreter import LossFn

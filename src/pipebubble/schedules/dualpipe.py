@@ -4,7 +4,7 @@ DualPipe feeds microbatches from both ends of the pipeline into two copies of th
 DualPipeV is its "cut in half" form: one copy, 2p stages in the ``v`` placement (rank r
 holds stage r, chunk 0, and stage 2p - 1 - r, chunk 1), every microbatch going down and back
 up the V. Its steady state runs a forward of one chunk and a full backward of the other as
-one *overlapped* pair (an :class:`~pipebubble.schedule.Overlap`), so communication of one
+one *overlapped* pair (an :class:`~pipebubble.ir.schedule.Overlap`), so communication of one
 hides behind computation of the other. ``CostModel.overlap`` is the pair's time as a
 fraction of F + B (1.0: no gain). Rank r, with F0/F1 and B0/B1 the chunk-0/1 work:
 
@@ -30,8 +30,8 @@ from __future__ import annotations
 
 from collections import deque
 
-from ..formulas import dualpipe_closed_form, dualpipev_closed_form
-from ..schedule import Action, Overlap, Schedule, ScheduleError, Step, make_schedule
+from ..ir.schedule import Action, Overlap, Schedule, ScheduleError, Step, make_schedule
+from ..sim.formulas import dualpipe_closed_form, dualpipev_closed_form
 from .registry import ScheduleSpec, register
 
 

@@ -7,8 +7,8 @@ Step time with uniform costs: (m + p - 1)(F + B); bubble (p - 1)/(m + p - 1).
 
 from __future__ import annotations
 
-from ..formulas import gpipe_closed_form
-from ..schedule import Action, Schedule, make_schedule
+from ..ir.schedule import Action, Schedule, make_schedule
+from ..sim.formulas import gpipe_closed_form
 from .registry import ScheduleSpec, register
 
 

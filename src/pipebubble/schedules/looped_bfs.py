@@ -15,8 +15,8 @@ Rank 1 of p=2, v=2, m=2 (stages 1 and 3)::
 
 from __future__ import annotations
 
-from ..formulas import interleaved_closed_form
-from ..schedule import Action, Schedule, ScheduleError, make_schedule
+from ..ir.schedule import Action, Schedule, ScheduleError, make_schedule
+from ..sim.formulas import interleaved_closed_form
 from .registry import ScheduleSpec, register
 
 

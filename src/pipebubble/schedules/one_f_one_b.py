@@ -10,8 +10,8 @@ Rank 1 of 2 with m = 3:  ``1F0 1B0 1F1 1B1 1F2 1B2``.
 
 from __future__ import annotations
 
-from ..formulas import gpipe_closed_form
-from ..schedule import Action, Schedule, make_schedule
+from ..ir.schedule import Action, Schedule, make_schedule
+from ..sim.formulas import gpipe_closed_form
 from .registry import ScheduleSpec, register
 
 

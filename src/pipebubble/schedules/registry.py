@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..costs import StageCosts
-from ..schedule import Schedule, ScheduleError
+from ..ir.schedule import Schedule, ScheduleError
 
 Generator = Callable[..., Schedule]
 # (ranks, microbatches, chunks, per-stage costs) -> published bubble fraction, or None

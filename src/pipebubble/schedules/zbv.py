@@ -20,8 +20,8 @@ activations = p rank-shares, the same as 1F1B. For m < 2p - 1 the schedule is bu
 
 from __future__ import annotations
 
-from ..formulas import zbv_closed_form
-from ..schedule import Action, Schedule, make_schedule
+from ..ir.schedule import Action, Schedule, make_schedule
+from ..sim.formulas import zbv_closed_form
 from .registry import ScheduleSpec, register
 
 

@@ -29,8 +29,8 @@ ZB-H1, p=2, m=2::
 
 from __future__ import annotations
 
-from ..formulas import zb_h1_closed_form, zb_h2_closed_form
-from ..schedule import Action, Schedule, make_schedule
+from ..ir.schedule import Action, Schedule, make_schedule
+from ..sim.formulas import zb_h1_closed_form, zb_h2_closed_form
 from .registry import ScheduleSpec, register
 
 

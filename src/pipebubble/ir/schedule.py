@@ -25,9 +25,21 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import NamedTuple
 
-KINDS = ("F", "I", "W", "B")
+
+class Kind(StrEnum):
+    """What an action computes. A ``str`` subclass: ``Kind.F == "F"`` and ``str(Kind.F) == "F"``,
+    so plain letters (from a file, from torch) and members compare and hash alike."""
+
+    F = "F"  # forward
+    I = "I"  # backward w.r.t. the stage input (the critical path)  # noqa: E741
+    W = "W"  # backward w.r.t. the weights (may be delayed)
+    B = "B"  # full backward, I and W fused
+
+
+KINDS = tuple(Kind)
 _ACTION_RE = re.compile(r"^\s*(\d+)([A-Za-z]+)(\d+)\s*$")
 
 
@@ -39,7 +51,7 @@ class Action(NamedTuple):
     """One unit of compute: ``stage`` runs ``kind`` on ``microbatch``. Text form ``2F5``."""
 
     stage: int
-    kind: str
+    kind: Kind
     microbatch: int
 
     def __str__(self) -> str:
@@ -56,7 +68,7 @@ class Action(NamedTuple):
                 f"cannot parse action {text!r}: expected STAGE KIND MICROBATCH with KIND in "
                 f"{'/'.join(KINDS)}, e.g. 2F5"
             )
-        return Action(int(match.group(1)), match.group(2), int(match.group(3)))
+        return Action(int(match.group(1)), Kind(match.group(2)), int(match.group(3)))
 
 
 class Overlap(NamedTuple):

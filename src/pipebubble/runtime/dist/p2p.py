@@ -4,12 +4,12 @@ The stage interpreter talks to every transport the same way: ``send`` a tensor f
 stage, microbatch) when it produced one, ``recv`` it when an action needs it. Here ``send``
 only parks the tensor (or hands it over locally when the consumer stage lives on this rank,
 as with V placement); the messages themselves move when the rank's wire program
-(:mod:`pipebubble.wire`) reaches its SEND/RECV steps:
+(:mod:`pipebubble.sim.wire`) reaches its SEND/RECV steps:
 
-- a :class:`~pipebubble.wire.Comm` step is one *blocking* ``dist.send``/``dist.recv``
+- a :class:`~pipebubble.sim.wire.Comm` step is one *blocking* ``dist.send``/``dist.recv``
   (orderings ``naive`` and ``parity``): with gloo a send returns only once the peer has posted
   the receive, so the order can deadlock, which is the point of showing it;
-- a :class:`~pipebubble.wire.Batch` is one ``batch_isend_irecv``: the rank waits for the
+- a :class:`~pipebubble.sim.wire.Batch` is one ``batch_isend_irecv``: the rank waits for the
   receives before its next compute and for the sends in :meth:`finish`, at the end of the step.
 
 Shapes and dtypes are sent first: on the first step every activation is preceded by a small
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from ..wire import Batch, Comm
+from ...sim.wire import Batch, Comm
 
 Key = tuple[str, int, int]
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,

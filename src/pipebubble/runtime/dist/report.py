@@ -22,12 +22,12 @@ from statistics import median
 
 import torch
 
-from ..calibrate import costs_from_timeline
-from ..costs import CostModel
-from ..schedule import Schedule
-from ..simulate import simulate
-from ..timeline import Event, Timeline
-from .dataparallel import step_time_with_allreduce
+from ...plan.calibrate import costs_from_timeline
+from ...costs import CostModel
+from ...ir.schedule import Schedule
+from ...sim.kernel import simulate
+from ...timeline import Event, Timeline
+from ...sim.dataparallel import step_time_with_allreduce
 
 
 @dataclass

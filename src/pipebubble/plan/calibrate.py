@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from statistics import median
 
-from .costs import CostModel
-from .timeline import Timeline
+from ..costs import CostModel
+from ..timeline import Timeline
 
 
 def stage_times(timeline: Timeline) -> dict[str, list[float | None]]:

@@ -1,7 +1,7 @@
 """``pipebubble run`` without ``--local``: one process per rank, on this machine or torchrun.
 
 The same command line is both the launcher and the worker. Run it plainly and it starts
-``--ranks x --dp`` copies of itself (:func:`~pipebubble.runtime.launch.launch`); run it
+``--ranks x --dp`` copies of itself (:func:`~pipebubble.runtime.dist.launch.launch`); run it
 under ``torchrun`` (or with ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT`` set) and it
 is one worker. Rank 0 prints the Gantt chart and the summary, or ``--json``.
 """
@@ -18,12 +18,12 @@ from statistics import median
 import torch
 from rich.console import Console
 
-from ..commands.common import print_json
-from ..schedule import Schedule
-from ..simulate import simulate
-from ..wire import ORDERINGS, WireDeadlock, lower, run_wire
-from .dataparallel import step_time_with_allreduce
-from .distributed import Cluster, DistConfig, Env, Worker, unsplit_gradients
+from ...commands.common import print_json
+from ...ir.schedule import Schedule
+from ...sim.kernel import simulate
+from ...sim.wire import ORDERINGS, WireDeadlock, lower, run_wire
+from ...sim.dataparallel import step_time_with_allreduce
+from .worker import Cluster, DistConfig, Env, Worker, unsplit_gradients
 from .launch import launch, under_launcher
 from .report import grad_diffs, measured_comm, measured_timeline, step_span
 
@@ -34,14 +34,14 @@ def worker_command() -> list[str]:
         raise ValueError(
             "a distributed run starts its workers with its own command line, so it must be "
             "started as `pipebubble run ...` (or `python -m pipebubble run ...`); from "
-            "Python, call pipebubble.runtime.launch.launch() with that command"
+            "Python, call pipebubble.runtime.dist.launch.launch() with that command"
         )
     return [sys.executable, "-m", "pipebubble", *sys.argv[1:]]
 
 
 def add_distributed_flags(p: argparse.ArgumentParser) -> None:
     """Flags of ``pipebubble run`` without ``--local``."""
-    from ..commands.common import positive_int
+    from ...commands.common import positive_int
 
     g = p.add_argument_group("distributed (without --local: one process per rank)")
     g.add_argument("--dp", type=positive_int("--dp"), default=1, metavar="D",
@@ -72,7 +72,7 @@ def config_from_args(args: argparse.Namespace, schedule: Schedule) -> DistConfig
 
 def run_distributed(args: argparse.Namespace) -> int:
     """``pipebubble run`` without ``--local``: launch the workers, or be one."""
-    from ..commands.run import build_setup
+    from ...commands.run import build_setup
 
     if under_launcher():
         rc = worker_main(args)
@@ -95,7 +95,7 @@ def run_distributed(args: argparse.Namespace) -> int:
 
 
 def worker_main(args: argparse.Namespace) -> int:
-    from ..commands.run import build_setup
+    from ...commands.run import build_setup
 
     env = Env.from_environ()
     cluster = None
@@ -149,7 +149,7 @@ def _looks_like_peer(exc: BaseException) -> bool:
 def summarize(args, cfg: DistConfig, setup, results: list, x, y):
     """Rank 0: the measured timeline, the calibrated prediction (comm and all-reduce
     included), the check; the same report as ``run --local`` plus the distributed extras."""
-    from ..commands.run import analyse
+    from ...commands.run import analyse
 
     schedule = setup.schedule
     timeline, align = measured_timeline(schedule, results)
@@ -193,7 +193,7 @@ def summarize(args, cfg: DistConfig, setup, results: list, x, y):
 
 def _stages_of(setup) -> list:
     """The reference model cut as the pipeline is (its stages share the reference's weights)."""
-    from .stages import split_stages
+    from ..stages import split_stages
 
     sched = setup.schedule
     return split_stages(list(setup.reference), sched.num_stages // sched.chains,
@@ -201,8 +201,8 @@ def _stages_of(setup) -> list:
 
 
 def _print(args, report, extra: dict) -> None:
-    from ..commands.common import write_figures
-    from ..commands.run import print_report, report_json
+    from ...commands.common import write_figures
+    from ...commands.run import print_report, report_json
 
     write_figures(args, [report.measured, report.predicted], report.title)
 

@@ -1,7 +1,7 @@
 """One process per rank: the per-rank driver over torch.distributed.
 
 Every process runs this with ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``
-set (by our launcher, :mod:`pipebubble.runtime.launch`, or by ``torchrun``). With
+set (by our launcher, :mod:`pipebubble.runtime.dist.launch`, or by ``torchrun``). With
 ``P`` pipeline ranks and ``D`` data-parallel replicas there are ``P x D`` processes; global
 rank ``g`` is pipeline rank ``g mod P`` of replica ``g // P``.
 
@@ -9,14 +9,14 @@ One step on one rank:
 
 1. a barrier, then the rank's clock origin (``WallClock``);
 2. the rank's wire program (``wire.lower``): compute actions go to the stage interpreter,
-   SEND/RECV steps to the :class:`~pipebubble.runtime.p2p.P2PTransport`; a watchdog
-   (:mod:`~pipebubble.runtime.watchdog`) is told where the rank is before each blocking call;
+   SEND/RECV steps to the :class:`~pipebubble.runtime.dist.p2p.P2PTransport`; a watchdog
+   (:mod:`~pipebubble.runtime.dist.watchdog`) is told where the rank is before each blocking call;
 3. the sends still in flight are waited for;
 4. with ``D > 1``, each stage's gradients are all-reduced (summed) across its
    data-parallel group: every replica weights its microbatch losses by their share of the
    *global* batch, so the sum equals the unsplit model's gradient on the global batch.
 
-Rank 0 then gathers every rank's events and figures (:mod:`~pipebubble.runtime.report`).
+Rank 0 then gathers every rank's events and figures (:mod:`~pipebubble.runtime.dist.report`).
 """
 
 from __future__ import annotations
@@ -32,13 +32,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..models import ModelSpec, build_model
-from ..schedule import Action, Overlap, Schedule, ScheduleError, validate
-from ..schedules import get_schedule
-from ..wire import Batch, lower, pair_order_mismatches
-from .clock import WallClock
-from .interpreter import StageInterpreter
-from .local import _with_copies
+from ...models import ModelSpec, build_model
+from ...ir.schedule import Action, Overlap, Schedule, ScheduleError, validate
+from ...schedules import get_schedule
+from ...sim.wire import Batch, lower, pair_order_mismatches
+from ..clock import WallClock
+from ..interpreter import StageInterpreter
+from ..local import _with_copies
 from .p2p import P2PTransport
 from .watchdog import Watchdog
 

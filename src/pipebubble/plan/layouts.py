@@ -15,7 +15,7 @@
 - :func:`torchtitan_fqns`: torchtitan's ``module_fqns_per_model_part``, the layer (module)
   names of each stage, as a TOML line for the ``[parallelism]`` table.
 
->>> from pipebubble.profile import LayerProfile, Profile
+>>> from pipebubble.plan.profile import LayerProfile, Profile
 >>> prof = Profile([LayerProfile(n, 1, 1, 1, 0, 0, t) for n, t in
 ...                 [("tok_embeddings", "Embedding"), ("layers.0", "Block"),
 ...                  ("layers.1", "Block"), ("layers.2", "Block"), ("output", "Head")]])

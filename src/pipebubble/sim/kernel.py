@@ -36,9 +36,9 @@ from __future__ import annotations
 from array import array
 from operator import itemgetter
 
-from .costs import CostModel, StageCosts
-from .schedule import KINDS, Overlap, Schedule, ScheduleError
-from .timeline import Timeline
+from ..costs import CostModel, StageCosts
+from ..ir.schedule import KINDS, Overlap, Schedule, ScheduleError
+from ..timeline import Timeline
 
 
 class Deadlock(ScheduleError):

@@ -8,7 +8,7 @@ Methods (what each layer weighs when cutting):
 - ``flops``: forward + backward FLOPs from the profile;
 - ``time``: measured forward + backward seconds.
 
-Every method uses the exact min-max partitioner (:mod:`pipebubble.partition`) on its own
+Every method uses the exact min-max partitioner (:mod:`pipebubble.plan.partition`) on its own
 weights; memory caps apply to all of them. The extra first/last-stage costs are seconds and
 apply to ``time`` (and to ``flops`` converted at the profile's FLOPs per second); when a cut
 is scored they are added to its first/last stage, one third to F and two thirds to B.
@@ -24,7 +24,7 @@ Stage memory for caps: ``bytes_per_param x params + in-flight x activation_bytes
 in-flight is the most microbatches the schedule keeps on that stage at once (1F1B: p - r on
 rank r; GPipe: m). Default 16 bytes per parameter: fp32 weights, gradients, two Adam moments.
 
->>> from pipebubble.profile import LayerProfile, Profile
+>>> from pipebubble.plan.profile import LayerProfile, Profile
 >>> prof = Profile([LayerProfile(str(i), f, 2 * f, n, 0, 0) for i, (f, n) in
 ...                 enumerate([(0.0, 100), (1.0, 10), (1.0, 10), (1.0, 10), (2.0, 50)])])
 >>> plans = balance(prof, Options(ranks=2, microbatches=4), methods=("params", "time"))
@@ -40,14 +40,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from statistics import median
 
+from ..costs import CostModel
+from ..ir.schedule import Schedule, step_actions
+from ..schedules import get_schedule
+from ..sim.kernel import simulate
+from ..timeline import Timeline
 from .calibrate import stage_times
-from .costs import CostModel
 from .partition import PartitionError, Ranges, min_max_partition
 from .profile import LayerProfile, Profile
-from .schedule import Schedule, step_actions
-from .schedules import get_schedule
-from .simulate import simulate
-from .timeline import Timeline
 
 METHODS = ("uniform", "params", "flops", "time")
 SIM_METHOD = "time+sim"

@@ -1,6 +1,6 @@
 """Check every registered schedule on this machine's backend in one launch.
 
-``python -m pipebubble.runtime.selfcheck --world 4 --layouts 4x1,2x2`` starts 4 processes
+``python -m pipebubble.runtime.dist.selfcheck --world 4 --layouts 4x1,2x2`` starts 4 processes
 once and, for each layout ``P x D`` and each schedule in the registry (and each ``--p2p``
 ordering asked for), runs one step of a small MLP and compares every gradient and the loss
 with the unsplit model on the whole global batch. Rank 0 prints one JSON object per run:
@@ -16,10 +16,10 @@ import json
 import os
 import sys
 
-from ..schedule import ScheduleError
-from ..schedules import get_schedule, schedule_names
-from ..wire import ORDERINGS, WireDeadlock, lower, run_wire
-from .distributed import Cluster, DistConfig, Env, Worker, reference_gradients
+from ...ir.schedule import ScheduleError
+from ...schedules import get_schedule, schedule_names
+from ...sim.wire import ORDERINGS, WireDeadlock, lower, run_wire
+from .worker import Cluster, DistConfig, Env, Worker, reference_gradients
 from .launch import launch, under_launcher
 from .report import grad_diffs
 
@@ -86,7 +86,7 @@ def _layouts(text: str) -> list[tuple[int, int]]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    ap = argparse.ArgumentParser(prog="python -m pipebubble.runtime.selfcheck")
+    ap = argparse.ArgumentParser(prog="python -m pipebubble.runtime.dist.selfcheck")
     ap.add_argument("--world", type=int, required=True)
     ap.add_argument("--layouts", type=_layouts, default=None, help="PxD,... (default: world x 1)")
     ap.add_argument("--schedules", type=lambda t: t.split(","), default=None)
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         rc = worker(args)
         sys.stdout.flush()
         os._exit(rc)
-    return launch([sys.executable, "-m", "pipebubble.runtime.selfcheck", *argv], args.world)
+    return launch([sys.executable, "-m", "pipebubble.runtime.dist.selfcheck", *argv], args.world)
 
 
 if __name__ == "__main__":

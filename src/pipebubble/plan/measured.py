@@ -23,13 +23,13 @@ from statistics import median
 import torch
 from torch import nn
 
+from ..runtime.clock import VirtualClock
+from ..runtime.local import run_local
+from ..runtime.pipeline import PipelineStage
+from ..timeline import Timeline
 from .balance import Plan, make_schedule
 from .partition import Ranges
 from .profile import resolve_timer
-from .runtime.clock import VirtualClock
-from .runtime.local import run_local
-from .runtime.pipeline import PipelineStage
-from .timeline import Timeline
 
 
 @dataclass

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from .costs import StageCosts
+from ..costs import StageCosts
 
 
 def _check(num_stages: int, num_microbatches: int) -> None:

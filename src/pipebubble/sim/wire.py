@@ -40,10 +40,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from .costs import CostModel, StageCosts
-from .schedule import Action, Overlap, Schedule, ScheduleError, step_actions
-from .simulate import Deadlock
-from .timeline import Event, Timeline
+from ..costs import CostModel, StageCosts
+from ..ir.schedule import Action, Overlap, Schedule, ScheduleError, step_actions
+from ..timeline import Event, Timeline
+from .kernel import Deadlock
 
 ORDERINGS = ("naive", "parity", "batched")
 _OPS = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
@@ -222,7 +222,7 @@ def run_wire(
     both complete ``comm`` later. ``blocking=False``: sends are buffered; a send completes at
     once and its message arrives ``comm`` later. A batch's receives are waited for at once,
     its sends at the end. With buffered sends and the naive or batched ordering, the compute
-    timeline equals :func:`~pipebubble.simulate.simulate`'s; blocking adds the time senders
+    timeline equals :func:`~pipebubble.sim.kernel.simulate`'s; blocking adds the time senders
     wait (naive, parity) and the time a message waits for its receive to be posted.
     """
     sched = wired.schedule

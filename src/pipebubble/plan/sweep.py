@@ -20,10 +20,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import TextIO
 
-from .costs import CostModel
-from .schedule import ScheduleError
-from .schedules import closed_form_bubble, get_schedule, lookup
-from .simulate import simulate
+from ..costs import CostModel
+from ..ir.schedule import ScheduleError
+from ..schedules import closed_form_bubble, get_schedule, lookup
+from ..sim.kernel import simulate
 
 MAX_POINTS = 100_000
 

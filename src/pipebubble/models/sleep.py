@@ -100,6 +100,6 @@ def sleep(
     def make_batch(batch: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.randn(batch, width, generator=gen), torch.randn(batch, width, generator=gen)
 
-    from ..models import ModelSpec  # here: models.py imports this module to register it
+    from . import ModelSpec  # here: models.py imports this module to register it
 
     return ModelSpec("sleep", mods, make_batch, nn.functional.mse_loss)

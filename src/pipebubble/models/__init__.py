@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .runtime.sleep import sleep
+from .sleep import sleep
 
 
 @dataclass

@@ -1,0 +1,26 @@
+"""The schedule IR: actions, per-rank orders, placement, validation, and the dependency rule.
+
+- ``schedule.py``: :class:`Kind` (F, I, W, B), :class:`Action` (``2F5``), :class:`Overlap`,
+  :class:`Schedule`, placements, :func:`validate`.
+- ``deps.py``: THE rule "which actions does this action wait for" (used by everything).
+"""
+
+from .deps import Dep, Handover, Signal, handovers, needs, producers, produces
+from .schedule import Action, Kind, Overlap, Schedule, ScheduleError, Step, validate
+
+__all__ = [
+    "Action",
+    "Dep",
+    "Handover",
+    "Kind",
+    "Overlap",
+    "Schedule",
+    "ScheduleError",
+    "Signal",
+    "Step",
+    "handovers",
+    "needs",
+    "producers",
+    "produces",
+    "validate",
+]

@@ -1,0 +1,140 @@
+"""THE dependency rule: which actions an action waits for, and where its output goes.
+
+Every consumer of a schedule asks this module, so the rule is written once: the simulator,
+its deadlock messages, the interpreter's readiness checks, the wire lowering (which edges
+need a SEND/RECV) and the measured-run report.
+
+An action waits for *signals*. A signal is a fact one action produces:
+
+- ``Signal(s, "F", m)``: the forward of stage ``s`` on microbatch ``m`` is done (its output
+  activation exists);
+- ``Signal(s, "I", m)``: the input gradient of stage ``s`` for ``m`` exists (produced by
+  ``I`` or by the fused ``B``, whichever the schedule runs);
+- ``Signal(s, "W", m)``: the weight gradient of stage ``s`` for ``m`` is done (nobody waits
+  for it; it frees memory).
+
+The rule, with chains (``Schedule.chain_starts``: DualPipe's two model copies are two chains;
+the first stage of a chain takes the input, the last one computes the loss):
+
+- ``F(s, m)`` needs ``F(s-1, m)``, unless ``s`` starts a chain;
+- ``I(s, m)`` and ``B(s, m)`` need ``F(s, m)`` and, unless ``s`` ends a chain, ``I/B(s+1, m)``;
+- ``W(s, m)`` needs ``I(s, m)``.
+
+An edge *crosses* when producer and consumer stages live on different ranks: data travels
+over the wire (a send and a receive, ``comm`` time in the simulator). An Overlap pair
+(DualPipe's F&B) needs what both of its parts need.
+
+>>> from pipebubble.schedules import get_schedule
+>>> s = get_schedule("1f1b", ranks=2, microbatches=2)
+>>> [str(d) for d in producers(Action(0, "B", 1), s)]
+['0F1', '1I1 (crosses)']
+>>> [str(h) for h in handovers(Action(0, "F", 1), s)]
+['stage 1 (crosses)']
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Protocol
+
+from .schedule import Action, Kind, Overlap, Step
+
+
+class Topology(Protocol):
+    """What the rule needs to know of a schedule (a Schedule or a Timeline provides it)."""
+
+    num_stages: int
+    stage_to_rank: tuple[int, ...]
+    chain_starts: tuple[int, ...]
+
+
+class Signal(NamedTuple):
+    """A fact an action produces: ``F`` output ready, ``I`` input gradient ready, ``W`` done."""
+
+    stage: int
+    kind: str
+    microbatch: int
+
+    def __str__(self) -> str:
+        return f"{self.stage}{self.kind}{self.microbatch}"
+
+
+class Dep(NamedTuple):
+    """One edge of the rule: ``signal`` and whether it crosses ranks (needs the wire)."""
+
+    signal: Signal
+    crosses: bool
+
+    def __str__(self) -> str:
+        return f"{self.signal}" + (" (crosses)" if self.crosses else "")
+
+
+def starts_chain(topo: Topology, stage: int) -> bool:
+    """True if ``stage`` takes the model input (first stage of its chain)."""
+    return stage in topo.chain_starts
+
+
+def ends_chain(topo: Topology, stage: int) -> bool:
+    """True if ``stage`` computes the loss (last stage of its chain)."""
+    return stage == topo.num_stages - 1 or (stage + 1) in topo.chain_starts
+
+
+def produces(action: Action) -> Signal:
+    """The signal ``action`` produces when it ends (B produces the input gradient, like I)."""
+    s, k, m = action
+    return Signal(s, "I" if k in (Kind.B, Kind.I) else k, m)
+
+
+def needs(action: Action, topo: Topology) -> tuple[Signal, ...]:
+    """The signals ``action`` waits for, in a fixed order (local first, then the neighbour)."""
+    s, k, m = action
+    if k == Kind.F:
+        return () if starts_chain(topo, s) else (Signal(s - 1, "F", m),)
+    if k in (Kind.B, Kind.I):
+        own = Signal(s, "F", m)
+        return (own,) if ends_chain(topo, s) else (own, Signal(s + 1, "I", m))
+    if k == Kind.W:
+        return (Signal(s, "I", m),)
+    raise ValueError(f"unknown kind {k!r}; valid are F, I, W, B")
+
+
+def producers(step: Step, topo: Topology) -> tuple[Dep, ...]:
+    """What ``step`` waits for, each with whether it crosses ranks. An Overlap waits for
+    what both its parts wait for, except what its own forward part produces."""
+    if isinstance(step, Overlap):
+        inside = {produces(step.forward)}
+        return tuple(d for a in step for d in producers(a, topo) if d.signal not in inside)
+    here = topo.stage_to_rank[step.stage]
+    return tuple(Dep(sig, topo.stage_to_rank[sig.stage] != here) for sig in needs(step, topo))
+
+
+class Handover(NamedTuple):
+    """Where an action's output goes to another stage: ``to_stage``, and whether it crosses."""
+
+    to_stage: int
+    crosses: bool
+
+    def __str__(self) -> str:
+        return f"stage {self.to_stage}" + (" (crosses)" if self.crosses else "")
+
+
+def handovers(action: Action, topo: Topology) -> tuple[Handover, ...]:
+    """The other stages that wait for ``action``'s output: ``F(s)`` hands its activation to
+    stage ``s+1``, ``I``/``B(s)`` its input gradient to stage ``s-1`` (within the chain).
+    The inverse of the cross-stage part of :func:`needs`; a crossing one is a send."""
+    s, k, _ = action
+    here = topo.stage_to_rank[s]
+    if k == Kind.F and not ends_chain(topo, s):
+        return (Handover(s + 1, topo.stage_to_rank[s + 1] != here),)
+    if k in (Kind.B, Kind.I) and not starts_chain(topo, s):
+        return (Handover(s - 1, topo.stage_to_rank[s - 1] != here),)
+    return ()
+
+
+def describe_wait(action: Action, topo: Topology) -> str:
+    """Human text of what ``action`` waits for (deadlock messages): ``1F3 and 2I/B3``."""
+    parts = [
+        f"{sig.stage}I/B{sig.microbatch}" if sig.kind == "I" and action.kind != Kind.W
+        else str(sig)
+        for sig in needs(action, topo)
+    ]
+    return " and ".join(parts) if parts else "nothing"
