@@ -4,9 +4,9 @@ rank 0's clock alignment and comm estimate."""
 import pytest
 import torch
 
+import pipebubble.models.sleep as sleep_mod
 from pipebubble import CostModel, Event, get_schedule, simulate
 from pipebubble.models import build_model
-from pipebubble.models import sleep as sleep_mod
 from pipebubble.runtime.dist.report import measured_comm, measured_timeline, step_span
 from pipebubble.runtime.dist.worker import RankResult, split_layers
 from pipebubble.sim.dataparallel import ring_allreduce_time, step_time_with_allreduce

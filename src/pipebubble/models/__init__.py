@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .sleep import sleep
+from . import sleep as _sleep
 
 
 @dataclass
@@ -119,7 +119,7 @@ def transformer(
     return ModelSpec("transformer", parts, make_batch, lm_loss)
 
 
-MODELS = {"mlp": mlp, "transformer": transformer, "sleep": sleep}
+MODELS = {"mlp": mlp, "transformer": transformer, "sleep": _sleep.sleep}
 
 
 def build_model(name: str, **kwargs: int) -> ModelSpec:
