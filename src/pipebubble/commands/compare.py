@@ -10,12 +10,15 @@ from rich.console import Console
 from rich.table import Table
 
 from ..ir.schedule import ScheduleError
+from ..limits import check_actions
 from ..schedules import get_schedule, lookup, schedule_names
 from ..sim.dataparallel import add_dp_flags, dp_fields, with_allreduce
 from ..sim.kernel import simulate
 from .common import (
     add_cost_flags,
     add_figure_flags,
+    add_limit_flag,
+    check_outputs,
     closed_form_basis,
     closed_form_for,
     costs_from_args,
@@ -29,11 +32,13 @@ from .common import (
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("compare", help="compare every schedule for the same p, m and costs")
-    p.add_argument("--ranks", "-p", type=positive_int("--ranks"), required=True, metavar="P")
+    p.add_argument("--ranks", "-p", type=positive_int("--ranks"), required=True, metavar="P",
+                   help="pipeline ranks (workers, one per device)")
     p.add_argument("--microbatches", "-m", type=positive_int("--microbatches"), required=True,
-                   metavar="M")
+                   metavar="M", help="microbatches per training step")
     p.add_argument("--chunks", "-v", type=positive_int("--chunks"), default=None, metavar="V",
                    help="chunks for schedules that take a variable number (default: their own)")
+    add_limit_flag(p)
     add_cost_flags(p)
     add_dp_flags(p)
     add_figure_flags(p)
@@ -42,12 +47,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_outputs(args)
     costs = with_allreduce(costs_from_args(args), args)
     rows, skipped = [], []
     for name in schedule_names():
         spec = lookup(name)
         chunks = args.chunks if (args.chunks and not spec.fixed_chunks) else None
         try:
+            check_actions(args.ranks, args.microbatches, chunks, name, args.max_actions)
             schedule = get_schedule(name, args.ranks, args.microbatches, chunks)
             timeline = simulate(schedule, costs)
         except ScheduleError as exc:
@@ -55,6 +62,11 @@ def run(args: argparse.Namespace) -> int:
             continue
         rows.append((schedule, timeline, closed_form_for(schedule, costs),
                      closed_form_basis(schedule)))
+    if not rows:  # every schedule refused these flags: nothing to show is an error
+        reasons = sorted({why for _, why in skipped})
+        raise ScheduleError(f"no schedule accepts these flags: {reasons[0]}"
+                            + (f" (and {len(reasons) - 1} other reasons)"
+                               if len(reasons) > 1 else ""))
     write_figures(args, [t for _, t, _, _ in rows], f"p={args.ranks} m={args.microbatches}")
     if args.json:
         out = [timeline_json(t, c, events=False, basis=b) for _, t, c, b in rows]

@@ -14,15 +14,18 @@ from rich.console import Console
 
 from ..interop.torch_csv import explain_deadlock, read_torch_csv
 from ..ir.schedule import Schedule, ScheduleError, validate
+from ..limits import MAX_WIDTH
 from ..render.terminal import gantt, summary_lines, summary_table
 from ..sim.kernel import Deadlock, simulate
 from .common import (
     add_cost_flags,
     add_figure_flags,
     add_schedule_flags,
+    check_outputs,
     closed_form_basis,
     closed_form_for,
     costs_from_args,
+    int_flag,
     print_json,
     schedule_from_args,
     span_bubble,
@@ -41,7 +44,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_cost_flags(p)
     add_figure_flags(p)
     p.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
-    p.add_argument("--width", type=int, default=None, help="chart width in columns")
+    p.add_argument("--width", type=int_flag("--width", 1, MAX_WIDTH), default=None,
+                   metavar="COLS", help="chart width in columns (default: the terminal's, "
+                   "or 100 when output is not a terminal)")
     p.set_defaults(func=run)
 
 
@@ -62,6 +67,7 @@ def load_schedule(args: argparse.Namespace) -> Schedule:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_outputs(args)
     schedule = load_schedule(args)
     costs = costs_from_args(args)
     try:

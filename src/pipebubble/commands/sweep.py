@@ -18,9 +18,18 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ..files import open_output
+from ..limits import check_sweep
 from ..plan.sweep import SweepPoint, parse_range, sweep, write_csv
 from ..schedules import lookup, schedule_names
-from .common import add_cost_flags, costs_from_args, positive_int
+from .common import (
+    add_cost_flags,
+    add_limit_flag,
+    check_outputs,
+    costs_from_args,
+    positive_int,
+    wrote,
+)
 
 PROGRESS_FROM = 200  # points; fewer finish before a bar would be worth drawing
 TABLE_ROWS = 16
@@ -31,13 +40,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "sweep", help="bubble and peak memory against the number of microbatches",
         description="Simulate schedules over a range of microbatch counts; plot the bubble "
         "fraction (with its closed form) and the peak activation memory against m.")
-    p.add_argument("--ranks", "-p", type=positive_int("--ranks"), required=True, metavar="P")
+    p.add_argument("--ranks", "-p", type=positive_int("--ranks"), required=True, metavar="P",
+                   help="pipeline ranks (workers, one per device)")
     p.add_argument("--microbatches", "-m", default="1..64", metavar="RANGE",
                    help="N, A..B, A..B:STEP or a comma list of those (default 1..64)")
     p.add_argument("--schedules", default=None, metavar="LIST",
                    help=f"comma list (default all: {','.join(schedule_names())})")
     p.add_argument("--chunks", "-v", type=positive_int("--chunks"), default=None, metavar="V",
                    help="chunks for schedules that take a variable number")
+    add_limit_flag(p)
     add_cost_flags(p)
     g = p.add_argument_group("output")
     g.add_argument("--csv", metavar="FILE", help="write every point as CSV ('-': stdout)")
@@ -49,12 +60,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_outputs(args, "png", "svg", "trace", "csv")
     ms = parse_range(args.microbatches, "--microbatches")
-    names = [n.strip() for n in (args.schedules or ",".join(schedule_names())).split(",")]
+    text = ",".join(schedule_names()) if args.schedules is None else args.schedules
+    names = [n.strip() for n in text.split(",")]
     if not all(names):
         raise ValueError(f"--schedules: empty name in {args.schedules!r}; use e.g. gpipe,1f1b")
     names = list(dict.fromkeys(lookup(n).name for n in names))  # unknown names fail here
     costs = costs_from_args(args)
+    check_sweep(names, args.ranks, ms, args.chunks,
+                None if args.max_actions is None else 10 * args.max_actions)
     total = len(names) * len(ms)
     err = Console(stderr=True)
     with Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -64,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         points = sweep(names, args.ranks, ms, costs, args.chunks,
                        on_point=lambda: bar.advance(task))
     missing = total - len(points)
-    if missing:
+    if missing and points:  # with no points at all, the error below is the one line
         err.print(f"[dim]{missing} (schedule, m) pairs were not valid and are left out[/dim]")
     if not points:
         raise ValueError(f"no schedule in {','.join(names)} accepts p={args.ranks} with m in "
@@ -77,16 +92,20 @@ def run(args: argparse.Namespace) -> int:
         fig = sweep_figure(points, title)
         if args.png:
             save(fig, args.png, "png")
+            wrote(args.png)
         if args.svg:
             save(fig, args.svg, "svg")
+            wrote(args.svg)
     if args.trace:
         _write_trace(args.trace, points, names, args, costs)
+        wrote(args.trace)
     if args.csv == "-":
         write_csv(points, sys.stdout)
         return 0
     if args.csv:
-        with open(args.csv, "w", newline="") as f:
+        with open_output(args.csv, "--csv", newline="") as f:
             write_csv(points, f)
+        wrote(args.csv)
     Console().print(_table(points, names, title))
     return 0
 

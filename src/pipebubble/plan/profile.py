@@ -98,16 +98,18 @@ class Profile:
         return {**self.metadata, "layers": [layer.as_dict() for layer in self.layers]}
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.as_dict(), indent=1) + "\n")
+        from ..files import write_text
+
+        write_text(path, json.dumps(self.as_dict(), indent=1) + "\n", "--out")
 
     @classmethod
     def load(cls, path: str | Path) -> Profile:
-        try:
-            data = json.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise ProfileError(f"profile file {str(path)!r} not found") from None
-        except json.JSONDecodeError as exc:
-            raise ProfileError(f"profile file {str(path)!r} is not valid JSON: {exc}") from None
+        from ..files import FileError, read_json_file
+
+        try:  # a regular UTF-8 file under the size limit, sane nesting, finite numbers
+            data = read_json_file(path, "profile file")
+        except FileError as exc:
+            raise ProfileError(str(exc)) from None
         return cls.from_dict(data)
 
     @classmethod
