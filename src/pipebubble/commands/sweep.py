@@ -79,8 +79,6 @@ def run(args: argparse.Namespace) -> int:
         points = sweep(names, args.ranks, ms, costs, args.chunks,
                        on_point=lambda: bar.advance(task))
     missing = total - len(points)
-    if missing and points:  # with no points at all, the error below is the one line
-        err.print(f"[dim]{missing} (schedule, m) pairs were not valid and are left out[/dim]")
     if not points:
         raise ValueError(f"no schedule in {','.join(names)} accepts p={args.ranks} with m in "
                          f"{args.microbatches}")
@@ -99,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
     if args.trace:
         _write_trace(args.trace, points, names, args, costs)
         wrote(args.trace)
+    if missing:  # after every output is written: an error above stays the only line
+        err.print(f"[dim]{missing} (schedule, m) pairs were not valid and are left out[/dim]")
     if args.csv == "-":
         write_csv(points, sys.stdout)
         return 0
