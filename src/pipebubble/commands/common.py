@@ -143,6 +143,32 @@ def add_limit_flag(p: argparse.ArgumentParser) -> None:
                    f"3 x ranks x chunks x microbatches ({MAX_ACTIONS:,}; a sweep: 10x that)")
 
 
+def parse_device(text: str):
+    """A ``torch.device`` that can run stages: ``cpu``, ``cuda`` or ``cuda:N`` present here.
+
+    ``meta`` has no data and other backends are not supported; each is one line naming the
+    value (torch is imported here, not at module import).
+    """
+    import torch
+
+    try:
+        device = torch.device(text)
+    except (RuntimeError, TypeError, ValueError):
+        raise ScheduleError(f"unknown --device {text!r}; valid are cpu, cuda, cuda:N") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ScheduleError(f"--device {text!r} cannot run a model's stages; valid are cpu, "
+                            "cuda, cuda:N")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ScheduleError(f"--device {text} asked for, but CUDA is not available here; "
+                                "use cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ScheduleError(f"--device {text}: this machine has "
+                                f"{torch.cuda.device_count()} CUDA devices (0.."
+                                f"{torch.cuda.device_count() - 1})")
+    return device
+
+
 def add_cost_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("costs (a scalar is one rank's share; a comma list is per stage)")
     g.add_argument("--f", type=time_value("--f"), default=1.0, metavar="T", help="forward (1)")

@@ -22,6 +22,7 @@ from torch import nn
 
 from ..costs import CostModel
 from ..ir.schedule import Schedule, validate
+from ..limits import MAX_WIDTH, check_model_size, check_threads
 from ..models import ModelSpec, build_model
 from ..render.terminal import gantt, summary_table
 from ..sim.kernel import simulate
@@ -29,7 +30,10 @@ from ..timeline import Timeline
 from .common import (
     add_figure_flags,
     add_schedule_flags,
+    check_outputs,
     closed_form_for,
+    int_flag,
+    parse_device,
     positive_int,
     print_json,
     schedule_from_args,
@@ -59,17 +63,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--check", action="store_true",
                    help="also run the unsplit model on the whole batch; print the largest "
                    "gradient and loss differences")
-    p.add_argument("--warmup", type=int, default=1, metavar="N",
+    p.add_argument("--warmup", type=int_flag("--warmup", 0, 1000), default=1, metavar="N",
                    help="unmeasured steps before the measured ones (1)")
-    p.add_argument("--repeat", type=positive_int("--repeat"), default=3, metavar="N",
+    p.add_argument("--repeat", type=positive_int("--repeat", 1000), default=3, metavar="N",
                    help="measured steps; the fastest is reported, the least disturbed by "
                    "other work on the machine (3)")
-    p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     p.add_argument("--threads", type=positive_int("--threads"), default=1, metavar="N",
-                   help="torch CPU threads (1: one process runs every rank in turn, and "
+                   help="torch CPU threads, at most the machine's cores (1: one process runs "
+                   "every rank in turn, and "
                    "timings stay steady on a shared machine)")
-    p.add_argument("--chart-width", type=int, default=None, metavar="COLS",
-                   help="Gantt chart width in columns")
+    p.add_argument("--chart-width", type=int_flag("--chart-width", 1, MAX_WIDTH), default=None,
+                   metavar="COLS", help="Gantt chart width in columns")
     add_figure_flags(p)
     p.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
     p.set_defaults(func=run)
@@ -93,7 +98,8 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                    help="samples per step (default 8 per microbatch)")
     g.add_argument("--boundaries", default=None, metavar="I,J,..",
                    help="first layer of each stage after the first (default: even split)")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seed", type=int_flag("--seed", 0, 2**32 - 1), default=0,
+                   help="weights and batch seed, 0..2^32-1 (0)")
     g.add_argument("--sleep-f", type=time_value("--sleep-f"), default=0.01, metavar="S",
                    help="sleep model: forward seconds per layer (or a comma list per layer)")
     g.add_argument("--sleep-b", type=time_value("--sleep-b"), default=0.02, metavar="S",
@@ -129,6 +135,8 @@ def build_setup(args: argparse.Namespace, reference: bool = False) -> RunSetup:
     S, M = schedule.num_stages // schedule.chains, schedule.total_microbatches
     if args.model not in ("mlp", "transformer", "sleep"):
         raise ValueError(f"unknown model {args.model!r}; valid are mlp, transformer, sleep")
+    check_model_size(args.model, args.layers or 2 * S, args.width, args.vocab, args.seq)
+    device = parse_device(args.device)
     if args.model == "sleep":
         layers = args.layers or S
         spec = build_model("sleep", layers=layers, width=args.width or 8, f=args.sleep_f,
@@ -165,9 +173,6 @@ def build_setup(args: argparse.Namespace, reference: bool = False) -> RunSetup:
     batch = args.batch or 8 * M
     if batch < M:
         raise ValueError(f"--batch {batch} is smaller than --microbatches {M}; use at least {M}")
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda asked for, but CUDA is not available here; use cpu")
     ref = copy.deepcopy(nn.Sequential(*spec.layers)).to(device) if reference else None
     stages = [s.to(device) for s in split_stages(spec.layers, S, cuts)]
     gen = torch.Generator().manual_seed(args.seed + 1)
@@ -291,6 +296,7 @@ def _backward_total(t: dict) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_outputs(args)
     if args.warmup < 0:
         raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
     if not args.local:  # one process per rank: runtime/dist_cli.py
@@ -301,7 +307,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--dp {args.dp} needs one process per rank; drop --local")
     if args.warmup < 0:
         raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(check_threads(args.threads))
     setup = build_setup(args, reference=args.check)
     variants = [False, True] if args.recompute else [False]
     *rest, result = run_local_steps(setup, variants, args.warmup, args.repeat)

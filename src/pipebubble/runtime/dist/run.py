@@ -41,7 +41,7 @@ def worker_command() -> list[str]:
 
 def add_distributed_flags(p: argparse.ArgumentParser) -> None:
     """Flags of ``pipebubble run`` without ``--local``."""
-    from ...commands.common import positive_int
+    from ...commands.common import float_flag, positive_int
 
     g = p.add_argument_group("distributed (without --local: one process per rank)")
     g.add_argument("--dp", type=positive_int("--dp"), default=1, metavar="D",
@@ -50,16 +50,49 @@ def add_distributed_flags(p: argparse.ArgumentParser) -> None:
                    help="torch.distributed backend (gloo: CPU; nccl: one GPU per process)")
     g.add_argument("--p2p", choices=ORDERINGS, default="batched",
                    help="how each rank posts its sends and receives (batched)")
-    g.add_argument("--timeout", type=float, default=30.0, metavar="S",
-                   help="deadlock: stop when no rank progressed for S seconds (30)")
-    g.add_argument("--heartbeat-timeout", type=float, default=10.0, metavar="S",
-                   help="a rank silent for S seconds is taken as dead (10)")
-    g.add_argument("--inject-fault", default=None, help=argparse.SUPPRESS)
+    g.add_argument("--timeout", type=float_flag("--timeout", 0, 86400, lo_open=True),
+                   default=30.0, metavar="S",
+                   help="deadlock: stop when no rank progressed for S seconds (30; at most "
+                   "a day)")
+    g.add_argument("--heartbeat-timeout", type=float_flag("--heartbeat-timeout", 0, 86400,
+                                                          lo_open=True),
+                   default=10.0, metavar="S",
+                   help="a rank silent for S seconds is taken as dead (10; at most a day)")
+    g.add_argument("--inject-fault", type=fault_flag, default=None, help=argparse.SUPPRESS)
+
+
+def fault_flag(text: str) -> str:
+    """The hidden test flag ``--inject-fault kill|raise:RANK:N``, checked before launch."""
+    parts = text.split(":")
+    if (len(parts) != 3 or parts[0] not in ("kill", "raise") or not parts[1].isdigit()
+            or not parts[2].isdigit() or len(parts[1]) > 9 or len(parts[2]) > 9):
+        raise argparse.ArgumentTypeError(
+            f"--inject-fault must be kill:RANK:N or raise:RANK:N, got {text[:40]!r}")
+    return text
+
+
+def check_backend(backend: str, device: str) -> None:
+    """Refuse, once and before any worker starts, a backend this torch cannot run."""
+    import torch.distributed as dist
+
+    if backend == "nccl":
+        if not dist.is_nccl_available():
+            raise ValueError("--backend nccl: this torch build has no NCCL; use --backend gloo")
+        if not torch.cuda.is_available():
+            raise ValueError("--backend nccl needs CUDA GPUs, and none is available here; "
+                             "use --backend gloo")
+    elif backend == "gloo" and not dist.is_gloo_available():
+        raise ValueError("--backend gloo: this torch build has no gloo")
 
 
 def config_from_args(args: argparse.Namespace, schedule: Schedule) -> DistConfig:
     if args.timeout <= 0 or args.heartbeat_timeout <= 0:
         raise ValueError("--timeout and --heartbeat-timeout must be > 0 seconds")
+    if args.inject_fault:
+        fault_rank = int(args.inject_fault.split(":")[1])
+        if fault_rank >= schedule.num_ranks * args.dp:
+            raise ValueError(f"--inject-fault rank {fault_rank}: valid ranks are "
+                             f"0..{schedule.num_ranks * args.dp - 1}")
     return DistConfig(
         schedule=schedule.name, ranks=schedule.num_ranks,
         microbatches=schedule.num_microbatches, chunks=schedule.chunks, dp=args.dp,
@@ -75,12 +108,21 @@ def run_distributed(args: argparse.Namespace) -> int:
     from ...commands.run import build_setup
 
     if under_launcher():
+        if os.environ.get("PIPEBUBBLE_LAUNCHER") != "1":
+            sys.stderr.write(
+                f"pipebubble: RANK={os.environ['RANK']} and WORLD_SIZE="
+                f"{os.environ['WORLD_SIZE']} are set in the environment: acting as one worker "
+                "of a distributed run (torchrun); unset them to launch the run from here\n")
         rc = worker_main(args)
         # Skip the interpreter's teardown (over a second for torch and gloo): everything
         # is reported and the process group is closed.
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(rc)
+    from ...limits import check_threads
+
+    check_threads(args.threads)
+    check_backend(args.backend, args.device)
     setup = build_setup(args)  # every flag checked before any process starts
     cfg = config_from_args(args, setup.schedule)
     command = worker_command()
