@@ -8,11 +8,13 @@ file. User mistakes print one line ``pipebubble: error: ...`` and exit 2, no tra
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import pkgutil
 import sys
 
 from . import commands
+from .files import flush_stdout, stdout_failed
 from .ir.schedule import ScheduleError
 
 
@@ -45,7 +47,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        rc = int(args.func(args) or 0)
+        flush_stdout()  # a full disk on stdout: one line, not "Exception ignored" at exit
+        return rc
+    except OSError as exc:  # writing stdout failed mid-run (e.g. > /dev/full)
+        if exc.errno not in (errno.ENOSPC, errno.EIO) or isinstance(exc, BrokenPipeError):
+            raise
+        sys.stderr.write(f"pipebubble: error: {stdout_failed(exc)}\n")
+        return 2
     except (UsageError, ScheduleError, ValueError, FileNotFoundError) as exc:
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         sys.stderr.write(f"pipebubble: error: {msg}\n")

@@ -201,19 +201,19 @@ def check_output_path(path: str | os.PathLike, what: str = "output") -> Path:
     p = Path(text)
     parent = p.parent
     try:
+        try:
+            name_max = os.pathconf(parent if parent.is_dir() else ".", "PC_NAME_MAX")
+        except (OSError, ValueError):
+            name_max = 255
+        if len(os.fsencode(p.name)) > name_max:
+            raise FileError(f"{what}: file name of {len(os.fsencode(p.name))} bytes is longer "
+                            f"than the {name_max} this file system allows")
         if p.is_dir():
             raise FileError(f"{what} {text!r} is a directory; give a file name inside it")
         if not parent.exists():
             raise FileError(f"{what} {text!r}: directory {str(parent)!r} does not exist")
         if not parent.is_dir():
             raise FileError(f"{what} {text!r}: {str(parent)!r} is a file, not a directory")
-        try:
-            name_max = os.pathconf(parent, "PC_NAME_MAX")
-        except (OSError, ValueError):
-            name_max = 255
-        if len(os.fsencode(p.name)) > name_max:
-            raise FileError(f"{what}: file name of {len(os.fsencode(p.name))} bytes is longer "
-                            f"than the {name_max} this file system allows")
         exists = p.exists()
         if not os.access(p if exists else parent, os.W_OK):
             where = text if exists else str(parent)
@@ -279,6 +279,28 @@ def write_bytes(path: str | os.PathLike, data: bytes, what: str = "output") -> P
     with open_output(path, what, "wb") as f:
         f.write(data)
     return Path(path)
+
+
+def flush_stdout() -> None:
+    """Flush standard output now, so that a full disk (``> /dev/full``) is one line of error
+    instead of Python's "Exception ignored" at exit. On failure, standard output is pointed
+    at /dev/null (so the flush at exit succeeds) and :class:`FileError` is raised."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise stdout_failed(exc) from None
+
+
+def stdout_failed(exc: OSError) -> FileError:
+    """Standard output failed with ``exc``: point it at /dev/null (nothing more can reach the
+    user there, and Python's flush at exit must not fail again) and return the error."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    return FileError(f"cannot write standard output: {_reason(exc, '-')}")
 
 
 def _reason(exc: OSError, path: str | os.PathLike) -> str:

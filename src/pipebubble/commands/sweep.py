@@ -97,15 +97,15 @@ def run(args: argparse.Namespace) -> int:
     if args.trace:
         _write_trace(args.trace, points, names, args, costs)
         wrote(args.trace)
-    if missing:  # after every output is written: an error above stays the only line
+    if args.csv and args.csv != "-":
+        with open_output(args.csv, "--csv", newline="") as f:
+            write_csv(points, f)
+        wrote(args.csv)
+    if missing:  # after every file is written: an error above stays the only line
         err.print(f"[dim]{missing} (schedule, m) pairs were not valid and are left out[/dim]")
     if args.csv == "-":
         write_csv(points, sys.stdout)
         return 0
-    if args.csv:
-        with open_output(args.csv, "--csv", newline="") as f:
-            write_csv(points, f)
-        wrote(args.csv)
     Console().print(_table(points, names, title))
     return 0
 

@@ -1,0 +1,199 @@
+"""A fuzz of every command: bad command lines and bad files -> exit 2 and one line.
+
+Each case runs in this process through ``pipebubble.cli.main`` and must:
+
+- return exit code 2 (argparse's own errors raise SystemExit(2));
+- print exactly one line on stderr, starting ``pipebubble: error:``, naming the cause
+  (``expect`` is a piece of that line), and no traceback;
+- finish quickly: every size that would allocate without bound is refused before any work
+  (the whole table runs in a few seconds; a regression shows as a hang of this file, which
+  the ``timeout`` of the caller ends; we never assert on wall-clock time).
+
+The table came from a fuzz of 508 command lines (issue 14); each row is a case that once
+printed a traceback, ran away, exited 0, or named the wrong cause.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from pipebubble.cli import main
+
+S = ["simulate", "--schedule", "1f1b", "-p", "2", "-m", "2"]
+RUN = ["run", "--local", "--schedule", "1f1b", "-p", "2", "-m", "2"]
+DIST = ["run", "--schedule", "1f1b", "-p", "2", "-m", "2"]
+LONG_NAME = "a" * 300 + ".png"
+BIG = "9" * 4300
+
+# (argv, a piece of the error line). {d} is a fresh temporary directory with the files
+# made by ``files`` below.
+CASES: list[tuple[list[str], str]] = [
+    # flags that were silently wrong or tracebacked
+    ([*S, "--width", "0"], "--width must be an integer in 1..10000, got 0"),
+    ([*S, "--width", "-5"], "--width must be an integer in 1..10000"),
+    ([*S, "--f", "1e308"], "--f must be 0 or between 1e-12 and 1e+12, got 1e+308"),
+    ([*S, "--f", "5e-324"], "--f must be 0 or between"),
+    ([*S, "--f", "nan"], "--f must be 0 or between"),
+    ([*S, "--b", "inf"], "--b must be 0 or between"),
+    ([*S, "--overlap", "0"], "--overlap must be a number in (0, 1]"),
+    ([*S, "--overlap", "nan"], "--overlap must be a number in (0, 1], got 'nan'"),
+    (["simulate", "--schedule", "1f1b", "-p", "2", "-m", BIG], "4300-digit number"),
+    (["simulate", "--schedule", "1f1b", "-p", "2", "-m", "1e30"], "--microbatches must be"),
+    (["simulate", "--schedule", "1f1b", "-p", "1000000000", "-m", "2"],
+     "over the limit of 5,000,000; use fewer or raise --max-actions"),
+    (["simulate", "--schedule", "1f1b", "-p", "2", "-m", "99999999999999999"],
+     "--max-actions"),
+    (["simulate", "--schedule", "interleaved-1f1b", "-p", "2", "-m", "4", "-v", "1000000"],
+     "-v 1000000 makes about 24,000,000 actions"),
+    (["simulate", "--schedule", "1f1b", "-p", "2", "-m", "2", "--max-actions", "0"],
+     "--max-actions must be an integer >= 1"),
+    (["compare", "-p", "4", "-m", "8", "--f", "1,2,3"], "no schedule accepts these flags"),
+    (["compare", "-p", "4", "-m", "8", "--allreduce", "1,2"], "allreduce has 2 values"),
+    (["compare", "-p", "4", "-m", "8", "--overlap", "0"], "--overlap must be"),
+    (["compare", "-p", "1000000000", "-m", "8"], "over the limit"),
+    (["sweep", "-p", "2", "--schedules", ""], "--schedules: empty name"),
+    (["sweep", "-p", "2", "--schedules", ","], "--schedules: empty name"),
+    (["sweep", "-p", "4", "-m", "1..100000"], "this sweep simulates about"),
+    (["sweep", "-p", "2", "-m", "1..4", "--schedules", "nope"], "unknown schedule 'nope'"),
+    (["sweep", "-p", "3", "-m", "4", "--schedules", "dualpipe"], "no schedule in dualpipe accepts"),
+    (["wire", "--schedule", "1f1b", "-p", "2", "-m", "2", "--f", "1e308"], "--f must be"),
+    (["demo", "--stages", "100000"], "--stages must be an integer in 1..64"),
+    (["partition", "--profile", "{d}/prof.json", "--ranks", "2", "--memory-cap", "1e999"],
+     "--memory-cap must be a finite number of bytes > 0"),
+    (["partition", "--profile", "{d}/prof.json", "--ranks", "2", "--top", "-1"],
+     "--top must be an integer in 0..10000"),
+    (["partition", "--profile", "{d}/prof.json", "--ranks", "2", "--w-fraction", "nan"],
+     "--w-fraction must be a number in [0, 1]"),
+    # input files
+    (["simulate", "--csv", "{d}"], "is a directory"),
+    (["simulate", "--csv", "{d}/missing.csv"], "no such file"),
+    (["simulate", "--csv", "{d}/fifo"], "is not a regular file"),
+    (["simulate", "--csv", "/dev/zero"], "is not a regular file"),
+    (["simulate", "--csv", "{d}/empty.csv"], "no actions"),
+    (["simulate", "--csv", "{d}/latin1.csv"], "is not UTF-8 text (byte 0xe9 at offset 2)"),
+    (["partition", "--profile", "{d}", "--ranks", "2"], "is a directory"),
+    (["partition", "--profile", "", "--ranks", "2"], "empty file name"),
+    (["partition", "--profile", "{d}/deep.json", "--ranks", "2"], "nests 100000 levels deep"),
+    (["partition", "--profile", "{d}/bigint.json", "--ranks", "2"], "5001 digits"),
+    (["partition", "--profile", "{d}/bigfloat.json", "--ranks", "2"], "too large for a float"),
+    (["partition", "--profile", "{d}/nan.json", "--ranks", "2"], "NaN is not a number"),
+    (["partition", "--profile", "{d}/latin1.csv", "--ranks", "2"], "is not UTF-8"),
+    (["partition", "--profile", "{d}/prof.json", "--ranks", "2", "--measured",
+      "{d}/tl_neg.json", "--current-cut", "0-1,2-3"], "events[0].rank is -1; valid ranks are 0..1"),
+    (["partition", "--profile", "{d}/prof.json", "--ranks", "2", "--measured",
+      "{d}/tl_empty.json", "--current-cut", "0-1,2-3"], "'events' is empty"),
+    (["partition", "--profile", "{d}/prof.json", "--ranks", "2", "--measured",
+      "{d}/tl_back.json", "--current-cut", "0-1,2-3"], "events[0] ends at 1.0 before it starts"),
+    # output files
+    ([*S, "--png", "{d}/newdir/"], "ends with '/'"),
+    ([*S, "--png", "{d}"], "is a directory"),
+    ([*S, "--png", ""], "empty file name"),
+    ([*S, "--png", "{d}/nope/x.png"], "does not exist"),
+    ([*S, "--svg", "{d}/prof.json/x.svg"], "is a file, not a directory"),
+    ([*S, "--trace", "/dev/full"], "no space left on the device"),
+    ([*S, "--png", "{d}/" + LONG_NAME], "longer than the 255"),
+    (["sweep", "-p", "2", "-m", "1..4", "--csv", "/dev/full"], "no space left"),
+    (["sweep", "-p", "2", "-m", "1..4", "--trace", "{d}/x/"], "ends with '/'"),
+    (["export", "--schedule", "1f1b", "-p", "2", "-m", "2", "--csv", "{d}/"], "ends with '/'"),
+    (["export", "--schedule", "1f1b", "-p", "2", "-m", "2", "--csv", "/dev/full"],
+     "no space left"),
+]
+
+# Commands that load torch (run, profile): a few, still in-process, still fast (each fails
+# before any tensor is built).
+TORCH_CASES: list[tuple[list[str], str]] = [
+    ([*RUN, "--device", "foo"], "unknown --device 'foo'"),
+    ([*RUN, "--device", "meta"], "--device 'meta' cannot run"),
+    ([*RUN, "--seed", str(2**64 - 1)], "--seed must be an integer in 0..4294967295"),
+    ([*RUN, "--threads", "100000"], "--threads 100000 is more than the"),
+    ([*RUN, "--chart-width", "0"], "--chart-width must be an integer in 1..10000"),
+    ([*RUN, "--warmup", "-1"], "--warmup must be an integer in 0..1000"),
+    ([*RUN, "--layers", "10000000"], "GiB free here"),
+    ([*RUN, "--png", "{d}/newdir/"], "ends with '/'"),
+    ([*DIST, "--timeout", "nan"], "--timeout must be a number in (0, 86400]"),
+    ([*DIST, "--timeout", "inf"], "--timeout must be"),
+    ([*DIST, "--heartbeat-timeout", "nan"], "--heartbeat-timeout must be"),
+    ([*DIST, "--inject-fault", "boom"], "--inject-fault must be kill:RANK:N"),
+    ([*DIST, "--inject-fault", "kill:7:1"], "--inject-fault rank 7: valid ranks are 0..1"),
+    (["profile", "--model", "mlp", "--threads", "100000"], "more than the"),
+    (["profile", "--model", "mlp", "--device", "meta"], "cannot run"),
+    (["profile", "--model", "mlp", "--out", "{d}/"], "ends with '/'"),
+    (["profile", "--model", "mlp", "--layers", "100000000"], "GiB free here"),
+]
+
+
+@pytest.fixture(scope="module")
+def bad_files(tmp_path_factory) -> str:
+    d = tmp_path_factory.mktemp("fuzz")
+    (d / "empty.csv").write_text("")
+    (d / "latin1.csv").write_bytes(b"0F\xe90\n")
+    os.mkfifo(d / "fifo")
+    (d / "deep.json").write_text("[" * 100000 + "]" * 100000)
+    layer = '{"name": "a", "forward": %s, "backward": 1, "params": 1, "activation_bytes": 1, ' \
+        '"flops": 1}'
+    (d / "bigint.json").write_text('{"layers": [%s]}' % (layer % ("1" + "0" * 5000)))
+    (d / "bigfloat.json").write_text('{"layers": [%s]}' % (layer % "1e999"))
+    (d / "nan.json").write_text('{"layers": [%s]}' % (layer % "NaN"))
+    (d / "prof.json").write_text('{"layers": [%s]}' % ", ".join(
+        (layer % "0.001").replace('"a"', f'"l{i}"') for i in range(4)))
+    ev = '{"rank": %d, "stage": %d, "kind": "F", "microbatch": 0, "start": %s, "end": %s}'
+    tl = '{"ranks": 2, "stages": 2, "microbatches": 2, "events": [%s]}'
+    (d / "tl_neg.json").write_text(tl % (ev % (-1, 0, 0, 1)))
+    (d / "tl_empty.json").write_text(tl % "")
+    (d / "tl_back.json").write_text(tl % (ev % (0, 0, 2, 1)))
+    yield str(d)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def run_bad(argv: list[str], d: str, capsys) -> tuple[int, list[str]]:
+    argv = [a.replace("{d}", d) for a in argv]
+    try:
+        rc = main(argv)
+    except SystemExit as exc:  # argparse rejects a flag's value
+        rc = exc.code
+    err = capsys.readouterr().err
+    return rc, err.splitlines()
+
+
+def _id(case) -> str:
+    return " ".join(a if len(a) < 30 else a[:12] + "…" for a in case[0])
+
+
+@pytest.mark.parametrize("case", CASES, ids=_id)
+def test_bad_input_is_one_line_and_exit_2(case, bad_files, capsys):
+    argv, expect = case
+    rc, lines = run_bad(argv, bad_files, capsys)
+    assert rc == 2, lines
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("pipebubble: error: "), lines
+    assert "Traceback" not in lines[0]
+    assert expect in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("case", TORCH_CASES, ids=_id)
+def test_bad_input_of_tensor_commands(case, bad_files, capsys, monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)  # never act as a worker here
+    argv, expect = case
+    rc, lines = run_bad(argv, bad_files, capsys)
+    assert rc == 2, lines
+    assert len(lines) == 1 and lines[0].startswith("pipebubble: error: "), lines
+    assert expect in lines[0], lines[0]
+
+
+def test_bad_output_leaves_no_file_behind(bad_files, capsys):
+    """A refused output path writes nothing: ``--png newdir/`` creates neither a file
+    ``newdir`` nor a directory."""
+    rc, _ = run_bad([*S, "--png", "{d}/newdir/"], bad_files, capsys)
+    assert rc == 2
+    assert not os.path.exists(os.path.join(bad_files, "newdir"))
+
+
+def test_good_output_says_wrote(bad_files, capsys):
+    out = os.path.join(bad_files, "ok.json")
+    assert main([*S, "--trace", out, "--json"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [f"wrote {out}"]
+    assert os.path.getsize(out) > 0
