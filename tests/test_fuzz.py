@@ -137,8 +137,8 @@ def bad_files(tmp_path_factory) -> str:
     (d / "bigint.json").write_text('{"layers": [%s]}' % (layer % ("1" + "0" * 5000)))
     (d / "bigfloat.json").write_text('{"layers": [%s]}' % (layer % "1e999"))
     (d / "nan.json").write_text('{"layers": [%s]}' % (layer % "NaN"))
-    (d / "prof.json").write_text('{"layers": [%s]}' % ", ".join(
-        (layer % "0.001").replace('"a"', f'"l{i}"') for i in range(4)))
+    layers = ", ".join((layer % "0.001").replace('"a"', f'"l{i}"') for i in range(4))
+    (d / "prof.json").write_text('{"layers": [' + layers + "]}")
     ev = '{"rank": %d, "stage": %d, "kind": "F", "microbatch": 0, "start": %s, "end": %s}'
     tl = '{"ranks": 2, "stages": 2, "microbatches": 2, "events": [%s]}'
     (d / "tl_neg.json").write_text(tl % (ev % (-1, 0, 0, 1)))
