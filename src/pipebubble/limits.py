@@ -135,15 +135,16 @@ def model_params(model: str, layers: int, width: int | None = None, vocab: int =
     """Parameters of a built-in model (see :mod:`pipebubble.models`), without building it.
 
     mlp: ``layers`` Linear(width, width) blocks: layers·(w² + w). transformer: embedding
-    (vocab·d + seq·d), per block about 12·d² (attention 4·d², MLP 8·d²) plus biases, and a
-    head d·vocab. sleep: a width-by-width Linear per layer.
+    (vocab·d + seq·d), per block 12·d² + 13·d (attention 4·d² + 4·d, MLP 8·d² + 5·d, two
+    LayerNorms 4·d), and a head (LayerNorm 2·d, projection d·vocab + vocab). sleep: a
+    width-by-width Linear per layer. Checked against torch's count in tests/test_files.py.
 
     >>> model_params("mlp", 2, 3)
     24
     """
     if model == "transformer":
         d = width or 64
-        return vocab * d + seq * d + layers * (12 * d * d + 13 * d) + d * vocab + vocab
+        return vocab * d + seq * d + layers * (12 * d * d + 13 * d) + 2 * d + d * vocab + vocab
     w = width or (256 if model == "mlp" else 8)
     return layers * (w * w + w)
 
