@@ -73,6 +73,8 @@ CASES: list[tuple[list[str], str]] = [
     (["simulate", "--csv", "{d}/fifo"], "is not a regular file"),
     (["simulate", "--csv", "/dev/zero"], "is not a regular file"),
     (["simulate", "--csv", "{d}/empty.csv"], "no actions"),
+    (["simulate", "--csv", "{d}/bigcell.csv"], "a stage or microbatch number with 4300 digits"),
+    (["sweep", "-p", "2", "-m", "1.." + BIG], "is too long; use N, A..B or A..B:STEP"),
     (["simulate", "--csv", "{d}/latin1.csv"], "is not UTF-8 text (byte 0xe9 at offset 2)"),
     (["partition", "--profile", "{d}", "--ranks", "2"], "is a directory"),
     (["partition", "--profile", "", "--ranks", "2"], "empty file name"),
@@ -130,6 +132,7 @@ def bad_files(tmp_path_factory) -> str:
     d = tmp_path_factory.mktemp("fuzz")
     (d / "empty.csv").write_text("")
     (d / "latin1.csv").write_bytes(b"0F\xe90\n")
+    (d / "bigcell.csv").write_text("0F" + BIG + "\n")
     os.mkfifo(d / "fifo")
     (d / "deep.json").write_text("[" * 100000 + "]" * 100000)
     layer = '{"name": "a", "forward": %s, "backward": 1, "params": 1, "activation_bytes": 1, ' \

@@ -85,7 +85,7 @@ def memory_value(text: str) -> float | list[float]:
             raise argparse.ArgumentTypeError(f"--memory-cap: bad number {m.group(1)!r}") from None
         if not 0 < value < float("inf"):
             raise argparse.ArgumentTypeError(
-                f"--memory-cap must be a finite number of bytes > 0, got {part.strip()!r}")
+                f"--memory-cap must be a finite number of bytes > 0, got {part.strip()[:40]!r}")
         out.append(value)
     return out[0] if len(out) == 1 else out
 
