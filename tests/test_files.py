@@ -43,11 +43,11 @@ def test_read_text_file_refuses_what_is_not_a_regular_utf8_file(tmp_path):
     cases = [
         (tmp_path, "is a directory"),
         ("", "empty file name"),
-        (tmp_path / "fifo", "is not a regular file"),  # would block forever if opened plainly
-        ("/dev/null", "is not a regular file"),
+        (tmp_path / "fifo", "not a regular file"),  # would block forever if opened plainly
+        ("/dev/null", "not a regular file"),
         (tmp_path / "missing", "no such file"),
         (tmp_path / "ok.txt" / "x", "a directory in the path is a file"),
-        (tmp_path / "bad.txt", "is not UTF-8 text (byte 0xff at offset 2)"),
+        (tmp_path / "bad.txt", "not UTF-8 text (byte 0xff at offset 2)"),
     ]
     for path, expect in cases:
         with pytest.raises(FileError, match=".*") as info:
@@ -60,7 +60,7 @@ def test_size_limit_is_exact(tmp_path):
     f = tmp_path / "f"
     f.write_text("x" * 100)
     assert len(read_text_file(f, limit=100)) == 100
-    with pytest.raises(FileError, match="is 100 bytes, over the limit of 99 bytes"):
+    with pytest.raises(FileError, match="100 bytes, over the limit of 99 bytes"):
         read_text_file(f, limit=99)
 
 

@@ -50,17 +50,17 @@ def main(argv: list[str] | None = None) -> int:
         rc = int(args.func(args) or 0)
         flush_stdout()  # a full disk on stdout: one line, not "Exception ignored" at exit
         return rc
-    except OSError as exc:  # writing stdout failed mid-run (e.g. > /dev/full)
-        if exc.errno not in (errno.ENOSPC, errno.EIO) or isinstance(exc, BrokenPipeError):
-            raise
-        sys.stderr.write(f"pipebubble: error: {stdout_failed(exc)}\n")
-        return 2
     except (UsageError, ScheduleError, ValueError, FileNotFoundError) as exc:
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         sys.stderr.write(f"pipebubble: error: {msg}\n")
         return 2
     except BrokenPipeError:
         return 0
+    except OSError as exc:  # writing stdout failed mid-run (e.g. > /dev/full)
+        if exc.errno not in (errno.ENOSPC, errno.EIO):
+            raise
+        sys.stderr.write(f"pipebubble: error: {stdout_failed(exc)}\n")
+        return 2
 
 
 if __name__ == "__main__":

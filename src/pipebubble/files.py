@@ -66,6 +66,10 @@ class FileError(ScheduleError):
     """A file cannot be read or written as asked. The message names the path and why."""
 
 
+class MissingFileError(FileError, FileNotFoundError):
+    """A file or directory named in a command does not exist (also a FileNotFoundError)."""
+
+
 def _show(path: str | os.PathLike) -> str:
     return repr(os.fspath(path))
 
@@ -84,17 +88,18 @@ def read_bytes_file(path: str | os.PathLike, what: str = "input file",
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
-        raise FileError(f"{what} {_show(path)}: {_reason(exc, path)}") from None
+        error = MissingFileError if exc.errno == errno.ENOENT else FileError
+        raise error(f"cannot read {what} {_show(path)}: {_reason(exc, path)}") from None
     try:
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
-            raise FileError(f"{what} {_show(path)} is a directory; give a file")
+            raise FileError(f"cannot read {what} {_show(path)}: is a directory; give a file")
         if not stat.S_ISREG(st.st_mode):
-            raise FileError(f"{what} {_show(path)} is not a regular file (a FIFO, device or "
-                            "socket); give a file")
+            raise FileError(f"cannot read {what} {_show(path)}: not a regular file (a FIFO, "
+                            "device or socket); give a file")
         if st.st_size > limit:
-            raise FileError(f"{what} {_show(path)} is {st.st_size:,} bytes, over the limit of "
-                            f"{limit:,} bytes")
+            raise FileError(f"cannot read {what} {_show(path)}: {st.st_size:,} bytes, over the "
+                            f"limit of {limit:,} bytes")
         chunks, total = [], 0
         while True:  # a file may grow while we read: never read past the limit
             block = os.read(fd, min(1 << 20, limit + 1 - total))
@@ -103,10 +108,11 @@ def read_bytes_file(path: str | os.PathLike, what: str = "input file",
             chunks.append(block)
             total += len(block)
             if total > limit:
-                raise FileError(f"{what} {_show(path)} is over the limit of {limit:,} bytes")
+                raise FileError(f"cannot read {what} {_show(path)}: over the limit of "
+                                f"{limit:,} bytes")
         return b"".join(chunks)
     except OSError as exc:
-        raise FileError(f"{what} {_show(path)}: {_reason(exc, path)}") from None
+        raise FileError(f"cannot read {what} {_show(path)}: {_reason(exc, path)}") from None
     finally:
         os.close(fd)
 
@@ -121,8 +127,8 @@ def read_text_file(path: str | os.PathLike, what: str = "input file",
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise FileError(f"{what} {_show(path)} is not UTF-8 text (byte 0x{data[exc.start]:02x} "
-                        f"at offset {exc.start})") from None
+        raise FileError(f"cannot read {what} {_show(path)}: not UTF-8 text (byte "
+                        f"0x{data[exc.start]:02x} at offset {exc.start})") from None
 
 
 def parse_json(text: str, what: str = "JSON input", max_depth: int = MAX_JSON_DEPTH) -> Any:
@@ -211,13 +217,15 @@ def check_output_path(path: str | os.PathLike, what: str = "output") -> Path:
         if p.is_dir():
             raise FileError(f"{what} {text!r} is a directory; give a file name inside it")
         if not parent.exists():
-            raise FileError(f"{what} {text!r}: directory {str(parent)!r} does not exist")
+            raise MissingFileError(f"{what} {text!r}: directory {str(parent)!r} does not exist")
         if not parent.is_dir():
             raise FileError(f"{what} {text!r}: {str(parent)!r} is a file, not a directory")
         exists = p.exists()
         if not os.access(p if exists else parent, os.W_OK):
             where = text if exists else str(parent)
             raise FileError(f"{what} {text!r}: permission denied to write in {where!r}")
+    except FileError:
+        raise
     except OSError as exc:  # e.g. a path too long to stat
         raise FileError(f"{what} {text!r}: {_reason(exc, text)}") from None
     return p
@@ -307,7 +315,7 @@ def _reason(exc: OSError, path: str | os.PathLike) -> str:
     """A short phrase for an OSError, in the user's terms."""
     code = exc.errno
     if code == errno.ENOENT:
-        return "no such file"
+        return "not found (no such file)"
     if code == errno.ENOTDIR:
         return "a directory in the path is a file"
     if code == errno.EISDIR:

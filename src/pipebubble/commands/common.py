@@ -30,7 +30,7 @@ def int_flag(name: str, lo: int | None = 1, hi: int | None = None):
 
     One parser for every integer flag: at most :data:`MAX_INT_DIGITS` digits, then the range.
     The message names the flag, the value and the valid range:
-    ``--width must be an integer >= 1, got '0'``.
+    ``--width must be >= 1, got 0``, ``--seed must be an integer in 0..4294967295, got 'x'``.
     """
     if lo is not None and hi is not None:
         valid = f"an integer in {lo}..{hi}"
@@ -49,8 +49,10 @@ def int_flag(name: str, lo: int | None = 1, hi: int | None = None):
             raise argparse.ArgumentTypeError(
                 f"{name} must be {valid}, got a {len(body)}-digit number")
         value = int(text)
-        if (lo is not None and value < lo) or (hi is not None and value > hi):
-            raise argparse.ArgumentTypeError(f"{name} must be {valid}, got {value}")
+        if lo is not None and value < lo:
+            raise argparse.ArgumentTypeError(f"{name} must be >= {lo}, got {value}")
+        if hi is not None and value > hi:
+            raise argparse.ArgumentTypeError(f"{name} must be <= {hi}, got {value}")
         return value
 
     return parse
@@ -110,6 +112,8 @@ def time_value(name: str):
                 f"{name} must be a number or a comma list of numbers, got {_plain(text)!r}"
             ) from None
         for v in values:
+            if not v >= 0 or v == float("inf"):
+                raise argparse.ArgumentTypeError(f"{name} must be finite and >= 0, got {v:g}")
             if not (v == 0 or MIN_TIME <= v <= MAX_TIME):
                 raise argparse.ArgumentTypeError(
                     f"{name} must be 0 or between {MIN_TIME:g} and {MAX_TIME:g}, got {v:g}")

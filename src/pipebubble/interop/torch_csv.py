@@ -67,8 +67,8 @@ def _parse_cell(text: str) -> Step | None:
     text = text.strip()
     if not text or _MARKER.match(text):
         return None
-    if (longest := max((len(d) for d in re.findall(r"\d+", text)), default=0)) > 9:
-        raise _Cell(f"a stage or microbatch number with {longest} digits; at most 9")
+    if (longest := max((len(d) for d in re.findall(r"\d+", text)), default=0)) > 18:
+        raise _Cell(f"a stage or microbatch number with {longest} digits; at most 18")
     if match := _COMPUTE.match(text):
         return Action(int(match.group(1)), match.group(2), int(match.group(3)))
     if _COMM.match(text):
