@@ -128,6 +128,14 @@ class Timeline:
     def __len__(self) -> int:
         return len(self.start)
 
+    def __repr__(self) -> str:
+        """One short line (the columns would print every event):
+        ``Timeline('1f1b', simulated, ranks=4, stages=4, microbatches=8, events=64,
+        step_time=33)``."""
+        return (f"Timeline({self.schedule!r}, {self.source}, ranks={self.num_ranks}, "
+                f"stages={self.num_stages}, microbatches={self.num_microbatches * self.chains}, "
+                f"events={len(self)}, step_time={self.step_time:.6g})")
+
     def events(self, rank: int | None = None) -> Iterator[Event]:
         lo, hi = (0, len(self)) if rank is None else (self.offsets[rank], self.offsets[rank + 1])
         for i in range(lo, hi):

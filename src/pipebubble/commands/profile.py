@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import json
 import sys
 
 from rich.console import Console
@@ -12,7 +11,7 @@ from rich.table import Table
 
 from ..files import check_output_path
 from ..limits import check_model_size, check_threads
-from .common import int_flag, parse_device, positive_int, wrote
+from .common import int_flag, parse_device, positive_int, print_json, wrote
 
 MODEL_FLAGS = ("layers", "dim", "heads", "vocab", "seq", "width")
 
@@ -94,8 +93,7 @@ def run(args: argparse.Namespace) -> int:
     for line in noisy_layers(prof):
         sys.stderr.write(f"pipebubble: warning: {line}\n")
     if args.json:
-        json.dump(prof.as_dict(), sys.stdout)
-        sys.stdout.write("\n")
+        print_json(prof.as_dict())
         return 0
     console = Console()
     console.print(profile_table(prof))

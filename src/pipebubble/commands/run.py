@@ -212,7 +212,7 @@ def analyse(setup: RunSetup, measured: Timeline, loss: float, peak_bytes: list[i
     S = setup.schedule.num_stages
     equal = CostModel(f=[sum(sc.f) / S] * S, b=[sum(sc.b) / S] * S, w=[sum(sc.w) / S] * S)
     sched = setup.schedule
-    title = (f"{sched.name}  p={sched.num_ranks} m={sched.num_microbatches} v={sched.chunks}"
+    title = (f"{sched.name}  p={sched.num_ranks} m={sched.total_microbatches} v={sched.chunks}"
              f"{'  recompute' if recompute else ''}  —  {setup.description}")
     return RunReport(sched, measured, pred.predicted, pred.costs, loss, list(peak_bytes),
                      allocator_peak, closed_form_for(sched, equal), title=title)
@@ -237,23 +237,28 @@ def check_against_unsplit(setup: RunSetup, loss: float) -> tuple[float, float]:
 
 # ---- the local path ------------------------------------------------------------------------
 def run_local_steps(setup: RunSetup, recompute: list[bool], warmup: int = 1,
-                    repeat: int = 1) -> list:
+                    repeat: int = 1, step_times: list[list[float]] | None = None) -> list:
     """One measured step per entry of ``recompute``: the fastest of ``repeat``.
 
     The variants take turns (warm-up steps first), so that a busy spell on a shared
     machine slows them alike. Gradients are zeroed before each step, so afterwards they are
     those of one step of the last variant (every step computes the same gradients: the
-    weights do not change).
+    weights do not change). ``step_times``, if given, receives every measured step time of
+    each variant (for the run-to-run spread, :func:`noise_note`).
     """
     from ..runtime.local import run_local
 
     best: list = [None] * len(recompute)
+    if step_times is not None:
+        step_times[:] = [[] for _ in recompute]
     for i in range(warmup + repeat):
         for k, rec in enumerate(recompute):
             for st in setup.stages:
                 st.zero_grad(set_to_none=True)
             result = run_local(setup.schedule, setup.stages, setup.inputs, setup.targets,
                                setup.spec.loss_fn, recompute=rec, device=setup.device)
+            if i >= warmup and step_times is not None:
+                step_times[k].append(result.timeline.step_time)
             if i >= warmup and (best[k] is None
                                 or result.timeline.step_time < best[k].timeline.step_time):
                 best[k] = result
@@ -310,7 +315,8 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(check_threads(args.threads))
     setup = build_setup(args, reference=args.check)
     variants = [False, True] if args.recompute else [False]
-    *rest, result = run_local_steps(setup, variants, args.warmup, args.repeat)
+    times: list[list[float]] = []
+    *rest, result = run_local_steps(setup, variants, args.warmup, args.repeat, times)
     plain = rest[0] if rest else None
     report = analyse(setup, result.timeline, result.loss, result.peak_bytes, args.recompute,
                      result.input_bytes, result.allocator_peak)
@@ -319,6 +325,9 @@ def run(args: argparse.Namespace) -> int:
                                                                                result.loss)
     if plain is not None:
         report.trade = recompute_trade(setup, plain, result, report)
+    note = noise_note(times[-1], report.measured.step_time, report.predicted.step_time)
+    if note:
+        report.notes.append(note)
     write_figures(args, [report.measured, report.predicted], report.title)
     if args.json:
         print_json(report_json(report))
@@ -378,6 +387,8 @@ def print_report(report: RunReport, console: Console, width: int | None = None) 
         console.print(f"CUDA allocator peak over the step: {_bytes(report.allocator_peak)} "
                       "(the whole device: every rank shares it in one process)")
     console.print(f"loss {report.loss:.6g}")
+    for note in report.notes:
+        console.print(note)
     if report.grad_max_abs_diff is not None:
         console.print(f"check against the unsplit model on the whole batch: largest gradient "
                       f"difference {report.grad_max_abs_diff:.3g}, loss difference "
@@ -404,6 +415,27 @@ def print_report(report: RunReport, console: Console, width: int | None = None) 
                       f"({saved:.1%} of the peaks summed over ranks) and adds {added:.1%} to "
                       f"the backward time; the cost model (one more forward per backward) "
                       f"says {model:+.1%}")
+
+
+def noise_note(step_times: list[float], measured: float, predicted: float) -> str | None:
+    """Set the measured-vs-predicted gap against the run's own spread over its repeats.
+
+    spread = (slowest - fastest) / fastest of the measured steps. A gap within the spread is
+    noise (the machine, not the model); a larger one is something the cost model misses.
+
+    >>> noise_note([1.0, 1.5], 1.0, 1.2)[:72]  # spread 50%, gap 20%
+    'measured vs predicted differ by 20.0%, within the run-to-run spread of 5'
+    """
+    if len(step_times) < 2 or measured <= 0 or min(step_times) <= 0:
+        return None
+    spread = (max(step_times) - min(step_times)) / min(step_times)
+    gap = abs(predicted - measured) / measured
+    if gap <= spread:
+        return (f"measured vs predicted differ by {gap:.1%}, within the run-to-run spread of "
+                f"{spread:.1%} over {len(step_times)} steps: noise, not a model error (more "
+                "--repeat, --threads 1 or a quieter machine narrow it)")
+    return (f"measured vs predicted differ by {gap:.1%}, more than the run-to-run spread of "
+            f"{spread:.1%} over {len(step_times)} steps: the cost model misses something here")
 
 
 def _ms(seconds: float) -> str:

@@ -92,23 +92,45 @@ def gantt(timeline: Timeline, width: int | None = None, title: str | None = None
 
 
 def summary_table(timeline: Timeline, closed_form: float | None = None) -> Table:
-    """Per-rank busy, idle, bubble, span and peaks, then the overall figures."""
-    unit = "s" if timeline.source == "measured" else ""
+    """Per-rank busy, idle, bubble, span and peaks, then the overall figures.
+
+    A measured timeline's times are seconds and its memory bytes: shown as ms and KiB/MiB.
+    """
+    measured = timeline.source == "measured"
     table = Table(title=None, show_edge=False)
     for col in ("rank", "busy", "idle", "bubble", "span", "peak act.", "peak mem"):
         table.add_column(col, justify="right")
     for s in timeline.rank_stats():
         table.add_row(
-            str(s.rank), f"{s.busy:.4g}{unit}", f"{s.idle:.4g}{unit}", f"{s.bubble_fraction:.2%}",
-            f"{s.span:.4g}{unit}", str(s.peak_activations), f"{s.peak_memory:.4g}",
+            str(s.rank), _time(s.busy, measured), _time(s.idle, measured),
+            f"{s.bubble_fraction:.2%}", _time(s.span, measured), str(s.peak_activations),
+            _memory(s.peak_memory, measured),
         )
     return table
 
 
+def _time(t: float, measured: bool) -> str:
+    """Seconds as ms (µs below 0.1 ms) for a measured run; model units as they are."""
+    if not measured:
+        return f"{t:.4g}"
+    return f"{t * 1e3:.3f} ms" if abs(t) >= 1e-4 or t == 0 else f"{t * 1e6:.1f} µs"
+
+
+def _memory(n: float, measured: bool) -> str:
+    """Bytes as B/KiB/MiB/GiB for a measured run; rank-shares of M_B as they are."""
+    if not measured:
+        return f"{n:.4g}"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
 def summary_lines(timeline: Timeline, closed_form: float | None = None) -> list[str]:
-    unit = "s" if timeline.source == "measured" else ""
+    measured = timeline.source == "measured"
     lines = [
-        f"step time {timeline.step_time:.4g}{unit}   lower bound {timeline.lower_bound:.4g}{unit}",
+        f"step time {_time(timeline.step_time, measured)}   lower bound "
+        f"{_time(timeline.lower_bound, measured)}",
         f"bubble {timeline.bubble_fraction:.2%}"
         + (f" (closed form {closed_form:.2%})" if closed_form is not None else ""),
     ]
