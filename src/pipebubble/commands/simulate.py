@@ -45,8 +45,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_figure_flags(p)
     p.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
     p.add_argument("--width", type=int_flag("--width", 1, MAX_WIDTH), default=None,
-                   metavar="COLS", help="chart width in columns (default: the terminal's, "
-                   "or 100 when output is not a terminal)")
+                   metavar="COLS", help="output width in columns, piped or not (default: the "
+                   "terminal's; 80 when output is not a terminal)")
     p.set_defaults(func=run)
 
 
@@ -81,8 +81,13 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(timeline_json(timeline, closed, basis=closed_form_basis(schedule)))
         return 0
-    console = Console()
-    console.print(gantt(timeline, width=args.width, title=title))
+    # --width is the whole output's width, on a terminal or piped: the chart's time axis
+    # gets what the rank labels leave.
+    console = Console(width=args.width) if args.width else Console()
+    axis = None
+    if args.width:
+        axis = max(1, args.width - len(f"rank {timeline.num_ranks - 1}") - 2)
+    console.print(gantt(timeline, width=axis, title=title))
     console.print(summary_table(timeline))
     for line in summary_lines(timeline, closed):
         console.print(line)

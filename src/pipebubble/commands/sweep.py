@@ -129,26 +129,74 @@ def _write_trace(path: str, points: list[SweepPoint], names: list[str],
     write_trace(path, timelines, labels)
 
 
-def _table(points: list[SweepPoint], names: list[str], title: str) -> Table:
-    """Bubble (simulated / closed form) and peak memory per schedule for a sample of m."""
-    ms = sorted({p.microbatches for p in points})
-    if len(ms) > TABLE_ROWS:
-        keep = {ms[0], ms[-1]} | {m for m in ms if m & (m - 1) == 0}
-        ms = sorted(keep)[:TABLE_ROWS]
+def sample_ms(ms: list[int], k: int) -> list[int]:
+    """At most ``k`` (>= 2) of the sorted values ``ms`` for a table: the first and the last,
+    powers of two (evenly thinned), then values splitting the widest remaining gaps.
+
+    >>> sample_ms(list(range(1, 129)), 6)
+    [1, 2, 8, 16, 64, 128]
+    >>> sample_ms(list(range(1, 11)), 5)
+    [1, 2, 4, 8, 10]
+    >>> sample_ms([3, 5, 6, 7, 9, 12], 4)
+    [3, 7, 9, 12]
+    """
+    k = max(2, k)
+    if len(ms) <= k:
+        return list(ms)
+    pow2 = [m for m in ms[1:-1] if m & (m - 1) == 0]
+    if len(pow2) > k - 2:
+        n = k - 2
+        pow2 = [pow2[round(i * (len(pow2) - 1) / (n - 1))] for i in range(n)] if n > 1 \
+            else pow2[len(pow2) // 2:len(pow2) // 2 + n]
+    keep = sorted({ms[0], ms[-1], *pow2})
+    pool = sorted(set(ms) - set(keep))
+    while len(keep) < k and pool:
+        gaps = [(keep[i + 1] - keep[i], i) for i in range(len(keep) - 1)]
+        for _, i in sorted(gaps, reverse=True):
+            inside = [m for m in pool if keep[i] < m < keep[i + 1]]
+            if inside:
+                mid = (keep[i] + keep[i + 1]) / 2
+                best = min(inside, key=lambda m: abs(m - mid))
+                keep = sorted([*keep, best])
+                pool.remove(best)
+                break
+    return keep
+
+
+def _table(points: list[SweepPoint], names: list[str], title: str,
+           width: int | None = None) -> Table:
+    """Bubble (simulated, and the closed form in a row below where it differs) and peak
+    memory: one row per schedule, one column per sampled m, as many as fit ``width``."""
+    width = width or Console().width
+    name_w = max(len(n) for n in [*names, "closed form"]) + 3
+    ms = sample_ms(sorted({p.microbatches for p in points}), min(TABLE_ROWS,
+                                                                  (width - name_w) // 9))
     by_key = {(p.schedule, p.microbatches): p for p in points}
-    table = Table(title=title, show_edge=False)
-    table.add_column("m", justify="right")
-    for n in names:
-        table.add_column(f"{n} bubble", justify="right")
-        table.add_column(f"{n} peak mem", justify="right")
+    table = Table(title=title, show_edge=False, caption_justify="left",
+                  caption="bubble: simulated fraction of idle time (the closed form below it "
+                  "where they differ); mem: peak activation memory, rank-shares of M_B")
+    table.add_column("m", justify="left", no_wrap=True)
     for m in ms:
-        row = [str(m)]
+        table.add_column(str(m), justify="right", no_wrap=True)
+    for section in ("bubble", "mem"):
         for n in names:
-            p = by_key.get((n, m))
-            if p is None:
-                row += ["—", "—"]
-                continue
-            closed = "" if p.closed_form_bubble is None else f" ({p.closed_form_bubble:.2%})"
-            row += [f"{p.bubble_fraction:.2%}{closed}", f"{p.peak_memory:.4g}"]
-        table.add_row(*row)
+            row, closed, differs = [], [], False
+            for m in ms:
+                p = by_key.get((n, m))
+                if p is None:
+                    row.append("—")
+                    closed.append("")
+                    continue
+                if section == "mem":
+                    row.append(f"{p.peak_memory:.4g}")
+                    continue
+                row.append(f"{p.bubble_fraction:.2%}")
+                c = p.closed_form_bubble
+                closed.append("—" if c is None else f"{c:.2%}")
+                differs |= c is not None and abs(c - p.bubble_fraction) > 5e-4
+            table.add_row(f"{n} {section}" if section == "mem" else n, *row,
+                          end_section=False)
+            if differs:
+                table.add_row("  closed form", *closed, style="dim")
+        table.rows[-1].end_section = True
     return table

@@ -65,10 +65,9 @@ def gantt(timeline: Timeline, width: int | None = None, title: str | None = None
                 cells[c] = (" ", style)
             labels.append((c0, c1, f"{e.kind}{e.microbatch}", style))
         for c0, c1, text, style in labels:
-            if c1 - c0 >= len(text):
-                pad = 1 if c1 - c0 > len(text) else 0  # a gap keeps neighbours apart
+            if c1 - c0 > len(text):  # a label only with a blank before it: never run together
                 for i, ch in enumerate(text):
-                    cells[c0 + pad + i] = (ch, style)
+                    cells[c0 + 1 + i] = (ch, style)
             elif c1 - c0 >= 1:
                 cells[c0] = (text[0], style)
         line = Text(f"rank {r}".ljust(label_w))
