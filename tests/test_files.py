@@ -321,3 +321,25 @@ def test_watchdog_survives_a_malformed_heartbeat(bad):
     wd._check_peers()  # both waiting, counts unchanged from now on
     wd._check_peers()
     assert exits == [EXIT_DEADLOCK]
+
+
+def test_a_worker_found_through_the_environment_says_so(tmp_path):
+    """RANK/WORLD_SIZE set (as torchrun sets them): the command acts as that worker and says
+    so; with one rank it hosts the store itself (on loopback) and completes the step."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port)}
+    env.pop("PIPEBUBBLE_LAUNCHER", None)
+    res = subprocess.run([sys.executable, "-m", "pipebubble", "run", "--schedule", "1f1b",
+                          "-p", "1", "-m", "1", "--json"], env=env, capture_output=True,
+                         text=True, timeout=300, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert ("RANK=0 and WORLD_SIZE=1 are set in the environment: acting as one worker"
+            in res.stderr)
+    assert json.loads(res.stdout)["ranks"] == 1
