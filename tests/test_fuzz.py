@@ -67,6 +67,8 @@ CASES: list[tuple[list[str], str]] = [
      "--top must be >= 0, got -1"),
     (["partition", "--profile", "{d}/prof.json", "--ranks", "2", "--w-fraction", "nan"],
      "--w-fraction must be a number in [0, 1]"),
+    (["partition", "--profile", "{d}/prof.json", "--ranks", "2", "--method", ""],
+     "--method: no method in ''"),
     # input files
     (["simulate", "--csv", "{d}"], "is a directory"),
     (["simulate", "--csv", "{d}/missing.csv"], "no such file"),

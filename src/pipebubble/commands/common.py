@@ -299,8 +299,10 @@ def check_outputs(args: argparse.Namespace, *names: str) -> None:
 
 
 def wrote(path: str) -> None:
-    """Tell the user a file was written (on stderr, so ``--json`` output stays clean)."""
-    sys.stderr.write(f"wrote {path}\n")
+    """Tell the user a file was written (on stderr, so ``--json`` output stays clean);
+    nothing for ``-`` (standard output)."""
+    if path != "-":
+        sys.stderr.write(f"wrote {path}\n")
 
 
 def write_figures(args: argparse.Namespace, timelines: list[Timeline], title: str) -> None:

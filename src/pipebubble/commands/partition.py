@@ -92,6 +92,9 @@ def memory_value(text: str) -> float | list[float]:
 
 def parse_methods(text: str) -> list[str]:
     names = [m.strip().lower() for m in text.split(",") if m.strip()]
+    if not names:
+        raise ValueError(f"--method: no method in {text!r}; valid are "
+                         f"{', '.join((*METHODS, SIM_METHOD))} or all")
     if names == ["all"]:
         return list(METHODS)
     for m in names:
