@@ -149,15 +149,39 @@ def model_params(model: str, layers: int, width: int | None = None, vocab: int =
     return layers * (w * w + w)
 
 
+def activation_bytes(model: str, layers: int, width: int | None = None, vocab: int = 4096,
+                     seq: int = 32, batch: int = 1) -> int:
+    """A rough upper estimate of what one step of ``batch`` samples keeps for the backward
+    (float32): mlp and sleep 2 tensors of batch x width per layer; transformer about 16
+    tensors of batch x seq x dim per block plus the logits (batch x seq x vocab, twice).
+
+    >>> activation_bytes("mlp", 2, 4, batch=8)
+    512
+    """
+    if model == "transformer":
+        d = width or 64
+        return 4 * batch * seq * (16 * d * layers + 2 * vocab)
+    w = width or (256 if model == "mlp" else 8)
+    return 4 * batch * w * 2 * max(1, layers)
+
+
 def check_model_size(model: str, layers: int, width: int | None = None, vocab: int = 4096,
-                     seq: int = 32, processes: int = 1) -> int:
+                     seq: int = 32, processes: int = 1, batch: int = 0) -> int:
     """Refuse a model whose weights and gradients (``BYTES_PER_PARAM_RUN`` bytes per
-    parameter, ``processes`` copies) exceed the machine's free memory; return the bytes."""
-    need = model_params(model, layers, width, vocab, seq) * BYTES_PER_PARAM_RUN * processes
+    parameter, ``processes`` copies), plus the activations of a ``batch``, exceed the
+    machine's free memory; return the bytes."""
+    weights = model_params(model, layers, width, vocab, seq) * BYTES_PER_PARAM_RUN * processes
+    acts = activation_bytes(model, layers, width, vocab, seq, batch) if batch else 0
     free = free_memory_bytes()
-    if free is not None and need > free:
-        raise LimitError(f"--layers {layers} with width {width or 'default'} makes a {model} "
-                         f"needing about {need / 2**30:.1f} GiB, more than the "
-                         f"{free / 2**30:.1f} GiB free here; use fewer --layers or a smaller "
-                         "--width")
-    return need
+    if free is not None and weights > free:
+        flags = f"--layers {layers}" + (f", --width {width}" if width else "")
+        if model == "transformer":
+            flags += f", --vocab {vocab}, --seq {seq}"
+        raise LimitError(f"the {model} of {flags} needs about {weights / 2**30:.1f} GiB for "
+                         f"weights and gradients, more than the {free / 2**30:.1f} GiB free "
+                         "here; make it smaller")
+    if free is not None and weights + acts > free:
+        raise LimitError(f"--batch {batch} needs about {acts / 2**30:.1f} GiB of activations "
+                         f"for this {model}, more than the {free / 2**30:.1f} GiB free here; "
+                         "use a smaller --batch")
+    return weights + acts

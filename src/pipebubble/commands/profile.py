@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(check_threads(threads))
     if args.model in ("mlp", "transformer", "sleep"):  # before building it
         check_model_size(args.model, args.layers or 8, args.width or args.dim,
-                         args.vocab or 4096, args.seq or 32)
+                         args.vocab or 4096, args.seq or 32, batch=args.batch)
     spec, kwargs = build(args)
     gen = torch.Generator().manual_seed(args.seed)
     x, y = spec.make_batch(args.batch, gen)

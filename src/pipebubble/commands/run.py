@@ -135,7 +135,8 @@ def build_setup(args: argparse.Namespace, reference: bool = False) -> RunSetup:
     S, M = schedule.num_stages // schedule.chains, schedule.total_microbatches
     if args.model not in ("mlp", "transformer", "sleep"):
         raise ValueError(f"unknown model {args.model!r}; valid are mlp, transformer, sleep")
-    check_model_size(args.model, args.layers or 2 * S, args.width, args.vocab, args.seq)
+    check_model_size(args.model, args.layers or 2 * S, args.width, args.vocab, args.seq,
+                     batch=args.batch or 8 * M)
     device = parse_device(args.device)
     if args.model == "sleep":
         layers = args.layers or S
