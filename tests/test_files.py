@@ -203,7 +203,8 @@ def test_timeline_round_trip_through_json():
 
 def _tl(**event):
     e = {"rank": 0, "stage": 0, "kind": "F", "microbatch": 0, "start": 0, "end": 1, **event}
-    return {"ranks": 2, "stages": 2, "microbatches": 2, "events": [e]}
+    e1 = {"rank": 1, "stage": 1, "kind": "F", "microbatch": 0, "start": 1, "end": 2}
+    return {"ranks": 2, "stages": 2, "microbatches": 2, "events": [e, e1]}
 
 
 @pytest.mark.parametrize("data,expect", [
@@ -223,6 +224,8 @@ def _tl(**event):
     ({**_tl(), "events": {}}, "'events' must be a list"),
     ({"ranks": 2, "stages": 2}, "'events' must be a list of events, got NoneType (missing)"),
     ([1, 2], "expected a JSON object"),
+    ({**_tl(), "stages": 4}, "'stages' is 4 but no event runs stage 2 (nor 1 other stages); "
+     "every stage needs events"),
 ])
 def test_timeline_json_errors_name_field_and_value(data, expect):
     with pytest.raises(FileError) as info:
@@ -232,7 +235,7 @@ def test_timeline_json_errors_name_field_and_value(data, expect):
 
 def test_a_stage_on_two_ranks_is_refused():
     data = _tl()
-    data["events"].append({"rank": 1, "stage": 0, "kind": "B", "microbatch": 0, "start": 1,
+    data["events"].insert(1, {"rank": 1, "stage": 0, "kind": "B", "microbatch": 0, "start": 1,
                            "end": 2})
     with pytest.raises(FileError, match="puts stage 0 on rank 1, but an earlier event has it "
                        "on rank 0"):

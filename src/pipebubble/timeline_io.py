@@ -12,7 +12,7 @@ tool, so nothing in them is trusted:
 - every event's ``rank`` is in ``0..ranks-1`` and ``stage`` in ``0..stages-1`` (a negative
   index would silently wrap around in Python), ``microbatch`` in ``0..microbatches-1``,
   ``kind`` one of F, I, W, B, ``start`` and ``end`` finite with ``end >= start``;
-- a stage runs on one rank only.
+- a stage runs on one rank only, and every stage in ``0..stages-1`` has events.
 
 Each message names the field, the event's index and the value, e.g.
 ``--measured 'run.json': events[3].rank is -1; valid ranks are 0..3``.
@@ -126,7 +126,12 @@ def timeline_from_json(data: object, where: str = "timeline") -> Timeline:
             raise FileError(f"{where}: events[{i}] puts stage {stage} on rank {rank}, but an "
                             f"earlier event has it on rank {stage_to_rank[stage]}")
         events.append(Event(rank, stage, kind, mb, start, end))
-    placement = [stage_to_rank.get(s, s % ranks) for s in range(stages)]
+    if len(stage_to_rank) != stages:
+        absent = [s for s in range(stages) if s not in stage_to_rank]
+        raise FileError(f"{where}: 'stages' is {stages} but no event runs stage {absent[0]}"
+                        + (f" (nor {len(absent) - 1} other stages)" if len(absent) > 1 else "")
+                        + "; every stage needs events")
+    placement = [stage_to_rank[s] for s in range(stages)]
     schedule = data.get("schedule", "measured")
     source = data.get("source", "measured")
     return Timeline.from_events(

@@ -50,6 +50,9 @@ FIELDS = ("name", "forward", "backward", "params", "activation_bytes", "flops")
 FORMAT = "pipebubble-profile"
 
 
+MAX_LAYERS = 100_000  # layers in a profile file (partitioning is O(layers x stages))
+
+
 class ProfileError(ValueError):
     """A profile file or dictionary that cannot be used; the message names the bad value."""
 
@@ -124,6 +127,9 @@ class Profile:
             raise ProfileError(f"'layers' must be a list, got {type(raw).__name__}")
         if not raw:
             raise ProfileError("profile has no layers ('layers' is empty); it needs at least one")
+        if len(raw) > MAX_LAYERS:
+            raise ProfileError(f"profile has {len(raw):,} layers, over the limit of "
+                               f"{MAX_LAYERS:,}")
         layers, seen = [], set()
         for i, item in enumerate(raw):
             layers.append(_layer_from_dict(i, item))
