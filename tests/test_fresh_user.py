@@ -140,3 +140,16 @@ def test_profile_warns_when_identical_layers_differ():
     assert len(warnings) == 2  # forward and backward, both 3.1x apart
     assert warnings[0].startswith("3 identical Linear differ 3.1x in forward time")
     assert noisy_layers(steady) == []
+
+
+def test_profile_uses_one_thread_and_cpu_time_by_default(capsys):
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        assert main(["profile", "--model", "mlp", "--layers", "2", "--width", "8", "--batch",
+                     "2", "--warmup", "0", "--repeats", "1", "--json"]) == 0
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    assert json.loads(capsys.readouterr().out)["timer"] == "cpu"
