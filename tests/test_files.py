@@ -346,3 +346,11 @@ def test_a_worker_found_through_the_environment_says_so(tmp_path):
     assert ("RANK=0 and WORLD_SIZE=1 are set in the environment: acting as one worker"
             in res.stderr)
     assert json.loads(res.stdout)["ranks"] == 1
+
+
+def test_a_malformed_failure_record_is_reported_not_mistaken_for_a_dead_store():
+    from pipebubble.runtime.dist.watchdog import read_failure
+
+    assert read_failure(FakeStore({"failed": b"rank 1 failed: \xff"})) == \
+        "rank 1 failed: \ufffd"
+    assert read_failure(FakeStore({})) is None

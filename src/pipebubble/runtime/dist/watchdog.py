@@ -42,7 +42,7 @@ def publish_failure(store, message: str) -> str:
 def read_failure(store) -> str | None:
     try:
         if store.check(["failed"]):
-            return store.get("failed").decode()
+            return store.get("failed").decode(errors="replace")[:500]
     except Exception:  # noqa: BLE001
         return "the rendezvous store stopped answering (the launcher or rank 0 is gone)"
     return None
@@ -57,7 +57,7 @@ def collect_stuck(store, world: int, wait: float = 3.0) -> dict[int, str]:
             if g not in out:
                 try:
                     if store.check([f"stuck/{g}"]):
-                        out[g] = store.get(f"stuck/{g}").decode()
+                        out[g] = store.get(f"stuck/{g}").decode(errors="replace")[:500]
                 except Exception:  # noqa: BLE001
                     return out
         if len(out) == world or time.monotonic() > deadline:
