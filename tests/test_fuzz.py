@@ -77,6 +77,8 @@ CASES: list[tuple[list[str], str]] = [
     (["simulate", "--csv", "{d}/empty.csv"], "no actions"),
     (["simulate", "--csv", "{d}/bigcell.csv"], "a stage or microbatch number with 4300 digits"),
     (["sweep", "-p", "2", "-m", "1.." + BIG], "is too long; use N, A..B or A..B:STEP"),
+    (["simulate", "--csv", "{d}/four.csv", "--max-actions", "3"],
+     "4 actions, over the limit of 3; raise --max-actions"),
     (["simulate", "--csv", "{d}/latin1.csv"], "not UTF-8 text (byte 0xe9 at offset 2)"),
     (["partition", "--profile", "{d}", "--ranks", "2"], "is a directory"),
     (["partition", "--profile", "", "--ranks", "2"], "empty file name"),
@@ -136,6 +138,7 @@ def bad_files(tmp_path_factory) -> str:
     d = tmp_path_factory.mktemp("fuzz")
     (d / "empty.csv").write_text("")
     (d / "latin1.csv").write_bytes(b"0F\xe90\n")
+    (d / "four.csv").write_text("0F0,0F1,0B0,0B1\n")  # one rank, four actions
     (d / "bigcell.csv").write_text("0F" + BIG + "\n")
     os.mkfifo(d / "fifo")
     (d / "deep.json").write_text("[" * 100000 + "]" * 100000)

@@ -14,7 +14,7 @@ from rich.console import Console
 
 from ..interop.torch_csv import explain_deadlock, read_torch_csv
 from ..ir.schedule import Schedule, ScheduleError, validate
-from ..limits import MAX_WIDTH
+from ..limits import MAX_ACTIONS, MAX_WIDTH, LimitError
 from ..render.terminal import gantt, summary_lines, summary_table
 from ..sim.kernel import Deadlock, simulate
 from .common import (
@@ -55,8 +55,13 @@ def load_schedule(args: argparse.Namespace) -> Schedule:
     if args.csv:
         if args.chunks is not None:
             raise ScheduleError("--chunks does not apply with --csv (the file fixes the stages)")
-        return read_torch_csv(args.csv, name=args.schedule, ranks=args.ranks,
-                              microbatches=args.microbatches)
+        schedule = read_torch_csv(args.csv, name=args.schedule, ranks=args.ranks,
+                                  microbatches=args.microbatches)
+        limit = args.max_actions or MAX_ACTIONS
+        if schedule.num_actions() > limit:
+            raise LimitError(f"--csv {args.csv}: {schedule.num_actions():,} actions, over the "
+                             f"limit of {limit:,}; raise --max-actions")
+        return schedule
     missing = [flag for flag, v in (("--schedule", args.schedule), ("--ranks", args.ranks),
                                     ("--microbatches", args.microbatches)) if v is None]
     if missing:
