@@ -207,3 +207,20 @@ def test_good_output_says_wrote(bad_files, capsys):
     captured = capsys.readouterr()
     assert captured.err.splitlines() == [f"wrote {out}"]
     assert os.path.getsize(out) > 0
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize("extra", [[], ["--json"]])
+def test_stdout_on_a_full_disk_is_one_line(extra):
+    """Standard output itself on a full disk: a subprocess, since the error shows only when
+    the real stdout is flushed."""
+    import subprocess
+    import sys
+
+    with open("/dev/full", "w") as full:
+        res = subprocess.run([sys.executable, "-m", "pipebubble", *S, *extra], stdout=full,
+                             stderr=subprocess.PIPE, text=True, timeout=120)
+    assert res.returncode == 2
+    assert res.stderr.splitlines() == [
+        "pipebubble: error: cannot write standard output: no space left on the device "
+        "(disk full)"]
