@@ -43,7 +43,7 @@ CASES: list[tuple[list[str], str]] = [
     (["simulate", "--schedule", "1f1b", "-p", "2", "-m", BIG], "4300-digit number"),
     (["simulate", "--schedule", "1f1b", "-p", "2", "-m", "1e30"], "--microbatches must be"),
     (["simulate", "--schedule", "1f1b", "-p", "1000000000", "-m", "2"],
-     "over the limit of 5,000,000; use fewer or raise --max-actions"),
+     "over the limit of 2,000,000; use fewer or raise --max-actions"),
     (["simulate", "--schedule", "1f1b", "-p", "2", "-m", "99999999999999999"],
      "--max-actions"),
     (["simulate", "--schedule", "interleaved-1f1b", "-p", "2", "-m", "4", "-v", "1000000"],

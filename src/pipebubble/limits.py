@@ -4,18 +4,19 @@ A typo such as ``-p 1000000000`` or ``-m 1..100000`` must not allocate for minut
 die; it is refused up front with one line naming the limit and the flag that raises it.
 
 - actions of one schedule (about 3·p·v·m: F, I, W per stage and microbatch): at most
-  :data:`MAX_ACTIONS` = 5 000 000; ``--max-actions N`` raises it;
+  :data:`MAX_ACTIONS` = 2 000 000; ``--max-actions N`` raises it;
 - ranks of one schedule: at most :data:`MAX_RANKS` = 100 000 (unless ``--max-actions`` is
   raised);
 - a sweep: actions summed over every (schedule, m) at most :data:`MAX_SWEEP_ACTIONS` =
-  50 000 000, or 10 x ``--max-actions``;
+  20 000 000, or 10 x ``--max-actions``;
 - chart widths (``--width``, ``--chart-width``): 1..:data:`MAX_WIDTH` = 10 000 columns;
 - a built-in model's weights and gradients (16 bytes per parameter) must fit the machine's
   free memory (lower ``--layers`` or ``--width``);
 - ``--threads``: at most the CPU cores this process may use.
 
-The simulator keeps about 100 bytes per action, so the default of 5 million actions is about
-half a GiB of timeline; the sweep limit is the same work spread over many small timelines.
+A simulated timeline costs about 400 bytes per action (1F1B, p=16, m=50 000: 1.6 million
+actions, 640 MB resident), so the default of 2 million actions stays under a GiB; a sweep's
+timelines are small and freed one by one, so its limit bounds time, not memory.
 
 >>> estimate_actions(ranks=4, microbatches=8, chunks=1)
 96
@@ -23,7 +24,7 @@ half a GiB of timeline; the sweep limit is the same work spread over many small 
 Traceback (most recent call last):
 ...
 pipebubble.limits.LimitError: -p 1000000000 x -m 1 x -v 1 makes about 3,000,000,000 actions, \
-over the limit of 5,000,000; use fewer or raise --max-actions
+over the limit of 2,000,000; use fewer or raise --max-actions
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ from collections.abc import Iterable
 
 from .ir.schedule import ScheduleError
 
-MAX_ACTIONS = 5_000_000
-MAX_SWEEP_ACTIONS = 50_000_000
+MAX_ACTIONS = 2_000_000
+MAX_SWEEP_ACTIONS = 20_000_000
 MAX_RANKS = 100_000
 MAX_WIDTH = 10_000
 BYTES_PER_PARAM_RUN = 16  # float32 weight + gradient + room for activations and the copy
