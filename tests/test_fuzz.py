@@ -62,7 +62,7 @@ CASES: list[tuple[list[str], str]] = [
     (["wire", "--schedule", "1f1b", "-p", "2", "-m", "2", "--f", "1e308"], "--f must be"),
     (["demo", "--stages", "100000"], "--stages must be <= 64, got 100000"),
     (["partition", "--profile", "{d}/prof.json", "--ranks", "2", "--memory-cap", "1e999"],
-     "--memory-cap must be a finite number of bytes > 0"),
+     "--memory-cap must be a number of bytes in (0, 1e18] (finite)"),
     (["partition", "--profile", "{d}/prof.json", "--ranks", "2", "--top", "-1"],
      "--top must be >= 0, got -1"),
     (["partition", "--profile", "{d}/prof.json", "--ranks", "2", "--w-fraction", "nan"],
@@ -227,3 +227,43 @@ def test_stdout_on_a_full_disk_is_one_line(extra):
     assert res.stderr.splitlines() == [
         "pipebubble: error: cannot write standard output: no space left on the device "
         "(disk full)"]
+
+
+BASES = {
+    "simulate": S,
+    "compare": ["compare", "-p", "2", "-m", "4"],
+    "sweep": ["sweep", "-p", "2", "-m", "1..4"],
+    "export": ["export", "--schedule", "1f1b", "-p", "2", "-m", "2", "--csv", "-"],
+    "wire": ["wire", "--schedule", "1f1b", "-p", "2", "-m", "2"],
+    "partition": ["partition", "--profile", "{d}/prof.json", "--ranks", "2"],
+    "run": RUN,
+    "profile": ["profile", "--model", "mlp"],
+    "demo": ["demo"],
+}
+
+
+def _number_flags() -> list[tuple[str, str]]:
+    """(command, flag) for every flag of every command that parses a number."""
+    import argparse
+
+    from pipebubble.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    out = []
+    for name, cmd in sub.choices.items():
+        for a in cmd._actions:
+            if a.type is not None and a.option_strings and a.help != argparse.SUPPRESS \
+                    and a.choices is None:
+                out.append((name, [o for o in a.option_strings if o.startswith("--")][0]))
+    return out
+
+
+@pytest.mark.parametrize("command,flag", _number_flags(), ids=lambda x: x)
+def test_every_number_flag_refuses_hostile_values(command, flag, bad_files, capsys):
+    """nan, inf, a 30-digit number, text and nothing: exit 2, one line naming the flag."""
+    for value in ("nan", "inf", "9" * 30, "abc", ""):
+        rc, lines = run_bad([*BASES[command], flag, value], bad_files, capsys)
+        assert rc == 2, (flag, value, lines)
+        assert len(lines) == 1 and lines[0].startswith("pipebubble: error: "), lines
+        assert flag in lines[0], lines

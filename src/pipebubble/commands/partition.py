@@ -83,9 +83,10 @@ def memory_value(text: str) -> float | list[float]:
             value = float(m.group(1)) * _UNITS[unit]
         except ValueError:
             raise argparse.ArgumentTypeError(f"--memory-cap: bad number {m.group(1)!r}") from None
-        if not 0 < value < float("inf"):
+        if not 0 < value <= 1e18:  # an exabyte: beyond it the number means no cap (or inf)
             raise argparse.ArgumentTypeError(
-                f"--memory-cap must be a finite number of bytes > 0, got {part.strip()[:40]!r}")
+                f"--memory-cap must be a number of bytes in (0, 1e18] (finite), got "
+                f"{part.strip()[:40]!r}")
         out.append(value)
     return out[0] if len(out) == 1 else out
 
