@@ -354,3 +354,12 @@ def test_a_malformed_failure_record_is_reported_not_mistaken_for_a_dead_store():
     assert read_failure(FakeStore({"failed": b"rank 1 failed: \xff"})) == \
         "rank 1 failed: \ufffd"
     assert read_failure(FakeStore({})) is None
+
+
+def test_a_timeline_with_no_ranks_names_the_count():
+    """Once "valid ranks are 0..-4": the count itself is the bad value."""
+    from pipebubble.timeline import Event, Timeline
+
+    with pytest.raises(ValueError, match="a timeline needs num_ranks >= 1, got -3"):
+        Timeline.from_events([Event(0, 0, "F", 0, 0.0, 1.0)], schedule="x", num_ranks=-3,
+                             num_stages=1, num_microbatches=1, stage_to_rank=[0])

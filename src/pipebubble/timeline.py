@@ -254,6 +254,8 @@ class Timeline:
 
 def _rank_offsets(ranks: list[int], num_ranks: int) -> list[int]:
     """Offsets of each rank's block in rank-major columns; checks the columns are rank-major."""
+    if num_ranks < 1:
+        raise ValueError(f"a timeline needs num_ranks >= 1, got {num_ranks}")
     offsets = [0] * (num_ranks + 1)
     for r in ranks:
         if not 0 <= r < num_ranks:
