@@ -59,7 +59,8 @@ def measured_timeline(schedule: Schedule, results: list) -> tuple[Timeline, Alig
     tl = Timeline.from_events(
         events, schedule=schedule.name, num_ranks=schedule.num_ranks,
         num_stages=schedule.num_stages, num_microbatches=schedule.num_microbatches,
-        stage_to_rank=schedule.stage_to_rank, source="measured", chains=schedule.chains,
+        stage_to_rank=schedule.stage_to_rank, source="measured",
+        chain_starts=schedule.chain_starts,
     )
     return tl, align
 
