@@ -130,11 +130,43 @@ def handovers(action: Action, topo: Topology) -> tuple[Handover, ...]:
     return ()
 
 
-def describe_wait(action: Action, topo: Topology) -> str:
-    """Human text of what ``action`` waits for (deadlock messages): ``1F3 and 2I/B3``."""
+def message(signal: Signal, consumer: int) -> tuple[str, int, int] | None:
+    """How ``signal`` reaches stage ``consumer``: a message ``("act" | "grad", consumer,
+    microbatch)`` when it comes from another stage (the transports' and the wire's name for
+    it, on the same rank or not), ``None`` when it stays on the stage (F's saved graph for
+    its own I/B, I's kept tensors for its W).
+
+    >>> message(Signal(1, "F", 3), 2), message(Signal(3, "I", 3), 2), message(Signal(2, "F", 3), 2)
+    (('act', 2, 3), ('grad', 2, 3), None)
+    """
+    if signal.stage == consumer:
+        return None
+    return ("act" if signal.kind == Kind.F else "grad", consumer, signal.microbatch)
+
+
+def signal_text(signal: Signal, consumer: Kind | str) -> str:
+    """``2I/B3`` for an input gradient an I or B waits for (either kind produces it)."""
+    if signal.kind == "I" and consumer != Kind.W:
+        return f"{signal.stage}I/B{signal.microbatch}"
+    return str(signal)
+
+
+def describe_wait(step: Step, topo: Topology, done: object = ()) -> str:
+    """Human text of what ``step`` waits for (deadlock messages): ``1F3 and 2I/B3``.
+
+    ``done``: signals already there (anything supporting ``in``); only the others are named.
+
+    >>> from pipebubble.schedules import get_schedule
+    >>> s = get_schedule("1f1b", ranks=2, microbatches=2)
+    >>> b = Action(0, "B", 1)
+    >>> describe_wait(b, s), describe_wait(b, s, done={Signal(0, "F", 1)})
+    ('0F1 and 1I/B1', '1I/B1')
+    """
     parts = [
-        f"{sig.stage}I/B{sig.microbatch}" if sig.kind == "I" and action.kind != Kind.W
-        else str(sig)
-        for sig in needs(action, topo)
+        signal_text(d.signal, a.kind)
+        for a in (step if isinstance(step, Overlap) else (step,))
+        for d in producers(a, topo)
+        if d.signal not in done and not (isinstance(step, Overlap)
+                                         and d.signal == produces(step.forward))
     ]
     return " and ".join(parts) if parts else "nothing"
