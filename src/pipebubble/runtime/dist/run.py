@@ -167,8 +167,7 @@ def summarize(args, cfg: DistConfig, setup, results: list, x, y):
     input_bytes = [float(median(inputs[s])) if s in inputs else 0.0
                    for s in range(schedule.num_stages)]
     report = analyse(setup, timeline, loss, peaks, args.recompute, input_bytes, None)
-    starts = tuple(getattr(schedule, "chain_starts", (0,)))
-    comm = measured_comm(timeline, starts)
+    comm = measured_comm(timeline)
     ar = [allreduce.get(s, 0.0) for s in range(schedule.num_stages)]
     report.costs = replace(report.costs, comm=comm, allreduce=ar)
     report.predicted = simulate(schedule, report.costs)
