@@ -3,7 +3,6 @@ files are sane, and what is drawn matches the Timeline (boxes, idle, labels, mem
 
 from __future__ import annotations
 
-import argparse
 import struct
 import xml.etree.ElementTree as ET
 
@@ -229,17 +228,15 @@ def test_predicted_vs_measured_on_a_real_run(tmp_path):
 def test_figures_write_draws_what_the_flags_ask(tmp_path):
     one = simulate(get_schedule("1f1b", 2, 4))
     two = simulate(get_schedule("gpipe", 2, 4))
-    args = argparse.Namespace(png=str(tmp_path / "a.png"), svg=str(tmp_path / "a.svg"),
-                              trace=str(tmp_path / "a.json"), memory=True)
-    figures.write(args, [one], "title")
+    figures.write([one], "title", png=str(tmp_path / "a.png"), svg=str(tmp_path / "a.svg"),
+                  trace=str(tmp_path / "a.json"), memory=True)
     assert png_size(tmp_path / "a.png")[1] > png_size(save(gantt_figure(one),
                                                            tmp_path / "b.png"))[1]
     ET.parse(tmp_path / "a.svg")
-    args = argparse.Namespace(png=str(tmp_path / "c.png"), svg=None, trace=None)
-    figures.write(args, [one, two], "p=2 m=4")
+    figures.write([one, two], "p=2 m=4", png=str(tmp_path / "c.png"))
     assert (tmp_path / "c.png").exists() and not (tmp_path / "c.svg").exists()
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        figures.write(argparse.Namespace(png=str(tmp_path / "no" / "x.png")), [one], "t")
+        figures.write([one], "t", png=str(tmp_path / "no" / "x.png"))
     with pytest.raises(ValueError, match="cannot save a figure as 'gif'"):
         save(gantt_figure(one), tmp_path / "x.gif")
 
