@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from typing import NamedTuple, Protocol
 
-from .schedule import Action, Kind, Overlap, Step
+from .schedule import Action, Kind, Overlap, Step, ends_chain, starts_chain
 
 
 class Topology(Protocol):
@@ -66,16 +66,6 @@ class Dep(NamedTuple):
 
     def __str__(self) -> str:
         return f"{self.signal}" + (" (crosses)" if self.crosses else "")
-
-
-def starts_chain(topo: Topology, stage: int) -> bool:
-    """True if ``stage`` takes the model input (first stage of its chain)."""
-    return stage in topo.chain_starts
-
-
-def ends_chain(topo: Topology, stage: int) -> bool:
-    """True if ``stage`` computes the loss (last stage of its chain)."""
-    return stage == topo.num_stages - 1 or (stage + 1) in topo.chain_starts
 
 
 def produces(action: Action) -> Signal:

@@ -140,6 +140,17 @@ def step_actions(step: Step) -> tuple[Action, ...]:
     return (step.forward, step.backward) if isinstance(step, Overlap) else (step,)
 
 
+def starts_chain(topo: Schedule, stage: int) -> bool:
+    """True if ``stage`` takes the model input (first stage of its chain). ``topo``: anything
+    with ``num_stages`` and ``chain_starts`` (a Schedule, a Timeline, an interpreter)."""
+    return stage in topo.chain_starts
+
+
+def ends_chain(topo: Schedule, stage: int) -> bool:
+    """True if ``stage`` computes the loss (last stage of its chain)."""
+    return stage == topo.num_stages - 1 or (stage + 1) in topo.chain_starts
+
+
 def loop_placement(ranks: int, stages: int) -> tuple[int, ...]:
     """Megatron interleaving: stage ``s`` lives on rank ``s mod p``."""
     return tuple(s % ranks for s in range(stages))
@@ -184,11 +195,11 @@ class Schedule:
 
     def first_stage(self, stage: int) -> bool:
         """True if ``stage`` takes the input (it starts a chain)."""
-        return stage in self.chain_starts
+        return starts_chain(self, stage)
 
     def last_stage(self, stage: int) -> bool:
         """True if ``stage`` computes the loss (it ends a chain)."""
-        return stage == self.num_stages - 1 or (stage + 1) in self.chain_starts
+        return ends_chain(self, stage)
 
     @property
     def num_ranks(self) -> int:
