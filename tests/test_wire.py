@@ -149,3 +149,38 @@ def test_registered_schedules_buffered_equal_simulate(name):
         assert got.step_time == pytest.approx(ref.step_time)
         assert sorted(got.start) == pytest.approx(sorted(ref.start))
     run_wire(lower(s, "batched"), c, blocking=True)  # completes with blocking sends too
+
+
+def test_compute_deadlock_names_what_the_step_waits_for():
+    # V placement: rank 1 holds stages 1 and 2 and runs 2F0 before 1F0, whose output 2F0
+    # needs (a local hand-over). Rank 0 waits for rank 1 to receive 0F0's activation
+    # (naive: its blocking send) or to send 2F0's (batched: its receive).
+    orders = [[Action(0, "F", 0), Action(3, "F", 0), Action(3, "B", 0), Action(0, "B", 0)],
+              [Action(2, "F", 0), Action(1, "F", 0), Action(2, "B", 0), Action(1, "B", 0)]]
+    s = make_schedule("v", orders, 4, 1, placement="v")
+    rank0 = {"naive": ("0SEND_F0", "rank 1 to post the matching receive of 0SEND_F0"),
+             "batched": ("[0SEND_F0 3RECV_F0]", "rank 1 to post the matching send of 3RECV_F0")}
+    for ordering, stuck in rank0.items():
+        with pytest.raises(WireDeadlock) as info:
+            run_wire(lower(s, ordering))
+        assert info.value.stuck[1] == ("2F0", "1F0")  # the rule of ir.deps, in its words
+        assert info.value.stuck[0] == stuck
+    with pytest.raises(ScheduleError, match="rank 1 stuck at 2F0 waiting for 1F0"):
+        simulate(s)  # the simulator says the same
+
+
+def test_wire_edges_are_the_crossing_dependencies():
+    # every receive is a crossing producer of the step after it, every send a crossing
+    # hand-over of the step before it (ir.deps), for every registered schedule
+    from pipebubble.ir.deps import handovers, producers
+
+    for name in schedule_names():
+        s = get_schedule(name, 4, 8)
+        w = lower(s, "naive")
+        want_recv = sum(d.crosses for r in range(4) for a in s.actions(r)
+                        for d in producers(a, s))
+        want_send = sum(h.crosses for r in range(4) for a in s.actions(r)
+                        for h in handovers(a, s))
+        got = [c for r in range(4) for c in w.comms(r)]
+        assert sum(not c.is_send for c in got) == want_recv, name
+        assert sum(c.is_send for c in got) == want_send == want_recv, name
