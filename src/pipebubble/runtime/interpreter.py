@@ -2,7 +2,10 @@
 
 A rank holds one or more stages (``modules[stage]``; several with interleaved or V-shaped
 placement). The interpreter runs one *step* at a time, once its inputs have arrived through
-the transport. It never knows which schedule it runs.
+the transport. It never knows which schedule it runs: what a step waits for and where its
+output goes is the one rule of :mod:`pipebubble.ir.deps` (``producers``, ``handovers``), and
+each kind has one handler in an explicit table (``Kind.F -> _do_forward``, ...), as
+DeepSpeed's engine maps each instruction to one ``_exec_*`` method.
 
 - ``F(s, m)``: take the activation (stage 0: the input microbatch), run the stage, keep what
   the backward needs, send the output to stage s+1 (the last stage computes the loss).
@@ -116,7 +119,7 @@ class StageInterpreter:
                        for st in range(self.num_stages)]
         self._first = [starts_chain(self, st) for st in range(self.num_stages)]
         self._last = [ends_chain(self, st) for st in range(self.num_stages)]
-        # One handler per kind, as DeepSpeed's engine maps each instruction to an _exec_*.
+        # One handler per kind (see the module docstring).
         self._handlers: dict[Kind, Callable[..., Event]] = {
             Kind.F: self._do_forward,
             Kind.B: self._do_backward,
