@@ -184,3 +184,21 @@ def test_wire_edges_are_the_crossing_dependencies():
         got = [c for r in range(4) for c in w.comms(r)]
         assert sum(not c.is_send for c in got) == want_recv, name
         assert sum(c.is_send for c in got) == want_send == want_recv, name
+
+
+def test_wire_model_by_hand():
+    from pipebubble.sim.wire import WireModel
+
+    send, recv = Comm(0, "SEND_F", 0, 1), Comm(1, "RECV_F", 0, 0)
+    assert send.key == recv.key == ("act", 1, 0)
+    rendezvous = WireModel(comm=0.5, blocking=True)
+    rendezvous.post(send, 1.0)
+    assert rendezvous.done(send) is None and not rendezvous.peer_posted(send)
+    rendezvous.post(recv, 3.0)
+    assert rendezvous.done(send) == rendezvous.done(recv) == 3.5  # both: later post + comm
+    buffered = WireModel(comm=0.5, blocking=False)
+    buffered.post(send, 1.0)
+    assert buffered.done(send) == 1.0  # a buffered send completes when posted
+    buffered.post(recv, 0.25)
+    buffered.post(recv, 9.0)  # a second post (prefetched before) keeps the first time
+    assert buffered.done(recv) == 1.5  # max(posted 0.25, sent 1.0 + comm 0.5)
