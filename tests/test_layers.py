@@ -130,10 +130,11 @@ def test_ir_is_the_bottom_layer():
     assert bad == []
 
 
-def test_only_commands_and_cli_know_argparse():
-    # renderers and the runtime take plain values; selfcheck is a ``python -m`` entry point
-    allowed = {"pipebubble.cli", "pipebubble.runtime.dist.selfcheck"}
+def test_library_layers_take_plain_values_not_argparse():
+    # renderers, the runtime, the simulator take plain values; the flags live in commands/
+    # (selfcheck is a ``python -m`` entry point of its own)
+    allowed = {"pipebubble.runtime.dist.selfcheck"}
     users = {m for m, p in MODULES.items()
-             if "import argparse" in p.read_text(encoding="utf-8")
-             and _layer(m) != "commands" and m not in allowed}
+             if _layer(m) in LIBRARY and m not in allowed
+             and "argparse" in p.read_text(encoding="utf-8")}
     assert users == set()
