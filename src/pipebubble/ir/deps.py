@@ -1,8 +1,11 @@
 """THE dependency rule: which actions an action waits for, and where its output goes.
 
 Every consumer of a schedule asks this module, so the rule is written once: the simulator,
-its deadlock messages, the interpreter's readiness checks, the wire lowering (which edges
-need a SEND/RECV) and the measured-run report.
+its deadlock messages, the interpreter's readiness checks and message hand-overs
+(``runtime/interpreter.py``), the wire lowering and the wire simulator (``sim/wire.py``: which
+edges need a SEND/RECV, when a compute step may start), the measured-run report's message
+delays (``runtime/dist/report.py``), the CSV deadlock messages (``interop/torch_csv.py``) and
+the Perfetto trace's flow arrows (``render/trace.py``).
 
 An action waits for *signals*. A signal is a fact one action produces:
 
@@ -34,6 +37,7 @@ over the wire (a send and a receive, ``comm`` time in the simulator). An Overlap
 
 from __future__ import annotations
 
+from collections.abc import Container
 from typing import NamedTuple, Protocol
 
 from .schedule import Action, Kind, Overlap, Step, ends_chain, starts_chain
@@ -141,10 +145,10 @@ def signal_text(signal: Signal, consumer: Kind | str) -> str:
     return str(signal)
 
 
-def describe_wait(step: Step, topo: Topology, done: object = ()) -> str:
+def describe_wait(step: Step, topo: Topology, done: Container[Signal] = ()) -> str:
     """Human text of what ``step`` waits for (deadlock messages): ``1F3 and 2I/B3``.
 
-    ``done``: signals already there (anything supporting ``in``); only the others are named.
+    ``done``: signals already there; only the others are named.
 
     >>> from pipebubble.schedules import get_schedule
     >>> s = get_schedule("1f1b", ranks=2, microbatches=2)
