@@ -251,3 +251,15 @@ def test_stacked_hand_built_and_sweep_figures_are_legible():
     assert len(fig.legends[0].get_texts()) == 7  # F I W B, chunk 1, idle, overlapped pair
     assert_legible(sweep_figure(sweep(["gpipe", "1f1b"], 4, range(1, 129))))
     assert_legible(memory_figure(simulate(get_schedule("gpipe", 32, 8))))
+
+
+def test_legend_names_chains_for_dualpipe_and_chunks_otherwise():
+    from pipebubble.render.plots import _legend_handles
+
+    def labels(name):
+        return [h.get_label() for h in _legend_handles([simulate(get_schedule(name, 4, 8))])]
+
+    # DualPipe: one stage per rank per chain, the darker one is the second model copy's
+    assert "chain 1 (darker shade)" in labels("dualpipe")
+    assert "chunk 1 (darker shade)" in labels("zbv")  # one chain, two chunks per rank
+    assert not any("darker" in x for x in labels("1f1b"))
