@@ -46,8 +46,6 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from ..runtime.clock import synchronizer
-
 FIELDS = ("name", "forward", "backward", "params", "activation_bytes", "flops")
 FORMAT = "pipebubble-profile"
 
@@ -196,6 +194,8 @@ def profile_layers(
                                f"got {value!r}")
     if loss_fn is not None and target is None:
         raise ProfileError("loss_fn needs a target batch")
+    from ..runtime.clock import synchronizer  # the one CUDA synchroniser
+
     sync = synchronizer(sample.device)
     timer = resolve_timer(timer, sample.device)
     clock = time.process_time if timer == "cpu" else time.perf_counter
@@ -243,6 +243,12 @@ def resolve_timer(timer: str, device: torch.device | str = "cpu") -> str:
         one_thread = torch.get_num_threads() == 1
         return "cpu" if torch.device(device).type == "cpu" and one_thread else "wall"
     return timer
+
+
+def _synchronizer(device: torch.device) -> Callable[[], None]:
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None
 
 
 def _layer_input(x: torch.Tensor, first: bool) -> torch.Tensor:
