@@ -312,7 +312,9 @@ def write_figures(args: argparse.Namespace, timelines: list[Timeline], title: st
     check_outputs(args, "png", "svg", "trace")
     from ..render import figures
 
-    figures.write(args, timelines, title)
+    figures.write(timelines, title, png=getattr(args, "png", None),
+                  svg=getattr(args, "svg", None), trace=getattr(args, "trace", None),
+                  memory=bool(getattr(args, "memory", False)))
     for k in ("png", "svg", "trace"):
         if getattr(args, k, None):
             wrote(getattr(args, k))
