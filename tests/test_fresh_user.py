@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from pipebubble import CostModel, get_schedule, simulate
 from pipebubble.cli import build_parser, main
-from pipebubble.commands.common import clean_floats
 from pipebubble.commands._run_setup import noise_note
+from pipebubble.commands.common import clean_floats
 from pipebubble.commands.sweep import sample_ms
 
 

@@ -121,6 +121,7 @@ TORCH_CASES: list[tuple[list[str], str]] = [
     ([*RUN, "--batch", "1000000000"], "--batch 1000000000 needs about 7629.4 GiB of activ"),
     ([*RUN, "--model", "transformer", "--vocab", "1000000000"], "--vocab 1000000000, --seq 32"),
     ([*RUN, "--png", "{d}/newdir/"], "ends with '/'"),
+    ([*RUN, "--sleep-f", "0.5"], "--sleep-f applies to --model sleep only, not mlp"),
     (["run", "--local", "--schedule", "1f1b", "-p", "2", "-m", "4", "--layers", "6",
       "--boundaries", "1,4"], "2 stages need 1 (the first layer of each stage after the "
      "first, e.g. 3)"),  # the README's old example

@@ -58,6 +58,11 @@ def build_setup(args: argparse.Namespace, reference: bool = False) -> RunSetup:
     check_model_size(args.model, args.layers or 2 * S, args.width, args.vocab, args.seq,
                      batch=args.batch or 8 * M)
     device = parse_device(args.device)
+    if args.model != "sleep":  # a flag that would be silently ignored is an error
+        for flag, default in (("sleep_f", 0.01), ("sleep_b", 0.02), ("sleep_w", 0.01)):
+            if getattr(args, flag, default) != default:
+                raise ValueError(f"--{flag.replace('_', '-')} applies to --model sleep only, "
+                                 f"not {args.model}")
     if args.model == "sleep":
         layers = args.layers or S
         spec = build_model("sleep", layers=layers, width=args.width or 8, f=args.sleep_f,
