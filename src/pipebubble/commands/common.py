@@ -72,13 +72,30 @@ def add_cost_flags(p: argparse.ArgumentParser) -> None:
                    help="time per hop between ranks (0)")
     g.add_argument("--overlap", type=float, default=1.0, metavar="X",
                    help="overlapped F&B pair time as a fraction of F + B (1.0)")
+    add_memory_flags(p)
+
+
+def add_memory_flags(p: argparse.ArgumentParser) -> None:
+    """--mem-b, --mem-w (same scalar/list rules as --f) and --memory-limit (per rank)."""
+    g = p.add_argument_group("activation memory (a scalar is one rank's share; a comma list is "
+                             "per stage; --memory-limit: one value, or one per rank)")
+    g.add_argument("--mem-b", type=time_value("--mem-b"), default=1.0, metavar="X",
+                   help="activation memory M_B one forward adds (1)")
+    g.add_argument("--mem-w", type=time_value("--mem-w"), default=0.0, metavar="X",
+                   help="the part M_W of M_B that W still needs after I frees the rest (0)")
+    g.add_argument("--memory-limit", type=time_value("--memory-limit"), default=None,
+                   metavar="X", help="the most activation memory a rank may hold, in the units "
+                   "of peak memory; a schedule over it is reported as not fitting (none)")
 
 
 def costs_from_args(args: argparse.Namespace) -> CostModel:
     if isinstance(args.comm, list):
         raise ScheduleError("--comm takes one value (time per hop), got a list")
     return CostModel(f=args.f, b=args.b, w=args.w, comm=args.comm,
-                     overlap=getattr(args, "overlap", 1.0))
+                     overlap=getattr(args, "overlap", 1.0),
+                     activation_memory=getattr(args, "mem_b", 1.0),
+                     weight_memory=getattr(args, "mem_w", 0.0),
+                     memory_limit=getattr(args, "memory_limit", None))
 
 
 def schedule_from_args(args: argparse.Namespace) -> Schedule:

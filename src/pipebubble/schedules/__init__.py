@@ -28,3 +28,8 @@ __all__ = [
     "register",
     "schedule_names",
 ]
+
+# The automatic scheduler is not a family (it needs costs): ``schedules.auto``.
+from .auto import auto_schedule  # noqa: E402  isort: skip
+
+__all__ += ["auto_schedule"]
