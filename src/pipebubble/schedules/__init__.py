@@ -18,6 +18,7 @@ from .registry import (
 # Importing the family modules registers them.
 from . import gpipe, one_f_one_b  # noqa: E402,F401  isort: skip
 from . import interleaved, looped_bfs, zero_bubble, zbv, dualpipe  # noqa: E402,F401  isort: skip
+from . import v_half, v_min  # noqa: E402,F401  isort: skip
 
 __all__ = [
     "SCHEDULES",

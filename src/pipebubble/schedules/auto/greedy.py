@@ -27,8 +27,8 @@ Example, 1F1B's memory on 2 ranks::
     >>> from pipebubble.costs import CostModel
     >>> sc = CostModel(memory_limit=2).resolve(2)
     >>> orders, step = greedy_order(2, 2, sc, (0, 1), [2.0, 2.0], Knobs())
-    >>> step
-    9.0
+    >>> step   # 3m + p - 1: the lower bound
+    7.0
 """
 
 from __future__ import annotations
