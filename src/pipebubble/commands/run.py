@@ -27,6 +27,7 @@ from ..render.terminal import gantt, summary_table
 from ..sim.kernel import simulate
 from ..timeline import Timeline
 from .common import (
+    add_cost_flags,
     add_figure_flags,
     add_schedule_flags,
     closed_form_for,
@@ -71,6 +72,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chart-width", type=int, default=None, metavar="COLS",
                    help="Gantt chart width in columns")
     add_figure_flags(p)
+    add_cost_flags(p)  # what --schedule auto plans for (the model's real times are measured)
     p.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
     p.set_defaults(func=run)
 

@@ -153,7 +153,8 @@ def _candidates(kind: str, p: int, m: int, sc: StageCosts, where: tuple[int, ...
         got = greedy_order(p, m, sc, where, limits, knobs)
         if got is not None:
             sched = make_schedule("auto", got[0], len(where), m, placement=list(where))
-            yield sched, "greedy " + ",".join(f"{k}={v}" for k, v in knobs._asdict().items()), got[1]
+            name = "greedy " + ",".join(f"{k}={v}" for k, v in knobs._asdict().items())
+            yield sched, name, got[1]
 
 
 def _score(sched: Schedule, sc: StageCosts, costs: CostModel, limits: list[float] | None):
