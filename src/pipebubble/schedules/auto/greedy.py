@@ -26,7 +26,7 @@ Example, 1F1B's memory on 2 ranks::
 
     >>> from pipebubble.costs import CostModel
     >>> sc = CostModel(memory_limit=2).resolve(2)
-    >>> orders, step = greedy_order(2, 2, sc, (0, 1), [2.0, 2.0], Knobs())
+    >>> orders, step, span_idle = greedy_order(2, 2, sc, (0, 1), [2.0, 2.0], Knobs())
     >>> step   # 3m + p - 1: the lower bound
     7.0
 """
@@ -69,8 +69,10 @@ def greedy_order(
     stage_to_rank: tuple[int, ...],
     limits: list[float] | None,
     knobs: Knobs,
-) -> tuple[list[list[Action]], float] | None:
-    """Per-rank orders of one step and its step time, built greedily; None on deadlock.
+) -> tuple[list[list[tuple]], float, float] | None:
+    """Per-rank orders of one step (``(stage, kind, microbatch)`` tuples: make Actions with
+    ``Action(*a)``), its step time and the idle time inside the ranks' spans, built
+    greedily; None on deadlock.
 
     ``sc`` holds one entry per stage (one chain: stage s feeds s + 1); ``stage_to_rank``
     places them; ``limits[r]`` caps rank r's activation memory (None: no cap).
@@ -91,8 +93,10 @@ def greedy_order(
     down = [comm if s < S - 1 and where[s + 1] != where[s] else 0.0 for s in range(S)]
     lim = [_INF] * p if limits is None else [x + 1e-9 for x in limits]
     # Room kept for what a rank must still hold to make progress: recomputation
-    # re-materialises at the start of I; with two chunks, each microbatch between them needs
-    # the later chunk's forward (counted per microbatch in flight below).
+    # re-materialises at the start of I; with two chunks, a forward of the first keeps room
+    # for one forward of the later chunk. One is enough: every stage runs its Fs and Is in
+    # microbatch order, so the oldest unfinished microbatch is the one that room serves,
+    # and it can always move on (W frees what else it needs).
     keep = [max((i0[s] for s in local[r]), default=0.0) for r in range(p)]
     caps = [warmup_cap(knobs.cap, p, r, len(local[r])) for r in range(p)]
 
@@ -104,6 +108,8 @@ def greedy_order(
     orders: list[list[Action]] = [[] for _ in range(p)]
     left = 3 * S * m
     heap = [(0.0, r) for r in range(p)]
+    begin = [_INF] * p  # each rank's first start, and its busy time (for the span)
+    busy = [0.0] * p
     F, I, W = Kind.F, Kind.I, Kind.W
 
     while heap:
@@ -135,11 +141,16 @@ def greedy_order(
             i_end[s][j] = e
             ni[s] = j + 1
             used[r] += i_net[s]
-            orders[r].append(Action(s, I, j))
+            orders[r].append((s, I, j))
+            if t < begin[r]:
+                begin[r] = t
+            busy[r] += dur_i[s]
             free[r] = e
             heapq.heappush(heap, (e, r))
             if s:
-                heapq.heappush(heap, (e + down[s - 1], where[s - 1]))
+                q, x = where[s - 1], e + down[s - 1]
+                if q != r and free[q] < x:
+                    heapq.heappush(heap, (x, q))
             left -= 1
             continue
         # 2. F, if memory and the warm-up cap allow.
@@ -156,7 +167,7 @@ def greedy_order(
             need = used[r] + f0[s] + keep[r]
             for s2 in mine:
                 if s2 > s:
-                    need += (nf[s] - nf[s2] + 1) * f0[s2]
+                    need += f0[s2]
             if need > lim[r] or (s == first and nf[s] - ni[s] >= caps[r]):
                 blocked = blocked or ready <= t + _EPS
                 continue
@@ -173,11 +184,16 @@ def greedy_order(
             f_end[s][j] = e
             nf[s] = j + 1
             used[r] += f0[s]
-            orders[r].append(Action(s, F, j))
+            orders[r].append((s, F, j))
+            if t < begin[r]:
+                begin[r] = t
+            busy[r] += dur_f[s]
             free[r] = e
             heapq.heappush(heap, (e, r))
             if s < S - 1:
-                heapq.heappush(heap, (e + up[s + 1], where[s + 1]))
+                q, x = where[s + 1], e + up[s + 1]
+                if q != r and free[q] < x:
+                    heapq.heappush(heap, (x, q))
             left -= 1
             continue
         # 3. W: fills a gap, or frees memory for a blocked F.
@@ -194,7 +210,10 @@ def greedy_order(
             e = t + dur_w[s]
             nw[s] = j + 1
             used[r] += w_net[s]
-            orders[r].append(Action(s, W, j))
+            orders[r].append((s, W, j))
+            if t < begin[r]:
+                begin[r] = t
+            busy[r] += dur_w[s]
             free[r] = e
             heapq.heappush(heap, (e, r))
             left -= 1
@@ -204,7 +223,9 @@ def greedy_order(
             heapq.heappush(heap, (soon, r))
     if left:
         return None
-    return orders, max(free)
+    step = max(free)
+    span_idle = sum(free[r] - begin[r] - busy[r] for r in range(p))
+    return orders, step, span_idle
 
 
 def _i_is_next(mine, ni, nf, soon, f_end, i_end, down, S) -> bool:
