@@ -115,14 +115,20 @@ def auto_schedule(
     best = None  # (key, orders, source, placement)
     bounds = {kind: lower_bound(sc, where, m) for kind, (sc, where) in resolved.items()}
     floor = min(bounds.values())
-    for kind, (sc, where) in resolved.items():
-        for key, orders, source in _candidates(kind, p, m, sc, where, limits):
-            if best is None or key < best[0]:
-                best = (key, orders, source, kind)
-            if best[0][0] <= floor + _TOL:
-                break  # at the lower bound: nothing can be faster
-        if best is not None and best[0][0] <= floor + _TOL:
-            break
+    # Registered schedules first (a tie on step time goes to the least idle inside the
+    # spans, so ZB-H2's and ZB-V's zero span bubble wins ties), then the greedy orders, V
+    # first (its bound is lower), until one reaches the lower bound.
+    for phase in (_registered, _greedy):
+        for kind in sorted(resolved, key=lambda k: bounds[k]):
+            sc, where = resolved[kind]
+            for key, orders, source in phase(kind, p, m, sc, where, limits):
+                if best is None or key < best[0]:
+                    best = (key, orders, source, kind)
+                if best[0][0] <= floor + _TOL and (phase is _greedy or best[0][1] <= _TOL):
+                    break
+            if best is not None and best[0][0] <= floor + _TOL and (
+                    phase is _greedy or best[0][1] <= _TOL):
+                break
     if best is None:  # cannot happen above the smallest limit; kept as a clear error
         raise ScheduleError(f"auto found no order within memory limit {memory_limit}")
     key, orders, source, kind = best
@@ -158,14 +164,17 @@ def _too_small(memory_limit, limits: list[float], short: list) -> str:
             f"{','.join(f'{n:g}' for n in need)})")
 
 
-def _candidates(kind: str, p: int, m: int, sc: StageCosts, where: tuple[int, ...],
+def _registered(kind: str, p: int, m: int, sc: StageCosts, where: tuple[int, ...],
                 limits: list[float] | None):
-    """(key, orders, source) of the registered schedules of this placement that fit (scored
-    by the simulator), then of the greedy orders (timed as they are built), lazily."""
+    """(key, orders, source) of the registered schedules of this placement that fit, scored
+    by the simulator, lazily."""
     for name in schedule_names():
         try:
             spec = lookup(name)
             if spec.chunks != _CHUNKS[kind]:
+                continue
+            probe = get_schedule(name, p, 2 * p)  # placement and chains, cheaply
+            if probe.chains != 1 or probe.stage_to_rank != where:
                 continue
             sched = get_schedule(name, p, m)
         except ScheduleError:
@@ -175,6 +184,11 @@ def _candidates(kind: str, p: int, m: int, sc: StageCosts, where: tuple[int, ...
         scored = _score(sched, sc, limits)
         if scored is not None:
             yield scored[0], sched.orders, name
+
+
+def _greedy(kind: str, p: int, m: int, sc: StageCosts, where: tuple[int, ...],
+            limits: list[float] | None):
+    """(key, orders, source) of the greedy orders over the knob grid (timed as built)."""
     for knobs in knob_grid(p, m, _CHUNKS[kind]):
         got = greedy_order(p, m, sc, where, limits, knobs)
         if got is not None:
