@@ -36,8 +36,9 @@ def main() -> None:
     print(f"{'p':>3} {'m':>4} {'limit':>6} {'seconds':>8} {'target':>7} {'x simulate':>10}  "
           f"{'step':>8} {'bound':>8}  from")
     for p, m, limit in CASES:
-        base, _ = best_of(lambda: simulate(get_schedule("zbv", p, m), costs))
-        secs, s = best_of(lambda: auto_schedule(p, m, costs, memory_limit=limit))
+        base, _ = best_of(lambda p=p, m=m: simulate(get_schedule("zbv", p, m), costs))
+        secs, s = best_of(lambda p=p, m=m, limit=limit: auto_schedule(p, m, costs,
+                                                                      memory_limit=limit))
         info = s.options["auto"]
         print(f"{p:>3} {m:>4} {str(limit):>6} {secs:>8.2f} {TARGET[p, m]:>7.1f} "
               f"{secs / base:>10.1f}  {info['step_time']:>8.2f} {info['lower_bound']:>8.2f}  "
