@@ -156,3 +156,39 @@ def test_limit_nothing_fits_is_one_line_exit_2(capsys):
                  "--memory-limit", "0.5"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "smallest feasible limit 1" in err[0]
+
+
+# ---- against the exact optimum (a MIP solved by HiGHS) ----------------------------------------
+
+RANDOM_SMALL = [  # (p, m, placement, seed, limit)
+    (2, 3, "loop", 1, 1.5), (2, 3, "loop", 2, None), (3, 2, "loop", 3, 2), (2, 2, "v", 4, 1.5),
+    (2, 4, "loop", 5, 2),
+]
+
+
+@pytest.mark.parametrize("p,m,placement,seed,limit", RANDOM_SMALL)
+def test_within_2_percent_of_the_exact_optimum(p, m, placement, seed, limit):
+    pytest.importorskip("highspy")
+    import random
+
+    from pipebubble.schedules.auto.exact import optimal_schedule
+
+    rng = random.Random(seed)
+    stages = p if placement == "loop" else 2 * p
+    f = [round(rng.uniform(0.5, 2), 2) for _ in range(stages)]
+    w = [round(rng.uniform(0.2, 1.5), 2) for _ in range(stages)]
+    b = [x + y + round(rng.uniform(0, 1), 2) for x, y in zip(f, w, strict=True)]
+    costs = CostModel(f=f, b=b, w=w, comm=rng.choice([0, 0.1]), weight_memory=0.5)
+    auto = auto_schedule(p, m, costs, memory_limit=limit, placement=placement)
+    step = simulate(auto, costs).step_time
+    best = optimal_schedule(p, m, costs, memory_limit=limit, placement=placement,
+                            upper=step, time_limit=120)
+    validate(best.schedule)
+    assert best.proven
+    t = simulate(best.schedule, costs)
+    assert t.step_time == pytest.approx(best.step_time)
+    if limit is not None:
+        assert max(peaks(t)) <= limit + 1e-9
+    assert best.lower_bound <= step + 1e-6
+    assert step <= 1.02 * best.lower_bound  # auto is within 2 % of the optimum
+    assert auto.options["auto"]["lower_bound"] <= best.lower_bound + 1e-6  # a true bound

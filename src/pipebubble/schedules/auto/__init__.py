@@ -8,7 +8,9 @@ chunks per rank, as ZB-V), whichever is faster. Candidates:
 - every registered schedule of that placement (1F1B, ZB-H1, ZB-H2, GPipe; ZB-V, V-Half,
   V-Min, DualPipeV) whose simulated peak fits: so auto is never slower than any of them;
 - the greedy list scheduler (:mod:`.greedy`) over a grid of its knobs, which fills the
-  memory it is given (Zero Bubble's heuristic, both placements).
+  memory it is given (Zero Bubble's heuristic, both placements);
+- on small instances (up to 300 actions), a local search (:mod:`.improve`) from the best
+  order of each placement: neighbour swaps kept when the simulator says they help.
 
 Every candidate is scored by the one simulator (:func:`pipebubble.sim.simulate`) with the
 same costs; the fastest (then the one with least idle time inside the ranks' spans, then
@@ -41,10 +43,13 @@ from ...ir.schedule import validate as validate_schedule
 from ..registry import check_counts, get_schedule, lookup, schedule_names
 from .bounds import lower_bound, min_limits
 from .greedy import Knobs, greedy_order
+from .improve import improve
 
 PLACEMENTS = ("any", "loop", "v")
 _CHUNKS = {"loop": 1, "v": 2}
 _TOL = 1e-9
+IMPROVE_UP_TO = 300  # actions: local search (one simulation per tried swap) below this
+WIDE_UP_TO = 72  # actions: the local search also moves actions up to 6 places
 
 
 def knob_grid(ranks: int, microbatches: int, chunks: int) -> list[Knobs]:
@@ -56,12 +61,15 @@ def knob_grid(ranks: int, microbatches: int, chunks: int) -> list[Knobs]:
                 Knobs("memory", False, False), Knobs("1f1b", True, False),
                 Knobs("h2", False, False), Knobs("memory", False, True),
                 Knobs("1f1b", False, False), Knobs("1f1b", False, True),
-                Knobs("h2", False, True), Knobs("memory", True, True)]
+                Knobs("h2", False, True), Knobs("memory", True, True),
+                Knobs("memory", False, False, critical=True),
+                Knobs("memory", True, False, critical=True)]
     else:
         grid = [Knobs("memory", False, False), Knobs("memory", True, True),
                 Knobs("memory", True, False), Knobs("memory", False, True),
                 Knobs("h2", False, False), Knobs("h2", True, False),
-                Knobs("1f1b", False, False)]
+                Knobs("1f1b", False, False), Knobs("memory", False, False, critical=True),
+                Knobs("memory", True, False, critical=True)]
     size = ranks * microbatches * chunks
     if size > 4096:
         return grid[:3] if chunks == 1 else grid[:2]
@@ -113,6 +121,7 @@ def auto_schedule(
         raise ScheduleError("auto: no placement accepts these costs (" + "; ".join(errors) + ")")
 
     best = None  # (key, orders, source, placement)
+    by_kind: dict[str, tuple] = {}  # the best of each placement
     bounds = {kind: lower_bound(sc, where, m) for kind, (sc, where) in resolved.items()}
     floor = min(bounds.values())
     # Registered schedules first (a tie on step time goes to the least idle inside the
@@ -122,6 +131,8 @@ def auto_schedule(
         for kind in sorted(resolved, key=lambda k: bounds[k]):
             sc, where = resolved[kind]
             for key, orders, source in phase(kind, p, m, sc, where, limits):
+                if kind not in by_kind or key < by_kind[kind][0]:
+                    by_kind[kind] = (key, orders, source, kind)
                 if best is None or key < best[0]:
                     best = (key, orders, source, kind)
                 if best[0][0] <= floor + _TOL and (phase is _greedy or best[0][1] <= _TOL):
@@ -131,6 +142,17 @@ def auto_schedule(
                 break
     if best is None:  # cannot happen above the smallest limit; kept as a clear error
         raise ScheduleError(f"auto found no order within memory limit {memory_limit}")
+    for kind, (key, orders, source, _) in sorted(by_kind.items()):
+        sc, where = resolved[kind]
+        if key[0] <= bounds[kind] + _TOL or 3 * len(where) * m > IMPROVE_UP_TO:
+            continue
+        start = [[a if isinstance(a, Action) else Action(*a) for a in o] for o in orders]
+        reach = 6 if 3 * len(where) * m <= WIDE_UP_TO else 1
+        better, _ = improve(start, sc, where, m, limits, reach=reach)
+        scored = _score(make_schedule("auto", better, len(where), m, placement=list(where)),
+                        sc, limits)
+        if scored is not None and scored[0] < best[0]:
+            best = (scored[0], better, source + " + local search", kind)
     key, orders, source, kind = best
     sc, where = resolved[kind]
     cand = make_schedule("auto", [[a if isinstance(a, Action) else Action(*a) for a in o]

@@ -15,12 +15,15 @@ actions whose inputs have arrived,
 
 Each action is timed as it is placed (start = when the rank is free and its inputs are
 there, ``comm`` added on hops between ranks), so the order comes out with its step time.
-Four *knobs* change the choices: ``cap`` (the warm-up depth: ``p - r``, ``2(p - r) - 1``
+Five *knobs* change the choices: ``cap`` (the warm-up depth: ``p - r``, ``2(p - r) - 1``
 microbatches or only what memory allows), ``lazy_w`` (run a W only into a gap at least as
 long as it, as the paper does), ``wait_i`` (leave a short hole rather than start an F
 when an I arrives before the F would end) and ``deep_first`` (which chunk's F goes first in
-the V placement). :func:`greedy_order` returns the per-rank orders and the step time, or
-None if those knobs deadlock.
+the V placement) and ``critical`` (an F whose remaining path to the end of the step is
+longer than a ready I's goes first, even if it arrives a little later: list scheduling
+by critical path).
+:func:`greedy_order` returns the per-rank orders and the step time, or None if those knobs
+deadlock.
 
 Example, 1F1B's memory on 2 ranks::
 
@@ -50,6 +53,7 @@ class Knobs(NamedTuple):
     lazy_w: bool = False
     wait_i: bool = False
     deep_first: bool = True
+    critical: bool = False  # an F whose remaining path is longer goes before a ready I
 
 
 def warmup_cap(cap: str, ranks: int, rank: int, chunks: int) -> float:
@@ -99,6 +103,13 @@ def greedy_order(
     # and it can always move on (W frees what else it needs).
     keep = [max((i0[s] for s in local[r]), default=0.0) for r in range(p)]
     caps = [warmup_cap(knobs.cap, p, r, len(local[r])) for r in range(p)]
+    # Longest path from an action's start to the end of the step (for ``critical``).
+    tail_i = [0.0] * S
+    for s in range(S):
+        tail_i[s] = dur_i[s] + (down[s - 1] + tail_i[s - 1] if s else dur_w[0])
+    tail_f = [0.0] * S
+    for s in range(S - 1, -1, -1):
+        tail_f[s] = dur_f[s] + (up[s + 1] + tail_f[s + 1] if s < S - 1 else tail_i[s])
 
     f_end = [[_INF] * m for _ in range(S)]
     i_end = [[_INF] * m for _ in range(S)]
@@ -134,6 +145,16 @@ def greedy_order(
                         best, pick_i = ready, s
                 elif ready < soon:
                     soon = ready
+        if pick_i >= 0 and knobs.critical:
+            for s in mine:  # an allowed F with a longer way to go, there before the I
+                j = nf[s]  # would end, runs first (waiting for it if need be)
+                if (j < m and tail_f[s] > tail_i[pick_i]
+                        and (s == 0 or f_end[s - 1][j] + up[s] < t + dur_i[pick_i] - _EPS)
+                        and used[r] + f0[s] + keep[r]
+                        + sum(f0[x] for x in mine if x > s) <= lim[r]
+                        and not (s == mine[0] and nf[s] - ni[s] >= caps[r])):
+                    pick_i = -1
+                    break
         if pick_i >= 0:
             s = pick_i
             j = ni[s]
