@@ -1,13 +1,15 @@
 """The exact optimum for small instances: a mixed-integer program solved by HiGHS.
 
 After the Zero Bubble paper's ILP (Qi et al. 2024, appendix G), with the step time (the
-makespan) as the objective. For every action ``a`` (F, I, W of a stage and microbatch) a
-start time ``x_a``; for every two actions ``a, b`` of one rank a binary ``y_ab`` (1: a runs
+makespan) as the objective, over the orders that run each stage's Fs, Is and Ws in
+microbatch order (as every schedule here, ``auto`` included, does). For every action ``a``
+(F, I, W of a stage and microbatch) a start time ``x_a``; for every two actions ``a, b`` of
+one rank whose order the precedences do not already fix, a binary ``y_ab`` (1: a runs
 before b) with the big-M pair ``x_a + d_a <= x_b + H (1 - y_ab)`` and
-``x_b + d_b <= x_a + H y_ab`` (``H``: a known step time, e.g. ``auto``'s); the dependency
-rule (``ir/deps.py``) with ``comm`` on hops between ranks; and, at the start of every action,
-the rank's activation memory, ``d0_a + sum over b of y_ba (d0_b + d1_b)``, within the limit.
-Minimise ``C >= x_a + d_a``.
+``x_b + d_b <= x_a + H y_ab`` (``H``: a known step time, e.g. ``auto``'s); the precedences:
+the dependency rule (``ir/deps.py``) with ``comm`` on hops between ranks, and microbatch
+order; and, at the start of every action, the rank's activation memory,
+``d0_a + sum over b of y_ba (d0_b + d1_b)``, within the limit. Minimise ``C >= x_a + d_a``.
 
 It is exponential in the worst case: use it for p x m up to about 32 (seconds). HiGHS
 (``highspy``) is an optional dependency (``pip install highspy``), imported here only.
@@ -81,24 +83,38 @@ def optimal_schedule(ranks: int, microbatches: int, costs: CostModel | None = No
     makespan = h.addVariable(lb=0.0, ub=horizon)
     for a in acts:
         h.addConstr(makespan >= x[a] + dur[a])
+    # Precedences, each "a ends before b starts": the dependency rule (ir/deps.py, with
+    # comm on hops) and, per stage and kind, microbatch order (as every schedule here runs).
     comm = sc.comm
+    succ: dict[Action, list[Action]] = {a: [] for a in acts}
     for s in range(S):
         up = comm if s and where[s - 1] != where[s] else 0.0
         down = comm if s < S - 1 and where[s + 1] != where[s] else 0.0
         for j in range(m):
             f, i, w = Action(s, "F", j), Action(s, "I", j), Action(s, "W", j)
+            edges = [(f, i, 0.0), (i, w, 0.0)]
             if s:
-                h.addConstr(x[f] >= x[Action(s - 1, "F", j)] + dur[Action(s - 1, "F", j)] + up)
-            h.addConstr(x[i] >= x[f] + dur[f])
+                edges.append((Action(s - 1, "F", j), f, up))
             if s < S - 1:
-                h.addConstr(x[i] >= x[Action(s + 1, "I", j)] + dur[Action(s + 1, "I", j)] + down)
-            h.addConstr(x[w] >= x[i] + dur[i])
+                edges.append((Action(s + 1, "I", j), i, down))
+            if j:
+                edges += [(Action(s, k, j - 1), Action(s, k, j), 0.0) for k in "FIW"]
+            for a, b, lag in edges:
+                h.addConstr(x[b] >= x[a] + dur[a] + lag)
+                succ[a].append(b)
+    after = _reach(acts, succ)
     for r in range(p):
         mine = [a for a in acts if where[a.stage] == r]
-        before = {}  # (a, b) -> expression: 1 if a runs before b
+        before = {}  # (a, b) -> 1 if a runs before b (a constant where the rules decide)
         for u in range(len(mine)):
             for v in range(u + 1, len(mine)):
                 a, b = mine[u], mine[v]
+                if b in after[a]:
+                    before[a, b], before[b, a] = 1, 0
+                    continue
+                if a in after[b]:
+                    before[a, b], before[b, a] = 0, 1
+                    continue
                 y = h.addBinary()
                 h.addConstr(x[a] + dur[a] <= x[b] + horizon * (1 - y))
                 h.addConstr(x[b] + dur[b] <= x[a] + horizon * y)
@@ -110,6 +126,10 @@ def optimal_schedule(ranks: int, microbatches: int, costs: CostModel | None = No
             for b in mine:
                 if b != a:
                     load = load + (mem[b][0] + mem[b][1]) * before[b, a]
+            if isinstance(load, int | float):  # every order around a is fixed
+                if load > limits[r] + 1e-9:
+                    raise ScheduleError(f"no order fits memory limit {limits[r]:g} on rank {r}")
+                continue
             h.addConstr(load <= limits[r] + 1e-9)
     h.minimize(makespan)
     info = h.getInfo()
@@ -123,3 +143,21 @@ def optimal_schedule(ranks: int, microbatches: int, costs: CostModel | None = No
     step = simulate(sched, sc).step_time
     bound = float(info.mip_dual_bound)
     return Optimum(sched, step, bound, h.getModelStatus() == highspy.HighsModelStatus.kOptimal)
+
+
+def _reach(acts: list[Action], succ: dict[Action, list[Action]]) -> dict[Action, set[Action]]:
+    """Every action each action must precede (transitive closure of the precedences)."""
+    out: dict[Action, set[Action]] = {}
+
+    def visit(a: Action) -> set[Action]:
+        if a not in out:
+            seen: set[Action] = set()
+            for b in succ[a]:
+                seen.add(b)
+                seen |= visit(b)
+            out[a] = seen
+        return out[a]
+
+    for a in acts:
+        visit(a)
+    return out
