@@ -30,9 +30,12 @@ from ..ir.schedule import Action, ScheduleError
 PERIOD = 6
 
 
-def block(p: int, offsets: tuple[int, ...]) -> tuple[list[int], list[int], list[int]]:
+def block(p: int, offsets: tuple[int, ...], period: int = PERIOD
+          ) -> tuple[list[int], list[int], list[int]]:
     """(tF, tI, tW) of one microbatch for ``p`` ranks; ``offsets`` = (dF0, dF1, dI0, dI1,
-    turn_f, turn_i, top). Raises ScheduleError if two passes of a rank collide mod 6."""
+    turn_f, turn_i, top). Raises ScheduleError if two passes of a rank collide modulo
+    ``period`` (6: no idle slot in the steady state; more: a microbatch every ``period``
+    units, fewer activations in flight, for memory limits below the 6-unit block's)."""
     d_f0, d_f1, d_i0, d_i1, turn_f, turn_i, top = offsets
     S = 2 * p
     rank = [s if s < p else S - 1 - s for s in range(S)]
@@ -46,30 +49,30 @@ def block(p: int, offsets: tuple[int, ...]) -> tuple[list[int], list[int], list[
     taken: list[set[int]] = [set() for _ in range(p)]
     for s in range(S):
         for t in (t_f[s], t_i[s]):
-            if t % PERIOD in taken[rank[s]]:
+            if t % period in taken[rank[s]]:
                 raise ScheduleError(f"building block {offsets} collides on rank {rank[s]} "
                                     f"for p={p}")
-            taken[rank[s]].add(t % PERIOD)
+            taken[rank[s]].add(t % period)
     t_w = [0] * S
     for s in sorted(range(S), key=lambda s: t_i[s]):
         t = t_i[s] + 1
-        while t % PERIOD in taken[rank[s]]:
+        while t % period in taken[rank[s]]:
             t += 1
-        taken[rank[s]].add(t % PERIOD)
+        taken[rank[s]].add(t % period)
         t_w[s] = t
     return t_f, t_i, t_w
 
 
-def repeat(p: int, microbatches: int, times: tuple[list[int], list[int], list[int]]
-           ) -> list[list[Action]]:
-    """Per-rank orders: the block repeated every 6 units for each microbatch, by time."""
+def repeat(p: int, microbatches: int, times: tuple[list[int], list[int], list[int]],
+           period: int = PERIOD) -> list[list[Action]]:
+    """Per-rank orders: the block repeated every ``period`` units, sorted by time."""
     t_f, t_i, t_w = times
     S = 2 * p
     timed: list[list[tuple[int, Action]]] = [[] for _ in range(p)]
     for s in range(S):
         r = s if s < p else S - 1 - s
         for j in range(microbatches):
-            base = PERIOD * j
+            base = period * j
             timed[r].append((t_f[s] + base, Action(s, "F", j)))
             timed[r].append((t_i[s] + base, Action(s, "I", j)))
             timed[r].append((t_w[s] + base, Action(s, "W", j)))

@@ -7,6 +7,8 @@ chunks per rank, as ZB-V), whichever is faster. Candidates:
 
 - every registered schedule of that placement (1F1B, ZB-H1, ZB-H2, GPipe; ZB-V, V-Half,
   V-Min, DualPipeV) whose simulated peak fits: so auto is never slower than any of them;
+- below their memory, V-Min's and V-Half's building blocks repeated every T > 6 units
+  (``building_block.py``), at the smallest T that fits;
 - the greedy list scheduler (:mod:`.greedy`) over a grid of its knobs, which fills the
   memory it is given (Zero Bubble's heuristic, both placements);
 - on small instances (up to 300 actions), a local search (:mod:`.improve`) from the best
@@ -206,6 +208,40 @@ def _registered(kind: str, p: int, m: int, sc: StageCosts, where: tuple[int, ...
         scored = _score(sched, sc, limits)
         if scored is not None:
             yield scored[0], sched.orders, name
+    if kind == "v" and limits is not None:
+        yield from _stretched(p, m, sc, where, limits)
+
+
+def _stretched(p: int, m: int, sc: StageCosts, where: tuple[int, ...], limits: list[float]):
+    """Below V-Min's memory: V-Min's and V-Half's building blocks repeated every T > 6
+    units (a microbatch every T, fewer in flight), at the smallest T whose order fits (and
+    the next two), with their own offsets or the shortest turns that do not collide."""
+    from ..building_block import block, repeat
+    from ..v_half import v_half_offsets
+    from ..v_min import v_min_offsets
+
+    if _fits(get_schedule("v-min", p, m), sc, limits):
+        return  # V-Min itself fits: a longer period only slows it down
+    for name, offsets in (("v-min", v_min_offsets(p)), ("v-half", v_half_offsets(p))):
+        found = None
+        for period in range(7, 6 * (2 * p + 2)):
+            if found is not None and period > found + 2:
+                break
+            blocks = [_turned_block(p, offsets[:4], period)]
+            try:
+                blocks.append(block(p, offsets, period))
+            except ScheduleError:
+                pass
+            for times in blocks:
+                if times is None:
+                    continue
+                sched = make_schedule("auto", repeat(p, m, times, period), 2 * p, m,
+                                      placement="v")
+                if _fits(sched, sc, limits):
+                    found = period if found is None else found
+                    scored = _score(sched, sc, limits)
+                    if scored is not None:
+                        yield scored[0], sched.orders, f"{name} block every {period} units"
 
 
 def _greedy(kind: str, p: int, m: int, sc: StageCosts, where: tuple[int, ...],
@@ -216,6 +252,25 @@ def _greedy(kind: str, p: int, m: int, sc: StageCosts, where: tuple[int, ...],
         if got is not None:
             name = "greedy " + ",".join(f"{k}={v}" for k, v in knobs._asdict().items())
             yield (round(got[1], 9), round(got[2], 9)), got[0], name
+
+
+def _turned_block(p: int, steps: tuple[int, ...], period: int):
+    """The building block with these offsets between stages and the shortest turns (of
+    the V, and at its top) that collide with nothing modulo ``period``; None if none."""
+    from ..building_block import block
+
+    best = None
+    for turn_f in range(1, 7):
+        for turn_i in range(1, 7):
+            for top in range(1, 7):
+                try:
+                    times = block(p, (*steps, turn_f, turn_i, top), period)
+                except ScheduleError:
+                    continue
+                length = times[2][0] - times[0][0]
+                if best is None or length < best[0]:
+                    best = (length, times)
+    return None if best is None else best[1]
 
 
 def _fits(sched: Schedule, sc: StageCosts, limits: list[float] | None) -> bool:
