@@ -131,6 +131,8 @@ def auto_schedule(
     # first (its bound is lower), until one reaches the lower bound.
     for phase in (_registered, _greedy):
         for kind in sorted(resolved, key=lambda k: bounds[k]):
+            if best is not None and bounds[kind] > best[0][0] + _TOL:
+                continue  # this placement cannot beat what we have
             sc, where = resolved[kind]
             for key, orders, source in phase(kind, p, m, sc, where, limits):
                 if kind not in by_kind or key < by_kind[kind][0]:
@@ -191,7 +193,8 @@ def _too_small(memory_limit, limits: list[float], short: list) -> str:
 def _registered(kind: str, p: int, m: int, sc: StageCosts, where: tuple[int, ...],
                 limits: list[float] | None):
     """(key, orders, source) of the registered schedules of this placement that fit, scored
-    by the simulator, lazily."""
+    by the simulator, lazily. Below V-Min's memory, stretched building blocks too."""
+    too_big: set[str] = set()
     for name in schedule_names():
         try:
             spec = lookup(name)
@@ -203,25 +206,26 @@ def _registered(kind: str, p: int, m: int, sc: StageCosts, where: tuple[int, ...
             sched = get_schedule(name, p, m)
         except ScheduleError:
             continue
-        if sched.chains != 1 or sched.stage_to_rank != where or not _fits(sched, sc, limits):
+        if sched.chains != 1 or sched.stage_to_rank != where:
+            continue
+        if not _fits(sched, sc, limits):
+            too_big.add(name)
             continue
         scored = _score(sched, sc, limits)
         if scored is not None:
             yield scored[0], sched.orders, name
-    if kind == "v" and limits is not None:
+    if kind == "v" and "v-min" in too_big:
         yield from _stretched(p, m, sc, where, limits)
 
 
 def _stretched(p: int, m: int, sc: StageCosts, where: tuple[int, ...], limits: list[float]):
-    """Below V-Min's memory: V-Min's and V-Half's building blocks repeated every T > 6
+    """When V-Min does not fit: V-Min's and V-Half's building blocks repeated every T > 6
     units (a microbatch every T, fewer in flight), at the smallest T whose order fits (and
     the next two), with their own offsets or the shortest turns that do not collide."""
     from ..building_block import block, repeat
     from ..v_half import v_half_offsets
     from ..v_min import v_min_offsets
 
-    if _fits(get_schedule("v-min", p, m), sc, limits):
-        return  # V-Min itself fits: a longer period only slows it down
     for name, offsets in (("v-min", v_min_offsets(p)), ("v-half", v_half_offsets(p))):
         found = None
         for period in range(7, 6 * (2 * p + 2)):
