@@ -4,7 +4,7 @@
 
 The same as::
 
-    pipebubble sweep -p 8 -m 32 --memory-limit 1..8:0.5 --f 1 --b 2 --w 1 --comm 0.05 \\
+    pipebubble sweep -p 8 -m 32 --memory-limit 1..16:0.5 --f 1 --b 2 --w 1 --comm 0.05 \\
         --mem-b 1 --mem-w 0.5 --csv docs/img/memory_sweep.csv --png docs/img/memory_sweep.png
 
 Costs of a GPT-like layer stack, per rank-share: F = 1, B = 2 (I = W = 1), a P2P hop of
@@ -22,7 +22,7 @@ from pipebubble.cli import main
 
 def run(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    rc = main(["sweep", "-p", "8", "-m", "32", "--memory-limit", "1..8:0.5", "--f", "1",
+    rc = main(["sweep", "-p", "8", "-m", "32", "--memory-limit", "1..16:0.5", "--f", "1",
                "--b", "2", "--w", "1", "--comm", "0.05", "--mem-b", "1", "--mem-w", "0.5",
                "--csv", str(out / "memory_sweep.csv"), "--png", str(out / "memory_sweep.png")])
     if rc:
