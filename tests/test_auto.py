@@ -2,6 +2,7 @@
 schedule of the same placements, the closed forms, and its own lower bound."""
 
 import json
+import os
 
 import pytest
 from hypothesis import given
@@ -195,3 +196,42 @@ def test_within_2_percent_of_the_exact_optimum(seed):
     assert best.lower_bound <= step + 1e-6
     assert step <= 1.02 * best.lower_bound  # auto is within 2 % of the optimum
     assert auto.options["auto"]["lower_bound"] <= best.step_time + 1e-9  # a true bound
+
+
+def test_torch_loads_the_auto_csv(tmp_path):
+    """torch's own runtime accepts the exported order (it adds the sends and receives)."""
+    from unittest import mock
+
+    from torch.distributed.pipelining import schedules as pipelining
+    from torch.distributed.pipelining.stage import PipelineStage
+
+    from pipebubble.interop.torch_csv import write_torch_csv
+
+    for placement in ("loop", "v"):
+        s = auto_schedule(3, 6, CostModel(weight_memory=0.5), memory_limit=2,
+                          placement=placement)
+        path = tmp_path / f"auto-{placement}.csv"
+        write_torch_csv(s, path)
+        stage = mock.create_autospec(PipelineStage, instance=True)
+        stage.group_rank, stage.group_size, stage.submod = 0, 3, None
+        stage.num_stages = s.num_stages
+        runtime = pipelining._PipelineScheduleRuntime([stage] * s.chunks, 6)
+        runtime._load_csv(str(path))
+        placed = runtime.stage_index_to_group_rank
+        assert [placed[i] for i in range(s.num_stages)] == list(s.stage_to_rank)
+
+
+def test_distributed_auto_exact_gradients():
+    """Two processes over gloo, each computing the same auto order from the same flags."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipebubble", "run", "--schedule", "auto", "-p", "2", "-m", "4",
+         "--mem-w", "0.5", "--memory-limit", "1.5", "--check", "--width", "8", "--warmup", "0",
+         "--repeat", "1", "--json"],
+        capture_output=True, text=True, timeout=170, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    assert out["schedule"] == "auto"
+    assert out["grad_max_abs_diff"] < 1e-5 and out["loss_abs_diff"] < 1e-5
