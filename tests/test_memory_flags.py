@@ -159,3 +159,15 @@ def test_sweep_memory_bad_input(args, needle, capsys):
     assert main(base) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0]
+
+
+def test_sweep_over_m_with_auto(capsys):
+    assert main(["sweep", "-p", "3", "-m", "2..6:2", "--schedules", "auto,zb-h1", "--csv",
+                 "-"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    auto = {int(r["microbatches"]): float(r["step_time"]) for r in rows
+            if r["schedule"] == "auto"}
+    h1 = {int(r["microbatches"]): float(r["step_time"]) for r in rows
+          if r["schedule"] == "zb-h1"}
+    assert sorted(auto) == [2, 4, 6] and all(auto[m] <= h1[m] for m in auto)
+    assert all(r["closed_form_bubble"] == "" for r in rows if r["schedule"] == "auto")

@@ -59,9 +59,8 @@ def run(args: argparse.Namespace) -> int:
     names = [n.strip() for n in (args.schedules or ",".join(schedule_names())).split(",")]
     if not all(names):
         raise ValueError(f"--schedules: empty name in {args.schedules!r}; use e.g. gpipe,1f1b")
-    if "auto" in (n.lower() for n in names):
-        raise ValueError("--schedules auto needs --memory-limit (auto searches per limit)")
-    names = list(dict.fromkeys(lookup(n).name for n in names))  # unknown names fail here
+    names = list(dict.fromkeys("auto" if n.lower() == "auto" else lookup(n).name
+                               for n in names))  # unknown names fail here
     costs = costs_from_args(args)
     total = len(names) * len(ms)
     err = Console(stderr=True)
@@ -111,9 +110,14 @@ def _write_trace(path: str, points: list[SweepPoint], names: list[str],
         ms = [p.microbatches for p in points if p.schedule == name]
         if not ms:
             continue
-        spec = lookup(name)
-        v = args.chunks if (args.chunks and not spec.fixed_chunks) else None
-        timelines.append(simulate(get_schedule(name, args.ranks, max(ms), v), costs))
+        if name == "auto":
+            from ..schedules.auto import auto_schedule
+
+            timelines.append(simulate(auto_schedule(args.ranks, max(ms), costs), costs))
+        else:
+            spec = lookup(name)
+            v = args.chunks if (args.chunks and not spec.fixed_chunks) else None
+            timelines.append(simulate(get_schedule(name, args.ranks, max(ms), v), costs))
         labels.append(f"{name} m={max(ms)}")
     write_trace(path, timelines, labels)
 

@@ -28,6 +28,16 @@ from ..sim.kernel import simulate
 MAX_POINTS = 100_000
 
 
+class _Auto:
+    """Stands for ``auto`` among the schedule specs of a sweep (it needs costs)."""
+
+    name = "auto"
+    fixed_chunks = True
+
+
+_AUTO = _Auto()
+
+
 @dataclass(frozen=True)
 class SweepPoint:
     """One simulated (schedule, m): what the sweep's CSV holds, one row each."""
@@ -81,20 +91,26 @@ def sweep(
 ) -> list[SweepPoint]:
     """Simulate every schedule at every m; return the points, schedule by schedule.
 
+    ``auto`` (the automatic scheduler) is searched at every m for ``costs``.
     ``chunks`` goes only to schedules that take a variable number of chunks. A (schedule, m)
     the generator refuses (say, m not a multiple of p for an interleaved schedule) is left
     out; an unknown schedule name raises before anything runs. ``on_point`` is called after
     each point (progress bars).
     """
     costs = costs or CostModel()
-    specs = [lookup(name) for name in schedules]
+    specs = [_AUTO if str(name).lower() == "auto" else lookup(name) for name in schedules]
     ms = list(microbatches)
     out = []
     for spec in specs:
         v = chunks if (chunks and not spec.fixed_chunks) else None
         for m in ms:
             try:
-                schedule = get_schedule(spec.name, ranks, m, v)
+                if spec is _AUTO:  # searched again at every m, within costs.memory_limit
+                    from ..schedules.auto import auto_schedule
+
+                    schedule = auto_schedule(ranks, m, costs)
+                else:
+                    schedule = get_schedule(spec.name, ranks, m, v)
                 timeline = simulate(schedule, costs)
             except ScheduleError:
                 if on_point:
@@ -102,7 +118,8 @@ def sweep(
                 continue
             try:
                 sc = costs.resolve(schedule.num_stages, schedule.chunks)
-                closed = closed_form_bubble(spec.name, ranks, m, schedule.chunks, sc)
+                closed = (None if spec is _AUTO else
+                          closed_form_bubble(spec.name, ranks, m, schedule.chunks, sc))
             except ScheduleError:
                 closed = None
             stats = timeline.rank_stats()
