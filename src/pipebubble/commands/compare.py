@@ -56,10 +56,15 @@ def run(args: argparse.Namespace) -> int:
             continue
         rows.append((schedule, timeline, closed_form_for(schedule, costs),
                      closed_form_basis(schedule)))
-    from ..schedules.auto import auto_schedule  # the fastest order that fits, as one more row
+    from ..schedules.auto import LimitTooSmall, auto_schedule  # the fastest order that fits
 
-    auto = auto_schedule(args.ranks, args.microbatches, costs)
-    rows.append((auto, simulate(auto, costs), None, None))
+    try:
+        auto = auto_schedule(args.ranks, args.microbatches, costs)
+        rows.append((auto, simulate(auto, costs), None, None))
+    except LimitTooSmall:
+        raise  # a limit nothing fits: bad input
+    except ScheduleError as exc:
+        skipped.append(("auto", str(exc)))
     write_figures(args, [t for _, t, _, _ in rows], f"p={args.ranks} m={args.microbatches}")
     if args.json:
         out = [{**timeline_json(t, c, events=False, basis=b), **memory_fields(t, costs)}

@@ -48,6 +48,11 @@ from .greedy import Knobs, greedy_order
 from .improve import improve
 
 PLACEMENTS = ("any", "loop", "v")
+
+
+class LimitTooSmall(ScheduleError):
+    """The memory limit is below the smallest one any order fits in; the message names it."""
+
 _CHUNKS = {"loop": 1, "v": 2}
 _TOL = 1e-9
 IMPROVE_UP_TO = 300  # actions: local search (one simulation per tried swap) below this
@@ -119,7 +124,7 @@ def auto_schedule(
         resolved[kind] = (sc, where)
     if not resolved:
         if short:
-            raise ScheduleError(_too_small(memory_limit, limits, short))
+            raise LimitTooSmall(_too_small(memory_limit, limits, short))
         raise ScheduleError("auto: no placement accepts these costs (" + "; ".join(errors) + ")")
 
     best = None  # (key, orders, source, placement)
