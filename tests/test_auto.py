@@ -186,7 +186,7 @@ def test_within_2_percent_of_the_exact_optimum(seed):
     auto = auto_schedule(p, m, costs, memory_limit=limit, placement=placement)
     step = simulate(auto, costs).step_time
     best = optimal_schedule(p, m, costs, memory_limit=limit, placement=placement,
-                            upper=step, time_limit=120)
+                            start=auto, time_limit=120)
     validate(best.schedule)
     assert best.proven
     t = simulate(best.schedule, costs)

@@ -46,11 +46,13 @@ class Optimum:
 
 
 def optimal_schedule(ranks: int, microbatches: int, costs: CostModel | None = None,
-                     memory_limit=None, placement: str = "loop", upper: float | None = None,
-                     time_limit: float = 60.0) -> Optimum:
+                     memory_limit=None, placement: str = "loop",
+                     start: Schedule | None = None, time_limit: float = 60.0) -> Optimum:
     """Solve the MIP above for ``placement`` ``loop`` (1 stage per rank) or ``v`` (2).
 
-    ``upper``: a step time some order reaches (the big M); default: ``auto``'s."""
+    ``start``: an order that fits (default: ``auto``'s); its step time is the big M and
+    the solver starts from it, so the answer is never worse than it, even when the time
+    limit stops the search (then ``proven`` is False)."""
     try:
         import highspy
     except ImportError:  # pragma: no cover - an optional dependency
@@ -68,9 +70,14 @@ def optimal_schedule(ranks: int, microbatches: int, costs: CostModel | None = No
     S = len(where)
     sc = costs.resolve(S, 1 if placement == "loop" else 2)
     limits = CostModel(memory_limit=memory_limit).rank_limits(p)
-    if upper is None:
-        upper = auto_schedule(p, m, costs, memory_limit, placement).options["auto"]["step_time"]
-    horizon = float(upper) + 1e-6
+    if start is None:
+        start = auto_schedule(p, m, costs, memory_limit, placement)
+    if start.stage_to_rank != where:
+        raise ScheduleError(f"the start order is not in the {placement} placement")
+    known = simulate(start, sc)
+    began = {Action(s, k, j): t for s, k, j, t in
+             zip(known.stage, known.kind, known.microbatch, known.start, strict=True)}
+    horizon = known.step_time + 1e-6
 
     acts = [Action(s, k, j) for s in range(S) for j in range(m) for k in "FIW"]
     dur = {a: sc.duration(a.stage, a.kind) for a in acts}
@@ -81,6 +88,7 @@ def optimal_schedule(ranks: int, microbatches: int, costs: CostModel | None = No
     h.setOptionValue("mip_rel_gap", 1e-6)
     x = {a: h.addVariable(lb=0.0, ub=horizon) for a in acts}
     makespan = h.addVariable(lb=0.0, ub=horizon)
+    guess = [began[a] for a in acts] + [known.step_time]  # the start order, column by column
     for a in acts:
         h.addConstr(makespan >= x[a] + dur[a])
     # Precedences, each "a ends before b starts": the dependency rule (ir/deps.py, with
@@ -116,6 +124,7 @@ def optimal_schedule(ranks: int, microbatches: int, costs: CostModel | None = No
                     before[a, b], before[b, a] = 0, 1
                     continue
                 y = h.addBinary()
+                guess.append(1.0 if (began[a], a.kind) < (began[b], b.kind) else 0.0)
                 h.addConstr(x[a] + dur[a] <= x[b] + horizon * (1 - y))
                 h.addConstr(x[b] + dur[b] <= x[a] + horizon * y)
                 before[a, b], before[b, a] = y, 1 - y
@@ -131,17 +140,23 @@ def optimal_schedule(ranks: int, microbatches: int, costs: CostModel | None = No
                     raise ScheduleError(f"no order fits memory limit {limits[r]:g} on rank {r}")
                 continue
             h.addConstr(load <= limits[r] + 1e-9)
+    warm = highspy.HighsSolution()
+    warm.col_value = guess
+    warm.value_valid = True
+    h.setSolution(warm)
     h.minimize(makespan)
     info = h.getInfo()
     values = h.getSolution().col_value
-    if not values:
-        raise ScheduleError("the solver found no order (time limit too short?)")
+    if info.primal_solution_status != 2:  # no feasible point: keep the start order
+        return Optimum(start, known.step_time, float(info.mip_dual_bound), False)
     start = {a: values[x[a].index] for a in acts}
     orders = [sorted((a for a in acts if where[a.stage] == r), key=lambda a: (start[a], a.kind))
               for r in range(p)]
     sched = make_schedule("optimal", orders, S, m, placement=list(where))
     step = simulate(sched, sc).step_time
     bound = float(info.mip_dual_bound)
+    if step > known.step_time:  # cannot happen for a feasible point; keep the better one
+        sched, step = start, known.step_time
     return Optimum(sched, step, bound, h.getModelStatus() == highspy.HighsModelStatus.kOptimal)
 
 
