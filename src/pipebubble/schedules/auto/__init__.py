@@ -7,16 +7,17 @@ chunks per rank, as ZB-V), whichever is faster. Candidates:
 
 - every registered schedule of that placement (1F1B, ZB-H1, ZB-H2, GPipe; ZB-V, V-Half,
   V-Min, DualPipeV) whose simulated peak fits: so auto is never slower than any of them;
-- below their memory, V-Min's and V-Half's building blocks repeated every T > 6 units
-  (``building_block.py``), at the smallest T that fits;
+- when V-Min does not fit, V-Min's and V-Half's building blocks repeated every T > 6
+  units (``building_block.py``), at the smallest T that fits;
 - the greedy list scheduler (:mod:`.greedy`) over a grid of its knobs, which fills the
   memory it is given (Zero Bubble's heuristic, both placements);
 - on small instances (up to 300 actions), a local search (:mod:`.improve`) from the best
   order of each placement: neighbour swaps kept when the simulator says they help.
 
 Every candidate is scored by the one simulator (:func:`pipebubble.sim.simulate`) with the
-same costs; the fastest (then the one with least idle time inside the ranks' spans, then
-the least memory) wins, is validated and returned as a Schedule named ``auto`` whose
+same costs (the greedy times its orders as it builds them, by the same rule); the fastest
+(then the one with least idle time inside the ranks' spans) wins, is re-simulated,
+validated and returned as a Schedule named ``auto`` whose
 ``options["auto"]`` holds ``placement``, ``chunks``, ``lower_bound`` (:mod:`.bounds`:
 provable), ``seconds`` (search time) and ``from`` (the winning candidate).
 
@@ -52,6 +53,7 @@ PLACEMENTS = ("any", "loop", "v")
 
 class LimitTooSmall(ScheduleError):
     """The memory limit is below the smallest one any order fits in; the message names it."""
+
 
 _CHUNKS = {"loop": 1, "v": 2}
 _TOL = 1e-9
