@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -162,7 +163,7 @@ def run_memory(args: argparse.Namespace) -> int:
         raise ValueError(f"--schedules: empty name in {args.schedules!r}; use e.g. auto,zbv")
     names = list(dict.fromkeys("auto" if n.lower() == "auto" else lookup(n).name
                                for n in names))
-    costs = costs_from_args(args)
+    costs = replace(costs_from_args(args), memory_limit=None)  # the flag is the range here
     points = memory_sweep(names, args.ranks, ms[0], limits, costs)
     if not any(p.fits for p in points):
         raise ValueError(f"no schedule fits any --memory-limit in {args.memory_limit} "
