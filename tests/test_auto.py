@@ -235,3 +235,19 @@ def test_distributed_auto_exact_gradients():
     out = json.loads(proc.stdout)
     assert out["schedule"] == "auto"
     assert out["grad_max_abs_diff"] < 1e-5 and out["loss_abs_diff"] < 1e-5
+
+
+@given(p=st.integers(1, 5), m=st.integers(1, 8), comm=st.floats(0, 1),
+       f=st.lists(st.floats(0.1, 3), min_size=10, max_size=10),
+       i=st.lists(st.floats(0.1, 3), min_size=10, max_size=10),
+       w=st.lists(st.floats(0, 3), min_size=10, max_size=10))
+def test_lower_bound_below_every_registered_schedule(p, m, comm, f, i, w):
+    """The bound holds for every order, so for every hand-made schedule of the placement."""
+    for placement, stages, where in (("loop", p, tuple(range(p))),
+                                     ("v", 2 * p, tuple([*range(p), *reversed(range(p))]))):
+        costs = CostModel(f=f[:stages], b=[x + y for x, y in zip(i, w)][:stages], w=w[:stages],
+                          comm=comm)
+        bound = lower_bound(costs.resolve(stages, 1 if placement == "loop" else 2), where, m)
+        for name, t in same_placement_rivals(p, m, costs):
+            if t.num_stages == stages:
+                assert bound <= t.step_time + 1e-9, name
