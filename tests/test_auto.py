@@ -245,8 +245,8 @@ def test_lower_bound_below_every_registered_schedule(p, m, comm, f, i, w):
     """The bound holds for every order, so for every hand-made schedule of the placement."""
     for placement, stages, where in (("loop", p, tuple(range(p))),
                                      ("v", 2 * p, tuple([*range(p), *reversed(range(p))]))):
-        costs = CostModel(f=f[:stages], b=[x + y for x, y in zip(i, w)][:stages], w=w[:stages],
-                          comm=comm)
+        b = [x + y for x, y in zip(i, w, strict=True)][:stages]
+        costs = CostModel(f=f[:stages], b=b, w=w[:stages], comm=comm)
         bound = lower_bound(costs.resolve(stages, 1 if placement == "loop" else 2), where, m)
         for name, t in same_placement_rivals(p, m, costs):
             if t.num_stages == stages:
