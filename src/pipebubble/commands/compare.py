@@ -5,10 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rich import box
-from rich.console import Console
-from rich.table import Table
-
 from ..ir.schedule import ScheduleError
 from ..schedules import get_schedule, lookup, schedule_names
 from ..sim.dataparallel import add_dp_flags, dp_fields, with_allreduce
@@ -65,6 +61,10 @@ def run(args: argparse.Namespace) -> int:
         for name, why in skipped:
             sys.stderr.write(f"pipebubble: skipped {name}: {why}\n")
         return 0
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
     table = Table(title=f"p={args.ranks} m={args.microbatches}", caption=_CAPTION,
                   box=box.SIMPLE_HEAD, caption_justify="left")
     dp_col = (f"step+AR\ndp={args.dp}",) if args.dp > 1 else ()

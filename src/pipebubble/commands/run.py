@@ -14,16 +14,10 @@ from __future__ import annotations
 import argparse
 import copy
 from dataclasses import dataclass, field, replace
-
-import torch
-from rich.console import Console
-from rich.table import Table
-from torch import nn
+from typing import TYPE_CHECKING
 
 from ..costs import CostModel
 from ..ir.schedule import Schedule, validate
-from ..models import ModelSpec, build_model
-from ..render.terminal import gantt, summary_table
 from ..sim.kernel import simulate
 from ..timeline import Timeline
 from .common import (
@@ -38,6 +32,13 @@ from .common import (
     write_figures,
 )
 
+if TYPE_CHECKING:  # torch, the models and rich load only when a run is asked for
+    import torch
+    from rich.console import Console
+    from torch import nn
+
+    from ..models import ModelSpec
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -50,8 +51,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "one process per rank (see the distributed flags)")
     add_schedule_flags(p)
     add_model_flags(p)
-    from ..runtime.dist.run import add_distributed_flags
-
     add_distributed_flags(p)
     p.add_argument("--recompute", action="store_true",
                    help="recompute activations in the backward (F keeps only its input); also "
@@ -102,6 +101,25 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                    help="sleep model: weight-gradient seconds per layer")
 
 
+def add_distributed_flags(p: argparse.ArgumentParser) -> None:
+    """Flags of ``pipebubble run`` without ``--local`` (here, not in runtime/dist, so that
+    ``pipebubble --help`` loads no torch)."""
+    from ..sim.wire import ORDERINGS
+
+    g = p.add_argument_group("distributed (without --local: one process per rank)")
+    g.add_argument("--dp", type=positive_int("--dp"), default=1, metavar="D",
+                   help="data-parallel replicas of the pipeline: ranks x D processes (1)")
+    g.add_argument("--backend", choices=("gloo", "nccl"), default="gloo",
+                   help="torch.distributed backend (gloo: CPU; nccl: one GPU per process)")
+    g.add_argument("--p2p", choices=ORDERINGS, default="batched",
+                   help="how each rank posts its sends and receives (batched)")
+    g.add_argument("--timeout", type=float, default=30.0, metavar="S",
+                   help="deadlock: stop when no rank progressed for S seconds (30)")
+    g.add_argument("--heartbeat-timeout", type=float, default=10.0, metavar="S",
+                   help="a rank silent for S seconds is taken as dead (10)")
+    g.add_argument("--inject-fault", default=None, help=argparse.SUPPRESS)
+
+
 # ---- set-up ----------------------------------------------------------------------------------
 @dataclass
 class RunSetup:
@@ -120,6 +138,10 @@ class RunSetup:
 
 def build_setup(args: argparse.Namespace, reference: bool = False) -> RunSetup:
     """Flags -> schedule, model stages, batch. Raises ValueError naming a bad value."""
+    import torch
+    from torch import nn
+
+    from ..models import build_model
     from ..runtime.stages import check_boundaries, even_boundaries, split_stages
 
     schedule = schedule_from_args(args)
@@ -215,6 +237,8 @@ def analyse(setup: RunSetup, measured: Timeline, loss: float, peak_bytes: list[i
 
 def check_against_unsplit(setup: RunSetup, loss: float) -> tuple[float, float]:
     """(largest |gradient difference|, |loss difference|) vs the unsplit model, whole batch."""
+    import torch
+
     if setup.reference is None:
         raise ValueError("build_setup(reference=True) keeps the unsplit model for the check")
     ref = setup.reference
@@ -299,6 +323,9 @@ def run(args: argparse.Namespace) -> int:
         return run_distributed(args)
     if args.dp > 1:
         raise ValueError(f"--dp {args.dp} needs one process per rank; drop --local")
+    import torch
+    from rich.console import Console
+
     if args.warmup < 0:
         raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
     torch.set_num_threads(args.threads)
@@ -343,6 +370,10 @@ def report_json(report: RunReport) -> dict:
 
 
 def print_report(report: RunReport, console: Console, width: int | None = None) -> None:
+    from rich.table import Table
+
+    from ..render.terminal import gantt, summary_table
+
     m, p = report.measured, report.predicted
     console.print(gantt(m, width=width, title=f"measured: {report.title}"))
     console.print(summary_table(m))

@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import argparse
 
-from rich.console import Console
-
 from ..interop.torch_csv import explain_deadlock, read_torch_csv
 from ..ir.schedule import Schedule, ScheduleError, validate
-from ..render.terminal import gantt, summary_lines, summary_table
 from ..sim.kernel import Deadlock, simulate
 from .common import (
     add_cost_flags,
@@ -75,6 +72,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(timeline_json(timeline, closed, basis=closed_form_basis(schedule)))
         return 0
+    from rich.console import Console
+
+    from ..render.terminal import gantt, summary_lines, summary_table
+
     console = Console()
     console.print(gantt(timeline, width=args.width, title=title))
     console.print(summary_table(timeline))
