@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given
 
 from pipebubble.costs import CostModel
-from pipebubble.ir.schedule import Action, Overlap, ScheduleError, make_schedule
+from pipebubble.ir.schedule import Action, Overlap, ScheduleError, make_schedule, validate
 from pipebubble.schedules import get_schedule
 from pipebubble.sim.formulas import bubble_fraction, gpipe_step_time
 from pipebubble.sim.kernel import Deadlock, simulate
@@ -105,13 +105,27 @@ def test_overlapped_pair_is_one_block():
 
 
 def test_deadlock_names_every_stuck_rank():
-    # Both ranks wait for each other: rank 0 runs B0 before sending F for mb 0's next stage.
-    orders = [[Action(0, "F", 0), Action(0, "B", 0)], [Action(1, "B", 0), Action(1, "F", 0)]]
-    s = make_schedule("t", orders, 2, 1)
+    # A valid schedule whose ranks wait for each other: rank 0 runs B0 (which needs rank 1's
+    # gradient of mb 0) before F1, while rank 1 runs mb 1 first (which needs rank 0's F1).
+    orders = [["0F0", "0B0", "0F1", "0B1"], ["1F1", "1B1", "1F0", "1B0"]]
+    s = make_schedule("t", [[Action.from_str(a) for a in o] for o in orders], 2, 2)
     with pytest.raises(Deadlock) as info:
         simulate(s)
-    msg = str(info.value)
-    assert "rank 0 stuck at 0B0" in msg and "rank 1 stuck at 1B0" in msg
+    assert info.value.stuck == {0: ("0B0", "0F0 and 1I/B0"), 1: ("1F1", "0F1")}
+    assert str(info.value) == ("deadlock: rank 0 stuck at 0B0 waiting for 0F0 and 1I/B0; "
+                               "rank 1 stuck at 1F1 waiting for 0F1")
+
+
+def test_invalid_schedule_gets_validates_message():
+    """simulate validates while it compiles: an invalid schedule fails with validate()'s
+    own message, not as a deadlock."""
+    orders = [[Action(0, "F", 0), Action(0, "B", 0)], [Action(1, "B", 0), Action(1, "F", 0)]]
+    s = make_schedule("t", orders, 2, 1)
+    with pytest.raises(ScheduleError) as info:
+        validate(s)
+    with pytest.raises(ScheduleError, match="rank 1, action 1B0: backward before its forward"):
+        simulate(s)
+    assert "backward before its forward 1F0" in str(info.value)
 
 
 @given(schedules_and_costs())
