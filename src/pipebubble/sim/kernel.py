@@ -37,7 +37,6 @@ from __future__ import annotations
 
 from array import array
 from collections import deque
-from itertools import chain
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..costs import CostModel, StageCosts
@@ -62,19 +61,18 @@ class Deadlock(ScheduleError):
         super().__init__(f"deadlock: {detail}")
 
 
-class Compiled(NamedTuple):
-    """One action as the loop reads it (columns of arrays, one entry per action): it may
-    start at ``max(clock, done[dep_a] + lag_a, done[dep_b] + lag_b)``, takes ``duration``
-    and then writes its end time to ``done[out]``."""
+class Template(NamedTuple):
+    """How one (stage, kind) runs, for microbatch 0 (add the microbatch to every slot for
+    the others). The action may start at ``max(clock, done[dep_a] + lag_a, done[dep_b] +
+    lag_b)``, takes ``duration`` and then writes its end time to ``done[out]``. ``lag`` is
+    ``costs.comm`` when the dependency crosses ranks, else 0."""
 
-    out: np.ndarray
-    dep_a: np.ndarray
-    lag_a: np.ndarray
-    dep_b: np.ndarray
-    lag_b: np.ndarray
-    duration: np.ndarray
-    mem_start: np.ndarray  # activation memory added at the start (F: M_B)
-    mem_end: np.ndarray    # added at the end (B: -M_B)
+    out: int
+    dep_a: int
+    lag_a: float
+    dep_b: int
+    lag_b: float
+    duration: float
 
 
 def simulate(schedule: Schedule, costs: CostModel | StageCosts | None = None) -> Timeline:
@@ -97,40 +95,31 @@ def simulate(schedule: Schedule, costs: CostModel | StageCosts | None = None) ->
             f"costs are for {len(sc.f)} stages but the schedule has {schedule.num_stages}"
         )
     flat = flat_actions(schedule)
-    plan = compile_actions(schedule, flat, sc)
-    starts = run(schedule, flat, plan)
-    return _timeline(schedule, flat, plan, starts)
+    templates = compile_templates(schedule, sc)
+    plan = [templates[row] for row in (flat.stage * 4 + flat.kind).tolist()]
+    if flat.pair.any():
+        _compile_overlaps(plan, flat, sc.overlap)
+    microbatches = flat.microbatch.tolist()
+    starts = run(schedule, flat, plan, microbatches)
+    return _timeline(schedule, flat, sc, plan, starts)
 
 
-def compile_actions(schedule: Schedule, flat: FlatActions, sc: StageCosts) -> Compiled:
-    """Every action's :class:`Compiled` fields, from per-(stage, kind) templates."""
-    import numpy as np
-
+def compile_templates(schedule: Schedule, sc: StageCosts) -> list[Template]:
+    """One :class:`Template` per (stage, kind), at index ``stage x 4 + kind code``, from the
+    dependency rule of ``ir/deps.py``."""
     S, M = schedule.num_stages, schedule.num_microbatches
     where = schedule.stage_to_rank
     none = 3 * S * M  # slots none .. none + M - 1 stay 0.0: "no dependency"
-    rows = S * 4  # template row of (stage, kind code)
-    out, dep_a, dep_b = (np.full(rows, none, dtype=np.int64) for _ in range(3))
-    lag_a, lag_b, duration, mem0, mem1 = (np.zeros(rows) for _ in range(5))
+    templates = []
     for s in range(S):
-        for code, kind in enumerate(KINDS):
-            row = s * 4 + code
+        for kind in KINDS:
             action = Action(s, kind, 0)
-            out[row] = _slot(produces(action), S, M)
-            deps = needs(action, schedule)
-            for j, sig in enumerate(deps):  # at most two: local first, then the neighbour
-                lag = sc.comm if where[sig.stage] != where[s] else 0.0  # crosses ranks
-                (dep_a if j == 0 else dep_b)[row] = _slot(sig, S, M)
-                (lag_a if j == 0 else lag_b)[row] = lag
-            duration[row] = sc.duration(s, kind)
-            mem0[row], mem1[row] = sc.memory_deltas(s, kind)
-    row = flat.stage * 4 + flat.kind
-    mb = flat.microbatch
-    plan = Compiled(out[row] + mb, dep_a[row] + mb, lag_a[row], dep_b[row] + mb, lag_b[row],
-                    duration[row], mem0[row], mem1[row])
-    if flat.pair.any():
-        _compile_overlaps(plan, flat, sc.overlap)
-    return plan
+            deps = [(_slot(sig, S, M), sc.comm if where[sig.stage] != where[s] else 0.0)
+                    for sig in needs(action, schedule)]  # local first, then the neighbour
+            (dep_a, lag_a), (dep_b, lag_b) = (deps + [(none, 0.0)] * 2)[:2]
+            templates.append(Template(_slot(produces(action), S, M), dep_a, lag_a, dep_b,
+                                      lag_b, sc.duration(s, kind)))
+    return templates
 
 
 def _slot(sig, S: int, M: int) -> int:
@@ -138,110 +127,94 @@ def _slot(sig, S: int, M: int) -> int:
     return (SLOT_BASE[sig.kind] * S + sig.stage) * M + sig.microbatch
 
 
-def _compile_overlaps(plan: Compiled, flat: FlatActions, overlap: float) -> None:
+def _compile_overlaps(plan: list[Template], flat: FlatActions, overlap: float) -> None:
     """Overlap pairs: the forward part (index i) also waits for the backward part's (i + 1)
-    gradient from the next stage, and both durations scale by ``overlap``."""
-    import numpy as np
-
-    fwd = np.flatnonzero(flat.pair == 1)
-    bwd = fwd + 1
-    if (flat.kind[fwd] != F).any() or not np.isin(flat.kind[bwd], (I, B)).all():
-        raise ScheduleError("an Overlap pairs a forward with a backward (F then B or I)")
-    plan.dep_b[fwd] = plan.dep_b[bwd]
-    plan.lag_b[fwd] = plan.lag_b[bwd]
-    plan.duration[fwd] *= overlap
-    plan.duration[bwd] *= overlap
-
-
-class _Rank:
-    """A rank's progress: its compiled actions still to run, the one it is blocked on
-    (``pending``), its clock and the start times so far."""
-
-    __slots__ = ("todo", "pending", "clock", "starts")
-
-    def __init__(self, todo):
-        self.todo = todo
-        self.pending: tuple | None = None
-        self.clock = 0.0
-        self.starts: list[float] = []
+    gradient from the next stage (its slot re-based to the forward's microbatch), and both
+    durations scale by ``overlap``."""
+    mb = flat.microbatch
+    for i in flat.pair.nonzero()[0][::2].tolist():
+        if flat.kind[i] != F or flat.kind[i + 1] not in (I, B):
+            raise ScheduleError("an Overlap pairs a forward with a backward (F then B or I)")
+        fwd, bwd = plan[i], plan[i + 1]
+        shift = int(mb[i + 1] - mb[i])
+        plan[i] = fwd._replace(dep_b=bwd.dep_b + shift, lag_b=bwd.lag_b,
+                               duration=fwd.duration * overlap)
+        plan[i + 1] = bwd._replace(duration=bwd.duration * overlap)
 
 
-def run(schedule: Schedule, flat: FlatActions, plan: Compiled) -> list[float]:
+def run(schedule: Schedule, flat: FlatActions, plan: list[Template],
+        microbatches: list[int]) -> array:
     """The clock: run ranks from a queue, each as far as its slots allow; wake the ranks
     waiting on a rank after it ran; raise Deadlock when the queue empties too early.
-    Returns every action's start time (rank-major, like ``flat``)."""
+    Rank r's actions are ``plan[offsets[r]:offsets[r + 1]]`` (``flat.offsets``); returns
+    every action's start time."""
     S, M = schedule.num_stages, schedule.num_microbatches
     p, SM, where = schedule.num_ranks, S * M, schedule.stage_to_rank
     inf = _INF
-    done = [inf] * (3 * SM) + [0.0] * M
-    columns = [c.tolist() for c in plan[:6]]
-    ranks = []
-    for r in range(p):
-        lo, hi = flat.offsets[r], flat.offsets[r + 1]
-        ranks.append(_Rank(zip(*(c[lo:hi] for c in columns), strict=True)))
-    waiting: list[list[tuple[int, int]]] = [[] for _ in range(p)]  # on rank q: (rank, slot)
+    # C doubles, not float objects: the float each action computes is freed at once and
+    # reused, which keeps memory traffic low; numpy reads them without a copy.
+    done = array("d", [inf]) * (3 * SM) + array("d", bytes(8 * M))
+    starts = array("d", bytes(8 * len(plan)))
+    nxt = flat.offsets[:-1]  # rank r's next action, an index into plan
+    last = flat.offsets[1:]  # one past rank r's last action
+    clock = [0.0] * p
+    waiting: list[list[int]] = [[] for _ in range(p)]  # waiting[q]: ranks waiting on rank q
     queue = deque(range(p))
-    remaining = len(flat.stage)
     while queue:
         r = queue.popleft()
-        rank = ranks[r]
-        t, put = rank.clock, rank.starts.append
-        n0 = len(rank.starts)
-        todo = rank.todo
-        if rank.pending is not None:
-            todo, rank.pending = chain((rank.pending,), todo), None
-        for out, dep_a, lag_a, dep_b, lag_b, duration in todo:
-            x = done[dep_a] + lag_a
-            y = done[dep_b] + lag_b
+        i0, t = nxt[r], clock[r]
+        for i in range(i0, last[r]):
+            out, dep_a, lag_a, dep_b, lag_b, duration = plan[i]
+            m = microbatches[i]
+            x = done[dep_a + m] + lag_a
+            y = done[dep_b + m] + lag_b
             if y > x:
                 x = y
             if x > t:
-                if x == inf:  # a slot is empty: wait on the rank that fills it
-                    rank.pending = (out, dep_a, lag_a, dep_b, lag_b, duration)
-                    slot = dep_a if done[dep_a] == inf else dep_b
-                    waiting[where[slot % SM // M]].append((r, slot))
+                if x == inf:  # a slot is empty: wait on the rank of its stage
+                    slot = dep_a + m if done[dep_a + m] == inf else dep_b + m
+                    waiting[where[slot % SM // M]].append(r)
                     break
                 t = x
-            put(t)
+            starts[i] = t
             t += duration
-            done[out] = t
-        ran = len(rank.starts) - n0
-        rank.clock = t
-        remaining -= ran
-        if ran and waiting[r]:
-            still = []
-            for w, slot in waiting[r]:
-                if done[slot] == inf:
-                    still.append((w, slot))
-                else:
-                    queue.append(w)
-            waiting[r] = still
-    if remaining:
-        raise _deadlock(schedule, flat, [len(rank.starts) for rank in ranks])
-    return [t for rank in ranks for t in rank.starts]
+            done[out + m] = t
+        else:
+            i = last[r]
+        nxt[r], clock[r] = i, t
+        if waiting[r] and i > i0:  # r ran: its waiters try again (or wait again)
+            queue.extend(waiting[r])
+            waiting[r] = []
+    if nxt != last:
+        raise _deadlock(schedule, flat, nxt)
+    return starts
 
 
-def _deadlock(schedule: Schedule, flat: FlatActions, ran: list[int]) -> Deadlock:
+def _deadlock(schedule: Schedule, flat: FlatActions, nxt: list[int]) -> Deadlock:
     """Name each unfinished rank's stuck action and what it waits for."""
     stuck: dict[int, tuple[str, str]] = {}
     for r in range(schedule.num_ranks):
-        i = flat.offsets[r] + ran[r]
+        i = nxt[r]
         if i < flat.offsets[r + 1]:
             action = Action(int(flat.stage[i]), KINDS[flat.kind[i]], int(flat.microbatch[i]))
             stuck[r] = (str(action), describe_wait(action, schedule))
     return Deadlock(stuck)
 
 
-def _timeline(schedule: Schedule, flat: FlatActions, plan: Compiled,
-              starts: list[float]) -> Timeline:
+def _timeline(schedule: Schedule, flat: FlatActions, sc: StageCosts, plan: list[Template],
+              starts: array) -> Timeline:
+    """Columns of the Timeline: numpy gathers and C arrays (no Python object per action
+    except the kind letters, which are shared)."""
     import numpy as np
 
-    start = np.array(starts, dtype=np.float64)
-    end = start + plan.duration  # the loop's own t += duration, vectorised
+    row = flat.stage * 4 + flat.kind
+    start = np.frombuffer(starts, dtype=np.float64)
+    duration = np.array([t.duration for t in plan]) if flat.pair.any() else \
+        np.array([sc.duration(s, k) for s in range(schedule.num_stages) for k in KINDS])[row]
+    end = start + duration  # the loop's own t += duration, vectorised
+    mem = np.array([sc.memory_deltas(s, k) for s in range(schedule.num_stages)
+                    for k in KINDS]).reshape(-1, 2)[row]
     p, offsets = schedule.num_ranks, flat.offsets
-    rank: list[int] = []
-    for r in range(p):
-        rank += [r] * (offsets[r + 1] - offsets[r])
     kinds = np.array([str(k) for k in KINDS], dtype=object)
     return Timeline(
         schedule=schedule.name,
@@ -250,14 +223,14 @@ def _timeline(schedule: Schedule, flat: FlatActions, plan: Compiled,
         num_microbatches=schedule.num_microbatches,
         stage_to_rank=tuple(schedule.stage_to_rank),
         chains=schedule.chains,
-        rank=rank,
-        stage=flat.stage.tolist(),
+        rank=_ints(np.repeat(np.arange(p), np.diff(offsets))),
+        stage=_ints(flat.stage),
         kind=kinds[flat.kind].tolist(),
-        microbatch=flat.microbatch.tolist(),
-        start=_doubles(start),
+        microbatch=_ints(flat.microbatch),
+        start=starts,
         end=_doubles(end),
-        mem_start=plan.mem_start.tolist(),
-        mem_end=plan.mem_end.tolist(),
+        mem_start=_doubles(mem[:, 0]),
+        mem_end=_doubles(mem[:, 1]),
         overlapped=(flat.pair > 0).tolist(),
         source="simulated",
         offsets=list(offsets),
@@ -267,5 +240,12 @@ def _timeline(schedule: Schedule, flat: FlatActions, plan: Compiled,
 def _doubles(values: np.ndarray) -> array:
     """C doubles that index as Python floats (numpy reads them back without a copy)."""
     out = array("d")
-    out.frombytes(values.tobytes())
+    out.frombytes(values.tobytes())  # float64
+    return out
+
+
+def _ints(values: np.ndarray) -> array:
+    """C 64-bit integers that index as Python ints."""
+    out = array("q")
+    out.frombytes(values.tobytes())  # int64
     return out
