@@ -113,6 +113,18 @@ def is_compact(order: Sequence) -> bool:
     return isinstance(order, RankOrder)
 
 
+def interleave(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a[0], b[0], a[1], b[1], ...`` for arrays of equal length (1F1B's steady state).
+
+    >>> import numpy as np
+    >>> interleave(np.array([2, 3]), np.array([0, 1])).tolist()
+    [2, 0, 3, 1]
+    """
+    import numpy as np
+
+    return np.stack([a, b], axis=1).ravel()
+
+
 def concat(parts: Sequence[RankOrder]) -> RankOrder:
     """The orders one after the other."""
     import numpy as np
