@@ -28,7 +28,7 @@ def random_valid_schedule(seed: int, ranks: int, chunks: int, microbatches: int,
         rng.shuffle(where)
         where = [w % ranks for w in where]
     chains = max(1, min(chains, S))
-    starts = sorted({0} | set(rng.sample(range(1, S), chains - 1)) if S > 1 else {0})
+    starts = sorted({0} | set(rng.sample(range(1, S), chains - 1))) if chains > 1 else [0]
     first = set(starts)
     last = {s - 1 for s in starts[1:]} | {S - 1}
     back = "I" if split else "B"
@@ -49,7 +49,7 @@ def random_valid_schedule(seed: int, ranks: int, chunks: int, microbatches: int,
     while ready:
         a = rng.choice(sorted(ready))
         partners = sorted(b for b in ready if b.kind == back and where[b.stage] == where[a.stage])
-        if a.kind == "F" and partners and rng.random() < overlap:
+        if overlap and a.kind == "F" and partners and rng.random() < overlap:
             b = rng.choice(partners)
             orders[where[a.stage]].append(Overlap(a, b))
             run(a)
@@ -61,15 +61,20 @@ def random_valid_schedule(seed: int, ranks: int, chunks: int, microbatches: int,
 
 
 @st.composite
-def schedules_and_costs(draw):
+def schedules_and_costs(draw, overlaps_and_chains: bool = False):
+    """A random valid schedule and per-stage costs. ``overlaps_and_chains``: also Overlap
+    pairs, several chains, memory, recomputation and an overlap factor (the simulator's
+    tests use them; the wire simulator does not time Overlap pairs like the kernel yet)."""
     ranks = draw(st.integers(1, 5))
     chunks = draw(st.integers(1, 3))
     m = draw(st.integers(1, 6))
     split = draw(st.booleans())
     placement = draw(st.sampled_from(["loop", "random"]))
     seed = draw(st.integers(0, 2**31))
-    chains = min(chunks, draw(st.sampled_from([1, 1, 2, 3])))  # Schedule.chunks >= 1
-    overlap = draw(st.sampled_from([0.0, 0.5]))
+    chains, overlap = 1, 0.0
+    if overlaps_and_chains:
+        chains = min(chunks, draw(st.sampled_from([1, 1, 2, 3])))  # Schedule.chunks >= 1
+        overlap = draw(st.sampled_from([0.0, 0.5]))
     schedule = random_valid_schedule(seed, ranks, chunks, m, split, placement, chains, overlap)
     S = ranks * chunks
     times = st.floats(0.0, 5.0, allow_nan=False)
@@ -77,6 +82,8 @@ def schedules_and_costs(draw):
     b = draw(st.lists(st.floats(0.01, 5.0), min_size=S, max_size=S))
     w = [x * draw(st.floats(0.0, 1.0)) for x in b]
     comm = draw(st.sampled_from([0.0, 0.5, 1.0]))
+    if not overlaps_and_chains:
+        return schedule, CostModel(f=f, b=b, w=w, comm=comm)
     fold = draw(st.sampled_from([1.0, 0.75]))  # an Overlap pair's time over F + B
     mem = draw(st.lists(st.floats(0.0, 4.0), min_size=S, max_size=S))
     mem_w = [x * draw(st.floats(0.0, 1.0)) for x in mem]
