@@ -20,10 +20,9 @@ from .common import (
     closed_form_basis,
     closed_form_for,
     costs_from_args,
-    print_json,
+    print_timeline_json,
     schedule_from_args,
     span_bubble,
-    timeline_json,
     write_figures,
 )
 
@@ -70,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
              f"v={schedule.chunks}")
     write_figures(args, [timeline], title)
     if args.json:
-        print_json(timeline_json(timeline, closed, basis=closed_form_basis(schedule)))
+        print_timeline_json(timeline, closed, basis=closed_form_basis(schedule))
         return 0
     from rich.console import Console
 
