@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from array import array
 from collections import deque
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..costs import CostModel, StageCosts
@@ -65,7 +66,8 @@ class Template(NamedTuple):
     """How one (stage, kind) runs, for microbatch 0 (add the microbatch to every slot for
     the others). The action may start at ``max(clock, done[dep_a] + lag_a, done[dep_b] +
     lag_b)``, takes ``duration`` and then writes its end time to ``done[out]``. ``lag`` is
-    ``costs.comm`` when the dependency crosses ranks, else 0."""
+    ``costs.comm`` when the dependency crosses ranks, else 0. ``rank_a`` and ``rank_b`` run
+    the actions that fill ``dep_a`` and ``dep_b`` (-1: no dependency)."""
 
     out: int
     dep_a: int
@@ -73,6 +75,8 @@ class Template(NamedTuple):
     dep_b: int
     lag_b: float
     duration: float
+    rank_a: int
+    rank_b: int
 
 
 def simulate(schedule: Schedule, costs: CostModel | StageCosts | None = None) -> Timeline:
@@ -95,7 +99,8 @@ def simulate(schedule: Schedule, costs: CostModel | StageCosts | None = None) ->
             f"costs are for {len(sc.f)} stages but the schedule has {schedule.num_stages}"
         )
     flat = flat_actions(schedule)
-    templates = compile_templates(schedule, sc)
+    kinds = [KINDS[c] for c in range(4) if (flat.kind == c).any()]
+    templates = compile_templates(schedule, sc, kinds)
     plan = [templates[row] for row in (flat.stage * 4 + flat.kind).tolist()]
     if flat.pair.any():
         _compile_overlaps(plan, flat, sc.overlap)
@@ -104,21 +109,23 @@ def simulate(schedule: Schedule, costs: CostModel | StageCosts | None = None) ->
     return _timeline(schedule, flat, sc, plan, starts)
 
 
-def compile_templates(schedule: Schedule, sc: StageCosts) -> list[Template]:
+def compile_templates(schedule: Schedule, sc: StageCosts,
+                      kinds: Sequence[str] = KINDS) -> list[Template | None]:
     """One :class:`Template` per (stage, kind), at index ``stage x 4 + kind code``, from the
-    dependency rule of ``ir/deps.py``."""
+    dependency rule of ``ir/deps.py`` (None for the kinds not asked for)."""
     S, M = schedule.num_stages, schedule.num_microbatches
     where = schedule.stage_to_rank
     none = 3 * S * M  # slots none .. none + M - 1 stay 0.0: "no dependency"
-    templates = []
+    templates: list[Template | None] = [None] * (4 * S)
     for s in range(S):
-        for kind in KINDS:
+        for kind in kinds:
             action = Action(s, kind, 0)
-            deps = [(_slot(sig, S, M), sc.comm if where[sig.stage] != where[s] else 0.0)
-                    for sig in needs(action, schedule)]  # local first, then the neighbour
-            (dep_a, lag_a), (dep_b, lag_b) = (deps + [(none, 0.0)] * 2)[:2]
-            templates.append(Template(_slot(produces(action), S, M), dep_a, lag_a, dep_b,
-                                      lag_b, sc.duration(s, kind)))
+            deps = [(_slot(sig, S, M), sc.comm if where[sig.stage] != where[s] else 0.0,
+                     where[sig.stage]) for sig in needs(action, schedule)]  # local first
+            (dep_a, lag_a, rank_a), (dep_b, lag_b, rank_b) = (deps + [(none, 0.0, -1)] * 2)[:2]
+            templates[4 * s + KINDS.index(kind)] = Template(
+                _slot(produces(action), S, M), dep_a, lag_a, dep_b, lag_b, sc.duration(s, kind),
+                rank_a, rank_b)
     return templates
 
 
@@ -137,7 +144,7 @@ def _compile_overlaps(plan: list[Template], flat: FlatActions, overlap: float) -
             raise ScheduleError("an Overlap pairs a forward with a backward (F then B or I)")
         fwd, bwd = plan[i], plan[i + 1]
         shift = int(mb[i + 1] - mb[i])
-        plan[i] = fwd._replace(dep_b=bwd.dep_b + shift, lag_b=bwd.lag_b,
+        plan[i] = fwd._replace(dep_b=bwd.dep_b + shift, lag_b=bwd.lag_b, rank_b=bwd.rank_b,
                                duration=fwd.duration * overlap)
         plan[i + 1] = bwd._replace(duration=bwd.duration * overlap)
 
@@ -148,8 +155,8 @@ def run(schedule: Schedule, flat: FlatActions, plan: list[Template],
     waiting on a rank after it ran; raise Deadlock when the queue empties too early.
     Rank r's actions are ``plan[offsets[r]:offsets[r + 1]]`` (``flat.offsets``); returns
     every action's start time."""
-    S, M = schedule.num_stages, schedule.num_microbatches
-    p, SM, where = schedule.num_ranks, S * M, schedule.stage_to_rank
+    SM, M, p = schedule.num_stages * schedule.num_microbatches, schedule.num_microbatches, \
+        schedule.num_ranks
     inf = _INF
     # C doubles, not float objects: the float each action computes is freed at once and
     # reused, which keeps memory traffic low; numpy reads them without a copy.
@@ -164,16 +171,15 @@ def run(schedule: Schedule, flat: FlatActions, plan: list[Template],
         r = queue.popleft()
         i0, t = nxt[r], clock[r]
         for i in range(i0, last[r]):
-            out, dep_a, lag_a, dep_b, lag_b, duration = plan[i]
+            out, dep_a, lag_a, dep_b, lag_b, duration, rank_a, rank_b = plan[i]
             m = microbatches[i]
             x = done[dep_a + m] + lag_a
             y = done[dep_b + m] + lag_b
             if y > x:
                 x = y
             if x > t:
-                if x == inf:  # a slot is empty: wait on the rank of its stage
-                    slot = dep_a + m if done[dep_a + m] == inf else dep_b + m
-                    waiting[where[slot % SM // M]].append(r)
+                if x == inf:  # a slot is empty: wait on the rank that fills it
+                    waiting[rank_a if done[dep_a + m] == inf else rank_b].append(r)
                     break
                 t = x
             starts[i] = t
@@ -181,10 +187,12 @@ def run(schedule: Schedule, flat: FlatActions, plan: list[Template],
             done[out + m] = t
         else:
             i = last[r]
-        nxt[r], clock[r] = i, t
-        if waiting[r] and i > i0:  # r ran: its waiters try again (or wait again)
-            queue.extend(waiting[r])
-            waiting[r] = []
+        nxt[r] = i
+        clock[r] = t
+        woken = waiting[r]
+        if woken and i > i0:  # r ran: its waiters try again (or wait again)
+            queue.extend(woken)
+            woken.clear()
     if nxt != last:
         raise _deadlock(schedule, flat, nxt)
     return starts
