@@ -1,28 +1,28 @@
 """simulate(schedule, costs) -> Timeline: the fast kernel.
 
-It computes exactly what ``sim/reference.py`` computes (read that first: forty lines that
-follow DESIGN.md), on a million actions in about a second of CPython. A hypothesis test
-keeps the two equal on random schedules, Overlap pairs and several chains included.
+It computes exactly what ``sim/reference.py`` computes (read that first: the simulator as
+DESIGN.md states it, in a page of plain Python), on a million actions in about a second of
+CPython. A hypothesis test keeps the two equal on random schedules, Overlap pairs and
+several chains included.
 
 How it stays fast:
 
-1. **Compile with numpy, validate on the way.** ``ir/check.py`` lays every action out in
-   flat arrays and checks :func:`~pipebubble.ir.schedule.validate`'s rules on them at once.
-   Each signal (``ir/deps.py``: F(s, m) done, the input gradient of (s, m) ready, W(s, m)
-   done) gets a *slot*, an index into one list ``done`` of end times, ``inf`` until the
-   signal exists. The rule of ``ir/deps.py`` (:func:`~pipebubble.ir.deps.needs`,
-   :func:`~pipebubble.ir.deps.produces`) is applied once per (stage, kind) to build a
-   template; adding the microbatch gives every action its :class:`Compiled` fields in a few
-   vectorised operations. A missing dependency points at a slot that is always 0.
-2. **A tight loop per rank.** A rank runs its compiled actions in order while their slots
-   are filled: ``start = max(clock, done[dep_a] + lag_a, done[dep_b] + lag_b)``. "Not ready
-   yet" is one comparison with ``inf``.
+1. **Compile once per (stage, kind), validate on the way.** ``ir/check.py`` lays every
+   action out in flat arrays and checks :func:`~pipebubble.ir.schedule.validate`'s rules on
+   them at once (one pass; a failure gets validate's own message). Each signal of
+   ``ir/deps.py`` (F(s, m) done, the input gradient of (s, m) ready, W(s, m) done) owns a
+   *slot* in one array ``done`` of end times, ``inf`` until the signal exists. The rule
+   (:func:`~pipebubble.ir.deps.needs`, :func:`~pipebubble.ir.deps.produces`) is applied once
+   per (stage, kind) to build a :class:`Template` with named fields; an action is its
+   template plus its microbatch. A missing dependency points at a slot that is always 0.
+2. **A tight loop per rank.** A rank runs its actions in order while their slots are
+   filled: ``start = max(clock, done[dep_a + m] + lag_a, done[dep_b + m] + lag_b)``.
+   "Not ready yet" is one comparison with ``inf``.
 3. **Wake ranks, do not poll them.** A rank that finds a slot empty waits on the rank that
-   will fill it (the rank of the slot's stage) and is put back in the queue when that rank
-   has run. Every action is timed exactly once and no blocked rank is visited in vain, so
-   the cost is linear in actions *and* in ranks (p = 16000 with one microbatch is as cheap
-   per action as p = 4). The order in which ranks run changes nothing: the result is the
-   longest path through the DAG of rank orders and dependencies.
+   fills it and goes back in the queue when that rank has run. No blocked rank is visited
+   in vain, so the cost is linear in actions *and* in ranks (p = 16000 with one microbatch
+   costs 4x p = 4000, not 16x). The order in which ranks run changes nothing: the result is
+   the longest path through the DAG of rank orders and dependencies.
 
 When the queue is empty and actions remain, nothing can advance: a deadlock. The error
 names the action each unfinished rank is stuck at and what it waits for
