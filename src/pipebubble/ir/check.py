@@ -50,8 +50,9 @@ _last: tuple[weakref.ref, FlatActions] | None = None  # validate() then simulate
 def flat_actions(schedule: Schedule) -> FlatActions:
     """The schedule's actions as checked flat arrays; raise ScheduleError like validate()."""
     global _last
-    if _last is not None and _last[0]() is schedule:
-        return _last[1]
+    last = _last  # one read: another thread may replace it
+    if last is not None and last[0]() is schedule:
+        return last[1]
     flat = _flatten(schedule)
     if flat is None or not _valid(schedule, flat):
         _scan(schedule)  # names the first bad action
