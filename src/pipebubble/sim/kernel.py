@@ -155,8 +155,8 @@ def run(schedule: Schedule, flat: FlatActions, plan: list[Template],
     waiting on a rank after it ran; raise Deadlock when the queue empties too early.
     Rank r's actions are ``plan[offsets[r]:offsets[r + 1]]`` (``flat.offsets``); returns
     every action's start time."""
-    SM, M, p = schedule.num_stages * schedule.num_microbatches, schedule.num_microbatches, \
-        schedule.num_ranks
+    p, M = schedule.num_ranks, schedule.num_microbatches
+    SM = schedule.num_stages * M
     inf = _INF
     # C doubles, not float objects: the float each action computes is freed at once and
     # reused, which keeps memory traffic low; numpy reads them without a copy.
