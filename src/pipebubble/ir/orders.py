@@ -36,10 +36,11 @@ class RankOrder(Sequence):
     """One rank's actions in order, stored as ``stage``, ``kind`` (codes) and ``microbatch``
     arrays of equal length. Immutable by convention: never write into the arrays."""
 
-    __slots__ = ("stage", "kind", "microbatch")
+    __slots__ = ("stage", "kind", "microbatch", "_steps")
 
     def __init__(self, stage: np.ndarray, kind: np.ndarray, microbatch: np.ndarray):
         self.stage, self.kind, self.microbatch = stage, kind, microbatch
+        self._steps: tuple[Action, ...] | None = None  # the Actions, made on first indexing
 
     @classmethod
     def build(cls, stage: Iterable[int] | int, kinds: str | Iterable[int],
@@ -67,15 +68,18 @@ class RankOrder(Sequence):
         return len(self.stage)
 
     def __iter__(self) -> Iterator[Action]:
+        if self._steps is not None:
+            return iter(self._steps)
         kinds = _tables()[1][self.kind].tolist()
         return map(_new_action, zip(self.stage.tolist(), kinds, self.microbatch.tolist(),
                                     strict=True))
 
     def __getitem__(self, index):
-        if isinstance(index, slice):
-            return tuple(RankOrder(self.stage[index], self.kind[index], self.microbatch[index]))
-        return Action(int(self.stage[index]), KINDS[self.kind[index]],
-                      int(self.microbatch[index]))
+        """Indexing makes (once) and keeps the tuple of Actions: code that walks an order by
+        index runs as fast as on a plain tuple."""
+        if self._steps is None:
+            self._steps = tuple(iter(self))
+        return self._steps[index]
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, RankOrder):
