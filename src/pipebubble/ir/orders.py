@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from functools import cache, partial
 from typing import TYPE_CHECKING
 
-from .schedule import KINDS, Action
+from .schedule import KINDS, Action, ScheduleError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -51,10 +51,13 @@ class RankOrder(Sequence):
 
         mb = np.asarray(microbatch, dtype=np.int64).ravel()
         if isinstance(kinds, str):
-            kind = np.frombuffer(kinds.encode(), dtype=np.uint8)
-            kind = _tables()[0][kind]
+            kind = _tables()[0][np.frombuffer(kinds.encode(), dtype=np.uint8)]
+            if (kind < 0).any():
+                raise ScheduleError(f"unknown kind in {kinds[:40]!r}; valid are F, I, W, B")
         else:
             kind = np.asarray(kinds, dtype=np.int8).ravel()
+            if len(kind) and (kind.min() < 0 or kind.max() > 3):
+                raise ScheduleError("kind codes must be 0..3 (F, I, W, B)")
         if isinstance(stage, int | np.integer):
             st = np.full(len(mb), int(stage), dtype=np.int64)
         else:
@@ -112,11 +115,6 @@ def _tables() -> tuple[np.ndarray, np.ndarray]:
     return letters, np.array(KINDS, dtype=object)
 
 
-def is_compact(order: Sequence) -> bool:
-    """True for a :class:`RankOrder` (its arrays can be read without creating Actions)."""
-    return isinstance(order, RankOrder)
-
-
 def interleave(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``a[0], b[0], a[1], b[1], ...`` for arrays of equal length (1F1B's steady state).
 
@@ -127,12 +125,3 @@ def interleave(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     import numpy as np
 
     return np.stack([a, b], axis=1).ravel()
-
-
-def concat(parts: Sequence[RankOrder]) -> RankOrder:
-    """The orders one after the other."""
-    import numpy as np
-
-    return RankOrder(np.concatenate([p.stage for p in parts]),
-                     np.concatenate([p.kind for p in parts]),
-                     np.concatenate([p.microbatch for p in parts]))
