@@ -102,7 +102,8 @@ def test_compact_orders_behave_as_tuples_of_actions():
 
 @pytest.mark.parametrize("name, chunks", [("gpipe", None), ("1f1b", None), ("zb-h1", None),
                                           ("zb-h2", None), ("interleaved-1f1b", 2),
-                                          ("interleaved-1f1b", 3), ("looped-bfs", 2)])
+                                          ("interleaved-1f1b", 3), ("looped-bfs", 2),
+                                          ("zbv", None)])
 def test_compact_generators_equal_plain_tuples(name, chunks):
     """The same schedule written as plain tuples validates and simulates identically."""
     from pipebubble import simulate
