@@ -197,7 +197,9 @@ def profile_layers(
                                f"got {value!r}")
     if loss_fn is not None and target is None:
         raise ProfileError("loss_fn needs a target batch")
-    sync = _synchronizer(sample.device)
+    from ..runtime.clock import synchronizer  # the one CUDA synchroniser
+
+    sync = synchronizer(sample.device)
     timer = resolve_timer(timer, sample.device)
     clock = time.process_time if timer == "cpu" else time.perf_counter
 
@@ -246,14 +248,6 @@ def resolve_timer(timer: str, device: torch.device | str = "cpu") -> str:
         one_thread = torch.get_num_threads() == 1
         return "cpu" if torch.device(device).type == "cpu" and one_thread else "wall"
     return timer
-
-
-def _synchronizer(device: torch.device) -> Callable[[], None]:
-    if device.type == "cuda":
-        import torch
-
-        return lambda: torch.cuda.synchronize(device)
-    return lambda: None
 
 
 def _layer_input(x: torch.Tensor, first: bool) -> torch.Tensor:
