@@ -231,6 +231,7 @@ def _timeline(schedule: Schedule, flat: FlatActions, sc: StageCosts, plan: list[
         num_microbatches=schedule.num_microbatches,
         stage_to_rank=tuple(schedule.stage_to_rank),
         chains=schedule.chains,
+        chain_starts=schedule.chain_starts,
         rank=_ints(np.repeat(np.arange(p), np.diff(offsets))),
         stage=_ints(flat.stage),
         kind=kinds[flat.kind].tolist(),

@@ -81,5 +81,5 @@ def simulate_reference(schedule: Schedule,
         events, schedule=schedule.name, num_ranks=schedule.num_ranks,
         num_stages=schedule.num_stages, num_microbatches=schedule.num_microbatches,
         stage_to_rank=schedule.stage_to_rank, source="simulated", shift_to_zero=False,
-        chains=schedule.chains,
+        chains=schedule.chains, chain_starts=schedule.chain_starts,
     )
