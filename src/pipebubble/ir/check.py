@@ -23,6 +23,7 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING, NamedTuple
 
+from . import schedule as _schedule
 from .orders import CODE, RankOrder
 from .schedule import Overlap, Schedule, ScheduleError, _scan
 
@@ -130,3 +131,6 @@ def _valid(schedule: Schedule, flat: FlatActions) -> bool:
     i, b = has_i.astype(bool), has_b.astype(bool)
     return bool((pos_f[b] < pos_b[b]).all() and (pos_f[i] < pos_i[i]).all()
                 and (pos_i[i] < pos_w[i]).all())
+
+
+_schedule.VECTORISED.append(flat_actions)  # validate() runs this pass from now on

@@ -19,11 +19,11 @@ Kind codes follow ``KINDS`` (F=0, I=1, W=2, B=3).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from functools import cache, partial
 from typing import TYPE_CHECKING
 
-from .schedule import KINDS, Action, ScheduleError
+from .schedule import KINDS, Action, PackedOrder, ScheduleError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -32,7 +32,7 @@ CODE = {k: i for i, k in enumerate(KINDS)}  # "F" -> 0, "I" -> 1, "W" -> 2, "B" 
 _new_action = partial(tuple.__new__, Action)  # Action from a (stage, kind, microbatch) tuple
 
 
-class RankOrder(Sequence):
+class RankOrder(PackedOrder):
     """One rank's actions in order, stored as ``stage``, ``kind`` (codes) and ``microbatch``
     arrays of equal length. Immutable by convention: never write into the arrays."""
 

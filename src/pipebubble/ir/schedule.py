@@ -23,7 +23,7 @@ written here reads there and back.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import NamedTuple
@@ -135,6 +135,14 @@ def parse_step(text: str) -> Step:
     return Action.from_str(text)
 
 
+class PackedOrder(Sequence):
+    """Base of rank orders stored as arrays that read as a tuple of Actions
+    (``ir/orders.py``: :class:`~pipebubble.ir.orders.RankOrder`, with ``stage``, ``kind``
+    code and ``microbatch`` arrays). :func:`make_schedule` keeps them as they are."""
+
+    __slots__ = ()
+
+
 def step_actions(step: Step) -> tuple[Action, ...]:
     """The actions a step performs: one for an Action, two for an Overlap."""
     return (step.forward, step.backward) if isinstance(step, Overlap) else (step,)
@@ -214,7 +222,7 @@ class Schedule:
         return self.num_stages // max(1, self.num_ranks * len(self.chain_starts))
 
     def num_actions(self) -> int:
-        return sum(len(o) if isinstance(o, RankOrder) else sum(len(step_actions(s)) for s in o)
+        return sum(len(o) if isinstance(o, PackedOrder) else sum(len(step_actions(s)) for s in o)
                    for o in self.orders)
 
     def actions(self, rank: int) -> Iterator[Action]:
@@ -222,7 +230,7 @@ class Schedule:
             yield from step_actions(step)
 
     def uses_split_backward(self) -> bool:
-        return any(bool(((o.kind == 1) | (o.kind == 2)).any()) if isinstance(o, RankOrder)
+        return any(bool(((o.kind == 1) | (o.kind == 2)).any()) if isinstance(o, PackedOrder)
                    else any(a.kind in ("I", "W") for s in o for a in step_actions(s))
                    for o in self.orders)
 
@@ -266,7 +274,7 @@ def make_schedule(
         name_of_placement = _name_placement(stage_to_rank, ranks)
     return Schedule(
         name=name,
-        orders=tuple(o if isinstance(o, RankOrder) else tuple(o) for o in orders),
+        orders=tuple(o if isinstance(o, PackedOrder) else tuple(o) for o in orders),
         num_stages=num_stages,
         num_microbatches=num_microbatches,
         stage_to_rank=stage_to_rank,
@@ -293,11 +301,18 @@ def validate(schedule: Schedule) -> None:
     range; kinds known.
 
     The rules run vectorised over all actions at once (``ir/check.py``, the same pass the
-    simulator compiles from); on a failure :func:`_scan` below names the first bad action.
+    simulator compiles from, which ``pipebubble.ir`` plugs in here when it is imported); on
+    a failure :func:`_scan` below names the first bad action.
     """
-    from .check import flat_actions
+    if VECTORISED:
+        VECTORISED[0](schedule)
+    else:
+        _scan(schedule)
 
-    flat_actions(schedule)
+
+# The vectorised validate(): ir/check.py appends its ``flat_actions`` here. (check.py
+# imports this module, so this module cannot import it back.)
+VECTORISED: list[Callable[[Schedule], object]] = []
 
 
 def _scan(schedule: Schedule) -> None:
@@ -350,5 +365,3 @@ def _scan(schedule: Schedule) -> None:
             if has_b and has_w:
                 raise ScheduleError(f"rank {rank}: both B and W for stage {s} mb {m}")
 
-
-from .orders import RankOrder  # noqa: E402  (orders.py imports Action from here)
