@@ -16,7 +16,8 @@ How it stays fast:
    per (stage, kind) to build a :class:`Template` with named fields; an action is its
    template plus its microbatch. A missing dependency points at a slot that is always 0.
 2. **A tight loop per rank.** A rank runs its actions in order while their slots are
-   filled: ``start = max(clock, done[dep_a + m] + lag_a, done[dep_b + m] + lag_b)``.
+   filled: ``start = max(clock, done[dep + m] + lag)``, one dependency per action (the one
+   on the neighbouring stage: the same-stage one is met by the rank's own order).
    "Not ready yet" is one comparison with ``inf``.
 3. **Wake ranks, do not poll them.** A rank that finds a slot empty waits on the rank that
    fills it and goes back in the queue when that rank has run. No blocked rank is visited
@@ -28,14 +29,15 @@ When the queue is empty and actions remain, nothing can advance: a deadlock. The
 names the action each unfinished rank is stuck at and what it waits for
 (:func:`~pipebubble.ir.deps.describe_wait`). The simulator never hangs.
 
-An Overlap (DualPipe's F&B pair) runs as one block of ``overlap x (F + B)``: its forward
-part also waits for its backward part's gradient, so the block starts when both parts may
-start, and the parts are recorded back to back, each scaled by ``overlap``.
+An Overlap (DualPipe's F&B pair) runs as one block of ``overlap x (F + B)``: a wait of no
+duration for its backward part's gradient goes first, so the block starts when both parts
+may start, and the parts are recorded back to back, each scaled by ``overlap``.
 """
 
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
@@ -63,20 +65,20 @@ class Deadlock(ScheduleError):
 
 
 class Template(NamedTuple):
-    """How one (stage, kind) runs, for microbatch 0 (add the microbatch to every slot for
-    the others). The action may start at ``max(clock, done[dep_a] + lag_a, done[dep_b] +
-    lag_b)``, takes ``duration`` and then writes its end time to ``done[out]``. ``lag`` is
-    ``costs.comm`` when the dependency crosses ranks, else 0. ``rank_a`` and ``rank_b`` run
-    the actions that fill ``dep_a`` and ``dep_b`` (-1: no dependency)."""
+    """How one (stage, kind) runs, for microbatch 0 (add the microbatch to the slots for the
+    others): the action may start at ``max(clock, done[dep] + lag)``, takes ``duration`` and
+    then writes its end time to ``done[out]``. ``lag`` is ``costs.comm`` when the dependency
+    crosses ranks, else 0; ``rank`` runs the action that fills ``dep`` (-1: none).
+
+    One dependency is enough: of what ``ir/deps.py`` lists, the one on the *same* stage (B or
+    I after its F, W after its I) is always met by the rank's own order, which validation
+    guarantees; what remains is the neighbouring stage's signal, if any."""
 
     out: int
-    dep_a: int
-    lag_a: float
-    dep_b: int
-    lag_b: float
+    dep: int
+    lag: float
     duration: float
-    rank_a: int
-    rank_b: int
+    rank: int
 
 
 def simulate(schedule: Schedule, costs: CostModel | StageCosts | None = None) -> Timeline:
@@ -102,11 +104,13 @@ def simulate(schedule: Schedule, costs: CostModel | StageCosts | None = None) ->
     kinds = [KINDS[c] for c in range(4) if (flat.kind == c).any()]
     templates = compile_templates(schedule, sc, kinds)
     plan = [templates[row] for row in (flat.stage * 4 + flat.kind).tolist()]
-    if flat.pair.any():
-        _compile_overlaps(plan, flat, sc.overlap)
     microbatches = flat.microbatch.tolist()
-    starts = run(schedule, flat, plan, microbatches)
-    return _timeline(schedule, flat, sc, plan, starts)
+    if flat.pair.any():
+        steps = _with_overlap_waits(schedule, flat, plan, microbatches, sc.overlap)
+    else:
+        steps = Steps(plan, microbatches, flat.offsets, None)
+    starts = run(schedule, flat, steps)
+    return _timeline(schedule, flat, sc, steps, starts)
 
 
 def compile_templates(schedule: Schedule, sc: StageCosts,
@@ -120,12 +124,13 @@ def compile_templates(schedule: Schedule, sc: StageCosts,
     for s in range(S):
         for kind in kinds:
             action = Action(s, kind, 0)
-            deps = [(_slot(sig, S, M), sc.comm if where[sig.stage] != where[s] else 0.0,
-                     where[sig.stage]) for sig in needs(action, schedule)]  # local first
-            (dep_a, lag_a, rank_a), (dep_b, lag_b, rank_b) = (deps + [(none, 0.0, -1)] * 2)[:2]
+            dep, lag, rank = none, 0.0, -1
+            for sig in needs(action, schedule):
+                if sig.stage != s:  # the neighbour's signal (same-stage ones: see Template)
+                    dep, rank = _slot(sig, S, M), where[sig.stage]
+                    lag = sc.comm if rank != where[s] else 0.0
             templates[4 * s + KINDS.index(kind)] = Template(
-                _slot(produces(action), S, M), dep_a, lag_a, dep_b, lag_b, sc.duration(s, kind),
-                rank_a, rank_b)
+                _slot(produces(action), S, M), dep, lag, sc.duration(s, kind), rank)
     return templates
 
 
@@ -134,36 +139,71 @@ def _slot(sig, S: int, M: int) -> int:
     return (SLOT_BASE[sig.kind] * S + sig.stage) * M + sig.microbatch
 
 
-def _compile_overlaps(plan: list[Template], flat: FlatActions, overlap: float) -> None:
-    """Overlap pairs: the forward part (index i) also waits for the backward part's (i + 1)
-    gradient from the next stage (its slot re-based to the forward's microbatch), and both
-    durations scale by ``overlap``."""
-    mb = flat.microbatch
-    for i in flat.pair.nonzero()[0][::2].tolist():
-        if flat.kind[i] != F or flat.kind[i + 1] not in (I, B):
-            raise ScheduleError("an Overlap pairs a forward with a backward (F then B or I)")
-        fwd, bwd = plan[i], plan[i + 1]
-        shift = int(mb[i + 1] - mb[i])
-        plan[i] = fwd._replace(dep_b=bwd.dep_b + shift, lag_b=bwd.lag_b, rank_b=bwd.rank_b,
-                               duration=fwd.duration * overlap)
-        plan[i + 1] = bwd._replace(duration=bwd.duration * overlap)
+class Steps(NamedTuple):
+    """What the clock runs: ``plan[i]`` with microbatch ``microbatches[i]``; rank r's steps
+    are ``offsets[r]:offsets[r + 1]``. ``actions`` lists the indices that are actions (None:
+    all are); the others are the waits :func:`_with_overlap_waits` adds."""
+
+    plan: list[Template]
+    microbatches: list[int]
+    offsets: list[int]
+    actions: list[int] | None
 
 
-def run(schedule: Schedule, flat: FlatActions, plan: list[Template],
-        microbatches: list[int]) -> array:
+def _with_overlap_waits(schedule: Schedule, flat: FlatActions, plan: list[Template],
+                        microbatches: list[int], overlap: float) -> Steps:
+    """An Overlap pair is one block: it starts when both parts may start. Before each pair
+    goes a *wait*, a step of no duration whose dependency is the backward part's (the
+    gradient from the next stage), writing to a scratch slot nobody reads; the forward
+    part then waits for its own. Both parts' durations scale by ``overlap``."""
+    S, M = schedule.num_stages, schedule.num_microbatches
+    scratch = 3 * S * M + M  # slots past "no dependency": written, never read
+    steps: list[Template] = []
+    mbs: list[int] = []
+    actions: list[int] = []
+    offsets = [0]
+    pair, kind = flat.pair.tolist(), flat.kind.tolist()
+    made: dict[tuple[Template, Template], tuple[Template, Template, Template]] = {}
+    for r in range(schedule.num_ranks):
+        i, end = flat.offsets[r], flat.offsets[r + 1]
+        while i < end:
+            if pair[i] == 1:
+                if kind[i] != F or kind[i + 1] not in (I, B):
+                    raise ScheduleError("an Overlap pairs a forward with a backward "
+                                        "(F then B or I)")
+                fwd, bwd = plan[i], plan[i + 1]
+                if (fwd, bwd) not in made:  # one set of templates per (stage, kind) pair
+                    made[fwd, bwd] = (
+                        Template(scratch, bwd.dep, bwd.lag, 0.0, bwd.rank),
+                        fwd._replace(duration=fwd.duration * overlap),
+                        bwd._replace(duration=bwd.duration * overlap))
+                steps += made[fwd, bwd]
+                mbs += (microbatches[i + 1], microbatches[i], microbatches[i + 1])
+                actions += (len(steps) - 2, len(steps) - 1)
+                i += 2
+            else:
+                actions.append(len(steps))
+                steps.append(plan[i])
+                mbs.append(microbatches[i])
+                i += 1
+        offsets.append(len(steps))
+    return Steps(steps, mbs, offsets, actions)
+
+
+def run(schedule: Schedule, flat: FlatActions, steps: Steps) -> array:
     """The clock: run ranks from a queue, each as far as its slots allow; wake the ranks
     waiting on a rank after it ran; raise Deadlock when the queue empties too early.
-    Rank r's actions are ``plan[offsets[r]:offsets[r + 1]]`` (``flat.offsets``); returns
-    every action's start time."""
+    Returns the start time of every step."""
+    plan, microbatches, offsets = steps.plan, steps.microbatches, steps.offsets
     p, M = schedule.num_ranks, schedule.num_microbatches
     SM = schedule.num_stages * M
     inf = _INF
     # C doubles, not float objects: the float each action computes is freed at once and
     # reused, which keeps memory traffic low; numpy reads them without a copy.
-    done = array("d", [inf]) * (3 * SM) + array("d", bytes(8 * M))
+    done = array("d", [inf]) * (3 * SM) + array("d", bytes(8 * 2 * M))
     starts = array("d", bytes(8 * len(plan)))
-    nxt = flat.offsets[:-1]  # rank r's next action, an index into plan
-    last = flat.offsets[1:]  # one past rank r's last action
+    nxt = offsets[:-1]  # rank r's next step, an index into plan
+    last = offsets[1:]  # one past rank r's last step
     clock = [0.0] * p
     waiting: list[list[int]] = [[] for _ in range(p)]  # waiting[q]: ranks waiting on rank q
     queue = deque(range(p))
@@ -171,15 +211,12 @@ def run(schedule: Schedule, flat: FlatActions, plan: list[Template],
         r = queue.popleft()
         i0, t = nxt[r], clock[r]
         for i in range(i0, last[r]):
-            out, dep_a, lag_a, dep_b, lag_b, duration, rank_a, rank_b = plan[i]
+            out, dep, lag, duration, rank = plan[i]
             m = microbatches[i]
-            x = done[dep_a + m] + lag_a
-            y = done[dep_b + m] + lag_b
-            if y > x:
-                x = y
+            x = done[dep + m] + lag
             if x > t:
-                if x == inf:  # a slot is empty: wait on the rank that fills it
-                    waiting[rank_a if done[dep_a + m] == inf else rank_b].append(r)
+                if x == inf:  # its slot is empty: wait on the rank that fills it
+                    waiting[rank].append(r)
                     break
                 t = x
             starts[i] = t
@@ -194,22 +231,26 @@ def run(schedule: Schedule, flat: FlatActions, plan: list[Template],
             queue.extend(woken)
             woken.clear()
     if nxt != last:
-        raise _deadlock(schedule, flat, nxt)
+        raise _deadlock(schedule, flat, steps, nxt)
     return starts
 
 
-def _deadlock(schedule: Schedule, flat: FlatActions, nxt: list[int]) -> Deadlock:
-    """Name each unfinished rank's stuck action and what it waits for."""
+def _deadlock(schedule: Schedule, flat: FlatActions, steps: Steps,
+              nxt: list[int]) -> Deadlock:
+    """Name each unfinished rank's stuck action (a wait: the pair's forward part that
+    follows it) and what it waits for."""
     stuck: dict[int, tuple[str, str]] = {}
     for r in range(schedule.num_ranks):
         i = nxt[r]
-        if i < flat.offsets[r + 1]:
+        if i < steps.offsets[r + 1]:
+            if steps.actions is not None:  # the step's index among the actions
+                i = bisect_left(steps.actions, i)
             action = Action(int(flat.stage[i]), KINDS[flat.kind[i]], int(flat.microbatch[i]))
             stuck[r] = (str(action), describe_wait(action, schedule))
     return Deadlock(stuck)
 
 
-def _timeline(schedule: Schedule, flat: FlatActions, sc: StageCosts, plan: list[Template],
+def _timeline(schedule: Schedule, flat: FlatActions, sc: StageCosts, steps: Steps,
               starts: array) -> Timeline:
     """Columns of the Timeline: numpy gathers and C arrays (no Python object per action
     except the kind letters, which are shared)."""
@@ -217,8 +258,13 @@ def _timeline(schedule: Schedule, flat: FlatActions, sc: StageCosts, plan: list[
 
     row = flat.stage * 4 + flat.kind
     start = np.frombuffer(starts, dtype=np.float64)
-    duration = np.array([t.duration for t in plan]) if flat.pair.any() else \
-        np.array([sc.duration(s, k) for s in range(schedule.num_stages) for k in KINDS])[row]
+    if steps.actions is None:
+        duration = np.array([sc.duration(s, k) for s in range(schedule.num_stages)
+                             for k in KINDS])[row]
+    else:  # Overlap parts are scaled; the waits are no actions
+        start = start[steps.actions]
+        starts = _doubles(start)
+        duration = np.array([steps.plan[i].duration for i in steps.actions])
     end = start + duration  # the loop's own t += duration, vectorised
     mem = np.array([sc.memory_deltas(s, k) for s in range(schedule.num_stages)
                     for k in KINDS]).reshape(-1, 2)[row]
