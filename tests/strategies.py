@@ -64,7 +64,8 @@ def random_valid_schedule(seed: int, ranks: int, chunks: int, microbatches: int,
 def schedules_and_costs(draw, overlaps_and_chains: bool = False):
     """A random valid schedule and per-stage costs. ``overlaps_and_chains``: also Overlap
     pairs, several chains, memory, recomputation and an overlap factor (the simulator's
-    tests use them; the wire simulator does not time Overlap pairs like the kernel yet)."""
+    tests use them; the wire model sends a pair's forward output after the whole pair, so
+    it is not equal to simulate() on those)."""
     ranks = draw(st.integers(1, 5))
     chunks = draw(st.integers(1, 3))
     m = draw(st.integers(1, 6))
