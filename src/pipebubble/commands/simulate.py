@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import argparse
 
-from rich.console import Console
-
 from ..interop.torch_csv import explain_deadlock, read_torch_csv
 from ..ir.schedule import Schedule, ScheduleError, validate
-from ..render.terminal import gantt, summary_lines, summary_table
 from ..sim.kernel import Deadlock, simulate
 from .common import (
     add_cost_flags,
@@ -26,10 +23,9 @@ from .common import (
     costs_from_args,
     fit_line,
     memory_fields,
-    print_json,
+    print_timeline_json,
     schedule_from_args,
     span_bubble,
-    timeline_json,
     write_figures,
 )
 
@@ -78,9 +74,13 @@ def run(args: argparse.Namespace) -> int:
     memory = memory_fields(timeline, costs)
     status = 1 if memory and not memory["fits"] else 0  # ran, but over --memory-limit
     if args.json:
-        print_json({**timeline_json(timeline, closed, basis=closed_form_basis(schedule)),
-                    **memory, **auto_fields(schedule)})
+        print_timeline_json(timeline, closed, basis=closed_form_basis(schedule),
+                            extra={**memory, **auto_fields(schedule)})
         return status
+    from rich.console import Console
+
+    from ..render.terminal import gantt, summary_lines, summary_table
+
     console = Console()
     console.print(gantt(timeline, width=args.width, title=title))
     console.print(summary_table(timeline))

@@ -14,10 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import replace
-
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from typing import TYPE_CHECKING
 
 from ..plan.sweep import SweepPoint, parse_range, sweep, write_csv
 from ..schedules import lookup, schedule_names
@@ -25,6 +22,9 @@ from .common import add_cost_flags, costs_from_args, positive_int
 
 PROGRESS_FROM = 200  # points; fewer finish before a bar would be worth drawing
 TABLE_ROWS = 16
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -56,6 +56,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.memory_limit is not None:
         return run_memory(args)
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
     ms = parse_range(args.microbatches, "--microbatches")
     names = [n.strip() for n in (args.schedules or ",".join(schedule_names())).split(",")]
     if not all(names):
@@ -125,6 +134,8 @@ def _write_trace(path: str, points: list[SweepPoint], names: list[str],
 
 def _table(points: list[SweepPoint], names: list[str], title: str) -> Table:
     """Bubble (simulated / closed form) and peak memory per schedule for a sample of m."""
+    from rich.table import Table
+
     ms = sorted({p.microbatches for p in points})
     if len(ms) > TABLE_ROWS:
         keep = {ms[0], ms[-1]} | {m for m in ms if m & (m - 1) == 0}
@@ -150,6 +161,9 @@ def _table(points: list[SweepPoint], names: list[str], title: str) -> Table:
 
 def run_memory(args: argparse.Namespace) -> int:
     """``sweep --memory-limit``: step time and bubble against the limit at one m."""
+    from rich.console import Console
+    from rich.table import Table
+
     from ..plan.sweep import MEMORY_SCHEDULES, memory_sweep, parse_limits, write_memory_csv
 
     ms = parse_range(args.microbatches, "--microbatches")
