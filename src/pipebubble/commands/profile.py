@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import inspect
 import sys
-
-from rich.console import Console
-from rich.table import Table
+from typing import TYPE_CHECKING
 
 from ..files import check_output_path
 from ..limits import check_model_size, check_threads
 from .common import int_flag, parse_device, positive_int, print_json, wrote
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 MODEL_FLAGS = ("layers", "dim", "heads", "vocab", "seq", "width")
 
@@ -95,6 +96,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(prof.as_dict())
         return 0
+    from rich.console import Console
+
     console = Console()
     console.print(profile_table(prof))
     if args.out:
@@ -129,6 +132,8 @@ def noisy_layers(prof) -> list[str]:
 
 
 def profile_table(prof) -> Table:
+    from rich.table import Table
+
     from .partition import fmt_bytes, fmt_count, fmt_time
 
     meta = prof.metadata
