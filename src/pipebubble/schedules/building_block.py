@@ -18,6 +18,10 @@ input gradient of the last stage (on rank 0). Each W goes in the first free slot
 I. The per-rank order is the repeated block sorted by time; the simulator then *squeezes*
 it (every action as early as its order allows), which shortens warm-up and cool-down.
 
+:func:`reorder` then *reorders warm-up and cool-down* (the paper's last step): it re-times
+the block's passes as a list scheduler with unit passes, keeping each rank's memory within
+the block's peak, and the generators keep its order when it is shorter.
+
 >>> tF, tI, tW = block(2, (1, 1, 1, 1, 1, 1, 1))
 >>> tF, tI, tW
 ([0, 1, 2, 3], [7, 6, 5, 4], [8, 10, 9, 5])
@@ -25,7 +29,10 @@ it (every action as early as its order allows), which shortens warm-up and cool-
 
 from __future__ import annotations
 
-from ..ir.schedule import Action, ScheduleError
+from types import SimpleNamespace
+
+from ..ir.deps import Signal, needs
+from ..ir.schedule import Action, ScheduleError, v_placement
 
 PERIOD = 6
 
@@ -77,3 +84,118 @@ def repeat(p: int, microbatches: int, times: tuple[list[int], list[int], list[in
             timed[r].append((t_i[s] + base, Action(s, "I", j)))
             timed[r].append((t_w[s] + base, Action(s, "W", j)))
     return [[a for _, a in sorted(events)] for events in timed]
+
+
+def reorder(p: int, microbatches: int, orders: list[list[Action]], cap: int
+            ) -> tuple[int, list[list[Action]]] | None:
+    """Re-time the block orders ``orders`` with every pass one unit long (the block's own
+    units) and return ``(step, new orders)``, or None if the rules below stall.
+
+    The paper reaches its step-time bound by squeezing the repeated block and then
+    *reordering warm-up and cool-down*: the memory peak sits in the steady state, so passes
+    at both ends may move as long as no rank holds more than it did. Here every rank, at
+    every unit of time, runs one of its ready passes (``ir/deps.py``; each stage runs its
+    F, I and W in microbatch order), chosen by these rules:
+
+    1. *cool-down* (the rank has run all its forwards): an input gradient ``I`` before a
+       weight gradient ``W`` (``I`` is on the critical path; ``W`` only frees memory, which
+       no longer matters), each in block order;
+    2. otherwise the rank's next pass in block order, if it is ready (the steady state is
+       the block itself);
+    3. else, to fill the hole, the first ready pass in block order: an ``I`` or a ``W``, or
+       an ``F`` that the block runs later, but only if the rank's activations, counting it
+       and every forward the block runs before it and that has not run yet, stay within
+       ``cap`` (so no rank's peak grows and the skipped forwards still fit).
+
+    A forward adds one chunk activation and its ``W`` frees it (``M_W = M_B``: the peak
+    counted in chunk activations; with ``M_W < M_B`` an ``I`` frees part, never later than
+    here). ``cap`` is the most chunk activations a rank may hold. Deterministic: the same
+    input gives the same order.
+
+    >>> rows = repeat(2, 2, block(2, (1, 1, 1, 1, 1, 1, 1)))
+    >>> step, new = reorder(2, 2, rows, cap=4)
+    >>> step, " ".join(str(a) for a in new[0])
+    (15, '0F0 0F1 3F0 3I0 3W0 3F1 3I1 3W1 0I0 0I1 0W0 0W1')
+    """
+    S, m = 2 * p, microbatches
+    topo = SimpleNamespace(num_stages=S, stage_to_rank=v_placement(p), chain_starts=(0,))
+    where = [{a: i for i, a in enumerate(order)} for order in orders]
+    is_f = [[a.kind == "F" for a in order] for order in orders]
+    ran = [[False] * len(order) for order in orders]
+    head = [0] * p  # the first pass of each rank's block order not run yet
+    done: dict[Signal, int] = {}  # signal -> the time it is ready
+    nxt = {(s, k): 0 for s in range(S) for k in "FIW"}  # next microbatch per stage and kind
+    held, forwards = [0] * p, [0] * p
+    out: list[list[Action]] = [[] for _ in range(p)]
+    left, t = sum(len(o) for o in orders), 0
+    while left:
+        chosen = []
+        for r in range(p):
+            while head[r] < len(orders[r]) and ran[r][head[r]]:
+                head[r] += 1
+            best = None
+            for s in (r, S - 1 - r):
+                for k in "FIW":
+                    a = Action(s, k, nxt[s, k])
+                    i = where[r].get(a)
+                    if i is None or any(done.get(g, t + 1) > t for g in needs(a, topo)):
+                        continue
+                    if k == "F":  # the forwards the block runs before it, still to run
+                        skipped = sum(is_f[r][q] and not ran[r][q] for q in range(head[r], i))
+                        if held[r] + 1 + skipped > cap:
+                            continue
+                    if forwards[r] == 2 * m:  # rule 1
+                        key = (0 if k == "I" else 1, i)
+                    else:  # rules 2 and 3
+                        key = (0 if i == head[r] else 2, i)
+                    if best is None or key < best[0]:
+                        best = (key, a, i)
+            if best is not None:
+                chosen.append((r, best[1], best[2]))
+        if not chosen:
+            return None  # nothing can run and nothing is running: the rules stalled
+        for r, a, i in chosen:
+            ran[r][i] = True
+            out[r].append(a)
+            done[Signal(a.stage, a.kind, a.microbatch)] = t + 1
+            nxt[a.stage, a.kind] += 1
+            held[r] += {"F": 1, "I": 0, "W": -1}[a.kind]
+            forwards[r] += a.kind == "F"
+            left -= 1
+        t += 1
+    return t, out
+
+
+def unit_step(p: int, microbatches: int, orders: list[list[Action]]) -> int:
+    """Step time of ``orders`` run as given (squeezed) with every pass one unit long."""
+    S = 2 * p
+    topo = SimpleNamespace(num_stages=S, stage_to_rank=v_placement(p), chain_starts=(0,))
+    done: dict[Signal, int] = {}
+    head, free = [0] * p, [0] * p
+    left = sum(len(o) for o in orders)
+    while left:
+        moved = False
+        for r in range(p):
+            while head[r] < len(orders[r]):
+                a = orders[r][head[r]]
+                ready = [done.get(g) for g in needs(a, topo)]
+                if any(x is None for x in ready):
+                    break
+                start = max([free[r], *ready])
+                done[Signal(a.stage, a.kind, a.microbatch)] = free[r] = start + 1
+                head[r] += 1
+                left -= 1
+                moved = True
+        if not moved:
+            raise ScheduleError("the block order deadlocks")
+    return max(free)
+
+
+def build(p: int, microbatches: int, offsets: tuple[int, ...], cap: int) -> list[list[Action]]:
+    """The block of ``offsets`` repeated, then :func:`reorder`-ed when that is shorter with
+    unit passes (and never holds more than ``cap`` chunk activations on a rank)."""
+    orders = repeat(p, microbatches, block(p, offsets))
+    better = reorder(p, microbatches, orders, cap)
+    if better is not None and better[0] < unit_step(p, microbatches, orders):
+        return better[1]
+    return orders

@@ -22,8 +22,8 @@ V-Half, p=2, m=2 (rank 0 holds stages 0 and 3, rank 1 stages 1 and 2)::
 from __future__ import annotations
 
 from ..ir.schedule import Schedule, make_schedule
-from ..sim.formulas import v_half_closed_form
-from .building_block import block, repeat
+from ..sim.formulas import v_half_closed_form, v_half_memory
+from .building_block import build
 from .registry import ScheduleSpec, register
 
 
@@ -33,7 +33,7 @@ def v_half_offsets(p: int) -> tuple[int, ...]:
 
 
 def v_half(ranks: int, microbatches: int, chunks: int = 2) -> Schedule:
-    orders = repeat(ranks, microbatches, block(ranks, v_half_offsets(ranks)))
+    orders = build(ranks, microbatches, v_half_offsets(ranks), 2 * v_half_memory(ranks))
     return make_schedule("v-half", orders, 2 * ranks, microbatches, placement="v")
 
 

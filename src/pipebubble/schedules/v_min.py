@@ -23,8 +23,8 @@ V-Min, p=2, m=2 (rank 0 holds stages 0 and 3, rank 1 stages 1 and 2)::
 from __future__ import annotations
 
 from ..ir.schedule import Schedule, make_schedule
-from ..sim.formulas import v_min_closed_form
-from .building_block import block, repeat
+from ..sim.formulas import v_min_closed_form, v_min_memory
+from .building_block import build
 from .registry import ScheduleSpec, register
 
 
@@ -34,7 +34,7 @@ def v_min_offsets(p: int) -> tuple[int, ...]:
 
 
 def v_min(ranks: int, microbatches: int, chunks: int = 2) -> Schedule:
-    orders = repeat(ranks, microbatches, block(ranks, v_min_offsets(ranks)))
+    orders = build(ranks, microbatches, v_min_offsets(ranks), 2 * v_min_memory(ranks))
     return make_schedule("v-min", orders, 2 * ranks, microbatches, placement="v")
 
 
