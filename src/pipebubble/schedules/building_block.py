@@ -114,8 +114,10 @@ def reorder(p: int, microbatches: int, orders: list[list[Action]], cap: int
 
     >>> rows = repeat(2, 2, block(2, (1, 1, 1, 1, 1, 1, 1)))
     >>> step, new = reorder(2, 2, rows, cap=4)
-    >>> step, " ".join(str(a) for a in new[0])
-    (15, '0F0 0F1 3F0 3I0 3W0 3F1 3I1 3W1 0I0 0I1 0W0 0W1')
+    >>> unit_step(2, 2, rows), step   # squeezed block, reordered
+    (15, 13)
+    >>> " ".join(str(a) for a in new[0])
+    '0F0 0F1 3F0 3I0 3W0 3F1 0I0 3I1 0W0 3W1 0I1 0W1'
     """
     S, m = 2 * p, microbatches
     topo = SimpleNamespace(num_stages=S, stage_to_rank=v_placement(p), chain_starts=(0,))
@@ -191,11 +193,38 @@ def unit_step(p: int, microbatches: int, orders: list[list[Action]]) -> int:
     return max(free)
 
 
-def build(p: int, microbatches: int, offsets: tuple[int, ...], cap: int) -> list[list[Action]]:
-    """The block of ``offsets`` repeated, then :func:`reorder`-ed when that is shorter with
-    unit passes (and never holds more than ``cap`` chunk activations on a rank)."""
-    orders = repeat(p, microbatches, block(p, offsets))
-    better = reorder(p, microbatches, orders, cap)
-    if better is not None and better[0] < unit_step(p, microbatches, orders):
-        return better[1]
-    return orders
+def peak(p: int, orders: list[list[Action]]) -> int:
+    """The most chunk activations any rank holds (F adds one, W frees it)."""
+    most = 0
+    for order in orders:
+        held = 0
+        for a in order:
+            held += {"F": 1, "I": 0, "W": -1}[a.kind]
+            most = max(most, held)
+    return most
+
+
+def build(p: int, microbatches: int, candidates: list[tuple[int, ...]], cap: int
+          ) -> list[list[Action]]:
+    """The shortest order, with unit passes, among each candidate block (offsets) repeated,
+    as is or :func:`reorder`-ed, that holds at most ``cap`` chunk activations on every rank.
+    The first candidate must fit ``cap`` (it is the family's published block); the others
+    are tried too (ties keep the earlier one)."""
+    best: tuple[int, list[list[Action]]] | None = None
+    for n, offsets in enumerate(candidates):
+        try:
+            orders = repeat(p, microbatches, block(p, offsets))
+        except ScheduleError:
+            if n == 0:
+                raise
+            continue
+        tries = [reorder(p, microbatches, orders, cap)]
+        if peak(p, orders) <= cap:
+            tries.insert(0, (unit_step(p, microbatches, orders), orders))
+        elif n == 0:
+            raise ScheduleError(f"block {offsets} holds more than {cap} chunk activations")
+        for got in tries:
+            if got is not None and (best is None or got[0] < best[0]):
+                best = got
+    assert best is not None
+    return best[1]

@@ -33,7 +33,7 @@ def v_half_offsets(p: int) -> tuple[int, ...]:
 
 
 def v_half(ranks: int, microbatches: int, chunks: int = 2) -> Schedule:
-    orders = build(ranks, microbatches, v_half_offsets(ranks), 2 * v_half_memory(ranks))
+    orders = build(ranks, microbatches, [v_half_offsets(ranks)], 2 * v_half_memory(ranks))
     return make_schedule("v-half", orders, 2 * ranks, microbatches, placement="v")
 
 

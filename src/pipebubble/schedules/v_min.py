@@ -26,6 +26,7 @@ from ..ir.schedule import Schedule, make_schedule
 from ..sim.formulas import v_min_closed_form, v_min_memory
 from .building_block import build
 from .registry import ScheduleSpec, register
+from .v_half import v_half_offsets
 
 
 def v_min_offsets(p: int) -> tuple[int, ...]:
@@ -34,7 +35,10 @@ def v_min_offsets(p: int) -> tuple[int, ...]:
 
 
 def v_min(ranks: int, microbatches: int, chunks: int = 2) -> Schedule:
-    orders = build(ranks, microbatches, v_min_offsets(ranks), 2 * v_min_memory(ranks))
+    # V-Half's block holds no more than V-Min's when p is 2, 3 or 5 (the same peak): the
+    # shorter of the two is kept.
+    blocks = [v_min_offsets(ranks), v_half_offsets(ranks)]
+    orders = build(ranks, microbatches, blocks, 2 * v_min_memory(ranks))
     return make_schedule("v-min", orders, 2 * ranks, microbatches, placement="v")
 
 
