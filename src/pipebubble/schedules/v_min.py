@@ -8,16 +8,22 @@ then lives about ``2(2p - 1 - 2r) + ...`` units and a rank holds ``2 floor((p + 
 chunk activations at most: **peak ``floor((p + 4)/3) x M_B`` per rank** (against ZB-V's
 ``p x M_B``) when W frees what I kept (``M_W = M_B``).
 
+The repeated block is then *reordered at both ends* (``building_block.reorder``, the
+paper's last step), and for p = 2, 3 and 5, where V-Half's block holds no more than V-Min's,
+that one is tried too; the shortest order is kept.
+
 Step time with unit chunk passes (F = I = W = 1 per chunk, no comm), found by simulating
-every p <= 16 and several m >= 2p (``tests/test_vshape.py``), with ``k`` the peak in chunk
-activations: ``6m + 6p - 1 - 3k`` (the bound of the paper) when ``p mod 3 == 1``; 3 units
-more when ``p mod 3 == 0``; 4 units more when ``p mod 3 == 2`` (as the published
-construction). V-Min's fixed pattern keeps a repeating bubble when F, I, W differ.
+every p <= 16 and m >= 2p (``tests/test_vshape.py``), with ``k`` the peak in chunk
+activations: the paper's bound ``6m + 6p - 1 - 3k`` exactly when ``p mod 3 == 1`` and for
+p = 3 and 5; 1 unit above it when ``p mod 3 == 0`` (p >= 6); 3 units above when
+``p mod 3 == 2`` (p >= 8; the published construction is 4 above); ``6m + 1`` for p = 2
+(the bound is below what any order can do there). V-Min's fixed pattern keeps a repeating
+bubble when F, I, W differ.
 
 V-Min, p=2, m=2 (rank 0 holds stages 0 and 3, rank 1 stages 1 and 2)::
 
-    rank 0: 0F0 3F0 3I0 3W0 0F1 0I0 0W0 3F1 3I1 3W1 0I1 0W1
-    rank 1: 1F0 2F0 2I0 1I0 1F1 2F1 2W0 1W0 2I1 1I1 2W1 1W1
+    rank 0: 0F0 0F1 3F0 3I0 3W0 3F1 0I0 3I1 0W0 3W1 0I1 0W1
+    rank 1: 1F0 2F0 1F1 2F1 2I0 1I0 2W0 1W0 2I1 1I1 2W1 1W1
 """
 
 from __future__ import annotations
