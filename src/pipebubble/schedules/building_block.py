@@ -86,8 +86,8 @@ def repeat(p: int, microbatches: int, times: tuple[list[int], list[int], list[in
     return [[a for _, a in sorted(events)] for events in timed]
 
 
-def reorder(p: int, microbatches: int, orders: list[list[Action]], cap: int
-            ) -> tuple[int, list[list[Action]]] | None:
+def reorder(p: int, microbatches: int, orders: list[list[Action]], cap: int,
+            cap_i: int | None = None) -> tuple[int, list[list[Action]]] | None:
     """Re-time the block orders ``orders`` with every pass one unit long (the block's own
     units) and return ``(step, new orders)``, or None if the rules below stall.
 
@@ -109,7 +109,9 @@ def reorder(p: int, microbatches: int, orders: list[list[Action]], cap: int
 
     A forward adds one chunk activation and its ``W`` frees it (``M_W = M_B``: the peak
     counted in chunk activations; with ``M_W < M_B`` an ``I`` frees part, never later than
-    here). ``cap`` is the most chunk activations a rank may hold. Deterministic: the same
+    here). ``cap`` is the most chunk activations a rank may hold; ``cap_i`` (default: no
+    cap) the most it may hold between a forward and its ``I`` (what it holds when ``W``
+    keeps nothing, ``M_W = 0``), so that the peak holds for every ``M_W``. Deterministic: the same
     input gives the same order.
 
     >>> rows = repeat(2, 2, block(2, (1, 1, 1, 1, 1, 1, 1)))
@@ -127,7 +129,8 @@ def reorder(p: int, microbatches: int, orders: list[list[Action]], cap: int
     head = [0] * p  # the first pass of each rank's block order not run yet
     done: dict[Signal, int] = {}  # signal -> the time it is ready
     nxt = {(s, k): 0 for s in range(S) for k in "FIW"}  # next microbatch per stage and kind
-    held, forwards = [0] * p, [0] * p
+    held, held_i, forwards = [0] * p, [0] * p, [0] * p
+    cap_i = 2 * microbatches if cap_i is None else cap_i
     out: list[list[Action]] = [[] for _ in range(p)]
     left, t = sum(len(o) for o in orders), 0
     while left:
@@ -144,7 +147,7 @@ def reorder(p: int, microbatches: int, orders: list[list[Action]], cap: int
                         continue
                     if k == "F":  # the forwards the block runs before it, still to run
                         skipped = sum(is_f[r][q] and not ran[r][q] for q in range(head[r], i))
-                        if held[r] + 1 + skipped > cap:
+                        if max(held[r] - cap, held_i[r] - cap_i) + 1 + skipped > 0:
                             continue
                     if forwards[r] == 2 * m:  # rule 1
                         key = (0 if k == "I" else 1, i)
@@ -162,6 +165,7 @@ def reorder(p: int, microbatches: int, orders: list[list[Action]], cap: int
             done[Signal(a.stage, a.kind, a.microbatch)] = t + 1
             nxt[a.stage, a.kind] += 1
             held[r] += {"F": 1, "I": 0, "W": -1}[a.kind]
+            held_i[r] += {"F": 1, "I": -1, "W": 0}[a.kind]
             forwards[r] += a.kind == "F"
             left -= 1
         t += 1
@@ -193,13 +197,16 @@ def unit_step(p: int, microbatches: int, orders: list[list[Action]]) -> int:
     return max(free)
 
 
-def peak(p: int, orders: list[list[Action]]) -> int:
-    """The most chunk activations any rank holds (F adds one, W frees it)."""
+def peak(p: int, orders: list[list[Action]], frees: str = "W") -> int:
+    """The most chunk activations any rank holds: F adds one, ``frees`` (W, or I when W
+    keeps nothing) frees it."""
     most = 0
+    delta = {"F": 1, "I": 0, "W": 0}
+    delta[frees] = -1
     for order in orders:
         held = 0
         for a in order:
-            held += {"F": 1, "I": 0, "W": -1}[a.kind]
+            held += delta[a.kind]
             most = max(most, held)
     return most
 
@@ -207,22 +214,26 @@ def peak(p: int, orders: list[list[Action]]) -> int:
 def build(p: int, microbatches: int, candidates: list[tuple[int, ...]], cap: int
           ) -> list[list[Action]]:
     """The shortest order, with unit passes, among each candidate block (offsets) repeated,
-    as is or :func:`reorder`-ed, that holds at most ``cap`` chunk activations on every rank.
-    The first candidate must fit ``cap`` (it is the family's published block); the others
-    are tried too (ties keep the earlier one)."""
+    as is or :func:`reorder`-ed, that holds no more on any rank than the first candidate
+    (the family's published block, which must hold at most ``cap`` chunk activations):
+    ``cap`` counted until W, and the first block's own peak counted until I (``M_W = 0``),
+    so the peak does not grow for any ``M_W``. Ties keep the earlier candidate."""
     best: tuple[int, list[list[Action]]] | None = None
-    for n, offsets in enumerate(candidates):
+    cap_i = None
+    for offsets in candidates:
         try:
             orders = repeat(p, microbatches, block(p, offsets))
         except ScheduleError:
-            if n == 0:
+            if cap_i is None:
                 raise
             continue
-        tries = [reorder(p, microbatches, orders, cap)]
-        if peak(p, orders) <= cap:
+        if cap_i is None:
+            if peak(p, orders) > cap:
+                raise ScheduleError(f"block {offsets} holds more than {cap} chunk activations")
+            cap_i = peak(p, orders, frees="I")
+        tries = [reorder(p, microbatches, orders, cap, cap_i)]
+        if peak(p, orders) <= cap and peak(p, orders, frees="I") <= cap_i:
             tries.insert(0, (unit_step(p, microbatches, orders), orders))
-        elif n == 0:
-            raise ScheduleError(f"block {offsets} holds more than {cap} chunk activations")
         for got in tries:
             if got is not None and (best is None or got[0] < best[0]):
                 best = got

@@ -9,7 +9,8 @@ units per stage in all, against V-Min's two and ZB-V's six), the turn of the V 2
 
 The repeated block is then *reordered at both ends* (``building_block.reorder``, the
 paper's last step): warm-up forwards go earlier where the rank's memory allows, and in the
-cool-down every I goes before the Ws that only free memory. It is kept when it is shorter.
+cool-down every I goes before the Ws that only free memory. It is kept when it is shorter;
+no rank then holds more than the plain block, whatever ``M_W``.
 
 Step time with unit chunk passes (F = I = W = 1 per chunk, no comm), found by simulating
 every p <= 16 and m >= 2p (``tests/test_vshape.py``), with ``k`` the peak in chunk
@@ -20,7 +21,7 @@ for even p >= 4 (the paper reaches it there too); ``6m + 1`` for p = 2, where th
 V-Half, p=2, m=2 (rank 0 holds stages 0 and 3, rank 1 stages 1 and 2)::
 
     rank 0: 0F0 0F1 3F0 3I0 3W0 3F1 3I1 0I0 3W1 0I1 0W0 0W1
-    rank 1: 1F0 2F0 1F1 2F1 2I0 1I0 2W0 2I1 1I1 2W1 1W0 1W1
+    rank 1: 1F0 2F0 1F1 2I0 2W0 2F1 1I0 1W0 2I1 1I1 2W1 1W1
 """
 
 from __future__ import annotations

@@ -9,21 +9,22 @@ chunk activations at most: **peak ``floor((p + 4)/3) x M_B`` per rank** (against
 ``p x M_B``) when W frees what I kept (``M_W = M_B``).
 
 The repeated block is then *reordered at both ends* (``building_block.reorder``, the
-paper's last step), and for p = 2, 3 and 5, where V-Half's block holds no more than V-Min's,
-that one is tried too; the shortest order is kept.
+paper's last step), and V-Half's block is tried too (it fits V-Min's memory only for small
+p: it wins at p = 3); the shortest order that holds no more than V-Min's plain block, for
+every ``M_W``, is kept.
 
 Step time with unit chunk passes (F = I = W = 1 per chunk, no comm), found by simulating
 every p <= 16 and m >= 2p (``tests/test_vshape.py``), with ``k`` the peak in chunk
 activations: the paper's bound ``6m + 6p - 1 - 3k`` exactly when ``p mod 3 == 1`` and for
-p = 3 and 5; 1 unit above it when ``p mod 3 == 0`` (p >= 6); 3 units above when
-``p mod 3 == 2`` (p >= 8; the published construction is 4 above); ``6m + 1`` for p = 2
-(the bound is below what any order can do there). V-Min's fixed pattern keeps a repeating
-bubble when F, I, W differ.
+p = 3; 1 unit above it when ``p mod 3 == 0`` (p >= 6); 4 units above when ``p mod 3 == 2``,
+as the published construction (reordering reaches 3 there, but only by holding more than
+the plain block when ``M_W < M_B``, so it is not kept). V-Min's fixed pattern keeps a
+repeating bubble when F, I, W differ.
 
 V-Min, p=2, m=2 (rank 0 holds stages 0 and 3, rank 1 stages 1 and 2)::
 
-    rank 0: 0F0 0F1 3F0 3I0 3W0 3F1 0I0 3I1 0W0 3W1 0I1 0W1
-    rank 1: 1F0 2F0 1F1 2F1 2I0 1I0 2W0 1W0 2I1 1I1 2W1 1W1
+    rank 0: 0F0 3F0 3I0 3W0 0F1 0I0 0W0 3F1 3I1 3W1 0I1 0W1
+    rank 1: 1F0 2F0 2I0 1I0 1F1 2F1 2W0 1W0 2I1 1I1 2W1 1W1
 """
 
 from __future__ import annotations
@@ -41,8 +42,7 @@ def v_min_offsets(p: int) -> tuple[int, ...]:
 
 
 def v_min(ranks: int, microbatches: int, chunks: int = 2) -> Schedule:
-    # V-Half's block holds no more than V-Min's when p is 2, 3 or 5 (the same peak): the
-    # shorter of the two is kept.
+    # V-Half's block may fit V-Min's memory for small p (it does at p = 3): try it too.
     blocks = [v_min_offsets(ranks), v_half_offsets(ranks)]
     orders = build(ranks, microbatches, blocks, 2 * v_min_memory(ranks))
     return make_schedule("v-min", orders, 2 * ranks, microbatches, placement="v")

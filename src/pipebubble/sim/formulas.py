@@ -227,16 +227,13 @@ def v_shape_bound(ranks: int, microbatches: int, chunk_activations: int) -> int:
 def v_min_excess(ranks: int) -> int:
     """Units V-Min's step lies above :func:`v_shape_bound` (``schedules/v_min.py``), for
     m >= 2p with F = I = W per chunk and no comm: 0 when ``p mod 3 == 1`` and for p = 3
-    and 5 (the bound), 1 when ``p mod 3 == 0`` (p >= 6), 3 when ``p mod 3 == 2`` (p >= 8;
-    the published construction: 4), 2 for p = 2 (the least any order reaches there, as
-    V-Half: :func:`v_half_excess`).
+    (the bound), 1 when ``p mod 3 == 0`` (p >= 6), 4 when ``p mod 3 == 2`` (as the
+    published construction).
 
     >>> [v_min_excess(p) for p in (2, 3, 4, 5, 6, 7, 8, 9)]
-    [2, 0, 0, 0, 1, 0, 3, 1]
+    [4, 0, 0, 4, 1, 0, 4, 1]
     """
-    if ranks <= 5:
-        return 2 if ranks == 2 else 0
-    return (1, 0, 3)[ranks % 3]
+    return 0 if ranks == 3 else (1, 0, 4)[ranks % 3]
 
 
 def v_half_excess(ranks: int) -> int:
