@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from ..ir.deps import Signal, needs
+from ..ir.deps import needs
 from ..ir.schedule import Action, ScheduleError, v_placement
 
 PERIOD = 6
@@ -86,6 +86,14 @@ def repeat(p: int, microbatches: int, times: tuple[list[int], list[int], list[in
     return [[a for _, a in sorted(events)] for events in timed]
 
 
+def _rule(p: int) -> dict[tuple[int, str], tuple[tuple[int, str], ...]]:
+    """(stage, kind) -> the (stage, kind) signals it waits for, of the same microbatch: the
+    dependency rule of ``ir/deps.py`` for one V chain, asked once per stage and kind."""
+    topo = SimpleNamespace(num_stages=2 * p, stage_to_rank=v_placement(p), chain_starts=(0,))
+    return {(s, k): tuple((g.stage, g.kind) for g in needs(Action(s, k, 0), topo))
+            for s in range(2 * p) for k in "FIW"}
+
+
 def reorder(p: int, microbatches: int, orders: list[list[Action]], cap: int,
             cap_i: int | None = None) -> tuple[int, list[list[Action]]] | None:
     """Re-time the block orders ``orders`` with every pass one unit long (the block's own
@@ -122,28 +130,41 @@ def reorder(p: int, microbatches: int, orders: list[list[Action]], cap: int,
     '0F0 0F1 3F0 3I0 3W0 3F1 0I0 3I1 0W0 3W1 0I1 0W1'
     """
     S, m = 2 * p, microbatches
-    topo = SimpleNamespace(num_stages=S, stage_to_rank=v_placement(p), chain_starts=(0,))
-    where = [{a: i for i, a in enumerate(order)} for order in orders]
+    rule = _rule(p)
+    where = [{(a.stage, a.kind, a.microbatch): i for i, a in enumerate(order)}
+             for order in orders]
     is_f = [[a.kind == "F" for a in order] for order in orders]
     ran = [[False] * len(order) for order in orders]
     head = [0] * p  # the first pass of each rank's block order not run yet
-    done: dict[Signal, int] = {}  # signal -> the time it is ready
+    done: dict[tuple[int, str, int], int] = {}  # signal (stage, kind, mb) -> time it is ready
     nxt = {(s, k): 0 for s in range(S) for k in "FIW"}  # next microbatch per stage and kind
     held, held_i, forwards = [0] * p, [0] * p, [0] * p
     cap_i = 2 * microbatches if cap_i is None else cap_i
     out: list[list[Action]] = [[] for _ in range(p)]
     left, t = sum(len(o) for o in orders), 0
+    late = t + 1
+
+    def ready(s: int, k: str, j: int) -> bool:
+        return all(done.get((s2, k2, j), late) <= t for s2, k2 in rule[s, k])
+
     while left:
         chosen = []
+        late = t + 1
         for r in range(p):
             while head[r] < len(orders[r]) and ran[r][head[r]]:
                 head[r] += 1
+            if forwards[r] < 2 * m and head[r] < len(orders[r]):  # rule 2, the fast path
+                a = orders[r][head[r]]
+                fits = a.kind != "F" or max(held[r] - cap, held_i[r] - cap_i) < 0
+                if fits and ready(a.stage, a.kind, a.microbatch):
+                    chosen.append((r, a, head[r]))
+                    continue
             best = None
             for s in (r, S - 1 - r):
                 for k in "FIW":
-                    a = Action(s, k, nxt[s, k])
-                    i = where[r].get(a)
-                    if i is None or any(done.get(g, t + 1) > t for g in needs(a, topo)):
+                    j = nxt[s, k]
+                    i = where[r].get((s, k, j))
+                    if i is None or not ready(s, k, j):
                         continue
                     if k == "F":  # the forwards the block runs before it, still to run
                         skipped = sum(is_f[r][q] and not ran[r][q] for q in range(head[r], i))
@@ -154,7 +175,7 @@ def reorder(p: int, microbatches: int, orders: list[list[Action]], cap: int,
                     else:  # rules 2 and 3
                         key = (0 if i == head[r] else 2, i)
                     if best is None or key < best[0]:
-                        best = (key, a, i)
+                        best = (key, orders[r][i], i)
             if best is not None:
                 chosen.append((r, best[1], best[2]))
         if not chosen:
@@ -162,7 +183,7 @@ def reorder(p: int, microbatches: int, orders: list[list[Action]], cap: int,
         for r, a, i in chosen:
             ran[r][i] = True
             out[r].append(a)
-            done[Signal(a.stage, a.kind, a.microbatch)] = t + 1
+            done[a.stage, a.kind, a.microbatch] = t + 1
             nxt[a.stage, a.kind] += 1
             held[r] += {"F": 1, "I": 0, "W": -1}[a.kind]
             held_i[r] += {"F": 1, "I": -1, "W": 0}[a.kind]
@@ -174,24 +195,30 @@ def reorder(p: int, microbatches: int, orders: list[list[Action]], cap: int,
 
 def unit_step(p: int, microbatches: int, orders: list[list[Action]]) -> int:
     """Step time of ``orders`` run as given (squeezed) with every pass one unit long."""
-    S = 2 * p
-    topo = SimpleNamespace(num_stages=S, stage_to_rank=v_placement(p), chain_starts=(0,))
-    done: dict[Signal, int] = {}
+    rule = _rule(p)
+    done: dict[tuple[int, str, int], int] = {}
     head, free = [0] * p, [0] * p
     left = sum(len(o) for o in orders)
     while left:
         moved = False
         for r in range(p):
-            while head[r] < len(orders[r]):
-                a = orders[r][head[r]]
-                ready = [done.get(g) for g in needs(a, topo)]
-                if any(x is None for x in ready):
-                    break
-                start = max([free[r], *ready])
-                done[Signal(a.stage, a.kind, a.microbatch)] = free[r] = start + 1
-                head[r] += 1
-                left -= 1
-                moved = True
+            order, start = orders[r], free[r]
+            while head[r] < len(order):
+                s, k, j = order[head[r]]
+                for s2, k2 in rule[s, k]:
+                    got = done.get((s2, k2, j))
+                    if got is None:
+                        break
+                    start = max(start, got)
+                else:
+                    start += 1
+                    done[s, k, j] = start
+                    head[r] += 1
+                    left -= 1
+                    moved = True
+                    continue
+                break
+            free[r] = start
         if not moved:
             raise ScheduleError("the block order deadlocks")
     return max(free)

@@ -30,7 +30,7 @@ V-Min, p=2, m=2 (rank 0 holds stages 0 and 3, rank 1 stages 1 and 2)::
 from __future__ import annotations
 
 from ..ir.schedule import Schedule, make_schedule
-from ..sim.formulas import v_min_closed_form, v_min_memory
+from ..sim.formulas import v_half_memory, v_min_closed_form, v_min_memory
 from .building_block import build
 from .registry import ScheduleSpec, register
 from .v_half import v_half_offsets
@@ -42,8 +42,10 @@ def v_min_offsets(p: int) -> tuple[int, ...]:
 
 
 def v_min(ranks: int, microbatches: int, chunks: int = 2) -> Schedule:
-    # V-Half's block may fit V-Min's memory for small p (it does at p = 3): try it too.
-    blocks = [v_min_offsets(ranks), v_half_offsets(ranks)]
+    # Where V-Half holds no more than V-Min (p = 2, 3, 5), its block is tried too.
+    blocks = [v_min_offsets(ranks)]
+    if v_half_memory(ranks) == v_min_memory(ranks):
+        blocks.append(v_half_offsets(ranks))
     orders = build(ranks, microbatches, blocks, 2 * v_min_memory(ranks))
     return make_schedule("v-min", orders, 2 * ranks, microbatches, placement="v")
 
