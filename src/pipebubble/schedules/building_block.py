@@ -155,10 +155,14 @@ def reorder(p: int, microbatches: int, orders: list[list[Action]], cap: int,
                 head[r] += 1
             if forwards[r] < 2 * m and head[r] < len(orders[r]):  # rule 2, the fast path
                 a = orders[r][head[r]]
-                fits = a.kind != "F" or max(held[r] - cap, held_i[r] - cap_i) < 0
-                if fits and ready(a.stage, a.kind, a.microbatch):
-                    chosen.append((r, a, head[r]))
-                    continue
+                s, k, j = a
+                if k != "F" or (held[r] < cap and held_i[r] < cap_i):
+                    for s2, k2 in rule[s, k]:
+                        if done.get((s2, k2, j), late) > t:
+                            break
+                    else:
+                        chosen.append((r, a, head[r]))
+                        continue
             best = None
             for s in (r, S - 1 - r):
                 for k in "FIW":
@@ -181,13 +185,19 @@ def reorder(p: int, microbatches: int, orders: list[list[Action]], cap: int,
         if not chosen:
             return None  # nothing can run and nothing is running: the rules stalled
         for r, a, i in chosen:
+            s, k, j = a
             ran[r][i] = True
             out[r].append(a)
-            done[a.stage, a.kind, a.microbatch] = t + 1
-            nxt[a.stage, a.kind] += 1
-            held[r] += {"F": 1, "I": 0, "W": -1}[a.kind]
-            held_i[r] += {"F": 1, "I": -1, "W": 0}[a.kind]
-            forwards[r] += a.kind == "F"
+            done[s, k, j] = late
+            nxt[s, k] += 1
+            if k == "F":
+                held[r] += 1
+                held_i[r] += 1
+                forwards[r] += 1
+            elif k == "I":
+                held_i[r] -= 1
+            else:
+                held[r] -= 1
             left -= 1
         t += 1
     return t, out
@@ -247,7 +257,7 @@ def build(p: int, microbatches: int, candidates: list[tuple[int, ...]], cap: int
     so the peak does not grow for any ``M_W``. Ties keep the earlier candidate."""
     best: tuple[int, list[list[Action]]] | None = None
     cap_i = None
-    for offsets in candidates:
+    for n, offsets in enumerate(candidates):
         try:
             orders = repeat(p, microbatches, block(p, offsets))
         except ScheduleError:
@@ -259,7 +269,7 @@ def build(p: int, microbatches: int, candidates: list[tuple[int, ...]], cap: int
                 raise ScheduleError(f"block {offsets} holds more than {cap} chunk activations")
             cap_i = peak(p, orders, frees="I")
         tries = [reorder(p, microbatches, orders, cap, cap_i)]
-        if peak(p, orders) <= cap and peak(p, orders, frees="I") <= cap_i:
+        if n == 0 or (peak(p, orders) <= cap and peak(p, orders, frees="I") <= cap_i):
             tries.insert(0, (unit_step(p, microbatches, orders), orders))
         for got in tries:
             if got is not None and (best is None or got[0] < best[0]):
