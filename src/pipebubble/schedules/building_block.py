@@ -115,12 +115,11 @@ def reorder(p: int, microbatches: int, orders: list[list[Action]], cap: int,
        and every forward the block runs before it and that has not run yet, stay within
        ``cap`` (so no rank's peak grows and the skipped forwards still fit).
 
-    A forward adds one chunk activation and its ``W`` frees it (``M_W = M_B``: the peak
-    counted in chunk activations; with ``M_W < M_B`` an ``I`` frees part, never later than
-    here). ``cap`` is the most chunk activations a rank may hold; ``cap_i`` (default: no
-    cap) the most it may hold between a forward and its ``I`` (what it holds when ``W``
-    keeps nothing, ``M_W = 0``), so that the peak holds for every ``M_W``. Deterministic: the same
-    input gives the same order.
+    A forward adds one chunk activation and its ``W`` frees it (``M_W = M_B``): ``cap`` is
+    the most chunk activations a rank may hold so. ``cap_i`` (default: no cap) is the most
+    it may hold counted from a forward to its ``I`` (``M_W = 0``); any ``M_W`` in between
+    mixes the two counts, so with both caps at the plain block's own peaks no rank holds
+    more than the block, for any ``M_W``. Deterministic: the same input, the same order.
 
     >>> rows = repeat(2, 2, block(2, (1, 1, 1, 1, 1, 1, 1)))
     >>> step, new = reorder(2, 2, rows, cap=4)
