@@ -117,9 +117,10 @@ def reorder(p: int, microbatches: int, orders: list[list[Action]], cap: int,
 
     A forward adds one chunk activation and its ``W`` frees it (``M_W = M_B``): ``cap`` is
     the most chunk activations a rank may hold so. ``cap_i`` (default: no cap) is the most
-    it may hold counted from a forward to its ``I`` (``M_W = 0``); any ``M_W`` in between
-    mixes the two counts, so with both caps at the plain block's own peaks no rank holds
-    more than the block, for any ``M_W``. Deterministic: the same input, the same order.
+    it may hold counted from a forward to its ``I`` (``M_W = 0``). With both caps at the
+    plain block's own peaks, neither end case holds more than the block; an ``M_W`` in
+    between mixes the two counts (``tests/test_vshape.py`` checks ``M_W = M_B/2`` too).
+    Deterministic: the same input, the same order.
 
     >>> rows = repeat(2, 2, block(2, (1, 1, 1, 1, 1, 1, 1)))
     >>> step, new = reorder(2, 2, rows, cap=4)
