@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ..errors import UserError
 from ..plan.sweep import SweepPoint, parse_range, sweep, write_csv
 from ..schedules import lookup, schedule_names
 from .common import add_cost_flags, costs_from_args, positive_int
@@ -52,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     ms = parse_range(args.microbatches, "--microbatches")
     names = [n.strip() for n in (args.schedules or ",".join(schedule_names())).split(",")]
     if not all(names):
-        raise ValueError(f"--schedules: empty name in {args.schedules!r}; use e.g. gpipe,1f1b")
+        raise UserError(f"--schedules: empty name in {args.schedules!r}; use e.g. gpipe,1f1b")
     names = list(dict.fromkeys(lookup(n).name for n in names))  # unknown names fail here
     costs = costs_from_args(args)
     total = len(names) * len(ms)
@@ -67,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     if missing:
         err.print(f"[dim]{missing} (schedule, m) pairs were not valid and are left out[/dim]")
     if not points:
-        raise ValueError(f"no schedule in {','.join(names)} accepts p={args.ranks} with m in "
+        raise UserError(f"no schedule in {','.join(names)} accepts p={args.ranks} with m in "
                          f"{args.microbatches}")
     title = f"bubble and activation memory against microbatches, p={args.ranks}"
     if args.png or args.svg:

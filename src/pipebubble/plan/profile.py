@@ -46,11 +46,13 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from ..errors import UserError
+
 FIELDS = ("name", "forward", "backward", "params", "activation_bytes", "flops")
 FORMAT = "pipebubble-profile"
 
 
-class ProfileError(ValueError):
+class ProfileError(UserError):
     """A profile file or dictionary that cannot be used; the message names the bad value."""
 
 

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import TextIO
 
 from ..costs import CostModel
+from ..errors import UserError
 from ..ir.schedule import ScheduleError
 from ..schedules import closed_form_bubble, get_schedule, lookup
 from ..sim.kernel import simulate
@@ -55,18 +56,18 @@ def parse_range(text: str, flag: str = "range") -> list[int]:
             hi = int(hi_text) if dots else lo
             step = int(step_text) if colon else 1
         except ValueError:
-            raise ValueError(
+            raise UserError(
                 f"{flag}: cannot read {part!r}; use N, A..B or A..B:STEP (e.g. 1..128), "
                 "comma-separated"
             ) from None
         if step < 1:
-            raise ValueError(f"{flag}: bad step in {part!r}; use A..B:STEP with STEP >= 1")
+            raise UserError(f"{flag}: bad step in {part!r}; use A..B:STEP with STEP >= 1")
         if lo < 1:
-            raise ValueError(f"{flag} must be >= 1, got {lo} in {part!r}")
+            raise UserError(f"{flag} must be >= 1, got {lo} in {part!r}")
         if hi < lo:
-            raise ValueError(f"{flag}: empty range {part!r} (end {hi} < start {lo})")
+            raise UserError(f"{flag}: empty range {part!r} (end {hi} < start {lo})")
         if (hi - lo) // step + 1 + len(values) > MAX_POINTS:
-            raise ValueError(f"{flag}: {part!r} has too many values (at most {MAX_POINTS})")
+            raise UserError(f"{flag}: {part!r} has too many values (at most {MAX_POINTS})")
         values.update(range(lo, hi + 1, step))
     return sorted(values)
 

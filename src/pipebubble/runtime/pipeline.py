@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from ..costs import CostModel
+from ..errors import UserError
 from ..ir.schedule import Schedule
 from ..schedules import get_schedule
 from .clock import VirtualClock
@@ -40,7 +41,7 @@ class PipelineStage(nn.Module):
     def __init__(self, *layers: nn.Module):
         super().__init__()
         if not layers:
-            raise ValueError("a PipelineStage needs at least one layer")
+            raise UserError("a PipelineStage needs at least one layer")
         self.layers = nn.Sequential(*layers)
 
     def forward(self, activation: torch.Tensor) -> torch.Tensor:
@@ -68,9 +69,9 @@ class Pipeline:
         timer: Callable[[], float] = time.perf_counter,
     ):
         if not stages:
-            raise ValueError("Pipeline needs at least one stage")
+            raise UserError("Pipeline needs at least one stage")
         if num_microbatches < 1:
-            raise ValueError(f"num_microbatches must be >= 1, got {num_microbatches}")
+            raise UserError(f"num_microbatches must be >= 1, got {num_microbatches}")
         self.stages = list(stages)
         self.num_microbatches = num_microbatches
         if isinstance(schedule, Schedule):
@@ -78,10 +79,10 @@ class Pipeline:
         else:
             v = chunks or 1
             if len(self.stages) % v:
-                raise ValueError(f"{len(self.stages)} stages do not split into {v} chunks per rank")
+                raise UserError(f"{len(self.stages)} stages do not split into {v} chunks per rank")
             self.schedule = get_schedule(schedule, len(self.stages) // v, num_microbatches, chunks)
         if self.schedule.num_stages != len(self.stages):
-            raise ValueError(
+            raise UserError(
                 f"schedule {self.schedule.name} has {self.schedule.num_stages} stages, "
                 f"got {len(self.stages)} modules"
             )

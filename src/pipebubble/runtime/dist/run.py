@@ -26,12 +26,13 @@ from ...sim.dataparallel import step_time_with_allreduce
 from .worker import Cluster, DistConfig, Env, Worker, unsplit_gradients
 from .launch import launch, under_launcher
 from .report import grad_diffs, measured_comm, measured_timeline, step_span
+from ...errors import UserError
 
 
 def worker_command() -> list[str]:
     """How a worker is started: this very command line, as ``python -m pipebubble``."""
     if sys.argv[1:2] != ["run"]:
-        raise ValueError(
+        raise UserError(
             "a distributed run starts its workers with its own command line, so it must be "
             "started as `pipebubble run ...` (or `python -m pipebubble run ...`); from "
             "Python, call pipebubble.runtime.dist.launch.launch() with that command"
@@ -59,7 +60,7 @@ def add_distributed_flags(p: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace, schedule: Schedule) -> DistConfig:
     if args.timeout <= 0 or args.heartbeat_timeout <= 0:
-        raise ValueError("--timeout and --heartbeat-timeout must be > 0 seconds")
+        raise UserError("--timeout and --heartbeat-timeout must be > 0 seconds")
     return DistConfig(
         schedule=schedule.name, ranks=schedule.num_ranks,
         microbatches=schedule.num_microbatches, chunks=schedule.chunks, dp=args.dp,
