@@ -141,13 +141,9 @@ def test_cli_profile_writes_a_loadable_file(tmp_path, capsys):
     (["--model", "mlp", "--warmup", "-1"], "--warmup must be >= 0, got -1"),
     (["--model", "mlp", "--batch", "0"], "--batch must be >= 1, got 0"),
 ])
-def test_cli_profile_bad_input(args, needle, capsys):
-    try:
-        code = main(["profile", *args])
-    except SystemExit as exc:
-        code = exc.code
-    err = capsys.readouterr().err
-    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1
+def test_cli_profile_bad_input(args, needle, run_cli):
+    code, out, err = run_cli("profile", *args)
+    assert code == 2 and out == "" and needle in err and len(err.strip().splitlines()) == 1
 
 
 def test_layer_time_is_forward_plus_backward():
