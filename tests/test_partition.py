@@ -403,3 +403,14 @@ def test_cli_bad_profiles_exit_2(tmp_path, run_cli, data, extra, needle):
     assert code == 2 and out == ""
     assert needle in err
     assert len(err.strip().splitlines()) == 1 and err.startswith("pipebubble: error: ")
+
+
+def test_cli_binary_files_exit_2(tmp_path, run_cli, profile_file):
+    binary = tmp_path / "bin.json"
+    binary.write_bytes(b"\xff\xfe\x00")
+    code, _, err = run_cli("partition", "--profile", binary, "-p", "2")
+    assert code == 2 and f"profile file {str(binary)!r} is not valid JSON: 'utf-8'" in err
+    code, _, err = run_cli("partition", "--profile", profile_file, "-p", "2", "--measured",
+                           binary, "--current-cut", "0-3,4-7")
+    assert code == 2 and f"timeline file {str(binary)!r} is not valid JSON: 'utf-8'" in err
+    assert len(err.splitlines()) == 1

@@ -118,6 +118,9 @@ def test_load_errors(tmp_path):
     (tmp_path / "x.json").write_text("{not json")
     with pytest.raises(ProfileError, match="not valid JSON"):
         Profile.load(tmp_path / "x.json")
+    (tmp_path / "bin.json").write_bytes(b"\xff\xfe\x00")  # not even text
+    with pytest.raises(ProfileError, match="bin.json' is not valid JSON: 'utf-8' codec"):
+        Profile.load(tmp_path / "bin.json")
 
 
 def test_cli_profile_writes_a_loadable_file(tmp_path, capsys):

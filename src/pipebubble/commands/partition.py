@@ -123,7 +123,7 @@ def load_timeline(path: str) -> Timeline:
         data = json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise UserError(f"timeline file {path!r} not found") from None
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:  # not JSON, or not text
         raise UserError(f"timeline file {path!r} is not valid JSON: {exc}") from None
     missing = [k for k in ("ranks", "stages", "events") if not isinstance(data, dict)
                or k not in data]

@@ -108,7 +108,7 @@ class Profile:
             data = json.loads(Path(path).read_text())
         except FileNotFoundError:
             raise ProfileError(f"profile file {str(path)!r} not found") from None
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:  # not JSON, or not text
             raise ProfileError(f"profile file {str(path)!r} is not valid JSON: {exc}") from None
         return cls.from_dict(data)
 
