@@ -180,3 +180,22 @@ def test_python_dash_m_version_and_bad_flag():
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert res.stderr == ("pipebubble: error: argument --f: --f must be a number or a comma "
                           "list of numbers, got 'x'\n")
+
+
+def test_commands_raise_user_errors_not_bare_value_errors():
+    """The CLI layer checks the user's input: what it raises for bad input must be a
+    UserError (exit 2), since a bare ValueError/KeyError/TypeError now surfaces as a bug.
+    A raise that really is a programming error says so on its line ("not a user error")."""
+    import ast
+
+    root = Path(pipebubble.__file__).parent / "commands"
+    found = []
+    for path in sorted(root.glob("*.py")):
+        lines = path.read_text().splitlines()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call)
+                    and isinstance(node.exc.func, ast.Name)
+                    and node.exc.func.id in ("ValueError", "KeyError", "TypeError")
+                    and "not a user error" not in lines[node.lineno - 1]):
+                found.append(f"{path.name}:{node.lineno}: raise {node.exc.func.id}")
+    assert found == [], "raise UserError (pipebubble.errors) for bad input:\n" + "\n".join(found)

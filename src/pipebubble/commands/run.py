@@ -217,7 +217,8 @@ def analyse(setup: RunSetup, measured: Timeline, loss: float, peak_bytes: list[i
 def check_against_unsplit(setup: RunSetup, loss: float) -> tuple[float, float]:
     """(largest |gradient difference|, |loss difference|) vs the unsplit model, whole batch."""
     if setup.reference is None:
-        raise ValueError("build_setup(reference=True) keeps the unsplit model for the check")
+        raise ValueError(  # not a user error: a caller forgot reference=True
+            "build_setup(reference=True) keeps the unsplit model for the check")
     ref = setup.reference
     ref.zero_grad(set_to_none=True)
     ref_loss = setup.spec.loss_fn(ref(setup.inputs), setup.targets)
