@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from pipebubble import CostModel, Pipeline, PipelineStage, bubble_fraction
+from pipebubble.errors import UserError
 
 
 def make(num_stages=4, width=8, seed=0):
@@ -67,9 +68,9 @@ def test_trace_has_one_line_per_microbatch():
 
 
 def test_bad_pipeline_input():
-    with pytest.raises(ValueError, match="num_microbatches must be >= 1, got 0"):
+    with pytest.raises(UserError, match="num_microbatches must be >= 1, got 0"):
         Pipeline(make(), 0)
-    with pytest.raises(ValueError, match="cannot be split into 8 microbatches"):
+    with pytest.raises(UserError, match="cannot be split into 8 microbatches"):
         Pipeline(make(), 8).step(torch.randn(4, 8), torch.randn(4, 8))
 
 
