@@ -170,17 +170,10 @@ def test_installed_entry_point_exit_codes():
 
 
 @pytest.mark.slow
-def test_python_dash_m_version_and_bad_flag():
+def test_python_dash_m_version():
     res = subprocess.run([sys.executable, "-m", "pipebubble", "--version"],
                          capture_output=True, text=True, timeout=120)
-    assert (res.returncode, res.stdout) == (0, "pipebubble 0.1.0\n")
-    res = subprocess.run([sys.executable, "-m", "pipebubble", "simulate", "--schedule",
-                          "gpipe", "-p", "2", "-m", "2", "--f", "x"],
-                         capture_output=True, text=True, timeout=120)
-    assert res.returncode == 2 and "Traceback" not in res.stderr
-    assert res.stderr == ("pipebubble: error: argument --f: --f must be a number or a comma "
-                          "list of numbers, got 'x'\n")
-
+    assert (res.returncode, res.stdout, res.stderr) == (0, "pipebubble 0.1.0\n", "")
 
 def test_commands_raise_user_errors_not_bare_value_errors():
     """The CLI layer checks the user's input: what it raises for bad input must be a
