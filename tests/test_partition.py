@@ -414,3 +414,14 @@ def test_cli_binary_files_exit_2(tmp_path, run_cli, profile_file):
                            binary, "--current-cut", "0-3,4-7")
     assert code == 2 and f"timeline file {str(binary)!r} is not valid JSON: 'utf-8'" in err
     assert len(err.splitlines()) == 1
+
+
+def test_cli_timeline_file_that_disagrees_with_itself_exits_2(tmp_path, run_cli, profile_file):
+    event = {"rank": 3, "stage": 0, "kind": "F", "microbatch": 0, "start": 0, "end": 1}
+    tl = tmp_path / "t.json"
+    tl.write_text(json.dumps({"ranks": 1, "stages": 1, "events": [event]}))
+    code, _, err = run_cli("partition", "--profile", profile_file, "-p", "2", "--measured", tl,
+                           "--current-cut", "0-3,4-7")
+    assert code == 2
+    assert err == f"pipebubble: error: timeline file {str(tl)!r}: event on rank 3; valid ranks " \
+                  "are 0..0\n"

@@ -135,14 +135,17 @@ def load_timeline(path: str) -> Timeline:
                         float(e["start"]), float(e["end"])) for e in data["events"]]
     except (KeyError, TypeError, ValueError) as exc:
         raise UserError(f"timeline file {path!r}: bad event ({exc})") from None
-    stage_to_rank = [0] * int(data["stages"])
-    for e in events:
-        stage_to_rank[e.stage] = e.rank
-    return Timeline.from_events(
-        events, schedule=str(data.get("schedule", "measured")), num_ranks=int(data["ranks"]),
-        num_stages=int(data["stages"]),
-        num_microbatches=int(data.get("microbatches", 1 + max(e.microbatch for e in events))),
-        stage_to_rank=stage_to_rank, source=str(data.get("source", "measured")))
+    try:  # the file's numbers must agree with each other (Timeline checks the rest)
+        stage_to_rank = [0] * int(data["stages"])
+        for e in events:
+            stage_to_rank[e.stage] = e.rank
+        return Timeline.from_events(
+            events, schedule=str(data.get("schedule", "measured")), num_ranks=int(data["ranks"]),
+            num_stages=int(data["stages"]),
+            num_microbatches=int(data.get("microbatches", 1 + max(e.microbatch for e in events))),
+            stage_to_rank=stage_to_rank, source=str(data.get("source", "measured")))
+    except (IndexError, TypeError, ValueError) as exc:
+        raise UserError(f"timeline file {path!r}: {exc}") from None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from ..errors import UserError
+from .spec import ModelSpec
 
 
 class _SleepThrough(torch.autograd.Function):
@@ -101,7 +102,5 @@ def sleep(
 
     def make_batch(batch: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.randn(batch, width, generator=gen), torch.randn(batch, width, generator=gen)
-
-    from . import ModelSpec  # here: models.py imports this module to register it
 
     return ModelSpec("sleep", mods, make_batch, nn.functional.mse_loss)
