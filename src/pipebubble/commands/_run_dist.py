@@ -20,6 +20,7 @@ from statistics import median
 import torch
 from rich.console import Console
 
+from ..errors import UserError
 from ..ir.schedule import Schedule
 from ..runtime.dist.launch import launch, under_launcher
 from ..runtime.dist.report import grad_diffs, measured_comm, measured_timeline, step_span
@@ -35,7 +36,7 @@ from .common import print_json, write_figures
 def worker_command() -> list[str]:
     """How a worker is started: this very command line, as ``python -m pipebubble``."""
     if sys.argv[1:2] != ["run"]:
-        raise ValueError(
+        raise UserError(
             "a distributed run starts its workers with its own command line, so it must be "
             "started as `pipebubble run ...` (or `python -m pipebubble run ...`); from "
             "Python, call pipebubble.runtime.dist.launch.launch() with that command"
@@ -45,7 +46,7 @@ def worker_command() -> list[str]:
 
 def config_from_args(args: argparse.Namespace, schedule: Schedule) -> DistConfig:
     if args.timeout <= 0 or args.heartbeat_timeout <= 0:
-        raise ValueError("--timeout and --heartbeat-timeout must be > 0 seconds")
+        raise UserError("--timeout and --heartbeat-timeout must be > 0 seconds")
     return DistConfig(
         schedule=schedule.name, ranks=schedule.num_ranks,
         microbatches=schedule.num_microbatches, chunks=schedule.chunks, dp=args.dp,

@@ -20,6 +20,7 @@ from rich.table import Table
 from torch import nn
 
 from ..costs import CostModel
+from ..errors import UserError
 from ..ir.schedule import Schedule, validate
 from ..models import ModelSpec, build_model
 from ..render.terminal import gantt, summary_table
@@ -44,7 +45,7 @@ class RunSetup:
 
 
 def build_setup(args: argparse.Namespace, reference: bool = False) -> RunSetup:
-    """Flags -> schedule, model stages, batch. Raises ValueError naming a bad value."""
+    """Flags -> schedule, model stages, batch. Raises UserError naming a bad value."""
     from ..runtime.stages import check_boundaries, even_boundaries, split_stages
 
     schedule = schedule_from_args(args)
@@ -53,7 +54,7 @@ def build_setup(args: argparse.Namespace, reference: bool = False) -> RunSetup:
     # microbatches of the whole step.
     S, M = schedule.num_stages // schedule.chains, schedule.total_microbatches
     if args.model not in ("mlp", "transformer", "sleep"):
-        raise ValueError(f"unknown model {args.model!r}; valid are mlp, transformer, sleep")
+        raise UserError(f"unknown model {args.model!r}; valid are mlp, transformer, sleep")
     if args.model == "sleep":
         layers = args.layers or S
         spec = build_model("sleep", layers=layers, width=args.width or 8, f=args.sleep_f,
@@ -75,24 +76,24 @@ def build_setup(args: argparse.Namespace, reference: bool = False) -> RunSetup:
         try:
             cuts = [int(x) for x in args.boundaries.split(",")]
         except ValueError:
-            raise ValueError(
+            raise UserError(
                 f"--boundaries must be a comma list of layer indices, got {args.boundaries!r}"
             ) from None
         cuts = check_boundaries(cuts, n, S)
     else:
         if n % S:
             extra = " (embedding + blocks + head)" if args.model == "transformer" else ""
-            raise ValueError(
+            raise UserError(
                 f"{n} layers{extra} do not split evenly into {S} stages (ranks x chunks); "
                 f"pick --layers so the count is a multiple of {S}, or give --boundaries"
             )
         cuts = even_boundaries(n, S)
     batch = args.batch or 8 * M
     if batch < M:
-        raise ValueError(f"--batch {batch} is smaller than --microbatches {M}; use at least {M}")
+        raise UserError(f"--batch {batch} is smaller than --microbatches {M}; use at least {M}")
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda asked for, but CUDA is not available here; use cpu")
+        raise UserError("--device cuda asked for, but CUDA is not available here; use cpu")
     ref = copy.deepcopy(nn.Sequential(*spec.layers)).to(device) if reference else None
     stages = [s.to(device) for s in split_stages(spec.layers, S, cuts)]
     gen = torch.Generator().manual_seed(args.seed + 1)
@@ -141,7 +142,8 @@ def analyse(setup: RunSetup, measured: Timeline, loss: float, peak_bytes: list[i
 def check_against_unsplit(setup: RunSetup, loss: float) -> tuple[float, float]:
     """(largest |gradient difference|, |loss difference|) vs the unsplit model, whole batch."""
     if setup.reference is None:
-        raise ValueError("build_setup(reference=True) keeps the unsplit model for the check")
+        raise ValueError(  # not a user error: a caller forgot reference=True
+            "build_setup(reference=True) keeps the unsplit model for the check")
     ref = setup.reference
     ref.zero_grad(set_to_none=True)
     ref_loss = setup.spec.loss_fn(ref(setup.inputs), setup.targets)

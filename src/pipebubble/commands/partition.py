@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..errors import UserError
 from ..plan.balance import METHODS, SIM_METHOD, Options, Plan, balance, rebalance
 from ..plan.layouts import layer_lists, megatron_flags, megatron_layout, torchtitan_fqns
 from ..plan.partition import PartitionError, Ranges
@@ -93,7 +94,7 @@ def parse_methods(text: str) -> list[str]:
         return list(METHODS)
     for m in names:
         if m not in (*METHODS, SIM_METHOD):
-            raise ValueError(f"unknown --method {m!r}; valid are "
+            raise UserError(f"unknown --method {m!r}; valid are "
                              f"{', '.join((*METHODS, SIM_METHOD))} or all")
     return names
 
@@ -104,15 +105,15 @@ def parse_cut(text: str, num_layers: int) -> Ranges:
     for part in text.split(","):
         m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+))?\s*", part)
         if not m:
-            raise ValueError(f"--current-cut: {part.strip()!r} is not a layer range like 3-6")
+            raise UserError(f"--current-cut: {part.strip()!r} is not a layer range like 3-6")
         a, b = int(m.group(1)), int(m.group(2) or m.group(1))
         if a != expect or b < a:
-            raise ValueError(f"--current-cut: range {a}-{b} should start at layer {expect} and "
+            raise UserError(f"--current-cut: range {a}-{b} should start at layer {expect} and "
                              "not end before it starts (stages are contiguous, in order)")
         ranges.append((a, b))
         expect = b + 1
     if expect != num_layers:
-        raise ValueError(f"--current-cut covers layers 0-{expect - 1}; the profile has "
+        raise UserError(f"--current-cut covers layers 0-{expect - 1}; the profile has "
                          f"{num_layers} layers (0-{num_layers - 1})")
     return ranges
 
@@ -122,27 +123,30 @@ def load_timeline(path: str) -> Timeline:
     try:
         data = json.loads(Path(path).read_text())
     except FileNotFoundError:
-        raise ValueError(f"timeline file {path!r} not found") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"timeline file {path!r} is not valid JSON: {exc}") from None
+        raise UserError(f"timeline file {path!r} not found") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:  # not JSON, or not text
+        raise UserError(f"timeline file {path!r} is not valid JSON: {exc}") from None
     missing = [k for k in ("ranks", "stages", "events") if not isinstance(data, dict)
                or k not in data]
     if missing:
-        raise ValueError(f"timeline file {path!r} lacks {', '.join(missing)} (see README, "
+        raise UserError(f"timeline file {path!r} lacks {', '.join(missing)} (see README, "
                          "JSON output)")
     try:
         events = [Event(int(e["rank"]), int(e["stage"]), str(e["kind"]), int(e["microbatch"]),
                         float(e["start"]), float(e["end"])) for e in data["events"]]
     except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"timeline file {path!r}: bad event ({exc})") from None
-    stage_to_rank = [0] * int(data["stages"])
-    for e in events:
-        stage_to_rank[e.stage] = e.rank
-    return Timeline.from_events(
-        events, schedule=str(data.get("schedule", "measured")), num_ranks=int(data["ranks"]),
-        num_stages=int(data["stages"]),
-        num_microbatches=int(data.get("microbatches", 1 + max(e.microbatch for e in events))),
-        stage_to_rank=stage_to_rank, source=str(data.get("source", "measured")))
+        raise UserError(f"timeline file {path!r}: bad event ({exc})") from None
+    try:  # the file's numbers must agree with each other (Timeline checks the rest)
+        stage_to_rank = [0] * int(data["stages"])
+        for e in events:
+            stage_to_rank[e.stage] = e.rank
+        return Timeline.from_events(
+            events, schedule=str(data.get("schedule", "measured")), num_ranks=int(data["ranks"]),
+            num_stages=int(data["stages"]),
+            num_microbatches=int(data.get("microbatches", 1 + max(e.microbatch for e in events))),
+            stage_to_rank=stage_to_rank, source=str(data.get("source", "measured")))
+    except (IndexError, TypeError, ValueError) as exc:
+        raise UserError(f"timeline file {path!r}: {exc}") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -150,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
     timeline = None
     if args.measured or args.current_cut:
         if not (args.measured and args.current_cut):
-            raise ValueError("--measured and --current-cut go together")
+            raise UserError("--measured and --current-cut go together")
         timeline = load_timeline(args.measured)
         if args.microbatches is None:
             args.microbatches = timeline.num_microbatches
@@ -160,9 +164,9 @@ def run(args: argparse.Namespace) -> int:
     args.microbatches = args.microbatches or 8
     args.schedule = args.schedule or "1f1b"
     if not 0 <= args.w_fraction <= 1:
-        raise ValueError(f"--w-fraction must be in [0, 1], got {args.w_fraction}")
+        raise UserError(f"--w-fraction must be in [0, 1], got {args.w_fraction}")
     if isinstance(args.comm, list):
-        raise ValueError("--comm takes one value (seconds per hop), got a list")
+        raise UserError("--comm takes one value (seconds per hop), got a list")
     options = Options(
         ranks=args.ranks, chunks=args.chunks, schedule=args.schedule,
         microbatches=args.microbatches, memory_cap=args.memory_cap,
@@ -171,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
         last_extra=_scalar(args.last_extra, "--last-extra"), comm=args.comm,
         w_fraction=args.w_fraction)
     if args.top < 0:
-        raise ValueError(f"--top must be >= 0, got {args.top}")
+        raise UserError(f"--top must be >= 0, got {args.top}")
     if timeline is not None:
         plans = _rebalance(profile, options, timeline, args)
     else:
@@ -201,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _scalar(value: float | list[float], flag: str) -> float:
     if isinstance(value, list):
-        raise ValueError(f"{flag} takes one value, got a list")
+        raise UserError(f"{flag} takes one value, got a list")
     return value
 
 
@@ -209,7 +213,7 @@ def _rebalance(profile: Profile, options: Options, timeline: Timeline,
                args: argparse.Namespace) -> list[Plan]:
     ranges = parse_cut(args.current_cut, len(profile))
     if len(ranges) != options.stages:
-        raise ValueError(f"--current-cut has {len(ranges)} stages; --ranks x --chunks is "
+        raise UserError(f"--current-cut has {len(ranges)} stages; --ranks x --chunks is "
                          f"{options.stages}")
     from ..plan.balance import make_plan
 

@@ -8,6 +8,7 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
+from ..errors import UserError
 from .common import positive_int
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ def build(args: argparse.Namespace):
     from ..models import MODELS
 
     if args.model not in MODELS:
-        raise ValueError(f"unknown model {args.model!r}; valid are {', '.join(MODELS)}")
+        raise UserError(f"unknown model {args.model!r}; valid are {', '.join(MODELS)}")
     builder = MODELS[args.model]
     accepted = inspect.signature(builder).parameters
     kwargs = {"seed": args.seed}
@@ -55,7 +56,7 @@ def build(args: argparse.Namespace):
             continue
         if name not in accepted:
             valid = ", ".join(f"--{n}" for n in MODEL_FLAGS if n in accepted)
-            raise ValueError(f"--{name} does not apply to model {args.model}; it takes {valid}")
+            raise UserError(f"--{name} does not apply to model {args.model}; it takes {valid}")
         kwargs[name] = value
     return builder(**kwargs), kwargs
 
@@ -66,15 +67,15 @@ def run(args: argparse.Namespace) -> int:
     from ..plan.profile import profile_layers
 
     if args.warmup < 0:
-        raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
+        raise UserError(f"--warmup must be >= 0, got {args.warmup}")
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
         device = torch.device(args.device)
     except RuntimeError:
-        raise ValueError(f"unknown --device {args.device!r}; try cpu or cuda") from None
+        raise UserError(f"unknown --device {args.device!r}; try cpu or cuda") from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {args.device} asked for, but CUDA is not available here")
+        raise UserError(f"--device {args.device} asked for, but CUDA is not available here")
     spec, kwargs = build(args)
     gen = torch.Generator().manual_seed(args.seed)
     x, y = spec.make_batch(args.batch, gen)

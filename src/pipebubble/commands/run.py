@@ -11,6 +11,7 @@ import argparse
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from ..errors import UserError
 from ..sim.kernel import simulate
 from ..sim.wire import ORDERINGS
 from .common import (
@@ -178,13 +179,13 @@ def _backward_total(t: dict) -> float:
 
 def run(args: argparse.Namespace) -> int:
     if args.warmup < 0:
-        raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
+        raise UserError(f"--warmup must be >= 0, got {args.warmup}")
     if not args.local:  # one process per rank
         from ._run_dist import run_distributed
 
         return run_distributed(args)
     if args.dp > 1:
-        raise ValueError(f"--dp {args.dp} needs one process per rank; drop --local")
+        raise UserError(f"--dp {args.dp} needs one process per rank; drop --local")
     import torch
 
     from ._run_setup import analyse, build_setup, check_against_unsplit, print_report, report_json

@@ -16,6 +16,7 @@ import sys
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from ..errors import UserError
 from ..plan.sweep import SweepPoint, parse_range, sweep, write_csv
 from ..schedules import lookup, schedule_names
 from .common import add_cost_flags, costs_from_args, positive_int
@@ -68,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     ms = parse_range(args.microbatches, "--microbatches")
     names = [n.strip() for n in (args.schedules or ",".join(schedule_names())).split(",")]
     if not all(names):
-        raise ValueError(f"--schedules: empty name in {args.schedules!r}; use e.g. gpipe,1f1b")
+        raise UserError(f"--schedules: empty name in {args.schedules!r}; use e.g. gpipe,1f1b")
     names = list(dict.fromkeys("auto" if n.lower() == "auto" else lookup(n).name
                                for n in names))  # unknown names fail here
     costs = costs_from_args(args)
@@ -84,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     if missing:
         err.print(f"[dim]{missing} (schedule, m) pairs were not valid and are left out[/dim]")
     if not points:
-        raise ValueError(f"no schedule in {','.join(names)} accepts p={args.ranks} with m in "
+        raise UserError(f"no schedule in {','.join(names)} accepts p={args.ranks} with m in "
                          f"{args.microbatches}")
     title = f"bubble and activation memory against microbatches, p={args.ranks}"
     if args.png or args.svg:
@@ -168,19 +169,19 @@ def run_memory(args: argparse.Namespace) -> int:
 
     ms = parse_range(args.microbatches, "--microbatches")
     if len(ms) != 1:
-        raise ValueError(f"--memory-limit sweeps at one m: give --microbatches N, "
+        raise UserError(f"--memory-limit sweeps at one m: give --microbatches N, "
                          f"got {args.microbatches!r}")
     limits = parse_limits(args.memory_limit)
     names = ([n.strip() for n in args.schedules.split(",")] if args.schedules
              else list(MEMORY_SCHEDULES))
     if not all(names):
-        raise ValueError(f"--schedules: empty name in {args.schedules!r}; use e.g. auto,zbv")
+        raise UserError(f"--schedules: empty name in {args.schedules!r}; use e.g. auto,zbv")
     names = list(dict.fromkeys("auto" if n.lower() == "auto" else lookup(n).name
                                for n in names))
     costs = replace(costs_from_args(args), memory_limit=None)  # the flag is the range here
     points = memory_sweep(names, args.ranks, ms[0], limits, costs)
     if not any(p.fits for p in points):
-        raise ValueError(f"no schedule fits any --memory-limit in {args.memory_limit} "
+        raise UserError(f"no schedule fits any --memory-limit in {args.memory_limit} "
                          f"(p={args.ranks}, m={ms[0]}); raise the limit")
     title = f"step time against the activation-memory limit, p={args.ranks}, m={ms[0]}"
     if args.png or args.svg:

@@ -53,12 +53,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..errors import UserError
+
 Ranges = list[tuple[int, int]]  # (first_layer, last_layer), inclusive, one per stage
 TIE_BREAKS = ("balanced", "early", "late")
 _SCALE_TOTAL = 2**50
 
 
-class PartitionError(ValueError):
+class PartitionError(UserError):
     """The layers cannot be cut as asked (too many stages, memory caps, bad costs)."""
 
 

@@ -46,11 +46,13 @@ if TYPE_CHECKING:  # torch loads only when layers are measured, not to read a pr
     import torch
     from torch import nn
 
+from ..errors import UserError
+
 FIELDS = ("name", "forward", "backward", "params", "activation_bytes", "flops")
 FORMAT = "pipebubble-profile"
 
 
-class ProfileError(ValueError):
+class ProfileError(UserError):
     """A profile file or dictionary that cannot be used; the message names the bad value."""
 
 
@@ -106,7 +108,7 @@ class Profile:
             data = json.loads(Path(path).read_text())
         except FileNotFoundError:
             raise ProfileError(f"profile file {str(path)!r} not found") from None
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:  # not JSON, or not text
             raise ProfileError(f"profile file {str(path)!r} is not valid JSON: {exc}") from None
         return cls.from_dict(data)
 
