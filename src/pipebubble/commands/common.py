@@ -8,7 +8,13 @@ import sys
 
 from ..costs import CostModel
 from ..ir.schedule import Schedule, ScheduleError
-from ..schedules import closed_form_bubble, get_schedule, lookup, schedule_names
+from ..schedules import get_schedule, schedule_names
+from ..sim.contract import (  # noqa: F401  re-exported: the JSON contract lives in sim/
+    closed_form_basis,
+    closed_form_for,
+    span_bubble,
+    timeline_json,
+)
 from ..timeline import Timeline
 
 
@@ -83,48 +89,6 @@ def costs_from_args(args: argparse.Namespace) -> CostModel:
 
 def schedule_from_args(args: argparse.Namespace) -> Schedule:
     return get_schedule(args.schedule, args.ranks, args.microbatches, args.chunks)
-
-
-def closed_form_for(schedule: Schedule, costs: CostModel) -> float | None:
-    """The closed-form bubble for a registered schedule under these costs (None if unknown)."""
-    try:
-        sc = costs.resolve(schedule.num_stages, schedule.chunks)
-        return closed_form_bubble(schedule.name, schedule.num_ranks, schedule.total_microbatches,
-                                  schedule.chunks, sc)
-    except ScheduleError:
-        return None
-
-
-def closed_form_basis(schedule: Schedule) -> str | None:
-    """``step`` or ``span``: what the schedule's published bubble is measured over."""
-    try:
-        return lookup(schedule.name).closed_form_basis
-    except ScheduleError:
-        return None
-
-
-def span_bubble(timeline: Timeline) -> float:
-    """The idlest rank's idle time within its own span (first start to last end) over that
-    span: what ZB-H2 and ZB-V publish (no optimizer barrier between steps)."""
-    return max(((s.span - s.busy) / s.span if s.span > 0 else 0.0
-                for s in timeline.rank_stats()), default=0.0)
-
-
-def timeline_json(timeline: Timeline, closed_form: float | None, events: bool = True,
-                  basis: str | None = "step") -> dict:
-    """The JSON contract shared by every command (see README, "JSON output").
-
-    Beyond the base contract: ``span_bubble_fraction`` (see :func:`span_bubble`) and
-    ``closed_form_basis`` (``step`` or ``span``: which of the two fractions the closed form
-    is comparable with; null when there is no closed form).
-    """
-    out = timeline.summary()
-    out["closed_form_bubble"] = closed_form
-    out["span_bubble_fraction"] = span_bubble(timeline)
-    out["closed_form_basis"] = basis if closed_form is not None else None
-    if events:
-        out["events"] = timeline.events_json()
-    return out
 
 
 def print_json(obj: object) -> None:

@@ -12,21 +12,23 @@ import argparse
 
 from rich.console import Console
 
-from ..interop.torch_csv import explain_deadlock, read_torch_csv
+from ..interop.torch_csv import read_torch_csv
 from ..ir.schedule import Schedule, ScheduleError, validate
 from ..render.terminal import gantt, summary_lines, summary_table
-from ..sim.kernel import Deadlock, simulate
+from ..sim.contract import (
+    closed_form_basis,
+    closed_form_for,
+    simulate_checked,
+    simulate_json,
+    span_bubble,
+)
 from .common import (
     add_cost_flags,
     add_figure_flags,
     add_schedule_flags,
-    closed_form_basis,
-    closed_form_for,
     costs_from_args,
     print_json,
     schedule_from_args,
-    span_bubble,
-    timeline_json,
     write_figures,
 )
 
@@ -64,16 +66,13 @@ def load_schedule(args: argparse.Namespace) -> Schedule:
 def run(args: argparse.Namespace) -> int:
     schedule = load_schedule(args)
     costs = costs_from_args(args)
-    try:
-        timeline = simulate(schedule, costs)
-    except Deadlock as exc:
-        raise explain_deadlock(schedule, exc) from None
+    timeline = simulate_checked(schedule, costs)
     closed = None if args.csv else closed_form_for(schedule, costs)
     title = (f"{schedule.name}  p={schedule.num_ranks} m={schedule.total_microbatches} "
              f"v={schedule.chunks}")
     write_figures(args, [timeline], title)
     if args.json:
-        print_json(timeline_json(timeline, closed, basis=closed_form_basis(schedule)))
+        print_json(simulate_json(schedule, costs, closed_form=not args.csv, timeline=timeline))
         return 0
     console = Console()
     console.print(gantt(timeline, width=args.width, title=title))

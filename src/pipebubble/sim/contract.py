@@ -1,0 +1,163 @@
+"""The JSON contract of a timeline: what ``simulate --json`` prints and the explorer serves.
+
+One function builds the object (:func:`timeline_json`), one runs a schedule and builds it
+(:func:`simulate_json`), and one reads it back (:func:`timeline_from_json`), so the command
+line, ``run --json`` and the web explorer (``pipebubble explore``) cannot drift apart.
+
+Fields (README, "JSON output"): ``schedule``, ``ranks``, ``stages``, ``microbatches``,
+``step_time``, ``bubble_fraction``, ``lower_bound``, ``per_rank``; then
+``closed_form_bubble`` (the schedule's published bubble for these costs, or null),
+``span_bubble_fraction`` (the idlest rank's idle time within its own span),
+``closed_form_basis`` (``step`` or ``span``), and with events: ``events`` (one object per
+action) and ``memory`` (each rank's activation memory over time as a step function: the
+value holds from ``time[i]`` until ``time[i + 1]``).
+
+>>> from pipebubble.schedules import get_schedule
+>>> out = simulate_json(get_schedule("gpipe", ranks=4, microbatches=8), CostModel())
+>>> out["step_time"], round(out["bubble_fraction"], 4), round(out["closed_form_bubble"], 4)
+(33.0, 0.2727, 0.2727)
+>>> out["memory"][0]["time"][:4], out["memory"][0]["value"][:4]  # F adds M_B as it starts
+([0.0, 1.0, 2.0, 3.0], [1.0, 2.0, 3.0, 4.0])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ..costs import CostModel, StageCosts
+from ..ir.schedule import Schedule, ScheduleError
+from ..schedules import closed_form_bubble, lookup
+from ..timeline import Event, Timeline
+from .kernel import Deadlock, simulate
+
+
+def closed_form_for(schedule: Schedule, costs: CostModel) -> float | None:
+    """The closed-form bubble for a registered schedule under these costs (None if unknown)."""
+    try:
+        sc = costs.resolve(schedule.num_stages, schedule.chunks)
+        return closed_form_bubble(schedule.name, schedule.num_ranks, schedule.total_microbatches,
+                                  schedule.chunks, sc)
+    except ScheduleError:
+        return None
+
+
+def closed_form_basis(schedule: Schedule) -> str | None:
+    """``step`` or ``span``: what the schedule's published bubble is measured over."""
+    try:
+        return lookup(schedule.name).closed_form_basis
+    except ScheduleError:
+        return None
+
+
+def span_bubble(timeline: Timeline) -> float:
+    """The idlest rank's idle time within its own span (first start to last end) over that
+    span: what ZB-H2 and ZB-V publish (no optimizer barrier between steps)."""
+    return max(((s.span - s.busy) / s.span if s.span > 0 else 0.0
+                for s in timeline.rank_stats()), default=0.0)
+
+
+def memory_json(timeline: Timeline) -> list[dict]:
+    """Each rank's activation memory as a step function with only its change points.
+
+    ``{"rank": r, "time": [0, t1, ...], "value": [0, v1, ...]}``: the memory is ``value[i]``
+    from ``time[i]`` until ``time[i + 1]``; the last point is at the step's end.
+    """
+    out = []
+    end = timeline.step_time
+    for r in range(timeline.num_ranks):
+        times, values = timeline.memory_curve(r)
+        t_out, v_out = [0.0], [0.0]
+        for t, v in zip(times, values, strict=True):
+            if t == t_out[-1]:
+                v_out[-1] = v
+            elif v != v_out[-1]:
+                t_out.append(t)
+                v_out.append(v)
+        if t_out[-1] < end:
+            t_out.append(end)
+            v_out.append(v_out[-1])
+        out.append({"rank": r, "time": t_out, "value": v_out})
+    return out
+
+
+def timeline_json(timeline: Timeline, closed_form: float | None, events: bool = True,
+                  basis: str | None = "step") -> dict:
+    """The JSON contract shared by every command (see README, "JSON output").
+
+    Beyond the base contract: ``span_bubble_fraction`` (see :func:`span_bubble`) and
+    ``closed_form_basis`` (``step`` or ``span``: which of the two fractions the closed form
+    is comparable with; null when there is no closed form); with ``events``, the events and
+    each rank's ``memory`` over time (:func:`memory_json`).
+    """
+    out = timeline.summary()
+    out["closed_form_bubble"] = closed_form
+    out["span_bubble_fraction"] = span_bubble(timeline)
+    out["closed_form_basis"] = basis if closed_form is not None else None
+    if events:
+        out["events"] = timeline.events_json()
+        out["memory"] = memory_json(timeline)
+    return out
+
+
+def simulate_checked(schedule: Schedule, costs: CostModel | StageCosts) -> Timeline:
+    """:func:`simulate`, with a deadlock on a CSV schedule named by its rows and columns."""
+    try:
+        return simulate(schedule, costs)
+    except Deadlock as exc:
+        from ..interop.torch_csv import explain_deadlock
+
+        raise explain_deadlock(schedule, exc) from None
+
+
+def simulate_json(schedule: Schedule, costs: CostModel, *, closed_form: bool = True,
+                  timeline: Timeline | None = None) -> dict:
+    """Simulate ``schedule`` under ``costs``: the object ``simulate --json`` prints.
+
+    ``closed_form=False`` (a schedule read from a file) reports no closed form; pass the
+    ``timeline`` when the caller has already simulated (the CLI also draws it).
+    """
+    if timeline is None:
+        timeline = simulate_checked(schedule, costs)
+    closed = closed_form_for(schedule, costs) if closed_form else None
+    return timeline_json(timeline, closed, basis=closed_form_basis(schedule))
+
+
+def timeline_from_json(data: object, source: str = "timeline") -> Timeline:
+    """A Timeline from the JSON contract (``simulate --json`` or ``run --json``).
+
+    Needs ``ranks``, ``stages`` and ``events``; ``schedule``, ``microbatches`` and ``source``
+    (``simulated`` unless the object says ``measured``, as ``run --json`` does) are
+    optional. Memory is not carried by events, so a Timeline read back has none (the object's
+    own ``memory`` curves, when present, say what it held). ``source`` names the object in
+    error messages.
+    """
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{source}: expected a JSON object with ranks, stages and events")
+    missing = [k for k in ("ranks", "stages", "events") if k not in data]
+    if missing:
+        raise ValueError(f"{source}: lacks {', '.join(missing)} (see README, JSON output)")
+    try:
+        ranks, stages = int(data["ranks"]), int(data["stages"])
+        events = [Event(int(e["rank"]), int(e["stage"]), str(e["kind"]), int(e["microbatch"]),
+                        float(e["start"]), float(e["end"])) for e in data["events"]]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{source}: bad field or event ({exc})") from None
+    if ranks < 1 or stages < 1 or not events:
+        raise ValueError(f"{source}: needs ranks >= 1, stages >= 1 and at least one event")
+    stage_to_rank = [-1] * stages
+    for e in events:
+        if not (0 <= e.rank < ranks and 0 <= e.stage < stages and e.microbatch >= 0):
+            raise ValueError(f"{source}: event {e.stage}{e.kind}{e.microbatch} on rank {e.rank} "
+                             f"is outside ranks 0..{ranks - 1} or stages 0..{stages - 1}")
+        if not e.end >= e.start:
+            raise ValueError(f"{source}: event {e.stage}{e.kind}{e.microbatch} ends before it "
+                             "starts")
+        stage_to_rank[e.stage] = e.rank
+    if -1 in stage_to_rank:
+        raise ValueError(f"{source}: stage {stage_to_rank.index(-1)} has no events")
+    kind = str(data.get("source", "simulated"))
+    return Timeline.from_events(
+        events, schedule=str(data.get("schedule", "measured")), num_ranks=ranks,
+        num_stages=stages,
+        num_microbatches=int(data.get("microbatches", 1 + max(e.microbatch for e in events))),
+        stage_to_rank=stage_to_rank, source="measured" if kind == "measured" else "simulated")

@@ -1,0 +1,8 @@
+"""The bubble explorer: ``pipebubble explore`` serves one page over the simulate JSON contract.
+
+- ``api.py``: request parameters → the ``simulate --json`` object, sweeps, CSV, traces;
+- ``server.py``: the standard library's threading HTTP server, loopback by default;
+- ``static/``: the page (HTML, JavaScript, CSS), shipped in the package: no CDN, no network.
+
+The page draws what the server computes; there is no simulator in JavaScript.
+"""
