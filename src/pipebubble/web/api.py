@@ -248,7 +248,7 @@ def meta() -> dict:
     for spec in SCHEDULES.values():
         schedules.append({
             "name": spec.name, "summary": spec.summary,
-            "formula": getattr(spec, "formula", None) or spec.summary,
+            "formula": getattr(spec, "formula", "") or None,
             "chunks": spec.chunks, "min_chunks": spec.min_chunks,
             "fixed_chunks": spec.fixed_chunks, "split_backward": spec.split_backward,
             "closed_form": spec.closed_form is not None, "basis": spec.closed_form_basis,

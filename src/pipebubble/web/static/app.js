@@ -162,7 +162,7 @@ function render(results, sweeps) {
   $("step-time").textContent = d ? fmt(d.step_time) : "–";
   $("bubble").textContent = d ? pct(d.bubble_fraction) : "–";
   $("closed-form").textContent = d && d.closed_form_bubble !== null ? pct(d.closed_form_bubble) : "none";
-  $("formula").textContent = spec(first.name).formula;
+  $("formula").textContent = spec(first.name).formula || "(no closed form for this schedule)";
   $("peak-memory").textContent = d ? d.per_rank.map((r) => fmt(r.peak_memory)).join(" · ") : "–";
   const simulated = results.filter((r) => r.data && !r.file);
   const scale = Math.max(...simulated.map((r) => r.data.step_time), 1e-12);
@@ -299,6 +299,8 @@ function memoryChart(d, span, lim) {
       svg.append(el("svg:path", { d: path, fill: over ? "#CC3311" : "#6699CC", "fill-opacity": 0.55,
         stroke: over ? "#CC3311" : "#0077BB", "stroke-width": 1 }));
       svg.lastChild.append(el("svg:title", {}, `rank ${r}: peak activation memory ${fmt(peak)}`));
+      svg.append(el("svg:text", { x: W - 6, y: y0 - 8, "font-size": 10, "text-anchor": "end",
+        fill: over ? "#CC3311" : "#555" }, "peak " + fmt(peak)));
     }
     if (lim !== null) svg.append(el("svg:line", { x1: LEFT, x2: x(d.step_time), y1: y(lim), y2: y(lim),
       stroke: "#CC3311", "stroke-dasharray": "4 3" }));
@@ -330,7 +332,8 @@ function sweepChart(sweeps) {
     svg.append(el("svg:path", { d: line, fill: "none", stroke: color, "stroke-width": 1.5 }));
     const cf = pts.filter((p) => p.closed_form_bubble !== null);
     if (cf.length) svg.append(el("svg:path", { d: cf.map((p, i) => (i ? "L" : "M") + x(p.microbatches) + "," +
-      y(p.closed_form_bubble)).join(""), fill: "none", stroke: color, "stroke-dasharray": "5 3", "stroke-width": 1 }));
+      y(p.closed_form_bubble)).join(""), fill: "none", stroke: "#222", "stroke-dasharray": "3 3", "stroke-width": 1,
+      class: "closed-form" }));
     for (const p of pts) {
       const c = el("svg:circle", { cx: x(p.microbatches), cy: y(p.bubble_fraction), r: 3, fill: color });
       c.append(el("svg:title", {}, `${s.schedule} m=${p.microbatches}: bubble ${pct(p.bubble_fraction)}` +
