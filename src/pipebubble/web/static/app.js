@@ -347,7 +347,7 @@ function sweepChart(sweeps) {
 // ---- downloads ---------------------------------------------------------------------------
 function viewSvg() {  // every panel's charts stacked in one standalone SVG
   const parts = [...document.querySelectorAll(".panel")];
-  const out = el("svg:svg", { xmlns: SVGNS, width: W, viewBox: "" });
+  const out = el("svg:svg", { width: W });
   let y = 0;
   for (const p of parts) {
     out.append(el("svg:text", { x: 4, y: y + 16, "font-size": 13, "font-weight": "bold" },

@@ -1,0 +1,194 @@
+"""The explorer's page in a real headless Chromium (Debian's ``chromium``, driven by Playwright).
+
+Skipped, with the reason shown, when Playwright or the browser is missing; ``.ci/run``
+installs both so CI always runs these. The browser starts with a fresh empty profile and no
+network services (no sync, no component updates, no QUIC): the page must need nothing but
+the local server.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+
+import pytest
+
+from pipebubble.interop.torch_csv import to_torch_csv
+from pipebubble.schedules import get_schedule
+
+sync_api = pytest.importorskip(
+    "playwright.sync_api",
+    reason="browser tests need Playwright: pip install -c constraints.txt -e '.[dev]'")
+CHROMIUM = os.environ.get("PIPEBUBBLE_CHROMIUM") or shutil.which("chromium") or shutil.which(
+    "chromium-browser")
+if CHROMIUM is None:
+    pytest.skip("browser tests need Debian's chromium (apt-get install -y chromium; .ci/run "
+                "installs it)", allow_module_level=True)
+
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture(scope="module")
+def browser_page():
+    from pipebubble.web.server import make_server, url_of
+
+    server = make_server("127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    with sync_api.sync_playwright() as pw, tempfile.TemporaryDirectory() as profile:
+        context = pw.chromium.launch_persistent_context(
+            profile, executable_path=CHROMIUM, args=ARGS, headless=True,
+            viewport={"width": 1300, "height": 1000}, accept_downloads=True)
+        page = context.new_page()
+        problems: list[str] = []
+        page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: problems.append(str(e)))
+        page.goto(url_of(server))
+        wait_ready(page)
+        yield page, problems, url_of(server)
+        context.close()
+    server.shutdown()
+    server.server_close()
+
+
+def wait_ready(page, renders_before: int | None = None) -> None:
+    """Wait until the page has drawn an answer newer than ``renders_before``."""
+    page.wait_for_function(
+        "n => document.body.dataset.state === 'ready' && Number(document.body.dataset.renders)"
+        " > n", arg=-1 if renders_before is None else renders_before, timeout=30_000)
+
+
+def renders(page) -> int:
+    return int(page.evaluate("Number(document.body.dataset.renders || 0)"))
+
+
+def set_value(page, selector: str, value: str) -> None:
+    before = renders(page)
+    page.fill(selector, value)
+    wait_ready(page, before)
+
+
+@pytest.fixture
+def page(browser_page):
+    page, problems, _ = browser_page
+    page.reload()
+    wait_ready(page)
+    problems.clear()
+    yield page
+    assert problems == [], f"the page logged errors: {problems}"
+
+
+def test_default_view_is_gpipe_4_8_with_27_27(page):
+    assert page.input_value("#schedule") == "gpipe"
+    assert page.input_value("#ranks") == "4" and page.input_value("#microbatches") == "8"
+    assert page.text_content("#bubble") == "27.27 %"
+    assert page.text_content("#closed-form") == "27.27 %"
+    assert page.text_content("#step-time") == "33"
+    assert "(p−1)/(m+p−1)" in page.text_content("#formula")
+    # 4 ranks x 8 microbatches x (F, B) boxes, each with a hover title
+    assert page.locator(".gantt .action").count() == 64
+
+
+def test_moving_m_to_64_shows_4_48(page):
+    set_value(page, "#microbatches", "64")
+    assert page.text_content("#bubble") == "4.48 %"
+    assert page.locator(".gantt .action").count() == 4 * 64 * 2
+
+
+def test_the_slider_drives_the_same_input(page):
+    before = renders(page)
+    page.locator("#microbatches-slider").fill("16")  # a range input takes fill() as a value
+    wait_ready(page, before)
+    assert page.input_value("#microbatches") == "16"
+    assert page.text_content("#bubble") == "15.79 %"  # 3/19
+
+
+def test_switching_to_1f1b_changes_chart_and_peak_memory(page):
+    chart = page.inner_html(".gantt")
+    assert page.text_content("#peak-memory") == "8 · 8 · 8 · 8"
+    before = renders(page)
+    page.select_option("#schedule", "1f1b")
+    wait_ready(page, before)
+    assert page.inner_html(".gantt") != chart
+    assert page.text_content("#peak-memory") == "4 · 3 · 2 · 1"
+    assert page.text_content("#bubble") == "27.27 %"  # same bubble, bounded memory
+
+
+def test_boxes_have_the_png_colours_and_hover_titles(page):
+    from pipebubble.render.style import kind_color
+
+    first = page.locator(".gantt .action").first
+    title = first.locator("title").text_content()
+    assert title.startswith("0F0: rank 0, stage 0, forward, microbatch 0, start 0, end 1")
+    rgb = ",".join(str(round(255 * c)) for c in kind_color("F"))
+    assert first.locator("rect").get_attribute("fill") == f"rgb({rgb})"
+    backward = page.locator(".gantt .action", has_text="").filter(
+        has=page.locator("title", has_text="0B0:")).first
+    rgb = ",".join(str(round(255 * c)) for c in kind_color("B"))
+    assert backward.locator("rect").get_attribute("fill") == f"rgb({rgb})"
+
+
+def test_memory_limit_marks_the_ranks_over_it(page):
+    set_value(page, "#memory_limit", "6")
+    text = page.text_content(".panel .fits")
+    assert text == "does not fit the memory limit 6 on rank(s) 0, 1, 2, 3"
+    before = renders(page)
+    page.select_option("#schedule", "1f1b")
+    wait_ready(page, before)
+    assert page.text_content(".panel .fits") == "fits the memory limit 6 on every rank"
+
+
+def test_compare_mode_shows_schedules_side_by_side(page):
+    for name in ("1f1b", "zb-h1"):
+        before = renders(page)
+        page.check(f".compare[value='{name}']")
+        wait_ready(page, before)
+    names = page.eval_on_selector_all(".panel", "ps => ps.map(p => p.dataset.name)")
+    assert names == ["gpipe", "1f1b", "zb-h1"]
+    bubbles = page.eval_on_selector_all(".panel .bubble", "bs => bs.map(b => b.textContent)")
+    assert bubbles[:2] == ["27.27 %", "27.27 %"]
+    assert bubbles[2] != "27.27 %"  # ZB-H1: (p-1)(F+I-W) = 3 units of bubble, not 9
+    assert page.locator("#sweep-svg path").count() >= 3
+
+
+def test_loading_a_csv_shows_it(page):
+    text = to_torch_csv(get_schedule("1f1b", 4, 8))
+    before = renders(page)
+    page.set_input_files("#file", files=[{"name": "mine.csv", "mimeType": "text/csv",
+                                          "buffer": text.encode()}])
+    wait_ready(page, before)
+    panel = page.locator(".panel[data-name='mine.csv']")
+    assert panel.count() == 1
+    assert panel.locator(".bubble").text_content() == "27.27 %"
+    assert panel.locator(".peak").text_content() == "4 · 3 · 2 · 1"
+    assert panel.locator(".gantt .action").count() == 64
+
+
+def test_downloads_svg_png_and_csv(page, tmp_path):
+    with page.expect_download() as svg:
+        page.click("#download-svg")
+    body = (tmp_path / "v.svg")
+    svg.value.save_as(body)
+    assert body.read_text().startswith("<svg xmlns=\"http://www.w3.org/2000/svg\"")
+    assert "0F0: rank 0" in body.read_text()
+    with page.expect_download() as png:
+        page.click("#download-png")
+    png.value.save_as(tmp_path / "v.png")
+    assert (tmp_path / "v.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with page.expect_download() as csv:
+        page.click("#download-csv")
+    csv.value.save_as(tmp_path / "g.csv")
+    assert (tmp_path / "g.csv").read_text() == to_torch_csv(get_schedule("gpipe", 4, 8))
+
+
+def test_bad_input_shows_the_servers_message(browser_page):
+    page, problems, _ = browser_page
+    page.reload()
+    wait_ready(page)
+    set_value(page, "#w", "3")
+    assert "w must be <= b" in page.text_content("#error")
+    # the browser itself reports the 400 answer on its console; nothing else may be there
+    assert all("400" in p for p in problems), problems
+    problems.clear()
