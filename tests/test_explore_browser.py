@@ -192,3 +192,22 @@ def test_bad_input_shows_the_servers_message(browser_page):
     # the browser itself reports the 400 answer on its console; nothing else may be there
     assert all("400" in p for p in problems), problems
     problems.clear()
+
+
+def test_loading_a_measured_run_shows_measured_and_predicted(page):
+    import json
+
+    from pipebubble.costs import CostModel
+    from pipebubble.sim.contract import simulate_json
+
+    run = simulate_json(get_schedule("gpipe", 2, 2), CostModel(f=0.001, b=0.002, w=0.001))
+    run.update(source="measured", predicted={"step_time": 0.008, "bubble_fraction": 0.25})
+    before = renders(page)
+    page.set_input_files("#file", files=[{"name": "run.json", "mimeType": "application/json",
+                                          "buffer": json.dumps(run).encode()}])
+    wait_ready(page, before)
+    panel = page.locator(".panel[data-name='run.json']")
+    assert "(measured)" in panel.locator("h3").text_content()
+    assert "step time 0.009 s" in panel.locator(".stats").text_content()  # (2+2-1)(1+2) ms
+    rows = panel.locator("table.predicted tr").all_text_contents()
+    assert rows[1:] == ["step time0.0090.008", "bubble33.33 %25.00 %"]

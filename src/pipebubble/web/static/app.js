@@ -194,13 +194,16 @@ function panel(r, span) {
   const stats = el("div", { class: "stats" });
   const peaks = d.per_rank.map((x) => x.peak_memory);
   const lim = limit();
+  const unit = d.source === "measured" ? " s" : "";  // measured runs are in seconds
   stats.innerHTML = "p=" + d.ranks + " m=" + d.microbatches + " stages=" + d.stages +
-    " · step time <b>" + fmt(d.step_time) + "</b> · bubble <b class=bubble>" + pct(d.bubble_fraction) +
+    " · step time <b>" + fmt(d.step_time) + unit + "</b> · bubble <b class=bubble>" + pct(d.bubble_fraction) +
     "</b> · closed form " + pct(d.closed_form_bubble) + " · peak memory <b class=peak>" +
     peaks.map(fmt).join(" · ") + "</b>";
   box.append(stats);
   if (lim !== null) {
-    const over = peaks.map((x, i) => [x, i]).filter(([x]) => x > lim + 1e-9).map(([, i]) => i);
+    // the server's verdict when it gives one (simulate --json with a limit), else the peaks'
+    const over = Array.isArray(d.over_limit_ranks) ? d.over_limit_ranks
+      : peaks.map((x, i) => [x, i]).filter(([x]) => x > lim + 1e-9).map(([, i]) => i);
     box.append(el("div", { class: over.length ? "over fits" : "fits" }, over.length
       ? "does not fit the memory limit " + fmt(lim) + " on rank(s) " + over.join(", ")
       : "fits the memory limit " + fmt(lim) + " on every rank"));
@@ -325,6 +328,10 @@ function sweepChart(sweeps) {
   }
   const current = Number($("microbatches").value);
   svg.append(el("svg:line", { x1: x(current), x2: x(current), y1: 8, y2: h - B, stroke: "#999", "stroke-dasharray": "2 2" }));
+  sweeps.forEach((s, i) => {
+    svg.append(el("svg:text", { x: w - 12, y: 18 + 13 * i, "font-size": 11, "text-anchor": "end",
+      fill: spec(s.schedule).color }, s.schedule));
+  });
   for (const s of sweeps) {
     const color = spec(s.schedule).color;
     const pts = s.points.filter((p) => p.bubble_fraction !== undefined);
