@@ -208,13 +208,35 @@ def test_post_timeline_json_round_trips(url, capsys):
     assert out["source"] == "measured" and out["predicted"]["step_time"] == 30.0
 
 
+def test_a_measured_run_comes_with_its_prediction(url):
+    """A run whose every action took its cost model's time is predicted exactly: the
+    calibrated costs are those times, so the simulation is the run itself."""
+    costs = CostModel(f=[0.001, 0.002], b=[0.002, 0.004], w=[0.001, 0.001])
+    run = simulate_json(get_schedule("zb-h1", 2, 4), costs)
+    status, out = get_json(url, "/api/simulate", json.dumps({**run, "source": "measured"})
+                           .encode())
+    assert status == 200 and out["source"] == "measured"
+    predicted = out["predicted_timeline"]
+    assert predicted["source"] == "predicted"
+    assert predicted["step_time"] == pytest.approx(run["step_time"])
+    assert [(e["stage"], e["kind"], e["microbatch"]) for e in predicted["events"]] == \
+        [(e["stage"], e["kind"], e["microbatch"]) for e in run["events"]]
+    unknown = {**run, "source": "measured", "schedule": "my-own-order"}
+    _, out = get_json(url, "/api/simulate", json.dumps(unknown).encode())
+    assert "predicted_timeline" not in out
+
+
 def test_post_bad_csv_has_the_cli_message(url, capsys, tmp_path):
     bad = tmp_path / "bad.csv"
     bad.write_text("0F0,0F1,0B0,0B1\n1F0,1B3\n")
     expect = cli_error(capsys, "simulate", "--csv", str(bad))
     status, out = get_json(url, f"/api/simulate?name={bad}", bad.read_bytes())
     assert status == 400 and out["error"] == expect
-    for body in (b"", b"{not json", b'{"ranks": 1}', b"\xff\xfe\x00"):
+    huge = {"ranks": 10**12, "stages": 10**12, "events": [
+        {"rank": 0, "stage": 0, "kind": "F", "microbatch": 0, "start": 0, "end": 1}]}
+    status, out = get_json(url, "/api/simulate", json.dumps(huge).encode())
+    assert status == 400 and "every stage has events" in out["error"]
+    for body in (b"", b"{not json", b'{"ranks": 1}', b"\xff\xfe\x00", b"[1, 2]"):
         assert get_json(url, "/api/simulate", body)[0] == 400
 
 

@@ -211,3 +211,6 @@ def test_loading_a_measured_run_shows_measured_and_predicted(page):
     assert "step time 0.009 s" in panel.locator(".stats").text_content()  # (2+2-1)(1+2) ms
     rows = panel.locator("table.predicted tr").all_text_contents()
     assert rows[1:] == ["step time0.0090.008", "bubble33.33 %25.00 %"]
+    predicted = page.locator(".panel[data-name='run.json · predicted']")
+    assert "step time 0.009 s" in predicted.locator(".stats").text_content()
+    assert predicted.locator(".gantt .action").count() == 8

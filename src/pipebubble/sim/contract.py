@@ -144,6 +144,9 @@ def timeline_from_json(data: object, source: str = "timeline") -> Timeline:
         raise ValueError(f"{source}: bad field or event ({exc})") from None
     if ranks < 1 or stages < 1 or not events:
         raise ValueError(f"{source}: needs ranks >= 1, stages >= 1 and at least one event")
+    if not ranks <= stages <= len(events):  # before sizing anything by them
+        raise ValueError(f"{source}: {ranks} ranks, {stages} stages and {len(events)} events; "
+                         "every rank holds a stage and every stage has events")
     stage_to_rank = [-1] * stages
     for e in events:
         if not (0 <= e.rank < ranks and 0 <= e.stage < stages and e.microbatch >= 0):

@@ -132,7 +132,9 @@ def load_body(body: bytes, params: Mapping[str, str]) -> tuple[Timeline, dict]:
 
     Returns the Timeline and its JSON object. A CSV is simulated with the cost parameters
     (no closed form: the file fixes the order); a timeline JSON keeps its own fields
-    (``source``, ``predicted``, ``memory``, ...) over the recomputed ones.
+    (``source``, ``predicted``, ``memory``, ...) over the recomputed ones, and a measured
+    one gets ``predicted_timeline``: the simulator's prediction of the same run, from the
+    run's own median action times (see :func:`_predict`), to draw beside it.
     """
     if len(body) > MAX_BODY_BYTES:
         raise TooLarge(f"the file is {len(body)} bytes; the explorer takes at most "
@@ -164,6 +166,10 @@ def load_body(body: bytes, params: Mapping[str, str]) -> tuple[Timeline, dict]:
                 if isinstance(theirs, dict) and "peak_memory" in theirs:
                     mine["peak_memory"] = theirs["peak_memory"]
         out["source"] = timeline.source
+        if timeline.source == "measured":
+            predicted = _predict(timeline)
+            if predicted is not None:
+                out["predicted_timeline"] = predicted
         return timeline, out
     from ..interop.torch_csv import parse_torch_csv
 
@@ -174,6 +180,25 @@ def load_body(body: bytes, params: Mapping[str, str]) -> tuple[Timeline, dict]:
     out = simulate_json(schedule, costs, closed_form=False, timeline=timeline)
     out["source"] = "simulated"
     return timeline, out
+
+
+def _predict(measured: Timeline) -> dict | None:
+    """The simulator's prediction of a measured run: the same schedule (when its name is a
+    registered one and the placement matches) under costs calibrated from the run's own
+    median action times (:func:`pipebubble.plan.calibrate.costs_from_timeline`), in seconds
+    like the run. None when the run's schedule cannot be regenerated."""
+    from ..plan.calibrate import costs_from_timeline
+
+    try:
+        schedule = get_schedule(measured.schedule, measured.num_ranks,
+                                measured.num_microbatches * measured.chains, measured.chunks)
+    except ValueError:
+        return None
+    if tuple(schedule.stage_to_rank) != tuple(measured.stage_to_rank):
+        return None
+    out = simulate_json(schedule, costs_from_timeline(measured))
+    out["source"] = "predicted"
+    return out
 
 
 def simulate_post(body: bytes, params: Mapping[str, str]) -> dict:

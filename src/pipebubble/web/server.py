@@ -40,6 +40,7 @@ def _static(name: str) -> bytes:
 class Handler(BaseHTTPRequestHandler):
     server_version = "pipebubble-explore"
     protocol_version = "HTTP/1.1"
+    timeout = 60  # seconds a silent client may hold its thread
 
     # ---- plumbing ---------------------------------------------------------------------
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002  quiet by default

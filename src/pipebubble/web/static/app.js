@@ -164,12 +164,17 @@ function render(results, sweeps) {
   $("closed-form").textContent = d && d.closed_form_bubble !== null ? pct(d.closed_form_bubble) : "none";
   $("formula").textContent = spec(first.name).formula || "(no closed form for this schedule)";
   $("peak-memory").textContent = d ? d.per_rank.map((r) => fmt(r.peak_memory)).join(" · ") : "–";
+  // a measured run gets its prediction (server-side, from its own medians) right after it
+  results = results.flatMap((r) => r.data && r.data.predicted_timeline ? [r, { name: r.name + " · predicted",
+    data: r.data.predicted_timeline, file: r.file, predicted: true }] : [r]);
   const simulated = results.filter((r) => r.data && !r.file);
   const scale = Math.max(...simulated.map((r) => r.data.step_time), 1e-12);
   const panels = $("panels");
   panels.replaceChildren();
   state.last = results;
-  for (const r of results) panels.append(panel(r, r.file ? r.data && r.data.step_time : scale));
+  const fileSpan = (r) => Math.max(...results.filter((x) => x.file === r.file && x.data)
+    .map((x) => x.data.step_time));  // a run and its prediction share one time scale
+  for (const r of results) panels.append(panel(r, r.file ? fileSpan(r) : scale));
   $("clear-files").hidden = state.files.length === 0;
   $("sweep").replaceChildren(sweepChart(sweeps));
 }
@@ -184,7 +189,7 @@ function panel(r, span) {
   const color = r.file ? "#999" : spec(r.name).color;
   const h = el("h3");
   h.append(el("span", { class: "swatch", style: "background:" + color }),
-    r.file ? r.name + " (" + (r.data ? r.data.source : "file") + ")" : r.name);
+    r.file && !r.predicted ? r.name + " (" + (r.data ? r.data.source : "file") + ")" : r.name);
   box.append(h);
   if (r.error) {
     box.append(el("div", { class: "panel-error" }, r.error.message));
@@ -194,7 +199,7 @@ function panel(r, span) {
   const stats = el("div", { class: "stats" });
   const peaks = d.per_rank.map((x) => x.peak_memory);
   const lim = limit();
-  const unit = d.source === "measured" ? " s" : "";  // measured runs are in seconds
+  const unit = ["measured", "predicted"].includes(d.source) ? " s" : "";  // runs: seconds
   stats.innerHTML = "p=" + d.ranks + " m=" + d.microbatches + " stages=" + d.stages +
     " · step time <b>" + fmt(d.step_time) + unit + "</b> · bubble <b class=bubble>" + pct(d.bubble_fraction) +
     "</b> · closed form " + pct(d.closed_form_bubble) + " · peak memory <b class=peak>" +
@@ -210,7 +215,7 @@ function panel(r, span) {
   }
   if (d.predicted) box.append(predictedTable(d));
   box.append(gantt(d, span), memoryChart(d, span, lim));
-  if (r.file) {
+  if (r.file && !r.predicted) {
     const b = el("button", { type: "button" }, "Perfetto trace of this file");
     b.addEventListener("click", async () => {
       const resp = await fetch("/api/trace?name=" + encodeURIComponent(r.name) + "&" + query($("schedule").value),
