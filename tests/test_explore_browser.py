@@ -214,3 +214,15 @@ def test_loading_a_measured_run_shows_measured_and_predicted(page):
     predicted = page.locator(".panel[data-name='run.json · predicted']")
     assert "step time 0.009 s" in predicted.locator(".stats").text_content()
     assert predicted.locator(".gantt .action").count() == 8
+
+
+def test_a_file_over_the_limit_is_refused_in_the_page(page):
+    from pipebubble.web.api import MAX_BODY_BYTES
+
+    before = renders(page)
+    page.set_input_files("#file", files=[{"name": "big.csv", "mimeType": "text/csv",
+                                          "buffer": b"0F0," * (MAX_BODY_BYTES // 4 + 1)}])
+    wait_ready(page, before)
+    panel = page.locator(".panel[data-name='big.csv']")
+    assert "the explorer takes files of at most" in panel.text_content()
+    assert page.text_content("#bubble") == "27.27 %"  # the simulation is still there

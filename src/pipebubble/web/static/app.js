@@ -131,7 +131,7 @@ async function update() {
   $("download-trace").download = main + ".trace.json";
   const jobs = names.map((n) => getJson("/api/simulate?" + query(n), {}, controller.signal)
     .then((data) => ({ name: n, data }), (err) => ({ name: n, error: err })));
-  const fileJobs = state.files.map((f) => getJson("/api/simulate?name=" + encodeURIComponent(f.name)
+  const fileJobs = state.files.map((f) => f.tooBig ? { name: f.name, error: new Error(f.tooBig), file: f } : getJson("/api/simulate?name=" + encodeURIComponent(f.name)
     + "&" + query(main), { method: "POST", body: f.text }, controller.signal)
     .then((data) => ({ name: f.name, data, file: f }), (err) => ({ name: f.name, error: err, file: f })));
   const sweeps = names.map((n) => getJson("/api/sweep?" + query(n), {}, controller.signal)
@@ -146,7 +146,13 @@ async function update() {
 }
 
 async function loadFiles(event) {
+  const most = state.meta.limits.max_body_bytes;
   for (const file of event.target.files) {
+    if (file.size > most) {  // the server would refuse it (413): say so without sending it
+      state.files.push({ name: file.name, tooBig:
+        `${file.name} is ${file.size} bytes; the explorer takes files of at most ${most} bytes` });
+      continue;
+    }
     state.files.push({ name: file.name, text: await file.text() });
   }
   $("clear-files").hidden = state.files.length === 0;
