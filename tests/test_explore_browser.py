@@ -226,3 +226,16 @@ def test_a_file_over_the_limit_is_refused_in_the_page(page):
     panel = page.locator(".panel[data-name='big.csv']")
     assert "the explorer takes files of at most" in panel.text_content()
     assert page.text_content("#bubble") == "27.27 %"  # the simulation is still there
+
+
+def test_span_published_forms_show_the_span_bubble(page):
+    """ZB-V publishes 0 bubble within each rank's span (F = I = W): the page shows the span
+    bubble beside it, not only the step's (which includes warm-up and cool-down)."""
+    assert (page.input_value("#f"), page.input_value("#b"), page.input_value("#w")) == (
+        "1", "2", "1")  # F = 1, I = B - W = 1, W = 1
+    before = renders(page)
+    page.select_option("#schedule", "zbv")
+    wait_ready(page, before)
+    assert page.text_content("#closed-form") == "0.00 %"
+    assert page.text_content("#basis").endswith("idles 0.00 %")
+    assert page.text_content("#bubble") != "0.00 %"

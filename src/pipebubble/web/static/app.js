@@ -169,6 +169,9 @@ function render(results, sweeps) {
   $("bubble").textContent = d ? pct(d.bubble_fraction) : "–";
   $("closed-form").textContent = d && d.closed_form_bubble !== null ? pct(d.closed_form_bubble) : "none";
   $("formula").textContent = spec(first.name).formula || "(no closed form for this schedule)";
+  // ZB-H2, ZB-V...: the published form is over the idlest rank's own span, not the step
+  $("basis").textContent = d && d.closed_form_basis === "span"
+    ? "measured within a rank's span: the idlest rank idles " + pct(d.span_bubble_fraction) : "";
   $("peak-memory").textContent = d ? d.per_rank.map((r) => fmt(r.peak_memory)).join(" · ") : "–";
   // a measured run gets its prediction (server-side, from its own medians) right after it
   results = results.flatMap((r) => r.data && r.data.predicted_timeline ? [r, { name: r.name + " · predicted",
@@ -208,7 +211,9 @@ function panel(r, span) {
   const unit = ["measured", "predicted"].includes(d.source) ? " s" : "";  // runs: seconds
   stats.innerHTML = "p=" + d.ranks + " m=" + d.microbatches + " stages=" + d.stages +
     " · step time <b>" + fmt(d.step_time) + unit + "</b> · bubble <b class=bubble>" + pct(d.bubble_fraction) +
-    "</b> · closed form " + pct(d.closed_form_bubble) + " · peak memory <b class=peak>" +
+    "</b> · closed form " + pct(d.closed_form_bubble) +
+    (d.closed_form_basis === "span" ? " (span bubble " + pct(d.span_bubble_fraction) + ")" : "") +
+    " · peak memory <b class=peak>" +
     peaks.map(fmt).join(" · ") + "</b>";
   box.append(stats);
   if (lim !== null) {
