@@ -72,8 +72,8 @@ def set_value(page, selector: str, value: str) -> None:
 
 @pytest.fixture
 def page(browser_page):
-    page, problems, _ = browser_page
-    page.reload()
+    page, problems, url = browser_page
+    page.goto(url)  # a fresh default view: the view lives in the address's #fragment
     wait_ready(page)
     problems.clear()
     yield page
@@ -184,8 +184,8 @@ def test_downloads_svg_png_and_csv(page, tmp_path):
 
 
 def test_bad_input_shows_the_servers_message(browser_page):
-    page, problems, _ = browser_page
-    page.reload()
+    page, problems, url = browser_page
+    page.goto(url)
     wait_ready(page)
     set_value(page, "#w", "3")
     assert "w must be <= b" in page.text_content("#error")
@@ -239,3 +239,16 @@ def test_span_published_forms_show_the_span_bubble(page):
     assert page.text_content("#closed-form") == "0.00 %"
     assert page.text_content("#basis").endswith("idles 0.00 %")
     assert page.text_content("#bubble") != "0.00 %"
+
+
+def test_the_view_is_kept_in_the_address(page):
+    set_value(page, "#microbatches", "64")
+    before = renders(page)
+    page.check(".compare[value='1f1b']")
+    wait_ready(page, before)
+    assert "microbatches=64" in page.url and "compare=1f1b" in page.url
+    page.reload()
+    wait_ready(page)
+    assert page.input_value("#microbatches") == "64"
+    assert page.text_content("#bubble") == "4.48 %"
+    assert page.is_checked(".compare[value='1f1b']")

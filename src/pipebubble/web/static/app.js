@@ -125,6 +125,7 @@ async function update() {
   const others = [...document.querySelectorAll(".compare:checked")].map((c) => c.value)
     .filter((n) => n !== main);
   const names = [main, ...others];
+  saveHash(main);
   $("download-csv").href = "/api/csv?" + query(main);
   $("download-csv").download = main + ".csv";
   $("download-trace").href = "/api/trace?" + query(main);
@@ -413,8 +414,30 @@ function download(blob, name) {
 }
 
 // ---- start -------------------------------------------------------------------------------
+// The view lives in the address (#schedule=1f1b&ranks=8&compare=zb-h1): reload keeps it and
+// a link shares it. Unknown names and values are left to the server to judge.
+function saveHash(main) {
+  const q = query(main);
+  const others = [...document.querySelectorAll(".compare:checked")].map((c) => c.value);
+  if (others.length) q.set("compare", others.join(","));
+  history.replaceState(null, "", "#" + q);
+}
+function loadHash() {
+  const q = new URLSearchParams(location.hash.slice(1));
+  if (q.has("schedule") && spec(q.get("schedule"))) $("schedule").value = q.get("schedule");
+  syncChunks();
+  for (const [param] of PARAMS) {
+    if (!q.has(param) || $(param).disabled) continue;
+    $(param).value = q.get(param);
+    if (q.get(param) !== "") $(param + "-slider").value = q.get(param);
+  }
+  const others = (q.get("compare") || "").split(",");
+  for (const box of document.querySelectorAll(".compare")) box.checked = others.includes(box.value);
+}
+
 fetch("/api/meta").then((r) => r.json()).then((meta) => {
   state.meta = meta;
   buildControls();
+  loadHash();
   update();
 });
