@@ -29,7 +29,7 @@ from urllib.parse import parse_qsl, urlsplit
 from . import api
 
 STATIC = {"index.html": "text/html; charset=utf-8", "app.js": "text/javascript; charset=utf-8",
-          "style.css": "text/css; charset=utf-8"}
+          "charts.js": "text/javascript; charset=utf-8", "style.css": "text/css; charset=utf-8"}
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 
 
