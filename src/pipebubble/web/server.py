@@ -70,6 +70,8 @@ class Handler(BaseHTTPRequestHandler):
         if getattr(self.server, "any_host", False):
             return True
         host = (self.headers.get("Host") or "").strip()
+        if not host:  # HTTP/1.0 without Host: no browser sends that, so no rebinding either
+            return True
         name = host[:host.find("]") + 1] if host.startswith("[") else host.rsplit(":", 1)[0]
         return name in LOOPBACK
 
