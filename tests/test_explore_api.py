@@ -208,6 +208,19 @@ def test_post_timeline_json_round_trips(url, capsys):
     assert out["source"] == "measured" and out["predicted"]["step_time"] == 30.0
 
 
+def test_a_files_own_fields_are_kept_only_when_well_formed(url, capsys):
+    saved = cli_json(capsys, "--schedule", "1f1b", "-p", "2", "-m", "2")
+    mine = [{"rank": r, "time": [0.0, 9.0], "value": [5.0, 0.0]} for r in range(2)]
+    _, out = get_json(url, "/api/simulate", json.dumps({**saved, "memory": mine}).encode())
+    assert out["memory"] == mine
+    for bad in ("nonsense", [{"rank": 0, "time": [0], "value": ["x"]}] * 2, mine[:1]):
+        broken = {**saved, "memory": bad, "closed_form_bubble": "27 %"}
+        _, out = get_json(url, "/api/simulate", json.dumps(broken).encode())
+        assert out["closed_form_bubble"] is None
+        # events carry no memory, so without usable curves the file held none we can show
+        assert all(v == 0 for curve in out["memory"] for v in curve["value"])
+
+
 def test_a_measured_run_comes_with_its_prediction(url):
     """A run whose every action took its cost model's time is predicted exactly: the
     calibrated costs are those times, so the simulation is the run itself."""

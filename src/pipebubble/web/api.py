@@ -154,16 +154,17 @@ def load_body(body: bytes, params: Mapping[str, str]) -> tuple[Timeline, dict]:
         if isinstance(data, dict) and isinstance(data.get("events"), list):
             _check_size(len(data["events"]))
         timeline = timeline_from_json(data, source=name)
-        out = timeline_json(timeline, data.get("closed_form_bubble"),
-                            basis=data.get("closed_form_basis") or "step")
+        closed = data.get("closed_form_bubble")
+        out = timeline_json(timeline, closed if _is_number(closed) else None,
+                            basis=str(data.get("closed_form_basis") or "step"))
         for key, value in data.items():  # the file's own extras (measured runs: predicted)
             out.setdefault(key, value)
-        if data.get("memory"):  # events carry no memory: keep the file's curves and peaks
-            out["memory"] = data["memory"]
+        if _memory_ok(data.get("memory"), timeline.num_ranks):  # events carry no memory:
+            out["memory"] = data["memory"]  # keep the file's curves and peaks
         file_ranks = data.get("per_rank")
         if isinstance(file_ranks, list) and len(file_ranks) == len(out["per_rank"]):
             for mine, theirs in zip(out["per_rank"], file_ranks, strict=True):
-                if isinstance(theirs, dict) and "peak_memory" in theirs:
+                if isinstance(theirs, dict) and _is_number(theirs.get("peak_memory")):
                     mine["peak_memory"] = theirs["peak_memory"]
         out["source"] = timeline.source
         if timeline.source == "measured":
@@ -180,6 +181,26 @@ def load_body(body: bytes, params: Mapping[str, str]) -> tuple[Timeline, dict]:
     out = simulate_json(schedule, costs, closed_form=False, timeline=timeline)
     out["source"] = "simulated"
     return timeline, out
+
+
+def _is_number(x: object) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and x == x
+
+
+def _memory_ok(memory: object, ranks: int) -> bool:
+    """True when ``memory`` has the shape of :func:`~pipebubble.sim.contract.memory_json`
+    (one ``{rank, time, value}`` per rank, numbers, equal lengths): only then is a file's
+    own curve passed to the page."""
+    if not isinstance(memory, list) or len(memory) != ranks:
+        return False
+    for curve in memory:
+        if not (isinstance(curve, dict) and isinstance(curve.get("time"), list)
+                and isinstance(curve.get("value"), list)
+                and len(curve["time"]) == len(curve["value"])
+                and curve.get("rank") in range(ranks)
+                and all(map(_is_number, curve["time"])) and all(map(_is_number, curve["value"]))):
+            return False
+    return True
 
 
 def _predict(measured: Timeline) -> dict | None:
