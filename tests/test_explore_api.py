@@ -358,3 +358,23 @@ def test_the_server_path_loads_neither_torch_nor_matplotlib():
                          timeout=120, cwd=Path(__file__).parent)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_explore_opens_the_browser_unless_told_not_to(capsys, monkeypatch):
+    import time
+    import webbrowser
+    from http.server import ThreadingHTTPServer
+
+    opened: list[str] = []
+
+    def interrupted(self, poll_interval=0.5):
+        time.sleep(0.5)  # the browser is opened from a thread while the server starts
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ThreadingHTTPServer, "serve_forever", interrupted)
+    monkeypatch.setattr(webbrowser, "open", opened.append)
+    assert main(["explore", "--port", "0"]) == 0
+    served = capsys.readouterr().out.splitlines()[0].split()[1]
+    assert opened == [served]
+    assert main(["explore", "--port", "0", "--no-browser"]) == 0
+    assert opened == [served]
