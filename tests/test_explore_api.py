@@ -24,9 +24,9 @@ from hypothesis import strategies as st
 
 from pipebubble.cli import main
 from pipebubble.costs import CostModel
+from pipebubble.interop.timeline_json import simulate_json
 from pipebubble.interop.torch_csv import parse_torch_csv, to_torch_csv
 from pipebubble.schedules import get_schedule, schedule_names
-from pipebubble.sim.contract import simulate_json
 from pipebubble.web import api
 from pipebubble.web.server import STATIC, make_server, url_of
 

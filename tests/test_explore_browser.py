@@ -198,7 +198,7 @@ def test_loading_a_measured_run_shows_measured_and_predicted(page):
     import json
 
     from pipebubble.costs import CostModel
-    from pipebubble.sim.contract import simulate_json
+    from pipebubble.interop.timeline_json import simulate_json
 
     run = simulate_json(get_schedule("gpipe", 2, 2), CostModel(f=0.001, b=0.002, w=0.001))
     run.update(source="measured", predicted={"step_time": 0.008, "bubble_fraction": 0.25})

@@ -7,14 +7,14 @@ import json
 import sys
 
 from ..costs import CostModel
-from ..ir.schedule import Schedule, ScheduleError
-from ..schedules import get_schedule, schedule_names
-from ..sim.contract import (  # noqa: F401  re-exported: the JSON contract lives in sim/
+from ..interop.timeline_json import (  # noqa: F401  re-exported: the JSON contract
     closed_form_basis,
     closed_form_for,
     span_bubble,
     timeline_json,
 )
+from ..ir.schedule import Schedule, ScheduleError
+from ..schedules import get_schedule, schedule_names
 from ..timeline import Timeline
 
 

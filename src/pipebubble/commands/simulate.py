@@ -12,16 +12,16 @@ import argparse
 
 from rich.console import Console
 
-from ..interop.torch_csv import read_torch_csv
-from ..ir.schedule import Schedule, ScheduleError, validate
-from ..render.terminal import gantt, summary_lines, summary_table
-from ..sim.contract import (
+from ..interop.timeline_json import (
     closed_form_basis,
     closed_form_for,
     simulate_checked,
     simulate_json,
     span_bubble,
 )
+from ..interop.torch_csv import read_torch_csv
+from ..ir.schedule import Schedule, ScheduleError, validate
+from ..render.terminal import gantt, summary_lines, summary_table
 from .common import (
     add_cost_flags,
     add_figure_flags,

@@ -2,7 +2,7 @@
 
 The server (``server.py``) maps URLs to these functions and nothing else; every number the
 page shows comes from here, and here from the same code as ``simulate --json``
-(:func:`pipebubble.sim.contract.simulate_json`). There is no second simulator in the page.
+(:func:`pipebubble.interop.timeline_json.simulate_json`). There is no second simulator in the page.
 
 - ``GET /api/simulate?schedule=gpipe&ranks=4&microbatches=8&f=1&b=2`` → :func:`simulate_get`
 - ``POST /api/simulate`` (a torch CSV or a timeline JSON body) → :func:`simulate_post`
@@ -30,15 +30,15 @@ from collections.abc import Mapping
 
 from .. import __version__
 from ..costs import CostModel
-from ..ir.schedule import Schedule
-from ..schedules import SCHEDULES, get_schedule, lookup
-from ..sim.contract import (
+from ..interop.timeline_json import (
     closed_form_for,
     simulate_checked,
     simulate_json,
     timeline_from_json,
     timeline_json,
 )
+from ..ir.schedule import Schedule
+from ..schedules import SCHEDULES, get_schedule, lookup
 from ..timeline import Timeline
 
 MAX_ACTIONS = 200_000  # actions per request (a sweep: summed over its points)
@@ -188,7 +188,7 @@ def _is_number(x: object) -> bool:
 
 
 def _memory_ok(memory: object, ranks: int) -> bool:
-    """True when ``memory`` has the shape of :func:`~pipebubble.sim.contract.memory_json`
+    """True when ``memory`` has the shape of :func:`~pipebubble.interop.timeline_json.memory_json`
     (one ``{rank, time, value}`` per rank, numbers, equal lengths): only then is a file's
     own curve passed to the page."""
     if not isinstance(memory, list) or len(memory) != ranks:

@@ -27,8 +27,8 @@ from collections.abc import Mapping
 from ..costs import CostModel, StageCosts
 from ..ir.schedule import Schedule, ScheduleError
 from ..schedules import closed_form_bubble, lookup
+from ..sim.kernel import Deadlock, simulate
 from ..timeline import Event, Timeline
-from .kernel import Deadlock, simulate
 
 
 def closed_form_for(schedule: Schedule, costs: CostModel) -> float | None:
@@ -100,12 +100,12 @@ def timeline_json(timeline: Timeline, closed_form: float | None, events: bool = 
 
 
 def simulate_checked(schedule: Schedule, costs: CostModel | StageCosts) -> Timeline:
-    """:func:`simulate`, with a deadlock on a CSV schedule named by its rows and columns."""
+    """:func:`simulate`, with a deadlock in a CSV file named by its rows and columns."""
+    from .torch_csv import explain_deadlock
+
     try:
         return simulate(schedule, costs)
     except Deadlock as exc:
-        from ..interop.torch_csv import explain_deadlock
-
         raise explain_deadlock(schedule, exc) from None
 
 
