@@ -100,12 +100,29 @@ def test_api_returns_exactly_the_cli_object(url, capsys, query, flags):
     assert out == cli_json(capsys, *flags)
 
 
+def test_memory_limit_and_auto_match_the_cli(url, capsys):
+    query = "schedule=zb-h1&ranks=4&microbatches=8&mem_b=2&mem_w=1&memory_limit=6"
+    _, out = get_json(url, "/api/simulate?" + query)
+    assert main(["simulate", "--schedule", "zb-h1", "-p", "4", "-m", "8", "--mem-b", "2",
+                 "--mem-w", "1", "--memory-limit", "6", "--json"]) == 1  # 1: over the limit
+    assert out == json.loads(capsys.readouterr().out)
+    assert out["fits"] is False and out["over_limit_ranks"] == [0, 1]  # peaks 8, 6.x, ...
+    _, auto = get_json(url, "/api/simulate?schedule=auto&memory_limit=3")
+    cli = cli_json(capsys, "--schedule", "auto", "-p", "4", "-m", "8", "--memory-limit", "3")
+    for obj in (auto, cli):
+        obj["auto"].pop("seconds")  # how long the search took
+    assert auto == cli
+    assert max(r["peak_memory"] for r in auto["per_rank"]) <= 3 and auto["fits"] is True
+    status, out = get_json(url, "/api/simulate?schedule=auto&chunks=3")
+    assert status == 400 and "auto takes chunks 1" in out["error"]
+
+
 def test_memory_parameters_scale_the_peaks(url):
     _, out = get_json(url, "/api/simulate?schedule=zb-h1&mem_b=2&mem_w=0.5")
     # ZB-H1 holds p microbatches on rank 0 (DESIGN): 4 x M_B = 8
     assert out["per_rank"][0]["peak_memory"] == 8.0
-    _, cf = get_json(url, "/api/simulate?memory_limit=3")  # accepted; the page marks ranks
-    assert cf["per_rank"][0]["peak_memory"] == 8.0
+    _, cf = get_json(url, "/api/simulate?memory_limit=3")
+    assert cf["per_rank"][0]["peak_memory"] == 8.0 and cf["over_limit_ranks"] == [0, 1, 2, 3]
 
 
 @given(st.sampled_from(["gpipe", "1f1b", "zb-h1", "interleaved-1f1b", "zbv", "dualpipev"]),
@@ -287,7 +304,7 @@ def test_meta_lists_every_registered_schedule_and_the_png_colours(url):
     from pipebubble.render.style import IDLE_COLOR, KIND_COLORS
 
     _, meta = get_json(url, "/api/meta")
-    assert [s["name"] for s in meta["schedules"]] == schedule_names()
+    assert [s["name"] for s in meta["schedules"]] == [*schedule_names(), "auto"]
     assert meta["colors"]["kinds"] == KIND_COLORS and meta["colors"]["idle"] == IDLE_COLOR
     gpipe = meta["schedules"][0]
     assert "(p−1)/(m+p−1)" in gpipe["formula"]

@@ -9,25 +9,24 @@ flag and --json apply as usual.
 from __future__ import annotations
 
 import argparse
-
-from rich.console import Console
+import sys
 
 from ..interop.timeline_json import (
     closed_form_basis,
     closed_form_for,
+    memory_fields,
     simulate_checked,
-    simulate_json,
     span_bubble,
+    write_simulate_json,
 )
 from ..interop.torch_csv import read_torch_csv
 from ..ir.schedule import Schedule, ScheduleError, validate
-from ..render.terminal import gantt, summary_lines, summary_table
 from .common import (
     add_cost_flags,
     add_figure_flags,
     add_schedule_flags,
     costs_from_args,
-    print_json,
+    fit_line,
     schedule_from_args,
     write_figures,
 )
@@ -71,9 +70,16 @@ def run(args: argparse.Namespace) -> int:
     title = (f"{schedule.name}  p={schedule.num_ranks} m={schedule.total_microbatches} "
              f"v={schedule.chunks}")
     write_figures(args, [timeline], title)
+    memory = memory_fields(timeline, costs)
+    status = 1 if memory and not memory["fits"] else 0  # ran, but over --memory-limit
     if args.json:
-        print_json(simulate_json(schedule, costs, closed_form=not args.csv, timeline=timeline))
-        return 0
+        # the same object as GET /api/simulate (pipebubble explore): interop/timeline_json.py
+        write_simulate_json(sys.stdout, schedule, costs, timeline, closed_form=not args.csv)
+        return status
+    from rich.console import Console
+
+    from ..render.terminal import gantt, summary_lines, summary_table
+
     console = Console()
     console.print(gantt(timeline, width=args.width, title=title))
     console.print(summary_table(timeline))
@@ -83,4 +89,12 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"span bubble {span_bubble(timeline):.2%} (the idlest rank's idle time "
                       "within its own first-start-to-last-end span, which is what this "
                       "schedule's closed form measures)")
-    return 0
+    info = schedule.options.get("auto")
+    if info:
+        console.print(f"auto: {info['placement']} placement ({info['chunks']} chunk(s) per "
+                      f"rank), from {info['from']}; lower bound {info['lower_bound']:.4g}, "
+                      f"searched in {info['seconds']:.2f} s")
+    line = fit_line(timeline, costs)
+    if line:
+        console.print(line)
+    return status

@@ -40,11 +40,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import median
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
+if TYPE_CHECKING:  # torch loads only when layers are measured, not to read a profile file
+    import torch
+    from torch import nn
 
 FIELDS = ("name", "forward", "backward", "params", "activation_bytes", "flops")
 FORMAT = "pipebubble-profile"
@@ -180,6 +180,9 @@ def profile_layers(
     Layers and sample must already be on the device to measure. Gradients the passes leave
     in the parameters are cleared (set to None) at the end.
     """
+    import torch
+    from torch import nn
+
     if isinstance(layers, nn.Sequential):
         names = names or [n for n, _ in layers.named_children()]
     mods = list(layers)
@@ -240,15 +243,11 @@ def resolve_timer(timer: str, device: torch.device | str = "cpu") -> str:
     if timer not in ("auto", "wall", "cpu"):
         raise ProfileError(f"unknown timer {timer!r}; valid are auto, wall, cpu")
     if timer == "auto":
+        import torch
+
         one_thread = torch.get_num_threads() == 1
         return "cpu" if torch.device(device).type == "cpu" and one_thread else "wall"
     return timer
-
-
-def _synchronizer(device: torch.device) -> Callable[[], None]:
-    if device.type == "cuda":
-        return lambda: torch.cuda.synchronize(device)
-    return lambda: None
 
 
 def _layer_input(x: torch.Tensor, first: bool) -> torch.Tensor:
@@ -265,6 +264,8 @@ def _forward(mods, i, x, target, loss_fn):
 
 
 def _backward(y: torch.Tensor, grad: torch.Tensor | None) -> None:
+    import torch
+
     if y.requires_grad:
         if grad is None and y.numel() != 1:
             grad = torch.ones_like(y)  # no loss: any output gradient times the same work
@@ -299,6 +300,9 @@ def _timed_pass(mods, sample, target, loss_fn, sync, clock) -> tuple[list[float]
 
 def _count_pass(mods, sample, target, loss_fn) -> tuple[list[int], list[int]]:
     """FLOPs (forward + backward) and saved-activation bytes per layer, in one untimed pass."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
     params = {p.untyped_storage().data_ptr() for m in mods for p in m.parameters()}
     flops, saved = [], []
     xs, ys = [], []

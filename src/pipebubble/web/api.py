@@ -13,9 +13,10 @@ page shows comes from here, and here from the same code as ``simulate --json``
 Parameters (all optional): ``schedule`` (gpipe), ``ranks`` (4), ``microbatches`` (8),
 ``chunks`` (the schedule's own), ``f`` (1), ``b`` (2), ``w`` (1; a number or a comma list
 per stage, like the CLI), ``comm`` (0), ``overlap`` (1), ``mem_b`` (M_B, 1), ``mem_w``
-(M_W, 0), ``memory_limit`` (none). Bad values raise ``ValueError`` with one line naming the
-value and what is valid; the server answers 400 with it. Requests bigger than
-:data:`MAX_ACTIONS` actions raise :class:`TooLarge` (413).
+(M_W, 0), ``memory_limit`` (none; one value, or one per rank). ``schedule=auto`` searches
+an order under the memory limit, like ``simulate --schedule auto``. Bad values raise
+``ValueError`` with one line naming the value and what is valid; the server answers 400
+with it. Requests bigger than :data:`MAX_ACTIONS` actions raise :class:`TooLarge` (413).
 
 >>> out = simulate_get({"schedule": "gpipe", "ranks": "4", "microbatches": "8"})
 >>> round(out["bubble_fraction"] * 100, 2)
@@ -24,7 +25,6 @@ value and what is valid; the server answers 400 with it. Requests bigger than
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Mapping
 
@@ -45,6 +45,7 @@ MAX_ACTIONS = 200_000  # actions per request (a sweep: summed over its points)
 MAX_BODY_BYTES = 8 * 2**20  # bytes of a POSTed CSV or timeline JSON
 SWEEP_MS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 DEFAULTS = {"schedule": "gpipe", "ranks": "4", "microbatches": "8"}
+AUTO = "auto"  # not a family in the registry: a search over orders (schedules/auto)
 
 
 class TooLarge(ValueError):
@@ -95,19 +96,30 @@ def costs_from_params(params: Mapping[str, str]) -> CostModel:
         comm=comm, overlap=overlap, activation_memory=_times(params, "mem_b", 1.0),
         weight_memory=_times(params, "mem_w", 0.0))
     limit = _times(params, "memory_limit", -1.0)
-    if isinstance(limit, list):
-        raise ValueError("memory_limit takes one value (per rank), got a list")
-    if limit >= 0 and "memory_limit" in {f.name for f in dataclasses.fields(CostModel)}:
+    if limit != -1.0:  # one value for every rank, or one per rank (CostModel checks)
         kwargs["memory_limit"] = limit
     return CostModel(**kwargs)
 
 
-def schedule_from_params(params: Mapping[str, str]) -> Schedule:
-    """Generate the schedule the parameters name, refusing ones over :data:`MAX_ACTIONS`."""
+def schedule_from_params(params: Mapping[str, str], costs: CostModel | None = None) -> Schedule:
+    """Generate the schedule the parameters name, refusing ones over :data:`MAX_ACTIONS`.
+
+    ``auto`` (like ``simulate --schedule auto``) searches the fastest order for ``costs``
+    within their memory limit: chunks 1 loop placement, 2 V, none either.
+    """
     name = str(params.get("schedule") or DEFAULTS["schedule"])
     ranks = _int(params, "ranks", DEFAULTS["ranks"])
     microbatches = _int(params, "microbatches", DEFAULTS["microbatches"])
     chunks = _int(params, "chunks")
+    if name.lower() == AUTO:
+        from ..schedules.auto import auto_schedule
+
+        placement = {None: "any", 1: "loop", 2: "v"}.get(chunks)
+        if placement is None:
+            raise ValueError(f"auto takes chunks 1 (loop placement) or 2 (V placement), "
+                             f"got {chunks}")
+        _check_size(ranks * 2 * microbatches * 3)
+        return auto_schedule(ranks, microbatches, costs or CostModel(), placement=placement)
     spec = lookup(name)
     _check_size(ranks * (chunks or spec.chunks) * microbatches)
     schedule = get_schedule(spec.name, ranks, microbatches, chunks)
@@ -124,7 +136,7 @@ def _check_size(actions: int) -> None:
 def simulate_get(params: Mapping[str, str]) -> dict:
     """``GET /api/simulate``: exactly the object ``pipebubble simulate --json`` prints."""
     costs = costs_from_params(params)
-    return simulate_json(schedule_from_params(params), costs)
+    return simulate_json(schedule_from_params(params, costs), costs)
 
 
 def load_body(body: bytes, params: Mapping[str, str]) -> tuple[Timeline, dict]:
@@ -242,13 +254,14 @@ def sweep(params: Mapping[str, str]) -> dict:
     else:
         ms = sorted(set(SWEEP_MS) | {current})
     ranks = _int(params, "ranks", DEFAULTS["ranks"])
-    chunks = _int(params, "chunks") or lookup(str(params.get("schedule") or "gpipe")).chunks
+    name = str(params.get("schedule") or DEFAULTS["schedule"])
+    chunks = _int(params, "chunks") or (2 if name.lower() == AUTO else lookup(name).chunks)
     _check_size(sum(ranks * chunks * m for m in ms))
     points = []
     for m in ms:
         point: dict = {"microbatches": m}
         try:
-            schedule = schedule_from_params({**params, "microbatches": str(m)})
+            schedule = schedule_from_params({**params, "microbatches": str(m)}, costs)
             timeline = simulate_checked(schedule, costs)
         except TooLarge:
             raise
@@ -258,7 +271,7 @@ def sweep(params: Mapping[str, str]) -> dict:
             point.update(step_time=timeline.step_time, bubble_fraction=timeline.bubble_fraction,
                          closed_form_bubble=closed_form_for(schedule, costs))
         points.append(point)
-    return {"schedule": lookup(str(params.get("schedule") or "gpipe")).name, "ranks": ranks,
+    return {"schedule": AUTO if name.lower() == AUTO else lookup(name).name, "ranks": ranks,
             "points": points}
 
 
@@ -266,7 +279,7 @@ def schedule_csv(params: Mapping[str, str]) -> str:
     """``GET /api/csv``: the schedule in torch.distributed.pipelining's CSV format."""
     from ..interop.torch_csv import to_torch_csv
 
-    return to_torch_csv(schedule_from_params(params))
+    return to_torch_csv(schedule_from_params(params, costs_from_params(params)))
 
 
 def trace(params: Mapping[str, str], body: bytes | None = None) -> dict:
@@ -275,7 +288,8 @@ def trace(params: Mapping[str, str], body: bytes | None = None) -> dict:
     from ..render.trace import trace_document
 
     if body is None:
-        timeline = simulate_checked(schedule_from_params(params), costs_from_params(params))
+        costs = costs_from_params(params)
+        timeline = simulate_checked(schedule_from_params(params, costs), costs)
     else:
         timeline = load_body(body, params)[0]
     return trace_document([timeline], [timeline.schedule])
@@ -284,8 +298,9 @@ def trace(params: Mapping[str, str], body: bytes | None = None) -> dict:
 def meta() -> dict:
     """``GET /api/meta``: what the page builds its controls and colours from.
 
-    Schedules come from the registry (every registered family, in registration order), with
-    their default and minimum chunks and a text for the closed form; colours are those of
+    Schedules come from the registry (every registered family, in registration order, then
+    ``auto``), with their default and minimum chunks and a text for the closed form
+    (``chunks`` null: the schedule chooses); colours are those of
     the PNG renderer (``render/style.py``), so the SVG and the PNG agree.
     """
     from ..render import style
@@ -300,6 +315,13 @@ def meta() -> dict:
             "closed_form": spec.closed_form is not None, "basis": spec.closed_form_basis,
             "color": style.schedule_color(spec.name),
         })
+    schedules.append({
+        "name": AUTO, "summary": "the fastest order found for these costs within the memory "
+        "limit (a list scheduler, schedules/auto); v: 1 loop placement, 2 V, empty either",
+        "formula": None, "chunks": None, "min_chunks": 1, "fixed_chunks": False,
+        "split_backward": True, "closed_form": False, "basis": "step",
+        "color": style.schedule_color(AUTO),
+    })
     return {
         "version": __version__, "defaults": DEFAULTS, "schedules": schedules,
         "colors": {"kinds": style.KIND_COLORS, "fallback": style.FALLBACK_KIND,

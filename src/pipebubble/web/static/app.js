@@ -55,7 +55,9 @@ function syncChunks() {  // v is the schedule's own when the family fixes it
   const row = $("row-chunks");
   row.classList.toggle("disabled", s.fixed_chunks);
   $("chunks").disabled = $("chunks-slider").disabled = s.fixed_chunks;
-  if (s.fixed_chunks || Number($("chunks").value) < s.min_chunks) {
+  if (s.chunks === null) {  // auto: empty v lets the search choose the placement
+    $("chunks").value = "";
+  } else if (s.fixed_chunks || $("chunks").value === "" || Number($("chunks").value) < s.min_chunks) {
     $("chunks").value = $("chunks-slider").value = s.fixed_chunks ? s.chunks : Math.max(s.min_chunks, s.chunks);
   }
 }
@@ -66,8 +68,8 @@ function query(name) {  // the API's parameters for schedule `name`
   for (const [param] of PARAMS) {
     const v = $(param).value.trim();
     if (v === "") continue;
-    if (param === "chunks") {
-      if (s.fixed_chunks) continue;
+    if (param === "chunks") {  // compared schedules keep their own v where v is theirs
+      if (s.fixed_chunks || (s.chunks === null && name !== $("schedule").value)) continue;
       q.set(param, String(Math.max(Number(v), s.min_chunks)));
     } else q.set(param, v);
   }
