@@ -65,24 +65,38 @@ def span_bubble(timeline: Timeline) -> float:
 def memory_json(timeline: Timeline) -> list[dict]:
     """Each rank's activation memory as a step function with only its change points.
 
-    ``{"rank": r, "time": [0, t1, ...], "value": [0, v1, ...]}``: the memory is ``value[i]``
-    from ``time[i]`` until ``time[i + 1]``; the last point is at the step's end.
+    ``{"rank": r, "time": [0, t1, ...], "value": [v0, v1, ...]}``: the memory is
+    ``value[i]`` from ``time[i]`` until ``time[i + 1]``; the last point is at the step's end.
+    Each event adds ``mem_start`` at its start and ``mem_end`` at its end
+    (:meth:`Timeline.memory_curve`); changes at one instant are summed, and points that
+    change nothing are dropped. Vectorised: a million events take a fraction of a second.
     """
+    import numpy as np
+
     out = []
     end = timeline.step_time
+    start_col = np.asarray(timeline.start, dtype=np.float64)
+    end_col = np.asarray(timeline.end, dtype=np.float64)
+    m0, m1 = (np.asarray(c, dtype=np.float64) for c in (timeline.mem_start, timeline.mem_end))
     for r in range(timeline.num_ranks):
-        times, values = timeline.memory_curve(r)
-        t_out, v_out = [0.0], [0.0]
-        for t, v in zip(times, values, strict=True):
-            if t == t_out[-1]:
-                v_out[-1] = v
-            elif v != v_out[-1]:
-                t_out.append(t)
-                v_out.append(v)
-        if t_out[-1] < end:
-            t_out.append(end)
-            v_out.append(v_out[-1])
-        out.append({"rank": r, "time": t_out, "value": v_out})
+        lo, hi = timeline.offsets[r], timeline.offsets[r + 1]
+        times = np.empty(2 * (hi - lo) + 1)
+        deltas = np.empty_like(times)
+        times[0], deltas[0] = 0.0, 0.0
+        times[1::2], times[2::2] = start_col[lo:hi], end_col[lo:hi]
+        deltas[1::2], deltas[2::2] = m0[lo:hi], m1[lo:hi]
+        order = np.argsort(times, kind="stable")
+        times, values = times[order], np.cumsum(deltas[order])
+        last = np.append(times[1:] != times[:-1], True)  # the last point of each instant
+        times, values = times[last], values[last]
+        change = np.append(True, values[1:] != values[:-1])
+        if times[0] > 0.0:  # nothing happens at 0: the curve still starts there, at 0
+            times, values = np.append(0.0, times), np.append(0.0, values)
+            change = np.append(True, change)
+        times, values = times[change], values[change]
+        if times[-1] < end:
+            times, values = np.append(times, end), np.append(values, values[-1])
+        out.append({"rank": r, "time": times.tolist(), "value": values.tolist()})
     return out
 
 
