@@ -252,3 +252,14 @@ def test_the_view_is_kept_in_the_address(page):
     assert page.input_value("#microbatches") == "64"
     assert page.text_content("#bubble") == "4.48 %"
     assert page.is_checked(".compare[value='1f1b']")
+
+
+def test_auto_searches_under_the_memory_limit(page):
+    set_value(page, "#memory_limit", "3")
+    before = renders(page)
+    page.select_option("#schedule", "auto")
+    wait_ready(page, before)
+    assert page.input_value("#chunks") == ""  # the search picks the placement
+    peaks = [float(x) for x in page.text_content("#peak-memory").split(" · ")]
+    assert max(peaks) <= 3
+    assert page.text_content(".panel .fits") == "fits the memory limit 3 on every rank"
