@@ -16,7 +16,7 @@ from pathlib import Path
 import pipebubble
 
 ROOT = Path(pipebubble.__file__).parent
-LIBRARY = ("ir", "schedules", "sim", "plan", "models", "runtime", "render", "interop")
+LIBRARY = ("ir", "schedules", "sim", "plan", "models", "runtime", "render", "interop", "web")
 
 
 def _modules() -> dict[str, Path]:
