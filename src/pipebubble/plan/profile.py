@@ -40,11 +40,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import median
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
+if TYPE_CHECKING:  # torch is imported where tensors run: reading a profile needs none
+    import torch
+    from torch import nn
 
 FIELDS = ("name", "forward", "backward", "params", "activation_bytes", "flops")
 FORMAT = "pipebubble-profile"
@@ -180,6 +180,8 @@ def profile_layers(
     Layers and sample must already be on the device to measure. Gradients the passes leave
     in the parameters are cleared (set to None) at the end.
     """
+    import torch
+    from torch import nn
     if isinstance(layers, nn.Sequential):
         names = names or [n for n, _ in layers.named_children()]
     mods = list(layers)
@@ -235,6 +237,8 @@ def profile_layers(
 
 def resolve_timer(timer: str, device: torch.device | str = "cpu") -> str:
     """``auto`` -> ``cpu`` (process CPU time) on a CPU with one torch thread, else ``wall``."""
+    import torch
+
     if timer not in ("auto", "wall", "cpu"):
         raise ProfileError(f"unknown timer {timer!r}; valid are auto, wall, cpu")
     if timer == "auto":
@@ -244,6 +248,8 @@ def resolve_timer(timer: str, device: torch.device | str = "cpu") -> str:
 
 
 def _synchronizer(device: torch.device) -> Callable[[], None]:
+    import torch
+
     if device.type == "cuda":
         return lambda: torch.cuda.synchronize(device)
     return lambda: None
@@ -263,6 +269,8 @@ def _forward(mods, i, x, target, loss_fn):
 
 
 def _backward(y: torch.Tensor, grad: torch.Tensor | None) -> None:
+    import torch
+
     if y.requires_grad:
         if grad is None and y.numel() != 1:
             grad = torch.ones_like(y)  # no loss: any output gradient times the same work
@@ -297,6 +305,9 @@ def _timed_pass(mods, sample, target, loss_fn, sync, clock) -> tuple[list[float]
 
 def _count_pass(mods, sample, target, loss_fn) -> tuple[list[int], list[int]]:
     """FLOPs (forward + backward) and saved-activation bytes per layer, in one untimed pass."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
     params = {p.untyped_storage().data_ptr() for m in mods for p in m.parameters()}
     flops, saved = [], []
     xs, ys = [], []
