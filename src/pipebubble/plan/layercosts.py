@@ -22,7 +22,7 @@ profile (or a profile with the ``activation_bytes_full`` fields).
 >>> prof = analytic_profile(layers=2, hidden=64, ffn=256, heads=4, vocab=100, seq=16, batch=2,
 ...                         tflops=1, mfu=1)
 >>> table = ProfileSet([prof])
->>> round(table.at(4, "none").f[1] / table.at(2, "none").f[1], 6)   # twice the sequences
+>>> float(table.at(4, "none").f[1] / table.at(2, "none").f[1])   # twice the sequences
 2.0
 """
 

@@ -26,15 +26,18 @@ than ``m x (F + I + W of the whole model) / pp`` plus its share of the all-reduc
 (configurations are visited in that order, and the search stops once the bound passes the
 K-th best step found), nor less than its busiest rank's work after the cut.
 
->>> from pipebubble.plan.analytic import analytic_profile
->>> from pipebubble.plan.layercosts import ProfileSet
->>> prof = analytic_profile(layers=6, hidden=1024, ffn=4096, heads=8, vocab=32000, seq=1024,
-...                         batch=1, tflops=100, mfu=0.5)
->>> res = search(ProfileSet([prof]), Request(gpus=4, gpu_memory=16 * 2**30, global_batch=16,
-...                                           schedules=("1f1b", "gpipe")))
->>> best = res.plans[0]
->>> (best.pp, best.dp, best.schedule, best.microbatches) == (1, 4, "1f1b", 4)
-True
+Four equal layers (F = 1 s, B = 2 s per microbatch, no weights) on 2 GPUs, global batch 4:
+pp = 1, dp = 2 runs m = 2 microbatches in 2 x 4 x 3 = 24 s; pp = 2 (1F1B, two layers per
+stage, m = 4) takes (m + p - 1)(F + B) = 5 x 6 = 30 s.
+
+>>> from pipebubble.plan.profile import Profile
+>>> layer = {"forward": 1, "backward": 2, "params": 0, "activation_bytes": 0, "flops": 0}
+>>> prof = Profile.from_dict({"batch": 1, "layers": [{"name": str(i), **layer}
+...                                                   for i in range(4)]})
+>>> res = search(ProfileSet([prof]), Request(gpus=2, gpu_memory=1, global_batch=4,
+...              microbatch_sizes=(1,), schedules=("1f1b",), recompute=("none",), latency=0))
+>>> [(p.pp, p.dp, p.microbatches, p.step_time) for p in res.plans]
+[(1, 2, 2, 24.0), (2, 1, 4, 30.0)]
 """
 
 from __future__ import annotations
