@@ -88,6 +88,7 @@ class Request:
     latency: float = 1e-5
     top: int = 5
     exhaustive_cuts: int = 64
+    prune: bool = True  # False: bound nothing, simulate every configuration (a baseline)
 
     def check(self) -> None:
         for name in ("gpus", "global_batch", "max_chunks", "top"):
@@ -194,9 +195,10 @@ def search(profiles: ProfileSet, req: Request) -> Result:
         raise ValueError(s.nothing_divides())
     best: list[Plan] = []
     for c in configs:
-        if len(best) >= req.top and c.bound >= best[-1].step_time:
+        full = req.prune and len(best) >= req.top
+        if full and c.bound >= best[-1].step_time:
             break  # sorted by bound: nothing after this one can enter the top K
-        threshold = best[-1].step_time if len(best) >= req.top else math.inf
+        threshold = best[-1].step_time if full else math.inf
         plan = s.evaluate(c, threshold, req.gpu_memory)
         if plan is not None:
             best.append(plan)
@@ -374,6 +376,12 @@ class _Search:
         budget at which (b) exists (it then fits by construction: each rank's peak is at most
         the sum of its stages' bounds, each within budget / stages per rank)."""
         S_c = sched.num_stages // sched.chains
+        if math.comb(self.L - 1, S_c - 1) <= self.req.exhaustive_cuts:
+            plans = [self._score(c, sched, lc, ranges_from_ends([*ends, self.L]), math.inf,
+                                 math.inf, held)
+                     for ends in combinations(range(1, self.L), S_c - 1)]
+            return min((p for p in plans if p is not None), key=lambda p: p.needs,
+                       default=None)
         plan = self._score(c, sched, lc, self._time_cut(lc, c, S_c), math.inf, math.inf, held)
         rows = self._memory_rows(lc, sched, held)
         per_rank = sched.num_stages // c.pp
@@ -392,7 +400,7 @@ class _Search:
         other = self._score(c, sched, lc, self._capped_cut(lc, c, sched, held, budget),
                             math.inf, budget, held)
         if other is not None:
-            other.budget = budget
+            other.budget = budget * (1 + 1e-9)  # at this budget (b) exists again
         if plan is None or (other is not None and budget < max(plan.peak_memory)):
             return other
         return plan
