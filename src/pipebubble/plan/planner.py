@@ -80,7 +80,7 @@ class Request:
     microbatch_sizes: tuple[int, ...] = (1, 2, 4)
     schedules: tuple[str, ...] | None = None  # None: every registered one (and auto)
     max_chunks: int = 4
-    recompute: tuple[str, ...] = ("none", "full")
+    recompute: tuple[str, ...] | None = None  # None: none and full, if the profile has full
     bytes_per_param: float = 16.0
     grad_bytes: float = 4.0
     p2p_bandwidth: float = 50e9
@@ -206,7 +206,7 @@ def search(profiles: ProfileSet, req: Request) -> Result:
             del best[req.top:]
     if not best:
         raise s.no_fit(configs)
-    return Result(best, len(configs), s.simulated, time.perf_counter() - t0, req)
+    return Result(best, len(configs), s.simulated, time.perf_counter() - t0, s.req)
 
 
 def _order(p: Plan) -> tuple:
@@ -270,6 +270,9 @@ class _Search:
         self.L = len(profiles)
         self.names = schedule_list(req.schedules)
         modes = profiles.recompute_modes()
+        if req.recompute is None:
+            req = self.req = replace(req, recompute=("none", "full") if "full" in modes
+                                     else ("none",))
         for r in req.recompute:
             if r not in ("none", "selective", "full"):
                 raise ValueError(f"unknown --recompute {r!r}; valid are none, selective, full")
@@ -315,12 +318,14 @@ class _Search:
         r = self.req
         pairs = sorted({(r.gpus // pp) * s for pp in range(1, r.gpus + 1) if r.gpus % pp == 0
                         for s in r.microbatch_sizes})
-        near = sorted({k * d for d in pairs for k in (r.global_batch // d,
-                                                      r.global_batch // d + 1) if k})
-        return (f"--global-batch {r.global_batch} cannot be split into microbatches: it must "
-                f"be a multiple of dp x microbatch size for some dp dividing --gpus {r.gpus} "
-                f"and --microbatch-size {','.join(map(str, r.microbatch_sizes))}, i.e. of one "
-                f"of {', '.join(map(str, pairs))} (e.g. {_closest(near, r.global_batch)})")
+        B = r.global_batch
+        below = max((B // d * d for d in pairs if B // d), default=None)
+        above = min((B // d + 1) * d for d in pairs)
+        near = f"{below} or {above}" if below else str(above)
+        return (f"--global-batch {B} cannot be split into microbatches: it must be a multiple "
+                f"of dp x microbatch size for some dp dividing --gpus {r.gpus} and "
+                f"--microbatch-size {','.join(map(str, r.microbatch_sizes))}, i.e. of one of "
+                f"{', '.join(map(str, pairs))} (nearest: {near})")
 
     # -- one configuration --
     def held(self, sched: Schedule, until: tuple[str, ...] = ("B", "W")) -> list[int]:
@@ -560,10 +565,6 @@ def _auto_function():
     except ImportError:
         return None
     return auto_schedule
-
-
-def _closest(values: list[int], target: int) -> int:
-    return min(values, key=lambda v: (abs(v - target), v)) if values else target
 
 
 def fmt_gib(n: float, up: bool = False) -> str:

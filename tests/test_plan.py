@@ -1,0 +1,197 @@
+"""The planner: exact against brute force over every configuration and every cut, pruning
+changes nothing, memory errors name a budget that works, and the numbers it reports are
+what the simulator says for the plan it returns."""
+
+import math
+from itertools import combinations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipebubble.ir.schedule import ScheduleError
+from pipebubble.plan.analytic import analytic_profile
+from pipebubble.plan.layercosts import ProfileSet
+from pipebubble.plan.partition import ranges_from_ends
+from pipebubble.plan.planner import (
+    Config,
+    NoPlanFits,
+    Request,
+    _Search,
+    chunk_options,
+    schedule_list,
+    search,
+)
+from pipebubble.plan.profile import Profile
+from pipebubble.schedules import get_schedule
+from pipebubble.sim.dataparallel import step_time_with_allreduce
+from pipebubble.sim.kernel import simulate
+
+
+def profile_of(layers, batch=1) -> ProfileSet:
+    """layers: (forward, backward, params, activation_bytes) per layer."""
+    return ProfileSet([Profile.from_dict({"batch": batch, "layers": [
+        {"name": f"l{i}", "forward": f, "backward": b, "params": n, "activation_bytes": a,
+         "flops": 0} for i, (f, b, n, a) in enumerate(layers)]})])
+
+
+def brute_force(profiles: ProfileSet, req: Request) -> float:
+    """The fastest step of any configuration and any cut that fits: no bound, no partitioner.
+    (Prices each cut with the planner's cost model; times and memory come from simulate.)"""
+    pricing = _Search(profiles, req)
+    L, best = len(profiles), math.inf
+    for pp in [d for d in range(1, req.gpus + 1) if req.gpus % d == 0]:
+        dp = req.gpus // pp
+        for size in req.microbatch_sizes:
+            if req.global_batch % (dp * size):
+                continue
+            m = req.global_batch // (dp * size)
+            for rec in req.recompute:
+                lc = profiles.at(size, rec)
+                for name in schedule_list(req.schedules):
+                    for v in chunk_options(name, req.max_chunks):
+                        try:
+                            sched = get_schedule(name, pp, m, v)
+                        except ScheduleError:
+                            continue
+                        S_c = sched.num_stages // sched.chains
+                        if S_c > L:
+                            continue
+                        c = Config(pp, dp, size, m, name, v, rec, 0.0)
+                        for ends in combinations(range(1, L), S_c - 1):
+                            ranges = ranges_from_ends([*ends, L])
+                            costs, params, transient = pricing.stage_costs(c, sched, lc, ranges)
+                            tl = simulate(sched, costs)
+                            peaks = [0.0] * pp
+                            for r, stats in enumerate(tl.rank_stats()):
+                                mine = [s for s in range(sched.num_stages)
+                                        if sched.stage_to_rank[s] == r]
+                                peaks[r] = (sum(req.bytes_per_param * params[s] for s in mine)
+                                            + max(transient[s] for s in mine)
+                                            + stats.peak_memory)
+                            if max(peaks) <= req.gpu_memory:
+                                best = min(best, step_time_with_allreduce(tl, costs, dp))
+    return best
+
+
+def test_hand_example_pp1_beats_pp2():
+    prof = profile_of([(1, 2, 0, 0)] * 4)
+    res = search(prof, Request(gpus=2, gpu_memory=1, global_batch=4, microbatch_sizes=(1,),
+                               schedules=("1f1b", "gpipe"), recompute=("none",), latency=0))
+    # pp=1: 2 microbatches x 4 layers x 3 s = 24; pp=2, 1F1B or GPipe, m=4: (4+1) x 6 = 30
+    assert [(p.pp, p.step_time) for p in res.plans] == [(1, 24.0)] * 2 + [(2, 30.0)] * 2
+
+
+def test_memory_decides_between_gpipe_and_1f1b():
+    # 2 GPUs, pp = 2 only (dp = 2 cannot split batch 3), m = 3, stage = 1 layer of 10 bytes
+    # per microbatch: GPipe holds 3 on each rank (30 bytes), 1F1B holds 2 on rank 0.
+    prof = profile_of([(1, 2, 0, 10)] * 2)
+    req = dict(gpus=2, global_batch=3, microbatch_sizes=(1,), schedules=("gpipe", "1f1b"),
+               recompute=("none",), latency=0)
+    tight = search(prof, Request(gpu_memory=20, **req))
+    assert [(p.schedule, max(p.peak_memory)) for p in tight.plans] == [("1f1b", 20.0)]
+    both = search(prof, Request(gpu_memory=30, **req))
+    assert sorted(p.schedule for p in both.plans) == ["1f1b", "gpipe"]
+
+
+layer = st.tuples(st.integers(1, 4), st.integers(1, 6), st.integers(0, 50), st.integers(0, 40))
+
+
+@settings(max_examples=12, deadline=None)
+@given(layers=st.lists(layer, min_size=2, max_size=5), gpus=st.sampled_from([1, 2, 4]),
+       batch=st.sampled_from([4, 8]), budget=st.integers(1, 900),
+       bandwidth=st.sampled_from([10.0, 1e9]))
+def test_best_plan_equals_brute_force(layers, gpus, batch, budget, bandwidth):
+    layers = [(f, f + b, n, a) for f, b, n, a in layers]
+    prof = profile_of(layers)
+    req = Request(gpus=gpus, gpu_memory=budget, global_batch=batch, microbatch_sizes=(1, 2),
+                  max_chunks=2, recompute=("none",), bytes_per_param=2, grad_bytes=1,
+                  allreduce_bandwidth=bandwidth, p2p_bandwidth=1e9, latency=0.01, top=1)
+    expect = brute_force(prof, req)
+    if expect == math.inf:
+        with pytest.raises(NoPlanFits):
+            search(prof, req)
+        return
+    got = search(prof, req).plans[0]
+    assert got.step_time == pytest.approx(expect, rel=1e-12)
+    assert max(got.peak_memory) <= budget
+
+
+def test_best_plan_equals_brute_force_with_recomputation():
+    prof = ProfileSet([analytic_profile(layers=3, hidden=256, ffn=1024, heads=4, vocab=5000,
+                                        seq=512, batch=1, tflops=1, mfu=0.5)])
+    req = Request(gpus=2, gpu_memory=1, global_batch=4, microbatch_sizes=(1, 2),
+                  max_chunks=2, recompute=("none", "full", "selective"), top=1)
+    with pytest.raises(NoPlanFits) as info:
+        search(prof, req)
+    for budget in (info.value.smallest, 1.5 * info.value.smallest, 5 * info.value.smallest):
+        req = Request(**{**req.__dict__, "gpu_memory": budget})
+        got = search(prof, req).plans[0]
+        assert got.step_time == pytest.approx(brute_force(prof, req), rel=1e-12)
+
+
+def test_pruning_changes_nothing():
+    prof = ProfileSet([analytic_profile(layers=12, hidden=1024, ffn=2816, heads=8, vocab=32000,
+                                        seq=2048, batch=1, tflops=300, mfu=0.4)])
+    req = Request(gpus=8, gpu_memory=12 * 2**30, global_batch=32, max_chunks=3, top=6,
+                  exhaustive_cuts=0)
+    fast = search(prof, req)
+    slow = search(prof, Request(**{**req.__dict__, "prune": False}))
+    assert fast.simulated < slow.simulated
+    assert [p.step_time for p in fast.plans] == [p.step_time for p in slow.plans]
+
+
+def test_reported_numbers_are_the_simulators():
+    prof = ProfileSet([analytic_profile(layers=8, hidden=1024, ffn=2816, heads=8, vocab=32000,
+                                        seq=1024, batch=1, tflops=300, mfu=0.4)])
+    res = search(prof, Request(gpus=8, gpu_memory=8 * 2**30, global_batch=64, top=5))
+    times = [p.step_time for p in res.plans]
+    assert times == sorted(times) and len(times) == 5
+    for p in res.plans:
+        tl = simulate(p.schedule_obj, p.costs)
+        assert p.step_time == step_time_with_allreduce(tl, p.costs, p.dp)
+        assert p.pipeline_time == tl.step_time and p.bubble_fraction == tl.bubble_fraction
+        assert p.pp * p.dp == 8 and p.microbatches * p.dp * p.microbatch_size == 64
+        assert max(p.peak_memory) <= 8 * 2**30 and len(p.peak_memory) == p.pp
+        layers = sorted({(s["first_layer"], s["last_layer"]) for s in p.stages()})
+        assert layers[0][0] == 0 and layers[-1][1] == len(prof) - 1
+        assert all(a[1] + 1 == b[0] for a, b in zip(layers, layers[1:], strict=False))
+        assert p.samples_per_second == pytest.approx(64 / p.step_time)
+
+
+@pytest.mark.parametrize("exhaustive", [0, 64])
+def test_nothing_fits_names_the_budget_that_does(exhaustive):
+    prof = ProfileSet([analytic_profile(layers=4, hidden=512, ffn=1408, heads=8, vocab=8000,
+                                        seq=512, batch=1, tflops=100, mfu=0.5)])
+    req = Request(gpus=4, gpu_memory=2**20, global_batch=8, max_chunks=2, top=1,
+                  exhaustive_cuts=exhaustive)
+    with pytest.raises(NoPlanFits) as info:
+        search(prof, req)
+    need = info.value.smallest
+    assert "nothing fits in --gpu-memory 0.00GiB" in str(info.value)
+    assert 2**20 < need < math.inf and "\n" not in str(info.value)
+    assert search(prof, Request(**{**req.__dict__, "gpu_memory": need})).plans
+    with pytest.raises(NoPlanFits):
+        search(prof, Request(**{**req.__dict__, "gpu_memory": need * (1 - 1e-3)}))
+
+
+def test_batch_that_cannot_divide_names_valid_values():
+    prof = profile_of([(1, 2, 0, 0)] * 4)
+    with pytest.raises(ValueError) as info:
+        search(prof, Request(gpus=4, gpu_memory=1, global_batch=7, microbatch_sizes=(2,)))
+    msg = str(info.value)
+    assert msg.startswith("--global-batch 7 cannot be split")
+    assert "one of 2, 4, 8" in msg and "(nearest: 6 or 8)" in msg
+
+
+def test_schedules_that_do_not_exist_are_named():
+    prof = profile_of([(1, 2, 0, 0)] * 4)
+    with pytest.raises(ScheduleError, match="unknown schedule 'nope'"):
+        search(prof, Request(gpus=2, gpu_memory=1, global_batch=4, schedules=("nope",)))
+
+
+def test_auto_is_searched_when_available():
+    from pipebubble.plan.planner import _auto_function
+
+    names = schedule_list(None)
+    assert ("auto" in names) == (_auto_function() is not None)
