@@ -65,9 +65,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "profiled times, one process per rank) and compare")
     p.add_argument("--max-processes", type=positive_int("--max-processes"), default=8,
                    metavar="N", help="--validate: most processes (pp x dp) a run may use (8)")
-    p.add_argument("--target-step", type=float, default=0.3, metavar="S",
+    p.add_argument("--target-step", type=float, default=0.5, metavar="S",
                    help="--validate: scale the profile so the first plan's step sleeps about "
-                   "S seconds (0.3)")
+                   "S seconds (0.5)")
     p.add_argument("--out", metavar="FILE", help="also write the JSON here; schedules torch "
                    "has no class for are written next to it as CSV")
     p.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
@@ -254,9 +254,12 @@ def print_plans(console, result, out: dict, validations) -> None:
                       f"{x.measured / x.predicted - 1:+.1%}",
                       f"{x.measured / best_m - 1:+.1%}")
         console.print(v)
+        m = validations[0].machine
         console.print(f"(profile times scaled by {validations[0].scale:.3g} so the first plan "
-                      "sleeps about its target step; no P2P or all-reduce time in these "
-                      "predictions)", highlight=False)
+                      f"sleeps about --target-step; predictions add this machine's "
+                      f"{m.overhead * 1e3:.2f} ms per action and {m.hop * 1e3:.2f} ms per "
+                      "message, fitted to an empty run of plan 1, instead of the GPUs' P2P "
+                      "and all-reduce times)", highlight=False)
 
 
 def why_best(result) -> list[str]:
