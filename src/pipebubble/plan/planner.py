@@ -51,7 +51,7 @@ from itertools import combinations
 import numpy as np
 
 from ..costs import CostModel
-from ..ir.schedule import Schedule, ScheduleError, step_actions
+from ..ir.schedule import Overlap, Schedule, ScheduleError
 from ..schedules import get_schedule, lookup, schedule_names
 from ..sim.dataparallel import ring_allreduce_time, step_time_with_allreduce
 from ..sim.kernel import simulate
@@ -59,6 +59,14 @@ from .layercosts import LayerCosts, ProfileSet
 from .partition import PartitionError, Ranges, min_max_partition, ranges_from_ends
 
 AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class _Priced:
+    ranges: Ranges
+    costs: CostModel
+    bound: float  # no order of this cut finishes sooner (seconds)
+    static: list[float]  # per rank: weights, gradients, optimizer state, transient bytes
 
 
 class NoPlanFits(ValueError):
@@ -255,12 +263,13 @@ def held_per_stage(schedule: Schedule, until: tuple[str, ...] = ("B", "W")) -> l
     cur = [0] * schedule.num_stages
     for order in schedule.orders:
         for step in order:
-            for a in step_actions(step):
-                if a.kind == "F":
-                    cur[a.stage] += 1
-                    peak[a.stage] = max(peak[a.stage], cur[a.stage])
-                elif a.kind in until:
-                    cur[a.stage] -= 1
+            for stage, kind, _ in (step if type(step) is Overlap else (step,)):
+                if kind == "F":
+                    cur[stage] += 1
+                    if cur[stage] > peak[stage]:
+                        peak[stage] = cur[stage]
+                elif kind in until:
+                    cur[stage] -= 1
     return peak
 
 
@@ -356,12 +365,17 @@ class _Search:
         S_c = sched.num_stages // sched.chains
         if S_c > self.L:
             return None
-        held = self.held(sched)
-        if not min_memory and self.memory_bound(c, sched) > budget:
-            return None
         if min_memory:
-            return self._least_memory_plan(c, sched, lc, held)
-        if math.comb(self.L - 1, S_c - 1) <= self.req.exhaustive_cuts:
+            return self._least_memory_plan(c, sched, lc, self.held(sched))
+        exhaustive = math.comb(self.L - 1, S_c - 1) <= self.req.exhaustive_cuts
+        pa = None if exhaustive else self._price(c, sched, lc, self._time_cut(lc, c, S_c))
+        if pa is not None and pa.bound >= threshold and self._fits_surely(pa, sched, lc,
+                                                                           budget):
+            return None  # (a) is the plan of c, and it cannot enter the top K
+        if self.memory_bound(c, sched) > budget:
+            return None
+        held = self.held(sched)
+        if exhaustive:
             best = None
             for ends in combinations(range(1, self.L), S_c - 1):
                 p = self._score(c, sched, lc, ranges_from_ends([*ends, self.L]), threshold,
@@ -369,12 +383,21 @@ class _Search:
                 if p is not None and (best is None or p.step_time < best.step_time):
                     best, threshold = p, min(threshold, p.step_time)
             return best
-        p = self._score(c, sched, lc, self._time_cut(lc, c, S_c), threshold, budget, held)
-        if p is None:
-            cut = self._capped_cut(lc, c, sched, held, budget)
-            if cut is not None:
-                p = self._score(c, sched, lc, cut, threshold, budget, held)
-        return p
+        # The plan of c is (a) if it fits, else (b). Bounds may skip simulating (a) only
+        # when they decide both; else (a) is simulated with no threshold to learn if it fits.
+        cut_b = None
+        if pa.bound >= threshold:
+            cut_b = self._capped_cut(lc, c, sched, held, budget)
+            if cut_b is None or self._price(c, sched, lc, cut_b).bound >= threshold:
+                return None
+        if max(pa.static) <= budget:
+            pa_plan = self._simulate(c, sched, pa.costs, pa.ranges, pa.static, budget,
+                                     math.inf)
+            if pa_plan is not None:  # (a) fits: it is the plan of c
+                return pa_plan if pa_plan.step_time < threshold else None
+        if cut_b is None:
+            cut_b = self._capped_cut(lc, c, sched, held, budget)
+        return None if cut_b is None else self._score(c, sched, lc, cut_b, threshold, budget)
 
     def _least_memory_plan(self, c, sched, lc, held) -> Plan | None:
         """The plan of ``c`` that fits the smallest budget: cut (a), or cut (b) at the least
@@ -460,27 +483,40 @@ class _Search:
         transient = np.array([float(lc.transient[a:b + 1].max()) for a, b in idx])
         return costs, params, transient
 
-    def _score(self, c, sched, lc, ranges, threshold, budget, held) -> Plan | None:
+    def _price(self, c, sched, lc, ranges) -> _Priced:
+        """A cut's costs and what is known before simulating: a lower bound on its step
+        (rank r starts no sooner than the forwards of microbatch 0 before its first stage,
+        then works ``busy_r`` and all-reduces) and each rank's static memory."""
         costs, params, transient = self.stage_costs(c, sched, lc, ranges)
         p, M = c.pp, sched.num_microbatches
-        where = sched.stage_to_rank
         busy, ar, static, trans = [0.0] * p, [0.0] * p, [0.0] * p, [0.0] * p
         head, before = [math.inf] * p, 0.0
-        for s, r in enumerate(where):
+        for s, r in enumerate(sched.stage_to_rank):
             before = 0.0 if sched.first_stage(s) else before + costs.f[s - 1] + costs.comm
             head[r] = min(head[r], before)
             busy[r] += M * (costs.f[s] + costs.b[s])
             ar[r] += costs.allreduce[s]
             static[r] += self.req.bytes_per_param * params[s]
             trans[r] = max(trans[r], transient[s])
-        # Rank r starts no sooner than the forwards before its first stage (microbatch 0).
-        if max(h + b + a for h, b, a in zip(head, busy, ar, strict=True)) >= threshold:
+        bound = max(h + b + a for h, b, a in zip(head, busy, ar, strict=True))
+        return _Priced(ranges, costs, bound, [x + t for x, t in zip(static, trans, strict=True)])
+
+    def _score(self, c, sched, lc, ranges, threshold, budget, held=None) -> Plan | None:
+        """The cut's plan if it fits ``budget`` and beats ``threshold``, else None."""
+        pr = self._price(c, sched, lc, ranges)
+        if pr.bound >= threshold or max(pr.static) > budget:
             return None
-        if max(x + t for x, t in zip(static, trans, strict=True)) > budget:
-            return None
-        return self._simulate(c, sched, costs, ranges, [x + t for x, t in
-                                                         zip(static, trans, strict=True)],
-                              budget, threshold)
+        return self._simulate(c, sched, pr.costs, ranges, pr.static, budget, threshold)
+
+    def _fits_surely(self, pr: _Priced, sched: Schedule, lc: LayerCosts, budget: float) -> bool:
+        """Whether the cut fits without simulating: every rank's static memory plus, for each
+        of its stages, the most microbatches it holds times M_B, is within budget."""
+        held = self.held(sched)
+        act = pr.costs.activation_memory
+        need = list(pr.static)
+        for s, r in enumerate(sched.stage_to_rank):
+            need[r] += held[s] * act[s]
+        return max(need) <= budget
 
     def _simulate(self, c, sched, costs, ranges, static, budget, threshold) -> Plan | None:
         self.simulated += 1
