@@ -51,7 +51,7 @@ from itertools import combinations
 import numpy as np
 
 from ..costs import CostModel
-from ..ir.schedule import Overlap, Schedule, ScheduleError
+from ..ir.schedule import Overlap, Schedule, ScheduleError, make_schedule
 from ..schedules import get_schedule, lookup, schedule_names
 from ..sim.dataparallel import ring_allreduce_time, step_time_with_allreduce
 from ..sim.kernel import simulate
@@ -226,7 +226,7 @@ def _order(p: Plan) -> tuple:
 def chunk_options(name: str, max_chunks: int) -> list[int]:
     """The chunks (stages per rank) a family accepts, up to ``max_chunks``."""
     if name == AUTO:
-        return [1]
+        return [1, 2] if max_chunks >= 2 else [1]
     spec = lookup(name)
     if spec.fixed_chunks:
         return [spec.chunks] if spec.chunks <= max(max_chunks, 1) or spec.chunks == 1 else []
@@ -291,6 +291,7 @@ class _Search:
         self._schedules: dict[tuple, Schedule | None] = {}
         self._cuts: dict[tuple, Ranges] = {}
         self._held: dict[tuple, list[int]] = {}
+        self.why_not: dict[str, str] = {}  # schedule -> why it could not be generated
 
     # -- enumeration and bounds --
     def configs(self) -> Iterator[Config]:
@@ -348,8 +349,9 @@ class _Search:
         if key not in self._schedules:
             try:
                 self._schedules[key] = get_schedule(c.schedule, c.pp, c.microbatches, c.chunks)
-            except ScheduleError:
+            except ScheduleError as exc:
                 self._schedules[key] = None
+                self.why_not.setdefault(f"{c.schedule} pp={c.pp}", str(exc))
         return self._schedules[key]
 
     def evaluate(self, c: Config, threshold: float, budget: float,
@@ -357,8 +359,8 @@ class _Search:
         """The fastest fitting plan of ``c`` below ``threshold`` (None if none). With
         ``min_memory``: the plan that fits the least budget, whatever ``budget`` is."""
         lc = self.p.at(c.microbatch_size, c.recompute)
-        if c.schedule == AUTO:
-            return self._evaluate_auto(c, lc, threshold, budget)
+        if c.schedule == AUTO:  # not in the no-fit search: its least budget is the families'
+            return None if min_memory else self._evaluate_auto(c, lc, threshold, budget)
         sched = self.schedule(c)
         if sched is None:
             return None
@@ -533,25 +535,27 @@ class _Search:
                     self.req.global_batch)
 
     def _evaluate_auto(self, c, lc, threshold, budget) -> Plan | None:
-        """``auto``: the automatic scheduler's order for the min-max cut, given the memory
-        each rank has left after weights, gradients, optimizer state and transients."""
+        """``auto``: the automatic scheduler's order (``schedules.auto.auto_schedule``) for the
+        min-max cut into ``pp`` stages (loop placement, chunks 1) or ``2 pp`` (V placement,
+        chunks 2), given each rank's memory left after weights, gradients, optimizer state
+        and the recomputation transient."""
         fn = _auto_function()
-        if fn is None or c.pp > self.L:
+        placement = "loop" if c.chunks == 1 else "v"
+        S = c.pp * c.chunks
+        if fn is None or S > self.L:
             return None
-        base = get_schedule("1f1b", c.pp, c.microbatches)  # same stages and placement
-        cut = self._time_cut(lc, c, c.pp)
-        costs, params, transient = self.stage_costs(c, base, lc, cut)
-        static = [self.req.bytes_per_param * params[r] + transient[r] for r in range(c.pp)]
-        left = [budget - x for x in static]
-        if min(left) < 0:
+        shape = make_schedule("auto", [()] * c.pp, S, c.microbatches, placement=placement)
+        pr = self._price(c, shape, lc, self._time_cut(lc, c, S))
+        if pr.bound >= threshold or max(pr.static) > budget:
             return None
+        left = [budget - x for x in pr.static]
         try:
-            sched = fn(c.pp, c.microbatches, costs, memory_limit=left, placement="loop")
-        except (TypeError, ValueError):
+            sched = fn(c.pp, c.microbatches, pr.costs, memory_limit=left, placement=placement)
+        except (ScheduleError, ValueError):
+            return None  # no order fits the memory left
+        if tuple(sched.stage_to_rank) != tuple(shape.stage_to_rank):
             return None
-        if sched.num_stages != c.pp:
-            return None
-        return self._simulate(replace(c), sched, costs, cut, static, budget, threshold)
+        return self._simulate(c, sched, pr.costs, pr.ranges, pr.static, budget, threshold)
 
     # -- nothing fits --
     def no_fit(self, configs: list[Config]) -> NoPlanFits:
@@ -565,9 +569,10 @@ class _Search:
                 best = p
         r = self.req
         if best is None:
-            return NoPlanFits("no configuration can be built: every schedule needs more "
-                              "microbatches or layers than the batch and profile give",
-                              math.inf, None)
+            why = "; ".join(f"{k}: {v}" for k, v in list(self.why_not.items())[-2:])
+            return NoPlanFits(f"no configuration can be built for --gpus {r.gpus}, "
+                              f"--global-batch {r.global_batch} and {self.L} layers"
+                              + (f" ({why})" if why else ""), math.inf, None)
         need = best.needs
         c = best.config
         return NoPlanFits(

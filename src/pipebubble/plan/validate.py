@@ -66,8 +66,9 @@ class Validation:
 
 
 def fits_here(plan: Plan, max_processes: int) -> bool:
-    """Whether the plan's ``pp x dp`` processes fit this machine."""
-    return plan.pp * plan.dp <= max_processes
+    """Whether the plan's ``pp x dp`` processes fit this machine (and ``pipebubble run`` can
+    run its schedule by name: an ``auto`` order depends on the costs it was searched with)."""
+    return plan.pp * plan.dp <= max_processes and plan.schedule != "auto"
 
 
 def sleep_times(plan: Plan, scale: float) -> tuple[list[float], list[float], list[float]]:
