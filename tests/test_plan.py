@@ -195,3 +195,40 @@ def test_auto_is_searched_when_available():
 
     names = schedule_list(None)
     assert ("auto" in names) == (_auto_function() is not None)
+
+
+def test_a_schedule_that_cannot_be_built_says_why():
+    prof = profile_of([(1, 2, 0, 0)] * 4)
+    with pytest.raises(NoPlanFits, match=r"no configuration can be built for --gpus 3.*"
+                                         r"dualpipe pp=3: dualpipe needs an even number"):
+        search(prof, Request(gpus=3, gpu_memory=1, global_batch=12, schedules=("dualpipe",)))
+
+
+def test_validation_command_and_prediction_without_processes():
+    from dataclasses import replace
+
+    from pipebubble.plan.validate import Machine, command, scaled_prediction, sleep_times
+
+    prof = ProfileSet([analytic_profile(layers=6, hidden=512, ffn=1408, heads=8, vocab=8000,
+                                        seq=512, batch=1, tflops=100, mfu=0.5)])
+    plan = search(prof, Request(gpus=4, gpu_memory=2**34, global_batch=8, top=1,
+                                schedules=("zb-h1",))).plans[0]
+    f, b, w = sleep_times(plan, 10.0)
+    n = len(plan.ranges)
+    assert f == pytest.approx([10 * x for x in plan.costs.f[:n]])
+    assert b == pytest.approx([10 * x for x in plan.costs.b[:n]])
+    cmd = command(plan, 10.0)
+    assert cmd[cmd.index("--ranks") + 1] == str(plan.pp)
+    assert cmd[cmd.index("--layers") + 1] == str(n)
+    assert [float(x) for x in cmd[cmd.index("--sleep-w") + 1].split(",")] == \
+        pytest.approx(w, rel=1e-5)
+    # No overhead, no message delay: the prediction scales with the stage times.
+    base = simulate(plan.schedule_obj, replace(plan.costs, comm=0.0)).step_time
+    assert scaled_prediction(plan, 10.0) == pytest.approx(10 * base)
+    # An overhead o per action on a split backward: F + o, I + o, W + o.
+    o = 1e-3
+    c = plan.costs
+    by_hand = simulate(plan.schedule_obj, replace(
+        c, f=[10 * x + o for x in c.f], b=[10 * x + 2 * o for x in c.b],
+        w=[10 * x + o for x in c.w], comm=0.002)).step_time
+    assert scaled_prediction(plan, 10.0, Machine(o, 0.002)) == pytest.approx(by_hand)
