@@ -11,7 +11,7 @@ With ``--validate``: also plan a small model for 4 GPUs and run its top 3 plans 
 (``pipebubble plan --validate 3``), printing each plan's predicted and measured step and
 whether the top plan is within 15 % of its prediction and within 5 % of the best measured.
 
-    python bench/bench_plan.py [--repeats 3] [--validate]
+    python bench/bench_plan.py [--repeats 3] [--validate [--target-step 0.5]]
 """
 
 from __future__ import annotations
@@ -57,13 +57,13 @@ def bench_search(repeats: int) -> None:
         raise SystemExit("pruning changed the plans")
 
 
-def bench_validate() -> None:
+def bench_validate(target: float) -> None:
     from pipebubble.plan.validate import validate
 
     prof = ProfileSet([analytic_profile(layers=8, hidden=1024, ffn=2816, heads=8, vocab=32000,
                                         seq=1024, batch=1, tflops=300, mfu=0.4)])
     res = search(prof, Request(gpus=4, gpu_memory=4 * 2**30, global_batch=16, top=3))
-    runs = validate(res.plans[:3], target=0.5)
+    runs = validate(res.plans[:3], target=target)
     print("validation: 8-block model (h 1024), 4 GPUs x 4 GiB, global batch 16, top 3 run "
           "for real")
     m = runs[0].machine
@@ -90,10 +90,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--validate", action="store_true",
                     help="also run the top 3 plans of a small model for real (minutes)")
+    ap.add_argument("--target-step", type=float, default=0.5,
+                    help="--validate: seconds the first plan's step sleeps (0.5)")
     args = ap.parse_args()
     bench_search(args.repeats)
     if args.validate:
-        bench_validate()
+        bench_validate(args.target_step)
 
 
 if __name__ == "__main__":
