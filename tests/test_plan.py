@@ -17,7 +17,7 @@ from pipebubble.plan.planner import (
     Config,
     NoPlanFits,
     Request,
-    _Search,
+    Searcher,
     chunk_options,
     schedule_list,
     search,
@@ -38,7 +38,7 @@ def profile_of(layers, batch=1) -> ProfileSet:
 def brute_force(profiles: ProfileSet, req: Request) -> float:
     """The fastest step of any configuration and any cut that fits: no bound, no partitioner.
     (Prices each cut with the planner's cost model; times and memory come from simulate.)"""
-    pricing = _Search(profiles, req)
+    pricing = Searcher(profiles, req)
     L, best = len(profiles), math.inf
     for pp in [d for d in range(1, req.gpus + 1) if req.gpus % d == 0]:
         dp = req.gpus // pp
