@@ -11,7 +11,7 @@ With ``--validate``: also plan a small model for 4 GPUs and run its top 3 plans 
 (``pipebubble plan --validate 3``), printing each plan's predicted and measured step and
 whether the top plan is within 15 % of its prediction and within 5 % of the best measured.
 
-    python bench/bench_plan.py [--repeats 3] [--validate [--target-step 0.5]]
+    python bench/bench_plan.py [--repeats 3] [--validate [--target-step 1.0]]
 """
 
 from __future__ import annotations
@@ -90,8 +90,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--validate", action="store_true",
                     help="also run the top 3 plans of a small model for real (minutes)")
-    ap.add_argument("--target-step", type=float, default=0.5,
-                    help="--validate: seconds the first plan's step sleeps (0.5)")
+    ap.add_argument("--target-step", type=float, default=1.0,
+                    help="--validate: seconds the first plan's step sleeps (1.0)")
     args = ap.parse_args()
     bench_search(args.repeats)
     if args.validate:

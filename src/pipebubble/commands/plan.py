@@ -65,9 +65,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "profiled times, one process per rank) and compare")
     p.add_argument("--max-processes", type=positive_int("--max-processes"), default=8,
                    metavar="N", help="--validate: most processes (pp x dp) a run may use (8)")
-    p.add_argument("--target-step", type=float, default=0.5, metavar="S",
+    p.add_argument("--target-step", type=float, default=1.0, metavar="S",
                    help="--validate: scale the profile so the first plan's step sleeps about "
-                   "S seconds (0.5)")
+                   "S seconds (1.0)")
     p.add_argument("--out", metavar="FILE", help="also write the JSON here; schedules torch "
                    "has no class for are written next to it as CSV")
     p.add_argument("--json", action="store_true", help="print one JSON object and nothing else")

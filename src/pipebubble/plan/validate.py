@@ -139,7 +139,7 @@ def command(plan: Plan, scale: float, warmup: int = 1, repeat: int = 3) -> list[
             "--warmup", str(warmup), "--repeat", str(repeat), "--json"]
 
 
-def validate(plans: list[Plan], target: float = 0.5, repeat: int = 3,
+def validate(plans: list[Plan], target: float = 1.0, repeat: int = 3,
              timeout: float = 600.0, machine: Machine | None = None) -> list[Validation]:
     """Run each plan (see the module doc); the first plan sets the scale and, unless
     ``machine`` is given, is first run empty to measure this machine's overheads."""
