@@ -5,8 +5,11 @@ simulator. A *configuration* is (pp, dp = gpus / pp, microbatch size, schedule, 
 recompute); the global batch fixes ``m = global_batch / (dp x size)``. For each one:
 
 1. **Cut** the layers into the schedule's stages. When there are at most ``exhaustive_cuts``
-   ways to cut, every cut is scored; otherwise (a) the min-max cut of F + I + W per layer
-   (:func:`~pipebubble.plan.partition.min_max_partition`); if it does not fit, (b) the same
+   ways to cut, every cut is scored; otherwise (a) the min-max cut of what each layer adds
+   to its rank's step, ``m x (F + I + W)`` plus its share of the all-reduce
+   (:func:`~pipebubble.plan.partition.min_max_partition`), and when ranks hold several
+   stages its refinement by :func:`~pipebubble.plan.scoring.balance_ranks` (the faster that
+   fits); if neither fits, (b) the same
    with a memory cap per stage (``budget / stages per rank``; a stage's memory bound is its
    weights plus the most microbatches it holds at once times its activation bytes), which
    then fits by construction. When nothing fits, the error names the least budget at which

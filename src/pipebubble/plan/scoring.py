@@ -174,9 +174,10 @@ class Searcher:
         if min_memory:
             return self._least_memory_plan(c, sched, lc, self.held(sched))
         exhaustive = math.comb(self.L - 1, S_c - 1) <= self.req.exhaustive_cuts
-        pa = None if exhaustive else self._price(c, sched, lc, self._time_cut(lc, c, S_c))
-        if pa is not None and pa.bound >= threshold and self._fits_surely(pa, sched, lc,
-                                                                           budget):
+        pas = [] if exhaustive else [self._price(c, sched, lc, cut) for cut in self._time_cuts(
+            lc, c, S_c, sched.num_microbatches, sched.stage_to_rank)]
+        if pas and all(pa.bound >= threshold and self._fits_surely(pa, sched, lc, budget)
+                       for pa in pas):
             return None  # (a) is the plan of c, and it cannot enter the top K
         if self.memory_bound(c, sched) > budget:
             return None
@@ -189,18 +190,20 @@ class Searcher:
                 if p is not None and (best is None or p.step_time < best.step_time):
                     best, threshold = p, min(threshold, p.step_time)
             return best
-        # The plan of c is (a) if it fits, else (b). Bounds may skip simulating (a) only
-        # when they decide both; else (a) is simulated with no threshold to learn if it fits.
+        # The plan of c is the faster of the (a) cuts that fit, else (b). Bounds may skip
+        # simulating (a) only when they decide both; else the (a) cuts are simulated with no
+        # threshold to learn whether they fit.
         cut_b = None
-        if pa.bound >= threshold:
+        if all(pa.bound >= threshold for pa in pas):
             cut_b = self._capped_cut(lc, c, sched, held, budget)
             if cut_b is None or self._price(c, sched, lc, cut_b).bound >= threshold:
                 return None
-        if max(pa.static) <= budget:
-            pa_plan = self._simulate(c, sched, pa.costs, pa.ranges, pa.static, budget,
-                                     math.inf)
-            if pa_plan is not None:  # (a) fits: it is the plan of c
-                return pa_plan if pa_plan.step_time < threshold else None
+        fits = [p for p in (self._simulate(c, sched, pa.costs, pa.ranges, pa.static, budget,
+                                           math.inf) for pa in pas if max(pa.static) <= budget)
+                if p is not None]
+        if fits:  # (a) fits: it is the plan of c
+            best = min(fits, key=lambda p: p.step_time)
+            return best if best.step_time < threshold else None
         if cut_b is None:
             cut_b = self._capped_cut(lc, c, sched, held, budget)
         return None if cut_b is None else self._score(c, sched, lc, cut_b, threshold, budget)
@@ -216,7 +219,8 @@ class Searcher:
                      for ends in combinations(range(1, self.L), S_c - 1)]
             return min((p for p in plans if p is not None), key=lambda p: p.needs,
                        default=None)
-        plan = self._score(c, sched, lc, self._time_cut(lc, c, S_c), math.inf, math.inf, held)
+        cut = self._time_cuts(lc, c, S_c, sched.num_microbatches, sched.stage_to_rank)[0]
+        plan = self._score(c, sched, lc, cut, math.inf, math.inf, held)
         rows = self._memory_rows(lc, sched, held)
         per_rank = sched.num_stages // c.pp
         lo, hi = max(max(r) for r in rows), sum(max(r) for r in zip(*rows, strict=True))
@@ -239,10 +243,27 @@ class Searcher:
             return other
         return plan
 
-    def _time_cut(self, lc: LayerCosts, c: Config, stages: int) -> Ranges:
-        key = (c.microbatch_size, c.recompute, stages)
+    def cut_costs(self, lc: LayerCosts, c: Config, microbatches: int) -> np.ndarray:
+        """What a layer adds to its rank's step: ``m x (F + I + W)`` plus its share of the
+        stage's ring all-reduce, ``2 (D-1)/D x params x grad_bytes / bandwidth`` (the
+        latency term is the same for every stage)."""
+        r = self.req
+        a = 2 * (c.dp - 1) / c.dp * r.grad_bytes / r.allreduce_bandwidth if c.dp > 1 else 0.0
+        return microbatches * lc.work + a * lc.params
+
+    def _time_cuts(self, lc: LayerCosts, c: Config, stages: int, microbatches: int,
+                   where: tuple[int, ...]) -> list[Ranges]:
+        """Cuts (a): the min-max cut of :meth:`cut_costs` and, when ranks hold several stages
+        (``where``: stage -> rank), its refinement by :func:`balance_ranks` if different."""
+        key = (c.microbatch_size, c.recompute, stages, microbatches, c.dp, where)
         if key not in self._cuts:
-            self._cuts[key] = min_max_partition(lc.work, stages)
+            costs = self.cut_costs(lc, c, microbatches)
+            cuts = [min_max_partition(costs, stages)]
+            if len(where) > len(set(where)):
+                other = balance_ranks(costs, cuts[0], where)
+                if other != cuts[0]:
+                    cuts.append(other)
+            self._cuts[key] = cuts
         return self._cuts[key]
 
     def _memory_rows(self, lc: LayerCosts, sched: Schedule, held: list[int]) -> list[list]:
@@ -258,7 +279,8 @@ class Searcher:
         S_c = sched.num_stages // sched.chains
         per_rank = sched.num_stages // c.pp
         try:
-            return min_max_partition(lc.work, S_c, memory=self._memory_rows(lc, sched, held),
+            return min_max_partition(self.cut_costs(lc, c, sched.num_microbatches), S_c,
+                                     memory=self._memory_rows(lc, sched, held),
                                      memory_cap=budget / per_rank)
         except PartitionError:
             return None
@@ -349,7 +371,8 @@ class Searcher:
         if fn is None or S > self.L:
             return None
         shape = make_schedule("auto", [()] * c.pp, S, c.microbatches, placement=placement)
-        pr = self._price(c, shape, lc, self._time_cut(lc, c, S))
+        cut = self._time_cuts(lc, c, S, c.microbatches, shape.stage_to_rank)[0]
+        pr = self._price(c, shape, lc, cut)
         if pr.bound >= threshold or max(pr.static) > budget:
             return None
         left = [budget - x for x in pr.static]
@@ -402,6 +425,43 @@ class Searcher:
         per_rank = sched.num_stages // c.pp
         weights = sched.chains * self.req.bytes_per_param * float(lc.params.sum())
         return (weights + held * sched.chains * float(lc.act.sum()) / per_rank) / c.pp
+
+
+def balance_ranks(costs: np.ndarray, ranges: Ranges, where: tuple[int, ...]) -> Ranges:
+    """Move single stage boundaries while the loads of the ranks, sorted from the largest,
+    fall (lexicographically). The min-max cut balances stages; a rank holding several
+    (interleaved, V placement, DualPipe's two copies: stage ``s`` holds the layers of
+    ``ranges[s mod len(ranges)]``) carries their sum.
+
+    >>> balance_ranks(np.ones(6), [(0, 2), (3, 3), (4, 4), (5, 5)],
+    ...               (0, 1, 1, 0))   # V: rank 0 holds stages 0 and 3 (load 4 against 2)
+    [(0, 1), (2, 3), (4, 4), (5, 5)]
+    """
+    q = np.concatenate(([0.0], np.cumsum(costs)))
+    n = len(ranges)
+
+    def loads(ends: list[int]) -> tuple:
+        starts = [0, *ends[:-1]]
+        per = [0.0] * (max(where) + 1)
+        for s, r in enumerate(where):
+            per[r] += q[ends[s % n]] - q[starts[s % n]]
+        return tuple(sorted(per, reverse=True))
+
+    ends = [b + 1 for _, b in ranges]
+    best = loads(ends)
+    improved = True
+    while improved:
+        improved = False
+        for k in range(n - 1):
+            for step in (-1, 1):
+                e = ends[k] + step
+                if not (ends[k - 1] if k else 0) < e < ends[k + 1]:
+                    continue
+                trial = [*ends[:k], e, *ends[k + 1:]]
+                value = loads(trial)
+                if value < best:
+                    ends, best, improved = trial, value, True
+    return ranges_from_ends(ends)
 
 
 def _auto_function():
