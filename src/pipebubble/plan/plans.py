@@ -110,10 +110,14 @@ class Plan:
         """The least --gpu-memory at which the planner finds this plan."""
         return max(max(self.peak_memory), self.budget or 0.0)
 
-    def __getattr__(self, name: str):
-        if name in Config.__dataclass_fields__:
-            return getattr(self.config, name)
-        raise AttributeError(name)
+    # The configuration's fields, read through the plan.
+    pp = property(lambda self: self.config.pp)
+    dp = property(lambda self: self.config.dp)
+    schedule = property(lambda self: self.config.schedule)
+    chunks = property(lambda self: self.config.chunks)
+    microbatch_size = property(lambda self: self.config.microbatch_size)
+    microbatches = property(lambda self: self.config.microbatches)
+    recompute = property(lambda self: self.config.recompute)
 
     @property
     def samples_per_second(self) -> float:
