@@ -146,3 +146,22 @@ def test_validate_runs_the_top_plan(small_profile, capsys):
         assert p["measured_step_time"] == pytest.approx(v["measured_scaled"] / v["scale"])
         assert v["relative_error"] == pytest.approx(v["measured_scaled"] / v["predicted_scaled"]
                                                     - 1)
+
+
+def test_profiles_at_two_batch_sizes_are_interpolated(tmp_path, capsys):
+    shape = dict(layers=4, hidden=512, ffn=1408, heads=8, vocab=8000, seq=512, tflops=100,
+                 mfu=0.5)
+    one, four = tmp_path / "b1.json", tmp_path / "b4.json"
+    analytic_profile(batch=1, **shape).save(one)
+    analytic_profile(batch=4, **shape).save(four)
+    args = ["--gpus", "2", "--global-batch", "8", "--microbatch-size", "2", "--schedules",
+            "1f1b", "--recompute", "none", "--top", "1"]
+    both = plan_json(capsys, "--profile", str(one), "--profile", str(four), *args)
+    alone = plan_json(capsys, "--profile", str(one), *args)
+    # Analytic profiles are linear in the batch: interpolating between them is scaling one.
+    assert both["plans"][0]["predicted_step_time"] == pytest.approx(
+        alone["plans"][0]["predicted_step_time"], rel=1e-9)
+    other = tmp_path / "other.json"
+    analytic_profile(batch=2, **{**shape, "layers": 5}).save(other)
+    assert main(["plan", "--profile", str(one), "--profile", str(other), *args]) == 2
+    assert "describe different models" in capsys.readouterr().err
