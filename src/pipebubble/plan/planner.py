@@ -25,9 +25,10 @@ recompute); the global batch fixes ``m = global_batch / (dp x size)``. For each 
    is within ``gpu_memory``.
 
 Closed forms only prune, and only with true lower bounds: no configuration can take less
-than ``m x (F + I + W of the whole model) / pp`` plus its share of the all-reduce
-(configurations are visited in that order, and the search stops once the bound passes the
-K-th best step found), nor less than its busiest rank's work after the cut.
+than ``m x (F + I + W of the whole model) / pp`` plus its share of the all-reduce, nor less
+than its busiest rank's work after the cut (plus the forwards before its first stage).
+Configurations whose bound passes the K-th best step found so far are skipped; a rough
+estimate of their step (the bound and a 1F1B-like bubble) only orders the visit.
 
 Four equal layers (F = 1 s, B = 2 s per microbatch, no weights) on 2 GPUs, global batch 4:
 pp = 1, dp = 2 runs m = 2 microbatches in 2 x 4 x 3 = 24 s; pp = 2 (1F1B, two layers per
@@ -64,14 +65,17 @@ def search(profiles: ProfileSet, req: Request) -> Result:
     req.check()
     t0 = time.perf_counter()
     s = Searcher(profiles, req)
-    configs = sorted(s.configs(), key=lambda c: c.bound)
+    configs = list(s.configs())
     if not configs:
         raise ValueError(s.nothing_divides())
+    # Likely winners first (the bound plus a 1F1B-like fill and drain of (pp - 1) / (m v)),
+    # so the K-th best step, below which everything else must come, drops early.
+    configs.sort(key=lambda c: c.bound * (1 + (c.pp - 1) / (c.microbatches * c.chunks)))
     best: list[Plan] = []
     for c in configs:
         full = req.prune and len(best) >= req.top
         if full and c.bound >= best[-1].step_time:
-            break  # sorted by bound: nothing after this one can enter the top K
+            continue  # no cut of c can enter the top K
         threshold = best[-1].step_time if full else math.inf
         plan = s.evaluate(c, threshold, req.gpu_memory)
         if plan is not None:
