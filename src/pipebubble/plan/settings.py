@@ -7,8 +7,9 @@
   each stage, in stage order) and ``pipeline_parallel_schedule``: the class name of
   torch.distributed.pipelining that runs the same family (``1F1B``, ``Interleaved1F1B``,
   ``GPipe``, ``LoopedBFS``, ``ZBVZeroBubble``, ``DualPipeV``). Families torch has no class
-  for (ZB-H1, ZB-H2, DualPipe, auto) get ``pipeline_parallel_schedule_csv``: the order
-  written as torch's CSV (:mod:`pipebubble.interop.torch_csv`), next to the plan's JSON.
+  for (ZB-H1, ZB-H2, auto) get ``pipeline_parallel_schedule_csv``: the order written as
+  torch's CSV (:mod:`pipebubble.interop.torch_csv`), next to the plan's JSON. DualPipe (two
+  model copies) has no torch form; its settings say so in ``note``.
 - Megatron-LM flags: ``--pipeline-model-parallel-size``, ``--micro-batch-size``,
   ``--global-batch-size``, ``--num-virtual-stages-per-pipeline-rank`` (interleaved),
   ``--pipeline-model-parallel-layout`` (:func:`~pipebubble.plan.layouts.megatron_layout`)
@@ -56,7 +57,10 @@ def torchtitan(plan: Plan, profiles: ProfileSet, csv_path: str | Path | None = N
         par["pipeline_parallel_schedule"] = "PipelineScheduleMulti" if len(
             plan.stage_to_rank) > c.pp else "PipelineScheduleSingle"
         par["pipeline_parallel_schedule_csv"] = None
-        if csv_path is not None:
+        if plan.schedule_obj.chains > 1:  # torch's CSV has no second model copy
+            par["note"] = ("torch.distributed.pipelining runs one model copy; DualPipe's two "
+                           "copies have no torch form (dualpipev is its one-copy variant)")
+        elif csv_path is not None:
             from ..interop.torch_csv import write_torch_csv
 
             write_torch_csv(plan.schedule_obj, csv_path)
@@ -92,6 +96,8 @@ def toml_text(settings: dict) -> str:
     for table, values in settings.items():
         out.append(f"[{table}]")
         for k, v in values.items():
-            if v is not None:
+            if k == "note":
+                out.append(f"# {v}")
+            elif v is not None:
                 out.append(f"{k} = {json.dumps(v)}")
     return "\n".join(out)
