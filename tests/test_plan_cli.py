@@ -165,3 +165,12 @@ def test_profiles_at_two_batch_sizes_are_interpolated(tmp_path, capsys):
     analytic_profile(batch=2, **{**shape, "layers": 5}).save(other)
     assert main(["plan", "--profile", str(one), "--profile", str(other), *args]) == 2
     assert "describe different models" in capsys.readouterr().err
+
+
+def test_dualpipe_has_no_torch_csv(small_profile, tmp_path, capsys):
+    out = plan_json(capsys, "--profile", small_profile, "--gpus", "4", "--global-batch", "16",
+                    "--schedules", "dualpipe", "--recompute", "none", "--top", "1",
+                    "--out", str(tmp_path / "p.json"))
+    par = out["plans"][0]["torchtitan"]["parallelism"]
+    assert par["pipeline_parallel_schedule_csv"] is None and "two" in par["note"]
+    assert not list(tmp_path.glob("*.csv"))
