@@ -240,3 +240,40 @@ def test_validation_command_and_prediction_without_processes():
         c, f=[10 * x + o for x in c.f], b=[10 * x + 2 * o for x in c.b],
         w=[10 * x + o for x in c.w], comm=0.002)).step_time
     assert scaled_prediction(plan, 10.0, Machine(o, 0.002)) == pytest.approx(by_hand)
+
+
+@settings(max_examples=10, deadline=None)
+@given(layers=st.lists(layer, min_size=2, max_size=5), gpus=st.sampled_from([2, 4]),
+       batch=st.sampled_from([4, 8]), latency=st.sampled_from([0.0, 0.5]))
+def test_the_pruning_bound_never_exceeds_the_simulated_step(layers, gpus, batch, latency):
+    prof = profile_of([(f, f + b, n, a) for f, b, n, a in layers])
+    req = Request(gpus=gpus, gpu_memory=1e12, global_batch=batch, microbatch_sizes=(1,),
+                  max_chunks=2, recompute=("none",), allreduce_bandwidth=100.0,
+                  p2p_bandwidth=1e9, latency=latency)
+    s, L = Searcher(prof, req), len(prof)
+    checked = 0
+    for c in s.configs():
+        sched = s.schedule(c) if c.schedule != "auto" else None
+        if sched is None or sched.num_stages // sched.chains > L:
+            continue
+        lc = prof.at(c.microbatch_size, c.recompute)
+        best = math.inf
+        for ends in combinations(range(1, L), sched.num_stages // sched.chains - 1):
+            ranges = ranges_from_ends([*ends, L])
+            priced = s._price(c, sched, lc, ranges)
+            tl = simulate(sched, priced.costs)
+            step = step_time_with_allreduce(tl, priced.costs, c.dp)
+            assert priced.bound <= step * (1 + 1e-12), (c, ranges)
+            best = min(best, step)
+            checked += 1
+        assert c.bound <= best * (1 + 1e-12), c
+    assert checked > 0
+
+
+def test_the_bound_is_the_1f1b_step_for_equal_stages():
+    prof = profile_of([(1, 2, 0, 0)] * 4)
+    s = Searcher(prof, Request(gpus=4, gpu_memory=1, global_batch=8, microbatch_sizes=(1,),
+                               schedules=("1f1b",), recompute=("none",), latency=0))
+    c = next(c for c in s.configs() if c.pp == 4)
+    priced = s._price(c, s.schedule(c), prof.at(1, "none"), [(0, 0), (1, 1), (2, 2), (3, 3)])
+    assert priced.bound == (8 + 4 - 1) * (1 + 2) == 33

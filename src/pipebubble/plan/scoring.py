@@ -95,6 +95,7 @@ class Searcher:
         self._schedules: dict[tuple, Schedule | None] = {}
         self._cuts: dict[tuple, Ranges] = {}
         self._held: dict[tuple, list[int]] = {}
+        self._split: dict[int, bool] = {}
         self.why_not: dict[str, str] = {}  # schedule -> why it could not be generated
 
     # -- enumeration and bounds --
@@ -311,23 +312,47 @@ class Searcher:
         transient = np.array([float(lc.transient[a:b + 1].max()) for a, b in idx])
         return costs, params, transient
 
-    def _price(self, c, sched, lc, ranges) -> Priced:
-        """A cut's costs and what is known before simulating: a lower bound on its step
-        (rank r starts no sooner than the forwards of microbatch 0 before its first stage,
-        then works ``busy_r`` and all-reduces) and each rank's static memory."""
+    def _price(self, c, sched, lc, ranges, split: bool | None = None) -> Priced:
+        """A cut's costs and what is known before simulating: each rank's static memory and
+        a lower bound on the step. Rank r starts no sooner than ``head_r``, the forwards of
+        microbatch 0 through the stages before its first one (and the hops between ranks);
+        then works ``busy_r`` and all-reduces. Its last backward of an input gradient (I or
+        B) comes no sooner than ``head_r + busy_r - W_r`` (every W may follow it), and the
+        gradient still has to reach its chain's first stage: ``tail_r``, the I (or B) of every
+        stage before r's stage, and the hops. ``split``: whether W is split from the
+        backward (None: ask the schedule)."""
         costs, params, transient = self.stage_costs(c, sched, lc, ranges)
         p, M = c.pp, sched.num_microbatches
+        where = sched.stage_to_rank
+        if split is None:
+            split = self.split(sched)
         busy, ar, static, trans = [0.0] * p, [0.0] * p, [0.0] * p, [0.0] * p
-        head, before = [math.inf] * p, 0.0
-        for s, r in enumerate(sched.stage_to_rank):
-            before = 0.0 if sched.first_stage(s) else before + costs.f[s - 1] + costs.comm
+        late = [0.0] * p  # work that may follow the rank's last input-gradient action
+        head, tail = [math.inf] * p, [math.inf] * p
+        before = after = 0.0
+        for s, r in enumerate(where):
+            if sched.first_stage(s):
+                before = after = 0.0
+            else:
+                hop = costs.comm if where[s - 1] != r else 0.0
+                before += costs.f[s - 1] + hop
+                after += costs.b[s - 1] - (costs.w[s - 1] if split else 0.0) + hop
             head[r] = min(head[r], before)
+            tail[r] = min(tail[r], after)
             busy[r] += M * (costs.f[s] + costs.b[s])
+            late[r] += M * costs.w[s] if split else 0.0
             ar[r] += costs.allreduce[s]
             static[r] += self.req.bytes_per_param * params[s]
             trans[r] = max(trans[r], transient[s])
-        bound = max(h + b + a for h, b, a in zip(head, busy, ar, strict=True))
+        bound = max(max(h + b + a, h + b - w + t) for h, b, a, w, t in
+                    zip(head, busy, ar, late, tail, strict=True))
         return Priced(ranges, costs, bound, [x + t for x, t in zip(static, trans, strict=True)])
+
+    def split(self, sched: Schedule) -> bool:
+        key = id(sched)
+        if key not in self._split:
+            self._split[key] = sched.uses_split_backward()
+        return self._split[key]
 
     def _score(self, c, sched, lc, ranges, threshold, budget, held=None) -> Plan | None:
         """The cut's plan if it fits ``budget`` and beats ``threshold``, else None."""
@@ -372,7 +397,7 @@ class Searcher:
             return None
         shape = make_schedule("auto", [()] * c.pp, S, c.microbatches, placement=placement)
         cut = self._time_cuts(lc, c, S, c.microbatches, shape.stage_to_rank)[0]
-        pr = self._price(c, shape, lc, cut)
+        pr = self._price(c, shape, lc, cut, split=True)  # the order may split W
         if pr.bound >= threshold or max(pr.static) > budget:
             return None
         left = [budget - x for x in pr.static]
