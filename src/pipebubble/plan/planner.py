@@ -26,7 +26,8 @@ recompute); the global batch fixes ``m = global_batch / (dp x size)``. For each 
 
 Closed forms only prune, and only with true lower bounds: no configuration can take less
 than ``m x (F + I + W of the whole model) / pp`` plus its share of the all-reduce, nor less
-than its busiest rank's work after the cut (plus the forwards before its first stage).
+than any rank's work after the cut plus the fill before it and the drain after it
+(:meth:`Searcher._price <pipebubble.plan.scoring.Searcher._price>`).
 Configurations whose bound passes the K-th best step found so far are skipped; a rough
 estimate of their step (the bound and a 1F1B-like bubble) only orders the visit.
 
