@@ -3,9 +3,10 @@
 :class:`Searcher` holds what one search shares (the profile, the request, generated
 schedules, cuts) and answers for a :class:`~pipebubble.plan.plans.Config` the fastest plan
 that fits (:meth:`Searcher.evaluate`), using the rules of :mod:`pipebubble.plan.planner`:
-cut (a) the min-max cut of F + I + W, or (b) the min-max cut under per-stage memory caps
-when (a) does not fit, or every cut when there are few; a plan is scored by the simulator;
-lower bounds only skip what cannot enter the top K.
+every cut when there are few; else cuts (a), the min-max cut of what each layer adds to its
+rank's step and (ranks holding several stages) its rank-balanced refinement, or (b) the
+min-max cut under per-stage memory caps when no (a) cut fits. A plan is scored by the
+simulator; lower bounds (:meth:`Searcher._price`) only skip what cannot enter the top K.
 """
 
 from __future__ import annotations
@@ -78,6 +79,8 @@ def held_per_stage(schedule: Schedule, until: tuple[str, ...] = ("B", "W")) -> l
 
 
 class Searcher:
+    """One search: the configurations of a request, and the plan of each (module doc)."""
+
     def __init__(self, profiles: ProfileSet, req: Request):
         self.p, self.req = profiles, req
         self.L = len(profiles)
