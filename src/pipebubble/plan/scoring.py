@@ -259,9 +259,11 @@ class Searcher:
                    where: tuple[int, ...]) -> list[Ranges]:
         """Cuts (a): the min-max cut of :meth:`cut_costs` and, when ranks hold several stages
         (``where``: stage -> rank), its refinement by :func:`balance_ranks` if different."""
-        key = (c.microbatch_size, c.recompute, stages, microbatches, c.dp, where)
+        costs = self.cut_costs(lc, c, microbatches)
+        # The cut depends on the costs up to scale: key on the all-reduce share per unit work.
+        ratio = float((costs - microbatches * lc.work).sum()) / microbatches
+        key = (c.microbatch_size, c.recompute, stages, ratio, where)
         if key not in self._cuts:
-            costs = self.cut_costs(lc, c, microbatches)
             cuts = [min_max_partition(costs, stages)]
             if len(where) > len(set(where)):
                 other = balance_ranks(costs, cuts[0], where)
