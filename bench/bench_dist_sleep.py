@@ -59,7 +59,7 @@ def worker(args: argparse.Namespace) -> None:
         if cluster.g == 0:
             tl, _ = measured_timeline(sched, best)
             pred = simulate(sched, CostModel(f=F, b=B, w=W))
-            comm = measured_comm(tl, tuple(getattr(sched, "chain_starts", (0,))))
+            comm = measured_comm(tl)
             with_comm = simulate(sched, CostModel(f=F, b=B, w=W, comm=comm))
             rows.append((name, v, tl, pred, with_comm, comm))
     cluster.close()

@@ -24,8 +24,7 @@ from rich.table import Table
 
 from pipebubble.ir.schedule import Action, make_schedule
 from pipebubble.models import build_model
-from pipebubble.plan.calibrate import stage_times
-from pipebubble.runtime.calibrated import calibrated_costs
+from pipebubble.plan.calibrate import calibrated_costs, stage_times
 from pipebubble.runtime.local import run_local
 from pipebubble.runtime.stages import split_stages
 from pipebubble.schedules import get_schedule

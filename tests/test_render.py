@@ -3,7 +3,6 @@ files are sane, and what is drawn matches the Timeline (boxes, idle, labels, mem
 
 from __future__ import annotations
 
-import argparse
 import struct
 import xml.etree.ElementTree as ET
 
@@ -229,17 +228,15 @@ def test_predicted_vs_measured_on_a_real_run(tmp_path):
 def test_figures_write_draws_what_the_flags_ask(tmp_path):
     one = simulate(get_schedule("1f1b", 2, 4))
     two = simulate(get_schedule("gpipe", 2, 4))
-    args = argparse.Namespace(png=str(tmp_path / "a.png"), svg=str(tmp_path / "a.svg"),
-                              trace=str(tmp_path / "a.json"), memory=True)
-    figures.write(args, [one], "title")
+    figures.write([one], "title", png=str(tmp_path / "a.png"), svg=str(tmp_path / "a.svg"),
+                  trace=str(tmp_path / "a.json"), memory=True)
     assert png_size(tmp_path / "a.png")[1] > png_size(save(gantt_figure(one),
                                                            tmp_path / "b.png"))[1]
     ET.parse(tmp_path / "a.svg")
-    args = argparse.Namespace(png=str(tmp_path / "c.png"), svg=None, trace=None)
-    figures.write(args, [one, two], "p=2 m=4")
+    figures.write([one, two], "p=2 m=4", png=str(tmp_path / "c.png"))
     assert (tmp_path / "c.png").exists() and not (tmp_path / "c.svg").exists()
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        figures.write(argparse.Namespace(png=str(tmp_path / "no" / "x.png")), [one], "t")
+        figures.write([one], "t", png=str(tmp_path / "no" / "x.png"))
     with pytest.raises(ValueError, match="cannot save a figure as 'gif'"):
         save(gantt_figure(one), tmp_path / "x.gif")
 
@@ -254,3 +251,15 @@ def test_stacked_hand_built_and_sweep_figures_are_legible():
     assert len(fig.legends[0].get_texts()) == 7  # F I W B, chunk 1, idle, overlapped pair
     assert_legible(sweep_figure(sweep(["gpipe", "1f1b"], 4, range(1, 129))))
     assert_legible(memory_figure(simulate(get_schedule("gpipe", 32, 8))))
+
+
+def test_legend_names_chains_for_dualpipe_and_chunks_otherwise():
+    from pipebubble.render.plots import _legend_handles
+
+    def labels(name):
+        return [h.get_label() for h in _legend_handles([simulate(get_schedule(name, 4, 8))])]
+
+    # DualPipe: one stage per rank per chain, the darker one is the second model copy's
+    assert "chain 1 (darker shade)" in labels("dualpipe")
+    assert "chunk 1 (darker shade)" in labels("zbv")  # one chain, two chunks per rank
+    assert not any("darker" in x for x in labels("1f1b"))

@@ -169,3 +169,24 @@ def test_write_trace_errors(tmp_path):
         trace_document([])
     with pytest.raises(FileNotFoundError, match="does not exist"):
         write_trace(tmp_path / "none" / "t.json", [simulate(get_schedule("gpipe", 2, 2))])
+
+
+def test_dualpipe_flows_stay_within_each_chain():
+    """DualPipe p=4, M=8: two chains of 4 stages, 4 microbatches each. Messages (ir.deps)
+    run inside a chain only: 2 chains x 2 directions x 3 hops x 4 microbatches = 48 flows,
+    none from stage 3 (copy A's loss stage) to stage 4 (copy B's input stage)."""
+    timeline = simulate(get_schedule("dualpipe", 4, 8))
+    events = check_format(trace_document([timeline]))
+    starts = [e for e in events if e["ph"] == "s"]
+    assert len(starts) == 48 == sum(1 for e in events if e["ph"] == "f")
+    check_flows_bind(events)
+    slices = [e for e in events if e["ph"] == "X"]
+    by_id = {e["id"]: e for e in events if e["ph"] == "f"}
+    for s in starts:
+        src = next(x for x in slices if x["pid"] == s["pid"] and x["tid"] == s["tid"]
+                   and x["ts"] <= s["ts"] < x["ts"] + x["dur"])
+        f = by_id[s["id"]]
+        dst = next(x for x in slices if x["pid"] == f["pid"] and x["tid"] == f["tid"]
+                   and x["ts"] == f["ts"])
+        a, b = src["args"]["stage"], dst["args"]["stage"]
+        assert abs(a - b) == 1 and (a < 4) == (b < 4)  # neighbours in the same chain

@@ -17,7 +17,7 @@ from torch import nn
 
 from pipebubble import simulate
 from pipebubble.models import MLPBlock
-from pipebubble.runtime.calibrated import calibrated_costs, predict, stage_memory
+from pipebubble.plan.calibrate import calibrated_costs, predict, stage_memory
 from pipebubble.runtime.local import run_local
 from pipebubble.runtime.memory import SavedTensors, graph_bytes, param_storages
 from pipebubble.runtime.split import backward_input

@@ -8,7 +8,7 @@ import pipebubble.models.sleep as sleep_mod
 from pipebubble import CostModel, Event, get_schedule, simulate
 from pipebubble.models import build_model
 from pipebubble.runtime.dist.report import measured_comm, measured_timeline, step_span
-from pipebubble.runtime.dist.worker import RankResult, split_layers
+from pipebubble.runtime.dist.worker import RankResult, cut_evenly
 from pipebubble.sim.dataparallel import ring_allreduce_time, step_time_with_allreduce
 
 
@@ -73,11 +73,15 @@ def test_allreduce_only_counts_with_replicas():
     assert step_time_with_allreduce(tl, c, dp=2) == 34
 
 
-def test_split_layers_sizes_differ_by_at_most_one():
+def test_cut_evenly_sizes_differ_by_at_most_one():
     layers = [torch.nn.Identity() for _ in range(7)]
-    assert [len(s) for s in split_layers(layers, 3)] == [3, 2, 2]
+    assert [len(s.layers) for s in cut_evenly(layers, 3)] == [3, 2, 2]
+    for n in range(1, 12):
+        for k in range(1, n + 1):
+            sizes = [len(s.layers) for s in cut_evenly([torch.nn.Identity()] * n, k)]
+            assert sum(sizes) == n and max(sizes) - min(sizes) <= 1
     with pytest.raises(ValueError, match="fewer than the 8 stages"):
-        split_layers(layers, 8)
+        cut_evenly(layers, 8)
 
 
 def _result(rank, origin, events, replica=0, host="h"):

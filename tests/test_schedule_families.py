@@ -55,7 +55,7 @@ def test_every_generated_schedule_validates_and_simulates(name):
         made += 1
         validate(s)
         assert s.num_ranks == p and s.total_microbatches == m  # M over all chains
-        assert s.num_stages == p * (v or spec.chunks)
+        assert s.num_stages == p * (v or spec.chunks) * s.chains  # chunks: per rank per chain
         t = simulate(s, CostModel(f=1, b=2, w=1))  # raises Deadlock if it cannot progress
         assert t.step_time >= t.lower_bound - 1e-9
     assert made >= (9 if name == "dualpipe" else 40)  # dualpipe: p even, M even >= 2p

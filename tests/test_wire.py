@@ -149,3 +149,137 @@ def test_registered_schedules_buffered_equal_simulate(name):
         assert got.step_time == pytest.approx(ref.step_time)
         assert sorted(got.start) == pytest.approx(sorted(ref.start))
     run_wire(lower(s, "batched"), c, blocking=True)  # completes with blocking sends too
+
+
+def test_compute_deadlock_names_what_the_step_waits_for():
+    # V placement: rank 1 holds stages 1 and 2 and runs 2F0 before 1F0, whose output 2F0
+    # needs (a local hand-over). Rank 0 waits for rank 1 to receive 0F0's activation
+    # (naive: its blocking send) or to send 2F0's (batched: its receive).
+    orders = [[Action(0, "F", 0), Action(3, "F", 0), Action(3, "B", 0), Action(0, "B", 0)],
+              [Action(2, "F", 0), Action(1, "F", 0), Action(2, "B", 0), Action(1, "B", 0)]]
+    s = make_schedule("v", orders, 4, 1, placement="v")
+    rank0 = {"naive": ("0SEND_F0", "rank 1 to post the matching receive of 0SEND_F0"),
+             "batched": ("[0SEND_F0 3RECV_F0]", "rank 1 to post the matching send of 3RECV_F0")}
+    for ordering, stuck in rank0.items():
+        with pytest.raises(WireDeadlock) as info:
+            run_wire(lower(s, ordering))
+        assert info.value.stuck[1] == ("2F0", "1F0")  # the rule of ir.deps, in its words
+        assert info.value.stuck[0] == stuck
+    with pytest.raises(ScheduleError, match="rank 1 stuck at 2F0 waiting for 1F0"):
+        simulate(s)  # the simulator says the same
+
+
+def test_wire_edges_are_the_crossing_dependencies():
+    # every receive is a crossing producer of the step after it, every send a crossing
+    # hand-over of the step before it (ir.deps), for every registered schedule
+    from pipebubble.ir.deps import handovers, producers
+
+    for name in schedule_names():
+        s = get_schedule(name, 4, 8)
+        w = lower(s, "naive")
+        want_recv = sum(d.crosses for r in range(4) for a in s.actions(r)
+                        for d in producers(a, s))
+        want_send = sum(h.crosses for r in range(4) for a in s.actions(r)
+                        for h in handovers(a, s))
+        got = [c for r in range(4) for c in w.comms(r)]
+        assert sum(not c.is_send for c in got) == want_recv, name
+        assert sum(c.is_send for c in got) == want_send == want_recv, name
+
+
+def test_wire_model_by_hand():
+    from pipebubble.sim.wire import WireModel
+
+    send, recv = Comm(0, "SEND_F", 0, 1), Comm(1, "RECV_F", 0, 0)
+    assert send.key == recv.key == ("act", 1, 0)
+    rendezvous = WireModel(comm=0.5, blocking=True)
+    rendezvous.post(send, 1.0)
+    assert rendezvous.done(send) is None and not rendezvous.peer_posted(send)
+    rendezvous.post(recv, 3.0)
+    assert rendezvous.done(send) == rendezvous.done(recv) == 3.5  # both: later post + comm
+    buffered = WireModel(comm=0.5, blocking=False)
+    buffered.post(send, 1.0)
+    assert buffered.done(send) == 1.0  # a buffered send completes when posted
+    buffered.post(recv, 0.25)
+    buffered.post(recv, 9.0)  # a second post (prefetched before) keeps the first time
+    assert buffered.done(recv) == 1.5  # max(posted 0.25, sent 1.0 + comm 0.5)
+
+
+def chained_schedule_with_overlaps(seed: int, ranks: int, chunks: int, chains: int, m: int,
+                                   split: bool, loop: bool, pairs: bool = True):
+    """A deadlock-free random schedule with ``chains`` independent chains of
+    ``ranks x chunks`` stages and overlapped F&B pairs: repeatedly take a random ready
+    action (in a global order) and append it to its rank's order; a ready backward is
+    sometimes paired with a ready forward of the same rank as one Overlap step."""
+    import random
+
+    from pipebubble.ir.schedule import Overlap
+
+    rng = random.Random(seed)
+    per = ranks * chunks
+    S = per * chains
+    where = [s % ranks for s in range(S)]
+    if not loop:
+        rng.shuffle(where)
+    starts = tuple(range(0, S, per))
+    first = set(starts)
+    last = {c + per - 1 for c in starts}
+    ready = {Action(c, "F", mb) for c in starts for mb in range(m)}
+    orders: list[list] = [[] for _ in range(ranks)]
+
+    def finish(a):
+        s, k, mb = a
+        if k == "F":
+            ready.add(Action(s + 1, "F", mb) if s not in last else
+                      Action(s, "I" if split else "B", mb))
+        elif k in ("B", "I"):
+            if split:
+                ready.add(Action(s, "W", mb))
+            if s not in first:
+                ready.add(Action(s - 1, "I" if split else "B", mb))
+
+    while ready:
+        a = rng.choice(sorted(ready))
+        ready.discard(a)
+        r = where[a.stage]
+        partner = None
+        if pairs and a.kind in ("B", "I") and rng.random() < 0.5:
+            fwds = sorted(f for f in ready if f.kind == "F" and where[f.stage] == r)
+            partner = rng.choice(fwds) if fwds else None
+        if partner is None:
+            orders[r].append(a)
+        else:
+            ready.discard(partner)
+            orders[r].append(Overlap(partner, a))
+            finish(partner)
+        finish(a)
+    return make_schedule("random-chains", orders, S, m, placement=where, chain_starts=starts)
+
+
+@given(st.integers(0, 2**31), st.integers(1, 4), st.integers(1, 2), st.integers(1, 3),
+       st.integers(1, 4), st.booleans(), st.booleans(), st.booleans(),
+       st.sampled_from([0.0, 0.5]), st.sampled_from([1.0, 0.75]))
+def test_buffered_wire_against_simulate_with_chains_and_overlaps(seed, p, v, chains, m, split,
+                                                                 loop, pairs, comm, overlap):
+    """Several chains: the wire with buffered sends times every action as simulate does.
+    Overlapped pairs: an Overlap is one step of the wire program, so its forward's output
+    leaves after the whole pair (as the distributed runtime sends it), while simulate hands
+    it over when the forward part ends: the wire is never earlier, and equal when nothing
+    waits for a pair's forward (as in the registered DualPipe schedules, tested above)."""
+    from pipebubble.ir.schedule import validate
+
+    s = chained_schedule_with_overlaps(seed, p, v, chains, m, split, loop, pairs)
+    validate(s)
+    c = CostModel(f=1, b=2, w=1, comm=comm, overlap=overlap)
+    ref = simulate(s, c)
+    theirs = {(e.stage, e.kind, e.microbatch): (e.start, e.end) for e in ref.events()}
+    for ordering in ("naive", "batched"):
+        got = run_wire(lower(s, ordering), c, blocking=False).timeline
+        assert got.chain_starts == ref.chain_starts == s.chain_starts
+        mine = {(e.stage, e.kind, e.microbatch): (e.start, e.end) for e in got.events()}
+        assert mine.keys() == theirs.keys()
+        for k, (start, end) in theirs.items():
+            if pairs:
+                assert mine[k][0] >= start - 1e-9, k
+            else:
+                assert mine[k] == pytest.approx((start, end)), k
+    run_wire(lower(s, "batched"), c, blocking=True)  # batched never deadlocks

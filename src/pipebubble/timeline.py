@@ -78,15 +78,22 @@ class Timeline:
     mem_end: list[float]
     overlapped: list[bool]
     source: str = "simulated"
-    chains: int = 1  # independent stage chains (DualPipe: 2), each running num_microbatches
+    # Independent stage chains (DualPipe's two model copies: 2), each running
+    # num_microbatches. Derived from ``chain_starts``; kept as an argument so that a caller
+    # that knows only the count (evenly sized chains) can still say it.
+    chains: int = 1
     offsets: list[int] = field(default_factory=list)  # rank r's events: offsets[r]:offsets[r+1]
     _stats: list[RankStats] | None = field(default=None, repr=False)
     _step: float | None = field(default=None, repr=False)
     _np: dict | None = field(default=None, repr=False)
+    # First stage of each chain, as ``Schedule.chain_starts`` (DualPipe p=4: ``(0, 4)``).
+    chain_starts: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.offsets:
             self.offsets = _rank_offsets(self.rank, self.num_ranks)
+        self.chain_starts = _chain_starts(self.chain_starts, self.chains, self.num_stages)
+        self.chains = len(self.chain_starts)
 
     # ---- construction -------------------------------------------------------------
     @classmethod
@@ -102,8 +109,12 @@ class Timeline:
         source: str = "measured",
         shift_to_zero: bool = True,
         chains: int = 1,
+        chain_starts: Sequence[int] = (),
     ) -> Timeline:
-        """Sort events by (rank, start) and, by default, shift time so the first start is 0."""
+        """Sort events by (rank, start) and, by default, shift time so the first start is 0.
+
+        ``chain_starts`` (or, for evenly sized chains, their number ``chains``) says where
+        independent stage chains begin, as ``Schedule.chain_starts``."""
         evs = sorted(events, key=lambda e: (e.rank, e.start, e.end))
         t0 = min((e.start for e in evs), default=0.0) if shift_to_zero else 0.0
         return cls(
@@ -123,6 +134,7 @@ class Timeline:
             overlapped=[e.overlapped for e in evs],
             source=source,
             chains=chains,
+            chain_starts=tuple(chain_starts),
         )
 
     def __len__(self) -> int:
@@ -139,7 +151,10 @@ class Timeline:
     # ---- metrics --------------------------------------------------------------------
     @property
     def chunks(self) -> int:
-        return max(1, self.num_stages // max(1, self.num_ranks))
+        """Stages per rank per chain (``v``), as ``Schedule.chunks``: 2 for interleaved 1F1B
+        with two chunks and for ZB-V (one chain of 2p stages), 1 for DualPipe (two chains
+        of p stages: each rank holds one stage of each model copy)."""
+        return max(1, self.num_stages // max(1, self.num_ranks * self.chains))
 
     @property
     def step_time(self) -> float:
@@ -242,6 +257,20 @@ class Timeline:
             }
             for e in self.events()
         ]
+
+
+def _chain_starts(starts: Sequence[int], chains: int, num_stages: int) -> tuple[int, ...]:
+    """``starts`` checked, or ``chains`` evenly sized chains' starts when none is given."""
+    if starts:
+        out = tuple(sorted({int(c) for c in starts}))
+        if out[0] != 0 or out[-1] >= max(1, num_stages):
+            raise ValueError(f"chain_starts must start at 0 and lie in 0..{num_stages - 1}, "
+                             f"got {tuple(starts)}")
+        return out
+    if chains < 1 or (chains > 1 and num_stages % chains):
+        raise ValueError(f"{num_stages} stages do not form {chains} equal chains; give "
+                         "chain_starts")
+    return tuple(range(0, max(1, num_stages), max(1, num_stages // chains)))[:chains]
 
 
 def _rank_offsets(ranks: list[int], num_ranks: int) -> list[int]:

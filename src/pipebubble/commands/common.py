@@ -147,4 +147,6 @@ def write_figures(args: argparse.Namespace, timelines: list[Timeline], title: st
         return
     from ..render import figures
 
-    figures.write(args, timelines, title)
+    figures.write(timelines, title, png=getattr(args, "png", None),
+                  svg=getattr(args, "svg", None), trace=getattr(args, "trace", None),
+                  memory=bool(getattr(args, "memory", False)))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 
 from rich import box
 from rich.console import Console
@@ -11,7 +12,7 @@ from rich.table import Table
 
 from ..ir.schedule import ScheduleError
 from ..schedules import get_schedule, lookup, schedule_names
-from ..sim.dataparallel import add_dp_flags, dp_fields, with_allreduce
+from ..sim.dataparallel import dp_fields
 from ..sim.kernel import simulate
 from .common import (
     add_cost_flags,
@@ -22,6 +23,7 @@ from .common import (
     positive_int,
     print_json,
     span_bubble,
+    time_value,
     timeline_json,
     write_figures,
 )
@@ -41,8 +43,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def add_dp_flags(p: argparse.ArgumentParser) -> None:
+    """``--dp`` and ``--allreduce``: the 2D step time (``sim/dataparallel.py``)."""
+    g = p.add_argument_group("pipeline x data parallel")
+    g.add_argument("--dp", type=positive_int("--dp"), default=1, metavar="D",
+                   help="data-parallel replicas of the pipeline (1)")
+    g.add_argument("--allreduce", type=time_value("--allreduce"), default=0.0, metavar="T",
+                   help="time to all-reduce one rank-share of the gradients over the D "
+                   "replicas (scalar, or one value per stage); added after the rank's last "
+                   "action (0)")
+
+
 def run(args: argparse.Namespace) -> int:
-    costs = with_allreduce(costs_from_args(args), args)
+    costs = replace(costs_from_args(args), allreduce=args.allreduce)
     rows, skipped = [], []
     for name in schedule_names():
         spec = lookup(name)

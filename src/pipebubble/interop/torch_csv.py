@@ -40,22 +40,22 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
+from ..ir.deps import describe_wait
 from ..ir.schedule import (
     Action,
-    Overlap,
     Schedule,
     ScheduleError,
     Step,
     make_schedule,
+    parse_overlap,
     step_actions,
+    step_text,
     validate,
 )
 from ..sim.kernel import Deadlock
 
-_COMPUTE = re.compile(r"^(\d+)([FIWB])(\d+)$")
 _MARKER = re.compile(r"^(\d+)(UNSHARD|RESHARD|REDUCE_GRAD)(\d*)$")
 _COMM = re.compile(r"^(\d+)(SEND_F|RECV_F|SEND_B|RECV_B)(\d*)$")
-_OVERLAP = re.compile(r"^\((.*)\)\s*([A-Z_]*)$")
 
 
 class _Cell(ValueError):
@@ -67,26 +67,20 @@ def _parse_cell(text: str) -> Step | None:
     text = text.strip()
     if not text or _MARKER.match(text):
         return None
-    if match := _COMPUTE.match(text):
-        return Action(int(match.group(1)), match.group(2), int(match.group(3)))
+    if text.startswith("("):
+        try:
+            return parse_overlap(text, require_tag=True)
+        except ScheduleError as exc:
+            raise _Cell(str(exc)) from None
     if _COMM.match(text):
         raise _Cell("a send/receive action; torch's compute-only format has none (this looks "
                     "like a compute_comms file, which is not supported)")
-    if match := _OVERLAP.match(text):
-        if match.group(2) != "OVERLAP_F_B":
-            raise _Cell(f"overlapped actions must be tagged OVERLAP_F_B, got "
-                        f"{match.group(2) or 'nothing'!r}")
-        parts = [p.strip() for p in match.group(1).split(";") if p.strip()]
-        subs = [_COMPUTE.match(p) for p in parts]
-        if len(parts) != 2 or not all(subs):
-            raise _Cell("expected two actions inside the brackets, e.g. (0F7;7B3)OVERLAP_F_B")
-        fwd, bwd = (Action(int(m.group(1)), m.group(2), int(m.group(3))) for m in subs)
-        if fwd.kind != "F" or bwd.kind not in ("B", "I"):
-            raise _Cell("an overlapped pair is a forward then a backward (B or I), "
-                        "e.g. (0F7;7B3)OVERLAP_F_B")
-        return Overlap(fwd, bwd)
-    raise _Cell("expected STAGE KIND MICROBATCH with KIND one of F, I, W, B (e.g. 2F5), an "
-                "overlapped pair (0F7;7B3)OVERLAP_F_B, UNSHARD/RESHARD/REDUCE_GRAD, or empty")
+    try:
+        return Action.from_str(text)
+    except ScheduleError:
+        raise _Cell("expected STAGE KIND MICROBATCH with KIND one of F, I, W, B (e.g. 2F5), "
+                    "an overlapped pair (0F7;7B3)OVERLAP_F_B, UNSHARD/RESHARD/REDUCE_GRAD, "
+                    "or empty") from None
 
 
 def parse_torch_csv(
@@ -234,9 +228,7 @@ def read_torch_csv(
 
 def cell_text(step: Step) -> str:
     """The CSV cell for one step, as torch's ``_Action.__repr__`` writes it."""
-    if isinstance(step, Overlap):
-        return f"({step.forward};{step.backward})OVERLAP_F_B"
-    return str(step)
+    return step_text(step, tagged=True)
 
 
 def to_torch_csv(schedule: Schedule) -> str:
@@ -263,14 +255,18 @@ def write_torch_csv(schedule: Schedule, dest: str | Path | TextIO) -> None:
 
 
 def explain_deadlock(schedule: Schedule, exc: Deadlock) -> ScheduleError:
-    """Rephrase a simulator deadlock on a CSV schedule with each stuck cell's row and column."""
+    """Rephrase a simulator deadlock on a CSV schedule with each stuck cell's row and column
+    and what it waits for (:func:`pipebubble.ir.deps.describe_wait`)."""
     cols = schedule.options.get("csv_columns")
     source = schedule.options.get("source", schedule.name)
     if cols is None:
         return exc
     parts = []
-    for r, (step_text, waits) in exc.stuck.items():
-        idx = next((i for i, st in enumerate(schedule.orders[r]) if str(st) == step_text), None)
+    for r, (step_text_, waits) in exc.stuck.items():
+        idx = next((i for i, st in enumerate(schedule.orders[r])
+                    if step_text_ in (str(st), *map(str, step_actions(st)))), None)
         at = f" (row {r + 1}, column {cols[r][idx]})" if idx is not None else ""
-        parts.append(f"rank {r} stuck at {step_text}{at} waiting for {waits}")
+        if idx is not None:
+            waits = describe_wait(schedule.orders[r][idx], schedule)
+        parts.append(f"rank {r} stuck at {step_text_}{at} waiting for {waits}")
     return ScheduleError(f"{source}: deadlock, no rank can go on: " + "; ".join(parts))

@@ -5,7 +5,17 @@
 - ``deps.py``: THE rule "which actions does this action wait for" (used by everything).
 """
 
-from .deps import Dep, Handover, Signal, handovers, needs, producers, produces
+from .deps import (
+    Dep,
+    Handover,
+    Signal,
+    describe_wait,
+    handovers,
+    message,
+    needs,
+    producers,
+    produces,
+)
 from .schedule import Action, Kind, Overlap, Schedule, ScheduleError, Step, validate
 
 __all__ = [
@@ -18,7 +28,9 @@ __all__ = [
     "ScheduleError",
     "Signal",
     "Step",
+    "describe_wait",
     "handovers",
+    "message",
     "needs",
     "producers",
     "produces",

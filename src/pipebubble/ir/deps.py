@@ -1,8 +1,11 @@
 """THE dependency rule: which actions an action waits for, and where its output goes.
 
 Every consumer of a schedule asks this module, so the rule is written once: the simulator,
-its deadlock messages, the interpreter's readiness checks, the wire lowering (which edges
-need a SEND/RECV) and the measured-run report.
+its deadlock messages, the interpreter's readiness checks and message hand-overs
+(``runtime/interpreter.py``), the wire lowering and the wire simulator (``sim/wire.py``: which
+edges need a SEND/RECV, when a compute step may start), the measured-run report's message
+delays (``runtime/dist/report.py``), the CSV deadlock messages (``interop/torch_csv.py``) and
+the Perfetto trace's flow arrows (``render/trace.py``).
 
 An action waits for *signals*. A signal is a fact one action produces:
 
@@ -34,9 +37,10 @@ over the wire (a send and a receive, ``comm`` time in the simulator). An Overlap
 
 from __future__ import annotations
 
+from collections.abc import Container
 from typing import NamedTuple, Protocol
 
-from .schedule import Action, Kind, Overlap, Step
+from .schedule import Action, Kind, Overlap, Step, ends_chain, starts_chain
 
 
 class Topology(Protocol):
@@ -66,16 +70,6 @@ class Dep(NamedTuple):
 
     def __str__(self) -> str:
         return f"{self.signal}" + (" (crosses)" if self.crosses else "")
-
-
-def starts_chain(topo: Topology, stage: int) -> bool:
-    """True if ``stage`` takes the model input (first stage of its chain)."""
-    return stage in topo.chain_starts
-
-
-def ends_chain(topo: Topology, stage: int) -> bool:
-    """True if ``stage`` computes the loss (last stage of its chain)."""
-    return stage == topo.num_stages - 1 or (stage + 1) in topo.chain_starts
 
 
 def produces(action: Action) -> Signal:
@@ -130,11 +124,43 @@ def handovers(action: Action, topo: Topology) -> tuple[Handover, ...]:
     return ()
 
 
-def describe_wait(action: Action, topo: Topology) -> str:
-    """Human text of what ``action`` waits for (deadlock messages): ``1F3 and 2I/B3``."""
+def message(signal: Signal, consumer: int) -> tuple[str, int, int] | None:
+    """How ``signal`` reaches stage ``consumer``: a message ``("act" | "grad", consumer,
+    microbatch)`` when it comes from another stage (the transports' and the wire's name for
+    it, on the same rank or not), ``None`` when it stays on the stage (F's saved graph for
+    its own I/B, I's kept tensors for its W).
+
+    >>> message(Signal(1, "F", 3), 2), message(Signal(3, "I", 3), 2), message(Signal(2, "F", 3), 2)
+    (('act', 2, 3), ('grad', 2, 3), None)
+    """
+    if signal.stage == consumer:
+        return None
+    return ("act" if signal.kind == Kind.F else "grad", consumer, signal.microbatch)
+
+
+def signal_text(signal: Signal, consumer: Kind | str) -> str:
+    """``2I/B3`` for an input gradient an I or B waits for (either kind produces it)."""
+    if signal.kind == "I" and consumer != Kind.W:
+        return f"{signal.stage}I/B{signal.microbatch}"
+    return str(signal)
+
+
+def describe_wait(step: Step, topo: Topology, done: Container[Signal] = ()) -> str:
+    """Human text of what ``step`` waits for (deadlock messages): ``1F3 and 2I/B3``.
+
+    ``done``: signals already there; only the others are named.
+
+    >>> from pipebubble.schedules import get_schedule
+    >>> s = get_schedule("1f1b", ranks=2, microbatches=2)
+    >>> b = Action(0, "B", 1)
+    >>> describe_wait(b, s), describe_wait(b, s, done={Signal(0, "F", 1)})
+    ('0F1 and 1I/B1', '1I/B1')
+    """
     parts = [
-        f"{sig.stage}I/B{sig.microbatch}" if sig.kind == "I" and action.kind != Kind.W
-        else str(sig)
-        for sig in needs(action, topo)
+        signal_text(d.signal, a.kind)
+        for a in (step if isinstance(step, Overlap) else (step,))
+        for d in producers(a, topo)
+        if d.signal not in done and not (isinstance(step, Overlap)
+                                         and d.signal == produces(step.forward))
     ]
     return " and ".join(parts) if parts else "nothing"

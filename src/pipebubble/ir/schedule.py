@@ -71,11 +71,15 @@ class Action(NamedTuple):
         return Action(int(match.group(1)), Kind(match.group(2)), int(match.group(3)))
 
 
+OVERLAP_TAG = "OVERLAP_F_B"  # what torch writes after an overlapped pair
+
+
 class Overlap(NamedTuple):
     """A forward and a backward that one rank runs as one overlapped block (DualPipe's F&B).
 
     The block costs ``CostModel.overlap`` (by default the sum of its parts). Text form
-    ``(0F7;7B3)``, as torch writes it before ``OVERLAP_F_B``.
+    ``(0F7;7B3)``; torch's CSV cell adds ``OVERLAP_F_B`` (:func:`step_text` with
+    ``tagged=True``). :func:`parse_step` reads both.
     """
 
     forward: Action
@@ -90,25 +94,61 @@ class Overlap(NamedTuple):
 Step = Action | Overlap
 
 
+def step_text(step: Step, tagged: bool = False) -> str:
+    """``2F5``, ``(0F7;7B3)``, or with ``tagged`` torch's ``(0F7;7B3)OVERLAP_F_B``."""
+    return f"{step}{OVERLAP_TAG}" if tagged and isinstance(step, Overlap) else str(step)
+
+
+def parse_overlap(text: str, require_tag: bool = False) -> Overlap:
+    """Parse ``(0F7;7B3)`` or ``(0F7;7B3)OVERLAP_F_B``: the one Overlap parser.
+
+    Raises ScheduleError with the reason only (callers say where the text came from).
+
+    >>> parse_overlap("(0F7;7B3)OVERLAP_F_B")
+    (0F7;7B3)
+    """
+    inner, _, tag = text.strip()[1:].partition(")")
+    tag = tag.strip()
+    if tag != OVERLAP_TAG and (require_tag or tag):
+        raise ScheduleError(f"overlapped actions must be tagged {OVERLAP_TAG}, got "
+                            f"{tag or 'nothing'!r}")
+    parts = [p.strip() for p in inner.split(";") if p.strip()]
+    try:
+        fwd, bwd = (Action.from_str(p) for p in parts)
+    except (ScheduleError, ValueError):
+        raise ScheduleError("expected two actions inside the brackets, e.g. "
+                            f"(0F7;7B3){OVERLAP_TAG}") from None
+    if fwd.kind != Kind.F or bwd.kind not in (Kind.B, Kind.I):
+        raise ScheduleError("an overlapped pair is a forward then a backward (B or I), "
+                            f"e.g. (0F7;7B3){OVERLAP_TAG}")
+    return Overlap(fwd, bwd)
+
+
 def parse_step(text: str) -> Step:
     """Parse ``2F5`` or ``(0F7;7B3)`` (optionally followed by ``OVERLAP_F_B``)."""
     text = text.strip()
     if text.startswith("("):
-        inner, _, suffix = text[1:].partition(")")
-        if suffix not in ("", "OVERLAP_F_B"):
-            raise ScheduleError(f"cannot parse overlapped step {text!r}: expected (xFy;zBw)")
-        parts = [Action.from_str(p) for p in inner.split(";")]
-        if len(parts) != 2 or parts[0].kind != "F" or parts[1].kind not in ("B", "I"):
-            raise ScheduleError(
-                f"cannot parse overlapped step {text!r}: expected a forward then a backward"
-            )
-        return Overlap(parts[0], parts[1])
+        try:
+            return parse_overlap(text)
+        except ScheduleError as exc:
+            raise ScheduleError(f"cannot parse overlapped step {text!r}: {exc}") from None
     return Action.from_str(text)
 
 
 def step_actions(step: Step) -> tuple[Action, ...]:
     """The actions a step performs: one for an Action, two for an Overlap."""
     return (step.forward, step.backward) if isinstance(step, Overlap) else (step,)
+
+
+def starts_chain(topo: Schedule, stage: int) -> bool:
+    """True if ``stage`` takes the model input (first stage of its chain). ``topo``: anything
+    with ``num_stages`` and ``chain_starts`` (a Schedule, a Timeline, an interpreter)."""
+    return stage in topo.chain_starts
+
+
+def ends_chain(topo: Schedule, stage: int) -> bool:
+    """True if ``stage`` computes the loss (last stage of its chain)."""
+    return stage == topo.num_stages - 1 or (stage + 1) in topo.chain_starts
 
 
 def loop_placement(ranks: int, stages: int) -> tuple[int, ...]:
@@ -155,11 +195,11 @@ class Schedule:
 
     def first_stage(self, stage: int) -> bool:
         """True if ``stage`` takes the input (it starts a chain)."""
-        return stage in self.chain_starts
+        return starts_chain(self, stage)
 
     def last_stage(self, stage: int) -> bool:
         """True if ``stage`` computes the loss (it ends a chain)."""
-        return stage == self.num_stages - 1 or (stage + 1) in self.chain_starts
+        return ends_chain(self, stage)
 
     @property
     def num_ranks(self) -> int:
@@ -237,27 +277,6 @@ def _name_placement(stage_to_rank: tuple[int, ...], ranks: int) -> str:
     if len(stage_to_rank) == 2 * ranks and stage_to_rank == v_placement(ranks):
         return "v"
     return "custom"
-
-
-def infer_placement(orders: Sequence[Iterable[Step]]) -> tuple[int, ...]:
-    """Stage → rank from which rank runs each stage's actions (used for imported files)."""
-    seen: dict[int, int] = {}
-    for rank, order in enumerate(orders):
-        for step in order:
-            for a in step_actions(step):
-                other = seen.setdefault(a.stage, rank)
-                if other != rank:
-                    raise ScheduleError(
-                        f"stage {a.stage} appears on rank {other} and on rank {rank} ({a}); "
-                        "a stage must live on one rank"
-                    )
-    if not seen:
-        raise ScheduleError("schedule has no actions")
-    stages = max(seen) + 1
-    missing = [s for s in range(stages) if s not in seen]
-    if missing:
-        raise ScheduleError(f"stages {missing} have no actions (stages 0..{stages - 1} expected)")
-    return tuple(seen[s] for s in range(stages))
 
 
 def validate(schedule: Schedule) -> None:

@@ -11,21 +11,13 @@ the loss, so the runtime, the profiler and the partitioner treat every model ali
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
 from . import sleep as _sleep
+from .spec import ModelSpec
 
-
-@dataclass
-class ModelSpec:
-    name: str
-    layers: list[nn.Module]
-    make_batch: Callable[[int, torch.Generator], tuple[torch.Tensor, torch.Tensor]]
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+__all__ = ["MODELS", "ModelSpec", "build_model", "mlp", "transformer"]
 
 
 class MLPBlock(nn.Module):

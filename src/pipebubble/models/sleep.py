@@ -31,6 +31,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .spec import ModelSpec
+
 
 class _SleepThrough(torch.autograd.Function):
     """Identity that sleeps ``forward_s`` in the forward and ``backward_s`` in the backward."""
@@ -99,7 +101,5 @@ def sleep(
 
     def make_batch(batch: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.randn(batch, width, generator=gen), torch.randn(batch, width, generator=gen)
-
-    from . import ModelSpec  # here: models.py imports this module to register it
 
     return ModelSpec("sleep", mods, make_batch, nn.functional.mse_loss)

@@ -26,6 +26,7 @@ from torch import nn
 from ..runtime.clock import VirtualClock
 from ..runtime.local import run_local
 from ..runtime.pipeline import PipelineStage
+from ..runtime.stages import boundaries_of, split_stages
 from ..timeline import Timeline
 from .balance import Plan, make_schedule
 from .partition import Ranges
@@ -45,7 +46,7 @@ class Measurement:
 
 def stage_modules(layers: Sequence[nn.Module], ranges: Ranges) -> list[PipelineStage]:
     """One PipelineStage per (first_layer, last_layer) range, sharing the layer objects."""
-    return [PipelineStage(*layers[a:b + 1]) for a, b in ranges]
+    return split_stages(layers, len(ranges), boundaries_of(ranges))
 
 
 def measure_plans(

@@ -196,7 +196,9 @@ def profile_layers(
                                f"got {value!r}")
     if loss_fn is not None and target is None:
         raise ProfileError("loss_fn needs a target batch")
-    sync = _synchronizer(sample.device)
+    from ..runtime.clock import synchronizer  # the one CUDA synchroniser
+
+    sync = synchronizer(sample.device)
     timer = resolve_timer(timer, sample.device)
     clock = time.process_time if timer == "cpu" else time.perf_counter
 

@@ -1,6 +1,7 @@
 """What ``--png``, ``--svg``, ``--memory`` and ``--trace`` write, for every command.
 
-``write(args, timelines, title)`` is called by ``commands.common.write_figures``:
+``write(timelines, title, png=..., svg=..., trace=..., memory=...)`` is called by
+``commands.common.write_figures`` with the values of the flags:
 
 - one timeline: its Gantt chart (with ``--memory``, the memory curves stacked under it);
 - several (``compare``'s schedules, or a prediction and a measurement): one figure with the
@@ -13,8 +14,8 @@ Labels are the schedule names when those differ, else the sources (``simulated``
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
+from pathlib import Path
 
 from ..timeline import Timeline
 from .plots import default_labels, gantt_figure, save, timelines_figure
@@ -31,14 +32,15 @@ def figure(timelines: Sequence[Timeline], title: str | None = None, memory: bool
     return timelines_figure(timelines, labels=labels, title=title, memory=memory)
 
 
-def write(args: argparse.Namespace, timelines: Sequence[Timeline], title: str,
-          labels: Sequence[str] | None = None) -> None:
-    """Write the files ``args`` asks for (attributes ``png``, ``svg``, ``trace``, ``memory``)."""
+def write(timelines: Sequence[Timeline], title: str, *, png: str | Path | None = None,
+          svg: str | Path | None = None, trace: str | Path | None = None,
+          memory: bool = False, labels: Sequence[str] | None = None) -> None:
+    """Write the files asked for: a PNG and/or SVG of :func:`figure` (``memory``: with the
+    memory curves), a Perfetto ``trace``; nothing for the ones left ``None``."""
     timelines = list(timelines)
     labels = list(labels) if labels is not None else default_labels(timelines)
-    png, svg, trace = (getattr(args, k, None) for k in ("png", "svg", "trace"))
     if png or svg:
-        fig = figure(timelines, title, bool(getattr(args, "memory", False)), labels)
+        fig = figure(timelines, title, memory, labels)
         if png:
             save(fig, png, "png")
         if svg:

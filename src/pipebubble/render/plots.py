@@ -222,9 +222,12 @@ def _legend_handles(timelines: Sequence[Timeline]) -> list:
     handles = [Patch(facecolor=kind_color(k), label=f"{k}  {KIND_NAMES[k]}")
                for k in KIND_ORDER if k in kinds]
     chunks = max((max(chunk_of_stage(t), default=0) + 1 for t in timelines), default=1)
+    # A rank's later stages are darker: its later chunks, or (DualPipe: one stage per rank
+    # per chain) its stage of the second model copy.
+    word = "chain" if all(t.chunks == 1 and t.chains > 1 for t in timelines) else "chunk"
     for c in range(1, chunks):
         handles.append(Patch(facecolor=kind_color("F", c, chunks),
-                             label="chunk 1 (darker shade)" if chunks == 2 else f"chunk {c}"))
+                             label=f"{word} 1 (darker shade)" if chunks == 2 else f"{word} {c}"))
     handles.append(Patch(facecolor=IDLE_COLOR, label="idle"))
     if any(any(t.overlapped) for t in timelines):
         handles.append(Patch(facecolor="white", edgecolor=OVERLAP_EDGE, linewidth=1.3,

@@ -31,6 +31,8 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..ir.deps import Signal, producers, produces
+from ..ir.schedule import Action
 from ..timeline import Timeline
 from .style import is_measured
 from .terminal import chunk_of_stage
@@ -67,9 +69,8 @@ def trace_events(
                 events.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid,
                                "args": {"sort_index": tid}})
 
-    # Slices, and where each (stage, microbatch)'s forward and backward ran.
-    fwd: dict[tuple[int, int], int] = {}
-    bwd: dict[tuple[int, int], int] = {}
+    # Slices, and which slice produced each signal (ir.deps: F output, input gradient, W).
+    made: dict[Signal, int] = {}
     slices: list[dict] = []
     for i, e in enumerate(timeline.events()):
         # Round the ends, not the duration, so back-to-back actions stay back to back.
@@ -81,15 +82,17 @@ def trace_events(
             "args": {"stage": e.stage, "microbatch": e.microbatch,
                      "action": f"{e.stage}{e.kind}{e.microbatch}", "overlapped": e.overlapped},
         })
-        if e.kind == "F":
-            fwd[e.stage, e.microbatch] = i
-        elif e.kind in ("B", "I"):
-            bwd[e.stage, e.microbatch] = i
+        made[produces(Action(e.stage, e.kind, e.microbatch))] = i
     events.extend(slices)
 
-    # Flows: activation F(s) -> F(s+1), gradient I/B(s) -> I/B(s-1).
-    edges = [(fwd[s, m], fwd[s + 1, m], "activation") for (s, m) in fwd if (s + 1, m) in fwd]
-    edges += [(bwd[s, m], bwd[s - 1, m], "gradient") for (s, m) in bwd if (s - 1, m) in bwd]
+    # Flows: each message between stages (ir.deps: an activation F(s) -> F(s+1), a gradient
+    # I/B(s) -> I/B(s-1), within a chain), from its producer's slice to its consumer's.
+    edges = []
+    for i, e in enumerate(timeline.events()):
+        for dep in producers(Action(e.stage, e.kind, e.microbatch), timeline):
+            if dep.signal.stage != e.stage and dep.signal in made:
+                edges.append((made[dep.signal], i,
+                              "activation" if dep.signal.kind == "F" else "gradient"))
     for n, (a, b, name) in enumerate(edges):
         src, dst = slices[a], slices[b]
         flow_id = flow_base + n

@@ -8,9 +8,9 @@
 - ``transport.py``: how activations and gradients reach the next stage (in process here).
 - ``local.py``: every rank in one process, taking turns (``run_local``).
 - ``pipeline.py``: the lesson's ``Pipeline`` and ``PipelineStage``.
-- ``stages.py``: cut a layer list into stages (even split or given boundaries).
-- ``calibrated.py``: CostModel from a measured run, and the simulator's prediction.
+- ``stages.py``: cut a layer list into stages (the one stage-cutting function).
 
 One process per rank (torch.distributed; ``pipebubble run`` without ``--local``) lives in
-``dist/``; the sleep workload in ``pipebubble.models.sleep``.
+``dist/``; the sleep workload in ``pipebubble.models.sleep``; calibrating a CostModel from a
+measured run in ``pipebubble.plan.calibrate``. Nothing here knows the command line.
 """

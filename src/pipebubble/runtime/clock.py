@@ -51,7 +51,7 @@ class VirtualClock:
         self.comm = costs.comm if costs is not None else comm
         self.durations: dict[Action, float] = {}
         self.source = "measured" if costs is None else "cost-model"
-        self._sync = _synchronizer(device)
+        self._sync = synchronizer(device)
 
     def time(self, rank: int, action: Action, earliest: float, work: Callable[[], Any],
              overlapped: bool = False):
@@ -77,24 +77,31 @@ class VirtualClock:
 
 
 class WallClock:
-    """Real time since ``origin`` (perf_counter seconds)."""
+    """Real time since ``origin`` (perf_counter seconds). On CUDA (``device``) the kernels
+    are waited for around each action, so the end is read after they finish, not after
+    their launch."""
 
     source = "measured"
 
-    def __init__(self, origin: float | None = None):
+    def __init__(self, origin: float | None = None, device: torch.device | str | None = None):
         self.origin = time.perf_counter() if origin is None else origin
+        self._sync = synchronizer(device)
 
     def time(self, rank: int, action: Action, earliest: float, work: Callable[[], Any],
              overlapped: bool = False):
+        self._sync()
         start = time.perf_counter() - self.origin
         out = work()
+        self._sync()
         return start, time.perf_counter() - self.origin, out
 
     def arrival(self, t: float, cross_rank: bool) -> float:
         return t
 
 
-def _synchronizer(device: torch.device | str | None) -> Callable[[], None]:
+def synchronizer(device: torch.device | str | None) -> Callable[[], None]:
+    """A function that waits for ``device``'s queued kernels (CUDA), or does nothing: the
+    one CUDA synchroniser, used by the clocks and the profiler."""
     dev = torch.device(device) if device is not None else None
     if dev is not None and dev.type == "cuda":
         return lambda: torch.cuda.synchronize(dev)

@@ -2,7 +2,10 @@
 
 A rank holds one or more stages (``modules[stage]``; several with interleaved or V-shaped
 placement). The interpreter runs one *step* at a time, once its inputs have arrived through
-the transport. It never knows which schedule it runs.
+the transport. It never knows which schedule it runs: what a step waits for and where its
+output goes is the one rule of :mod:`pipebubble.ir.deps` (``producers``, ``handovers``), and
+each kind has one handler in an explicit table (``Kind.F -> _do_forward``, ...), as
+DeepSpeed's engine maps each instruction to one ``_exec_*`` method.
 
 - ``F(s, m)``: take the activation (stage 0: the input microbatch), run the stage, keep what
   the backward needs, send the output to stage s+1 (the last stage computes the loss).
@@ -37,7 +40,18 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..ir.schedule import Action, Overlap, Step
+from ..ir.deps import (
+    Dep,
+    Signal,
+    describe_wait,
+    ends_chain,
+    handovers,
+    message,
+    producers,
+    produces,
+    starts_chain,
+)
+from ..ir.schedule import Action, Kind, Overlap, Step, step_actions
 from ..timeline import Event
 from .clock import Clock
 from .memory import AllocatorPeaks, SavedTensors, param_storages
@@ -101,44 +115,47 @@ class StageInterpreter:
                     f"recompute has {len(self._recompute)} flags; expected {self.num_stages}"
                 )
         self.allocator = AllocatorPeaks(self.device)
-        starts = sorted(self.chain_starts)
-        self._chain = [sum(1 for c in starts if c <= st) - 1 for st in range(self.num_stages)]
-        self._first = [st in starts for st in range(self.num_stages)]
-        self._last = [st == self.num_stages - 1 or st + 1 in starts
-                      for st in range(self.num_stages)]
+        self._chain = [sum(1 for c in self.chain_starts if c <= st) - 1
+                       for st in range(self.num_stages)]
+        self._first = [starts_chain(self, st) for st in range(self.num_stages)]
+        self._last = [ends_chain(self, st) for st in range(self.num_stages)]
+        # One handler per kind (see the module docstring).
+        self._handlers: dict[Kind, Callable[..., Event]] = {
+            Kind.F: self._do_forward,
+            Kind.B: self._do_backward,
+            Kind.I: self._do_input_grad,
+            Kind.W: self._do_weight_grad,
+        }
 
     def _mb(self, s: int, m: int) -> int:
         """Index of (stage s's chain, microbatch m) in ``inputs``/``targets``/``losses``."""
         return self._chain[s] * self.num_microbatches + m
 
-    # ---- readiness --------------------------------------------------------------------
+    # ---- readiness (the one rule: pipebubble.ir.deps) -----------------------------------
     def ready(self, step: Step) -> bool:
-        """True when the inputs ``step`` needs have arrived (peeks, takes nothing)."""
-        if isinstance(step, Overlap):
-            return self.ready(step.forward) and self.ready(step.backward)
-        s, kind, m = step
-        if kind == "F":
-            return self._first[s] or self._peek("act", s, m)
-        if kind in ("B", "I"):
-            return (s, m) in self.saved and (self._last[s] or self._peek("grad", s, m))
-        if kind == "W":
-            return (s, m) in self.kept
-        return True
+        """True when every producer ``step`` waits for is there (peeks, takes nothing):
+        a message from another stage has arrived, F's saved graph exists for its I/B, I's
+        kept tensors exist for its W (:func:`~pipebubble.ir.deps.producers`)."""
+        return all(self._has(d.signal, a.stage) for a, d in self._deps(step))
 
     def waits_for(self, step: Step) -> str:
         """What an unready step waits for, in words (for deadlock messages)."""
-        a = step.forward if isinstance(step, Overlap) else step
-        s, kind, m = a
-        if isinstance(step, Overlap) and self.ready(step.forward):
-            a = step.backward
-            s, kind, m = a
-        if kind == "F":
-            return f"the activation of {s - 1}F{m}"
-        if kind in ("B", "I") and (s, m) not in self.saved:
-            return f"its forward {s}F{m}"
-        if kind in ("B", "I"):
-            return f"the gradient from stage {s + 1} (its I or B of microbatch {m})"
-        return f"{s}I{m} on this rank"
+        done = {d.signal for a, d in self._deps(step) if self._has(d.signal, a.stage)}
+        return describe_wait(step, self, done)
+
+    def _deps(self, step: Step) -> Iterator[tuple[Action, Dep]]:
+        """(consuming part, dependency) for each producer of each part of ``step``."""
+        for a in step_actions(step):
+            for d in producers(a, self):
+                if not (isinstance(step, Overlap) and d.signal == produces(step.forward)):
+                    yield a, d
+
+    def _has(self, signal: Signal, consumer: int) -> bool:
+        msg = message(signal, consumer)
+        if msg is not None:
+            return self._peek(*msg)
+        key = (signal.stage, signal.microbatch)
+        return key in (self.saved if signal.kind == Kind.F else self.kept)
 
     def _peek(self, kind: str, s: int, m: int) -> bool:
         peek = getattr(self.transport, "peek", None)
@@ -164,32 +181,36 @@ class StageInterpreter:
             return [self._exec(step, x, earliest, False)]
 
     def _exec(self, a: Action, x: torch.Tensor | None, earliest: float, ov: bool) -> Event:
-        handler = getattr(self, f"_do_{a.kind}", None)
-        if handler is None:
-            raise ValueError(f"no handler for action {a}; valid kinds are F, I, W, B")
-        ev = handler(a, x, earliest, ov)
+        ev = self._handlers[a.kind](a, x, earliest, ov)
         self.events.append(ev)
         return ev
 
     def _take(self, a: Action) -> tuple[torch.Tensor | None, float]:
-        """The tensor ``a`` consumes and the earliest time it may start."""
-        s, kind, m = a
-        if kind == "F":
-            if self._first[s]:
-                return self.inputs[self._mb(s, m)], 0.0
-            return self._recv("act", s, m, s - 1)
-        if kind in ("B", "I") and not self._last[s]:
-            return self._recv("grad", s, m, s + 1)
-        if kind not in ("F", "I", "W", "B"):
+        """The tensor ``a`` consumes and the earliest time it may start: the message its
+        producer on another stage sent (an F's activation, an I/B's output gradient); the
+        input microbatch for a chain's first F; nothing for the loss stage's I/B and W."""
+        if a.kind not in self._handlers:
             raise ValueError(f"no handler for action {a}; valid kinds are F, I, W, B")
+        s, kind, m = a
+        for d in producers(a, self):
+            msg = message(d.signal, s)
+            if msg is not None:
+                return self._recv(*msg, d.crosses)
+        if kind == Kind.F:
+            return self.inputs[self._mb(s, m)], 0.0
         return None, 0.0
 
-    def _recv(self, kind: str, s: int, m: int, producer: int) -> tuple[torch.Tensor, float]:
+    def _send(self, a: Action, tensor: torch.Tensor | None, end: float) -> None:
+        """Hand ``a``'s output to the stages that wait for it (``ir.deps.handovers``)."""
+        kind = "act" if a.kind == Kind.F else "grad"
+        for h in handovers(a, self):
+            self.transport.send(kind, h.to_stage, a.microbatch, tensor, end)
+
+    def _recv(self, kind: str, s: int, m: int, cross: bool) -> tuple[torch.Tensor, float]:
         got = self.transport.recv(kind, s, m)
         if got is None:
             raise RuntimeError(f"rank {self.rank}: {kind} for stage {s} microbatch {m} missing")
         tensor, t = got
-        cross = self.stage_to_rank[producer] != self.rank
         return tensor, self.clock.arrival(t, cross)
 
     def _hold(self, delta: int) -> None:
@@ -205,7 +226,7 @@ class StageInterpreter:
             y = self.loss_fn(y, self.targets[g]) * self.loss_weights[g]
         return y
 
-    def _do_F(self, a: Action, x: torch.Tensor, earliest: float, ov: bool) -> Event:
+    def _do_forward(self, a: Action, x: torch.Tensor, earliest: float, ov: bool) -> Event:
         s, _, m = a
         x = x.detach().requires_grad_(not self._first[s] and x.is_floating_point())
         self.input_bytes[s, m] = x.nbytes
@@ -226,8 +247,7 @@ class StageInterpreter:
         self._hold(nbytes)
         if self._last[s]:
             self.losses[self._mb(s, m)] = float(y.detach())
-        else:
-            self.transport.send("act", s + 1, m, y.detach(), end)
+        self._send(a, y.detach(), end)
         return Event(self.rank, s, "F", m, start, end, float(nbytes), 0.0, ov)
 
     def _graph(self, s: int, m: int, sv: _Saved) -> tuple[torch.Tensor, SavedTensors | None]:
@@ -239,7 +259,8 @@ class StageInterpreter:
             y = self._forward(s, m, sv.inputs)
         return y, saved
 
-    def _do_B(self, a: Action, grad: torch.Tensor | None, earliest: float, ov: bool) -> Event:
+    def _do_backward(self, a: Action, grad: torch.Tensor | None, earliest: float,
+                     ov: bool) -> Event:
         s, _, m = a
         sv = self.saved.pop((s, m))
         total = [sv.nbytes]
@@ -257,11 +278,11 @@ class StageInterpreter:
         extra = total[0] - sv.nbytes if sv.output is None else 0  # re-materialised by recompute
         self._hold(extra)
         self._hold(-(sv.nbytes + extra))
-        if not self._first[s]:
-            self.transport.send("grad", s - 1, m, gin, end)
+        self._send(a, gin, end)
         return Event(self.rank, s, "B", m, start, end, float(extra), -float(sv.nbytes + extra), ov)
 
-    def _do_I(self, a: Action, grad: torch.Tensor | None, earliest: float, ov: bool) -> Event:
+    def _do_input_grad(self, a: Action, grad: torch.Tensor | None, earliest: float,
+                       ov: bool) -> Event:
         s, _, m = a
         sv = self.saved.pop((s, m))
         total = [sv.nbytes]
@@ -278,11 +299,10 @@ class StageInterpreter:
         self._hold(extra)
         freed = sv.nbytes + extra - kept.nbytes
         self._hold(-freed)
-        if not self._first[s]:
-            self.transport.send("grad", s - 1, m, gin, end)
+        self._send(a, gin, end)
         return Event(self.rank, s, "I", m, start, end, float(extra), -float(freed), ov)
 
-    def _do_W(self, a: Action, _: object, earliest: float, ov: bool) -> Event:
+    def _do_weight_grad(self, a: Action, _: object, earliest: float, ov: bool) -> Event:
         s, _k, m = a
         kept = self.kept.pop((s, m))
         start, end, _r = self.clock.time(self.rank, a, earliest, kept.run, overlapped=ov)

@@ -137,7 +137,7 @@ def run_local(
         events, schedule=schedule.name, num_ranks=schedule.num_ranks,
         num_stages=schedule.num_stages, num_microbatches=M,
         stage_to_rank=schedule.stage_to_rank, source=getattr(clock, "source", "measured"),
-        shift_to_zero=False, chains=schedule.chains,
+        shift_to_zero=False, chain_starts=schedule.chain_starts,
     )
     _sum_copy_grads(copies)
     losses_by_mb = {m: v for it in interps for m, v in it.losses.items()}

@@ -14,6 +14,9 @@ equals the closed form (N-1)/(M+N-1) exactly; with ``costs=None`` durations are 
 
 Any registered schedule runs, with ``chunks`` stages per rank where it takes several:
 ``Pipeline(stages, 8, schedule="interleaved-1f1b", chunks=2)`` over 8 stages is 4 ranks.
+``stages`` are one model cut into ``ranks x chunks`` pieces; a schedule with two chains
+(DualPipe's two model copies) runs a copy of them as its second chain:
+``Pipeline(stages, 8, schedule="dualpipe")`` over 4 stages is 4 ranks and 8 stages.
 ``recompute=True`` checkpoints every stage (F keeps only its input).
 """
 
@@ -80,10 +83,12 @@ class Pipeline:
             if len(self.stages) % v:
                 raise ValueError(f"{len(self.stages)} stages do not split into {v} chunks per rank")
             self.schedule = get_schedule(schedule, len(self.stages) // v, num_microbatches, chunks)
-        if self.schedule.num_stages != len(self.stages):
+        S, chains = self.schedule.num_stages, self.schedule.chains
+        if len(self.stages) not in (S, S // chains):
+            per = f" or {S // chains} (one model copy per chain)" if chains > 1 else ""
             raise ValueError(
-                f"schedule {self.schedule.name} has {self.schedule.num_stages} stages, "
-                f"got {len(self.stages)} modules"
+                f"schedule {self.schedule.name} has {S} stages, got {len(self.stages)} "
+                f"modules; expected {S}{per}"
             )
         self.loss_fn = loss_fn or nn.functional.mse_loss
         self.costs = costs

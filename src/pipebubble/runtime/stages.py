@@ -1,13 +1,15 @@
-"""Cut a model (a flat list of layers) into pipeline stages.
+"""Cut a model (a flat list of layers) into pipeline stages: the one stage-cutting function.
 
 A model with ``n`` layers becomes ``ranks x chunks`` stages, each a contiguous slice. By
 default the split is even (``n`` must be a multiple of the number of stages); otherwise give
-the *boundaries*: the index of the first layer of every stage after the first.
+the *boundaries*: the index of the first layer of every stage after the first. Where they
+come from is up to the caller: :func:`even_boundaries`, :func:`balanced_boundaries` (sizes
+differing by at most one), or a planner's cut (``boundaries_of(ranges)``).
 
 >>> from torch import nn
 >>> layers = [nn.Linear(2, 2) for _ in range(6)]
->>> even_boundaries(6, 3)
-[2, 4]
+>>> even_boundaries(6, 3), balanced_boundaries(7, 3), boundaries_of([(0, 0), (1, 4), (5, 5)])
+([2, 4], [3, 5], [1, 5])
 >>> [len(s.layers) for s in split_stages(layers, 3, boundaries=[1, 5])]
 [1, 4, 1]
 """
@@ -32,6 +34,25 @@ def even_boundaries(num_layers: int, num_stages: int) -> list[int]:
         )
     k = num_layers // num_stages
     return [k * i for i in range(1, num_stages)]
+
+
+def balanced_boundaries(num_layers: int, num_stages: int) -> list[int]:
+    """Cut points of a split whose stage sizes differ by at most one (the first stages take
+    the extra layers); raise ValueError when there are fewer layers than stages."""
+    if num_layers < num_stages:
+        raise ValueError(f"the model has {num_layers} layers, fewer than the {num_stages} "
+                         f"stages; use at least {num_stages} layers")
+    base, extra = divmod(num_layers, num_stages)
+    cuts, at = [], 0
+    for s in range(num_stages - 1):
+        at += base + (s < extra)
+        cuts.append(at)
+    return cuts
+
+
+def boundaries_of(ranges: Sequence[tuple[int, int]]) -> list[int]:
+    """Cut points of inclusive ``(first_layer, last_layer)`` ranges (the planner's form)."""
+    return [a for a, _ in ranges[1:]]
 
 
 def check_boundaries(boundaries: Sequence[int], num_layers: int, num_stages: int) -> list[int]:

@@ -101,7 +101,7 @@ def _rank_order(p: int, m: int, r: int, stage: tuple[int, int]) -> list[Step]:
     return order
 
 
-def dualpipe(ranks: int, microbatches: int, chunks: int = 2) -> Schedule:
+def dualpipe(ranks: int, microbatches: int, chunks: int = 1) -> Schedule:
     """DualPipe (DeepSeek-V3 report, github.com/deepseek-ai/DualPipe): two copies of the
     model, microbatches entering from both ends.
 
@@ -124,8 +124,9 @@ def dualpipe(ranks: int, microbatches: int, chunks: int = 2) -> Schedule:
 
     Bubble (DualPipe README): (PP/2 - 1)(F&B + B - 3W) with PP = p and F, B, W, F&B the
     times of one stage; every rank holds PP + 1 = p + 1 stage activations; 2x the
-    parameters. A scalar ``CostModel`` value is one rank's share, here two stages, so each
-    stage costs half of it: twice 1F1B's scalars describe the same model.
+    parameters. A scalar ``CostModel`` value is one rank's share of one model copy, which
+    here is one stage (``chunks`` = stages per rank per chain = 1): the same scalars as
+    1F1B describe the same model.
 
     >>> s = dualpipe(2, 4)
     >>> print(s.to_text())
@@ -173,8 +174,8 @@ register(
         dualpipe,
         "two model copies, microbatches from both ends, overlapped F&B pairs: bubble "
         "(p/2-1)(F&B+B-3W), p even, M even >= 2p (M/2 per direction; DeepSeek DualPipe)",
-        chunks=2,
-        min_chunks=2,
+        chunks=1,  # stages per rank per chain: one stage of each model copy
+        min_chunks=1,
         fixed_chunks=True,
         split_backward=True,
         aliases=("dual-pipe",),

@@ -65,26 +65,6 @@ def step_time_with_allreduce(timeline: Timeline, costs: CostModel | StageCosts, 
     return max(rank_finish_times(timeline, costs, dp), default=0.0)
 
 
-def add_dp_flags(p) -> None:
-    """``--dp`` and ``--allreduce`` for commands that simulate (compare)."""
-    from ..commands.common import positive_int, time_value
-
-    g = p.add_argument_group("pipeline x data parallel")
-    g.add_argument("--dp", type=positive_int("--dp"), default=1, metavar="D",
-                   help="data-parallel replicas of the pipeline (1)")
-    g.add_argument("--allreduce", type=time_value("--allreduce"), default=0.0, metavar="T",
-                   help="time to all-reduce one rank-share of the gradients over the D "
-                   "replicas (scalar, or one value per stage); added after the rank's last "
-                   "action (0)")
-
-
-def with_allreduce(costs: CostModel, args) -> CostModel:
-    """``costs`` with ``--allreduce`` filled in."""
-    from dataclasses import replace
-
-    return replace(costs, allreduce=getattr(args, "allreduce", 0.0))
-
-
 def dp_fields(timeline: Timeline, costs: CostModel, dp: int) -> dict:
     """What a 2D row adds: ``dp`` and ``step_time_with_allreduce``."""
     return {"dp": dp, "step_time_with_allreduce": step_time_with_allreduce(timeline, costs, dp)}

@@ -36,11 +36,6 @@ def gpipe_step_time(
     return (num_microbatches + num_stages - 1) * (f + b)
 
 
-def gpipe_bubble_time(num_stages: int, f: float = 1.0, b: float = 2.0) -> float:
-    """Idle time per rank for GPipe and 1F1B: (N - 1)(F + B)."""
-    return (num_stages - 1) * (f + b)
-
-
 def is_uniform(costs: StageCosts) -> bool:
     """All stages cost the same and communication is free: the closed forms' assumption."""
     return (

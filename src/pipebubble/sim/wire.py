@@ -1,7 +1,8 @@
 """The wire, made visible: lower a compute schedule to per-rank SEND/RECV programs.
 
 A compute schedule says what each rank computes, in order. On real hardware every edge
-between stages on different ranks is also a message: F(s, m) *sends* its activation to the
+between stages on different ranks (``crosses`` in :mod:`pipebubble.ir.deps`, the one rule
+for who waits for whom) is also a message: F(s, m) *sends* its activation to the
 rank of stage s+1 (``sSEND_Fm``), which *receives* it before its own forward (``s+1RECV_Fm``);
 I/B(s, m) sends the input gradient back (``sSEND_Bm``) to the rank of stage s-1, which
 receives it before its backward (``s-1RECV_Bm``). Text forms follow
@@ -25,7 +26,10 @@ Why naive deadlocks when a send blocks until its receive is posted (rendezvous, 
 in 1F1B's steady state rank r has just run F and sends an activation forward while rank r+1
 has just run B and sends a gradient back; each waits for the other to post a receive, and
 neither ever does. :func:`run_wire` simulates a lowered program with blocking (or buffered)
-P2P and reports such a deadlock naming every rank's stuck operation.
+P2P and reports such a deadlock naming every rank's stuck operation. It is the simulator's
+rule (:func:`start_time`: a compute step starts when its rank is free and every producer's
+output is there) plus a wire model (:class:`WireModel`: when a send or receive completes,
+given when both sides were posted) that replaces the constant ``comm`` lag.
 
 >>> from pipebubble.schedules import get_schedule
 >>> w = lower(get_schedule("1f1b", ranks=2, microbatches=2), "naive")
@@ -41,7 +45,8 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from ..costs import CostModel, StageCosts
-from ..ir.schedule import Action, Overlap, Schedule, ScheduleError, step_actions
+from ..ir.deps import Signal, Topology, describe_wait, handovers, producers, produces
+from ..ir.schedule import Action, Kind, Overlap, Schedule, ScheduleError, Step, step_actions
 from ..timeline import Event, Timeline
 from .kernel import Deadlock
 
@@ -119,36 +124,23 @@ class WireSchedule:
                 yield from step.ops
 
 
-def chain_starts(schedule: Schedule) -> tuple[int, ...]:
-    """First stage of each independent chain (DualPipe's two model copies: ``(0, p)``)."""
-    return tuple(getattr(schedule, "chain_starts", (0,)))
+def inputs_of(action: Action, topo: Topology) -> list[Comm]:
+    """Receives ``action`` needs before it runs: one per producer on another rank
+    (:func:`~pipebubble.ir.deps.producers`; a hand-over between stages of one rank is local).
+    """
+    s, _, m = action
+    where = topo.stage_to_rank
+    return [Comm(s, "RECV_F" if d.signal.kind == Kind.F else "RECV_B", m, where[d.signal.stage])
+            for d in producers(action, topo) if d.crosses]
 
 
-def _feeds(s: int, where: tuple[int, ...], starts: tuple[int, ...]) -> bool:
-    """True if stage s's output goes to stage s+1 (same chain)."""
-    return s + 1 < len(where) and s + 1 not in starts
-
-
-def inputs_of(action: Action, where: tuple[int, ...], rank: int,
-              starts: tuple[int, ...] = (0,)) -> list[Comm]:
-    """Receives ``action`` needs before it runs on ``rank`` (none for local hand-over)."""
+def outputs_of(action: Action, topo: Topology) -> list[Comm]:
+    """Sends ``action`` makes after it runs: one per hand-over to another rank
+    (:func:`~pipebubble.ir.deps.handovers`)."""
     s, k, m = action
-    if k == "F" and s > 0 and _feeds(s - 1, where, starts) and where[s - 1] != rank:
-        return [Comm(s, "RECV_F", m, where[s - 1])]
-    if k in ("B", "I") and _feeds(s, where, starts) and where[s + 1] != rank:
-        return [Comm(s, "RECV_B", m, where[s + 1])]
-    return []
-
-
-def outputs_of(action: Action, where: tuple[int, ...], rank: int,
-               starts: tuple[int, ...] = (0,)) -> list[Comm]:
-    """Sends ``action`` makes after it runs on ``rank`` (none for local hand-over)."""
-    s, k, m = action
-    if k == "F" and _feeds(s, where, starts) and where[s + 1] != rank:
-        return [Comm(s, "SEND_F", m, where[s + 1])]
-    if k in ("B", "I") and s > 0 and _feeds(s - 1, where, starts) and where[s - 1] != rank:
-        return [Comm(s, "SEND_B", m, where[s - 1])]
-    return []
+    where = topo.stage_to_rank
+    return [Comm(s, "SEND_F" if k == Kind.F else "SEND_B", m, where[h.to_stage])
+            for h in handovers(action, topo) if h.crosses]
 
 
 def lower(schedule: Schedule, ordering: str = "batched") -> WireSchedule:
@@ -159,8 +151,6 @@ def lower(schedule: Schedule, ordering: str = "batched") -> WireSchedule:
     """
     if ordering not in ORDERINGS:
         raise ScheduleError(f"unknown p2p ordering {ordering!r}; valid are {', '.join(ORDERINGS)}")
-    where = schedule.stage_to_rank
-    starts = chain_starts(schedule)
     orders = []
     for r in range(schedule.num_ranks):
         comps = schedule.orders[r]
@@ -168,8 +158,8 @@ def lower(schedule: Schedule, ordering: str = "batched") -> WireSchedule:
         for k in range(len(comps) + 1):
             before = step_actions(comps[k - 1]) if k > 0 else ()
             after = step_actions(comps[k]) if k < len(comps) else ()
-            sends = [c for a in before for c in outputs_of(a, where, r, starts)]
-            recvs = [c for a in after for c in inputs_of(a, where, r, starts)]
+            sends = [c for a in before for c in outputs_of(a, schedule)]
+            recvs = [c for a in after for c in inputs_of(a, schedule)]
             if ordering == "batched":
                 if sends or recvs:
                     out.append(Batch(tuple(sends + recvs)))
@@ -213,55 +203,86 @@ class WireResult:
     comm_done: dict[tuple[int, Comm], float]  # (rank, op) -> completion time
 
 
+class WireModel:
+    """When a point-to-point operation completes, given when each side was posted.
+
+    ``blocking``: a send completes only when its receive is posted (rendezvous, as gloo
+    does), and both complete ``comm`` after the later of the two posts. Otherwise sends are
+    buffered: a send completes when posted and its message arrives ``comm`` later, so the
+    receive completes at ``max(receive posted, send posted + comm)``. Posting a message
+    twice (a receive prefetched by the batch before) keeps the first time.
+    """
+
+    def __init__(self, comm: float, blocking: bool):
+        self.comm, self.blocking = comm, blocking
+        self.sent: dict[tuple, float] = {}
+        self.asked: dict[tuple, float] = {}
+
+    def post(self, c: Comm, t: float) -> None:
+        (self.sent if c.is_send else self.asked).setdefault(c.key, t)
+
+    def peer_posted(self, c: Comm) -> bool:
+        """True once the other side of ``c``'s message is posted."""
+        return c.key in (self.asked if c.is_send else self.sent)
+
+    def done(self, c: Comm) -> float | None:
+        """Completion time of ``c`` (posted), or None while it waits for its peer."""
+        mine = (self.sent if c.is_send else self.asked)[c.key]
+        other = (self.asked if c.is_send else self.sent).get(c.key)
+        if c.is_send and not self.blocking:
+            return mine
+        if other is None:
+            return None
+        if self.blocking:
+            return max(mine, other) + self.comm
+        return max(mine, other + self.comm)
+
+
+def start_time(step: Step, free: float, arrived: dict[Signal, float],
+               topo: Topology) -> float | None:
+    """When ``step`` may start on a rank free from ``free``: the simulator's rule,
+    ``max(rank free, every producer's signal here)`` over
+    :func:`~pipebubble.ir.deps.producers`, or None while one has not arrived. ``arrived``
+    holds the rank's signals: its own actions' at their end, the others' when their
+    receive completed (so communication time is in it)."""
+    t = free
+    for dep in producers(step, topo):
+        at = arrived.get(dep.signal)
+        if at is None:
+            return None
+        if at > t:
+            t = at
+    return t
+
+
 def run_wire(
     wired: WireSchedule, costs: CostModel | StageCosts | None = None, blocking: bool = True
 ) -> WireResult:
     """Simulate a lowered program; raise :class:`WireDeadlock` if it cannot finish.
 
-    ``blocking=True``: a send completes only when its receive is posted (rendezvous) and
-    both complete ``comm`` later. ``blocking=False``: sends are buffered; a send completes at
-    once and its message arrives ``comm`` later. A batch's receives are waited for at once,
-    its sends at the end. With buffered sends and the naive or batched ordering, the compute
-    timeline equals :func:`~pipebubble.sim.kernel.simulate`'s; blocking adds the time senders
+    The simulator's clock with the messages made explicit. Each rank runs its program in
+    order. A compute step starts at :func:`start_time` (rank free, producers done, as in
+    :func:`~pipebubble.sim.kernel.simulate`) and lasts its cost; a SEND/RECV is posted when
+    the rank reaches it and completes when the :class:`WireModel` says. A lone operation
+    blocks the rank until it completes; a batch waits for its receives only (its sends
+    finish in the background and are waited for at the end of the step) and also posts the
+    receives of the rank's next batch (see :func:`lower`). With buffered sends and the naive
+    or batched ordering a receive completes ``comm`` after its producer ends, as in
+    ``simulate``, and so does the whole compute timeline; blocking adds the time senders
     wait (naive, parity) and the time a message waits for its receive to be posted.
     """
     sched = wired.schedule
     sc = costs if isinstance(costs, StageCosts) else (costs or CostModel()).resolve(
         sched.num_stages, sched.chunks
     )
-    p, comm = sched.num_ranks, sc.comm
-    where = sched.stage_to_rank
-    starts = chain_starts(sched)
-    ptr, now = [0] * p, [0.0] * p
-    posted: list[float | None] = [None] * p  # when rank r posted its current comm step
-    send_post: dict[tuple, float] = {}
-    recv_post: dict[tuple, float] = {}
-    avail: list[dict[tuple, float]] = [{} for _ in range(p)]  # inputs present on rank r
+    p = sched.num_ranks
+    wire = WireModel(sc.comm, blocking)
+    ptr, free = [0] * p, [0.0] * p
+    posted = [-1] * p  # the index of the comm step rank r last posted
+    arrived: list[dict[Signal, float]] = [{} for _ in range(p)]
     comm_done: dict[tuple[int, Comm], float] = {}
     events: list[Event] = []
-
-    def done_at(c: Comm, r: int) -> float | None:
-        mine = (send_post if c.is_send else recv_post)[c.key]
-        other = (recv_post if c.is_send else send_post).get(c.key)
-        if c.is_send and not blocking:
-            return mine
-        if other is None:
-            return None
-        if blocking:
-            return max(mine, other) + comm
-        return max(mine, other + comm)
-
-    # A batch also posts the receives of the rank's next batch (prefetch, see ``lower``).
-    nxt: list[dict[int, tuple[Comm, ...]]] = []
-    for order in wired.orders:
-        ahead: dict[int, tuple[Comm, ...]] = {}
-        last = None
-        for i, step in enumerate(order):
-            if isinstance(step, Batch):
-                if last is not None:
-                    ahead[last] = tuple(c for c in step.ops if not c.is_send)
-                last = i
-        nxt.append(ahead)
+    ahead = [_next_receives(order) for order in wired.orders]
     remaining = sum(len(o) for o in wired.orders)
     while remaining:
         progressed = 0
@@ -269,125 +290,95 @@ def run_wire(
             order = wired.orders[r]
             while ptr[r] < len(order):
                 step = order[ptr[r]]
-                lazy = isinstance(step, Batch)
                 if isinstance(step, Action | Overlap):
-                    t = _compute(step, r, now[r], sc, where, avail[r], events, starts)
+                    t = start_time(step, free[r], arrived[r], sched)
                     if t is None:
                         break
-                    now[r] = t
+                    free[r] = _compute(step, r, t, sc, arrived[r], events)
                 else:
-                    ops = step.ops if isinstance(step, Batch) else (step,)
-                    if posted[r] is None:
-                        posted[r] = now[r]
-                        early = nxt[r].get(ptr[r], ()) if lazy else ()
-                        for c in (*ops, *early):
-                            box = send_post if c.is_send else recv_post
-                            box.setdefault(c.key, now[r])  # a prefetched receive keeps its time
+                    batch = isinstance(step, Batch)
+                    ops = step.ops if batch else (step,)
+                    if posted[r] != ptr[r]:
+                        posted[r] = ptr[r]
+                        for c in (*ops, *ahead[r].get(ptr[r], ())):
+                            wire.post(c, free[r])
                         progressed += 1  # posting can unblock a peer
-                    # A batch waits for its receives; its sends finish in the background
-                    # and are waited for at the end of the step (see ``lower``).
-                    waited = [c for c in ops if not (lazy and c.is_send)]
-                    times = [done_at(c, r) for c in waited]
-                    if any(t is None for t in times):
+                    waited = [c for c in ops if not (batch and c.is_send)]
+                    times = [wire.done(c) for c in waited]
+                    if None in times:
                         break
                     for c, t in zip(waited, times, strict=True):
                         comm_done[r, c] = t
                         if not c.is_send:
-                            avail[r][c.key] = t
-                    now[r] = max([now[r], *times])
-                    posted[r] = None
+                            arrived[r][_carried(c)] = t
+                    free[r] = max([free[r], *times])
                 ptr[r] += 1
                 progressed += 1
                 remaining -= 1
         if not progressed:
-            raise _wire_deadlock(wired, ptr, send_post, recv_post, blocking)
-    for r in range(p):  # the sends each batch left in flight
+            raise _wire_deadlock(wired, ptr, arrived, wire)
+    for r in range(p):  # the sends each batch left in flight: every receive was matched
         for c in wired.comms(r):
             if (r, c) not in comm_done:
-                comm_done[r, c] = done_at(c, r)  # every receive was matched, so is every send
+                comm_done[r, c] = wire.done(c)
     timeline = Timeline.from_events(
         events, schedule=sched.name, num_ranks=p, num_stages=sched.num_stages,
-        num_microbatches=sched.num_microbatches, stage_to_rank=where, source="simulated",
-        shift_to_zero=False,
+        num_microbatches=sched.num_microbatches, stage_to_rank=sched.stage_to_rank,
+        source="simulated", shift_to_zero=False, chain_starts=sched.chain_starts,
     )
     return WireResult(timeline, comm_done)
 
 
-def _compute(step: Action | Overlap, r: int, t: float, sc: StageCosts, where, avail, events,
-             starts) -> float | None:
-    """Run ``step`` on rank r at time t if its inputs are present; return its end.
-
-    An Overlap starts when both parts may and lasts ``overlap x (F + B)``, as in simulate.
-    """
-    if isinstance(step, Overlap):
-        times = [_ready(a, where, avail, starts) for a in (step.forward, step.backward)]
-        if times[0] is None or times[1] is None:
-            return None
-        t0 = max([t, *times[0], *times[1]])
-        mid = _compute_one(step.forward, r, t0, sc, where, avail, events, starts, sc.overlap,
-                           True)
-        return _compute_one(step.backward, r, mid, sc, where, avail, events, starts,
-                            sc.overlap, True)
-    return _compute_one(step, r, t, sc, where, avail, events, starts)
+def _next_receives(order: tuple[WireStep, ...]) -> dict[int, tuple[Comm, ...]]:
+    """For each batch, the receives of the rank's next batch (posted with it: prefetch)."""
+    out: dict[int, tuple[Comm, ...]] = {}
+    last = None
+    for i, step in enumerate(order):
+        if isinstance(step, Batch):
+            if last is not None:
+                out[last] = tuple(c for c in step.ops if not c.is_send)
+            last = i
+    return out
 
 
-def _ready(a: Action, where, avail, starts) -> list[float] | None:
-    """When ``a``'s inputs arrived ([] if it needs none), or None if one is missing."""
-    s, k, m = a
-    need = []
-    if k == "F" and s > 0 and _feeds(s - 1, where, starts):
-        need.append(("act", s, m))
-    if k in ("B", "I") and _feeds(s, where, starts):
-        need.append(("grad", s, m))
-    if k in ("B", "I"):
-        need.append(("F", s, m))
-    if k == "W":
-        need.append(("I", s, m))
-    if any(n not in avail for n in need):
-        return None
-    return [avail[n] for n in need]
+def _carried(c: Comm) -> Signal:
+    """The signal a receive brings: an activation of ``s-1``, a gradient of ``s+1``."""
+    if c.op == "RECV_F":
+        return Signal(c.stage - 1, Kind.F, c.microbatch)
+    return Signal(c.stage + 1, Kind.I, c.microbatch)
 
 
-def _compute_one(a: Action, r: int, t: float, sc: StageCosts, where, avail, events, starts,
-                 scale: float = 1.0, overlapped: bool = False) -> float | None:
-    s, k, m = a
-    need = None
-    if k == "F" and s > 0 and _feeds(s - 1, where, starts):
-        need = ("act", s, m)
-    elif k in ("B", "I") and _feeds(s, where, starts):
-        need = ("grad", s, m)
-    if k in ("B", "I") and ("F", s, m) not in avail:
-        return None
-    if k == "W" and ("I", s, m) not in avail:
-        return None
-    if need is not None:
-        if need not in avail:
-            return None
-        t = max(t, avail[need])
-    end = t + sc.duration(s, k) * scale
-    lo, hi = sc.memory_deltas(s, k)
-    events.append(Event(r, s, k, m, t, end, lo, hi, overlapped))
-    avail[k, s, m] = end
-    if k == "F" and _feeds(s, where, starts) and where[s + 1] == r:
-        avail["act", s + 1, m] = end
-    if k in ("B", "I") and s > 0 and _feeds(s - 1, where, starts) and where[s - 1] == r:
-        avail["grad", s - 1, m] = end
-    return end
+def _compute(step: Action | Overlap, r: int, t: float, sc: StageCosts,
+             arrived: dict[Signal, float], events: list[Event]) -> float:
+    """Run ``step`` from ``t``; record its Events and the signals it produces on rank r.
+    An Overlap's parts run back to back, each scaled by ``overlap``, as in simulate."""
+    scale, ov = (sc.overlap, True) if isinstance(step, Overlap) else (1.0, False)
+    for a in step_actions(step):
+        s, k, m = a
+        end = t + sc.duration(s, k) * scale
+        lo, hi = sc.memory_deltas(s, k)
+        events.append(Event(r, s, k, m, t, end, lo, hi, ov))
+        arrived[produces(a)] = end
+        t = end
+    return t
 
 
-def _wire_deadlock(wired, ptr, send_post, recv_post, blocking) -> WireDeadlock:
+def _wire_deadlock(wired: WireSchedule, ptr: list[int], arrived: list[dict[Signal, float]],
+                   wire: WireModel) -> WireDeadlock:
     stuck: dict[int, tuple[str, str]] = {}
     for r, order in enumerate(wired.orders):
         if ptr[r] >= len(order):
             continue
         step = order[ptr[r]]
         if isinstance(step, Action | Overlap):
-            stuck[r] = (str(step), "its input")
+            stuck[r] = (str(step), describe_wait(step, wired.schedule, arrived[r]))
             continue
         waits = []
-        for c in step.ops if isinstance(step, Batch) else (step,):
-            other = recv_post if c.is_send else send_post
-            if c.key in other or (c.is_send and (not blocking or isinstance(step, Batch))):
+        batch = isinstance(step, Batch)
+        for c in step.ops if batch else (step,):
+            if c.is_send and (batch or not wire.blocking):
+                continue
+            if wire.peer_posted(c):
                 continue
             what = "receive" if c.is_send else "send"
             waits.append(f"rank {c.peer} to post the matching {what} of {c}")
@@ -395,19 +386,12 @@ def _wire_deadlock(wired, ptr, send_post, recv_post, blocking) -> WireDeadlock:
     return WireDeadlock(stuck)
 
 
-def wired_step_count(schedule: Schedule) -> int:
-    """Number of messages between ranks in one step (2 per stage boundary per microbatch)."""
-    where, starts = schedule.stage_to_rank, chain_starts(schedule)
-    cross = sum(1 for s in range(schedule.num_stages - 1)
-                if _feeds(s, where, starts) and where[s] != where[s + 1])
-    return 2 * cross * schedule.num_microbatches
-
-
 __all__ = [
     "ORDERINGS",
     "Batch",
     "Comm",
     "WireDeadlock",
+    "WireModel",
     "WireResult",
     "WireSchedule",
     "inputs_of",
@@ -415,5 +399,5 @@ __all__ = [
     "outputs_of",
     "pair_order_mismatches",
     "run_wire",
-    "wired_step_count",
+    "start_time",
 ]

@@ -1,4 +1,4 @@
-"""Rank 0's side of a distributed run: align clocks, build the Timeline, predict, print.
+"""Rank 0's side of a distributed run: align clocks, build the Timeline, estimate comm.
 
 **Clock alignment.** Every rank leaves the same barrier at the start of a step and takes
 that moment as its time origin, so its events are in seconds since the barrier. That is the
@@ -9,10 +9,10 @@ ranks run on one host they also share its monotonic clock (``time.perf_counter``
 skew altogether; the spread of the origins is reported as ``barrier_skew`` (what the
 barrier alone would have left). Across hosts only the barrier is used.
 
-**Prediction.** A CostModel is calibrated from the measured timeline (median F, B or I/W
-per stage; ``comm`` = median delay of a message whose receiver was already waiting), plus
-the measured all-reduce time per stage when ``--dp`` > 1, and simulated; predicted and
-measured step time and bubble are printed side by side.
+**Message delay.** :func:`measured_comm` is the median delay of a message whose receiver
+was already waiting; the ``run`` command calibrates a CostModel with it (median F, B or
+I/W per stage, see :mod:`pipebubble.plan.calibrate`) and the measured all-reduce time per
+stage when ``--dp`` > 1, and simulates it.
 """
 
 from __future__ import annotations
@@ -22,12 +22,9 @@ from statistics import median
 
 import torch
 
-from ...plan.calibrate import costs_from_timeline
-from ...costs import CostModel
-from ...ir.schedule import Schedule
-from ...sim.kernel import simulate
+from ...ir.deps import Signal, producers, produces
+from ...ir.schedule import Action, Schedule
 from ...timeline import Event, Timeline
-from ...sim.dataparallel import step_time_with_allreduce
 
 
 @dataclass
@@ -59,7 +56,8 @@ def measured_timeline(schedule: Schedule, results: list) -> tuple[Timeline, Alig
     tl = Timeline.from_events(
         events, schedule=schedule.name, num_ranks=schedule.num_ranks,
         num_stages=schedule.num_stages, num_microbatches=schedule.num_microbatches,
-        stage_to_rank=schedule.stage_to_rank, source="measured", chains=schedule.chains,
+        stage_to_rank=schedule.stage_to_rank, source="measured",
+        chain_starts=schedule.chain_starts,
     )
     return tl, align
 
@@ -71,47 +69,24 @@ def step_span(results: list) -> float:
     return max(b for _, b in ts) - min(a for a, _ in ts) if ts else 0.0
 
 
-def measured_comm(timeline: Timeline, starts: tuple[int, ...] = (0,)) -> float:
+def measured_comm(timeline: Timeline) -> float:
     """Median delay between a producer's end and its consumer's start on another rank,
     over the messages whose consumer was already idle (so the delay is the message's).
-    ``starts``: the schedule's ``chain_starts`` (no message into the first stage of a chain)."""
-    where = timeline.stage_to_rank
-    ev = {(e.stage, e.kind, e.microbatch): e for e in timeline.events()}
-    prev_end: dict[tuple[int, int, str, int], float] = {}
-    for r in range(timeline.num_ranks):
-        last = 0.0
-        for e in timeline.events(r):
-            prev_end[e.stage, e.microbatch, e.kind, r] = last
-            last = e.end
-    starts = set(starts)
+    Who produces what for whom is :func:`pipebubble.ir.deps.producers` (the timeline
+    carries the schedule's ``chain_starts``: no message into the first stage of a chain)."""
+    done: dict[Signal, Event] = {}
+    for e in timeline.events():
+        done[produces(Action(e.stage, e.kind, e.microbatch))] = e
     gaps = []
-    for (s, k, m), e in ev.items():
-        if k == "F" and s not in starts:
-            src = ev.get((s - 1, "F", m))
-        elif k in ("B", "I") and s < timeline.num_stages - 1 and s + 1 not in starts:
-            src = ev.get((s + 1, "I", m)) or ev.get((s + 1, "B", m))
-        else:
-            continue
-        if src is None or where[src.stage] == where[s]:
-            continue
-        if prev_end[s, m, k, where[s]] <= src.end:
-            gaps.append(max(0.0, e.start - src.end))
+    for r in range(timeline.num_ranks):
+        idle_from = 0.0  # when the rank finished its previous action
+        for e in timeline.events(r):
+            for dep in producers(Action(e.stage, e.kind, e.microbatch), timeline):
+                src = done.get(dep.signal)
+                if dep.crosses and src is not None and idle_from <= src.end:
+                    gaps.append(max(0.0, e.start - src.end))
+            idle_from = e.end
     return median(gaps) if gaps else 0.0
-
-
-def predict(schedule: Schedule, timeline: Timeline, allreduce: dict[int, float],
-            dp: int) -> dict:
-    """Simulated step time and bubble under costs calibrated from ``timeline``."""
-    starts = tuple(getattr(schedule, "chain_starts", (0,)))
-    base = costs_from_timeline(timeline, comm=measured_comm(timeline, starts))
-    ar = [allreduce.get(s, 0.0) for s in range(schedule.num_stages)]
-    costs = CostModel(f=base.f, b=base.b, w=base.w, comm=base.comm, allreduce=ar)
-    sim = simulate(schedule, costs)
-    out = {"step_time": sim.step_time, "bubble_fraction": sim.bubble_fraction,
-           "comm": base.comm}
-    if dp > 1:
-        out["step_time_with_allreduce"] = step_time_with_allreduce(sim, costs, dp)
-    return out
 
 
 def grad_diffs(results: list, ref_loss: float, ref: dict[int, list[torch.Tensor]],

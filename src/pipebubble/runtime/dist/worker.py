@@ -39,6 +39,7 @@ from ...sim.wire import Batch, lower, pair_order_mismatches
 from ..clock import WallClock
 from ..interpreter import StageInterpreter
 from ..local import _with_copies
+from ..stages import balanced_boundaries, split_stages
 from .p2p import P2PTransport
 from .watchdog import Watchdog
 
@@ -98,19 +99,12 @@ class Env:
         )
 
 
-def split_layers(layers: list[nn.Module], stages: int) -> list[nn.Module]:
-    """Cut ``layers`` into ``stages`` contiguous stages, sizes differing by at most one."""
-    if len(layers) < stages:
-        raise ScheduleError(
-            f"the model has {len(layers)} layers, fewer than the {stages} stages; "
-            f"use at least {stages} layers"
-        )
-    out, start = [], 0
-    for s in range(stages):
-        n = len(layers) // stages + (s < len(layers) % stages)
-        out.append(nn.Sequential(*layers[start : start + n]))
-        start += n
-    return out
+def cut_evenly(layers: list[nn.Module], stages: int) -> list[nn.Module]:
+    """``layers`` in ``stages`` contiguous stages whose sizes differ by at most one."""
+    try:
+        return split_stages(layers, stages, balanced_boundaries(len(layers), stages))
+    except ValueError as exc:
+        raise ScheduleError(str(exc)) from None
 
 
 def make_schedule_for(cfg: DistConfig) -> Schedule:
@@ -135,7 +129,7 @@ def build(cfg: DistConfig) -> tuple[Schedule, ModelSpec, list[nn.Module]]:
     every process builds the same (seeded) model."""
     schedule = make_schedule_for(cfg)
     spec = build_model(cfg.model, seed=cfg.seed, **cfg.model_args)
-    return schedule, spec, split_layers(spec.layers, schedule.num_stages // schedule.chains)
+    return schedule, spec, cut_evenly(spec.layers, schedule.num_stages // schedule.chains)
 
 
 @dataclass
@@ -271,7 +265,7 @@ class Worker:
         interp = StageInterpreter(
             rank=self.rank, modules=self.modules, num_stages=self.schedule.num_stages,
             stage_to_rank=self.schedule.stage_to_rank, transport=self.transport,
-            clock=_clock(origin, self.device), inputs=self.xs, targets=self.ys,
+            clock=WallClock(origin, self.device), inputs=self.xs, targets=self.ys,
             loss_fn=self.spec.loss_fn, loss_weights=self.weights, recompute=self.recompute,
             chain_starts=self.schedule.chain_starts,
             num_microbatches=self.schedule.num_microbatches,
@@ -401,24 +395,6 @@ def unsplit_gradients(stages: list[nn.Module], loss_fn, x: torch.Tensor, y: torc
     grads = {s: [p.grad.clone() if p.grad is not None else torch.zeros_like(p)
                  for p in mod.parameters()] for s, mod in enumerate(stages)}
     return float(loss.detach()), grads
-
-
-def _clock(origin: float, device: torch.device) -> WallClock:
-    """Wall time since ``origin``; on CUDA the kernels are waited for around each action
-    (inside ``work``, so that the end is read after they finish, not after their launch)."""
-    return WallClock(origin) if device.type != "cuda" else _CudaWallClock(origin)
-
-
-class _CudaWallClock(WallClock):
-    def time(self, rank, action, earliest, work, *args, **kwargs):
-        torch.cuda.synchronize()
-
-        def synced():
-            out = work()
-            torch.cuda.synchronize()
-            return out
-
-        return super().time(rank, action, earliest, synced, *args, **kwargs)
 
 
 def _parse_fault(text: str | None) -> tuple[str, int, int] | None:

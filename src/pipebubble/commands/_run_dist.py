@@ -1,5 +1,7 @@
 """``pipebubble run`` without ``--local``: one process per rank, on this machine or torchrun.
 
+The command-line side of :mod:`pipebubble.runtime.dist` (which knows no flags).
+
 The same command line is both the launcher and the worker. Run it plainly and it starts
 ``--ranks x --dp`` copies of itself (:func:`~pipebubble.runtime.dist.launch.launch`); run it
 under ``torchrun`` (or with ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT`` set) and it
@@ -18,14 +20,16 @@ from statistics import median
 import torch
 from rich.console import Console
 
-from ...commands.common import print_json
-from ...ir.schedule import Schedule
-from ...sim.kernel import simulate
-from ...sim.wire import ORDERINGS, WireDeadlock, lower, run_wire
-from ...sim.dataparallel import step_time_with_allreduce
-from .worker import Cluster, DistConfig, Env, Worker, unsplit_gradients
-from .launch import launch, under_launcher
-from .report import grad_diffs, measured_comm, measured_timeline, step_span
+from ..ir.schedule import Schedule
+from ..runtime.dist.launch import launch, under_launcher
+from ..runtime.dist.report import grad_diffs, measured_comm, measured_timeline, step_span
+from ..runtime.dist.worker import Cluster, DistConfig, Env, Worker, unsplit_gradients
+from ..runtime.stages import split_stages
+from ..sim.dataparallel import step_time_with_allreduce
+from ..sim.kernel import simulate
+from ..sim.wire import WireDeadlock, lower, run_wire
+from ._run_setup import analyse, build_setup, print_report, report_json
+from .common import print_json, write_figures
 
 
 def worker_command() -> list[str]:
@@ -37,24 +41,6 @@ def worker_command() -> list[str]:
             "Python, call pipebubble.runtime.dist.launch.launch() with that command"
         )
     return [sys.executable, "-m", "pipebubble", *sys.argv[1:]]
-
-
-def add_distributed_flags(p: argparse.ArgumentParser) -> None:
-    """Flags of ``pipebubble run`` without ``--local``."""
-    from ...commands.common import positive_int
-
-    g = p.add_argument_group("distributed (without --local: one process per rank)")
-    g.add_argument("--dp", type=positive_int("--dp"), default=1, metavar="D",
-                   help="data-parallel replicas of the pipeline: ranks x D processes (1)")
-    g.add_argument("--backend", choices=("gloo", "nccl"), default="gloo",
-                   help="torch.distributed backend (gloo: CPU; nccl: one GPU per process)")
-    g.add_argument("--p2p", choices=ORDERINGS, default="batched",
-                   help="how each rank posts its sends and receives (batched)")
-    g.add_argument("--timeout", type=float, default=30.0, metavar="S",
-                   help="deadlock: stop when no rank progressed for S seconds (30)")
-    g.add_argument("--heartbeat-timeout", type=float, default=10.0, metavar="S",
-                   help="a rank silent for S seconds is taken as dead (10)")
-    g.add_argument("--inject-fault", default=None, help=argparse.SUPPRESS)
 
 
 def config_from_args(args: argparse.Namespace, schedule: Schedule) -> DistConfig:
@@ -72,8 +58,6 @@ def config_from_args(args: argparse.Namespace, schedule: Schedule) -> DistConfig
 
 def run_distributed(args: argparse.Namespace) -> int:
     """``pipebubble run`` without ``--local``: launch the workers, or be one."""
-    from ...commands.run import build_setup
-
     if under_launcher():
         rc = worker_main(args)
         # Skip the interpreter's teardown (over a second for torch and gloo): everything
@@ -95,7 +79,6 @@ def run_distributed(args: argparse.Namespace) -> int:
 
 
 def worker_main(args: argparse.Namespace) -> int:
-    from ...commands.run import build_setup
 
     env = Env.from_environ()
     cluster = None
@@ -149,8 +132,6 @@ def _looks_like_peer(exc: BaseException) -> bool:
 def summarize(args, cfg: DistConfig, setup, results: list, x, y):
     """Rank 0: the measured timeline, the calibrated prediction (comm and all-reduce
     included), the check; the same report as ``run --local`` plus the distributed extras."""
-    from ...commands.run import analyse
-
     schedule = setup.schedule
     timeline, align = measured_timeline(schedule, results)
     mine = [r for r in results if r.replica == 0]
@@ -167,8 +148,7 @@ def summarize(args, cfg: DistConfig, setup, results: list, x, y):
     input_bytes = [float(median(inputs[s])) if s in inputs else 0.0
                    for s in range(schedule.num_stages)]
     report = analyse(setup, timeline, loss, peaks, args.recompute, input_bytes, None)
-    starts = tuple(getattr(schedule, "chain_starts", (0,)))
-    comm = measured_comm(timeline, starts)
+    comm = measured_comm(timeline)
     ar = [allreduce.get(s, 0.0) for s in range(schedule.num_stages)]
     report.costs = replace(report.costs, comm=comm, allreduce=ar)
     report.predicted = simulate(schedule, report.costs)
@@ -193,17 +173,12 @@ def summarize(args, cfg: DistConfig, setup, results: list, x, y):
 
 def _stages_of(setup) -> list:
     """The reference model cut as the pipeline is (its stages share the reference's weights)."""
-    from ..stages import split_stages
-
     sched = setup.schedule
     return split_stages(list(setup.reference), sched.num_stages // sched.chains,
                         setup.boundaries)
 
 
 def _print(args, report, extra: dict) -> None:
-    from ...commands.common import write_figures
-    from ...commands.run import print_report, report_json
-
     write_figures(args, [report.measured, report.predicted], report.title)
 
     if args.json:
