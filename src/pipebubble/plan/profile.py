@@ -249,14 +249,6 @@ def resolve_timer(timer: str, device: torch.device | str = "cpu") -> str:
     return timer
 
 
-def _synchronizer(device: torch.device) -> Callable[[], None]:
-    import torch
-
-    if device.type == "cuda":
-        return lambda: torch.cuda.synchronize(device)
-    return lambda: None
-
-
 def _layer_input(x: torch.Tensor, first: bool) -> torch.Tensor:
     """Detached; a leaf that wants a gradient except for the first layer (as in the runtime:
     nothing consumes the gradient of the model's input) and for token ids."""
