@@ -132,3 +132,27 @@ def test_cli_errors_are_one_line(extra, message, capsys):
 def test_cli_names_missing_shape_flags(capsys):
     assert main(["profile", "--analytic", "--layers", "2"]) == 2
     assert "--analytic needs --hidden, --ffn, --heads" in capsys.readouterr().err
+
+
+def test_flops_agree_with_torchs_counter_on_the_builtin_transformer():
+    """The built-in transformer is a GPT block (4h GELU MLP, multi-head attention): torch's
+    FlopCounterMode, run by ``profile_layers``, counts its matrix multiplies exactly as the
+    formula does. (On CPU it counts no FLOPs for the fused attention kernel, so the score
+    term 3 x 4 b s^2 h is left out of the comparison; the head has none.)"""
+    import torch
+
+    from pipebubble.models import build_model
+    from pipebubble.plan.profile import profile_layers
+
+    b, s, h, a, V = 3, 32, 64, 4, 500
+    spec = build_model("transformer", layers=2, dim=h, heads=a, vocab=V, seq=s)
+    x, y = spec.make_batch(b, torch.Generator().manual_seed(0))
+    measured = profile_layers(spec.layers, x, target=y, loss_fn=spec.loss_fn, warmup=0,
+                              repeats=1)
+    formula = analytic_profile(layers=2, hidden=h, ffn=4 * h, heads=a, vocab=V, seq=s,
+                               batch=b, tflops=1, mfu=1, swiglu=False)
+    scores = 3 * 4 * b * s * s * h
+    assert [m.flops for m in measured.layers] == [
+        0, formula.layers[1].flops - scores, formula.layers[2].flops - scores,
+        formula.layers[3].flops]
+    assert measured.layers[0].activation_bytes == formula.layers[0].activation_bytes  # ids
