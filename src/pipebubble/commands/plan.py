@@ -198,11 +198,17 @@ def result_json(result, profiles, validations, out_path: str | None) -> dict:
 def _t(seconds: float | None) -> str:
     if seconds is None:
         return "—"
-    return f"{seconds:.3f} s" if seconds >= 1 else f"{seconds * 1e3:.1f} ms"
+    if seconds >= 1:
+        return f"{seconds:.3f} s"
+    return f"{seconds * 1e3:.4g} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.4g} µs"
 
 
 def _gib(n: float) -> str:
-    return f"{n / 2**30:.1f} GiB"
+    """Bytes in GiB (MiB or KiB when smaller)."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale or unit == "KiB":
+            return f"{n / scale:.1f} {unit}"
+    return ""
 
 
 def print_plans(console, result, out: dict, validations) -> None:
