@@ -20,8 +20,8 @@ vocabulary, ``s`` sequence length, ``b`` microbatch size, ``t = s b`` tokens.
 LLaMA-7B (L=32, h=4096, f=11008, a=32, V=32000, untied): 6,738,415,616 parameters.
 
 **FLOPs** (Narayanan et al. 2021, *Efficient Large-Scale Language Model Training on GPU
-Clusters*, §5.1: a matrix multiply of ``m x n`` by ``n x p`` is ``2 m n p``; the backward
-costs twice the forward):
+Clusters*, appendix on FLOPs: a matrix multiply of ``m x n`` by ``n x p`` is ``2 m n p``;
+the backward costs twice the forward):
 
 - block forward: ``2 t P_mm + 4 b s^2 h`` with ``P_mm`` the block's matrix parameters; the
   second term is ``Q K^T`` and ``scores x V`` (full, not halved for causal masking);
@@ -32,7 +32,7 @@ costs twice the forward):
 **Time** = FLOPs / (peak FLOP/s x MFU), for F, I and W alike.
 
 **Activation bytes per microbatch** (Korthikanti et al. 2022, *Reducing Activation
-Recomputation in Large Transformer Models*, §4, 16-bit activations; scaled by
+Recomputation in Large Transformer Models*, 16-bit activations; scaled by
 ``bytes(dtype) / 2`` for other dtypes):
 
 - block, no recomputation: ``s b h (34 + 5 a s / h)``;
@@ -40,7 +40,7 @@ Recomputation in Large Transformer Models*, §4, 16-bit activations; scaled by
   then re-runs the ``4 b s^2 h`` score FLOPs;
 - block, full recomputation: ``2 s b h`` (the block input); the backward re-runs the forward;
 - head: ``4 s b h`` (the norm's and the projection's inputs) plus ``4 s b V`` (fp32 logits
-  for the cross-entropy, §4.3); embedding: ``8 s b`` (the int64 token ids).
+  for the cross-entropy); embedding: ``8 s b`` (the int64 token ids).
 
 The 34 and 5 come from a GPT block (4h GELU MLP, dropout); for other MLPs they are the paper's
 estimate, not an exact count. What W alone keeps (Zero Bubble's ``M_W``: the inputs of the
