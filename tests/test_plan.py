@@ -277,3 +277,14 @@ def test_the_bound_is_the_1f1b_step_for_equal_stages():
     c = next(c for c in s.configs() if c.pp == 4)
     priced = s._price(c, s.schedule(c), prof.at(1, "none"), [(0, 0), (1, 1), (2, 2), (3, 3)])
     assert priced.bound == (8 + 4 - 1) * (1 + 2) == 33
+
+
+@pytest.mark.parametrize("name, chunks", [("gpipe", 1), ("1f1b", 1), ("zb-h2", 1), ("zbv", 2),
+                                          ("interleaved-1f1b", 2), ("dualpipe", 1)])
+def test_held_microbatches_one_pass_equals_counting_each_way(name, chunks):
+    from pipebubble.plan.scoring import _held, held_per_stage
+
+    sched = get_schedule(name, 4, 16, chunks)
+    for until in (("B", "W"), ("B", "I")):
+        assert held_per_stage(sched, until) == _held(sched, until)
+    assert held_per_stage(get_schedule("gpipe", 3, 5), ("B", "I")) == [5, 5, 5]

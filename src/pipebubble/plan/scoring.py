@@ -64,6 +64,35 @@ def held_per_stage(schedule: Schedule, until: tuple[str, ...] = ("B", "W")) -> l
     >>> held_per_stage(get_schedule("1f1b", ranks=3, microbatches=6))
     [3, 2, 1]
     """
+    return _held_both(schedule)[0 if until == ("B", "W") else 1] if until in (
+        ("B", "W"), ("B", "I")) else _held(schedule, until)
+
+
+def _held_both(schedule: Schedule) -> tuple[list[int], list[int]]:
+    """:func:`held_per_stage` until B/W and until B/I, in one pass over the schedule."""
+    S = schedule.num_stages
+    peak_w, cur_w, peak_i, cur_i = [0] * S, [0] * S, [0] * S, [0] * S
+    for order in schedule.orders:
+        for step in order:
+            for stage, kind, _ in (step if type(step) is Overlap else (step,)):
+                if kind == "F":
+                    cur_w[stage] += 1
+                    cur_i[stage] += 1
+                    if cur_w[stage] > peak_w[stage]:
+                        peak_w[stage] = cur_w[stage]
+                    if cur_i[stage] > peak_i[stage]:
+                        peak_i[stage] = cur_i[stage]
+                elif kind == "B":
+                    cur_w[stage] -= 1
+                    cur_i[stage] -= 1
+                elif kind == "W":
+                    cur_w[stage] -= 1
+                else:
+                    cur_i[stage] -= 1
+    return peak_w, peak_i
+
+
+def _held(schedule: Schedule, until: tuple[str, ...]) -> list[int]:
     peak = [0] * schedule.num_stages
     cur = [0] * schedule.num_stages
     for order in schedule.orders:
@@ -71,8 +100,7 @@ def held_per_stage(schedule: Schedule, until: tuple[str, ...] = ("B", "W")) -> l
             for stage, kind, _ in (step if type(step) is Overlap else (step,)):
                 if kind == "F":
                     cur[stage] += 1
-                    if cur[stage] > peak[stage]:
-                        peak[stage] = cur[stage]
+                    peak[stage] = max(peak[stage], cur[stage])
                 elif kind in until:
                     cur[stage] -= 1
     return peak
@@ -97,7 +125,7 @@ class Searcher:
         self.simulated = 0
         self._schedules: dict[tuple, Schedule | None] = {}
         self._cuts: dict[tuple, Ranges] = {}
-        self._held: dict[tuple, list[int]] = {}
+        self._held: dict[int, tuple[list[int], list[int]]] = {}
         self._split: dict[int, bool] = {}
         self.why_not: dict[str, str] = {}  # schedule -> why it could not be generated
 
@@ -147,10 +175,10 @@ class Searcher:
 
     # -- one configuration --
     def held(self, sched: Schedule, until: tuple[str, ...] = ("B", "W")) -> list[int]:
-        key = (id(sched), until)
-        if key not in self._held:
-            self._held[key] = held_per_stage(sched, until)
-        return self._held[key]
+        """:func:`held_per_stage`, both kinds computed once per schedule."""
+        if id(sched) not in self._held:
+            self._held[id(sched)] = _held_both(sched)
+        return self._held[id(sched)][0 if until == ("B", "W") else 1]
 
     def schedule(self, c: Config) -> Schedule | None:
         key = (c.schedule, c.pp, c.microbatches, c.chunks)
