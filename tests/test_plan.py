@@ -282,7 +282,7 @@ def test_the_bound_is_the_1f1b_step_for_equal_stages():
 @pytest.mark.parametrize("name, chunks", [("gpipe", 1), ("1f1b", 1), ("zb-h2", 1), ("zbv", 2),
                                           ("interleaved-1f1b", 2), ("dualpipe", 1)])
 def test_held_microbatches_one_pass_equals_counting_each_way(name, chunks):
-    from pipebubble.plan.scoring import _held, held_per_stage
+    from pipebubble.plan.families import _held, held_per_stage
 
     sched = get_schedule(name, 4, 16, chunks)
     for until in (("B", "W"), ("B", "I")):

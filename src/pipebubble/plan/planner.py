@@ -50,9 +50,10 @@ from __future__ import annotations
 import math
 import time
 
+from .families import _auto_function, chunk_options, held_per_stage, schedule_list
 from .layercosts import ProfileSet
 from .plans import AUTO, Config, NoPlanFits, Plan, Request, Result, fmt_gib
-from .scoring import Searcher, _auto_function, chunk_options, held_per_stage, schedule_list
+from .scoring import Searcher
 
 __all__ = ["AUTO", "Config", "NoPlanFits", "Plan", "Request", "Result", "Searcher",
            "chunk_options", "fmt_gib", "held_per_stage", "schedule_list", "search",

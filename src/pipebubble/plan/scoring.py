@@ -19,91 +19,20 @@ from itertools import combinations
 import numpy as np
 
 from ..costs import CostModel
-from ..ir.schedule import Overlap, Schedule, ScheduleError, make_schedule
-from ..schedules import get_schedule, lookup, schedule_names
+from ..ir.schedule import Schedule, ScheduleError, make_schedule
+from ..schedules import get_schedule
 from ..sim.dataparallel import ring_allreduce_time, step_time_with_allreduce
 from ..sim.kernel import simulate
+from .families import _auto_function, _held_both, chunk_options, schedule_list
 from .layercosts import LayerCosts, ProfileSet
-from .partition import PartitionError, Ranges, min_max_partition, ranges_from_ends
+from .partition import (
+    PartitionError,
+    Ranges,
+    balance_ranks,
+    min_max_partition,
+    ranges_from_ends,
+)
 from .plans import AUTO, Config, NoPlanFits, Plan, Priced, Request, fmt_gib
-
-
-def chunk_options(name: str, max_chunks: int) -> list[int]:
-    """The chunks (stages per rank) a family accepts, up to ``max_chunks``."""
-    if name == AUTO:
-        return [1, 2] if max_chunks >= 2 else [1]
-    spec = lookup(name)
-    if spec.fixed_chunks:
-        return [spec.chunks] if spec.chunks <= max(max_chunks, 1) or spec.chunks == 1 else []
-    return list(range(spec.min_chunks, max_chunks + 1))
-
-
-def schedule_list(names: tuple[str, ...] | None) -> list[str]:
-    """Registered names (``auto`` when importable) or the given ones, checked."""
-    have_auto = AUTO in schedule_names() or _auto_function() is not None
-    if names is None:
-        out = [n for n in schedule_names() if n != AUTO]
-        return out + ([AUTO] if have_auto else [])
-    out = []
-    for n in names:
-        if n.lower() == AUTO:
-            if not have_auto:
-                raise ValueError("--schedules auto: the automatic scheduler is not available "
-                                 f"in this version; valid are {', '.join(schedule_names())}")
-            out.append(AUTO)
-        else:
-            out.append(lookup(n).name)
-    return list(dict.fromkeys(out))
-
-
-def held_per_stage(schedule: Schedule, until: tuple[str, ...] = ("B", "W")) -> list[int]:
-    """Most microbatches each stage holds activations for at once: from its F to the B, or
-    to the W of a split backward (I frees only part): a bound on what the stage keeps. With
-    ``until=("B", "I")``: from F to the first backward, when all of M_B is still held.
-
-    >>> held_per_stage(get_schedule("1f1b", ranks=3, microbatches=6))
-    [3, 2, 1]
-    """
-    return _held_both(schedule)[0 if until == ("B", "W") else 1] if until in (
-        ("B", "W"), ("B", "I")) else _held(schedule, until)
-
-
-def _held_both(schedule: Schedule) -> tuple[list[int], list[int]]:
-    """:func:`held_per_stage` until B/W and until B/I, in one pass over the schedule."""
-    S = schedule.num_stages
-    peak_w, cur_w, peak_i, cur_i = [0] * S, [0] * S, [0] * S, [0] * S
-    for order in schedule.orders:
-        for step in order:
-            for stage, kind, _ in (step if type(step) is Overlap else (step,)):
-                if kind == "F":
-                    cur_w[stage] += 1
-                    cur_i[stage] += 1
-                    if cur_w[stage] > peak_w[stage]:
-                        peak_w[stage] = cur_w[stage]
-                    if cur_i[stage] > peak_i[stage]:
-                        peak_i[stage] = cur_i[stage]
-                elif kind == "B":
-                    cur_w[stage] -= 1
-                    cur_i[stage] -= 1
-                elif kind == "W":
-                    cur_w[stage] -= 1
-                else:
-                    cur_i[stage] -= 1
-    return peak_w, peak_i
-
-
-def _held(schedule: Schedule, until: tuple[str, ...]) -> list[int]:
-    peak = [0] * schedule.num_stages
-    cur = [0] * schedule.num_stages
-    for order in schedule.orders:
-        for step in order:
-            for stage, kind, _ in (step if type(step) is Overlap else (step,)):
-                if kind == "F":
-                    cur[stage] += 1
-                    peak[stage] = max(peak[stage], cur[stage])
-                elif kind in until:
-                    cur[stage] -= 1
-    return peak
 
 
 class Searcher:
@@ -483,48 +412,3 @@ class Searcher:
         per_rank = sched.num_stages // c.pp
         weights = sched.chains * self.req.bytes_per_param * float(lc.params.sum())
         return (weights + held * sched.chains * float(lc.act.sum()) / per_rank) / c.pp
-
-
-def balance_ranks(costs: np.ndarray, ranges: Ranges, where: tuple[int, ...]) -> Ranges:
-    """Move single stage boundaries while the loads of the ranks, sorted from the largest,
-    fall (lexicographically). The min-max cut balances stages; a rank holding several
-    (interleaved, V placement, DualPipe's two copies: stage ``s`` holds the layers of
-    ``ranges[s mod len(ranges)]``) carries their sum.
-
-    >>> balance_ranks(np.ones(6), [(0, 2), (3, 3), (4, 4), (5, 5)],
-    ...               (0, 1, 1, 0))   # V: rank 0 holds stages 0 and 3 (load 4 against 2)
-    [(0, 1), (2, 3), (4, 4), (5, 5)]
-    """
-    q = np.concatenate(([0.0], np.cumsum(costs)))
-    n = len(ranges)
-
-    def loads(ends: list[int]) -> tuple:
-        starts = [0, *ends[:-1]]
-        per = [0.0] * (max(where) + 1)
-        for s, r in enumerate(where):
-            per[r] += q[ends[s % n]] - q[starts[s % n]]
-        return tuple(sorted(per, reverse=True))
-
-    ends = [b + 1 for _, b in ranges]
-    best = loads(ends)
-    improved = True
-    while improved:
-        improved = False
-        for k in range(n - 1):
-            for step in (-1, 1):
-                e = ends[k] + step
-                if not (ends[k - 1] if k else 0) < e < ends[k + 1]:
-                    continue
-                trial = [*ends[:k], e, *ends[k + 1:]]
-                value = loads(trial)
-                if value < best:
-                    ends, best, improved = trial, value, True
-    return ranges_from_ends(ends)
-
-
-def _auto_function():
-    try:
-        from ..schedules.auto import auto_schedule  # written beside this planner
-    except ImportError:
-        return None
-    return auto_schedule
