@@ -37,9 +37,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    metavar="B", help="samples per optimizer step, over all replicas")
     p.add_argument("--microbatch-size", type=int_list("--microbatch-size"), default=[1, 2, 4],
                    metavar="LIST", help="microbatch sizes to try (1,2,4)")
+    from ..schedules import schedule_names
+
     p.add_argument("--schedules", default="all", metavar="all|LIST",
-                   help="schedule families to try (all registered ones, and auto when "
-                   "available)")
+                   help="schedule families to try: all (default: every registered one, and "
+                   f"auto when available) or a comma list of {', '.join(schedule_names())}")
     p.add_argument("--max-chunks", type=positive_int("--max-chunks"), default=4, metavar="V",
                    help="most stages per rank for interleaved families (4)")
     p.add_argument("--recompute", default=None, metavar="LIST",
