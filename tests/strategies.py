@@ -7,13 +7,18 @@ import random
 from hypothesis import strategies as st
 
 from pipebubble.costs import CostModel
-from pipebubble.ir.schedule import Action, make_schedule
+from pipebubble.ir.schedule import Action, Overlap, make_schedule
 
 
 def random_valid_schedule(seed: int, ranks: int, chunks: int, microbatches: int, split: bool,
-                          placement: str):
+                          placement: str, chains: int = 1, overlap: float = 0.0):
     """A deadlock-free schedule: repeatedly pick a random action whose dependencies are done
-    (in a global order) and append it to its rank's list."""
+    (in a global order) and append it to its rank's list.
+
+    ``chains`` > 1 cuts the stages into that many independent chains (as DualPipe's two
+    model copies), each running every microbatch. With probability ``overlap``, a picked
+    forward is paired with a backward ready on the same rank into one Overlap step (both are
+    ready at that moment, so the pair cannot deadlock)."""
     rng = random.Random(seed)
     S = ranks * chunks
     if placement == "loop":
@@ -22,41 +27,68 @@ def random_valid_schedule(seed: int, ranks: int, chunks: int, microbatches: int,
         where = list(range(S))
         rng.shuffle(where)
         where = [w % ranks for w in where]
-    done: set[Action] = set()
-    ready = {Action(0, "F", m) for m in range(microbatches)}
+    chains = max(1, min(chains, S))
+    starts = sorted({0} | set(rng.sample(range(1, S), chains - 1))) if chains > 1 else [0]
+    first = set(starts)
+    last = {s - 1 for s in starts[1:]} | {S - 1}
+    back = "I" if split else "B"
+    ready = {Action(c, "F", m) for c in starts for m in range(microbatches)}
     orders = [[] for _ in range(ranks)]
-    while ready:
-        a = rng.choice(sorted(ready))
+
+    def run(a):
         ready.discard(a)
-        done.add(a)
-        orders[where[a.stage]].append(a)
         s, k, m = a
         if k == "F":
-            if s + 1 < S:
-                ready.add(Action(s + 1, "F", m))
-            else:
-                ready.add(Action(s, "I" if split else "B", m))
+            ready.add(Action(s + 1, "F", m) if s not in last else Action(s, back, m))
         elif k in ("B", "I"):
             if split:
                 ready.add(Action(s, "W", m))
-            if s > 0:
-                ready.add(Action(s - 1, "I" if split else "B", m))
-    return make_schedule("random", orders, S, microbatches, placement=where)
+            if s not in first:
+                ready.add(Action(s - 1, back, m))
+
+    while ready:
+        a = rng.choice(sorted(ready))
+        partners = sorted(b for b in ready if b.kind == back and where[b.stage] == where[a.stage])
+        if overlap and a.kind == "F" and partners and rng.random() < overlap:
+            b = rng.choice(partners)
+            orders[where[a.stage]].append(Overlap(a, b))
+            run(a)
+            run(b)
+        else:
+            orders[where[a.stage]].append(a)
+            run(a)
+    return make_schedule("random", orders, S, microbatches, placement=where, chain_starts=starts)
 
 
 @st.composite
-def schedules_and_costs(draw):
+def schedules_and_costs(draw, overlaps_and_chains: bool = False):
+    """A random valid schedule and per-stage costs. ``overlaps_and_chains``: also Overlap
+    pairs, several chains, memory, recomputation and an overlap factor (the simulator's
+    tests use them; the wire model sends a pair's forward output after the whole pair, so
+    it is not equal to simulate() on those)."""
     ranks = draw(st.integers(1, 5))
     chunks = draw(st.integers(1, 3))
     m = draw(st.integers(1, 6))
     split = draw(st.booleans())
     placement = draw(st.sampled_from(["loop", "random"]))
     seed = draw(st.integers(0, 2**31))
-    schedule = random_valid_schedule(seed, ranks, chunks, m, split, placement)
+    chains, overlap = 1, 0.0
+    if overlaps_and_chains:
+        chains = min(chunks, draw(st.sampled_from([1, 1, 2, 3])))  # Schedule.chunks >= 1
+        overlap = draw(st.sampled_from([0.0, 0.5]))
+    schedule = random_valid_schedule(seed, ranks, chunks, m, split, placement, chains, overlap)
     S = ranks * chunks
     times = st.floats(0.0, 5.0, allow_nan=False)
     f = draw(st.lists(times, min_size=S, max_size=S))
     b = draw(st.lists(st.floats(0.01, 5.0), min_size=S, max_size=S))
     w = [x * draw(st.floats(0.0, 1.0)) for x in b]
     comm = draw(st.sampled_from([0.0, 0.5, 1.0]))
-    return schedule, CostModel(f=f, b=b, w=w, comm=comm)
+    if not overlaps_and_chains:
+        return schedule, CostModel(f=f, b=b, w=w, comm=comm)
+    fold = draw(st.sampled_from([1.0, 0.75]))  # an Overlap pair's time over F + B
+    mem = draw(st.lists(st.floats(0.0, 4.0), min_size=S, max_size=S))
+    mem_w = [x * draw(st.floats(0.0, 1.0)) for x in mem]
+    recompute = draw(st.lists(st.booleans(), min_size=S, max_size=S))
+    return schedule, CostModel(f=f, b=b, w=w, comm=comm, overlap=fold, activation_memory=mem,
+                               weight_memory=mem_w, input_memory=[x / 4 for x in mem],
+                               recompute=recompute)

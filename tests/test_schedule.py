@@ -77,3 +77,67 @@ def test_v_placement():
     assert s.stage_to_rank == (0, 1, 1, 0)
     with pytest.raises(ScheduleError, match="v placement needs 2 stages per rank"):
         make_schedule("t", [[], []], 3, 1, placement="v")
+
+
+def test_compact_orders_behave_as_tuples_of_actions():
+    """Generators store orders as RankOrder arrays; every consumer still sees Actions."""
+    import pickle
+
+    from pipebubble.ir.orders import RankOrder
+
+    s = get_schedule("1f1b", 2, 3)
+    order = s.orders[1]
+    assert isinstance(order, RankOrder)
+    plain = tuple(Action.from_str(x) for x in "1F0 1B0 1F1 1B1 1F2 1B2".split())
+    assert order == plain and plain == order and list(order) == list(plain)
+    assert hash(order) == hash(plain) and repr(order) == repr(plain)
+    assert order[3] == Action(1, "B", 1) and order[-1] == Action(1, "B", 2)
+    assert order[1:3] == plain[1:3] and order.index(Action(1, "F", 2)) == 4
+    assert Action(1, "W", 0) not in order and len(order) == 6
+    assert pickle.loads(pickle.dumps(s)) == s
+    assert s.to_text().splitlines()[1] == "1F0 1B0 1F1 1B1 1F2 1B2"
+    assert s.num_actions() == 12 and not s.uses_split_backward()
+    assert get_schedule("zb-h1", 2, 2).uses_split_backward()
+
+
+@pytest.mark.parametrize("name, chunks", [("gpipe", None), ("1f1b", None), ("zb-h1", None),
+                                          ("zb-h2", None), ("interleaved-1f1b", 2),
+                                          ("interleaved-1f1b", 3), ("looped-bfs", 2),
+                                          ("zbv", None)])
+def test_compact_generators_equal_plain_tuples(name, chunks):
+    """The same schedule written as plain tuples validates and simulates identically."""
+    from pipebubble import simulate
+
+    for p in (1, 2, 3, 5):
+        for m in (1, 2, 4, 7):
+            try:
+                s = get_schedule(name, p, m, chunks)
+            except ScheduleError:
+                continue
+            plain = make_schedule(s.name, [tuple(o) for o in s.orders], s.num_stages,
+                                  s.num_microbatches, placement=s.stage_to_rank)
+            assert plain.orders == s.orders
+            assert list(simulate(plain).start) == list(simulate(s).start)
+
+
+def test_compact_order_mistakes_get_validates_messages():
+    """validate() names a bad action in a RankOrder exactly as in a tuple order."""
+    import numpy as np
+
+    from pipebubble.ir.orders import RankOrder
+
+    s = get_schedule("1f1b", 2, 2)
+    o = s.orders[0]
+    cases = {
+        "duplicated": RankOrder(o.stage, o.kind, np.array([0, 1, 0, 0])),
+        "microbatch": RankOrder(o.stage, o.kind, np.array([0, 1, 0, 2])),
+        "placement": RankOrder(np.array([0, 1, 0, 0]), o.kind, o.microbatch),
+    }
+    for what, bad in cases.items():
+        compact = make_schedule("t", [bad, s.orders[1]], 2, 2)
+        plain = make_schedule("t", [tuple(bad), s.orders[1]], 2, 2)
+        with pytest.raises(ScheduleError) as a:
+            validate(compact)
+        with pytest.raises(ScheduleError) as b:
+            validate(plain)
+        assert str(a.value) == str(b.value), what

@@ -1,7 +1,10 @@
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from rich.console import Console
 
 from pipebubble import CostModel, get_schedule, simulate
-from pipebubble.render.terminal import gantt
+from pipebubble.render.terminal import _cells, _cells_one_by_one, chunk_of_stage, gantt
+from strategies import schedules_and_costs
 
 
 def render(timeline, width=80):
@@ -32,3 +35,41 @@ def test_cells_follow_time():
     lines = render(simulate(get_schedule("gpipe", 1, 1), CostModel(f=1, b=2)), width=40)
     row = lines[0][len("rank 0 "):]
     assert row.startswith(" F0") and "B0" in row[6:]
+
+
+@settings(max_examples=150)
+@given(schedules_and_costs(overlaps_and_chains=True), st.integers(10, 130))
+def test_cells_equal_the_event_by_event_definition(case, width):
+    """The vectorised row (searchsorted over columns) paints exactly what painting event by
+    event paints: fills, padded labels, first letters, idle dots."""
+    schedule, costs = case
+    tl = simulate(schedule, costs)
+    step = tl.step_time or 1.0
+    for scale in (width / step, float(max(1, min(6, width // max(1, int(step)))))):
+        cols = max(1, int(round(step * scale)))
+        chunk = chunk_of_stage(tl)
+        for r in range(tl.num_ranks):
+            lo, hi = tl.offsets[r], tl.offsets[r + 1]
+            c0 = [int(round(tl.start[i] * scale)) for i in range(lo, hi)]
+            c1 = [min(max(a + 1, int(round(tl.end[i] * scale))), cols)
+                  for a, i in zip(c0, range(lo, hi), strict=True)]
+            assert _cells(tl, r, 0.0, scale, cols, chunk) == \
+                _cells_one_by_one(tl, lo, hi, c0, c1, cols, chunk)
+
+
+def test_a_million_actions_draw_in_one_row_per_rank():
+    tl = simulate(get_schedule("1f1b", 64, 8192))
+    lines = render(tl, 100)
+    rows = [line for line in lines if line.startswith("rank")]
+    assert len(rows) == 64 and all(len(line) <= 100 for line in rows)
+    assert not any("·" in row for row in rows)  # 1F1B at m >> p: no idle column anywhere
+    cols = len(rows[0]) - len("rank 63 ")
+    scale = cols / tl.step_time
+    chunk = chunk_of_stage(tl)
+    for r in (0, 63):  # the same cells as painting the 16,384 events one by one
+        lo, hi = tl.offsets[r], tl.offsets[r + 1]
+        c0 = [int(round(tl.start[i] * scale)) for i in range(lo, hi)]
+        c1 = [min(max(a + 1, int(round(tl.end[i] * scale))), cols)
+              for a, i in zip(c0, range(lo, hi), strict=True)]
+        assert _cells(tl, r, 0.0, scale, cols, chunk) == \
+            _cells_one_by_one(tl, lo, hi, c0, c1, cols, chunk)

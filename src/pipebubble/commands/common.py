@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from itertools import islice
 
 from ..costs import CostModel
 from ..ir.schedule import Schedule, ScheduleError
@@ -128,8 +129,42 @@ def timeline_json(timeline: Timeline, closed_form: float | None, events: bool = 
 
 
 def print_json(obj: object) -> None:
-    json.dump(obj, sys.stdout)
+    """One JSON document on stdout. ``json.dumps`` runs the C encoder; ``json.dump`` to a
+    stream encodes piece by piece in Python, many times slower on large documents."""
+    sys.stdout.write(json.dumps(obj))
     sys.stdout.write("\n")
+
+
+_EVENT = ('{"rank": %d, "stage": %d, "kind": "%s", "microbatch": %d, "start": %r, '
+          '"end": %r}')
+
+
+def print_timeline_json(timeline: Timeline, closed_form: float | None,
+                        basis: str | None = "step") -> None:
+    """``print_json(timeline_json(...))`` with the same text, but the events are formatted
+    straight from the timeline's columns instead of built as one dict each (a million
+    events: about a second instead of tens). ``%r`` of a float is what json writes for it."""
+    import math
+
+    head = json.dumps(timeline_json(timeline, closed_form, events=False, basis=basis))
+    finite = not len(timeline) or all(math.isfinite(x) for x in (
+        min(timeline.start), max(timeline.end)))
+    if not finite:  # json spells inf and nan its own way
+        print_json(timeline_json(timeline, closed_form, basis=basis))
+        return
+    write = sys.stdout.write
+    write(head[:-1] + ', "events": [')
+    rows = zip(timeline.rank, timeline.stage, timeline.kind, timeline.microbatch,
+               timeline.start, timeline.end, strict=True)
+    chunk = 1 << 16
+    first = True
+    while True:
+        part = ", ".join([_EVENT % row for row in islice(rows, chunk)])
+        if not part:
+            break
+        write(part if first else ", " + part)
+        first = False
+    write("]}\n")
 
 
 def add_figure_flags(p: argparse.ArgumentParser) -> None:

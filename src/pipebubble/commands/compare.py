@@ -6,10 +6,6 @@ import argparse
 import sys
 from dataclasses import replace
 
-from rich import box
-from rich.console import Console
-from rich.table import Table
-
 from ..ir.schedule import ScheduleError
 from ..schedules import get_schedule, lookup, schedule_names
 from ..sim.dataparallel import dp_fields
@@ -78,6 +74,10 @@ def run(args: argparse.Namespace) -> int:
         for name, why in skipped:
             sys.stderr.write(f"pipebubble: skipped {name}: {why}\n")
         return 0
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
     table = Table(title=f"p={args.ranks} m={args.microbatches}", caption=_CAPTION,
                   box=box.SIMPLE_HEAD, caption_justify="left")
     dp_col = (f"step+AR\ndp={args.dp}",) if args.dp > 1 else ()

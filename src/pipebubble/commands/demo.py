@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from ..demo import run_demo
 from .common import positive_int
 
 
@@ -17,5 +16,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..demo import run_demo  # torch: only when the demo runs
+
     run_demo(args.stages, args.microbatches, args.schedule)
     return 0

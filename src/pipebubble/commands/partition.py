@@ -13,9 +13,7 @@ import argparse
 import json
 import re
 from pathlib import Path
-
-from rich.console import Console
-from rich.table import Table
+from typing import TYPE_CHECKING
 
 from ..plan.balance import METHODS, SIM_METHOD, Options, Plan, balance, rebalance
 from ..plan.layouts import layer_lists, megatron_flags, megatron_layout, torchtitan_fqns
@@ -24,6 +22,9 @@ from ..plan.profile import Profile
 from ..schedules import schedule_names
 from ..timeline import Event, Timeline
 from .common import positive_int, print_json, time_value
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9,
           "t": 1e12, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -178,6 +179,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json([p.as_json() for p in plans])
         return 0
+    from rich.console import Console
+
     console = Console()
     o = options
     console.print(f"[bold]{len(profile)} layers -> {o.stages} stages[/bold] ({o.ranks} ranks x "
@@ -242,6 +245,8 @@ def fmt_bytes(n: float) -> str:
 
 def stages_table(plans: list[Plan]) -> Table:
     """Rows are stages, one column per method: layers, time, params, memory."""
+    from rich.table import Table
+
     t = Table(title="stages: layers · F+B time · params · memory (weights + in-flight "
               "activations)")
     t.add_column("stage", justify="right")
@@ -265,6 +270,8 @@ def stages_table(plans: list[Plan]) -> Table:
 
 def summary_table(plans: list[Plan]) -> Table:
     """Methods side by side: bottleneck, predicted step time, bubble, peak memory."""
+    from rich.table import Table
+
     t = Table(title="predicted by simulation")
     t.add_column("", justify="left")
     for p in plans:

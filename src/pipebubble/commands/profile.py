@@ -6,11 +6,12 @@ import argparse
 import inspect
 import json
 import sys
-
-from rich.console import Console
-from rich.table import Table
+from typing import TYPE_CHECKING
 
 from .common import positive_int
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 MODEL_FLAGS = ("layers", "dim", "heads", "vocab", "seq", "width")
 
@@ -141,6 +142,8 @@ def _output(args: argparse.Namespace, prof) -> int:
         json.dump(prof.as_dict(), sys.stdout)
         sys.stdout.write("\n")
         return 0
+    from rich.console import Console
+
     console = Console()
     console.print(profile_table(prof))
     if args.out:
@@ -150,6 +153,8 @@ def _output(args: argparse.Namespace, prof) -> int:
 
 
 def profile_table(prof) -> Table:
+    from rich.table import Table
+
     from .partition import fmt_bytes, fmt_count, fmt_time
 
     meta = prof.metadata

@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import argparse
 
-from rich.console import Console
-
 from ..interop.torch_csv import explain_deadlock, read_torch_csv
 from ..ir.schedule import Schedule, ScheduleError, validate
-from ..render.terminal import gantt, summary_lines, summary_table
 from ..sim.kernel import Deadlock, simulate
 from .common import (
     add_cost_flags,
@@ -23,10 +20,9 @@ from .common import (
     closed_form_basis,
     closed_form_for,
     costs_from_args,
-    print_json,
+    print_timeline_json,
     schedule_from_args,
     span_bubble,
-    timeline_json,
     write_figures,
 )
 
@@ -73,8 +69,12 @@ def run(args: argparse.Namespace) -> int:
              f"v={schedule.chunks}")
     write_figures(args, [timeline], title)
     if args.json:
-        print_json(timeline_json(timeline, closed, basis=closed_form_basis(schedule)))
+        print_timeline_json(timeline, closed, basis=closed_form_basis(schedule))
         return 0
+    from rich.console import Console
+
+    from ..render.terminal import gantt, summary_lines, summary_table
+
     console = Console()
     console.print(gantt(timeline, width=args.width, title=title))
     console.print(summary_table(timeline))

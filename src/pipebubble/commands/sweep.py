@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from typing import TYPE_CHECKING
 
 from ..plan.sweep import SweepPoint, parse_range, sweep, write_csv
 from ..schedules import lookup, schedule_names
@@ -24,6 +21,9 @@ from .common import add_cost_flags, costs_from_args, positive_int
 
 PROGRESS_FROM = 200  # points; fewer finish before a bar would be worth drawing
 TABLE_ROWS = 16
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -49,6 +49,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
     ms = parse_range(args.microbatches, "--microbatches")
     names = [n.strip() for n in (args.schedules or ",".join(schedule_names())).split(",")]
     if not all(names):
@@ -112,6 +121,8 @@ def _write_trace(path: str, points: list[SweepPoint], names: list[str],
 
 def _table(points: list[SweepPoint], names: list[str], title: str) -> Table:
     """Bubble (simulated / closed form) and peak memory per schedule for a sample of m."""
+    from rich.table import Table
+
     ms = sorted({p.microbatches for p in points})
     if len(ms) > TABLE_ROWS:
         keep = {ms[0], ms[-1]} | {m for m in ms if m & (m - 1) == 0}

@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import argparse
 
-from rich.console import Console
-from rich.table import Table
-
 from ..ir.schedule import validate
 from ..sim.kernel import simulate
 from ..sim.wire import ORDERINGS, WireDeadlock, lower, run_wire
@@ -66,6 +63,9 @@ def run(args: argparse.Namespace) -> int:
                     "microbatches": schedule.num_microbatches, "blocking": not args.buffered,
                     "compute_only_step_time": base, "orderings": rows})
         return 0
+    from rich.console import Console
+    from rich.table import Table
+
     console = Console()
     mode = "buffered sends" if args.buffered else "blocking sends (rendezvous)"
     if len(rows) == 1:

@@ -23,7 +23,7 @@ written here reads there and back.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import NamedTuple
@@ -135,6 +135,14 @@ def parse_step(text: str) -> Step:
     return Action.from_str(text)
 
 
+class PackedOrder(Sequence):
+    """Base of rank orders stored as arrays that read as a tuple of Actions
+    (``ir/orders.py``: :class:`~pipebubble.ir.orders.RankOrder`, with ``stage``, ``kind``
+    code and ``microbatch`` arrays). :func:`make_schedule` keeps them as they are."""
+
+    __slots__ = ()
+
+
 def step_actions(step: Step) -> tuple[Action, ...]:
     """The actions a step performs: one for an Action, two for an Overlap."""
     return (step.forward, step.backward) if isinstance(step, Overlap) else (step,)
@@ -165,8 +173,10 @@ def v_placement(ranks: int) -> tuple[int, ...]:
 class Schedule:
     """Per-rank ordered steps plus the stage → rank placement.
 
-    ``orders[r]`` is what rank ``r`` runs, in order. ``stage_to_rank[s]`` is the rank that
-    holds stage ``s``. ``placement`` names the layout: ``loop``, ``v`` or ``custom``.
+    ``orders[r]`` is what rank ``r`` runs, in order: a tuple of steps, or a
+    :class:`~pipebubble.ir.orders.RankOrder` (compact arrays that read as that tuple).
+    ``stage_to_rank[s]`` is the rank that holds stage ``s``. ``placement`` names the
+    layout: ``loop``, ``v`` or ``custom``.
 
     Stages normally form one chain (stage s feeds stage s+1). ``chain_starts`` splits them
     into independent chains, e.g. ``(0, p)`` for DualPipe's two model copies: stage p then
@@ -212,14 +222,17 @@ class Schedule:
         return self.num_stages // max(1, self.num_ranks * len(self.chain_starts))
 
     def num_actions(self) -> int:
-        return sum(len(step_actions(s)) for order in self.orders for s in order)
+        return sum(len(o) if isinstance(o, PackedOrder) else sum(len(step_actions(s)) for s in o)
+                   for o in self.orders)
 
     def actions(self, rank: int) -> Iterator[Action]:
         for step in self.orders[rank]:
             yield from step_actions(step)
 
     def uses_split_backward(self) -> bool:
-        return any(a.kind in ("I", "W") for r in range(self.num_ranks) for a in self.actions(r))
+        return any(bool(((o.kind == 1) | (o.kind == 2)).any()) if isinstance(o, PackedOrder)
+                   else any(a.kind in ("I", "W") for s in o for a in step_actions(s))
+                   for o in self.orders)
 
     def to_text(self) -> str:
         """One line per rank, steps separated by spaces."""
@@ -261,7 +274,7 @@ def make_schedule(
         name_of_placement = _name_placement(stage_to_rank, ranks)
     return Schedule(
         name=name,
-        orders=tuple(tuple(o) for o in orders),
+        orders=tuple(o if isinstance(o, PackedOrder) else tuple(o) for o in orders),
         num_stages=num_stages,
         num_microbatches=num_microbatches,
         stage_to_rank=stage_to_rank,
@@ -286,7 +299,25 @@ def validate(schedule: Schedule) -> None:
     once and either B once or I and W once each (never both forms); backward after forward,
     W after I, in the rank's own order when both are on that rank; microbatch indices in
     range; kinds known.
+
+    The rules run vectorised over all actions at once (``ir/check.py``, the same pass the
+    simulator compiles from, which ``pipebubble.ir`` plugs in here when it is imported); on
+    a failure :func:`_scan` below names the first bad action.
     """
+    if VECTORISED:
+        VECTORISED[0](schedule)
+    else:
+        _scan(schedule)
+
+
+# The vectorised validate(): ir/check.py appends its ``flat_actions`` here. (check.py
+# imports this module, so this module cannot import it back.)
+VECTORISED: list[Callable[[Schedule], object]] = []
+
+
+def _scan(schedule: Schedule) -> None:
+    """validate()'s rules one action at a time, in rank order: the readable statement of
+    the rules, and what names the first bad action in the error message."""
     p, S, M = schedule.num_ranks, schedule.num_stages, schedule.num_microbatches
     if len(schedule.stage_to_rank) != S:
         raise ScheduleError(f"placement lists {len(schedule.stage_to_rank)} stages, expected {S}")
@@ -333,3 +364,4 @@ def validate(schedule: Schedule) -> None:
                 raise ScheduleError(f"rank {rank}: missing action {s}W{m} after {s}I{m}")
             if has_b and has_w:
                 raise ScheduleError(f"rank {rank}: both B and W for stage {s} mb {m}")
+

@@ -42,7 +42,7 @@ from pathlib import Path
 from statistics import median
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # torch is imported where tensors run: reading a profile needs none
+if TYPE_CHECKING:  # torch loads only when layers are measured, not to read a profile file
     import torch
     from torch import nn
 
@@ -182,6 +182,7 @@ def profile_layers(
     """
     import torch
     from torch import nn
+
     if isinstance(layers, nn.Sequential):
         names = names or [n for n, _ in layers.named_children()]
     mods = list(layers)
@@ -239,11 +240,11 @@ def profile_layers(
 
 def resolve_timer(timer: str, device: torch.device | str = "cpu") -> str:
     """``auto`` -> ``cpu`` (process CPU time) on a CPU with one torch thread, else ``wall``."""
-    import torch
-
     if timer not in ("auto", "wall", "cpu"):
         raise ProfileError(f"unknown timer {timer!r}; valid are auto, wall, cpu")
     if timer == "auto":
+        import torch
+
         one_thread = torch.get_num_threads() == 1
         return "cpu" if torch.device(device).type == "cpu" and one_thread else "wall"
     return timer

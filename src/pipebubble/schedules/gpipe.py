@@ -7,17 +7,18 @@ Step time with uniform costs: (m + p - 1)(F + B); bubble (p - 1)/(m + p - 1).
 
 from __future__ import annotations
 
-from ..ir.schedule import Action, Schedule, make_schedule
+from ..ir.orders import RankOrder
+from ..ir.schedule import Schedule, make_schedule
 from ..sim.formulas import gpipe_closed_form
 from .registry import ScheduleSpec, register
 
 
 def gpipe(ranks: int, microbatches: int, chunks: int = 1) -> Schedule:
-    orders = []
-    for r in range(ranks):
-        fwd = [Action(r, "F", m) for m in range(microbatches)]
-        bwd = [Action(r, "B", m) for m in range(microbatches)]
-        orders.append(fwd + bwd)
+    import numpy as np
+
+    m = microbatches
+    mbs = np.concatenate([np.arange(m), np.arange(m)])
+    orders = [RankOrder.build(r, "F" * m + "B" * m, mbs) for r in range(ranks)]
     return make_schedule("gpipe", orders, ranks, microbatches)
 
 

@@ -24,7 +24,8 @@ Rank 0 of p=2, v=2, m=2 (stages 0 and 2 on rank 0)::
 
 from __future__ import annotations
 
-from ..ir.schedule import Action, Schedule, ScheduleError, make_schedule
+from ..ir.orders import RankOrder, interleave
+from ..ir.schedule import Schedule, ScheduleError, make_schedule
 from ..sim.formulas import interleaved_closed_form
 from .registry import ScheduleSpec, register
 
@@ -53,26 +54,25 @@ def _nearest_valid(ranks: int, m: int, direction: int) -> int:
     return m
 
 
-def interleaved_orders(ranks: int, microbatches: int, chunks: int, g: int) -> list[list[Action]]:
+def interleaved_orders(ranks: int, microbatches: int, chunks: int, g: int) -> list[RankOrder]:
     """Per-rank warm-up / 1F1B / cool-down orders over ``chunks`` loop-placed stages,
     forwards and backwards in groups of ``g`` microbatches."""
+    import numpy as np
+
     p, m, v = ranks, microbatches, chunks
     n = v * m  # (chunk, microbatch) units per rank
+    k = np.arange(n)  # the k-th forward (and the k-th backward) of a rank
+    chunk = (k // g) % v
+    mb = (k // (g * v)) * g + k % g
     orders = []
     for r in range(p):
-
-        def act(k: int, kind: str, r: int = r) -> Action:
-            chunk = (k // g) % v
-            if kind != "F":
-                chunk = v - 1 - chunk
-            return Action(chunk * p + r, kind, (k // (g * v)) * g + k % g)
-
+        f_stage, b_stage = chunk * p + r, (v - 1 - chunk) * p + r
         warmup = min((v - 1) * g + 2 * (p - 1 - r), n)
-        order = [act(k, "F") for k in range(warmup)]
-        for j in range(n - warmup):
-            order += [act(warmup + j, "F"), act(j, "B")]
-        order += [act(j, "B") for j in range(n - warmup, n)]
-        orders.append(order)
+        steady = n - warmup  # then F of unit warmup + j, B of unit j
+        stage = np.concatenate([f_stage[:warmup], interleave(f_stage[warmup:], b_stage[:steady]),
+                                b_stage[steady:]])
+        mbs = np.concatenate([mb[:warmup], interleave(mb[warmup:], mb[:steady]), mb[steady:]])
+        orders.append(RankOrder.build(stage, "F" * warmup + "FB" * steady + "B" * warmup, mbs))
     return orders
 
 

@@ -15,7 +15,8 @@ Rank 1 of p=2, v=2, m=2 (stages 1 and 3)::
 
 from __future__ import annotations
 
-from ..ir.schedule import Action, Schedule, ScheduleError, make_schedule
+from ..ir.orders import RankOrder
+from ..ir.schedule import Schedule, ScheduleError, make_schedule
 from ..sim.formulas import interleaved_closed_form
 from .registry import ScheduleSpec, register
 
@@ -25,13 +26,16 @@ def looped_bfs(ranks: int, microbatches: int, chunks: int = 2) -> Schedule:
         raise ScheduleError(
             f"looped-bfs needs chunks >= 2 (with 1 chunk it is gpipe), got {chunks}"
         )
+    import numpy as np
+
     p, m, v = ranks, microbatches, chunks
     orders = []
     for r in range(p):
-        stages = [c * p + r for c in range(v)]
-        order = [Action(s, "F", k) for s in stages for k in range(m)]
-        order += [Action(s, "B", k) for s in reversed(stages) for k in reversed(range(m))]
-        orders.append(order)
+        stages = np.repeat(np.arange(v) * p + r, m)  # each chunk's stage, m times
+        mbs = np.tile(np.arange(m), v)
+        orders.append(RankOrder.build(np.concatenate([stages, stages[::-1]]),
+                                      "F" * (m * v) + "B" * (m * v),
+                                      np.concatenate([mbs, mbs[::-1]])))
     return make_schedule("looped-bfs", orders, p * v, m)
 
 

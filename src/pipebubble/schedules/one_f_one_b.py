@@ -10,24 +10,24 @@ Rank 1 of 2 with m = 3:  ``1F0 1B0 1F1 1B1 1F2 1B2``.
 
 from __future__ import annotations
 
-from ..ir.schedule import Action, Schedule, make_schedule
+from ..ir.orders import RankOrder, interleave
+from ..ir.schedule import Schedule, make_schedule
 from ..sim.formulas import gpipe_closed_form
 from .registry import ScheduleSpec, register
 
 
 def one_f_one_b(ranks: int, microbatches: int, chunks: int = 1) -> Schedule:
+    import numpy as np
+
+    m = microbatches
     orders = []
     for r in range(ranks):
-        warmup = min(ranks - r - 1, microbatches)
-        order = [Action(r, "F", m) for m in range(warmup)]
-        f, b = warmup, 0
-        while f < microbatches:
-            order.append(Action(r, "F", f))
-            order.append(Action(r, "B", b))
-            f += 1
-            b += 1
-        order.extend(Action(r, "B", m) for m in range(b, microbatches))
-        orders.append(order)
+        warmup = min(ranks - r - 1, m)
+        steady = np.arange(warmup, m)  # F of microbatch warmup + j, then B of j
+        kinds = "F" * warmup + "FB" * (m - warmup) + "B" * warmup
+        mbs = np.concatenate([np.arange(warmup), interleave(steady, steady - warmup),
+                              np.arange(m - warmup, m)])
+        orders.append(RankOrder.build(r, kinds, mbs))
     return make_schedule("1f1b", orders, ranks, microbatches)
 
 

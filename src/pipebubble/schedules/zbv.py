@@ -20,7 +20,8 @@ activations = p rank-shares, the same as 1F1B. For m < 2p - 1 the schedule is bu
 
 from __future__ import annotations
 
-from ..ir.schedule import Action, Schedule, make_schedule
+from ..ir.orders import RankOrder
+from ..ir.schedule import Schedule, make_schedule
 from ..sim.formulas import zbv_closed_form
 from .registry import ScheduleSpec, register
 
@@ -28,20 +29,30 @@ from .registry import ScheduleSpec, register
 def zbv(ranks: int, microbatches: int, chunks: int = 2) -> Schedule:
     p, m = ranks, microbatches
     n = max(m, 2 * p - 1)
-    orders = [[a for a in _rank_order(p, n, r) if a.microbatch < m] for r in range(p)]
+    orders = []
+    for r in range(p):
+        stage, kinds, mbs = _rank_order(p, n, r)
+        keep = mbs < m  # the actions of the microbatches that exist
+        orders.append(RankOrder.build(stage[keep], kinds[keep], mbs[keep]))
     return make_schedule("zbv", orders, 2 * p, m, placement="v")
 
 
-def _rank_order(p: int, n: int, r: int) -> list[Action]:
-    """Rank r's steps 1-5 above for n microbatches."""
+def _rank_order(p: int, n: int, r: int):
+    """Rank r's steps 1-5 above for n microbatches, as (stages, kind codes, microbatches)."""
+    import numpy as np
+
     c0, c1 = r, 2 * p - 1 - r
     nxt = {(c, k): 0 for c in (c0, c1) for k in "FIW"}
-    order: list[Action] = []
+    stage: list[int] = []
+    kinds: list[str] = []
+    mbs: list[int] = []
 
-    def run(stage: int, kinds: str) -> None:
-        for k in kinds:
-            order.append(Action(stage, k, nxt[stage, k]))
-            nxt[stage, k] += 1
+    def run(s: int, letters: str) -> None:
+        for k in letters:
+            stage.append(s)
+            kinds.append(k)
+            mbs.append(nxt[s, k])
+            nxt[s, k] += 1
 
     run(c0, "F" * (2 * (p - r) - 1))
     for _ in range(r):
@@ -59,7 +70,8 @@ def _rank_order(p: int, n: int, r: int) -> list[Action]:
         run(c0, "IW")
     run(c1, "W" * (nxt[c1, "I"] - nxt[c1, "W"]))
     run(c0, "W" * (nxt[c0, "I"] - nxt[c0, "W"]))
-    return order
+    codes = RankOrder.build(0, "".join(kinds), mbs).kind
+    return np.array(stage, dtype=np.int64), codes, np.array(mbs, dtype=np.int64)
 
 
 register(

@@ -29,31 +29,36 @@ ZB-H1, p=2, m=2::
 
 from __future__ import annotations
 
-from ..ir.schedule import Action, Schedule, make_schedule
+from ..ir.orders import RankOrder
+from ..ir.schedule import Schedule, make_schedule
 from ..sim.formulas import zb_h1_closed_form, zb_h2_closed_form
 from .registry import ScheduleSpec, register
 
 
 def split_backward_orders(
     ranks: int, microbatches: int, warmup: list[int], delay: list[int]
-) -> list[list[Action]]:
+) -> list[RankOrder]:
     """The ZB-H family: per rank ``warmup[r]`` forwards, then F/I pairs with each W held back
     ``delay[r]`` microbatches, then the held-back Ws."""
     m = microbatches
     orders = []
     for r in range(ranks):
-        order = [Action(r, "F", k) for k in range(min(warmup[r], m))]
-        next_f, next_w = len(order), 0
+        kinds, mbs = ["F"] * min(warmup[r], m), list(range(min(warmup[r], m)))
+        next_f, next_w = len(mbs), 0
         for j in range(m):
             if next_f < m:
-                order.append(Action(r, "F", next_f))
+                kinds.append("F")
+                mbs.append(next_f)
                 next_f += 1
-            order.append(Action(r, "I", j))
+            kinds.append("I")
+            mbs.append(j)
             if j >= delay[r]:
-                order.append(Action(r, "W", next_w))
+                kinds.append("W")
+                mbs.append(next_w)
                 next_w += 1
-        order += [Action(r, "W", k) for k in range(next_w, m)]
-        orders.append(order)
+        kinds += ["W"] * (m - next_w)
+        mbs += range(next_w, m)
+        orders.append(RankOrder.build(r, "".join(kinds), mbs))
     return orders
 
 

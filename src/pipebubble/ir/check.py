@@ -1,0 +1,136 @@
+"""Validation in one vectorised pass: a schedule's actions as flat arrays, checked at once.
+
+:func:`flat_actions` lays every rank's actions end to end (rank 0's, then rank 1's, ...;
+an Overlap contributes its forward then its backward) as numpy arrays, and checks the rules
+of :func:`~pipebubble.ir.schedule.validate` on them with a handful of array operations
+instead of one dictionary lookup per action. The simulator compiles from these same arrays,
+so validating and compiling a schedule is one pass over its actions.
+
+The rules, with ``key = kind x S x M + stage x M + microbatch`` numbering every possible
+action once:
+
+- kinds known, stages in 0..S-1, microbatches in 0..M-1, every stage on its own rank;
+- no key twice (no duplicate);
+- for every (stage, microbatch): one F; one B or one I, never both; a W exactly when an I;
+- in the rank's order, F before its B or I, and I before its W (same stage: same rank).
+
+When a rule fails, the readable one-action-at-a-time scan (``schedule._scan``) runs to
+name the first offending action with the same message :func:`validate` always gave.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, NamedTuple
+
+from . import schedule as _schedule
+from .orders import CODE, RankOrder
+from .schedule import Overlap, Schedule, ScheduleError, _scan
+
+if TYPE_CHECKING:
+    import numpy as np
+
+F, I, W, B = (CODE[k] for k in "FIWB")  # noqa: E741
+
+
+class FlatActions(NamedTuple):
+    """Every action of a schedule, rank-major. Rank r's are ``offsets[r]:offsets[r + 1]``.
+    ``pair`` is 0 for a lone action, 1 for the forward part of an Overlap, 2 for its
+    backward part (which follows at the next index)."""
+
+    offsets: list[int]
+    stage: np.ndarray
+    kind: np.ndarray
+    microbatch: np.ndarray
+    pair: np.ndarray
+
+
+_last: tuple[weakref.ref, FlatActions] | None = None  # validate() then simulate(): one pass
+
+
+def flat_actions(schedule: Schedule) -> FlatActions:
+    """The schedule's actions as checked flat arrays; raise ScheduleError like validate()."""
+    global _last
+    last = _last  # one read: another thread may replace it
+    if last is not None and last[0]() is schedule:
+        return last[1]
+    flat = _flatten(schedule)
+    if flat is None or not _valid(schedule, flat):
+        _scan(schedule)  # names the first bad action
+        raise ScheduleError(f"schedule {schedule.name!r} is invalid")  # _scan always raises
+    _last = (weakref.ref(schedule), flat)
+    return flat
+
+
+def _flatten(schedule: Schedule) -> FlatActions | None:
+    """Rank orders -> flat arrays; None if a kind is unknown (the scan names it)."""
+    import numpy as np
+
+    stages, kinds, mbs, pairs, offsets = [], [], [], [], [0]
+    for order in schedule.orders:
+        if isinstance(order, RankOrder):
+            stages.append(order.stage)
+            kinds.append(order.kind)
+            mbs.append(order.microbatch)
+            pairs.append(np.zeros(len(order), dtype=np.int8))
+            offsets.append(offsets[-1] + len(order))
+            continue
+        acts, pair = [], []
+        for step in order:
+            if type(step) is Overlap:
+                acts += step
+                pair += (1, 2)
+            else:
+                acts.append(step)
+                pair.append(0)
+        try:
+            s, k, m = zip(*acts, strict=True) if acts else ((), (), ())
+            codes = [CODE[x] for x in k]
+        except (KeyError, TypeError, ValueError):
+            return None
+        stages.append(np.array(s, dtype=np.int64))
+        kinds.append(np.array(codes, dtype=np.int8))
+        mbs.append(np.array(m, dtype=np.int64))
+        pairs.append(np.array(pair, dtype=np.int8))
+        offsets.append(offsets[-1] + len(acts))
+    cat = np.concatenate
+    if not stages:
+        empty = np.zeros(0, dtype=np.int64)
+        return FlatActions(offsets, empty, empty.astype(np.int8), empty, empty.astype(np.int8))
+    return FlatActions(offsets, cat(stages), cat(kinds), cat(mbs), cat(pairs))
+
+
+def _valid(schedule: Schedule, flat: FlatActions) -> bool:
+    """All of validate()'s rules at once (see the module docstring)."""
+    import numpy as np
+
+    p, S, M = schedule.num_ranks, schedule.num_stages, schedule.num_microbatches
+    where = schedule.stage_to_rank
+    if len(where) != S or any(not 0 <= r < p for r in where):
+        return False
+    n, SM = len(flat.stage), S * M
+    if not 2 * SM <= n <= 3 * SM:  # each (stage, mb) runs F and B, or F, I and W
+        return False
+    stage, kind, mb = flat.stage, flat.kind, flat.microbatch
+    if n and (stage.min() < 0 or stage.max() >= S or mb.min() < 0 or mb.max() >= M
+              or kind.min() < 0 or kind.max() > 3):
+        return False
+    rank = np.repeat(np.arange(p), np.diff(flat.offsets))
+    if not (np.asarray(where)[stage] == rank).all():
+        return False
+    key = kind.astype(np.int64) * SM + stage * M + mb
+    count = np.bincount(key, minlength=4 * SM)
+    if count.max(initial=0) > 1:
+        return False
+    has_f, has_i, has_w, has_b = (count[c * SM:(c + 1) * SM] for c in (F, I, W, B))
+    if not (has_f == 1).all() or not (has_i + has_b == 1).all() or not (has_w == has_i).all():
+        return False
+    pos = np.empty(4 * SM, dtype=np.int64)
+    pos[key] = np.arange(n)
+    pos_f, pos_i, pos_w, pos_b = (pos[c * SM:(c + 1) * SM] for c in (F, I, W, B))
+    i, b = has_i.astype(bool), has_b.astype(bool)
+    return bool((pos_f[b] < pos_b[b]).all() and (pos_f[i] < pos_i[i]).all()
+                and (pos_i[i] < pos_w[i]).all())
+
+
+_schedule.VECTORISED.append(flat_actions)  # validate() runs this pass from now on

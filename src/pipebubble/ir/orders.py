@@ -1,0 +1,127 @@
+"""Compact rank orders: a rank's actions as three integer arrays that read as Actions.
+
+A million-action schedule held as a million ``Action`` tuples costs seconds to build and
+hundreds of megabytes. :class:`RankOrder` keeps one rank's order as three numpy arrays
+(stage, kind code, microbatch) and still *behaves as* the tuple of Actions it stands for:
+``len``, indexing, slicing, iteration, ``==`` with a tuple, ``hash`` and ``repr`` are those
+of that tuple. Generators build orders this way; the simulator and :func:`validate` read the
+arrays directly without creating an Action per step. Orders holding Overlap pairs stay
+plain tuples.
+
+Kind codes follow ``KINDS`` (F=0, I=1, W=2, B=3).
+
+>>> o = RankOrder.build([1, 1, 1], "FFB", [0, 1, 0])
+>>> o
+(1F0, 1F1, 1B0)
+>>> o[2], o == (Action(1, "F", 0), Action(1, "F", 1), Action(1, "B", 0))
+(1B0, True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from functools import cache, partial
+from typing import TYPE_CHECKING
+
+from .schedule import KINDS, Action, PackedOrder, ScheduleError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+CODE = {k: i for i, k in enumerate(KINDS)}  # "F" -> 0, "I" -> 1, "W" -> 2, "B" -> 3
+_new_action = partial(tuple.__new__, Action)  # Action from a (stage, kind, microbatch) tuple
+
+
+class RankOrder(PackedOrder):
+    """One rank's actions in order, stored as ``stage``, ``kind`` (codes) and ``microbatch``
+    arrays of equal length. Immutable by convention: never write into the arrays."""
+
+    __slots__ = ("stage", "kind", "microbatch", "_steps")
+
+    def __init__(self, stage: np.ndarray, kind: np.ndarray, microbatch: np.ndarray):
+        self.stage, self.kind, self.microbatch = stage, kind, microbatch
+        self._steps: tuple[Action, ...] | None = None  # the Actions, made on first indexing
+
+    @classmethod
+    def build(cls, stage: Iterable[int] | int, kinds: str | Iterable[int],
+              microbatch: Iterable[int]) -> RankOrder:
+        """From per-step stages (or one stage for all steps), kinds (a string of letters or
+        an array of codes) and microbatches."""
+        import numpy as np
+
+        mb = np.asarray(microbatch, dtype=np.int64).ravel()
+        if isinstance(kinds, str):
+            kind = _tables()[0][np.frombuffer(kinds.encode(), dtype=np.uint8)]
+            if (kind < 0).any():
+                raise ScheduleError(f"unknown kind in {kinds[:40]!r}; valid are F, I, W, B")
+        else:
+            kind = np.asarray(kinds, dtype=np.int8).ravel()
+            if len(kind) and (kind.min() < 0 or kind.max() > 3):
+                raise ScheduleError("kind codes must be 0..3 (F, I, W, B)")
+        if isinstance(stage, int | np.integer):
+            st = np.full(len(mb), int(stage), dtype=np.int64)
+        else:
+            st = np.asarray(stage, dtype=np.int64).ravel()
+        if not len(st) == len(kind) == len(mb):
+            raise ValueError(f"stage, kind and microbatch lengths differ: "
+                             f"{len(st)}, {len(kind)}, {len(mb)}")
+        return cls(st, kind, mb)
+
+    def __len__(self) -> int:
+        return len(self.stage)
+
+    def __iter__(self) -> Iterator[Action]:
+        if self._steps is not None:
+            return iter(self._steps)
+        kinds = _tables()[1][self.kind].tolist()
+        return map(_new_action, zip(self.stage.tolist(), kinds, self.microbatch.tolist(),
+                                    strict=True))
+
+    def __getitem__(self, index):
+        """Indexing makes (once) and keeps the tuple of Actions: code that walks an order by
+        index runs as fast as on a plain tuple."""
+        if self._steps is None:
+            self._steps = tuple(iter(self))
+        return self._steps[index]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RankOrder):
+            return (len(self) == len(other) and bool((self.stage == other.stage).all())
+                    and bool((self.kind == other.kind).all())
+                    and bool((self.microbatch == other.microbatch).all()))
+        if isinstance(other, tuple | list):
+            return len(self) == len(other) and tuple(self) == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return repr(tuple(self))
+
+    def __reduce__(self):  # pickles as the arrays
+        return RankOrder, (self.stage, self.kind, self.microbatch)
+
+
+@cache
+def _tables() -> tuple[np.ndarray, np.ndarray]:
+    """(kind letter byte -> code, -1 if not a kind; code -> Kind member), built on first use
+    so that importing this module does not import numpy."""
+    import numpy as np
+
+    letters = np.full(256, -1, dtype=np.int8)
+    for k, c in CODE.items():
+        letters[ord(k)] = c
+    return letters, np.array(KINDS, dtype=object)
+
+
+def interleave(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a[0], b[0], a[1], b[1], ...`` for arrays of equal length (1F1B's steady state).
+
+    >>> import numpy as np
+    >>> interleave(np.array([2, 3]), np.array([0, 1])).tolist()
+    [2, 0, 3, 1]
+    """
+    import numpy as np
+
+    return np.stack([a, b], axis=1).ravel()
