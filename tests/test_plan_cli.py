@@ -115,19 +115,24 @@ def test_flag_errors_exit_2(small_profile, capsys, args, message):
     assert info.value.code == 2 and message in capsys.readouterr().err
 
 
-def test_plan_imports_neither_torch_nor_matplotlib(small_profile):
+@pytest.mark.parametrize("argv", [
+    ["plan", "--gpus", "4", "--global-batch", "16"],
+    ["profile", "--analytic", "--layers", "2", "--hidden", "64", "--ffn", "128", "--heads",
+     "4", "--vocab", "10", "--seq", "8", "--tflops", "1", "--mfu", "0.5", "--json"],
+])
+def test_plan_and_analytic_profile_import_neither_torch_nor_matplotlib(small_profile, argv):
+    if argv[0] == "plan":
+        argv = [*argv, "--profile", small_profile]
     code = (
-        "import argparse, sys\n"
-        "from pipebubble.commands import plan\n"
-        "p = argparse.ArgumentParser(); plan.register(p.add_subparsers())\n"
-        f"args = p.parse_args(['plan', '--profile', {small_profile!r}, '--gpus', '4',"
-        " '--global-batch', '16'])\n"
-        "plan.run(args)\n"
-        "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'matplotlib')]\n"
-        "print('IMPORTED', bad[:3])\n")
+        "import contextlib, io, sys\n"
+        "from pipebubble.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    rc = main({argv!r})\n"
+        "bad = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'matplotlib'})\n"
+        "print('RC', rc, 'IMPORTED', bad)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=300, check=True).stdout
-    assert "IMPORTED []" in out
+    assert "RC 0 IMPORTED []" in out
 
 
 def test_validate_runs_the_top_plan(small_profile, capsys):
