@@ -38,8 +38,8 @@ def test_compare_json_lists_every_schedule(capsys):
 
     assert main(["compare", "-p", "4", "-m", "8", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert {r["schedule"] for r in rows} <= set(schedule_names())
-    assert {"gpipe", "1f1b"} <= {r["schedule"] for r in rows}
+    assert {r["schedule"] for r in rows} <= set(schedule_names()) | {"auto"}
+    assert {"gpipe", "1f1b", "auto"} <= {r["schedule"] for r in rows}
     assert all("events" not in r for r in rows)
 
 

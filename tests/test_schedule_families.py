@@ -352,6 +352,8 @@ def test_compare_lists_every_schedule_with_its_closed_form(capsys):
 
     assert main(["compare", "-p", "4", "-m", "8", "--json"]) == 0
     rows = {r["schedule"]: r for r in __import__("json").loads(capsys.readouterr().out)}
+    auto = rows.pop("auto")  # compare's extra row: the automatic scheduler, no closed form
+    assert auto["step_time"] <= rows["zbv"]["step_time"]
     assert set(rows) == set(ALL)
     for name, row in rows.items():
         assert row["closed_form_bubble"] is not None, name

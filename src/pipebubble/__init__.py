@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from .costs import CostModel
 from .ir.schedule import Action, Overlap, Schedule, ScheduleError, validate
-from .schedules import get_schedule, schedule_names
+from .schedules import auto_schedule, get_schedule, schedule_names
 from .sim import Deadlock, simulate
 from .sim.formulas import bubble_fraction
 from .timeline import Event, Timeline
@@ -32,6 +32,7 @@ __all__ = [
     "Schedule",
     "ScheduleError",
     "Timeline",
+    "auto_schedule",
     "bubble_fraction",
     "get_schedule",
     "schedule_names",

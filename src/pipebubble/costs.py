@@ -9,6 +9,13 @@ for the microbatch; B frees it; I frees ``M_B - M_W`` and W frees ``M_W``. With
 recomputation F keeps only the stage input (``input_memory``) and the backward first re-runs
 the forward, so it costs ``F`` more and briefly re-materialises ``M_B``.
 
+``memory_limit`` caps the activation memory any rank may hold (a scalar for every rank, or
+one value per rank), in the units of ``Timeline.rank_stats()[r].peak_memory``. The
+simulator never enforces it (a schedule's memory is what it is); :meth:`CostModel.over_limit`
+says whether a simulated schedule stays within it, and the automatic scheduler
+(``schedules/auto``) searches only orders that do. ``mem_b``/``mem_w`` are short names for
+``activation_memory``/``weight_memory`` (the flags ``--mem-b``/``--mem-w``).
+
 Example: ``CostModel(f=1, b=2).resolve(stages=8, chunks=2).f == [0.5] * 8``.
 """
 
@@ -42,6 +49,51 @@ class CostModel:
     recompute: bool | Sequence[bool] = False
     overlap: float = 1.0
     allreduce: Value = 0.0
+    memory_limit: Value | None = None
+
+    @property
+    def mem_b(self) -> Value:
+        """M_B, the activation memory one forward adds (``activation_memory``)."""
+        return self.activation_memory
+
+    @property
+    def mem_w(self) -> Value:
+        """M_W, the part of M_B that W still needs after I (``weight_memory``)."""
+        return self.weight_memory
+
+    def rank_limits(self, ranks: int) -> list[float] | None:
+        """``memory_limit`` as one value per rank (None: no limit); checks it.
+
+        >>> CostModel(memory_limit=3).rank_limits(2)
+        [3.0, 3.0]
+        """
+        if self.memory_limit is None:
+            return None
+        if isinstance(self.memory_limit, int | float):
+            out = [float(self.memory_limit)] * ranks
+        else:
+            out = [float(x) for x in self.memory_limit]
+            if len(out) != ranks:
+                raise ScheduleError(
+                    f"memory_limit has {len(out)} values; expected 1 or {ranks} (one per rank)"
+                )
+        for r, x in enumerate(out):
+            if not x >= 0 or x == float("inf"):
+                raise ScheduleError(f"memory_limit must be finite and >= 0, got {x} for rank {r}")
+        return out
+
+    def over_limit(self, peaks: Sequence[float]) -> list[int]:
+        """The ranks whose peak activation memory (``peaks[r]``) goes over ``memory_limit``;
+        an empty list when everything fits or there is no limit.
+
+        >>> CostModel(memory_limit=[4, 2]).over_limit([4.0, 3.0])
+        [1]
+        """
+        limits = self.rank_limits(len(peaks))
+        if limits is None:
+            return []
+        return [r for r, (x, cap) in enumerate(zip(peaks, limits, strict=True))
+                if x > cap * (1 + 1e-9) + 1e-12]
 
     def resolve(self, stages: int, chunks: int = 1) -> StageCosts:
         """Expand scalars to one value per stage, check everything, return StageCosts."""

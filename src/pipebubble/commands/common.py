@@ -53,7 +53,8 @@ def add_schedule_flags(p: argparse.ArgumentParser, schedule_required: bool = Tru
     (a command that can also read its schedule from a file checks them itself)."""
     if schedule_required or optional:
         p.add_argument("--schedule", required=not optional, metavar="NAME",
-                       help=f"one of: {', '.join(schedule_names())} (case-insensitive)")
+                       help=f"one of: {', '.join(schedule_names())}, or auto (the fastest order "
+                       "found for the cost flags within --memory-limit; case-insensitive)")
     p.add_argument("--ranks", "-p", type=positive_int("--ranks"), required=not optional,
                    metavar="P")
     p.add_argument("--microbatches", "-m", type=positive_int("--microbatches"),
@@ -62,7 +63,8 @@ def add_schedule_flags(p: argparse.ArgumentParser, schedule_required: bool = Tru
                    help="stages per rank (interleaved schedules); default: the schedule's own")
 
 
-def add_cost_flags(p: argparse.ArgumentParser) -> None:
+def add_cost_flags(p: argparse.ArgumentParser, limit: bool = True) -> None:
+    """--f/--b/--w/--comm/--overlap and the memory flags (``limit``: with --memory-limit)."""
     g = p.add_argument_group("costs (a scalar is one rank's share; a comma list is per stage)")
     g.add_argument("--f", type=time_value("--f"), default=1.0, metavar="T", help="forward (1)")
     g.add_argument("--b", type=time_value("--b"), default=2.0, metavar="T",
@@ -73,17 +75,80 @@ def add_cost_flags(p: argparse.ArgumentParser) -> None:
                    help="time per hop between ranks (0)")
     g.add_argument("--overlap", type=float, default=1.0, metavar="X",
                    help="overlapped F&B pair time as a fraction of F + B (1.0)")
+    add_memory_flags(p, limit)
+
+
+def add_memory_flags(p: argparse.ArgumentParser, limit: bool = True) -> None:
+    """--mem-b, --mem-w (same scalar/list rules as --f) and --memory-limit (per rank)."""
+    g = p.add_argument_group("activation memory (a scalar is one rank's share; a comma list is "
+                             "per stage; --memory-limit: one value, or one per rank)")
+    g.add_argument("--mem-b", type=time_value("--mem-b"), default=1.0, metavar="X",
+                   help="activation memory M_B one forward adds (1)")
+    g.add_argument("--mem-w", type=time_value("--mem-w"), default=0.0, metavar="X",
+                   help="the part M_W of M_B that W still needs after I frees the rest (0)")
+    if not limit:
+        return
+    g.add_argument("--memory-limit", type=time_value("--memory-limit"), default=None,
+                   metavar="X", help="the most activation memory a rank may hold, in the units "
+                   "of peak memory; a schedule over it is reported as not fitting (none)")
 
 
 def costs_from_args(args: argparse.Namespace) -> CostModel:
     if isinstance(args.comm, list):
         raise ScheduleError("--comm takes one value (time per hop), got a list")
     return CostModel(f=args.f, b=args.b, w=args.w, comm=args.comm,
-                     overlap=getattr(args, "overlap", 1.0))
+                     overlap=getattr(args, "overlap", 1.0),
+                     activation_memory=getattr(args, "mem_b", 1.0),
+                     weight_memory=getattr(args, "mem_w", 0.0),
+                     memory_limit=getattr(args, "memory_limit", None))
 
 
 def schedule_from_args(args: argparse.Namespace) -> Schedule:
+    """The schedule the flags name; ``auto`` searches one for the cost flags (when the
+    command has them) under ``--memory-limit``: ``--chunks 1`` loop placement, ``2`` V."""
+    if str(args.schedule).lower() == "auto":
+        return auto_from_args(args)
     return get_schedule(args.schedule, args.ranks, args.microbatches, args.chunks)
+
+
+def auto_from_args(args: argparse.Namespace) -> Schedule:
+    from ..schedules.auto import auto_schedule
+
+    placement = {None: "any", 1: "loop", 2: "v"}.get(args.chunks)
+    if placement is None:
+        raise ScheduleError(f"auto takes --chunks 1 (loop placement) or 2 (V placement), "
+                            f"got {args.chunks}")
+    costs = costs_from_args(args) if hasattr(args, "f") else CostModel()
+    return auto_schedule(args.ranks, args.microbatches, costs, placement=placement)
+
+
+def memory_fields(timeline: Timeline, costs: CostModel) -> dict:
+    """JSON fields on the memory limit: none without one; else ``memory_limit``, ``fits``
+    and ``over_limit_ranks`` (the ranks whose peak activation memory goes over it)."""
+    if costs.memory_limit is None:
+        return {}
+    over = costs.over_limit([s.peak_memory for s in timeline.rank_stats()])
+    return {"memory_limit": costs.memory_limit, "fits": not over, "over_limit_ranks": over}
+
+
+def fit_line(timeline: Timeline, costs: CostModel) -> str | None:
+    """One line saying whether the timeline fits ``--memory-limit`` (None without one)."""
+    if costs.memory_limit is None:
+        return None
+    peaks = [s.peak_memory for s in timeline.rank_stats()]
+    limits = costs.rank_limits(len(peaks))
+    over = costs.over_limit(peaks)
+    if not over:
+        return f"fits the memory limit: peak {max(peaks):.4g} <= {max(limits):.4g} on every rank"
+    r = over[0]
+    return (f"does NOT fit the memory limit: rank {r} peaks at {peaks[r]:.4g} > "
+            f"{limits[r]:.4g}" + (f" (and {len(over) - 1} more ranks)" if len(over) > 1 else ""))
+
+
+def auto_fields(schedule: Schedule) -> dict:
+    """``{"auto": {placement, chunks, lower_bound, seconds, ...}}`` for an auto schedule."""
+    info = schedule.options.get("auto")
+    return {"auto": dict(info)} if info else {}
 
 
 def closed_form_for(schedule: Schedule, costs: CostModel) -> float | None:
@@ -140,17 +205,20 @@ _EVENT = ('{"rank": %d, "stage": %d, "kind": "%s", "microbatch": %d, "start": %r
 
 
 def print_timeline_json(timeline: Timeline, closed_form: float | None,
-                        basis: str | None = "step") -> None:
+                        basis: str | None = "step", extra: dict | None = None) -> None:
     """``print_json(timeline_json(...))`` with the same text, but the events are formatted
     straight from the timeline's columns instead of built as one dict each (a million
-    events: about a second instead of tens). ``%r`` of a float is what json writes for it."""
+    events: about a second instead of tens). ``%r`` of a float is what json writes for it.
+    ``extra``: more fields, before ``events`` (``memory_limit``/``fits``, ``auto``)."""
     import math
 
-    head = json.dumps(timeline_json(timeline, closed_form, events=False, basis=basis))
+    extra = extra or {}
+    head = json.dumps({**timeline_json(timeline, closed_form, events=False, basis=basis),
+                       **extra})
     finite = not len(timeline) or all(math.isfinite(x) for x in (
         min(timeline.start), max(timeline.end)))
     if not finite:  # json spells inf and nan its own way
-        print_json(timeline_json(timeline, closed_form, basis=basis))
+        print_json({**timeline_json(timeline, closed_form, basis=basis), **extra})
         return
     write = sys.stdout.write
     write(head[:-1] + ', "events": [')

@@ -16,6 +16,7 @@ from .common import (
     closed_form_basis,
     closed_form_for,
     costs_from_args,
+    memory_fields,
     positive_int,
     print_json,
     span_bubble,
@@ -64,9 +65,19 @@ def run(args: argparse.Namespace) -> int:
             continue
         rows.append((schedule, timeline, closed_form_for(schedule, costs),
                      closed_form_basis(schedule)))
+    from ..schedules.auto import LimitTooSmall, auto_schedule  # the fastest order that fits
+
+    try:
+        auto = auto_schedule(args.ranks, args.microbatches, costs)
+        rows.append((auto, simulate(auto, costs), None, None))
+    except LimitTooSmall:
+        raise  # a limit nothing fits: bad input
+    except ScheduleError as exc:
+        skipped.append(("auto", str(exc)))
     write_figures(args, [t for _, t, _, _ in rows], f"p={args.ranks} m={args.microbatches}")
     if args.json:
-        out = [timeline_json(t, c, events=False, basis=b) for _, t, c, b in rows]
+        out = [{**timeline_json(t, c, events=False, basis=b), **memory_fields(t, costs)}
+               for _, t, c, b in rows]
         if args.dp > 1:
             for obj, (_, t, _, _) in zip(out, rows, strict=True):
                 obj.update(dp_fields(t, costs, args.dp))
@@ -81,8 +92,9 @@ def run(args: argparse.Namespace) -> int:
     table = Table(title=f"p={args.ranks} m={args.microbatches}", caption=_CAPTION,
                   box=box.SIMPLE_HEAD, caption_justify="left")
     dp_col = (f"step+AR\ndp={args.dp}",) if args.dp > 1 else ()
+    fit_col = ("fits",) if costs.memory_limit is not None else ()
     for col in ("schedule", "v", "step\ntime", *dp_col, "bubble", "span\nbubble",
-                "closed\nform", "act\nr0", "mem\nr0", "mem\nmax"):
+                "closed\nform", "act\nr0", "mem\nr0", "mem\nmax", *fit_col):
         table.add_column(col, justify="right", no_wrap=True)
     for schedule, t, closed, basis in rows:
         stats = t.rank_stats()
@@ -94,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
             f"{t.bubble_fraction:.2%}", f"{span_bubble(t):.2%}", form,
             str(stats[0].peak_activations), f"{stats[0].peak_memory:.4g}",
             f"{max(s.peak_memory for s in stats):.4g}",
+            *(("yes" if memory_fields(t, costs)["fits"] else "[red]no[/red]",) if fit_col else ()),
         )
     console = Console()
     console.print(table)
@@ -107,5 +120,6 @@ _CAPTION = (
     "span (first start to last end) over that span. closed form: the published bubble, over "
     "the step, or * over the span (as ZB-H2 and ZB-V are published); — where its conditions "
     "do not hold. act r0: peak in-flight (stage, microbatch) activations on rank 0. mem: peak "
-    "activation memory in rank-shares of M_B."
+    "activation memory in rank-shares of M_B. fits: within --memory-limit on every rank. auto: "
+    "the fastest order found within the limit (pipebubble.auto_schedule)."
 )

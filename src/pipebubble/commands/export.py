@@ -13,7 +13,7 @@ import sys
 
 from ..interop.torch_csv import write_torch_csv
 from ..ir.schedule import validate
-from .common import add_schedule_flags, schedule_from_args
+from .common import add_cost_flags, add_schedule_flags, schedule_from_args
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -21,6 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Generate a schedule and write it as torch.distributed."
                        "pipelining's compute-only CSV (one row per rank, one action per cell).")
     add_schedule_flags(p)
+    add_cost_flags(p)  # for --schedule auto
     p.add_argument("--csv", metavar="OUT", required=True, help="output file, or - for stdout")
     p.set_defaults(func=run)
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ..sim.kernel import simulate
 from ..sim.wire import ORDERINGS
 from .common import (
+    add_cost_flags,
     add_figure_flags,
     add_schedule_flags,
     positive_int,
@@ -68,6 +69,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chart-width", type=int, default=None, metavar="COLS",
                    help="Gantt chart width in columns")
     add_figure_flags(p)
+    add_cost_flags(p)  # what --schedule auto plans for (the model's real times are measured)
     p.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
     p.set_defaults(func=run)
 

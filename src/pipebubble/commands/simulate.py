@@ -17,9 +17,12 @@ from .common import (
     add_cost_flags,
     add_figure_flags,
     add_schedule_flags,
+    auto_fields,
     closed_form_basis,
     closed_form_for,
     costs_from_args,
+    fit_line,
+    memory_fields,
     print_timeline_json,
     schedule_from_args,
     span_bubble,
@@ -68,9 +71,12 @@ def run(args: argparse.Namespace) -> int:
     title = (f"{schedule.name}  p={schedule.num_ranks} m={schedule.total_microbatches} "
              f"v={schedule.chunks}")
     write_figures(args, [timeline], title)
+    memory = memory_fields(timeline, costs)
+    status = 1 if memory and not memory["fits"] else 0  # ran, but over --memory-limit
     if args.json:
-        print_timeline_json(timeline, closed, basis=closed_form_basis(schedule))
-        return 0
+        print_timeline_json(timeline, closed, basis=closed_form_basis(schedule),
+                            extra={**memory, **auto_fields(schedule)})
+        return status
     from rich.console import Console
 
     from ..render.terminal import gantt, summary_lines, summary_table
@@ -84,4 +90,12 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"span bubble {span_bubble(timeline):.2%} (the idlest rank's idle time "
                       "within its own first-start-to-last-end span, which is what this "
                       "schedule's closed form measures)")
-    return 0
+    info = schedule.options.get("auto")
+    if info:
+        console.print(f"auto: {info['placement']} placement ({info['chunks']} chunk(s) per "
+                      f"rank), from {info['from']}; lower bound {info['lower_bound']:.4g}, "
+                      f"searched in {info['seconds']:.2f} s")
+    line = fit_line(timeline, costs)
+    if line:
+        console.print(line)
+    return status

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..plan.sweep import SweepPoint, parse_range, sweep, write_csv
@@ -38,7 +39,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"comma list (default all: {','.join(schedule_names())})")
     p.add_argument("--chunks", "-v", type=positive_int("--chunks"), default=None, metavar="V",
                    help="chunks for schedules that take a variable number")
-    add_cost_flags(p)
+    add_cost_flags(p, limit=False)
+    p.add_argument("--memory-limit", default=None, metavar="RANGE",
+                   help="sweep the activation-memory limit instead of m: X, A..B, A..B:STEP "
+                   "or a comma list; step time of auto, v-min, v-half, zbv, 1f1b, zb-h1, "
+                   "zb-h2 (or --schedules) at one m (--microbatches N)")
     g = p.add_argument_group("output")
     g.add_argument("--csv", metavar="FILE", help="write every point as CSV ('-': stdout)")
     g.add_argument("--png", metavar="FILE", help="save the plot as PNG")
@@ -49,6 +54,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.memory_limit is not None:
+        return run_memory(args)
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -62,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
     names = [n.strip() for n in (args.schedules or ",".join(schedule_names())).split(",")]
     if not all(names):
         raise ValueError(f"--schedules: empty name in {args.schedules!r}; use e.g. gpipe,1f1b")
-    names = list(dict.fromkeys(lookup(n).name for n in names))  # unknown names fail here
+    names = list(dict.fromkeys("auto" if n.lower() == "auto" else lookup(n).name
+                               for n in names))  # unknown names fail here
     costs = costs_from_args(args)
     total = len(names) * len(ms)
     err = Console(stderr=True)
@@ -112,9 +120,14 @@ def _write_trace(path: str, points: list[SweepPoint], names: list[str],
         ms = [p.microbatches for p in points if p.schedule == name]
         if not ms:
             continue
-        spec = lookup(name)
-        v = args.chunks if (args.chunks and not spec.fixed_chunks) else None
-        timelines.append(simulate(get_schedule(name, args.ranks, max(ms), v), costs))
+        if name == "auto":
+            from ..schedules.auto import auto_schedule
+
+            timelines.append(simulate(auto_schedule(args.ranks, max(ms), costs), costs))
+        else:
+            spec = lookup(name)
+            v = args.chunks if (args.chunks and not spec.fixed_chunks) else None
+            timelines.append(simulate(get_schedule(name, args.ranks, max(ms), v), costs))
         labels.append(f"{name} m={max(ms)}")
     write_trace(path, timelines, labels)
 
@@ -144,3 +157,59 @@ def _table(points: list[SweepPoint], names: list[str], title: str) -> Table:
             row += [f"{p.bubble_fraction:.2%}{closed}", f"{p.peak_memory:.4g}"]
         table.add_row(*row)
     return table
+
+
+def run_memory(args: argparse.Namespace) -> int:
+    """``sweep --memory-limit``: step time and bubble against the limit at one m."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from ..plan.sweep import MEMORY_SCHEDULES, memory_sweep, parse_limits, write_memory_csv
+
+    ms = parse_range(args.microbatches, "--microbatches")
+    if len(ms) != 1:
+        raise ValueError(f"--memory-limit sweeps at one m: give --microbatches N, "
+                         f"got {args.microbatches!r}")
+    limits = parse_limits(args.memory_limit)
+    names = ([n.strip() for n in args.schedules.split(",")] if args.schedules
+             else list(MEMORY_SCHEDULES))
+    if not all(names):
+        raise ValueError(f"--schedules: empty name in {args.schedules!r}; use e.g. auto,zbv")
+    names = list(dict.fromkeys("auto" if n.lower() == "auto" else lookup(n).name
+                               for n in names))
+    costs = replace(costs_from_args(args), memory_limit=None)  # the flag is the range here
+    points = memory_sweep(names, args.ranks, ms[0], limits, costs)
+    if not any(p.fits for p in points):
+        raise ValueError(f"no schedule fits any --memory-limit in {args.memory_limit} "
+                         f"(p={args.ranks}, m={ms[0]}); raise the limit")
+    title = f"step time against the activation-memory limit, p={args.ranks}, m={ms[0]}"
+    if args.png or args.svg:
+        from ..render.plots import save
+        from ..render.sweep_plot import memory_figure
+
+        fig = memory_figure(points, title)
+        if args.png:
+            save(fig, args.png, "png")
+        if args.svg:
+            save(fig, args.svg, "svg")
+    if args.csv == "-":
+        write_memory_csv(points, sys.stdout)
+        return 0
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            write_memory_csv(points, f)
+    table = Table(title=title, show_edge=False, caption="step time (bubble); — : does not fit")
+    table.add_column("limit", justify="right")
+    for n in names:
+        table.add_column(n, justify="right")
+    by_key = {(p.schedule, p.memory_limit): p for p in points}
+    shown = limits if len(limits) <= 2 * TABLE_ROWS else limits[:: -(-len(limits) // TABLE_ROWS)]
+    for limit in shown:
+        row = [f"{limit:g}"]
+        for n in names:
+            p = by_key.get((n, limit))
+            row.append("—" if p is None or not p.fits
+                       else f"{p.step_time:.4g} ({p.bubble_fraction:.1%})")
+        table.add_row(*row)
+    Console().print(table)
+    return 0

@@ -28,6 +28,16 @@ from ..sim.kernel import simulate
 MAX_POINTS = 100_000
 
 
+class _Auto:
+    """Stands for ``auto`` among the schedule specs of a sweep (it needs costs)."""
+
+    name = "auto"
+    fixed_chunks = True
+
+
+_AUTO = _Auto()
+
+
 @dataclass(frozen=True)
 class SweepPoint:
     """One simulated (schedule, m): what the sweep's CSV holds, one row each."""
@@ -81,20 +91,26 @@ def sweep(
 ) -> list[SweepPoint]:
     """Simulate every schedule at every m; return the points, schedule by schedule.
 
+    ``auto`` (the automatic scheduler) is searched at every m for ``costs``.
     ``chunks`` goes only to schedules that take a variable number of chunks. A (schedule, m)
     the generator refuses (say, m not a multiple of p for an interleaved schedule) is left
     out; an unknown schedule name raises before anything runs. ``on_point`` is called after
     each point (progress bars).
     """
     costs = costs or CostModel()
-    specs = [lookup(name) for name in schedules]
+    specs = [_AUTO if str(name).lower() == "auto" else lookup(name) for name in schedules]
     ms = list(microbatches)
     out = []
     for spec in specs:
         v = chunks if (chunks and not spec.fixed_chunks) else None
         for m in ms:
             try:
-                schedule = get_schedule(spec.name, ranks, m, v)
+                if spec is _AUTO:  # searched again at every m, within costs.memory_limit
+                    from ..schedules.auto import auto_schedule
+
+                    schedule = auto_schedule(ranks, m, costs)
+                else:
+                    schedule = get_schedule(spec.name, ranks, m, v)
                 timeline = simulate(schedule, costs)
             except ScheduleError:
                 if on_point:
@@ -102,7 +118,8 @@ def sweep(
                 continue
             try:
                 sc = costs.resolve(schedule.num_stages, schedule.chunks)
-                closed = closed_form_bubble(spec.name, ranks, m, schedule.chunks, sc)
+                closed = (None if spec is _AUTO else
+                          closed_form_bubble(spec.name, ranks, m, schedule.chunks, sc))
             except ScheduleError:
                 closed = None
             stats = timeline.rank_stats()
@@ -127,3 +144,119 @@ def write_csv(points: Sequence[SweepPoint], out: TextIO) -> None:
         row = asdict(p)
         row["closed_form_bubble"] = "" if p.closed_form_bubble is None else p.closed_form_bubble
         writer.writerow(row)
+
+
+# ---- step time against the memory limit ---------------------------------------------------
+
+MEMORY_SCHEDULES = ("auto", "v-min", "v-half", "zbv", "1f1b", "zb-h1", "zb-h2")
+
+
+@dataclass(frozen=True)
+class MemoryPoint:
+    """One (schedule, memory limit): its step time and bubble, and whether it fits.
+
+    A registered schedule's order does not depend on the limit: it fits from its own peak
+    memory on. ``auto`` is searched again at every limit; below the smallest feasible limit
+    nothing fits (``fits`` False, ``step_time`` None).
+    """
+
+    schedule: str
+    ranks: int
+    microbatches: int
+    chunks: int
+    memory_limit: float
+    fits: bool
+    step_time: float | None
+    bubble_fraction: float | None
+    peak_memory: float | None
+
+
+def parse_limits(text: str, flag: str = "--memory-limit") -> list[float]:
+    """Limits from ``4``, ``1..8`` (step 1), ``1..8:0.5`` or a comma list of those; sorted.
+
+    >>> parse_limits("1..3:0.5,8")
+    [1.0, 1.5, 2.0, 2.5, 3.0, 8.0]
+    """
+    values: set[float] = set()
+    for part in (p.strip() for p in str(text).split(",")):
+        lo_text, dots, rest = part.partition("..")
+        hi_text, colon, step_text = rest.partition(":")
+        try:
+            lo = float(lo_text)
+            hi = float(hi_text) if dots else lo
+            step = float(step_text) if colon else 1.0
+        except ValueError:
+            raise ValueError(f"{flag}: cannot read {part!r}; use X, A..B or A..B:STEP "
+                             "(e.g. 1..8:0.5), comma-separated") from None
+        if not (lo >= 0 and hi < float("inf")):
+            raise ValueError(f"{flag} must be finite and >= 0, got {part!r}")
+        if not step > 0:
+            raise ValueError(f"{flag}: bad step in {part!r}; use A..B:STEP with STEP > 0")
+        if hi < lo:
+            raise ValueError(f"{flag}: empty range {part!r} (end {hi:g} < start {lo:g})")
+        n = int((hi - lo) / step + 1e-9) + 1
+        if n + len(values) > 10_000:
+            raise ValueError(f"{flag}: {part!r} has too many values (at most 10000)")
+        values.update(round(lo + k * step, 9) for k in range(n))
+    return sorted(values)
+
+
+def memory_sweep(
+    schedules: Sequence[str],
+    ranks: int,
+    microbatches: int,
+    limits: Sequence[float],
+    costs: CostModel | None = None,
+    on_point: Callable[[], None] | None = None,
+) -> list[MemoryPoint]:
+    """Step time of each schedule at each memory limit (the Pareto front a user picks from).
+
+    >>> pts = memory_sweep(["1f1b", "auto"], 4, 8, [2, 4], CostModel())
+    >>> [(p.schedule, p.fits, p.step_time) for p in pts]
+    [('1f1b', False, 33.0), ('1f1b', True, 33.0), ('auto', True, 29.5), ('auto', True, 25.5)]
+    """
+    from ..schedules.auto import auto_schedule
+
+    costs = costs or CostModel()
+    out = []
+    for name in schedules:
+        if name == "auto":
+            for limit in limits:
+                try:
+                    sched = auto_schedule(ranks, microbatches, costs, memory_limit=limit)
+                except ScheduleError:
+                    out.append(MemoryPoint(name, ranks, microbatches, 0, limit, False, None,
+                                           None, None))
+                else:
+                    out.append(_memory_point(name, sched, costs, limit))
+                if on_point:
+                    on_point()
+            continue
+        try:
+            sched = get_schedule(lookup(name).name, ranks, microbatches)
+            timeline = simulate(sched, costs)
+        except ScheduleError:
+            continue
+        for limit in limits:
+            out.append(_memory_point(sched.name, sched, costs, limit, timeline))
+            if on_point:
+                on_point()
+    return out
+
+
+def _memory_point(name: str, sched, costs: CostModel, limit: float,
+                  timeline=None) -> MemoryPoint:
+    timeline = timeline or simulate(sched, costs)
+    peak = max(s.peak_memory for s in timeline.rank_stats())
+    return MemoryPoint(name, sched.num_ranks, sched.num_microbatches, sched.chunks, limit,
+                       peak <= limit * (1 + 1e-9) + 1e-12, timeline.step_time,
+                       timeline.bubble_fraction, peak)
+
+
+def write_memory_csv(points: Sequence[MemoryPoint], out: TextIO) -> None:
+    """One header line, then one row per (schedule, limit); missing values are empty."""
+    names = [f.name for f in fields(MemoryPoint)]
+    writer = csv.DictWriter(out, fieldnames=names, lineterminator="\n")
+    writer.writeheader()
+    for p in points:
+        writer.writerow({k: ("" if v is None else v) for k, v in asdict(p).items()})

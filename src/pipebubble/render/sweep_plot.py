@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
-from ..plan.sweep import SweepPoint
+from ..plan.sweep import MemoryPoint, SweepPoint
 from .plots import WIDTH_IN, new_figure
 from .style import schedule_color
 
@@ -90,4 +90,52 @@ def sweep_figure(points: Sequence[SweepPoint], title: str | None = None) -> Figu
                  x=0.07, ha="left", fontsize=11, fontweight="bold")
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), ncol), frameon=False,
                fontsize=9, bbox_to_anchor=(0.5, 0.0))
+    return fig
+
+
+def memory_figure(points: Sequence[MemoryPoint], title: str | None = None) -> Figure:
+    """Step time (left) and bubble (right) against the memory limit, one series per
+    schedule, drawn only where the schedule fits: a hand-made schedule is a flat line from
+    its own peak memory on; ``auto`` a staircase that falls as memory grows."""
+    fitting = [p for p in points if p.fits]
+    if not fitting:
+        raise ValueError("nothing to plot: no schedule fits any limit of the sweep")
+    names = list(dict.fromkeys(p.schedule for p in points))
+    height = 4.3
+    fig = new_figure(WIDTH_IN, height)
+    fig.subplots_adjust(left=0.07, right=0.985, top=1 - 0.75 / height, bottom=0.95 / height,
+                        wspace=0.2)
+    step_ax, bubble_ax = fig.subplots(1, 2)
+    handles = []
+    for k, name in enumerate(names):
+        pts = sorted((p for p in fitting if p.schedule == name), key=lambda p: p.memory_limit)
+        if not pts:
+            continue
+        color = "#111111" if name == "auto" else schedule_color(name)
+        marker = MARKERS[k % len(MARKERS)]
+        width = 2.2 if name == "auto" else 1.2
+        x = [p.memory_limit for p in pts]
+        style = dict(color=color, linewidth=width, drawstyle="steps-post")
+        step_ax.plot(x, [p.step_time for p in pts], **style)
+        bubble_ax.plot(x, [100 * p.bubble_fraction for p in pts], **style)
+        first = pts[0]
+        for ax, y in ((step_ax, first.step_time), (bubble_ax, 100 * first.bubble_fraction)):
+            ax.plot([first.memory_limit], [y], marker=marker, color=color, markersize=5)
+        v = first.chunks
+        handles.append(Line2D([], [], color=color, linewidth=width, marker=marker,
+                              label=name + (f" (v={v})" if v > 1 else "")))
+    step_ax.set_ylabel("step time")
+    bubble_ax.set_ylabel("bubble fraction (%)")
+    bubble_ax.set_ylim(bottom=0)
+    step_ax.set_title("step time of what fits (lower is better)", fontsize=10, loc="left")
+    bubble_ax.set_title("bubble: idle / (ranks × step time)", fontsize=10, loc="left")
+    for ax in (step_ax, bubble_ax):
+        ax.set_xlabel("activation-memory limit per rank (× M_B)")
+        ax.grid(color="#e3e3e3", linewidth=0.6)
+        for side in ("top", "right"):
+            ax.spines[side].set_visible(False)
+    ranks = points[0].ranks
+    fig.suptitle(title or f"step time against the memory limit, p={ranks}", x=0.07, ha="left",
+                 fontsize=11, fontweight="bold")
+    step_ax.legend(handles=handles, loc="upper right", frameon=False, fontsize=8)
     return fig

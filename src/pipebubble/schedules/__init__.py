@@ -18,6 +18,7 @@ from .registry import (
 # Importing the family modules registers them.
 from . import gpipe, one_f_one_b  # noqa: E402,F401  isort: skip
 from . import interleaved, looped_bfs, zero_bubble, zbv, dualpipe  # noqa: E402,F401  isort: skip
+from . import v_half, v_min  # noqa: E402,F401  isort: skip
 
 __all__ = [
     "SCHEDULES",
@@ -28,3 +29,8 @@ __all__ = [
     "register",
     "schedule_names",
 ]
+
+# The automatic scheduler is not a family (it needs costs): ``schedules.auto``.
+from .auto import auto_schedule  # noqa: E402  isort: skip
+
+__all__ += ["auto_schedule"]

@@ -202,3 +202,66 @@ def dualpipe_closed_form(
     idle = dualpipe_bubble_time(p // 2, f + b, b, w)
     busy = total * (f + b)
     return idle / (busy + idle) if busy + idle > 0 else 0.0
+
+
+# ---- memory-controlled V schedules (Qi et al. 2024, Controllable Memory) ----------------
+
+
+def v_min_memory(ranks: int) -> int:
+    """V-Min's peak activation memory per rank, in M_B (rank-shares): floor((p + 4)/3)."""
+    return (ranks + 4) // 3
+
+
+def v_half_memory(ranks: int) -> int:
+    """V-Half's peak activation memory per rank, in M_B (rank-shares): floor((p + 2)/2)."""
+    return (ranks + 2) // 2
+
+
+def v_shape_bound(ranks: int, microbatches: int, chunk_activations: int) -> int:
+    """The least step time, in chunk passes, of a V schedule holding at most ``k`` chunk
+    activations per rank with F = I = W = 1 per chunk and no comm (Qi et al. 2024,
+    Controllable Memory): ``6m + 6p - 1 - 3k``."""
+    return 6 * microbatches + 6 * ranks - 1 - 3 * chunk_activations
+
+
+def v_min_excess(ranks: int) -> int:
+    """Units V-Min's step lies above :func:`v_shape_bound` (``schedules/v_min.py``)."""
+    return (0, 4, 3)[ranks % 3 - 1] if ranks % 3 else 3
+
+
+def v_half_excess(ranks: int) -> int:
+    """Units V-Half's step lies above :func:`v_shape_bound` (``schedules/v_half.py``)."""
+    return (ranks - 1) // 2 if ranks % 2 else ranks // 2 + 3
+
+
+def _v_closed_form(ranks: int, microbatches: int, chunks: int, costs: StageCosts,
+                   memory: int, excess: int) -> float | None:
+    share = _rank_share(costs, chunks)
+    if share is None or chunks != 2 or microbatches < V_SHAPE_MIN_M * ranks:
+        return None
+    f, i, w = share
+    if not (_eq(f, i) and _eq(i, w)) or f == 0:
+        return None
+    if ranks == 1:
+        return 0.0
+    step = v_shape_bound(ranks, microbatches, 2 * memory) + excess
+    return (step - 6 * microbatches) / step
+
+
+V_SHAPE_MIN_M = 2  # the step formulas hold from m >= 2p (tests/test_vshape.py)
+
+
+def v_min_closed_form(ranks: int, microbatches: int, chunks: int,
+                      costs: StageCosts) -> float | None:
+    """V-Min's bubble over the step when F = I = W, uniform stages, no comm, m >= 2p:
+    (step - 6m)/step with step = 6m + 6p - 1 - 3k + excess (k = 2 floor((p+4)/3))."""
+    return _v_closed_form(ranks, microbatches, chunks, costs, v_min_memory(ranks),
+                          v_min_excess(ranks))
+
+
+def v_half_closed_form(ranks: int, microbatches: int, chunks: int,
+                       costs: StageCosts) -> float | None:
+    """V-Half's bubble over the step when F = I = W, uniform stages, no comm, m >= 2p:
+    (step - 6m)/step with step = 6m + 6p - 1 - 3k + excess (k = 2 floor((p+2)/2))."""
+    return _v_closed_form(ranks, microbatches, chunks, costs, v_half_memory(ranks),
+                          v_half_excess(ranks))

@@ -1,0 +1,317 @@
+"""``auto``: the fastest order found for measured costs under a memory limit.
+
+:func:`auto_schedule` takes per-stage F, I, W, comm, M_B, M_W (a :class:`CostModel`) and an
+activation-memory limit per rank, and returns the fastest order it finds that respects the
+limit on every rank, in the loop placement (one stage per rank) or the V placement (two
+chunks per rank, as ZB-V), whichever is faster. Candidates:
+
+- every registered schedule of that placement (1F1B, ZB-H1, ZB-H2, GPipe; ZB-V, V-Half,
+  V-Min, DualPipeV) whose simulated peak fits: so auto is never slower than any of them;
+- when V-Min does not fit, V-Min's and V-Half's building blocks repeated every T > 6
+  units (``building_block.py``), at the smallest T that fits;
+- the greedy list scheduler (:mod:`.greedy`) over a grid of its knobs, which fills the
+  memory it is given (Zero Bubble's heuristic, both placements);
+- on small instances (up to 300 actions), a local search (:mod:`.improve`) from the best
+  order of each placement: neighbour swaps kept when the simulator says they help.
+
+Every candidate is scored by the one simulator (:func:`pipebubble.sim.simulate`) with the
+same costs (the greedy times its orders as it builds them, by the same rule); the fastest
+(then the one with least idle time inside the ranks' spans) wins, is re-simulated,
+validated and returned as a Schedule named ``auto`` whose
+``options["auto"]`` holds ``placement``, ``chunks``, ``lower_bound`` (:mod:`.bounds`:
+provable), ``seconds`` (search time) and ``from`` (the winning candidate).
+
+>>> from pipebubble.costs import CostModel
+>>> s = auto_schedule(4, 8, CostModel(f=1, b=2, w=1), memory_limit=4, placement="loop")
+>>> s.options["auto"]["step_time"], s.options["auto"]["lower_bound"]
+(27.0, 27.0)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from ...costs import CostModel, StageCosts
+from ...ir.schedule import (
+    Action,
+    Schedule,
+    ScheduleError,
+    loop_placement,
+    make_schedule,
+    step_actions,
+    v_placement,
+)
+from ...ir.schedule import validate as validate_schedule
+from ..registry import check_counts, get_schedule, lookup, schedule_names
+from .bounds import lower_bound, min_limits
+from .greedy import Knobs, greedy_order
+from .improve import improve
+
+PLACEMENTS = ("any", "loop", "v")
+
+
+class LimitTooSmall(ScheduleError):
+    """The memory limit is below the smallest one any order fits in; the message names it."""
+
+
+_CHUNKS = {"loop": 1, "v": 2}
+_TOL = 1e-9
+IMPROVE_UP_TO = 300  # actions: local search (one simulation per tried swap) below this
+WIDE_UP_TO = 72  # actions: the local search also moves actions up to 6 places
+
+
+def knob_grid(ranks: int, microbatches: int, chunks: int) -> list[Knobs]:
+    """The knob settings tried, most often best first (measured over p in {4, 8}, six
+    limits, four cost models); big instances try the first few only (one greedy pass
+    each). ``deep_first`` never changed a result there, so it stays on."""
+    if chunks == 1:
+        grid = [Knobs("h2", True, False), Knobs("memory", True, False),
+                Knobs("memory", False, False), Knobs("1f1b", True, False),
+                Knobs("h2", False, False), Knobs("memory", False, True),
+                Knobs("1f1b", False, False), Knobs("1f1b", False, True),
+                Knobs("h2", False, True), Knobs("memory", True, True),
+                Knobs("memory", False, False, critical=True),
+                Knobs("memory", True, False, critical=True)]
+    else:
+        grid = [Knobs("memory", False, False), Knobs("memory", True, True),
+                Knobs("memory", True, False), Knobs("memory", False, True),
+                Knobs("h2", False, False), Knobs("h2", True, False),
+                Knobs("1f1b", False, False), Knobs("memory", False, False, critical=True),
+                Knobs("memory", True, False, critical=True)]
+    size = ranks * microbatches * chunks
+    if size > 4096:
+        return grid[:3] if chunks == 1 else grid[:2]
+    if size > 1024:
+        return grid[:5]
+    return grid
+
+
+def auto_schedule(
+    ranks: int,
+    microbatches: int,
+    costs: CostModel | None = None,
+    memory_limit: float | Sequence[float] | None = None,
+    placement: str = "any",
+) -> Schedule:
+    """The fastest order found for ``costs`` within ``memory_limit`` (per rank, or one value
+    for all; default ``costs.memory_limit``) in ``placement`` ``any``, ``loop`` or ``v``.
+
+    Raises ScheduleError naming the smallest feasible limit when ``memory_limit`` is below it.
+    """
+    started = time.perf_counter()
+    check_counts(ranks, microbatches)
+    costs = costs or CostModel()
+    if memory_limit is None:
+        memory_limit = costs.memory_limit
+    if placement not in PLACEMENTS:
+        raise ScheduleError(f"unknown placement {placement!r}; valid are {', '.join(PLACEMENTS)}")
+    limits = CostModel(memory_limit=memory_limit).rank_limits(ranks)
+    p, m = ranks, microbatches
+    kinds = ("loop", "v") if placement == "any" else (placement,)
+    resolved: dict[str, tuple[StageCosts, tuple[int, ...]]] = {}
+    errors, short = [], []
+    for kind in kinds:
+        chunks = _CHUNKS[kind]
+        where = loop_placement(p, p) if kind == "loop" else v_placement(p)
+        try:
+            sc = costs.resolve(len(where), chunks)
+        except ScheduleError as exc:
+            errors.append(f"{kind}: {exc}")
+            continue
+        need = min_limits(sc, where)
+        if limits is not None and any(x + 1e-9 < n for x, n in zip(limits, need, strict=True)):
+            short.append((kind, need))
+            continue
+        resolved[kind] = (sc, where)
+    if not resolved:
+        if short:
+            raise LimitTooSmall(_too_small(memory_limit, limits, short))
+        raise ScheduleError("auto: no placement accepts these costs (" + "; ".join(errors) + ")")
+
+    best = None  # (key, orders, source, placement)
+    by_kind: dict[str, tuple] = {}  # the best of each placement
+    bounds = {kind: lower_bound(sc, where, m) for kind, (sc, where) in resolved.items()}
+    floor = min(bounds.values())
+    # Registered schedules first (a tie on step time goes to the least idle inside the
+    # spans, so ZB-H2's and ZB-V's zero span bubble wins ties), then the greedy orders, V
+    # first (its bound is lower), until one reaches the lower bound.
+    for phase in (_registered, _greedy):
+        for kind in sorted(resolved, key=lambda k: bounds[k]):
+            if best is not None and bounds[kind] > best[0][0] + _TOL:
+                continue  # this placement cannot beat what we have
+            sc, where = resolved[kind]
+            for key, orders, source in phase(kind, p, m, sc, where, limits):
+                if kind not in by_kind or key < by_kind[kind][0]:
+                    by_kind[kind] = (key, orders, source, kind)
+                if best is None or key < best[0]:
+                    best = (key, orders, source, kind)
+                if best[0][0] <= floor + _TOL and (phase is _greedy or best[0][1] <= _TOL):
+                    break
+            if best is not None and best[0][0] <= floor + _TOL and (
+                    phase is _greedy or best[0][1] <= _TOL):
+                break
+    if best is None:  # cannot happen above the smallest limit; kept as a clear error
+        raise ScheduleError(f"auto found no order within memory limit {memory_limit}")
+    for kind, (key, orders, source, _) in sorted(by_kind.items()):
+        sc, where = resolved[kind]
+        if key[0] <= bounds[kind] + _TOL or 3 * len(where) * m > IMPROVE_UP_TO:
+            continue
+        start = [[a if isinstance(a, Action) else Action(*a) for a in o] for o in orders]
+        reach = 6 if 3 * len(where) * m <= WIDE_UP_TO else 1
+        better, _ = improve(start, sc, where, m, limits, reach=reach)
+        scored = _score(make_schedule("auto", better, len(where), m, placement=list(where)),
+                        sc, limits)
+        if scored is not None and scored[0] < best[0]:
+            best = (scored[0], better, source + " + local search", kind)
+    key, orders, source, kind = best
+    sc, where = resolved[kind]
+    cand = make_schedule("auto", [[a if isinstance(a, Action) else Action(*a) for a in o]
+                                  for o in orders], len(where), m, placement=list(where))
+    timeline = _score(cand, sc, limits)[1]  # the one simulator re-scores the winner
+    info = {
+        "placement": kind,
+        "chunks": _CHUNKS[kind],
+        "step_time": timeline.step_time,
+        "lower_bound": bounds[kind] if placement != "any" else min(bounds.values()),
+        "seconds": time.perf_counter() - started,
+        "from": source,
+        "memory_limit": memory_limit,
+    }
+    out = make_schedule("auto", cand.orders, cand.num_stages, m,
+                        placement=list(cand.stage_to_rank), auto=info)
+    validate_schedule(out)
+    return out
+
+
+def _too_small(memory_limit, limits: list[float], short: list) -> str:
+    """One line naming the smallest feasible limit (the least over the placements tried)."""
+    kind, need = min(short, key=lambda item: max(item[1]))
+    if isinstance(memory_limit, int | float):
+        return (f"--memory-limit {memory_limit:g} is below the smallest feasible limit "
+                f"{max(need):g} ({kind} placement: one microbatch at a time)")
+    bad = [r for r, (x, n) in enumerate(zip(limits, need, strict=True)) if x + 1e-9 < n]
+    r = bad[0]
+    return (f"--memory-limit {limits[r]:g} on rank {r} is below the smallest feasible limit "
+            f"{need[r]:g} there ({kind} placement; per rank at least "
+            f"{','.join(f'{n:g}' for n in need)})")
+
+
+def _registered(kind: str, p: int, m: int, sc: StageCosts, where: tuple[int, ...],
+                limits: list[float] | None):
+    """(key, orders, source) of the registered schedules of this placement that fit, scored
+    by the simulator, lazily. Below V-Min's memory, stretched building blocks too."""
+    too_big: set[str] = set()
+    for name in schedule_names():
+        try:
+            spec = lookup(name)
+            if spec.chunks != _CHUNKS[kind]:
+                continue
+            probe = get_schedule(name, p, 2 * p)  # placement and chains, cheaply
+            if probe.chains != 1 or probe.stage_to_rank != where:
+                continue
+            sched = get_schedule(name, p, m)
+        except ScheduleError:
+            continue
+        if sched.chains != 1 or sched.stage_to_rank != where:
+            continue
+        if not _fits(sched, sc, limits):
+            too_big.add(name)
+            continue
+        scored = _score(sched, sc, limits)
+        if scored is not None:
+            yield scored[0], sched.orders, name
+    if kind == "v" and "v-min" in too_big:
+        yield from _stretched(p, m, sc, where, limits)
+
+
+def _stretched(p: int, m: int, sc: StageCosts, where: tuple[int, ...], limits: list[float]):
+    """When V-Min does not fit: V-Min's and V-Half's building blocks repeated every T > 6
+    units (a microbatch every T, fewer in flight), at the smallest T whose order fits (and
+    the next two), with their own offsets or the shortest turns that do not collide."""
+    from ..building_block import block, repeat
+    from ..v_half import v_half_offsets
+    from ..v_min import v_min_offsets
+
+    for name, offsets in (("v-min", v_min_offsets(p)), ("v-half", v_half_offsets(p))):
+        found = None
+        for period in range(7, 6 * (2 * p + 2)):
+            if found is not None and period > found + 2:
+                break
+            blocks = [_turned_block(p, offsets[:4], period)]
+            try:
+                blocks.append(block(p, offsets, period))
+            except ScheduleError:
+                pass
+            for times in blocks:
+                if times is None:
+                    continue
+                sched = make_schedule("auto", repeat(p, m, times, period), 2 * p, m,
+                                      placement="v")
+                if _fits(sched, sc, limits):
+                    found = period if found is None else found
+                    scored = _score(sched, sc, limits)
+                    if scored is not None:
+                        yield scored[0], sched.orders, f"{name} block every {period} units"
+
+
+def _greedy(kind: str, p: int, m: int, sc: StageCosts, where: tuple[int, ...],
+            limits: list[float] | None):
+    """(key, orders, source) of the greedy orders over the knob grid (timed as built)."""
+    for knobs in knob_grid(p, m, _CHUNKS[kind]):
+        got = greedy_order(p, m, sc, where, limits, knobs)
+        if got is not None:
+            name = "greedy " + ",".join(f"{k}={v}" for k, v in knobs._asdict().items())
+            yield (round(got[1], 9), round(got[2], 9)), got[0], name
+
+
+def _turned_block(p: int, steps: tuple[int, ...], period: int):
+    """The building block with these offsets between stages and the shortest turns (of
+    the V, and at its top) that collide with nothing modulo ``period``; None if none."""
+    from ..building_block import block
+
+    best = None
+    for turn_f in range(1, 7):
+        for turn_i in range(1, 7):
+            for top in range(1, 7):
+                try:
+                    times = block(p, (*steps, turn_f, turn_i, top), period)
+                except ScheduleError:
+                    continue
+                length = times[2][0] - times[0][0]
+                if best is None or length < best[0]:
+                    best = (length, times)
+    return None if best is None else best[1]
+
+
+def _fits(sched: Schedule, sc: StageCosts, limits: list[float] | None) -> bool:
+    """Peak memory depends on the order only: check it before timing anything."""
+    if limits is None:
+        return True
+    for r, order in enumerate(sched.orders):
+        used = peak = 0.0
+        for step in order:
+            for a in step_actions(step):
+                d0, d1 = sc.memory_deltas(a.stage, a.kind)
+                peak = max(peak, used + d0)
+                used += d0 + d1
+        if peak > limits[r] + 1e-9:
+            return False
+    return True
+
+
+def _score(sched: Schedule, sc: StageCosts, limits: list[float] | None):
+    """(step time, idle inside spans) and the timeline; None if over the limit."""
+    from ...sim.kernel import simulate
+
+    try:
+        timeline = simulate(sched, sc)
+    except ScheduleError:
+        return None
+    stats = timeline.rank_stats()
+    peaks = [s.peak_memory for s in stats]
+    if limits is not None and any(x > cap + 1e-9 for x, cap in zip(peaks, limits, strict=True)):
+        return None
+    step = round(timeline.step_time, 9)
+    span_idle = round(sum(s.span - s.busy for s in stats), 9)
+    return (step, span_idle), timeline

@@ -1,0 +1,253 @@
+"""``auto``: the fastest order found under a memory limit, checked against every registered
+schedule of the same placements, the closed forms, and its own lower bound."""
+
+import json
+import os
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pipebubble import CostModel, ScheduleError, auto_schedule, get_schedule, simulate, validate
+from pipebubble.cli import main
+from pipebubble.interop.torch_csv import parse_torch_csv
+from pipebubble.schedules import lookup, schedule_names
+from pipebubble.schedules.auto.bounds import lower_bound, min_limits
+
+
+def peaks(timeline):
+    return [r.peak_memory for r in timeline.rank_stats()]
+
+
+def same_placement_rivals(p, m, costs):
+    """Registered schedules auto searches among: loop with 1 chunk, or V with 2."""
+    for name in schedule_names():
+        spec = lookup(name)
+        if spec.chunks not in (1, 2):
+            continue
+        try:
+            s = get_schedule(name, p, m)
+            t = simulate(s, costs)
+        except ScheduleError:
+            continue
+        if s.chains == 1 and (s.placement == "v" or (s.placement == "loop" and s.chunks == 1)):
+            yield name, t
+
+
+COSTS = [
+    CostModel(f=1, b=2, w=1),
+    CostModel(f=1, b=3, w=1, comm=0.2, activation_memory=1, weight_memory=0.5),
+    CostModel(f=2, b=3, w=0.5, comm=0.05, activation_memory=1, weight_memory=1),
+]
+
+
+@pytest.mark.parametrize("costs", COSTS)
+@pytest.mark.parametrize("p,m", [(2, 3), (3, 6), (4, 8)])
+def test_never_slower_than_a_registered_schedule_that_fits(costs, p, m):
+    rivals = list(same_placement_rivals(p, m, costs))
+    for limit in (1, 1.5, 2, p / 2 + 1, p, 2 * p):
+        auto = auto_schedule(p, m, costs, memory_limit=limit)
+        validate(auto)
+        t = simulate(auto, costs)
+        assert max(peaks(t)) <= limit + 1e-9
+        assert t.step_time == pytest.approx(auto.options["auto"]["step_time"])
+        assert auto.options["auto"]["lower_bound"] <= t.step_time + 1e-9
+        for name, rival in rivals:
+            if max(peaks(rival)) <= limit + 1e-9:
+                assert t.step_time <= rival.step_time + 1e-9, (name, limit)
+
+
+@pytest.mark.parametrize("placement,stages", [("loop", 3), ("v", 6)])
+def test_unequal_stages_per_placement(placement, stages):
+    f = [1.0, 1.5, 0.5, 1.2, 0.8, 1.0][:stages]
+    costs = CostModel(f=f, b=[2 * x + 0.3 for x in f], w=[0.9 * x for x in f], comm=0.1)
+    for limit in (None, 2, 3):
+        auto = auto_schedule(3, 6, costs, memory_limit=limit, placement=placement)
+        t = simulate(auto, costs)
+        assert auto.placement == placement
+        for name, rival in same_placement_rivals(3, 6, costs):
+            if limit is None or max(peaks(rival)) <= limit:
+                assert t.step_time <= rival.step_time + 1e-9, name
+    with pytest.raises(ScheduleError, match="values; expected 1 or 6"):
+        auto_schedule(3, 6, CostModel(f=[1.0] * 3), placement="v")
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 5])
+def test_zero_bubble_within_every_span_without_limit(p):
+    m = 2 * p + 1
+    for placement in ("loop", "any"):
+        t = simulate(auto_schedule(p, m, CostModel(f=1, b=2, w=1), placement=placement))
+        for r in t.rank_stats():
+            assert r.span - r.busy == pytest.approx(0, abs=1e-9)
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 6])
+def test_at_zb_h1_and_zb_h2_memory_at_least_as_fast(p):
+    m = 3 * p
+    costs = CostModel(f=1, b=2.5, w=1, comm=0.1)
+    for name in ("zb-h1", "zb-h2"):
+        rival = simulate(get_schedule(name, p, m), costs)
+        auto = auto_schedule(p, m, costs, memory_limit=max(peaks(rival)), placement="loop")
+        assert simulate(auto, costs).step_time <= rival.step_time + 1e-9
+
+
+def test_limit_below_the_smallest_names_it():
+    with pytest.raises(ScheduleError, match="below the smallest feasible limit 1 "):
+        auto_schedule(4, 8, CostModel(), memory_limit=0.9)
+    # per rank: rank 1 is short
+    with pytest.raises(ScheduleError, match="on rank 1 is below the smallest feasible limit 2"):
+        auto_schedule(2, 4, CostModel(activation_memory=[2, 2]), memory_limit=[2, 1.5],
+                      placement="loop")
+    # at the smallest limit it runs one microbatch at a time
+    auto = auto_schedule(4, 8, CostModel(), memory_limit=1)
+    assert max(peaks(simulate(auto))) == 1
+
+
+def test_lower_bound_by_hand_and_min_limits():
+    sc = CostModel(f=1, b=2, w=1).resolve(4)
+    assert lower_bound(sc, (0, 1, 2, 3), 8) == 3 * 8 + 4 - 1  # ZB-H1/H2 reach it
+    assert simulate(get_schedule("zb-h1", 4, 8)).step_time == 27
+    sc = CostModel(activation_memory=[1, 2, 3, 4]).resolve(4)
+    assert min_limits(sc, (0, 1, 1, 0)) == [5, 5]
+
+
+@given(p=st.integers(1, 4), m=st.integers(1, 6), f=st.floats(0.1, 3), i=st.floats(0.1, 3),
+       w=st.floats(0, 3), comm=st.floats(0, 1), limit=st.sampled_from([None, 1, 2, 3.5]))
+def test_auto_is_valid_fits_and_respects_its_lower_bound(p, m, f, i, w, comm, limit):
+    costs = CostModel(f=f, b=i + w, w=w, comm=comm, weight_memory=0.5)
+    auto = auto_schedule(p, m, costs, memory_limit=limit)
+    validate(auto)
+    t = simulate(auto, costs)
+    if limit is not None:
+        assert max(peaks(t)) <= limit + 1e-9
+    assert auto.options["auto"]["lower_bound"] <= t.step_time + 1e-9
+
+
+# ---- the commands ----------------------------------------------------------------------------
+
+def test_simulate_auto_json(capsys):
+    assert main(["simulate", "--schedule", "auto", "-p", "4", "-m", "8", "--memory-limit", "2",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["fits"] is True and out["memory_limit"] == 2
+    info = out["auto"]
+    assert {"placement", "chunks", "lower_bound", "seconds"} <= set(info)
+    assert info["lower_bound"] <= out["step_time"]
+    assert max(r["peak_memory"] for r in out["per_rank"]) <= 2
+
+
+def test_export_auto_reads_back(capsys):
+    assert main(["export", "--schedule", "auto", "-p", "3", "-m", "6", "--chunks", "1",
+                 "--memory-limit", "2", "--csv", "-"]) == 0
+    back = parse_torch_csv(capsys.readouterr().out)
+    assert back.num_stages == 3 and back.num_microbatches == 6
+    assert max(peaks(simulate(back))) <= 2
+
+
+def test_run_local_auto_exact_gradients(capsys):
+    assert main(["run", "--local", "--schedule", "auto", "-p", "2", "-m", "4", "--check",
+                 "--memory-limit", "1.5", "--width", "16", "--warmup", "0", "--repeat", "1",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["grad_max_abs_diff"] < 1e-5 and out["loss_abs_diff"] < 1e-5
+
+
+def test_limit_nothing_fits_is_one_line_exit_2(capsys):
+    assert main(["simulate", "--schedule", "auto", "-p", "4", "-m", "8",
+                 "--memory-limit", "0.5"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "smallest feasible limit 1" in err[0]
+
+
+# ---- against the exact optimum (a MIP solved by HiGHS) ----------------------------------------
+
+def random_instance(seed):
+    """A random small instance: p in {2, 3}, m in {2, 3, 4}, loop or V, unequal stages."""
+    import random
+
+    rng = random.Random(seed)
+    p, m, placement = rng.choice([2, 3]), rng.choice([2, 3, 4]), rng.choice(["loop", "v"])
+    if placement == "v" and p * m > 6:
+        m = 2
+    stages = p if placement == "loop" else 2 * p
+    f = [round(rng.uniform(0.5, 2), 2) for _ in range(stages)]
+    w = [round(rng.uniform(0.2, 1.5), 2) for _ in range(stages)]
+    b = [x + y + round(rng.uniform(0, 1), 2) for x, y in zip(f, w, strict=True)]
+    costs = CostModel(f=f, b=b, w=w, comm=rng.choice([0, 0.1]), weight_memory=0.5)
+    return p, m, placement, costs, rng.choice([None, 1, 1.5, 2, 3])
+
+
+@pytest.mark.parametrize("seed", range(1, 11))
+def test_within_2_percent_of_the_exact_optimum(seed):
+    pytest.importorskip("highspy")
+    from pipebubble.schedules.auto.exact import optimal_schedule
+
+    p, m, placement, costs, limit = random_instance(seed)
+    auto = auto_schedule(p, m, costs, memory_limit=limit, placement=placement)
+    step = simulate(auto, costs).step_time
+    best = optimal_schedule(p, m, costs, memory_limit=limit, placement=placement,
+                            start=auto, time_limit=120)
+    validate(best.schedule)
+    assert best.proven
+    t = simulate(best.schedule, costs)
+    assert t.step_time == pytest.approx(best.step_time)
+    if limit is not None:
+        assert max(peaks(t)) <= limit + 1e-9
+    assert best.lower_bound <= step + 1e-6
+    assert step <= 1.02 * best.lower_bound  # auto is within 2 % of the optimum
+    assert auto.options["auto"]["lower_bound"] <= best.step_time + 1e-9  # a true bound
+
+
+def test_torch_loads_the_auto_csv(tmp_path):
+    """torch's own runtime accepts the exported order (it adds the sends and receives)."""
+    from unittest import mock
+
+    from torch.distributed.pipelining import schedules as pipelining
+    from torch.distributed.pipelining.stage import PipelineStage
+
+    from pipebubble.interop.torch_csv import write_torch_csv
+
+    for placement in ("loop", "v"):
+        s = auto_schedule(3, 6, CostModel(weight_memory=0.5), memory_limit=2,
+                          placement=placement)
+        path = tmp_path / f"auto-{placement}.csv"
+        write_torch_csv(s, path)
+        stage = mock.create_autospec(PipelineStage, instance=True)
+        stage.group_rank, stage.group_size, stage.submod = 0, 3, None
+        stage.num_stages = s.num_stages
+        runtime = pipelining._PipelineScheduleRuntime([stage] * s.chunks, 6)
+        runtime._load_csv(str(path))
+        placed = runtime.stage_index_to_group_rank
+        assert [placed[i] for i in range(s.num_stages)] == list(s.stage_to_rank)
+
+
+def test_distributed_auto_exact_gradients():
+    """Two processes over gloo, each computing the same auto order from the same flags."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipebubble", "run", "--schedule", "auto", "-p", "2", "-m", "4",
+         "--mem-w", "0.5", "--memory-limit", "1.5", "--check", "--width", "8", "--warmup", "0",
+         "--repeat", "1", "--json"],
+        capture_output=True, text=True, timeout=170, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    assert out["schedule"] == "auto"
+    assert out["grad_max_abs_diff"] < 1e-5 and out["loss_abs_diff"] < 1e-5
+
+
+@given(p=st.integers(1, 5), m=st.integers(1, 8), comm=st.floats(0, 1),
+       f=st.lists(st.floats(0.1, 3), min_size=10, max_size=10),
+       i=st.lists(st.floats(0.1, 3), min_size=10, max_size=10),
+       w=st.lists(st.floats(0, 3), min_size=10, max_size=10))
+def test_lower_bound_below_every_registered_schedule(p, m, comm, f, i, w):
+    """The bound holds for every order, so for every hand-made schedule of the placement."""
+    for placement, stages, where in (("loop", p, tuple(range(p))),
+                                     ("v", 2 * p, tuple([*range(p), *reversed(range(p))]))):
+        b = [x + y for x, y in zip(i, w, strict=True)][:stages]
+        costs = CostModel(f=f[:stages], b=b, w=w[:stages], comm=comm)
+        bound = lower_bound(costs.resolve(stages, 1 if placement == "loop" else 2), where, m)
+        for name, t in same_placement_rivals(p, m, costs):
+            if t.num_stages == stages:
+                assert bound <= t.step_time + 1e-9, name
