@@ -27,6 +27,9 @@ from pipebubble.schedules import get_schedule
 from pipebubble.sim.dataparallel import step_time_with_allreduce
 from pipebubble.sim.kernel import simulate
 
+# The registered families: brute force enumerates their orders' cuts; auto's orders it cannot.
+FAMILIES = tuple(n for n in schedule_list(None) if n != "auto")
+
 
 def profile_of(layers, batch=1) -> ProfileSet:
     """layers: (forward, backward, params, activation_bytes) per layer."""
@@ -106,7 +109,8 @@ def test_best_plan_equals_brute_force(layers, gpus, batch, budget, bandwidth):
     prof = profile_of(layers)
     req = Request(gpus=gpus, gpu_memory=budget, global_batch=batch, microbatch_sizes=(1, 2),
                   max_chunks=2, recompute=("none",), bytes_per_param=2, grad_bytes=1,
-                  allreduce_bandwidth=bandwidth, p2p_bandwidth=1e9, latency=0.01, top=1)
+                  allreduce_bandwidth=bandwidth, p2p_bandwidth=1e9, latency=0.01, top=1,
+                  schedules=FAMILIES)
     expect = brute_force(prof, req)
     cut_rule = Request(**{**req.__dict__, "exhaustive_cuts": 0})  # min-max cuts (a), (b) only
     if expect == math.inf:
@@ -129,7 +133,8 @@ def test_best_plan_equals_brute_force_with_recomputation():
     prof = ProfileSet([analytic_profile(layers=3, hidden=256, ffn=1024, heads=4, vocab=5000,
                                         seq=512, batch=1, tflops=1, mfu=0.5)])
     req = Request(gpus=2, gpu_memory=1, global_batch=4, microbatch_sizes=(1, 2),
-                  max_chunks=2, recompute=("none", "full", "selective"), top=1)
+                  max_chunks=2, recompute=("none", "full", "selective"), top=1,
+                  schedules=FAMILIES)
     with pytest.raises(NoPlanFits) as info:
         search(prof, req)
     for budget in (info.value.smallest, 1.5 * info.value.smallest, 5 * info.value.smallest):
@@ -179,8 +184,9 @@ def test_nothing_fits_names_the_budget_that_does(exhaustive):
     assert "nothing fits in --gpu-memory 0.00GiB" in str(info.value)
     assert 2**20 < need < math.inf and "\n" not in str(info.value)
     assert search(prof, Request(**{**req.__dict__, "gpu_memory": need})).plans
-    with pytest.raises(NoPlanFits):
-        search(prof, Request(**{**req.__dict__, "gpu_memory": need * (1 - 1e-3)}))
+    with pytest.raises(NoPlanFits):  # auto's own orders may fit lower: families only here
+        search(prof, Request(**{**req.__dict__, "gpu_memory": need * (1 - 1e-3),
+                                "schedules": FAMILIES}))
 
 
 def test_batch_that_cannot_divide_names_valid_values():
@@ -203,6 +209,22 @@ def test_auto_is_searched_when_available():
 
     names = schedule_list(None)
     assert ("auto" in names) == (_auto_function() is not None)
+    if "auto" not in names:
+        return
+    # auto only adds candidates: with it the best plan is at least as fast as the families'
+    # brute-force optimum, fits, and an auto plan is scored like any other.
+    prof = profile_of([(1, 2, 10, 5), (2, 3, 20, 5), (1, 1, 5, 5), (2, 4, 30, 5)])
+    base = dict(gpus=2, gpu_memory=400, global_batch=8, microbatch_sizes=(1, 2), max_chunks=2,
+                recompute=("none",), bytes_per_param=2, grad_bytes=1, latency=0.01, top=40)
+    families = brute_force(prof, Request(**base, schedules=FAMILIES))
+    res = search(prof, Request(**base))
+    assert res.plans[0].step_time <= families * (1 + 1e-12)
+    autos = [p for p in res.plans if p.schedule == "auto"]
+    assert autos
+    for p in autos:
+        tl = simulate(p.schedule_obj, p.costs)
+        assert p.step_time == step_time_with_allreduce(tl, p.costs, p.dp)
+        assert max(p.peak_memory) <= 400
 
 
 def test_a_schedule_that_cannot_be_built_says_why():

@@ -389,9 +389,10 @@ class Searcher:
                               + (f" ({why})" if why else ""), math.inf, None)
         need = best.needs
         c = best.config
+        families = " of a schedule family" if AUTO in self.names else ""  # auto may go lower
         return NoPlanFits(
             f"nothing fits in --gpu-memory {fmt_gib(r.gpu_memory)} per GPU: the smallest "
-            f"peak of any plan is {fmt_gib(need, up=True)} (pp={c.pp}, dp={c.dp}, "
+            f"peak of any plan{families} is {fmt_gib(need, up=True)} (pp={c.pp}, dp={c.dp}, "
             f"{c.schedule}, microbatch size {c.microbatch_size}, recompute {c.recompute}); "
             f"use --gpu-memory {fmt_gib(need, up=True)} or more, or more --gpus",
             need, best)

@@ -54,8 +54,7 @@ def torchtitan(plan: Plan, profiles: ProfileSet, csv_path: str | Path | None = N
     if cls is not None:
         par["pipeline_parallel_schedule"] = cls
     else:
-        par["pipeline_parallel_schedule"] = "PipelineScheduleMulti" if len(
-            plan.stage_to_rank) > c.pp else "PipelineScheduleSingle"
+        par["pipeline_parallel_schedule"] = "PipelineScheduleMulti"  # what loads a CSV
         par["pipeline_parallel_schedule_csv"] = None
         if plan.schedule_obj.chains > 1:  # torch's CSV has no second model copy
             par["note"] = ("torch.distributed.pipelining runs one model copy; DualPipe's two "
