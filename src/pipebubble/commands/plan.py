@@ -137,7 +137,7 @@ def build_request(args: argparse.Namespace, profiles):
                    bytes_per_param=args.bytes_per_param, grad_bytes=args.grad_bytes,
                    p2p_bandwidth=args.p2p_bandwidth,
                    allreduce_bandwidth=args.allreduce_bandwidth, latency=args.latency,
-                   top=max(args.top, args.validate), exhaustive_cuts=args.exhaustive_cuts)
+                   top=max(args.top, 3 * args.validate), exhaustive_cuts=args.exhaustive_cuts)
 
 
 def run(args: argparse.Namespace) -> int:
