@@ -18,6 +18,10 @@ input gradient of the last stage (on rank 0). Each W goes in the first free slot
 I. The per-rank order is the repeated block sorted by time; the simulator then *squeezes*
 it (every action as early as its order allows), which shortens warm-up and cool-down.
 
+:func:`reorder` then *reorders warm-up and cool-down* (the paper's last step): it re-times
+the block's passes as a list scheduler with unit passes, keeping each rank's memory within
+the block's peak, and the generators keep its order when it is shorter.
+
 >>> tF, tI, tW = block(2, (1, 1, 1, 1, 1, 1, 1))
 >>> tF, tI, tW
 ([0, 1, 2, 3], [7, 6, 5, 4], [8, 10, 9, 5])
@@ -25,7 +29,10 @@ it (every action as early as its order allows), which shortens warm-up and cool-
 
 from __future__ import annotations
 
-from ..ir.schedule import Action, ScheduleError
+from types import SimpleNamespace
+
+from ..ir.deps import needs
+from ..ir.schedule import Action, ScheduleError, v_placement
 
 PERIOD = 6
 
@@ -77,3 +84,195 @@ def repeat(p: int, microbatches: int, times: tuple[list[int], list[int], list[in
             timed[r].append((t_i[s] + base, Action(s, "I", j)))
             timed[r].append((t_w[s] + base, Action(s, "W", j)))
     return [[a for _, a in sorted(events)] for events in timed]
+
+
+def _rule(p: int) -> dict[tuple[int, str], tuple[tuple[int, str], ...]]:
+    """(stage, kind) -> the (stage, kind) signals it waits for, of the same microbatch: the
+    dependency rule of ``ir/deps.py`` for one V chain, asked once per stage and kind."""
+    topo = SimpleNamespace(num_stages=2 * p, stage_to_rank=v_placement(p), chain_starts=(0,))
+    return {(s, k): tuple((g.stage, g.kind) for g in needs(Action(s, k, 0), topo))
+            for s in range(2 * p) for k in "FIW"}
+
+
+def reorder(p: int, microbatches: int, orders: list[list[Action]], cap: int,
+            cap_i: int | None = None) -> tuple[int, list[list[Action]]] | None:
+    """Re-time the block orders ``orders`` with every pass one unit long (the block's own
+    units) and return ``(step, new orders)``, or None if the rules below stall.
+
+    The paper reaches its step-time bound by squeezing the repeated block and then
+    *reordering warm-up and cool-down*: the memory peak sits in the steady state, so passes
+    at both ends may move as long as no rank holds more than it did. Here every rank, at
+    every unit of time, runs one of its ready passes (``ir/deps.py``; each stage runs its
+    F, I and W in microbatch order), chosen by these rules:
+
+    1. *cool-down* (the rank has run all its forwards): an input gradient ``I`` before a
+       weight gradient ``W`` (``I`` is on the critical path; ``W`` only frees memory, which
+       no longer matters), each in block order;
+    2. otherwise the rank's next pass in block order, if it is ready (the steady state is
+       the block itself);
+    3. else, to fill the hole, the first ready pass in block order: an ``I`` or a ``W``, or
+       an ``F`` that the block runs later, but only if the rank's activations, counting it
+       and every forward the block runs before it and that has not run yet, stay within
+       ``cap`` (so no rank's peak grows and the skipped forwards still fit).
+
+    A forward adds one chunk activation and its ``W`` frees it (``M_W = M_B``): ``cap`` is
+    the most chunk activations a rank may hold so. ``cap_i`` (default: no cap) is the most
+    it may hold counted from a forward to its ``I`` (``M_W = 0``). With both caps at the
+    plain block's own peaks, neither end case holds more than the block; an ``M_W`` in
+    between mixes the two counts (``tests/test_vshape.py`` checks ``M_W = M_B/2`` too).
+    Deterministic: the same input, the same order.
+
+    >>> rows = repeat(2, 2, block(2, (1, 1, 1, 1, 1, 1, 1)))
+    >>> step, new = reorder(2, 2, rows, cap=4)
+    >>> unit_step(2, 2, rows), step   # squeezed block, reordered
+    (15, 13)
+    >>> " ".join(str(a) for a in new[0])
+    '0F0 0F1 3F0 3I0 3W0 3F1 0I0 3I1 0W0 3W1 0I1 0W1'
+    """
+    S, m = 2 * p, microbatches
+    rule = _rule(p)
+    where = [{(a.stage, a.kind, a.microbatch): i for i, a in enumerate(order)}
+             for order in orders]
+    is_f = [[a.kind == "F" for a in order] for order in orders]
+    ran = [[False] * len(order) for order in orders]
+    head = [0] * p  # the first pass of each rank's block order not run yet
+    done: dict[tuple[int, str, int], int] = {}  # signal (stage, kind, mb) -> time it is ready
+    nxt = {(s, k): 0 for s in range(S) for k in "FIW"}  # next microbatch per stage and kind
+    held, held_i, forwards = [0] * p, [0] * p, [0] * p
+    cap_i = 2 * microbatches if cap_i is None else cap_i
+    out: list[list[Action]] = [[] for _ in range(p)]
+    left, t = sum(len(o) for o in orders), 0
+    late = t + 1
+
+    def ready(s: int, k: str, j: int) -> bool:
+        return all(done.get((s2, k2, j), late) <= t for s2, k2 in rule[s, k])
+
+    while left:
+        chosen = []
+        late = t + 1
+        for r in range(p):
+            while head[r] < len(orders[r]) and ran[r][head[r]]:
+                head[r] += 1
+            if forwards[r] < 2 * m and head[r] < len(orders[r]):  # rule 2, the fast path
+                a = orders[r][head[r]]
+                s, k, j = a
+                if k != "F" or (held[r] < cap and held_i[r] < cap_i):
+                    for s2, k2 in rule[s, k]:
+                        if done.get((s2, k2, j), late) > t:
+                            break
+                    else:
+                        chosen.append((r, a, head[r]))
+                        continue
+            best = None
+            for s in (r, S - 1 - r):
+                for k in "FIW":
+                    j = nxt[s, k]
+                    i = where[r].get((s, k, j))
+                    if i is None or not ready(s, k, j):
+                        continue
+                    if k == "F":  # the forwards the block runs before it, still to run
+                        skipped = sum(is_f[r][q] and not ran[r][q] for q in range(head[r], i))
+                        if max(held[r] - cap, held_i[r] - cap_i) + 1 + skipped > 0:
+                            continue
+                    if forwards[r] == 2 * m:  # rule 1
+                        key = (0 if k == "I" else 1, i)
+                    else:  # rules 2 and 3
+                        key = (0 if i == head[r] else 2, i)
+                    if best is None or key < best[0]:
+                        best = (key, orders[r][i], i)
+            if best is not None:
+                chosen.append((r, best[1], best[2]))
+        if not chosen:
+            return None  # nothing can run and nothing is running: the rules stalled
+        for r, a, i in chosen:
+            s, k, j = a
+            ran[r][i] = True
+            out[r].append(a)
+            done[s, k, j] = late
+            nxt[s, k] += 1
+            if k == "F":
+                held[r] += 1
+                held_i[r] += 1
+                forwards[r] += 1
+            elif k == "I":
+                held_i[r] -= 1
+            else:
+                held[r] -= 1
+            left -= 1
+        t += 1
+    return t, out
+
+
+def unit_step(p: int, microbatches: int, orders: list[list[Action]]) -> int:
+    """Step time of ``orders`` run as given (squeezed) with every pass one unit long."""
+    rule = _rule(p)
+    done: dict[tuple[int, str, int], int] = {}
+    head, free = [0] * p, [0] * p
+    left = sum(len(o) for o in orders)
+    while left:
+        moved = False
+        for r in range(p):
+            order, start = orders[r], free[r]
+            while head[r] < len(order):
+                s, k, j = order[head[r]]
+                for s2, k2 in rule[s, k]:
+                    got = done.get((s2, k2, j))
+                    if got is None:
+                        break
+                    start = max(start, got)
+                else:
+                    start += 1
+                    done[s, k, j] = start
+                    head[r] += 1
+                    left -= 1
+                    moved = True
+                    continue
+                break
+            free[r] = start
+        if not moved:
+            raise ScheduleError("the block order deadlocks")
+    return max(free)
+
+
+def peak(p: int, orders: list[list[Action]], frees: str = "W") -> int:
+    """The most chunk activations any rank holds: F adds one, ``frees`` (W, or I when W
+    keeps nothing) frees it."""
+    most = 0
+    delta = {"F": 1, "I": 0, "W": 0}
+    delta[frees] = -1
+    for order in orders:
+        held = 0
+        for a in order:
+            held += delta[a.kind]
+            most = max(most, held)
+    return most
+
+
+def build(p: int, microbatches: int, candidates: list[tuple[int, ...]], cap: int
+          ) -> list[list[Action]]:
+    """The shortest order, with unit passes, among each candidate block (offsets) repeated,
+    as is or :func:`reorder`-ed, that holds no more on any rank than the first candidate
+    (the family's published block, which must hold at most ``cap`` chunk activations):
+    ``cap`` counted until W, and the first block's own peak counted until I (``M_W = 0``),
+    so the peak does not grow for any ``M_W``. Ties keep the earlier candidate."""
+    best: tuple[int, list[list[Action]]] | None = None
+    cap_i = None
+    for n, offsets in enumerate(candidates):
+        try:
+            orders = repeat(p, microbatches, block(p, offsets))
+        except ScheduleError:
+            if cap_i is None:
+                raise
+            continue
+        if cap_i is None:
+            if peak(p, orders) > cap:
+                raise ScheduleError(f"block {offsets} holds more than {cap} chunk activations")
+            cap_i = peak(p, orders, frees="I")
+        tries = [reorder(p, microbatches, orders, cap, cap_i)]
+        if n == 0 or (peak(p, orders) <= cap and peak(p, orders, frees="I") <= cap_i):
+            tries.insert(0, (unit_step(p, microbatches, orders), orders))
+        for got in tries:
+            if got is not None and (best is None or got[0] < best[0]):
+                best = got
+    assert best is not None
+    return best[1]

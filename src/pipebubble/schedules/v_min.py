@@ -8,11 +8,18 @@ then lives about ``2(2p - 1 - 2r) + ...`` units and a rank holds ``2 floor((p + 
 chunk activations at most: **peak ``floor((p + 4)/3) x M_B`` per rank** (against ZB-V's
 ``p x M_B``) when W frees what I kept (``M_W = M_B``).
 
+The repeated block is then *reordered at both ends* (``building_block.reorder``, the
+paper's last step), and V-Half's block is tried too (it fits V-Min's memory only for small
+p: it wins at p = 3); the shortest order that holds no more than V-Min's plain block, for
+every ``M_W``, is kept.
+
 Step time with unit chunk passes (F = I = W = 1 per chunk, no comm), found by simulating
-every p <= 16 and several m >= 2p (``tests/test_vshape.py``), with ``k`` the peak in chunk
-activations: ``6m + 6p - 1 - 3k`` (the bound of the paper) when ``p mod 3 == 1``; 3 units
-more when ``p mod 3 == 0``; 4 units more when ``p mod 3 == 2`` (as the published
-construction). V-Min's fixed pattern keeps a repeating bubble when F, I, W differ.
+every p <= 16 and m >= 2p (``tests/test_vshape.py``), with ``k`` the peak in chunk
+activations: the paper's bound ``6m + 6p - 1 - 3k`` exactly when ``p mod 3 == 1`` and for
+p = 3; 1 unit above it when ``p mod 3 == 0`` (p >= 6); 4 units above when ``p mod 3 == 2``,
+as the published construction (reordering reaches 3 there, but only by holding more than
+the plain block when ``M_W < M_B``, so it is not kept). V-Min's fixed pattern keeps a
+repeating bubble when F, I, W differ.
 
 V-Min, p=2, m=2 (rank 0 holds stages 0 and 3, rank 1 stages 1 and 2)::
 
@@ -23,9 +30,10 @@ V-Min, p=2, m=2 (rank 0 holds stages 0 and 3, rank 1 stages 1 and 2)::
 from __future__ import annotations
 
 from ..ir.schedule import Schedule, make_schedule
-from ..sim.formulas import v_min_closed_form
-from .building_block import block, repeat
+from ..sim.formulas import v_half_memory, v_min_closed_form, v_min_memory
+from .building_block import build
 from .registry import ScheduleSpec, register
+from .v_half import v_half_offsets
 
 
 def v_min_offsets(p: int) -> tuple[int, ...]:
@@ -34,7 +42,11 @@ def v_min_offsets(p: int) -> tuple[int, ...]:
 
 
 def v_min(ranks: int, microbatches: int, chunks: int = 2) -> Schedule:
-    orders = repeat(ranks, microbatches, block(ranks, v_min_offsets(ranks)))
+    # Where V-Half holds no more than V-Min (p = 2, 3, 5), its block is tried too.
+    blocks = [v_min_offsets(ranks)]
+    if v_half_memory(ranks) == v_min_memory(ranks):
+        blocks.append(v_half_offsets(ranks))
+    orders = build(ranks, microbatches, blocks, 2 * v_min_memory(ranks))
     return make_schedule("v-min", orders, 2 * ranks, microbatches, placement="v")
 
 

@@ -225,13 +225,29 @@ def v_shape_bound(ranks: int, microbatches: int, chunk_activations: int) -> int:
 
 
 def v_min_excess(ranks: int) -> int:
-    """Units V-Min's step lies above :func:`v_shape_bound` (``schedules/v_min.py``)."""
-    return (0, 4, 3)[ranks % 3 - 1] if ranks % 3 else 3
+    """Units V-Min's step lies above :func:`v_shape_bound` (``schedules/v_min.py``), for
+    m >= 2p with F = I = W per chunk and no comm: 0 when ``p mod 3 == 1`` and for p = 3
+    (the bound), 1 when ``p mod 3 == 0`` (p >= 6), 4 when ``p mod 3 == 2`` (as the
+    published construction).
+
+    >>> [v_min_excess(p) for p in (2, 3, 4, 5, 6, 7, 8, 9)]
+    [4, 0, 0, 4, 1, 0, 4, 1]
+    """
+    return 0 if ranks == 3 else (1, 0, 4)[ranks % 3]
 
 
 def v_half_excess(ranks: int) -> int:
-    """Units V-Half's step lies above :func:`v_shape_bound` (``schedules/v_half.py``)."""
-    return (ranks - 1) // 2 if ranks % 2 else ranks // 2 + 3
+    """Units V-Half's step lies above :func:`v_shape_bound` (``schedules/v_half.py``), for
+    m >= 2p with F = I = W per chunk and no comm: 0 for odd p (the bound), 1 for even
+    p >= 4, and 2 for p = 2 (where the bound, 6m - 1, is below the 6m + 1 every order
+    needs: rank 1 cannot start before 1 and runs 6m passes).
+
+    >>> [v_half_excess(p) for p in (2, 3, 4, 5, 6)]
+    [2, 0, 1, 0, 1]
+    """
+    if ranks == 2:
+        return 2
+    return 0 if ranks % 2 else 1
 
 
 def _v_closed_form(ranks: int, microbatches: int, chunks: int, costs: StageCosts,
