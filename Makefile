@@ -15,9 +15,11 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(PY) code/main.py
 
+# Everything, as CI runs it; the 10 slowest tests are listed so a slow one is noticed.
+# Quick local loop: $(PY) -m pytest -m "not slow and not distributed"
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest
+	$(PY) -m pytest --durations=10
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -1,10 +1,41 @@
+"""Shared test set-up: one torch thread, hypothesis profiles, and ``run_cli``.
+
+Markers (registered in pyproject.toml, ``--strict-markers``): ``slow`` (a test that takes
+seconds: a real process, a launch, a real model step) and ``distributed`` (launches several
+processes over torch.distributed). ``make test`` runs everything; for a quick local loop::
+
+    .venv/bin/python -m pytest -m "not slow and not distributed"
+"""
+
 import os
 
+import pytest
 import torch
 from hypothesis import settings
+
+from pipebubble.cli import main
 
 # CI has 2 cores: keep torch to one thread per process, and hypothesis quick but thorough.
 torch.set_num_threads(1)
 settings.register_profile("ci", max_examples=60, deadline=None)
 settings.register_profile("dev", max_examples=30, deadline=None)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+
+@pytest.fixture
+def run_cli(capsys):
+    """Run ``pipebubble ARGS...`` in this process: ``run_cli(*args) -> (rc, out, err)``.
+
+    The command runs through :func:`pipebubble.cli.main` exactly as the installed entry point
+    does, without a new interpreter (each one would import torch again, seconds apiece). A
+    bug raising inside the command propagates and fails the test with its traceback; only
+    user errors come back as ``rc == 2``.
+    """
+
+    def run(*args: str) -> tuple[int, str, str]:
+        capsys.readouterr()  # drop what the test printed before
+        rc = main([str(a) for a in args])
+        out, err = capsys.readouterr()
+        return rc, out, err
+
+    return run

@@ -221,6 +221,7 @@ def test_torch_loads_the_auto_csv(tmp_path):
         assert [placed[i] for i in range(s.num_stages)] == list(s.stage_to_rank)
 
 
+@pytest.mark.distributed
 def test_distributed_auto_exact_gradients():
     """Two processes over gloo, each computing the same auto order from the same flags."""
     import subprocess

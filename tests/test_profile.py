@@ -118,6 +118,9 @@ def test_load_errors(tmp_path):
     (tmp_path / "x.json").write_text("{not json")
     with pytest.raises(ProfileError, match="not valid JSON"):
         Profile.load(tmp_path / "x.json")
+    (tmp_path / "bin.json").write_bytes(b"\xff\xfe\x00")  # not even text
+    with pytest.raises(ProfileError, match="bin.json' is not valid JSON: 'utf-8' codec"):
+        Profile.load(tmp_path / "bin.json")
 
 
 def test_cli_profile_writes_a_loadable_file(tmp_path, capsys):
@@ -141,13 +144,9 @@ def test_cli_profile_writes_a_loadable_file(tmp_path, capsys):
     (["--model", "mlp", "--warmup", "-1"], "--warmup must be >= 0, got -1"),
     (["--model", "mlp", "--batch", "0"], "--batch must be >= 1, got 0"),
 ])
-def test_cli_profile_bad_input(args, needle, capsys):
-    try:
-        code = main(["profile", *args])
-    except SystemExit as exc:
-        code = exc.code
-    err = capsys.readouterr().err
-    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1
+def test_cli_profile_bad_input(args, needle, run_cli):
+    code, out, err = run_cli("profile", *args)
+    assert code == 2 and out == "" and needle in err and len(err.strip().splitlines()) == 1
 
 
 def test_layer_time_is_forward_plus_backward():

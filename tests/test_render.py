@@ -73,8 +73,13 @@ def test_gantt_png_and_svg_files_are_sane(name, tmp_path):
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_memory_and_stacked_figures_render(name, tmp_path):
     timeline = simulate(CASES[name], COSTS)
-    w, h = png_size(save(memory_figure(timeline), tmp_path / "m.png"))
-    assert (w, h) == (1200, 355)  # 0.6 + 2.4 + 0.55 in at 100 dpi
+    mem = memory_figure(timeline)
+    w, h = png_size(save(mem, tmp_path / "m.png"))
+    assert (w, h) == tuple(round(x * DPI) for x in mem.get_size_inches())  # saved uncropped
+    # one curve per drawn rank, peaking at that rank's simulated peak activation memory
+    peaks = [s.peak_memory for s in timeline.rank_stats()]
+    drawn = memory_ranks(timeline.num_ranks)
+    assert [max(line.get_ydata()) for line in mem.axes[0].lines] == [peaks[r] for r in drawn]
     other = simulate(get_schedule("gpipe", timeline.num_ranks, timeline.num_microbatches))
     fig = timelines_figure([timeline, other])
     assert len(fig.axes) == 2
@@ -222,7 +227,7 @@ def test_predicted_vs_measured_on_a_real_run(tmp_path):
     label = [t.get_text() for t in fig.texts if t.get_text().startswith("time (")]
     assert label and label[0] in ("time (s)", "time (ms)", "time (µs)")
     save(fig, tmp_path / "pm.png")
-    assert png_size(tmp_path / "pm.png")[0] == 1200
+    assert png_size(tmp_path / "pm.png") == tuple(round(x * DPI) for x in fig.get_size_inches())
 
 
 def test_figures_write_draws_what_the_flags_ask(tmp_path):

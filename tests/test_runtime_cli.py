@@ -26,8 +26,15 @@ def test_json_contract_and_check(capsys):
                 "loss_abs_diff", "peak_activation_bytes"):
         assert key in out, key
     assert len(out["events"]) == 2 * 3 * 2
-    assert out["step_time"] >= out["lower_bound"] > 0
-    assert 0 <= out["bubble_fraction"] < 1
+    # The summary is the events' arithmetic: step = last end - first start, lower bound =
+    # busiest rank's busy time, bubble = idle share of ranks x step (DESIGN's definitions).
+    ev = out["events"]
+    step = max(e["end"] for e in ev) - min(e["start"] for e in ev)
+    busy = [sum(e["end"] - e["start"] for e in ev if e["rank"] == r) for r in range(2)]
+    assert out["step_time"] == pytest.approx(step)
+    assert [r["busy"] for r in out["per_rank"]] == pytest.approx(busy)
+    assert out["lower_bound"] == pytest.approx(max(busy)) and out["lower_bound"] > 0
+    assert out["bubble_fraction"] == pytest.approx(1 - sum(busy) / (2 * step))
     assert set(out["predicted"]) >= {"step_time", "bubble_fraction"}
     assert out["grad_max_abs_diff"] < 1e-5 and out["loss_abs_diff"] < 1e-5
     # 2 MLP blocks per stage by default; the measured peak is what the simulator predicts

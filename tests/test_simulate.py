@@ -159,6 +159,9 @@ def test_invariants_hold_for_random_schedules(case):
             sig = dep.signal
             d = ev.get((sig.stage, sig.kind, sig.microbatch)) or ev[sig.stage, "B", sig.microbatch]
             assert e.start >= d.end + (sc.comm if dep.crosses else 0) - 1e-9
+    # the step runs from 0 (some action needs nothing and starts at once) to the last end
+    assert min(e.start for e in ev.values()) == 0
+    assert t.step_time == pytest.approx(max(e.end for e in ev.values()))
     assert 0 <= t.bubble_fraction < 1 or t.step_time == 0
     for stats in t.rank_stats():
         assert 0 <= stats.bubble_fraction <= 1

@@ -2,7 +2,17 @@
 
 Each subcommand lives in ``pipebubble/commands/<name>.py`` and exposes
 ``register(subparsers)``; this module discovers them, so adding a command touches no other
-file. User mistakes print one line ``pipebubble: error: ...`` and exit 2, no traceback.
+file.
+
+User mistakes print one line ``pipebubble: error: ...`` and exit 2, no traceback. A user
+mistake is exactly: a :class:`~pipebubble.errors.UserError` (``ScheduleError``,
+``ProfileError``, ``PartitionError`` and ``Deadlock`` derive from it), an argparse error, or a
+file the user named that is missing, a directory, or unreadable. Any other exception is a bug
+and propagates with its traceback (in tests: a failure, never a silent exit 2)::
+
+    >>> main(["--version"])
+    pipebubble 0.1.0
+    0
 """
 
 from __future__ import annotations
@@ -13,13 +23,18 @@ import importlib
 import pkgutil
 import sys
 
-from . import commands
+from . import __version__, commands
+from .errors import UserError
 from .files import flush_stdout, stdout_failed
-from .ir.schedule import ScheduleError
 
-
-class UsageError(Exception):
-    """Bad input from the user: printed as one line, exit code 2."""
+# What counts as the user's mistake (exit 2). Not ValueError, KeyError or TypeError: those
+# are bugs unless library code wrapped them in a UserError that names the bad value.
+USER_ERRORS: tuple[type[BaseException], ...] = (
+    UserError,
+    FileNotFoundError,
+    IsADirectoryError,
+    PermissionError,
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -29,10 +44,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with one subparser per module in ``pipebubble.commands``."""
     parser = _Parser(
         prog="pipebubble",
         description="Plan, simulate, draw and run pipeline-parallel training schedules.",
     )
+    parser.add_argument("--version", action="version", version=f"pipebubble {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
@@ -43,16 +60,37 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def error_line(exc: BaseException) -> str:
+    """The one line printed for a user error: its message's first line, or its type's name.
+
+    >>> error_line(UserError("--microbatches must be >= 1, got 0\\nmore detail"))
+    '--microbatches must be >= 1, got 0'
+    >>> error_line(FileNotFoundError(2, "No such file or directory", "x.csv"))
+    "No such file or directory: 'x.csv'"
+    """
+    text = str(exc)
+    if isinstance(exc, OSError) and exc.strerror:
+        text = exc.strerror + (f": {exc.filename!r}" if exc.filename is not None else "")
+    return text.splitlines()[0] if text.strip() else type(exc).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; return its exit code (0 success, 2 bad input).
+
+    ``--help`` and ``--version`` return 0 and bad flags return 2 instead of raising
+    ``SystemExit``, so tests and other programs can call ``main([...])`` in-process.
+    """
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 2
     try:
         rc = int(args.func(args) or 0)
         flush_stdout()  # a full disk on stdout: one line, not "Exception ignored" at exit
         return rc
-    except (UsageError, ScheduleError, ValueError, FileNotFoundError) as exc:
-        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        sys.stderr.write(f"pipebubble: error: {msg}\n")
+    except USER_ERRORS as exc:
+        sys.stderr.write(f"pipebubble: error: {error_line(exc)}\n")
         return 2
     except BrokenPipeError:
         return 0

@@ -20,6 +20,7 @@ from statistics import median
 import torch
 from rich.console import Console
 
+from ..errors import UserError
 from ..ir.schedule import Schedule
 from ..limits import check_threads
 from ..runtime.dist.launch import launch, under_launcher
@@ -36,7 +37,7 @@ from .common import print_json, write_figures
 def worker_command() -> list[str]:
     """How a worker is started: this very command line, as ``python -m pipebubble``."""
     if sys.argv[1:2] != ["run"]:
-        raise ValueError(
+        raise UserError(
             "a distributed run starts its workers with its own command line, so it must be "
             "started as `pipebubble run ...` (or `python -m pipebubble run ...`); from "
             "Python, call pipebubble.runtime.dist.launch.launch() with that command"
@@ -50,21 +51,21 @@ def check_backend(backend: str) -> None:
 
     if backend == "nccl":
         if not dist.is_nccl_available():
-            raise ValueError("--backend nccl: this torch build has no NCCL; use --backend gloo")
+            raise UserError("--backend nccl: this torch build has no NCCL; use --backend gloo")
         if not torch.cuda.is_available():
-            raise ValueError("--backend nccl needs CUDA GPUs, and none is available here; "
+            raise UserError("--backend nccl needs CUDA GPUs, and none is available here; "
                              "use --backend gloo")
     elif backend == "gloo" and not dist.is_gloo_available():
-        raise ValueError("--backend gloo: this torch build has no gloo")
+        raise UserError("--backend gloo: this torch build has no gloo")
 
 
 def config_from_args(args: argparse.Namespace, schedule: Schedule) -> DistConfig:
     if args.timeout <= 0 or args.heartbeat_timeout <= 0:
-        raise ValueError("--timeout and --heartbeat-timeout must be > 0 seconds")
+        raise UserError("--timeout and --heartbeat-timeout must be > 0 seconds")
     if args.inject_fault:
         fault_rank = int(args.inject_fault.split(":")[1])
         if fault_rank >= schedule.num_ranks * args.dp:
-            raise ValueError(f"--inject-fault rank {fault_rank}: valid ranks are "
+            raise UserError(f"--inject-fault rank {fault_rank}: valid ranks are "
                              f"0..{schedule.num_ranks * args.dp - 1}")
     return DistConfig(
         schedule=schedule.name, ranks=schedule.num_ranks,

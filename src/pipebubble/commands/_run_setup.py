@@ -20,6 +20,7 @@ from rich.table import Table
 from torch import nn
 
 from ..costs import CostModel
+from ..errors import UserError
 from ..ir.schedule import Schedule, validate
 from ..limits import check_model_size
 from ..models import ModelSpec, build_model
@@ -45,7 +46,7 @@ class RunSetup:
 
 
 def build_setup(args: argparse.Namespace, reference: bool = False) -> RunSetup:
-    """Flags -> schedule, model stages, batch. Raises ValueError naming a bad value."""
+    """Flags -> schedule, model stages, batch. Raises UserError naming a bad value."""
     from ..runtime.stages import check_boundaries, even_boundaries, split_stages
 
     schedule = schedule_from_args(args)
@@ -54,14 +55,14 @@ def build_setup(args: argparse.Namespace, reference: bool = False) -> RunSetup:
     # microbatches of the whole step.
     S, M = schedule.num_stages // schedule.chains, schedule.total_microbatches
     if args.model not in ("mlp", "transformer", "sleep"):
-        raise ValueError(f"unknown model {args.model!r}; valid are mlp, transformer, sleep")
+        raise UserError(f"unknown model {args.model!r}; valid are mlp, transformer, sleep")
     check_model_size(args.model, args.layers or 2 * S, args.width, args.vocab, args.seq,
                      batch=args.batch or 8 * M)
     device = parse_device(args.device)
     if args.model != "sleep":  # a flag that would be silently ignored is an error
         for flag, default in (("sleep_f", 0.01), ("sleep_b", 0.02), ("sleep_w", 0.01)):
             if getattr(args, flag, default) != default:
-                raise ValueError(f"--{flag.replace('_', '-')} applies to --model sleep only, "
+                raise UserError(f"--{flag.replace('_', '-')} applies to --model sleep only, "
                                  f"not {args.model}")
     if args.model == "sleep":
         layers = args.layers or S
@@ -84,21 +85,21 @@ def build_setup(args: argparse.Namespace, reference: bool = False) -> RunSetup:
         try:
             cuts = [int(x) for x in args.boundaries.split(",")]
         except ValueError:
-            raise ValueError(
+            raise UserError(
                 f"--boundaries must be a comma list of layer indices, got {args.boundaries!r}"
             ) from None
         cuts = check_boundaries(cuts, n, S)
     else:
         if n % S:
             extra = " (embedding + blocks + head)" if args.model == "transformer" else ""
-            raise ValueError(
+            raise UserError(
                 f"{n} layers{extra} do not split evenly into {S} stages (ranks x chunks); "
                 f"pick --layers so the count is a multiple of {S}, or give --boundaries"
             )
         cuts = even_boundaries(n, S)
     batch = args.batch or 8 * M
     if batch < M:
-        raise ValueError(f"--batch {batch} is smaller than --microbatches {M}; use at least {M}")
+        raise UserError(f"--batch {batch} is smaller than --microbatches {M}; use at least {M}")
     ref = copy.deepcopy(nn.Sequential(*spec.layers)).to(device) if reference else None
     stages = [s.to(device) for s in split_stages(spec.layers, S, cuts)]
     gen = torch.Generator().manual_seed(args.seed + 1)
@@ -147,7 +148,8 @@ def analyse(setup: RunSetup, measured: Timeline, loss: float, peak_bytes: list[i
 def check_against_unsplit(setup: RunSetup, loss: float) -> tuple[float, float]:
     """(largest |gradient difference|, |loss difference|) vs the unsplit model, whole batch."""
     if setup.reference is None:
-        raise ValueError("build_setup(reference=True) keeps the unsplit model for the check")
+        raise ValueError(  # not a user error: a caller forgot reference=True
+            "build_setup(reference=True) keeps the unsplit model for the check")
     ref = setup.reference
     ref.zero_grad(set_to_none=True)
     ref_loss = setup.spec.loss_fn(ref(setup.inputs), setup.targets)

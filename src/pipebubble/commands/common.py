@@ -6,11 +6,18 @@ import argparse
 import json
 import math
 import sys
-from itertools import islice
 
 from ..costs import CostModel
+from ..interop.timeline_json import (  # noqa: F401  re-exported: the JSON contract
+    auto_fields,
+    closed_form_basis,
+    closed_form_for,
+    memory_fields,
+    span_bubble,
+    timeline_json,
+)
 from ..ir.schedule import Schedule, ScheduleError
-from ..schedules import closed_form_bubble, get_schedule, lookup, schedule_names
+from ..schedules import get_schedule, schedule_names
 from ..timeline import Timeline
 
 MAX_INT_DIGITS = 18
@@ -226,9 +233,8 @@ def check_size(args: argparse.Namespace, name: str | None = None) -> None:
 
 def schedule_from_args(args: argparse.Namespace) -> Schedule:
     """The schedule the flags name; ``auto`` searches one for the cost flags (when the
-    command has them) under ``--memory-limit``: ``--chunks 1`` loop placement, ``2`` V.
-    Refused up front when over the ``--max-actions`` limit."""
-    check_size(args)
+    command has them) under ``--memory-limit``: ``--chunks 1`` loop placement, ``2`` V."""
+    check_size(args)  # over --max-actions: refused before any work
     if str(args.schedule).lower() == "auto":
         return auto_from_args(args)
     return get_schedule(args.schedule, args.ranks, args.microbatches, args.chunks)
@@ -245,15 +251,6 @@ def auto_from_args(args: argparse.Namespace) -> Schedule:
     return auto_schedule(args.ranks, args.microbatches, costs, placement=placement)
 
 
-def memory_fields(timeline: Timeline, costs: CostModel) -> dict:
-    """JSON fields on the memory limit: none without one; else ``memory_limit``, ``fits``
-    and ``over_limit_ranks`` (the ranks whose peak activation memory goes over it)."""
-    if costs.memory_limit is None:
-        return {}
-    over = costs.over_limit([s.peak_memory for s in timeline.rank_stats()])
-    return {"memory_limit": costs.memory_limit, "fits": not over, "over_limit_ranks": over}
-
-
 def fit_line(timeline: Timeline, costs: CostModel) -> str | None:
     """One line saying whether the timeline fits ``--memory-limit`` (None without one)."""
     if costs.memory_limit is None:
@@ -266,54 +263,6 @@ def fit_line(timeline: Timeline, costs: CostModel) -> str | None:
     r = over[0]
     return (f"does NOT fit the memory limit: rank {r} peaks at {peaks[r]:.4g} > "
             f"{limits[r]:.4g}" + (f" (and {len(over) - 1} more ranks)" if len(over) > 1 else ""))
-
-
-def auto_fields(schedule: Schedule) -> dict:
-    """``{"auto": {placement, chunks, lower_bound, seconds, ...}}`` for an auto schedule."""
-    info = schedule.options.get("auto")
-    return {"auto": dict(info)} if info else {}
-
-
-def closed_form_for(schedule: Schedule, costs: CostModel) -> float | None:
-    """The closed-form bubble for a registered schedule under these costs (None if unknown)."""
-    try:
-        sc = costs.resolve(schedule.num_stages, schedule.chunks)
-        return closed_form_bubble(schedule.name, schedule.num_ranks, schedule.total_microbatches,
-                                  schedule.chunks, sc)
-    except ScheduleError:
-        return None
-
-
-def closed_form_basis(schedule: Schedule) -> str | None:
-    """``step`` or ``span``: what the schedule's published bubble is measured over."""
-    try:
-        return lookup(schedule.name).closed_form_basis
-    except ScheduleError:
-        return None
-
-
-def span_bubble(timeline: Timeline) -> float:
-    """The idlest rank's idle time within its own span (first start to last end) over that
-    span: what ZB-H2 and ZB-V publish (no optimizer barrier between steps)."""
-    return max(((s.span - s.busy) / s.span if s.span > 0 else 0.0
-                for s in timeline.rank_stats()), default=0.0)
-
-
-def timeline_json(timeline: Timeline, closed_form: float | None, events: bool = True,
-                  basis: str | None = "step") -> dict:
-    """The JSON contract shared by every command (see README, "JSON output").
-
-    Beyond the base contract: ``span_bubble_fraction`` (see :func:`span_bubble`) and
-    ``closed_form_basis`` (``step`` or ``span``: which of the two fractions the closed form
-    is comparable with; null when there is no closed form).
-    """
-    out = timeline.summary()
-    out["closed_form_bubble"] = closed_form
-    out["span_bubble_fraction"] = span_bubble(timeline)
-    out["closed_form_basis"] = basis if closed_form is not None else None
-    if events:
-        out["events"] = timeline.events_json()
-    return out
 
 
 JSON_DIGITS = 12
@@ -342,43 +291,6 @@ def print_json(obj: object) -> None:
     Python, many times slower on large documents."""
     sys.stdout.write(json.dumps(clean_floats(obj)))
     sys.stdout.write("\n")
-
-
-_EVENT = ('{"rank": %d, "stage": %d, "kind": "%s", "microbatch": %d, "start": %r, '
-          '"end": %r}')
-
-
-def print_timeline_json(timeline: Timeline, closed_form: float | None,
-                        basis: str | None = "step", extra: dict | None = None) -> None:
-    """``print_json(timeline_json(...))`` with the same text, but the events are formatted
-    straight from the timeline's columns instead of built as one dict each (a million
-    events: about a second instead of tens). ``%r`` of a float is what json writes for it.
-    ``extra``: more fields, before ``events`` (``memory_limit``/``fits``, ``auto``)."""
-    import math
-
-    extra = extra or {}
-    head = json.dumps(clean_floats({**timeline_json(timeline, closed_form, events=False,
-                                                    basis=basis), **extra}))
-    finite = not len(timeline) or all(math.isfinite(x) for x in (
-        min(timeline.start), max(timeline.end)))
-    if not finite:  # json spells inf and nan its own way
-        print_json({**timeline_json(timeline, closed_form, basis=basis), **extra})
-        return
-    write = sys.stdout.write
-    write(head[:-1] + ', "events": [')
-    fmt = f"%.{JSON_DIGITS}g"  # as clean_floats rounds, so the text is print_json's
-    rows = zip(timeline.rank, timeline.stage, timeline.kind, timeline.microbatch,
-               [float(fmt % x) for x in timeline.start], [float(fmt % x) for x in timeline.end],
-               strict=True)
-    chunk = 1 << 16
-    first = True
-    while True:
-        part = ", ".join([_EVENT % row for row in islice(rows, chunk)])
-        if not part:
-            break
-        write(part if first else ", " + part)
-        first = False
-    write("]}\n")
 
 
 def add_figure_flags(p: argparse.ArgumentParser) -> None:

@@ -13,6 +13,7 @@ import argparse
 import re
 from typing import TYPE_CHECKING
 
+from ..errors import UserError
 from ..plan.balance import METHODS, SIM_METHOD, Options, Plan, balance, rebalance
 from ..plan.layouts import layer_lists, megatron_flags, megatron_layout, torchtitan_fqns
 from ..plan.partition import PartitionError, Ranges
@@ -95,13 +96,13 @@ def memory_value(text: str) -> float | list[float]:
 def parse_methods(text: str) -> list[str]:
     names = [m.strip().lower() for m in text.split(",") if m.strip()]
     if not names:
-        raise ValueError(f"--method: no method in {text!r}; valid are "
+        raise UserError(f"--method: no method in {text!r}; valid are "
                          f"{', '.join((*METHODS, SIM_METHOD))} or all")
     if names == ["all"]:
         return list(METHODS)
     for m in names:
         if m not in (*METHODS, SIM_METHOD):
-            raise ValueError(f"unknown --method {m!r}; valid are "
+            raise UserError(f"unknown --method {m!r}; valid are "
                              f"{', '.join((*METHODS, SIM_METHOD))} or all")
     return names
 
@@ -112,15 +113,15 @@ def parse_cut(text: str, num_layers: int) -> Ranges:
     for part in text.split(","):
         m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+))?\s*", part)
         if not m:
-            raise ValueError(f"--current-cut: {part.strip()!r} is not a layer range like 3-6")
+            raise UserError(f"--current-cut: {part.strip()!r} is not a layer range like 3-6")
         a, b = int(m.group(1)), int(m.group(2) or m.group(1))
         if a != expect or b < a:
-            raise ValueError(f"--current-cut: range {a}-{b} should start at layer {expect} and "
+            raise UserError(f"--current-cut: range {a}-{b} should start at layer {expect} and "
                              "not end before it starts (stages are contiguous, in order)")
         ranges.append((a, b))
         expect = b + 1
     if expect != num_layers:
-        raise ValueError(f"--current-cut covers layers 0-{expect - 1}; the profile has "
+        raise UserError(f"--current-cut covers layers 0-{expect - 1}; the profile has "
                          f"{num_layers} layers (0-{num_layers - 1})")
     return ranges
 
@@ -137,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     timeline = None
     if args.measured or args.current_cut:
         if not (args.measured and args.current_cut):
-            raise ValueError("--measured and --current-cut go together")
+            raise UserError("--measured and --current-cut go together")
         timeline = load_timeline(args.measured)
         if args.microbatches is None:
             args.microbatches = timeline.num_microbatches
@@ -147,9 +148,9 @@ def run(args: argparse.Namespace) -> int:
     args.microbatches = args.microbatches or 8
     args.schedule = args.schedule or "1f1b"
     if not 0 <= args.w_fraction <= 1:
-        raise ValueError(f"--w-fraction must be in [0, 1], got {args.w_fraction}")
+        raise UserError(f"--w-fraction must be in [0, 1], got {args.w_fraction}")
     if isinstance(args.comm, list):
-        raise ValueError("--comm takes one value (seconds per hop), got a list")
+        raise UserError("--comm takes one value (seconds per hop), got a list")
     options = Options(
         ranks=args.ranks, chunks=args.chunks, schedule=args.schedule,
         microbatches=args.microbatches, memory_cap=args.memory_cap,
@@ -158,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
         last_extra=_scalar(args.last_extra, "--last-extra"), comm=args.comm,
         w_fraction=args.w_fraction)
     if args.top < 0:
-        raise ValueError(f"--top must be >= 0, got {args.top}")
+        raise UserError(f"--top must be >= 0, got {args.top}")
     if timeline is not None:
         plans = _rebalance(profile, options, timeline, args)
     else:
@@ -188,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _scalar(value: float | list[float], flag: str) -> float:
     if isinstance(value, list):
-        raise ValueError(f"{flag} takes one value, got a list")
+        raise UserError(f"{flag} takes one value, got a list")
     return value
 
 
@@ -196,7 +197,7 @@ def _rebalance(profile: Profile, options: Options, timeline: Timeline,
                args: argparse.Namespace) -> list[Plan]:
     ranges = parse_cut(args.current_cut, len(profile))
     if len(ranges) != options.stages:
-        raise ValueError(f"--current-cut has {len(ranges)} stages; --ranks x --chunks is "
+        raise UserError(f"--current-cut has {len(ranges)} stages; --ranks x --chunks is "
                          f"{options.stages}")
     from ..plan.balance import make_plan
 

@@ -7,6 +7,7 @@ import inspect
 import sys
 from typing import TYPE_CHECKING
 
+from ..errors import UserError
 from ..files import check_output_path
 from ..limits import check_model_size, check_threads
 from .common import int_flag, parse_device, positive_int, print_json, wrote
@@ -23,25 +24,44 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Profile a built-in model layer by layer on a sample batch (one "
         "microbatch): median forward and backward time, parameters, activation bytes kept "
         "for the backward, FLOPs. Writes the JSON profile that `pipebubble partition` reads.")
-    p.add_argument("--model", required=True, metavar="NAME",
-                   help="built-in model to profile: mlp, transformer or sleep")
+    p.add_argument("--model", default=None, metavar="NAME",
+                   help="mlp or transformer (required unless --analytic)")
     for name in MODEL_FLAGS:
         p.add_argument(f"--{name}", type=positive_int(f"--{name}"), default=None,
                        help=f"model {name} (the model's default when omitted)")
     p.add_argument("--seed", type=int_flag("--seed", 0, 2**32 - 1), default=0,
                    help="weights and batch seed, 0..2^32-1 (0)")
-    p.add_argument("--batch", type=positive_int("--batch"), default=8,
-                   help="samples in the profiled batch: one microbatch (8)")
+    p.add_argument("--batch", type=positive_int("--batch"), default=None,
+                   help="samples in the profiled batch: one microbatch (8; --analytic: 1)")
     p.add_argument("--warmup", type=int_flag("--warmup", 0, 1000), default=2,
                    help="untimed passes first (2)")
-    p.add_argument("--repeats", type=positive_int("--repeats", 1000), default=5,
+    p.add_argument("--repeats", type=positive_int("--repeats"), default=5,
                    help="timed passes; the median is kept (5)")
     p.add_argument("--device", default="cpu", help="torch device to measure on (cpu)")
     p.add_argument("--threads", type=positive_int("--threads"), default=None,
-                   help="torch CPU threads (default on CPU: 1, so each layer is timed by the "
-                   "process's CPU time, which other work on the machine does not inflate)")
+                   help="torch CPU threads (default: torch's own)")
     p.add_argument("--out", metavar="FILE", help="write the profile here (JSON)")
     p.add_argument("--json", action="store_true", help="print the profile JSON and nothing else")
+    g = p.add_argument_group(
+        "analytic (--analytic: no model is run; a decoder-only transformer's layers from its "
+        "shape, see README 'Planning a configuration'; also uses --layers --heads --vocab "
+        "--seq --batch)")
+    g.add_argument("--analytic", action="store_true",
+                   help="compute the profile from the shape instead of measuring a model")
+    g.add_argument("--hidden", type=positive_int("--hidden"), default=None, metavar="H")
+    g.add_argument("--ffn", type=positive_int("--ffn"), default=None, metavar="F",
+                   help="MLP inner size")
+    g.add_argument("--kv-heads", type=positive_int("--kv-heads"), default=None, metavar="K",
+                   help="key/value heads (grouped-query attention; default --heads)")
+    g.add_argument("--tflops", type=float, default=None, metavar="T",
+                   help="peak TFLOP/s of one GPU in --dtype (e.g. 989 for an H100 in bf16)")
+    g.add_argument("--mfu", type=float, default=None, metavar="U",
+                   help="model FLOPs utilisation, in (0, 1] (e.g. 0.4)")
+    g.add_argument("--dtype", default="bf16", help="bf16 (default), fp16 or fp32")
+    g.add_argument("--tied-embeddings", action="store_true",
+                   help="the head shares the embedding's weights")
+    g.add_argument("--gelu", action="store_true",
+                   help="a 2-matrix GELU MLP instead of LLaMA's 3-matrix SwiGLU")
     p.set_defaults(func=run)
 
 
@@ -50,7 +70,7 @@ def build(args: argparse.Namespace):
     from ..models import MODELS
 
     if args.model not in MODELS:
-        raise ValueError(f"unknown model {args.model!r}; valid are {', '.join(MODELS)}")
+        raise UserError(f"unknown model {args.model!r}; valid are {', '.join(MODELS)}")
     builder = MODELS[args.model]
     accepted = inspect.signature(builder).parameters
     kwargs = {"seed": args.seed}
@@ -60,34 +80,67 @@ def build(args: argparse.Namespace):
             continue
         if name not in accepted:
             valid = ", ".join(f"--{n}" for n in MODEL_FLAGS if n in accepted)
-            raise ValueError(f"--{name} does not apply to model {args.model}; it takes {valid}")
+            raise UserError(f"--{name} does not apply to model {args.model}; it takes {valid}")
         kwargs[name] = value
     return builder(**kwargs), kwargs
 
 
+def run_analytic(args: argparse.Namespace) -> int:
+    from ..plan.analytic import analytic_profile
+
+    if args.model is not None:
+        raise UserError("--analytic computes the profile from the shape; drop --model "
+                         f"{args.model}")
+    needed = ("layers", "hidden", "ffn", "heads", "vocab", "seq", "tflops", "mfu")
+    missing = [f"--{n}" for n in needed if getattr(args, n) is None]
+    if missing:
+        raise UserError(f"--analytic needs {', '.join(missing)} (and takes --kv-heads, "
+                         "--batch, --dtype, --tied-embeddings)")
+    prof = analytic_profile(layers=args.layers, hidden=args.hidden, ffn=args.ffn,
+                            heads=args.heads, vocab=args.vocab, seq=args.seq, batch=args.batch or 1,
+                            tflops=args.tflops, mfu=args.mfu, kv_heads=args.kv_heads,
+                            dtype=args.dtype, tied_embeddings=args.tied_embeddings,
+                            swiglu=not args.gelu)
+    return _output(args, prof)
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.analytic:
+        return run_analytic(args)
+    if args.model is None:
+        raise UserError("--model is required (mlp or transformer), or --analytic with the "
+                         "model's shape")
+    unused = [f"--{n.replace('_', '-')}" for n in ("hidden", "ffn", "kv_heads", "tflops", "mfu")
+              if getattr(args, n) is not None] + (["--tied-embeddings"]
+                                                  if args.tied_embeddings else [])
+    if unused:
+        raise UserError(f"{', '.join(unused)} apply only with --analytic")
     import torch
 
     from ..plan.profile import profile_layers
 
     if args.warmup < 0:
-        raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
+        raise UserError(f"--warmup must be >= 0, got {args.warmup}")
     if args.out is not None:
         check_output_path(args.out, "--out")
     device = parse_device(args.device)
-    threads = args.threads or (1 if device.type == "cpu" else None)
+    threads = args.threads or (1 if device.type == "cpu" else None)  # CPU time, one thread
     if threads:
         torch.set_num_threads(check_threads(threads))
     if args.model in ("mlp", "transformer", "sleep"):  # before building it
         check_model_size(args.model, args.layers or 8, args.width or args.dim,
-                         args.vocab or 4096, args.seq or 32, batch=args.batch)
+                         args.vocab or 4096, args.seq or 32, batch=args.batch or 8)
     spec, kwargs = build(args)
     gen = torch.Generator().manual_seed(args.seed)
-    x, y = spec.make_batch(args.batch, gen)
+    x, y = spec.make_batch(args.batch or 8, gen)
     layers = [m.to(device) for m in spec.layers]
     prof = profile_layers(layers, x.to(device), target=y.to(device), loss_fn=spec.loss_fn,
                           warmup=args.warmup, repeats=args.repeats,
                           metadata={"model": spec.name, "model_args": kwargs})
+    return _output(args, prof)
+
+
+def _output(args: argparse.Namespace, prof) -> int:
     if args.out:
         prof.save(args.out)
         wrote(args.out)
@@ -101,7 +154,8 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     console.print(profile_table(prof))
     if args.out:
-        console.print(f"next: pipebubble partition --profile {args.out} --ranks P")
+        console.print(f"next: pipebubble partition --profile {args.out} --ranks P, or "
+                      f"pipebubble plan --profile {args.out} --gpus N ...")
     return 0
 
 
@@ -131,14 +185,21 @@ def noisy_layers(prof) -> list[str]:
     return out
 
 
+
+
 def profile_table(prof) -> Table:
     from rich.table import Table
 
     from .partition import fmt_bytes, fmt_count, fmt_time
 
     meta = prof.metadata
-    title = (f"profile: {meta.get('model', '?')} on {meta.get('device', '?')}, batch "
-             f"{meta.get('batch_shape', '?')}, median of {meta.get('repeats', '?')}")
+    if meta.get("source") == "analytic":
+        title = (f"analytic profile: {meta['params'] / 1e9:.3g} B parameters, batch "
+                 f"{meta['batch']} x seq {meta['seq']}, {meta['dtype']}, "
+                 f"{meta['tflops']:g} TFLOP/s x MFU {meta['mfu']:g}")
+    else:
+        title = (f"profile: {meta.get('model', '?')} on {meta.get('device', '?')}, batch "
+                 f"{meta.get('batch_shape', '?')}, median of {meta.get('repeats', '?')}")
     t = Table(title=title)
     for col in ("layer", "name", "type", "forward", "backward", "params", "activations",
                 "FLOPs"):

@@ -11,6 +11,7 @@ import argparse
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from ..errors import UserError
 from ..limits import MAX_WIDTH, check_threads
 from ..sim.kernel import simulate
 from ..sim.wire import ORDERINGS
@@ -204,13 +205,13 @@ def _backward_total(t: dict) -> float:
 def run(args: argparse.Namespace) -> int:
     check_outputs(args)
     if args.warmup < 0:
-        raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
+        raise UserError(f"--warmup must be >= 0, got {args.warmup}")
     if not args.local:  # one process per rank
         from ._run_dist import run_distributed
 
         return run_distributed(args)
     if args.dp > 1:
-        raise ValueError(f"--dp {args.dp} needs one process per rank; drop --local")
+        raise UserError(f"--dp {args.dp} needs one process per rank; drop --local")
     import torch
 
     from ._run_setup import (

@@ -9,26 +9,28 @@ flag and --json apply as usual.
 from __future__ import annotations
 
 import argparse
+import sys
 
-from ..interop.torch_csv import explain_deadlock, read_torch_csv
+from ..interop.timeline_json import (
+    closed_form_basis,
+    closed_form_for,
+    memory_fields,
+    simulate_checked,
+    span_bubble,
+    write_simulate_json,
+)
+from ..interop.torch_csv import read_torch_csv
 from ..ir.schedule import Schedule, ScheduleError, validate
 from ..limits import MAX_ACTIONS, MAX_WIDTH, LimitError
-from ..sim.kernel import Deadlock, simulate
 from .common import (
     add_cost_flags,
     add_figure_flags,
     add_schedule_flags,
-    auto_fields,
     check_outputs,
-    closed_form_basis,
-    closed_form_for,
     costs_from_args,
     fit_line,
     int_flag,
-    memory_fields,
-    print_timeline_json,
     schedule_from_args,
-    span_bubble,
     write_figures,
 )
 
@@ -74,10 +76,7 @@ def run(args: argparse.Namespace) -> int:
     check_outputs(args)
     schedule = load_schedule(args)
     costs = costs_from_args(args)
-    try:
-        timeline = simulate(schedule, costs)
-    except Deadlock as exc:
-        raise explain_deadlock(schedule, exc) from None
+    timeline = simulate_checked(schedule, costs)
     closed = None if args.csv else closed_form_for(schedule, costs)
     title = (f"{schedule.name}  p={schedule.num_ranks} m={schedule.total_microbatches} "
              f"v={schedule.chunks}")
@@ -85,8 +84,8 @@ def run(args: argparse.Namespace) -> int:
     memory = memory_fields(timeline, costs)
     status = 1 if memory and not memory["fits"] else 0  # ran, but over --memory-limit
     if args.json:
-        print_timeline_json(timeline, closed, basis=closed_form_basis(schedule),
-                            extra={**memory, **auto_fields(schedule)})
+        # the same object as GET /api/simulate (pipebubble explore): interop/timeline_json.py
+        write_simulate_json(sys.stdout, schedule, costs, timeline, closed_form=not args.csv)
         return status
     from rich.console import Console
 

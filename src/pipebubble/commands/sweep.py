@@ -16,6 +16,7 @@ import sys
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from ..errors import UserError
 from ..files import open_output
 from ..limits import check_sweep
 from ..plan.sweep import SweepPoint, parse_range, sweep, write_csv
@@ -81,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     text = ",".join(schedule_names()) if args.schedules is None else args.schedules
     names = [n.strip() for n in text.split(",")]
     if not all(names):
-        raise ValueError(f"--schedules: empty name in {args.schedules!r}; use e.g. gpipe,1f1b")
+        raise UserError(f"--schedules: empty name in {args.schedules!r}; use e.g. gpipe,1f1b")
     names = list(dict.fromkeys("auto" if n.lower() == "auto" else lookup(n).name
                                for n in names))  # unknown names fail here
     costs = costs_from_args(args)
@@ -97,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
                        on_point=lambda: bar.advance(task))
     missing = total - len(points)
     if not points:
-        raise ValueError(f"no schedule in {','.join(names)} accepts p={args.ranks} with m in "
+        raise UserError(f"no schedule in {','.join(names)} accepts p={args.ranks} with m in "
                          f"{args.microbatches}")
     title = f"bubble and activation memory against microbatches, p={args.ranks}"
     if args.png or args.svg:
@@ -236,13 +237,13 @@ def run_memory(args: argparse.Namespace) -> int:
 
     ms = parse_range(args.microbatches, "--microbatches")
     if len(ms) != 1:
-        raise ValueError(f"--memory-limit sweeps at one m: give --microbatches N, "
+        raise UserError(f"--memory-limit sweeps at one m: give --microbatches N, "
                          f"got {args.microbatches!r}")
     limits = parse_limits(args.memory_limit)
     names = ([n.strip() for n in args.schedules.split(",")] if args.schedules is not None
              else list(MEMORY_SCHEDULES))
     if not all(names):
-        raise ValueError(f"--schedules: empty name in {args.schedules!r}; use e.g. auto,zbv")
+        raise UserError(f"--schedules: empty name in {args.schedules!r}; use e.g. auto,zbv")
     names = list(dict.fromkeys("auto" if n.lower() == "auto" else lookup(n).name
                                for n in names))
     costs = replace(costs_from_args(args), memory_limit=None)  # the flag is the range here
@@ -250,7 +251,7 @@ def run_memory(args: argparse.Namespace) -> int:
                 None if args.max_actions is None else 10 * args.max_actions)
     points = memory_sweep(names, args.ranks, ms[0], limits, costs)
     if not any(p.fits for p in points):
-        raise ValueError(f"no schedule fits any --memory-limit in {args.memory_limit} "
+        raise UserError(f"no schedule fits any --memory-limit in {args.memory_limit} "
                          f"(p={args.ranks}, m={ms[0]}); raise the limit")
     title = f"step time against the activation-memory limit, p={args.ranks}, m={ms[0]}"
     if args.png or args.svg:

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import NamedTuple
 
+from ..errors import UserError
+
 
 class Kind(StrEnum):
     """What an action computes. A ``str`` subclass: ``Kind.F == "F"`` and ``str(Kind.F) == "F"``,
@@ -43,7 +45,7 @@ KINDS = tuple(Kind)
 _ACTION_RE = re.compile(r"^\s*(\d+)([A-Za-z]+)(\d+)\s*$")
 
 
-class ScheduleError(ValueError):
+class ScheduleError(UserError):
     """A schedule, or the request for one, is invalid. The message names the bad value."""
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..errors import UserError
 from . import sleep as _sleep
 from .spec import ModelSpec
 
@@ -98,7 +99,7 @@ def transformer(
                         ("seq", seq)):
         _check(name, value)
     if dim % heads:
-        raise ValueError(f"dim must be a multiple of heads, got dim={dim}, heads={heads}")
+        raise UserError(f"dim must be a multiple of heads, got dim={dim}, heads={heads}")
     torch.manual_seed(seed)
     parts: list[nn.Module] = [Embedding(vocab, dim, seq)]
     parts += [Block(dim, heads) for _ in range(layers)]
@@ -116,10 +117,10 @@ MODELS = {"mlp": mlp, "transformer": transformer, "sleep": _sleep.sleep}
 
 def build_model(name: str, **kwargs: int) -> ModelSpec:
     if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; valid are {', '.join(MODELS)}")
+        raise UserError(f"unknown model {name!r}; valid are {', '.join(MODELS)}")
     return MODELS[name](**kwargs)
 
 
 def _check(name: str, value: int) -> None:
     if not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        raise UserError(f"{name} must be an integer >= 1, got {value!r}")

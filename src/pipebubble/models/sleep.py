@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import UserError
 from .spec import ModelSpec
 
 
@@ -73,9 +74,9 @@ class SleepLayer(nn.Module):
 def _per_layer(name: str, value: float | Sequence[float], layers: int) -> list[float]:
     vals = [float(value)] * layers if isinstance(value, int | float) else [float(v) for v in value]
     if len(vals) != layers:
-        raise ValueError(f"{name} has {len(vals)} values; expected 1 or {layers} (one per layer)")
+        raise UserError(f"{name} has {len(vals)} values; expected 1 or {layers} (one per layer)")
     if any(not v >= 0 for v in vals):
-        raise ValueError(f"{name} must be >= 0 seconds, got {vals}")
+        raise UserError(f"{name} must be >= 0 seconds, got {vals}")
     return vals
 
 
@@ -89,11 +90,11 @@ def sleep(
 ) -> Any:
     """``layers`` sleeping layers; ``f``, ``b``, ``w`` in seconds per layer (B = I + W)."""
     if not isinstance(layers, int) or layers < 1:
-        raise ValueError(f"layers must be an integer >= 1, got {layers!r}")
+        raise UserError(f"layers must be an integer >= 1, got {layers!r}")
     fs, bs, ws = (_per_layer(n, v, layers) for n, v in (("f", f), ("b", b), ("w", w)))
     for k, (bk, wk) in enumerate(zip(bs, ws, strict=True)):
         if wk > bk:
-            raise ValueError(f"w must be <= b (W is part of the backward), got w={wk} > b={bk} "
+            raise UserError(f"w must be <= b (W is part of the backward), got w={wk} > b={bk} "
                              f"for layer {k}")
     torch.manual_seed(seed)
     mods: list[nn.Module] = [SleepLayer(width, fs[k], bs[k] - ws[k], ws[k])

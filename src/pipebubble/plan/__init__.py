@@ -7,4 +7,12 @@
 - ``calibrate.py``: per-stage costs from a measured timeline.
 - ``measured.py``: rebalancing from measured stage times on real tensors.
 - ``sweep.py``: step time and bubble over microbatches for several schedules.
+- ``analytic.py``: per-layer parameters, FLOPs, time and activation bytes of a transformer
+  from its shape (Korthikanti et al. 2022), no tensors.
+- ``layercosts.py``: per-layer costs at any microbatch size and recomputation mode.
+- ``planner.py`` (with ``plans.py``, ``scoring.py``, ``families.py``): choose pp, dp,
+  microbatch size, schedule, chunks and recomputation under a memory budget, scored by the
+  simulator.
+- ``settings.py``: a plan as torchtitan and Megatron-LM settings.
+- ``validate.py``: run plans for real (sleeping the profiled times) and compare.
 """

@@ -23,6 +23,7 @@ from statistics import median
 import torch
 from torch import nn
 
+from ..errors import UserError
 from ..runtime.clock import VirtualClock
 from ..runtime.local import run_local
 from ..runtime.pipeline import PipelineStage
@@ -61,7 +62,7 @@ def measure_plans(
 ) -> list[Measurement]:
     """Median measured step time of each plan (``inputs`` is the whole batch of one step)."""
     if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
+        raise UserError(f"repeats must be >= 1, got {repeats}")
     cpu = resolve_timer(timer, inputs.device) == "cpu"
     runs: list[list[tuple[float, Timeline]]] = [[] for _ in plans]
     setups = [(stage_modules(layers, p.ranges), make_schedule(p.options)) for p in plans]

@@ -53,12 +53,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..errors import UserError
+
 Ranges = list[tuple[int, int]]  # (first_layer, last_layer), inclusive, one per stage
 TIE_BREAKS = ("balanced", "early", "late")
 _SCALE_TOTAL = 2**50
 
 
-class PartitionError(ValueError):
+class PartitionError(UserError):
     """The layers cannot be cut as asked (too many stages, memory caps, bad costs)."""
 
 
@@ -339,3 +341,40 @@ def min_max_partition_dp(
         j = int(arg[k, j])
         ends.append(j)
     return ranges_from_ends(sorted(ends))
+
+
+def balance_ranks(costs: np.ndarray, ranges: Ranges, where: tuple[int, ...]) -> Ranges:
+    """Move single stage boundaries while the loads of the ranks, sorted from the largest,
+    fall (lexicographically). The min-max cut balances stages; a rank holding several
+    (interleaved, V placement, DualPipe's two copies: stage ``s`` holds the layers of
+    ``ranges[s mod len(ranges)]``) carries their sum.
+
+    >>> balance_ranks(np.ones(6), [(0, 2), (3, 3), (4, 4), (5, 5)],
+    ...               (0, 1, 1, 0))   # V: rank 0 holds stages 0 and 3 (load 4 against 2)
+    [(0, 1), (2, 3), (4, 4), (5, 5)]
+    """
+    q = np.concatenate(([0.0], np.cumsum(costs)))
+    n = len(ranges)
+
+    def loads(ends: list[int]) -> tuple:
+        starts = [0, *ends[:-1]]
+        per = [0.0] * (max(where) + 1)
+        for s, r in enumerate(where):
+            per[r] += q[ends[s % n]] - q[starts[s % n]]
+        return tuple(sorted(per, reverse=True))
+
+    ends = [b + 1 for _, b in ranges]
+    best = loads(ends)
+    improved = True
+    while improved:
+        improved = False
+        for k in range(n - 1):
+            for step in (-1, 1):
+                e = ends[k] + step
+                if not (ends[k - 1] if k else 0) < e < ends[k + 1]:
+                    continue
+                trial = [*ends[:k], e, *ends[k + 1:]]
+                value = loads(trial)
+                if value < best:
+                    ends, best, improved = trial, value, True
+    return ranges_from_ends(ends)

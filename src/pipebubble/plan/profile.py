@@ -46,6 +46,8 @@ if TYPE_CHECKING:  # torch loads only when layers are measured, not to read a pr
     import torch
     from torch import nn
 
+from ..errors import UserError
+
 FIELDS = ("name", "forward", "backward", "params", "activation_bytes", "flops")
 FORMAT = "pipebubble-profile"
 
@@ -53,7 +55,7 @@ FORMAT = "pipebubble-profile"
 MAX_LAYERS = 100_000  # layers in a profile file (partitioning is O(layers x stages))
 
 
-class ProfileError(ValueError):
+class ProfileError(UserError):
     """A profile file or dictionary that cannot be used; the message names the bad value."""
 
 

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import TextIO
 
 from ..costs import CostModel
+from ..errors import UserError
 from ..ir.schedule import ScheduleError
 from ..schedules import closed_form_bubble, get_schedule, lookup
 from ..sim.kernel import simulate
@@ -59,7 +60,7 @@ def parse_range(text: str, flag: str = "range") -> list[int]:
     values: set[int] = set()
     for part in (p.strip() for p in str(text).split(",")):
         if len(part) > 40:
-            raise ValueError(f"{flag}: {part[:20]!r}... is too long; use N, A..B or A..B:STEP "
+            raise UserError(f"{flag}: {part[:20]!r}... is too long; use N, A..B or A..B:STEP "
                              "with numbers of at most 18 digits")
         lo_text, dots, rest = part.partition("..")
         hi_text, colon, step_text = rest.partition(":")
@@ -68,18 +69,18 @@ def parse_range(text: str, flag: str = "range") -> list[int]:
             hi = int(hi_text) if dots else lo
             step = int(step_text) if colon else 1
         except ValueError:
-            raise ValueError(
+            raise UserError(
                 f"{flag}: cannot read {part!r}; use N, A..B or A..B:STEP (e.g. 1..128), "
                 "comma-separated"
             ) from None
         if step < 1:
-            raise ValueError(f"{flag}: bad step in {part!r}; use A..B:STEP with STEP >= 1")
+            raise UserError(f"{flag}: bad step in {part!r}; use A..B:STEP with STEP >= 1")
         if lo < 1:
-            raise ValueError(f"{flag} must be >= 1, got {lo} in {part!r}")
+            raise UserError(f"{flag} must be >= 1, got {lo} in {part!r}")
         if hi < lo:
-            raise ValueError(f"{flag}: empty range {part!r} (end {hi} < start {lo})")
+            raise UserError(f"{flag}: empty range {part!r} (end {hi} < start {lo})")
         if (hi - lo) // step + 1 + len(values) > MAX_POINTS:
-            raise ValueError(f"{flag}: {part!r} has too many values (at most {MAX_POINTS})")
+            raise UserError(f"{flag}: {part!r} has too many values (at most {MAX_POINTS})")
         values.update(range(lo, hi + 1, step))
     return sorted(values)
 
@@ -189,17 +190,17 @@ def parse_limits(text: str, flag: str = "--memory-limit") -> list[float]:
             hi = float(hi_text) if dots else lo
             step = float(step_text) if colon else 1.0
         except ValueError:
-            raise ValueError(f"{flag}: cannot read {part!r}; use X, A..B or A..B:STEP "
+            raise UserError(f"{flag}: cannot read {part!r}; use X, A..B or A..B:STEP "
                              "(e.g. 1..8:0.5), comma-separated") from None
         if not (lo >= 0 and hi < float("inf")):
-            raise ValueError(f"{flag} must be finite and >= 0, got {part!r}")
+            raise UserError(f"{flag} must be finite and >= 0, got {part!r}")
         if not step > 0:
-            raise ValueError(f"{flag}: bad step in {part!r}; use A..B:STEP with STEP > 0")
+            raise UserError(f"{flag}: bad step in {part!r}; use A..B:STEP with STEP > 0")
         if hi < lo:
-            raise ValueError(f"{flag}: empty range {part!r} (end {hi:g} < start {lo:g})")
+            raise UserError(f"{flag}: empty range {part!r} (end {hi:g} < start {lo:g})")
         n = int((hi - lo) / step + 1e-9) + 1
         if n + len(values) > 10_000:
-            raise ValueError(f"{flag}: {part!r} has too many values (at most 10000)")
+            raise UserError(f"{flag}: {part!r} has too many values (at most 10000)")
         values.update(round(lo + k * step, 9) for k in range(n))
     return sorted(values)
 

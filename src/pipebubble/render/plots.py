@@ -30,6 +30,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
+from ..errors import UserError
 from ..timeline import Timeline
 from .style import (
     IDLE_COLOR,
@@ -393,7 +394,7 @@ def save(fig: Figure, path: str | Path, fmt: str | None = None) -> Path:
     path = Path(path)
     fmt = fmt or path.suffix.lstrip(".").lower() or "png"
     if fmt not in ("png", "svg", "pdf"):
-        raise ValueError(f"cannot save a figure as {fmt!r}; valid are png, svg, pdf")
+        raise UserError(f"cannot save a figure as {fmt!r}; valid are png, svg, pdf")
     from ..files import open_output
 
     meta = {"Software": None} if fmt == "png" else ({"Date": None} if fmt == "svg" else None)

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from matplotlib.colors import to_rgb
-
 from ..timeline import Timeline
 
 KIND_COLORS = {"F": "#0077BB", "I": "#33BBEE", "W": "#009988", "B": "#EE7733"}
@@ -29,6 +27,7 @@ FALLBACK_KIND = "#AA3377"
 IDLE_COLOR = "#EDEDED"
 OVERLAP_EDGE = "#000000"
 MEMORY_CMAP = "viridis"
+CHUNK_DARKENING = 0.45  # a rank's last chunk is drawn at 1 - 0.45 of its kind's colour
 
 # Schedules known to the project (and those other branches are adding) keep fixed colours.
 SCHEDULE_COLORS = {
@@ -46,10 +45,16 @@ _SPARE = ["#555555", "#997700", "#6699CC", "#117733", "#999933", "#44AA99", "#DD
 
 
 def kind_color(kind: str, chunk: int = 0, chunks: int = 1) -> tuple[float, float, float]:
-    """RGB of a box: the kind's colour, darkened for later chunks (up to 45% at the last)."""
+    """RGB of a box: the kind's colour, darkened for later chunks (up to 45% at the last).
+
+    The explorer's page (``web/static/app.js``) applies the same rule to the same colours.
+    """
+    from matplotlib.colors import to_rgb  # lazily: the trace writer and the web server use
+    # this module's colours and must not load matplotlib
+
     r, g, b = to_rgb(KIND_COLORS.get(kind, FALLBACK_KIND))
     if chunks > 1 and chunk > 0:
-        k = 1.0 - 0.45 * chunk / (chunks - 1)
+        k = 1.0 - CHUNK_DARKENING * chunk / (chunks - 1)
         r, g, b = r * k, g * k, b * k
     return (r, g, b)
 

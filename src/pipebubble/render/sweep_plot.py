@@ -18,6 +18,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
+from ..errors import UserError
 from ..plan.sweep import MemoryPoint, SweepPoint
 from .plots import WIDTH_IN, new_figure
 from .style import schedule_color
@@ -28,7 +29,7 @@ MARKERS = "osD^vP*X"
 def sweep_figure(points: Sequence[SweepPoint], title: str | None = None) -> Figure:
     """Two panels side by side, one series per schedule (in the order first seen)."""
     if not points:
-        raise ValueError("nothing to plot: the sweep has no points")
+        raise UserError("nothing to plot: the sweep has no points")
     names = list(dict.fromkeys(p.schedule for p in points))
     ncol = 4
     rows = -(-(len(names) + 1) // ncol)  # legend rows, the closed-form entry included
@@ -99,7 +100,7 @@ def memory_figure(points: Sequence[MemoryPoint], title: str | None = None) -> Fi
     its own peak memory on; ``auto`` a staircase that falls as memory grows."""
     fitting = [p for p in points if p.fits]
     if not fitting:
-        raise ValueError("nothing to plot: no schedule fits any limit of the sweep")
+        raise UserError("nothing to plot: no schedule fits any limit of the sweep")
     names = list(dict.fromkeys(p.schedule for p in points))
     height = 4.3
     fig = new_figure(WIDTH_IN, height)

@@ -20,6 +20,7 @@ from statistics import median
 import torch
 from torch import nn
 
+from ..errors import UserError
 from ..ir.schedule import Schedule, validate
 from ..sim.kernel import Deadlock
 from ..timeline import Timeline
@@ -64,9 +65,9 @@ class LocalResult:
 def split_microbatches(batch: torch.Tensor, num_microbatches: int) -> list[torch.Tensor]:
     """Split along dim 0 into ``num_microbatches`` pieces (sizes differ by at most one)."""
     if num_microbatches < 1:
-        raise ValueError(f"num_microbatches must be >= 1, got {num_microbatches}")
+        raise UserError(f"num_microbatches must be >= 1, got {num_microbatches}")
     if batch.shape[0] < num_microbatches:
-        raise ValueError(
+        raise UserError(
             f"batch of {batch.shape[0]} cannot be split into {num_microbatches} microbatches; "
             f"use at most {batch.shape[0]}"
         )
@@ -158,7 +159,7 @@ def _with_copies(schedule: Schedule, modules: Sequence[nn.Module]):
         pairs = [(modules[i % per], c) for i, c in enumerate(copies)]
         return list(modules) + copies, pairs
     valid = f"{S}" if chains == 1 else f"{S} (one per stage) or {per} (one per stage of a chain)"
-    raise ValueError(f"schedule has {S} stages but {len(modules)} modules given; expected {valid}")
+    raise UserError(f"schedule has {S} stages but {len(modules)} modules given; expected {valid}")
 
 
 def _sum_copy_grads(pairs: list[tuple[nn.Module, nn.Module]]) -> None:

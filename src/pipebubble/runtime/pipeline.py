@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from ..costs import CostModel
+from ..errors import UserError
 from ..ir.schedule import Schedule
 from ..schedules import get_schedule
 from .clock import VirtualClock
@@ -43,7 +44,7 @@ class PipelineStage(nn.Module):
     def __init__(self, *layers: nn.Module):
         super().__init__()
         if not layers:
-            raise ValueError("a PipelineStage needs at least one layer")
+            raise UserError("a PipelineStage needs at least one layer")
         self.layers = nn.Sequential(*layers)
 
     def forward(self, activation: torch.Tensor) -> torch.Tensor:
@@ -71,9 +72,9 @@ class Pipeline:
         timer: Callable[[], float] = time.perf_counter,
     ):
         if not stages:
-            raise ValueError("Pipeline needs at least one stage")
+            raise UserError("Pipeline needs at least one stage")
         if num_microbatches < 1:
-            raise ValueError(f"num_microbatches must be >= 1, got {num_microbatches}")
+            raise UserError(f"num_microbatches must be >= 1, got {num_microbatches}")
         self.stages = list(stages)
         self.num_microbatches = num_microbatches
         if isinstance(schedule, Schedule):
@@ -81,12 +82,12 @@ class Pipeline:
         else:
             v = chunks or 1
             if len(self.stages) % v:
-                raise ValueError(f"{len(self.stages)} stages do not split into {v} chunks per rank")
+                raise UserError(f"{len(self.stages)} stages do not split into {v} chunks per rank")
             self.schedule = get_schedule(schedule, len(self.stages) // v, num_microbatches, chunks)
         S, chains = self.schedule.num_stages, self.schedule.chains
         if len(self.stages) not in (S, S // chains):
             per = f" or {S // chains} (one model copy per chain)" if chains > 1 else ""
-            raise ValueError(
+            raise UserError(
                 f"schedule {self.schedule.name} has {S} stages, got {len(self.stages)} "
                 f"modules; expected {S}{per}"
             )

@@ -20,15 +20,16 @@ from collections.abc import Sequence
 
 from torch import nn
 
+from ..errors import UserError
 from .pipeline import PipelineStage
 
 
 def even_boundaries(num_layers: int, num_stages: int) -> list[int]:
-    """Cut points of an even split; raise ValueError naming the counts if there is none."""
+    """Cut points of an even split; raise UserError naming the counts if there is none."""
     if num_stages < 1:
-        raise ValueError(f"number of stages must be >= 1, got {num_stages}")
+        raise UserError(f"number of stages must be >= 1, got {num_stages}")
     if num_layers % num_stages:
-        raise ValueError(
+        raise UserError(
             f"{num_layers} layers do not split evenly into {num_stages} stages "
             f"(ranks x chunks); use a multiple of {num_stages} layers or give boundaries"
         )
@@ -38,9 +39,9 @@ def even_boundaries(num_layers: int, num_stages: int) -> list[int]:
 
 def balanced_boundaries(num_layers: int, num_stages: int) -> list[int]:
     """Cut points of a split whose stage sizes differ by at most one (the first stages take
-    the extra layers); raise ValueError when there are fewer layers than stages."""
+    the extra layers); raise UserError when there are fewer layers than stages."""
     if num_layers < num_stages:
-        raise ValueError(f"the model has {num_layers} layers, fewer than the {num_stages} "
+        raise UserError(f"the model has {num_layers} layers, fewer than the {num_stages} "
                          f"stages; use at least {num_stages} layers")
     base, extra = divmod(num_layers, num_stages)
     cuts, at = [], 0
@@ -60,14 +61,14 @@ def check_boundaries(boundaries: Sequence[int], num_layers: int, num_stages: int
     cuts = [int(b) for b in boundaries]
     if len(cuts) != num_stages - 1:
         example = ",".join(str(num_layers * k // num_stages) for k in range(1, num_stages))
-        raise ValueError(
+        raise UserError(
             f"boundaries has {len(cuts)} cut points; {num_stages} stages need {num_stages - 1} "
             f"(the first layer of each stage after the first, e.g. {example or 'none'})"
         )
     prev = 0
     for c in cuts:
         if not prev < c < num_layers:
-            raise ValueError(
+            raise UserError(
                 f"boundaries must increase strictly within 1..{num_layers - 1}, got {cuts}"
             )
         prev = c

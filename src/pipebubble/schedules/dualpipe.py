@@ -165,6 +165,7 @@ register(
         split_backward=True,
         aliases=("dualpipe-v", "dual-pipe-v"),
         closed_form=dualpipev_closed_form,
+        formula="bubble (PP/2−1)(F&B+B−3W), PP = 2p stages",
     )
 )
 
@@ -180,5 +181,6 @@ register(
         split_backward=True,
         aliases=("dual-pipe",),
         closed_form=dualpipe_closed_form,
+        formula="bubble (PP/2−1)(F&B+B−3W), PP = p",
     )
 )

@@ -98,5 +98,6 @@ register(
         fixed_chunks=False,
         aliases=("interleaved", "interleaved1f1b", "vpp"),
         closed_form=interleaved_closed_form,
+        formula="bubble (p−1)(F+B)/v: fraction (p−1)/(v·m+p−1)",
     )
 )

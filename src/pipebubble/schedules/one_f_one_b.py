@@ -38,5 +38,6 @@ register(
         "warm-up forwards, then one forward one backward (PipeDream-Flush, Megatron-LM)",
         aliases=("one-f-one-b", "pipedream-flush"),
         closed_form=gpipe_closed_form,
+        formula="bubble (p−1)(F+B): fraction (p−1)/(m+p−1)",
     )
 )

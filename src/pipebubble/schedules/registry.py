@@ -25,7 +25,8 @@ class ScheduleSpec:
     ``closed_form_basis`` says what that fraction is measured over: ``step`` (idle over
     ranks x step time, like ``Timeline.bubble_fraction``) or ``span`` (idle within the idlest
     rank's own span, first start to last end, as ZB-H2 and ZB-V are published: the paper
-    drops the optimizer barrier between steps).
+    drops the optimizer barrier between steps). ``formula`` is the closed form as text, for
+    people (the explorer shows it beside the number).
     """
 
     name: str
@@ -38,6 +39,7 @@ class ScheduleSpec:
     aliases: tuple[str, ...] = ()
     closed_form: ClosedForm | None = None
     closed_form_basis: str = "step"
+    formula: str = ""
 
 
 SCHEDULES: dict[str, ScheduleSpec] = {}

@@ -86,6 +86,7 @@ register(
         split_backward=True,
         aliases=("zb-v", "zbvzerobubble"),
         closed_form=zbv_closed_form,
+        formula="bubble 0 within every rank's span (F = I = W)",
         closed_form_basis="span",
     )
 )

@@ -85,6 +85,7 @@ register(
         split_backward=True,
         aliases=("zbh1", "zb1p"),
         closed_form=zb_h1_closed_form,
+        formula="bubble (p−1)(F+I−W) per rank",
     )
 )
 register(
@@ -96,6 +97,7 @@ register(
         split_backward=True,
         aliases=("zbh2", "zb2p"),
         closed_form=zb_h2_closed_form,
+        formula="bubble (p−1)(F+I−2W) within rank 0's span",
         closed_form_basis="span",
     )
 )

@@ -22,15 +22,16 @@ each link in ``2 (D - 1)`` rounds (Patarasuk & Yuan 2009):
 from __future__ import annotations
 
 from ..costs import CostModel, StageCosts
+from ..errors import UserError
 from ..timeline import Timeline
 
 
 def ring_allreduce_time(nbytes: float, dp: int, bandwidth: float, latency: float = 0.0) -> float:
     """Seconds to all-reduce ``nbytes`` over ``dp`` ranks with a ring (formula above)."""
     if dp < 1:
-        raise ValueError(f"dp must be >= 1, got {dp}")
+        raise UserError(f"dp must be >= 1, got {dp}")
     if bandwidth <= 0:
-        raise ValueError(f"bandwidth must be > 0 bytes/s, got {bandwidth}")
+        raise UserError(f"bandwidth must be > 0 bytes/s, got {bandwidth}")
     if dp == 1:
         return 0.0
     return 2 * (dp - 1) / dp * nbytes / bandwidth + 2 * (dp - 1) * latency

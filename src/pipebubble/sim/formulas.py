@@ -13,13 +13,14 @@ from __future__ import annotations
 import math
 
 from ..costs import StageCosts
+from ..errors import UserError
 
 
 def _check(num_stages: int, num_microbatches: int) -> None:
     if num_stages < 1:
-        raise ValueError(f"num_stages must be >= 1, got {num_stages}")
+        raise UserError(f"num_stages must be >= 1, got {num_stages}")
     if num_microbatches < 1:
-        raise ValueError(f"num_microbatches must be >= 1, got {num_microbatches}")
+        raise UserError(f"num_microbatches must be >= 1, got {num_microbatches}")
 
 
 def bubble_fraction(num_stages: int, num_microbatches: int) -> float:

@@ -43,6 +43,7 @@ from ..stages import balanced_boundaries, split_stages
 from .launch import is_loopback, loopback_store
 from .p2p import P2PTransport
 from .watchdog import Watchdog
+from ...errors import UserError
 
 
 @dataclass
@@ -89,7 +90,7 @@ class Env:
         missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
                    if k not in os.environ]
         if missing:
-            raise ValueError(f"not launched as a distributed worker: {', '.join(missing)} unset")
+            raise UserError(f"not launched as a distributed worker: {', '.join(missing)} unset")
         return Env(
             rank=int(os.environ["RANK"]),
             world_size=int(os.environ["WORLD_SIZE"]),
@@ -197,7 +198,7 @@ class Worker:
         self.cfg, self.cluster, self.env = cfg, cluster, cluster.env
         self.recompute = recompute
         if self.env.world_size != cfg.world_size:
-            raise ValueError(
+            raise UserError(
                 f"WORLD_SIZE is {self.env.world_size} but --ranks {cfg.ranks} x --dp {cfg.dp} "
                 f"needs {cfg.world_size} processes"
             )
@@ -222,7 +223,7 @@ class Worker:
             torch.cuda.set_device(self.device)
             bad = pair_order_mismatches(self.wired)
             if bad:
-                raise ValueError(f"--backend nccl needs messages in the same order at both "
+                raise UserError(f"--backend nccl needs messages in the same order at both "
                                  f"ends; {schedule_name(cfg)} with --p2p {cfg.p2p}: {bad[0]}")
         stages, _ = _with_copies(self.schedule, stages)  # DualPipe: the chains' copies
         self.modules = {s: m.to(self.device) for s, m in enumerate(stages)
@@ -242,7 +243,7 @@ class Worker:
             on_wait=lambda what: self.watchdog.at(what, True), device=self.device,
         )
         if x.shape[0] % cfg.dp:
-            raise ValueError(f"the global batch of {x.shape[0]} does not split into {cfg.dp} "
+            raise UserError(f"the global batch of {x.shape[0]} does not split into {cfg.dp} "
                              "replicas")
         n = x.shape[0] // cfg.dp
         mine = slice(self.replica * n, (self.replica + 1) * n)
@@ -406,7 +407,7 @@ def _parse_fault(text: str | None) -> tuple[str, int, int] | None:
         return None
     kind, rank, n = text.split(":")
     if kind not in ("kill", "raise"):
-        raise ValueError(f"fault kind must be kill or raise, got {kind!r}")
+        raise UserError(f"fault kind must be kill or raise, got {kind!r}")
     return kind, int(rank), int(n)
 
 

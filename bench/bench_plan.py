@@ -1,0 +1,102 @@
+"""Time the planner: a 32-layer analytic model on 64 GPUs (target: the whole search < 10 s).
+
+The model is LLaMA-7B's shape (32 blocks, h 4096, FFN 11008, 32 heads, vocab 32000) at
+sequence 4096 on 80 GiB GPUs (989 TFLOP/s x 40 % MFU), global batch 512, microbatch sizes
+1, 2, 4, every registered schedule (and auto when available), chunks <= 4, recomputation
+none and full. Baseline, timed in the same run: the same search with pruning off (every
+configuration simulated). Both must return the same plans; the script prints both times,
+configurations per second (Calculon: ~430/s) and the ratio.
+
+With ``--validate``: also plan a small model for 4 GPUs and run its top 3 plans for real
+(``pipebubble plan --validate 3``), printing each plan's predicted and measured step and
+whether the top plan is within 15 % of its prediction and within 5 % of the best measured.
+
+    python bench/bench_plan.py [--repeats 3] [--validate [--target-step 1.0]]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from pipebubble.plan.analytic import analytic_profile
+from pipebubble.plan.layercosts import ProfileSet
+from pipebubble.plan.planner import Request, search
+
+
+def best_of(repeats: int, fn):
+    times, out = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return min(times), out
+
+
+def bench_search(repeats: int) -> None:
+    prof = ProfileSet([analytic_profile(layers=32, hidden=4096, ffn=11008, heads=32,
+                                        vocab=32000, seq=4096, batch=1, tflops=989, mfu=0.4)])
+    req = Request(gpus=64, gpu_memory=80 * 2**30, global_batch=512, microbatch_sizes=(1, 2, 4),
+                  max_chunks=4, recompute=("none", "full"), top=5)
+    fast_t, fast = best_of(repeats, lambda: search(prof, req))
+    slow_t, slow = best_of(1, lambda: search(prof, Request(**{**req.__dict__, "prune": False})))
+    same = [p.step_time for p in fast.plans] == [p.step_time for p in slow.plans]
+    n = fast.searched
+    print(f"LLaMA-7B shape (34 layers), 64 GPUs x 80 GiB, global batch 512: {n} configurations")
+    print(f"  planner (bounds prune):   {fast_t:7.2f} s  (best of {repeats})  {n / fast_t:6.0f} "
+          f"configurations/s, {fast.simulated} simulations")
+    print(f"  every configuration simulated: {slow_t:7.2f} s  {n / slow_t:6.0f} configurations/s,"
+          f" {slow.simulated} simulations")
+    print(f"  speed-up {slow_t / fast_t:.1f}x; same plans: {same}; target under 10 s: "
+          f"{'met' if fast_t < 10 else 'MISSED'}")
+    b = fast.plans[0]
+    print(f"  best: pp={b.pp} dp={b.dp} {b.schedule} v={b.chunks} microbatch {b.microbatch_size}"
+          f" (m={b.microbatches}) recompute {b.recompute}: {b.step_time:.3f} s/step, "
+          f"{b.samples_per_second:.1f} samples/s, peak {max(b.peak_memory) / 2**30:.1f} GiB")
+    if not same:
+        raise SystemExit("pruning changed the plans")
+
+
+def bench_validate(target: float) -> None:
+    from pipebubble.plan.validate import fits_here, validate
+
+    prof = ProfileSet([analytic_profile(layers=8, hidden=1024, ffn=2816, heads=8, vocab=32000,
+                                        seq=1024, batch=1, tflops=300, mfu=0.4)])
+    res = search(prof, Request(gpus=4, gpu_memory=4 * 2**30, global_batch=16, top=10))
+    runs = validate([p for p in res.plans if fits_here(p, 8)][:3], target=target)
+    print("validation: 8-block model (h 1024), 4 GPUs x 4 GiB, global batch 16, top 3 run "
+          "for real (plans with auto orders are not run)")
+    m = runs[0].machine
+    print(f"  this machine: {m.overhead * 1e3:.2f} ms per action, {m.hop * 1e3:.2f} ms per "
+          f"message (empty run {m.empty_step * 1e3:.1f} ms); scale {runs[0].scale:.3g}")
+    measured = [v.measured for v in runs if v.measured is not None]
+    for k, v in enumerate(runs):
+        p = v.plan
+        got = "failed: " + (v.error or "") if v.measured is None else (
+            f"measured {v.measured * 1e3:7.1f} ms ({v.measured / v.predicted - 1:+.1%})")
+        print(f"  #{k + 1} pp={p.pp} dp={p.dp} {p.schedule:>16} v={p.chunks} m={p.microbatches:<3}"
+              f" predicted {v.predicted * 1e3:7.1f} ms  {got}")
+    top = runs[0]
+    if top.measured is not None and measured:
+        err = top.measured / top.predicted - 1
+        vs = top.measured / min(measured) - 1
+        print(f"  top plan: {err:+.1%} from its prediction (target within 15 %: "
+              f"{'met' if abs(err) <= 0.15 else 'MISSED'}), {vs:+.1%} from the best measured "
+              f"(target within 5 %: {'met' if vs <= 0.05 else 'MISSED'})")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--validate", action="store_true",
+                    help="also run the top 3 plans of a small model for real (minutes)")
+    ap.add_argument("--target-step", type=float, default=1.0,
+                    help="--validate: seconds the first plan's step sleeps (1.0)")
+    args = ap.parse_args()
+    bench_search(args.repeats)
+    if args.validate:
+        bench_validate(args.target_step)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,204 @@
+"""Analytic profiles of decoder-only transformers: no GPU, no tensors, just the shape.
+
+A model that does not fit on this machine can still be planned: its per-layer parameters,
+FLOPs, time and activation bytes follow from its shape. :func:`analytic_profile` writes the
+same :class:`~pipebubble.plan.profile.Profile` that ``pipebubble profile`` measures, with the
+layers ``tok_embeddings``, ``layers.0`` .. ``layers.{L-1}`` and ``output`` (final norm + head).
+
+Notation: ``L`` layers, ``h`` hidden size, ``f`` FFN size, ``a`` heads, ``k`` key/value heads
+(grouped-query attention; ``k = a`` is plain multi-head), ``d = h / a`` head size, ``V``
+vocabulary, ``s`` sequence length, ``b`` microbatch size, ``t = s b`` tokens.
+
+**Parameters** (LLaMA: no biases, RMSNorm, SwiGLU MLP with three matrices):
+
+- embedding ``V h``; head ``V h`` (0 with tied embeddings: exact for pp = 1; with pp > 1
+  Megatron keeps a second copy on the last stage, which this count leaves out); final norm
+  ``h``;
+- one block: attention ``2 h^2 + 2 h k d`` (Q and O are ``h x h``, K and V ``h x k d``),
+  MLP ``3 h f`` (``2 h f`` for a GELU MLP, ``swiglu=False``), two norms ``2 h``.
+
+LLaMA-7B (L=32, h=4096, f=11008, a=32, V=32000, untied): 6,738,415,616 parameters.
+
+**FLOPs** (Narayanan et al. 2021, *Efficient Large-Scale Language Model Training on GPU
+Clusters*, appendix on FLOPs: a matrix multiply of ``m x n`` by ``n x p`` is ``2 m n p``;
+the backward costs twice the forward):
+
+- block forward: ``2 t P_mm + 4 b s^2 h`` with ``P_mm`` the block's matrix parameters; the
+  second term is ``Q K^T`` and ``scores x V`` (full, not halved for causal masking);
+- head forward: ``2 t h V``; embedding and norms: 0 (element-wise work);
+- backward: the input gradient ``I`` (``2 t P_mm + 8 b s^2 h``) plus the weight gradient
+  ``W`` (``2 t P_mm``): each matrix multiply has one of each, attention scores have no weight.
+
+**Time** = FLOPs / (peak FLOP/s x MFU), for F, I and W alike.
+
+**Activation bytes per microbatch** (Korthikanti et al. 2022, *Reducing Activation
+Recomputation in Large Transformer Models*, 16-bit activations; scaled by
+``bytes(dtype) / 2`` for other dtypes):
+
+- block, no recomputation: ``s b h (34 + 5 a s / h)``;
+- block, selective recomputation (attention scores recomputed): ``34 s b h``; the backward
+  then re-runs the ``4 b s^2 h`` score FLOPs;
+- block, full recomputation: ``2 s b h`` (the block input); the backward re-runs the forward;
+- head: ``4 s b h`` (the norm's and the projection's inputs) plus ``4 s b V`` (fp32 logits
+  for the cross-entropy); embedding: ``8 s b`` (the int64 token ids).
+
+The 34 and 5 come from a GPT block (4h GELU MLP, dropout); for other MLPs they are the paper's
+estimate, not an exact count. What W alone keeps (Zero Bubble's ``M_W``: the inputs of the
+matrix multiplies) is ``2 s b (3 h + f)`` per block, ``2 s b h`` for the head.
+
+>>> p = analytic_profile(layers=32, hidden=4096, ffn=11008, heads=32, vocab=32000, seq=2048,
+...                      batch=1, tflops=989, mfu=0.4)
+>>> sum(layer.params for layer in p.layers)
+6738415616
+>>> p.layers[1].activation_bytes == 2048 * 4096 * (34 + 5 * 32 * 2048 / 4096)
+True
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from .profile import FORMAT, LayerProfile, Profile
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+RECOMPUTE_MODES = ("none", "selective", "full")
+SOURCE = ("Korthikanti et al. 2022 (activations); Narayanan et al. 2021 (FLOPs); "
+          "time = FLOPs / (tflops x mfu)")
+
+
+@dataclass(frozen=True)
+class TransformerShape:
+    """A decoder-only transformer's shape; ``kv_heads`` None means ``heads``."""
+
+    layers: int
+    hidden: int
+    ffn: int
+    heads: int
+    vocab: int
+    kv_heads: int | None = None
+    tied_embeddings: bool = False
+    swiglu: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("layers", "hidden", "ffn", "heads", "vocab"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"--{name} must be an integer >= 1, got {value!r}")
+        if self.hidden % self.heads:
+            raise ValueError(f"--hidden {self.hidden} must be a multiple of --heads "
+                             f"{self.heads} (head size = hidden / heads)")
+        kv = self.kv
+        if not isinstance(kv, int) or kv < 1 or self.heads % kv:
+            raise ValueError(f"--kv-heads must divide --heads {self.heads} (valid: "
+                             f"{', '.join(str(d) for d in _divisors(self.heads))}), got {kv!r}")
+
+    @property
+    def kv(self) -> int:
+        return self.heads if self.kv_heads is None else self.kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    def block_matmul_params(self) -> int:
+        """Parameters in the block's matrices: Q, K, V, O and the MLP."""
+        h, kvd = self.hidden, self.kv * self.head_dim
+        return 2 * h * h + 2 * h * kvd + (3 if self.swiglu else 2) * h * self.ffn
+
+    def block_params(self) -> int:
+        return self.block_matmul_params() + 2 * self.hidden  # + two RMSNorm weights
+
+    def total_params(self) -> int:
+        head = 0 if self.tied_embeddings else self.vocab * self.hidden
+        return (self.vocab * self.hidden + self.layers * self.block_params() + self.hidden
+                + head)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def analytic_profile(layers: int, hidden: int, ffn: int, heads: int, vocab: int, seq: int,
+                     batch: int, tflops: float, mfu: float, kv_heads: int | None = None,
+                     dtype: str = "bf16", tied_embeddings: bool = False,
+                     swiglu: bool = True) -> Profile:
+    """The profile of one microbatch of ``batch`` sequences of ``seq`` tokens (module doc).
+
+    Each layer carries, beside the usual fields (``forward``/``backward`` seconds with
+    ``backward`` = I + W, ``params``, ``activation_bytes`` without recomputation, ``flops``
+    forward + backward): ``weight_backward`` (W seconds), ``weight_activation_bytes`` (M_W),
+    ``output_bytes`` (what the next stage receives), and per recomputation mode
+    ``activation_bytes_full`` / ``recompute_time_full`` (and ``_selective``): the bytes F
+    keeps and the forward time the backward re-runs.
+    """
+    shape = TransformerShape(layers, hidden, ffn, heads, vocab, kv_heads, tied_embeddings,
+                             swiglu)
+    for name, value in (("seq", seq), ("batch", batch)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"--{name} must be an integer >= 1, got {value!r}")
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"unknown --dtype {dtype!r}; valid are {', '.join(DTYPE_BYTES)}")
+    if not (tflops > 0 and tflops != float("inf")):
+        raise ValueError(f"--tflops must be a finite number > 0 (peak TFLOP/s), got {tflops}")
+    if not 0 < mfu <= 1:
+        raise ValueError(f"--mfu must be in (0, 1] (model FLOPs utilisation), got {mfu}")
+    rate = tflops * 1e12 * mfu
+    k = DTYPE_BYTES[dtype] / 2  # Korthikanti's byte counts assume 2-byte activations
+    s, b, h, a, V = seq, batch, hidden, heads, vocab
+    t = s * b
+    pmm = shape.block_matmul_params()
+    scores = 4 * b * s * s * h
+    out = [_layer("tok_embeddings", "Embedding", params=V * h, fwd=0.0, i=0.0, w=0.0,
+                  rate=rate, act=8.0 * t, act_w=0.0, out_bytes=2 * t * h * k,
+                  full=(8.0 * t, 0.0), selective=(8.0 * t, 0.0))]
+    block_act = s * b * h * (34 + 5 * a * s / h) * k
+    for n in range(layers):
+        out.append(_layer(
+            f"layers.{n}", "TransformerBlock", params=shape.block_params(),
+            fwd=2 * t * pmm + scores, i=2 * t * pmm + 2 * scores, w=2 * t * pmm, rate=rate,
+            act=block_act, act_w=2 * t * (3 * h + ffn) * k, out_bytes=2 * t * h * k,
+            full=(2 * t * h * k, (2 * t * pmm + scores) / rate),
+            selective=(34 * t * h * k, scores / rate)))
+    head_params = h + (0 if tied_embeddings else V * h)
+    head_act = 4 * t * h * k + 4 * t * V
+    out.append(_layer("output", "NormHead", params=head_params, fwd=2 * t * h * V,
+                      i=2 * t * h * V, w=2 * t * h * V, rate=rate, act=head_act,
+                      act_w=2 * t * h * k, out_bytes=0.0, full=(head_act, 0.0),
+                      selective=(head_act, 0.0), modules=["norm", "output"]))
+    meta = {"format": FORMAT, "source": "analytic", "method": SOURCE, "device": "analytic",
+            "dtype": dtype, "batch": batch, "seq": seq, "tflops": tflops, "mfu": mfu,
+            "model": asdict(shape), "params": shape.total_params()}
+    return Profile(out, meta)
+
+
+def _layer(name: str, kind: str, *, params: int, fwd: float, i: float, w: float, rate: float,
+           act: float, act_w: float, out_bytes: float, full: tuple[float, float],
+           selective: tuple[float, float], modules: list[str] | None = None) -> LayerProfile:
+    """One layer from FLOPs (forward, input gradient, weight gradient) and bytes."""
+    extra: dict = {
+        "weight_backward": w / rate,
+        "weight_activation_bytes": float(act_w),
+        "output_bytes": float(out_bytes),
+        "activation_bytes_full": float(full[0]),
+        "recompute_time_full": float(full[1]),
+        "activation_bytes_selective": float(selective[0]),
+        "recompute_time_selective": float(selective[1]),
+    }
+    if modules:
+        extra["modules"] = modules
+    return LayerProfile(name, fwd / rate, (i + w) / rate, int(params), float(act),
+                        float(fwd + i + w), kind, extra)
+
+
+def profile_batch(profile: Profile) -> int:
+    """The microbatch size a profile was taken at: ``batch`` (analytic profiles) or the
+    first dimension of ``batch_shape`` (measured ones). Raises ValueError when neither."""
+    meta = profile.metadata
+    value = meta.get("batch")
+    if value is None and isinstance(meta.get("batch_shape"), list) and meta["batch_shape"]:
+        value = meta["batch_shape"][0]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError("the profile does not say its microbatch size: it needs a 'batch' "
+                         "(or 'batch_shape') entry with an integer >= 1, got "
+                         f"{value!r}")
+    return value

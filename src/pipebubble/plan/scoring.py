@@ -1,0 +1,415 @@
+"""Score one configuration of the planner: enumerate, bound, cut, price, simulate.
+
+:class:`Searcher` holds what one search shares (the profile, the request, generated
+schedules, cuts) and answers for a :class:`~pipebubble.plan.plans.Config` the fastest plan
+that fits (:meth:`Searcher.evaluate`), using the rules of :mod:`pipebubble.plan.planner`:
+every cut when there are few; else cuts (a), the min-max cut of what each layer adds to its
+rank's step and (ranks holding several stages) its rank-balanced refinement, or (b) the
+min-max cut under per-stage memory caps when no (a) cut fits. A plan is scored by the
+simulator; lower bounds (:meth:`Searcher._price`) only skip what cannot enter the top K.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import replace
+from itertools import combinations
+
+import numpy as np
+
+from ..costs import CostModel
+from ..ir.schedule import Schedule, ScheduleError, make_schedule
+from ..schedules import get_schedule
+from ..sim.dataparallel import ring_allreduce_time, step_time_with_allreduce
+from ..sim.kernel import simulate
+from .families import _auto_function, _held_both, chunk_options, schedule_list
+from .layercosts import LayerCosts, ProfileSet
+from .partition import (
+    PartitionError,
+    Ranges,
+    balance_ranks,
+    min_max_partition,
+    ranges_from_ends,
+)
+from .plans import AUTO, Config, NoPlanFits, Plan, Priced, Request, fmt_gib
+
+
+class Searcher:
+    """One search: the configurations of a request, and the plan of each (module doc)."""
+
+    def __init__(self, profiles: ProfileSet, req: Request):
+        self.p, self.req = profiles, req
+        self.L = len(profiles)
+        self.names = schedule_list(req.schedules)
+        modes = profiles.recompute_modes()
+        if req.recompute is None:
+            req = self.req = replace(req, recompute=("none", "full") if "full" in modes
+                                     else ("none",))
+        for r in req.recompute:
+            if r not in ("none", "selective", "full"):
+                raise ValueError(f"unknown --recompute {r!r}; valid are none, selective, full")
+            if r not in modes:
+                profiles.at(1, r)  # raises the profile's message
+        self.simulated = 0
+        self._schedules: dict[tuple, Schedule | None] = {}
+        self._cuts: dict[tuple, Ranges] = {}
+        self._held: dict[int, tuple[list[int], list[int]]] = {}
+        self._split: dict[int, bool] = {}
+        self.why_not: dict[str, str] = {}  # schedule -> why it could not be generated
+
+    # -- enumeration and bounds --
+    def configs(self) -> Iterator[Config]:
+        req, L = self.req, self.L
+        for pp in (d for d in range(1, req.gpus + 1) if req.gpus % d == 0):
+            dp = req.gpus // pp
+            for size in req.microbatch_sizes:
+                if req.global_batch % (dp * size):
+                    continue
+                m = req.global_batch // (dp * size)
+                for rec in req.recompute:
+                    lc = self.p.at(size, rec)
+                    work = float(lc.work.sum())
+                    ar = self._allreduce_bound(lc, dp)
+                    for name in self.names:
+                        for v in chunk_options(name, req.max_chunks):
+                            if pp * v > L and name not in ("dualpipe",):
+                                continue
+                            if name == "dualpipe" and pp > L:
+                                continue
+                            yield Config(pp, dp, size, m, name, v, rec,
+                                         (m * work + ar) / pp)
+
+    def _allreduce_bound(self, lc: LayerCosts, dp: int) -> float:
+        """The all-reduce of every stage summed is at least that of all parameters at once
+        (one latency term), ``ring(bytes) = a x bytes + c``."""
+        if dp == 1:
+            return 0.0
+        r = self.req
+        return ring_allreduce_time(float(lc.params.sum()) * r.grad_bytes, dp,
+                                   r.allreduce_bandwidth, r.latency)
+
+    def nothing_divides(self) -> str:
+        r = self.req
+        pairs = sorted({(r.gpus // pp) * s for pp in range(1, r.gpus + 1) if r.gpus % pp == 0
+                        for s in r.microbatch_sizes})
+        B = r.global_batch
+        below = max((B // d * d for d in pairs if B // d), default=None)
+        above = min((B // d + 1) * d for d in pairs)
+        near = f"{below} or {above}" if below else str(above)
+        return (f"--global-batch {B} cannot be split into microbatches: it must be a multiple "
+                f"of dp x microbatch size for some dp dividing --gpus {r.gpus} and "
+                f"--microbatch-size {','.join(map(str, r.microbatch_sizes))}, i.e. of one of "
+                f"{', '.join(map(str, pairs))} (nearest: {near})")
+
+    # -- one configuration --
+    def held(self, sched: Schedule, until: tuple[str, ...] = ("B", "W")) -> list[int]:
+        """:func:`held_per_stage`, both kinds computed once per schedule."""
+        if id(sched) not in self._held:
+            self._held[id(sched)] = _held_both(sched)
+        return self._held[id(sched)][0 if until == ("B", "W") else 1]
+
+    def schedule(self, c: Config) -> Schedule | None:
+        key = (c.schedule, c.pp, c.microbatches, c.chunks)
+        if key not in self._schedules:
+            try:
+                self._schedules[key] = get_schedule(c.schedule, c.pp, c.microbatches, c.chunks)
+            except ScheduleError as exc:
+                self._schedules[key] = None
+                self.why_not.setdefault(f"{c.schedule} pp={c.pp}", str(exc))
+        return self._schedules[key]
+
+    def evaluate(self, c: Config, threshold: float, budget: float,
+                 min_memory: bool = False) -> Plan | None:
+        """The fastest fitting plan of ``c`` below ``threshold`` (None if none). With
+        ``min_memory``: the plan that fits the least budget, whatever ``budget`` is."""
+        lc = self.p.at(c.microbatch_size, c.recompute)
+        if c.schedule == AUTO:  # not in the no-fit search: its least budget is the families'
+            return None if min_memory else self._evaluate_auto(c, lc, threshold, budget)
+        sched = self.schedule(c)
+        if sched is None:
+            return None
+        S_c = sched.num_stages // sched.chains
+        if S_c > self.L:
+            return None
+        if min_memory:
+            return self._least_memory_plan(c, sched, lc, self.held(sched))
+        exhaustive = math.comb(self.L - 1, S_c - 1) <= self.req.exhaustive_cuts
+        pas = [] if exhaustive else [self._price(c, sched, lc, cut) for cut in self._time_cuts(
+            lc, c, S_c, sched.num_microbatches, sched.stage_to_rank)]
+        if pas and all(pa.bound >= threshold and self._fits_surely(pa, sched, lc, budget)
+                       for pa in pas):
+            return None  # (a) is the plan of c, and it cannot enter the top K
+        if self.memory_bound(c, sched) > budget:
+            return None
+        held = self.held(sched)
+        if exhaustive:
+            best = None
+            for ends in combinations(range(1, self.L), S_c - 1):
+                p = self._score(c, sched, lc, ranges_from_ends([*ends, self.L]), threshold,
+                                budget, held)
+                if p is not None and (best is None or p.step_time < best.step_time):
+                    best, threshold = p, min(threshold, p.step_time)
+            return best
+        # The plan of c is the faster of the (a) cuts that fit, else (b). Bounds may skip
+        # simulating (a) only when they decide both; else the (a) cuts are simulated with no
+        # threshold to learn whether they fit.
+        cut_b = None
+        if all(pa.bound >= threshold for pa in pas):
+            cut_b = self._capped_cut(lc, c, sched, held, budget)
+            if cut_b is None or self._price(c, sched, lc, cut_b).bound >= threshold:
+                return None
+        fits = [p for p in (self._simulate(c, sched, pa.costs, pa.ranges, pa.static, budget,
+                                           math.inf) for pa in pas if max(pa.static) <= budget)
+                if p is not None]
+        if fits:  # (a) fits: it is the plan of c
+            best = min(fits, key=lambda p: p.step_time)
+            return best if best.step_time < threshold else None
+        if cut_b is None:
+            cut_b = self._capped_cut(lc, c, sched, held, budget)
+        return None if cut_b is None else self._score(c, sched, lc, cut_b, threshold, budget)
+
+    def _least_memory_plan(self, c, sched, lc, held) -> Plan | None:
+        """The plan of ``c`` that fits the smallest budget: cut (a), or cut (b) at the least
+        budget at which (b) exists (it then fits by construction: each rank's peak is at most
+        the sum of its stages' bounds, each within budget / stages per rank)."""
+        S_c = sched.num_stages // sched.chains
+        if math.comb(self.L - 1, S_c - 1) <= self.req.exhaustive_cuts:
+            plans = [self._score(c, sched, lc, ranges_from_ends([*ends, self.L]), math.inf,
+                                 math.inf, held)
+                     for ends in combinations(range(1, self.L), S_c - 1)]
+            return min((p for p in plans if p is not None), key=lambda p: p.needs,
+                       default=None)
+        cut = self._time_cuts(lc, c, S_c, sched.num_microbatches, sched.stage_to_rank)[0]
+        plan = self._score(c, sched, lc, cut, math.inf, math.inf, held)
+        rows = self._memory_rows(lc, sched, held)
+        per_rank = sched.num_stages // c.pp
+        lo, hi = max(max(r) for r in rows), sum(max(r) for r in zip(*rows, strict=True))
+        if plan is not None:
+            hi = min(hi, max(plan.peak_memory) / per_rank)
+        if self._capped_cut(lc, c, sched, held, hi * per_rank) is None:
+            return plan
+        while hi - lo > 1e-4 * hi:
+            mid = (lo + hi) / 2
+            if self._capped_cut(lc, c, sched, held, mid * per_rank) is None:
+                lo = mid
+            else:
+                hi = mid
+        budget = hi * per_rank
+        other = self._score(c, sched, lc, self._capped_cut(lc, c, sched, held, budget),
+                            math.inf, budget, held)
+        if other is not None:
+            other.budget = budget * (1 + 1e-9)  # at this budget (b) exists again
+        if plan is None or (other is not None and budget < max(plan.peak_memory)):
+            return other
+        return plan
+
+    def cut_costs(self, lc: LayerCosts, c: Config, microbatches: int) -> np.ndarray:
+        """What a layer adds to its rank's step: ``m x (F + I + W)`` plus its share of the
+        stage's ring all-reduce, ``2 (D-1)/D x params x grad_bytes / bandwidth`` (the
+        latency term is the same for every stage)."""
+        r = self.req
+        a = 2 * (c.dp - 1) / c.dp * r.grad_bytes / r.allreduce_bandwidth if c.dp > 1 else 0.0
+        return microbatches * lc.work + a * lc.params
+
+    def _time_cuts(self, lc: LayerCosts, c: Config, stages: int, microbatches: int,
+                   where: tuple[int, ...]) -> list[Ranges]:
+        """Cuts (a): the min-max cut of :meth:`cut_costs` and, when ranks hold several stages
+        (``where``: stage -> rank), its refinement by :func:`balance_ranks` if different."""
+        costs = self.cut_costs(lc, c, microbatches)
+        # The cut depends on the costs up to scale: key on the all-reduce share per unit work.
+        ratio = float((costs - microbatches * lc.work).sum()) / microbatches
+        key = (c.microbatch_size, c.recompute, stages, ratio, where)
+        if key not in self._cuts:
+            cuts = [min_max_partition(costs, stages)]
+            if len(where) > len(set(where)):
+                other = balance_ranks(costs, cuts[0], where)
+                if other != cuts[0]:
+                    cuts.append(other)
+            self._cuts[key] = cuts
+        return self._cuts[key]
+
+    def _memory_rows(self, lc: LayerCosts, sched: Schedule, held: list[int]) -> list[list]:
+        """Per stage of one copy: each layer's memory bound in that stage (worst copy)."""
+        S_c = sched.num_stages // sched.chains
+        static = self.req.bytes_per_param * lc.params + lc.transient
+        rows = [static + held[s] * lc.act for s in range(S_c)]
+        for s in range(S_c, sched.num_stages):
+            rows[s % S_c] = np.maximum(rows[s % S_c], static + held[s] * lc.act)
+        return [list(r) for r in rows]
+
+    def _capped_cut(self, lc, c, sched, held, budget) -> Ranges | None:
+        S_c = sched.num_stages // sched.chains
+        per_rank = sched.num_stages // c.pp
+        try:
+            return min_max_partition(self.cut_costs(lc, c, sched.num_microbatches), S_c,
+                                     memory=self._memory_rows(lc, sched, held),
+                                     memory_cap=budget / per_rank)
+        except PartitionError:
+            return None
+
+    def stage_costs(self, c: Config, sched: Schedule, lc: LayerCosts, ranges: Ranges
+                    ) -> tuple[CostModel, np.ndarray, np.ndarray]:
+        """The per-stage CostModel for a cut, the stages' parameters and transients."""
+        req = self.req
+        S, S_c = sched.num_stages, sched.num_stages // sched.chains
+        idx = [ranges[s % S_c] for s in range(S)]
+
+        def total(arr: np.ndarray) -> list[float]:
+            q = np.concatenate(([0.0], np.cumsum(arr)))
+            return [float(q[b + 1] - q[a]) for a, b in idx]
+
+        params = np.array(total(lc.params))
+        sent = max((float(lc.out[b]) for k, (a, b) in enumerate(ranges) if k < S_c - 1),
+                   default=0.0)
+        comm = sent / req.p2p_bandwidth + req.latency if S > 1 else 0.0
+        ar = [ring_allreduce_time(p * req.grad_bytes, c.dp, req.allreduce_bandwidth,
+                                  req.latency) for p in params]
+        f, i, w = total(lc.f), total(lc.i), total(lc.w)
+        act, act_w = total(lc.act), total(lc.act_w)
+        costs = CostModel(f=f, b=[x + y for x, y in zip(i, w, strict=True)], w=w, comm=comm,
+                          activation_memory=act, weight_memory=[min(x, y) for x, y in
+                                                                zip(act_w, act, strict=True)],
+                          allreduce=ar)
+        transient = np.array([float(lc.transient[a:b + 1].max()) for a, b in idx])
+        return costs, params, transient
+
+    def _price(self, c, sched, lc, ranges, split: bool | None = None) -> Priced:
+        """A cut's costs and what is known before simulating: each rank's static memory and
+        a lower bound on the step. Rank r starts no sooner than ``head_r``, the forwards of
+        microbatch 0 through the stages before its first one (and the hops between ranks);
+        then works ``busy_r`` and all-reduces. Its last backward of an input gradient (I or
+        B) comes no sooner than ``head_r + busy_r - W_r`` (every W may follow it), and the
+        gradient still has to reach its chain's first stage: ``tail_r``, the I (or B) of every
+        stage before r's stage, and the hops. ``split``: whether W is split from the
+        backward (None: ask the schedule)."""
+        costs, params, transient = self.stage_costs(c, sched, lc, ranges)
+        p, M = c.pp, sched.num_microbatches
+        where = sched.stage_to_rank
+        if split is None:
+            split = self.split(sched)
+        busy, ar, static, trans = [0.0] * p, [0.0] * p, [0.0] * p, [0.0] * p
+        late = [0.0] * p  # work that may follow the rank's last input-gradient action
+        head, tail = [math.inf] * p, [math.inf] * p
+        before = after = 0.0
+        for s, r in enumerate(where):
+            if sched.first_stage(s):
+                before = after = 0.0
+            else:
+                hop = costs.comm if where[s - 1] != r else 0.0
+                before += costs.f[s - 1] + hop
+                after += costs.b[s - 1] - (costs.w[s - 1] if split else 0.0) + hop
+            head[r] = min(head[r], before)
+            tail[r] = min(tail[r], after)
+            busy[r] += M * (costs.f[s] + costs.b[s])
+            late[r] += M * costs.w[s] if split else 0.0
+            ar[r] += costs.allreduce[s]
+            static[r] += self.req.bytes_per_param * params[s]
+            trans[r] = max(trans[r], transient[s])
+        bound = max(max(h + b + a, h + b - w + t) for h, b, a, w, t in
+                    zip(head, busy, ar, late, tail, strict=True))
+        return Priced(ranges, costs, bound, [x + t for x, t in zip(static, trans, strict=True)])
+
+    def split(self, sched: Schedule) -> bool:
+        key = id(sched)
+        if key not in self._split:
+            self._split[key] = sched.uses_split_backward()
+        return self._split[key]
+
+    def _score(self, c, sched, lc, ranges, threshold, budget, held=None) -> Plan | None:
+        """The cut's plan if it fits ``budget`` and beats ``threshold``, else None."""
+        pr = self._price(c, sched, lc, ranges)
+        if pr.bound >= threshold or max(pr.static) > budget:
+            return None
+        return self._simulate(c, sched, pr.costs, ranges, pr.static, budget, threshold)
+
+    def _fits_surely(self, pr: Priced, sched: Schedule, lc: LayerCosts, budget: float) -> bool:
+        """Whether the cut fits without simulating: every rank's static memory plus, for each
+        of its stages, the most microbatches it holds times M_B, is within budget."""
+        held = self.held(sched)
+        act = pr.costs.activation_memory
+        need = list(pr.static)
+        for s, r in enumerate(sched.stage_to_rank):
+            need[r] += held[s] * act[s]
+        return max(need) <= budget
+
+    def _simulate(self, c, sched, costs, ranges, static, budget, threshold) -> Plan | None:
+        self.simulated += 1
+        tl = simulate(sched, costs)
+        step = step_time_with_allreduce(tl, costs, c.dp)
+        peaks = [float(x + st.peak_memory) for x, st in zip(static, tl.rank_stats(),
+                                                             strict=True)]
+        if step >= threshold or max(peaks) > budget * (1 + 1e-12):
+            return None
+        ar = max((sum(costs.allreduce[s] for s, r in enumerate(sched.stage_to_rank) if r == k)
+                  for k in range(c.pp)), default=0.0) if c.dp > 1 else 0.0
+        return Plan(c, ranges, tuple(sched.stage_to_rank), step, tl.step_time,
+                    tl.bubble_fraction, peaks, ar, costs.comm, costs, sched,
+                    self.req.global_batch)
+
+    def _evaluate_auto(self, c, lc, threshold, budget) -> Plan | None:
+        """``auto``: the automatic scheduler's order (``schedules.auto.auto_schedule``) for the
+        min-max cut into ``pp`` stages (loop placement, chunks 1) or ``2 pp`` (V placement,
+        chunks 2), given each rank's memory left after weights, gradients, optimizer state
+        and the recomputation transient."""
+        fn = _auto_function()
+        placement = "loop" if c.chunks == 1 else "v"
+        S = c.pp * c.chunks
+        if fn is None or S > self.L:
+            return None
+        shape = make_schedule("auto", [()] * c.pp, S, c.microbatches, placement=placement)
+        cut = self._time_cuts(lc, c, S, c.microbatches, shape.stage_to_rank)[0]
+        pr = self._price(c, shape, lc, cut, split=True)  # the order may split W
+        if pr.bound >= threshold or max(pr.static) > budget:
+            return None
+        left = [budget - x for x in pr.static]
+        try:
+            sched = fn(c.pp, c.microbatches, pr.costs, memory_limit=left, placement=placement)
+        except (ScheduleError, ValueError):
+            return None  # no order fits the memory left
+        if tuple(sched.stage_to_rank) != tuple(shape.stage_to_rank):
+            return None
+        return self._simulate(c, sched, pr.costs, pr.ranges, pr.static, budget, threshold)
+
+    # -- nothing fits --
+    def no_fit(self, configs: list[Config]) -> NoPlanFits:
+        """The least peak memory of any plan (cuts (a) and (c)), as a one-line error."""
+        best: Plan | None = None
+        for c in sorted(configs, key=lambda c: self._memory_bound(c)):
+            if best is not None and self._memory_bound(c) >= best.needs:
+                break
+            p = self.evaluate(c, math.inf, math.inf, min_memory=True)
+            if p is not None and (best is None or p.needs < best.needs):
+                best = p
+        r = self.req
+        if best is None:
+            why = "; ".join(f"{k}: {v}" for k, v in list(self.why_not.items())[-2:])
+            return NoPlanFits(f"no configuration can be built for --gpus {r.gpus}, "
+                              f"--global-batch {r.global_batch} and {self.L} layers"
+                              + (f" ({why})" if why else ""), math.inf, None)
+        need = best.needs
+        c = best.config
+        families = " of a schedule family" if AUTO in self.names else ""  # auto may go lower
+        return NoPlanFits(
+            f"nothing fits in --gpu-memory {fmt_gib(r.gpu_memory)} per GPU: the smallest "
+            f"peak of any plan{families} is {fmt_gib(need, up=True)} (pp={c.pp}, dp={c.dp}, "
+            f"{c.schedule}, microbatch size {c.microbatch_size}, recompute {c.recompute}); "
+            f"use --gpu-memory {fmt_gib(need, up=True)} or more, or more --gpus",
+            need, best)
+
+    def _memory_bound(self, c: Config) -> float:
+        """No cut holds less than its weights spread evenly (two copies for DualPipe)."""
+        lc = self.p.at(c.microbatch_size, c.recompute)
+        copies = 2 if c.schedule == "dualpipe" else 1
+        return copies * self.req.bytes_per_param * float(lc.params.sum()) / c.pp
+
+    def memory_bound(self, c: Config, sched: Schedule) -> float:
+        """No cut's busiest rank holds less: ``(weights of every stage + sum over stages of
+        held_s x M_B(s)) / pp``, where ``held_s`` counts microbatches from F to their first
+        backward (all of M_B is held then, and the rank holds at least that stage's share at
+        its peak), bounded below by ``min_s held_s x`` (activation bytes of the model)."""
+        lc = self.p.at(c.microbatch_size, c.recompute)
+        held = min(self.held(sched, ("B", "I")))
+        per_rank = sched.num_stages // c.pp
+        weights = sched.chains * self.req.bytes_per_param * float(lc.params.sum())
+        return (weights + held * sched.chains * float(lc.act.sum()) / per_rank) / c.pp

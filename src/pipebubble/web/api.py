@@ -1,0 +1,332 @@
+"""The explorer's API: plain functions from request parameters to JSON-able objects.
+
+The server (``server.py``) maps URLs to these functions and nothing else; every number the
+page shows comes from here, and here from the same code as ``simulate --json``
+(:func:`pipebubble.interop.timeline_json.simulate_json`). There is no second simulator in the page.
+
+- ``GET /api/simulate?schedule=gpipe&ranks=4&microbatches=8&f=1&b=2`` → :func:`simulate_get`
+- ``POST /api/simulate`` (a torch CSV or a timeline JSON body) → :func:`simulate_post`
+- ``GET /api/sweep?...&ms=1,2,4`` → :func:`sweep` (bubble against m)
+- ``GET /api/csv?...`` → :func:`schedule_csv`; ``GET|POST /api/trace`` → :func:`trace`
+- ``GET /api/meta`` → :func:`meta` (schedules, colours, limits)
+
+Parameters (all optional): ``schedule`` (gpipe), ``ranks`` (4), ``microbatches`` (8),
+``chunks`` (the schedule's own), ``f`` (1), ``b`` (2), ``w`` (1; a number or a comma list
+per stage, like the CLI), ``comm`` (0), ``overlap`` (1), ``mem_b`` (M_B, 1), ``mem_w``
+(M_W, 0), ``memory_limit`` (none; one value, or one per rank). ``schedule=auto`` searches
+an order under the memory limit, like ``simulate --schedule auto``. Bad values raise
+``ValueError`` with one line naming the value and what is valid; the server answers 400
+with it. Requests bigger than :data:`MAX_ACTIONS` actions raise :class:`TooLarge` (413).
+
+>>> out = simulate_get({"schedule": "gpipe", "ranks": "4", "microbatches": "8"})
+>>> round(out["bubble_fraction"] * 100, 2)
+27.27
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+from .. import __version__
+from ..costs import CostModel
+from ..interop.timeline_json import (
+    closed_form_for,
+    simulate_checked,
+    simulate_json,
+    timeline_from_json,
+    timeline_json,
+)
+from ..ir.schedule import Schedule
+from ..schedules import SCHEDULES, get_schedule, lookup
+from ..timeline import Timeline
+
+MAX_ACTIONS = 200_000  # actions per request (a sweep: summed over its points)
+MAX_BODY_BYTES = 8 * 2**20  # bytes of a POSTed CSV or timeline JSON
+SWEEP_MS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+DEFAULTS = {"schedule": "gpipe", "ranks": "4", "microbatches": "8"}
+AUTO = "auto"  # not a family in the registry: a search over orders (schedules/auto)
+
+
+class TooLarge(ValueError):
+    """The request asks for more than the documented limits; the server answers 413."""
+
+
+def _int(params: Mapping[str, str], name: str, default: str | None = None) -> int | None:
+    text = params.get(name, default)
+    if text is None or str(text).strip() == "":
+        return None
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        raise ValueError(f"{name} must be an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value}")
+    return value
+
+
+def _times(params: Mapping[str, str], name: str, default: float) -> float | list[float]:
+    """A number or a comma list of numbers (one per stage), finite and >= 0, like the CLI."""
+    text = params.get(name)
+    if text is None or str(text).strip() == "":
+        return default
+    try:
+        values = [float(p) for p in str(text).split(",")]
+    except ValueError:
+        raise ValueError(f"{name} must be a number or a comma list of numbers, got "
+                         f"{text!r}") from None
+    for v in values:
+        if not v >= 0 or v == float("inf"):
+            raise ValueError(f"{name} must be finite and >= 0, got {v:g}")
+    return values[0] if len(values) == 1 else values
+
+
+def costs_from_params(params: Mapping[str, str]) -> CostModel:
+    """The CostModel the parameters describe (the CLI's --f/--b/--w/--comm/--overlap and
+    M_B, M_W). ``memory_limit`` is passed on when CostModel knows it; the page marks the
+    ranks whose ``peak_memory`` exceeds it either way."""
+    comm = _times(params, "comm", 0.0)
+    if isinstance(comm, list):
+        raise ValueError("comm takes one value (time per hop), got a list")
+    overlap = _times(params, "overlap", 1.0)
+    if isinstance(overlap, list) or not 0 < overlap <= 1:
+        raise ValueError(f"overlap must be one number in (0, 1], got {params.get('overlap')!r}")
+    kwargs: dict = dict(
+        f=_times(params, "f", 1.0), b=_times(params, "b", 2.0), w=_times(params, "w", 1.0),
+        comm=comm, overlap=overlap, activation_memory=_times(params, "mem_b", 1.0),
+        weight_memory=_times(params, "mem_w", 0.0))
+    limit = _times(params, "memory_limit", -1.0)
+    if limit != -1.0:  # one value for every rank, or one per rank (CostModel checks)
+        kwargs["memory_limit"] = limit
+    return CostModel(**kwargs)
+
+
+def schedule_from_params(params: Mapping[str, str], costs: CostModel | None = None) -> Schedule:
+    """Generate the schedule the parameters name, refusing ones over :data:`MAX_ACTIONS`.
+
+    ``auto`` (like ``simulate --schedule auto``) searches the fastest order for ``costs``
+    within their memory limit: chunks 1 loop placement, 2 V, none either.
+    """
+    name = str(params.get("schedule") or DEFAULTS["schedule"])
+    ranks = _int(params, "ranks", DEFAULTS["ranks"])
+    microbatches = _int(params, "microbatches", DEFAULTS["microbatches"])
+    chunks = _int(params, "chunks")
+    if name.lower() == AUTO:
+        from ..schedules.auto import auto_schedule
+
+        placement = {None: "any", 1: "loop", 2: "v"}.get(chunks)
+        if placement is None:
+            raise ValueError(f"auto takes chunks 1 (loop placement) or 2 (V placement), "
+                             f"got {chunks}")
+        _check_size(ranks * 2 * microbatches * 3)
+        return auto_schedule(ranks, microbatches, costs or CostModel(), placement=placement)
+    spec = lookup(name)
+    _check_size(ranks * (chunks or spec.chunks) * microbatches)
+    schedule = get_schedule(spec.name, ranks, microbatches, chunks)
+    _check_size(sum(map(len, schedule.orders)))
+    return schedule
+
+
+def _check_size(actions: int) -> None:
+    if actions > MAX_ACTIONS:
+        raise TooLarge(f"{actions} actions is over the explorer's limit of {MAX_ACTIONS} per "
+                       "request; use the command line (pipebubble simulate) for this size")
+
+
+def simulate_get(params: Mapping[str, str]) -> dict:
+    """``GET /api/simulate``: exactly the object ``pipebubble simulate --json`` prints."""
+    costs = costs_from_params(params)
+    return simulate_json(schedule_from_params(params, costs), costs)
+
+
+def load_body(body: bytes, params: Mapping[str, str]) -> tuple[Timeline, dict]:
+    """A POSTed file: a timeline JSON (``{...}``) or a torch.distributed.pipelining CSV.
+
+    Returns the Timeline and its JSON object. A CSV is simulated with the cost parameters
+    (no closed form: the file fixes the order); a timeline JSON keeps its own fields
+    (``source``, ``predicted``, ``memory``, ...) over the recomputed ones, and a measured
+    one gets ``predicted_timeline``: the simulator's prediction of the same run, from the
+    run's own median action times (see :func:`_predict`), to draw beside it.
+    """
+    if len(body) > MAX_BODY_BYTES:
+        raise TooLarge(f"the file is {len(body)} bytes; the explorer takes at most "
+                       f"{MAX_BODY_BYTES} bytes")
+    try:
+        text = body.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise ValueError("the file is not UTF-8 text (expected a CSV or a JSON file)") from None
+    name = str(params.get("name") or "uploaded")
+    if not text.strip():
+        raise ValueError(f"{name}: the file is empty (expected a CSV or a JSON file)")
+    if text.lstrip().startswith("{"):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{name}: not valid JSON: {exc}") from None
+        if isinstance(data, dict) and isinstance(data.get("events"), list):
+            _check_size(len(data["events"]))
+        timeline = timeline_from_json(data, source=name)
+        closed = data.get("closed_form_bubble")
+        out = timeline_json(timeline, closed if _is_number(closed) else None,
+                            basis=str(data.get("closed_form_basis") or "step"))
+        for key, value in data.items():  # the file's own extras (measured runs: predicted)
+            out.setdefault(key, value)
+        if _memory_ok(data.get("memory"), timeline.num_ranks):  # events carry no memory:
+            out["memory"] = data["memory"]  # keep the file's curves and peaks
+        file_ranks = data.get("per_rank")
+        if isinstance(file_ranks, list) and len(file_ranks) == len(out["per_rank"]):
+            for mine, theirs in zip(out["per_rank"], file_ranks, strict=True):
+                if isinstance(theirs, dict) and _is_number(theirs.get("peak_memory")):
+                    mine["peak_memory"] = theirs["peak_memory"]
+        out["source"] = timeline.source
+        if timeline.source == "measured":
+            predicted = _predict(timeline)
+            if predicted is not None:
+                out["predicted_timeline"] = predicted
+        return timeline, out
+    from ..interop.torch_csv import parse_torch_csv
+
+    _check_size(text.count(",") + text.count("\n") + 1)
+    schedule = parse_torch_csv(text, source=name, name=name.rsplit(".", 1)[0])
+    costs = costs_from_params(params)
+    timeline = simulate_checked(schedule, costs)
+    out = simulate_json(schedule, costs, closed_form=False, timeline=timeline)
+    out["source"] = "simulated"
+    return timeline, out
+
+
+def _is_number(x: object) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and x == x
+
+
+def _memory_ok(memory: object, ranks: int) -> bool:
+    """True when ``memory`` has the shape of :func:`~pipebubble.interop.timeline_json.memory_json`
+    (one ``{rank, time, value}`` per rank, numbers, equal lengths): only then is a file's
+    own curve passed to the page."""
+    if not isinstance(memory, list) or len(memory) != ranks:
+        return False
+    for curve in memory:
+        if not (isinstance(curve, dict) and isinstance(curve.get("time"), list)
+                and isinstance(curve.get("value"), list)
+                and len(curve["time"]) == len(curve["value"])
+                and curve.get("rank") in range(ranks)
+                and all(map(_is_number, curve["time"])) and all(map(_is_number, curve["value"]))):
+            return False
+    return True
+
+
+def _predict(measured: Timeline) -> dict | None:
+    """The simulator's prediction of a measured run: the same schedule (when its name is a
+    registered one and the placement matches) under costs calibrated from the run's own
+    median action times (:func:`pipebubble.plan.calibrate.costs_from_timeline`), in seconds
+    like the run. None when the run's schedule cannot be regenerated."""
+    from ..plan.calibrate import costs_from_timeline
+
+    try:
+        schedule = get_schedule(measured.schedule, measured.num_ranks,
+                                measured.num_microbatches * measured.chains, measured.chunks)
+    except ValueError:
+        return None
+    if tuple(schedule.stage_to_rank) != tuple(measured.stage_to_rank):
+        return None
+    out = simulate_json(schedule, costs_from_timeline(measured))
+    out["source"] = "predicted"
+    return out
+
+
+def simulate_post(body: bytes, params: Mapping[str, str]) -> dict:
+    """``POST /api/simulate``: a CSV or timeline file, viewed like a simulation."""
+    return load_body(body, params)[1]
+
+
+def sweep(params: Mapping[str, str]) -> dict:
+    """``GET /api/sweep``: bubble and step time against m for one schedule and cost model.
+
+    ``ms`` (a comma list) picks the microbatch counts; default :data:`SWEEP_MS` plus the
+    current ``microbatches``. A count the schedule refuses (e.g. zb-h2 needs m >= 2p-1) gets
+    ``error`` instead of numbers.
+    """
+    costs = costs_from_params(params)
+    ms_text = params.get("ms")
+    current = _int(params, "microbatches", DEFAULTS["microbatches"])
+    if ms_text:
+        ms = sorted({_int({"ms": part}, "ms") for part in str(ms_text).split(",")})
+    else:
+        ms = sorted(set(SWEEP_MS) | {current})
+    ranks = _int(params, "ranks", DEFAULTS["ranks"])
+    name = str(params.get("schedule") or DEFAULTS["schedule"])
+    chunks = _int(params, "chunks") or (2 if name.lower() == AUTO else lookup(name).chunks)
+    _check_size(sum(ranks * chunks * m for m in ms))
+    points = []
+    for m in ms:
+        point: dict = {"microbatches": m}
+        try:
+            schedule = schedule_from_params({**params, "microbatches": str(m)}, costs)
+            timeline = simulate_checked(schedule, costs)
+        except TooLarge:
+            raise
+        except ValueError as exc:
+            point["error"] = str(exc)
+        else:
+            point.update(step_time=timeline.step_time, bubble_fraction=timeline.bubble_fraction,
+                         closed_form_bubble=closed_form_for(schedule, costs))
+        points.append(point)
+    return {"schedule": AUTO if name.lower() == AUTO else lookup(name).name, "ranks": ranks,
+            "points": points}
+
+
+def schedule_csv(params: Mapping[str, str]) -> str:
+    """``GET /api/csv``: the schedule in torch.distributed.pipelining's CSV format."""
+    from ..interop.torch_csv import to_torch_csv
+
+    return to_torch_csv(schedule_from_params(params, costs_from_params(params)))
+
+
+def trace(params: Mapping[str, str], body: bytes | None = None) -> dict:
+    """``GET /api/trace`` (a simulation) or ``POST /api/trace`` (a loaded file): the
+    Chrome/Perfetto trace document of :mod:`pipebubble.render.trace`."""
+    from ..render.trace import trace_document
+
+    if body is None:
+        costs = costs_from_params(params)
+        timeline = simulate_checked(schedule_from_params(params, costs), costs)
+    else:
+        timeline = load_body(body, params)[0]
+    return trace_document([timeline], [timeline.schedule])
+
+
+def meta() -> dict:
+    """``GET /api/meta``: what the page builds its controls and colours from.
+
+    Schedules come from the registry (every registered family, in registration order, then
+    ``auto``), with their default and minimum chunks and a text for the closed form
+    (``chunks`` null: the schedule chooses); colours are those of
+    the PNG renderer (``render/style.py``), so the SVG and the PNG agree.
+    """
+    from ..render import style
+
+    schedules = []
+    for spec in SCHEDULES.values():
+        schedules.append({
+            "name": spec.name, "summary": spec.summary,
+            "formula": getattr(spec, "formula", "") or None,
+            "chunks": spec.chunks, "min_chunks": spec.min_chunks,
+            "fixed_chunks": spec.fixed_chunks, "split_backward": spec.split_backward,
+            "closed_form": spec.closed_form is not None, "basis": spec.closed_form_basis,
+            "color": style.schedule_color(spec.name),
+        })
+    schedules.append({
+        "name": AUTO, "summary": "the fastest order found for these costs within the memory "
+        "limit (a list scheduler, schedules/auto); v: 1 loop placement, 2 V, empty either",
+        "formula": None, "chunks": None, "min_chunks": 1, "fixed_chunks": False,
+        "split_backward": True, "closed_form": False, "basis": "step",
+        "color": style.schedule_color(AUTO),
+    })
+    return {
+        "version": __version__, "defaults": DEFAULTS, "schedules": schedules,
+        "colors": {"kinds": style.KIND_COLORS, "fallback": style.FALLBACK_KIND,
+                   "idle": style.IDLE_COLOR, "overlap_edge": style.OVERLAP_EDGE,
+                   "chunk_darkening": style.CHUNK_DARKENING},
+        "kind_names": style.KIND_NAMES,
+        "limits": {"max_actions": MAX_ACTIONS, "max_body_bytes": MAX_BODY_BYTES},
+    }

@@ -1,0 +1,312 @@
+"""The planner: exact against brute force over every configuration and every cut, pruning
+changes nothing, memory errors name a budget that works, and the numbers it reports are
+what the simulator says for the plan it returns."""
+
+import math
+from itertools import combinations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipebubble.ir.schedule import ScheduleError
+from pipebubble.plan.analytic import analytic_profile
+from pipebubble.plan.layercosts import ProfileSet
+from pipebubble.plan.partition import ranges_from_ends
+from pipebubble.plan.planner import (
+    Config,
+    NoPlanFits,
+    Request,
+    Searcher,
+    chunk_options,
+    schedule_list,
+    search,
+)
+from pipebubble.plan.profile import Profile
+from pipebubble.schedules import get_schedule
+from pipebubble.sim.dataparallel import step_time_with_allreduce
+from pipebubble.sim.kernel import simulate
+
+# The registered families: brute force enumerates their orders' cuts; auto's orders it cannot.
+FAMILIES = tuple(n for n in schedule_list(None) if n != "auto")
+
+
+def profile_of(layers, batch=1) -> ProfileSet:
+    """layers: (forward, backward, params, activation_bytes) per layer."""
+    return ProfileSet([Profile.from_dict({"batch": batch, "layers": [
+        {"name": f"l{i}", "forward": f, "backward": b, "params": n, "activation_bytes": a,
+         "flops": 0} for i, (f, b, n, a) in enumerate(layers)]})])
+
+
+def brute_force(profiles: ProfileSet, req: Request) -> float:
+    """The fastest step of any configuration and any cut that fits: no bound, no partitioner.
+    (Prices each cut with the planner's cost model; times and memory come from simulate.)"""
+    pricing = Searcher(profiles, req)
+    L, best = len(profiles), math.inf
+    for pp in [d for d in range(1, req.gpus + 1) if req.gpus % d == 0]:
+        dp = req.gpus // pp
+        for size in req.microbatch_sizes:
+            if req.global_batch % (dp * size):
+                continue
+            m = req.global_batch // (dp * size)
+            for rec in req.recompute:
+                lc = profiles.at(size, rec)
+                for name in schedule_list(req.schedules):
+                    for v in chunk_options(name, req.max_chunks):
+                        try:
+                            sched = get_schedule(name, pp, m, v)
+                        except ScheduleError:
+                            continue
+                        S_c = sched.num_stages // sched.chains
+                        if S_c > L:
+                            continue
+                        c = Config(pp, dp, size, m, name, v, rec, 0.0)
+                        for ends in combinations(range(1, L), S_c - 1):
+                            ranges = ranges_from_ends([*ends, L])
+                            costs, params, transient = pricing.stage_costs(c, sched, lc, ranges)
+                            tl = simulate(sched, costs)
+                            peaks = [0.0] * pp
+                            for r, stats in enumerate(tl.rank_stats()):
+                                mine = [s for s in range(sched.num_stages)
+                                        if sched.stage_to_rank[s] == r]
+                                peaks[r] = (sum(req.bytes_per_param * params[s] for s in mine)
+                                            + max(transient[s] for s in mine)
+                                            + stats.peak_memory)
+                            if max(peaks) <= req.gpu_memory:
+                                best = min(best, step_time_with_allreduce(tl, costs, dp))
+    return best
+
+
+def test_hand_example_pp1_beats_pp2():
+    prof = profile_of([(1, 2, 0, 0)] * 4)
+    res = search(prof, Request(gpus=2, gpu_memory=1, global_batch=4, microbatch_sizes=(1,),
+                               schedules=("1f1b", "gpipe"), recompute=("none",), latency=0))
+    # pp=1: 2 microbatches x 4 layers x 3 s = 24; pp=2, 1F1B or GPipe, m=4: (4+1) x 6 = 30
+    assert [(p.pp, p.step_time) for p in res.plans] == [(1, 24.0)] * 2 + [(2, 30.0)] * 2
+
+
+def test_memory_decides_between_gpipe_and_1f1b():
+    # 2 GPUs, pp = 2 only (dp = 2 cannot split batch 3), m = 3, stage = 1 layer of 10 bytes
+    # per microbatch: GPipe holds 3 on each rank (30 bytes), 1F1B holds 2 on rank 0.
+    prof = profile_of([(1, 2, 0, 10)] * 2)
+    req = dict(gpus=2, global_batch=3, microbatch_sizes=(1,), schedules=("gpipe", "1f1b"),
+               recompute=("none",), latency=0)
+    tight = search(prof, Request(gpu_memory=20, **req))
+    assert [(p.schedule, max(p.peak_memory)) for p in tight.plans] == [("1f1b", 20.0)]
+    both = search(prof, Request(gpu_memory=30, **req))
+    assert sorted(p.schedule for p in both.plans) == ["1f1b", "gpipe"]
+
+
+layer = st.tuples(st.integers(1, 4), st.integers(1, 6), st.integers(0, 50), st.integers(0, 40))
+
+
+@settings(max_examples=12, deadline=None)
+@given(layers=st.lists(layer, min_size=2, max_size=5), gpus=st.sampled_from([1, 2, 4]),
+       batch=st.sampled_from([4, 8]), budget=st.integers(1, 900),
+       bandwidth=st.sampled_from([10.0, 1e9]))
+def test_best_plan_equals_brute_force(layers, gpus, batch, budget, bandwidth):
+    layers = [(f, f + b, n, a) for f, b, n, a in layers]
+    prof = profile_of(layers)
+    req = Request(gpus=gpus, gpu_memory=budget, global_batch=batch, microbatch_sizes=(1, 2),
+                  max_chunks=2, recompute=("none",), bytes_per_param=2, grad_bytes=1,
+                  allreduce_bandwidth=bandwidth, p2p_bandwidth=1e9, latency=0.01, top=1,
+                  schedules=FAMILIES)
+    expect = brute_force(prof, req)
+    cut_rule = Request(**{**req.__dict__, "exhaustive_cuts": 0})  # min-max cuts (a), (b) only
+    if expect == math.inf:
+        for r in (req, cut_rule):
+            with pytest.raises(NoPlanFits):
+                search(prof, r)
+        return
+    got = search(prof, req).plans[0]
+    assert got.step_time == pytest.approx(expect, rel=1e-12)
+    assert max(got.peak_memory) <= budget
+    # Without enumerating cuts the planner may miss the best cut, never beat it or overrun.
+    try:
+        other = search(prof, cut_rule).plans[0]
+    except NoPlanFits:
+        return
+    assert other.step_time >= expect * (1 - 1e-12) and max(other.peak_memory) <= budget
+
+
+def test_best_plan_equals_brute_force_with_recomputation():
+    prof = ProfileSet([analytic_profile(layers=3, hidden=256, ffn=1024, heads=4, vocab=5000,
+                                        seq=512, batch=1, tflops=1, mfu=0.5)])
+    req = Request(gpus=2, gpu_memory=1, global_batch=4, microbatch_sizes=(1, 2),
+                  max_chunks=2, recompute=("none", "full", "selective"), top=1,
+                  schedules=FAMILIES)
+    with pytest.raises(NoPlanFits) as info:
+        search(prof, req)
+    for budget in (info.value.smallest, 1.5 * info.value.smallest, 5 * info.value.smallest):
+        req = Request(**{**req.__dict__, "gpu_memory": budget})
+        got = search(prof, req).plans[0]
+        assert got.step_time == pytest.approx(brute_force(prof, req), rel=1e-12)
+
+
+def test_pruning_changes_nothing():
+    prof = ProfileSet([analytic_profile(layers=12, hidden=1024, ffn=2816, heads=8, vocab=32000,
+                                        seq=2048, batch=1, tflops=300, mfu=0.4)])
+    req = Request(gpus=8, gpu_memory=12 * 2**30, global_batch=32, max_chunks=3, top=6,
+                  exhaustive_cuts=0)
+    fast = search(prof, req)
+    slow = search(prof, Request(**{**req.__dict__, "prune": False}))
+    assert fast.simulated < slow.simulated
+    assert [p.step_time for p in fast.plans] == [p.step_time for p in slow.plans]
+
+
+def test_reported_numbers_are_the_simulators():
+    prof = ProfileSet([analytic_profile(layers=8, hidden=1024, ffn=2816, heads=8, vocab=32000,
+                                        seq=1024, batch=1, tflops=300, mfu=0.4)])
+    res = search(prof, Request(gpus=8, gpu_memory=8 * 2**30, global_batch=64, top=5))
+    times = [p.step_time for p in res.plans]
+    assert times == sorted(times) and len(times) == 5
+    for p in res.plans:
+        tl = simulate(p.schedule_obj, p.costs)
+        assert p.step_time == step_time_with_allreduce(tl, p.costs, p.dp)
+        assert p.pipeline_time == tl.step_time and p.bubble_fraction == tl.bubble_fraction
+        assert p.pp * p.dp == 8 and p.microbatches * p.dp * p.microbatch_size == 64
+        assert max(p.peak_memory) <= 8 * 2**30 and len(p.peak_memory) == p.pp
+        layers = sorted({(s["first_layer"], s["last_layer"]) for s in p.stages()})
+        assert layers[0][0] == 0 and layers[-1][1] == len(prof) - 1
+        assert all(a[1] + 1 == b[0] for a, b in zip(layers, layers[1:], strict=False))
+        assert p.samples_per_second == pytest.approx(64 / p.step_time)
+
+
+@pytest.mark.parametrize("exhaustive", [0, 64])
+def test_nothing_fits_names_the_budget_that_does(exhaustive):
+    prof = ProfileSet([analytic_profile(layers=4, hidden=512, ffn=1408, heads=8, vocab=8000,
+                                        seq=512, batch=1, tflops=100, mfu=0.5)])
+    req = Request(gpus=4, gpu_memory=2**20, global_batch=8, max_chunks=2, top=1,
+                  exhaustive_cuts=exhaustive)
+    with pytest.raises(NoPlanFits) as info:
+        search(prof, req)
+    need = info.value.smallest
+    assert "nothing fits in --gpu-memory 0.00GiB" in str(info.value)
+    assert 2**20 < need < math.inf and "\n" not in str(info.value)
+    assert search(prof, Request(**{**req.__dict__, "gpu_memory": need})).plans
+    with pytest.raises(NoPlanFits):  # auto's own orders may fit lower: families only here
+        search(prof, Request(**{**req.__dict__, "gpu_memory": need * (1 - 1e-3),
+                                "schedules": FAMILIES}))
+
+
+def test_batch_that_cannot_divide_names_valid_values():
+    prof = profile_of([(1, 2, 0, 0)] * 4)
+    with pytest.raises(ValueError) as info:
+        search(prof, Request(gpus=4, gpu_memory=1, global_batch=7, microbatch_sizes=(2,)))
+    msg = str(info.value)
+    assert msg.startswith("--global-batch 7 cannot be split")
+    assert "one of 2, 4, 8" in msg and "(nearest: 6 or 8)" in msg
+
+
+def test_schedules_that_do_not_exist_are_named():
+    prof = profile_of([(1, 2, 0, 0)] * 4)
+    with pytest.raises(ScheduleError, match="unknown schedule 'nope'"):
+        search(prof, Request(gpus=2, gpu_memory=1, global_batch=4, schedules=("nope",)))
+
+
+def test_auto_is_searched_when_available():
+    from pipebubble.plan.planner import _auto_function
+
+    names = schedule_list(None)
+    assert ("auto" in names) == (_auto_function() is not None)
+    if "auto" not in names:
+        return
+    # auto only adds candidates: with it the best plan is at least as fast as the families'
+    # brute-force optimum, fits, and an auto plan is scored like any other.
+    prof = profile_of([(1, 2, 10, 5), (2, 3, 20, 5), (1, 1, 5, 5), (2, 4, 30, 5)])
+    base = dict(gpus=2, gpu_memory=400, global_batch=8, microbatch_sizes=(1, 2), max_chunks=2,
+                recompute=("none",), bytes_per_param=2, grad_bytes=1, latency=0.01, top=40)
+    families = brute_force(prof, Request(**base, schedules=FAMILIES))
+    res = search(prof, Request(**base))
+    assert res.plans[0].step_time <= families * (1 + 1e-12)
+    autos = [p for p in res.plans if p.schedule == "auto"]
+    assert autos
+    for p in autos:
+        tl = simulate(p.schedule_obj, p.costs)
+        assert p.step_time == step_time_with_allreduce(tl, p.costs, p.dp)
+        assert max(p.peak_memory) <= 400
+
+
+def test_a_schedule_that_cannot_be_built_says_why():
+    prof = profile_of([(1, 2, 0, 0)] * 4)
+    with pytest.raises(NoPlanFits, match=r"no configuration can be built for --gpus 3.*"
+                                         r"dualpipe pp=3: dualpipe needs an even number"):
+        search(prof, Request(gpus=3, gpu_memory=1, global_batch=12, schedules=("dualpipe",)))
+
+
+def test_validation_command_and_prediction_without_processes():
+    from dataclasses import replace
+
+    from pipebubble.plan.validate import Machine, command, scaled_prediction, sleep_times
+
+    prof = ProfileSet([analytic_profile(layers=6, hidden=512, ffn=1408, heads=8, vocab=8000,
+                                        seq=512, batch=1, tflops=100, mfu=0.5)])
+    plan = search(prof, Request(gpus=4, gpu_memory=2**34, global_batch=8, top=1,
+                                schedules=("zb-h1",))).plans[0]
+    f, b, w = sleep_times(plan, 10.0)
+    n = len(plan.ranges)
+    assert f == pytest.approx([10 * x for x in plan.costs.f[:n]])
+    assert b == pytest.approx([10 * x for x in plan.costs.b[:n]])
+    cmd = command(plan, 10.0)
+    assert cmd[cmd.index("--ranks") + 1] == str(plan.pp)
+    assert cmd[cmd.index("--layers") + 1] == str(n)
+    assert [float(x) for x in cmd[cmd.index("--sleep-w") + 1].split(",")] == \
+        pytest.approx(w, rel=1e-5)
+    # No overhead, no message delay: the prediction scales with the stage times.
+    base = simulate(plan.schedule_obj, replace(plan.costs, comm=0.0)).step_time
+    assert scaled_prediction(plan, 10.0) == pytest.approx(10 * base)
+    # An overhead o per action on a split backward: F + o, I + o, W + o.
+    o = 1e-3
+    c = plan.costs
+    by_hand = simulate(plan.schedule_obj, replace(
+        c, f=[10 * x + o for x in c.f], b=[10 * x + 2 * o for x in c.b],
+        w=[10 * x + o for x in c.w], comm=0.002)).step_time
+    assert scaled_prediction(plan, 10.0, Machine(o, 0.002)) == pytest.approx(by_hand)
+
+
+@settings(max_examples=10, deadline=None)
+@given(layers=st.lists(layer, min_size=2, max_size=5), gpus=st.sampled_from([2, 4]),
+       batch=st.sampled_from([4, 8]), latency=st.sampled_from([0.0, 0.5]))
+def test_the_pruning_bound_never_exceeds_the_simulated_step(layers, gpus, batch, latency):
+    prof = profile_of([(f, f + b, n, a) for f, b, n, a in layers])
+    req = Request(gpus=gpus, gpu_memory=1e12, global_batch=batch, microbatch_sizes=(1,),
+                  max_chunks=2, recompute=("none",), allreduce_bandwidth=100.0,
+                  p2p_bandwidth=1e9, latency=latency)
+    s, L = Searcher(prof, req), len(prof)
+    checked = 0
+    for c in s.configs():
+        sched = s.schedule(c) if c.schedule != "auto" else None
+        if sched is None or sched.num_stages // sched.chains > L:
+            continue
+        lc = prof.at(c.microbatch_size, c.recompute)
+        best = math.inf
+        for ends in combinations(range(1, L), sched.num_stages // sched.chains - 1):
+            ranges = ranges_from_ends([*ends, L])
+            priced = s._price(c, sched, lc, ranges)
+            tl = simulate(sched, priced.costs)
+            step = step_time_with_allreduce(tl, priced.costs, c.dp)
+            assert priced.bound <= step * (1 + 1e-12), (c, ranges)
+            best = min(best, step)
+            checked += 1
+        assert c.bound <= best * (1 + 1e-12), c
+    assert checked > 0
+
+
+def test_the_bound_is_the_1f1b_step_for_equal_stages():
+    prof = profile_of([(1, 2, 0, 0)] * 4)
+    s = Searcher(prof, Request(gpus=4, gpu_memory=1, global_batch=8, microbatch_sizes=(1,),
+                               schedules=("1f1b",), recompute=("none",), latency=0))
+    c = next(c for c in s.configs() if c.pp == 4)
+    priced = s._price(c, s.schedule(c), prof.at(1, "none"), [(0, 0), (1, 1), (2, 2), (3, 3)])
+    assert priced.bound == (8 + 4 - 1) * (1 + 2) == 33
+
+
+@pytest.mark.parametrize("name, chunks", [("gpipe", 1), ("1f1b", 1), ("zb-h2", 1), ("zbv", 2),
+                                          ("interleaved-1f1b", 2), ("dualpipe", 1)])
+def test_held_microbatches_one_pass_equals_counting_each_way(name, chunks):
+    from pipebubble.plan.families import _held, held_per_stage
+
+    sched = get_schedule(name, 4, 16, chunks)
+    for until in (("B", "W"), ("B", "I")):
+        assert held_per_stage(sched, until) == _held(sched, until)
+    assert held_per_stage(get_schedule("gpipe", 3, 5), ("B", "I")) == [5, 5, 5]
