@@ -253,6 +253,8 @@ def _number_flags() -> list[tuple[str, str]]:
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     out = []
     for name, cmd in sub.choices.items():
+        if name not in BASES:  # explore serves until stopped; plan has its own fuzz rows
+            continue
         for a in cmd._actions:
             if a.type is not None and a.option_strings and a.help != argparse.SUPPRESS \
                     and a.choices is None:

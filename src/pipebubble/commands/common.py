@@ -265,24 +265,7 @@ def fit_line(timeline: Timeline, costs: CostModel) -> str | None:
             f"{limits[r]:.4g}" + (f" (and {len(over) - 1} more ranks)" if len(over) > 1 else ""))
 
 
-JSON_DIGITS = 12
-
-
-def clean_floats(obj: object, digits: int = JSON_DIGITS) -> object:
-    """``obj`` with every float rounded to ``digits`` significant digits, so sums of exact
-    decimal inputs print as such: 0.1 + 0.2 gives 0.3, not 0.30000000000000004. Twelve
-    digits keep every measured time to a picosecond per second; inf/nan stay as they are.
-
-    >>> clean_floats({"t": [0.1 + 0.2, 3, 1 / 3]})
-    {'t': [0.3, 3, 0.333333333333]}
-    """
-    if isinstance(obj, float):
-        return float(f"{obj:.{digits}g}") if math.isfinite(obj) else obj
-    if isinstance(obj, dict):
-        return {k: clean_floats(v, digits) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [clean_floats(v, digits) for v in obj]
-    return obj
+from ..interop.timeline_json import JSON_DIGITS, clean_floats  # noqa: E402, F401
 
 
 def print_json(obj: object) -> None:

@@ -48,7 +48,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--seq --batch)")
     g.add_argument("--analytic", action="store_true",
                    help="compute the profile from the shape instead of measuring a model")
-    g.add_argument("--hidden", type=positive_int("--hidden"), default=None, metavar="H")
+    g.add_argument("--hidden", type=positive_int("--hidden"), default=None, metavar="H",
+                   help="--analytic: the model's hidden size")
     g.add_argument("--ffn", type=positive_int("--ffn"), default=None, metavar="F",
                    help="MLP inner size")
     g.add_argument("--kv-heads", type=positive_int("--kv-heads"), default=None, metavar="K",
