@@ -9,7 +9,9 @@ import sys
 
 from ..costs import CostModel
 from ..interop.timeline_json import (  # noqa: F401  re-exported: the JSON contract
+    JSON_DIGITS,
     auto_fields,
+    clean_floats,
     closed_form_basis,
     closed_form_for,
     memory_fields,
@@ -263,9 +265,6 @@ def fit_line(timeline: Timeline, costs: CostModel) -> str | None:
     r = over[0]
     return (f"does NOT fit the memory limit: rank {r} peaks at {peaks[r]:.4g} > "
             f"{limits[r]:.4g}" + (f" (and {len(over) - 1} more ranks)" if len(over) > 1 else ""))
-
-
-from ..interop.timeline_json import JSON_DIGITS, clean_floats  # noqa: E402, F401
 
 
 def print_json(obj: object) -> None:
