@@ -14,6 +14,7 @@ import os
 import re
 from pathlib import Path
 
+from ..errors import UserError
 from .common import positive_int, print_json
 
 _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9,
@@ -117,7 +118,7 @@ def build_request(args: argparse.Namespace, profiles):
     else:
         names = tuple(n.strip() for n in args.schedules.split(",") if n.strip())
         if not names:
-            raise ValueError("--schedules must be all or a comma list of schedule names")
+            raise UserError("--schedules must be all or a comma list of schedule names")
     if args.recompute is None:
         modes = ("none", "full") if "full" in profiles.recompute_modes() else ("none",)
     else:
@@ -126,11 +127,11 @@ def build_request(args: argparse.Namespace, profiles):
         if modes == ("all",):
             modes = profiles.recompute_modes()
     if args.exhaustive_cuts < 0:
-        raise ValueError(f"--exhaustive-cuts must be >= 0, got {args.exhaustive_cuts}")
+        raise UserError(f"--exhaustive-cuts must be >= 0, got {args.exhaustive_cuts}")
     if args.validate < 0:
-        raise ValueError(f"--validate must be >= 0, got {args.validate}")
+        raise UserError(f"--validate must be >= 0, got {args.validate}")
     if not args.target_step > 0:
-        raise ValueError(f"--target-step must be > 0 seconds, got {args.target_step}")
+        raise UserError(f"--target-step must be > 0 seconds, got {args.target_step}")
     return Request(gpus=args.gpus, gpu_memory=args.gpu_memory, global_batch=args.global_batch,
                    microbatch_sizes=tuple(args.microbatch_size), schedules=names,
                    max_chunks=args.max_chunks, recompute=modes,
@@ -153,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
 
         runnable = [p for p in result.plans if fits_here(p, args.max_processes)][:args.validate]
         if not runnable:
-            raise ValueError(f"--validate: no plan found runs in --max-processes "
+            raise UserError(f"--validate: no plan found runs in --max-processes "
                              f"{args.max_processes} (pp x dp processes); plan for fewer "
                              "--gpus or raise --max-processes")
         validations = validate(runnable, target=args.target_step)

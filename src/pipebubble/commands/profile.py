@@ -86,12 +86,12 @@ def run_analytic(args: argparse.Namespace) -> int:
     from ..plan.analytic import analytic_profile
 
     if args.model is not None:
-        raise ValueError("--analytic computes the profile from the shape; drop --model "
+        raise UserError("--analytic computes the profile from the shape; drop --model "
                          f"{args.model}")
     needed = ("layers", "hidden", "ffn", "heads", "vocab", "seq", "tflops", "mfu")
     missing = [f"--{n}" for n in needed if getattr(args, n) is None]
     if missing:
-        raise ValueError(f"--analytic needs {', '.join(missing)} (and takes --kv-heads, "
+        raise UserError(f"--analytic needs {', '.join(missing)} (and takes --kv-heads, "
                          "--batch, --dtype, --tied-embeddings)")
     prof = analytic_profile(layers=args.layers, hidden=args.hidden, ffn=args.ffn,
                             heads=args.heads, vocab=args.vocab, seq=args.seq, batch=args.batch or 1,
@@ -105,13 +105,13 @@ def run(args: argparse.Namespace) -> int:
     if args.analytic:
         return run_analytic(args)
     if args.model is None:
-        raise ValueError("--model is required (mlp or transformer), or --analytic with the "
+        raise UserError("--model is required (mlp or transformer), or --analytic with the "
                          "model's shape")
     unused = [f"--{n.replace('_', '-')}" for n in ("hidden", "ffn", "kv_heads", "tflops", "mfu")
               if getattr(args, n) is not None] + (["--tied-embeddings"]
                                                   if args.tied_embeddings else [])
     if unused:
-        raise ValueError(f"{', '.join(unused)} apply only with --analytic")
+        raise UserError(f"{', '.join(unused)} apply only with --analytic")
     import torch
 
     from ..plan.profile import profile_layers

@@ -26,6 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from urllib.parse import parse_qsl, urlsplit
 
+from ..errors import UserError
 from . import api
 
 STATIC = {"index.html": "text/html; charset=utf-8", "app.js": "text/javascript; charset=utf-8",
@@ -189,7 +190,7 @@ def make_server(host: str = "127.0.0.1", port: int = 8765, *,
     ``ValueError`` with one line when the address cannot be used.
     """
     if not 0 <= port <= 65535:
-        raise ValueError(f"--port must be in 0..65535 (0: any free port), got {port}")
+        raise UserError(f"--port must be in 0..65535 (0: any free port), got {port}")
     cls = ThreadingHTTPServer
     if ":" in host:  # an IPv6 address
         import socket
@@ -199,7 +200,7 @@ def make_server(host: str = "127.0.0.1", port: int = 8765, *,
     try:
         server = cls((host, port), Handler)
     except OSError as exc:
-        raise ValueError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; pick another "
+        raise UserError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; pick another "
                          "--port (0: any free port) or --host") from None
     server.verbose = verbose  # type: ignore[attr-defined]
     server.any_host = host not in LOOPBACK  # type: ignore[attr-defined]
