@@ -110,7 +110,6 @@ def test_errors_are_one_line(small_profile, capsys, args, message):
     (["--gpus", "0", "--global-batch", "16"], "--gpus must be >= 1, got 0"),
 ])
 def test_flag_errors_exit_2(small_profile, capsys, args, message):
-    # main returns argparse's exit code instead of raising SystemExit
     assert main(["plan", "--profile", small_profile, *args]) == 2
     assert message in capsys.readouterr().err
 
