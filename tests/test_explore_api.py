@@ -188,6 +188,11 @@ def test_a_bug_is_a_500_and_the_server_keeps_serving(url, monkeypatch, capsys):
     status, out = get_json(url, "/api/meta")
     assert status == 500 and "RuntimeError: boom" in out["error"]
     assert "Traceback" in capsys.readouterr().err  # logged for whoever runs the server
+    def buggy(params):
+        raise ValueError("a bug, not the user's input")  # only UserError is the user's
+
+    monkeypatch.setattr(api, "sweep", buggy)
+    assert get_json(url, "/api/sweep")[0] == 500
     monkeypatch.undo()
     assert get_json(url, "/api/meta")[0] == 200
 

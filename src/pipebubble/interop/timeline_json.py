@@ -31,6 +31,7 @@ from itertools import islice
 from typing import TextIO
 
 from ..costs import CostModel, StageCosts
+from ..errors import UserError
 from ..ir.schedule import Schedule, ScheduleError
 from ..schedules import closed_form_bubble, lookup
 from ..sim.kernel import Deadlock, simulate
@@ -227,32 +228,32 @@ def timeline_from_json(data: object, source: str = "timeline") -> Timeline:
     error messages.
     """
     if not isinstance(data, Mapping):
-        raise ValueError(f"{source}: expected a JSON object with ranks, stages and events")
+        raise UserError(f"{source}: expected a JSON object with ranks, stages and events")
     missing = [k for k in ("ranks", "stages", "events") if k not in data]
     if missing:
-        raise ValueError(f"{source}: lacks {', '.join(missing)} (see README, JSON output)")
+        raise UserError(f"{source}: lacks {', '.join(missing)} (see README, JSON output)")
     try:
         ranks, stages = int(data["ranks"]), int(data["stages"])
         events = [Event(int(e["rank"]), int(e["stage"]), str(e["kind"]), int(e["microbatch"]),
                         float(e["start"]), float(e["end"])) for e in data["events"]]
     except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"{source}: bad field or event ({exc})") from None
+        raise UserError(f"{source}: bad field or event ({exc})") from None
     if ranks < 1 or stages < 1 or not events:
-        raise ValueError(f"{source}: needs ranks >= 1, stages >= 1 and at least one event")
+        raise UserError(f"{source}: needs ranks >= 1, stages >= 1 and at least one event")
     if not ranks <= stages <= len(events):  # before sizing anything by them
-        raise ValueError(f"{source}: {ranks} ranks, {stages} stages and {len(events)} events; "
+        raise UserError(f"{source}: {ranks} ranks, {stages} stages and {len(events)} events; "
                          "every rank holds a stage and every stage has events")
     stage_to_rank = [-1] * stages
     for e in events:
         if not (0 <= e.rank < ranks and 0 <= e.stage < stages and e.microbatch >= 0):
-            raise ValueError(f"{source}: event {e.stage}{e.kind}{e.microbatch} on rank {e.rank} "
+            raise UserError(f"{source}: event {e.stage}{e.kind}{e.microbatch} on rank {e.rank} "
                              f"is outside ranks 0..{ranks - 1} or stages 0..{stages - 1}")
         if not e.end >= e.start:
-            raise ValueError(f"{source}: event {e.stage}{e.kind}{e.microbatch} ends before it "
+            raise UserError(f"{source}: event {e.stage}{e.kind}{e.microbatch} ends before it "
                              "starts")
         stage_to_rank[e.stage] = e.rank
     if -1 in stage_to_rank:
-        raise ValueError(f"{source}: stage {stage_to_rank.index(-1)} has no events")
+        raise UserError(f"{source}: stage {stage_to_rank.index(-1)} has no events")
     kind = str(data.get("source", "simulated"))
     return Timeline.from_events(
         events, schedule=str(data.get("schedule", "measured")), num_ranks=ranks,

@@ -58,6 +58,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from ..errors import UserError
 from .profile import FORMAT, LayerProfile, Profile
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -83,13 +84,13 @@ class TransformerShape:
         for name in ("layers", "hidden", "ffn", "heads", "vocab"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"--{name} must be an integer >= 1, got {value!r}")
+                raise UserError(f"--{name} must be an integer >= 1, got {value!r}")
         if self.hidden % self.heads:
-            raise ValueError(f"--hidden {self.hidden} must be a multiple of --heads "
+            raise UserError(f"--hidden {self.hidden} must be a multiple of --heads "
                              f"{self.heads} (head size = hidden / heads)")
         kv = self.kv
         if not isinstance(kv, int) or kv < 1 or self.heads % kv:
-            raise ValueError(f"--kv-heads must divide --heads {self.heads} (valid: "
+            raise UserError(f"--kv-heads must divide --heads {self.heads} (valid: "
                              f"{', '.join(str(d) for d in _divisors(self.heads))}), got {kv!r}")
 
     @property
@@ -135,13 +136,13 @@ def analytic_profile(layers: int, hidden: int, ffn: int, heads: int, vocab: int,
                              swiglu)
     for name, value in (("seq", seq), ("batch", batch)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"--{name} must be an integer >= 1, got {value!r}")
+            raise UserError(f"--{name} must be an integer >= 1, got {value!r}")
     if dtype not in DTYPE_BYTES:
-        raise ValueError(f"unknown --dtype {dtype!r}; valid are {', '.join(DTYPE_BYTES)}")
+        raise UserError(f"unknown --dtype {dtype!r}; valid are {', '.join(DTYPE_BYTES)}")
     if not (tflops > 0 and tflops != float("inf")):
-        raise ValueError(f"--tflops must be a finite number > 0 (peak TFLOP/s), got {tflops}")
+        raise UserError(f"--tflops must be a finite number > 0 (peak TFLOP/s), got {tflops}")
     if not 0 < mfu <= 1:
-        raise ValueError(f"--mfu must be in (0, 1] (model FLOPs utilisation), got {mfu}")
+        raise UserError(f"--mfu must be in (0, 1] (model FLOPs utilisation), got {mfu}")
     rate = tflops * 1e12 * mfu
     k = DTYPE_BYTES[dtype] / 2  # Korthikanti's byte counts assume 2-byte activations
     s, b, h, a, V = seq, batch, hidden, heads, vocab
@@ -198,7 +199,7 @@ def profile_batch(profile: Profile) -> int:
     if value is None and isinstance(meta.get("batch_shape"), list) and meta["batch_shape"]:
         value = meta["batch_shape"][0]
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError("the profile does not say its microbatch size: it needs a 'batch' "
+        raise UserError("the profile does not say its microbatch size: it needs a 'batch' "
                          "(or 'batch_shape') entry with an integer >= 1, got "
                          f"{value!r}")
     return value

@@ -5,6 +5,7 @@ each stage at once (a bound on its activation memory that needs no simulation).
 
 from __future__ import annotations
 
+from ..errors import UserError
 from ..ir.schedule import Overlap, Schedule
 from ..schedules import get_schedule, lookup, schedule_names  # noqa: F401  (doctest)
 from .plans import AUTO
@@ -30,7 +31,7 @@ def schedule_list(names: tuple[str, ...] | None) -> list[str]:
     for n in names:
         if n.lower() == AUTO:
             if not have_auto:
-                raise ValueError("--schedules auto: the automatic scheduler is not available "
+                raise UserError("--schedules auto: the automatic scheduler is not available "
                                  f"in this version; valid are {', '.join(schedule_names())}")
             out.append(AUTO)
         else:

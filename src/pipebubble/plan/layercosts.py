@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import UserError
 from .analytic import RECOMPUTE_MODES, profile_batch
 from .profile import Profile
 
@@ -70,17 +71,17 @@ class ProfileSet:
 
     def __init__(self, profiles: list[Profile]):
         if not profiles:
-            raise ValueError("give at least one --profile")
+            raise UserError("give at least one --profile")
         first = profiles[0]
         names = [layer.name for layer in first.layers]
         by_batch: dict[int, Profile] = {}
         for prof in profiles:
             if [layer.name for layer in prof.layers] != names:
-                raise ValueError("the --profile files describe different models (layer names "
+                raise UserError("the --profile files describe different models (layer names "
                                  "differ); give profiles of one model at different --batch")
             b = profile_batch(prof)
             if b in by_batch:
-                raise ValueError(f"two --profile files were taken at batch {b}; give one per "
+                raise UserError(f"two --profile files were taken at batch {b}; give one per "
                                  "microbatch size")
             by_batch[b] = prof
         self.batches = sorted(by_batch)
@@ -109,10 +110,10 @@ class ProfileSet:
         key = (size, recompute)
         if key not in self._cache:
             if recompute not in RECOMPUTE_MODES:
-                raise ValueError(f"unknown recompute mode {recompute!r}; valid are "
+                raise UserError(f"unknown recompute mode {recompute!r}; valid are "
                                  f"{', '.join(RECOMPUTE_MODES)}")
             if recompute != "none" and not self.has_recompute:
-                raise ValueError(f"--recompute {recompute} needs a profile with "
+                raise UserError(f"--recompute {recompute} needs a profile with "
                                  f"activation_bytes_{recompute} per layer (an analytic "
                                  "profile has them); use --recompute none")
             v = self._interpolate(size)

@@ -50,6 +50,7 @@ from __future__ import annotations
 import math
 import time
 
+from ..errors import UserError
 from .families import _auto_function, chunk_options, held_per_stage, schedule_list
 from .layercosts import ProfileSet
 from .plans import AUTO, Config, NoPlanFits, Plan, Request, Result, fmt_gib
@@ -69,7 +70,7 @@ def search(profiles: ProfileSet, req: Request) -> Result:
     s = Searcher(profiles, req)
     configs = list(s.configs())
     if not configs:
-        raise ValueError(s.nothing_divides())
+        raise UserError(s.nothing_divides())
     # Likely winners first (the bound plus a 1F1B-like fill and drain of (pp - 1) / (m v)),
     # so the K-th best step, below which everything else must come, drops early.
     configs.sort(key=lambda c: c.bound * (1 + (c.pp - 1) / (c.microbatches * c.chunks)))

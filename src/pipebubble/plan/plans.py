@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..costs import CostModel
+from ..errors import UserError
 from ..ir.schedule import Schedule
 from .partition import Ranges
 
@@ -24,7 +25,7 @@ class Priced:
     static: list[float]  # per rank: weights, gradients, optimizer state, transient bytes
 
 
-class NoPlanFits(ValueError):
+class NoPlanFits(UserError):
     """Nothing fits the memory budget; ``smallest`` is the least peak memory of any plan
     searched (the budget at which that plan would fit) and ``plan`` that plan."""
 
@@ -57,21 +58,21 @@ class Request:
         for name in ("gpus", "global_batch", "max_chunks", "top"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be an integer >= 1, got {v!r}")
+                raise UserError(f"--{name.replace('_', '-')} must be an integer >= 1, got {v!r}")
         for name in ("gpu_memory", "p2p_bandwidth", "allreduce_bandwidth", "bytes_per_param"):
             v = getattr(self, name)
             if not (v > 0 and math.isfinite(v)):
-                raise ValueError(f"--{name.replace('_', '-')} must be a finite number > 0, "
+                raise UserError(f"--{name.replace('_', '-')} must be a finite number > 0, "
                                  f"got {v!r}")
         if not (self.latency >= 0 and math.isfinite(self.latency)):
-            raise ValueError(f"--latency must be a finite number >= 0 seconds, got "
+            raise UserError(f"--latency must be a finite number >= 0 seconds, got "
                              f"{self.latency!r}")
         if not (self.grad_bytes >= 0 and math.isfinite(self.grad_bytes)):
-            raise ValueError(f"--grad-bytes must be >= 0, got {self.grad_bytes!r}")
+            raise UserError(f"--grad-bytes must be >= 0, got {self.grad_bytes!r}")
         if not self.microbatch_sizes or any(
                 isinstance(s, bool) or not isinstance(s, int) or s < 1
                 for s in self.microbatch_sizes):
-            raise ValueError(f"--microbatch-size must be integers >= 1, got "
+            raise UserError(f"--microbatch-size must be integers >= 1, got "
                              f"{list(self.microbatch_sizes)}")
 
 

@@ -19,6 +19,7 @@ from itertools import combinations
 import numpy as np
 
 from ..costs import CostModel
+from ..errors import UserError
 from ..ir.schedule import Schedule, ScheduleError, make_schedule
 from ..schedules import get_schedule
 from ..sim.dataparallel import ring_allreduce_time, step_time_with_allreduce
@@ -48,7 +49,7 @@ class Searcher:
                                      else ("none",))
         for r in req.recompute:
             if r not in ("none", "selective", "full"):
-                raise ValueError(f"unknown --recompute {r!r}; valid are none, selective, full")
+                raise UserError(f"unknown --recompute {r!r}; valid are none, selective, full")
             if r not in modes:
                 profiles.at(1, r)  # raises the profile's message
         self.simulated = 0

@@ -29,6 +29,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, replace
 
+from ..errors import UserError
 from ..sim.kernel import simulate
 from .planner import Plan
 
@@ -95,7 +96,7 @@ def calibrate(plan: Plan, timeout: float = 600.0) -> Machine:
     """Run ``plan`` with layers that sleep 0 s; fit the per-message delay (module doc)."""
     result = _run(command(plan, 0.0), timeout)
     if isinstance(result, str):
-        raise ValueError(f"--validate: the calibration run (empty layers) failed: {result}")
+        raise UserError(f"--validate: the calibration run (empty layers) failed: {result}")
     step, events = result
     durations = sorted(e["end"] - e["start"] for e in events)
     overhead = durations[len(durations) // 2] if durations else 0.0

@@ -15,7 +15,7 @@ Parameters (all optional): ``schedule`` (gpipe), ``ranks`` (4), ``microbatches``
 per stage, like the CLI), ``comm`` (0), ``overlap`` (1), ``mem_b`` (M_B, 1), ``mem_w``
 (M_W, 0), ``memory_limit`` (none; one value, or one per rank). ``schedule=auto`` searches
 an order under the memory limit, like ``simulate --schedule auto``. Bad values raise
-``ValueError`` with one line naming the value and what is valid; the server answers 400
+``UserError`` with one line naming the value and what is valid; the server answers 400
 with it. Requests bigger than :data:`MAX_ACTIONS` actions raise :class:`TooLarge` (413).
 
 >>> out = simulate_get({"schedule": "gpipe", "ranks": "4", "microbatches": "8"})
@@ -30,6 +30,7 @@ from collections.abc import Mapping
 
 from .. import __version__
 from ..costs import CostModel
+from ..errors import UserError
 from ..interop.timeline_json import (
     closed_form_for,
     simulate_checked,
@@ -48,7 +49,7 @@ DEFAULTS = {"schedule": "gpipe", "ranks": "4", "microbatches": "8"}
 AUTO = "auto"  # not a family in the registry: a search over orders (schedules/auto)
 
 
-class TooLarge(ValueError):
+class TooLarge(UserError):
     """The request asks for more than the documented limits; the server answers 413."""
 
 
@@ -59,9 +60,9 @@ def _int(params: Mapping[str, str], name: str, default: str | None = None) -> in
     try:
         value = int(str(text).strip())
     except ValueError:
-        raise ValueError(f"{name} must be an integer >= 1, got {text!r}") from None
+        raise UserError(f"{name} must be an integer >= 1, got {text!r}") from None
     if value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value}")
+        raise UserError(f"{name} must be an integer >= 1, got {value}")
     return value
 
 
@@ -73,11 +74,11 @@ def _times(params: Mapping[str, str], name: str, default: float) -> float | list
     try:
         values = [float(p) for p in str(text).split(",")]
     except ValueError:
-        raise ValueError(f"{name} must be a number or a comma list of numbers, got "
+        raise UserError(f"{name} must be a number or a comma list of numbers, got "
                          f"{text!r}") from None
     for v in values:
         if not v >= 0 or v == float("inf"):
-            raise ValueError(f"{name} must be finite and >= 0, got {v:g}")
+            raise UserError(f"{name} must be finite and >= 0, got {v:g}")
     return values[0] if len(values) == 1 else values
 
 
@@ -87,10 +88,10 @@ def costs_from_params(params: Mapping[str, str]) -> CostModel:
     ranks whose ``peak_memory`` exceeds it either way."""
     comm = _times(params, "comm", 0.0)
     if isinstance(comm, list):
-        raise ValueError("comm takes one value (time per hop), got a list")
+        raise UserError("comm takes one value (time per hop), got a list")
     overlap = _times(params, "overlap", 1.0)
     if isinstance(overlap, list) or not 0 < overlap <= 1:
-        raise ValueError(f"overlap must be one number in (0, 1], got {params.get('overlap')!r}")
+        raise UserError(f"overlap must be one number in (0, 1], got {params.get('overlap')!r}")
     kwargs: dict = dict(
         f=_times(params, "f", 1.0), b=_times(params, "b", 2.0), w=_times(params, "w", 1.0),
         comm=comm, overlap=overlap, activation_memory=_times(params, "mem_b", 1.0),
@@ -116,7 +117,7 @@ def schedule_from_params(params: Mapping[str, str], costs: CostModel | None = No
 
         placement = {None: "any", 1: "loop", 2: "v"}.get(chunks)
         if placement is None:
-            raise ValueError(f"auto takes chunks 1 (loop placement) or 2 (V placement), "
+            raise UserError(f"auto takes chunks 1 (loop placement) or 2 (V placement), "
                              f"got {chunks}")
         _check_size(ranks * 2 * microbatches * 3)
         return auto_schedule(ranks, microbatches, costs or CostModel(), placement=placement)
@@ -154,15 +155,15 @@ def load_body(body: bytes, params: Mapping[str, str]) -> tuple[Timeline, dict]:
     try:
         text = body.decode("utf-8-sig")
     except UnicodeDecodeError:
-        raise ValueError("the file is not UTF-8 text (expected a CSV or a JSON file)") from None
+        raise UserError("the file is not UTF-8 text (expected a CSV or a JSON file)") from None
     name = str(params.get("name") or "uploaded")
     if not text.strip():
-        raise ValueError(f"{name}: the file is empty (expected a CSV or a JSON file)")
+        raise UserError(f"{name}: the file is empty (expected a CSV or a JSON file)")
     if text.lstrip().startswith("{"):
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"{name}: not valid JSON: {exc}") from None
+            raise UserError(f"{name}: not valid JSON: {exc}") from None
         if isinstance(data, dict) and isinstance(data.get("events"), list):
             _check_size(len(data["events"]))
         timeline = timeline_from_json(data, source=name)
@@ -265,7 +266,7 @@ def sweep(params: Mapping[str, str]) -> dict:
             timeline = simulate_checked(schedule, costs)
         except TooLarge:
             raise
-        except ValueError as exc:
+        except UserError as exc:
             point["error"] = str(exc)
         else:
             point.update(step_time=timeline.step_time, bubble_fraction=timeline.bubble_fraction,

@@ -8,8 +8,9 @@ unless it was asked to listen on another address.
 
 Routes: ``/`` (the page), ``/static/<file>`` (its script and style, shipped in the package),
 ``/api/...`` (see :mod:`pipebubble.web.api`). Every request is answered, whatever happens:
-bad input → 400 ``{"error": "..."}``, over a limit → 413, unknown path → 404, a bug → 500
-with its message (and the traceback on stderr); the server keeps serving.
+bad input (a :class:`~pipebubble.errors.UserError`) → 400 ``{"error": "..."}``, over a
+limit → 413, unknown path → 404, a bug → 500 with its message (and the traceback on
+stderr); the server keeps serving.
 
 >>> server = make_server("127.0.0.1", 0)
 >>> server.server_address[0]
@@ -26,6 +27,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from urllib.parse import parse_qsl, urlsplit
 
+from ..errors import UserError
 from . import api
 
 STATIC = {"index.html": "text/html; charset=utf-8", "app.js": "text/javascript; charset=utf-8",
@@ -117,7 +119,7 @@ class Handler(BaseHTTPRequestHandler):
             work()
         except api.TooLarge as exc:
             self._error(413, str(exc))
-        except ValueError as exc:  # ScheduleError is a ValueError: the user's input
+        except UserError as exc:  # the user's input (ScheduleError too); any other error is a bug
             self._error(400, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
@@ -186,10 +188,10 @@ def make_server(host: str = "127.0.0.1", port: int = 8765, *,
     """A ready (not yet serving) explorer server; ``port=0`` picks a free port.
 
     Call ``serve_forever()`` on it (or in a thread) and ``shutdown()`` to stop. Raises
-    ``ValueError`` with one line when the address cannot be used.
+    ``UserError`` with one line when the address cannot be used.
     """
     if not 0 <= port <= 65535:
-        raise ValueError(f"--port must be in 0..65535 (0: any free port), got {port}")
+        raise UserError(f"--port must be in 0..65535 (0: any free port), got {port}")
     cls = ThreadingHTTPServer
     if ":" in host:  # an IPv6 address
         import socket
@@ -199,7 +201,7 @@ def make_server(host: str = "127.0.0.1", port: int = 8765, *,
     try:
         server = cls((host, port), Handler)
     except OSError as exc:
-        raise ValueError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; pick another "
+        raise UserError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; pick another "
                          "--port (0: any free port) or --host") from None
     server.verbose = verbose  # type: ignore[attr-defined]
     server.any_host = host not in LOOPBACK  # type: ignore[attr-defined]
