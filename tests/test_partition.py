@@ -409,10 +409,10 @@ def test_cli_binary_files_exit_2(tmp_path, run_cli, profile_file):
     binary = tmp_path / "bin.json"
     binary.write_bytes(b"\xff\xfe\x00")
     code, _, err = run_cli("partition", "--profile", binary, "-p", "2")
-    assert code == 2 and f"profile file {str(binary)!r} is not valid JSON: 'utf-8'" in err
+    assert code == 2 and f"profile file {str(binary)!r}: not UTF-8 text (byte 0xff" in err
     code, _, err = run_cli("partition", "--profile", profile_file, "-p", "2", "--measured",
                            binary, "--current-cut", "0-3,4-7")
-    assert code == 2 and f"timeline file {str(binary)!r} is not valid JSON: 'utf-8'" in err
+    assert code == 2 and f"--measured {str(binary)!r}: not UTF-8 text (byte 0xff" in err
     assert len(err.splitlines()) == 1
 
 
@@ -423,5 +423,5 @@ def test_cli_timeline_file_that_disagrees_with_itself_exits_2(tmp_path, run_cli,
     code, _, err = run_cli("partition", "--profile", profile_file, "-p", "2", "--measured", tl,
                            "--current-cut", "0-3,4-7")
     assert code == 2
-    assert err == f"pipebubble: error: timeline file {str(tl)!r}: event on rank 3; valid ranks " \
-                  "are 0..0\n"
+    assert err == f"pipebubble: error: --measured {str(tl)!r}: events[0].rank is 3; valid " \
+                  "ranks are 0..0\n"

@@ -119,7 +119,7 @@ def test_load_errors(tmp_path):
     with pytest.raises(ProfileError, match="not valid JSON"):
         Profile.load(tmp_path / "x.json")
     (tmp_path / "bin.json").write_bytes(b"\xff\xfe\x00")  # not even text
-    with pytest.raises(ProfileError, match="bin.json' is not valid JSON: 'utf-8' codec"):
+    with pytest.raises(ProfileError, match=r"bin.json': not UTF-8 text \(byte 0xff at offset 0"):
         Profile.load(tmp_path / "bin.json")
 
 

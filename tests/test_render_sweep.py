@@ -91,7 +91,7 @@ def test_sweep_command_writes_csv_png_svg(tmp_path, capsys):
             "--svg", str(tmp_path / "s.svg")]
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert "27.27% (27.27%)" in out  # m = 8 is in the sampled table
+    assert "27.27%" in out and "closed form" not in out.split("mem")[0]  # m = 8 sampled; = closed
     rows = list(csv.DictReader((tmp_path / "s.csv").open()))
     assert len(rows) == 2 * 64
     assert png_ok(tmp_path / "s.png") == (1200, 415)  # 3.9 in + one legend row of 0.25 in

@@ -18,12 +18,14 @@ and propagates with its traceback (in tests: a failure, never a silent exit 2)::
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import pkgutil
 import sys
 
 from . import __version__, commands
 from .errors import UserError
+from .files import flush_stdout, stdout_failed
 
 # What counts as the user's mistake (exit 2). Not ValueError, KeyError or TypeError: those
 # are bugs unless library code wrapped them in a UserError that names the bad value.
@@ -84,12 +86,19 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:
         return 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 2
     try:
-        return int(args.func(args) or 0)
+        rc = int(args.func(args) or 0)
+        flush_stdout()  # a full disk on stdout: one line, not "Exception ignored" at exit
+        return rc
     except USER_ERRORS as exc:
         sys.stderr.write(f"pipebubble: error: {error_line(exc)}\n")
         return 2
     except BrokenPipeError:
         return 0
+    except OSError as exc:  # writing stdout failed mid-run (e.g. > /dev/full)
+        if exc.errno not in (errno.ENOSPC, errno.EIO):
+            raise
+        sys.stderr.write(f"pipebubble: error: {stdout_failed(exc)}\n")
+        return 2
 
 
 if __name__ == "__main__":

@@ -140,6 +140,14 @@ class Timeline:
     def __len__(self) -> int:
         return len(self.start)
 
+    def __repr__(self) -> str:
+        """One short line (the columns would print every event):
+        ``Timeline('1f1b', simulated, ranks=4, stages=4, microbatches=8, events=64,
+        step_time=33)``."""
+        return (f"Timeline({self.schedule!r}, {self.source}, ranks={self.num_ranks}, "
+                f"stages={self.num_stages}, microbatches={self.num_microbatches * self.chains}, "
+                f"events={len(self)}, step_time={self.step_time:.6g})")
+
     def events(self, rank: int | None = None) -> Iterator[Event]:
         lo, hi = (0, len(self)) if rank is None else (self.offsets[rank], self.offsets[rank + 1])
         for i in range(lo, hi):
@@ -275,6 +283,8 @@ def _chain_starts(starts: Sequence[int], chains: int, num_stages: int) -> tuple[
 
 def _rank_offsets(ranks: list[int], num_ranks: int) -> list[int]:
     """Offsets of each rank's block in rank-major columns; checks the columns are rank-major."""
+    if num_ranks < 1:
+        raise ValueError(f"a timeline needs num_ranks >= 1, got {num_ranks}")
     offsets = [0] * (num_ranks + 1)
     for r in ranks:
         if not 0 <= r < num_ranks:

@@ -22,6 +22,7 @@ from rich.console import Console
 
 from ..errors import UserError
 from ..ir.schedule import Schedule
+from ..limits import check_threads
 from ..runtime.dist.launch import launch, under_launcher
 from ..runtime.dist.report import grad_diffs, measured_comm, measured_timeline, step_span
 from ..runtime.dist.worker import Cluster, DistConfig, Env, Worker, unsplit_gradients
@@ -44,9 +45,28 @@ def worker_command() -> list[str]:
     return [sys.executable, "-m", "pipebubble", *sys.argv[1:]]
 
 
+def check_backend(backend: str) -> None:
+    """Refuse, once and before any worker starts, a backend this torch cannot run."""
+    import torch.distributed as dist
+
+    if backend == "nccl":
+        if not dist.is_nccl_available():
+            raise UserError("--backend nccl: this torch build has no NCCL; use --backend gloo")
+        if not torch.cuda.is_available():
+            raise UserError("--backend nccl needs CUDA GPUs, and none is available here; "
+                             "use --backend gloo")
+    elif backend == "gloo" and not dist.is_gloo_available():
+        raise UserError("--backend gloo: this torch build has no gloo")
+
+
 def config_from_args(args: argparse.Namespace, schedule: Schedule) -> DistConfig:
     if args.timeout <= 0 or args.heartbeat_timeout <= 0:
         raise UserError("--timeout and --heartbeat-timeout must be > 0 seconds")
+    if args.inject_fault:
+        fault_rank = int(args.inject_fault.split(":")[1])
+        if fault_rank >= schedule.num_ranks * args.dp:
+            raise UserError(f"--inject-fault rank {fault_rank}: valid ranks are "
+                             f"0..{schedule.num_ranks * args.dp - 1}")
     return DistConfig(
         schedule=schedule.name, ranks=schedule.num_ranks,
         microbatches=schedule.num_microbatches, chunks=schedule.chunks, dp=args.dp,
@@ -60,12 +80,19 @@ def config_from_args(args: argparse.Namespace, schedule: Schedule) -> DistConfig
 def run_distributed(args: argparse.Namespace) -> int:
     """``pipebubble run`` without ``--local``: launch the workers, or be one."""
     if under_launcher():
+        if os.environ.get("PIPEBUBBLE_LAUNCHER") != "1":
+            sys.stderr.write(
+                f"pipebubble: RANK={os.environ['RANK']} and WORLD_SIZE="
+                f"{os.environ['WORLD_SIZE']} are set in the environment: acting as one worker "
+                "of a distributed run (torchrun); unset them to launch the run from here\n")
         rc = worker_main(args)
         # Skip the interpreter's teardown (over a second for torch and gloo): everything
         # is reported and the process group is closed.
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(rc)
+    check_threads(args.threads)
+    check_backend(args.backend)
     setup = build_setup(args)  # every flag checked before any process starts
     cfg = config_from_args(args, setup.schedule)
     command = worker_command()

@@ -22,10 +22,11 @@ from torch import nn
 from ..costs import CostModel
 from ..errors import UserError
 from ..ir.schedule import Schedule, validate
+from ..limits import check_model_size
 from ..models import ModelSpec, build_model
 from ..render.terminal import gantt, summary_table
 from ..timeline import Timeline
-from .common import closed_form_for, schedule_from_args, timeline_json
+from .common import closed_form_for, parse_device, schedule_from_args, timeline_json
 
 
 # ---- set-up ----------------------------------------------------------------------------------
@@ -55,6 +56,14 @@ def build_setup(args: argparse.Namespace, reference: bool = False) -> RunSetup:
     S, M = schedule.num_stages // schedule.chains, schedule.total_microbatches
     if args.model not in ("mlp", "transformer", "sleep"):
         raise UserError(f"unknown model {args.model!r}; valid are mlp, transformer, sleep")
+    check_model_size(args.model, args.layers or 2 * S, args.width, args.vocab, args.seq,
+                     batch=args.batch or 8 * M)
+    device = parse_device(args.device)
+    if args.model != "sleep":  # a flag that would be silently ignored is an error
+        for flag, default in (("sleep_f", 0.01), ("sleep_b", 0.02), ("sleep_w", 0.01)):
+            if getattr(args, flag, default) != default:
+                raise UserError(f"--{flag.replace('_', '-')} applies to --model sleep only, "
+                                 f"not {args.model}")
     if args.model == "sleep":
         layers = args.layers or S
         spec = build_model("sleep", layers=layers, width=args.width or 8, f=args.sleep_f,
@@ -91,9 +100,6 @@ def build_setup(args: argparse.Namespace, reference: bool = False) -> RunSetup:
     batch = args.batch or 8 * M
     if batch < M:
         raise UserError(f"--batch {batch} is smaller than --microbatches {M}; use at least {M}")
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda asked for, but CUDA is not available here; use cpu")
     ref = copy.deepcopy(nn.Sequential(*spec.layers)).to(device) if reference else None
     stages = [s.to(device) for s in split_stages(spec.layers, S, cuts)]
     gen = torch.Generator().manual_seed(args.seed + 1)
@@ -133,7 +139,7 @@ def analyse(setup: RunSetup, measured: Timeline, loss: float, peak_bytes: list[i
     S = setup.schedule.num_stages
     equal = CostModel(f=[sum(sc.f) / S] * S, b=[sum(sc.b) / S] * S, w=[sum(sc.w) / S] * S)
     sched = setup.schedule
-    title = (f"{sched.name}  p={sched.num_ranks} m={sched.num_microbatches} v={sched.chunks}"
+    title = (f"{sched.name}  p={sched.num_ranks} m={sched.total_microbatches} v={sched.chunks}"
              f"{'  recompute' if recompute else ''}  —  {setup.description}")
     return RunReport(sched, measured, pred.predicted, pred.costs, loss, list(peak_bytes),
                      allocator_peak, closed_form_for(sched, equal), title=title)
@@ -208,6 +214,8 @@ def print_report(report: RunReport, console: Console, width: int | None = None) 
         console.print(f"CUDA allocator peak over the step: {_bytes(report.allocator_peak)} "
                       "(the whole device: every rank shares it in one process)")
     console.print(f"loss {report.loss:.6g}")
+    for note in report.notes:
+        console.print(note)
     if report.grad_max_abs_diff is not None:
         console.print(f"check against the unsplit model on the whole batch: largest gradient "
                       f"difference {report.grad_max_abs_diff:.3g}, loss difference "
@@ -234,6 +242,27 @@ def print_report(report: RunReport, console: Console, width: int | None = None) 
                       f"({saved:.1%} of the peaks summed over ranks) and adds {added:.1%} to "
                       f"the backward time; the cost model (one more forward per backward) "
                       f"says {model:+.1%}")
+
+
+def noise_note(step_times: list[float], measured: float, predicted: float) -> str | None:
+    """Set the measured-vs-predicted gap against the run's own spread over its repeats.
+
+    spread = (slowest - fastest) / fastest of the measured steps. A gap within the spread is
+    noise (the machine, not the model); a larger one is something the cost model misses.
+
+    >>> noise_note([1.0, 1.5], 1.0, 1.2)[:72]  # spread 50%, gap 20%
+    'measured vs predicted differ by 20.0%, within the run-to-run spread of 5'
+    """
+    if len(step_times) < 2 or measured <= 0 or min(step_times) <= 0:
+        return None
+    spread = (max(step_times) - min(step_times)) / min(step_times)
+    gap = abs(predicted - measured) / measured
+    if gap <= spread:
+        return (f"measured vs predicted differ by {gap:.1%}, within the run-to-run spread of "
+                f"{spread:.1%} over {len(step_times)} steps: noise, not a model error (more "
+                "--repeat, --threads 1 or a quieter machine narrow it)")
+    return (f"measured vs predicted differ by {gap:.1%}, more than the run-to-run spread of "
+            f"{spread:.1%} over {len(step_times)} steps: the cost model misses something here")
 
 
 def _ms(seconds: float) -> str:

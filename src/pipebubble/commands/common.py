@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 from ..costs import CostModel
 from ..interop.timeline_json import (  # noqa: F401  re-exported: the JSON contract
+    JSON_DIGITS,
     auto_fields,
+    clean_floats,
     closed_form_basis,
     closed_form_for,
     memory_fields,
@@ -19,36 +22,111 @@ from ..ir.schedule import Schedule, ScheduleError
 from ..schedules import get_schedule, schedule_names
 from ..timeline import Timeline
 
+MAX_INT_DIGITS = 18
+"""Longest integer a flag accepts (digits): ints are parsed only after this check, so a
+4300-digit number is one line of error, never Python's own conversion limit."""
 
-def positive_int(name: str):
+MIN_TIME, MAX_TIME = 1e-12, 1e12
+"""A time flag is 0 or in [MIN_TIME, MAX_TIME]: below, sums and ratios underflow (5e-324
+becomes 0 in a division and NaN in a chart); above, m x (F + B) overflows to infinity."""
+
+
+def _plain(text: str) -> str:
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def int_flag(name: str, lo: int | None = 1, hi: int | None = None):
+    """An argparse ``type`` for an integer flag in ``lo..hi`` (either end open when None).
+
+    One parser for every integer flag: at most :data:`MAX_INT_DIGITS` digits, then the range.
+    The message names the flag, the value and the valid range:
+    ``--width must be >= 1, got 0``, ``--seed must be an integer in 0..4294967295, got 'x'``.
+    """
+    if lo is not None and hi is not None:
+        valid = f"an integer in {lo}..{hi}"
+    elif lo is not None:
+        valid = f"an integer >= {lo}"
+    elif hi is not None:
+        valid = f"an integer <= {hi}"
+    else:
+        valid = "an integer"
+
     def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
+        body = text.strip().lstrip("+-")
+        if not body.isdigit() or not body.isascii():
+            raise argparse.ArgumentTypeError(f"{name} must be {valid}, got {_plain(text)!r}")
+        if len(body.lstrip("0")) > MAX_INT_DIGITS:
             raise argparse.ArgumentTypeError(
-                f"{name} must be an integer >= 1, got {text!r}"
-            ) from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"{name} must be >= 1, got {value}")
+                f"{name} must be {valid}, got a {len(body)}-digit number")
+        value = int(text)
+        if lo is not None and value < lo:
+            raise argparse.ArgumentTypeError(f"{name} must be >= {lo}, got {value}")
+        if hi is not None and value > hi:
+            raise argparse.ArgumentTypeError(f"{name} must be <= {hi}, got {value}")
+        return value
+
+    return parse
+
+
+def positive_int(name: str, hi: int | None = None):
+    """An integer flag >= 1 (see :func:`int_flag`)."""
+    return int_flag(name, 1, hi)
+
+
+def float_flag(name: str, lo: float | None = None, hi: float | None = None,
+               lo_open: bool = False, hi_open: bool = False):
+    """An argparse ``type`` for a finite real flag in a range (``lo_open``: ``> lo``).
+
+    ``nan`` and ``inf`` are refused (nan compares false with everything, so it would turn a
+    check such as a timeout off). ``--overlap must be a number in (0, 1], got 'nan'``.
+    """
+    left = "(" if lo_open else "["
+    right = ")" if hi_open else "]"
+    if lo is not None and hi is not None:
+        valid = f"a number in {left}{lo:g}, {hi:g}{right}"
+    elif lo is not None:
+        valid = f"a number {'>' if lo_open else '>='} {lo:g}"
+    elif hi is not None:
+        valid = f"a number {'<' if hi_open else '<='} {hi:g}"
+    else:
+        valid = "a finite number"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be {valid}, got {_plain(text)!r}") \
+                from None
+        bad = not math.isfinite(value)
+        bad = bad or (lo is not None and (value <= lo if lo_open else value < lo))
+        bad = bad or (hi is not None and (value >= hi if hi_open else value > hi))
+        if bad:
+            raise argparse.ArgumentTypeError(f"{name} must be {valid}, got {_plain(text)!r}")
         return value
 
     return parse
 
 
 def time_value(name: str):
-    """A scalar or a comma list of non-negative numbers (one per stage)."""
+    """A scalar or a comma list of times (one per stage): each 0 or in
+    [:data:`MIN_TIME`, :data:`MAX_TIME`]."""
 
     def parse(text: str) -> float | list[float]:
         parts = [p.strip() for p in text.split(",")]
+        if len(parts) > 1_000_000:
+            raise argparse.ArgumentTypeError(f"{name}: at most 1,000,000 values")
         try:
             values = [float(p) for p in parts]
         except ValueError:
             raise argparse.ArgumentTypeError(
-                f"{name} must be a number or a comma list of numbers, got {text!r}"
+                f"{name} must be a number or a comma list of numbers, got {_plain(text)!r}"
             ) from None
         for v in values:
             if not v >= 0 or v == float("inf"):
                 raise argparse.ArgumentTypeError(f"{name} must be finite and >= 0, got {v:g}")
+            if not (v == 0 or MIN_TIME <= v <= MAX_TIME):
+                raise argparse.ArgumentTypeError(
+                    f"{name} must be 0 or between {MIN_TIME:g} and {MAX_TIME:g}, got {v:g}")
         return values[0] if len(values) == 1 else values
 
     return parse
@@ -63,11 +141,47 @@ def add_schedule_flags(p: argparse.ArgumentParser, schedule_required: bool = Tru
                        help=f"one of: {', '.join(schedule_names())}, or auto (the fastest order "
                        "found for the cost flags within --memory-limit; case-insensitive)")
     p.add_argument("--ranks", "-p", type=positive_int("--ranks"), required=not optional,
-                   metavar="P")
+                   metavar="P", help="pipeline ranks (workers, one per device)")
     p.add_argument("--microbatches", "-m", type=positive_int("--microbatches"),
-                   required=not optional, metavar="M")
+                   required=not optional, metavar="M", help="microbatches per training step")
     p.add_argument("--chunks", "-v", type=positive_int("--chunks"), default=None, metavar="V",
                    help="stages per rank (interleaved schedules); default: the schedule's own")
+    add_limit_flag(p)
+
+
+def add_limit_flag(p: argparse.ArgumentParser) -> None:
+    """``--max-actions``: the documented work limit (see ``pipebubble.limits``)."""
+    from ..limits import MAX_ACTIONS
+
+    p.add_argument("--max-actions", type=positive_int("--max-actions"), default=None,
+                   metavar="N", help=f"refuse schedules larger than N actions, about "
+                   f"3 x ranks x chunks x microbatches ({MAX_ACTIONS:,}; a sweep: 10x that)")
+
+
+def parse_device(text: str):
+    """A ``torch.device`` that can run stages: ``cpu``, ``cuda`` or ``cuda:N`` present here.
+
+    ``meta`` has no data and other backends are not supported; each is one line naming the
+    value (torch is imported here, not at module import).
+    """
+    import torch
+
+    try:
+        device = torch.device(text)
+    except (RuntimeError, TypeError, ValueError):
+        raise ScheduleError(f"unknown --device {text!r}; valid are cpu, cuda, cuda:N") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ScheduleError(f"--device {text!r} cannot run a model's stages; valid are cpu, "
+                            "cuda, cuda:N")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ScheduleError(f"--device {text} asked for, but CUDA is not available here; "
+                                "use cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ScheduleError(f"--device {text}: this machine has "
+                                f"{torch.cuda.device_count()} CUDA devices (0.."
+                                f"{torch.cuda.device_count() - 1})")
+    return device
 
 
 def add_cost_flags(p: argparse.ArgumentParser, limit: bool = True) -> None:
@@ -80,7 +194,8 @@ def add_cost_flags(p: argparse.ArgumentParser, limit: bool = True) -> None:
                    help="weight-gradient part W of the backward (1)")
     g.add_argument("--comm", type=time_value("--comm"), default=0.0, metavar="T",
                    help="time per hop between ranks (0)")
-    g.add_argument("--overlap", type=float, default=1.0, metavar="X",
+    g.add_argument("--overlap", type=float_flag("--overlap", 0, 1, lo_open=True), default=1.0,
+                   metavar="X",
                    help="overlapped F&B pair time as a fraction of F + B (1.0)")
     add_memory_flags(p, limit)
 
@@ -110,9 +225,18 @@ def costs_from_args(args: argparse.Namespace) -> CostModel:
                      memory_limit=getattr(args, "memory_limit", None))
 
 
+def check_size(args: argparse.Namespace, name: str | None = None) -> None:
+    """Refuse a schedule over the ``--max-actions`` limit before generating it."""
+    from ..limits import check_actions
+
+    check_actions(args.ranks, args.microbatches, args.chunks,
+                  name or getattr(args, "schedule", None), getattr(args, "max_actions", None))
+
+
 def schedule_from_args(args: argparse.Namespace) -> Schedule:
     """The schedule the flags name; ``auto`` searches one for the cost flags (when the
     command has them) under ``--memory-limit``: ``--chunks 1`` loop placement, ``2`` V."""
+    check_size(args)  # over --max-actions: refused before any work
     if str(args.schedule).lower() == "auto":
         return auto_from_args(args)
     return get_schedule(args.schedule, args.ranks, args.microbatches, args.chunks)
@@ -144,9 +268,10 @@ def fit_line(timeline: Timeline, costs: CostModel) -> str | None:
 
 
 def print_json(obj: object) -> None:
-    """One JSON document on stdout. ``json.dumps`` runs the C encoder; ``json.dump`` to a
-    stream encodes piece by piece in Python, many times slower on large documents."""
-    sys.stdout.write(json.dumps(obj))
+    """One JSON document on stdout, floats without binary noise (:func:`clean_floats`).
+    ``json.dumps`` runs the C encoder; ``json.dump`` to a stream encodes piece by piece in
+    Python, many times slower on large documents."""
+    sys.stdout.write(json.dumps(clean_floats(obj)))
     sys.stdout.write("\n")
 
 
@@ -159,12 +284,37 @@ def add_figure_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--trace", metavar="FILE", help="save a Chrome/Perfetto trace (JSON)")
 
 
+OUTPUT_FLAGS = ("png", "svg", "trace", "out", "save")
+
+
+def check_outputs(args: argparse.Namespace, *names: str) -> None:
+    """Refuse bad output paths (a directory, ``newdir/``, a missing parent...) before any
+    work: ``names`` are attributes of ``args`` (default: every output flag it has)."""
+    from ..files import check_output_path
+
+    for name in names or OUTPUT_FLAGS:
+        path = getattr(args, name, None)
+        if path is not None and path != "-":
+            check_output_path(path, f"--{name}")
+
+
+def wrote(path: str) -> None:
+    """Tell the user a file was written (on stderr, so ``--json`` output stays clean);
+    nothing for ``-`` (standard output)."""
+    if path != "-":
+        sys.stderr.write(f"wrote {path}\n")
+
+
 def write_figures(args: argparse.Namespace, timelines: list[Timeline], title: str) -> None:
     """Write whatever --png/--svg/--trace asked for (render/figures.py does the drawing)."""
-    if not any(getattr(args, k, None) for k in ("png", "svg", "trace")):
+    if not any(getattr(args, k, None) is not None for k in ("png", "svg", "trace")):
         return
+    check_outputs(args, "png", "svg", "trace")
     from ..render import figures
 
     figures.write(timelines, title, png=getattr(args, "png", None),
                   svg=getattr(args, "svg", None), trace=getattr(args, "trace", None),
                   memory=bool(getattr(args, "memory", False)))
+    for k in ("png", "svg", "trace"):
+        if getattr(args, k, None):
+            wrote(getattr(args, k))

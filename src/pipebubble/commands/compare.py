@@ -7,12 +7,15 @@ import sys
 from dataclasses import replace
 
 from ..ir.schedule import ScheduleError
+from ..limits import check_actions
 from ..schedules import get_schedule, lookup, schedule_names
 from ..sim.dataparallel import dp_fields
 from ..sim.kernel import simulate
 from .common import (
     add_cost_flags,
     add_figure_flags,
+    add_limit_flag,
+    check_outputs,
     closed_form_basis,
     closed_form_for,
     costs_from_args,
@@ -28,11 +31,13 @@ from .common import (
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("compare", help="compare every schedule for the same p, m and costs")
-    p.add_argument("--ranks", "-p", type=positive_int("--ranks"), required=True, metavar="P")
+    p.add_argument("--ranks", "-p", type=positive_int("--ranks"), required=True, metavar="P",
+                   help="pipeline ranks (workers, one per device)")
     p.add_argument("--microbatches", "-m", type=positive_int("--microbatches"), required=True,
-                   metavar="M")
+                   metavar="M", help="microbatches per training step")
     p.add_argument("--chunks", "-v", type=positive_int("--chunks"), default=None, metavar="V",
                    help="chunks for schedules that take a variable number (default: their own)")
+    add_limit_flag(p)
     add_cost_flags(p)
     add_dp_flags(p)
     add_figure_flags(p)
@@ -52,12 +57,14 @@ def add_dp_flags(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_outputs(args)
     costs = replace(costs_from_args(args), allreduce=args.allreduce)
     rows, skipped = [], []
     for name in schedule_names():
         spec = lookup(name)
         chunks = args.chunks if (args.chunks and not spec.fixed_chunks) else None
         try:
+            check_actions(args.ranks, args.microbatches, chunks, name, args.max_actions)
             schedule = get_schedule(name, args.ranks, args.microbatches, chunks)
             timeline = simulate(schedule, costs)
         except ScheduleError as exc:
@@ -68,12 +75,18 @@ def run(args: argparse.Namespace) -> int:
     from ..schedules.auto import LimitTooSmall, auto_schedule  # the fastest order that fits
 
     try:
+        check_actions(args.ranks, args.microbatches, 2, None, args.max_actions)
         auto = auto_schedule(args.ranks, args.microbatches, costs)
         rows.append((auto, simulate(auto, costs), None, None))
     except LimitTooSmall:
         raise  # a limit nothing fits: bad input
     except ScheduleError as exc:
         skipped.append(("auto", str(exc)))
+    if not rows:  # every schedule refused these flags: nothing to show is an error
+        reasons = sorted({why for _, why in skipped})
+        raise ScheduleError(f"no schedule accepts these flags: {reasons[0]}"
+                            + (f" (and {len(reasons) - 1} other reasons)"
+                               if len(reasons) > 1 else ""))
     write_figures(args, [t for _, t, _, _ in rows], f"p={args.ranks} m={args.microbatches}")
     if args.json:
         out = [{**timeline_json(t, c, events=False, basis=b), **memory_fields(t, costs)}

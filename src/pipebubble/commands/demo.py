@@ -9,9 +9,13 @@ from .common import positive_int
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="the lesson's 4-stage demo: trace, Gantt chart, bubble")
-    p.add_argument("--stages", type=positive_int("--stages"), default=4)
-    p.add_argument("--microbatches", "-m", type=positive_int("--microbatches"), default=8)
-    p.add_argument("--schedule", default="gpipe")
+    p.add_argument("--stages", type=positive_int("--stages", 64), default=4,
+                   help="pipeline stages, one per simulated device (4; at most 64)")
+    p.add_argument("--microbatches", "-m", type=positive_int("--microbatches", 1024),
+                   default=8,
+                   help="microbatches per step (8; at most 1024: the demo runs real tensors)")
+    p.add_argument("--schedule", default="gpipe",
+                   help="a registered schedule name: gpipe (default), 1f1b, ...")
     p.set_defaults(func=run)
 
 

@@ -13,7 +13,7 @@ import sys
 
 from ..interop.torch_csv import write_torch_csv
 from ..ir.schedule import validate
-from .common import add_cost_flags, add_schedule_flags, schedule_from_args
+from .common import add_cost_flags, add_schedule_flags, check_outputs, schedule_from_args
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,6 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_outputs(args, "csv")
     schedule = schedule_from_args(args)
     validate(schedule)
     write_torch_csv(schedule, args.csv)

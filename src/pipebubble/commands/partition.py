@@ -10,9 +10,7 @@ With ``--measured TIMELINE.json --current-cut ...`` it rebalances from a measure
 from __future__ import annotations
 
 import argparse
-import json
 import re
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import UserError
@@ -21,8 +19,8 @@ from ..plan.layouts import layer_lists, megatron_flags, megatron_layout, torchti
 from ..plan.partition import PartitionError, Ranges
 from ..plan.profile import Profile
 from ..schedules import schedule_names
-from ..timeline import Event, Timeline
-from .common import positive_int, print_json, time_value
+from ..timeline import Timeline
+from .common import float_flag, int_flag, positive_int, print_json, time_value
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -38,7 +36,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "method (exact min-max of the slowest stage), simulate the schedule for each cut and "
         "print the stages and predicted step times side by side.")
     p.add_argument("--profile", required=True, metavar="FILE", help="profile JSON")
-    p.add_argument("--ranks", "-p", type=positive_int("--ranks"), required=True, metavar="P")
+    p.add_argument("--ranks", "-p", type=positive_int("--ranks"), required=True, metavar="P",
+                   help="pipeline ranks (workers, one per device)")
     p.add_argument("--chunks", "-v", type=positive_int("--chunks"), default=1, metavar="V",
                    help="stages per rank (interleaved schedules): P x V stages (1)")
     p.add_argument("--microbatches", "-m", type=positive_int("--microbatches"), default=None,
@@ -48,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="schedule to simulate each cut with (1f1b, or the measured run's)")
     p.add_argument("--method", default="all", metavar="M",
                    help=f"{'|'.join(METHODS)}|{SIM_METHOD}|all, or a comma list (all)")
-    p.add_argument("--top", type=int, default=0, metavar="K",
+    p.add_argument("--top", type=int_flag("--top", 0, 10_000), default=0, metavar="K",
                    help=f"also simulate up to K near-optimal time cuts, keep the fastest step "
                    f"as '{SIM_METHOD}' (0: off)")
     p.add_argument("--memory-cap", type=memory_value, default=None, metavar="BYTES",
@@ -61,7 +60,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="extra seconds on the last stage, e.g. a loss not in the profile (0)")
     p.add_argument("--comm", type=time_value("--comm"), default=0.0, metavar="T",
                    help="seconds per hop between ranks, in the simulation (0)")
-    p.add_argument("--w-fraction", type=float, default=0.5, metavar="X",
+    p.add_argument("--w-fraction", type=float_flag("--w-fraction", 0, 1), default=0.5,
+                   metavar="X",
                    help="W as a fraction of B, for split-backward schedules (0.5)")
     p.add_argument("--measured", metavar="FILE",
                    help="a measured timeline (JSON with events) of --current-cut: rebalance")
@@ -82,14 +82,22 @@ def memory_value(text: str) -> float | list[float]:
                 f"--memory-cap must be bytes like 24GiB, 512MiB or 8e9 (a comma list for one "
                 f"per stage), got {part.strip()!r}")
         try:
-            out.append(float(m.group(1)) * _UNITS[unit])
+            value = float(m.group(1)) * _UNITS[unit]
         except ValueError:
             raise argparse.ArgumentTypeError(f"--memory-cap: bad number {m.group(1)!r}") from None
+        if not 0 < value <= 1e18:  # an exabyte: beyond it the number means no cap (or inf)
+            raise argparse.ArgumentTypeError(
+                f"--memory-cap must be a number of bytes in (0, 1e18] (finite), got "
+                f"{part.strip()[:40]!r}")
+        out.append(value)
     return out[0] if len(out) == 1 else out
 
 
 def parse_methods(text: str) -> list[str]:
     names = [m.strip().lower() for m in text.split(",") if m.strip()]
+    if not names:
+        raise UserError(f"--method: no method in {text!r}; valid are "
+                         f"{', '.join((*METHODS, SIM_METHOD))} or all")
     if names == ["all"]:
         return list(METHODS)
     for m in names:
@@ -119,34 +127,10 @@ def parse_cut(text: str, num_layers: int) -> Ranges:
 
 
 def load_timeline(path: str) -> Timeline:
-    """A timeline from the JSON contract: schedule, ranks, stages, microbatches, events."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise UserError(f"timeline file {path!r} not found") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:  # not JSON, or not text
-        raise UserError(f"timeline file {path!r} is not valid JSON: {exc}") from None
-    missing = [k for k in ("ranks", "stages", "events") if not isinstance(data, dict)
-               or k not in data]
-    if missing:
-        raise UserError(f"timeline file {path!r} lacks {', '.join(missing)} (see README, "
-                         "JSON output)")
-    try:
-        events = [Event(int(e["rank"]), int(e["stage"]), str(e["kind"]), int(e["microbatch"]),
-                        float(e["start"]), float(e["end"])) for e in data["events"]]
-    except (KeyError, TypeError, ValueError) as exc:
-        raise UserError(f"timeline file {path!r}: bad event ({exc})") from None
-    try:  # the file's numbers must agree with each other (Timeline checks the rest)
-        stage_to_rank = [0] * int(data["stages"])
-        for e in events:
-            stage_to_rank[e.stage] = e.rank
-        return Timeline.from_events(
-            events, schedule=str(data.get("schedule", "measured")), num_ranks=int(data["ranks"]),
-            num_stages=int(data["stages"]),
-            num_microbatches=int(data.get("microbatches", 1 + max(e.microbatch for e in events))),
-            stage_to_rank=stage_to_rank, source=str(data.get("source", "measured")))
-    except (IndexError, TypeError, ValueError) as exc:
-        raise UserError(f"timeline file {path!r}: {exc}") from None
+    """A timeline from the JSON contract, every field checked (see ``timeline_io``)."""
+    from ..timeline_io import load_timeline as load
+
+    return load(path, "--measured")
 
 
 def run(args: argparse.Namespace) -> int:

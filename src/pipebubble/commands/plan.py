@@ -31,7 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", action="append", required=True, metavar="FILE",
                    help="profile JSON (pipebubble profile [--analytic]); repeat it with "
                    "profiles at different --batch to interpolate between them")
-    p.add_argument("--gpus", type=positive_int("--gpus"), required=True, metavar="N")
+    p.add_argument("--gpus", type=positive_int("--gpus"), required=True, metavar="N",
+                   help="GPUs to plan for (pipeline x data parallel)")
     p.add_argument("--gpu-memory", type=size_value("--gpu-memory"), default=80 * 2**30,
                    metavar="BYTES", help="memory per GPU: 80GiB, 24e9 (80GiB)")
     p.add_argument("--global-batch", type=positive_int("--global-batch"), required=True,

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import json
 import sys
 from typing import TYPE_CHECKING
 
 from ..errors import UserError
-from .common import positive_int
+from ..files import check_output_path
+from ..limits import check_model_size, check_threads
+from .common import int_flag, parse_device, positive_int, print_json, wrote
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -28,10 +29,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     for name in MODEL_FLAGS:
         p.add_argument(f"--{name}", type=positive_int(f"--{name}"), default=None,
                        help=f"model {name} (the model's default when omitted)")
-    p.add_argument("--seed", type=int, default=0, help="weights and batch seed (0)")
+    p.add_argument("--seed", type=int_flag("--seed", 0, 2**32 - 1), default=0,
+                   help="weights and batch seed, 0..2^32-1 (0)")
     p.add_argument("--batch", type=positive_int("--batch"), default=None,
                    help="samples in the profiled batch: one microbatch (8; --analytic: 1)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed passes first (2)")
+    p.add_argument("--warmup", type=int_flag("--warmup", 0, 1000), default=2,
+                   help="untimed passes first (2)")
     p.add_argument("--repeats", type=positive_int("--repeats"), default=5,
                    help="timed passes; the median is kept (5)")
     p.add_argument("--device", default="cpu", help="torch device to measure on (cpu)")
@@ -45,7 +48,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--seq --batch)")
     g.add_argument("--analytic", action="store_true",
                    help="compute the profile from the shape instead of measuring a model")
-    g.add_argument("--hidden", type=positive_int("--hidden"), default=None, metavar="H")
+    g.add_argument("--hidden", type=positive_int("--hidden"), default=None, metavar="H",
+                   help="--analytic: the model's hidden size")
     g.add_argument("--ffn", type=positive_int("--ffn"), default=None, metavar="F",
                    help="MLP inner size")
     g.add_argument("--kv-heads", type=positive_int("--kv-heads"), default=None, metavar="K",
@@ -118,14 +122,15 @@ def run(args: argparse.Namespace) -> int:
 
     if args.warmup < 0:
         raise UserError(f"--warmup must be >= 0, got {args.warmup}")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    try:
-        device = torch.device(args.device)
-    except RuntimeError:
-        raise UserError(f"unknown --device {args.device!r}; try cpu or cuda") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"--device {args.device} asked for, but CUDA is not available here")
+    if args.out is not None:
+        check_output_path(args.out, "--out")
+    device = parse_device(args.device)
+    threads = args.threads or (1 if device.type == "cpu" else None)  # CPU time, one thread
+    if threads:
+        torch.set_num_threads(check_threads(threads))
+    if args.model in ("mlp", "transformer", "sleep"):  # before building it
+        check_model_size(args.model, args.layers or 8, args.width or args.dim,
+                         args.vocab or 4096, args.seq or 32, batch=args.batch or 8)
     spec, kwargs = build(args)
     gen = torch.Generator().manual_seed(args.seed)
     x, y = spec.make_batch(args.batch or 8, gen)
@@ -139,18 +144,48 @@ def run(args: argparse.Namespace) -> int:
 def _output(args: argparse.Namespace, prof) -> int:
     if args.out:
         prof.save(args.out)
+        wrote(args.out)
+    for line in noisy_layers(prof):
+        sys.stderr.write(f"pipebubble: warning: {line}\n")
     if args.json:
-        json.dump(prof.as_dict(), sys.stdout)
-        sys.stdout.write("\n")
+        print_json(prof.as_dict())
         return 0
     from rich.console import Console
 
     console = Console()
     console.print(profile_table(prof))
     if args.out:
-        console.print(f"wrote {args.out}  (pipebubble partition --profile {args.out} "
-                      f"--ranks P, or pipebubble plan --profile {args.out} --gpus N ...)")
+        console.print(f"next: pipebubble partition --profile {args.out} --ranks P, or "
+                      f"pipebubble plan --profile {args.out} --gpus N ...")
     return 0
+
+
+NOISE_RATIO = 3.0
+
+
+def noisy_layers(prof) -> list[str]:
+    """Warnings for identical layers (same type, parameters, activation bytes and FLOPs)
+    whose forward or backward times differ by more than :data:`NOISE_RATIO` x: the same
+    work measured that differently is noise (other processes, frequency scaling)."""
+    groups: dict[tuple, list] = {}
+    for layer in prof.layers:
+        key = (layer.type, layer.params, layer.activation_bytes, layer.flops)
+        groups.setdefault(key, []).append(layer)
+    out = []
+    for (kind, *_), layers in groups.items():
+        if len(layers) < 2:
+            continue
+        for field in ("forward", "backward"):
+            times = [getattr(x, field) for x in layers]
+            lo, hi = min(times), max(times)
+            if lo > 0 and hi / lo > NOISE_RATIO:
+                out.append(f"{len(layers)} identical {kind or 'layers'} differ {hi / lo:.1f}x "
+                           f"in {field} time ({lo * 1e3:.3g} to {hi * 1e3:.3g} ms): the "
+                           "measurement is noisy; use --threads 1, more --repeats, or a "
+                           "quieter machine")
+    return out
+
+
 
 
 def profile_table(prof) -> Table:

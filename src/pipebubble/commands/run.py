@@ -12,12 +12,16 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..errors import UserError
+from ..limits import MAX_WIDTH, check_threads
 from ..sim.kernel import simulate
 from ..sim.wire import ORDERINGS
 from .common import (
     add_cost_flags,
     add_figure_flags,
     add_schedule_flags,
+    check_outputs,
+    float_flag,
+    int_flag,
     positive_int,
     print_json,
     time_value,
@@ -58,17 +62,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--check", action="store_true",
                    help="also run the unsplit model on the whole batch; print the largest "
                    "gradient and loss differences")
-    p.add_argument("--warmup", type=int, default=1, metavar="N",
+    p.add_argument("--warmup", type=int_flag("--warmup", 0, 1000), default=1, metavar="N",
                    help="unmeasured steps before the measured ones (1)")
-    p.add_argument("--repeat", type=positive_int("--repeat"), default=3, metavar="N",
+    p.add_argument("--repeat", type=positive_int("--repeat", 1000), default=3, metavar="N",
                    help="measured steps; the fastest is reported, the least disturbed by "
                    "other work on the machine (3)")
-    p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     p.add_argument("--threads", type=positive_int("--threads"), default=1, metavar="N",
-                   help="torch CPU threads (1: one process runs every rank in turn, and "
+                   help="torch CPU threads, at most the machine's cores (1: one process runs "
+                   "every rank in turn, and "
                    "timings stay steady on a shared machine)")
-    p.add_argument("--chart-width", type=int, default=None, metavar="COLS",
-                   help="Gantt chart width in columns")
+    p.add_argument("--chart-width", type=int_flag("--chart-width", 1, MAX_WIDTH), default=None,
+                   metavar="COLS", help="Gantt chart width in columns")
     add_figure_flags(p)
     add_cost_flags(p)  # what --schedule auto plans for (the model's real times are measured)
     p.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
@@ -84,11 +89,25 @@ def add_distributed_flags(p: argparse.ArgumentParser) -> None:
                    help="torch.distributed backend (gloo: CPU; nccl: one GPU per process)")
     g.add_argument("--p2p", choices=ORDERINGS, default="batched",
                    help="how each rank posts its sends and receives (batched)")
-    g.add_argument("--timeout", type=float, default=30.0, metavar="S",
-                   help="deadlock: stop when no rank progressed for S seconds (30)")
-    g.add_argument("--heartbeat-timeout", type=float, default=10.0, metavar="S",
-                   help="a rank silent for S seconds is taken as dead (10)")
-    g.add_argument("--inject-fault", default=None, help=argparse.SUPPRESS)
+    g.add_argument("--timeout", type=float_flag("--timeout", 0, 86400, lo_open=True),
+                   default=30.0, metavar="S",
+                   help="deadlock: stop when no rank progressed for S seconds (30; at most "
+                   "a day)")
+    g.add_argument("--heartbeat-timeout", type=float_flag("--heartbeat-timeout", 0, 86400,
+                                                          lo_open=True),
+                   default=10.0, metavar="S",
+                   help="a rank silent for S seconds is taken as dead (10; at most a day)")
+    g.add_argument("--inject-fault", type=fault_flag, default=None, help=argparse.SUPPRESS)
+
+
+def fault_flag(text: str) -> str:
+    """The hidden test flag ``--inject-fault kill|raise:RANK:N``, checked before launch."""
+    parts = text.split(":")
+    if (len(parts) != 3 or parts[0] not in ("kill", "raise") or not parts[1].isdigit()
+            or not parts[2].isdigit() or len(parts[1]) > 9 or len(parts[2]) > 9):
+        raise argparse.ArgumentTypeError(
+            f"--inject-fault must be kill:RANK:N or raise:RANK:N, got {text[:40]!r}")
+    return text
 
 
 def add_model_flags(p: argparse.ArgumentParser) -> None:
@@ -109,7 +128,8 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                    help="samples per step (default 8 per microbatch)")
     g.add_argument("--boundaries", default=None, metavar="I,J,..",
                    help="first layer of each stage after the first (default: even split)")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seed", type=int_flag("--seed", 0, 2**32 - 1), default=0,
+                   help="weights and batch seed, 0..2^32-1 (0)")
     g.add_argument("--sleep-f", type=time_value("--sleep-f"), default=0.01, metavar="S",
                    help="sleep model: forward seconds per layer (or a comma list per layer)")
     g.add_argument("--sleep-b", type=time_value("--sleep-b"), default=0.02, metavar="S",
@@ -120,23 +140,28 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
 
 # ---- the local path --------------------------------------------------------------------
 def run_local_steps(setup: RunSetup, recompute: list[bool], warmup: int = 1,
-                    repeat: int = 1) -> list:
+                    repeat: int = 1, step_times: list[list[float]] | None = None) -> list:
     """One measured step per entry of ``recompute``: the fastest of ``repeat``.
 
     The variants take turns (warm-up steps first), so that a busy spell on a shared
     machine slows them alike. Gradients are zeroed before each step, so afterwards they are
     those of one step of the last variant (every step computes the same gradients: the
-    weights do not change).
+    weights do not change). ``step_times``, if given, receives every measured step time of
+    each variant (for the run-to-run spread, ``noise_note``).
     """
     from ..runtime.local import run_local
 
     best: list = [None] * len(recompute)
+    if step_times is not None:
+        step_times[:] = [[] for _ in recompute]
     for i in range(warmup + repeat):
         for k, rec in enumerate(recompute):
             for st in setup.stages:
                 st.zero_grad(set_to_none=True)
             result = run_local(setup.schedule, setup.stages, setup.inputs, setup.targets,
                                setup.spec.loss_fn, recompute=rec, device=setup.device)
+            if i >= warmup and step_times is not None:
+                step_times[k].append(result.timeline.step_time)
             if i >= warmup and (best[k] is None
                                 or result.timeline.step_time < best[k].timeline.step_time):
                 best[k] = result
@@ -178,6 +203,7 @@ def _backward_total(t: dict) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_outputs(args)
     if args.warmup < 0:
         raise UserError(f"--warmup must be >= 0, got {args.warmup}")
     if not args.local:  # one process per rank
@@ -188,12 +214,20 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--dp {args.dp} needs one process per rank; drop --local")
     import torch
 
-    from ._run_setup import analyse, build_setup, check_against_unsplit, print_report, report_json
+    from ._run_setup import (
+        analyse,
+        build_setup,
+        check_against_unsplit,
+        noise_note,
+        print_report,
+        report_json,
+    )
 
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(check_threads(args.threads))
     setup = build_setup(args, reference=args.check)
     variants = [False, True] if args.recompute else [False]
-    *rest, result = run_local_steps(setup, variants, args.warmup, args.repeat)
+    times: list[list[float]] = []
+    *rest, result = run_local_steps(setup, variants, args.warmup, args.repeat, times)
     plain = rest[0] if rest else None
     report = analyse(setup, result.timeline, result.loss, result.peak_bytes, args.recompute,
                      result.input_bytes, result.allocator_peak)
@@ -202,6 +236,9 @@ def run(args: argparse.Namespace) -> int:
                                                                                result.loss)
     if plain is not None:
         report.trade = recompute_trade(setup, plain, result, report)
+    note = noise_note(times[-1], report.measured.step_time, report.predicted.step_time)
+    if note:
+        report.notes.append(note)
     write_figures(args, [report.measured, report.predicted], report.title)
     if args.json:
         print_json(report_json(report))

@@ -21,12 +21,15 @@ from ..interop.timeline_json import (
 )
 from ..interop.torch_csv import read_torch_csv
 from ..ir.schedule import Schedule, ScheduleError, validate
+from ..limits import MAX_ACTIONS, MAX_WIDTH, LimitError
 from .common import (
     add_cost_flags,
     add_figure_flags,
     add_schedule_flags,
+    check_outputs,
     costs_from_args,
     fit_line,
+    int_flag,
     schedule_from_args,
     write_figures,
 )
@@ -42,7 +45,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_cost_flags(p)
     add_figure_flags(p)
     p.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
-    p.add_argument("--width", type=int, default=None, help="chart width in columns")
+    p.add_argument("--width", type=int_flag("--width", 1, MAX_WIDTH), default=None,
+                   metavar="COLS", help="output width in columns, piped or not (default: the "
+                   "terminal's; 80 when output is not a terminal)")
     p.set_defaults(func=run)
 
 
@@ -51,8 +56,13 @@ def load_schedule(args: argparse.Namespace) -> Schedule:
     if args.csv:
         if args.chunks is not None:
             raise ScheduleError("--chunks does not apply with --csv (the file fixes the stages)")
-        return read_torch_csv(args.csv, name=args.schedule, ranks=args.ranks,
-                              microbatches=args.microbatches)
+        schedule = read_torch_csv(args.csv, name=args.schedule, ranks=args.ranks,
+                                  microbatches=args.microbatches)
+        limit = args.max_actions or MAX_ACTIONS
+        if schedule.num_actions() > limit:
+            raise LimitError(f"--csv {args.csv}: {schedule.num_actions():,} actions, over the "
+                             f"limit of {limit:,}; raise --max-actions")
+        return schedule
     missing = [flag for flag, v in (("--schedule", args.schedule), ("--ranks", args.ranks),
                                     ("--microbatches", args.microbatches)) if v is None]
     if missing:
@@ -63,6 +73,7 @@ def load_schedule(args: argparse.Namespace) -> Schedule:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_outputs(args)
     schedule = load_schedule(args)
     costs = costs_from_args(args)
     timeline = simulate_checked(schedule, costs)
@@ -80,8 +91,13 @@ def run(args: argparse.Namespace) -> int:
 
     from ..render.terminal import gantt, summary_lines, summary_table
 
-    console = Console()
-    console.print(gantt(timeline, width=args.width, title=title))
+    # --width is the whole output's width, on a terminal or piped: the chart's time axis
+    # gets what the rank labels leave.
+    console = Console(width=args.width) if args.width else Console()
+    axis = None
+    if args.width:
+        axis = max(1, args.width - len(f"rank {timeline.num_ranks - 1}") - 2)
+    console.print(gantt(timeline, width=axis, title=title))
     console.print(summary_table(timeline))
     for line in summary_lines(timeline, closed):
         console.print(line)

@@ -17,9 +17,18 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..errors import UserError
+from ..files import open_output
+from ..limits import check_sweep
 from ..plan.sweep import SweepPoint, parse_range, sweep, write_csv
 from ..schedules import lookup, schedule_names
-from .common import add_cost_flags, costs_from_args, positive_int
+from .common import (
+    add_cost_flags,
+    add_limit_flag,
+    check_outputs,
+    costs_from_args,
+    positive_int,
+    wrote,
+)
 
 PROGRESS_FROM = 200  # points; fewer finish before a bar would be worth drawing
 TABLE_ROWS = 16
@@ -33,13 +42,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "sweep", help="bubble and peak memory against the number of microbatches",
         description="Simulate schedules over a range of microbatch counts; plot the bubble "
         "fraction (with its closed form) and the peak activation memory against m.")
-    p.add_argument("--ranks", "-p", type=positive_int("--ranks"), required=True, metavar="P")
+    p.add_argument("--ranks", "-p", type=positive_int("--ranks"), required=True, metavar="P",
+                   help="pipeline ranks (workers, one per device)")
     p.add_argument("--microbatches", "-m", default="1..64", metavar="RANGE",
                    help="N, A..B, A..B:STEP or a comma list of those (default 1..64)")
     p.add_argument("--schedules", default=None, metavar="LIST",
                    help=f"comma list (default all: {','.join(schedule_names())})")
     p.add_argument("--chunks", "-v", type=positive_int("--chunks"), default=None, metavar="V",
                    help="chunks for schedules that take a variable number")
+    add_limit_flag(p)
     add_cost_flags(p, limit=False)
     p.add_argument("--memory-limit", default=None, metavar="RANGE",
                    help="sweep the activation-memory limit instead of m: X, A..B, A..B:STEP "
@@ -55,6 +66,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_outputs(args, "png", "svg", "trace", "csv")
     if args.memory_limit is not None:
         return run_memory(args)
     from rich.console import Console
@@ -67,12 +79,15 @@ def run(args: argparse.Namespace) -> int:
     )
 
     ms = parse_range(args.microbatches, "--microbatches")
-    names = [n.strip() for n in (args.schedules or ",".join(schedule_names())).split(",")]
+    text = ",".join(schedule_names()) if args.schedules is None else args.schedules
+    names = [n.strip() for n in text.split(",")]
     if not all(names):
         raise UserError(f"--schedules: empty name in {args.schedules!r}; use e.g. gpipe,1f1b")
     names = list(dict.fromkeys("auto" if n.lower() == "auto" else lookup(n).name
                                for n in names))  # unknown names fail here
     costs = costs_from_args(args)
+    check_sweep(names, args.ranks, ms, args.chunks,
+                None if args.max_actions is None else 10 * args.max_actions)
     total = len(names) * len(ms)
     err = Console(stderr=True)
     with Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -82,8 +97,6 @@ def run(args: argparse.Namespace) -> int:
         points = sweep(names, args.ranks, ms, costs, args.chunks,
                        on_point=lambda: bar.advance(task))
     missing = total - len(points)
-    if missing:
-        err.print(f"[dim]{missing} (schedule, m) pairs were not valid and are left out[/dim]")
     if not points:
         raise UserError(f"no schedule in {','.join(names)} accepts p={args.ranks} with m in "
                          f"{args.microbatches}")
@@ -95,16 +108,22 @@ def run(args: argparse.Namespace) -> int:
         fig = sweep_figure(points, title)
         if args.png:
             save(fig, args.png, "png")
+            wrote(args.png)
         if args.svg:
             save(fig, args.svg, "svg")
+            wrote(args.svg)
     if args.trace:
         _write_trace(args.trace, points, names, args, costs)
+        wrote(args.trace)
+    if args.csv and args.csv != "-":
+        with open_output(args.csv, "--csv", newline="") as f:
+            write_csv(points, f)
+        wrote(args.csv)
+    if missing:  # after every file is written: an error above stays the only line
+        err.print(f"[dim]{missing} (schedule, m) pairs were not valid and are left out[/dim]")
     if args.csv == "-":
         write_csv(points, sys.stdout)
         return 0
-    if args.csv:
-        with open(args.csv, "w", newline="") as f:
-            write_csv(points, f)
     Console().print(_table(points, names, title))
     return 0
 
@@ -133,30 +152,79 @@ def _write_trace(path: str, points: list[SweepPoint], names: list[str],
     write_trace(path, timelines, labels)
 
 
-def _table(points: list[SweepPoint], names: list[str], title: str) -> Table:
-    """Bubble (simulated / closed form) and peak memory per schedule for a sample of m."""
+def sample_ms(ms: list[int], k: int) -> list[int]:
+    """At most ``k`` (>= 2) of the sorted values ``ms`` for a table: the first and the last,
+    powers of two (evenly thinned), then values splitting the widest remaining gaps.
+
+    >>> sample_ms(list(range(1, 129)), 6)
+    [1, 2, 8, 16, 64, 128]
+    >>> sample_ms(list(range(1, 11)), 5)
+    [1, 2, 4, 8, 10]
+    >>> sample_ms([3, 5, 6, 7, 9, 12], 4)
+    [3, 7, 9, 12]
+    """
+    k = max(2, k)
+    if len(ms) <= k:
+        return list(ms)
+    pow2 = [m for m in ms[1:-1] if m & (m - 1) == 0]
+    if len(pow2) > k - 2:
+        n = k - 2
+        pow2 = [pow2[round(i * (len(pow2) - 1) / (n - 1))] for i in range(n)] if n > 1 \
+            else pow2[len(pow2) // 2:len(pow2) // 2 + n]
+    keep = sorted({ms[0], ms[-1], *pow2})
+    pool = sorted(set(ms) - set(keep))
+    while len(keep) < k and pool:
+        gaps = [(keep[i + 1] - keep[i], i) for i in range(len(keep) - 1)]
+        for _, i in sorted(gaps, reverse=True):
+            inside = [m for m in pool if keep[i] < m < keep[i + 1]]
+            if inside:
+                mid = (keep[i] + keep[i + 1]) / 2
+                best = min(inside, key=lambda m: abs(m - mid))
+                keep = sorted([*keep, best])
+                pool.remove(best)
+                break
+    return keep
+
+
+def _table(points: list[SweepPoint], names: list[str], title: str,
+           width: int | None = None) -> Table:
+    """Bubble (simulated, and the closed form in a row below where it differs) and peak
+    memory: one row per schedule, one column per sampled m, as many as fit ``width``."""
+    from rich.console import Console
     from rich.table import Table
 
-    ms = sorted({p.microbatches for p in points})
-    if len(ms) > TABLE_ROWS:
-        keep = {ms[0], ms[-1]} | {m for m in ms if m & (m - 1) == 0}
-        ms = sorted(keep)[:TABLE_ROWS]
+    width = width or Console().width
+    name_w = max(len(n) for n in [*names, "closed form"]) + 3
+    ms = sample_ms(sorted({p.microbatches for p in points}), min(TABLE_ROWS,
+                                                                  (width - name_w) // 9))
     by_key = {(p.schedule, p.microbatches): p for p in points}
-    table = Table(title=title, show_edge=False)
-    table.add_column("m", justify="right")
-    for n in names:
-        table.add_column(f"{n} bubble", justify="right")
-        table.add_column(f"{n} peak mem", justify="right")
+    table = Table(title=title, show_edge=False, caption_justify="left",
+                  caption="bubble: simulated fraction of idle time (the closed form below it "
+                  "where they differ); mem: peak activation memory, rank-shares of M_B")
+    table.add_column("m", justify="left", no_wrap=True)
     for m in ms:
-        row = [str(m)]
+        table.add_column(str(m), justify="right", no_wrap=True)
+    for section in ("bubble", "mem"):
         for n in names:
-            p = by_key.get((n, m))
-            if p is None:
-                row += ["—", "—"]
-                continue
-            closed = "" if p.closed_form_bubble is None else f" ({p.closed_form_bubble:.2%})"
-            row += [f"{p.bubble_fraction:.2%}{closed}", f"{p.peak_memory:.4g}"]
-        table.add_row(*row)
+            row, closed, differs = [], [], False
+            for m in ms:
+                p = by_key.get((n, m))
+                if p is None:
+                    row.append("—")
+                    closed.append("")
+                    continue
+                if section == "mem":
+                    row.append(f"{p.peak_memory:.4g}")
+                    continue
+                row.append(f"{p.bubble_fraction:.2%}")
+                c = p.closed_form_bubble
+                closed.append("—" if c is None else f"{c:.2%}")
+                differs |= c is not None and abs(c - p.bubble_fraction) > 5e-4
+            table.add_row(f"{n} {section}" if section == "mem" else n, *row,
+                          end_section=False)
+            if differs:
+                table.add_row("  closed form", *closed, style="dim")
+        table.rows[-1].end_section = True
     return table
 
 
@@ -172,13 +240,15 @@ def run_memory(args: argparse.Namespace) -> int:
         raise UserError(f"--memory-limit sweeps at one m: give --microbatches N, "
                          f"got {args.microbatches!r}")
     limits = parse_limits(args.memory_limit)
-    names = ([n.strip() for n in args.schedules.split(",")] if args.schedules
+    names = ([n.strip() for n in args.schedules.split(",")] if args.schedules is not None
              else list(MEMORY_SCHEDULES))
     if not all(names):
         raise UserError(f"--schedules: empty name in {args.schedules!r}; use e.g. auto,zbv")
     names = list(dict.fromkeys("auto" if n.lower() == "auto" else lookup(n).name
                                for n in names))
     costs = replace(costs_from_args(args), memory_limit=None)  # the flag is the range here
+    check_sweep(names, args.ranks, [ms[0]] * len(limits), 2,
+                None if args.max_actions is None else 10 * args.max_actions)
     points = memory_sweep(names, args.ranks, ms[0], limits, costs)
     if not any(p.fits for p in points):
         raise UserError(f"no schedule fits any --memory-limit in {args.memory_limit} "
@@ -191,14 +261,17 @@ def run_memory(args: argparse.Namespace) -> int:
         fig = memory_figure(points, title)
         if args.png:
             save(fig, args.png, "png")
+            wrote(args.png)
         if args.svg:
             save(fig, args.svg, "svg")
+            wrote(args.svg)
     if args.csv == "-":
         write_memory_csv(points, sys.stdout)
         return 0
     if args.csv:
-        with open(args.csv, "w", newline="") as f:
+        with open_output(args.csv, "--csv", newline="") as f:
             write_memory_csv(points, f)
+        wrote(args.csv)
     table = Table(title=title, show_edge=False, caption="step time (bubble); — : does not fit")
     table.add_column("limit", justify="right")
     for n in names:

@@ -173,6 +173,26 @@ _EVENT = ('{"rank": %d, "stage": %d, "kind": "%s", "microbatch": %d, "start": %r
           '"end": %r}')
 
 
+JSON_DIGITS = 12
+
+
+def clean_floats(obj: object, digits: int = JSON_DIGITS) -> object:
+    """``obj`` with every float rounded to ``digits`` significant digits, so sums of exact
+    decimal inputs print as such: 0.1 + 0.2 gives 0.3, not 0.30000000000000004. Twelve
+    digits keep every measured time to a picosecond per second; inf/nan stay as they are.
+
+    >>> clean_floats({"t": [0.1 + 0.2, 3, 1 / 3]})
+    {'t': [0.3, 3, 0.333333333333]}
+    """
+    if isinstance(obj, float):
+        return float(f"{obj:.{digits}g}") if math.isfinite(obj) else obj
+    if isinstance(obj, dict):
+        return {k: clean_floats(v, digits) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [clean_floats(v, digits) for v in obj]
+    return obj
+
+
 def write_simulate_json(stream: TextIO, schedule: Schedule, costs: CostModel,
                         timeline: Timeline, *, closed_form: bool = True) -> None:
     """Write :func:`simulate_json`'s object and a newline to ``stream``, the same text as
@@ -183,11 +203,14 @@ def write_simulate_json(stream: TextIO, schedule: Schedule, costs: CostModel,
     finite = not len(timeline) or all(math.isfinite(x) for x in (
         min(timeline.start), max(timeline.end)))
     if not finite:  # json spells inf and nan its own way
-        stream.write(json.dumps({**head, "events": timeline.events_json()}) + "\n")
+        stream.write(json.dumps(clean_floats({**head, "events": timeline.events_json()}))
+                     + "\n")
         return
-    stream.write(json.dumps(head)[:-1] + ', "events": [')
+    stream.write(json.dumps(clean_floats(head))[:-1] + ', "events": [')
+    fmt = f"%.{JSON_DIGITS}g"  # as clean_floats rounds: no float noise, the same text
     rows = zip(timeline.rank, timeline.stage, timeline.kind, timeline.microbatch,
-               timeline.start, timeline.end, strict=True)
+               [float(fmt % x) for x in timeline.start], [float(fmt % x) for x in timeline.end],
+               strict=True)
     first = True
     while part := ", ".join([_EVENT % row for row in islice(rows, 1 << 16)]):
         stream.write(part if first else ", " + part)

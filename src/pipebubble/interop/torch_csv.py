@@ -67,6 +67,8 @@ def _parse_cell(text: str) -> Step | None:
     text = text.strip()
     if not text or _MARKER.match(text):
         return None
+    if (longest := max((len(d) for d in re.findall(r"\d+", text)), default=0)) > 18:
+        raise _Cell(f"a stage or microbatch number with {longest} digits; at most 18")
     if text.startswith("("):
         try:
             return parse_overlap(text, require_tag=True)
@@ -214,14 +216,10 @@ def read_torch_csv(
     chain_starts: Sequence[int] = (0,),
 ) -> Schedule:
     """Read a compute-only CSV file (see :func:`parse_torch_csv`)."""
+    from ..files import read_text_file
+
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8-sig")  # a spreadsheet may add a BOM
-    except FileNotFoundError:
-        raise ScheduleError(f"no such file: {path}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ScheduleError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") \
-            from None
+    text = read_text_file(path, "--csv")  # regular UTF-8 file (a BOM allowed), size-limited
     return parse_torch_csv(text, source=str(path), name=name or path.stem, ranks=ranks,
                            microbatches=microbatches, chain_starts=chain_starts)
 
@@ -248,10 +246,9 @@ def write_torch_csv(schedule: Schedule, dest: str | Path | TextIO) -> None:
     elif str(dest) == "-":
         sys.stdout.write(text)
     else:
-        try:
-            Path(dest).write_text(text, encoding="utf-8")
-        except OSError as exc:
-            raise ScheduleError(f"cannot write {dest}: {exc.strerror or exc}") from None
+        from ..files import write_text
+
+        write_text(dest, text, "--csv")
 
 
 def explain_deadlock(schedule: Schedule, exc: Deadlock) -> ScheduleError:

@@ -52,6 +52,9 @@ FIELDS = ("name", "forward", "backward", "params", "activation_bytes", "flops")
 FORMAT = "pipebubble-profile"
 
 
+MAX_LAYERS = 100_000  # layers in a profile file (partitioning is O(layers x stages))
+
+
 class ProfileError(UserError):
     """A profile file or dictionary that cannot be used; the message names the bad value."""
 
@@ -100,16 +103,18 @@ class Profile:
         return {**self.metadata, "layers": [layer.as_dict() for layer in self.layers]}
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.as_dict(), indent=1) + "\n")
+        from ..files import write_text
+
+        write_text(path, json.dumps(self.as_dict(), indent=1) + "\n", "--out")
 
     @classmethod
     def load(cls, path: str | Path) -> Profile:
-        try:
-            data = json.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise ProfileError(f"profile file {str(path)!r} not found") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:  # not JSON, or not text
-            raise ProfileError(f"profile file {str(path)!r} is not valid JSON: {exc}") from None
+        from ..files import FileError, read_json_file
+
+        try:  # a regular UTF-8 file under the size limit, sane nesting, finite numbers
+            data = read_json_file(path, "profile file")
+        except FileError as exc:
+            raise ProfileError(str(exc)) from None
         return cls.from_dict(data)
 
     @classmethod
@@ -124,6 +129,9 @@ class Profile:
             raise ProfileError(f"'layers' must be a list, got {type(raw).__name__}")
         if not raw:
             raise ProfileError("profile has no layers ('layers' is empty); it needs at least one")
+        if len(raw) > MAX_LAYERS:
+            raise ProfileError(f"profile has {len(raw):,} layers, over the limit of "
+                               f"{MAX_LAYERS:,}")
         layers, seen = [], set()
         for i, item in enumerate(raw):
             layers.append(_layer_from_dict(i, item))

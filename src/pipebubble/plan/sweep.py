@@ -59,6 +59,9 @@ def parse_range(text: str, flag: str = "range") -> list[int]:
     those; sorted, duplicates dropped. Every value must be >= 1."""
     values: set[int] = set()
     for part in (p.strip() for p in str(text).split(",")):
+        if len(part) > 40:
+            raise UserError(f"{flag}: {part[:20]!r}... is too long; use N, A..B or A..B:STEP "
+                             "with numbers of at most 18 digits")
         lo_text, dots, rest = part.partition("..")
         hi_text, colon, step_text = rest.partition(":")
         try:

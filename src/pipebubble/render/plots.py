@@ -395,8 +395,9 @@ def save(fig: Figure, path: str | Path, fmt: str | None = None) -> Path:
     fmt = fmt or path.suffix.lstrip(".").lower() or "png"
     if fmt not in ("png", "svg", "pdf"):
         raise UserError(f"cannot save a figure as {fmt!r}; valid are png, svg, pdf")
-    if not path.parent.exists():
-        raise FileNotFoundError(f"directory {str(path.parent)!r} does not exist for {str(path)!r}")
+    from ..files import open_output
+
     meta = {"Software": None} if fmt == "png" else ({"Date": None} if fmt == "svg" else None)
-    fig.savefig(path, format=fmt, dpi=DPI, metadata=meta)
+    with open_output(path, f"--{fmt}", "wb") as f:  # every path check and error in one place
+        fig.savefig(f, format=fmt, dpi=DPI, metadata=meta)
     return path

@@ -84,9 +84,10 @@ def _cells(timeline: Timeline, r: int, t0: float, scale: float, cols: int,
 
     Each event fills the columns ``c0 = round(start x scale)`` up to ``c1 = round(end x
     scale)`` (at least one; a later event paints over an earlier one) and writes its label
-    (``F3``) there, padded by one column when it has room, or only its first letter when
-    it does not. Events are in time order, so ``c0`` and ``c1`` only grow along a row and
-    the owner of column c is the last event with ``c0 <= c``, if its ``c1 > c``.
+    (``F3``) there after one blank column when it has room for both (so two labels never
+    run together), or only its first letter when it does not. Events are in time order, so
+    ``c0`` and ``c1`` only grow along a row and the owner of column c is the last event with
+    ``c0 <= c``, if its ``c1 > c``.
     """
     lo, hi = timeline.offsets[r], timeline.offsets[r + 1]
     start = np.asarray(timeline.start[lo:hi], dtype=np.float64)
@@ -102,16 +103,15 @@ def _cells(timeline: Timeline, r: int, t0: float, scale: float, cols: int,
     mb = np.asarray(timeline.microbatch[lo:hi], dtype=np.int64)
     text_len = 2 + np.searchsorted(_POWERS_OF_TEN, mb, side="right")  # "F" and the digits
     room = c1 - c0
-    wide = np.flatnonzero(room >= text_len)
-    narrow = np.flatnonzero((room < text_len) & (room >= 1))
+    wide = np.flatnonzero(room > text_len)
+    narrow = np.flatnonzero((room <= text_len) & (room >= 1))
     writer = np.full(cols + 1, -1, dtype=np.int64)  # the last event whose label covers c
     offset = np.zeros(cols + 1, dtype=np.int64)  # which character of that label
     at = c0[narrow]
     last = np.flatnonzero(np.diff(at, append=at[-1] + 1 if len(at) else 0) != 0)
     writer[at[last]] = narrow[last]
     for e in wide.tolist():  # at most one per two columns
-        pad = int(room[e] > text_len[e])
-        first = int(c0[e]) + pad
+        first = int(c0[e]) + 1  # the blank before the label
         span = slice(first, first + int(text_len[e]))
         later = writer[span] < e
         writer[span] = np.where(later, e, writer[span])
@@ -141,10 +141,9 @@ def _cells_one_by_one(timeline: Timeline, lo: int, hi: int, c0: list[int], c1: l
         cells[a:b] = [(" ", style)] * max(0, b - a)
         labels.append((a, b, f"{timeline.kind[i]}{timeline.microbatch[i]}", style))
     for a, b, text, style in labels:
-        if b - a >= len(text):
-            pad = 1 if b - a > len(text) else 0  # a gap keeps neighbours apart
+        if b - a > len(text):  # a label only with a blank before it
             for j, ch in enumerate(text):
-                cells[a + pad + j] = (ch, style)
+                cells[a + 1 + j] = (ch, style)
         elif b - a >= 1:
             cells[a] = (text[0], style)
     return cells
@@ -166,23 +165,45 @@ def _runs(cells: list[tuple[str, str]]) -> list[tuple[str, str]]:
 
 
 def summary_table(timeline: Timeline, closed_form: float | None = None) -> Table:
-    """Per-rank busy, idle, bubble, span and peaks, then the overall figures."""
-    unit = "s" if timeline.source == "measured" else ""
+    """Per-rank busy, idle, bubble, span and peaks, then the overall figures.
+
+    A measured timeline's times are seconds and its memory bytes: shown as ms and KiB/MiB.
+    """
+    measured = timeline.source == "measured"
     table = Table(title=None, show_edge=False)
     for col in ("rank", "busy", "idle", "bubble", "span", "peak act.", "peak mem"):
         table.add_column(col, justify="right")
     for s in timeline.rank_stats():
         table.add_row(
-            str(s.rank), f"{s.busy:.4g}{unit}", f"{s.idle:.4g}{unit}", f"{s.bubble_fraction:.2%}",
-            f"{s.span:.4g}{unit}", str(s.peak_activations), f"{s.peak_memory:.4g}",
+            str(s.rank), _time(s.busy, measured), _time(s.idle, measured),
+            f"{s.bubble_fraction:.2%}", _time(s.span, measured), str(s.peak_activations),
+            _memory(s.peak_memory, measured),
         )
     return table
 
 
+def _time(t: float, measured: bool) -> str:
+    """Seconds as ms (µs below 0.1 ms) for a measured run; model units as they are."""
+    if not measured:
+        return f"{t:.4g}"
+    return f"{t * 1e3:.3f} ms" if abs(t) >= 1e-4 or t == 0 else f"{t * 1e6:.1f} µs"
+
+
+def _memory(n: float, measured: bool) -> str:
+    """Bytes as B/KiB/MiB/GiB for a measured run; rank-shares of M_B as they are."""
+    if not measured:
+        return f"{n:.4g}"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
 def summary_lines(timeline: Timeline, closed_form: float | None = None) -> list[str]:
-    unit = "s" if timeline.source == "measured" else ""
+    measured = timeline.source == "measured"
     lines = [
-        f"step time {timeline.step_time:.4g}{unit}   lower bound {timeline.lower_bound:.4g}{unit}",
+        f"step time {_time(timeline.step_time, measured)}   lower bound "
+        f"{_time(timeline.lower_bound, measured)}",
         f"bubble {timeline.bubble_fraction:.2%}"
         + (f" (closed form {closed_form:.2%})" if closed_form is not None else ""),
     ]

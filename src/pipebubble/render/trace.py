@@ -152,9 +152,7 @@ def trace_document(timelines: Sequence[Timeline], labels: Sequence[str] | None =
 def write_trace(path: str | Path, timelines: Sequence[Timeline],
                 labels: Sequence[str] | None = None) -> Path:
     """Write the trace of ``timelines`` to ``path`` (compact JSON); return the path."""
-    path = Path(path)
-    if not path.parent.exists():
-        raise FileNotFoundError(f"directory {str(path.parent)!r} does not exist for {str(path)!r}")
+    from ..files import write_text
+
     doc = trace_document(timelines, labels)
-    path.write_text(json.dumps(doc, separators=(",", ":")))
-    return path
+    return write_text(path, json.dumps(doc, separators=(",", ":")), "--trace")

@@ -60,8 +60,10 @@ def check_boundaries(boundaries: Sequence[int], num_layers: int, num_stages: int
     """Validate cut points: ``num_stages - 1`` strictly increasing values in 1..n-1."""
     cuts = [int(b) for b in boundaries]
     if len(cuts) != num_stages - 1:
+        example = ",".join(str(num_layers * k // num_stages) for k in range(1, num_stages))
         raise UserError(
-            f"boundaries has {len(cuts)} cut points; {num_stages} stages need {num_stages - 1}"
+            f"boundaries has {len(cuts)} cut points; {num_stages} stages need {num_stages - 1} "
+            f"(the first layer of each stage after the first, e.g. {example or 'none'})"
         )
     prev = 0
     for c in cuts:

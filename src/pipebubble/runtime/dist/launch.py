@@ -1,7 +1,8 @@
 """Start ``P x D`` worker processes on this machine, watch them, never leave one behind.
 
 The launcher does what ``torchrun`` does for one machine, so a worker cannot tell them
-apart: it hosts the rendezvous store (a TCPStore on a free local port) and starts each
+apart: it hosts the rendezvous store (a TCPStore on a free port of 127.0.0.1: it listens on loopback
+only, see :func:`loopback_store`) and starts each
 worker with ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT`` and
 ``TORCHELASTIC_USE_AGENT_STORE=True`` (the store is the launcher's, as with torchrun's
 agent). Each worker runs the same command line as the user's.
@@ -48,6 +49,45 @@ def describe_exit(rank: int, rc: int) -> str:
     return f"rank {rank} exited with code {rc}"
 
 
+def is_loopback(host: str) -> bool:
+    """True for 127.x.y.z, ::1 and localhost: an address only this machine can reach."""
+    import ipaddress
+
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def loopback_store(world_size: int, timeout: float = 60.0, port: int = 0):
+    """A TCPStore server that listens on 127.0.0.1 only, on a free port.
+
+    Given a host, torch's TCPStore server still listens on every interface, and the store
+    has no authentication: anything that reaches the port could read or stop the run. So
+    we bind the listening socket ourselves, to loopback, and hand torch its descriptor
+    (``master_listen_fd``); the store owns the descriptor from then on.
+    """
+    import socket
+
+    import torch.distributed as dist
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))
+        sock.listen(max(128, world_size))
+        store = dist.TCPStore("127.0.0.1", sock.getsockname()[1], world_size, True,
+                              timeout=timedelta(seconds=timeout), wait_for_workers=False,
+                              master_listen_fd=sock.fileno())
+    except BaseException:
+        sock.close()
+        raise
+    sock.detach()  # the store listens on this descriptor now; Python must not close it
+    return store
+
+
 def launch(
     command: Sequence[str],
     world_size: int,
@@ -58,8 +98,7 @@ def launch(
     """Run ``command`` as ``world_size`` workers; return the exit code for the whole run."""
     import torch.distributed as dist
 
-    store = dist.TCPStore("127.0.0.1", 0, world_size, True, timeout=timedelta(seconds=60),
-                          wait_for_workers=False)
+    store = loopback_store(world_size)
     ours = dist.PrefixStore("pipebubble", store)
     base = dict(os.environ if env is None else env)
     base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port),

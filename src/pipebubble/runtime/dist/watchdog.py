@@ -42,7 +42,7 @@ def publish_failure(store, message: str) -> str:
 def read_failure(store) -> str | None:
     try:
         if store.check(["failed"]):
-            return store.get("failed").decode()
+            return store.get("failed").decode(errors="replace")[:500]
     except Exception:  # noqa: BLE001
         return "the rendezvous store stopped answering (the launcher or rank 0 is gone)"
     return None
@@ -57,7 +57,7 @@ def collect_stuck(store, world: int, wait: float = 3.0) -> dict[int, str]:
             if g not in out:
                 try:
                     if store.check([f"stuck/{g}"]):
-                        out[g] = store.get(f"stuck/{g}").decode()
+                        out[g] = store.get(f"stuck/{g}").decode(errors="replace")[:500]
                 except Exception:  # noqa: BLE001
                     return out
         if len(out) == world or time.monotonic() > deadline:
@@ -76,6 +76,31 @@ def deadlock_message(stuck: dict[int, str], world: int, p2p: str = "") -> str:
     how = f" with --p2p {p2p}" if p2p else ""
     parts = [f"rank {g} stuck at {stuck.get(g, '(no report)')}" for g in range(world)]
     return f"deadlock{how}: " + "; ".join(parts)
+
+
+STATES = ("compute", "wait", "done")
+
+
+def parse_heartbeat(raw: bytes | str) -> tuple[str, int, str, str] | None:
+    """``seq|count|state|where`` -> (seq, count, state, where), or None when malformed.
+
+    The store is shared, so a value may be anything; the watchdog thread must never die
+    on one (it is the deadlock detector).
+
+    >>> parse_heartbeat(b"7|12|wait|recv 1F3")
+    ('7', 12, 'wait', 'recv 1F3')
+    >>> parse_heartbeat(b"1|lots|wait|x") is None
+    True
+    """
+    try:
+        text = raw.decode() if isinstance(raw, bytes | bytearray) else str(raw)
+        seq, count, state, where = text.split("|", 3)
+        n = int(count)
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if state not in STATES or n < 0:
+        return None
+    return seq, n, state, where
 
 
 class Watchdog:
@@ -176,9 +201,14 @@ class Watchdog:
             return
         states, counts = [], []
         for g, val in enumerate(raw):
-            seq, count, state, where = val.decode().split("|", 3)
+            beat = parse_heartbeat(val)
+            if beat is None:  # malformed (not ours, or a partial write): judge it next time
+                states.append("compute")
+                counts.append(-1)
+                continue
+            seq, count, state, where = beat
             states.append(state)
-            counts.append(int(count))
+            counts.append(count)
             last = self._peers.get(g)
             if last is None or last[0] != seq:
                 self._peers[g] = (seq, now)

@@ -40,6 +40,7 @@ from ..clock import WallClock
 from ..interpreter import StageInterpreter
 from ..local import _with_copies
 from ..stages import balanced_boundaries, split_stages
+from .launch import is_loopback, loopback_store
 from .p2p import P2PTransport
 from .watchdog import Watchdog
 from ...errors import UserError
@@ -173,8 +174,11 @@ class Cluster:
     def _connect(self, client: bool = False):
         env = self.env
         host = not client and self.g == 0 and not env.agent_store
-        store = dist.TCPStore(env.master_addr, env.master_port, env.world_size, host,
-                              timeout=timedelta(seconds=60), wait_for_workers=False)
+        if host and is_loopback(env.master_addr):  # one machine: listen on loopback only
+            store = loopback_store(env.world_size, 60.0, env.master_port)
+        else:  # rank 0 of a multi-node run listens on every interface (README, security)
+            store = dist.TCPStore(env.master_addr, env.master_port, env.world_size, host,
+                                  timeout=timedelta(seconds=60), wait_for_workers=False)
         return dist.PrefixStore("pipebubble", store)
 
     def close(self) -> None:

@@ -1,0 +1,188 @@
+"""Documented limits on the work one command may ask for, checked before the work starts.
+
+A typo such as ``-p 1000000000`` or ``-m 1..100000`` must not allocate for minutes and then
+die; it is refused up front with one line naming the limit and the flag that raises it.
+
+- actions of one schedule (about 3·p·v·m: F, I, W per stage and microbatch): at most
+  :data:`MAX_ACTIONS` = 2 000 000; ``--max-actions N`` raises it;
+- ranks of one schedule: at most :data:`MAX_RANKS` = 100 000 (unless ``--max-actions`` is
+  raised);
+- a sweep: actions summed over every (schedule, m) at most :data:`MAX_SWEEP_ACTIONS` =
+  20 000 000, or 10 x ``--max-actions``;
+- chart widths (``--width``, ``--chart-width``): 1..:data:`MAX_WIDTH` = 10 000 columns;
+- a built-in model's weights and gradients (16 bytes per parameter) must fit the machine's
+  free memory (lower ``--layers`` or ``--width``);
+- ``--threads``: at most the CPU cores this process may use.
+
+A simulated timeline costs about 400 bytes per action (1F1B, p=16, m=50 000: 1.6 million
+actions, 640 MB resident), so the default of 2 million actions stays under a GiB; a sweep's
+timelines are small and freed one by one, so its limit bounds time, not memory.
+
+>>> estimate_actions(ranks=4, microbatches=8, chunks=1)
+96
+>>> check_actions(ranks=10**9, microbatches=1)
+Traceback (most recent call last):
+...
+pipebubble.limits.LimitError: -p 1000000000 x -m 1 x -v 1 makes about 3,000,000,000 actions, \
+over the limit of 2,000,000; use fewer or raise --max-actions
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+from .ir.schedule import ScheduleError
+
+MAX_ACTIONS = 2_000_000
+MAX_SWEEP_ACTIONS = 20_000_000
+MAX_RANKS = 100_000
+MAX_WIDTH = 10_000
+BYTES_PER_PARAM_RUN = 16  # float32 weight + gradient + room for activations and the copy
+
+
+class LimitError(ScheduleError):
+    """A request above a documented limit; the message names the limit and the flag."""
+
+
+def estimate_actions(ranks: int, microbatches: int, chunks: int | None = 1,
+                     name: str | None = None) -> int:
+    """An upper bound on the compute actions of a schedule: F, I and W for every stage
+    (``ranks x chunks``) and microbatch. ``name`` supplies the schedule's default chunks."""
+    if chunks is None:
+        chunks = 1
+        if name is not None:
+            from .schedules import lookup
+
+            try:
+                chunks = lookup(name).chunks
+            except ScheduleError:
+                chunks = 1
+    return 3 * ranks * max(chunks, 1) * microbatches
+
+
+def check_actions(ranks: int, microbatches: int, chunks: int | None = 1,
+                  name: str | None = None, limit: int | None = None) -> int:
+    """Refuse a schedule larger than ``limit`` actions (default :data:`MAX_ACTIONS`) or with
+    more than :data:`MAX_RANKS` ranks; return the estimate."""
+    limit = MAX_ACTIONS if limit is None else limit
+    n = estimate_actions(ranks, microbatches, chunks, name)
+    v = chunks if chunks is not None else n // (3 * ranks * microbatches)
+    if n > limit:
+        raise LimitError(f"-p {ranks} x -m {microbatches} x -v {v} makes about {n:,} actions, "
+                         f"over the limit of {limit:,}; use fewer or raise --max-actions")
+    if ranks > MAX_RANKS and limit <= MAX_ACTIONS:
+        raise LimitError(f"-p {ranks} is over the limit of {MAX_RANKS:,} ranks; use fewer or "
+                         "raise --max-actions")
+    return n
+
+
+def check_sweep(names: Iterable[str], ranks: int, microbatches: Iterable[int],
+                chunks: int | None = None, limit: int | None = None) -> int:
+    """Refuse a sweep whose actions summed over every (schedule, m) exceed ``limit``
+    (default :data:`MAX_SWEEP_ACTIONS`); return the total. Counting work rather than points
+    is what makes ``-m 1..100000`` (5·10⁹ actions at p=4) fail fast."""
+    limit = MAX_SWEEP_ACTIONS if limit is None else limit
+    ms = list(microbatches)
+    total = 0
+    for name in names:
+        total += sum(estimate_actions(ranks, m, chunks, name) for m in ms)
+    if total > limit:
+        raise LimitError(f"this sweep simulates about {total:,} actions in all, over the limit "
+                         f"of {limit:,}; sweep fewer microbatch counts (e.g. -m 1..256:8) or "
+                         "raise --max-actions")
+    return total
+
+
+def check_width(value: int, flag: str = "--width") -> int:
+    """A chart width in columns: 1..:data:`MAX_WIDTH`."""
+    if not 1 <= value <= MAX_WIDTH:
+        raise LimitError(f"{flag} must be between 1 and {MAX_WIDTH} columns, got {value}")
+    return value
+
+
+def check_threads(threads: int, flag: str = "--threads") -> int:
+    """At most one thread per CPU core this process may use (more only slows torch down,
+    and tens of thousands crash its thread pool)."""
+    cores = available_cores()
+    if threads > cores:
+        raise LimitError(f"{flag} {threads} is more than the {cores} CPU cores this machine "
+                         f"has; use at most {cores}")
+    return threads
+
+
+def available_cores() -> int:
+    """CPU cores this process may run on (its affinity mask), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def free_memory_bytes() -> int | None:
+    """Memory the machine can still give (``MemAvailable`` in /proc/meminfo), or None."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def model_params(model: str, layers: int, width: int | None = None, vocab: int = 4096,
+                 seq: int = 32) -> int:
+    """Parameters of a built-in model (see :mod:`pipebubble.models`), without building it.
+
+    mlp: ``layers`` Linear(width, width) blocks: layers·(w² + w). transformer: embedding
+    (vocab·d + seq·d), per block 12·d² + 13·d (attention 4·d² + 4·d, MLP 8·d² + 5·d, two
+    LayerNorms 4·d), and a head (LayerNorm 2·d, projection d·vocab + vocab). sleep: a
+    width-by-width Linear per layer. Checked against torch's count in tests/test_files.py.
+
+    >>> model_params("mlp", 2, 3)
+    24
+    """
+    if model == "transformer":
+        d = width or 64
+        return vocab * d + seq * d + layers * (12 * d * d + 13 * d) + 2 * d + d * vocab + vocab
+    w = width or (256 if model == "mlp" else 8)
+    return layers * (w * w + w)
+
+
+def activation_bytes(model: str, layers: int, width: int | None = None, vocab: int = 4096,
+                     seq: int = 32, batch: int = 1) -> int:
+    """A rough upper estimate of what one step of ``batch`` samples keeps for the backward
+    (float32): mlp and sleep 2 tensors of batch x width per layer; transformer about 16
+    tensors of batch x seq x dim per block plus the logits (batch x seq x vocab, twice).
+
+    >>> activation_bytes("mlp", 2, 4, batch=8)
+    512
+    """
+    if model == "transformer":
+        d = width or 64
+        return 4 * batch * seq * (16 * d * layers + 2 * vocab)
+    w = width or (256 if model == "mlp" else 8)
+    return 4 * batch * w * 2 * max(1, layers)
+
+
+def check_model_size(model: str, layers: int, width: int | None = None, vocab: int = 4096,
+                     seq: int = 32, processes: int = 1, batch: int = 0) -> int:
+    """Refuse a model whose weights and gradients (``BYTES_PER_PARAM_RUN`` bytes per
+    parameter, ``processes`` copies), plus the activations of a ``batch``, exceed the
+    machine's free memory; return the bytes."""
+    weights = model_params(model, layers, width, vocab, seq) * BYTES_PER_PARAM_RUN * processes
+    acts = activation_bytes(model, layers, width, vocab, seq, batch) if batch else 0
+    free = free_memory_bytes()
+    if free is not None and weights > free:
+        flags = f"--layers {layers}" + (f", --width {width}" if width else "")
+        if model == "transformer":
+            flags += f", --vocab {vocab}, --seq {seq}"
+        raise LimitError(f"the {model} of {flags} needs about {weights / 2**30:.1f} GiB for "
+                         f"weights and gradients, more than the {free / 2**30:.1f} GiB free "
+                         "here; make it smaller")
+    if free is not None and weights + acts > free:
+        raise LimitError(f"--batch {batch} needs about {acts / 2**30:.1f} GiB of activations "
+                         f"for this {model}, more than the {free / 2**30:.1f} GiB free here; "
+                         "use a smaller --batch")
+    return weights + acts
