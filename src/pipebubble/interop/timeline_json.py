@@ -31,11 +31,10 @@ from itertools import islice
 from typing import TextIO
 
 from ..costs import CostModel, StageCosts
-from ..errors import UserError
 from ..ir.schedule import Schedule, ScheduleError
 from ..schedules import closed_form_bubble, lookup
 from ..sim.kernel import Deadlock, simulate
-from ..timeline import Event, Timeline
+from ..timeline import Timeline
 
 
 def closed_form_for(schedule: Schedule, costs: CostModel) -> float | None:
@@ -166,7 +165,7 @@ def simulate_json(schedule: Schedule, costs: CostModel, *, closed_form: bool = T
         timeline = simulate_checked(schedule, costs)
     out = _head(schedule, costs, timeline, closed_form)
     out["events"] = timeline.events_json()
-    return out
+    return clean_floats(out)  # as printed: floats to JSON_DIGITS significant digits
 
 
 _EVENT = ('{"rank": %d, "stage": %d, "kind": "%s", "microbatch": %d, "start": %r, '
@@ -221,42 +220,15 @@ def write_simulate_json(stream: TextIO, schedule: Schedule, costs: CostModel,
 def timeline_from_json(data: object, source: str = "timeline") -> Timeline:
     """A Timeline from the JSON contract (``simulate --json`` or ``run --json``).
 
-    Needs ``ranks``, ``stages`` and ``events``; ``schedule``, ``microbatches`` and ``source``
-    (``simulated`` unless the object says ``measured``, as ``run --json`` does) are
-    optional. Memory is not carried by events, so a Timeline read back has none (the object's
-    own ``memory`` curves, when present, say what it held). ``source`` names the object in
-    error messages.
+    Every field is checked by :func:`pipebubble.timeline_io.timeline_from_json` (the one
+    reader, also behind ``partition --measured``); here the object's ``source`` becomes
+    ``measured`` only when it says so (``run --json`` does), else ``simulated``. Memory is not
+    carried by events, so a Timeline read back has none (the object's own ``memory`` curves,
+    when present, say what it held). ``source`` names the object in error messages.
     """
-    if not isinstance(data, Mapping):
-        raise UserError(f"{source}: expected a JSON object with ranks, stages and events")
-    missing = [k for k in ("ranks", "stages", "events") if k not in data]
-    if missing:
-        raise UserError(f"{source}: lacks {', '.join(missing)} (see README, JSON output)")
-    try:
-        ranks, stages = int(data["ranks"]), int(data["stages"])
-        events = [Event(int(e["rank"]), int(e["stage"]), str(e["kind"]), int(e["microbatch"]),
-                        float(e["start"]), float(e["end"])) for e in data["events"]]
-    except (KeyError, TypeError, ValueError) as exc:
-        raise UserError(f"{source}: bad field or event ({exc})") from None
-    if ranks < 1 or stages < 1 or not events:
-        raise UserError(f"{source}: needs ranks >= 1, stages >= 1 and at least one event")
-    if not ranks <= stages <= len(events):  # before sizing anything by them
-        raise UserError(f"{source}: {ranks} ranks, {stages} stages and {len(events)} events; "
-                         "every rank holds a stage and every stage has events")
-    stage_to_rank = [-1] * stages
-    for e in events:
-        if not (0 <= e.rank < ranks and 0 <= e.stage < stages and e.microbatch >= 0):
-            raise UserError(f"{source}: event {e.stage}{e.kind}{e.microbatch} on rank {e.rank} "
-                             f"is outside ranks 0..{ranks - 1} or stages 0..{stages - 1}")
-        if not e.end >= e.start:
-            raise UserError(f"{source}: event {e.stage}{e.kind}{e.microbatch} ends before it "
-                             "starts")
-        stage_to_rank[e.stage] = e.rank
-    if -1 in stage_to_rank:
-        raise UserError(f"{source}: stage {stage_to_rank.index(-1)} has no events")
-    kind = str(data.get("source", "simulated"))
-    return Timeline.from_events(
-        events, schedule=str(data.get("schedule", "measured")), num_ranks=ranks,
-        num_stages=stages,
-        num_microbatches=int(data.get("microbatches", 1 + max(e.microbatch for e in events))),
-        stage_to_rank=stage_to_rank, source="measured" if kind == "measured" else "simulated")
+    from ..timeline_io import timeline_from_json as checked
+
+    timeline = checked(data, source)
+    measured = isinstance(data, Mapping) and data.get("source") == "measured"
+    timeline.source = "measured" if measured else "simulated"
+    return timeline

@@ -32,6 +32,7 @@ from .. import __version__
 from ..costs import CostModel
 from ..errors import UserError
 from ..interop.timeline_json import (
+    clean_floats,
     closed_form_for,
     simulate_checked,
     simulate_json,
@@ -184,7 +185,7 @@ def load_body(body: bytes, params: Mapping[str, str]) -> tuple[Timeline, dict]:
             predicted = _predict(timeline)
             if predicted is not None:
                 out["predicted_timeline"] = predicted
-        return timeline, out
+        return timeline, clean_floats(out)  # as the CLI prints it
     from ..interop.torch_csv import parse_torch_csv
 
     _check_size(text.count(",") + text.count("\n") + 1)
