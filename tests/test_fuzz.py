@@ -33,6 +33,8 @@ BIG = "9" * 4300
 CASES: list[tuple[list[str], str]] = [
     # flags that were silently wrong or tracebacked
     ([*S, "--width", "0"], "--width must be >= 1, got 0"),
+    (["sweep", "-p", "4", "-m", "8", "--memory-limit", "2..8", "--trace", "t.json"],
+     "--trace draws a sweep over m; with --memory-limit use --csv, --png or --svg"),
     ([*S, "--width", "-5"], "--width must be >= 1, got -5"),
     ([*S, "--f", "1e308"], "--f must be 0 or between 1e-12 and 1e+12, got 1e+308"),
     ([*S, "--f", "5e-324"], "--f must be 0 or between"),

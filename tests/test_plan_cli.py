@@ -134,6 +134,7 @@ def test_plan_and_analytic_profile_import_neither_torch_nor_matplotlib(small_pro
     assert "RC 0 IMPORTED []" in out
 
 
+@pytest.mark.distributed
 def test_validate_runs_the_top_plan(small_profile, capsys):
     """The best plan on 2 GPUs, run for real (slow: an empty calibration run, then the plan,
     each starting its processes). The accuracy figures come from bench/bench_plan.py; here:

@@ -235,6 +235,9 @@ def run_memory(args: argparse.Namespace) -> int:
 
     from ..plan.sweep import MEMORY_SCHEDULES, memory_sweep, parse_limits, write_memory_csv
 
+    if args.trace:
+        raise UserError("--trace draws a sweep over m; with --memory-limit use --csv, --png or "
+                        "--svg (or simulate one limit with `pipebubble simulate --trace`)")
     ms = parse_range(args.microbatches, "--microbatches")
     if len(ms) != 1:
         raise UserError(f"--memory-limit sweeps at one m: give --microbatches N, "
