@@ -101,6 +101,9 @@ def test_readme_command_runs(command, workdir, monkeypatch, capsys):
     if _distributed(argv):
         pytest.skip("distributed run: starts one pipebubble process per rank, which an "
                     "in-process call cannot; tests/test_distributed.py covers it")
+    if argv[:1] == ["plan"] and "--validate" in argv:
+        pytest.skip("plan --validate runs each plan over gloo (tens of seconds); "
+                    "tests/test_plan_cli.py::test_validate_runs_the_top_plan runs it")
     monkeypatch.setenv("COLUMNS", "100")
     old = signal.signal(signal.SIGALRM, _alarm)
     signal.alarm(LIMIT_S)

@@ -12,10 +12,11 @@ import argparse
 import json
 import os
 import re
-from pathlib import Path
 
 from ..errors import UserError
-from .common import positive_int, print_json
+from ..files import write_text
+from ..interop.timeline_json import clean_floats
+from .common import check_outputs, positive_int, print_json, wrote
 
 _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9,
           "t": 1e12, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -147,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
     from ..plan.planner import search
     from ..plan.profile import Profile
 
+    check_outputs(args, "out")  # a bad --out path fails before the search, not after
     profiles = ProfileSet([Profile.load(p) for p in args.profile])
     result = search(profiles, build_request(args, profiles))
     validations = []
@@ -160,8 +162,9 @@ def run(args: argparse.Namespace) -> int:
                              "--gpus or raise --max-processes")
         validations = validate(runnable, target=args.target_step)
     out = result_json(result, profiles, validations, args.out)
-    if args.out:
-        Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    if args.out:  # the same numbers as --json prints
+        write_text(args.out, json.dumps(clean_floats(out), indent=1) + "\n", "--out")
+        wrote(args.out)
     if args.json:
         print_json(out)
         return 0
