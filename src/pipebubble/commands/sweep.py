@@ -102,16 +102,9 @@ def run(args: argparse.Namespace) -> int:
                          f"{args.microbatches}")
     title = f"bubble and activation memory against microbatches, p={args.ranks}"
     if args.png or args.svg:
-        from ..render.plots import save
         from ..render.sweep_plot import sweep_figure
 
-        fig = sweep_figure(points, title)
-        if args.png:
-            save(fig, args.png, "png")
-            wrote(args.png)
-        if args.svg:
-            save(fig, args.svg, "svg")
-            wrote(args.svg)
+        _save_figure(args, sweep_figure(points, title))
     if args.trace:
         _write_trace(args.trace, points, names, args, costs)
         wrote(args.trace)
@@ -126,6 +119,17 @@ def run(args: argparse.Namespace) -> int:
         return 0
     Console().print(_table(points, names, title))
     return 0
+
+
+def _save_figure(args: argparse.Namespace, fig) -> None:
+    """Save a sweep figure to whichever of --png and --svg were given."""
+    from ..render.plots import save
+
+    for fmt in ("png", "svg"):
+        path = getattr(args, fmt)
+        if path:
+            save(fig, path, fmt)
+            wrote(path)
 
 
 def _write_trace(path: str, points: list[SweepPoint], names: list[str],
@@ -258,16 +262,9 @@ def run_memory(args: argparse.Namespace) -> int:
                          f"(p={args.ranks}, m={ms[0]}); raise the limit")
     title = f"step time against the activation-memory limit, p={args.ranks}, m={ms[0]}"
     if args.png or args.svg:
-        from ..render.plots import save
         from ..render.sweep_plot import memory_figure
 
-        fig = memory_figure(points, title)
-        if args.png:
-            save(fig, args.png, "png")
-            wrote(args.png)
-        if args.svg:
-            save(fig, args.svg, "svg")
-            wrote(args.svg)
+        _save_figure(args, memory_figure(points, title))
     if args.csv == "-":
         write_memory_csv(points, sys.stdout)
         return 0
