@@ -2,8 +2,9 @@
 
 The command-line side of :mod:`pipebubble.runtime.dist` (which knows no flags).
 
-The same command line is both the launcher and the worker. Run it plainly and it starts
-``--ranks x --dp`` copies of itself (:func:`~pipebubble.runtime.dist.launch.launch`); run it
+The same command line is both the launcher and the worker. Run it plainly and it forks
+``--ranks x --dp`` workers that run :func:`worker_main` with the parsed flags
+(:func:`~pipebubble.runtime.dist.launch.launch`); run it
 under ``torchrun`` (or with ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT`` set) and it
 is one worker. Rank 0 prints the Gantt chart and the summary, or ``--json``.
 """
@@ -93,6 +94,10 @@ def run_distributed(args: argparse.Namespace) -> int:
         os._exit(rc)
     check_threads(args.threads)
     check_backend(args.backend)
+    # The workers are forked from this process (launch's worker=): it must not start
+    # torch's thread pool first, since a forked child would inherit the pool but none of
+    # its threads. The launcher's own work (checking the flags) is small.
+    torch.set_num_threads(1)
     setup = build_setup(args)  # every flag checked before any process starts
     cfg = config_from_args(args, setup.schedule)
     command = worker_command()
@@ -103,7 +108,7 @@ def run_distributed(args: argparse.Namespace) -> int:
             f"pipebubble: warning: with --p2p {cfg.p2p} the wire simulator predicts a "
             f"{exc}; running anyway: the watchdog stops it after {cfg.stall_timeout:g} s\n"
         )
-    return launch(command, cfg.world_size, p2p=cfg.p2p)
+    return launch(command, cfg.world_size, p2p=cfg.p2p, worker=lambda: worker_main(args))
 
 
 def worker_main(args: argparse.Namespace) -> int:

@@ -5,7 +5,12 @@ apart: it hosts the rendezvous store (a TCPStore on a free port of 127.0.0.1: it
 only, see :func:`loopback_store`) and starts each
 worker with ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT`` and
 ``TORCHELASTIC_USE_AGENT_STORE=True`` (the store is the launcher's, as with torchrun's
-agent). Each worker runs the same command line as the user's.
+agent). Each worker runs the same command line as the user's: started afresh (``exec``),
+or, when the caller passes ``worker``, forked from the launcher and running that function,
+which skips a new interpreter and a second import of torch per rank (seconds of CPU each;
+PyTorch's DataLoader starts its workers the same way). The launcher then must not have run
+multi-threaded torch work before (``pipebubble run`` sets one thread first): a forked child
+gets none of the parent's threads.
 
 Failures: when a worker exits with an error or is killed, the launcher publishes
 ``failed = "rank g died (killed by SIGKILL)"`` in the store, and every other worker's
@@ -20,10 +25,12 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+import traceback
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 from .watchdog import EXIT_DEADLOCK, collect_stuck, deadlock_message, publish_failure
@@ -61,23 +68,32 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def loopback_store(world_size: int, timeout: float = 60.0, port: int = 0):
-    """A TCPStore server that listens on 127.0.0.1 only, on a free port.
+def loopback_socket(world_size: int, port: int = 0) -> socket.socket:
+    """A listening TCP socket on 127.0.0.1 (a free port unless ``port``), for the store."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))
+        sock.listen(max(128, world_size))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def loopback_store(world_size: int, timeout: float = 60.0, port: int = 0,
+                   sock: socket.socket | None = None):
+    """A TCPStore server that listens on 127.0.0.1 only, on a free port (or on ``sock``).
 
     Given a host, torch's TCPStore server still listens on every interface, and the store
     has no authentication: anything that reaches the port could read or stop the run. So
     we bind the listening socket ourselves, to loopback, and hand torch its descriptor
     (``master_listen_fd``); the store owns the descriptor from then on.
     """
-    import socket
-
     import torch.distributed as dist
 
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock = sock or loopback_socket(world_size, port)
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", port))
-        sock.listen(max(128, world_size))
         store = dist.TCPStore("127.0.0.1", sock.getsockname()[1], world_size, True,
                               timeout=timedelta(seconds=timeout), wait_for_workers=False,
                               master_listen_fd=sock.fileno())
@@ -88,35 +104,103 @@ def loopback_store(world_size: int, timeout: float = 60.0, port: int = 0):
     return store
 
 
+class Forked:
+    """A worker forked from the launcher, with the part of Popen's interface we use."""
+
+    def __init__(self, pid: int):
+        self.pid, self.returncode = pid, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def wait(self) -> int:
+        if self.returncode is None:
+            self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+        return self.returncode
+
+
+def fork_worker(worker: Callable[[], int], env: dict[str, str], close: int) -> Forked:
+    """Fork this process; the child takes ``env`` as its environment, closes descriptor
+    ``close`` (the store's listening socket), runs ``worker()`` and exits with its code,
+    never returning into the caller's code."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    parent = os.getpid()
+    pid = os.fork()
+    if pid:
+        return Forked(pid)
+    code = 1
+    try:
+        os.close(close)
+        _child_setup()
+        if os.getppid() != parent:  # the launcher died before PR_SET_PDEATHSIG was set
+            os._exit(1)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.environ.clear()
+        os.environ.update(env)
+        code = worker()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001 - a child must never return to the caller
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 def launch(
     command: Sequence[str],
     world_size: int,
     grace: float = 15.0,
     p2p: str = "",
     env: dict[str, str] | None = None,
+    worker: Callable[[], int] | None = None,
 ) -> int:
-    """Run ``command`` as ``world_size`` workers; return the exit code for the whole run."""
+    """Run ``command`` as ``world_size`` workers; return the exit code for the whole run.
+    With ``worker``, each rank is forked from this process and runs ``worker()`` instead of
+    starting ``command`` afresh (see the module doc)."""
     import torch.distributed as dist
 
-    store = loopback_store(world_size)
-    ours = dist.PrefixStore("pipebubble", store)
+    sock = loopback_socket(world_size)
+    port = sock.getsockname()[1]
     base = dict(os.environ if env is None else env)
-    base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port),
+    base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                 WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
                 TORCHELASTIC_USE_AGENT_STORE="True", PIPEBUBBLE_LAUNCHER="1",
                 OMP_NUM_THREADS=base.get("OMP_NUM_THREADS", "1"))
-    procs: list[subprocess.Popen] = []
+    procs: list[subprocess.Popen | Forked] = []
     try:
         for g in range(world_size):
-            procs.append(subprocess.Popen(
-                list(command), env={**base, "RANK": str(g), "LOCAL_RANK": str(g)},
-                preexec_fn=_child_setup,
-            ))
-        return _watch(procs, ours, grace, p2p)
+            rank_env = {**base, "RANK": str(g), "LOCAL_RANK": str(g)}
+            if worker is not None:
+                procs.append(fork_worker(worker, rank_env, sock.fileno()))
+            else:
+                procs.append(subprocess.Popen(list(command), env=rank_env,
+                                              preexec_fn=_child_setup))
+        # the workers wait in the socket's backlog until the store serves it
+        store = loopback_store(world_size, sock=sock)
+        return _watch(procs, dist.PrefixStore("pipebubble", store), grace, p2p)
     except KeyboardInterrupt:
         sys.stderr.write("pipebubble: interrupted; stopping all ranks\n")
         return 130
     finally:
+        if sock.fileno() != -1:  # not handed to the store (it failed, or a fork did)
+            sock.close()
         for p in procs:
             if p.poll() is None:
                 p.kill()
@@ -124,7 +208,7 @@ def launch(
             p.wait()
 
 
-def _watch(procs: list[subprocess.Popen], store, grace: float, p2p: str) -> int:
+def _watch(procs: list[subprocess.Popen | Forked], store, grace: float, p2p: str) -> int:
     first: str | None = None
     deadline: float | None = None
     codes: dict[int, int] = {}

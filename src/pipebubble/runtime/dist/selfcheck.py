@@ -53,6 +53,9 @@ def plan(layouts: list[tuple[int, int]], orderings: list[str], names: list[str])
 
 
 def worker(args: argparse.Namespace) -> int:
+    import torch
+
+    torch.set_num_threads(1)  # tiny models; several ranks share the cores
     env = Env.from_environ()
     cluster = Cluster(env, "gloo", stall_timeout=20.0, heartbeat_timeout=args.heartbeat)
     bad = 0
@@ -106,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         rc = worker(args)
         sys.stdout.flush()
         os._exit(rc)
-    return launch([sys.executable, "-m", "pipebubble.runtime.dist.selfcheck", *argv], args.world)
+    return launch([sys.executable, "-m", "pipebubble.runtime.dist.selfcheck", *argv], args.world,
+                  worker=lambda: worker(args))
 
 
 if __name__ == "__main__":
