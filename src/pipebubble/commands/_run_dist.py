@@ -35,17 +35,6 @@ from ._run_setup import analyse, build_setup, print_report, report_json
 from .common import print_json, write_figures
 
 
-def worker_command() -> list[str]:
-    """How a worker is started: this very command line, as ``python -m pipebubble``."""
-    if sys.argv[1:2] != ["run"]:
-        raise UserError(
-            "a distributed run starts its workers with its own command line, so it must be "
-            "started as `pipebubble run ...` (or `python -m pipebubble run ...`); from "
-            "Python, call pipebubble.runtime.dist.launch.launch() with that command"
-        )
-    return [sys.executable, "-m", "pipebubble", *sys.argv[1:]]
-
-
 def check_backend(backend: str) -> None:
     """Refuse, once and before any worker starts, a backend this torch cannot run."""
     import torch.distributed as dist
@@ -100,7 +89,6 @@ def run_distributed(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)
     setup = build_setup(args)  # every flag checked before any process starts
     cfg = config_from_args(args, setup.schedule)
-    command = worker_command()
     try:
         run_wire(lower(setup.schedule, cfg.p2p), blocking=True)
     except WireDeadlock as exc:
@@ -108,7 +96,8 @@ def run_distributed(args: argparse.Namespace) -> int:
             f"pipebubble: warning: with --p2p {cfg.p2p} the wire simulator predicts a "
             f"{exc}; running anyway: the watchdog stops it after {cfg.stall_timeout:g} s\n"
         )
-    return launch(command, cfg.world_size, p2p=cfg.p2p, worker=lambda: worker_main(args))
+    # no command: each worker is this process, forked, running worker_main with these flags
+    return launch((), cfg.world_size, p2p=cfg.p2p, worker=lambda: worker_main(args))
 
 
 def worker_main(args: argparse.Namespace) -> int:

@@ -147,6 +147,10 @@ def fork_worker(worker: Callable[[], int], env: dict[str, str], close: int) -> F
         if os.getppid() != parent:  # the launcher died before PR_SET_PDEATHSIG was set
             os._exit(1)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
+        # write where a started process would: the descriptors, not whatever object the
+        # caller had put in sys.stdout (a notebook's or pytest's capture)
+        sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+        sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
         os.environ.clear()
         os.environ.update(env)
         code = worker()
