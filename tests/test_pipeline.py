@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from pipebubble import CostModel, Pipeline, PipelineStage, bubble_fraction
+from pipebubble.demo import run_demo
 from pipebubble.errors import UserError
 
 
@@ -84,3 +85,19 @@ def test_demo_prints_trace_gantt_and_bubble(capsys):
     assert "mb 7:" in out and "rank 3" in out
     # the cost-model clock (F=1, B=2) gives exactly (p - 1)/(m + p - 1) = 3/11
     assert "measured bubble 27.27% (closed form 27.27%)" in out
+
+
+@pytest.mark.parametrize("name, devices, closed", [("interleaved-1f1b", 2, "closed form 11.11%"),
+                                                   ("zbv", 2, "over each rank's own span")])
+def test_demo_runs_schedules_with_chunks_on_as_many_devices(name, devices, closed):
+    """--stages counts devices: a 2-chunk schedule on 2 devices cuts the model into 4
+    stages. Interleaved 1F1B at p=2, m=4, v=2 (F=1, B=2): (p-1)/(v*m + p-1) = 1/9."""
+    from rich.console import Console
+
+    console = Console(record=True, width=300)
+    figures = run_demo(devices, 4, name, console=console)
+    out = console.export_text()
+    assert f"{name}: 2 devices, 4 stages, 4 microbatches" in out
+    assert closed in out
+    if name == "interleaved-1f1b":
+        assert figures["bubble_cost_clock"] == pytest.approx(1 / 9)

@@ -73,3 +73,15 @@ def test_a_million_actions_draw_in_one_row_per_rank():
               for a, i in zip(c0, range(lo, hi), strict=True)]
         assert _cells(tl, r, 0.0, scale, cols, chunk) == \
             _cells_one_by_one(tl, lo, hi, c0, c1, cols, chunk)
+
+
+def test_the_legend_explains_darker_boxes_whenever_a_rank_holds_several_stages():
+    """1F1B: one stage per rank, nothing darker. Interleaved: later chunks. DualPipe: one
+    stage of each chain per rank (chunks = 1), drawn darker for the second chain."""
+    def legend(name):
+        t = simulate(get_schedule(name, 4, 8))
+        return "\n".join(render(t, width=200))
+
+    assert "darker" not in legend("1f1b")
+    assert "darker = the rank's later stage (chunk)" in legend("interleaved-1f1b")
+    assert "darker = the rank's later stage (second chain)" in legend("dualpipe")

@@ -72,8 +72,9 @@ def gantt(timeline: Timeline, width: int | None = None, title: str | None = None
         legend.append(f" {KIND_NAMES[k]}  ")
     legend.append("·", IDLE[1])
     legend.append(" idle")
-    if timeline.chunks > 1:
-        legend.append("   darker = later chunk")
+    if any(chunk):  # a rank holds several stages: chunks, or DualPipe's two chains
+        legend.append("   darker = the rank's later stage"
+                      + (" (second chain)" if len(timeline.chain_starts) > 1 else " (chunk)"))
     parts = [Text(title, style="bold")] if title else []
     return Group(*parts, *lines, axis, legend)
 
