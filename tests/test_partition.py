@@ -343,6 +343,27 @@ def test_cli_partition_json(profile_file, capsys):
                     ).step_time == 87.0
 
 
+def test_cli_partition_takes_the_schedules_own_chunks(profile_file, capsys):
+    """zbv without --chunks: 2 chunks per rank, 2p stages. dualpipe: each rank holds one
+    stage of each model copy, so the model is cut into p stages and the second copy (stages
+    p..2p-1, on the mirrored ranks) has the same layers; the step is the simulator's."""
+    assert main(["partition", "--profile", str(profile_file), "-p", "2", "--schedule", "zbv",
+                 "--method", "time", "--json"]) == 0
+    zbv = json.loads(capsys.readouterr().out)[0]
+    assert zbv["chunks"] == 2 and [s["rank"] for s in zbv["stages"]] == [0, 1, 1, 0]
+    assert main(["partition", "--profile", str(profile_file), "-p", "2", "--schedule",
+                 "dualpipe", "--method", "time", "--json"]) == 0
+    dual = json.loads(capsys.readouterr().out)[0]
+    cut = [(s["first_layer"], s["last_layer"]) for s in dual["stages"]]
+    assert len(cut) == 4 and cut[:2] == cut[2:] and cut[0][0] == 0 and cut[1][0] == cut[0][1] + 1
+    assert [s["rank"] for s in dual["stages"]] == [0, 1, 1, 0]
+    stages = dual["stages"]  # W is --w-fraction (0.5) of the backward
+    costs = CostModel(f=[s["forward"] for s in stages], b=[s["backward"] for s in stages],
+                      w=[0.5 * s["backward"] for s in stages])
+    assert dual["predicted_step_time"] == pytest.approx(
+        simulate(get_schedule("dualpipe", 2, 8), costs).step_time)
+
+
 def test_cli_partition_table(profile_file, capsys):
     assert main(["partition", "--profile", str(profile_file), "-p", "2", "--method",
                  "params,time", "--top", "3"]) == 0

@@ -18,7 +18,7 @@ from ..plan.balance import METHODS, SIM_METHOD, Options, Plan, balance, rebalanc
 from ..plan.layouts import layer_lists, megatron_flags, megatron_layout, torchtitan_fqns
 from ..plan.partition import PartitionError, Ranges
 from ..plan.profile import Profile
-from ..schedules import schedule_names
+from ..schedules import get_schedule, schedule_names
 from ..timeline import Timeline
 from .common import float_flag, int_flag, positive_int, print_json, time_value
 
@@ -38,8 +38,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", required=True, metavar="FILE", help="profile JSON")
     p.add_argument("--ranks", "-p", type=positive_int("--ranks"), required=True, metavar="P",
                    help="pipeline ranks (workers, one per device)")
-    p.add_argument("--chunks", "-v", type=positive_int("--chunks"), default=1, metavar="V",
-                   help="stages per rank (interleaved schedules): P x V stages (1)")
+    p.add_argument("--chunks", "-v", type=positive_int("--chunks"), default=None, metavar="V",
+                   help="stages per rank per model copy: P x V stages (the schedule's own: "
+                   "1 for 1f1b, 2 for zbv, v-half, v-min, dualpipev, interleaved-1f1b)")
     p.add_argument("--microbatches", "-m", type=positive_int("--microbatches"), default=None,
                    metavar="M", help="microbatches per step, for the simulation (8, or the "
                    "measured run's)")
@@ -151,6 +152,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--w-fraction must be in [0, 1], got {args.w_fraction}")
     if isinstance(args.comm, list):
         raise UserError("--comm takes one value (seconds per hop), got a list")
+    if args.chunks is None:  # the schedule's own (DualPipe: one stage per rank per copy)
+        args.chunks = get_schedule(args.schedule, args.ranks, args.microbatches).chunks
     options = Options(
         ranks=args.ranks, chunks=args.chunks, schedule=args.schedule,
         microbatches=args.microbatches, memory_cap=args.memory_cap,

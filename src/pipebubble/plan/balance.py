@@ -111,10 +111,13 @@ class Plan:
     options: Options
     timeline: Timeline | None = field(default=None, repr=False)
     peak_memory: list[float] = field(default_factory=list)  # per rank, bytes
+    chains: int = 1  # model copies (DualPipe: 2, each cut the same way)
 
     @property
     def ranges(self) -> Ranges:
-        return [(s.first_layer, s.last_layer) for s in self.stages]
+        """The cut of one model copy (``stages`` lists every copy's stages)."""
+        return [(s.first_layer, s.last_layer)
+                for s in self.stages[:len(self.stages) // self.chains]]
 
     @property
     def bottleneck(self) -> float:
@@ -222,6 +225,8 @@ def make_plan(profile: Profile, ranges: Ranges, method: str, options: Options,
               schedule: Schedule | None = None, score: bool = True) -> Plan:
     """Stage statistics for a cut, and (``score``) the simulated step of ``schedule``."""
     schedule = schedule or make_schedule(options)
+    if schedule.chains > 1 and len(ranges) * schedule.chains == schedule.num_stages:
+        ranges = list(ranges) * schedule.chains  # DualPipe: each chain is a whole model copy
     if schedule.num_stages != len(ranges):
         raise PartitionError(f"schedule {schedule.name} has {schedule.num_stages} stages, "
                              f"the cut has {len(ranges)}")
@@ -239,7 +244,7 @@ def make_plan(profile: Profile, ranges: Ranges, method: str, options: Options,
             + 2 * extra / 3, params, sum(x.flops for x in layers), act, inflight[k],
             options.bytes_per_param * params + inflight[k] * act,
         ))
-    plan = Plan(method, stages, options)
+    plan = Plan(method, stages, options, chains=schedule.chains)
     if score:
         plan.timeline = simulate(schedule, plan.cost_model())
         weights = [0.0] * options.ranks
