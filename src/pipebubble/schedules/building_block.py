@@ -18,6 +18,13 @@ input gradient of the last stage (on rank 0). Each W goes in the first free slot
 I. The per-rank order is the repeated block sorted by time; the simulator then *squeezes*
 it (every action as early as its order allows), which shortens warm-up and cool-down.
 
+Every rank's two stages' F-to-I times add up to the same sum (``(p-1)(dF0 + dI0 + dF1 +
+dI1) + 2 top + turn_f + turn_i``), so the memory is even across ranks; how that time splits
+on rank p-1 decides whether the step reaches the bound of ``sim/formulas.v_shape_bound``:
+at its last forward that rank must hold the full peak, every activation still waiting for
+its I. V-Half (``v_half.py``) and V-Min (``v_min.py``) pick ``top`` (and V-Half the turn)
+for that.
+
 :func:`reorder` then *reorders warm-up and cool-down* (the paper's last step): it re-times
 the block's passes as a list scheduler with unit passes, keeping each rank's memory within
 the block's peak, and the generators keep its order when it is shorter.
@@ -252,7 +259,7 @@ def build(p: int, microbatches: int, candidates: list[tuple[int, ...]], cap: int
           ) -> list[list[Action]]:
     """The shortest order, with unit passes, among each candidate block (offsets) repeated,
     as is or :func:`reorder`-ed, that holds no more on any rank than the first candidate
-    (the family's published block, which must hold at most ``cap`` chunk activations):
+    (the family's own block, which must hold at most ``cap`` chunk activations):
     ``cap`` counted until W, and the first block's own peak counted until I (``M_W = 0``),
     so the peak does not grow for any ``M_W``. Ties keep the earlier candidate."""
     best: tuple[int, list[list[Action]]] | None = None

@@ -2,51 +2,77 @@
 at about a third of 1F1B's activation memory.
 
 Built from a building block (``building_block.py``) whose consecutive stages are one unit
-apart, forward and backward (dF = dI = 1; for p a multiple of 3 the turn of the V is 3
-units, forward and backward, so no two passes of a rank collide). Each stage's activation
-then lives about ``2(2p - 1 - 2r) + ...`` units and a rank holds ``2 floor((p + 4)/3)``
-chunk activations at most: **peak ``floor((p + 4)/3) x M_B`` per rank** (against ZB-V's
-``p x M_B``) when W frees what I kept (``M_W = M_B``).
+apart, forward and backward (dF = dI = 1, the turn of the V 1 unit too), with the top of
+the V (the last stage's F to its I) 1, 3 or 5 units for p mod 3 = 1, 0, 2. A rank holds at
+most ``2 floor((p + 4)/3)`` chunk activations: **peak ``floor((p + 4)/3) x M_B`` per rank**
+(against ZB-V's ``p x M_B``) when W frees what I kept (``M_W = M_B``), and no more for any
+smaller ``M_W``.
+
+Why those tops: the step-time bound ``6m + 6p - 1 - 3k`` (``k`` the peak in chunk
+activations; ``sim/formulas.py`` proves it) is tight on rank p - 1, the turn of the V, and
+only if at its last forward that rank holds ``k`` activations that all still wait for their
+I. Its stages' F-to-I times are ``L = 2(p - 1) + top`` (stage p) and ``L + 2``; the top
+stretches them just past a multiple of the 6-unit period, so that ``k/2`` activations of
+each stage wait there. The published block (top 1, and turn 3/3 when p mod 3 = 0) falls
+one activation short of ``k`` when p mod 3 = 0 (one unit above the bound) and two when
+p mod 3 = 2 (four units above, as published). The longer top costs memory only where
+``M_W < M_B``, and only when p mod 3 = 2: there, a schedule at the bound holds ``k``
+activations before their I on rank p - 1, so it holds ``k/2 x M_B`` whatever W keeps,
+where the published block holds ``M_B/2`` less at ``M_W = M_B/2`` (one ``M_B`` less at
+``M_W = 0``). :func:`v_min_published` builds that block; ``auto`` tries it too.
 
 The repeated block is then *reordered at both ends* (``building_block.reorder``, the
-paper's last step), and V-Half's block is tried too (it fits V-Min's memory only for small
-p: it wins at p = 3); the shortest order that holds no more than V-Min's plain block, for
-every ``M_W``, is kept.
+paper's last step): warm-up forwards go earlier where the rank's memory allows, and in the
+cool-down every I goes before the Ws that only free memory. It is kept when it is shorter;
+no rank then holds more than the plain block, whatever ``M_W``.
 
-Step time with unit chunk passes (F = I = W = 1 per chunk, no comm), found by simulating
-every p <= 16 and m >= 2p (``tests/test_vshape.py``), with ``k`` the peak in chunk
-activations: the paper's bound ``6m + 6p - 1 - 3k`` exactly when ``p mod 3 == 1`` and for
-p = 3; 1 unit above it when ``p mod 3 == 0`` (p >= 6); 4 units above when ``p mod 3 == 2``,
-as the published construction (reordering reaches 3 there, but only by holding more than
-the plain block when ``M_W < M_B``, so it is not kept). V-Min's fixed pattern keeps a
-repeating bubble when F, I, W differ.
+Step time with unit chunk passes (F = I = W = 1 per chunk, no comm), ``k = 2 floor((p +
+4)/3)``: **the bound ``6m + 6p - 1 - 3k`` exactly, for every p >= 3 (every p mod 3) and
+every m > k/2** (the m for which it is a bound: with fewer microbatches a rank can run all
+its forwards before its first I), simulated for every p <= 24 (``tests/test_vshape.py`` up
+to p = 12, ``bench/bench_vshape.py`` beyond); for p = 2, ``6m + 1`` (m >= 2), the least any
+order can take. V-Min's fixed pattern keeps a repeating bubble when F, I, W differ.
 
 V-Min, p=2, m=2 (rank 0 holds stages 0 and 3, rank 1 stages 1 and 2)::
 
-    rank 0: 0F0 3F0 3I0 3W0 0F1 0I0 0W0 3F1 3I1 3W1 0I1 0W1
-    rank 1: 1F0 2F0 2I0 1I0 1F1 2F1 2W0 1W0 2I1 1I1 2W1 1W1
+    rank 0: 0F0 0F1 3F0 3I0 3F1 3I1 0I0 3W0 0I1 0W0 3W1 0W1
+    rank 1: 1F0 2F0 1F1 2F1 2I0 1I0 2I1 1I1 2W0 1W0 2W1 1W1
 """
 
 from __future__ import annotations
 
 from ..ir.schedule import Schedule, make_schedule
-from ..sim.formulas import v_half_memory, v_min_closed_form, v_min_memory
+from ..sim.formulas import v_min_closed_form, v_min_memory
 from .building_block import build
 from .registry import ScheduleSpec, register
-from .v_half import v_half_offsets
 
 
 def v_min_offsets(p: int) -> tuple[int, ...]:
-    """(dF0, dF1, dI0, dI1, turn_f, turn_i, top) of V-Min's block for ``p`` ranks."""
+    """(dF0, dF1, dI0, dI1, turn_f, turn_i, top) of V-Min's block for ``p`` ranks.
+
+    >>> [v_min_offsets(p)[-1] for p in (6, 7, 8)]
+    [3, 1, 5]
+    """
+    return (1, 1, 1, 1, 1, 1, (3, 1, 5)[p % 3])
+
+
+def v_min_published_offsets(p: int) -> tuple[int, ...]:
+    """The published V-Min block: all offsets 1, the turn 3/3 when p mod 3 = 0."""
     return (1, 1, 1, 1, 3, 3, 1) if p % 3 == 0 else (1, 1, 1, 1, 1, 1, 1)
 
 
 def v_min(ranks: int, microbatches: int, chunks: int = 2) -> Schedule:
-    # Where V-Half holds no more than V-Min (p = 2, 3, 5), its block is tried too.
-    blocks = [v_min_offsets(ranks)]
-    if v_half_memory(ranks) == v_min_memory(ranks):
-        blocks.append(v_half_offsets(ranks))
-    orders = build(ranks, microbatches, blocks, 2 * v_min_memory(ranks))
+    orders = build(ranks, microbatches, [v_min_offsets(ranks)], 2 * v_min_memory(ranks))
+    return make_schedule("v-min", orders, 2 * ranks, microbatches, placement="v")
+
+
+def v_min_published(ranks: int, microbatches: int) -> Schedule:
+    """V-Min from the published block, reordered the same way: 1 unit slower than
+    :func:`v_min` when p mod 3 = 0 and 4 when p mod 3 = 2 (2 at p = 2), the same
+    order when p mod 3 = 1; when p mod 3 = 2 it holds ``M_B/2`` less per rank at
+    ``M_W = M_B/2`` (``M_B`` less at ``M_W = 0``), the same at ``M_W = M_B``."""
+    orders = build(ranks, microbatches, [v_min_published_offsets(ranks)],
+                   2 * v_min_memory(ranks))
     return make_schedule("v-min", orders, 2 * ranks, microbatches, placement="v")
 
 

@@ -221,64 +221,80 @@ def v_half_memory(ranks: int) -> int:
 def v_shape_bound(ranks: int, microbatches: int, chunk_activations: int) -> int:
     """The least step time, in chunk passes, of a V schedule holding at most ``k`` chunk
     activations per rank with F = I = W = 1 per chunk and no comm (Qi et al. 2024,
-    Controllable Memory): ``6m + 6p - 1 - 3k``."""
+    Controllable Memory): ``6m + 6p - 1 - 3k``, a lower bound whenever ``2m > k``.
+
+    Proof, on rank p - 1 (stages p - 1 and p, the turn of the V). Its first I cannot start
+    before ``3p - 1`` (microbatch 0's forwards through all 2p stages, then the I of stages
+    2p - 1 .. p); before that it runs only forwards, at most ``k`` (no W frees anything
+    yet), and it cannot start before ``p - 1``: ``3p - 1 - k`` idle units before its first
+    I. Let ``tau`` be the start of its last forward, F(p, m-1): that microbatch then needs
+    p - 1 more forwards, 2p I's down to stage 0 and W(0): the step is at least
+    ``tau + 3p + 1``, and after ``tau`` the rank only runs the I and W of activations it
+    holds at ``tau``, at most ``2k`` passes: ``3p - 2k`` idle units after ``tau``. If
+    ``2m > k`` the rank cannot run all 2m forwards before its first I, so the two stretches
+    do not overlap, and the step is at least ``6m + (3p - 1 - k) + (3p - 2k)``. Equality
+    needs, among other things, ``k`` activations that all wait for their I at ``tau``.
+
+    >>> v_shape_bound(4, 8, 6)
+    53
+    """
     return 6 * microbatches + 6 * ranks - 1 - 3 * chunk_activations
 
 
 def v_min_excess(ranks: int) -> int:
-    """Units V-Min's step lies above :func:`v_shape_bound` (``schedules/v_min.py``), for
-    m >= 2p with F = I = W per chunk and no comm: 0 when ``p mod 3 == 1`` and for p = 3
-    (the bound), 1 when ``p mod 3 == 0`` (p >= 6), 4 when ``p mod 3 == 2`` (as the
-    published construction).
+    """Units V-Min's step lies above :func:`v_shape_bound` (``schedules/v_min.py``), with
+    F = I = W per chunk, no comm and m > floor((p+4)/3) (where the bound holds): 0, for
+    every p >= 3 (the published block is 1 above when p mod 3 = 0 and 4 above when
+    p mod 3 = 2); 2 for p = 2, where every order takes at least 6m + 1 (rank 1 starts at 1
+    and runs 6m passes) and the bound is 6m - 1.
 
     >>> [v_min_excess(p) for p in (2, 3, 4, 5, 6, 7, 8, 9)]
-    [4, 0, 0, 4, 1, 0, 4, 1]
+    [2, 0, 0, 0, 0, 0, 0, 0]
     """
-    return 0 if ranks == 3 else (1, 0, 4)[ranks % 3]
+    return 2 if ranks == 2 else 0
 
 
 def v_half_excess(ranks: int) -> int:
-    """Units V-Half's step lies above :func:`v_shape_bound` (``schedules/v_half.py``), for
-    m >= 2p with F = I = W per chunk and no comm: 0 for odd p (the bound), 1 for even
-    p >= 4, and 2 for p = 2 (where the bound, 6m - 1, is below the 6m + 1 every order
+    """Units V-Half's step lies above :func:`v_shape_bound` (``schedules/v_half.py``), with
+    F = I = W per chunk, no comm and m > floor((p+2)/2) (where the bound holds): 0 for
+    every p >= 3, and 2 for p = 2 (where the bound, 6m - 1, is below the 6m + 1 every order
     needs: rank 1 cannot start before 1 and runs 6m passes).
 
     >>> [v_half_excess(p) for p in (2, 3, 4, 5, 6)]
-    [2, 0, 1, 0, 1]
+    [2, 0, 0, 0, 0]
     """
-    if ranks == 2:
-        return 2
-    return 0 if ranks % 2 else 1
+    return 2 if ranks == 2 else 0
 
 
 def _v_closed_form(ranks: int, microbatches: int, chunks: int, costs: StageCosts,
                    memory: int, excess: int) -> float | None:
     share = _rank_share(costs, chunks)
-    if share is None or chunks != 2 or microbatches < V_SHAPE_MIN_M * ranks:
+    if share is None or chunks != 2:
         return None
     f, i, w = share
     if not (_eq(f, i) and _eq(i, w)) or f == 0:
         return None
     if ranks == 1:
         return 0.0
+    if microbatches <= memory:  # 2m <= k: the bound does not hold (see v_shape_bound)
+        return None
     step = v_shape_bound(ranks, microbatches, 2 * memory) + excess
     return (step - 6 * microbatches) / step
 
 
-V_SHAPE_MIN_M = 2  # the step formulas hold from m >= 2p (tests/test_vshape.py)
-
-
 def v_min_closed_form(ranks: int, microbatches: int, chunks: int,
                       costs: StageCosts) -> float | None:
-    """V-Min's bubble over the step when F = I = W, uniform stages, no comm, m >= 2p:
-    (step - 6m)/step with step = 6m + 6p - 1 - 3k + excess (k = 2 floor((p+4)/3))."""
+    """V-Min's bubble over the step when F = I = W, uniform stages, no comm and
+    m > floor((p+4)/3) (2m > k, where the bound holds): (step - 6m)/step with
+    step = 6m + 6p - 1 - 3k + excess (k = 2 floor((p+4)/3); excess 0, or 2 at p = 2)."""
     return _v_closed_form(ranks, microbatches, chunks, costs, v_min_memory(ranks),
                           v_min_excess(ranks))
 
 
 def v_half_closed_form(ranks: int, microbatches: int, chunks: int,
                        costs: StageCosts) -> float | None:
-    """V-Half's bubble over the step when F = I = W, uniform stages, no comm, m >= 2p:
-    (step - 6m)/step with step = 6m + 6p - 1 - 3k + excess (k = 2 floor((p+2)/2))."""
+    """V-Half's bubble over the step when F = I = W, uniform stages, no comm and
+    m > floor((p+2)/2) (2m > k, where the bound holds): (step - 6m)/step with
+    step = 6m + 6p - 1 - 3k + excess (k = 2 floor((p+2)/2); excess 0, or 2 at p = 2)."""
     return _v_closed_form(ranks, microbatches, chunks, costs, v_half_memory(ranks),
                           v_half_excess(ranks))

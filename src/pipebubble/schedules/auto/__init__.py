@@ -7,7 +7,8 @@ chunks per rank, as ZB-V), whichever is faster. Candidates:
 
 - every registered schedule of that placement (1F1B, ZB-H1, ZB-H2, GPipe; ZB-V, V-Half,
   V-Min, DualPipeV) whose simulated peak fits: so auto is never slower than any of them;
-- when V-Min does not fit, V-Min's and V-Half's building blocks repeated every T > 6
+- when V-Min does not fit, V-Min's published block (it holds less when M_W < M_B and
+  p mod 3 = 2), else V-Min's and V-Half's published building blocks repeated every T > 6
   units (``building_block.py``), at the smallest T that fits;
 - the greedy list scheduler (:mod:`.greedy`) over a grid of its knobs, which fills the
   memory it is given (Zero Bubble's heuristic, both placements);
@@ -221,6 +222,16 @@ def _registered(kind: str, p: int, m: int, sc: StageCosts, where: tuple[int, ...
         scored = _score(sched, sc, limits)
         if scored is not None:
             yield scored[0], sched.orders, name
+    if kind == "v" and "v-min" in too_big and p % 3 == 2:
+        # V-Min's published block holds less than v-min's when M_W < M_B and p mod 3 = 2
+        from ..v_min import v_min_published
+
+        sched = v_min_published(p, m)
+        if _fits(sched, sc, limits):
+            too_big.discard("v-min")
+            scored = _score(sched, sc, limits)
+            if scored is not None:
+                yield scored[0], sched.orders, "v-min (published block)"
     if kind == "v" and "v-min" in too_big:
         yield from _stretched(p, m, sc, where, limits)
 
@@ -230,10 +241,11 @@ def _stretched(p: int, m: int, sc: StageCosts, where: tuple[int, ...], limits: l
     units (a microbatch every T, fewer in flight), at the smallest T whose order fits (and
     the next two), with their own offsets or the shortest turns that do not collide."""
     from ..building_block import block, repeat
-    from ..v_half import v_half_offsets
-    from ..v_min import v_min_offsets
+    from ..v_half import v_half_published_offsets
+    from ..v_min import v_min_published_offsets
 
-    for name, offsets in (("v-min", v_min_offsets(p)), ("v-half", v_half_offsets(p))):
+    for name, offsets in (("v-min", v_min_published_offsets(p)),
+                          ("v-half", v_half_published_offsets(p))):
         found = None
         for period in range(7, 6 * (2 * p + 2)):
             if found is not None and period > found + 2:
