@@ -25,7 +25,12 @@ the first stage of a chain takes the input, the last one computes the loss):
 
 An edge *crosses* when producer and consumer stages live on different ranks: data travels
 over the wire (a send and a receive, ``comm`` time in the simulator). An Overlap pair
-(DualPipe's F&B) needs what both of its parts need.
+(DualPipe's F&B) needs what both of its parts need, and its outputs (the forward part's
+activation, the backward part's gradient) are all ready when the pair ends: real DualPipe
+runs the two parts at once on overlapped streams, so neither output exists before the
+block ends. The simulator (``sim/kernel.py``, ``sim/reference.py``), the wire program
+(``sim/wire.py``: the pair's sends come after it) and the runtimes (the interpreter hands
+a pair's outputs over at its end) all follow this.
 
 >>> from pipebubble.schedules import get_schedule
 >>> s = get_schedule("1f1b", ranks=2, microbatches=2)
