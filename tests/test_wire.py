@@ -137,6 +137,7 @@ def test_a_pairs_forward_output_is_ready_when_the_pair_ends():
     which exists when the pair ends: 7.25 + 0.5 = 7.75 (not 5.75 + 0.5 = 6.25). Then 1F1
     7.75-8.75, 1B1 8.75-10.75, 0B1 11.25-13.25: step time 13.25. The simulator, the
     reference, the wire program (sends after the pair) all say so."""
+    from pipebubble.ir.deps import Signal, signal_sources
     from pipebubble.ir.schedule import Overlap
     from pipebubble.sim.reference import simulate_reference
 
@@ -152,6 +153,11 @@ def test_a_pairs_forward_output_is_ready_when_the_pair_ends():
     for t in timelines:
         assert times(t) == expected
         assert t.step_time == 13.25
+    # timeline consumers (the measured message delays of runtime/dist/report.py) read
+    # 0F1's output at the pair's end: the event of 0B0
+    events = list(timelines[0].events())
+    at = events[signal_sources(events)[Signal(0, "F", 1)]]
+    assert (at.stage, at.kind, at.microbatch, at.end) == (0, "B", 0, 7.25)
 
 
 @given(st.integers(0, 2**31), st.integers(1, 5), st.integers(1, 3), st.integers(1, 6),

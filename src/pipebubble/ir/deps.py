@@ -42,7 +42,7 @@ a pair's outputs over at its end) all follow this.
 
 from __future__ import annotations
 
-from collections.abc import Container
+from collections.abc import Container, Sequence
 from typing import NamedTuple, Protocol
 
 from .schedule import Action, Kind, Overlap, Step, ends_chain, starts_chain
@@ -104,6 +104,32 @@ def producers(step: Step, topo: Topology) -> tuple[Dep, ...]:
         return tuple(d for a in step for d in producers(a, topo) if d.signal not in inside)
     here = topo.stage_to_rank[step.stage]
     return tuple(Dep(sig, topo.stage_to_rank[sig.stage] != here) for sig in needs(step, topo))
+
+
+class Timed(Protocol):
+    """What :func:`signal_sources` reads of a timeline event (``timeline.Event`` has it)."""
+
+    rank: int
+    stage: int
+    kind: str
+    microbatch: int
+    overlapped: bool
+
+
+def signal_sources(events: Sequence[Timed]) -> dict[Signal, int]:
+    """For each signal, the index of the event at whose end it is ready, in a timeline's
+    events (each rank's in its order, as ``Timeline.events()`` gives them): the event of
+    the action that produces it, except that a pair's forward output is ready when the
+    pair ends, at the end of its backward part (the next event of that rank)."""
+    out: dict[Signal, int] = {}
+    for i, e in enumerate(events):
+        at = i
+        if e.overlapped and e.kind == Kind.F and i + 1 < len(events):
+            part = events[i + 1]
+            if part.rank == e.rank and part.overlapped:  # the pair's backward part
+                at = i + 1
+        out[produces(Action(e.stage, e.kind, e.microbatch))] = at
+    return out
 
 
 class Handover(NamedTuple):
