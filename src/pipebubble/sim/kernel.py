@@ -49,6 +49,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..costs import CostModel, StageCosts
@@ -125,23 +126,10 @@ def compile_program(schedule: Schedule, flat: FlatActions, sc: StageCosts) -> Pr
 
     S, M, p = schedule.num_stages, schedule.num_microbatches, schedule.num_ranks
     n = len(flat.stage)
-    where = schedule.stage_to_rank
-    # The rule per (stage, kind), at row stage x 4 + kind code: the neighbour stage whose
-    # signal the action needs (-1: none), whether that signal is a forward output (else an
-    # input gradient), the lag of that edge and the action's duration.
-    dep_stage = np.full(4 * S, -1, dtype=np.int64)
-    dep_forward = np.zeros(4 * S, dtype=bool)
-    lag_of = np.zeros(4 * S)
-    duration_of = np.zeros(4 * S)
-    for s in range(S):
-        for code, kind in enumerate(KINDS):
-            row = 4 * s + code
-            duration_of[row] = sc.duration(s, kind)
-            for sig in needs(Action(s, kind, 0), schedule):
-                if sig.stage != s:
-                    dep_stage[row] = sig.stage
-                    dep_forward[row] = sig.kind == "F"
-                    lag_of[row] = sc.comm if where[sig.stage] != where[s] else 0.0
+    rule = _rule(_Topology(S, tuple(schedule.stage_to_rank), tuple(schedule.chain_starts)))
+    dep_stage, dep_forward = np.array(rule.dep_stage), np.array(rule.dep_forward)
+    lag_of = np.array([sc.comm if c else 0.0 for c in rule.crosses])
+    duration_of = np.array([sc.duration(s, k) for s in range(S) for k in KINDS])
     row = flat.stage * 4 + flat.kind
     kind = flat.kind
     index = np.arange(n)
@@ -200,6 +188,38 @@ def compile_program(schedule: Schedule, flat: FlatActions, sc: StageCosts) -> Pr
     last = np.append(boundary[1:], size - 2) - 1
     return Program(_ints(producer), _doubles(lag), _doubles(duration), _doubles(initial),
                    first.tolist(), last.tolist(), step)
+
+
+class _Topology(NamedTuple):
+    """A schedule's shape as ``ir/deps.py`` reads it, hashable (the rule is cached)."""
+
+    num_stages: int
+    stage_to_rank: tuple[int, ...]
+    chain_starts: tuple[int, ...]
+
+
+class _Rule(NamedTuple):
+    """The rule of ``ir/deps.py`` per (stage, kind), at row stage x 4 + kind code: the
+    neighbour stage whose signal the action needs (-1: none), whether that signal is a
+    forward output (else an input gradient), and whether it crosses ranks."""
+
+    dep_stage: list[int]
+    dep_forward: list[bool]
+    crosses: list[bool]
+
+
+@lru_cache(maxsize=64)
+def _rule(topo: _Topology) -> _Rule:
+    rule = _Rule([], [], [])
+    for s in range(topo.num_stages):
+        for kind in KINDS:
+            neighbour = [sig for sig in needs(Action(s, kind, 0), topo) if sig.stage != s]
+            sig = neighbour[0] if neighbour else None  # one at most (see the module doc)
+            rule.dep_stage.append(sig.stage if sig else -1)
+            rule.dep_forward.append(sig is not None and sig.kind == "F")
+            rule.crosses.append(sig is not None
+                                and topo.stage_to_rank[sig.stage] != topo.stage_to_rank[s])
+    return rule
 
 
 def run(program: Program) -> array:
