@@ -44,6 +44,7 @@ class FlatActions(NamedTuple):
     kind: np.ndarray
     microbatch: np.ndarray
     pair: np.ndarray
+    rank: np.ndarray  # the rank of each action
 
 
 _last: tuple[weakref.ref, FlatActions] | None = None  # validate() then simulate(): one pass
@@ -97,10 +98,12 @@ def _flatten(schedule: Schedule) -> FlatActions | None:
         pairs.append(pair)
         offsets.append(offsets[-1] + len(acts))
     cat = np.concatenate
+    rank = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
     if not stages:
         empty = np.zeros(0, dtype=np.int64)
-        return FlatActions(offsets, empty, empty.astype(np.int8), empty, empty.astype(np.int8))
-    return FlatActions(offsets, cat(stages), cat(kinds), cat(mbs), cat(pairs))
+        return FlatActions(offsets, empty, empty.astype(np.int8), empty, empty.astype(np.int8),
+                           rank)
+    return FlatActions(offsets, cat(stages), cat(kinds), cat(mbs), cat(pairs), rank)
 
 
 def _valid(schedule: Schedule, flat: FlatActions) -> bool:
@@ -118,8 +121,7 @@ def _valid(schedule: Schedule, flat: FlatActions) -> bool:
     if n and (stage.min() < 0 or stage.max() >= S or mb.min() < 0 or mb.max() >= M
               or kind.min() < 0 or kind.max() > 3):
         return False
-    rank = np.repeat(np.arange(p), np.diff(flat.offsets))
-    if not (np.asarray(where)[stage] == rank).all():
+    if not (np.asarray(where)[stage] == flat.rank).all():
         return False
     key = kind.astype(np.int64) * SM + stage * M + mb
     count = np.bincount(key, minlength=4 * SM)

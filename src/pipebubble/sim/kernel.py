@@ -136,7 +136,7 @@ def compile_program(schedule: Schedule, flat: FlatActions, sc: StageCosts) -> Pr
 
     # Step numbers: one boundary step before each rank's steps, and around each pair a
     # wait step before its forward part and a publish step after its backward part.
-    rank = np.repeat(np.arange(p), np.diff(flat.offsets))
+    rank = flat.rank
     fwd_part = flat.pair == 1
     pairs = np.cumsum(fwd_part)  # pairs begun so far, this action's included
     step = index + rank + 1 + 2 * pairs - (flat.pair > 0)
@@ -294,7 +294,7 @@ def _timeline(schedule: Schedule, flat: FlatActions, sc: StageCosts, program: Pr
         stage_to_rank=tuple(schedule.stage_to_rank),
         chains=schedule.chains,
         chain_starts=schedule.chain_starts,
-        rank=_ints(np.repeat(np.arange(p), np.diff(offsets))),
+        rank=_ints(flat.rank),
         stage=_ints(flat.stage),
         kind=kinds[flat.kind].tolist(),
         microbatch=_ints(flat.microbatch),
