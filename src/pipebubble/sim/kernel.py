@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from ..costs import CostModel, StageCosts
 from ..ir.check import B, F, FlatActions, I, flat_actions
-from ..ir.deps import describe_wait, needs
+from ..ir.deps import describe_wait, needs, produces
 from ..ir.schedule import KINDS, Action, Schedule, ScheduleError
 from ..timeline import Timeline
 
@@ -127,51 +127,35 @@ def compile_program(schedule: Schedule, flat: FlatActions, sc: StageCosts) -> Pr
     S, M, p = schedule.num_stages, schedule.num_microbatches, schedule.num_ranks
     n = len(flat.stage)
     rule = _rule(_Topology(S, tuple(schedule.stage_to_rank), tuple(schedule.chain_starts)))
-    dep_stage, dep_forward = np.array(rule.dep_stage), np.array(rule.dep_forward)
-    lag_of = np.array([sc.comm if c else 0.0 for c in rule.crosses])
-    duration_of = np.array([sc.duration(s, k) for s in range(S) for k in KINDS])
-    row = flat.stage * 4 + flat.kind
-    kind = flat.kind
-    index = np.arange(n)
+    row = flat.stage * 4 + flat.kind  # (stage, kind) of each action
+    kind, mb = flat.kind, flat.microbatch
 
     # Step numbers: one boundary step before each rank's steps, and around each pair a
     # wait step before its forward part and a publish step after its backward part.
-    rank = flat.rank
     fwd_part = flat.pair == 1
     pairs = np.cumsum(fwd_part)  # pairs begun so far, this action's included
-    step = index + rank + 1 + 2 * pairs - (flat.pair > 0)
+    step = np.arange(n) + flat.rank + 1 + 2 * pairs - (flat.pair > 0)
     num_pairs = int(pairs[-1]) if n else 0
     size = n + p + 2 * num_pairs + 2  # + the boundary after the last rank, + never
     never = size - 1
     starts = np.asarray(flat.offsets[:-1])
-    pairs_before = np.concatenate(([0], pairs))[starts]
-    boundary = starts + np.arange(p) + 2 * pairs_before
+    boundary = starts + np.arange(p) + 2 * np.concatenate(([0], pairs))[starts]
 
-    # The action that makes each (stage, microbatch)'s forward output and input gradient
-    # (validation guarantees exactly one of each), and the step where others read it: a
-    # pair's forward output is read at its publish step, two steps after the forward part.
-    key = flat.stage * M + flat.microbatch
-    gives_forward = kind == F
-    gives_gradient = (kind == I) | (kind == B)
-    ready_at = step + 2 * fwd_part
-    forward_ready = np.empty(S * M, dtype=np.int64)
-    gradient_ready = np.empty(S * M, dtype=np.int64)
-    forward_ready[key[gives_forward]] = ready_at[gives_forward]
-    gradient_ready[key[gives_gradient]] = ready_at[gives_gradient]
-    needed = dep_stage[row]
-    has = needed >= 0
-    needed_key = needed[has] * M + flat.microbatch[has]
-
+    # Each signal of ir/deps.py has a slot, (signal x S + stage) x M + microbatch with
+    # signal 0 the forward output, 1 the input gradient (made by I or B), 2 W done; ready
+    # holds the step at whose end it is ready (a pair's forward output: at the publish step,
+    # two steps after the forward part). The M slots after them read step 0: no dependency.
+    ready = np.zeros(3 * S * M + M, dtype=np.int64)
+    made = np.array([_SIGNAL[produces(Action(0, k, 0)).kind] for k in KINDS])[kind]
+    ready[(made * S + flat.stage) * M + mb] = step + 2 * fwd_part
     producer = np.full(size, never, dtype=np.int64)
     lag = np.zeros(size)
     duration = np.zeros(size)
-    producer[step] = 0  # no dependency: step 0 ends at 0
-    producer[step[has]] = np.where(dep_forward[row[has]], forward_ready[needed_key],
-                                   gradient_ready[needed_key])
-    lag[step[has]] = lag_of[row[has]]
-    duration[step] = duration_of[row]
+    producer[step] = ready[(np.array(rule.needs) * M)[row] + mb]
+    lag[step] = np.array([sc.comm if c else 0.0 for c in rule.crosses])[row]
+    duration[step] = np.array([sc.duration(s, k) for s in range(S) for k in KINDS])[row]
     if num_pairs:
-        fwd = index[fwd_part]
+        fwd = np.flatnonzero(fwd_part)
         bwd = fwd + 1
         if (kind[fwd] != F).any() or ((kind[bwd] != I) & (kind[bwd] != B)).any():
             raise ScheduleError("an Overlap pairs a forward with a backward (F then B or I)")
@@ -200,25 +184,26 @@ class _Topology(NamedTuple):
 
 class _Rule(NamedTuple):
     """The rule of ``ir/deps.py`` per (stage, kind), at row stage x 4 + kind code: the
-    neighbour stage whose signal the action needs (-1: none), whether that signal is a
-    forward output (else an input gradient), and whether it crosses ranks."""
+    neighbour stage's signal the action needs, as ``signal x S + stage`` (see
+    :func:`compile_program`; ``3 x S``: none), and whether it crosses ranks."""
 
-    dep_stage: list[int]
-    dep_forward: list[bool]
+    needs: list[int]
     crosses: list[bool]
+
+
+_SIGNAL = {"F": 0, "I": 1, "W": 2}  # the signal kinds of ir/deps.py, numbered for slots
 
 
 @lru_cache(maxsize=64)
 def _rule(topo: _Topology) -> _Rule:
-    rule = _Rule([], [], [])
-    for s in range(topo.num_stages):
+    S, where = topo.num_stages, topo.stage_to_rank
+    rule = _Rule([], [])
+    for s in range(S):
         for kind in KINDS:
             neighbour = [sig for sig in needs(Action(s, kind, 0), topo) if sig.stage != s]
             sig = neighbour[0] if neighbour else None  # one at most (see the module doc)
-            rule.dep_stage.append(sig.stage if sig else -1)
-            rule.dep_forward.append(sig is not None and sig.kind == "F")
-            rule.crosses.append(sig is not None
-                                and topo.stage_to_rank[sig.stage] != topo.stage_to_rank[s])
+            rule.needs.append(3 * S if sig is None else _SIGNAL[sig.kind] * S + sig.stage)
+            rule.crosses.append(sig is not None and where[sig.stage] != where[s])
     return rule
 
 
