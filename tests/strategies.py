@@ -61,21 +61,17 @@ def random_valid_schedule(seed: int, ranks: int, chunks: int, microbatches: int,
 
 
 @st.composite
-def schedules_and_costs(draw, overlaps_and_chains: bool = False):
-    """A random valid schedule and per-stage costs. ``overlaps_and_chains``: also Overlap
-    pairs, several chains, memory, recomputation and an overlap factor (the simulator's
-    tests use them; the wire model sends a pair's forward output after the whole pair, so
-    it is not equal to simulate() on those)."""
+def schedules_and_costs(draw):
+    """A random valid schedule (Overlap pairs and several chains included) and per-stage
+    costs: durations, communication, an overlap factor, memory and recomputation."""
     ranks = draw(st.integers(1, 5))
     chunks = draw(st.integers(1, 3))
     m = draw(st.integers(1, 6))
     split = draw(st.booleans())
     placement = draw(st.sampled_from(["loop", "random"]))
     seed = draw(st.integers(0, 2**31))
-    chains, overlap = 1, 0.0
-    if overlaps_and_chains:
-        chains = min(chunks, draw(st.sampled_from([1, 1, 2, 3])))  # Schedule.chunks >= 1
-        overlap = draw(st.sampled_from([0.0, 0.5]))
+    chains = min(chunks, draw(st.sampled_from([1, 1, 2, 3])))  # Schedule.chunks >= 1
+    overlap = draw(st.sampled_from([0.0, 0.5]))
     schedule = random_valid_schedule(seed, ranks, chunks, m, split, placement, chains, overlap)
     S = ranks * chunks
     times = st.floats(0.0, 5.0, allow_nan=False)
@@ -83,8 +79,6 @@ def schedules_and_costs(draw, overlaps_and_chains: bool = False):
     b = draw(st.lists(st.floats(0.01, 5.0), min_size=S, max_size=S))
     w = [x * draw(st.floats(0.0, 1.0)) for x in b]
     comm = draw(st.sampled_from([0.0, 0.5, 1.0]))
-    if not overlaps_and_chains:
-        return schedule, CostModel(f=f, b=b, w=w, comm=comm)
     fold = draw(st.sampled_from([1.0, 0.75]))  # an Overlap pair's time over F + B
     mem = draw(st.lists(st.floats(0.0, 4.0), min_size=S, max_size=S))
     mem_w = [x * draw(st.floats(0.0, 1.0)) for x in mem]

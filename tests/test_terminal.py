@@ -38,7 +38,7 @@ def test_cells_follow_time():
 
 
 @settings(max_examples=150)
-@given(schedules_and_costs(overlaps_and_chains=True), st.integers(10, 130))
+@given(schedules_and_costs(), st.integers(10, 130))
 def test_cells_equal_the_event_by_event_definition(case, width):
     """The vectorised row (searchsorted over columns) paints exactly what painting event by
     event paints: fills, padded labels, first letters, idle dots."""

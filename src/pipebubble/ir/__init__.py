@@ -19,6 +19,7 @@ from .deps import (
     needs,
     producers,
     produces,
+    signal_sources,
 )
 from .schedule import Action, Kind, Overlap, Schedule, ScheduleError, Step, validate
 
@@ -38,5 +39,6 @@ __all__ = [
     "needs",
     "producers",
     "produces",
+    "signal_sources",
     "validate",
 ]

@@ -25,7 +25,12 @@ the first stage of a chain takes the input, the last one computes the loss):
 
 An edge *crosses* when producer and consumer stages live on different ranks: data travels
 over the wire (a send and a receive, ``comm`` time in the simulator). An Overlap pair
-(DualPipe's F&B) needs what both of its parts need.
+(DualPipe's F&B) needs what both of its parts need, and its outputs (the forward part's
+activation, the backward part's gradient) are all ready when the pair ends: real DualPipe
+runs the two parts at once on overlapped streams, so neither output exists before the
+block ends. The simulator (``sim/kernel.py``, ``sim/reference.py``), the wire program
+(``sim/wire.py``: the pair's sends come after it) and the runtimes (the interpreter hands
+a pair's outputs over at its end) all follow this.
 
 >>> from pipebubble.schedules import get_schedule
 >>> s = get_schedule("1f1b", ranks=2, microbatches=2)
@@ -37,7 +42,7 @@ over the wire (a send and a receive, ``comm`` time in the simulator). An Overlap
 
 from __future__ import annotations
 
-from collections.abc import Container
+from collections.abc import Container, Sequence
 from typing import NamedTuple, Protocol
 
 from .schedule import Action, Kind, Overlap, Step, ends_chain, starts_chain
@@ -99,6 +104,32 @@ def producers(step: Step, topo: Topology) -> tuple[Dep, ...]:
         return tuple(d for a in step for d in producers(a, topo) if d.signal not in inside)
     here = topo.stage_to_rank[step.stage]
     return tuple(Dep(sig, topo.stage_to_rank[sig.stage] != here) for sig in needs(step, topo))
+
+
+class Timed(Protocol):
+    """What :func:`signal_sources` reads of a timeline event (``timeline.Event`` has it)."""
+
+    rank: int
+    stage: int
+    kind: str
+    microbatch: int
+    overlapped: bool
+
+
+def signal_sources(events: Sequence[Timed]) -> dict[Signal, int]:
+    """For each signal, the index of the event at whose end it is ready, in a timeline's
+    events (each rank's in its order, as ``Timeline.events()`` gives them): the event of
+    the action that produces it, except that a pair's forward output is ready when the
+    pair ends, at the end of its backward part (the next event of that rank)."""
+    out: dict[Signal, int] = {}
+    for i, e in enumerate(events):
+        at = i
+        if e.overlapped and e.kind == Kind.F and i + 1 < len(events):
+            part = events[i + 1]
+            if part.rank == e.rank and part.overlapped:  # the pair's backward part
+                at = i + 1
+        out[produces(Action(e.stage, e.kind, e.microbatch))] = at
+    return out
 
 
 class Handover(NamedTuple):

@@ -15,7 +15,9 @@ DeepSpeed's engine maps each instruction to one ``_exec_*`` method.
   (``split.py``) and free the rest.
 - ``W(s, m)``: the weight gradients of (s, m), from what I kept; nothing is sent.
 - An ``Overlap`` of a forward and a backward: both parts start once both inputs are there,
-  and run one after the other (one process computes one thing at a time).
+  and run one after the other (one process computes one thing at a time). Both outputs
+  are handed over when the pair ends, stamped with its end (``ir/deps.py``: a pair's
+  outputs are all ready when the pair ends, as in the simulator and the wire program).
 
 With **recomputation** (activation checkpointing) for a stage, F runs without building the
 graph and keeps only its input; B (or I) first re-runs the forward, then backpropagates. It
@@ -115,6 +117,7 @@ class StageInterpreter:
                     f"recompute has {len(self._recompute)} flags; expected {self.num_stages}"
                 )
         self.allocator = AllocatorPeaks(self.device)
+        self._outbox: list[tuple[Action, torch.Tensor | None]] | None = None
         self._chain = [sum(1 for c in self.chain_starts if c <= st) - 1
                        for st in range(self.num_stages)]
         self._first = [starts_chain(self, st) for st in range(self.num_stages)]
@@ -175,8 +178,15 @@ class StageInterpreter:
                 fx, fe = self._take(step.forward)
                 bx, be = self._take(step.backward)
                 t = max(fe, be)
-                return [self._exec(step.forward, fx, t, True),
-                        self._exec(step.backward, bx, t, True)]
+                self._outbox = []  # both parts' outputs leave when the pair ends
+                try:
+                    events = [self._exec(step.forward, fx, t, True),
+                              self._exec(step.backward, bx, t, True)]
+                finally:
+                    held, self._outbox = self._outbox, None
+                for a, tensor in held:
+                    self._send(a, tensor, events[-1].end)
+                return events
             x, earliest = self._take(step)
             return [self._exec(step, x, earliest, False)]
 
@@ -202,6 +212,9 @@ class StageInterpreter:
 
     def _send(self, a: Action, tensor: torch.Tensor | None, end: float) -> None:
         """Hand ``a``'s output to the stages that wait for it (``ir.deps.handovers``)."""
+        if self._outbox is not None:  # inside an Overlap: sent at the pair's end
+            self._outbox.append((a, tensor))
+            return
         kind = "act" if a.kind == Kind.F else "grad"
         for h in handovers(a, self):
             self.transport.send(kind, h.to_stage, a.microbatch, tensor, end)

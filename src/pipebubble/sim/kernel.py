@@ -1,45 +1,55 @@
 """simulate(schedule, costs) -> Timeline: the fast kernel.
 
 It computes exactly what ``sim/reference.py`` computes (read that first: the simulator as
-DESIGN.md states it, in a page of plain Python), on a million actions in about a second of
-CPython. A hypothesis test keeps the two equal on random schedules, Overlap pairs and
-several chains included.
+DESIGN.md states it, in a page of plain Python), on a million actions in well under a
+second of CPython. A hypothesis test keeps the two equal on random schedules, Overlap pairs
+and several chains included.
 
 How it stays fast:
 
-1. **Compile once per (stage, kind), validate on the way.** ``ir/check.py`` lays every
-   action out in flat arrays and checks :func:`~pipebubble.ir.schedule.validate`'s rules on
-   them at once (one pass; a failure gets validate's own message). Each signal of
-   ``ir/deps.py`` (F(s, m) done, the input gradient of (s, m) ready, W(s, m) done) owns a
-   *slot* in one array ``done`` of end times, ``inf`` until the signal exists. The rule
-   (:func:`~pipebubble.ir.deps.needs`, :func:`~pipebubble.ir.deps.produces`) is applied once
-   per (stage, kind) to build a :class:`Template` with named fields; an action is its
-   template plus its microbatch. A missing dependency points at a slot that is always 0.
-2. **A tight loop per rank.** A rank runs its actions in order while their slots are
-   filled: ``start = max(clock, done[dep + m] + lag)``, one dependency per action (the one
-   on the neighbouring stage: the same-stage one is met by the rank's own order).
-   "Not ready yet" is one comparison with ``inf``.
-3. **Wake ranks, do not poll them.** A rank that finds a slot empty waits on the rank that
-   fills it and goes back in the queue when that rank has run. No blocked rank is visited
-   in vain, so the cost is linear in actions *and* in ranks (p = 16000 with one microbatch
-   costs 4x p = 4000, not 16x). The order in which ranks run changes nothing: the result is
-   the longest path through the DAG of rank orders and dependencies.
+1. **Compile once, validate on the way.** ``ir/check.py`` lays every action out in flat
+   arrays and checks :func:`~pipebubble.ir.schedule.validate`'s rules on them at once (one
+   pass; a failure gets validate's own message). From the same arrays numpy compiles a
+   :class:`Program`: one *step* per action, rank after rank, as three flat lists.
+   ``producer[i]`` is the step whose end step ``i`` waits for: the neighbouring stage's
+   signal in the rule of ``ir/deps.py`` (:func:`~pipebubble.ir.deps.needs`; the same-stage
+   one, B or I after its F, W after its I, is met by the rank's own order, which
+   validation guarantees). ``lag[i]`` is ``costs.comm`` when that edge crosses ranks, and
+   ``duration[i]`` the step's time. Before each rank's steps sits a *boundary* step that
+   ends at 0 (the clock before the rank's first step; step 0 doubles as "no dependency")
+   and waits for ``never``, a step that never ends, so a rank that runs past its last step
+   stops there.
+2. **A tight loop per step.** ``start = max(end[i - 1], end[producer[i]] + lag[i])`` and
+   ``end[i] = start + duration[i]``: a rank's clock is the end of its previous step, so a
+   rank has no state besides its next step. "Not ready yet" is one comparison with ``inf``.
+3. **Park, do not poll.** A step whose producer has not ended *parks* on it
+   (``waiter[producer] = i``); when the producer ends it pushes its waiter back on the
+   stack, and the waiter's rank goes on from there. Every step's output has at most one
+   step of another stage waiting for it (F(s) -> F(s+1), I/B(s) -> I/B(s-1)), so one int
+   per step is enough. No blocked rank is visited in vain and nothing is re-queued: the
+   cost is linear in actions *and* in ranks (p = 16000 with one microbatch costs 4x
+   p = 4000, not 16x), and a rank switch, which lock-step schedules such as 1F1B make
+   every two actions, costs little more than an action. The order in which ready steps
+   run changes nothing: the result is the longest path through the DAG of rank orders
+   and dependencies.
 
-When the queue is empty and actions remain, nothing can advance: a deadlock. The error
-names the action each unfinished rank is stuck at and what it waits for
+When the stack is empty and a rank has not finished, nothing can advance: a deadlock. The
+error names the action each unfinished rank is stuck at and what it waits for
 (:func:`~pipebubble.ir.deps.describe_wait`). The simulator never hangs.
 
-An Overlap (DualPipe's F&B pair) runs as one block of ``overlap x (F + B)``: a wait of no
-duration for its backward part's gradient goes first, so the block starts when both parts
-may start, and the parts are recorded back to back, each scaled by ``overlap``.
+An Overlap (DualPipe's F&B pair) is four steps: a *wait* of no duration for its backward
+part's gradient (so the block starts when both parts may start), the forward and backward
+parts back to back, each scaled by ``overlap``, and a *publish* step of no duration at the
+pair's end. Whoever needs the pair's forward output waits for the publish step: a pair's
+outputs are all ready when the pair ends (real DualPipe runs the two parts at once on
+overlapped streams, so the forward output does not exist before the block ends).
 """
 
 from __future__ import annotations
 
 from array import array
-from bisect import bisect_left
-from collections import deque
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..costs import CostModel, StageCosts
@@ -52,7 +62,6 @@ if TYPE_CHECKING:
     import numpy as np
 
 _INF = float("inf")
-SLOT_BASE = {"F": 0, "I": 1, "W": 2}  # a signal's slot: (base x S + stage) x M + microbatch
 
 
 class Deadlock(ScheduleError):
@@ -62,23 +71,6 @@ class Deadlock(ScheduleError):
         self.stuck = stuck
         detail = "; ".join(f"rank {r} stuck at {a} waiting for {w}" for r, (a, w) in stuck.items())
         super().__init__(f"deadlock: {detail}")
-
-
-class Template(NamedTuple):
-    """How one (stage, kind) runs, for microbatch 0 (add the microbatch to the slots for the
-    others): the action may start at ``max(clock, done[dep] + lag)``, takes ``duration`` and
-    then writes its end time to ``done[out]``. ``lag`` is ``costs.comm`` when the dependency
-    crosses ranks, else 0; ``rank`` runs the action that fills ``dep`` (-1: none).
-
-    One dependency is enough: of what ``ir/deps.py`` lists, the one on the *same* stage (B or
-    I after its F, W after its I) is always met by the rank's own order, which validation
-    guarantees; what remains is the neighbouring stage's signal, if any."""
-
-    out: int
-    dep: int
-    lag: float
-    duration: float
-    rank: int
 
 
 def simulate(schedule: Schedule, costs: CostModel | StageCosts | None = None) -> Timeline:
@@ -101,171 +93,180 @@ def simulate(schedule: Schedule, costs: CostModel | StageCosts | None = None) ->
             f"costs are for {len(sc.f)} stages but the schedule has {schedule.num_stages}"
         )
     flat = flat_actions(schedule)
-    kinds = [KINDS[c] for c in range(4) if (flat.kind == c).any()]
-    templates = compile_templates(schedule, sc, kinds)
-    plan = [templates[row] for row in (flat.stage * 4 + flat.kind).tolist()]
-    microbatches = flat.microbatch.tolist()
-    if flat.pair.any():
-        steps = _with_overlap_waits(schedule, flat, plan, microbatches, sc.overlap)
-    else:
-        steps = Steps(plan, microbatches, flat.offsets, None)
-    starts = run(schedule, flat, steps)
-    return _timeline(schedule, flat, sc, steps, starts)
+    program = compile_program(schedule, flat, sc)
+    end = run(program)
+    stuck = [r for r, last in enumerate(program.last) if end[last] == _INF]
+    if stuck:
+        raise _deadlock(schedule, flat, program, end, stuck)
+    return _timeline(schedule, flat, sc, program, end)
 
 
-def compile_templates(schedule: Schedule, sc: StageCosts,
-                      kinds: Sequence[str] = KINDS) -> list[Template | None]:
-    """One :class:`Template` per (stage, kind), at index ``stage x 4 + kind code``, from the
-    dependency rule of ``ir/deps.py`` (None for the kinds not asked for)."""
-    S, M = schedule.num_stages, schedule.num_microbatches
-    where = schedule.stage_to_rank
-    none = 3 * S * M  # slots none .. none + M - 1 stay 0.0: "no dependency"
-    templates: list[Template | None] = [None] * (4 * S)
+class Program(NamedTuple):
+    """What the clock runs. Step ``i`` starts at ``max(end[i - 1], end[producer[i]] +
+    lag[i])`` and takes ``duration[i]``. Rank r's steps are ``first[r]`` .. ``last[r]``
+    (``last[r] = first[r] - 1`` for a rank without actions); ``step[a]`` is the step of
+    action ``a`` (flat order of ``ir/check.py``); ``initial_end`` is ``end`` before the
+    clock runs (0 for the boundary steps, ``inf`` for the others). The per-step columns
+    are C arrays: built from numpy without a Python object per step, and numpy reads them
+    back without a copy."""
+
+    producer: array  # of int64
+    lag: array  # of doubles
+    duration: array
+    initial_end: array
+    first: list[int]
+    last: list[int]
+    step: np.ndarray
+
+
+def compile_program(schedule: Schedule, flat: FlatActions, sc: StageCosts) -> Program:
+    """The :class:`Program` of ``schedule`` under ``sc``, from the dependency rule of
+    ``ir/deps.py`` (applied once per (stage, kind)) and numpy gathers (once per action)."""
+    import numpy as np
+
+    S, M, p = schedule.num_stages, schedule.num_microbatches, schedule.num_ranks
+    n = len(flat.stage)
+    rule = _rule(_Topology(S, tuple(schedule.stage_to_rank), tuple(schedule.chain_starts)))
+    row = flat.stage * 4 + flat.kind  # (stage, kind) of each action
+    kind, mb = flat.kind, flat.microbatch
+
+    # Step numbers: one boundary step before each rank's steps, and around each pair a
+    # wait step before its forward part and a publish step after its backward part.
+    fwd_part = flat.pair == 1
+    pairs = np.cumsum(fwd_part)  # pairs begun so far, this action's included
+    step = np.arange(n) + flat.rank + 1 + 2 * pairs - (flat.pair > 0)
+    num_pairs = int(pairs[-1]) if n else 0
+    size = n + p + 2 * num_pairs + 2  # + the boundary after the last rank, + never
+    never = size - 1
+    starts = np.asarray(flat.offsets[:-1])
+    boundary = starts + np.arange(p) + 2 * np.concatenate(([0], pairs))[starts]
+
+    # Each signal of ir/deps.py has a slot, (signal x S + stage) x M + microbatch with
+    # signal 0 the forward output, 1 the input gradient (made by I or B), 2 W done; ready
+    # holds the step at whose end it is ready (a pair's forward output: at the publish step,
+    # two steps after the forward part). The M slots after them read step 0: no dependency.
+    ready = np.zeros(3 * S * M + M, dtype=np.int64)
+    made = np.array([_SIGNAL[produces(Action(0, k, 0)).kind] for k in KINDS])[kind]
+    ready[(made * S + flat.stage) * M + mb] = step + 2 * fwd_part
+    producer = np.full(size, never, dtype=np.int64)
+    lag = np.zeros(size)
+    duration = np.zeros(size)
+    producer[step] = ready[(np.array(rule.needs) * M)[row] + mb]
+    lag[step] = np.array([sc.comm if c else 0.0 for c in rule.crosses])[row]
+    duration[step] = np.array([sc.duration(s, k) for s in range(S) for k in KINDS])[row]
+    if num_pairs:
+        fwd = np.flatnonzero(fwd_part)
+        bwd = fwd + 1
+        if (kind[fwd] != F).any() or ((kind[bwd] != I) & (kind[bwd] != B)).any():
+            raise ScheduleError("an Overlap pairs a forward with a backward (F then B or I)")
+        duration[step[fwd]] *= sc.overlap
+        duration[step[bwd]] *= sc.overlap
+        wait, bwd_step = step[fwd] - 1, step[bwd]
+        producer[wait], lag[wait] = producer[bwd_step], lag[bwd_step]
+        producer[bwd_step], lag[bwd_step] = 0, 0.0  # met by the wait
+        producer[bwd_step + 1] = 0  # publish: ends with the pair
+    initial = np.full(size, _INF)
+    initial[boundary] = 0.0
+    initial[size - 2] = 0.0  # the boundary after the last rank
+    first = boundary + 1
+    last = np.append(boundary[1:], size - 2) - 1
+    return Program(_ints(producer), _doubles(lag), _doubles(duration), _doubles(initial),
+                   first.tolist(), last.tolist(), step)
+
+
+class _Topology(NamedTuple):
+    """A schedule's shape as ``ir/deps.py`` reads it, hashable (the rule is cached)."""
+
+    num_stages: int
+    stage_to_rank: tuple[int, ...]
+    chain_starts: tuple[int, ...]
+
+
+class _Rule(NamedTuple):
+    """The rule of ``ir/deps.py`` per (stage, kind), at row stage x 4 + kind code: the
+    neighbour stage's signal the action needs, as ``signal x S + stage`` (see
+    :func:`compile_program`; ``3 x S``: none), and whether it crosses ranks."""
+
+    needs: list[int]
+    crosses: list[bool]
+
+
+_SIGNAL = {"F": 0, "I": 1, "W": 2}  # the signal kinds of ir/deps.py, numbered for slots
+
+
+@lru_cache(maxsize=64)
+def _rule(topo: _Topology) -> _Rule:
+    S, where = topo.num_stages, topo.stage_to_rank
+    rule = _Rule([], [])
     for s in range(S):
-        for kind in kinds:
-            action = Action(s, kind, 0)
-            dep, lag, rank = none, 0.0, -1
-            for sig in needs(action, schedule):
-                if sig.stage != s:  # the neighbour's signal (same-stage ones: see Template)
-                    dep, rank = _slot(sig, S, M), where[sig.stage]
-                    lag = sc.comm if rank != where[s] else 0.0
-            templates[4 * s + KINDS.index(kind)] = Template(
-                _slot(produces(action), S, M), dep, lag, sc.duration(s, kind), rank)
-    return templates
+        for kind in KINDS:
+            neighbour = [sig for sig in needs(Action(s, kind, 0), topo) if sig.stage != s]
+            sig = neighbour[0] if neighbour else None  # one at most (see the module doc)
+            rule.needs.append(3 * S if sig is None else _SIGNAL[sig.kind] * S + sig.stage)
+            rule.crosses.append(sig is not None and where[sig.stage] != where[s])
+    return rule
 
 
-def _slot(sig, S: int, M: int) -> int:
-    """The slot of signal ``sig`` for microbatch 0 (add the microbatch for the others)."""
-    return (SLOT_BASE[sig.kind] * S + sig.stage) * M + sig.microbatch
-
-
-class Steps(NamedTuple):
-    """What the clock runs: ``plan[i]`` with microbatch ``microbatches[i]``; rank r's steps
-    are ``offsets[r]:offsets[r + 1]``. ``actions`` lists the indices that are actions (None:
-    all are); the others are the waits :func:`_with_overlap_waits` adds."""
-
-    plan: list[Template]
-    microbatches: list[int]
-    offsets: list[int]
-    actions: list[int] | None
-
-
-def _with_overlap_waits(schedule: Schedule, flat: FlatActions, plan: list[Template],
-                        microbatches: list[int], overlap: float) -> Steps:
-    """An Overlap pair is one block: it starts when both parts may start. Before each pair
-    goes a *wait*, a step of no duration whose dependency is the backward part's (the
-    gradient from the next stage), writing to a scratch slot nobody reads; the forward
-    part then waits for its own. Both parts' durations scale by ``overlap``."""
-    S, M = schedule.num_stages, schedule.num_microbatches
-    scratch = 3 * S * M + M  # slots past "no dependency": written, never read
-    steps: list[Template] = []
-    mbs: list[int] = []
-    actions: list[int] = []
-    offsets = [0]
-    pair, kind = flat.pair.tolist(), flat.kind.tolist()
-    made: dict[tuple[Template, Template], tuple[Template, Template, Template]] = {}
-    for r in range(schedule.num_ranks):
-        i, end = flat.offsets[r], flat.offsets[r + 1]
-        while i < end:
-            if pair[i] == 1:
-                if kind[i] != F or kind[i + 1] not in (I, B):
-                    raise ScheduleError("an Overlap pairs a forward with a backward "
-                                        "(F then B or I)")
-                fwd, bwd = plan[i], plan[i + 1]
-                if (fwd, bwd) not in made:  # one set of templates per (stage, kind) pair
-                    made[fwd, bwd] = (
-                        Template(scratch, bwd.dep, bwd.lag, 0.0, bwd.rank),
-                        fwd._replace(duration=fwd.duration * overlap),
-                        bwd._replace(duration=bwd.duration * overlap))
-                steps += made[fwd, bwd]
-                mbs += (microbatches[i + 1], microbatches[i], microbatches[i + 1])
-                actions += (len(steps) - 2, len(steps) - 1)
-                i += 2
-            else:
-                actions.append(len(steps))
-                steps.append(plan[i])
-                mbs.append(microbatches[i])
-                i += 1
-        offsets.append(len(steps))
-    return Steps(steps, mbs, offsets, actions)
-
-
-def run(schedule: Schedule, flat: FlatActions, steps: Steps) -> array:
-    """The clock: run ranks from a queue, each as far as its slots allow; wake the ranks
-    waiting on a rank after it ran; raise Deadlock when the queue empties too early.
-    Returns the start time of every step."""
-    plan, microbatches, offsets = steps.plan, steps.microbatches, steps.offsets
-    p, M = schedule.num_ranks, schedule.num_microbatches
-    SM = schedule.num_stages * M
-    inf = _INF
-    # C doubles, not float objects: the float each action computes is freed at once and
+def run(program: Program) -> array:
+    """The clock: run steps from a stack, each rank as far as its producers have ended,
+    parking a step on the producer it waits for. Returns the end of every step (``inf``
+    where a deadlock stopped a rank)."""
+    producer, lag, duration = program.producer, program.lag, program.duration
+    # C doubles, not float objects: the float each step computes is freed at once and
     # reused, which keeps memory traffic low; numpy reads them without a copy.
-    done = array("d", [inf]) * (3 * SM) + array("d", bytes(8 * 2 * M))
-    starts = array("d", bytes(8 * len(plan)))
-    nxt = offsets[:-1]  # rank r's next step, an index into plan
-    last = offsets[1:]  # one past rank r's last step
-    clock = [0.0] * p
-    waiting: list[list[int]] = [[] for _ in range(p)]  # waiting[q]: ranks waiting on rank q
-    queue = deque(range(p))
-    while queue:
-        r = queue.popleft()
-        i0, t = nxt[r], clock[r]
-        for i in range(i0, last[r]):
-            out, dep, lag, duration, rank = plan[i]
-            m = microbatches[i]
-            x = done[dep + m] + lag
+    end = array("d", program.initial_end)
+    waiter = [0] * len(end)  # waiter[j]: the step parked on step j (0: none)
+    inf = _INF
+    stack = program.first[:]
+    pop, push = stack.pop, stack.append
+    while stack:
+        i = pop()
+        t = end[i - 1]  # the rank's clock: the end of its previous step
+        while True:
+            x = end[producer[i]] + lag[i]
             if x > t:
-                if x == inf:  # its slot is empty: wait on the rank that fills it
-                    waiting[rank].append(r)
+                if x == inf:  # its producer has not ended: park on it
+                    waiter[producer[i]] = i
                     break
                 t = x
-            starts[i] = t
-            t += duration
-            done[out + m] = t
-        else:
-            i = last[r]
-        nxt[r] = i
-        clock[r] = t
-        woken = waiting[r]
-        if woken and i > i0:  # r ran: its waiters try again (or wait again)
-            queue.extend(woken)
-            woken.clear()
-    if nxt != last:
-        raise _deadlock(schedule, flat, steps, nxt)
-    return starts
+            t += duration[i]
+            end[i] = t
+            woken = waiter[i]
+            if woken:
+                push(woken)
+            i += 1
+    return end
 
 
-def _deadlock(schedule: Schedule, flat: FlatActions, steps: Steps,
-              nxt: list[int]) -> Deadlock:
-    """Name each unfinished rank's stuck action (a wait: the pair's forward part that
-    follows it) and what it waits for."""
+def _deadlock(schedule: Schedule, flat: FlatActions, program: Program, end: array,
+              stuck_ranks: Sequence[int]) -> Deadlock:
+    """Name each unfinished rank's stuck action (for a pair's wait step: the pair's forward
+    part that follows it) and what it waits for."""
+    import numpy as np
+
     stuck: dict[int, tuple[str, str]] = {}
-    for r in range(schedule.num_ranks):
-        i = nxt[r]
-        if i < steps.offsets[r + 1]:
-            if steps.actions is not None:  # the step's index among the actions
-                i = bisect_left(steps.actions, i)
-            action = Action(int(flat.stage[i]), KINDS[flat.kind[i]], int(flat.microbatch[i]))
-            stuck[r] = (str(action), describe_wait(action, schedule))
+    for r in stuck_ranks:
+        first, last = program.first[r], program.last[r]
+        i = first + int(np.argmax(np.isinf(end[first:last + 1])))
+        a = int(np.searchsorted(program.step, i))  # the first action at or after step i
+        action = Action(int(flat.stage[a]), KINDS[flat.kind[a]], int(flat.microbatch[a]))
+        stuck[r] = (str(action), describe_wait(action, schedule))
     return Deadlock(stuck)
 
 
-def _timeline(schedule: Schedule, flat: FlatActions, sc: StageCosts, steps: Steps,
-              starts: array) -> Timeline:
+def _timeline(schedule: Schedule, flat: FlatActions, sc: StageCosts, program: Program,
+              end: array) -> Timeline:
     """Columns of the Timeline: numpy gathers and C arrays (no Python object per action
-    except the kind letters, which are shared)."""
+    except the kind letters, which are shared). A step's start is the loop's
+    ``max(end[i - 1], end[producer[i]] + lag[i])``, vectorised: the same doubles."""
     import numpy as np
 
+    ends = np.frombuffer(end, dtype=np.float64)
+    producer = np.frombuffer(program.producer, dtype=np.int64)
+    lag = np.frombuffer(program.lag, dtype=np.float64)
+    step = program.step
+    start = np.maximum(ends[step - 1], ends[producer[step]] + lag[step])
     row = flat.stage * 4 + flat.kind
-    start = np.frombuffer(starts, dtype=np.float64)
-    if steps.actions is None:
-        duration = np.array([sc.duration(s, k) for s in range(schedule.num_stages)
-                             for k in KINDS])[row]
-    else:  # Overlap parts are scaled; the waits are no actions
-        start = start[steps.actions]
-        starts = _doubles(start)
-        duration = np.array([steps.plan[i].duration for i in steps.actions])
-    end = start + duration  # the loop's own t += duration, vectorised
     mem = np.array([sc.memory_deltas(s, k) for s in range(schedule.num_stages)
                     for k in KINDS]).reshape(-1, 2)[row]
     p, offsets = schedule.num_ranks, flat.offsets
@@ -278,12 +279,12 @@ def _timeline(schedule: Schedule, flat: FlatActions, sc: StageCosts, steps: Step
         stage_to_rank=tuple(schedule.stage_to_rank),
         chains=schedule.chains,
         chain_starts=schedule.chain_starts,
-        rank=_ints(np.repeat(np.arange(p), np.diff(offsets))),
+        rank=_ints(flat.rank),
         stage=_ints(flat.stage),
         kind=kinds[flat.kind].tolist(),
         microbatch=_ints(flat.microbatch),
-        start=starts,
-        end=_doubles(end),
+        start=_doubles(start),
+        end=_doubles(ends[step]),
         mem_start=_doubles(mem[:, 0]),
         mem_end=_doubles(mem[:, 1]),
         overlapped=(flat.pair > 0).tolist(),

@@ -10,7 +10,9 @@
    another rank (``Dep.crosses``).
 3. An action takes ``costs.duration(stage, kind)`` and, when it ends, produces its signal.
 4. An Overlap (DualPipe's F&B pair) is one block: it waits for what both parts need and
-   takes ``overlap x (F + B)``, recorded as its two parts back to back.
+   takes ``overlap x (F + B)``, recorded as its two parts back to back. Both its outputs
+   (the forward's activation, the backward's gradient) are ready when the block ends: real
+   DualPipe runs the two parts at once on overlapped streams.
 5. Memory (DESIGN.md, "Memory model"): each action adds ``memory_deltas(stage, kind)``, the
    first at its start (F: + M_B) and the second at its end (B: - M_B; I: - (M_B - M_W);
    W: - M_W). The Timeline sums them over time per rank.
@@ -65,8 +67,9 @@ def simulate_reference(schedule: Schedule,
                     grow, shrink = sc.memory_deltas(s, k)
                     events.append(Event(r, s, str(k), m, start, end, grow, shrink,
                                         isinstance(step, Overlap)))
-                    ready[produces(action)] = end
                     start = end
+                for action in step_actions(step):  # all of a step's outputs: at its end
+                    ready[produces(action)] = start
                 free[r] = start
                 nxt[r] += 1
                 moved = True

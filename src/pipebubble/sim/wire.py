@@ -351,15 +351,17 @@ def _carried(c: Comm) -> Signal:
 def _compute(step: Action | Overlap, r: int, t: float, sc: StageCosts,
              arrived: dict[Signal, float], events: list[Event]) -> float:
     """Run ``step`` from ``t``; record its Events and the signals it produces on rank r.
-    An Overlap's parts run back to back, each scaled by ``overlap``, as in simulate."""
+    An Overlap's parts run back to back, each scaled by ``overlap``, and both its outputs
+    are ready when the pair ends, as in simulate."""
     scale, ov = (sc.overlap, True) if isinstance(step, Overlap) else (1.0, False)
     for a in step_actions(step):
         s, k, m = a
         end = t + sc.duration(s, k) * scale
         lo, hi = sc.memory_deltas(s, k)
         events.append(Event(r, s, k, m, t, end, lo, hi, ov))
-        arrived[produces(a)] = end
         t = end
+    for a in step_actions(step):
+        arrived[produces(a)] = t
     return t
 
 

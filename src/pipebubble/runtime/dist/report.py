@@ -22,7 +22,7 @@ from statistics import median
 
 import torch
 
-from ...ir.deps import Signal, producers, produces
+from ...ir.deps import Signal, producers, signal_sources
 from ...ir.schedule import Action, Schedule
 from ...timeline import Event, Timeline
 
@@ -73,10 +73,10 @@ def measured_comm(timeline: Timeline) -> float:
     """Median delay between a producer's end and its consumer's start on another rank,
     over the messages whose consumer was already idle (so the delay is the message's).
     Who produces what for whom is :func:`pipebubble.ir.deps.producers` (the timeline
-    carries the schedule's ``chain_starts``: no message into the first stage of a chain)."""
-    done: dict[Signal, Event] = {}
-    for e in timeline.events():
-        done[produces(Action(e.stage, e.kind, e.microbatch))] = e
+    carries the schedule's ``chain_starts``: no message into the first stage of a chain);
+    a pair's outputs leave when the pair ends (:func:`~pipebubble.ir.deps.signal_sources`)."""
+    events = list(timeline.events())
+    done: dict[Signal, Event] = {sig: events[i] for sig, i in signal_sources(events).items()}
     gaps = []
     for r in range(timeline.num_ranks):
         idle_from = 0.0  # when the rank finished its previous action
