@@ -80,10 +80,8 @@ def test_bad_input_is_one_line_exit_2(capsys, args, message):
     assert err.count("\n") == 1 and err.startswith("pipebubble: error: ") and message in err
 
 
-def test_without_local_needs_the_command_line(capsys):
-    # one process per rank: the workers rerun the command line (tests/test_distributed.py)
-    assert main(["run", "--schedule", "1f1b", "-p", "2", "-m", "2"]) == 2
-    assert "pipebubble run" in capsys.readouterr().err
+def test_local_refuses_data_parallel(capsys):
+    # one process per rank (and replica) needs the distributed launch (tests/test_distributed.py)
     assert main(["run", "--local", "--schedule", "1f1b", "-p", "2", "-m", "2", "--dp", "2"]) == 2
     assert "drop --local" in capsys.readouterr().err
 
