@@ -65,7 +65,7 @@ def bench_validate(target: float) -> None:
     res = search(prof, Request(gpus=4, gpu_memory=4 * 2**30, global_batch=16, top=10))
     runs = validate([p for p in res.plans if fits_here(p, 8)][:3], target=target)
     print("validation: 8-block model (h 1024), 4 GPUs x 4 GiB, global batch 16, top 3 run "
-          "for real (plans with auto orders are not run)")
+          "for real (auto orders from their CSV); measured = median of the steps")
     m = runs[0].machine
     print(f"  this machine: {m.overhead * 1e3:.2f} ms per action, {m.hop * 1e3:.2f} ms per "
           f"message (empty run {m.empty_step * 1e3:.1f} ms); scale {runs[0].scale:.3g}")
@@ -73,7 +73,8 @@ def bench_validate(target: float) -> None:
     for k, v in enumerate(runs):
         p = v.plan
         got = "failed: " + (v.error or "") if v.measured is None else (
-            f"measured {v.measured * 1e3:7.1f} ms ({v.measured / v.predicted - 1:+.1%})")
+            f"measured {v.measured * 1e3:7.1f} ms ({v.measured / v.predicted - 1:+.1%}; "
+            f"fastest {v.measured_min * 1e3:.1f} ms, {len(v.steps)} steps)")
         print(f"  #{k + 1} pp={p.pp} dp={p.dp} {p.schedule:>16} v={p.chunks} m={p.microbatches:<3}"
               f" predicted {v.predicted * 1e3:7.1f} ms  {got}")
     top = runs[0]

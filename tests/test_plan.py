@@ -264,6 +264,35 @@ def test_validation_command_and_prediction_without_processes():
     assert scaled_prediction(plan, 10.0, Machine(o, 0.002)) == pytest.approx(by_hand)
 
 
+def test_an_auto_plan_is_validated_from_its_csv(tmp_path):
+    """An ``auto`` order is run as data: written as torch's CSV, which reads back as the very
+    order the planner simulated, and the run command names the file, not the schedule."""
+    from pipebubble.interop.torch_csv import read_torch_csv
+    from pipebubble.plan.validate import command, fits_here, write_csv
+
+    prof = ProfileSet([analytic_profile(layers=6, hidden=512, ffn=1408, heads=8, vocab=8000,
+                                        seq=512, batch=1, tflops=100, mfu=0.5)])
+    plans = search(prof, Request(gpus=2, gpu_memory=2**34, global_batch=8, top=8,
+                                 microbatch_sizes=(1,), recompute=("none",),
+                                 schedules=("1f1b", "auto"))).plans
+    auto = [p for p in plans if p.schedule == "auto"]
+    other = next(p for p in plans if p.schedule == "1f1b")
+    assert auto and all(fits_here(p, 2) for p in plans)
+    for k, plan in enumerate(auto):
+        path = write_csv(plan, str(tmp_path), k)
+        back = read_torch_csv(path)
+        assert back.orders == plan.schedule_obj.orders
+        assert back.stage_to_rank == plan.schedule_obj.stage_to_rank
+        cmd = command(plan, 1.0, csv=path)
+        assert cmd[cmd.index("--csv") + 1] == path
+        assert "--schedule" not in cmd and "--chunks" not in cmd
+        assert cmd[cmd.index("--layers") + 1] == str(len(plan.ranges))
+        with pytest.raises(ValueError):
+            command(plan, 1.0)  # an auto order is never searched again by name
+    assert write_csv(other, str(tmp_path), 9) is None
+    assert command(other, 1.0)[6:8] == ["--schedule", "1f1b"]
+
+
 @settings(max_examples=10, deadline=None)
 @given(layers=st.lists(layer, min_size=2, max_size=5), gpus=st.sampled_from([2, 4]),
        batch=st.sampled_from([4, 8]), latency=st.sampled_from([0.0, 0.5]))
@@ -310,3 +339,50 @@ def test_held_microbatches_one_pass_equals_counting_each_way(name, chunks):
     for until in (("B", "W"), ("B", "I")):
         assert held_per_stage(sched, until) == _held(sched, until)
     assert held_per_stage(get_schedule("gpipe", 3, 5), ("B", "I")) == [5, 5, 5]
+
+
+# ---- the sweep's range flags: one tokenizer, the same guards and wording ----------------------
+@pytest.mark.parametrize("text, message", [
+    ("x", "cannot read 'x'; use N, A..B or A..B:STEP (e.g. {ex}), comma-separated"),
+    ("", "cannot read ''"),
+    ("1..", "cannot read '1..'"),
+    ("4:2", "cannot read '4:2'"),
+    ("nan", "cannot read 'nan'"),
+    ("inf", "cannot read 'inf'"),
+    ("1_000", "cannot read '1_000'"),
+    ("\u0661..3", "cannot read"),  # an Arabic-Indic digit: int() would take it
+    ("1.." + "9" * 60, "is too long; use N, A..B or A..B:STEP with numbers of at most 18"),
+    ("8..2", "empty range '8..2' (end 2 < start 8)"),
+    ("1..8:0", "bad step in '1..8:0'; use A..B:STEP with STEP"),
+    ("1..8:-1", "bad step in '1..8:-1'"),
+    ("-3", "must be {low}>= {lo}, got -3 in '-3'"),
+    ("1..1000000", "'1..1000000' has too many values (at most {most})"),
+])
+@pytest.mark.parametrize("kind", ["int", "real"])
+def test_range_flags_share_guards_and_wording(kind, text, message):
+    from pipebubble.errors import UserError
+    from pipebubble.plan.sweep import MAX_LIMITS, MAX_POINTS, parse_limits, parse_range
+
+    parse, ex, lo, low, most = {
+        "int": (parse_range, "1..128", 1, "", MAX_POINTS),
+        "real": (parse_limits, "1..8:0.5", 0, "finite and ", MAX_LIMITS)}[kind]
+    if kind == "int" and text == "1..1000000":
+        text, message = "1..100001", message.replace("1000000", "100001")
+    with pytest.raises(UserError) as info:
+        parse(text, "--flag")
+    msg = str(info.value)
+    assert msg.startswith("--flag") and "\n" not in msg
+    assert message.format(ex=ex, lo=lo, low=low, most=most) in msg
+
+
+def test_range_flags_read_the_same_forms():
+    from pipebubble.plan.sweep import parse_limits, parse_range
+
+    assert parse_range(" 2 .. 6:2 , 9") == [2, 4, 6, 9]
+    assert parse_limits(" 2 .. 6:2 , 9") == [2.0, 4.0, 6.0, 9.0]
+    assert parse_limits("0..1:0.25,1e0") == [0.0, 0.25, 0.5, 0.75, 1.0]
+    assert parse_range("1..100000") == list(range(1, 100001))  # exactly the most allowed
+    with pytest.raises(ValueError, match="too many values"):
+        parse_limits("0..1:1e-300")  # a tiny step: refused before anything is built
+    with pytest.raises(ValueError, match="with finite numbers"):
+        parse_limits("1e999")
