@@ -189,6 +189,39 @@ def test_nothing_fits_names_the_budget_that_does(exhaustive):
                                 "schedules": FAMILIES}))
 
 
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_nothing_fits_names_the_true_least_memory_auto_included(recompute):
+    """The named budget is the least over every schedule searched, auto included: with it a
+    plan comes out (auto's, when auto needs least), with a little less nothing does."""
+    if "auto" not in schedule_list(None):
+        pytest.skip("no automatic scheduler")
+    prof = ProfileSet([analytic_profile(layers=6, hidden=512, ffn=1408, heads=8, vocab=8000,
+                                        seq=512, batch=1, tflops=100, mfu=0.5)])
+    req = Request(gpus=4, gpu_memory=2**20, global_batch=16, max_chunks=2, top=1,
+                  recompute=(recompute,))
+    with pytest.raises(NoPlanFits) as info:
+        search(prof, req)
+    need, named = info.value.smallest, info.value.plan
+    assert named.schedule == "auto" and "auto v=" in str(info.value)
+    with pytest.raises(NoPlanFits) as fam:  # the families alone need more
+        search(prof, Request(**{**req.__dict__, "schedules": FAMILIES}))
+    assert fam.value.smallest > need
+    got = search(prof, Request(**{**req.__dict__, "gpu_memory": need})).plans
+    assert got and max(got[0].peak_memory) <= need * (1 + 1e-12)
+    for less in (need * (1 - 1e-9), need * (1 - 1e-3)):
+        with pytest.raises(NoPlanFits):
+            search(prof, Request(**{**req.__dict__, "gpu_memory": less}))
+    # By hand: auto's least budget is its cut's static bytes plus one microbatch of each of
+    # the rank's stages (bounds.min_limits), on the worst rank.
+    s = Searcher(prof, req)
+    c = named.config
+    pr = s._auto_cut(c, prof.at(c.microbatch_size, c.recompute))
+    act = pr.costs.activation_memory
+    per_rank = [pr.static[r] + sum(act[k] for k, q in enumerate(named.stage_to_rank) if q == r)
+                for r in range(c.pp)]
+    assert need == pytest.approx(max(per_rank), rel=1e-12)
+
+
 def test_batch_that_cannot_divide_names_valid_values():
     prof = profile_of([(1, 2, 0, 0)] * 4)
     with pytest.raises(ValueError) as info:

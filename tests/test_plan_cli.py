@@ -93,7 +93,7 @@ def test_table_output(small_profile, capsys):
     (["--gpus", "4", "--global-batch", "7", "--microbatch-size", "2"],
      "--global-batch 7 cannot be split into microbatches"),
     (["--gpus", "4", "--global-batch", "16", "--gpu-memory", "1MiB"],
-     "nothing fits in --gpu-memory 0.00GiB per GPU: the smallest peak of any plan"),
+     "nothing fits in --gpu-memory 0.00GiB per GPU: the least memory any plan needs"),
     (["--gpus", "4", "--global-batch", "16", "--schedules", "nope"], "unknown schedule 'nope'"),
     (["--gpus", "4", "--global-batch", "16", "--recompute", "sometimes"],
      "unknown --recompute 'sometimes'; valid are none, selective, full"),
