@@ -129,6 +129,103 @@ def test_best_plan_equals_brute_force(layers, gpus, batch, budget, bandwidth):
     assert other.step_time >= expect * (1 - 1e-12) and max(other.peak_memory) <= budget
 
 
+def _cut_step(pricing: Searcher, req: Request, c: Config, sched, lc, ranges):
+    """(step, fits) of one cut, priced by the planner's cost model, timed by simulate."""
+    costs, params, transient = pricing.stage_costs(c, sched, lc, ranges)
+    tl = simulate(sched, costs)
+    peaks = []
+    for r, stats in enumerate(tl.rank_stats()):
+        mine = [s for s in range(sched.num_stages) if sched.stage_to_rank[s] == r]
+        peaks.append(sum(req.bytes_per_param * params[s] for s in mine)
+                     + max(transient[s] for s in mine) + stats.peak_memory)
+    return step_time_with_allreduce(tl, costs, c.dp), max(peaks) <= req.gpu_memory
+
+
+def brute_force_candidates(profiles: ProfileSet, req: Request) -> list[float]:
+    """The fastest plan over every configuration and every cut the planner claims to
+    consider, stated directly (no bounds, no pruning, no Searcher.evaluate): every cut when
+    there are at most ``exhaustive_cuts``; else the min-max cut of m x (F + I + W) plus the
+    all-reduce share and its rank-balanced refinement (the faster that fits), and only if
+    neither fits the min-max cut under per-stage memory caps of budget / stages per rank.
+    Returns every configuration's best step that fits, fastest first."""
+    from pipebubble.plan.partition import PartitionError, balance_ranks, min_max_partition
+
+    pricing = Searcher(profiles, req)
+    L, found = len(profiles), []
+    for pp in [d for d in range(1, req.gpus + 1) if req.gpus % d == 0]:
+        dp = req.gpus // pp
+        for size in req.microbatch_sizes:
+            if req.global_batch % (dp * size):
+                continue
+            m = req.global_batch // (dp * size)
+            for rec in req.recompute:
+                lc = profiles.at(size, rec)
+                for name in schedule_list(req.schedules):
+                    for v in chunk_options(name, req.max_chunks):
+                        try:
+                            sched = get_schedule(name, pp, m, v)
+                        except ScheduleError:
+                            continue
+                        S_c = sched.num_stages // sched.chains
+                        if S_c > L:
+                            continue
+                        c = Config(pp, dp, size, m, name, v, rec, 0.0)
+                        if math.comb(L - 1, S_c - 1) <= req.exhaustive_cuts:
+                            cuts = [ranges_from_ends([*e, L])
+                                    for e in combinations(range(1, L), S_c - 1)]
+                        else:
+                            work = pricing.cut_costs(lc, c, sched.num_microbatches)
+                            cuts = [min_max_partition(work, S_c)]
+                            where = sched.stage_to_rank
+                            if len(where) > len(set(where)):
+                                cuts.append(balance_ranks(work, cuts[0], where))
+                        fit = [t for t, ok in (_cut_step(pricing, req, c, sched, lc, r)
+                                               for r in cuts) if ok]
+                        if not fit and math.comb(L - 1, S_c - 1) > req.exhaustive_cuts:
+                            rows = pricing._memory_rows(lc, sched, pricing.held(sched))
+                            try:
+                                capped = min_max_partition(
+                                    work, S_c, memory=rows,
+                                    memory_cap=req.gpu_memory / (sched.num_stages // pp))
+                            except PartitionError:
+                                continue
+                            fit = [t for t, ok in [_cut_step(pricing, req, c, sched, lc,
+                                                             capped)] if ok]
+                        if fit:
+                            found.append(min(fit))
+    return sorted(found)
+
+
+@settings(max_examples=8, deadline=None)
+@given(layers=st.lists(layer, min_size=9, max_size=10), budget=st.integers(200, 3000),
+       batch=st.sampled_from([4, 8]))
+def test_beyond_exhaustive_cuts_the_search_is_exact_over_its_candidates(layers, budget,
+                                                                        batch):
+    """At 9-10 layers on 4 GPUs, pp = 4 has 56-84 > 64 ways to cut (the min-max branch) and
+    interleaved pp = 2 x 2 chunks too, while pp = 4 x 2 chunks has fewer (every cut): the
+    best plan is the best of every candidate the planner claims, and each plan says which
+    kind of cut it has."""
+    layers = [(f, f + b, n, a) for f, b, n, a in layers]
+    prof = profile_of(layers)
+    req = Request(gpus=4, gpu_memory=budget, global_batch=batch, microbatch_sizes=(1, 2),
+                  max_chunks=2, recompute=("none",), bytes_per_param=2, grad_bytes=1,
+                  allreduce_bandwidth=1e3, p2p_bandwidth=1e9, latency=0.01, top=100,
+                  schedules=("1f1b", "interleaved-1f1b", "zb-h1", "zbv", "gpipe"))
+    expect = brute_force_candidates(prof, req)
+    if not expect:
+        with pytest.raises(NoPlanFits):
+            search(prof, req)
+        return
+    best = search(prof, Request(**{**req.__dict__, "top": 1})).plans[0]  # pruning at work
+    assert best.step_time == pytest.approx(expect[0], rel=1e-12)
+    res = search(prof, req)  # every configuration's plan, the min-max branch's included
+    assert [p.step_time for p in res.plans] == pytest.approx(expect, rel=1e-12)
+    assert {p.cut_search for p in res.plans} <= {"exhaustive", "min-max", "min-max-capped"}
+    for p in res.plans:
+        S_c = len(p.ranges)
+        assert (p.cut_search == "exhaustive") == (math.comb(len(prof) - 1, S_c - 1) <= 64)
+
+
 def test_best_plan_equals_brute_force_with_recomputation():
     prof = ProfileSet([analytic_profile(layers=3, hidden=256, ffn=1024, heads=4, vocab=5000,
                                         seq=512, batch=1, tflops=1, mfu=0.5)])

@@ -174,10 +174,14 @@ class Searcher:
                 if p is not None]
         if fits:  # (a) fits: it is the plan of c
             best = min(fits, key=lambda p: p.step_time)
+            best.cut_search = "min-max"
             return best if best.step_time < threshold else None
         if cut_b is None:
             cut_b = self._capped_cut(lc, c, sched, held, budget)
-        return None if cut_b is None else self._score(c, sched, lc, cut_b, threshold, budget)
+        plan = None if cut_b is None else self._score(c, sched, lc, cut_b, threshold, budget)
+        if plan is not None:
+            plan.cut_search = "min-max-capped"
+        return plan
 
     def _least_memory_plan(self, c, sched, lc, held) -> Plan | None:
         """The plan of ``c`` that fits the smallest budget: cut (a), or cut (b) at the least
@@ -190,8 +194,11 @@ class Searcher:
                      for ends in combinations(range(1, self.L), S_c - 1)]
             return min((p for p in plans if p is not None), key=lambda p: p.needs,
                        default=None)
-        cut = self._time_cuts(lc, c, S_c, sched.num_microbatches, sched.stage_to_rank)[0]
-        plan = self._score(c, sched, lc, cut, math.inf, math.inf, held)
+        # Every (a) cut: the planner takes whichever fits (the faster if both do).
+        plans = [self._score(c, sched, lc, cut, math.inf, math.inf, held) for cut in
+                 self._time_cuts(lc, c, S_c, sched.num_microbatches, sched.stage_to_rank)]
+        plan = min((p for p in plans if p is not None), key=lambda p: max(p.peak_memory),
+                   default=None)
         rows = self._memory_rows(lc, sched, held)
         per_rank = sched.num_stages // c.pp
         lo, hi = max(max(r) for r in rows), sum(max(r) for r in zip(*rows, strict=True))
@@ -414,7 +421,10 @@ class Searcher:
             return None  # no order fits the memory left
         if tuple(sched.stage_to_rank) != _auto_where(c):
             return None
-        return self._simulate(c, sched, pr.costs, pr.ranges, pr.static, budget, threshold)
+        plan = self._simulate(c, sched, pr.costs, pr.ranges, pr.static, budget, threshold)
+        if plan is not None:
+            plan.cut_search = "min-max"  # auto's order is searched for the min-max cut only
+        return plan
 
     # -- nothing fits --
     def no_fit(self, configs: list[Config]) -> NoPlanFits:
