@@ -516,3 +516,37 @@ def test_range_flags_read_the_same_forms():
         parse_limits("0..1:1e-300")  # a tiny step: refused before anything is built
     with pytest.raises(ValueError, match="with finite numbers"):
         parse_limits("1e999")
+
+
+def test_validation_workload_sleeps_i_in_i_on_the_first_stage_too(monkeypatch):
+    """--validate's sleep model: a split backward (runtime/split.py) of a first stage (whose
+    input needs no gradient) sleeps b - w in I and w in W, as the plan's costs say. It used to
+    sleep both in W (the layer's own input leaf was taken for a weight), which made the first
+    stage's deferred Ws of zero-bubble and auto orders run I + W and the runs slower than
+    predicted."""
+    import torch
+
+    import pipebubble.models.sleep as sleep_mod
+    from pipebubble.models import build_model
+    from pipebubble.runtime.split import backward_input
+
+    naps: list[float] = []
+
+    class Clock:
+        @staticmethod
+        def sleep(s):
+            naps.append(round(s, 9))
+
+    monkeypatch.setattr(sleep_mod, "time", Clock)
+    spec = build_model("sleep", layers=1, width=3, f=0.1, b=0.5, w=0.2)
+    x, y = spec.make_batch(4, torch.Generator().manual_seed(0))
+    stage_input = x.detach()  # the first stage: no gradient wanted for its input
+    loss = spec.loss_fn(spec.layers[0](stage_input), y)
+    naps.clear()
+    gin, weight_work = backward_input(loss, None, stage_input)
+    assert gin is None and naps == [0.3]  # I: b - w
+    naps.clear()
+    weight_work.run()
+    assert naps == [0.2]  # W: w
+    g_out = 2 * (spec.layers[0](stage_input) - y) / y.numel()
+    torch.testing.assert_close(spec.layers[0].weight.grad, (g_out * stage_input).sum(0))
