@@ -74,7 +74,8 @@ def bench_validate(target: float) -> None:
           "for real (auto orders from their CSV); measured = median of the steps")
     m = runs[0].machine
     print(f"  this machine: {m.overhead * 1e3:.2f} ms per action, {m.hop * 1e3:.2f} ms per "
-          f"message (empty run {m.empty_step * 1e3:.1f} ms); scale {runs[0].scale:.3g}")
+          f"message (calibration run at 1/50 scale: {m.empty_step * 1e3:.1f} ms); "
+          f"scale {runs[0].scale:.3g}")
     measured = [v.measured for v in runs if v.measured is not None]
     for k, v in enumerate(runs):
         p = v.plan

@@ -137,7 +137,7 @@ def test_plan_and_analytic_profile_import_neither_torch_nor_matplotlib(small_pro
 @pytest.mark.distributed
 def test_validate_runs_the_top_plan(small_profile, capsys):
     """The best plan on 2 GPUs is an ``auto`` order; it runs for real from its CSV (slow: an
-    empty calibration run, then the plan, each starting its processes). The accuracy figures
+    calibration run at 1/50 scale, then the plan, each starting its processes). The accuracy figures
     come from bench/bench_plan.py; here: the runs happened and report consistent numbers."""
     out = plan_json(capsys, "--profile", small_profile, "--gpus", "2", "--global-batch", "8",
                     "--schedules", "1f1b,auto", "--microbatch-size", "1", "--recompute",

@@ -272,7 +272,8 @@ def print_plans(console, result, out: dict, validations) -> None:
         console.print(f"(profile times scaled by {validations[0].scale:.3g} so the first plan "
                       f"sleeps about --target-step; predictions add this machine's "
                       f"{m.overhead * 1e3:.2f} ms per action and {m.hop * 1e3:.2f} ms per "
-                      "message, fitted to an empty run of plan 1, instead of the GPUs' P2P "
+                      "message, fitted to a run of plan 1 at 1/50 of its times, instead of the "
+                      "GPUs' P2P "
                       f"and all-reduce times; measured = the median of "
                       f"{len(validations[0].steps) or 'the'} steps after a warm-up; auto "
                       "orders run from their CSV)", highlight=False)

@@ -11,12 +11,15 @@ keeps their order.
 
 The prediction it is held against is the simulator's for those scaled stage times, with
 this machine's own costs of running a schedule instead of the GPUs' P2P and all-reduce
-times. They are measured once, before the plans run, by running the first plan with layers
-that sleep 0 s (:func:`calibrate`): ``overhead`` is the median time of an empty action (the
-interpreter, autograd), added to every F, I, W and B; ``hop`` is the P2P delay per message
-at which the simulator reproduces that empty run's step (bisection; the simulator's step
-grows with the delay). On a loaded two-core machine a gloo message between processes takes
-milliseconds, so without this the prediction would miss by far more than the schedule does.
+times. They are measured once, before the plans run, by running the first plan with its
+times scaled down to :data:`CALIBRATION` of the plan's scale (:func:`calibrate`): ``overhead``
+is the median, over that run's actions, of how much longer each took than it sleeps (the
+interpreter, autograd, and a sleeping process waking up late on a busy machine: layers that
+sleep 0 s, as this used to calibrate with, never show that), added to every F, I, W and B;
+``hop`` is the P2P delay per message at which the simulator reproduces that run's step
+(bisection; the simulator's step grows with the delay). On a loaded two-core machine a gloo
+message between processes takes milliseconds, so without this the prediction would miss by
+far more than the schedule does.
 The all-reduce of the sleep model's few weights is not part of the measured pipeline step.
 
 A plan runs its schedule by name (``run --schedule NAME``), except an ``auto`` order: it
@@ -52,7 +55,7 @@ class Machine:
 
     overhead: float = 0.0
     hop: float = 0.0
-    empty_step: float | None = None  # the calibration run's measured step
+    empty_step: float | None = None  # the calibration run's measured step (median)
 
 
 @dataclass
@@ -118,23 +121,36 @@ def scaled_prediction(plan: Plan, scale: float, machine: Machine = Machine()) ->
     return simulate(plan.schedule_obj, costs).step_time
 
 
+CALIBRATION = 0.02
+"""The calibration run sleeps this fraction of the plans' scaled times (module doc)."""
+
+
+def slept(plan: Plan, scale: float, event: dict) -> float:
+    """What the sleep model sleeps for one measured action of ``plan`` run at ``scale``."""
+    f, b, w = sleep_times(plan, scale)
+    s = event["stage"] % len(f)  # DualPipe's second copy sleeps as the first
+    return {"F": f[s], "B": b[s], "I": b[s] - w[s], "W": w[s]}[event["kind"]]
+
+
 def calibrate(plan: Plan, timeout: float = 600.0, csv: str | None = None,
-              repeat: int = 5) -> Machine:
-    """Run ``plan`` with layers that sleep 0 s; fit the per-message delay (module doc).
-    ``csv``: the plan's order as a CSV file (needed for an ``auto`` plan)."""
-    result = _run(command(plan, 0.0, repeat=repeat, csv=csv), timeout)
+              repeat: int = 5, scale: float = 0.0) -> Machine:
+    """Run ``plan`` with its stage times scaled by ``scale`` (small: the run measures this
+    machine, not the plan); the median excess of an action over what it sleeps is the
+    overhead per action; then fit the per-message delay (module doc). ``csv``: the plan's
+    order as a CSV file (needed for an ``auto`` plan)."""
+    result = _run(command(plan, scale, repeat=repeat, csv=csv), timeout)
     if isinstance(result, str):
-        raise UserError(f"--validate: the calibration run (empty layers) failed: {result}")
+        raise UserError(f"--validate: the calibration run failed: {result}")
     steps, events = result
     step = median(steps)
-    durations = sorted(e["end"] - e["start"] for e in events)
-    overhead = durations[len(durations) // 2] if durations else 0.0
+    excess = [e["end"] - e["start"] - slept(plan, scale, e) for e in events]
+    overhead = max(0.0, median(excess)) if excess else 0.0
     lo, hi = 0.0, max(step, 1e-9)
-    if scaled_prediction(plan, 0.0, Machine(overhead, 0.0)) >= step:
+    if scaled_prediction(plan, scale, Machine(overhead, 0.0)) >= step:
         return Machine(overhead, 0.0, step)
     for _ in range(50):
         mid = (lo + hi) / 2
-        if scaled_prediction(plan, 0.0, Machine(overhead, mid)) < step:
+        if scaled_prediction(plan, scale, Machine(overhead, mid)) < step:
             lo = mid
         else:
             hi = mid
@@ -195,14 +211,15 @@ def write_csv(plan: Plan, folder: str, k: int) -> str | None:
 def validate(plans: list[Plan], target: float = 1.0, repeat: int = 5,
              timeout: float = 600.0, machine: Machine | None = None) -> list[Validation]:
     """Run each plan (see the module doc); the first plan sets the scale and, unless
-    ``machine`` is given, is first run empty to measure this machine's overheads."""
+    ``machine`` is given, is first run at a small scale to measure this machine's
+    overheads."""
     if not plans:
         return []
     scale = target / plans[0].pipeline_time if plans[0].pipeline_time > 0 else 1.0
     with tempfile.TemporaryDirectory(prefix="pipebubble-validate-") as folder:
         csvs = [write_csv(plan, folder, k) for k, plan in enumerate(plans)]
         if machine is None:
-            machine = calibrate(plans[0], timeout, csvs[0], repeat)
+            machine = calibrate(plans[0], timeout, csvs[0], repeat, CALIBRATION * scale)
         out = []
         for plan, csv in zip(plans, csvs, strict=True):
             predicted = scaled_prediction(plan, scale, machine)
