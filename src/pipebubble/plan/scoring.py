@@ -61,8 +61,8 @@ class Searcher:
         self.simulated = 0
         self._schedules: dict[tuple, Schedule | None] = {}
         self._cuts: dict[tuple, Ranges] = {}
-        self._held: dict[int, tuple[list[int], list[int]]] = {}
-        self._split: dict[int, bool] = {}
+        self._held: dict[int, tuple[Schedule, tuple[list[int], list[int]]]] = {}
+        self._split: dict[int, tuple[Schedule, bool]] = {}
         self.why_not: dict[str, str] = {}  # schedule -> why it could not be generated
 
     # -- enumeration and bounds --
@@ -112,9 +112,10 @@ class Searcher:
     # -- one configuration --
     def held(self, sched: Schedule, until: tuple[str, ...] = ("B", "W")) -> list[int]:
         """:func:`held_per_stage`, both kinds computed once per schedule."""
-        if id(sched) not in self._held:
-            self._held[id(sched)] = _held_both(sched)
-        return self._held[id(sched)][0 if until == ("B", "W") else 1]
+        got = self._held.get(id(sched))
+        if got is None or got[0] is not sched:  # an id is reused once its object is gone
+            got = self._held[id(sched)] = (sched, _held_both(sched))
+        return got[1][0 if until == ("B", "W") else 1]
 
     def schedule(self, c: Config) -> Schedule | None:
         key = (c.schedule, c.pp, c.microbatches, c.chunks)
@@ -328,10 +329,10 @@ class Searcher:
         return Priced(ranges, costs, bound, [x + t for x, t in zip(static, trans, strict=True)])
 
     def split(self, sched: Schedule) -> bool:
-        key = id(sched)
-        if key not in self._split:
-            self._split[key] = sched.uses_split_backward()
-        return self._split[key]
+        got = self._split.get(id(sched))
+        if got is None or got[0] is not sched:  # as in held(): the id alone is not enough
+            got = self._split[id(sched)] = (sched, sched.uses_split_backward())
+        return got[1]
 
     def _score(self, c, sched, lc, ranges, threshold, budget, held=None) -> Plan | None:
         """The cut's plan if it fits ``budget`` and beats ``threshold``, else None."""
