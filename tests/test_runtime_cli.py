@@ -175,3 +175,16 @@ def test_bad_csv_is_one_line(capsys, tmp_path, text, message):
 def test_run_without_schedule_or_csv_is_one_line(capsys):
     assert main(["run", "--local", "-p", "2", "-m", "2"]) == 2
     assert "--schedule required (or --csv FILE)" in capsys.readouterr().err
+
+
+def test_distributed_config_carries_the_csv_to_every_worker(auto_csv):
+    """Each worker builds its schedule from the same DistConfig: with ``csv`` set it reads
+    the file (the order as data), never a search that could come out differently."""
+    from pipebubble.runtime.dist.worker import DistConfig, make_schedule_for
+
+    sched, path = auto_csv
+    cfg = DistConfig(schedule="auto", ranks=2, microbatches=4, csv=path)
+    got = make_schedule_for(cfg)
+    assert got.orders == sched.orders and got.stage_to_rank == sched.stage_to_rank
+    with pytest.raises(ValueError, match="3 ranks were asked for"):
+        make_schedule_for(DistConfig(schedule="auto", ranks=3, microbatches=4, csv=path))
