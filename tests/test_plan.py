@@ -319,6 +319,23 @@ def test_nothing_fits_names_the_true_least_memory_auto_included(recompute):
     assert need == pytest.approx(max(per_rank), rel=1e-12)
 
 
+def test_nothing_fits_bisects_the_memory_capped_cut_from_zero():
+    """An 8-block model on 4 GPUs: the least memory is 1F1B's memory-capped cut (84 cuts:
+    beyond --exhaustive-cuts). Its bisection used to start at the largest single layer's
+    bound in any stage, above the cap the cut needs, so it never ran and the error named the
+    min-max cut's 0.96 GiB while 0.88 GiB already gave a plan."""
+    prof = ProfileSet([analytic_profile(layers=8, hidden=1024, ffn=2816, heads=8, vocab=32000,
+                                        seq=1024, batch=1, tflops=300, mfu=0.4)])
+    req = Request(gpus=4, gpu_memory=2**29, global_batch=16, top=1)
+    with pytest.raises(NoPlanFits) as info:
+        search(prof, req)
+    need = info.value.smallest
+    assert info.value.plan.cut_search == "min-max-capped" and need < 0.88 * 2**30
+    assert search(prof, Request(**{**req.__dict__, "gpu_memory": need})).plans
+    with pytest.raises(NoPlanFits):
+        search(prof, Request(**{**req.__dict__, "gpu_memory": need * (1 - 1e-3)}))
+
+
 def test_batch_that_cannot_divide_names_valid_values():
     prof = profile_of([(1, 2, 0, 0)] * 4)
     with pytest.raises(ValueError) as info:

@@ -200,9 +200,14 @@ class Searcher:
                  self._time_cuts(lc, c, S_c, sched.num_microbatches, sched.stage_to_rank)]
         plan = min((p for p in plans if p is not None), key=lambda p: max(p.peak_memory),
                    default=None)
+        if plan is not None:
+            plan.cut_search = "min-max"
         rows = self._memory_rows(lc, sched, held)
         per_rank = sched.num_stages // c.pp
-        lo, hi = max(max(r) for r in rows), sum(max(r) for r in zip(*rows, strict=True))
+        # hi: every layer at its worst stage's bound, all in one stage (a cap that always
+        # exists); lo: 0. (Not the largest single-layer bound: a layer's bound depends on
+        # its stage, and the cut need not put it where that bound is largest.)
+        lo, hi = 0.0, sum(max(r) for r in zip(*rows, strict=True))
         if plan is not None:
             hi = min(hi, max(plan.peak_memory) / per_rank)
         if self._capped_cut(lc, c, sched, held, hi * per_rank) is None:
@@ -218,6 +223,7 @@ class Searcher:
                             math.inf, budget, held)
         if other is not None:
             other.budget = budget * (1 + 1e-9)  # at this budget (b) exists again
+            other.cut_search = "min-max-capped"
         if plan is None or (other is not None and budget < max(plan.peak_memory)):
             return other
         return plan
