@@ -336,6 +336,27 @@ def test_nothing_fits_bisects_the_memory_capped_cut_from_zero():
         search(prof, Request(**{**req.__dict__, "gpu_memory": need * (1 - 1e-3)}))
 
 
+@settings(max_examples=5, deadline=None)
+@given(layers=st.lists(layer, min_size=6, max_size=10), gpus=st.sampled_from([2, 4]),
+       batch=st.sampled_from([4, 8]), exhaustive=st.sampled_from([0, 64]))
+def test_the_named_least_memory_is_exact(layers, gpus, batch, exhaustive):
+    """Random models, every schedule (auto included), every cut or the rule: planning again
+    with the named budget gives a plan; 0.1 % less gives none."""
+    prof = profile_of([(f, f + b, n, a) for f, b, n, a in layers])
+    req = Request(gpus=gpus, gpu_memory=1, global_batch=batch, microbatch_sizes=(1, 2),
+                  max_chunks=2, recompute=("none",), bytes_per_param=2, grad_bytes=1,
+                  allreduce_bandwidth=1e3, p2p_bandwidth=1e9, latency=0.01, top=1,
+                  exhaustive_cuts=exhaustive)
+    try:
+        search(prof, req)
+        return  # 1 byte is enough (no weights, no activations)
+    except NoPlanFits as exc:
+        need = exc.smallest
+    assert search(prof, Request(**{**req.__dict__, "gpu_memory": need})).plans
+    with pytest.raises(NoPlanFits):
+        search(prof, Request(**{**req.__dict__, "gpu_memory": need * (1 - 1e-3)}))
+
+
 def test_batch_that_cannot_divide_names_valid_values():
     prof = profile_of([(1, 2, 0, 0)] * 4)
     with pytest.raises(ValueError) as info:
