@@ -11,7 +11,10 @@ With ``--validate``: also plan a small model for 4 GPUs and run its top 3 plans 
 (``pipebubble plan --validate 3``), printing each plan's predicted and measured step and
 whether the top plan is within 15 % of its prediction and within 5 % of the best measured.
 
-    python bench/bench_plan.py [--repeats 3] [--validate [--target-step 1.0]]
+With ``--cut-gap N`` (instead): how far the min-max cut rule the planner uses beyond
+``--exhaustive-cuts`` is from the best cut, on N random small instances.
+
+    python bench/bench_plan.py [--repeats 3] [--validate [--target-step 1.0]] [--cut-gap N]
 """
 
 from __future__ import annotations
@@ -25,12 +28,14 @@ from pipebubble.plan.planner import Request, search
 
 
 def best_of(repeats: int, fn):
+    """(fastest wall-clock seconds, the CPU seconds of that run, the result)."""
     times, out = [], None
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = fn()
-        times.append(time.perf_counter() - t0)
-    return min(times), out
+        times.append((time.perf_counter() - t0, time.process_time() - c0))
+    wall, cpu = min(times)
+    return wall, cpu, out
 
 
 def bench_search(repeats: int) -> None:
@@ -38,15 +43,16 @@ def bench_search(repeats: int) -> None:
                                         vocab=32000, seq=4096, batch=1, tflops=989, mfu=0.4)])
     req = Request(gpus=64, gpu_memory=80 * 2**30, global_batch=512, microbatch_sizes=(1, 2, 4),
                   max_chunks=4, recompute=("none", "full"), top=5)
-    fast_t, fast = best_of(repeats, lambda: search(prof, req))
-    slow_t, slow = best_of(1, lambda: search(prof, Request(**{**req.__dict__, "prune": False})))
+    fast_t, fast_cpu, fast = best_of(repeats, lambda: search(prof, req))
+    slow_t, slow_cpu, slow = best_of(1, lambda: search(prof, Request(**{**req.__dict__,
+                                                                       "prune": False})))
     same = [p.step_time for p in fast.plans] == [p.step_time for p in slow.plans]
     n = fast.searched
     print(f"LLaMA-7B shape (34 layers), 64 GPUs x 80 GiB, global batch 512: {n} configurations")
-    print(f"  planner (bounds prune):   {fast_t:7.2f} s  (best of {repeats})  {n / fast_t:6.0f} "
-          f"configurations/s, {fast.simulated} simulations")
-    print(f"  every configuration simulated: {slow_t:7.2f} s  {n / slow_t:6.0f} configurations/s,"
-          f" {slow.simulated} simulations")
+    print(f"  planner (bounds prune):   {fast_t:7.2f} s  (best of {repeats}; CPU {fast_cpu:.2f} s)"
+          f"  {n / fast_t:6.0f} configurations/s, {fast.simulated} simulations")
+    print(f"  every configuration simulated: {slow_t:7.2f} s (CPU {slow_cpu:.2f} s)  "
+          f"{n / slow_t:6.0f} configurations/s, {slow.simulated} simulations")
     print(f"  speed-up {slow_t / fast_t:.1f}x; same plans: {same}; target under 10 s: "
           f"{'met' if fast_t < 10 else 'MISSED'}")
     b = fast.plans[0]
@@ -65,15 +71,17 @@ def bench_validate(target: float) -> None:
     res = search(prof, Request(gpus=4, gpu_memory=4 * 2**30, global_batch=16, top=10))
     runs = validate([p for p in res.plans if fits_here(p, 8)][:3], target=target)
     print("validation: 8-block model (h 1024), 4 GPUs x 4 GiB, global batch 16, top 3 run "
-          "for real (plans with auto orders are not run)")
+          "for real (auto orders from their CSV); measured = median of the steps")
     m = runs[0].machine
     print(f"  this machine: {m.overhead * 1e3:.2f} ms per action, {m.hop * 1e3:.2f} ms per "
-          f"message (empty run {m.empty_step * 1e3:.1f} ms); scale {runs[0].scale:.3g}")
+          f"message (calibration run at 1/50 scale: {m.empty_step * 1e3:.1f} ms); "
+          f"scale {runs[0].scale:.3g}")
     measured = [v.measured for v in runs if v.measured is not None]
     for k, v in enumerate(runs):
         p = v.plan
         got = "failed: " + (v.error or "") if v.measured is None else (
-            f"measured {v.measured * 1e3:7.1f} ms ({v.measured / v.predicted - 1:+.1%})")
+            f"measured {v.measured * 1e3:7.1f} ms ({v.measured / v.predicted - 1:+.1%}; "
+            f"fastest {v.measured_min * 1e3:.1f} ms, {len(v.steps)} steps)")
         print(f"  #{k + 1} pp={p.pp} dp={p.dp} {p.schedule:>16} v={p.chunks} m={p.microbatches:<3}"
               f" predicted {v.predicted * 1e3:7.1f} ms  {got}")
     top = runs[0]
@@ -85,6 +93,52 @@ def bench_validate(target: float) -> None:
               f"(target within 5 %: {'met' if vs <= 0.05 else 'MISSED'})")
 
 
+def bench_cut_gap(instances: int, seed: int = 0) -> None:
+    """How far the min-max cut rule is from the best cut: random models of 8-12 layers on 4
+    or 8 GPUs (every registered family, chunks <= 2, random memory budgets), the best plan
+    with the rule for every configuration (``exhaustive_cuts=0``) against the best plan with
+    every cut scored (``exhaustive_cuts`` unbounded; tests/test_plan.py checks that branch
+    against brute force)."""
+    import random
+
+    from pipebubble.plan.planner import NoPlanFits, schedule_list
+    from pipebubble.plan.profile import Profile
+
+    rng = random.Random(seed)
+    families = tuple(n for n in schedule_list(None) if n != "auto")
+    gaps, kinds, t_rule, t_all = [], {}, 0.0, 0.0
+    while len(gaps) < instances:
+        layers = [{"name": f"l{i}", "forward": f, "backward": f + rng.randint(1, 6),
+                   "params": rng.randint(0, 50), "activation_bytes": rng.randint(0, 40),
+                   "flops": 0} for i, f in enumerate(rng.randint(1, 4)
+                                                     for _ in range(rng.randint(8, 12)))]
+        prof = ProfileSet([Profile.from_dict({"batch": 1, "layers": layers})])
+        req = Request(gpus=rng.choice([4, 8]), gpu_memory=rng.randint(300, 4000),
+                      global_batch=rng.choice([8, 16]), microbatch_sizes=(1, 2), max_chunks=2,
+                      recompute=("none",), bytes_per_param=2, grad_bytes=1,
+                      allreduce_bandwidth=1e3, p2p_bandwidth=1e9, latency=0.01, top=1,
+                      schedules=families)
+        try:
+            t0 = time.process_time()
+            rule = search(prof, Request(**{**req.__dict__, "exhaustive_cuts": 0})).plans[0]
+            t1 = time.process_time()
+            best = search(prof, Request(**{**req.__dict__, "exhaustive_cuts": 10**12})).plans[0]
+            t2 = time.process_time()
+        except NoPlanFits:
+            continue
+        t_rule, t_all = t_rule + t1 - t0, t_all + t2 - t1
+        gaps.append(rule.step_time / best.step_time - 1)
+        kinds[rule.cut_search] = kinds.get(rule.cut_search, 0) + 1
+    gaps.sort()
+    same = sum(g <= 1e-12 for g in gaps)
+    print(f"cut rule vs every cut: {instances} random instances (8-12 layers, 4 or 8 GPUs, "
+          f"seed {seed}): the rule's best plan is the optimum in {same}; gap median "
+          f"{gaps[len(gaps) // 2]:.2%}, 95th percentile {gaps[int(0.95 * (len(gaps) - 1))]:.2%},"
+          f" mean {sum(gaps) / len(gaps):.2%}, worst {gaps[-1]:.2%}; CPU {t_rule:.1f} s (rule) "
+          f"vs {t_all:.1f} s (every cut); "
+          f"best plans' cuts: {kinds}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
@@ -92,7 +146,13 @@ def main() -> None:
                     help="also run the top 3 plans of a small model for real (minutes)")
     ap.add_argument("--target-step", type=float, default=1.0,
                     help="--validate: seconds the first plan's step sleeps (1.0)")
+    ap.add_argument("--cut-gap", type=int, default=0, metavar="N",
+                    help="also compare the min-max cut rule with every cut on N random "
+                    "small instances")
     args = ap.parse_args()
+    if args.cut_gap:
+        bench_cut_gap(args.cut_gap)
+        return
     bench_search(args.repeats)
     if args.validate:
         bench_validate(args.target_step)

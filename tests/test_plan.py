@@ -129,6 +129,103 @@ def test_best_plan_equals_brute_force(layers, gpus, batch, budget, bandwidth):
     assert other.step_time >= expect * (1 - 1e-12) and max(other.peak_memory) <= budget
 
 
+def _cut_step(pricing: Searcher, req: Request, c: Config, sched, lc, ranges):
+    """(step, fits) of one cut, priced by the planner's cost model, timed by simulate."""
+    costs, params, transient = pricing.stage_costs(c, sched, lc, ranges)
+    tl = simulate(sched, costs)
+    peaks = []
+    for r, stats in enumerate(tl.rank_stats()):
+        mine = [s for s in range(sched.num_stages) if sched.stage_to_rank[s] == r]
+        peaks.append(sum(req.bytes_per_param * params[s] for s in mine)
+                     + max(transient[s] for s in mine) + stats.peak_memory)
+    return step_time_with_allreduce(tl, costs, c.dp), max(peaks) <= req.gpu_memory
+
+
+def brute_force_candidates(profiles: ProfileSet, req: Request) -> list[float]:
+    """The fastest plan over every configuration and every cut the planner claims to
+    consider, stated directly (no bounds, no pruning, no Searcher.evaluate): every cut when
+    there are at most ``exhaustive_cuts``; else the min-max cut of m x (F + I + W) plus the
+    all-reduce share and its rank-balanced refinement (the faster that fits), and only if
+    neither fits the min-max cut under per-stage memory caps of budget / stages per rank.
+    Returns every configuration's best step that fits, fastest first."""
+    from pipebubble.plan.partition import PartitionError, balance_ranks, min_max_partition
+
+    pricing = Searcher(profiles, req)
+    L, found = len(profiles), []
+    for pp in [d for d in range(1, req.gpus + 1) if req.gpus % d == 0]:
+        dp = req.gpus // pp
+        for size in req.microbatch_sizes:
+            if req.global_batch % (dp * size):
+                continue
+            m = req.global_batch // (dp * size)
+            for rec in req.recompute:
+                lc = profiles.at(size, rec)
+                for name in schedule_list(req.schedules):
+                    for v in chunk_options(name, req.max_chunks):
+                        try:
+                            sched = get_schedule(name, pp, m, v)
+                        except ScheduleError:
+                            continue
+                        S_c = sched.num_stages // sched.chains
+                        if S_c > L:
+                            continue
+                        c = Config(pp, dp, size, m, name, v, rec, 0.0)
+                        if math.comb(L - 1, S_c - 1) <= req.exhaustive_cuts:
+                            cuts = [ranges_from_ends([*e, L])
+                                    for e in combinations(range(1, L), S_c - 1)]
+                        else:
+                            work = pricing.cut_costs(lc, c, sched.num_microbatches)
+                            cuts = [min_max_partition(work, S_c)]
+                            where = sched.stage_to_rank
+                            if len(where) > len(set(where)):
+                                cuts.append(balance_ranks(work, cuts[0], where))
+                        fit = [t for t, ok in (_cut_step(pricing, req, c, sched, lc, r)
+                                               for r in cuts) if ok]
+                        if not fit and math.comb(L - 1, S_c - 1) > req.exhaustive_cuts:
+                            rows = pricing._memory_rows(lc, sched, pricing.held(sched))
+                            try:
+                                capped = min_max_partition(
+                                    work, S_c, memory=rows,
+                                    memory_cap=req.gpu_memory / (sched.num_stages // pp))
+                            except PartitionError:
+                                continue
+                            fit = [t for t, ok in [_cut_step(pricing, req, c, sched, lc,
+                                                             capped)] if ok]
+                        if fit:
+                            found.append(min(fit))
+    return sorted(found)
+
+
+@settings(max_examples=8, deadline=None)
+@given(layers=st.lists(layer, min_size=9, max_size=10), budget=st.integers(200, 3000),
+       batch=st.sampled_from([4, 8]))
+def test_beyond_exhaustive_cuts_the_search_is_exact_over_its_candidates(layers, budget,
+                                                                        batch):
+    """At 9-10 layers on 4 GPUs, pp = 4 has 56-84 > 64 ways to cut (the min-max branch) and
+    interleaved pp = 2 x 2 chunks too, while pp = 4 x 2 chunks has fewer (every cut): the
+    best plan is the best of every candidate the planner claims, and each plan says which
+    kind of cut it has."""
+    layers = [(f, f + b, n, a) for f, b, n, a in layers]
+    prof = profile_of(layers)
+    req = Request(gpus=4, gpu_memory=budget, global_batch=batch, microbatch_sizes=(1, 2),
+                  max_chunks=2, recompute=("none",), bytes_per_param=2, grad_bytes=1,
+                  allreduce_bandwidth=1e3, p2p_bandwidth=1e9, latency=0.01, top=100,
+                  schedules=("1f1b", "interleaved-1f1b", "zb-h1", "zbv", "gpipe"))
+    expect = brute_force_candidates(prof, req)
+    if not expect:
+        with pytest.raises(NoPlanFits):
+            search(prof, req)
+        return
+    best = search(prof, Request(**{**req.__dict__, "top": 1})).plans[0]  # pruning at work
+    assert best.step_time == pytest.approx(expect[0], rel=1e-12)
+    res = search(prof, req)  # every configuration's plan, the min-max branch's included
+    assert [p.step_time for p in res.plans] == pytest.approx(expect, rel=1e-12)
+    assert {p.cut_search for p in res.plans} <= {"exhaustive", "min-max", "min-max-capped"}
+    for p in res.plans:
+        S_c = len(p.ranges)
+        assert (p.cut_search == "exhaustive") == (math.comb(len(prof) - 1, S_c - 1) <= 64)
+
+
 def test_best_plan_equals_brute_force_with_recomputation():
     prof = ProfileSet([analytic_profile(layers=3, hidden=256, ffn=1024, heads=4, vocab=5000,
                                         seq=512, batch=1, tflops=1, mfu=0.5)])
@@ -187,6 +284,77 @@ def test_nothing_fits_names_the_budget_that_does(exhaustive):
     with pytest.raises(NoPlanFits):  # auto's own orders may fit lower: families only here
         search(prof, Request(**{**req.__dict__, "gpu_memory": need * (1 - 1e-3),
                                 "schedules": FAMILIES}))
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_nothing_fits_names_the_true_least_memory_auto_included(recompute):
+    """The named budget is the least over every schedule searched, auto included: with it a
+    plan comes out (auto's, when auto needs least), with a little less nothing does."""
+    if "auto" not in schedule_list(None):
+        pytest.skip("no automatic scheduler")
+    prof = ProfileSet([analytic_profile(layers=6, hidden=512, ffn=1408, heads=8, vocab=8000,
+                                        seq=512, batch=1, tflops=100, mfu=0.5)])
+    req = Request(gpus=4, gpu_memory=2**20, global_batch=16, max_chunks=2, top=1,
+                  recompute=(recompute,))
+    with pytest.raises(NoPlanFits) as info:
+        search(prof, req)
+    need, named = info.value.smallest, info.value.plan
+    assert named.schedule == "auto" and "auto v=" in str(info.value)
+    with pytest.raises(NoPlanFits) as fam:  # the families alone need more
+        search(prof, Request(**{**req.__dict__, "schedules": FAMILIES}))
+    assert fam.value.smallest > need
+    got = search(prof, Request(**{**req.__dict__, "gpu_memory": need})).plans
+    assert got and max(got[0].peak_memory) <= need * (1 + 1e-12)
+    for less in (need * (1 - 1e-9), need * (1 - 1e-3)):
+        with pytest.raises(NoPlanFits):
+            search(prof, Request(**{**req.__dict__, "gpu_memory": less}))
+    # By hand: auto's least budget is its cut's static bytes plus one microbatch of each of
+    # the rank's stages (bounds.min_limits), on the worst rank.
+    s = Searcher(prof, req)
+    c = named.config
+    pr = s._auto_cut(c, prof.at(c.microbatch_size, c.recompute))
+    act = pr.costs.activation_memory
+    per_rank = [pr.static[r] + sum(act[k] for k, q in enumerate(named.stage_to_rank) if q == r)
+                for r in range(c.pp)]
+    assert need == pytest.approx(max(per_rank), rel=1e-12)
+
+
+def test_nothing_fits_bisects_the_memory_capped_cut_from_zero():
+    """An 8-block model on 4 GPUs: the least memory is 1F1B's memory-capped cut (84 cuts:
+    beyond --exhaustive-cuts). Its bisection used to start at the largest single layer's
+    bound in any stage, above the cap the cut needs, so it never ran and the error named the
+    min-max cut's 0.96 GiB while 0.88 GiB already gave a plan."""
+    prof = ProfileSet([analytic_profile(layers=8, hidden=1024, ffn=2816, heads=8, vocab=32000,
+                                        seq=1024, batch=1, tflops=300, mfu=0.4)])
+    req = Request(gpus=4, gpu_memory=2**29, global_batch=16, top=1)
+    with pytest.raises(NoPlanFits) as info:
+        search(prof, req)
+    need = info.value.smallest
+    assert info.value.plan.cut_search == "min-max-capped" and need < 0.88 * 2**30
+    assert search(prof, Request(**{**req.__dict__, "gpu_memory": need})).plans
+    with pytest.raises(NoPlanFits):
+        search(prof, Request(**{**req.__dict__, "gpu_memory": need * (1 - 1e-3)}))
+
+
+@settings(max_examples=5, deadline=None)
+@given(layers=st.lists(layer, min_size=6, max_size=10), gpus=st.sampled_from([2, 4]),
+       batch=st.sampled_from([4, 8]), exhaustive=st.sampled_from([0, 64]))
+def test_the_named_least_memory_is_exact(layers, gpus, batch, exhaustive):
+    """Random models, every schedule (auto included), every cut or the rule: planning again
+    with the named budget gives a plan; 0.1 % less gives none."""
+    prof = profile_of([(f, f + b, n, a) for f, b, n, a in layers])
+    req = Request(gpus=gpus, gpu_memory=1, global_batch=batch, microbatch_sizes=(1, 2),
+                  max_chunks=2, recompute=("none",), bytes_per_param=2, grad_bytes=1,
+                  allreduce_bandwidth=1e3, p2p_bandwidth=1e9, latency=0.01, top=1,
+                  exhaustive_cuts=exhaustive)
+    try:
+        search(prof, req)
+        return  # 1 byte is enough (no weights, no activations)
+    except NoPlanFits as exc:
+        need = exc.smallest
+    assert search(prof, Request(**{**req.__dict__, "gpu_memory": need})).plans
+    with pytest.raises(NoPlanFits):
+        search(prof, Request(**{**req.__dict__, "gpu_memory": need * (1 - 1e-3)}))
 
 
 def test_batch_that_cannot_divide_names_valid_values():
@@ -264,6 +432,35 @@ def test_validation_command_and_prediction_without_processes():
     assert scaled_prediction(plan, 10.0, Machine(o, 0.002)) == pytest.approx(by_hand)
 
 
+def test_an_auto_plan_is_validated_from_its_csv(tmp_path):
+    """An ``auto`` order is run as data: written as torch's CSV, which reads back as the very
+    order the planner simulated, and the run command names the file, not the schedule."""
+    from pipebubble.interop.torch_csv import read_torch_csv
+    from pipebubble.plan.validate import command, fits_here, write_csv
+
+    prof = ProfileSet([analytic_profile(layers=6, hidden=512, ffn=1408, heads=8, vocab=8000,
+                                        seq=512, batch=1, tflops=100, mfu=0.5)])
+    plans = search(prof, Request(gpus=2, gpu_memory=2**34, global_batch=8, top=8,
+                                 microbatch_sizes=(1,), recompute=("none",),
+                                 schedules=("1f1b", "auto"))).plans
+    auto = [p for p in plans if p.schedule == "auto"]
+    other = next(p for p in plans if p.schedule == "1f1b")
+    assert auto and all(fits_here(p, 2) for p in plans)
+    for k, plan in enumerate(auto):
+        path = write_csv(plan, str(tmp_path), k)
+        back = read_torch_csv(path)
+        assert back.orders == plan.schedule_obj.orders
+        assert back.stage_to_rank == plan.schedule_obj.stage_to_rank
+        cmd = command(plan, 1.0, csv=path)
+        assert cmd[cmd.index("--csv") + 1] == path
+        assert "--schedule" not in cmd and "--chunks" not in cmd
+        assert cmd[cmd.index("--layers") + 1] == str(len(plan.ranges))
+        with pytest.raises(ValueError):
+            command(plan, 1.0)  # an auto order is never searched again by name
+    assert write_csv(other, str(tmp_path), 9) is None
+    assert command(other, 1.0)[6:8] == ["--schedule", "1f1b"]
+
+
 @settings(max_examples=10, deadline=None)
 @given(layers=st.lists(layer, min_size=2, max_size=5), gpus=st.sampled_from([2, 4]),
        batch=st.sampled_from([4, 8]), latency=st.sampled_from([0.0, 0.5]))
@@ -310,3 +507,84 @@ def test_held_microbatches_one_pass_equals_counting_each_way(name, chunks):
     for until in (("B", "W"), ("B", "I")):
         assert held_per_stage(sched, until) == _held(sched, until)
     assert held_per_stage(get_schedule("gpipe", 3, 5), ("B", "I")) == [5, 5, 5]
+
+
+# ---- the sweep's range flags: one tokenizer, the same guards and wording ----------------------
+@pytest.mark.parametrize("text, message", [
+    ("x", "cannot read 'x'; use N, A..B or A..B:STEP (e.g. {ex}), comma-separated"),
+    ("", "cannot read ''"),
+    ("1..", "cannot read '1..'"),
+    ("4:2", "cannot read '4:2'"),
+    ("nan", "cannot read 'nan'"),
+    ("inf", "cannot read 'inf'"),
+    ("1_000", "cannot read '1_000'"),
+    ("\u0661..3", "cannot read"),  # an Arabic-Indic digit: int() would take it
+    ("1.." + "9" * 60, "is too long; use N, A..B or A..B:STEP with numbers of at most 18"),
+    ("8..2", "empty range '8..2' (end 2 < start 8)"),
+    ("1..8:0", "bad step in '1..8:0'; use A..B:STEP with STEP"),
+    ("1..8:-1", "bad step in '1..8:-1'"),
+    ("-3", "must be {low}>= {lo}, got -3 in '-3'"),
+    ("1..1000000", "'1..1000000' has too many values (at most {most})"),
+])
+@pytest.mark.parametrize("kind", ["int", "real"])
+def test_range_flags_share_guards_and_wording(kind, text, message):
+    from pipebubble.errors import UserError
+    from pipebubble.plan.sweep import MAX_LIMITS, MAX_POINTS, parse_limits, parse_range
+
+    parse, ex, lo, low, most = {
+        "int": (parse_range, "1..128", 1, "", MAX_POINTS),
+        "real": (parse_limits, "1..8:0.5", 0, "finite and ", MAX_LIMITS)}[kind]
+    if kind == "int" and text == "1..1000000":
+        text, message = "1..100001", message.replace("1000000", "100001")
+    with pytest.raises(UserError) as info:
+        parse(text, "--flag")
+    msg = str(info.value)
+    assert msg.startswith("--flag") and "\n" not in msg
+    assert message.format(ex=ex, lo=lo, low=low, most=most) in msg
+
+
+def test_range_flags_read_the_same_forms():
+    from pipebubble.plan.sweep import parse_limits, parse_range
+
+    assert parse_range(" 2 .. 6:2 , 9") == [2, 4, 6, 9]
+    assert parse_limits(" 2 .. 6:2 , 9") == [2.0, 4.0, 6.0, 9.0]
+    assert parse_limits("0..1:0.25,1e0") == [0.0, 0.25, 0.5, 0.75, 1.0]
+    assert parse_range("1..100000") == list(range(1, 100001))  # exactly the most allowed
+    with pytest.raises(ValueError, match="too many values"):
+        parse_limits("0..1:1e-300")  # a tiny step: refused before anything is built
+    with pytest.raises(ValueError, match="with finite numbers"):
+        parse_limits("1e999")
+
+
+def test_validation_workload_sleeps_i_in_i_on_the_first_stage_too(monkeypatch):
+    """--validate's sleep model: a split backward (runtime/split.py) of a first stage (whose
+    input needs no gradient) sleeps b - w in I and w in W, as the plan's costs say. It used to
+    sleep both in W (the layer's own input leaf was taken for a weight), which made the first
+    stage's deferred Ws of zero-bubble and auto orders run I + W and the runs slower than
+    predicted."""
+    import torch
+
+    import pipebubble.models.sleep as sleep_mod
+    from pipebubble.models import build_model
+    from pipebubble.runtime.split import backward_input
+
+    naps: list[float] = []
+
+    class Clock:
+        @staticmethod
+        def sleep(s):
+            naps.append(round(s, 9))
+
+    monkeypatch.setattr(sleep_mod, "time", Clock)
+    spec = build_model("sleep", layers=1, width=3, f=0.1, b=0.5, w=0.2)
+    x, y = spec.make_batch(4, torch.Generator().manual_seed(0))
+    stage_input = x.detach()  # the first stage: no gradient wanted for its input
+    loss = spec.loss_fn(spec.layers[0](stage_input), y)
+    naps.clear()
+    gin, weight_work = backward_input(loss, None, stage_input)
+    assert gin is None and naps == [0.3]  # I: b - w
+    naps.clear()
+    weight_work.run()
+    assert naps == [0.2]  # W: w
+    g_out = 2 * (spec.layers[0](stage_input) - y) / y.numel()
+    torch.testing.assert_close(spec.layers[0].weight.grad, (g_out * stage_input).sum(0))

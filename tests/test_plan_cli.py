@@ -93,7 +93,7 @@ def test_table_output(small_profile, capsys):
     (["--gpus", "4", "--global-batch", "7", "--microbatch-size", "2"],
      "--global-batch 7 cannot be split into microbatches"),
     (["--gpus", "4", "--global-batch", "16", "--gpu-memory", "1MiB"],
-     "nothing fits in --gpu-memory 0.00GiB per GPU: the smallest peak of any plan"),
+     "nothing fits in --gpu-memory 0.00GiB per GPU: the least memory any plan needs"),
     (["--gpus", "4", "--global-batch", "16", "--schedules", "nope"], "unknown schedule 'nope'"),
     (["--gpus", "4", "--global-batch", "16", "--recompute", "sometimes"],
      "unknown --recompute 'sometimes'; valid are none, selective, full"),
@@ -136,19 +136,23 @@ def test_plan_and_analytic_profile_import_neither_torch_nor_matplotlib(small_pro
 
 @pytest.mark.distributed
 def test_validate_runs_the_top_plan(small_profile, capsys):
-    """The best plan on 2 GPUs, run for real (slow: an empty calibration run, then the plan,
-    each starting its processes). The accuracy figures come from bench/bench_plan.py; here:
-    the runs happened and report back consistent numbers."""
+    """The best plan on 2 GPUs is an ``auto`` order; it runs for real from its CSV (slow: an
+    calibration run at 1/50 scale, then the plan, each starting its processes). The accuracy figures
+    come from bench/bench_plan.py; here: the runs happened and report consistent numbers."""
     out = plan_json(capsys, "--profile", small_profile, "--gpus", "2", "--global-batch", "8",
-                    "--schedules", "1f1b,gpipe", "--microbatch-size", "1", "--recompute",
+                    "--schedules", "1f1b,auto", "--microbatch-size", "1", "--recompute",
                     "none", "--validate", "1", "--target-step", "0.1")
     ran = [p for p in out["plans"] if "measured_step_time" in p]
-    assert len(ran) == 1 and "measured_step_time" in out["plans"][0]
+    assert len(ran) == 1 and ran[0] is out["plans"][0] and ran[0]["schedule"] == "auto"
     for p in ran:
         v = p["validation"]
-        assert v["error"] is None and v["measured_scaled"] > 0
+        assert v["error"] is None and v["measured_scaled"] > 0 and v["statistic"] == "median"
         assert v["empty_step"] > 0 and v["hop_delay"] >= 0 and v["action_overhead"] > 0
+        steps = sorted(v["measured_steps_scaled"])
+        assert len(steps) == 5 and v["measured_scaled"] == pytest.approx(steps[2])
+        assert v["measured_scaled_min"] == pytest.approx(steps[0])
         assert p["measured_step_time"] == pytest.approx(v["measured_scaled"] / v["scale"])
+        assert p["measured_step_time_min"] == pytest.approx(steps[0] / v["scale"])
         assert v["relative_error"] == pytest.approx(v["measured_scaled"] / v["predicted_scaled"]
                                                     - 1)
 

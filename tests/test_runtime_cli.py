@@ -114,3 +114,75 @@ def test_dualpipe_runs_two_model_copies(capsys):
     assert {(e["stage"], e["microbatch"]) for e in out["events"]} == {
         (s, m) for s in range(4) for m in range(2)}  # every stage of both chains ran both
     assert out["grad_max_abs_diff"] < 1e-5 and out["loss_abs_diff"] < 1e-5
+
+
+# ---- run --csv: the order from a torch compute-only CSV ------------------------------------
+@pytest.fixture
+def auto_csv(tmp_path):
+    """An ``auto`` order in V placement (4 stages on 2 ranks, split backward) as torch's CSV."""
+    from pipebubble.costs import CostModel
+    from pipebubble.interop.torch_csv import write_torch_csv
+    from pipebubble.schedules.auto import auto_schedule
+
+    sched = auto_schedule(2, 4, CostModel(f=1, b=2, w=1), placement="v")
+    path = tmp_path / "auto.csv"
+    write_torch_csv(sched, path)
+    return sched, str(path)
+
+
+def test_csv_order_runs_and_gives_exact_gradients(capsys, auto_csv):
+    sched, path = auto_csv
+    out = run_json(capsys, "--csv", path, "-p", "2", "-m", "4", "--batch", "8", "--check",
+                   "--width", "16", "--warmup", "0", "--repeat", "2")
+    assert (out["ranks"], out["microbatches"], out["stages"]) == (2, 4, 4)
+    assert out["closed_form_bubble"] is None  # the file is not a family
+    # Every action of the file ran, on the rank the file puts it, in the file's order.
+    ev = sorted(out["events"], key=lambda e: (e["rank"], e["start"]))
+    for r, order in enumerate(sched.orders):
+        got = [f"{e['stage']}{e['kind']}{e['microbatch']}" for e in ev if e["rank"] == r]
+        assert got == [str(a) for a in order]
+    assert out["grad_max_abs_diff"] < 1e-5 and out["loss_abs_diff"] < 1e-5
+    assert len(out["step_times"]) == 2 and out["step_time"] == min(out["step_times"])
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["-p", "3"], "the file has 2 rows (one per rank), but 3 ranks were asked for"),
+    (["-m", "3"], "microbatch 3 out of range 0..2"),
+    (["-m", "5"], "never runs forward 0F4"),
+    (["-v", "2"], "--chunks does not apply with --csv"),
+])
+def test_csv_that_does_not_match_flags_is_one_line(capsys, auto_csv, extra, message):
+    assert main(["run", "--local", "--csv", auto_csv[1], *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("pipebubble: error: ") and message in err
+
+
+@pytest.mark.parametrize("text, message", [
+    ("0F0,0B0\nxx\n", "row 2 (rank 1), column 1, cell 'xx'"),
+    ("0F0,0B1\n", "backward of stage 0 for microbatch 1"),
+    ("", "no actions"),
+])
+def test_bad_csv_is_one_line(capsys, tmp_path, text, message):
+    path = tmp_path / "bad.csv"
+    path.write_text(text)
+    assert main(["run", "--local", "--csv", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("pipebubble: error: ") and message in err
+
+
+def test_run_without_schedule_or_csv_is_one_line(capsys):
+    assert main(["run", "--local", "-p", "2", "-m", "2"]) == 2
+    assert "--schedule required (or --csv FILE)" in capsys.readouterr().err
+
+
+def test_distributed_config_carries_the_csv_to_every_worker(auto_csv):
+    """Each worker builds its schedule from the same DistConfig: with ``csv`` set it reads
+    the file (the order as data), never a search that could come out differently."""
+    from pipebubble.runtime.dist.worker import DistConfig, make_schedule_for
+
+    sched, path = auto_csv
+    cfg = DistConfig(schedule="auto", ranks=2, microbatches=4, csv=path)
+    got = make_schedule_for(cfg)
+    assert got.orders == sched.orders and got.stage_to_rank == sched.stage_to_rank
+    with pytest.raises(ValueError, match="3 ranks were asked for"):
+        make_schedule_for(DistConfig(schedule="auto", ranks=3, microbatches=4, csv=path))

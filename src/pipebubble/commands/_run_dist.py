@@ -63,7 +63,7 @@ def config_from_args(args: argparse.Namespace, schedule: Schedule) -> DistConfig
         backend=args.backend, p2p=args.p2p, model=args.model, warmup=args.warmup,
         repeat=args.repeat, check=args.check, seed=args.seed, threads=args.threads,
         stall_timeout=args.timeout, heartbeat_timeout=args.heartbeat_timeout,
-        fault=args.inject_fault,
+        fault=args.inject_fault, csv=getattr(args, "csv", None),
     )
 
 
@@ -112,16 +112,18 @@ def worker_main(args: argparse.Namespace) -> int:
         cluster = Cluster(env, cfg.backend, cfg.stall_timeout, cfg.heartbeat_timeout, cfg.p2p)
         worker = Worker(cfg, cluster, (setup.schedule, setup.spec, setup.stages, x, y),
                         recompute=args.recompute)
-        results, best = None, float("inf")
+        results, best, spans = None, float("inf"), []
         for i in range(cfg.warmup + cfg.repeat):
             got = worker.step(i, gather=i >= cfg.warmup)
-            if got is not None:  # rank 0: keep the fastest measured step
+            if got is not None:  # rank 0: keep the fastest measured step, and every span
                 t = step_span(got)
+                spans.append(t)
                 if t < best:
                     results, best = got, t
         if env.rank == 0:
             worker.watchdog.at("rank 0: reference gradients and report", False)
             report, extra = summarize(args, cfg, setup, results, x, y)
+            report.step_times = spans
             _print(args, report, extra)
         cluster.close()
         return 0

@@ -26,7 +26,7 @@ from ..limits import check_model_size
 from ..models import ModelSpec, build_model
 from ..render.terminal import gantt, summary_table
 from ..timeline import Timeline
-from .common import closed_form_for, parse_device, schedule_from_args, timeline_json
+from .common import closed_form_for, load_schedule, parse_device, timeline_json
 
 
 # ---- set-up ----------------------------------------------------------------------------------
@@ -49,7 +49,7 @@ def build_setup(args: argparse.Namespace, reference: bool = False) -> RunSetup:
     """Flags -> schedule, model stages, batch. Raises UserError naming a bad value."""
     from ..runtime.stages import check_boundaries, even_boundaries, split_stages
 
-    schedule = schedule_from_args(args)
+    schedule = load_schedule(args)  # --csv FILE, or --schedule/--ranks/--microbatches
     validate(schedule)
     # Stages of one model copy (DualPipe's second chain runs a copy; see run_local) and the
     # microbatches of the whole step.
@@ -126,6 +126,7 @@ class RunReport:
     trade: dict | None = None
     title: str = ""
     notes: list[str] = field(default_factory=list)
+    step_times: list[float] = field(default_factory=list)  # every measured step, in order
 
 
 def analyse(setup: RunSetup, measured: Timeline, loss: float, peak_bytes: list[int],
@@ -141,8 +142,10 @@ def analyse(setup: RunSetup, measured: Timeline, loss: float, peak_bytes: list[i
     sched = setup.schedule
     title = (f"{sched.name}  p={sched.num_ranks} m={sched.total_microbatches} v={sched.chunks}"
              f"{'  recompute' if recompute else ''}  —  {setup.description}")
+    # A CSV order is not its file name's family: no closed form for it.
+    closed = None if "csv_columns" in sched.options else closed_form_for(sched, equal)
     return RunReport(sched, measured, pred.predicted, pred.costs, loss, list(peak_bytes),
-                     allocator_peak, closed_form_for(sched, equal), title=title)
+                     allocator_peak, closed, title=title)
 
 
 def check_against_unsplit(setup: RunSetup, loss: float) -> tuple[float, float]:
@@ -176,6 +179,8 @@ def report_json(report: RunReport) -> dict:
     }
     out["peak_activation_bytes"] = report.peak_bytes
     out["allocator_peak_bytes"] = report.allocator_peak
+    if report.step_times:  # every measured step (--repeat); step_time is the fastest
+        out["step_times"] = list(report.step_times)
     if report.grad_max_abs_diff is not None:
         out["grad_max_abs_diff"] = report.grad_max_abs_diff
         out["loss_abs_diff"] = report.loss_abs_diff

@@ -242,6 +242,36 @@ def schedule_from_args(args: argparse.Namespace) -> Schedule:
     return get_schedule(args.schedule, args.ranks, args.microbatches, args.chunks)
 
 
+def load_schedule(args: argparse.Namespace) -> Schedule:
+    """The schedule ``--csv FILE`` names (torch.distributed.pipelining's compute-only CSV:
+    the file fixes the stages and their placement; ``--ranks``/``--microbatches``, when
+    given, are checked against it), or the one --schedule/--ranks/--microbatches generate.
+    Shared by ``simulate`` and ``run`` (whose workers each read the same file)."""
+    from ..ir.schedule import validate
+    from ..limits import MAX_ACTIONS, LimitError
+
+    csv_path = getattr(args, "csv", None)
+    if csv_path:
+        from ..interop.torch_csv import read_torch_csv
+
+        if args.chunks is not None:
+            raise ScheduleError("--chunks does not apply with --csv (the file fixes the stages)")
+        schedule = read_torch_csv(csv_path, name=args.schedule, ranks=args.ranks,
+                                  microbatches=args.microbatches)
+        limit = args.max_actions or MAX_ACTIONS
+        if schedule.num_actions() > limit:
+            raise LimitError(f"--csv {csv_path}: {schedule.num_actions():,} actions, over the "
+                             f"limit of {limit:,}; raise --max-actions")
+        return schedule
+    missing = [flag for flag, v in (("--schedule", args.schedule), ("--ranks", args.ranks),
+                                    ("--microbatches", args.microbatches)) if v is None]
+    if missing:
+        raise ScheduleError(f"{', '.join(missing)} required (or --csv FILE)")
+    schedule = schedule_from_args(args)
+    validate(schedule)
+    return schedule
+
+
 def auto_from_args(args: argparse.Namespace) -> Schedule:
     from ..schedules.auto import auto_schedule
 

@@ -189,7 +189,8 @@ def result_json(result, profiles, validations, out_path: str | None) -> dict:
         item["megatron"] = settings.megatron(plan, profiles)
         v = measured.get(id(plan))
         if v is not None:
-            item["measured_step_time"] = v.measured_step_time
+            item["measured_step_time"] = v.measured_step_time  # the median of the steps
+            item["measured_step_time_min"] = v.measured_step_time_min
             item["validation"] = v.as_json()
         plans.append(item)
     return {"searched": result.searched, "simulated": result.simulated,
@@ -250,8 +251,8 @@ def print_plans(console, result, out: dict, validations) -> None:
     if validations:
         v = Table(title="validation: run for real (sleeping the scaled profile, one process "
                   "per rank, gloo)")
-        for col in ("#", "plan", "processes", "predicted", "measured", "error",
-                    "vs best measured"):
+        for col in ("#", "plan", "processes", "predicted", "measured (median)", "error",
+                    "vs best measured", "fastest step"):
             v.add_column(col, justify="right")
         done = [x.measured for x in validations if x.measured is not None]
         best_m = min(done) if done else None
@@ -265,14 +266,17 @@ def print_plans(console, result, out: dict, validations) -> None:
                 continue
             v.add_row(str(k), name, str(p.pp * p.dp), _t(x.predicted), _t(x.measured),
                       f"{x.measured / x.predicted - 1:+.1%}",
-                      f"{x.measured / best_m - 1:+.1%}")
+                      f"{x.measured / best_m - 1:+.1%}", _t(x.measured_min))
         console.print(v)
         m = validations[0].machine
         console.print(f"(profile times scaled by {validations[0].scale:.3g} so the first plan "
                       f"sleeps about --target-step; predictions add this machine's "
                       f"{m.overhead * 1e3:.2f} ms per action and {m.hop * 1e3:.2f} ms per "
-                      "message, fitted to an empty run of plan 1, instead of the GPUs' P2P "
-                      "and all-reduce times)", highlight=False)
+                      "message, fitted to a run of plan 1 at 1/50 of its times, instead of the "
+                      "GPUs' P2P "
+                      f"and all-reduce times; measured = the median of "
+                      f"{len(validations[0].steps) or 'the'} steps after a warm-up; auto "
+                      "orders run from their CSV)", highlight=False)
 
 
 def why_best(result) -> list[str]:

@@ -53,7 +53,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--local", action="store_true",
                    help="run every rank in this process (the local executor); without it, "
                    "one process per rank (see the distributed flags)")
-    add_schedule_flags(p)
+    add_schedule_flags(p, optional=True)
+    p.add_argument("--csv", metavar="FILE",
+                   help="run the order in a torch.distributed.pipelining compute-only CSV "
+                   "file instead of --schedule (stages and their ranks come from the file; "
+                   "-p/-m, when given, are checked against it); every worker reads it")
     add_model_flags(p)
     add_distributed_flags(p)
     p.add_argument("--recompute", action="store_true",
@@ -66,7 +70,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="unmeasured steps before the measured ones (1)")
     p.add_argument("--repeat", type=positive_int("--repeat", 1000), default=3, metavar="N",
                    help="measured steps; the fastest is reported, the least disturbed by "
-                   "other work on the machine (3)")
+                   "other work on the machine, and --json lists every one as step_times (3)")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     p.add_argument("--threads", type=positive_int("--threads"), default=1, metavar="N",
                    help="torch CPU threads, at most the machine's cores (1: one process runs "
@@ -236,6 +240,7 @@ def run(args: argparse.Namespace) -> int:
                                                                                result.loss)
     if plain is not None:
         report.trade = recompute_trade(setup, plain, result, report)
+    report.step_times = list(times[-1])
     note = noise_note(times[-1], report.measured.step_time, report.predicted.step_time)
     if note:
         report.notes.append(note)

@@ -19,9 +19,7 @@ from ..interop.timeline_json import (
     span_bubble,
     write_simulate_json,
 )
-from ..interop.torch_csv import read_torch_csv
-from ..ir.schedule import Schedule, ScheduleError, validate
-from ..limits import MAX_ACTIONS, MAX_WIDTH, LimitError
+from ..limits import MAX_WIDTH
 from .common import (
     add_cost_flags,
     add_figure_flags,
@@ -30,7 +28,7 @@ from .common import (
     costs_from_args,
     fit_line,
     int_flag,
-    schedule_from_args,
+    load_schedule,
     write_figures,
 )
 
@@ -49,27 +47,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                    metavar="COLS", help="output width in columns, piped or not (default: the "
                    "terminal's; 80 when output is not a terminal)")
     p.set_defaults(func=run)
-
-
-def load_schedule(args: argparse.Namespace) -> Schedule:
-    """The schedule --csv names, or the one --schedule/--ranks/--microbatches generate."""
-    if args.csv:
-        if args.chunks is not None:
-            raise ScheduleError("--chunks does not apply with --csv (the file fixes the stages)")
-        schedule = read_torch_csv(args.csv, name=args.schedule, ranks=args.ranks,
-                                  microbatches=args.microbatches)
-        limit = args.max_actions or MAX_ACTIONS
-        if schedule.num_actions() > limit:
-            raise LimitError(f"--csv {args.csv}: {schedule.num_actions():,} actions, over the "
-                             f"limit of {limit:,}; raise --max-actions")
-        return schedule
-    missing = [flag for flag, v in (("--schedule", args.schedule), ("--ranks", args.ranks),
-                                    ("--microbatches", args.microbatches)) if v is None]
-    if missing:
-        raise ScheduleError(f"{', '.join(missing)} required (or --csv FILE)")
-    schedule = schedule_from_args(args)
-    validate(schedule)
-    return schedule
 
 
 def run(args: argparse.Namespace) -> int:

@@ -61,8 +61,10 @@ class SleepLayer(nn.Module):
         self.f, self.i, self.w = f, i, w
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not x.requires_grad:
-            x = x.detach().requires_grad_(True)
+        if not x.requires_grad:  # first stage: a leaf, then one op, so that the split
+            # backward (runtime/split.py) takes the leaf for a weight but A for input work:
+            # A's backward then runs in I, as on every other stage, not in W.
+            x = x.detach().requires_grad_(True) * 1.0
         a = _SleepThrough.apply(x, self.f, self.i)
         z = _SleepThrough.apply(self.weight, 0.0, self.w)
         return a * z

@@ -12,8 +12,18 @@ recompute); the global batch fixes ``m = global_batch / (dp x size)``. For each 
    fits); if neither fits, (b) the same
    with a memory cap per stage (``budget / stages per rank``; a stage's memory bound is its
    weights plus the most microbatches it holds at once times its activation bytes), which
-   then fits by construction. When nothing fits, the error names the least budget at which
-   either cut of some configuration fits (bisection on the cap for (b)).
+   then fits by construction. ``auto`` is searched on the min-max cut (a) only. Each plan's
+   ``cut_search`` says which it got (``exhaustive``, ``min-max``, ``min-max-capped``). When
+   nothing fits, the error names the least budget at which some configuration has a plan:
+   the least peak over every cut, or over cut (a) and (b) (bisection on the cap for (b)),
+   and for ``auto`` its cut's static bytes plus one microbatch of each stage per rank
+   (``schedules.auto.bounds.min_limits``: below it no order exists, at it one does).
+
+What the search claims is exact for its candidates: the K fastest plans over every
+configuration, each with the cuts above (every cut up to ``exhaustive_cuts``, the rule
+beyond); ``tests/test_plan.py`` checks it against brute force over every configuration and
+every cut (small instances) and over every candidate of the rule (beyond 64 cuts). The rule
+is not a proof of the best cut: ``bench/bench_plan.py --cut-gap`` measures how far it is.
 2. **Price** it: per stage F, I (recomputation included), W, activation bytes M_B and M_W;
    P2P time per hop = bytes sent / ``p2p_bandwidth`` + ``latency``; the data-parallel ring
    all-reduce of each stage's gradients, ``2 (D-1)/D x bytes / allreduce_bandwidth +

@@ -15,6 +15,14 @@ from ..ir.schedule import Schedule
 from .partition import Ranges
 
 AUTO = "auto"
+CUT_SEARCH = {
+    "exhaustive": "every cut scored: the fastest cut that fits (exact)",
+    "min-max": "the min-max cut of the per-rank work, or its rank-balanced refinement "
+               "(the faster that fits); other cuts are not scored",
+    "min-max-capped": "the min-max cut under per-stage memory caps (no min-max cut fits); "
+                      "other cuts are not scored",
+}
+"""What a plan's ``cut_search`` says about its cut (:mod:`pipebubble.plan.planner`)."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +113,7 @@ class Plan:
     schedule_obj: Schedule = field(repr=False)
     global_batch: int = 0
     budget: float | None = None  # the least budget at which the planner finds this plan
+    cut_search: str = "exhaustive"  # how its cut was chosen: CUT_SEARCH
 
     @property
     def needs(self) -> float:
@@ -139,7 +148,8 @@ class Plan:
                 "pipeline_step_time": self.pipeline_time,
                 "allreduce_time": self.allreduce_time, "p2p_time": self.comm,
                 "samples_per_second": self.samples_per_second,
-                "bubble_fraction": self.bubble_fraction, "peak_memory": self.peak_memory}
+                "bubble_fraction": self.bubble_fraction, "peak_memory": self.peak_memory,
+                "cut_search": self.cut_search}
 
 
 @dataclass

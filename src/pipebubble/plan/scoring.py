@@ -20,7 +20,13 @@ import numpy as np
 
 from ..costs import CostModel
 from ..errors import UserError
-from ..ir.schedule import Schedule, ScheduleError, make_schedule
+from ..ir.schedule import (
+    Schedule,
+    ScheduleError,
+    loop_placement,
+    make_schedule,
+    v_placement,
+)
 from ..schedules import get_schedule
 from ..sim.dataparallel import ring_allreduce_time, step_time_with_allreduce
 from ..sim.kernel import simulate
@@ -55,8 +61,8 @@ class Searcher:
         self.simulated = 0
         self._schedules: dict[tuple, Schedule | None] = {}
         self._cuts: dict[tuple, Ranges] = {}
-        self._held: dict[int, tuple[list[int], list[int]]] = {}
-        self._split: dict[int, bool] = {}
+        self._held: dict[int, tuple[Schedule, tuple[list[int], list[int]]]] = {}
+        self._split: dict[int, tuple[Schedule, bool]] = {}
         self.why_not: dict[str, str] = {}  # schedule -> why it could not be generated
 
     # -- enumeration and bounds --
@@ -106,9 +112,10 @@ class Searcher:
     # -- one configuration --
     def held(self, sched: Schedule, until: tuple[str, ...] = ("B", "W")) -> list[int]:
         """:func:`held_per_stage`, both kinds computed once per schedule."""
-        if id(sched) not in self._held:
-            self._held[id(sched)] = _held_both(sched)
-        return self._held[id(sched)][0 if until == ("B", "W") else 1]
+        got = self._held.get(id(sched))
+        if got is None or got[0] is not sched:  # an id is reused once its object is gone
+            got = self._held[id(sched)] = (sched, _held_both(sched))
+        return got[1][0 if until == ("B", "W") else 1]
 
     def schedule(self, c: Config) -> Schedule | None:
         key = (c.schedule, c.pp, c.microbatches, c.chunks)
@@ -125,8 +132,11 @@ class Searcher:
         """The fastest fitting plan of ``c`` below ``threshold`` (None if none). With
         ``min_memory``: the plan that fits the least budget, whatever ``budget`` is."""
         lc = self.p.at(c.microbatch_size, c.recompute)
-        if c.schedule == AUTO:  # not in the no-fit search: its least budget is the families'
-            return None if min_memory else self._evaluate_auto(c, lc, threshold, budget)
+        if c.schedule == AUTO:
+            if min_memory:
+                least = self.least_auto_budget(c)
+                return None if least is None else self.auto_plan_at(c, least)
+            return self._evaluate_auto(c, lc, threshold, budget)
         sched = self.schedule(c)
         if sched is None:
             return None
@@ -165,10 +175,14 @@ class Searcher:
                 if p is not None]
         if fits:  # (a) fits: it is the plan of c
             best = min(fits, key=lambda p: p.step_time)
+            best.cut_search = "min-max"
             return best if best.step_time < threshold else None
         if cut_b is None:
             cut_b = self._capped_cut(lc, c, sched, held, budget)
-        return None if cut_b is None else self._score(c, sched, lc, cut_b, threshold, budget)
+        plan = None if cut_b is None else self._score(c, sched, lc, cut_b, threshold, budget)
+        if plan is not None:
+            plan.cut_search = "min-max-capped"
+        return plan
 
     def _least_memory_plan(self, c, sched, lc, held) -> Plan | None:
         """The plan of ``c`` that fits the smallest budget: cut (a), or cut (b) at the least
@@ -181,11 +195,19 @@ class Searcher:
                      for ends in combinations(range(1, self.L), S_c - 1)]
             return min((p for p in plans if p is not None), key=lambda p: p.needs,
                        default=None)
-        cut = self._time_cuts(lc, c, S_c, sched.num_microbatches, sched.stage_to_rank)[0]
-        plan = self._score(c, sched, lc, cut, math.inf, math.inf, held)
+        # Every (a) cut: the planner takes whichever fits (the faster if both do).
+        plans = [self._score(c, sched, lc, cut, math.inf, math.inf, held) for cut in
+                 self._time_cuts(lc, c, S_c, sched.num_microbatches, sched.stage_to_rank)]
+        plan = min((p for p in plans if p is not None), key=lambda p: max(p.peak_memory),
+                   default=None)
+        if plan is not None:
+            plan.cut_search = "min-max"
         rows = self._memory_rows(lc, sched, held)
         per_rank = sched.num_stages // c.pp
-        lo, hi = max(max(r) for r in rows), sum(max(r) for r in zip(*rows, strict=True))
+        # hi: every layer at its worst stage's bound, all in one stage (a cap that always
+        # exists); lo: 0. (Not the largest single-layer bound: a layer's bound depends on
+        # its stage, and the cut need not put it where that bound is largest.)
+        lo, hi = 0.0, sum(max(r) for r in zip(*rows, strict=True))
         if plan is not None:
             hi = min(hi, max(plan.peak_memory) / per_rank)
         if self._capped_cut(lc, c, sched, held, hi * per_rank) is None:
@@ -201,6 +223,7 @@ class Searcher:
                             math.inf, budget, held)
         if other is not None:
             other.budget = budget * (1 + 1e-9)  # at this budget (b) exists again
+            other.cut_search = "min-max-capped"
         if plan is None or (other is not None and budget < max(plan.peak_memory)):
             return other
         return plan
@@ -312,10 +335,10 @@ class Searcher:
         return Priced(ranges, costs, bound, [x + t for x, t in zip(static, trans, strict=True)])
 
     def split(self, sched: Schedule) -> bool:
-        key = id(sched)
-        if key not in self._split:
-            self._split[key] = sched.uses_split_backward()
-        return self._split[key]
+        got = self._split.get(id(sched))
+        if got is None or got[0] is not sched:  # as in held(): the id alone is not enough
+            got = self._split[id(sched)] = (sched, sched.uses_split_backward())
+        return got[1]
 
     def _score(self, c, sched, lc, ranges, threshold, budget, held=None) -> Plan | None:
         """The cut's plan if it fits ``budget`` and beats ``threshold``, else None."""
@@ -348,55 +371,109 @@ class Searcher:
                     tl.bubble_fraction, peaks, ar, costs.comm, costs, sched,
                     self.req.global_batch)
 
+    def _auto_cut(self, c: Config, lc: LayerCosts) -> Priced | None:
+        """The cut ``auto`` is searched on (the min-max cut into ``pp x chunks`` stages of its
+        placement), priced; None when there are too few layers or no automatic scheduler."""
+        if _auto_function() is None or c.pp * c.chunks > self.L:
+            return None
+        placement = "loop" if c.chunks == 1 else "v"
+        shape = make_schedule("auto", [()] * c.pp, c.pp * c.chunks, c.microbatches,
+                              placement=placement)
+        cut = self._time_cuts(lc, c, c.pp * c.chunks, c.microbatches, shape.stage_to_rank)[0]
+        return self._price(c, shape, lc, cut, split=True)  # the order may split W
+
+    def least_auto_budget(self, c: Config) -> float | None:
+        """The least ``--gpu-memory`` at which :meth:`_evaluate_auto` finds an order for
+        ``c``: its cut does not depend on the budget, and the automatic scheduler finds an
+        order exactly when each rank's memory left after its static bytes is at least
+        :func:`~pipebubble.schedules.auto.bounds.min_limits` (every stage holding one
+        microbatch; below it no order exists). So it is ``max_r (static_r + need_r)``."""
+        from ..schedules.auto.bounds import min_limits
+
+        lc = self.p.at(c.microbatch_size, c.recompute)
+        pr = self._auto_cut(c, lc)
+        if pr is None:
+            return None
+        where = _auto_where(c)
+        need = min_limits(pr.costs.resolve(len(where), c.chunks), where)
+        least = max(x + n for x, n in zip(pr.static, need, strict=True))
+        # In floats (least - static) may come out an ulp below need: step up until it
+        # does not, so that the scheduler, given exactly this budget, finds its order.
+        while any(least - x < n for x, n in zip(pr.static, need, strict=True)):
+            least = math.nextafter(least, math.inf)
+        return least
+
+    def auto_plan_at(self, c: Config, budget: float) -> Plan | None:
+        """The auto plan of ``c`` at ``budget``, marked as found from that budget on."""
+        plan = self._evaluate_auto(c, self.p.at(c.microbatch_size, c.recompute), math.inf,
+                                   budget)
+        if plan is not None:
+            plan.budget = budget
+        return plan
+
     def _evaluate_auto(self, c, lc, threshold, budget) -> Plan | None:
         """``auto``: the automatic scheduler's order (``schedules.auto.auto_schedule``) for the
         min-max cut into ``pp`` stages (loop placement, chunks 1) or ``2 pp`` (V placement,
         chunks 2), given each rank's memory left after weights, gradients, optimizer state
         and the recomputation transient."""
         fn = _auto_function()
+        pr = self._auto_cut(c, lc)
+        if fn is None or pr is None or pr.bound >= threshold or max(pr.static) > budget:
+            return None
         placement = "loop" if c.chunks == 1 else "v"
-        S = c.pp * c.chunks
-        if fn is None or S > self.L:
-            return None
-        shape = make_schedule("auto", [()] * c.pp, S, c.microbatches, placement=placement)
-        cut = self._time_cuts(lc, c, S, c.microbatches, shape.stage_to_rank)[0]
-        pr = self._price(c, shape, lc, cut, split=True)  # the order may split W
-        if pr.bound >= threshold or max(pr.static) > budget:
-            return None
         left = [budget - x for x in pr.static]
         try:
             sched = fn(c.pp, c.microbatches, pr.costs, memory_limit=left, placement=placement)
         except (ScheduleError, ValueError):
             return None  # no order fits the memory left
-        if tuple(sched.stage_to_rank) != tuple(shape.stage_to_rank):
+        if tuple(sched.stage_to_rank) != _auto_where(c):
             return None
-        return self._simulate(c, sched, pr.costs, pr.ranges, pr.static, budget, threshold)
+        plan = self._simulate(c, sched, pr.costs, pr.ranges, pr.static, budget, threshold)
+        if plan is not None:
+            plan.cut_search = "min-max"  # auto's order is searched for the min-max cut only
+        return plan
 
     # -- nothing fits --
     def no_fit(self, configs: list[Config]) -> NoPlanFits:
-        """The least peak memory of any plan (cuts (a) and (c)), as a one-line error."""
-        best: Plan | None = None
-        for c in sorted(configs, key=lambda c: self._memory_bound(c)):
-            if best is not None and self._memory_bound(c) >= best.needs:
+        """The least ``--gpu-memory`` at which any configuration has a plan, as a one-line
+        error: over the families (cuts (a) and (b), or every cut) and ``auto`` (at its least
+        budget, :meth:`least_auto_budget`), so planning again with it finds a plan."""
+        skip: set[Config] = set()
+        while True:
+            need, best, plan = math.inf, None, None
+            for c in sorted(configs, key=lambda c: self._memory_bound(c)):
+                if self._memory_bound(c) >= need:
+                    break  # no configuration from here on needs less
+                if c in skip:
+                    continue
+                if c.schedule == AUTO:  # cheap: the order is searched for the winner only
+                    least = self.least_auto_budget(c)
+                    if least is not None and least < need:
+                        need, best, plan = least, c, None
+                    continue
+                p = self.evaluate(c, math.inf, math.inf, min_memory=True)
+                if p is not None and p.needs < need:
+                    need, best, plan = p.needs, c, p
+            if best is None or plan is not None:
                 break
-            p = self.evaluate(c, math.inf, math.inf, min_memory=True)
-            if p is not None and (best is None or p.needs < best.needs):
-                best = p
+            plan = self.auto_plan_at(best, need)
+            if plan is not None:
+                break
+            skip.add(best)  # not expected (bounds.min_limits is feasible): the next one
         r = self.req
-        if best is None:
+        if plan is None:
             why = "; ".join(f"{k}: {v}" for k, v in list(self.why_not.items())[-2:])
             return NoPlanFits(f"no configuration can be built for --gpus {r.gpus}, "
                               f"--global-batch {r.global_batch} and {self.L} layers"
                               + (f" ({why})" if why else ""), math.inf, None)
-        need = best.needs
-        c = best.config
-        families = " of a schedule family" if AUTO in self.names else ""  # auto may go lower
+        c = plan.config
+        what = f"{c.schedule} v={c.chunks}" if c.schedule == AUTO else c.schedule
         return NoPlanFits(
-            f"nothing fits in --gpu-memory {fmt_gib(r.gpu_memory)} per GPU: the smallest "
-            f"peak of any plan{families} is {fmt_gib(need, up=True)} (pp={c.pp}, dp={c.dp}, "
-            f"{c.schedule}, microbatch size {c.microbatch_size}, recompute {c.recompute}); "
+            f"nothing fits in --gpu-memory {fmt_gib(r.gpu_memory)} per GPU: the least memory "
+            f"any plan needs is {fmt_gib(need, up=True)} (pp={c.pp}, dp={c.dp}, {what}, "
+            f"microbatch size {c.microbatch_size}, recompute {c.recompute}); "
             f"use --gpu-memory {fmt_gib(need, up=True)} or more, or more --gpus",
-            need, best)
+            need, plan)
 
     def _memory_bound(self, c: Config) -> float:
         """No cut holds less than its weights spread evenly (two copies for DualPipe)."""
@@ -414,3 +491,8 @@ class Searcher:
         per_rank = sched.num_stages // c.pp
         weights = sched.chains * self.req.bytes_per_param * float(lc.params.sum())
         return (weights + held * sched.chains * float(lc.act.sum()) / per_rank) / c.pp
+
+
+def _auto_where(c: Config) -> tuple[int, ...]:
+    """Stage -> rank of an ``auto`` configuration: loop placement (chunks 1) or V (2)."""
+    return loop_placement(c.pp, c.pp) if c.chunks == 1 else v_placement(c.pp)

@@ -16,7 +16,9 @@ form where one is known, and the peak activation memory.
 from __future__ import annotations
 
 import csv
-from collections.abc import Callable, Iterable, Sequence
+import math
+import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import TextIO
 
@@ -26,7 +28,8 @@ from ..ir.schedule import ScheduleError
 from ..schedules import closed_form_bubble, get_schedule, lookup
 from ..sim.kernel import simulate
 
-MAX_POINTS = 100_000
+MAX_POINTS = 100_000  # microbatch counts in one sweep
+MAX_LIMITS = 10_000  # memory limits in one sweep
 
 
 class _Auto:
@@ -54,34 +57,62 @@ class SweepPoint:
     peak_memory: float  # the most activation memory on any rank (units of M_B by default)
 
 
-def parse_range(text: str, flag: str = "range") -> list[int]:
-    """Integers from ``8``, ``1..128`` (inclusive), ``1..128:4`` (step) or a comma list of
-    those; sorted, duplicates dropped. Every value must be >= 1."""
-    values: set[int] = set()
+_INT = re.compile(r"[+-]?[0-9]+")
+_REAL = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+MAX_PART = 40
+"""Longest comma-separated part a range flag accepts (characters), checked before any number
+is converted: a 4300-digit integer is one line of error, not Python's conversion limit."""
+
+
+def _range_parts(text: str, flag: str, real: bool, example: str, minimum: float,
+                 max_values: int) -> Iterator[tuple[str, float, float, float, int]]:
+    """The one tokenizer of :func:`parse_range` (integers) and :func:`parse_limits` (reals).
+
+    Yields ``(part, lo, hi, step, count)`` for each comma-separated ``N``, ``A..B`` or
+    ``A..B:STEP``, after the same guards and with the same wording for both: a part longer
+    than :data:`MAX_PART` characters, a number that is not plain decimal (``nan``, ``inf``,
+    ``1_000`` and non-ASCII digits are refused), a step not > 0 (integers: >= 1), a start
+    below ``minimum``, an empty range, more than ``max_values`` values in all."""
+    pattern = _REAL if real else _INT
+    number = float if real else int
+    total = 0
     for part in (p.strip() for p in str(text).split(",")):
-        if len(part) > 40:
+        if len(part) > MAX_PART:
             raise UserError(f"{flag}: {part[:20]!r}... is too long; use N, A..B or A..B:STEP "
                              "with numbers of at most 18 digits")
         lo_text, dots, rest = part.partition("..")
         hi_text, colon, step_text = rest.partition(":")
-        try:
-            lo = int(lo_text)
-            hi = int(hi_text) if dots else lo
-            step = int(step_text) if colon else 1
-        except ValueError:
-            raise UserError(
-                f"{flag}: cannot read {part!r}; use N, A..B or A..B:STEP (e.g. 1..128), "
-                "comma-separated"
-            ) from None
-        if step < 1:
-            raise UserError(f"{flag}: bad step in {part!r}; use A..B:STEP with STEP >= 1")
-        if lo < 1:
-            raise UserError(f"{flag} must be >= 1, got {lo} in {part!r}")
+        texts = [t.strip() for t in (lo_text, hi_text if dots else lo_text,
+                                     step_text if colon else "1")]
+        if not all(pattern.fullmatch(t) for t in texts):
+            raise UserError(f"{flag}: cannot read {part!r}; use N, A..B or A..B:STEP (e.g. "
+                             f"{example}), comma-separated")
+        lo, hi, step = (number(t) for t in texts)
+        if real and not all(math.isfinite(x) for x in (lo, hi, step)):  # 1e999
+            raise UserError(f"{flag}: cannot read {part!r}; use N, A..B or A..B:STEP (e.g. "
+                             f"{example}) with finite numbers, comma-separated")
+        if not step > 0:
+            raise UserError(f"{flag}: bad step in {part!r}; use A..B:STEP with STEP "
+                             f"{'> 0' if real else '>= 1'}")
+        if lo < minimum:
+            raise UserError(f"{flag} must be {'finite and ' if real else ''}>= {minimum:g}, "
+                             f"got {lo:g} in {part!r}")
         if hi < lo:
-            raise UserError(f"{flag}: empty range {part!r} (end {hi} < start {lo})")
-        if (hi - lo) // step + 1 + len(values) > MAX_POINTS:
-            raise UserError(f"{flag}: {part!r} has too many values (at most {MAX_POINTS})")
-        values.update(range(lo, hi + 1, step))
+            raise UserError(f"{flag}: empty range {part!r} (end {hi:g} < start {lo:g})")
+        span = (hi - lo) / step + 1e-9 if real else (hi - lo) // step  # inf if step tiny
+        if total + span + 1 > max_values:
+            raise UserError(f"{flag}: {part!r} has too many values (at most {max_values})")
+        count = int(span) + 1
+        total += count
+        yield part, lo, hi, step, count
+
+
+def parse_range(text: str, flag: str = "range") -> list[int]:
+    """Integers from ``8``, ``1..128`` (inclusive), ``1..128:4`` (step) or a comma list of
+    those; sorted, duplicates dropped. Every value must be >= 1 (:func:`_range_parts`)."""
+    values: set[int] = set()
+    for _, lo, hi, step, _ in _range_parts(text, flag, False, "1..128", 1, MAX_POINTS):
+        values.update(range(int(lo), int(hi) + 1, int(step)))
     return sorted(values)
 
 
@@ -177,30 +208,13 @@ class MemoryPoint:
 
 def parse_limits(text: str, flag: str = "--memory-limit") -> list[float]:
     """Limits from ``4``, ``1..8`` (step 1), ``1..8:0.5`` or a comma list of those; sorted.
+    Every value must be finite and >= 0 (:func:`_range_parts`, as :func:`parse_range`).
 
     >>> parse_limits("1..3:0.5,8")
     [1.0, 1.5, 2.0, 2.5, 3.0, 8.0]
     """
     values: set[float] = set()
-    for part in (p.strip() for p in str(text).split(",")):
-        lo_text, dots, rest = part.partition("..")
-        hi_text, colon, step_text = rest.partition(":")
-        try:
-            lo = float(lo_text)
-            hi = float(hi_text) if dots else lo
-            step = float(step_text) if colon else 1.0
-        except ValueError:
-            raise UserError(f"{flag}: cannot read {part!r}; use X, A..B or A..B:STEP "
-                             "(e.g. 1..8:0.5), comma-separated") from None
-        if not (lo >= 0 and hi < float("inf")):
-            raise UserError(f"{flag} must be finite and >= 0, got {part!r}")
-        if not step > 0:
-            raise UserError(f"{flag}: bad step in {part!r}; use A..B:STEP with STEP > 0")
-        if hi < lo:
-            raise UserError(f"{flag}: empty range {part!r} (end {hi:g} < start {lo:g})")
-        n = int((hi - lo) / step + 1e-9) + 1
-        if n + len(values) > 10_000:
-            raise UserError(f"{flag}: {part!r} has too many values (at most 10000)")
+    for _, lo, _, step, n in _range_parts(text, flag, True, "1..8:0.5", 0, MAX_LIMITS):
         values.update(round(lo + k * step, 9) for k in range(n))
     return sorted(values)
 

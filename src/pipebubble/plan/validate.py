@@ -11,23 +11,38 @@ keeps their order.
 
 The prediction it is held against is the simulator's for those scaled stage times, with
 this machine's own costs of running a schedule instead of the GPUs' P2P and all-reduce
-times. They are measured once, before the plans run, by running the first plan with layers
-that sleep 0 s (:func:`calibrate`): ``overhead`` is the median time of an empty action (the
-interpreter, autograd), added to every F, I, W and B; ``hop`` is the P2P delay per message
-at which the simulator reproduces that empty run's step (bisection; the simulator's step
-grows with the delay). On a loaded two-core machine a gloo message between processes takes
-milliseconds, so without this the prediction would miss by far more than the schedule does.
+times. They are measured once, before the plans run, by running the first plan with its
+times scaled down to :data:`CALIBRATION` of the plan's scale (:func:`calibrate`): ``overhead``
+is the median, over that run's actions, of how much longer each took than it sleeps (the
+interpreter, autograd, and a sleeping process waking up late on a busy machine: layers that
+sleep 0 s, as this used to calibrate with, never show that), added to every F, I, W and B;
+``hop`` is the P2P delay per message at which the simulator reproduces that run's step
+(bisection; the simulator's step grows with the delay). On a loaded two-core machine a gloo
+message between processes takes milliseconds, so without this the prediction would miss by
+far more than the schedule does.
 The all-reduce of the sleep model's few weights is not part of the measured pipeline step.
-The measured step is the fastest of ``repeat`` steps after a warm-up (the least disturbed
-by other work on a shared machine), as ``pipebubble run`` reports it.
+
+A plan runs its schedule by name (``run --schedule NAME``), except an ``auto`` order: it
+was searched for the plan's costs and would come out differently if searched again, so its
+order is written as torch's compute-only CSV and run as data (``run --csv FILE``: every
+process reads the same file; stages and ranks come from it).
+
+The measured step is the **median** of ``repeat`` steps after a warm-up (the fastest is kept
+as ``measured_min``): one step that a busy spell on a shared machine slowed, or one that
+happened to run undisturbed, moves it no more than the others. The calibration run's step is
+its median too. "Within 15 % of the prediction" and "within 5 % of the best measured" are
+judged on the medians.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
-from dataclasses import dataclass, replace
+import tempfile
+from dataclasses import dataclass, field, replace
+from statistics import median
 
 from ..errors import UserError
 from ..sim.kernel import simulate
@@ -40,7 +55,7 @@ class Machine:
 
     overhead: float = 0.0
     hop: float = 0.0
-    empty_step: float | None = None  # the calibration run's measured step
+    empty_step: float | None = None  # the calibration run's measured step (median)
 
 
 @dataclass
@@ -48,18 +63,32 @@ class Validation:
     plan: Plan
     scale: float  # seconds slept per second of the plan
     predicted: float  # simulated pipeline step at that scale, seconds
-    measured: float | None  # fastest measured step, seconds (None: the run failed)
+    measured: float | None  # median measured step, seconds (None: the run failed)
     error: str | None = None
     machine: Machine = Machine()
+    steps: list[float] = field(default_factory=list)  # every measured step, seconds
+
+    @property
+    def measured_min(self) -> float | None:
+        """The fastest measured step (seconds, scaled)."""
+        return min(self.steps) if self.steps else None
 
     @property
     def measured_step_time(self) -> float | None:
-        """The measured step in the plan's own time (divided by ``scale``)."""
+        """The median measured step in the plan's own time (divided by ``scale``)."""
         return None if self.measured is None else self.measured / self.scale
+
+    @property
+    def measured_step_time_min(self) -> float | None:
+        """The fastest measured step in the plan's own time."""
+        low = self.measured_min
+        return None if low is None else low / self.scale
 
     def as_json(self) -> dict:
         return {"scale": self.scale, "predicted_scaled": self.predicted,
-                "measured_scaled": self.measured, "action_overhead": self.machine.overhead,
+                "measured_scaled": self.measured, "measured_scaled_min": self.measured_min,
+                "measured_steps_scaled": list(self.steps), "statistic": "median",
+                "action_overhead": self.machine.overhead,
                 "hop_delay": self.machine.hop, "empty_step": self.machine.empty_step,
                 "relative_error": (None if self.measured is None
                                    else self.measured / self.predicted - 1),
@@ -67,9 +96,9 @@ class Validation:
 
 
 def fits_here(plan: Plan, max_processes: int) -> bool:
-    """Whether the plan's ``pp x dp`` processes fit this machine (and ``pipebubble run`` can
-    run its schedule by name: an ``auto`` order depends on the costs it was searched with)."""
-    return plan.pp * plan.dp <= max_processes and plan.schedule != "auto"
+    """Whether the plan's ``pp x dp`` processes fit this machine (an ``auto`` order runs
+    from its CSV, every other schedule by name)."""
+    return plan.pp * plan.dp <= max_processes
 
 
 def sleep_times(plan: Plan, scale: float) -> tuple[list[float], list[float], list[float]]:
@@ -92,28 +121,45 @@ def scaled_prediction(plan: Plan, scale: float, machine: Machine = Machine()) ->
     return simulate(plan.schedule_obj, costs).step_time
 
 
-def calibrate(plan: Plan, timeout: float = 600.0) -> Machine:
-    """Run ``plan`` with layers that sleep 0 s; fit the per-message delay (module doc)."""
-    result = _run(command(plan, 0.0), timeout)
+CALIBRATION = 0.02
+"""The calibration run sleeps this fraction of the plans' scaled times (module doc)."""
+
+
+def slept(plan: Plan, scale: float, event: dict) -> float:
+    """What the sleep model sleeps for one measured action of ``plan`` run at ``scale``."""
+    f, b, w = sleep_times(plan, scale)
+    s = event["stage"] % len(f)  # DualPipe's second copy sleeps as the first
+    return {"F": f[s], "B": b[s], "I": b[s] - w[s], "W": w[s]}[event["kind"]]
+
+
+def calibrate(plan: Plan, timeout: float = 600.0, csv: str | None = None,
+              repeat: int = 5, scale: float = 0.0) -> Machine:
+    """Run ``plan`` with its stage times scaled by ``scale`` (small: the run measures this
+    machine, not the plan); the median excess of an action over what it sleeps is the
+    overhead per action; then fit the per-message delay (module doc). ``csv``: the plan's
+    order as a CSV file (needed for an ``auto`` plan)."""
+    result = _run(command(plan, scale, repeat=repeat, csv=csv), timeout)
     if isinstance(result, str):
-        raise UserError(f"--validate: the calibration run (empty layers) failed: {result}")
-    step, events = result
-    durations = sorted(e["end"] - e["start"] for e in events)
-    overhead = durations[len(durations) // 2] if durations else 0.0
+        raise UserError(f"--validate: the calibration run failed: {result}")
+    steps, events = result
+    step = median(steps)
+    excess = [e["end"] - e["start"] - slept(plan, scale, e) for e in events]
+    overhead = max(0.0, median(excess)) if excess else 0.0
     lo, hi = 0.0, max(step, 1e-9)
-    if scaled_prediction(plan, 0.0, Machine(overhead, 0.0)) >= step:
+    if scaled_prediction(plan, scale, Machine(overhead, 0.0)) >= step:
         return Machine(overhead, 0.0, step)
     for _ in range(50):
         mid = (lo + hi) / 2
-        if scaled_prediction(plan, 0.0, Machine(overhead, mid)) < step:
+        if scaled_prediction(plan, scale, Machine(overhead, mid)) < step:
             lo = mid
         else:
             hi = mid
     return Machine(overhead, (lo + hi) / 2, step)
 
 
-def _run(cmd: list[str], timeout: float) -> tuple[float, list[dict]] | str:
-    """(measured step, events) of a ``pipebubble run --json``, or why it failed."""
+def _run(cmd: list[str], timeout: float) -> tuple[list[float], list[dict]] | str:
+    """(every measured step, the fastest step's events) of a ``pipebubble run --json``, or
+    why it failed."""
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
@@ -123,38 +169,65 @@ def _run(cmd: list[str], timeout: float) -> tuple[float, list[dict]] | str:
         return f"exit code {proc.returncode}: {why}"
     try:
         out = json.loads(proc.stdout.strip().splitlines()[-1])
-        return float(out["step_time"]), list(out.get("events", []))
+        steps = [float(t) for t in out.get("step_times") or [out["step_time"]]]
+        return steps, list(out.get("events", []))
     except (ValueError, KeyError, IndexError) as exc:
         return f"unreadable output: {exc}"
 
 
-def command(plan: Plan, scale: float, warmup: int = 1, repeat: int = 3) -> list[str]:
-    """The ``pipebubble run`` command line that runs ``plan`` for real, sleeping."""
+def needs_csv(plan: Plan) -> bool:
+    """Whether the plan's order must be run from a file: ``auto`` (searched for its costs)."""
+    return plan.schedule == "auto"
+
+
+def command(plan: Plan, scale: float, warmup: int = 1, repeat: int = 5,
+            csv: str | None = None) -> list[str]:
+    """The ``pipebubble run`` command line that runs ``plan`` for real, sleeping; with
+    ``csv`` (the plan's order written by :func:`write_csv`), the order from that file."""
     f, b, w = sleep_times(plan, scale)
     fmt = lambda xs: ",".join(f"{x:.6g}" for x in xs)  # noqa: E731
-    return [sys.executable, "-m", "pipebubble", "run", "--model", "sleep",
-            "--schedule", plan.schedule, "--ranks", str(plan.pp),
-            "--microbatches", str(plan.microbatches), "--chunks", str(plan.chunks),
+    if csv is None and needs_csv(plan):
+        raise ValueError(f"an {plan.schedule} plan runs from its CSV: pass csv=")
+    which = (["--csv", csv] if csv is not None
+             else ["--schedule", plan.schedule, "--chunks", str(plan.chunks)])
+    return [sys.executable, "-m", "pipebubble", "run", "--model", "sleep", *which,
+            "--ranks", str(plan.pp), "--microbatches", str(plan.microbatches),
             "--dp", str(plan.dp), "--layers", str(len(plan.ranges)),
             "--sleep-f", fmt(f), "--sleep-b", fmt(b), "--sleep-w", fmt(w),
             "--warmup", str(warmup), "--repeat", str(repeat), "--json"]
 
 
-def validate(plans: list[Plan], target: float = 1.0, repeat: int = 3,
+def write_csv(plan: Plan, folder: str, k: int) -> str | None:
+    """Write the plan's order as torch's CSV in ``folder`` when it needs one; its path."""
+    if not needs_csv(plan):
+        return None
+    from ..interop.torch_csv import write_torch_csv
+
+    path = os.path.join(folder, f"plan{k + 1}.{plan.schedule}.csv")
+    write_torch_csv(plan.schedule_obj, path)
+    return path
+
+
+def validate(plans: list[Plan], target: float = 1.0, repeat: int = 5,
              timeout: float = 600.0, machine: Machine | None = None) -> list[Validation]:
     """Run each plan (see the module doc); the first plan sets the scale and, unless
-    ``machine`` is given, is first run empty to measure this machine's overheads."""
+    ``machine`` is given, is first run at a small scale to measure this machine's
+    overheads."""
     if not plans:
         return []
     scale = target / plans[0].pipeline_time if plans[0].pipeline_time > 0 else 1.0
-    if machine is None:
-        machine = calibrate(plans[0], timeout)
-    out = []
-    for plan in plans:
-        predicted = scaled_prediction(plan, scale, machine)
-        result = _run(command(plan, scale, repeat=repeat), timeout)
-        if isinstance(result, str):
-            out.append(Validation(plan, scale, predicted, None, result, machine))
-        else:
-            out.append(Validation(plan, scale, predicted, result[0], None, machine))
+    with tempfile.TemporaryDirectory(prefix="pipebubble-validate-") as folder:
+        csvs = [write_csv(plan, folder, k) for k, plan in enumerate(plans)]
+        if machine is None:
+            machine = calibrate(plans[0], timeout, csvs[0], repeat, CALIBRATION * scale)
+        out = []
+        for plan, csv in zip(plans, csvs, strict=True):
+            predicted = scaled_prediction(plan, scale, machine)
+            result = _run(command(plan, scale, repeat=repeat, csv=csv), timeout)
+            if isinstance(result, str):
+                out.append(Validation(plan, scale, predicted, None, result, machine))
+            else:
+                steps = result[0]
+                out.append(Validation(plan, scale, predicted, median(steps), None, machine,
+                                      steps))
     return out
