@@ -82,7 +82,8 @@ class RankOrder(PackedOrder):
 
         pair = np.asarray(pair, dtype=np.int8)
         fwd = np.flatnonzero(pair == 1)
-        ok = len(pair) == len(stage) and (np.flatnonzero(pair == 2) == fwd + 1).all()
+        ok = (len(pair) == len(stage) and not ((pair < 0) | (pair > 2)).any()
+              and np.array_equal(np.flatnonzero(pair == 2), fwd + 1))
         if ok and len(fwd):
             ok = bool((kind[fwd] == CODE["F"]).all()
                       and ((kind[fwd + 1] == CODE["B"]) | (kind[fwd + 1] == CODE["I"])).all())
