@@ -118,6 +118,93 @@ def test_is_two_dualpipevs_on_half_the_ranks():
             assert got == want, (p, total, r)
 
 
+def _phases(p, m, r, stage):
+    """Rank r of DualPipeV(p, m), phase by phase as the module docstring states them, one
+    step at a time: the readable statement the array generator must equal."""
+    from collections import deque
+
+    next_f, next_b, weights, order = [0, 0], [0, 0], deque(), []
+
+    def f(chunk):
+        next_f[chunk] += 1
+        return Action(stage[chunk], "F", next_f[chunk] - 1)
+
+    def b(chunk, split=False):
+        next_b[chunk] += 1
+        mb = next_b[chunk] - 1
+        if split:
+            weights.append(Action(stage[chunk], "W", mb))
+        return Action(stage[chunk], "I" if split else "B", mb)
+
+    def w():
+        if weights:
+            order.append(weights.popleft())
+
+    order += [f(0) for _ in range(2 * (p - r - 1))]  # 1
+    for _ in range(r + 1):  # 2
+        order += [f(0), f(1)]
+    for _ in range(p - r - 1):  # 3
+        order.append(b(1, split=True))
+        w()
+        order.append(f(1))
+    for i in range(m - 2 * p + r + 1):  # 4
+        order += [f(0), b(1)] if i == 0 and r == p - 1 else [Overlap(f(0), b(1))]
+        order.append(Overlap(f(1), b(0)))
+    for _ in range(p - r - 1):  # 5
+        order += [b(1), Overlap(f(1), b(0))]
+    split = False
+    for i in range(r + 1):  # 6
+        split |= i == (r + 1) // 2 and r % 2 == 1
+        order.append(b(1, split))
+        split |= i == (r + 1) // 2 and r % 2 == 0
+        order.append(b(0, split))
+    for _ in range(p - r - 1):  # 7
+        w()
+        order.append(b(0, split=True))
+    for _ in range(r + 1):  # 8
+        w()
+    return order
+
+
+def test_array_orders_equal_the_phases_step_by_step():
+    """The generator builds each rank's order as arrays (the steady state with numpy); it
+    reads as exactly the steps of the eight phases, pairs as Overlaps."""
+    import pickle
+
+    for p in range(1, 7):
+        for m in range(2 * p, 4 * p + 4):
+            s = get_schedule("dualpipev", p, m)
+            for r, order in enumerate(s.orders):
+                want = _phases(p, m, r, (r, 2 * p - 1 - r))
+                assert list(order) == want and order == tuple(want), (p, m, r)
+                assert len(order) == len(want)  # a pair is one step
+                assert order.num_actions() == sum(2 if isinstance(x, Overlap) else 1
+                                                  for x in want)
+                assert order[len(want) // 2] == want[len(want) // 2]
+                assert pickle.loads(pickle.dumps(order)) == order
+    big = get_schedule("dualpipe", 6, 30)
+    for r in range(6):  # rank r of DualPipe is rank min(r, p-1-r) of a DualPipeV, see above
+        mine = (r, 11 - r)
+        want = _phases(3, 15, min(r, 5 - r), mine if r < 3 else mine[::-1])
+        assert list(big.orders[r]) == want
+
+
+def test_a_packed_pair_is_a_forward_then_a_backward():
+    import numpy as np
+
+    from pipebubble.ir.orders import RankOrder
+
+    one = RankOrder.build(0, "FB", [0, 0])
+    ok = RankOrder.with_pairs(one.stage, one.kind, one.microbatch, [1, 2])
+    assert list(ok) == [Overlap(Action(0, "F", 0), Action(0, "B", 0))] and len(ok) == 1
+    assert ok != one and one == RankOrder.with_pairs(one.stage, one.kind, one.microbatch,
+                                                     [0, 0])
+    bf = RankOrder.build(0, "BF", [0, 0])
+    for order, pair in ((bf, [1, 2]), (one, [2, 1]), (one, [1, 0]), (one, [1]), (one, [2, 3])):
+        with pytest.raises(ScheduleError, match="an Overlap pairs a forward with a backward"):
+            RankOrder.with_pairs(order.stage, order.kind, order.microbatch, np.array(pair))
+
+
 # ---- numbers ---------------------------------------------------------------------------------
 
 def test_numbers_by_hand_p4_m8():

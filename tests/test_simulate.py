@@ -12,6 +12,7 @@ from pipebubble.ir.schedule import (
     ScheduleError,
     _scan,
     make_schedule,
+    parse_step,
     step_actions,
     validate,
 )
@@ -115,6 +116,23 @@ def test_overlapped_pair_is_one_block():
     assert full.step_time == 6
     assert half.step_time == pytest.approx(1 + 1.5 + 2)
     assert [e.overlapped for e in half.events()] == [False, True, True, False]
+
+
+def test_two_ranks_wait_for_one_pair():
+    """Rank 0 waits for the pair's gradient (1B0 -> 0B0) and rank 2 for its forward output
+    (1F1 -> 2F1), both parked on the pair's end at once; both resume when it ends. By hand
+    (F = 1, B = 2): 0F0 [0, 1], 0F1 [1, 2], 1F0 [1, 2], 2F0 [2, 3], 2B0 [3, 5], the pair
+    [5, 8] (1F1 [5, 6], 1B0 [6, 8]), 2F1 [8, 9], 0B0 [8, 10], 2B1 [9, 11], 1B1 [11, 13],
+    0B1 [13, 15]."""
+    orders = [["0F0", "0F1", "0B0", "0B1"], ["1F0", "(1F1;1B0)", "1B1"],
+              ["2F0", "2B0", "2F1", "2B1"]]
+    s = make_schedule("t", [[parse_step(a) for a in o] for o in orders], 3, 2)
+    t = simulate(s, CostModel(f=1, b=2))
+    spans = {f"{e.stage}{e.kind}{e.microbatch}": (e.start, e.end) for e in t.events()}
+    assert spans == {"0F0": (0, 1), "0F1": (1, 2), "1F0": (1, 2), "2F0": (2, 3),
+                     "2B0": (3, 5), "1F1": (5, 6), "1B0": (6, 8), "2F1": (8, 9),
+                     "0B0": (8, 10), "2B1": (9, 11), "1B1": (11, 13), "0B1": (13, 15)}
+    assert rows(t) == rows(simulate_reference(s, CostModel(f=1, b=2)))
 
 
 def test_deadlock_names_every_stuck_rank():

@@ -74,8 +74,9 @@ def _flatten(schedule: Schedule) -> FlatActions | None:
             stages.append(order.stage)
             kinds.append(order.kind)
             mbs.append(order.microbatch)
-            pairs.append(np.zeros(len(order), dtype=np.int8))
-            offsets.append(offsets[-1] + len(order))
+            n = len(order.stage)
+            pairs.append(np.zeros(n, dtype=np.int8) if order.pair is None else order.pair)
+            offsets.append(offsets[-1] + n)
             continue
         paired = [type(step) is Overlap for step in order]
         any_pair = True in paired

@@ -5,8 +5,9 @@ hundreds of megabytes. :class:`RankOrder` keeps one rank's order as three numpy 
 (stage, kind code, microbatch) and still *behaves as* the tuple of Actions it stands for:
 ``len``, indexing, slicing, iteration, ``==`` with a tuple, ``hash`` and ``repr`` are those
 of that tuple. Generators build orders this way; the simulator and :func:`validate` read the
-arrays directly without creating an Action per step. Orders holding Overlap pairs stay
-plain tuples.
+arrays directly without creating an Action per step. An order holding Overlap pairs (DualPipe)
+adds a ``pair`` array: 1 at a pair's forward part, 2 at its backward part (the next entry),
+0 for a lone action; it then reads as the tuple of steps, a pair as one Overlap.
 
 Kind codes follow ``KINDS`` (F=0, I=1, W=2, B=3).
 
@@ -23,7 +24,7 @@ from collections.abc import Iterable, Iterator
 from functools import cache, partial
 from typing import TYPE_CHECKING
 
-from .schedule import KINDS, Action, PackedOrder, ScheduleError
+from .schedule import KINDS, Action, Overlap, PackedOrder, ScheduleError, Step
 
 if TYPE_CHECKING:
     import numpy as np
@@ -34,13 +35,18 @@ _new_action = partial(tuple.__new__, Action)  # Action from a (stage, kind, micr
 
 class RankOrder(PackedOrder):
     """One rank's actions in order, stored as ``stage``, ``kind`` (codes) and ``microbatch``
-    arrays of equal length. Immutable by convention: never write into the arrays."""
+    arrays of equal length, one entry per action, and ``pair`` (None when the order holds
+    no Overlap; else int8 codes: 1 forward part, 2 backward part, 0 lone). ``len`` and
+    indexing count steps (a pair is one step), as on the tuple it stands for. Immutable by
+    convention: never write into the arrays."""
 
-    __slots__ = ("stage", "kind", "microbatch", "_steps")
+    __slots__ = ("stage", "kind", "microbatch", "pair", "_len", "_steps")
 
-    def __init__(self, stage: np.ndarray, kind: np.ndarray, microbatch: np.ndarray):
-        self.stage, self.kind, self.microbatch = stage, kind, microbatch
-        self._steps: tuple[Action, ...] | None = None  # the Actions, made on first indexing
+    def __init__(self, stage: np.ndarray, kind: np.ndarray, microbatch: np.ndarray,
+                 pair: np.ndarray | None = None):
+        self.stage, self.kind, self.microbatch, self.pair = stage, kind, microbatch, pair
+        self._len = len(stage) if pair is None else len(stage) - int((pair == 1).sum())
+        self._steps: tuple[Step, ...] | None = None  # the steps, made on first indexing
 
     @classmethod
     def build(cls, stage: Iterable[int] | int, kinds: str | Iterable[int],
@@ -67,15 +73,40 @@ class RankOrder(PackedOrder):
                              f"{len(st)}, {len(kind)}, {len(mb)}")
         return cls(st, kind, mb)
 
-    def __len__(self) -> int:
+    @classmethod
+    def with_pairs(cls, stage: np.ndarray, kind: np.ndarray, microbatch: np.ndarray,
+                   pair: np.ndarray) -> RankOrder:
+        """An order with Overlap pairs: ``pair`` 1 marks a pair's forward part, which must
+        be a forward followed by a backward (B or I) marked 2; 0 a lone action."""
+        import numpy as np
+
+        pair = np.asarray(pair, dtype=np.int8)
+        fwd = np.flatnonzero(pair == 1)
+        ok = (len(pair) == len(stage) and not ((pair < 0) | (pair > 2)).any()
+              and np.array_equal(np.flatnonzero(pair == 2), fwd + 1))
+        if ok and len(fwd):
+            ok = bool((kind[fwd] == CODE["F"]).all()
+                      and ((kind[fwd + 1] == CODE["B"]) | (kind[fwd + 1] == CODE["I"])).all())
+        if not ok:
+            raise ScheduleError("an Overlap pairs a forward with a backward (F then B or I)")
+        return cls(stage, kind, microbatch, pair if len(fwd) else None)
+
+    def num_actions(self) -> int:
+        """Actions in the order: a pair counts as its two."""
         return len(self.stage)
 
-    def __iter__(self) -> Iterator[Action]:
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[Step]:
         if self._steps is not None:
             return iter(self._steps)
         kinds = _tables()[1][self.kind].tolist()
-        return map(_new_action, zip(self.stage.tolist(), kinds, self.microbatch.tolist(),
-                                    strict=True))
+        actions = map(_new_action, zip(self.stage.tolist(), kinds, self.microbatch.tolist(),
+                                       strict=True))
+        if self.pair is None:
+            return actions
+        return _group(actions, self.pair.tolist())
 
     def __getitem__(self, index):
         """Indexing makes (once) and keeps the tuple of Actions: code that walks an order by
@@ -86,9 +117,14 @@ class RankOrder(PackedOrder):
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, RankOrder):
-            return (len(self) == len(other) and bool((self.stage == other.stage).all())
+            import numpy as np
+
+            pairs = [o.pair if o.pair is not None else 0 for o in (self, other)]
+            return (len(self.stage) == len(other.stage) and len(self) == len(other)
+                    and bool((self.stage == other.stage).all())
                     and bool((self.kind == other.kind).all())
-                    and bool((self.microbatch == other.microbatch).all()))
+                    and bool((self.microbatch == other.microbatch).all())
+                    and bool(np.all(pairs[0] == pairs[1])))
         if isinstance(other, tuple | list):
             return len(self) == len(other) and tuple(self) == tuple(other)
         return NotImplemented
@@ -100,7 +136,16 @@ class RankOrder(PackedOrder):
         return repr(tuple(self))
 
     def __reduce__(self):  # pickles as the arrays
-        return RankOrder, (self.stage, self.kind, self.microbatch)
+        return RankOrder, (self.stage, self.kind, self.microbatch, self.pair)
+
+
+def _group(actions: Iterator[Action], pair: list[int]) -> Iterator[Step]:
+    """Steps from actions: a forward part (pair code 1) and the next action as one Overlap."""
+    for code in pair:
+        if code == 1:
+            yield Overlap(next(actions), next(actions))
+        elif code == 0:
+            yield next(actions)
 
 
 @cache

@@ -144,6 +144,10 @@ class PackedOrder(Sequence):
 
     __slots__ = ()
 
+    def num_actions(self) -> int:
+        """Actions in the order (an Overlap counts as its two)."""
+        raise NotImplementedError
+
 
 def step_actions(step: Step) -> tuple[Action, ...]:
     """The actions a step performs: one for an Action, two for an Overlap."""
@@ -224,8 +228,8 @@ class Schedule:
         return self.num_stages // max(1, self.num_ranks * len(self.chain_starts))
 
     def num_actions(self) -> int:
-        return sum(len(o) if isinstance(o, PackedOrder) else sum(len(step_actions(s)) for s in o)
-                   for o in self.orders)
+        return sum(o.num_actions() if isinstance(o, PackedOrder)
+                   else sum(len(step_actions(s)) for s in o) for o in self.orders)
 
     def actions(self, rank: int) -> Iterator[Action]:
         for step in self.orders[rank]:

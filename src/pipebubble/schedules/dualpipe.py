@@ -30,9 +30,12 @@ from __future__ import annotations
 
 from collections import deque
 
-from ..ir.schedule import Action, Overlap, Schedule, ScheduleError, Step, make_schedule
+from ..ir.orders import CODE, RankOrder
+from ..ir.schedule import Schedule, ScheduleError, make_schedule
 from ..sim.formulas import dualpipe_closed_form, dualpipev_closed_form
 from .registry import ScheduleSpec, register
+
+_F, _I, _W, _B = (CODE[k] for k in "FIWB")
 
 
 def dualpipev(ranks: int, microbatches: int, chunks: int = 2) -> Schedule:
@@ -45,60 +48,93 @@ def dualpipev(ranks: int, microbatches: int, chunks: int = 2) -> Schedule:
     return make_schedule("dualpipev", orders, 2 * p, m, placement="v")
 
 
-def _rank_order(p: int, m: int, r: int, stage: tuple[int, int]) -> list[Step]:
+def _rank_order(p: int, m: int, r: int, stage: tuple[int, int]) -> RankOrder:
     """The eight phases of rank ``r`` of a ``p``-rank DualPipeV with ``m`` microbatches;
-    ``stage`` = (its chunk-0 stage, its chunk-1 stage). Rank p - 1 is the turn of the V."""
+    ``stage`` = (its chunk-0 stage, its chunk-1 stage). Rank p - 1 is the turn of the V.
+
+    Built as arrays (:class:`~pipebubble.ir.orders.RankOrder` with pairs): the short phases
+    one action at a time, the steady state (phase 4, all but O(p) of the actions) with numpy.
+    """
+    import numpy as np
+
     next_f = [0, 0]
     next_b = [0, 0]
-    weights: deque[Action] = deque()
-    order: list[Step] = []
+    weights: deque[tuple[int, int]] = deque()  # (stage, microbatch) of the queued Ws
+    head: tuple[list[int], ...] = ([], [], [], [])  # stage, kind code, microbatch, pair code
+    tail: tuple[list[int], ...] = ([], [], [], [])
+    cols = head
 
-    def f(chunk: int) -> Action:
+    def emit(s: int, kind: int, mb: int, pair: int = 0) -> None:
+        cols[0].append(s)
+        cols[1].append(kind)
+        cols[2].append(mb)
+        cols[3].append(pair)
+
+    def f(chunk: int, pair: int = 0) -> None:
         next_f[chunk] += 1
-        return Action(stage[chunk], "F", next_f[chunk] - 1)
+        emit(stage[chunk], _F, next_f[chunk] - 1, pair)
 
-    def b(chunk: int, split: bool = False) -> Action:
+    def b(chunk: int, split: bool = False, pair: int = 0) -> None:
         next_b[chunk] += 1
         mb = next_b[chunk] - 1
         if split:
-            weights.append(Action(stage[chunk], "W", mb))
-            return Action(stage[chunk], "I", mb)
-        return Action(stage[chunk], "B", mb)
+            weights.append((stage[chunk], mb))
+            emit(stage[chunk], _I, mb, pair)
+        else:
+            emit(stage[chunk], _B, mb, pair)
 
     def w() -> None:
         if weights:
-            order.append(weights.popleft())
+            s, mb = weights.popleft()
+            emit(s, _W, mb)
 
-    order += [f(0) for _ in range(2 * (p - r - 1))]
+    for _ in range(2 * (p - r - 1)):
+        f(0)
     for _ in range(r + 1):
-        order += [f(0), f(1)]
+        f(0)
+        f(1)
     for _ in range(p - r - 1):
-        order.append(b(1, split=True))
+        b(1, split=True)
         w()
-        order.append(f(1))
-    for i in range(m - 2 * p + r + 1):
-        if i == 0 and r == p - 1:
-            order += [f(0), b(1)]
-        else:
-            order.append(Overlap(f(0), b(1)))
-        order.append(Overlap(f(1), b(0)))
+        f(1)
+    # Phase 4, the steady state: k x ((F0 & B1), (F1 & B0)); the last rank runs its very
+    # first F0 and B1 apart. No W is queued or run here.
+    k = m - 2 * p + r + 1
+    i = np.arange(max(k, 0))
+    steady = (
+        np.tile(np.array([stage[0], stage[1], stage[1], stage[0]]), len(i)),
+        np.tile(np.array([_F, _B, _F, _B], dtype=np.int8), len(i)),
+        np.stack([next_f[0] + i, next_b[1] + i, next_f[1] + i, next_b[0] + i], axis=1).ravel(),
+        np.tile(np.array([1, 2, 1, 2], dtype=np.int8), len(i)),
+    )
+    if k > 0 and r == p - 1:
+        steady[3][:2] = 0
+    for chunk in (0, 1):
+        next_f[chunk] += len(i)
+        next_b[chunk] += len(i)
+    cols = tail
     for _ in range(p - r - 1):
-        order.append(b(1))
-        order.append(Overlap(f(1), b(0)))
+        b(1)
+        f(1, pair=1)
+        b(0, pair=2)
     split = False
-    for i in range(r + 1):
-        if i == (r + 1) // 2 and r % 2 == 1:
+    for i_ in range(r + 1):
+        if i_ == (r + 1) // 2 and r % 2 == 1:
             split = True
-        order.append(b(1, split))
-        if i == (r + 1) // 2 and r % 2 == 0:
+        b(1, split)
+        if i_ == (r + 1) // 2 and r % 2 == 0:
             split = True
-        order.append(b(0, split))
+        b(0, split)
     for _ in range(p - r - 1):
         w()
-        order.append(b(0, split=True))
+        b(0, split=True)
     for _ in range(r + 1):
         w()
-    return order
+    dtypes = (np.int64, np.int8, np.int64, np.int8)
+    stage_, kind, mb, pair = (
+        np.concatenate([np.array(h, dtype=d), x, np.array(t, dtype=d)]).astype(d, copy=False)
+        for h, x, t, d in zip(head, steady, tail, dtypes, strict=True))
+    return RankOrder.with_pairs(stage_, kind, mb, pair)
 
 
 def dualpipe(ranks: int, microbatches: int, chunks: int = 1) -> Schedule:
