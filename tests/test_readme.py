@@ -99,8 +99,8 @@ def test_readme_command_runs(command, workdir, monkeypatch, capsys):
     if argv[:1] == ["explore"]:
         pytest.skip("explore serves pages until stopped; tests/ for the explorer run it")
     if _distributed(argv):
-        pytest.skip("distributed run: starts one pipebubble process per rank, which an "
-                    "in-process call cannot; tests/test_distributed.py covers it")
+        pytest.skip("distributed run: one process per rank over gloo (seconds each); "
+                    "tests/test_distributed.py runs such launches")
     if argv[:1] == ["plan"] and "--validate" in argv:
         pytest.skip("plan --validate runs each plan over gloo (tens of seconds); "
                     "tests/test_plan_cli.py::test_validate_runs_the_top_plan runs it")
