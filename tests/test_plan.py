@@ -38,11 +38,9 @@ def profile_of(layers, batch=1) -> ProfileSet:
          "flops": 0} for i, (f, b, n, a) in enumerate(layers)]})])
 
 
-def brute_force(profiles: ProfileSet, req: Request) -> float:
-    """The fastest step of any configuration and any cut that fits: no bound, no partitioner.
-    (Prices each cut with the planner's cost model; times and memory come from simulate.)"""
-    pricing = Searcher(profiles, req)
-    L, best = len(profiles), math.inf
+def every_configuration(profiles: ProfileSet, req: Request):
+    """(config, schedule, layer costs) for every pp, microbatch size, recomputation, family
+    and chunks the request allows, stated directly from the planner's documented rules."""
     for pp in [d for d in range(1, req.gpus + 1) if req.gpus % d == 0]:
         dp = req.gpus // pp
         for size in req.microbatch_sizes:
@@ -57,23 +55,32 @@ def brute_force(profiles: ProfileSet, req: Request) -> float:
                             sched = get_schedule(name, pp, m, v)
                         except ScheduleError:
                             continue
-                        S_c = sched.num_stages // sched.chains
-                        if S_c > L:
-                            continue
-                        c = Config(pp, dp, size, m, name, v, rec, 0.0)
-                        for ends in combinations(range(1, L), S_c - 1):
-                            ranges = ranges_from_ends([*ends, L])
-                            costs, params, transient = pricing.stage_costs(c, sched, lc, ranges)
-                            tl = simulate(sched, costs)
-                            peaks = [0.0] * pp
-                            for r, stats in enumerate(tl.rank_stats()):
-                                mine = [s for s in range(sched.num_stages)
-                                        if sched.stage_to_rank[s] == r]
-                                peaks[r] = (sum(req.bytes_per_param * params[s] for s in mine)
-                                            + max(transient[s] for s in mine)
-                                            + stats.peak_memory)
-                            if max(peaks) <= req.gpu_memory:
-                                best = min(best, step_time_with_allreduce(tl, costs, dp))
+                        if sched.num_stages // sched.chains <= len(profiles):
+                            yield Config(pp, dp, size, m, name, v, rec, 0.0), sched, lc
+
+
+def _cut_step(pricing: Searcher, req: Request, c: Config, sched, lc, ranges):
+    """(step, fits) of one cut, priced by the planner's cost model, timed by simulate."""
+    costs, params, transient = pricing.stage_costs(c, sched, lc, ranges)
+    tl = simulate(sched, costs)
+    peaks = []
+    for r, stats in enumerate(tl.rank_stats()):
+        mine = [s for s in range(sched.num_stages) if sched.stage_to_rank[s] == r]
+        peaks.append(sum(req.bytes_per_param * params[s] for s in mine)
+                     + max(transient[s] for s in mine) + stats.peak_memory)
+    return step_time_with_allreduce(tl, costs, c.dp), max(peaks) <= req.gpu_memory
+
+
+def brute_force(profiles: ProfileSet, req: Request) -> float:
+    """The fastest step of any configuration and any cut that fits: no bound, no partitioner.
+    (Prices each cut with the planner's cost model; times and memory come from simulate.)"""
+    pricing = Searcher(profiles, req)
+    L, best = len(profiles), math.inf
+    for c, sched, lc in every_configuration(profiles, req):
+        for ends in combinations(range(1, L), sched.num_stages // sched.chains - 1):
+            step, fits = _cut_step(pricing, req, c, sched, lc, ranges_from_ends([*ends, L]))
+            if fits:
+                best = min(best, step)
     return best
 
 
@@ -129,18 +136,6 @@ def test_best_plan_equals_brute_force(layers, gpus, batch, budget, bandwidth):
     assert other.step_time >= expect * (1 - 1e-12) and max(other.peak_memory) <= budget
 
 
-def _cut_step(pricing: Searcher, req: Request, c: Config, sched, lc, ranges):
-    """(step, fits) of one cut, priced by the planner's cost model, timed by simulate."""
-    costs, params, transient = pricing.stage_costs(c, sched, lc, ranges)
-    tl = simulate(sched, costs)
-    peaks = []
-    for r, stats in enumerate(tl.rank_stats()):
-        mine = [s for s in range(sched.num_stages) if sched.stage_to_rank[s] == r]
-        peaks.append(sum(req.bytes_per_param * params[s] for s in mine)
-                     + max(transient[s] for s in mine) + stats.peak_memory)
-    return step_time_with_allreduce(tl, costs, c.dp), max(peaks) <= req.gpu_memory
-
-
 def brute_force_candidates(profiles: ProfileSet, req: Request) -> list[float]:
     """The fastest plan over every configuration and every cut the planner claims to
     consider, stated directly (no bounds, no pruning, no Searcher.evaluate): every cut when
@@ -152,47 +147,31 @@ def brute_force_candidates(profiles: ProfileSet, req: Request) -> list[float]:
 
     pricing = Searcher(profiles, req)
     L, found = len(profiles), []
-    for pp in [d for d in range(1, req.gpus + 1) if req.gpus % d == 0]:
-        dp = req.gpus // pp
-        for size in req.microbatch_sizes:
-            if req.global_batch % (dp * size):
+    for c, sched, lc in every_configuration(profiles, req):
+        pp, S_c = c.pp, sched.num_stages // sched.chains
+        if math.comb(L - 1, S_c - 1) <= req.exhaustive_cuts:
+            cuts = [ranges_from_ends([*e, L])
+                    for e in combinations(range(1, L), S_c - 1)]
+        else:
+            work = pricing.cut_costs(lc, c, sched.num_microbatches)
+            cuts = [min_max_partition(work, S_c)]
+            where = sched.stage_to_rank
+            if len(where) > len(set(where)):
+                cuts.append(balance_ranks(work, cuts[0], where))
+        fit = [t for t, ok in (_cut_step(pricing, req, c, sched, lc, r)
+                               for r in cuts) if ok]
+        if not fit and math.comb(L - 1, S_c - 1) > req.exhaustive_cuts:
+            rows = pricing._memory_rows(lc, sched, pricing.held(sched))
+            try:
+                capped = min_max_partition(
+                    work, S_c, memory=rows,
+                    memory_cap=req.gpu_memory / (sched.num_stages // pp))
+            except PartitionError:
                 continue
-            m = req.global_batch // (dp * size)
-            for rec in req.recompute:
-                lc = profiles.at(size, rec)
-                for name in schedule_list(req.schedules):
-                    for v in chunk_options(name, req.max_chunks):
-                        try:
-                            sched = get_schedule(name, pp, m, v)
-                        except ScheduleError:
-                            continue
-                        S_c = sched.num_stages // sched.chains
-                        if S_c > L:
-                            continue
-                        c = Config(pp, dp, size, m, name, v, rec, 0.0)
-                        if math.comb(L - 1, S_c - 1) <= req.exhaustive_cuts:
-                            cuts = [ranges_from_ends([*e, L])
-                                    for e in combinations(range(1, L), S_c - 1)]
-                        else:
-                            work = pricing.cut_costs(lc, c, sched.num_microbatches)
-                            cuts = [min_max_partition(work, S_c)]
-                            where = sched.stage_to_rank
-                            if len(where) > len(set(where)):
-                                cuts.append(balance_ranks(work, cuts[0], where))
-                        fit = [t for t, ok in (_cut_step(pricing, req, c, sched, lc, r)
-                                               for r in cuts) if ok]
-                        if not fit and math.comb(L - 1, S_c - 1) > req.exhaustive_cuts:
-                            rows = pricing._memory_rows(lc, sched, pricing.held(sched))
-                            try:
-                                capped = min_max_partition(
-                                    work, S_c, memory=rows,
-                                    memory_cap=req.gpu_memory / (sched.num_stages // pp))
-                            except PartitionError:
-                                continue
-                            fit = [t for t, ok in [_cut_step(pricing, req, c, sched, lc,
-                                                             capped)] if ok]
-                        if fit:
-                            found.append(min(fit))
+            fit = [t for t, ok in [_cut_step(pricing, req, c, sched, lc,
+                                             capped)] if ok]
+        if fit:
+            found.append(min(fit))
     return sorted(found)
 
 
