@@ -46,7 +46,7 @@ from ...ir.schedule import validate as validate_schedule
 from ..registry import check_counts, get_schedule, lookup, schedule_names
 from .bounds import lower_bound, min_limits
 from .greedy import Knobs, greedy_order
-from .improve import improve
+from .improve import anneal, improve
 
 PLACEMENTS = ("any", "loop", "v")
 
@@ -58,7 +58,9 @@ class LimitTooSmall(ScheduleError):
 _CHUNKS = {"loop": 1, "v": 2}
 _TOL = 1e-9
 IMPROVE_UP_TO = 300  # actions: local search (one simulation per tried swap) below this
-WIDE_UP_TO = 72  # actions: the local search also moves actions up to 6 places
+ANNEAL_BUDGET = 30000  # moves tried by the annealing (one evaluation each), at most
+ANNEAL_WORK = 2_000_000  # and at most this many actions timed in all (its time)
+CLIMB_BUDGET = 3000  # evaluations of the hill climb that polishes the annealed order
 
 
 def knob_grid(ranks: int, microbatches: int, chunks: int) -> list[Knobs]:
@@ -158,8 +160,10 @@ def auto_schedule(
         if key[0] <= bounds[kind] + _TOL or 3 * len(where) * m > IMPROVE_UP_TO:
             continue
         start = [[a if isinstance(a, Action) else Action(*a) for a in o] for o in orders]
-        reach = 6 if 3 * len(where) * m <= WIDE_UP_TO else 1
-        better, _ = improve(start, sc, where, m, limits, reach=reach)
+        size = 3 * len(where) * m
+        better, _ = anneal(start, sc, where, m, limits, seed=len(where) * 1000 + m,
+                           budget=min(ANNEAL_BUDGET, ANNEAL_WORK // size))
+        better, _ = improve(better, sc, where, m, limits, budget=CLIMB_BUDGET)
         scored = _score(make_schedule("auto", better, len(where), m, placement=list(where)),
                         sc, limits)
         if scored is not None and scored[0] < best[0]:

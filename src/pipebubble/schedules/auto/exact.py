@@ -59,6 +59,7 @@ def optimal_schedule(ranks: int, microbatches: int, costs: CostModel | None = No
         raise ScheduleError("the exact optimum needs highspy: pip install highspy") from None
     from ...sim.kernel import simulate
     from . import auto_schedule
+    from .bounds import lower_bound
 
     costs = costs or CostModel()
     if memory_limit is None:
@@ -82,51 +83,66 @@ def optimal_schedule(ranks: int, microbatches: int, costs: CostModel | None = No
     acts = [Action(s, k, j) for s in range(S) for j in range(m) for k in "FIW"]
     dur = {a: sc.duration(a.stage, a.kind) for a in acts}
     mem = {a: sc.memory_deltas(a.stage, a.kind) for a in acts}
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
-    h.setOptionValue("time_limit", float(time_limit))
-    h.setOptionValue("mip_rel_gap", 1e-6)
-    x = {a: h.addVariable(lb=0.0, ub=horizon) for a in acts}
-    makespan = h.addVariable(lb=0.0, ub=horizon)
-    guess = [began[a] for a in acts] + [known.step_time]  # the start order, column by column
-    for a in acts:
-        h.addConstr(makespan >= x[a] + dur[a])
-    # Precedences, each "a ends before b starts": the dependency rule (ir/deps.py, with
-    # comm on hops) and, per stage and kind, microbatch order (as every schedule here runs).
+    # Precedences, each "a ends before b starts" (after a lag): the dependency rule
+    # (ir/deps.py, with comm on hops) and, per stage and kind, microbatch order (as every
+    # schedule here runs).
     comm = sc.comm
-    succ: dict[Action, list[Action]] = {a: [] for a in acts}
+    edges: list[tuple[Action, Action, float]] = []
     for s in range(S):
         up = comm if s and where[s - 1] != where[s] else 0.0
         down = comm if s < S - 1 and where[s + 1] != where[s] else 0.0
         for j in range(m):
             f, i, w = Action(s, "F", j), Action(s, "I", j), Action(s, "W", j)
-            edges = [(f, i, 0.0), (i, w, 0.0)]
+            edges += [(f, i, 0.0), (i, w, 0.0)]
             if s:
                 edges.append((Action(s - 1, "F", j), f, up))
             if s < S - 1:
                 edges.append((Action(s + 1, "I", j), i, down))
             if j:
                 edges += [(Action(s, k, j - 1), Action(s, k, j), 0.0) for k in "FIW"]
-            for a, b, lag in edges:
-                h.addConstr(x[b] >= x[a] + dur[a] + lag)
-                succ[a].append(b)
+    succ: dict[Action, list[Action]] = {a: [] for a in acts}
+    for a, b, _ in edges:
+        succ[a].append(b)
     after = _reach(acts, succ)
+    # Time windows: no action starts before its longest path from the start (its release)
+    # nor later than the horizon less its longest path to the end (its tail, itself
+    # included). They bound every start, tighten each big M, and fix the order of two
+    # actions of a rank whose windows cannot overlap that way round.
+    release, tail = _windows(acts, edges, dur)
+    floor = max(lower_bound(sc, where, m), max(release[a] + tail[a] for a in acts))
+    latest = {a: horizon - tail[a] for a in acts}
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("time_limit", float(time_limit))
+    h.setOptionValue("mip_rel_gap", 1e-6)
+    x = {a: h.addVariable(lb=release[a], ub=max(release[a], latest[a])) for a in acts}
+    makespan = h.addVariable(lb=min(floor, horizon), ub=horizon)
+    guess = [began[a] for a in acts] + [known.step_time]  # the start order, column by column
+    for a in acts:
+        h.addConstr(makespan >= x[a] + dur[a])
+    for a, b, lag in edges:
+        h.addConstr(x[b] >= x[a] + dur[a] + lag)
     for r in range(p):
         mine = [a for a in acts if where[a.stage] == r]
         before = {}  # (a, b) -> 1 if a runs before b (a constant where the rules decide)
         for u in range(len(mine)):
             for v in range(u + 1, len(mine)):
                 a, b = mine[u], mine[v]
-                if b in after[a]:
+                ab = b in after[a] or release[b] + dur[b] > latest[a] + 1e-9
+                ba = a in after[b] or release[a] + dur[a] > latest[b] + 1e-9
+                if ab and not ba:
                     before[a, b], before[b, a] = 1, 0
                     continue
-                if a in after[b]:
+                if ba and not ab:
                     before[a, b], before[b, a] = 0, 1
                     continue
                 y = h.addBinary()
                 guess.append(1.0 if (began[a], a.kind) < (began[b], b.kind) else 0.0)
-                h.addConstr(x[a] + dur[a] <= x[b] + horizon * (1 - y))
-                h.addConstr(x[b] + dur[b] <= x[a] + horizon * y)
+                # a before b: x_a + d_a <= x_b, relaxed by the most it can be off otherwise
+                big_ab = max(0.0, latest[a] + dur[a] - release[b])
+                big_ba = max(0.0, latest[b] + dur[b] - release[a])
+                h.addConstr(x[a] + dur[a] <= x[b] + big_ab * (1 - y))
+                h.addConstr(x[b] + dur[b] <= x[a] + big_ba * y)
                 before[a, b], before[b, a] = y, 1 - y
         if limits is None:
             continue
@@ -158,6 +174,36 @@ def optimal_schedule(ranks: int, microbatches: int, costs: CostModel | None = No
     if step > known.step_time:  # cannot happen for a feasible point; keep the better one
         sched, step = start, known.step_time
     return Optimum(sched, step, bound, h.getModelStatus() == highspy.HighsModelStatus.kOptimal)
+
+
+def _windows(acts: list[Action], edges: list[tuple[Action, Action, float]],
+             dur: dict[Action, float]) -> tuple[dict[Action, float], dict[Action, float]]:
+    """Per action, the longest path of durations and lags before its start (release) and
+    from its start to the end of the step (tail, its own duration included)."""
+    succ: dict[Action, list[tuple[Action, float]]] = {a: [] for a in acts}
+    pred: dict[Action, list[tuple[Action, float]]] = {a: [] for a in acts}
+    for a, b, lag in edges:
+        succ[a].append((b, lag))
+        pred[b].append((a, lag))
+    order: list[Action] = []  # topological, by Kahn's rule
+    count = {a: len(pred[a]) for a in acts}
+    ready = [a for a in acts if not count[a]]
+    while ready:
+        a = ready.pop()
+        order.append(a)
+        for b, _ in succ[a]:
+            count[b] -= 1
+            if not count[b]:
+                ready.append(b)
+    release = {a: 0.0 for a in acts}
+    for a in order:
+        for b, lag in succ[a]:
+            release[b] = max(release[b], release[a] + dur[a] + lag)
+    tail = {a: dur[a] for a in acts}
+    for a in reversed(order):
+        for b, lag in succ[a]:
+            tail[a] = max(tail[a], dur[a] + lag + tail[b])
+    return release, tail
 
 
 def _reach(acts: list[Action], succ: dict[Action, list[Action]]) -> dict[Action, set[Action]]:
