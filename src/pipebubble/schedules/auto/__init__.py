@@ -60,6 +60,7 @@ _TOL = 1e-9
 IMPROVE_UP_TO = 300  # actions: local search (one simulation per tried swap) below this
 ANNEAL_BUDGET = 30000  # moves tried by the annealing (one evaluation each), at most
 ANNEAL_WORK = 2_000_000  # and at most this many actions timed in all (its time)
+SEARCH_STARTS = 3  # the local search anneals from this many of the best orders
 CLIMB_BUDGET = 3000  # evaluations of the hill climb that polishes the annealed order
 
 
@@ -132,7 +133,7 @@ def auto_schedule(
         raise ScheduleError("auto: no placement accepts these costs (" + "; ".join(errors) + ")")
 
     best = None  # (key, orders, source, placement)
-    by_kind: dict[str, tuple] = {}  # the best of each placement
+    by_kind: dict[str, list] = {}  # the few best of each placement
     bounds = {kind: lower_bound(sc, where, m) for kind, (sc, where) in resolved.items()}
     floor = min(bounds.values())
     # Registered schedules first (a tie on step time goes to the least idle inside the
@@ -144,8 +145,11 @@ def auto_schedule(
                 continue  # this placement cannot beat what we have
             sc, where = resolved[kind]
             for key, orders, source in phase(kind, p, m, sc, where, limits):
-                if kind not in by_kind or key < by_kind[kind][0]:
-                    by_kind[kind] = (key, orders, source, kind)
+                tops = by_kind.setdefault(kind, [])
+                if all(key != t[0] for t in tops):  # the few best, as the search's starts
+                    tops.append((key, orders, source, kind))
+                    tops.sort(key=lambda t: t[0])
+                    del tops[SEARCH_STARTS:]
                 if best is None or key < best[0]:
                     best = (key, orders, source, kind)
                 if best[0][0] <= floor + _TOL and (phase is _greedy or best[0][1] <= _TOL):
@@ -155,19 +159,25 @@ def auto_schedule(
                 break
     if best is None:  # cannot happen above the smallest limit; kept as a clear error
         raise ScheduleError(f"auto found no order within memory limit {memory_limit}")
-    for kind, (key, orders, source, _) in sorted(by_kind.items()):
+    for kind, tops in sorted(by_kind.items()):
         sc, where = resolved[kind]
-        if key[0] <= bounds[kind] + _TOL or 3 * len(where) * m > IMPROVE_UP_TO:
-            continue
-        start = [[a if isinstance(a, Action) else Action(*a) for a in o] for o in orders]
         size = 3 * len(where) * m
-        better, _ = anneal(start, sc, where, m, limits, seed=len(where) * 1000 + m,
-                           budget=min(ANNEAL_BUDGET, ANNEAL_WORK // size))
-        better, _ = improve(better, sc, where, m, limits, budget=CLIMB_BUDGET)
+        if tops[0][0][0] <= bounds[kind] + _TOL or size > IMPROVE_UP_TO:
+            continue
+        # Anneal from each of the few best orders of the placement (different knobs give
+        # different shapes), then polish the best result with a hill climb.
+        found = None
+        for n, (key, orders, source, _) in enumerate(tops):
+            start = [[a if isinstance(a, Action) else Action(*a) for a in o] for o in orders]
+            better, got = anneal(start, sc, where, m, limits, seed=size * 1000 + n,
+                                 budget=min(ANNEAL_BUDGET, ANNEAL_WORK // size) // len(tops))
+            if found is None or got < found[0]:
+                found = (got, better, source)
+        better, _ = improve(found[1], sc, where, m, limits, budget=CLIMB_BUDGET)
         scored = _score(make_schedule("auto", better, len(where), m, placement=list(where)),
                         sc, limits)
         if scored is not None and scored[0] < best[0]:
-            best = (scored[0], better, source + " + local search", kind)
+            best = (scored[0], better, found[2] + " + local search", kind)
     key, orders, source, kind = best
     sc, where = resolved[kind]
     cand = make_schedule("auto", [[a if isinstance(a, Action) else Action(*a) for a in o]
