@@ -47,12 +47,15 @@ class Optimum:
 
 def optimal_schedule(ranks: int, microbatches: int, costs: CostModel | None = None,
                      memory_limit=None, placement: str = "loop",
-                     start: Schedule | None = None, time_limit: float = 60.0) -> Optimum:
+                     start: Schedule | None = None, time_limit: float = 60.0,
+                     gap: float = 1e-6) -> Optimum:
     """Solve the MIP above for ``placement`` ``loop`` (1 stage per rank) or ``v`` (2).
 
     ``start``: an order that fits (default: ``auto``'s); its step time is the big M and
     the solver starts from it, so the answer is never worse than it, even when the time
-    limit stops the search (then ``proven`` is False)."""
+    limit stops the search (then ``proven`` is False). ``gap``: the solver stops once its
+    order is proven within this fraction of the optimum (``proven`` then says so; the
+    default asks for the optimum itself)."""
     try:
         import highspy
     except ImportError:  # pragma: no cover - an optional dependency
@@ -114,7 +117,7 @@ def optimal_schedule(ranks: int, microbatches: int, costs: CostModel | None = No
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("time_limit", float(time_limit))
-    h.setOptionValue("mip_rel_gap", 1e-6)
+    h.setOptionValue("mip_rel_gap", float(gap))
     x = {a: h.addVariable(lb=release[a], ub=max(release[a], latest[a])) for a in acts}
     makespan = h.addVariable(lb=min(floor, horizon), ub=horizon)
     guess = [began[a] for a in acts] + [known.step_time]  # the start order, column by column
@@ -128,13 +131,19 @@ def optimal_schedule(ranks: int, microbatches: int, costs: CostModel | None = No
         for u in range(len(mine)):
             for v in range(u + 1, len(mine)):
                 a, b = mine[u], mine[v]
-                ab = b in after[a] or release[b] + dur[b] > latest[a] + 1e-9
-                ba = a in after[b] or release[a] + dur[a] > latest[b] + 1e-9
-                if ab and not ba:
+                if b in after[a]:  # the precedences already order them
                     before[a, b], before[b, a] = 1, 0
                     continue
-                if ba and not ab:
+                if a in after[b]:
                     before[a, b], before[b, a] = 0, 1
+                    continue
+                # b cannot end before a's latest start: a goes first (and the reverse)
+                ab = release[b] + dur[b] > latest[a] + 1e-9
+                ba = release[a] + dur[a] > latest[b] + 1e-9
+                if ab != ba:
+                    first, then = (a, b) if ab else (b, a)
+                    h.addConstr(x[first] + dur[first] <= x[then])
+                    before[first, then], before[then, first] = 1, 0
                     continue
                 y = h.addBinary()
                 guess.append(1.0 if (began[a], a.kind) < (began[b], b.kind) else 0.0)
@@ -165,8 +174,8 @@ def optimal_schedule(ranks: int, microbatches: int, costs: CostModel | None = No
     values = h.getSolution().col_value
     if info.primal_solution_status != 2:  # no feasible point: keep the start order
         return Optimum(start, known.step_time, float(info.mip_dual_bound), False)
-    start = {a: values[x[a].index] for a in acts}
-    orders = [sorted((a for a in acts if where[a.stage] == r), key=lambda a: (start[a], a.kind))
+    at = {a: values[x[a].index] for a in acts}
+    orders = [sorted((a for a in acts if where[a.stage] == r), key=lambda a: (at[a], a.kind))
               for r in range(p)]
     sched = make_schedule("optimal", orders, S, m, placement=list(where))
     step = simulate(sched, sc).step_time
