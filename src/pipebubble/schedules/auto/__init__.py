@@ -167,7 +167,7 @@ def auto_schedule(
         # Anneal from each of the few best orders of the placement (different knobs give
         # different shapes), then polish the best result with a hill climb.
         found = None
-        for n, (key, orders, source, _) in enumerate(tops):
+        for n, (_key, orders, source, _) in enumerate(tops):
             start = [[a if isinstance(a, Action) else Action(*a) for a in o] for o in orders]
             better, got = anneal(start, sc, where, m, limits, seed=size * 1000 + n,
                                  budget=min(ANNEAL_BUDGET, ANNEAL_WORK // size) // len(tops))

@@ -89,6 +89,18 @@ class _Problem:
         k, rest = divmod(x, self.S * self.m)
         return Action(rest // self.m, _KINDS[k], rest % self.m)
 
+    def encode(self, orders: list[list[Action]]) -> list[list[int]]:
+        """Orders as action numbers; a fused backward B becomes its I then its W (the same
+        time and the same memory at every instant), which the search may then pull apart."""
+        out = []
+        for o in orders:
+            row = []
+            for a in o:
+                kinds = ("I", "W") if a.kind == "B" else (a.kind,)
+                row += [self.id(_CODE[k], a.stage, a.microbatch) for k in kinds]
+            out.append(row)
+        return out
+
     def evaluate(self, orders: list[list[int]]) -> tuple[float, float]:
         """(step time, sum of ends) of these orders; (inf, inf) on deadlock."""
         end = [_INF] * self.n
@@ -162,7 +174,7 @@ def improve(orders: list[list[Action]], sc: StageCosts, where: tuple[int, ...],
     then ``kicks`` rounds of a random kick and another climb, within ``budget``
     evaluations; returns the best orders and their (step, sum of ends)."""
     prob = _Problem(sc, where, microbatches, limits)
-    cur = [[prob.id(_CODE[a.kind], a.stage, a.microbatch) for a in o] for o in orders]
+    cur = prob.encode(orders)
     score = prob.evaluate(cur)
     spent = [1]
 
@@ -240,7 +252,7 @@ def anneal(orders: list[list[Action]], sc: StageCosts, where: tuple[int, ...],
     import math
 
     prob = _Problem(sc, where, microbatches, limits)
-    cur = [[prob.id(_CODE[a.kind], a.stage, a.microbatch) for a in o] for o in orders]
+    cur = prob.encode(orders)
     got = prob.evaluate(cur)
     n = prob.n
 
