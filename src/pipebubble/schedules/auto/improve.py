@@ -81,6 +81,8 @@ class _Problem:
             for y in self.local_pre[x]:
                 self.local_post[y].append(x)
         self.limits = limits
+        p = max(where) + 1
+        self.stages = [[s for s in range(S) if where[s] == q] for q in range(p)]
 
     def id(self, k: int, s: int, j: int) -> int:
         return (k * self.S + s) * self.m + j
@@ -154,6 +156,62 @@ class _Problem:
         inside = set(order[k:k2 + 1])
         return (not any(z in inside for z in self.local_post[x])
                 and not any(z in inside for z in self.local_pre[y]))
+
+    def excess(self, order: list[int], limit: float | None) -> float:
+        """How far the rank's peak memory goes over the limit (0 if it fits)."""
+        if limit is None:
+            return 0.0
+        used = peak = 0.0
+        d0, net = self.d0, self.net
+        for x in order:
+            if used + d0[x] > peak:
+                peak = used + d0[x]
+            used += net[x]
+        return max(0.0, peak - limit - 1e-9)
+
+    def column_move(self, orders: list[list[int]], r: int, k: int, rng) -> bool:
+        """Move order[k] of rank r before another action of that rank, and on every other
+        rank the action of the same kind, chunk and microbatch before the one of the same
+        kind, chunk and microbatch as that (where the rank allows it). True if anything
+        moved."""
+        order = orders[r]
+        lo, hi = self.window(order, k)
+        if hi <= lo:
+            return False
+        to = rng.randint(lo, hi - 1)
+        if to >= k:
+            to += 1
+        rest = order[:k] + order[k + 1:]
+        if to >= len(rest):
+            return False
+        x, y = order[k], rest[to]
+        moved = False
+        for q, other in enumerate(orders):
+            xq, yq = self.twin(x, q), self.twin(y, q)
+            if xq < 0 or yq < 0:
+                continue
+            kq = other.index(xq)
+            lo, hi = self.window(other, kq)
+            other.pop(kq)
+            at = other.index(yq)
+            if lo <= at <= hi and at != kq:
+                other.insert(at, xq)
+                moved = True
+            else:
+                other.insert(kq, xq)
+        return moved
+
+    def twin(self, x: int, q: int) -> int:
+        """The action of rank q with x's kind, chunk (place among the rank's stages) and
+        microbatch; -1 if q has no such chunk."""
+        k, rest = divmod(x, self.S * self.m)
+        s, j = divmod(rest, self.m)
+        mine = self.stages[self.where[s]]
+        theirs = self.stages[q]
+        c = mine.index(s)
+        if c >= len(theirs):
+            return -1
+        return self.id(k, theirs[c], j)
 
     def window(self, order: list[int], k: int) -> tuple[int, int]:
         """Where order[k] may go once taken out: positions lo..hi of the shortened order."""
@@ -245,7 +303,9 @@ def improve(orders: list[list[Action]], sc: StageCosts, where: tuple[int, ...],
 def anneal(orders: list[list[Action]], sc: StageCosts, where: tuple[int, ...],
            microbatches: int, limits: list[float] | None, budget: int = 20000,
            seed: int = 0, hot: float = 0.03, cold: float = 0.0005,
-           swaps: float = 0.3) -> tuple[list[list[Action]], tuple[float, float]]:
+           swaps: float = 0.3, soft: bool = False, tie: float = 1.0,
+           columns: float = 0.2) -> tuple[list[list[Action]],
+                                                            tuple[float, float]]:
     """Simulated annealing over the same moves (random ones; a worse order is taken with
     probability exp(-worse / temperature), the temperature falling geometrically), then a
     climb; returns the best orders seen and their (step, sum of ends)."""
@@ -257,12 +317,17 @@ def anneal(orders: list[list[Action]], sc: StageCosts, where: tuple[int, ...],
     n = prob.n
 
     def value(score: tuple[float, float]) -> float:
-        return score[0] + score[1] / (n * n)
+        return score[0] + tie * score[1] / (n * n)
 
     now = value(got)
     best, best_orders = got, [list(o) for o in cur]
     rng = random.Random(seed)
     hot, cold = hot * got[0], cold * got[0]
+    # soft: an order over the limit is allowed, at a price per unit of excess memory that
+    # rises from a fraction of the step to several steps (so the walk ends where it fits)
+    over = [0.0] * len(cur)
+    spill = 0.0
+    soft_from, soft_to = 0.05 * got[0], 5.0 * got[0]
     sizes = [len(o) for o in cur]
     ranks = [r for r, size in enumerate(sizes) for _ in range(size)]
     for step in range(budget):
@@ -270,6 +335,32 @@ def anneal(orders: list[list[Action]], sc: StageCosts, where: tuple[int, ...],
         r = ranks[rng.randrange(len(ranks))]
         order = cur[r]
         k = rng.randrange(len(order))
+        if rng.random() < columns:  # the same move on every rank
+            saved = [list(o) for o in cur]
+            if not prob.column_move(cur, r, k, rng):
+                continue
+            if soft:
+                extra = sum(prob.excess(o, None if limits is None else limits[q])
+                            for q, o in enumerate(cur))
+                weight = soft_from * (soft_to / soft_from) ** (step / budget)
+                ok = True
+            else:
+                ok = limits is None or all(prob.fits(o, limits[q]) for q, o in enumerate(cur))
+                extra = weight = 0.0
+            if ok:
+                score = prob.evaluate(cur)
+                v = value(score) + weight * extra
+                if v <= now or (v < _INF and rng.random() < math.exp((now - v) / temp)):
+                    now = v
+                    if soft:
+                        spill = extra
+                        over = [prob.excess(o, None if limits is None else limits[q])
+                                for q, o in enumerate(cur)]
+                    if score < best and extra <= 1e-12:
+                        best, best_orders = score, [list(o) for o in cur]
+                    continue
+            cur[:] = saved
+            continue
         if rng.random() < swaps:  # swap two actions of the rank
             k2 = rng.randrange(len(order))
             if k2 == k:
@@ -289,12 +380,23 @@ def anneal(orders: list[list[Action]], sc: StageCosts, where: tuple[int, ...],
                 to += 1
             order.insert(to, x)
             undo = (k, to, x)
-        if prob.fits(order, None if limits is None else limits[r]):
+        limit = None if limits is None else limits[r]
+        if soft:
+            extra = prob.excess(order, limit)
+            weight = soft_from * (soft_to / soft_from) ** (step / budget)
+            total = spill - over[r] + extra
+        elif prob.fits(order, limit):
+            extra = total = weight = 0.0
+        else:
+            extra = -1.0
+        if extra >= 0:
             score = prob.evaluate(cur)
-            v = value(score)
+            v = value(score) + weight * total
             if v <= now or (v < _INF and rng.random() < math.exp((now - v) / temp)):
                 now = v
-                if score < best:
+                if soft:
+                    spill, over[r] = total, extra
+                if score < best and total <= 1e-12:
                     best, best_orders = score, [list(o) for o in cur]
                 continue
         a, b, x = undo
