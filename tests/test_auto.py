@@ -213,16 +213,16 @@ def test_within_2_percent_of_the_exact_optimum(seed):
     check_within_2_percent(*random_instance(seed))
 
 
-# Bigger instances, V placement and tight limits included: p x m up to 16 in V (96
-# actions) and 32 in loop. The MIP takes seconds to a minute each.
+# Bigger instances, V placement and tight limits included: p x m up to 12 in V (72
+# actions) and 32 in loop (96). The MIP takes seconds to a couple of minutes each.
 BIG = {"loop": [(2, 8), (3, 6), (3, 8), (4, 4), (4, 6), (4, 8)],
-       "v": [(2, 4), (2, 5), (2, 6), (3, 3), (3, 4), (4, 3), (4, 4)]}
+       "v": [(2, 4), (2, 5), (2, 6), (3, 3), (3, 4), (4, 3)]}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", range(1, 21))
+@pytest.mark.parametrize("seed", range(1, 17))
 def test_within_2_percent_of_the_exact_optimum_bigger(seed):
-    check_within_2_percent(*random_instance(seed, BIG), time_limit=240)
+    check_within_2_percent(*random_instance(seed, BIG), time_limit=180)
 
 
 def test_torch_loads_the_auto_csv(tmp_path):
