@@ -11,8 +11,10 @@ chunks per rank, as ZB-V), whichever is faster. Candidates:
   units (``building_block.py``), at the smallest T that fits;
 - the greedy list scheduler (:mod:`.greedy`) over a grid of its knobs, which fills the
   memory it is given (Zero Bubble's heuristic, both placements);
-- on small instances (up to 300 actions), a local search (:mod:`.improve`) from the best
-  order of each placement: neighbour swaps kept when the simulator says they help.
+- on small instances (up to 300 actions), a local search (:mod:`.improve`) from the three
+  best orders of each placement: simulated annealing over moves of one action within its
+  rank, swaps of two, and the same move on every rank, then a hill climb; seeded by the
+  instance, so deterministic.
 
 Every candidate is scored by the one simulator (:func:`pipebubble.sim.simulate`) with the
 same costs (the greedy times its orders as it builds them, by the same rule); the fastest
@@ -61,6 +63,7 @@ IMPROVE_UP_TO = 300  # actions: local search (one simulation per tried swap) bel
 ANNEAL_BUDGET = 30000  # moves tried by the annealing (one evaluation each), at most
 ANNEAL_WORK = 2_000_000  # and at most this many actions timed in all (its time)
 SEARCH_STARTS = 3  # the local search anneals from this many of the best orders
+ANNEAL_SETTINGS = [dict(hot=0.03, columns=0.4)]  # one per start, in turn
 CLIMB_BUDGET = 3000  # evaluations of the hill climb that polishes the annealed order
 
 
@@ -170,7 +173,8 @@ def auto_schedule(
         for n, (_key, orders, source, _) in enumerate(tops):
             start = [[a if isinstance(a, Action) else Action(*a) for a in o] for o in orders]
             better, got = anneal(start, sc, where, m, limits, seed=size * 1000 + n,
-                                 budget=min(ANNEAL_BUDGET, ANNEAL_WORK // size) // len(tops))
+                                 budget=min(ANNEAL_BUDGET, ANNEAL_WORK // size) // len(tops),
+                                 **ANNEAL_SETTINGS[n % len(ANNEAL_SETTINGS)])
             if found is None or got < found[0]:
                 found = (got, better, source)
         better, _ = improve(found[1], sc, where, m, limits, budget=CLIMB_BUDGET)
