@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from ...costs import CostModel, StageCosts
 from ...ir.schedule import (
     Action,
+    Overlap,
     Schedule,
     ScheduleError,
     loop_placement,
@@ -61,7 +62,8 @@ _CHUNKS = {"loop": 1, "v": 2}
 _TOL = 1e-9
 IMPROVE_UP_TO = 300  # actions: local search (one simulation per tried swap) below this
 ANNEAL_BUDGET = 30000  # moves tried by the annealing (one evaluation each), at most
-ANNEAL_WORK = 2_000_000  # and at most this many actions timed in all (its time)
+ANNEAL_WORK = 1_500_000  # and at most this many actions timed in all (its time)
+SEARCH_WITHIN = 0.15  # a placement whose best is this much slower than the best is not searched
 SEARCH_STARTS = 3  # the local search anneals from this many of the best orders
 ANNEAL_SETTINGS = [dict(hot=0.03, columns=0.4)]  # one per start, in turn
 CLIMB_BUDGET = 3000  # evaluations of the hill climb that polishes the annealed order
@@ -165,13 +167,14 @@ def auto_schedule(
     for kind, tops in sorted(by_kind.items()):
         sc, where = resolved[kind]
         size = 3 * len(where) * m
-        if tops[0][0][0] <= bounds[kind] + _TOL or size > IMPROVE_UP_TO:
+        if (tops[0][0][0] <= bounds[kind] + _TOL or size > IMPROVE_UP_TO
+                or tops[0][0][0] > (1 + SEARCH_WITHIN) * best[0][0]):
             continue
         # Anneal from each of the few best orders of the placement (different knobs give
         # different shapes), then polish the best result with a hill climb.
         found = None
         for n, (_key, orders, source, _) in enumerate(tops):
-            start = [[a if isinstance(a, Action) else Action(*a) for a in o] for o in orders]
+            start = [[a for step in o for a in _actions(step)] for o in orders]
             better, got = anneal(start, sc, where, m, limits, seed=size * 1000 + n,
                                  budget=min(ANNEAL_BUDGET, ANNEAL_WORK // size) // len(tops),
                                  **ANNEAL_SETTINGS[n % len(ANNEAL_SETTINGS)])
@@ -200,6 +203,14 @@ def auto_schedule(
                         placement=list(cand.stage_to_rank), auto=info)
     validate_schedule(out)
     return out
+
+
+def _actions(step) -> tuple[Action, ...]:
+    """A step of a candidate order as Actions: a greedy tuple, an Action, or an Overlap's
+    two (the local search runs them apart)."""
+    if isinstance(step, Overlap):
+        return step_actions(step)
+    return (step if isinstance(step, Action) else Action(*step),)
 
 
 def _too_small(memory_limit, limits: list[float], short: list) -> str:
