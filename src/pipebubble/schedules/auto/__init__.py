@@ -60,7 +60,7 @@ class LimitTooSmall(ScheduleError):
 
 _CHUNKS = {"loop": 1, "v": 2}
 _TOL = 1e-9
-IMPROVE_UP_TO = 300  # actions: local search (one simulation per tried swap) below this
+IMPROVE_UP_TO = 300  # actions: the local search runs up to this size
 ANNEAL_BUDGET = 30000  # moves tried by the annealing (one evaluation each), at most
 ANNEAL_WORK = 1_500_000  # and at most this many actions timed in all (its time)
 SEARCH_WITHIN = 0.15  # a placement whose best is this much slower than the best is not searched

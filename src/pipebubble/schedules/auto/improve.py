@@ -10,11 +10,14 @@ order only) and the step gets better: a shorter step time, or the same with ever
 ending earlier in sum (which lets the search cross flat ground). Passes repeat until none
 helps (a local optimum).
 
-From the local optimum the search *kicks* the order (a few random moves that fit the
-memory, from a random generator seeded by the instance: the result depends only on the
-input, never on a clock, so every process of a distributed run computes the same) and
-climbs again, keeping the best order seen: an iterated local search. The budget is a
-number of evaluations.
+:func:`anneal` (what ``auto`` runs first) walks the same moves at random, plus swaps of two
+actions of a rank and *column* moves (the same move on every rank: the action of the same
+kind, chunk and microbatch put before the same counterpart), taking a worse order with
+probability exp(-worse / temperature) as the temperature falls, and keeps the best order
+that fits. :func:`improve` then climbs from it (and can kick it: a few random moves and
+another climb, an iterated local search). Random choices come from a generator seeded by
+the instance: the result depends only on the input, never on a clock, so every process of
+a distributed run computes the same. Budgets are numbers of evaluations.
 
 Each evaluation times the whole order by the simulator's rule (an action starts when its
 rank is free and the one action it waits for on another stage has ended, plus ``comm`` on a
