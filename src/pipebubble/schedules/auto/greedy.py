@@ -73,18 +73,13 @@ def greedy_order(
     stage_to_rank: tuple[int, ...],
     limits: list[float] | None,
     knobs: Knobs,
-    rng=None,
-    eps: float = 0.0,
 ) -> tuple[list[list[tuple]], float, float] | None:
     """Per-rank orders of one step (``(stage, kind, microbatch)`` tuples: make Actions with
     ``Action(*a)``), its step time and the idle time inside the ranks' spans, built
     greedily; None on deadlock.
 
     ``sc`` holds one entry per stage (one chain: stage s feeds s + 1); ``stage_to_rank``
-    places them; ``limits[r]`` caps rank r's activation memory (None: no cap). With ``rng``
-    (a ``random.Random``), each rule is passed over with probability ``eps`` when another
-    kind could run instead: a randomised greedy, run many times by ``auto`` on small
-    instances.
+    places them; ``limits[r]`` caps rank r's activation memory (None: no cap).
     """
     p, m, S = ranks, microbatches, len(stage_to_rank)
     where = stage_to_rank
@@ -160,9 +155,6 @@ def greedy_order(
                         and not (s == mine[0] and nf[s] - ni[s] >= caps[r])):
                     pick_i = -1
                     break
-        if pick_i >= 0 and rng is not None and rng.random() < eps and _other_ready(
-                mine, nf, ni, nw, m, f_end, up, t):
-            pick_i = -1  # randomised: let an F or a W go first
         if pick_i >= 0:
             s = pick_i
             j = ni[s]
@@ -205,10 +197,6 @@ def greedy_order(
                     pick_f = s
             elif ready < soon:
                 soon = ready
-        if pick_f >= 0 and rng is not None and rng.random() < eps and any(
-                nw[x] < ni[x] for x in mine):
-            pick_f = -1  # randomised: a W first
-            blocked = True
         if pick_f >= 0 and not (knobs.wait_i and soon < t + dur_f[pick_f] - _EPS
                                 and _i_is_next(mine, ni, nf, soon, f_end, i_end, down, S)):
             s = pick_f
@@ -272,15 +260,4 @@ def _i_is_next(mine, ni, nf, soon, f_end, i_end, down, S) -> bool:
                 ready = max(ready, i_end[s + 1][j] + down[s])
             if ready <= soon + _EPS:
                 return True
-    return False
-
-
-def _other_ready(mine, nf, ni, nw, m, f_end, up, t) -> bool:
-    """True if a W or an F (inputs there) could run on this rank at ``t``."""
-    for s in mine:
-        if nw[s] < ni[s]:
-            return True
-        j = nf[s]
-        if j < m and (s == 0 or f_end[s - 1][j] + up[s] <= t + _EPS):
-            return True
     return False
