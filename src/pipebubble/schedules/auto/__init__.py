@@ -12,8 +12,10 @@ chunks per rank, as ZB-V), whichever is faster. Candidates:
   units (``building_block.py``), at the smallest T that fits;
 - the greedy list scheduler (:mod:`.greedy`) over a grid of its knobs, which fills the
   memory it is given (Zero Bubble's heuristic, both placements);
-- on small instances (up to 300 actions), a local search (:mod:`.improve`) from the best
-  order of each placement: neighbour swaps kept when the simulator says they help.
+- on small instances (up to 300 actions), a local search (:mod:`.improve`) from the three
+  best orders of each placement: simulated annealing over moves of one action within its
+  rank, swaps of two, and the same move on every rank, then a hill climb; seeded by the
+  instance, so deterministic.
 
 Every candidate is scored by the one simulator (:func:`pipebubble.sim.simulate`) with the
 same costs (the greedy times its orders as it builds them, by the same rule); the fastest
@@ -36,6 +38,7 @@ from collections.abc import Sequence
 from ...costs import CostModel, StageCosts
 from ...ir.schedule import (
     Action,
+    Overlap,
     Schedule,
     ScheduleError,
     loop_placement,
@@ -47,7 +50,7 @@ from ...ir.schedule import validate as validate_schedule
 from ..registry import check_counts, get_schedule, lookup, schedule_names
 from .bounds import lower_bound, min_limits
 from .greedy import Knobs, greedy_order
-from .improve import improve
+from .improve import anneal, improve
 
 PLACEMENTS = ("any", "loop", "v")
 
@@ -58,8 +61,13 @@ class LimitTooSmall(ScheduleError):
 
 _CHUNKS = {"loop": 1, "v": 2}
 _TOL = 1e-9
-IMPROVE_UP_TO = 300  # actions: local search (one simulation per tried swap) below this
-WIDE_UP_TO = 72  # actions: the local search also moves actions up to 6 places
+IMPROVE_UP_TO = 300  # actions: the local search runs up to this size
+ANNEAL_BUDGET = 30000  # moves tried by the annealing (one evaluation each), at most
+ANNEAL_WORK = 1_500_000  # and at most this many actions timed in all (its time)
+SEARCH_WITHIN = 0.15  # a placement whose best is this much slower than the best is not searched
+SEARCH_STARTS = 3  # the local search anneals from this many of the best orders
+ANNEAL_SETTINGS = [dict(hot=0.03, columns=0.4)]  # one per start, in turn
+CLIMB_BUDGET = 3000  # evaluations of the hill climb that polishes the annealed order
 
 
 def knob_grid(ranks: int, microbatches: int, chunks: int) -> list[Knobs]:
@@ -131,7 +139,7 @@ def auto_schedule(
         raise ScheduleError("auto: no placement accepts these costs (" + "; ".join(errors) + ")")
 
     best = None  # (key, orders, source, placement)
-    by_kind: dict[str, tuple] = {}  # the best of each placement
+    by_kind: dict[str, list] = {}  # the few best of each placement
     bounds = {kind: lower_bound(sc, where, m) for kind, (sc, where) in resolved.items()}
     floor = min(bounds.values())
     # Registered schedules first (a tie on step time goes to the least idle inside the
@@ -143,8 +151,11 @@ def auto_schedule(
                 continue  # this placement cannot beat what we have
             sc, where = resolved[kind]
             for key, orders, source in phase(kind, p, m, sc, where, limits):
-                if kind not in by_kind or key < by_kind[kind][0]:
-                    by_kind[kind] = (key, orders, source, kind)
+                tops = by_kind.setdefault(kind, [])
+                if all(key != t[0] for t in tops):  # the few best, as the search's starts
+                    tops.append((key, orders, source, kind))
+                    tops.sort(key=lambda t: t[0])
+                    del tops[SEARCH_STARTS:]
                 if best is None or key < best[0]:
                     best = (key, orders, source, kind)
                 if best[0][0] <= floor + _TOL and (phase is _greedy or best[0][1] <= _TOL):
@@ -154,17 +165,27 @@ def auto_schedule(
                 break
     if best is None:  # cannot happen above the smallest limit; kept as a clear error
         raise ScheduleError(f"auto found no order within memory limit {memory_limit}")
-    for kind, (key, orders, source, _) in sorted(by_kind.items()):
+    for kind, tops in sorted(by_kind.items()):
         sc, where = resolved[kind]
-        if key[0] <= bounds[kind] + _TOL or 3 * len(where) * m > IMPROVE_UP_TO:
+        size = 3 * len(where) * m
+        if (tops[0][0][0] <= bounds[kind] + _TOL or size > IMPROVE_UP_TO
+                or tops[0][0][0] > (1 + SEARCH_WITHIN) * best[0][0]):
             continue
-        start = [[a if isinstance(a, Action) else Action(*a) for a in o] for o in orders]
-        reach = 6 if 3 * len(where) * m <= WIDE_UP_TO else 1
-        better, _ = improve(start, sc, where, m, limits, reach=reach)
+        # Anneal from each of the few best orders of the placement (different knobs give
+        # different shapes), then polish the best result with a hill climb.
+        found = None
+        for n, (_key, orders, source, _) in enumerate(tops):
+            start = [[a for step in o for a in _actions(step)] for o in orders]
+            better, got = anneal(start, sc, where, m, limits, seed=size * 1000 + n,
+                                 budget=min(ANNEAL_BUDGET, ANNEAL_WORK // size) // len(tops),
+                                 **ANNEAL_SETTINGS[n % len(ANNEAL_SETTINGS)])
+            if found is None or got < found[0]:
+                found = (got, better, source)
+        better, _ = improve(found[1], sc, where, m, limits, budget=CLIMB_BUDGET)
         scored = _score(make_schedule("auto", better, len(where), m, placement=list(where)),
                         sc, limits)
         if scored is not None and scored[0] < best[0]:
-            best = (scored[0], better, source + " + local search", kind)
+            best = (scored[0], better, found[2] + " + local search", kind)
     key, orders, source, kind = best
     sc, where = resolved[kind]
     cand = make_schedule("auto", [[a if isinstance(a, Action) else Action(*a) for a in o]
@@ -183,6 +204,14 @@ def auto_schedule(
                         placement=list(cand.stage_to_rank), auto=info)
     validate_schedule(out)
     return out
+
+
+def _actions(step) -> tuple[Action, ...]:
+    """A step of a candidate order as Actions: a greedy tuple, an Action, or an Overlap's
+    two (the local search runs them apart)."""
+    if isinstance(step, Overlap):
+        return step_actions(step)
+    return (step if isinstance(step, Action) else Action(*step),)
 
 
 def _too_small(memory_limit, limits: list[float], short: list) -> str:

@@ -1,100 +1,411 @@
-"""Local search: improve an order by swapping neighbouring actions on a rank.
+"""Local search: improve an order by moving actions within their rank.
 
-Start from the best order found (a registered schedule or a greedy one) and try, rank by
-rank, to swap each pair of neighbouring actions that do not depend on each other (not the
-same stage and microbatch, not the same stage and kind, not consecutive stages of one
-microbatch). A swap is kept when the rank's memory stays within the limit (memory depends on
-the order only) and the simulator says the step got better: a shorter step time, or the
-same with every action ending earlier in sum (which lets the search cross flat ground).
-Passes repeat until none helps or the budget of simulations is spent; the result depends
-only on the input (no clock), so every process of a distributed run computes the same.
+Start from the best order found (a registered schedule or a greedy one). A *move* takes one
+action out of its rank's order and puts it back at any other place its rank allows: after
+the same stage's and kind's previous microbatch and before its next (every stage runs its
+Fs, Is and Ws in microbatch order), after what it needs on the same rank (its own F before
+its I, its I before its W, the other chunk at the V's turn) and before what needs it. A move
+is kept when the rank's activation memory stays within the limit (memory depends on the
+order only) and the step gets better: a shorter step time, or the same with every action
+ending earlier in sum (which lets the search cross flat ground). Passes repeat until none
+helps (a local optimum).
 
-On very small instances it first tries wider moves: one action taken out and put back up
-to ``reach`` places earlier or later (an order that deadlocks is simply rejected).
-It costs one simulation per tried move: ``auto`` runs it on small instances only.
+:func:`anneal` (what ``auto`` runs first) walks the same moves at random, plus swaps of two
+actions of a rank and *column* moves (the same move on every rank: the action of the same
+kind, chunk and microbatch put before the same counterpart), taking a worse order with
+probability exp(-worse / temperature) as the temperature falls, and keeps the best order
+that fits. :func:`improve` then climbs from it (and can kick it: a few random moves and
+another climb, an iterated local search). Random choices come from a generator seeded by
+the instance: the result depends only on the input, never on a clock, so every process of
+a distributed run computes the same. Budgets are numbers of evaluations.
+
+Each evaluation times the whole order by the simulator's rule (an action starts when its
+rank is free and the one action it waits for on another stage has ended, plus ``comm`` on a
+hop between ranks) in a few flat arrays, far faster than building a Schedule; an order that
+deadlocks scores as infinite. ``auto`` re-scores the winner with the simulator.
 """
 
 from __future__ import annotations
 
+import random
+
 from ...costs import StageCosts
-from ...ir.schedule import Action, make_schedule
+from ...ir.schedule import Action, Kind
+
+_INF = float("inf")
+_KINDS = (Kind.F, Kind.I, Kind.W)
+_CODE = {"F": 0, "I": 1, "W": 2}
 
 
-def _independent(a: Action, b: Action) -> bool:
-    if a.stage == b.stage and (a.microbatch == b.microbatch or a.kind == b.kind):
-        return False
-    return not (a.microbatch == b.microbatch and abs(a.stage - b.stage) == 1)
+class _Problem:
+    """The instance as flat arrays: action ``x = (kind * S + stage) * m + microbatch``."""
 
+    def __init__(self, sc: StageCosts, where: tuple[int, ...], microbatches: int,
+                 limits: list[float] | None):
+        S, m = len(where), microbatches
+        self.S, self.m, self.where = S, m, where
+        self.n = n = 3 * S * m
+        comm = sc.comm
+        self.dur = [0.0] * n
+        self.dep = [-1] * n  # the one action on another stage this one waits for
+        self.lag = [0.0] * n
+        self.d0 = [0.0] * n  # memory added at the start, and in all (start + end)
+        self.net = [0.0] * n
+        self.rank = [0] * n
+        self.local_pre: list[list[int]] = [[] for _ in range(n)]  # on the same rank, before
+        for k in range(3):
+            kind = _KINDS[k]
+            for s in range(S):
+                d = sc.duration(s, kind)
+                a0, a1 = sc.memory_deltas(s, kind)
+                for j in range(m):
+                    x = (k * S + s) * m + j
+                    self.dur[x], self.d0[x], self.net[x] = d, a0, a0 + a1
+                    self.rank[x] = where[s]
+                    if k == 0 and s:
+                        dep, hop = self.id(0, s - 1, j), where[s - 1] != where[s]
+                    elif k == 1 and s < S - 1:
+                        dep, hop = self.id(1, s + 1, j), where[s + 1] != where[s]
+                    elif k == 1:
+                        dep, hop = self.id(0, s, j), False
+                    elif k == 2:
+                        dep, hop = self.id(1, s, j), False
+                    else:
+                        dep, hop = -1, False
+                    self.dep[x], self.lag[x] = dep, comm if hop else 0.0
+                    pre = [self.id(k, s, j - 1)] if j else []
+                    if k:
+                        pre.append(self.id(k - 1, s, j))  # F before I before W, one stage
+                    if dep >= 0 and not hop:
+                        pre.append(dep)
+                    self.local_pre[x] = [y for y in set(pre) if where[y // m % S] == where[s]]
+        self.local_post: list[list[int]] = [[] for _ in range(n)]
+        for x in range(n):
+            for y in self.local_pre[x]:
+                self.local_post[y].append(x)
+        self.limits = limits
+        p = max(where) + 1
+        self.stages = [[s for s in range(S) if where[s] == q] for q in range(p)]
 
-def _rank_fits(order: list[Action], sc: StageCosts, limit: float | None) -> bool:
-    if limit is None:
+    def id(self, k: int, s: int, j: int) -> int:
+        return (k * self.S + s) * self.m + j
+
+    def action(self, x: int) -> Action:
+        k, rest = divmod(x, self.S * self.m)
+        return Action(rest // self.m, _KINDS[k], rest % self.m)
+
+    def encode(self, orders: list[list[Action]]) -> list[list[int]]:
+        """Orders as action numbers; a fused backward B becomes its I then its W (the same
+        time and the same memory at every instant), which the search may then pull apart."""
+        out = []
+        for o in orders:
+            row = []
+            for a in o:
+                kinds = ("I", "W") if a.kind == "B" else (a.kind,)
+                row += [self.id(_CODE[k], a.stage, a.microbatch) for k in kinds]
+            out.append(row)
+        return out
+
+    def evaluate(self, orders: list[list[int]]) -> tuple[float, float]:
+        """(step time, sum of ends) of these orders; (inf, inf) on deadlock."""
+        end = [_INF] * self.n
+        dep, lag, dur = self.dep, self.lag, self.dur
+        p = len(orders)
+        ptr = [0] * p
+        clock = [0.0] * p
+        left = self.n
+        moved = True
+        while moved and left:
+            moved = False
+            for r in range(p):
+                order, k, c = orders[r], ptr[r], clock[r]
+                size = len(order)
+                start_k = k
+                while k < size:
+                    x = order[k]
+                    d = dep[x]
+                    if d >= 0:
+                        t = end[d]
+                        if t == _INF:
+                            break
+                        t += lag[x]
+                        if t > c:
+                            c = t
+                    c += dur[x]
+                    end[x] = c
+                    k += 1
+                if k != start_k:
+                    moved = True
+                    left -= k - start_k
+                    ptr[r], clock[r] = k, c
+        if left:
+            return _INF, _INF
+        return round(max(clock), 9), round(sum(end), 9)
+
+    def fits(self, order: list[int], limit: float | None) -> bool:
+        if limit is None:
+            return True
+        used, d0, net = 0.0, self.d0, self.net
+        cap = limit + 1e-9
+        for x in order:
+            if used + d0[x] > cap:
+                return False
+            used += net[x]
         return True
-    used = 0.0
-    for a in order:
-        d0, d1 = sc.memory_deltas(a.stage, a.kind)
-        if used + d0 > limit + 1e-9:
+
+    def can_swap(self, order: list[int], k: int, k2: int) -> bool:
+        """Whether order[k] and order[k2] (k < k2) may trade places."""
+        x, y = order[k], order[k2]
+        inside = set(order[k:k2 + 1])
+        return (not any(z in inside for z in self.local_post[x])
+                and not any(z in inside for z in self.local_pre[y]))
+
+    def excess(self, order: list[int], limit: float | None) -> float:
+        """How far the rank's peak memory goes over the limit (0 if it fits)."""
+        if limit is None:
+            return 0.0
+        used = peak = 0.0
+        d0, net = self.d0, self.net
+        for x in order:
+            if used + d0[x] > peak:
+                peak = used + d0[x]
+            used += net[x]
+        return max(0.0, peak - limit - 1e-9)
+
+    def column_move(self, orders: list[list[int]], r: int, k: int, rng) -> bool:
+        """Move order[k] of rank r before another action of that rank, and on every other
+        rank the action of the same kind, chunk and microbatch before the one of the same
+        kind, chunk and microbatch as that (where the rank allows it). True if anything
+        moved."""
+        order = orders[r]
+        lo, hi = self.window(order, k)
+        if hi <= lo:
             return False
-        used += d0 + d1
-    return True
+        to = rng.randint(lo, hi - 1)
+        if to >= k:
+            to += 1
+        rest = order[:k] + order[k + 1:]
+        if to >= len(rest):
+            return False
+        x, y = order[k], rest[to]
+        moved = False
+        for q, other in enumerate(orders):
+            xq, yq = self.twin(x, q), self.twin(y, q)
+            if xq < 0 or yq < 0:
+                continue
+            kq = other.index(xq)
+            lo, hi = self.window(other, kq)
+            other.pop(kq)
+            at = other.index(yq)
+            if lo <= at <= hi and at != kq:
+                other.insert(at, xq)
+                moved = True
+            else:
+                other.insert(kq, xq)
+        return moved
+
+    def twin(self, x: int, q: int) -> int:
+        """The action of rank q with x's kind, chunk (place among the rank's stages) and
+        microbatch; -1 if q has no such chunk."""
+        k, rest = divmod(x, self.S * self.m)
+        s, j = divmod(rest, self.m)
+        mine = self.stages[self.where[s]]
+        theirs = self.stages[q]
+        c = mine.index(s)
+        if c >= len(theirs):
+            return -1
+        return self.id(k, theirs[c], j)
+
+    def window(self, order: list[int], k: int) -> tuple[int, int]:
+        """Where order[k] may go once taken out: positions lo..hi of the shortened order."""
+        x = order[k]
+        pos = {y: i for i, y in enumerate(order)}
+        lo, hi = 0, len(order) - 1
+        for y in self.local_pre[x]:
+            lo = max(lo, pos[y] + 1)
+        for y in self.local_post[x]:
+            hi = min(hi, pos[y] - 1)  # after taking x out, y sits one place earlier
+        return lo, hi
 
 
 def improve(orders: list[list[Action]], sc: StageCosts, where: tuple[int, ...],
             microbatches: int, limits: list[float] | None, budget: int = 4000,
-            reach: int = 1) -> tuple[list[list[Action]], tuple[float, float]]:
-    """Hill-climb over neighbour swaps (and, with ``reach`` > 1, moves of one action up to
-    ``reach`` places); returns the orders and their (step, sum of ends)."""
-    from ...sim.kernel import simulate
+            kicks: int = 0, seed: int = 0) -> tuple[list[list[Action]], tuple[float, float]]:
+    """Hill-climb over moves of one action within its rank (see the module docstring),
+    then ``kicks`` rounds of a random kick and another climb, within ``budget``
+    evaluations; returns the best orders and their (step, sum of ends)."""
+    prob = _Problem(sc, where, microbatches, limits)
+    cur = prob.encode(orders)
+    score = prob.evaluate(cur)
+    spent = [1]
 
-    S = len(where)
-    orders = [list(o) for o in orders]
-
-    def score() -> tuple[float, float] | None:
-        try:
-            t = simulate(make_schedule("auto", orders, S, microbatches,
-                                       placement=list(where)), sc)
-        except ValueError:  # a deadlock: the swap broke the order
-            return None
-        return round(t.step_time, 9), round(sum(t.end), 9)
-
-    best = score()
-    tries = 0
-    better = True
-    if reach > 1:  # small instances: moves of an action up to ``reach`` places either way
-        while better and tries < budget:
+    def climb(state: list[list[int]], best: tuple[float, float]) -> tuple[float, float]:
+        better = True
+        while better and spent[0] < budget:
             better = False
-            for r, order in enumerate(orders):
+            for r, order in enumerate(state):
                 limit = None if limits is None else limits[r]
-                for k in range(len(order)):
-                    for to in range(max(0, k - reach), min(len(order), k + reach + 1)):
-                        if to == k or tries >= budget:
+                k = 0
+                while k < len(order) and spent[0] < budget:
+                    lo, hi = prob.window(order, k)
+                    x = order.pop(k)
+                    done = False
+                    for to in range(lo, hi + 1):
+                        if to == k:
                             continue
-                        a = order.pop(k)
-                        order.insert(to, a)
-                        if _rank_fits(order, sc, limit):
-                            tries += 1
-                            got = score()
-                            if got is not None and got < best:
-                                best, better = got, True
+                        order.insert(to, x)
+                        if prob.fits(order, limit):
+                            spent[0] += 1
+                            got = prob.evaluate(state)
+                            if got < best:
+                                best, better, done = got, True, True
                                 break
                         order.pop(to)
-                        order.insert(k, a)
-        better = True
-    while better and tries < budget:
-        better = False
-        for r, order in enumerate(orders):
+                        if spent[0] >= budget:
+                            break
+                    if not done:
+                        order.insert(k, x)
+                    k += 1
+        return best
+
+    score = climb(cur, score)
+    best_orders, best = [list(o) for o in cur], score
+    rng = random.Random(seed)
+    for _ in range(kicks):
+        if spent[0] >= budget:
+            break
+        trial = [list(o) for o in best_orders]
+        for _ in range(rng.randint(2, 4)):
+            r = rng.randrange(len(trial))
+            order = trial[r]
+            if len(order) < 2:
+                continue
             limit = None if limits is None else limits[r]
-            for k in range(1, len(order)):
-                a, b = order[k - 1], order[k]
-                if not _independent(a, b):
+            for _ in range(10):  # a random move that fits the memory
+                k = rng.randrange(len(order))
+                lo, hi = prob.window(order, k)
+                if hi <= lo:
                     continue
-                order[k - 1], order[k] = b, a
-                if _rank_fits(order, sc, limit):
-                    tries += 1
-                    got = score()
-                    if got is not None and got < best:
-                        best, better = got, True
-                        continue
-                order[k - 1], order[k] = a, b
-                if tries >= budget:
+                x = order.pop(k)
+                to = rng.randint(lo, hi)
+                order.insert(to, x)
+                if prob.fits(order, limit):
                     break
-    return orders, best
+                order.pop(to)
+                order.insert(k, x)
+        spent[0] += 1
+        got = prob.evaluate(trial)
+        if got[0] == _INF:
+            continue
+        got = climb(trial, got)
+        if got < best:
+            best_orders, best = [list(o) for o in trial], got
+    return [[prob.action(x) for x in o] for o in best_orders], best
+
+
+def anneal(orders: list[list[Action]], sc: StageCosts, where: tuple[int, ...],
+           microbatches: int, limits: list[float] | None, budget: int = 20000,
+           seed: int = 0, hot: float = 0.03, cold: float = 0.0005,
+           swaps: float = 0.3, soft: bool = False, tie: float = 1.0,
+           columns: float = 0.2) -> tuple[list[list[Action]],
+                                                            tuple[float, float]]:
+    """Simulated annealing over the same moves (random ones; a worse order is taken with
+    probability exp(-worse / temperature), the temperature falling geometrically), then a
+    climb; returns the best orders seen and their (step, sum of ends)."""
+    import math
+
+    prob = _Problem(sc, where, microbatches, limits)
+    cur = prob.encode(orders)
+    got = prob.evaluate(cur)
+    n = prob.n
+
+    def value(score: tuple[float, float]) -> float:
+        return score[0] + tie * score[1] / (n * n)
+
+    now = value(got)
+    best, best_orders = got, [list(o) for o in cur]
+    rng = random.Random(seed)
+    hot, cold = hot * got[0], cold * got[0]
+    # soft: an order over the limit is allowed, at a price per unit of excess memory that
+    # rises from a fraction of the step to several steps (so the walk ends where it fits)
+    over = [0.0] * len(cur)
+    spill = 0.0
+    soft_from, soft_to = 0.05 * got[0], 5.0 * got[0]
+    sizes = [len(o) for o in cur]
+    ranks = [r for r, size in enumerate(sizes) for _ in range(size)]
+    for step in range(budget):
+        temp = hot * (cold / hot) ** (step / budget)
+        r = ranks[rng.randrange(len(ranks))]
+        order = cur[r]
+        k = rng.randrange(len(order))
+        if rng.random() < columns:  # the same move on every rank
+            saved = [list(o) for o in cur]
+            if not prob.column_move(cur, r, k, rng):
+                continue
+            if soft:
+                extra = sum(prob.excess(o, None if limits is None else limits[q])
+                            for q, o in enumerate(cur))
+                weight = soft_from * (soft_to / soft_from) ** (step / budget)
+                ok = True
+            else:
+                ok = limits is None or all(prob.fits(o, limits[q]) for q, o in enumerate(cur))
+                extra = weight = 0.0
+            if ok:
+                score = prob.evaluate(cur)
+                v = value(score) + weight * extra
+                if v <= now or (v < _INF and rng.random() < math.exp((now - v) / temp)):
+                    now = v
+                    if soft:
+                        spill = extra
+                        over = [prob.excess(o, None if limits is None else limits[q])
+                                for q, o in enumerate(cur)]
+                    if score < best and extra <= 1e-12:
+                        best, best_orders = score, [list(o) for o in cur]
+                    continue
+            cur[:] = saved
+            continue
+        if rng.random() < swaps:  # swap two actions of the rank
+            k2 = rng.randrange(len(order))
+            if k2 == k:
+                continue
+            k, k2 = min(k, k2), max(k, k2)
+            if not prob.can_swap(order, k, k2):
+                continue
+            order[k], order[k2] = order[k2], order[k]
+            undo = (k, k2, -1)
+        else:  # move one action
+            lo, hi = prob.window(order, k)
+            if hi <= lo:
+                continue
+            x = order.pop(k)
+            to = rng.randint(lo, hi - 1)
+            if to >= k:
+                to += 1
+            order.insert(to, x)
+            undo = (k, to, x)
+        limit = None if limits is None else limits[r]
+        if soft:
+            extra = prob.excess(order, limit)
+            weight = soft_from * (soft_to / soft_from) ** (step / budget)
+            total = spill - over[r] + extra
+        elif prob.fits(order, limit):
+            extra = total = weight = 0.0
+        else:
+            extra = -1.0
+        if extra >= 0:
+            score = prob.evaluate(cur)
+            v = value(score) + weight * total
+            if v <= now or (v < _INF and rng.random() < math.exp((now - v) / temp)):
+                now = v
+                if soft:
+                    spill, over[r] = total, extra
+                if score < best and total <= 1e-12:
+                    best, best_orders = score, [list(o) for o in cur]
+                continue
+        a, b, x = undo
+        if x < 0:
+            order[a], order[b] = order[b], order[a]
+        else:
+            order.pop(b)
+            order.insert(a, x)
+    return [[prob.action(x) for x in o] for o in best_orders], best

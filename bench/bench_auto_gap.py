@@ -1,0 +1,94 @@
+"""How far is ``auto`` from the exact optimum? Random small instances against the MIP.
+
+Each instance: p in 2..4 ranks, m microbatches (p x m <= 32 in the loop placement, fewer in
+V, whose MIP has twice the actions), loop or V placement, unequal stages (F, W and I drawn
+per stage), comm 0 or > 0, M_W = M_B / 2, and a memory limit from none down to the
+smallest feasible one (``bounds.min_limits``). ``auto_schedule`` (the heuristic alone) gives
+an order; ``exact.optimal_schedule`` (HiGHS) gives the optimum, started from auto's order,
+or, when its time limit stops it, the best order it found and a proven lower bound.
+
+Columns: the instance, auto's step, the optimum (``>= bound`` when not proven), the gap in
+% (auto over the optimum; against the bound when not proven, so an upper bound on the gap),
+auto's and the MIP's CPU seconds.
+
+Run: ``.venv/bin/python bench/bench_auto_gap.py [--seeds 40] [--mip-seconds 60]
+[--first 1] [--placement loop|v|any]``. Prints; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+
+from pipebubble import CostModel, auto_schedule
+from pipebubble.ir.schedule import loop_placement, v_placement
+from pipebubble.schedules.auto.bounds import min_limits
+
+SIZES = {  # (p, m) drawn per placement: what the MIP proves in seconds to a minute
+    "loop": [(2, 4), (2, 6), (2, 8), (3, 4), (3, 6), (3, 8), (4, 4), (4, 6), (4, 8)],
+    "v": [(2, 3), (2, 4), (2, 5), (2, 6), (3, 3), (3, 4), (3, 5), (3, 6), (4, 3), (4, 4)],
+}
+
+
+def instance(seed: int, placement: str = "any"):
+    """(p, m, placement, costs, limit) drawn from ``seed``; the limit is None, the smallest
+    feasible one, or a little (0.25 to 2 M_B) above it."""
+    rng = random.Random(seed)
+    kind = rng.choice(["loop", "v"]) if placement == "any" else placement
+    p, m = rng.choice(SIZES[kind])
+    stages = p if kind == "loop" else 2 * p
+    f = [round(rng.uniform(0.5, 2), 2) for _ in range(stages)]
+    w = [round(rng.uniform(0.2, 1.5), 2) for _ in range(stages)]
+    b = [x + y + round(rng.uniform(0, 1), 2) for x, y in zip(f, w, strict=True)]
+    if rng.random() < 0.3:  # equal stages too (the hand-made schedules' home ground)
+        f, w, b = 1.0, 1.0, 2.0
+    costs = CostModel(f=f, b=b, w=w, comm=rng.choice([0, 0, 0.1, 0.3]), weight_memory=0.5)
+    where = loop_placement(p, p) if kind == "loop" else v_placement(p)
+    need = max(min_limits(costs.resolve(stages, 1 if kind == "loop" else 2), where))
+    extra = rng.choice([None, 0, 0, 0.25, 0.5, 0.5, 1, 1.5, 2])
+    limit = None if extra is None else need + extra
+    return p, m, kind, costs, limit
+
+
+def describe(costs: CostModel) -> str:
+    if isinstance(costs.f, int | float):
+        return f"equal comm={costs.comm:g}"
+    return f"unequal comm={costs.comm:g}"
+
+
+def main() -> None:
+    from pipebubble.schedules.auto.exact import optimal_schedule
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, default=40)
+    ap.add_argument("--first", type=int, default=1)
+    ap.add_argument("--mip-seconds", type=float, default=60.0)
+    ap.add_argument("--placement", choices=["any", "loop", "v"], default="any")
+    args = ap.parse_args()
+    print(f"{'seed':>4} {'p':>2} {'m':>2} {'place':>5} {'limit':>6} {'costs':<18} "
+          f"{'auto':>8} {'optimum':>10} {'gap %':>6} {'auto s':>7} {'MIP s':>6}  from")
+    gaps = []
+    for seed in range(args.first, args.first + args.seeds):
+        p, m, kind, costs, limit = instance(seed, args.placement)
+        t0 = time.process_time()
+        auto = auto_schedule(p, m, costs, memory_limit=limit, placement=kind)
+        auto_s = time.process_time() - t0
+        step = auto.options["auto"]["step_time"]
+        t0 = time.process_time()
+        best = optimal_schedule(p, m, costs, memory_limit=limit, placement=kind, start=auto,
+                                time_limit=args.mip_seconds)
+        mip_s = time.process_time() - t0
+        ref = best.step_time if best.proven else best.lower_bound
+        gap = 100 * (step / ref - 1)
+        gaps.append(gap)
+        opt = f"{best.step_time:.2f}" if best.proven else f">={best.lower_bound:.2f}"
+        print(f"{seed:>4} {p:>2} {m:>2} {kind:>5} {'-' if limit is None else f'{limit:g}':>6} "
+              f"{describe(costs):<18} {step:>8.2f} {opt:>10} {gap:>6.2f} {auto_s:>7.2f} "
+              f"{mip_s:>6.1f}  {auto.options['auto']['from']}", flush=True)
+    print(f"instances {len(gaps)}; gap mean {sum(gaps) / len(gaps):.2f} %, max {max(gaps):.2f} %;"
+          f" over 2 %: {sum(g > 2 for g in gaps)}")
+
+
+if __name__ == "__main__":
+    main()
