@@ -63,7 +63,7 @@ _CHUNKS = {"loop": 1, "v": 2}
 _TOL = 1e-9
 IMPROVE_UP_TO = 300  # actions: the local search runs up to this size
 ANNEAL_BUDGET = 30000  # moves tried by the annealing (one evaluation each), at most
-ANNEAL_WORK = 1_500_000  # and at most this many actions timed in all (its time)
+ANNEAL_WORK = 500_000  # and at most this many actions timed in all (its time)
 SEARCH_WITHIN = 0.15  # a placement whose best is this much slower than the best is not searched
 SEARCH_STARTS = 3  # the local search anneals from this many of the best orders
 ANNEAL_SETTINGS = [dict(hot=0.03, columns=0.4)]  # one per start, in turn
