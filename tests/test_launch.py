@@ -6,8 +6,20 @@ torch); the distributed tests run them for real. These check the fork itself, wi
 
 import os
 import signal
+import time
 
 from pipebubble.runtime.dist.launch import describe_exit, fork_worker, loopback_socket
+
+
+def finished(child, within=30.0):
+    """The child's exit code, waiting at most ``within`` seconds (a test never hangs)."""
+    deadline = time.monotonic() + within
+    while child.poll() is None:
+        if time.monotonic() > deadline:
+            child.kill()
+            raise AssertionError(f"the forked child did not finish within {within:g} s")
+        time.sleep(0.01)
+    return child.returncode
 
 
 def test_the_workers_code_is_its_exit_code_and_the_caller_continues_once():
@@ -23,7 +35,7 @@ def test_the_workers_code_is_its_exit_code_and_the_caller_continues_once():
         child = fork_worker(work, {"RANK": "3"}, sock.fileno())
         os.close(write)
         assert os.getpid() == pid_before  # only the parent comes back here
-        assert child.wait() == 7
+        assert finished(child) == 7
         assert os.read(read, 100) == b"3 None"  # the environment is exactly the one given
         os.close(read)
     finally:
@@ -39,9 +51,9 @@ def test_an_exception_or_sys_exit_in_the_worker_ends_the_child_not_the_caller(ca
         def leave():
             raise SystemExit(5)
 
-        assert fork_worker(boom, {}, sock.fileno()).wait() == 1
+        assert finished(fork_worker(boom, {}, sock.fileno())) == 1
         assert "RuntimeError: worker broke" in capfd.readouterr().err
-        assert fork_worker(leave, {}, sock.fileno()).wait() == 5
+        assert finished(fork_worker(leave, {}, sock.fileno())) == 5
     finally:
         sock.close()
 
