@@ -71,16 +71,11 @@ def sweep_figure(points: Sequence[SweepPoint], title: str | None = None) -> Figu
         mem_ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
     else:
         mem_ax.set_ylim(bottom=0)
-    bubble_ax.set_ylabel("bubble fraction (%)")
-    bubble_ax.set_ylim(bottom=0)
-    bubble_ax.set_title("bubble: idle / (ranks × step time)", fontsize=10, loc="left")
+    _bubble_axis(bubble_ax)
     mem_ax.set_ylabel("peak activation memory (× M_B)")
     mem_ax.set_title("peak activation memory on any rank", fontsize=10, loc="left")
     for ax in (bubble_ax, mem_ax):
-        ax.set_xlabel("microbatches m")
-        ax.grid(color="#e3e3e3", linewidth=0.6)
-        for side in ("top", "right"):
-            ax.spines[side].set_visible(False)
+        _plain_axes(ax, "microbatches m")
         if log_x:
             ax.set_xscale("log", base=2)
             ax.xaxis.set_major_locator(LogLocator(base=2))
@@ -126,17 +121,27 @@ def memory_figure(points: Sequence[MemoryPoint], title: str | None = None) -> Fi
         handles.append(Line2D([], [], color=color, linewidth=width, marker=marker,
                               label=name + (f" (v={v})" if v > 1 else "")))
     step_ax.set_ylabel("step time")
-    bubble_ax.set_ylabel("bubble fraction (%)")
-    bubble_ax.set_ylim(bottom=0)
     step_ax.set_title("step time of what fits (lower is better)", fontsize=10, loc="left")
-    bubble_ax.set_title("bubble: idle / (ranks × step time)", fontsize=10, loc="left")
+    _bubble_axis(bubble_ax)
     for ax in (step_ax, bubble_ax):
-        ax.set_xlabel("activation-memory limit per rank (× M_B)")
-        ax.grid(color="#e3e3e3", linewidth=0.6)
-        for side in ("top", "right"):
-            ax.spines[side].set_visible(False)
+        _plain_axes(ax, "activation-memory limit per rank (× M_B)")
     ranks = points[0].ranks
     fig.suptitle(title or f"step time against the memory limit, p={ranks}", x=0.07, ha="left",
                  fontsize=11, fontweight="bold")
     step_ax.legend(handles=handles, loc="upper right", frameon=False, fontsize=8)
     return fig
+
+
+def _bubble_axis(ax) -> None:
+    """The bubble panel both sweeps draw: percent from 0, titled with its definition."""
+    ax.set_ylabel("bubble fraction (%)")
+    ax.set_ylim(bottom=0)
+    ax.set_title("bubble: idle / (ranks × step time)", fontsize=10, loc="left")
+
+
+def _plain_axes(ax, xlabel: str) -> None:
+    """x label, a light grid, no top or right frame: every sweep panel."""
+    ax.set_xlabel(xlabel)
+    ax.grid(color="#e3e3e3", linewidth=0.6)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
