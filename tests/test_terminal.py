@@ -13,6 +13,16 @@ def render(timeline, width=80):
     return console.export_text().splitlines()
 
 
+def event_by_event(tl, r, scale, cols, chunk):
+    """Rank ``r``'s cells painted one event at a time (the definition ``_cells`` vectorises):
+    each event from column round(start x scale) to round(end x scale), at least one."""
+    lo, hi = tl.offsets[r], tl.offsets[r + 1]
+    c0 = [int(round(tl.start[i] * scale)) for i in range(lo, hi)]
+    c1 = [min(max(a + 1, int(round(tl.end[i] * scale))), cols)
+          for a, i in zip(c0, range(lo, hi), strict=True)]
+    return _cells_one_by_one(tl, lo, hi, c0, c1, cols, chunk)
+
+
 def test_one_row_per_rank_labels_and_idle():
     lines = render(simulate(get_schedule("gpipe", 2, 2), CostModel(f=1, b=2)))
     rows = [line for line in lines if line.startswith("rank")]
@@ -49,12 +59,8 @@ def test_cells_equal_the_event_by_event_definition(case, width):
         cols = max(1, int(round(step * scale)))
         chunk = chunk_of_stage(tl)
         for r in range(tl.num_ranks):
-            lo, hi = tl.offsets[r], tl.offsets[r + 1]
-            c0 = [int(round(tl.start[i] * scale)) for i in range(lo, hi)]
-            c1 = [min(max(a + 1, int(round(tl.end[i] * scale))), cols)
-                  for a, i in zip(c0, range(lo, hi), strict=True)]
             assert _cells(tl, r, 0.0, scale, cols, chunk) == \
-                _cells_one_by_one(tl, lo, hi, c0, c1, cols, chunk)
+                event_by_event(tl, r, scale, cols, chunk)
 
 
 def test_a_million_actions_draw_in_one_row_per_rank():
@@ -67,12 +73,7 @@ def test_a_million_actions_draw_in_one_row_per_rank():
     scale = cols / tl.step_time
     chunk = chunk_of_stage(tl)
     for r in (0, 63):  # the same cells as painting the 16,384 events one by one
-        lo, hi = tl.offsets[r], tl.offsets[r + 1]
-        c0 = [int(round(tl.start[i] * scale)) for i in range(lo, hi)]
-        c1 = [min(max(a + 1, int(round(tl.end[i] * scale))), cols)
-              for a, i in zip(c0, range(lo, hi), strict=True)]
-        assert _cells(tl, r, 0.0, scale, cols, chunk) == \
-            _cells_one_by_one(tl, lo, hi, c0, c1, cols, chunk)
+        assert _cells(tl, r, 0.0, scale, cols, chunk) == event_by_event(tl, r, scale, cols, chunk)
 
 
 def test_the_legend_explains_darker_boxes_whenever_a_rank_holds_several_stages():
