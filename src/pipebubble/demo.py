@@ -17,12 +17,12 @@ from rich.console import Console
 from torch import nn
 
 from .costs import CostModel
-from .interop.timeline_json import span_bubble
+from .interop.timeline_json import closed_form_basis, span_bubble
 from .plan.calibrate import costs_from_timeline
 from .render.terminal import gantt
 from .runtime.pipeline import Pipeline, PipelineStage
 from .schedules import get_schedule
-from .schedules.registry import closed_form_bubble, lookup
+from .schedules.registry import closed_form_bubble
 from .sim.kernel import simulate
 
 
@@ -81,7 +81,7 @@ def run_demo(
     def ref(timeline) -> str:
         if closed is None:
             return "no closed form here"
-        if lookup(plan.name).closed_form_basis == "span":  # ZB-H2, ZB-V are published so
+        if closed_form_basis(plan) == "span":  # ZB-H2, ZB-V are published so
             return (f"closed form {closed:.2%} over each rank's own span, where this clock "
                     f"has {span_bubble(timeline):.2%}")
         return f"closed form {closed:.2%}"
