@@ -17,12 +17,11 @@ from rich.console import Console
 from torch import nn
 
 from .costs import CostModel
-from .interop.timeline_json import closed_form_basis, span_bubble
+from .interop.timeline_json import closed_form_basis, closed_form_for, span_bubble
 from .plan.calibrate import costs_from_timeline
 from .render.terminal import gantt
 from .runtime.pipeline import Pipeline, PipelineStage
 from .schedules import get_schedule
-from .schedules.registry import closed_form_bubble
 from .sim.kernel import simulate
 
 
@@ -46,8 +45,7 @@ def run_demo(
     # ``num_stages`` devices (ranks); a schedule with chunks holds several stages per rank
     plan = get_schedule(schedule, num_stages, num_microbatches)
     cost = CostModel(f=1, b=2)
-    closed = closed_form_bubble(plan.name, num_stages, num_microbatches, plan.chunks,
-                                cost.resolve(plan.num_stages, plan.chunks))
+    closed = closed_form_for(plan, cost)
     torch.set_num_threads(1)
     width = 512
     stages = build_stages(plan.num_stages // plan.chains, width)
