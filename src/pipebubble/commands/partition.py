@@ -18,7 +18,7 @@ from ..plan.balance import METHODS, SIM_METHOD, Options, Plan, balance, rebalanc
 from ..plan.layouts import layer_lists, megatron_flags, megatron_layout, torchtitan_fqns
 from ..plan.partition import PartitionError, Ranges
 from ..plan.profile import Profile
-from ..schedules import get_schedule, schedule_names
+from ..schedules import lookup, schedule_names
 from ..timeline import Timeline
 from .common import float_flag, int_flag, positive_int, print_json, time_value
 
@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(args.comm, list):
         raise UserError("--comm takes one value (seconds per hop), got a list")
     if args.chunks is None:  # the schedule's own (DualPipe: one stage per rank per copy)
-        args.chunks = get_schedule(args.schedule, args.ranks, args.microbatches).chunks
+        args.chunks = lookup(args.schedule).chunks
     options = Options(
         ranks=args.ranks, chunks=args.chunks, schedule=args.schedule,
         microbatches=args.microbatches, memory_cap=args.memory_cap,
