@@ -97,16 +97,19 @@ def run_distributed(args: argparse.Namespace) -> int:
             f"{exc}; running anyway: the watchdog stops it after {cfg.stall_timeout:g} s\n"
         )
     # no command: each worker is this process, forked, running worker_main with these flags
-    return launch((), cfg.world_size, p2p=cfg.p2p, worker=lambda: worker_main(args))
+    # and the schedule built here
+    return launch((), cfg.world_size, p2p=cfg.p2p,
+                  worker=lambda: worker_main(args, setup.schedule))
 
 
-def worker_main(args: argparse.Namespace) -> int:
-
+def worker_main(args: argparse.Namespace, schedule: Schedule | None = None) -> int:
+    """One rank: build the model (and, under torchrun, the schedule) from the flags, run
+    the steps, and on rank 0 report."""
     env = Env.from_environ()
     cluster = None
     try:
         torch.set_num_threads(args.threads)
-        setup = build_setup(args, reference=args.check and env.rank == 0)
+        setup = build_setup(args, reference=args.check and env.rank == 0, schedule=schedule)
         cfg = config_from_args(args, setup.schedule)
         x, y = global_batch_of(setup, args, cfg.dp)
         cluster = Cluster(env, cfg.backend, cfg.stall_timeout, cfg.heartbeat_timeout, cfg.p2p)

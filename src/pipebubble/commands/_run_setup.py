@@ -45,11 +45,15 @@ class RunSetup:
     description: str = ""
 
 
-def build_setup(args: argparse.Namespace, reference: bool = False) -> RunSetup:
-    """Flags -> schedule, model stages, batch. Raises UserError naming a bad value."""
+def build_setup(args: argparse.Namespace, reference: bool = False,
+                schedule: Schedule | None = None) -> RunSetup:
+    """Flags -> schedule, model stages, batch. Raises UserError naming a bad value.
+    ``schedule``: one already built from these flags (a forked worker has the launcher's;
+    an ``auto`` order need not be searched again on every rank)."""
     from ..runtime.stages import check_boundaries, even_boundaries, split_stages
 
-    schedule = load_schedule(args)  # --csv FILE, or --schedule/--ranks/--microbatches
+    if schedule is None:
+        schedule = load_schedule(args)  # --csv FILE, or --schedule/--ranks/--microbatches
     validate(schedule)
     # Stages of one model copy (DualPipe's second chain runs a copy; see run_local) and the
     # microbatches of the whole step.
