@@ -244,7 +244,8 @@ def test_torch_loads_the_auto_csv(tmp_path):
 
 @pytest.mark.distributed
 def test_distributed_auto_exact_gradients():
-    """Two processes over gloo, each computing the same auto order from the same flags."""
+    """Two processes over gloo running the auto order the launcher searched (under torchrun
+    each worker searches it from the same flags, deterministically)."""
     import subprocess
     import sys
 
