@@ -125,11 +125,12 @@ CALIBRATION = 0.02
 """The calibration run sleeps this fraction of the plans' scaled times (module doc)."""
 
 
-def slept(plan: Plan, scale: float, event: dict) -> float:
-    """What the sleep model sleeps for one measured action of ``plan`` run at ``scale``."""
+def slept(plan: Plan, scale: float, events: list[dict]) -> list[float]:
+    """What the sleep model sleeps for each measured action of ``plan`` run at ``scale``."""
     f, b, w = sleep_times(plan, scale)
-    s = event["stage"] % len(f)  # DualPipe's second copy sleeps as the first
-    return {"F": f[s], "B": b[s], "I": b[s] - w[s], "W": w[s]}[event["kind"]]
+    per = {"F": f, "B": b, "I": [x - y for x, y in zip(b, w, strict=True)], "W": w}
+    # DualPipe's second copy sleeps as the first
+    return [per[e["kind"]][e["stage"] % len(f)] for e in events]
 
 
 def calibrate(plan: Plan, timeout: float = 600.0, csv: str | None = None,
@@ -143,7 +144,8 @@ def calibrate(plan: Plan, timeout: float = 600.0, csv: str | None = None,
         raise UserError(f"--validate: the calibration run failed: {result}")
     steps, events = result
     step = median(steps)
-    excess = [e["end"] - e["start"] - slept(plan, scale, e) for e in events]
+    excess = [e["end"] - e["start"] - t
+              for e, t in zip(events, slept(plan, scale, events), strict=True)]
     overhead = max(0.0, median(excess)) if excess else 0.0
     lo, hi = 0.0, max(step, 1e-9)
     if scaled_prediction(plan, scale, Machine(overhead, 0.0)) >= step:
