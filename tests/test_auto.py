@@ -189,7 +189,6 @@ def random_instance(seed, sizes=None):
 def check_within_2_percent(p, m, placement, costs, limit, time_limit=60):
     """auto's step is within 2 % of the MIP's proven lower bound (so of the optimum), and
     the MIP's own order is valid, fits and times as it says."""
-    pytest.importorskip("highspy")
     from pipebubble.schedules.auto.exact import optimal_schedule
 
     auto = auto_schedule(p, m, costs, memory_limit=limit, placement=placement)
@@ -215,7 +214,22 @@ def test_within_2_percent_of_the_exact_optimum(seed):
     check_within_2_percent(*random_instance(seed))
 
 
-# Bigger instances (V up to p x m = 12, loop up to 32) take the MIP seconds to minutes each:
+def test_the_mip_windows_close_a_gap_the_local_search_leaves(monkeypatch):
+    """V placement under a tight limit (bench_auto_gap.py's seed 1: p = 2, m = 5, limit
+    1.5, comm 0.3): the local search alone stops 5.3 % above the optimum, which the MIP
+    proves to be 40.34; with the MIP windows (exact.polish) auto is within 2 % of it."""
+    import pipebubble.schedules.auto as auto_module
+
+    costs = CostModel(f=[1.35, 1.7, 0.59, 0.68], b=[3.03, 3.4, 1.67, 1.76],
+                      w=[1.19, 0.81, 0.69, 0.47], comm=0.3, weight_memory=0.5)
+    check_within_2_percent(2, 5, "v", costs, 1.5)
+    monkeypatch.setattr(auto_module, "POLISH_UP_TO", 0)  # the local search alone
+    alone = auto_schedule(2, 5, costs, memory_limit=1.5, placement="v")
+    assert alone.options["auto"]["step_time"] > 1.02 * 40.34
+    assert "MIP windows" not in alone.options["auto"]["from"]
+
+
+# Bigger instances (V up to p x m = 18, loop up to 32) take the MIP seconds to minutes each:
 # bench/bench_auto_gap.py measures them (README, "How close to optimal").
 
 

@@ -152,7 +152,6 @@ def test_no_order_beats_the_bound(p, m, offsets, slack):
 @pytest.mark.parametrize("name,p,m", [("v-min", 3, 3), ("v-half", 3, 3), ("v-half", 4, 4)])
 def test_exact_optimum_is_the_bound(name, p, m):
     # HiGHS proves no V order within the peak is shorter (about a second each).
-    pytest.importorskip("highspy")
     from pipebubble.schedules.auto.exact import optimal_schedule
 
     memory = v_half_memory if name == "v-half" else v_min_memory

@@ -49,6 +49,7 @@ from ...ir.schedule import (
 from ...ir.schedule import validate as validate_schedule
 from ..registry import check_counts, get_schedule, lookup, schedule_names
 from .bounds import lower_bound, min_limits
+from .exact import polish
 from .greedy import Knobs, greedy_order
 from .improve import anneal, improve
 
@@ -68,6 +69,8 @@ SEARCH_WITHIN = 0.15  # a placement whose best is this much slower than the best
 SEARCH_STARTS = 3  # the local search anneals from this many of the best orders
 ANNEAL_SETTINGS = [dict(hot=0.03, columns=0.4)]  # one per start, in turn
 CLIMB_BUDGET = 3000  # evaluations of the hill climb that polishes the annealed order
+POLISH_UP_TO = 120  # actions: the MIP windows (exact.polish) run up to this size
+POLISH_WITHIN = 0.02  # and polish a placement whose searched order is this close to the best
 
 
 def knob_grid(ranks: int, microbatches: int, chunks: int) -> list[Knobs]:
@@ -165,6 +168,7 @@ def auto_schedule(
                 break
     if best is None:  # cannot happen above the smallest limit; kept as a clear error
         raise ScheduleError(f"auto found no order within memory limit {memory_limit}")
+    searched = []  # (key, orders, source, placement) after the local search
     for kind, tops in sorted(by_kind.items()):
         sc, where = resolved[kind]
         size = 3 * len(where) * m
@@ -184,8 +188,23 @@ def auto_schedule(
         better, _ = improve(found[1], sc, where, m, limits, budget=CLIMB_BUDGET)
         scored = _score(make_schedule("auto", better, len(where), m, placement=list(where)),
                         sc, limits)
+        if scored is not None:
+            searched.append((scored[0], better, found[2] + " + local search", kind))
+            best = min(best, searched[-1], key=lambda t: t[0])
+    # Then the MIP windows (exact.polish) on small instances, from the best searched order,
+    # and from the other placement's only if it is within POLISH_WITHIN of it.
+    for key, orders, source, kind in sorted(searched, key=lambda t: t[0]):
+        sc, where = resolved[kind]
+        if (3 * len(where) * m > POLISH_UP_TO or key[0] <= bounds[kind] + _TOL
+                or key[0] > (1 + POLISH_WITHIN) * best[0][0]):
+            continue
+        polished = polish(orders, sc, where, m, limits)
+        if polished is None:
+            continue
+        scored = _score(make_schedule("auto", polished[0], len(where), m,
+                                      placement=list(where)), sc, limits)
         if scored is not None and scored[0] < best[0]:
-            best = (scored[0], better, found[2] + " + local search", kind)
+            best = (scored[0], polished[0], source + " + MIP windows", kind)
     key, orders, source, kind = best
     sc, where = resolved[kind]
     cand = make_schedule("auto", [[a if isinstance(a, Action) else Action(*a) for a in o]
