@@ -49,9 +49,9 @@ from ...ir.schedule import (
 from ...ir.schedule import validate as validate_schedule
 from ..registry import check_counts, get_schedule, lookup, schedule_names
 from .bounds import lower_bound, min_limits
-from .exact import polish
 from .greedy import Knobs, greedy_order
 from .improve import anneal, improve
+from .mip import polish
 
 PLACEMENTS = ("any", "loop", "v")
 
