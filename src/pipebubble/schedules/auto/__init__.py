@@ -69,7 +69,7 @@ SEARCH_WITHIN = 0.15  # a placement whose best is this much slower than the best
 SEARCH_STARTS = 3  # the local search anneals from this many of the best orders
 ANNEAL_SETTINGS = [dict(hot=0.03, columns=0.4)]  # one per start, in turn
 CLIMB_BUDGET = 3000  # evaluations of the hill climb that polishes the annealed order
-POLISH_UP_TO = 120  # actions: the MIP windows (exact.polish) run up to this size
+POLISH_UP_TO = 200  # actions: the MIP windows (mip.polish) run up to this size (V: p·m <= 33)
 POLISH_WITHIN = 0.02  # and polish a placement whose searched order is this close to the best
 
 

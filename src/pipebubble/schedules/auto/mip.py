@@ -21,22 +21,23 @@ from ...costs import StageCosts
 from ...ir.schedule import Action, ScheduleError, make_schedule
 from .bounds import lower_bound
 
-POLISH_FREE = 24  # actions a window of ``polish`` opens, over all ranks (6 a rank at least)
-POLISH_ROUNDS = 2  # passes of the window over the step, at most
-POLISH_NODES = 100  # branch-and-bound nodes per window, at most (deterministic)
+POLISH_PASSES = (24, 36)  # actions a window opens over all ranks (6 a rank at least), per
+# pass of the window over the step; a pass is skipped when one of its size found nothing since
+POLISH_NODES = 50  # branch-and-bound nodes per window, at most (deterministic)
 POLISH_GAP = 1e-3  # relative gap a window's solve stops at
 POLISH_SECONDS = 5.0  # and a time limit per window, a guard that a node limit reaches first
 
 
 def polish(orders: list[list[Action]], sc: StageCosts, where: tuple[int, ...],
            microbatches: int, limits: list[float] | None, per_rank: int | None = None,
-           rounds: int = POLISH_ROUNDS) -> tuple[list[list[Action]], float] | None:
+           rounds: int = 1) -> tuple[list[list[Action]], float] | None:
     """Large-neighbourhood search with the MIP: slide a window over the step; in it, each
-    rank's next ``per_rank`` actions may take any order (the program above, every other
-    action kept in its place in its rank's order), and the solver picks the order of the
-    window with the shortest step. A window that gives a shorter step, or the same step
-    with every action ending earlier in sum, is kept; passes repeat (at most ``rounds``)
-    while one helps. A window whose actions all have slack is skipped. Deterministic: one
+    rank's next few actions may take any order (the program of :func:`solve`, every
+    other action kept in its place in its rank's order), and the solver picks the order of
+    the window with the shortest step. A window that gives a shorter step, or the same
+    step with every action ending earlier in sum, is kept. The passes open
+    ``POLISH_PASSES`` actions over all ranks (or ``per_rank`` a rank, ``rounds`` times).
+    A window whose actions all have slack is skipped. Deterministic: one
     thread and a node limit per window (its time limit is a guard that is not reached).
     Returns the orders and their step time, or None when highspy is missing."""
     try:
@@ -46,36 +47,39 @@ def polish(orders: list[list[Action]], sc: StageCosts, where: tuple[int, ...],
     from ...sim.kernel import simulate
 
     S, m = len(where), microbatches
-    if per_rank is None:
-        per_rank = max(6, POLISH_FREE // len(orders))
+    p = len(orders)
+    sizes = [per_rank] * rounds if per_rank else [max(6, n // p) for n in POLISH_PASSES]
     cur = [[a if isinstance(a, Action) else Action(*a) for a in o] for o in orders]
     known = simulate(make_schedule("polish", cur, S, m, placement=list(where)), sc)
     score = _score(known)
     longest = max(len(o) for o in cur)
-    for _ in range(rounds):
-        better = False
+    fruitless: dict[int, tuple[float, float]] = {}  # window size -> the score it left alone
+    for size in sizes:
+        if fruitless.get(size) == score:
+            continue  # a pass of this size found nothing here already
+        before = score
         t0 = 0.0
         while t0 < score[0]:
             began = starts(known)
             free = set()
             for o in cur:
                 at = next((k for k, a in enumerate(o) if began[a] >= t0 - 1e-9), len(o))
-                free.update(o[at:at + per_rank])
+                free.update(o[at:at + size])
             start = t0
-            t0 += score[0] * per_rank / (2 * longest)  # half a window on
+            t0 += score[0] * size / (2 * longest)  # half a window on
             if len(free) < 2 or not free & _critical(cur, began, sc, where, score[0]):
                 continue  # reordering actions that all have slack cannot shorten the step
             solved = solve(highspy, sc, where, m, limits, cur, began, score[0], free=free,
-                            time_limit=POLISH_SECONDS, gap=POLISH_GAP, nodes=POLISH_NODES,
-                            settled=start)
+                           time_limit=POLISH_SECONDS, gap=POLISH_GAP, nodes=POLISH_NODES,
+                           settled=start)
             if solved[0] is None:
                 continue
             timed = simulate(make_schedule("polish", solved[0], S, m, placement=list(where)),
                              sc)
             if _score(timed) < score and _fits(solved[0], sc, limits):
-                cur, known, score, better = solved[0], timed, _score(timed), True
-        if not better:
-            break
+                cur, known, score = solved[0], timed, _score(timed)
+        if score == before:
+            fruitless[size] = score
     return cur, score[0]
 
 
@@ -204,26 +208,30 @@ def solve(highspy, sc: StageCosts, where: tuple[int, ...], m: int,
     release, tail = _windows(acts, edges, dur)
     floor = max(lower_bound(sc, where, m), max(release[a] + tail[a] for a in acts))
     latest = {a: horizon - tail[a] for a in acts}
-    h = _new_highs(highspy)
-    h.setOptionValue("threads", 1)
-    h.setOptionValue("time_limit", float(time_limit))
-    h.setOptionValue("mip_rel_gap", float(gap))
-    if nodes is not None:
-        h.setOptionValue("mip_max_nodes", int(nodes))
     if settled is not None:  # what started before the window keeps its start
         for a in acts:
             if began[a] < settled - 1e-9:
                 release[a] = latest[a] = began[a]
-    x = {a: h.addVariable(lb=release[a], ub=max(release[a], latest[a])) for a in acts}
-    makespan = h.addVariable(lb=min(floor, horizon), ub=horizon)
-    guess = [began[a] for a in acts] + [step]  # the start order, column by column
+    # Columns: a start per action, the step (the objective), then the order binaries.
+    col = {a: n for n, a in enumerate(acts)}
+    makespan = len(acts)
+    rows = _Rows()
+    binaries: list[float] = []  # the start order's value of each binary (its warm start)
+
+    def binary(value: float) -> int:
+        binaries.append(value)
+        return makespan + len(binaries)
+
+    fixed = {a for a in acts if latest[a] <= release[a]}
     for a in acts:
-        h.addConstr(makespan >= x[a] + dur[a])
+        if not succ[a]:  # the step ends after every last action (the rest follow one)
+            rows.add(dur[a], [(makespan, 1.0), (col[a], -1.0)])
     for a, b, lag in edges:
-        h.addConstr(x[b] >= x[a] + dur[a] + lag)
+        if not (a in fixed and b in fixed):
+            rows.add(dur[a] + lag, [(col[b], 1.0), (col[a], -1.0)])
     for r in range(p):
         mine = [a for a in acts if where[a.stage] == r]
-        before = {}  # (a, b) -> 1 if a runs before b (a constant where the rules decide)
+        before = {}  # (a, b) -> 1 if a runs before b, or its binary's column
         for u in range(len(mine)):
             for v in range(u + 1, len(mine)):
                 a, b = mine[u], mine[v]
@@ -242,45 +250,103 @@ def solve(highspy, sc: StageCosts, where: tuple[int, ...], m: int,
                 ba = release[a] + dur[a] > latest[b] + 1e-9
                 if ab != ba:
                     first, then = (a, b) if ab else (b, a)
-                    h.addConstr(x[first] + dur[first] <= x[then])
+                    rows.add(dur[first], [(col[then], 1.0), (col[first], -1.0)])
                     before[first, then], before[then, first] = 1, 0
                     continue
-                y = h.addBinary()
-                guess.append(1.0 if (began[a], a.kind) < (began[b], b.kind) else 0.0)
+                y = binary(1.0 if (began[a], a.kind) < (began[b], b.kind) else 0.0)
                 # a before b: x_a + d_a <= x_b, relaxed by the most it can be off otherwise
                 big_ab = max(0.0, latest[a] + dur[a] - release[b])
                 big_ba = max(0.0, latest[b] + dur[b] - release[a])
-                h.addConstr(x[a] + dur[a] <= x[b] + big_ab * (1 - y))
-                h.addConstr(x[b] + dur[b] <= x[a] + big_ba * y)
-                before[a, b], before[b, a] = y, 1 - y
+                # x_b - x_a + big_ab (1 - y) >= d_a;  x_a - x_b + big_ba y >= d_b
+                rows.add(dur[a] - big_ab, [(col[b], 1.0), (col[a], -1.0), (y, -big_ab)])
+                rows.add(dur[b], [(col[a], 1.0), (col[b], -1.0), (y, big_ba)])
+                before[a, b], before[b, a] = ("y", y), ("not y", y)
         if limits is None:
             continue
         for a in mine:
             if free is not None and a not in free:
                 continue  # the same actions run before it as in the start order: it fits
-            load = mem[a][0]
+            load, terms = mem[a][0], {}
             for b in mine:
-                if b != a:
-                    load = load + (mem[b][0] + mem[b][1]) * before[b, a]
-            if isinstance(load, int | float):  # every order around a is fixed
+                if b == a:
+                    continue
+                net, how = mem[b][0] + mem[b][1], before[b, a]
+                if isinstance(how, int):
+                    load += net * how
+                elif how[0] == "y":
+                    terms[how[1]] = terms.get(how[1], 0.0) + net
+                else:  # 1 - y
+                    load += net
+                    terms[how[1]] = terms.get(how[1], 0.0) - net
+            if not terms:  # every order around a is fixed
                 if load > limits[r] + 1e-9:
                     raise ScheduleError(f"no order fits memory limit {limits[r]:g} on rank {r}")
                 continue
-            h.addConstr(load <= limits[r] + 1e-9)
+            rows.add(-_INF, list(terms.items()), upper=limits[r] + 1e-9 - load)
+    h = _new_highs(highspy)
+    h.setOptionValue("threads", 1)
+    h.setOptionValue("time_limit", float(time_limit))
+    h.setOptionValue("mip_rel_gap", float(gap))
+    if nodes is not None:
+        h.setOptionValue("mip_max_nodes", int(nodes))
+    lower = [release[a] for a in acts] + [min(floor, horizon)] + [0.0] * len(binaries)
+    upper = ([max(release[a], latest[a]) for a in acts] + [horizon]
+             + [1.0] * len(binaries))
+    rows.load(h, lower, upper, makespan, len(binaries))
     warm = highspy.HighsSolution()
-    warm.col_value = guess
+    warm.col_value = [began[a] for a in acts] + [step] + binaries  # the start order
     warm.value_valid = True
     h.setSolution(warm)
-    h.minimize(makespan)
+    h.run()
     info = h.getInfo()
     bound = float(info.mip_dual_bound)
     if info.primal_solution_status != 2:
         return None, bound, False
     values = h.getSolution().col_value
-    at = {a: values[x[a].index] for a in acts}
+    at = {a: values[col[a]] for a in acts}
     key = (lambda a: (at[a], pos[a])) if free is not None else (lambda a: (at[a], a.kind))
     new = [sorted((a for a in acts if where[a.stage] == r), key=key) for r in range(p)]
     return new, bound, h.getModelStatus() == highspy.HighsModelStatus.kOptimal
+
+
+_INF = float("inf")
+
+
+class _Rows:
+    """Constraints ``lower <= sum of value * column <= upper``, gathered, then passed to
+    HiGHS in one call (building them one by one through its expressions costs more than
+    solving a window)."""
+
+    def __init__(self) -> None:
+        self.lower: list[float] = []
+        self.upper: list[float] = []
+        self.starts: list[int] = []
+        self.index: list[int] = []
+        self.value: list[float] = []
+
+    def add(self, lower: float, terms: list[tuple[int, float]], upper: float = _INF) -> None:
+        self.lower.append(lower)
+        self.upper.append(upper)
+        self.starts.append(len(self.index))
+        for column, value in terms:
+            self.index.append(column)
+            self.value.append(value)
+
+    def load(self, h, lower: list[float], upper: list[float], objective: int,
+             binaries: int) -> None:
+        """Columns with these bounds (the last ``binaries`` integer), the rows, and the
+        objective: minimise column ``objective``."""
+        import numpy as np
+
+        n = len(lower)
+        h.addVars(n, np.array(lower), np.array(upper))
+        if binaries:
+            h.changeColsIntegrality(binaries, np.arange(n - binaries, n, dtype=np.int32),
+                                    np.ones(binaries, dtype=np.uint8))
+        h.changeColsCost(1, np.array([objective], dtype=np.int32), np.array([1.0]))
+        h.addRows(len(self.lower), np.array(self.lower), np.array(self.upper),
+                  len(self.index), np.array(self.starts, dtype=np.int32),
+                  np.array(self.index, dtype=np.int32), np.array(self.value))
 
 
 _BANNER_SHOWN = [False]
