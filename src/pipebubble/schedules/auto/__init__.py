@@ -15,7 +15,11 @@ chunks per rank, as ZB-V), whichever is faster. Candidates:
 - on small instances (up to 300 actions), a local search (:mod:`.improve`) from the three
   best orders of each placement: simulated annealing over moves of one action within its
   rank, swaps of two, and the same move on every rank, then a hill climb; seeded by the
-  instance, so deterministic.
+  instance, so deterministic;
+- on the smallest (up to 200 actions), MIP windows (:func:`.mip.polish`): HiGHS reorders
+  every rank's next few actions at once, window after window over the step, from the best
+  searched order (and the other placement's if it is within 2 %); one thread and a node
+  limit per window, so deterministic too.
 
 Every candidate is scored by the one simulator (:func:`pipebubble.sim.simulate`) with the
 same costs (the greedy times its orders as it builds them, by the same rule); the fastest
