@@ -4,6 +4,8 @@ the optimum of small random instances, and auto must be within 2 % of it; the MI
 file, so that pytest-xdist runs it beside ``test_auto.py``.)"""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipebubble import CostModel, auto_schedule, simulate, validate
 from pipebubble.schedules.auto.bounds import min_limits
@@ -108,3 +110,26 @@ def test_polish_never_worse_fits_and_is_deterministic(monkeypatch):
     assert t.step_time == pytest.approx(first[1])
     assert t.step_time <= simulate(start, costs).step_time + 1e-9
     assert max(peaks(t)) <= 2 + 1e-9
+
+
+@settings(max_examples=20, deadline=None)
+@given(p=st.integers(1, 3), m=st.integers(1, 4), f=st.floats(0.1, 3), i=st.floats(0.1, 3),
+       w=st.floats(0, 3), comm=st.floats(0, 1), limit=st.sampled_from([None, 1, 2, 3.5]),
+       placement=st.sampled_from(["loop", "v"]))
+def test_auto_with_its_windows_is_valid_fits_and_respects_its_bound(p, m, f, i, w, comm,
+                                                                   limit, placement):
+    """Any costs (zero-length W included): with its windows, auto's order is valid, fits,
+    and is never below its provable bound (auto validates what it returns; this checks it
+    from outside, on inputs a person would not pick)."""
+    from pipebubble import ScheduleError
+
+    costs = CostModel(f=f, b=i + w, w=w, comm=comm, weight_memory=0.5)
+    try:
+        auto = auto_schedule(p, m, costs, memory_limit=limit, placement=placement)
+    except ScheduleError:  # a limit below the smallest feasible one: test_auto.py checks it
+        return
+    validate(auto)
+    t = simulate(auto, costs)
+    if limit is not None:
+        assert max(peaks(t)) <= limit + 1e-9
+    assert auto.options["auto"]["lower_bound"] <= t.step_time + 1e-9

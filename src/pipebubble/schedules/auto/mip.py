@@ -23,6 +23,7 @@ from .bounds import lower_bound
 
 POLISH_PASSES = (24, 36)  # actions a window opens over all ranks (6 a rank at least), per
 # pass of the window over the step; a pass is skipped when one of its size found nothing since
+POLISH_WIDE_UP_TO = 120  # actions: the wider pass runs only up to this size (it costs most)
 POLISH_NODES = 50  # branch-and-bound nodes per window, at most (deterministic)
 POLISH_GAP = 1e-3  # relative gap a window's solve stops at
 POLISH_SECONDS = 5.0  # and a time limit per window, a guard that a node limit reaches first
@@ -48,7 +49,8 @@ def polish(orders: list[list[Action]], sc: StageCosts, where: tuple[int, ...],
 
     S, m = len(where), microbatches
     p = len(orders)
-    sizes = [per_rank] * rounds if per_rank else [max(6, n // p) for n in POLISH_PASSES]
+    passes = POLISH_PASSES if 3 * S * m <= POLISH_WIDE_UP_TO else POLISH_PASSES[:1]
+    sizes = [per_rank] * rounds if per_rank else [max(6, n // p) for n in passes]
     cur = [[a if isinstance(a, Action) else Action(*a) for a in o] for o in orders]
     known = simulate(make_schedule("polish", cur, S, m, placement=list(where)), sc)
     score = _score(known)
