@@ -62,9 +62,9 @@ COSTS = [
 def test_never_slower_than_a_registered_schedule_that_fits(costs, p, m):
     rivals = list(same_placement_rivals(p, m, costs))
     # the windows run for the costs where they help most (comm, M_W < M_B)
-    search = contextlib.nullcontext() if costs is COSTS[1] else local_search_only()
+    windows = costs is COSTS[1]
     for limit in (1, 1.5, 2, p / 2 + 1, p, 2 * p):
-        with search:
+        with contextlib.nullcontext() if windows else local_search_only():
             auto = auto_schedule(p, m, costs, memory_limit=limit)
         validate(auto)
         t = simulate(auto, costs)
