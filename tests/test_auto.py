@@ -1,7 +1,6 @@
 """``auto``: the fastest order found under a memory limit, checked against every registered
 schedule of the same placements, the closed forms, and its own lower bound."""
 
-import contextlib
 import json
 import os
 
@@ -9,86 +8,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from auto_cases import local_search_only, peaks, same_placement_rivals
 from pipebubble import CostModel, ScheduleError, auto_schedule, get_schedule, simulate, validate
 from pipebubble.cli import main
 from pipebubble.interop.torch_csv import parse_torch_csv
-from pipebubble.schedules import lookup, schedule_names
 from pipebubble.schedules.auto.bounds import lower_bound, min_limits
-
-
-def peaks(timeline):
-    return [r.peak_memory for r in timeline.rank_stats()]
-
-
-@contextlib.contextmanager
-def local_search_only():
-    """auto without its MIP windows, for properties they cannot change: they only ever
-    replace an order with a faster one that fits (``test_auto_optimal.py`` tests them), and
-    they cost most of auto's time on small instances."""
-    import pipebubble.schedules.auto as auto_module
-
-    saved = auto_module.POLISH_UP_TO
-    auto_module.POLISH_UP_TO = 0
-    try:
-        yield
-    finally:
-        auto_module.POLISH_UP_TO = saved
-
-
-def same_placement_rivals(p, m, costs):
-    """Registered schedules auto searches among: loop with 1 chunk, or V with 2."""
-    for name in schedule_names():
-        spec = lookup(name)
-        if spec.chunks not in (1, 2):
-            continue
-        try:
-            s = get_schedule(name, p, m)
-            t = simulate(s, costs)
-        except ScheduleError:
-            continue
-        if s.chains == 1 and (s.placement == "v" or (s.placement == "loop" and s.chunks == 1)):
-            yield name, t
-
-
-COSTS = [
-    CostModel(f=1, b=2, w=1),
-    CostModel(f=1, b=3, w=1, comm=0.2, activation_memory=1, weight_memory=0.5),
-    CostModel(f=2, b=3, w=0.5, comm=0.05, activation_memory=1, weight_memory=1),
-]
-
-
-@pytest.mark.parametrize("costs", COSTS)
-@pytest.mark.parametrize("p,m", [(2, 3), (3, 6), (4, 8)])
-def test_never_slower_than_a_registered_schedule_that_fits(costs, p, m):
-    rivals = list(same_placement_rivals(p, m, costs))
-    # the windows run for the costs where they help most (comm, M_W < M_B)
-    windows = costs is COSTS[1]
-    for limit in (1, 1.5, 2, p / 2 + 1, p, 2 * p):
-        with contextlib.nullcontext() if windows else local_search_only():
-            auto = auto_schedule(p, m, costs, memory_limit=limit)
-        validate(auto)
-        t = simulate(auto, costs)
-        assert max(peaks(t)) <= limit + 1e-9
-        assert t.step_time == pytest.approx(auto.options["auto"]["step_time"])
-        assert auto.options["auto"]["lower_bound"] <= t.step_time + 1e-9
-        for name, rival in rivals:
-            if max(peaks(rival)) <= limit + 1e-9:
-                assert t.step_time <= rival.step_time + 1e-9, (name, limit)
-
-
-@pytest.mark.parametrize("placement,stages", [("loop", 3), ("v", 6)])
-def test_unequal_stages_per_placement(placement, stages):
-    f = [1.0, 1.5, 0.5, 1.2, 0.8, 1.0][:stages]
-    costs = CostModel(f=f, b=[2 * x + 0.3 for x in f], w=[0.9 * x for x in f], comm=0.1)
-    for limit in (None, 2, 3):
-        auto = auto_schedule(3, 6, costs, memory_limit=limit, placement=placement)
-        t = simulate(auto, costs)
-        assert auto.placement == placement
-        for name, rival in same_placement_rivals(3, 6, costs):
-            if limit is None or max(peaks(rival)) <= limit:
-                assert t.step_time <= rival.step_time + 1e-9, name
-    with pytest.raises(ScheduleError, match="values; expected 1 or 6"):
-        auto_schedule(3, 6, CostModel(f=[1.0] * 3), placement="v")
 
 
 @pytest.mark.parametrize("p", [2, 3, 4, 5])

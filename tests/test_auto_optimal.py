@@ -7,12 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from auto_cases import peaks
 from pipebubble import CostModel, auto_schedule, simulate, validate
 from pipebubble.schedules.auto.bounds import min_limits
-
-
-def peaks(timeline):
-    return [r.peak_memory for r in timeline.rank_stats()]
 
 
 def random_instance(seed, sizes=None):
