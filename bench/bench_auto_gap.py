@@ -86,7 +86,8 @@ def main() -> None:
         auto = auto_schedule(p, m, costs, memory_limit=limit, placement=kind)
         auto_s = time.process_time() - t0
         step = auto.options["auto"]["step_time"]
-        local = _local_search_alone(p, m, costs, limit, kind)
+        local = auto_schedule(p, m, costs, memory_limit=limit, placement=kind,
+                              mip_windows=False).options["auto"]["step_time"]
         gains.append(100 * (local / step - 1))
         row = (f"{seed:>4} {p:>2} {m:>2} {kind:>5} {'-' if limit is None else f'{limit:g}':>6} "
                f"{describe(costs):<18} {local:>8.2f} {step:>8.2f}")
@@ -116,19 +117,6 @@ def main() -> None:
         print(f"proven optimal by the MIP: {len(proven)}; auto at that optimum on "
               f"{sum(g < 0.01 for g in proven)}, within 2 % on {sum(g <= 2 for g in proven)}, "
               f"max gap {max(proven):.2f} %")
-
-
-def _local_search_alone(p: int, m: int, costs: CostModel, limit, kind: str) -> float:
-    """auto's step without its MIP windows (what the local search alone finds)."""
-    import pipebubble.schedules.auto as auto_module
-
-    saved = auto_module.POLISH_UP_TO
-    auto_module.POLISH_UP_TO = 0
-    try:
-        s = auto_schedule(p, m, costs, memory_limit=limit, placement=kind)
-    finally:
-        auto_module.POLISH_UP_TO = saved
-    return s.options["auto"]["step_time"]
 
 
 if __name__ == "__main__":

@@ -1,7 +1,5 @@
-"""What the tests of ``auto`` share: peaks, the registered rivals of a placement, the cost
-models of the grid, and auto without its MIP windows."""
-
-import contextlib
+"""What the tests of ``auto`` share: peaks, the registered rivals of a placement and the
+cost models of the grid."""
 
 from pipebubble import CostModel, ScheduleError, get_schedule, simulate
 from pipebubble.schedules import lookup, schedule_names
@@ -9,21 +7,6 @@ from pipebubble.schedules import lookup, schedule_names
 
 def peaks(timeline):
     return [r.peak_memory for r in timeline.rank_stats()]
-
-
-@contextlib.contextmanager
-def local_search_only():
-    """auto without its MIP windows, for properties they cannot change: they only ever
-    replace an order with a faster one that fits (``test_auto_optimal.py`` tests them), and
-    they cost most of auto's time on small instances."""
-    import pipebubble.schedules.auto as auto_module
-
-    saved = auto_module.POLISH_UP_TO
-    auto_module.POLISH_UP_TO = 0
-    try:
-        yield
-    finally:
-        auto_module.POLISH_UP_TO = saved
 
 
 def same_placement_rivals(p, m, costs):

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from auto_cases import local_search_only, peaks, same_placement_rivals
+from auto_cases import peaks, same_placement_rivals
 from pipebubble import CostModel, ScheduleError, auto_schedule, get_schedule, simulate, validate
 from pipebubble.cli import main
 from pipebubble.interop.torch_csv import parse_torch_csv
@@ -58,8 +58,7 @@ def test_lower_bound_by_hand_and_min_limits():
        w=st.floats(0, 3), comm=st.floats(0, 1), limit=st.sampled_from([None, 1, 2, 3.5]))
 def test_auto_is_valid_fits_and_respects_its_lower_bound(p, m, f, i, w, comm, limit):
     costs = CostModel(f=f, b=i + w, w=w, comm=comm, weight_memory=0.5)
-    with local_search_only():
-        auto = auto_schedule(p, m, costs, memory_limit=limit)
+    auto = auto_schedule(p, m, costs, memory_limit=limit, mip_windows=False)
     validate(auto)
     t = simulate(auto, costs)
     if limit is not None:

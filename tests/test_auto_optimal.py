@@ -65,17 +65,14 @@ def test_within_2_percent_of_the_exact_optimum(seed):
     check_within_2_percent(*random_instance(seed))
 
 
-def test_the_mip_windows_close_a_gap_the_local_search_leaves(monkeypatch):
+def test_the_mip_windows_close_a_gap_the_local_search_leaves():
     """V placement under a tight limit (bench_auto_gap.py's seed 1: p = 2, m = 5, limit
     1.5, comm 0.3): the local search alone stops 5.3 % above the optimum, which the MIP
-    proves to be 40.34; with the MIP windows (exact.polish) auto is within 2 % of it."""
-    import pipebubble.schedules.auto as auto_module
-
+    proves to be 40.34; with the MIP windows (mip.polish) auto is within 2 % of it."""
     costs = CostModel(f=[1.35, 1.7, 0.59, 0.68], b=[3.03, 3.4, 1.67, 1.76],
                       w=[1.19, 0.81, 0.69, 0.47], comm=0.3, weight_memory=0.5)
     check_within_2_percent(2, 5, "v", costs, 1.5)
-    monkeypatch.setattr(auto_module, "POLISH_UP_TO", 0)  # the local search alone
-    alone = auto_schedule(2, 5, costs, memory_limit=1.5, placement="v")
+    alone = auto_schedule(2, 5, costs, memory_limit=1.5, placement="v", mip_windows=False)
     assert alone.options["auto"]["step_time"] > 1.02 * 40.34
     assert "MIP windows" not in alone.options["auto"]["from"]
 
@@ -84,18 +81,16 @@ def test_the_mip_windows_close_a_gap_the_local_search_leaves(monkeypatch):
 # bench/bench_auto_gap.py measures them (README, "How close to optimal").
 
 
-def test_polish_never_worse_fits_and_is_deterministic(monkeypatch):
+def test_polish_never_worse_fits_and_is_deterministic():
     """From the local search's order, the MIP windows give an order no slower, within the
     limit on every rank, and the same one each time (every torchrun worker must find the
     same order)."""
-    import pipebubble.schedules.auto as auto_module
     from pipebubble.ir.schedule import make_schedule, v_placement
     from pipebubble.schedules.auto.mip import polish
 
     costs = CostModel(f=[1.0, 1.5, 0.5, 1.2, 0.8, 1.0], b=[2.3, 3.3, 1.3, 2.7, 1.9, 2.3],
                       w=[0.9, 1.35, 0.45, 1.08, 0.72, 0.9], comm=0.1, weight_memory=0.5)
-    monkeypatch.setattr(auto_module, "POLISH_UP_TO", 0)
-    start = auto_schedule(3, 5, costs, memory_limit=2, placement="v")
+    start = auto_schedule(3, 5, costs, memory_limit=2, placement="v", mip_windows=False)
     where = v_placement(3)
     sc = costs.resolve(6, 2)
     first = polish(start.orders, sc, where, 5, [2.0] * 3)

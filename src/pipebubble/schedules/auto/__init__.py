@@ -109,9 +109,12 @@ def auto_schedule(
     costs: CostModel | None = None,
     memory_limit: float | Sequence[float] | None = None,
     placement: str = "any",
+    mip_windows: bool = True,
 ) -> Schedule:
     """The fastest order found for ``costs`` within ``memory_limit`` (per rank, or one value
     for all; default ``costs.memory_limit``) in ``placement`` ``any``, ``loop`` or ``v``.
+    ``mip_windows=False`` stops after the local search (faster on small instances; the
+    windows only ever replace an order with a faster one that fits).
 
     Raises ScheduleError naming the smallest feasible limit when ``memory_limit`` is below it.
     """
@@ -199,7 +202,8 @@ def auto_schedule(
     # and from the other placement's only if it is within POLISH_WITHIN of it.
     for key, orders, source, kind in sorted(searched, key=lambda t: t[0]):
         sc, where = resolved[kind]
-        if (3 * len(where) * m > POLISH_UP_TO or key[0] <= bounds[kind] + _TOL
+        if (not mip_windows or 3 * len(where) * m > POLISH_UP_TO
+                or key[0] <= bounds[kind] + _TOL
                 or key[0] > (1 + POLISH_WITHIN) * best[0][0]):
             continue
         polished = polish(orders, sc, where, m, limits)
