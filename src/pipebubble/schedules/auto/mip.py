@@ -30,15 +30,15 @@ POLISH_SECONDS = 5.0  # and a time limit per window, a guard that a node limit r
 
 
 def polish(orders: list[list[Action]], sc: StageCosts, where: tuple[int, ...],
-           microbatches: int, limits: list[float] | None, per_rank: int | None = None,
-           rounds: int = 1) -> tuple[list[list[Action]], float] | None:
+           microbatches: int,
+           limits: list[float] | None) -> tuple[list[list[Action]], float] | None:
     """Large-neighbourhood search with the MIP: slide a window over the step; in it, each
     rank's next few actions may take any order (the program of :func:`solve`, every
     other action kept in its place in its rank's order), and the solver picks the order of
     the window with the shortest step. A window that gives a shorter step, or the same
     step with every action ending earlier in sum, is kept. The passes open
-    ``POLISH_PASSES`` actions over all ranks (or ``per_rank`` a rank, ``rounds`` times).
-    A window whose actions all have slack is skipped. Deterministic: one
+    ``POLISH_PASSES`` actions over all ranks. A window whose actions all have slack is
+    skipped. Deterministic: one
     thread and a node limit per window (its time limit is a guard that is not reached).
     Returns the orders and their step time, or None when highspy is missing."""
     try:
@@ -50,7 +50,8 @@ def polish(orders: list[list[Action]], sc: StageCosts, where: tuple[int, ...],
     S, m = len(where), microbatches
     p = len(orders)
     passes = POLISH_PASSES if 3 * S * m <= POLISH_WIDE_UP_TO else POLISH_PASSES[:1]
-    sizes = [per_rank] * rounds if per_rank else [max(6, n // p) for n in passes]
+    sizes = [max(6, n // p) for n in passes]  # a rank's share (the same for p >= 6)
+    edges = _edges(sc, where, m)
     cur = [[a if isinstance(a, Action) else Action(*a) for a in o] for o in orders]
     known = simulate(make_schedule("polish", cur, S, m, placement=list(where)), sc)
     score = _score(known)
@@ -69,7 +70,7 @@ def polish(orders: list[list[Action]], sc: StageCosts, where: tuple[int, ...],
                 free.update(o[at:at + size])
             start = t0
             t0 += score[0] * size / (2 * longest)  # half a window on
-            if len(free) < 2 or not free & _critical(cur, began, sc, where, score[0]):
+            if len(free) < 2 or not free & _critical(cur, began, sc, edges, score[0]):
                 continue  # reordering actions that all have slack cannot shorten the step
             solved = solve(highspy, sc, where, m, limits, cur, began, score[0], free=free,
                            time_limit=POLISH_SECONDS, gap=POLISH_GAP, nodes=POLISH_NODES,
@@ -78,7 +79,7 @@ def polish(orders: list[list[Action]], sc: StageCosts, where: tuple[int, ...],
                 continue
             timed = simulate(make_schedule("polish", solved[0], S, m, placement=list(where)),
                              sc)
-            if _score(timed) < score and _fits(solved[0], sc, limits):
+            if _score(timed) < score and _within(timed, limits):
                 cur, known, score = solved[0], timed, _score(timed)
         if score == before:
             fruitless[size] = score
@@ -86,27 +87,15 @@ def polish(orders: list[list[Action]], sc: StageCosts, where: tuple[int, ...],
 
 
 def _critical(orders: list[list[Action]], began: dict[Action, float], sc: StageCosts,
-              where: tuple[int, ...], step: float) -> set[Action]:
+              edges: list[tuple[Action, Action, float]], step: float) -> set[Action]:
     """The actions without slack: delaying one delays the step. Latest starts, from the
-    end back, over the dependency rule (with comm on hops) and each rank's order."""
-    S = len(where)
-    nxt: dict[Action, Action] = {}
+    end back, over the precedences (:func:`_edges`) and each rank's order."""
+    succ: dict[Action, list[tuple[Action, float]]] = {a: [] for a in began}
+    for a, b, lag in edges:
+        succ[a].append((b, lag))
     for o in orders:
-        nxt.update(pairwise(o))
-    latest: dict[Action, float] = {}
-
-    def deps(a: Action):
-        s, j = a.stage, a.microbatch
-        if a.kind == "F":
-            if s < S - 1:
-                yield Action(s + 1, "F", j), sc.comm if where[s + 1] != where[s] else 0.0
-            yield Action(s, "I", j), 0.0
-        elif a.kind == "I":
-            if s:
-                yield Action(s - 1, "I", j), sc.comm if where[s - 1] != where[s] else 0.0
-            yield Action(s, "W", j), 0.0
-
-    succ = {a: list(deps(a)) + ([(nxt[a], 0.0)] if a in nxt else []) for a in began}
+        for a, b in pairwise(o):
+            succ[a].append((b, 0.0))
     waiting = dict.fromkeys(began, 0)
     for a in began:
         for b, _ in succ[a]:
@@ -117,6 +106,7 @@ def _critical(orders: list[list[Action]], began: dict[Action, float], sc: StageC
             waiting[b] -= 1
             if not waiting[b]:
                 order.append(b)
+    latest: dict[Action, float] = {}
     for a in reversed(order):
         end = step
         for b, lag in succ[a]:
@@ -136,17 +126,31 @@ def _score(timeline) -> tuple[float, float]:
             round(float(sum(timeline.end)), 9))
 
 
-def _fits(orders: list[list[Action]], sc: StageCosts, limits: list[float] | None) -> bool:
-    if limits is None:
-        return True
-    for r, order in enumerate(orders):
-        used = 0.0
-        for a in order:
-            d0, d1 = sc.memory_deltas(a.stage, a.kind)
-            if used + d0 > limits[r] + 1e-9:
-                return False
-            used += d0 + d1
-    return True
+def _within(timeline, limits: list[float] | None) -> bool:
+    """Every rank's peak (the simulator's) within its limit."""
+    return limits is None or all(
+        x.peak_memory <= cap + 1e-9 for x, cap in zip(timeline.rank_stats(), limits, strict=True))
+
+
+def _edges(sc: StageCosts, where: tuple[int, ...], m: int) -> list[tuple[Action, Action, float]]:
+    """The precedences, each "a ends before b starts" (after a lag): the dependency rule
+    (ir/deps.py, with comm on hops) and, per stage and kind, microbatch order (as every
+    schedule here runs)."""
+    S, comm = len(where), sc.comm
+    edges: list[tuple[Action, Action, float]] = []
+    for s in range(S):
+        up = comm if s and where[s - 1] != where[s] else 0.0
+        down = comm if s < S - 1 and where[s + 1] != where[s] else 0.0
+        for j in range(m):
+            f, i, w = Action(s, "F", j), Action(s, "I", j), Action(s, "W", j)
+            edges += [(f, i, 0.0), (i, w, 0.0)]
+            if s:
+                edges.append((Action(s - 1, "F", j), f, up))
+            if s < S - 1:
+                edges.append((Action(s + 1, "I", j), i, down))
+            if j:
+                edges += [(Action(s, k, j - 1), Action(s, k, j), 0.0) for k in "FIW"]
+    return edges
 
 
 def solve(highspy, sc: StageCosts, where: tuple[int, ...], m: int,
@@ -166,23 +170,7 @@ def solve(highspy, sc: StageCosts, where: tuple[int, ...], m: int,
     acts = [Action(s, k, j) for s in range(S) for j in range(m) for k in "FIW"]
     dur = {a: sc.duration(a.stage, a.kind) for a in acts}
     mem = {a: sc.memory_deltas(a.stage, a.kind) for a in acts}
-    # Precedences, each "a ends before b starts" (after a lag): the dependency rule
-    # (ir/deps.py, with comm on hops) and, per stage and kind, microbatch order (as every
-    # schedule here runs).
-    comm = sc.comm
-    edges: list[tuple[Action, Action, float]] = []
-    for s in range(S):
-        up = comm if s and where[s - 1] != where[s] else 0.0
-        down = comm if s < S - 1 and where[s + 1] != where[s] else 0.0
-        for j in range(m):
-            f, i, w = Action(s, "F", j), Action(s, "I", j), Action(s, "W", j)
-            edges += [(f, i, 0.0), (i, w, 0.0)]
-            if s:
-                edges.append((Action(s - 1, "F", j), f, up))
-            if s < S - 1:
-                edges.append((Action(s + 1, "I", j), i, down))
-            if j:
-                edges += [(Action(s, k, j - 1), Action(s, k, j), 0.0) for k in "FIW"]
+    edges = _edges(sc, where, m)
     pos: dict[Action, int] = {}
     if free is not None:  # the rest keeps its order: a chain per rank, free ones inside it
         for o in orders:
