@@ -126,6 +126,17 @@ def test_turn_rank_holds_k_activations_before_their_i_at_its_last_forward(name):
         assert ours(p)[:4] == published(p)[:4]  # the same steps between stages
 
 
+def _repeated_and_reordered(p, m, offsets, slack):
+    """The block with these offsets repeated m times (None if it collides for this p), a
+    cap ``slack`` below its own peak (2 at least), and ``reorder``'s answer under it."""
+    try:
+        rows = repeat(p, m, block(p, offsets))
+    except ScheduleError:
+        return None
+    cap = max(2, peak(p, rows) - slack)
+    return rows, cap, reorder(p, m, rows, cap)
+
+
 OFFSETS = st.tuples(*[st.integers(1, 3)] * 4, st.integers(1, 6), st.integers(1, 6),
                     st.integers(1, 6))
 
@@ -135,11 +146,10 @@ OFFSETS = st.tuples(*[st.integers(1, 3)] * 4, st.integers(1, 6), st.integers(1, 
 def test_no_order_beats_the_bound(p, m, offsets, slack):
     # The lower bound holds for every order with unit passes that holds k chunk
     # activations (W frees), whenever 2m > k: tried on repeated blocks and their reorders.
-    try:
-        rows = repeat(p, m, block(p, offsets))
-    except ScheduleError:
+    made = _repeated_and_reordered(p, m, offsets, slack)
+    if made is None:
         return  # this block collides for this p
-    got = reorder(p, m, rows, max(2, peak(p, rows) - slack))
+    rows, _, got = made
     for orders in [rows] + ([got[1]] if got else []):
         k = peak(p, orders)
         step = unit_step(p, m, orders)
@@ -204,12 +214,10 @@ OFFSETS_RO = st.tuples(*[st.integers(1, 3)] * 4, st.integers(1, 6), st.integers(
 @settings(max_examples=60, deadline=None)
 @given(p=st.integers(2, 6), m=st.integers(1, 14), offsets=OFFSETS_RO, slack=st.integers(0, 2))
 def test_reorder_keeps_the_passes_the_cap_and_the_unit_step(p, m, offsets, slack):
-    try:
-        rows = repeat(p, m, block(p, offsets))
-    except ScheduleError:
+    made = _repeated_and_reordered(p, m, offsets, slack)
+    if made is None:
         return  # this block collides for this p
-    cap = max(2, peak(p, rows) - slack)  # at or below the block's own peak
-    got = reorder(p, m, rows, cap)
+    rows, cap, got = made
     base = make_schedule("block", rows, 2 * p, m, placement="v")
     assert unit_step(p, m, rows) == simulate(base, UNIT).step_time
     if got is None:
