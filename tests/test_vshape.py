@@ -137,8 +137,14 @@ def _repeated_and_reordered(p, m, offsets, slack):
     return rows, cap, reorder(p, m, rows, cap)
 
 
-OFFSETS = st.tuples(*[st.integers(1, 3)] * 4, st.integers(1, 6), st.integers(1, 6),
-                    st.integers(1, 6))
+def block_offsets(top: int):
+    """A block's offsets: four steps between stages (1-3), the two turns of the V (1-6) and
+    the top (1 to ``top``)."""
+    return st.tuples(*[st.integers(1, 3)] * 4, st.integers(1, 6), st.integers(1, 6),
+                     st.integers(1, top))
+
+
+OFFSETS = block_offsets(6)
 
 
 @settings(max_examples=80, deadline=None)
@@ -207,8 +213,7 @@ def test_published_v_min_holds_less_when_w_keeps_less(mem_w):
             assert simulate(got, costs).step_time <= pub.step_time
 
 
-OFFSETS_RO = st.tuples(*[st.integers(1, 3)] * 4, st.integers(1, 6), st.integers(1, 6),
-                       st.integers(1, 2))
+OFFSETS_RO = block_offsets(2)
 
 
 @settings(max_examples=60, deadline=None)
