@@ -304,7 +304,7 @@ class StageInterpreter:
             y, saved = self._graph(s, m, sv)
             if saved is not None:
                 total[0] = saved.nbytes
-            return backward_input(y, grad, sv.inputs, saved)
+            return backward_input(y, grad, sv.inputs, saved, where=f"stage {s}")
 
         start, end, (gin, kept) = self.clock.time(self.rank, a, earliest, work, overlapped=ov)
         extra = total[0] - sv.nbytes if sv.output is None else 0

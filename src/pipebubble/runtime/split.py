@@ -9,10 +9,21 @@ Linear ``y = x A^T + b`` with output gradient ``g``: I is ``dx = g A`` and W is
 This module does that split on any autograd graph, not only on Linear layers:
 
 1. Classify the graph of the stage output. A *weight chain* is a node with one input that is
-   a parameter or another weight chain (``A.t()``, ``positions[:n]``, an embedding lookup):
-   it depends on weights only. A *boundary node* is any other node with an input that is a
-   parameter or a weight chain: it mixes an activation with a weight (``addmm(b, x, A^T)``,
-   a LayerNorm with its affine weights, ``emb + positions``).
+   a parameter or another weight chain (``A.t()``, ``positions[:n]``) and with exactly one
+   consumer in the graph: it depends on weights only, and its gradient reaches it through
+   one edge. A *boundary node* is any other node with an input that is a parameter or a
+   weight chain: it mixes an activation with a weight (``addmm(b, x, A^T)``, a LayerNorm
+   with its affine weights, ``emb + positions``).
+
+   Why "one consumer": a weight-only node that feeds several others is an *activation*
+   that happens to come from weights. The first stage of a language model is the case: the
+   embedding lookup ``h = E[ids]`` depends on the embedding table alone (the token ids need
+   no gradient), and ``h`` feeds the norm, the attention and the residual of the first
+   decoder layer. Taken for a chain, W would run the whole layer's backward again from
+   each of them (through tensors I has already freed, and counting the gradient of ``E``
+   once per path). With the rule, the lookup is a boundary node like any other: I
+   computes the gradient that flows into ``h`` (the activation work), W turns it into the
+   table's gradient.
 2. **I**: one ``torch.autograd.grad`` from the output to the stage input *and* to the
    gradient edges into every boundary node (what flows into it, ``g``), with the graph
    retained. Autograd computes only what these targets need, so a boundary node computes
@@ -22,6 +33,13 @@ This module does that split on any autograd graph, not only on Linear layers:
 3. **W**: for each boundary node, one ``torch.autograd.grad`` from its captured ``g`` to its
    weight inputs only (so it does not run the activation path again), then one pass from
    the weight-chain gradients down to the parameters. Gradients accumulate into ``.grad``.
+
+   That W touches nothing but the boundary node and the weights below it holds when no
+   parameter is reached from two boundary nodes one of which lies on the other's
+   activation path (a weight used twice in one stage, e.g. an embedding tied to the head
+   on the same stage). Such a graph is refused before I runs, with a :class:`SplitError`
+   naming the stage, the parameter and the two operations; schedules with a fused
+   backward (B) run it.
 
 I followed by W gives the same gradients as the fused backward B (same operations, only the
 summation order of ``.grad`` may differ in the last bit).
@@ -47,7 +65,13 @@ from dataclasses import dataclass, field
 import torch
 from torch.autograd.graph import GradientEdge, Node
 
+from ..errors import UserError
 from .memory import SavedTensors
+
+
+class SplitError(UserError):
+    """A stage graph the split backward cannot separate into I and W (the message names the
+    stage and the operation)."""
 
 
 def _is_leaf(node: Node) -> bool:
@@ -61,6 +85,7 @@ class WeightWork:
     boundary: list[tuple[Node, list[tuple[int, Node, int]], tuple[torch.Tensor | None, ...]]]
     saved: SavedTensors | None
     nbytes: int
+    where: str = "the stage"
     _done: bool = field(default=False, repr=False)
 
     def run(self) -> None:
@@ -73,10 +98,8 @@ class WeightWork:
             outs = [(GradientEdge(node, k), g) for k, g in enumerate(grads) if g is not None]
             if not outs:
                 continue
-            res = torch.autograd.grad(
-                [e for e, _ in outs], [GradientEdge(n, nr) for _, n, nr in slots],
-                grad_outputs=[g for _, g in outs], allow_unused=True,
-            )
+            res = self._grad(node, [e for e, _ in outs],
+                             [GradientEdge(n, nr) for _, n, nr in slots], [g for _, g in outs])
             for (_, n, nr), g in zip(slots, res, strict=True):
                 if g is None:
                     continue
@@ -88,10 +111,8 @@ class WeightWork:
         if chains:
             keys = list(chains)
             params = _leaves_below([n for n, _ in keys])
-            res = torch.autograd.grad(
-                [GradientEdge(n, nr) for n, nr in keys], params,
-                grad_outputs=[chains[k] for k in keys], allow_unused=True,
-            )
+            res = self._grad(keys[0][0], [GradientEdge(n, nr) for n, nr in keys], params,
+                             [chains[k] for k in keys])
             for p, g in zip(params, res, strict=True):
                 if g is not None:
                     _accumulate(p, g)
@@ -99,23 +120,36 @@ class WeightWork:
         if self.saved is not None:
             self.saved.free()
 
+    def _grad(self, node: Node, outputs: list, inputs: list, grads: list):
+        try:
+            return torch.autograd.grad(outputs, inputs, grad_outputs=grads, allow_unused=True)
+        except RuntimeError as exc:  # a graph the classification above got wrong
+            if "freed after the input-gradient pass" not in str(exc):
+                raise
+            raise SplitError(
+                f"{self.where}: the split backward cannot compute the weight gradient (W) of "
+                f"{node.name()}: it needs activations the input-gradient pass (I) freed; use a "
+                "schedule with a fused backward (B), e.g. 1f1b") from None
+
 
 def backward_input(
     output: torch.Tensor,
     grad: torch.Tensor | None,
     stage_input: torch.Tensor,
     saved: SavedTensors | None = None,
+    where: str = "the stage",
 ) -> tuple[torch.Tensor | None, WeightWork]:
     """Run I: return the stage input's gradient (None if it needs none) and the W work.
 
     ``output`` is the stage output (or the loss, with ``grad=None``); ``saved`` the hooks the
     forward ran under, so that I can free what W does not need (without it, the whole graph
-    stays alive until W).
+    stays alive until W). ``where`` names the stage in errors (``"stage 2"``).
     """
     root = output.grad_fn
     if root is None:
-        return None, WeightWork([], saved, 0)
+        return None, WeightWork([], saved, 0, where)
     nodes = _walk(root)
+    consumers = _consumers(nodes)
     chain: dict[Node, bool] = {}
 
     def is_chain(n: Node) -> bool:  # depends on weights only, through one input each
@@ -124,6 +158,7 @@ def backward_input(
         chain[n] = False  # guards against cycles (there are none in autograd graphs)
         nxt = n.next_functions
         ok = (not _is_leaf(n) and len(nxt) == 1 and nxt[0][0] is not None
+              and len(consumers.get(n, ())) == 1
               and (_is_weight(nxt[0][0], stage_input) or is_chain(nxt[0][0])))
         chain[n] = ok
         return ok
@@ -136,6 +171,7 @@ def backward_input(
                  if f is not None and (_is_weight(f, stage_input) or is_chain(f))]
         if slots:
             boundary.append((n, slots))
+    _check_weights_used_once(nodes, consumers, chain, stage_input, where)
     targets: list[torch.Tensor | GradientEdge] = []
     wants_input = stage_input.requires_grad
     if wants_input:
@@ -160,11 +196,51 @@ def backward_input(
     if saved is not None:
         w_nodes = [n for n, _ in boundary] + [n for n, ok in chain.items() if ok]
         nbytes = saved.keep_only(w_nodes)
-    return dx, WeightWork(kept, saved, nbytes)
+    return dx, WeightWork(kept, saved, nbytes, where)
 
 
 def _is_weight(node: Node, stage_input: torch.Tensor) -> bool:
     return _is_leaf(node) and node.variable is not stage_input
+
+
+def _consumers(nodes: list[Node]) -> dict[Node, list[Node]]:
+    """For each node, the nodes of the graph whose backward feeds it (one entry per edge)."""
+    out: dict[Node, list[Node]] = {}
+    for n in nodes:
+        for f, _ in n.next_functions:
+            if f is not None:
+                out.setdefault(f, []).append(n)
+    return out
+
+
+def _check_weights_used_once(nodes, consumers, chain, stage_input, where) -> None:
+    """Refuse a parameter reached from two boundary nodes where one lies on the other's
+    activation path: W from the upper one would run the activation path again (see the
+    module docstring, step 3). Rare (a weight used twice in one stage); checked only then."""
+    owner: dict[Node, Node] = {}  # weight chain -> the boundary node that consumes it
+
+    def owner_of(n: Node) -> Node:
+        while chain.get(n, False):
+            n = consumers[n][0]
+        return n
+
+    for n in nodes:
+        if not _is_weight(n, stage_input):
+            continue
+        users = {owner.setdefault(c, owner_of(c)) for c in consumers.get(n, ())}
+        if len(users) < 2:
+            continue
+        for a in users:
+            below = set(_walk(a)) - {a}
+            for b in users:
+                if b is not a and b in below:
+                    shape = tuple(n.variable.shape)
+                    raise SplitError(
+                        f"{where}: the split backward cannot separate W for a parameter of "
+                        f"shape {shape} used twice in the stage, by {a.name()} and by "
+                        f"{b.name()} on its input path (a tied or reused weight); put the "
+                        "two uses on different stages or use a schedule with a fused "
+                        "backward (B), e.g. 1f1b")
 
 
 def _walk(root: Node) -> list[Node]:
