@@ -19,6 +19,8 @@ from .sim.formulas import bubble_fraction
 from .timeline import Event, Timeline
 
 if TYPE_CHECKING:
+    from .models.loader import load_model
+    from .models.spec import ModelSpec
     from .runtime.pipeline import Pipeline, PipelineStage
 
 __all__ = [
@@ -26,6 +28,7 @@ __all__ = [
     "CostModel",
     "Deadlock",
     "Event",
+    "ModelSpec",
     "Overlap",
     "Pipeline",
     "PipelineStage",
@@ -35,6 +38,7 @@ __all__ = [
     "auto_schedule",
     "bubble_fraction",
     "get_schedule",
+    "load_model",
     "schedule_names",
     "simulate",
     "validate",
@@ -42,7 +46,8 @@ __all__ = [
 
 __version__ = "0.1.0"
 
-_LAZY = {"Pipeline": "runtime.pipeline", "PipelineStage": "runtime.pipeline"}
+_LAZY = {"Pipeline": "runtime.pipeline", "PipelineStage": "runtime.pipeline",
+         "ModelSpec": "models.spec", "load_model": "models.loader"}
 
 
 def __getattr__(name: str):  # PEP 562: torch is imported only when the lesson's classes are used

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 from ..errors import UserError
 from ..files import check_output_path
 from ..limits import check_model_size, check_threads
+from ..plan.profile import noisy_layers
+from ._model import MODEL_HELP, add_spec_flags, load_from_args, user_spec_flags_given
 from .common import int_flag, parse_device, positive_int, print_json, wrote
 
 if TYPE_CHECKING:
@@ -21,11 +23,12 @@ MODEL_FLAGS = ("layers", "dim", "heads", "vocab", "seq", "width")
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "profile", help="measure each layer of a model (time, params, memory, FLOPs)",
-        description="Profile a built-in model layer by layer on a sample batch (one "
+        description="Profile a model layer by layer on a sample batch (one "
         "microbatch): median forward and backward time, parameters, activation bytes kept "
         "for the backward, FLOPs. Writes the JSON profile that `pipebubble partition` reads.")
-    p.add_argument("--model", default=None, metavar="NAME",
-                   help="mlp or transformer (required unless --analytic)")
+    p.add_argument("--model", default=None, metavar="SPEC",
+                   help=MODEL_HELP + " (required unless --analytic)")
+    add_spec_flags(p)
     for name in MODEL_FLAGS:
         p.add_argument(f"--{name}", type=positive_int(f"--{name}"), default=None,
                        help=f"model {name} (the model's default when omitted)")
@@ -128,15 +131,29 @@ def run(args: argparse.Namespace) -> int:
     threads = args.threads or (1 if device.type == "cpu" else None)  # CPU time, one thread
     if threads:
         torch.set_num_threads(check_threads(threads))
-    if args.model in ("mlp", "transformer", "sleep"):  # before building it
+    from ..models.loader import is_builtin
+
+    if is_builtin(args.model):  # before building it
+        given = user_spec_flags_given(args)
+        if given:
+            raise UserError(f"{', '.join(given)} apply to a --model file.py:NAME, "
+                             f"package.module:NAME or hf:PATH, not the built-in {args.model}")
         check_model_size(args.model, args.layers or 8, args.width or args.dim,
                          args.vocab or 4096, args.seq or 32, batch=args.batch or 8)
-    spec, kwargs = build(args)
+        spec, kwargs = build(args)
+    else:
+        given = [f"--{n}" for n in MODEL_FLAGS if n != "seq" and getattr(args, n) is not None]
+        if given:
+            raise UserError(f"{', '.join(given)} apply to the built-in models; give your "
+                             "model's own arguments with --model-arg KEY=VALUE")
+        spec = load_from_args(args, seq=args.seq)
+        kwargs = dict(args.model_arg)
     gen = torch.Generator().manual_seed(args.seed)
     x, y = spec.make_batch(args.batch or 8, gen)
     layers = [m.to(device) for m in spec.layers]
     prof = profile_layers(layers, x.to(device), target=y.to(device), loss_fn=spec.loss_fn,
-                          warmup=args.warmup, repeats=args.repeats,
+                          warmup=args.warmup, repeats=args.repeats, names=spec.layer_names(),
+                          roles=spec.layer_roles(), threads=None, warn=False,
                           metadata={"model": spec.name, "model_args": kwargs})
     return _output(args, prof)
 
@@ -158,34 +175,6 @@ def _output(args: argparse.Namespace, prof) -> int:
         console.print(f"next: pipebubble partition --profile {args.out} --ranks P, or "
                       f"pipebubble plan --profile {args.out} --gpus N ...")
     return 0
-
-
-NOISE_RATIO = 3.0
-
-
-def noisy_layers(prof) -> list[str]:
-    """Warnings for identical layers (same type, parameters, activation bytes and FLOPs)
-    whose forward or backward times differ by more than :data:`NOISE_RATIO` x: the same
-    work measured that differently is noise (other processes, frequency scaling)."""
-    groups: dict[tuple, list] = {}
-    for layer in prof.layers:
-        key = (layer.type, layer.params, layer.activation_bytes, layer.flops)
-        groups.setdefault(key, []).append(layer)
-    out = []
-    for (kind, *_), layers in groups.items():
-        if len(layers) < 2:
-            continue
-        for field in ("forward", "backward"):
-            times = [getattr(x, field) for x in layers]
-            lo, hi = min(times), max(times)
-            if lo > 0 and hi / lo > NOISE_RATIO:
-                out.append(f"{len(layers)} identical {kind or 'layers'} differ {hi / lo:.1f}x "
-                           f"in {field} time ({lo * 1e3:.3g} to {hi * 1e3:.3g} ms): the "
-                           "measurement is noisy; use --threads 1, more --repeats, or a "
-                           "quieter machine")
-    return out
-
-
 
 
 def profile_table(prof) -> Table:

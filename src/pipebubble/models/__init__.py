@@ -18,7 +18,7 @@ from ..errors import UserError
 from . import sleep as _sleep
 from .spec import ModelSpec
 
-__all__ = ["MODELS", "ModelSpec", "build_model", "mlp", "transformer"]
+__all__ = ["MODELS", "ModelSpec", "build_model", "load_model", "mlp", "transformer"]
 
 
 class MLPBlock(nn.Module):
@@ -46,6 +46,8 @@ def mlp(layers: int = 8, width: int = 64, seed: int = 0) -> ModelSpec:
 
 class Embedding(nn.Module):
     """Token + position embedding: many parameters, a table lookup of compute."""
+
+    role = "embedding"
 
     def __init__(self, vocab: int, dim: int, seq: int):
         super().__init__()
@@ -76,6 +78,8 @@ class Block(nn.Module):
 
 class Head(nn.Module):
     """Final norm and the projection to the vocabulary: large in parameters and compute."""
+
+    role = "head"
 
     def __init__(self, dim: int, vocab: int):
         super().__init__()
@@ -113,6 +117,14 @@ def transformer(
 
 
 MODELS = {"mlp": mlp, "transformer": transformer, "sleep": _sleep.sleep}
+
+
+def load_model(spec: str, model_args: dict | None = None, **options) -> ModelSpec:
+    """The model a ``--model`` SPEC names (built-in, file, module or ``hf:``); see
+    :func:`pipebubble.models.loader.load_model`."""
+    from .loader import load_model as load
+
+    return load(spec, model_args, **options)
 
 
 def build_model(name: str, **kwargs: int) -> ModelSpec:

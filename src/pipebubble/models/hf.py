@@ -228,9 +228,11 @@ def read_config(path: str | Path) -> tuple[dict, Path | None]:
     return data, folder
 
 
-def load_hf(path: str | Path, seq: int = 32, seed: int = 0) -> ModelSpec:
+def load_hf(path: str | Path, seq: int = 32, seed: int = 0,
+            overrides: dict[str, Any] | None = None) -> ModelSpec:
     """``hf:PATH``: a causal LM from a local config (weights loaded from the folder's
-    ``*.safetensors`` when present, else initialised from ``seed``); never downloads."""
+    ``*.safetensors`` when present, else initialised from ``seed``); never downloads.
+    ``overrides`` replace config fields (``{"num_hidden_layers": 8}``)."""
     data, folder = read_config(path)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     tf = _transformers()
@@ -238,8 +240,17 @@ def load_hf(path: str | Path, seq: int = 32, seed: int = 0) -> ModelSpec:
                                                          "transformers_version")}
     try:
         config = tf.AutoConfig.for_model(data["model_type"], **fields)
+        for key in overrides or {}:
+            if key not in data and not hasattr(config, key):
+                known = sorted(k for k in config.to_dict() if not k.startswith("_"))
+                raise UserError(f"--model-arg {key}: not a field of the {data['model_type']} "
+                                f"config; valid are {', '.join(known)}")
+        if overrides:
+            config = tf.AutoConfig.for_model(data["model_type"], **{**fields, **overrides})
     except (TypeError, ValueError) as exc:
-        raise UserError(f"hf:{path}: bad config ({exc})") from None
+        if isinstance(exc, UserError):
+            raise
+        raise UserError(f"hf:{path}: bad config ({_first_line(exc)})") from None
     weights = sorted(folder.glob("*.safetensors")) if folder is not None else []
     torch.manual_seed(seed)
     try:
@@ -249,10 +260,14 @@ def load_hf(path: str | Path, seq: int = 32, seed: int = 0) -> ModelSpec:
         else:
             model = tf.AutoModelForCausalLM.from_config(config)
     except (OSError, ValueError) as exc:
-        raise UserError(f"hf:{path}: cannot build the model ({str(exc).splitlines()[0]})"
-                        ) from None
+        raise UserError(f"hf:{path}: cannot build the model ({_first_line(exc)})") from None
     model = model.float()
     spec = hf_spec(model, seq, name=f"hf:{path}")
     spec.metadata = {"hf_weights": [w.name for w in weights] or "random (seed "
                      f"{seed})"}
     return spec
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__

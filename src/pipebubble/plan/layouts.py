@@ -5,15 +5,18 @@
   split by ``|``, ``E`` the embedding, ``t`` a transformer layer, ``L`` the loss (with the
   output layer), runs written ``t*3``. Stages are listed in stage order, which for
   interleaved (loop) placement is Megatron's order: every rank's first chunk, then every
-  rank's second. Symbols come from each layer's ``type`` in the profile (a type containing
-  "embed" is ``E``; the last layer is ``L`` when its type contains "head", "output" or
-  "loss"); everything else is ``t``.
+  rank's second. Symbols come from each layer's ``role`` in the profile (written by the
+  profiler from the model: ``embedding`` is ``E``, ``head`` on the last layer is ``L``),
+  never from a class name. A profile without roles (another tool's file) falls back to the
+  layer's ``type``: one containing "emb" is ``E``, a last layer whose type contains "head",
+  "output" or "loss" is ``L``. Everything else is ``t``.
 - :func:`megatron_flags`: ``--decoder-first-pipeline-num-layers`` and
   ``--decoder-last-pipeline-num-layers`` (transformer layers only) when the middle stages
   hold equal numbers of them, every stage holds at least one, and there is one chunk per
   rank; otherwise None (the layout string still says it).
 - :func:`torchtitan_fqns`: torchtitan's ``module_fqns_per_model_part``, the layer (module)
-  names of each stage, as a TOML line for the ``[parallelism]`` table.
+  names of each stage, as a TOML line for the ``[parallelism]`` table (a layer made of
+  several modules, named ``model.norm+lm_head``, lists each of them).
 
 >>> from pipebubble.plan.profile import LayerProfile, Profile
 >>> prof = Profile([LayerProfile(n, 1, 1, 1, 0, 0, t) for n, t in
@@ -40,12 +43,24 @@ def layer_lists(ranges: Ranges) -> list[list[int]]:
 
 
 def megatron_symbols(profile: Profile) -> list[str]:
-    """One Megatron layout symbol per layer: E, t or L."""
+    """One Megatron layout symbol per layer: E, t or L (see the module docstring).
+
+    >>> from pipebubble.plan.profile import LayerProfile, Profile
+    >>> prof = Profile([LayerProfile(n, 1, 1, 1, 0, 0, t, {"role": r}) for n, t, r in
+    ...                 [("emb", "Emb", "embedding"), ("h.0", "Block", "layer"),
+    ...                  ("out", "Proj", "head")]])
+    >>> megatron_symbols(prof)
+    ['E', 't', 'L']
+    """
     out = []
     last = len(profile) - 1
+    roles = [layer.extra.get("role") for layer in profile.layers]
+    if any(r is not None for r in roles):
+        return ["E" if r == "embedding" else "L" if r == "head" and i == last else "t"
+                for i, r in enumerate(roles)]
     for i, layer in enumerate(profile.layers):
         kind = (layer.type or "").lower()
-        if "embed" in kind:
+        if "emb" in kind:
             out.append("E")
         elif i == last and any(w in kind for w in ("head", "output", "loss")):
             out.append("L")
@@ -81,5 +96,6 @@ def megatron_flags(profile: Profile, ranges: Ranges, chunks: int = 1) -> str | N
 
 
 def torchtitan_fqns(profile: Profile, ranges: Ranges) -> str:
-    names = [[profile.layers[i].name for i in range(a, b + 1)] for a, b in ranges]
+    names = [[fqn for i in range(a, b + 1) for fqn in profile.layers[i].name.split("+")]
+             for a, b in ranges]
     return "module_fqns_per_model_part = " + json.dumps(names)

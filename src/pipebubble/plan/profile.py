@@ -18,6 +18,14 @@ on a sample batch the size of one microbatch:
 - ``flops``: forward plus backward FLOPs counted by ``torch.utils.flop_counter.FlopCounterMode``
   (matrix multiplications, convolutions, attention; element-wise work counts zero, which is
   why an embedding lookup shows 0).
+- ``role`` (kept with the layer, when known): ``embedding``, ``layer`` or ``head``, what the
+  Megatron layout's ``E`` and ``L`` are read from (:mod:`pipebubble.plan.layouts`).
+
+On a CPU the measurement runs with one torch thread (``threads=1``, restored afterwards),
+as ``pipebubble profile`` does: CPU time of one thread is what other processes sharing the
+cores do not inflate. Identical layers whose times differ by more than
+:data:`NOISE_RATIO` x are reported (:func:`noisy_layers`; a ``warnings.warn`` from Python).
+:func:`profile_model` profiles a :class:`~pipebubble.ModelSpec` (or a ``--model`` SPEC).
 
 The file format is a JSON object with ``layers`` (a list of objects with ``name``,
 ``forward``, ``backward``, ``params``, ``activation_bytes``, ``flops``; an optional ``type``)
@@ -184,12 +192,40 @@ def profile_layers(
     repeats: int = 5,
     timer: str = "auto",
     metadata: dict | None = None,
+    roles: Sequence[str] | None = None,
+    threads: int | None = 1,
+    warn: bool = True,
 ) -> Profile:
     """Profile each layer of ``layers`` (run in order) on ``sample``; see the module doc.
 
     Layers and sample must already be on the device to measure. Gradients the passes leave
-    in the parameters are cleared (set to None) at the end.
+    in the parameters are cleared (set to None) at the end. ``threads``: torch CPU threads
+    while measuring on a CPU (1, restored after; None: leave torch's setting). ``warn``:
+    ``warnings.warn`` each :func:`noisy_layers` line.
     """
+    import torch
+
+    pin = threads is not None and sample.device.type == "cpu" and \
+        torch.get_num_threads() != threads
+    before = torch.get_num_threads()
+    if pin:
+        torch.set_num_threads(threads)
+    try:
+        prof = _profile_layers(layers, sample, target, loss_fn, names, warmup, repeats, timer,
+                               metadata, roles)
+    finally:
+        if pin:
+            torch.set_num_threads(before)
+    if warn:
+        import warnings
+
+        for line in noisy_layers(prof):
+            warnings.warn(line, stacklevel=2)
+    return prof
+
+
+def _profile_layers(layers, sample, target, loss_fn, names, warmup, repeats, timer, metadata,
+                    roles) -> Profile:
     import torch
     from torch import nn
 
@@ -201,6 +237,10 @@ def profile_layers(
     names = list(names) if names is not None else [str(i) for i in range(len(mods))]
     if len(names) != len(mods):
         raise ProfileError(f"{len(names)} names for {len(mods)} layers")
+    if roles is None:
+        roles = [getattr(m, "role", None) for m in mods]
+    if len(roles) != len(mods):
+        raise ProfileError(f"{len(roles)} roles for {len(mods)} layers")
     for name, value in (("warmup", warmup), ("repeats", repeats)):
         if not isinstance(value, int) or value < (0 if name == "warmup" else 1):
             raise ProfileError(f"{name} must be an integer >= {0 if name == 'warmup' else 1}, "
@@ -229,7 +269,8 @@ def profile_layers(
     out = [
         LayerProfile(names[i], median(fwd[i]), median(bwd[i]),
                      sum(p.numel() for p in mods[i].parameters()), float(act_bytes[i]),
-                     float(flops[i]), type(mods[i]).__name__)
+                     float(flops[i]), type(mods[i]).__name__,
+                     {"role": str(roles[i])} if roles[i] is not None else {})
         for i in range(len(mods))
     ]
     first_param = next((p for m in mods for p in m.parameters()), None)
@@ -246,6 +287,71 @@ def profile_layers(
         **(metadata or {}),
     }
     return Profile(out, meta)
+
+
+def profile_model(
+    model: Any,
+    batch: int = 8,
+    *,
+    device: str = "cpu",
+    seed: int = 0,
+    model_args: dict | None = None,
+    **options: Any,
+) -> Profile:
+    """Profile a :class:`~pipebubble.ModelSpec`, or the model a ``--model`` SPEC names
+    (``"hf:config.json"``, ``"my_model.py:build"``), on one microbatch of ``batch`` samples
+    from its ``make_batch``; ``options`` go to :func:`profile_layers`. Layer names and roles
+    come from the spec.
+
+    >>> from pipebubble.models import mlp
+    >>> prof = profile_model(mlp(layers=2, width=4), batch=2, warmup=0, repeats=1)
+    >>> [layer.name for layer in prof.layers], prof.metadata["model"]
+    (['0', '1'], 'mlp')
+    """
+    import torch
+
+    if isinstance(model, str):
+        from ..models.loader import load_model
+
+        model = load_model(model, model_args, seed=seed)
+    from ..models.spec import ModelSpec
+
+    if not isinstance(model, ModelSpec):
+        raise ProfileError(f"profile_model takes a ModelSpec or a model SPEC string, got "
+                           f"{type(model).__name__}")
+    x, y = model.make_batch(batch, torch.Generator().manual_seed(seed))
+    dev = torch.device(device)
+    layers = [m.to(dev) for m in model.layers]
+    meta = {"model": model.name, **options.pop("metadata", {})}
+    return profile_layers(layers, x.to(dev), target=y.to(dev), loss_fn=model.loss_fn,
+                          names=model.layer_names(), roles=model.layer_roles(), metadata=meta,
+                          **options)
+
+
+NOISE_RATIO = 3.0
+
+
+def noisy_layers(prof: Profile) -> list[str]:
+    """Warnings for identical layers (same type, parameters, activation bytes and FLOPs)
+    whose forward or backward times differ by more than :data:`NOISE_RATIO` x: the same
+    work measured that differently is noise (other processes, frequency scaling)."""
+    groups: dict[tuple, list] = {}
+    for layer in prof.layers:
+        key = (layer.type, layer.params, layer.activation_bytes, layer.flops)
+        groups.setdefault(key, []).append(layer)
+    out = []
+    for (kind, *_), layers in groups.items():
+        if len(layers) < 2:
+            continue
+        for name in ("forward", "backward"):
+            times = [getattr(x, name) for x in layers]
+            lo, hi = min(times), max(times)
+            if lo > 0 and hi / lo > NOISE_RATIO:
+                out.append(f"{len(layers)} identical {kind or 'layers'} differ {hi / lo:.1f}x "
+                           f"in {name} time ({lo * 1e3:.3g} to {hi * 1e3:.3g} ms): the "
+                           "measurement is noisy; use --threads 1, more --repeats, or a "
+                           "quieter machine")
+    return out
 
 
 def resolve_timer(timer: str, device: torch.device | str = "cpu") -> str:

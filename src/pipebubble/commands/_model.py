@@ -1,0 +1,46 @@
+"""The ``--model SPEC`` flags every command shares (profile, partition, plan, run).
+
+``--model`` itself stays each command's own (its default and help differ); this module adds
+``--model-arg KEY=VALUE`` (repeatable), ``--input-shape`` and ``--input-dtype``, and turns
+the flags into a ModelSpec through :func:`pipebubble.models.loader.load_model`.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+MODEL_HELP = ("mlp, transformer, sleep (built-in); path/to/file.py:NAME or package.module:NAME "
+              "(a function or object giving a ModelSpec, an nn.Sequential or a HuggingFace "
+              "causal LM); hf:PATH (a local config.json or a folder with one)")
+
+
+def add_spec_flags(p: argparse._ActionsContainer) -> None:
+    p.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="argument for the --model function (hf: a config field), repeatable; "
+                   "values parsed as int, float, true/false or text")
+    p.add_argument("--input-shape", default=None, metavar="D[,D..]",
+                   help="an nn.Sequential model: one input sample's shape, e.g. 64 or 3,32,32")
+    p.add_argument("--input-dtype", default="float32", metavar="DTYPE",
+                   help="an nn.Sequential model: the input dtype (float32; int64 for token ids)")
+
+
+def user_spec_flags_given(args: argparse.Namespace) -> list[str]:
+    """The --model-arg/--input-* flags given (they apply to a non-built-in --model only)."""
+    out = []
+    if getattr(args, "model_arg", None):
+        out.append("--model-arg")
+    if getattr(args, "input_shape", None) is not None:
+        out.append("--input-shape")
+    if getattr(args, "input_dtype", "float32") != "float32":
+        out.append("--input-dtype")
+    return out
+
+
+def load_from_args(args: argparse.Namespace, seq: int | None = None):
+    """The ModelSpec of a non-built-in ``--model`` (file, module or hf:) from the flags."""
+    from ..models.loader import load_model, parse_model_args
+
+    return load_model(args.model, parse_model_args(getattr(args, "model_arg", None)),
+                      seed=getattr(args, "seed", 0), seq=seq,
+                      input_shape=getattr(args, "input_shape", None),
+                      input_dtype=getattr(args, "input_dtype", "float32"))

@@ -1,0 +1,365 @@
+"""``--model SPEC``: one way to name a model, the same for profile, partition, plan and run.
+
+A SPEC is one of
+
+- a built-in name: ``mlp``, ``transformer``, ``sleep`` (:data:`pipebubble.models.MODELS`);
+- ``path/to/file.py:NAME`` or ``package.module:NAME``: ``NAME`` is a function (called with no
+  arguments, or with the ``--model-arg KEY=VALUE`` pairs) or an object, that gives
+    * a :class:`~pipebubble.ModelSpec` (layers, ``make_batch(n, generator)``, ``loss_fn``),
+    * an ``nn.Sequential`` (its children are the layers; ``input_shape``/``input_dtype``
+      describe one sample, the loss is :func:`default_loss`), or
+    * a HuggingFace causal LM (:mod:`pipebubble.models.hf`);
+- ``hf:PATH``: a HuggingFace causal LM from a local ``config.json`` (or a folder with one,
+  and its safetensors weights if there are any); the ``--model-arg`` pairs override fields
+  of the config (``num_hidden_layers=8``). Nothing is downloaded.
+
+Every process of a distributed run calls :func:`load_model` with the same SPEC and seed, so
+every rank builds the same model and keeps its own stages.
+
+Values of ``--model-arg`` are parsed as int, float, ``true``/``false``, else kept as text.
+Every mistake is a :class:`~pipebubble.errors.UserError` of one line naming the value and
+what is valid (the CLI prints it and exits 2).
+
+>>> parse_value("8"), parse_value("0.5"), parse_value("true"), parse_value("gelu")
+(8, 0.5, True, 'gelu')
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import UserError
+from .spec import ModelSpec
+
+BUILTIN = ("mlp", "transformer", "sleep")
+FORMS = "mlp, transformer, sleep, path/to/file.py:NAME, package.module:NAME or hf:PATH"
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
+          "bfloat16": torch.bfloat16, "int64": torch.int64, "long": torch.int64}
+
+
+def is_builtin(spec: str) -> bool:
+    return spec in BUILTIN
+
+
+def parse_value(text: str) -> Any:
+    """``--model-arg`` value: int, float, bool (true/false), else the text itself."""
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_model_args(pairs: Sequence[str] | None) -> dict[str, str]:
+    """``["layers=8", "act=gelu"]`` -> ``{"layers": "8", "act": "gelu"}``."""
+    out: dict[str, str] = {}
+    for pair in pairs or ():
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise UserError(f"--model-arg must be KEY=VALUE with KEY a Python name, got {pair!r}")
+        if key.strip() in out:
+            raise UserError(f"--model-arg {key.strip()} is given twice")
+        out[key.strip()] = value
+    return out
+
+
+def load_model(
+    spec: str,
+    model_args: Mapping[str, Any] | None = None,
+    *,
+    seed: int = 0,
+    seq: int | None = None,
+    input_shape: Sequence[int] | str | None = None,
+    input_dtype: str = "float32",
+    check: bool = True,
+) -> ModelSpec:
+    """The :class:`ModelSpec` that ``spec`` names (see the module docstring).
+
+    ``model_args``: keyword arguments for the builder (text values are parsed with
+    :func:`parse_value`; for ``hf:`` they override config fields). ``seed`` seeds the
+    weights (torch's global generator is seeded before the builder runs). ``seq``: tokens
+    per sample of a HuggingFace model (32). ``input_shape``/``input_dtype``: one sample of
+    an ``nn.Sequential``. With ``check``, one forward of a 2-sample batch checks that each
+    layer's output feeds the next and the loss (:func:`check_layers`).
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise UserError(f"--model must name a model ({FORMS}), got {spec!r}")
+    args = {k: parse_value(v) if isinstance(v, str) else v for k, v in (model_args or {}).items()}
+    if is_builtin(spec):
+        from . import MODELS
+
+        _check_params(MODELS[spec], args, spec)
+        out = MODELS[spec](**{"seed": seed, **args})
+    elif spec.startswith("hf:"):
+        from .hf import load_hf
+
+        out = load_hf(spec[3:], seq=seq or 32, seed=seed, overrides=args)
+    else:
+        obj, label = _resolve(spec)
+        out = _as_spec(obj, label, args, seed, seq, input_shape, input_dtype)
+    if check:
+        check_layers(out)
+    return out
+
+
+def _resolve(spec: str) -> tuple[Any, str]:
+    where, sep, name = spec.rpartition(":")
+    if not sep or not where or not name:
+        hint = ""
+        if spec.endswith(".py"):
+            hint = f"; say which object builds the model, e.g. {spec}:build"
+            names = _callables_in_file(spec)
+            if names:
+                hint += f" (the file defines {', '.join(names)})"
+        raise UserError(f"unknown model {spec!r}; valid are {FORMS}{hint}")
+    module = _import_file(where) if where.endswith(".py") or "/" in where else \
+        _import_module(where)
+    obj = module
+    for part in name.split("."):
+        if not hasattr(obj, part):
+            public = sorted(n for n in dir(module) if not n.startswith("_")
+                            and _buildable(getattr(module, n)))
+            raise UserError(f"{where} has no {name!r}; it defines "
+                            f"{', '.join(public) or 'no function or model'}")
+        obj = getattr(obj, part)
+    return obj, spec
+
+
+def _buildable(obj: Any) -> bool:
+    return (inspect.isfunction(obj) or isinstance(obj, nn.Module | ModelSpec)) and \
+        not inspect.isclass(obj)
+
+
+def _callables_in_file(path: str) -> list[str]:
+    import ast
+
+    try:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return []
+    return [n.name for n in tree.body if isinstance(n, ast.FunctionDef)
+            and not n.name.startswith("_")]
+
+
+def _import_file(path: str):
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"model file {path!r} does not exist (give path/to/file.py:NAME)")
+    key = "pipebubble_user_model_" + hashlib.sha1(str(p.resolve()).encode()).hexdigest()[:12]
+    if key in sys.modules:
+        return sys.modules[key]
+    loader_spec = importlib.util.spec_from_file_location(key, p)
+    if loader_spec is None or loader_spec.loader is None:
+        raise UserError(f"model file {path!r} cannot be imported as Python")
+    module = importlib.util.module_from_spec(loader_spec)
+    sys.modules[key] = module
+    try:
+        loader_spec.loader.exec_module(module)
+    except Exception as exc:  # the user's code: its error, in one line
+        del sys.modules[key]
+        raise UserError(f"importing {path} raised {_one_line(exc)}") from None
+    return module
+
+
+def _import_module(name: str):
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        raise UserError(f"no module {name!r} ({_one_line(exc)}); give path/to/file.py:NAME or "
+                        "an importable package.module:NAME") from None
+    except Exception as exc:
+        raise UserError(f"importing {name} raised {_one_line(exc)}") from None
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _check_params(fn: Any, args: Mapping[str, Any], label: str) -> None:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return
+    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        return
+    valid = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    for key in args:
+        if key not in valid:
+            raise UserError(f"--model-arg {key}: not a parameter of {label}; valid are "
+                            f"{', '.join(valid) or 'none (it takes no arguments)'}")
+    missing = [n for n, p in params.items() if p.default is p.empty and n not in args
+               and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if missing:
+        raise UserError(f"{label} needs {', '.join(missing)}: give --model-arg "
+                        f"{missing[0]}=VALUE")
+
+
+def _as_spec(obj: Any, label: str, args: dict, seed: int, seq: int | None,
+             input_shape, input_dtype: str) -> ModelSpec:
+    if callable(obj) and not isinstance(obj, nn.Module):
+        _check_params(obj, args, label)
+        torch.manual_seed(seed)
+        try:
+            obj = obj(**args)
+        except UserError:
+            raise
+        except Exception as exc:  # the user's code: its error, in one line
+            raise UserError(f"{label} raised {_one_line(exc)}") from None
+    elif args:
+        raise UserError(f"--model-arg needs a function to call; {label} is a "
+                        f"{type(obj).__name__}")
+    if isinstance(obj, ModelSpec):
+        return obj
+    if _is_hf(obj):
+        from .hf import hf_spec
+
+        return hf_spec(obj, seq or 32, name=label)
+    if isinstance(obj, nn.Sequential):
+        return sequential_spec(obj, input_shape, input_dtype, name=label)
+    what = type(obj).__name__
+    extra = (" (an nn.Module other than nn.Sequential cannot be cut between layers; wrap "
+             "its layers in nn.Sequential or return a ModelSpec)") if isinstance(obj, nn.Module) \
+        else ""
+    raise UserError(f"{label} gave a {what}; it must give a pipebubble.ModelSpec, an "
+                    f"nn.Sequential or a HuggingFace causal LM{extra}")
+
+
+def _is_hf(obj: Any) -> bool:
+    config = getattr(obj, "config", None)
+    return isinstance(obj, nn.Module) and getattr(config, "model_type", None) is not None
+
+
+def parse_shape(shape: Sequence[int] | str | None) -> tuple[int, ...] | None:
+    if shape is None:
+        return None
+    parts = shape.split(",") if isinstance(shape, str) else list(shape)
+    try:
+        dims = tuple(int(p) for p in parts)
+    except (TypeError, ValueError):
+        dims = ()
+    if not dims or any(d < 1 for d in dims):
+        raise UserError(f"--input-shape must be positive integers like 64 or 3,32,32 (one "
+                        f"sample, without the batch), got {shape!r}")
+    return dims
+
+
+def default_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """The loss of an ``nn.Sequential``: mean squared error against the batch's targets
+    (random, shaped like the output). Give a ModelSpec for a loss of your own."""
+    return nn.functional.mse_loss(output, target)
+
+
+def sequential_spec(model: nn.Sequential, input_shape, input_dtype: str = "float32",
+                    name: str = "sequential") -> ModelSpec:
+    """A ModelSpec for an ``nn.Sequential``: its children are the layers; batches are
+    random inputs of ``input_shape`` (normal, or token ids below the first embedding's
+    size for an integer dtype) and random targets shaped like the output; the loss is
+    :func:`default_loss` (MSE)."""
+    shape = parse_shape(input_shape)
+    if shape is None:
+        raise UserError(f"{name} is an nn.Sequential: give --input-shape (one sample, e.g. "
+                        "64 or 3,32,32) and optionally --input-dtype")
+    if input_dtype not in DTYPES:
+        raise UserError(f"--input-dtype must be one of {', '.join(DTYPES)}, got {input_dtype!r}")
+    dtype = DTYPES[input_dtype]
+    named = list(model.named_children())
+    if not named:
+        raise UserError(f"{name} is an empty nn.Sequential; it needs at least one layer")
+    names = [n for n, _ in named]
+    layers = [m for _, m in named]
+    high = None
+    if not dtype.is_floating_point:
+        emb = next((m for m in layers[0].modules() if isinstance(m, nn.Embedding)), None)
+        if emb is None:
+            raise UserError(f"--input-dtype {input_dtype}: the first layer of {name} has no "
+                            "nn.Embedding to take token ids; use a float dtype")
+        high = emb.num_embeddings
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        out_shape = nn.Sequential(*layers)(_sample(2, shape, dtype, high, gen)).shape[1:]
+
+    def make_batch(n: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        x = _sample(n, shape, dtype, high, g)
+        return x, torch.randn(n, *out_shape, generator=g)
+
+    roles = ["layer"] * len(layers)
+    if high is not None:
+        roles[0] = "embedding"
+    desc = (f"{name}: nn.Sequential of {len(layers)} layers, input {input_dtype} "
+            f"{list(shape)}, loss: mean squared error against random targets "
+            f"{list(out_shape)}")
+    return ModelSpec(name, layers, make_batch, default_loss, names, roles, desc)
+
+
+def _sample(n, shape, dtype, high, gen) -> torch.Tensor:
+    if high is not None:
+        return torch.randint(0, high, (n, *shape), generator=gen, dtype=dtype)
+    return torch.randn(n, *shape, generator=gen).to(dtype)
+
+
+def check_layers(spec: ModelSpec, boundaries: Sequence[int] | None = None,
+                 samples: int = 2) -> None:
+    """One forward of a ``samples``-sample batch, layer by layer, then the loss: a layer
+    that cannot take the previous one's output is a UserError naming both layers, the
+    shape, and (with ``boundaries``, the first layer of every stage after the first) the
+    two stages it lies between."""
+    if not isinstance(spec, ModelSpec):
+        raise UserError(f"expected a ModelSpec, got {type(spec).__name__}")
+    if not spec.layers or not all(isinstance(m, nn.Module) for m in spec.layers):
+        raise UserError(f"model {spec.name!r}: layers must be a non-empty list of nn.Module")
+    names = spec.layer_names()
+    if len(names) != len(spec.layers) or len(set(names)) != len(names):
+        raise UserError(f"model {spec.name!r}: names must be {len(spec.layers)} unique strings")
+    try:
+        x, y = spec.make_batch(samples, torch.Generator().manual_seed(0))
+    except Exception as exc:
+        raise UserError(f"model {spec.name!r}: make_batch({samples}, generator) raised "
+                        f"{_one_line(exc)}") from None
+    cuts = list(boundaries or [])
+    device = next((p.device for m in spec.layers for p in m.parameters()), torch.device("cpu"))
+    x, y = x.to(device), y.to(device)
+    with torch.no_grad():
+        for i, layer in enumerate(spec.layers):
+            try:
+                x = layer(x)
+            except Exception as exc:
+                shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+                if i == 0:
+                    raise UserError(f"model {spec.name!r}: layer 0 ({names[0]!r}) cannot take "
+                                    f"the batch's input of shape {shape}: "
+                                    f"{_one_line(exc)}") from None
+                k = sum(1 for c in cuts if c <= i)
+                between = (f" (between stage {k - 1} and stage {k})"
+                           if i in cuts else f" (in stage {k})" if cuts else "")
+                raise UserError(
+                    f"model {spec.name!r}: layer {i} ({names[i]!r}) cannot take the output of "
+                    f"layer {i - 1} ({names[i - 1]!r}){between}, shape {shape}: "
+                    f"{_one_line(exc)}") from None
+            if not isinstance(x, torch.Tensor):
+                raise UserError(f"model {spec.name!r}: layer {i} ({names[i]!r}) returned a "
+                                f"{type(x).__name__}; each layer must return one tensor (what "
+                                "the next stage receives)")
+        try:
+            loss = spec.loss_fn(x, y)
+        except Exception as exc:
+            raise UserError(f"model {spec.name!r}: the loss cannot take the last layer's output "
+                            f"{tuple(x.shape)} and the target {tuple(y.shape)}: "
+                            f"{_one_line(exc)}") from None
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        raise UserError(f"model {spec.name!r}: loss_fn must return one number (a 1-element "
+                        f"tensor), got {type(loss).__name__}")
