@@ -36,11 +36,30 @@ def user_spec_flags_given(args: argparse.Namespace) -> list[str]:
     return out
 
 
-def load_from_args(args: argparse.Namespace, seq: int | None = None):
+def load_from_args(args: argparse.Namespace, seq: int | None = None,
+                   check: bool | None = None):
     """The ModelSpec of a non-built-in ``--model`` (file, module or hf:) from the flags."""
     from ..models.loader import load_model, parse_model_args
 
     return load_model(args.model, parse_model_args(getattr(args, "model_arg", None)),
                       seed=getattr(args, "seed", 0), seq=seq,
                       input_shape=getattr(args, "input_shape", None),
-                      input_dtype=getattr(args, "input_dtype", "float32"))
+                      input_dtype=getattr(args, "input_dtype", "float32"), check=check)
+
+
+def check_builtin_flags(args: argparse.Namespace, builtin_only: tuple[str, ...]) -> None:
+    """--model-arg/--input-* with a built-in model, or a built-in's own flags (``--layers``)
+    with a user model: an error (a flag that would be silently ignored)."""
+    from ..errors import UserError
+    from ..models.loader import is_builtin
+
+    if is_builtin(args.model):
+        given = user_spec_flags_given(args)
+        if given:
+            raise UserError(f"{', '.join(given)} apply to a --model file.py:NAME, "
+                            f"package.module:NAME or hf:PATH, not the built-in {args.model}")
+        return
+    given = [f"--{n}" for n in builtin_only if getattr(args, n, None) is not None]
+    if given:
+        raise UserError(f"{', '.join(given)} apply to the built-in models; give your model's "
+                        "own arguments with --model-arg KEY=VALUE")

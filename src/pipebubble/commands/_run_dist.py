@@ -60,7 +60,9 @@ def config_from_args(args: argparse.Namespace, schedule: Schedule) -> DistConfig
     return DistConfig(
         schedule=schedule.name, ranks=schedule.num_ranks,
         microbatches=schedule.num_microbatches, chunks=schedule.chunks, dp=args.dp,
-        backend=args.backend, p2p=args.p2p, model=args.model, warmup=args.warmup,
+        backend=args.backend, p2p=args.p2p, model=args.model,
+        model_args=dict(a.split("=", 1) for a in getattr(args, "model_arg", None) or ()),
+        warmup=args.warmup,
         repeat=args.repeat, check=args.check, seed=args.seed, threads=args.threads,
         stall_timeout=args.timeout, heartbeat_timeout=args.heartbeat_timeout,
         fault=args.inject_fault, csv=getattr(args, "csv", None),

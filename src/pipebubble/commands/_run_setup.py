@@ -58,17 +58,24 @@ def build_setup(args: argparse.Namespace, reference: bool = False,
     # Stages of one model copy (DualPipe's second chain runs a copy; see run_local) and the
     # microbatches of the whole step.
     S, M = schedule.num_stages // schedule.chains, schedule.total_microbatches
-    if args.model not in ("mlp", "transformer", "sleep"):
-        raise UserError(f"unknown model {args.model!r}; valid are mlp, transformer, sleep")
-    check_model_size(args.model, args.layers or 2 * S, args.width, args.vocab, args.seq,
-                     batch=args.batch or 8 * M)
+    from ..models.loader import check_layers, is_builtin
+    from ._model import check_builtin_flags, load_from_args
+
+    user = not is_builtin(args.model)  # --model file.py:NAME, package.module:NAME, hf:PATH
+    check_builtin_flags(args, ("layers", "width"))
+    if not user:
+        check_model_size(args.model, args.layers or 2 * S, args.width, args.vocab, args.seq,
+                         batch=args.batch or 8 * M)
     device = parse_device(args.device)
     if args.model != "sleep":  # a flag that would be silently ignored is an error
         for flag, default in (("sleep_f", 0.01), ("sleep_b", 0.02), ("sleep_w", 0.01)):
             if getattr(args, flag, default) != default:
                 raise UserError(f"--{flag.replace('_', '-')} applies to --model sleep only, "
                                  f"not {args.model}")
-    if args.model == "sleep":
+    if user:
+        spec = load_from_args(args, seq=args.seq, check=False)  # checked once cut, below
+        what = spec.description or spec.name
+    elif args.model == "sleep":
         layers = args.layers or S
         spec = build_model("sleep", layers=layers, width=args.width or 8, f=args.sleep_f,
                            b=args.sleep_b, w=args.sleep_w, seed=args.seed)
@@ -101,6 +108,8 @@ def build_setup(args: argparse.Namespace, reference: bool = False,
                 f"pick --layers so the count is a multiple of {S}, or give --boundaries"
             )
         cuts = even_boundaries(n, S)
+    if user:  # one forward of a tiny batch: a layer that cannot take the last one's output
+        check_layers(spec, cuts)
     batch = args.batch or 8 * M
     if batch < M:
         raise UserError(f"--batch {batch} is smaller than --microbatches {M}; use at least {M}")

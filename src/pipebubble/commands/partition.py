@@ -20,6 +20,7 @@ from ..plan.partition import PartitionError, Ranges
 from ..plan.profile import Profile
 from ..schedules import lookup, schedule_names
 from ..timeline import Timeline
+from ._model import MODEL_HELP, add_spec_flags
 from .common import float_flag, int_flag, positive_int, print_json, time_value
 
 if TYPE_CHECKING:
@@ -35,7 +36,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Cut the layers of a profile into ranks x chunks contiguous stages by each "
         "method (exact min-max of the slowest stage), simulate the schedule for each cut and "
         "print the stages and predicted step times side by side.")
-    p.add_argument("--profile", required=True, metavar="FILE", help="profile JSON")
+    p.add_argument("--profile", default=None, metavar="FILE",
+                   help="profile JSON (pipebubble profile --out), or give --model")
+    p.add_argument("--model", default=None, metavar="SPEC",
+                   help="profile this model first (one microbatch of --batch samples), "
+                   "instead of --profile: " + MODEL_HELP)
+    add_spec_flags(p)
+    p.add_argument("--seq", type=positive_int("--seq"), default=None, metavar="T",
+                   help="--model: tokens per sample of a HuggingFace or built-in LM (32)")
+    p.add_argument("--batch", type=positive_int("--batch"), default=8, metavar="B",
+                   help="--model: samples in the profiled microbatch (8)")
+    p.add_argument("--seed", type=int_flag("--seed", 0, 2**32 - 1), default=0,
+                   help="--model: weights and batch seed (0)")
     p.add_argument("--ranks", "-p", type=positive_int("--ranks"), required=True, metavar="P",
                    help="pipeline ranks (workers, one per device)")
     p.add_argument("--chunks", "-v", type=positive_int("--chunks"), default=None, metavar="V",
@@ -134,8 +146,39 @@ def load_timeline(path: str) -> Timeline:
     return load(path, "--measured")
 
 
+def profile_of(args: argparse.Namespace) -> Profile:
+    """``--profile FILE``, or a fresh measurement of ``--model SPEC`` (one CPU thread)."""
+    if (args.profile is None) == (args.model is None):
+        raise UserError("give one of --profile FILE (a saved profile) or --model SPEC (profile "
+                         "it now)")
+    if args.profile is not None:
+        from ._model import user_spec_flags_given
+
+        given = user_spec_flags_given(args)
+        if given:
+            raise UserError(f"{', '.join(given)} apply with --model, not --profile")
+        return Profile.load(args.profile)
+    from ..models.loader import is_builtin, load_model, parse_model_args
+    from ..plan.profile import profile_model
+
+    args_ = parse_model_args(args.model_arg)
+    if is_builtin(args.model) and args.seq is not None and args.model == "transformer":
+        args_.setdefault("seq", str(args.seq))
+    spec = load_model(args.model, args_, seed=args.seed, seq=args.seq,
+                      input_shape=args.input_shape, input_dtype=args.input_dtype)
+    args.profile = f"measured now from --model {args.model}"
+    import sys
+
+    from ..plan.profile import noisy_layers
+
+    prof = profile_model(spec, args.batch, seed=args.seed, warn=False)
+    for line in noisy_layers(prof):
+        sys.stderr.write(f"pipebubble: warning: {line}\n")
+    return prof
+
+
 def run(args: argparse.Namespace) -> int:
-    profile = Profile.load(args.profile)
+    profile = profile_of(args)
     timeline = None
     if args.measured or args.current_cut:
         if not (args.measured and args.current_cut):

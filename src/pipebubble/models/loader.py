@@ -85,7 +85,7 @@ def load_model(
     seq: int | None = None,
     input_shape: Sequence[int] | str | None = None,
     input_dtype: str = "float32",
-    check: bool = True,
+    check: bool | None = None,
 ) -> ModelSpec:
     """The :class:`ModelSpec` that ``spec`` names (see the module docstring).
 
@@ -93,8 +93,9 @@ def load_model(
     :func:`parse_value`; for ``hf:`` they override config fields). ``seed`` seeds the
     weights (torch's global generator is seeded before the builder runs). ``seq``: tokens
     per sample of a HuggingFace model (32). ``input_shape``/``input_dtype``: one sample of
-    an ``nn.Sequential``. With ``check``, one forward of a 2-sample batch checks that each
-    layer's output feeds the next and the loss (:func:`check_layers`).
+    an ``nn.Sequential``. With ``check`` (default: for every model but the built-ins), one
+    forward of a 2-sample batch checks that each layer's output feeds the next and the loss
+    (:func:`check_layers`).
     """
     if not isinstance(spec, str) or not spec.strip():
         raise UserError(f"--model must name a model ({FORMS}), got {spec!r}")
@@ -111,7 +112,7 @@ def load_model(
     else:
         obj, label = _resolve(spec)
         out = _as_spec(obj, label, args, seed, seq, input_shape, input_dtype)
-    if check:
+    if check or (check is None and not is_builtin(spec)):
         check_layers(out)
     return out
 

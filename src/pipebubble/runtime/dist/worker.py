@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ...models import ModelSpec, build_model
+from ...models import ModelSpec, load_model
 from ...ir.schedule import Action, Overlap, Schedule, ScheduleError, validate
 from ...schedules import get_schedule
 from ...sim.wire import Batch, lower, pair_order_mismatches
@@ -57,8 +57,8 @@ class DistConfig:
     dp: int = 1
     backend: str = "gloo"
     p2p: str = "batched"
-    model: str = "mlp"
-    model_args: dict = field(default_factory=dict)
+    model: str = "mlp"  # a --model SPEC: built-in, file.py:NAME, package.module:NAME, hf:PATH
+    model_args: dict = field(default_factory=dict)  # keyword arguments, or --model-arg texts
     microbatch_size: int = 4
     warmup: int = 1
     repeat: int = 1
@@ -138,7 +138,7 @@ def build(cfg: DistConfig) -> tuple[Schedule, ModelSpec, list[nn.Module]]:
     """Schedule, model and its stages (of one chain: DualPipe's second chain runs a copy);
     every process builds the same (seeded) model."""
     schedule = make_schedule_for(cfg)
-    spec = build_model(cfg.model, seed=cfg.seed, **cfg.model_args)
+    spec = load_model(cfg.model, cfg.model_args, seed=cfg.seed)  # any --model SPEC
     return schedule, spec, cut_evenly(spec.layers, schedule.num_stages // schedule.chains)
 
 
