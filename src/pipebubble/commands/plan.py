@@ -68,6 +68,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--validate", type=int, default=0, metavar="K",
                    help="run the top K plans that fit this machine for real (sleeping the "
                    "profiled times, one process per rank) and compare")
+    p.add_argument("--model", default=None, metavar="SPEC",
+                   help="--validate on this model (a --model SPEC with the profile's layers: "
+                   "file.py:NAME, package.module:NAME, hf:PATH or a built-in) instead of "
+                   "sleeping the profiled times")
+    p.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="--model: an argument of its function (hf: a config field)")
+    p.add_argument("--seq", type=positive_int("--seq"), default=None, metavar="T",
+                   help="--model: tokens per sample of a language model")
     p.add_argument("--max-processes", type=positive_int("--max-processes"), default=8,
                    metavar="N", help="--validate: most processes (pp x dp) a run may use (8)")
     p.add_argument("--target-step", type=float, default=1.0, metavar="S",
@@ -149,6 +157,8 @@ def run(args: argparse.Namespace) -> int:
     from ..plan.profile import Profile
 
     check_outputs(args, "out")  # a bad --out path fails before the search, not after
+    if args.model is not None and not args.validate:
+        raise UserError("--model is the model --validate runs; give --validate K too")
     profiles = ProfileSet([Profile.load(p) for p in args.profile])
     result = search(profiles, build_request(args, profiles))
     validations = []
@@ -160,7 +170,13 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--validate: no plan found runs in --max-processes "
                              f"{args.max_processes} (pp x dp processes); plan for fewer "
                              "--gpus or raise --max-processes")
-        validations = validate(runnable, target=args.target_step)
+        if args.model is not None:  # the real model, at the plan's cut
+            _check_model_layers(args, len(profiles.profile))
+            from ..plan.validate import validate_on_model
+
+            validations = validate_on_model(runnable, args.model, args.model_arg, args.seq)
+        else:
+            validations = validate(runnable, target=args.target_step)
     out = result_json(result, profiles, validations, args.out)
     if args.out:  # the same numbers as --json prints
         write_text(args.out, json.dumps(clean_floats(out), indent=1) + "\n", "--out")
@@ -249,8 +265,9 @@ def print_plans(console, result, out: dict, validations) -> None:
     console.print("[bold]Megatron-LM[/bold]: " + (best["megatron"] or "runs 1F1B and interleaved "
                   "1F1B only; no flags for this schedule"), highlight=False, soft_wrap=True)
     if validations:
-        v = Table(title="validation: run for real (sleeping the scaled profile, one process "
-                  "per rank, gloo)")
+        real = validations[0].model
+        what = f"model {real}" if real else "sleeping the scaled profile"
+        v = Table(title=f"validation: run for real ({what}, one process per rank, gloo)")
         for col in ("#", "plan", "processes", "predicted", "measured (median)", "error",
                     "vs best measured", "fastest step"):
             v.add_column(col, justify="right")
@@ -269,6 +286,14 @@ def print_plans(console, result, out: dict, validations) -> None:
                       f"{x.measured / best_m - 1:+.1%}", _t(x.measured_min))
         console.print(v)
         m = validations[0].machine
+        if real:
+            console.print(f"(each plan ran --model {real} at its cut; predicted = the simulated "
+                          "pipeline step of the profile's own times, with no cost for the "
+                          "processes' messages or the all-reduce, so it compares with a "
+                          "profile taken on this machine; measured = the median of "
+                          f"{len(validations[0].steps) or 'the'} steps after a warm-up)",
+                          highlight=False)
+            return
         console.print(f"(profile times scaled by {validations[0].scale:.3g} so the first plan "
                       f"sleeps about --target-step; predictions add this machine's "
                       f"{m.overhead * 1e3:.2f} ms per action and {m.hop * 1e3:.2f} ms per "
@@ -307,3 +332,14 @@ def why_best(result) -> list[str]:
                    f"recompute {r.recompute}) by {gain:.1%}: "
                    + (", ".join(reasons) or "a different balance of the same costs"))
     return out
+
+
+def _check_model_layers(args: argparse.Namespace, layers: int) -> None:
+    """The --model must have the profile's layers (the plans cut those)."""
+    from ..models.loader import load_model, parse_model_args
+
+    spec = load_model(args.model, parse_model_args(args.model_arg), seq=args.seq)
+    if len(spec.layers) != layers:
+        raise UserError(f"--model {args.model} has {len(spec.layers)} layers but the profile "
+                        f"has {layers}; profile that model (pipebubble profile --model "
+                        f"{args.model} --out FILE) and plan from its profile")

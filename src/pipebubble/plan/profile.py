@@ -270,7 +270,7 @@ def _profile_layers(layers, sample, target, loss_fn, names, warmup, repeats, tim
         LayerProfile(names[i], median(fwd[i]), median(bwd[i]),
                      sum(p.numel() for p in mods[i].parameters()), float(act_bytes[i]),
                      float(flops[i]), type(mods[i]).__name__,
-                     {"role": str(roles[i])} if roles[i] is not None else {})
+                     _extra(names[i], roles[i]))
         for i in range(len(mods))
     ]
     first_param = next((p for m in mods for p in m.parameters()), None)
@@ -351,6 +351,14 @@ def noisy_layers(prof: Profile) -> list[str]:
                            f"in {name} time ({lo * 1e3:.3g} to {hi * 1e3:.3g} ms): the "
                            "measurement is noisy; use --threads 1, more --repeats, or a "
                            "quieter machine")
+    return out
+
+
+def _extra(name: str, role: str | None) -> dict:
+    """A layer's role, and its modules when it is several (``model.norm+lm_head``)."""
+    out: dict = {} if role is None else {"role": str(role)}
+    if "+" in name:
+        out["modules"] = name.split("+")
     return out
 
 

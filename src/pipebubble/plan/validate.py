@@ -22,6 +22,12 @@ message between processes takes milliseconds, so without this the prediction wou
 far more than the schedule does.
 The all-reduce of the sleep model's few weights is not part of the measured pipeline step.
 
+With a real model (``plan --validate K --model SPEC``, :func:`validate_on_model`) each plan
+runs that model instead (``run --model SPEC --boundaries`` at the plan's cut, microbatch size
+and microbatches), at scale 1: the prediction is the simulator's for the profile's own
+times, so it is a fair comparison when the profile was measured on this machine
+(``pipebubble profile --model SPEC``); the model must have the profile's layers.
+
 A plan runs its schedule by name (``run --schedule NAME``), except an ``auto`` order: it
 was searched for the plan's costs and would come out differently if searched again, so its
 order is written as torch's compute-only CSV and run as data (``run --csv FILE``: every
@@ -67,6 +73,7 @@ class Validation:
     error: str | None = None
     machine: Machine = Machine()
     steps: list[float] = field(default_factory=list)  # every measured step, seconds
+    model: str | None = None  # the --model SPEC it ran (None: the sleep workload)
 
     @property
     def measured_min(self) -> float | None:
@@ -232,4 +239,44 @@ def validate(plans: list[Plan], target: float = 1.0, repeat: int = 5,
                 steps = result[0]
                 out.append(Validation(plan, scale, predicted, median(steps), None, machine,
                                       steps))
+    return out
+
+
+def model_command(plan: Plan, model: str, model_args: list[str] | tuple[str, ...] = (),
+                  seq: int | None = None, warmup: int = 1, repeat: int = 5,
+                  csv: str | None = None) -> list[str]:
+    """The ``pipebubble run`` command line that runs ``plan`` on the real ``model`` (a
+    ``--model`` SPEC): its cut as ``--boundaries``, one replica's batch of
+    ``microbatch_size x microbatches`` samples."""
+    if csv is None and needs_csv(plan):
+        raise ValueError(f"an {plan.schedule} plan runs from its CSV: pass csv=")
+    which = (["--csv", csv] if csv is not None
+             else ["--schedule", plan.schedule, "--chunks", str(plan.chunks)])
+    cuts = ",".join(str(a) for a, _ in plan.ranges[1:])
+    extra = [x for a in model_args for x in ("--model-arg", a)]
+    extra += ["--seq", str(seq)] if seq is not None else []
+    return [sys.executable, "-m", "pipebubble", "run", "--model", model, *extra, *which,
+            "--ranks", str(plan.pp), "--microbatches", str(plan.microbatches),
+            "--dp", str(plan.dp), "--batch", str(plan.microbatch_size * plan.microbatches),
+            *(["--boundaries", cuts] if cuts else []),
+            "--warmup", str(warmup), "--repeat", str(repeat), "--json"]
+
+
+def validate_on_model(plans: list[Plan], model: str, model_args: list[str] | tuple[str, ...] = (),
+                      seq: int | None = None, repeat: int = 5,
+                      timeout: float = 600.0) -> list[Validation]:
+    """Run each plan on the real ``model`` (see the module doc): scale 1, the prediction is
+    the simulated pipeline step of the plan's own costs (no data-parallel all-reduce)."""
+    out = []
+    with tempfile.TemporaryDirectory(prefix="pipebubble-validate-") as folder:
+        for k, plan in enumerate(plans):
+            csv = write_csv(plan, folder, k)
+            predicted = scaled_prediction(plan, 1.0)
+            result = _run(model_command(plan, model, model_args, seq, repeat=repeat, csv=csv),
+                          timeout)
+            if isinstance(result, str):
+                out.append(Validation(plan, 1.0, predicted, None, result, model=model))
+            else:
+                out.append(Validation(plan, 1.0, predicted, median(result[0]), None,
+                                      Machine(), result[0], model))
     return out
