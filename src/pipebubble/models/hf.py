@@ -105,7 +105,7 @@ class DecoderLayer(nn.Module):
         mask = fn(config=self.config, inputs_embeds=h, attention_mask=None,
                   position_ids=pos, **{cache_kw: None})
         if self.gpt2:
-            out = self.layer(h, None, mask, position_ids=pos)
+            out = self.layer(h, attention_mask=mask, position_ids=pos)
         else:
             out = self.layer(h, attention_mask=mask, position_ids=pos,
                              position_embeddings=self.rotary(h, pos))

@@ -290,21 +290,37 @@ def sequential_spec(model: nn.Sequential, input_shape, input_dtype: str = "float
             raise UserError(f"--input-dtype {input_dtype}: the first layer of {name} has no "
                             "nn.Embedding to take token ids; use a float dtype")
         high = emb.num_embeddings
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        out_shape = nn.Sequential(*layers)(_sample(2, shape, dtype, high, gen)).shape[1:]
-
-    def make_batch(n: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        x = _sample(n, shape, dtype, high, g)
-        return x, torch.randn(n, *out_shape, generator=g)
-
+    make_batch = _SequentialBatch(name, layers, names, shape, dtype, high)
     roles = ["layer"] * len(layers)
     if high is not None:
         roles[0] = "embedding"
     desc = (f"{name}: nn.Sequential of {len(layers)} layers, input {input_dtype} "
-            f"{list(shape)}, loss: mean squared error against random targets "
-            f"{list(out_shape)}")
+            f"{list(shape)}, loss: mean squared error against random targets shaped like "
+            "the output")
     return ModelSpec(name, layers, make_batch, default_loss, names, roles, desc)
+
+
+class _SequentialBatch:
+    """``make_batch`` of an nn.Sequential: random inputs, and random targets shaped like the
+    output (found by one forward the first time it is asked). ``inputs`` alone lets
+    :func:`check_layers` run the layers first, so that a mismatch names the stages."""
+
+    def __init__(self, name, layers, names, shape, dtype, high):
+        self.name, self.layers, self.names = name, layers, names
+        self.shape, self.dtype, self.high = shape, dtype, high
+        self.out_shape: tuple[int, ...] | None = None
+
+    def inputs(self, n: int, gen: torch.Generator) -> torch.Tensor:
+        return _sample(n, self.shape, self.dtype, self.high, gen)
+
+    def __call__(self, n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.out_shape is None:
+            x = self.inputs(2, torch.Generator().manual_seed(0))
+            device = next((p.device for m in self.layers for p in m.parameters()), x.device)
+            self.out_shape = tuple(_run_layers(self.name, self.layers, self.names,
+                                               x.to(device)).shape[1:])
+        x = self.inputs(n, gen)
+        return x, torch.randn(n, *self.out_shape, generator=gen)
 
 
 def _sample(n, shape, dtype, high, gen) -> torch.Tensor:
@@ -326,35 +342,21 @@ def check_layers(spec: ModelSpec, boundaries: Sequence[int] | None = None,
     names = spec.layer_names()
     if len(names) != len(spec.layers) or len(set(names)) != len(names):
         raise UserError(f"model {spec.name!r}: names must be {len(spec.layers)} unique strings")
+    device = next((p.device for m in spec.layers for p in m.parameters()), torch.device("cpu"))
+    inputs = getattr(spec.make_batch, "inputs", None)  # an nn.Sequential's: layers first
+    if inputs is not None:
+        _run_layers(spec.name, spec.layers, names,
+                    inputs(samples, torch.Generator().manual_seed(0)).to(device), boundaries)
     try:
         x, y = spec.make_batch(samples, torch.Generator().manual_seed(0))
+    except UserError:
+        raise
     except Exception as exc:
         raise UserError(f"model {spec.name!r}: make_batch({samples}, generator) raised "
                         f"{_one_line(exc)}") from None
-    cuts = list(boundaries or [])
-    device = next((p.device for m in spec.layers for p in m.parameters()), torch.device("cpu"))
-    x, y = x.to(device), y.to(device)
+    x = _run_layers(spec.name, spec.layers, names, x.to(device), boundaries)
+    y = y.to(device)
     with torch.no_grad():
-        for i, layer in enumerate(spec.layers):
-            try:
-                x = layer(x)
-            except Exception as exc:
-                shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-                if i == 0:
-                    raise UserError(f"model {spec.name!r}: layer 0 ({names[0]!r}) cannot take "
-                                    f"the batch's input of shape {shape}: "
-                                    f"{_one_line(exc)}") from None
-                k = sum(1 for c in cuts if c <= i)
-                between = (f" (between stage {k - 1} and stage {k})"
-                           if i in cuts else f" (in stage {k})" if cuts else "")
-                raise UserError(
-                    f"model {spec.name!r}: layer {i} ({names[i]!r}) cannot take the output of "
-                    f"layer {i - 1} ({names[i - 1]!r}){between}, shape {shape}: "
-                    f"{_one_line(exc)}") from None
-            if not isinstance(x, torch.Tensor):
-                raise UserError(f"model {spec.name!r}: layer {i} ({names[i]!r}) returned a "
-                                f"{type(x).__name__}; each layer must return one tensor (what "
-                                "the next stage receives)")
         try:
             loss = spec.loss_fn(x, y)
         except Exception as exc:
@@ -364,3 +366,32 @@ def check_layers(spec: ModelSpec, boundaries: Sequence[int] | None = None,
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         raise UserError(f"model {spec.name!r}: loss_fn must return one number (a 1-element "
                         f"tensor), got {type(loss).__name__}")
+
+
+def _run_layers(model: str, layers: Sequence[nn.Module], names: Sequence[str], x: torch.Tensor,
+                boundaries: Sequence[int] | None = None) -> torch.Tensor:
+    """Run ``layers`` in order without gradients; a layer that cannot take its input is a
+    UserError naming it, the previous layer, the shape and (with ``boundaries``) the stages."""
+    cuts = list(boundaries or [])
+    with torch.no_grad():
+        for i, layer in enumerate(layers):
+            try:
+                x = layer(x)
+            except Exception as exc:
+                shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+                if i == 0:
+                    raise UserError(f"model {model!r}: layer 0 ({names[0]!r}) cannot take "
+                                    f"the batch's input of shape {shape}: "
+                                    f"{_one_line(exc)}") from None
+                k = sum(1 for c in cuts if c <= i)
+                between = (f" (between stage {k - 1} and stage {k})"
+                           if i in cuts else f" (in stage {k})" if cuts else "")
+                raise UserError(
+                    f"model {model!r}: layer {i} ({names[i]!r}) cannot take the output of "
+                    f"layer {i - 1} ({names[i - 1]!r}){between}, shape {shape}: "
+                    f"{_one_line(exc)}") from None
+            if not isinstance(x, torch.Tensor):
+                raise UserError(f"model {model!r}: layer {i} ({names[i]!r}) returned a "
+                                f"{type(x).__name__}; each layer must return one tensor (what "
+                                "the next stage receives)")
+    return x
