@@ -134,6 +134,10 @@ def worker_main(args: argparse.Namespace, schedule: Schedule | None = None) -> i
         return 0
     except Exception as exc:  # noqa: BLE001 - every failure must reach the other ranks
         msg = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        if cluster is None and isinstance(exc, UserError):  # bad input, e.g. a model whose
+            # first call fails on this rank: one line; the launcher stops the other ranks
+            sys.stderr.write(f"pipebubble: error: rank {env.rank}: {exc}\n")
+            return 2
         if cluster is None:
             sys.stderr.write(f"pipebubble: rank {env.rank}: {msg}\n")
             traceback.print_exc(limit=3)

@@ -244,7 +244,9 @@ def _watch(procs: list[subprocess.Popen | Forked], store, grace: float, p2p: str
         sys.stderr.write(f"pipebubble: error: {deadlock_message(stuck, len(procs), p2p)}\n")
         return EXIT_DEADLOCK
     sys.stderr.write(f"pipebubble: error: {first}; all {len(procs)} ranks stopped\n")
-    return 1
+    # a rank that stopped on bad input (exit 2, its one-line error above) makes the run's
+    # exit code 2 too, as for bad input checked before the launch
+    return 2 if 2 in codes.values() else 1
 
 
 def under_launcher() -> bool:
