@@ -88,6 +88,7 @@ def workdir(tmp_path_factory):
                          "--model", "transformer", "--layers", "12", "--boundaries", "2,7,12",
                          "--repeat", "1", "--json"]) == 0
         Path("timeline.json").write_text(out.getvalue())
+        _write_readme_model_files()
         yield d
     finally:
         os.chdir(old)
@@ -101,6 +102,8 @@ def test_readme_command_runs(command, workdir, monkeypatch, capsys):
     if _distributed(argv):
         pytest.skip("distributed run: one process per rank over gloo (seconds each); "
                     "tests/test_distributed.py runs such launches")
+    if any(a.startswith("hf:") for a in argv) and not Path("tiny-llama").is_dir():
+        pytest.skip("HuggingFace examples need transformers (pip install 'pipebubble[hf]')")
     if argv[:1] == ["plan"] and "--validate" in argv:
         pytest.skip("plan --validate runs each plan over gloo (tens of seconds); "
                     "tests/test_plan_cli.py::test_validate_runs_the_top_plan runs it")
@@ -122,3 +125,68 @@ def test_readme_command_runs(command, workdir, monkeypatch, capsys):
             path = argv[argv.index(flag) + 1]
             assert Path(path).stat().st_size > 0, path
             assert f"wrote {path}" in captured.err or f"wrote {path}" in captured.out
+
+
+# ---- the README's Python snippets -----------------------------------------------------------
+
+def python_blocks(text: str) -> list[str]:
+    """The ``python`` code blocks of the README, in order."""
+    out, inside, lang, lines = [], False, "", []
+    for line in text.splitlines():
+        s = line.strip()
+        if s.startswith("```"):
+            if inside and lang == "python":
+                out.append("\n".join(lines) + "\n")
+            inside, lang, lines = (False, "", []) if inside else (True, s[3:].strip(), [])
+            continue
+        if inside:
+            lines.append(line)
+    return out
+
+
+BLOCKS = python_blocks(README.read_text(encoding="utf-8"))
+
+
+def _write_readme_model_files() -> None:
+    """The files the "Your own model" commands read, made by the README's own snippets:
+    ``my_model.py`` (the block that starts with that name) and the ``tiny-llama`` config (the
+    block that saves it; skipped without transformers, and the commands with it)."""
+    for block in BLOCKS:
+        if block.startswith("# my_model.py"):
+            Path("my_model.py").write_text(block)
+        elif "save_pretrained(" in block:
+            try:
+                exec(compile(block, "README.md", "exec"), {})
+            except ImportError:
+                pass
+
+
+def snippet_imports(block: str) -> list[tuple[str, str | None]]:
+    """(module, name) for every ``from M import a, b`` and ``import M`` of a snippet."""
+    import ast
+
+    out = []
+    for node in ast.walk(ast.parse(block)):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            out += [(node.module, a.name) for a in node.names]
+        elif isinstance(node, ast.Import):
+            out += [(a.name, None) for a in node.names]
+    return out
+
+
+def test_the_readme_has_python_snippets():
+    assert len(BLOCKS) >= 4
+    assert any(m == "pipebubble" and n == "ModelSpec" for b in BLOCKS
+               for m, n in snippet_imports(b))
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=lambda b: b.strip().splitlines()[0][:50])
+def test_every_name_a_readme_snippet_imports_exists(block):
+    import importlib
+
+    for module, name in snippet_imports(block):
+        if module.split(".")[0] == "transformers":
+            pytest.importorskip("transformers")
+        mod = importlib.import_module(module)
+        if name is not None:
+            assert hasattr(mod, name), f"README imports {name} from {module}, which has none"

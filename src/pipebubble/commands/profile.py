@@ -147,7 +147,9 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"{', '.join(given)} apply to the built-in models; give your "
                              "model's own arguments with --model-arg KEY=VALUE")
         spec = load_from_args(args, seq=args.seq)
-        kwargs = dict(args.model_arg)
+        from ..models.loader import parse_model_args
+
+        kwargs = parse_model_args(args.model_arg)
     gen = torch.Generator().manual_seed(args.seed)
     x, y = spec.make_batch(args.batch or 8, gen)
     layers = [m.to(device) for m in spec.layers]

@@ -247,7 +247,7 @@ def model_command(plan: Plan, model: str, model_args: list[str] | tuple[str, ...
                   csv: str | None = None) -> list[str]:
     """The ``pipebubble run`` command line that runs ``plan`` on the real ``model`` (a
     ``--model`` SPEC): its cut as ``--boundaries``, one replica's batch of
-    ``microbatch_size x microbatches`` samples."""
+    ``microbatch_size`` samples per microbatch (DualPipe: of both chains)."""
     if csv is None and needs_csv(plan):
         raise ValueError(f"an {plan.schedule} plan runs from its CSV: pass csv=")
     which = (["--csv", csv] if csv is not None
@@ -257,7 +257,8 @@ def model_command(plan: Plan, model: str, model_args: list[str] | tuple[str, ...
     extra += ["--seq", str(seq)] if seq is not None else []
     return [sys.executable, "-m", "pipebubble", "run", "--model", model, *extra, *which,
             "--ranks", str(plan.pp), "--microbatches", str(plan.microbatches),
-            "--dp", str(plan.dp), "--batch", str(plan.microbatch_size * plan.microbatches),
+            "--dp", str(plan.dp),
+            "--batch", str(plan.microbatch_size * plan.schedule_obj.total_microbatches),
             *(["--boundaries", cuts] if cuts else []),
             "--warmup", str(warmup), "--repeat", str(repeat), "--json"]
 
