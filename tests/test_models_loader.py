@@ -197,8 +197,8 @@ def _one_error_line(err: str) -> str:
 
 @pytest.mark.parametrize("command", ["profile", "partition", "run"])
 def test_every_command_says_bad_models_in_one_line(run_cli, model_file, tmp_path, command):
-    extra = {"profile": [], "partition": ["--ranks", "2"], "run": ["--local", "--schedule", "1f1b", "-p", "2",
-                                                                   "-m", "2"]}[command]
+    extra = {"profile": [], "partition": ["--ranks", "2"],
+             "run": ["--local", "--schedule", "1f1b", "-p", "2", "-m", "2"]}[command]
     (tmp_path / "bert.json").write_text(json.dumps({"model_type": "bert"}))
     for spec, more, needle in [
         (f"{model_file}:raises", [], "raised ValueError: no GPU found here"),

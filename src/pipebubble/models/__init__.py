@@ -6,7 +6,8 @@
   lesson's point: balancing by parameter count is not balancing by compute.
 
 Each builder returns a :class:`ModelSpec` with the layer list, a sample input/target maker and
-the loss, so the runtime, the profiler and the partitioner treat every model alike.
+the loss, so the runtime, the profiler and the partitioner treat every model alike. Your own
+models come in through :func:`pipebubble.models.loader.load_model` (``--model SPEC``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from ..errors import UserError
 from . import sleep as _sleep
 from .spec import ModelSpec
 
-__all__ = ["MODELS", "ModelSpec", "build_model", "load_model", "mlp", "transformer"]
+__all__ = ["MODELS", "ModelSpec", "build_model", "mlp", "transformer"]
 
 
 class MLPBlock(nn.Module):
@@ -117,14 +118,6 @@ def transformer(
 
 
 MODELS = {"mlp": mlp, "transformer": transformer, "sleep": _sleep.sleep}
-
-
-def load_model(spec: str, model_args: dict | None = None, **options) -> ModelSpec:
-    """The model a ``--model`` SPEC names (built-in, file, module or ``hf:``); see
-    :func:`pipebubble.models.loader.load_model`."""
-    from .loader import load_model as load
-
-    return load(spec, model_args, **options)
 
 
 def build_model(name: str, **kwargs: int) -> ModelSpec:

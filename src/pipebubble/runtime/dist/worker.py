@@ -32,7 +32,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ...models import ModelSpec, load_model
+from ...models import ModelSpec
+from ...models.loader import load_model
 from ...ir.schedule import Action, Overlap, Schedule, ScheduleError, validate
 from ...schedules import get_schedule
 from ...sim.wire import Batch, lower, pair_order_mismatches
