@@ -115,7 +115,7 @@ def _cut(n: int, stages: int, rng: random.Random) -> list[int]:
 
 
 @pytest.mark.parametrize("name", SPLIT)
-@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+@pytest.mark.parametrize("kind", ["llama", "mistral", "qwen2", "gpt2"])
 def test_every_split_backward_family_gives_the_unsplit_gradients(name, kind):
     sched = _schedule(name, 2, 4)
     stages = sched.num_stages // sched.chains

@@ -243,3 +243,38 @@ def test_profile_and_partition_use_the_model_names(run_cli, model_file, tmp_path
     stages = json.loads(out)[0]["stages"]
     assert [(st["first_layer"], st["last_layer"]) for st in stages] == [(0, 0), (1, 1), (2, 2)]
     assert "pipebubble_user_model" in " ".join(sys.modules)  # imported once, by path
+
+
+def test_partition_rebalances_a_measured_run_of_your_model(run_cli, model_file, tmp_path):
+    model = ["--model", f"{model_file}:build", "--model-arg", "layers=4"]
+    rc, out, err = run_cli("run", "--local", *model, "--schedule", "1f1b", "-p", "2", "-m", "4",
+                           "--boundaries", "1", "--json", "--repeat", "1", "--warmup", "0")
+    assert rc == 0, err
+    timeline = tmp_path / "timeline.json"
+    timeline.write_text(out)
+    rc, out, err = run_cli("partition", *model, "--ranks", "2", "--measured", timeline,
+                           "--current-cut", "0-0,1-3", "--json", "--batch", "2")
+    assert rc == 0, err
+    before, after = json.loads(out)
+    assert [(s["first_layer"], s["last_layer"]) for s in before["stages"]] == [(0, 0), (1, 3)]
+    assert after["predicted_step_time"] <= before["predicted_step_time"]
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_plan_validate_runs_the_plan_on_your_model(run_cli, model_file, tmp_path):
+    model = ["--model", f"{model_file}:build", "--model-arg", "layers=4"]
+    prof = tmp_path / "p.json"
+    rc, _, err = run_cli("profile", *model, "--batch", "2", "--repeats", "1", "--out", prof,
+                         "--json")
+    assert rc == 0, err
+    rc, out, err = run_cli("plan", "--profile", prof, "--gpus", "2", "--global-batch", "8",
+                           "--microbatch-size", "2", "--schedules", "1f1b", "--validate", "1",
+                           *model, "--max-processes", "2", "--json")
+    assert rc == 0, err
+    v = json.loads(out)["plans"][0]["validation"]
+    assert v["error"] is None and v["measured_scaled"] > 0 and v["scale"] == 1.0, v
+    rc, _, err = run_cli("plan", "--profile", prof, "--gpus", "2", "--global-batch", "8",
+                         "--validate", "1", "--model", f"{model_file}:build", "--model-arg",
+                         "layers=6")
+    assert rc == 2 and "has 6 layers but the profile has 4" in err

@@ -99,7 +99,7 @@ class Validation:
                 "hop_delay": self.machine.hop, "empty_step": self.machine.empty_step,
                 "relative_error": (None if self.measured is None
                                    else self.measured / self.predicted - 1),
-                "error": self.error}
+                "error": self.error, "model": self.model}
 
 
 def fits_here(plan: Plan, max_processes: int) -> bool:
