@@ -179,3 +179,14 @@ def test_a_weight_used_twice_across_an_activation_path_is_a_one_line_error():
         run_local(get_schedule("zb-h1", 1, 2), [Tied(True)], x, y, _ce)
     assert "\n" not in str(err.value)
     run_local(get_schedule("1f1b", 1, 2), [Tied(True)], x, y, _ce)  # a fused B runs it
+
+
+def test_model_args_override_config_fields_and_unknown_ones_are_named(tmp_path):
+    from pipebubble.models.loader import load_model
+
+    tiny("llama", layers=3).config.save_pretrained(tmp_path)
+    spec = load_model(f"hf:{tmp_path}", {"num_hidden_layers": "1"}, seq=4)
+    assert spec.layer_names() == ["model.embed_tokens", "model.layers.0", "model.norm+lm_head"]
+    with pytest.raises(UserError, match=r"--model-arg depth: not a field of the llama config; "
+                                        r"valid are .*num_hidden_layers"):
+        load_model(f"hf:{tmp_path}", {"depth": "2"})
