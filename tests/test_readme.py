@@ -190,3 +190,32 @@ def test_every_name_a_readme_snippet_imports_exists(block):
         mod = importlib.import_module(module)
         if name is not None:
             assert hasattr(mod, name), f"README imports {name} from {module}, which has none"
+
+
+def _resolves(dotted: str) -> bool:
+    """Whether ``pipebubble.a.b.c`` names a module, or an attribute chain from one."""
+    import importlib
+
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for name in parts[i:]:
+            if not hasattr(obj, name):
+                return False
+            obj = getattr(obj, name)
+        return True
+    return False
+
+
+def test_every_dotted_name_the_readme_mentions_exists():
+    import re
+
+    text = README.read_text(encoding="utf-8")
+    names = set(re.findall(r"`(pipebubble(?:\.[A-Za-z_]\w*)+)", text))
+    names |= set(re.findall(r"python -m (pipebubble(?:\.\w+)+)", text))
+    assert len(names) >= 5
+    missing = sorted(n for n in names if not _resolves(n))
+    assert missing == [], f"README names {missing}, which do not exist"
