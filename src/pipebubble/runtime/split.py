@@ -36,10 +36,13 @@ This module does that split on any autograd graph, not only on Linear layers:
 
    That W touches nothing but the boundary node and the weights below it holds when no
    parameter is reached from two boundary nodes one of which lies on the other's
-   activation path (a weight used twice in one stage, e.g. an embedding tied to the head
-   on the same stage). Such a graph is refused before I runs, with a :class:`SplitError`
-   naming the stage, the parameter and the two operations; schedules with a fused
-   backward (B) run it.
+   activation path (a weight used twice in one stage: a layer applied twice, an embedding
+   tied to the head on the same stage). ``autograd.grad`` from the upper node to that
+   parameter would also run the activation path down to the lower use (through freed
+   tensors, counting the lower use twice). Such an upper node's W instead calls the node's
+   own backward function alone (``node(*g)``), which computes the gradients of its inputs
+   and nothing below them; the activation input's gradient it computes again is dropped
+   (one operation's extra work, only for these nodes).
 
 I followed by W gives the same gradients as the fused backward B (same operations, only the
 summation order of ``.grad`` may differ in the last bit).
@@ -86,6 +89,7 @@ class WeightWork:
     saved: SavedTensors | None
     nbytes: int
     where: str = "the stage"
+    direct: set = field(default_factory=set)  # nodes whose W calls their backward alone
     _done: bool = field(default=False, repr=False)
 
     def run(self) -> None:
@@ -95,11 +99,18 @@ class WeightWork:
         self._done = True
         chains: dict[tuple[Node, int], torch.Tensor] = {}
         for node, slots, grads in self.boundary:
-            outs = [(GradientEdge(node, k), g) for k, g in enumerate(grads) if g is not None]
-            if not outs:
+            if all(g is None for g in grads):
                 continue
-            res = self._grad(node, [e for e, _ in outs],
-                             [GradientEdge(n, nr) for _, n, nr in slots], [g for _, g in outs])
+            if node in self.direct:  # a reused weight (module docstring, step 3)
+                every = node(*grads)
+                every = (every,) if isinstance(every, torch.Tensor) else tuple(every)
+                res = [_as_input(every[i], n, nr) for i, n, nr in slots]
+            else:
+                outs = [(GradientEdge(node, k), g) for k, g in enumerate(grads)
+                        if g is not None]
+                res = self._grad(node, [e for e, _ in outs],
+                                 [GradientEdge(n, nr) for _, n, nr in slots],
+                                 [g for _, g in outs])
             for (_, n, nr), g in zip(slots, res, strict=True):
                 if g is None:
                     continue
@@ -171,7 +182,7 @@ def backward_input(
                  if f is not None and (_is_weight(f, stage_input) or is_chain(f))]
         if slots:
             boundary.append((n, slots))
-    _check_weights_used_once(nodes, consumers, chain, stage_input, where)
+    direct = _upper_uses_of_reused_weights(nodes, consumers, chain, stage_input)
     targets: list[torch.Tensor | GradientEdge] = []
     wants_input = stage_input.requires_grad
     if wants_input:
@@ -196,7 +207,7 @@ def backward_input(
     if saved is not None:
         w_nodes = [n for n, _ in boundary] + [n for n, ok in chain.items() if ok]
         nbytes = saved.keep_only(w_nodes)
-    return dx, WeightWork(kept, saved, nbytes, where)
+    return dx, WeightWork(kept, saved, nbytes, where, direct)
 
 
 def _is_weight(node: Node, stage_input: torch.Tensor) -> bool:
@@ -213,10 +224,21 @@ def _consumers(nodes: list[Node]) -> dict[Node, list[Node]]:
     return out
 
 
-def _check_weights_used_once(nodes, consumers, chain, stage_input, where) -> None:
-    """Refuse a parameter reached from two boundary nodes where one lies on the other's
-    activation path: W from the upper one would run the activation path again (see the
-    module docstring, step 3). Rare (a weight used twice in one stage); checked only then."""
+def _as_input(g: torch.Tensor | None, node: Node, nr: int) -> torch.Tensor | None:
+    """A gradient computed by calling a node directly, shaped and typed as the engine would
+    hand it to ``node`` (a broadcast bias gradient summed back to the bias's shape)."""
+    if g is None:
+        return None
+    meta = node._input_metadata[nr]
+    if tuple(g.shape) != tuple(meta.shape):
+        g = g.sum_to_size(meta.shape)
+    return g.to(meta.dtype) if g.dtype != meta.dtype else g
+
+
+def _upper_uses_of_reused_weights(nodes, consumers, chain, stage_input) -> set[Node]:
+    """Boundary nodes that reach, through their inputs, another boundary node using the same
+    parameter: their W must not run ``autograd.grad`` (module docstring, step 3). Empty
+    unless a weight is used twice in the stage; only then is anything walked."""
     owner: dict[Node, Node] = {}  # weight chain -> the boundary node that consumes it
 
     def owner_of(n: Node) -> Node:
@@ -224,6 +246,7 @@ def _check_weights_used_once(nodes, consumers, chain, stage_input, where) -> Non
             n = consumers[n][0]
         return n
 
+    out: set[Node] = set()
     for n in nodes:
         if not _is_weight(n, stage_input):
             continue
@@ -232,15 +255,9 @@ def _check_weights_used_once(nodes, consumers, chain, stage_input, where) -> Non
             continue
         for a in users:
             below = set(_walk(a)) - {a}
-            for b in users:
-                if b is not a and b in below:
-                    shape = tuple(n.variable.shape)
-                    raise SplitError(
-                        f"{where}: the split backward cannot separate W for a parameter of "
-                        f"shape {shape} used twice in the stage, by {a.name()} and by "
-                        f"{b.name()} on its input path (a tied or reused weight); put the "
-                        "two uses on different stages or use a schedule with a fused "
-                        "backward (B), e.g. 1f1b")
+            if any(b in below for b in users if b is not a):
+                out.add(a)
+    return out
 
 
 def _walk(root: Node) -> list[Node]:
