@@ -52,13 +52,18 @@ def _transformers():
     return transformers
 
 
-def _mask_fn(kind: str):
+def _mask(kind: str, config: Any, h: torch.Tensor, pos: torch.Tensor):
+    """The mask the model's forward would build for a layer of ``kind``, by the library's
+    own function (its argument names differ between transformers versions)."""
     from transformers import masking_utils as mu
 
     fn = mu.create_sliding_window_causal_mask if kind == "sliding_attention" else \
         mu.create_causal_mask
-    cache_kw = "cache" if "cache" in inspect.signature(fn).parameters else "past_key_values"
-    return fn, cache_kw
+    values = {"config": config, "inputs_embeds": h, "input_embeds": h, "attention_mask": None,
+              "cache": None, "past_key_values": None, "position_ids": pos,
+              "cache_position": pos[0]}
+    params = inspect.signature(fn).parameters
+    return fn(**{k: v for k, v in values.items() if k in params})
 
 
 def _positions(h: torch.Tensor) -> torch.Tensor:
@@ -101,9 +106,7 @@ class DecoderLayer(nn.Module):
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         pos = _positions(h)
-        fn, cache_kw = _mask_fn(self.kind)
-        mask = fn(config=self.config, inputs_embeds=h, attention_mask=None,
-                  position_ids=pos, **{cache_kw: None})
+        mask = _mask(self.kind, self.config, h, pos)
         if self.gpt2:
             out = self.layer(h, attention_mask=mask, position_ids=pos)
         else:
