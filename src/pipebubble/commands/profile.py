@@ -112,8 +112,8 @@ def run(args: argparse.Namespace) -> int:
     if args.analytic:
         return run_analytic(args)
     if args.model is None:
-        raise UserError("--model is required (mlp or transformer), or --analytic with the "
-                         "model's shape")
+        raise UserError("--model is required (mlp, transformer, file.py:NAME, "
+                         "package.module:NAME or hf:PATH), or --analytic with the model's shape")
     unused = [f"--{n.replace('_', '-')}" for n in ("hidden", "ffn", "kv_heads", "tflops", "mfu")
               if getattr(args, n) is not None] + (["--tied-embeddings"]
                                                   if args.tied_embeddings else [])
