@@ -278,3 +278,19 @@ def test_plan_validate_runs_the_plan_on_your_model(run_cli, model_file, tmp_path
                          "--validate", "1", "--model", f"{model_file}:build", "--model-arg",
                          "layers=6")
     assert rc == 2 and "has 6 layers but the profile has 4" in err
+
+
+def test_a_model_file_imports_its_neighbours_and_a_failing_import_is_one_line(tmp_path):
+    (tmp_path / "blocks.py").write_text("from torch import nn\nWIDTH = 5\n")
+    (tmp_path / "net.py").write_text(textwrap.dedent('''
+        from torch import nn
+        import blocks
+        def build():
+            return nn.Sequential(nn.Linear(blocks.WIDTH, 3))
+    '''))
+    (tmp_path / "broken.py").write_text("import no_such_module_xyz\n")
+    spec = load_model(f"{tmp_path}/net.py:build", input_shape="5")
+    assert spec.layers[0].in_features == 5
+    with pytest.raises(UserError, match=r"importing .*broken.py raised ModuleNotFoundError: "
+                                        r"No module named 'no_such_module_xyz'$"):
+        load_model(f"{tmp_path}/broken.py:build")

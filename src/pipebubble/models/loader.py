@@ -168,11 +168,15 @@ def _import_file(path: str):
         raise UserError(f"model file {path!r} cannot be imported as Python")
     module = importlib.util.module_from_spec(loader_spec)
     sys.modules[key] = module
+    folder = str(p.resolve().parent)  # as `python file.py` would: its neighbours import
+    sys.path.insert(0, folder)
     try:
         loader_spec.loader.exec_module(module)
     except Exception as exc:  # the user's code: its error, in one line
         del sys.modules[key]
         raise UserError(f"importing {path} raised {_one_line(exc)}") from None
+    finally:
+        sys.path.remove(folder)
     return module
 
 
