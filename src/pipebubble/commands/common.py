@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 
@@ -301,7 +300,9 @@ def print_json(obj: object) -> None:
     """One JSON document on stdout, floats without binary noise (:func:`clean_floats`).
     ``json.dumps`` runs the C encoder; ``json.dump`` to a stream encodes piece by piece in
     Python, many times slower on large documents."""
-    sys.stdout.write(json.dumps(clean_floats(obj)))
+    from ..files import json_text
+
+    sys.stdout.write(json_text(clean_floats(obj)))  # never NaN or Infinity
     sys.stdout.write("\n")
 
 

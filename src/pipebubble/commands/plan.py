@@ -9,12 +9,11 @@ the memory budget with paste-ready torchtitan and Megatron-LM settings, and with
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 
 from ..errors import UserError
-from ..files import write_text
+from ..files import json_text, write_text
 from ..interop.timeline_json import clean_floats
 from .common import check_outputs, positive_int, print_json, wrote
 
@@ -163,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
         validations = validate(runnable, target=args.target_step)
     out = result_json(result, profiles, validations, args.out)
     if args.out:  # the same numbers as --json prints
-        write_text(args.out, json.dumps(clean_floats(out), indent=1) + "\n", "--out")
+        write_text(args.out, json_text(clean_floats(out), "--out", indent=1) + "\n", "--out")
         wrote(args.out)
     if args.json:
         print_json(out)

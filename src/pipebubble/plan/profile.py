@@ -33,7 +33,6 @@ taken on a GPU machine can be partitioned anywhere, or written by another tool.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -103,9 +102,9 @@ class Profile:
         return {**self.metadata, "layers": [layer.as_dict() for layer in self.layers]}
 
     def save(self, path: str | Path) -> None:
-        from ..files import write_text
+        from ..files import json_text, write_text
 
-        write_text(path, json.dumps(self.as_dict(), indent=1) + "\n", "--out")
+        write_text(path, json_text(self.as_dict(), "--out", indent=1) + "\n", "--out")
 
     @classmethod
     def load(cls, path: str | Path) -> Profile:
