@@ -24,7 +24,7 @@ from rich.console import Console
 from ..errors import UserError
 from ..ir.schedule import Schedule
 from ..limits import check_threads
-from ..runtime.dist.launch import launch, under_launcher
+from ..runtime.dist.launch import launch, pin_sockets, under_launcher
 from ..runtime.dist.report import grad_diffs, measured_comm, measured_timeline, step_span
 from ..runtime.dist.worker import Cluster, DistConfig, Env, Worker, unsplit_gradients
 from ..runtime.stages import split_stages
@@ -112,6 +112,8 @@ def worker_main(args: argparse.Namespace, schedule: Schedule | None = None) -> i
         setup = build_setup(args, reference=args.check and env.rank == 0, schedule=schedule)
         cfg = config_from_args(args, setup.schedule)
         x, y = global_batch_of(setup, args, cfg.dp)
+        if where := pin_sockets(env.master_addr, env.rank, int(os.environ.get("LOCAL_RANK", 0))):
+            sys.stderr.write(where + "\n")  # multi-node: say which interface is exposed
         cluster = Cluster(env, cfg.backend, cfg.stall_timeout, cfg.heartbeat_timeout, cfg.p2p)
         worker = Worker(cfg, cluster, (setup.schedule, setup.spec, setup.stages, x, y),
                         recompute=args.recompute)
