@@ -18,16 +18,13 @@ from ..interop.timeline_json import (  # noqa: F401  re-exported: the JSON contr
     timeline_json,
 )
 from ..ir.schedule import Schedule, ScheduleError
+from ..limits import MAX_TIME, MIN_TIME  # noqa: F401  a time flag's range (limits.py)
 from ..schedules import get_schedule, schedule_names
 from ..timeline import Timeline
 
 MAX_INT_DIGITS = 18
 """Longest integer a flag accepts (digits): ints are parsed only after this check, so a
 4300-digit number is one line of error, never Python's own conversion limit."""
-
-MIN_TIME, MAX_TIME = 1e-12, 1e12
-"""A time flag is 0 or in [MIN_TIME, MAX_TIME]: below, sums and ratios underflow (5e-324
-becomes 0 in a division and NaN in a chart); above, m x (F + B) overflows to infinity."""
 
 
 def _plain(text: str) -> str:

@@ -51,7 +51,7 @@ FIELDS = ("name", "forward", "backward", "params", "activation_bytes", "flops")
 FORMAT = "pipebubble-profile"
 
 
-MAX_LAYERS = 100_000  # layers in a profile file (partitioning is O(layers x stages))
+from ..limits import MAX_LAYERS  # noqa: E402  layers in a profile file (O(layers x stages))
 
 
 class ProfileError(UserError):
@@ -103,18 +103,16 @@ class Profile:
 
     def save(self, path: str | Path) -> None:
         from ..files import json_text, write_text
+        from .profile_reader import check_profile
 
+        check_profile(self.as_dict(), f"--out {str(path)!r}")  # never write what cannot be read
         write_text(path, json_text(self.as_dict(), "--out", indent=1) + "\n", "--out")
 
     @classmethod
     def load(cls, path: str | Path) -> Profile:
-        from ..files import FileError, read_json_file
+        from .profile_reader import read_profile  # every field checked, errors name the file
 
-        try:  # a regular UTF-8 file under the size limit, sane nesting, finite numbers
-            data = read_json_file(path, "profile file")
-        except FileError as exc:
-            raise ProfileError(str(exc)) from None
-        return cls.from_dict(data)
+        return read_profile(path)
 
     @classmethod
     def from_dict(cls, data: object) -> Profile:
