@@ -23,7 +23,7 @@ from rich.console import Console
 
 from ..errors import UserError
 from ..ir.schedule import Schedule
-from ..limits import check_threads
+from ..limits import check_processes, check_threads
 from ..runtime.dist.launch import launch, pin_sockets, under_launcher
 from ..runtime.dist.report import grad_diffs, measured_comm, measured_timeline, step_span
 from ..runtime.dist.worker import Cluster, DistConfig, Env, Worker, unsplit_gradients
@@ -89,6 +89,8 @@ def run_distributed(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)
     setup = build_setup(args)  # every flag checked before any process starts
     cfg = config_from_args(args, setup.schedule)
+    check_processes(cfg.world_size, getattr(args, "allow_oversubscribe", False),
+                    f"-p {cfg.ranks} x --dp {cfg.dp}")  # bounded before any process starts
     try:
         run_wire(lower(setup.schedule, cfg.p2p), blocking=True)
     except WireDeadlock as exc:

@@ -140,6 +140,8 @@ def build_request(args: argparse.Namespace, profiles):
     if not args.target_step > 0:
         raise UserError(f"--target-step must be > 0 seconds, got {args.target_step}")
     L.check_validation(args.validate, args.target_step)
+    if args.validate:  # sleeping ranks may share cores, but each process takes memory
+        L.check_processes(args.max_processes, True, "--max-processes")
     return Request(gpus=args.gpus, gpu_memory=args.gpu_memory, global_batch=args.global_batch,
                    microbatch_sizes=tuple(args.microbatch_size), schedules=names,
                    max_chunks=args.max_chunks, recompute=modes,

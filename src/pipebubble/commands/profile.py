@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import UserError
 from ..files import check_output_path
-from ..limits import check_model_size, check_threads
+from ..limits import MAX_LAYERS, check_model_size, check_threads
 from .common import int_flag, parse_device, positive_int, print_json, wrote
 
 if TYPE_CHECKING:
@@ -27,7 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default=None, metavar="NAME",
                    help="mlp or transformer (required unless --analytic)")
     for name in MODEL_FLAGS:
-        p.add_argument(f"--{name}", type=positive_int(f"--{name}"), default=None,
+        p.add_argument(f"--{name}", default=None,  # --layers: at most limits.MAX_LAYERS
+                       type=positive_int(f"--{name}", MAX_LAYERS if name == "layers" else None),
                        help=f"model {name} (the model's default when omitted)")
     p.add_argument("--seed", type=int_flag("--seed", 0, 2**32 - 1), default=0,
                    help="weights and batch seed, 0..2^32-1 (0)")

@@ -97,6 +97,9 @@ def add_distributed_flags(p: argparse.ArgumentParser) -> None:
                    default=30.0, metavar="S",
                    help="deadlock: stop when no rank progressed for S seconds (30; at most "
                    "a day)")
+    g.add_argument("--allow-oversubscribe", action="store_true",
+                   help="start more than 4 processes per CPU core (refused by default: each "
+                   "takes ~70 MB and they only slow each other down)")
     g.add_argument("--heartbeat-timeout", type=float_flag("--heartbeat-timeout", 0, 86400,
                                                           lo_open=True),
                    default=10.0, metavar="S",

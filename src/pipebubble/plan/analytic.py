@@ -59,6 +59,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from ..errors import UserError
+from ..limits import check_layers
 from .profile import FORMAT, LayerProfile, Profile
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -132,6 +133,7 @@ def analytic_profile(layers: int, hidden: int, ffn: int, heads: int, vocab: int,
     ``activation_bytes_full`` / ``recompute_time_full`` (and ``_selective``): the bytes F
     keeps and the forward time the backward re-runs.
     """
+    check_layers(layers)  # the library entry point bounds its work too (limits.py)
     shape = TransformerShape(layers, hidden, ffn, heads, vocab, kv_heads, tied_embeddings,
                              swiglu)
     for name, value in (("seq", seq), ("batch", batch)):
