@@ -167,6 +167,8 @@ def parse_device(text: str):
         device = torch.device(text)
     except (RuntimeError, TypeError, ValueError):
         raise ScheduleError(f"unknown --device {text!r}; valid are cpu, cuda, cuda:N") from None
+    if device.type == "cpu" and device.index not in (None, 0):
+        raise ScheduleError(f"--device {text}: there is one CPU device; use cpu (or cpu:0)")
     if device.type not in ("cpu", "cuda"):
         raise ScheduleError(f"--device {text!r} cannot run a model's stages; valid are cpu, "
                             "cuda, cuda:N")

@@ -98,6 +98,8 @@ def run_analytic(args: argparse.Namespace) -> int:
     if missing:
         raise UserError(f"--analytic needs {', '.join(missing)} (and takes --kv-heads, "
                          "--batch, --dtype, --tied-embeddings)")
+    if args.out is not None:  # an empty or bad --out fails before any work
+        check_output_path(args.out, "--out")
     prof = analytic_profile(layers=args.layers, hidden=args.hidden, ffn=args.ffn,
                             heads=args.heads, vocab=args.vocab, seq=args.seq, batch=args.batch or 1,
                             tflops=args.tflops, mfu=args.mfu, kv_heads=args.kv_heads,
@@ -112,6 +114,9 @@ def run(args: argparse.Namespace) -> int:
     if args.model is None:
         raise UserError("--model is required (mlp or transformer), or --analytic with the "
                          "model's shape")
+    if args.model == "sleep":  # its layers sleep: CPU time 0, nothing a planner could use
+        raise UserError("--model sleep has no work to profile (its layers only sleep); valid "
+                        "are mlp, transformer, or --analytic")
     unused = [f"--{n.replace('_', '-')}" for n in ("hidden", "ffn", "kv_heads", "tflops", "mfu")
               if getattr(args, n) is not None] + (["--tied-embeddings"]
                                                   if args.tied_embeddings else [])
@@ -143,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _output(args: argparse.Namespace, prof) -> int:
-    if args.out:
+    if args.out is not None:
         prof.save(args.out)
         wrote(args.out)
     for line in noisy_layers(prof):

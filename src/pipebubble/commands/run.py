@@ -219,6 +219,9 @@ def run(args: argparse.Namespace) -> int:
         return run_distributed(args)
     if args.dp > 1:
         raise UserError(f"--dp {args.dp} needs one process per rank; drop --local")
+    if args.backend != "gloo":  # --local has no process group: the flag would do nothing
+        raise UserError(f"--backend {args.backend} applies to one process per rank; drop "
+                        "--local (or --backend: --local runs on --device)")
     import torch
 
     from ._run_setup import (
