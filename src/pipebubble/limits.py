@@ -72,6 +72,11 @@ MAX_VALIDATION_SECONDS = 1800.0
 PROCESSES_PER_CORE = 4
 BYTES_PER_PROCESS = 70 * 2**20  # one worker: interpreter, torch, gloo (measured: ~70 MB RSS)
 MAX_LIST_ITEMS = 64
+MAX_REQUEST_ACTIONS = 200_000
+"""Actions one explorer request may simulate (a sweep: summed over its points): the page
+answers in well under a second at this size, and one client cannot hold the server."""
+MAX_REQUEST_BYTES = 8 * 2**20
+"""Bytes of one POSTed CSV or timeline JSON to the explorer."""
 MIN_TIME, MAX_TIME = 1e-12, 1e12
 """A time (a flag, a profile's field) is 0 or in [MIN_TIME, MAX_TIME]: below, sums and ratios
 underflow (5e-324 becomes 0 in a division and NaN in a chart); above, m x (F + B) overflows."""
@@ -362,3 +367,24 @@ list without empty items, like a,b
             raise LimitError(f"{flag} {text[:60]!r}: item {k + 1} is empty; give a comma list "
                              "without empty items, like a,b")
     return items
+
+
+def check_time(value: object, flag: str) -> float:
+    """A time (a cost flag, an explorer parameter, a profile's field): a finite number, 0 or
+    in [:data:`MIN_TIME`, :data:`MAX_TIME`]. The same rule for the CLI and the explorer.
+
+    >>> check_time(0.5, "--f")
+    0.5
+    >>> check_time(1e-300, "f")
+    Traceback (most recent call last):
+    ...
+    pipebubble.limits.LimitError: f must be 0 or between 1e-12 and 1e+12, got 1e-300
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise LimitError(f"{flag} must be a number, got {value!r}")
+    v = float(value)
+    if not v >= 0 or v == float("inf"):
+        raise LimitError(f"{flag} must be finite and >= 0, got {v:g}")
+    if not (v == 0 or MIN_TIME <= v <= MAX_TIME):
+        raise LimitError(f"{flag} must be 0 or between {MIN_TIME:g} and {MAX_TIME:g}, got {v:g}")
+    return v

@@ -18,7 +18,7 @@ from ..interop.timeline_json import (  # noqa: F401  re-exported: the JSON contr
     timeline_json,
 )
 from ..ir.schedule import Schedule, ScheduleError
-from ..limits import MAX_TIME, MIN_TIME  # noqa: F401  a time flag's range (limits.py)
+from ..limits import MAX_TIME, MIN_TIME, LimitError, check_time  # noqa: F401  (limits.py)
 from ..schedules import get_schedule, schedule_names
 from ..timeline import Timeline
 
@@ -117,12 +117,11 @@ def time_value(name: str):
             raise argparse.ArgumentTypeError(
                 f"{name} must be a number or a comma list of numbers, got {_plain(text)!r}"
             ) from None
-        for v in values:
-            if not v >= 0 or v == float("inf"):
-                raise argparse.ArgumentTypeError(f"{name} must be finite and >= 0, got {v:g}")
-            if not (v == 0 or MIN_TIME <= v <= MAX_TIME):
-                raise argparse.ArgumentTypeError(
-                    f"{name} must be 0 or between {MIN_TIME:g} and {MAX_TIME:g}, got {v:g}")
+        for v in values:  # the one rule for times (limits.check_time), also the explorer's
+            try:
+                check_time(v, name)
+            except LimitError as exc:
+                raise argparse.ArgumentTypeError(str(exc)) from None
         return values[0] if len(values) == 1 else values
 
     return parse
