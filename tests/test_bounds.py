@@ -179,3 +179,8 @@ def test_bounds_are_documented_in_the_module_doc():
                  "PROCESSES_PER_CORE", "HARD_MAX_ACTIONS", "MAX_LIST_ITEMS"):
         assert f":data:`{name}`" in L.__doc__, name
     json.dumps({k: v for k, v in vars(L).items() if k.isupper()})  # plain numbers
+
+
+def test_a_measured_profile_over_the_layer_limit_is_refused_before_building(run_cli):
+    rc, _, err = run_cli("profile", "--model", "transformer", "--layers", str(L.MAX_LAYERS))
+    assert rc == 2 and f"builds {L.MAX_LAYERS + 2:,} layers" in err

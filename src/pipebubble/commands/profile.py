@@ -134,10 +134,16 @@ def run(args: argparse.Namespace) -> int:
     threads = args.threads or (1 if device.type == "cpu" else None)  # CPU time, one thread
     if threads:
         torch.set_num_threads(check_threads(threads))
+    if args.model == "transformer" and (args.layers or 0) + 2 > MAX_LAYERS:  # + embed, head
+        raise UserError(f"--layers {args.layers} builds {args.layers + 2:,} layers (embedding "
+                        f"and head included), over the {MAX_LAYERS:,} a profile may hold")
     if args.model in ("mlp", "transformer", "sleep"):  # before building it
         check_model_size(args.model, args.layers or 8, args.width or args.dim,
                          args.vocab or 4096, args.seq or 32, batch=args.batch or 8)
     spec, kwargs = build(args)
+    if len(spec.layers) > MAX_LAYERS:  # refuse before measuring what could not be written
+        raise UserError(f"--layers {args.layers} builds {len(spec.layers):,} layers (embedding "
+                        f"and head included), over the {MAX_LAYERS:,} a profile may hold")
     gen = torch.Generator().manual_seed(args.seed)
     x, y = spec.make_batch(args.batch or 8, gen)
     layers = [m.to(device) for m in spec.layers]
