@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipebubble.plan.profile import Profile, ProfileError
-from pipebubble.plan.profile_reader import BOUNDS, OPTIONAL, check_profile, read_profile
+from pipebubble.plan.profile_reader import BOUNDS, FIELDS, OPTIONAL, check_document
 
 GOOD = {"name": "blk", "forward": 1e-3, "backward": 2e-3, "params": 100,
         "activation_bytes": 1024, "flops": 1e6}
@@ -19,6 +19,20 @@ GOOD = {"name": "blk", "forward": 1e-3, "backward": 2e-3, "params": 100,
 
 def doc(**extra) -> dict:
     return {"batch": 1, "layers": [{**GOOD, "name": "embed"}, {**GOOD, **extra}]}
+
+
+def read_profile(path: str) -> Profile:
+    return Profile.load(path)
+
+
+def check_profile(data: object, where: str) -> Profile:
+    return Profile.from_dict(data, where)
+
+
+def test_the_required_fields_are_the_profile_format():
+    from pipebubble.plan import profile
+
+    assert profile.FIELDS is FIELDS and check_document(doc(), "x") == doc()
 
 
 def write(tmp_path, data) -> str:

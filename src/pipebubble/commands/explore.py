@@ -13,14 +13,13 @@ import sys
 import threading
 
 from ..errors import UserError
-from .common import int_flag
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("explore", help="explore every schedule's bubble in the browser",
                        description="Serve the interactive bubble explorer on this machine and "
                        "open it in the browser. Ctrl-C stops it.")
-    p.add_argument("--port", type=int_flag("--port", 0, 65535), default=8765,
+    p.add_argument("--port", type=int, default=8765,
                    help="port to listen on (8765; 0: any free port)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (127.0.0.1: this machine only; the page has no "

@@ -96,8 +96,8 @@ def memory_value(text: str) -> float | list[float]:
 
 
 def parse_methods(text: str) -> list[str]:
-    names = [m.lower() for m in split_list(text, "--method")]  # uniform,,time is an error
-    if not names:
+    names = [m.lower() for m in split_list(text, "--method")] if text.strip() else []
+    if not names:  # (uniform,,time: an empty item is an error too, from split_list)
         raise UserError(f"--method: no method in {text!r}; valid are "
                          f"{', '.join((*METHODS, SIM_METHOD))} or all")
     if names == ["all"]:

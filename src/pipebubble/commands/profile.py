@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import UserError
 from ..files import check_output_path
-from ..limits import MAX_LAYERS, check_model_size, check_threads
+from ..limits import MAX_LAYERS, check_layers, check_model_size, check_threads
 from .common import int_flag, parse_device, positive_int, print_json, wrote
 
 if TYPE_CHECKING:
@@ -27,8 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default=None, metavar="NAME",
                    help="mlp or transformer (required unless --analytic)")
     for name in MODEL_FLAGS:
-        p.add_argument(f"--{name}", default=None,  # --layers: at most limits.MAX_LAYERS
-                       type=positive_int(f"--{name}", MAX_LAYERS if name == "layers" else None),
+        p.add_argument(f"--{name}", type=positive_int(f"--{name}"), default=None,
                        help=f"model {name} (the model's default when omitted)")
     p.add_argument("--seed", type=int_flag("--seed", 0, 2**32 - 1), default=0,
                    help="weights and batch seed, 0..2^32-1 (0)")
@@ -134,12 +133,13 @@ def run(args: argparse.Namespace) -> int:
     threads = args.threads or (1 if device.type == "cpu" else None)  # CPU time, one thread
     if threads:
         torch.set_num_threads(check_threads(threads))
-    if args.model == "transformer" and (args.layers or 0) + 2 > MAX_LAYERS:  # + embed, head
-        raise UserError(f"--layers {args.layers} builds {args.layers + 2:,} layers (embedding "
-                        f"and head included), over the {MAX_LAYERS:,} a profile may hold")
     if args.model in ("mlp", "transformer", "sleep"):  # before building it
         check_model_size(args.model, args.layers or 8, args.width or args.dim,
                          args.vocab or 4096, args.seq or 32, batch=args.batch or 8)
+    if args.model == "transformer" and (args.layers or 0) + 2 > MAX_LAYERS:  # + embed, head
+        raise UserError(f"--layers {args.layers} builds {args.layers + 2:,} layers (embedding "
+                        f"and head included), over the {MAX_LAYERS:,} a profile may hold")
+    check_layers(args.layers or 1)  # what partition reads (limits.MAX_LAYERS)
     spec, kwargs = build(args)
     if len(spec.layers) > MAX_LAYERS:  # refuse before measuring what could not be written
         raise UserError(f"--layers {args.layers} builds {len(spec.layers):,} layers (embedding "

@@ -45,17 +45,12 @@ if TYPE_CHECKING:  # torch loads only when layers are measured, not to read a pr
     import torch
     from torch import nn
 
-from ..errors import UserError
+from .profile_reader import FIELDS, ProfileError, check_document  # the one checked reader
 
-FIELDS = ("name", "forward", "backward", "params", "activation_bytes", "flops")
 FORMAT = "pipebubble-profile"
 
 
 from ..limits import MAX_LAYERS  # noqa: E402  layers in a profile file (O(layers x stages))
-
-
-class ProfileError(UserError):
-    """A profile file or dictionary that cannot be used; the message names the bad value."""
 
 
 @dataclass(frozen=True)
@@ -103,20 +98,21 @@ class Profile:
 
     def save(self, path: str | Path) -> None:
         from ..files import json_text, write_text
-        from .profile_reader import check_profile
 
-        check_profile(self.as_dict(), f"--out {str(path)!r}")  # never write what cannot be read
+        check_document(self.as_dict(), f"--out {str(path)!r}")  # never write what can't be read
         write_text(path, json_text(self.as_dict(), "--out", indent=1) + "\n", "--out")
 
     @classmethod
     def load(cls, path: str | Path) -> Profile:
-        from .profile_reader import read_profile  # every field checked, errors name the file
+        from .profile_reader import load_document
 
-        return read_profile(path)
+        data, where = load_document(path)
+        return cls.from_dict(data, where)  # every field checked, errors name the file
 
     @classmethod
-    def from_dict(cls, data: object) -> Profile:
+    def from_dict(cls, data: object, where: str = "profile") -> Profile:
         """Check every layer and field; errors name the layer, the field and the value."""
+        check_document(data, where)  # every field, optional ones too (plan/profile_reader)
         if not isinstance(data, dict) or "layers" not in data:
             raise ProfileError("a profile must be a JSON object with a 'layers' list, got "
                                f"{type(data).__name__}" + (" without 'layers'"

@@ -4,9 +4,9 @@ A profile (see :mod:`pipebubble.plan.profile` for the format) feeds the partitio
 planner, which multiply its numbers by microbatch counts and sizes, sum them, divide by them.
 A wrong type there is a traceback deep inside numpy; ``"nan"`` or a negative size silently
 drops every plan; ``1e308`` overflows to infinity; an all-zero profile has no bubble to
-speak of. So every profile, read from a file (:func:`read_profile`) or about to be written
-(:func:`check_profile`, called by ``Profile.save``), passes these checks first, as timelines
-pass :mod:`pipebubble.timeline_io`:
+speak of. So every profile, read from a file (``Profile.load``), built from a dict
+(``Profile.from_dict``) or about to be written (``Profile.save``), passes these checks
+(:func:`check_document`) first, as timelines pass :mod:`pipebubble.timeline_io`:
 
 - the document is an object with a non-empty ``layers`` list of at most
   :data:`~pipebubble.limits.MAX_LAYERS` objects;
@@ -28,11 +28,11 @@ Each message names the file, the layer (index and name) and the field, in the us
 ``profile file 'p.json': layer 3 ('blk.3'): output_bytes must be a finite number >= 0
 (bytes), got 'nan'``.
 
->>> check_profile({"layers": [{"name": "a", "forward": 1e-3, "backward": 2e-3, "params": 1,
+>>> check_document({"layers": [{"name": "a", "forward": 1e-3, "backward": 2e-3, "params": 1,
 ...     "activation_bytes": 8, "flops": 10, "output_bytes": 1e300}]}, "p.json")
 Traceback (most recent call last):
 ...
-pipebubble.plan.profile.ProfileError: p.json: layer 0 ('a'): output_bytes must be 0 or \
+pipebubble.plan.profile_reader.ProfileError: p.json: layer 0 ('a'): output_bytes must be 0 or \
 between 1e-12 and 1.18059e+21 bytes, got 1e+300
 """
 
@@ -41,8 +41,15 @@ from __future__ import annotations
 import math
 import os
 
+from ..errors import UserError
 from ..limits import MAX_LAYERS, MAX_TIME, MIN_TIME
-from .profile import FIELDS, Profile, ProfileError
+
+FIELDS = ("name", "forward", "backward", "params", "activation_bytes", "flops")
+"""The fields every layer has (``plan.profile.FIELDS``, defined here, below it)."""
+
+
+class ProfileError(UserError):
+    """A profile file or dictionary that cannot be used; the message names the bad value."""
 
 MAX_BYTES = float(2**70)
 MAX_FLOPS = 1e30
@@ -67,20 +74,20 @@ BOUNDS: dict[str, tuple[str, float]] = {
 OPTIONAL = tuple(k for k in BOUNDS if k not in FIELDS)
 
 
-def read_profile(path: str | os.PathLike, what: str = "profile file") -> Profile:
-    """Read and check a profile JSON file (see the module doc); errors name the file."""
+def load_document(path: str | os.PathLike, what: str = "profile file") -> tuple[object, str]:
+    """The parsed JSON of a profile file, and the name its messages start with
+    (``profile file 'p.json'``); ``Profile.load`` checks it with :func:`check_document`."""
     from ..files import FileError, read_json_file
 
     try:  # a regular UTF-8 file under the size limit, sane nesting, finite numbers
-        data = read_json_file(path, what)
+        return read_json_file(path, what), f"{what} {os.fspath(path)!r}"
     except FileError as exc:
         raise ProfileError(str(exc)) from None
-    return check_profile(data, f"{what} {os.fspath(path)!r}")
 
 
-def check_profile(data: object, where: str = "profile") -> Profile:
-    """Check a profile document (a dict as read from JSON) and build the :class:`Profile`;
-    ``where`` starts every message (the file, or the flag it is written to)."""
+def check_document(data: object, where: str = "profile") -> dict:
+    """Check a profile document (a dict as read from JSON) field by field (module doc) and
+    return it; ``where`` starts every message (the file, or the flag it is written to)."""
     if not isinstance(data, dict) or "layers" not in data:
         got = type(data).__name__ + (" without 'layers'" if isinstance(data, dict) else "")
         raise ProfileError(f"{where}: a profile must be a JSON object with a 'layers' list, "
@@ -105,10 +112,7 @@ def check_profile(data: object, where: str = "profile") -> Profile:
     if not total > 0:
         raise ProfileError(f"{where}: every layer's forward and backward is 0 s; a profile "
                            "needs some time to balance (measure it, or give the times)")
-    try:
-        return Profile.from_dict(data)
-    except ProfileError as exc:  # cannot happen after the checks above; name the file
-        raise ProfileError(f"{where}: {exc}") from None
+    return data
 
 
 def _check_layer(item: object, i: int, where: str) -> None:
