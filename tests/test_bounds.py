@@ -118,7 +118,7 @@ def test_profile_refuses_to_write_what_partition_refuses(tmp_path, run_cli):
     out = tmp_path / "big.json"
     rc, _, err = run_cli("profile", "--analytic", "--layers", "2", "--hidden", str(10**14),
                          *A[2:], "--out", out)
-    assert rc == 2 and "--out" in err and "forward must be 0 or between" in err
+    assert rc == 2 and "the profile: layer 1" in err and "forward must be 0 or between" in err
     assert not out.exists()
 
 
@@ -187,3 +187,15 @@ def test_a_measured_profile_over_the_layer_limit_is_refused_before_building(run_
     rc, _, err = run_cli("profile", "--model", "transformer", "--layers", str(L.MAX_LAYERS),
                          "--dim", "8", "--heads", "1", "--vocab", "16", "--seq", "4")
     assert rc == 2 and f"builds {L.MAX_LAYERS + 2:,} layers" in err
+
+
+@pytest.mark.parametrize("tflops, mfu, needle", [
+    ("1e-300", "1e-300", "is not a usable rate of FLOP/s"),  # underflows to 0 (ZeroDivision)
+    ("1e300", "1", "is not a usable rate of FLOP/s"),  # overflows to inf
+    ("1e9", "1", "the profile: layer 1"),  # sub-picosecond layers: refused as partition would
+])
+def test_analytic_rates_that_underflow_or_overflow_are_one_line(run_cli, tflops, mfu, needle):
+    args = ["profile", "--analytic", "--layers", "2", *A[:10], "--tflops", tflops, "--mfu", mfu,
+            "--json"]
+    rc, out, err = run_cli(*args)
+    assert rc == 2 and out == "" and needle in err and err.count("\n") == 1
