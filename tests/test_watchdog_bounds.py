@@ -142,7 +142,9 @@ def test_a_hung_store_ends_the_rank_within_twice_the_heartbeat_timeout():
     store = DictStore()
     exits: list[int] = []
     wd = Watchdog(store, 0, 1, heartbeat_timeout=0.2, interval=0.02, exit_fn=exits.append,
-                  launcher_pid=None).start()
+                  launcher_pid=None)
+    wd.store_grace = 0.0  # (10 s by default: a deadlock report takes seconds of store calls)
+    wd.start()
     store.hang.set()  # the store's host stopped: calls never return
     try:
         assert _until(lambda: exits == [EXIT_FAILED], 5.0)

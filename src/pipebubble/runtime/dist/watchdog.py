@@ -21,7 +21,7 @@ ends its own process (``os._exit``, the main thread may be stuck inside gloo) wh
   a deadlock.
 
 A second, smaller thread (the guard) watches what the first cannot see while it is blocked:
-a store call that has not returned for ``2 x heartbeat_timeout`` seconds (the store's host,
+a store call that has not returned for ``2 x heartbeat_timeout`` seconds (at least 10) (the store's host,
 the launcher or rank 0, is stopped: its socket is open, nothing answers) and, under our
 launcher, the launcher itself stopped (``kill -STOP``, Ctrl-Z) for ``heartbeat_timeout``
 seconds, read from ``/proc/<pid>/stat``. Either ends this rank (exit 1) within that bound,
@@ -168,6 +168,8 @@ class Watchdog:
         # -1: find it (the parent, under our launcher); None: do not watch a launcher
         self.launcher_pid = _our_launcher_pid() if launcher_pid == -1 else launcher_pid
         self._store_ok = time.monotonic()  # when a store call last returned
+        # a deadlock report holds the thread in store calls for a few seconds: never less
+        self.store_grace = 10.0
         self._guard = threading.Thread(target=self._guard_loop, name="pipebubble-guard",
                                        daemon=True)
         self.state, self.where, self.count = "compute", "starting", 0
@@ -278,7 +280,7 @@ class Watchdog:
         stopped_since: float | None = None
         while not self._stop.wait(self.interval):
             now = time.monotonic()
-            if now - self._store_ok > 2 * self.heartbeat_timeout:
+            if now - self._store_ok > max(2 * self.heartbeat_timeout, self.store_grace):
                 _say(f"rank {self.rank}: stopping because the rendezvous store has not "
                      f"answered for {now - self._store_ok:.0f} s (the launcher or rank 0 is "
                      f"stopped or gone; this rank was at {self.where})")
