@@ -42,6 +42,20 @@ class _Parser(argparse.ArgumentParser):
         sys.stderr.write(f"pipebubble: error: {message}\n")
         raise SystemExit(2)
 
+    def _print_message(self, message: str, file=None) -> None:
+        """argparse drops an OSError here, so ``--help > /dev/full`` would exit 0: a failed
+        write to standard output is an error (a closed pipe, ``| head``, stays quiet)."""
+        if not message:
+            return
+        file = file or sys.stderr
+        try:
+            file.write(message)
+        except BrokenPipeError:
+            pass
+        except OSError as exc:
+            if file is sys.stdout:
+                raise stdout_failed(exc) from None
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with one subparser per module in ``pipebubble.commands``."""
@@ -84,7 +98,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
-        return 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 2
+        code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 2
+        if code == 0:  # --help, --version: the text must reach stdout (> /dev/full fails)
+            try:
+                flush_stdout()
+            except UserError as err:
+                sys.stderr.write(f"pipebubble: error: {error_line(err)}\n")
+                return 2
+        return code
+    except USER_ERRORS as exc:  # standard output failed while printing --help
+        sys.stderr.write(f"pipebubble: error: {error_line(exc)}\n")
+        return 2
     try:
         rc = int(args.func(args) or 0)
         flush_stdout()  # a full disk on stdout: one line, not "Exception ignored" at exit

@@ -19,8 +19,10 @@ Writing (:func:`check_output_path`, :func:`write_text`, :func:`open_output`):
 - the path is not empty and does not end with ``/`` (``--png newdir/`` is an error, not a
   file called ``newdir``), is not a directory, its parent exists and is a directory, the
   file name is not longer than the file system allows, and the place is writable;
-- a failed write or close (a full disk, ``/dev/full``) is one line naming the path, and a
-  regular file left half-written is removed.
+- the write is atomic (a temporary file beside the target, renamed into place): a failed
+  write or close (a full disk, ``/dev/full``), an exception or ``kill -9`` mid-way leaves
+  the old file as it was and no partial file under the final name; a failure is one line
+  naming the path.
 
 >>> import tempfile, os
 >>> d = tempfile.mkdtemp()
@@ -44,6 +46,7 @@ import os
 import re
 import stat
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -234,11 +237,21 @@ def check_output_path(path: str | os.PathLike, what: str = "output") -> Path:
 @contextlib.contextmanager
 def open_output(path: str | os.PathLike, what: str = "output", mode: str = "w",
                 newline: str | None = None) -> Iterator[IO]:
-    """Open ``path`` for writing (text ``w`` or binary ``wb``); any OSError while opening,
-    writing or closing becomes one :class:`FileError` naming the path, and a regular file
-    left half-written is removed.
+    """Open ``path`` for writing (text ``w`` or binary ``wb``), *atomically*: every file
+    pipebubble writes goes through here.
 
-    ``-`` means standard output (text mode only); it is flushed, not closed.
+    The bytes go to a temporary file beside the target (same directory, so the same file
+    system), which is flushed, ``fsync``-ed and renamed over the target (``os.replace``)
+    only once the writer finished without error. So a failed write (a full disk, an
+    exception in the writer) or a ``kill -9`` mid-way leaves the old file exactly as it
+    was and never a partial file under the final name; a crash may leave only a
+    ``.NAME.*.tmp`` file beside it. An existing file keeps its permission bits. A symbolic
+    link is followed: the file it points to is replaced, the link stays.
+
+    Targets that cannot be renamed over (``/dev/null``, ``/dev/stdout``, a FIFO) are
+    written in place. ``-`` means standard output (text mode only); it is flushed, not
+    closed. Any OSError while opening, writing or closing becomes one :class:`FileError`
+    naming the path.
     """
     text = os.fspath(path)
     if text == "-":
@@ -252,27 +265,49 @@ def open_output(path: str | os.PathLike, what: str = "output", mode: str = "w",
             raise FileError(f"cannot write standard output: {_reason(exc, text)}") from None
         return
     p = check_output_path(text, what)
-    existed_regular = p.exists() and p.is_file()
+    kw = {"newline": newline, **({} if "b" in mode else {"encoding": "utf-8"})}
+    real = Path(os.path.realpath(p))
     try:
-        f = open(p, mode, newline=newline, **({} if "b" in mode else {"encoding": "utf-8"}))
+        st = os.stat(real)
+    except OSError:
+        st = None
+    if st is not None and not stat.S_ISREG(st.st_mode):  # a device or FIFO: in place
+        try:
+            f = open(real, mode, **kw)
+        except OSError as exc:
+            raise FileError(f"cannot write {what} {text!r}: {_reason(exc, text)}") from None
+        try:
+            with f:
+                yield f
+        except OSError as exc:
+            raise FileError(f"cannot write {what} {text!r}: {_reason(exc, text)}") from None
+        return
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{real.name[:200]}.", suffix=".tmp",
+                                   dir=real.parent)
     except OSError as exc:
         raise FileError(f"cannot write {what} {text!r}: {_reason(exc, text)}") from None
-    ok = False
     try:
-        try:
+        with open(fd, mode, **kw) as f:
             yield f
-        finally:
-            try:
-                f.close()
-            except OSError as exc:
-                raise FileError(f"cannot write {what} {text!r}: {_reason(exc, text)}") from None
-        ok = True
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, stat.S_IMODE(st.st_mode) if st is not None else 0o666 & ~_umask())
+        os.replace(tmp, real)
+        tmp = None
     except OSError as exc:
         raise FileError(f"cannot write {what} {text!r}: {_reason(exc, text)}") from None
     finally:
-        if not ok and not existed_regular and p.is_file():
+        if tmp is not None:
             with contextlib.suppress(OSError):
-                p.unlink()
+                os.unlink(tmp)
+
+
+def _umask() -> int:
+    """This process's umask (read by setting it and putting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def write_text(path: str | os.PathLike, text: str, what: str = "output") -> Path:
@@ -331,3 +366,45 @@ def _reason(exc: OSError, path: str | os.PathLike) -> str:
     if code == errno.ELOOP:
         return "too many levels of symbolic links"
     return exc.strerror or type(exc).__name__
+
+
+# ---- JSON out ------------------------------------------------------------------------------
+def json_text(obj: Any, what: str = "--json", indent: int | None = None,
+              separators: tuple[str, str] | None = None) -> str:
+    """``obj`` as strict JSON text: the one serialiser for what the CLI prints or saves.
+
+    ``json.dumps`` would write ``NaN`` and ``Infinity``, which no strict JSON reader
+    accepts; here a non-finite number is a :class:`FileError` naming where it is (``what``
+    and the path inside the document), so the user sees which input produced it.
+
+    >>> json_text({"a": [1, 2.5]})
+    '{"a": [1, 2.5]}'
+    >>> json_text({"plans": [{"step": float("inf")}]})
+    Traceback (most recent call last):
+    ...
+    pipebubble.files.FileError: --json: plans[0].step is inf, not a finite number; \
+the inputs overflow (check the profile and flags for huge or zero values)
+    """
+    try:
+        return json.dumps(obj, allow_nan=False, indent=indent, separators=separators)
+    except ValueError:
+        where, value = _non_finite(obj, "")
+        if where is None:
+            raise
+        raise FileError(f"{what}: {where or 'the value'} is {value}, not a finite number; "
+                        "the inputs overflow (check the profile and flags for huge or zero "
+                        "values)") from None
+
+
+def _non_finite(obj: Any, where: str) -> tuple[str | None, float | None]:
+    """The first non-finite float in ``obj`` as (path, value), or (None, None)."""
+    stack = [(obj, where)]
+    while stack:
+        o, w = stack.pop()
+        if isinstance(o, float) and not math.isfinite(o):
+            return w, o
+        if isinstance(o, dict):
+            stack.extend((v, f"{w}.{k}" if w else str(k)) for k, v in reversed(o.items()))
+        elif isinstance(o, list | tuple):
+            stack.extend((v, f"{w}[{i}]") for i, v in reversed(list(enumerate(o))))
+    return None, None

@@ -12,7 +12,26 @@ die; it is refused up front with one line naming the limit and the flag that rai
 - chart widths (``--width``, ``--chart-width``): 1..:data:`MAX_WIDTH` = 10 000 columns;
 - a built-in model's weights and gradients (16 bytes per parameter) must fit the machine's
   free memory (lower ``--layers`` or ``--width``);
-- ``--threads``: at most the CPU cores this process may use.
+- ``--threads``: at most the CPU cores this process may use;
+- ``--max-actions`` itself: at most :data:`HARD_MAX_ACTIONS` = 200 000 000, and no more than
+  the machine's free memory holds at :data:`BYTES_PER_ACTION` each;
+- layers of a model or profile: at most :data:`MAX_LAYERS` = 100 000 (partitioning is
+  O(layers x stages); ``profile`` refuses to write more than ``partition`` reads);
+- the planner: ``--gpus`` at most :data:`MAX_GPUS` = 2^20 (its divisors are found in
+  O(sqrt N), :func:`divisors`), ``--global-batch`` at most :data:`MAX_GLOBAL_BATCH` = 2^30,
+  and a pipeline of at most :data:`MAX_PLAN_MICROBATCHES` = 4 096 microbatches per step
+  (so no configuration's simulation is linear in the global batch);
+  ``--max-chunks`` at most :data:`MAX_CHUNKS`; ``--exhaustive-cuts`` at most
+  :data:`MAX_EXHAUSTIVE_CUTS`; ``--validate`` at most :data:`MAX_VALIDATE` plans,
+  ``--target-step`` at most :data:`MAX_TARGET_STEP` s and all the validation runs' steps
+  at most :data:`MAX_VALIDATION_SECONDS` in all;
+- processes of one machine's run: at most :data:`PROCESSES_PER_CORE` per CPU core
+  (``--allow-oversubscribe`` lifts that), and never more than the free memory holds at
+  :data:`BYTES_PER_PROCESS` each;
+- a comma list flag: at most :data:`MAX_LIST_ITEMS` items, none of them empty.
+
+A bounded search never does work linear in an unbounded input: every count above is checked
+before it is used as a loop bound, and integer flags have at most 30 digits (``int_flag``).
 
 A simulated timeline costs about 400 bytes per action (1F1B, p=16, m=50 000: 1.6 million
 actions, 640 MB resident), so the default of 2 million actions stays under a GiB; a sweep's
@@ -39,6 +58,28 @@ MAX_SWEEP_ACTIONS = 20_000_000
 MAX_RANKS = 100_000
 MAX_WIDTH = 10_000
 BYTES_PER_PARAM_RUN = 16  # float32 weight + gradient + room for activations and the copy
+HARD_MAX_ACTIONS = 200_000_000
+BYTES_PER_ACTION = 400  # a simulated timeline's resident memory per action (module doc)
+MAX_LAYERS = 100_000
+MAX_GPUS = 1 << 20
+MAX_GLOBAL_BATCH = 1 << 30
+MAX_PLAN_MICROBATCHES = 4096
+MAX_EXHAUSTIVE_CUTS = 100_000
+MAX_CHUNKS = 64
+MAX_VALIDATE = 16
+MAX_TARGET_STEP = 60.0
+MAX_VALIDATION_SECONDS = 1800.0
+PROCESSES_PER_CORE = 4
+BYTES_PER_PROCESS = 70 * 2**20  # one worker: interpreter, torch, gloo (measured: ~70 MB RSS)
+MAX_LIST_ITEMS = 64
+MAX_REQUEST_ACTIONS = 200_000
+"""Actions one explorer request may simulate (a sweep: summed over its points): the page
+answers in well under a second at this size, and one client cannot hold the server."""
+MAX_REQUEST_BYTES = 8 * 2**20
+"""Bytes of one POSTed CSV or timeline JSON to the explorer."""
+MIN_TIME, MAX_TIME = 1e-12, 1e12
+"""A time (a flag, a profile's field) is 0 or in [MIN_TIME, MAX_TIME]: below, sums and ratios
+underflow (5e-324 becomes 0 in a division and NaN in a chart); above, m x (F + B) overflows."""
 
 
 class LimitError(ScheduleError):
@@ -65,7 +106,7 @@ def check_actions(ranks: int, microbatches: int, chunks: int | None = 1,
                   name: str | None = None, limit: int | None = None) -> int:
     """Refuse a schedule larger than ``limit`` actions (default :data:`MAX_ACTIONS`) or with
     more than :data:`MAX_RANKS` ranks; return the estimate."""
-    limit = MAX_ACTIONS if limit is None else limit
+    limit = MAX_ACTIONS if limit is None else check_max_actions(limit)
     n = estimate_actions(ranks, microbatches, chunks, name)
     v = chunks if chunks is not None else n // (3 * ranks * microbatches)
     if n > limit:
@@ -82,7 +123,7 @@ def check_sweep(names: Iterable[str], ranks: int, microbatches: Iterable[int],
     """Refuse a sweep whose actions summed over every (schedule, m) exceed ``limit``
     (default :data:`MAX_SWEEP_ACTIONS`); return the total. Counting work rather than points
     is what makes ``-m 1..100000`` (5·10⁹ actions at p=4) fail fast."""
-    limit = MAX_SWEEP_ACTIONS if limit is None else limit
+    limit = MAX_SWEEP_ACTIONS if limit is None else check_max_actions(limit)
     m_total = sum(microbatches)  # the estimate is linear in m
     total = sum(estimate_actions(ranks, m_total, chunks, name) for name in names)
     if total > limit:
@@ -184,3 +225,166 @@ def check_model_size(model: str, layers: int, width: int | None = None, vocab: i
                          f"for this {model}, more than the {free / 2**30:.1f} GiB free here; "
                          "use a smaller --batch")
     return weights + acts
+
+
+# ---- the bounds added in round 3 (one place for the CLI, the explorer and the library) ----
+def check_count(value: int, flag: str, lo: int = 1, hi: int | None = None) -> int:
+    """An integer count in ``lo..hi``: the message names the flag and the range.
+
+    >>> check_count(3, "--validate", 0, 16)
+    3
+    >>> check_count(10**400, "--validate", 0, 16)
+    Traceback (most recent call last):
+    ...
+    pipebubble.limits.LimitError: --validate must be an integer in 0..16, got a 401-digit number
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise LimitError(f"{flag} must be an integer, got {value!r}")
+    if value < lo or (hi is not None and value > hi):
+        shown = f"a {len(str(abs(value)))}-digit number" if abs(value) >= 10**30 else value
+        where = f"in {lo}..{hi}" if hi is not None else f">= {lo}"
+        raise LimitError(f"{flag} must be an integer {where}, got {shown}")
+    return value
+
+
+def check_max_actions(limit: int, flag: str = "--max-actions") -> int:
+    """A raised action limit: at most :data:`HARD_MAX_ACTIONS`, and what free memory holds
+    at :data:`BYTES_PER_ACTION` per action (a 3e12-action request never reaches numpy)."""
+    check_count(limit, flag, 1, HARD_MAX_ACTIONS)
+    free = free_memory_bytes()
+    if free is not None and limit > max(MAX_ACTIONS, free // BYTES_PER_ACTION):
+        raise LimitError(f"{flag} {limit:,} would need about "
+                         f"{limit * BYTES_PER_ACTION / 2**30:.1f} GiB, more than the "
+                         f"{free / 2**30:.1f} GiB free here; use at most "
+                         f"{max(MAX_ACTIONS, free // BYTES_PER_ACTION):,}")
+    return limit
+
+
+def check_layers(layers: int, flag: str = "--layers") -> int:
+    """At most :data:`MAX_LAYERS` layers (a model built, profiled or partitioned)."""
+    return check_count(layers, flag, 1, MAX_LAYERS)
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n`` (1 <= n <= :data:`MAX_GPUS`), ascending, in O(sqrt n) steps.
+
+    >>> divisors(12)
+    [1, 2, 3, 4, 6, 12]
+    """
+    check_count(n, "--gpus", 1, MAX_GPUS)
+    small, large = [], []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    return small + large[::-1]
+
+
+def check_plan(gpus: int, global_batch: int, microbatch_sizes: Iterable[int]) -> None:
+    """The planner's request: ``--gpus`` and ``--global-batch`` within their limits, and at
+    least one (dp, microbatch size) that gives a pipeline of at most
+    :data:`MAX_PLAN_MICROBATCHES` microbatches (the planner skips the others)."""
+    check_count(gpus, "--gpus", 1, MAX_GPUS)
+    check_count(global_batch, "--global-batch", 1, MAX_GLOBAL_BATCH)
+    sizes = list(microbatch_sizes)
+    if len(sizes) > MAX_LIST_ITEMS:
+        raise LimitError(f"--microbatch-size lists {len(sizes)} sizes, over the limit of "
+                         f"{MAX_LIST_ITEMS}")
+    for s in sizes:
+        check_count(s, "--microbatch-size", 1, MAX_GLOBAL_BATCH)
+    fewest = min((global_batch // (dp * s) for dp in divisors(gpus) for s in sizes
+                  if global_batch % (dp * s) == 0), default=None)
+    if fewest is not None and fewest > MAX_PLAN_MICROBATCHES:
+        raise LimitError(f"--global-batch {global_batch} makes at least {fewest:,} microbatches "
+                         f"per pipeline with --gpus {gpus} and --microbatch-size "
+                         f"{','.join(map(str, sizes))}; the planner simulates at most "
+                         f"{MAX_PLAN_MICROBATCHES:,}: use larger microbatch sizes")
+
+
+def plan_microbatches_ok(microbatches: int) -> bool:
+    """Whether the planner simulates a configuration of this many microbatches."""
+    return microbatches <= MAX_PLAN_MICROBATCHES
+
+
+def check_validation(plans: int, target_step: float, steps_per_plan: int = 6) -> float:
+    """``plan --validate K --target-step S``: K <= :data:`MAX_VALIDATE`, 0 < S <=
+    :data:`MAX_TARGET_STEP`, and K runs of ``steps_per_plan`` steps (warm-up included) of
+    about S seconds each at most :data:`MAX_VALIDATION_SECONDS` in all; returns that
+    estimate in seconds."""
+    check_count(plans, "--validate", 0, MAX_VALIDATE)
+    if not (0 < target_step <= MAX_TARGET_STEP):  # also refuses nan
+        raise LimitError(f"--target-step must be > 0 and at most {MAX_TARGET_STEP:g} seconds, "
+                         f"got {target_step!r}")
+    total = plans * steps_per_plan * target_step
+    if total > MAX_VALIDATION_SECONDS:
+        raise LimitError(f"--validate {plans} x --target-step {target_step:g} s runs about "
+                         f"{total:,.0f} s of steps, over the limit of "
+                         f"{MAX_VALIDATION_SECONDS:,.0f} s; validate fewer plans or use a "
+                         "shorter --target-step")
+    return total
+
+
+def check_processes(processes: int, allow_oversubscribe: bool = False,
+                    flag: str = "-p x --dp") -> int:
+    """Processes one machine's run starts: at most :data:`PROCESSES_PER_CORE` per core
+    (unless ``allow_oversubscribe``), and never more than free memory holds at
+    :data:`BYTES_PER_PROCESS` each."""
+    cores = available_cores()
+    if processes > PROCESSES_PER_CORE * cores and not allow_oversubscribe:
+        raise LimitError(f"{flag} starts {processes:,} processes, over "
+                         f"{PROCESSES_PER_CORE} per CPU core ({PROCESSES_PER_CORE * cores} "
+                         f"on the {cores} cores here); use fewer, --local, or "
+                         "--allow-oversubscribe")
+    free = free_memory_bytes()
+    if free is not None and processes * BYTES_PER_PROCESS > free:
+        raise LimitError(f"{flag} starts {processes:,} processes of about "
+                         f"{BYTES_PER_PROCESS // 2**20} MiB each, more than the "
+                         f"{free / 2**30:.1f} GiB free here; use at most "
+                         f"{max(1, free // BYTES_PER_PROCESS):,} (or --local)")
+    return processes
+
+
+def split_list(text: str, flag: str, max_items: int = MAX_LIST_ITEMS) -> list[str]:
+    """The items of a comma list flag, stripped: an empty item (``1,,2``, a trailing comma)
+    is an error, not skipped, and there are at most ``max_items``.
+
+    >>> split_list("gpipe, 1f1b", "--schedules")
+    ['gpipe', '1f1b']
+    >>> split_list("gpipe,,1f1b", "--schedules")
+    Traceback (most recent call last):
+    ...
+    pipebubble.limits.LimitError: --schedules 'gpipe,,1f1b': item 2 is empty; give a comma \
+list without empty items, like a,b
+    """
+    items = [t.strip() for t in text.split(",")]
+    if len(items) > max_items:
+        raise LimitError(f"{flag} lists {len(items):,} items, over the limit of {max_items}")
+    for k, item in enumerate(items):
+        if not item:
+            raise LimitError(f"{flag} {text[:60]!r}: item {k + 1} is empty; give a comma list "
+                             "without empty items, like a,b")
+    return items
+
+
+def check_time(value: object, flag: str) -> float:
+    """A time (a cost flag, an explorer parameter, a profile's field): a finite number, 0 or
+    in [:data:`MIN_TIME`, :data:`MAX_TIME`]. The same rule for the CLI and the explorer.
+
+    >>> check_time(0.5, "--f")
+    0.5
+    >>> check_time(1e-300, "f")
+    Traceback (most recent call last):
+    ...
+    pipebubble.limits.LimitError: f must be 0 or between 1e-12 and 1e+12, got 1e-300
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise LimitError(f"{flag} must be a number, got {value!r}")
+    v = float(value)
+    if not v >= 0 or v == float("inf"):
+        raise LimitError(f"{flag} must be finite and >= 0, got {v:g}")
+    if not (v == 0 or MIN_TIME <= v <= MAX_TIME):
+        raise LimitError(f"{flag} must be 0 or between {MIN_TIME:g} and {MAX_TIME:g}, got {v:g}")
+    return v

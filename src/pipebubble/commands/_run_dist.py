@@ -23,9 +23,10 @@ from rich.console import Console
 
 from ..errors import UserError
 from ..ir.schedule import Schedule
-from ..limits import check_threads
-from ..runtime.dist.launch import launch, under_launcher
+from ..limits import check_processes, check_threads
+from ..runtime.dist.launch import launch, pin_sockets, under_launcher
 from ..runtime.dist.report import grad_diffs, measured_comm, measured_timeline, step_span
+from ..runtime.dist.watchdog import default_action_timeout
 from ..runtime.dist.worker import Cluster, DistConfig, Env, Worker, unsplit_gradients
 from ..runtime.stages import split_stages
 from ..sim.dataparallel import step_time_with_allreduce
@@ -91,6 +92,8 @@ def run_distributed(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)
     setup = build_setup(args)  # every flag checked before any process starts
     cfg = config_from_args(args, setup.schedule)
+    check_processes(cfg.world_size, getattr(args, "allow_oversubscribe", False),
+                    f"-p {cfg.ranks} x --dp {cfg.dp}")  # bounded before any process starts
     try:
         run_wire(lower(setup.schedule, cfg.p2p), blocking=True)
     except WireDeadlock as exc:
@@ -114,7 +117,10 @@ def worker_main(args: argparse.Namespace, schedule: Schedule | None = None) -> i
         setup = build_setup(args, reference=args.check and env.rank == 0, schedule=schedule)
         cfg = config_from_args(args, setup.schedule)
         x, y = global_batch_of(setup, args, cfg.dp)
-        cluster = Cluster(env, cfg.backend, cfg.stall_timeout, cfg.heartbeat_timeout, cfg.p2p)
+        if where := pin_sockets(env.master_addr, env.rank, int(os.environ.get("LOCAL_RANK", 0))):
+            sys.stderr.write(where + "\n")  # multi-node: say which interface is exposed
+        cluster = Cluster(env, cfg.backend, cfg.stall_timeout, cfg.heartbeat_timeout, cfg.p2p,
+                          action_timeout=action_timeout_of(args))
         worker = Worker(cfg, cluster, (setup.schedule, setup.spec, setup.stages, x, y),
                         recompute=args.recompute)
         results, best, spans = None, float("inf"), []
@@ -144,6 +150,21 @@ def worker_main(args: argparse.Namespace, schedule: Schedule | None = None) -> i
             return 1
         cluster.watchdog.fail(msg, peer_error=_looks_like_peer(exc))
         return 1
+
+
+def action_timeout_of(args: argparse.Namespace) -> float:
+    """``--action-timeout``, or by default 10x the longest action the flags predict (the
+    sleep model sleeps what it is told: at most every layer's longest sleep), at least
+    :data:`~pipebubble.runtime.dist.watchdog.MIN_ACTION_TIMEOUT`."""
+    given = getattr(args, "action_timeout", None)
+    if given is not None:
+        return given
+    predicted = 0.0
+    if getattr(args, "model", None) == "sleep":
+        flat = [x for k in ("sleep_f", "sleep_b", "sleep_w")
+                for x in (lambda v: v if isinstance(v, list) else [v])(getattr(args, k, 0.0))]
+        predicted = max(flat, default=0.0) * max(1, getattr(args, "layers", None) or 1)
+    return default_action_timeout(predicted)
 
 
 def global_batch_of(setup, args: argparse.Namespace, dp: int):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 
@@ -19,16 +18,13 @@ from ..interop.timeline_json import (  # noqa: F401  re-exported: the JSON contr
     timeline_json,
 )
 from ..ir.schedule import Schedule, ScheduleError
+from ..limits import MAX_TIME, MIN_TIME, LimitError, check_time  # noqa: F401  (limits.py)
 from ..schedules import get_schedule, schedule_names
 from ..timeline import Timeline
 
 MAX_INT_DIGITS = 18
 """Longest integer a flag accepts (digits): ints are parsed only after this check, so a
 4300-digit number is one line of error, never Python's own conversion limit."""
-
-MIN_TIME, MAX_TIME = 1e-12, 1e12
-"""A time flag is 0 or in [MIN_TIME, MAX_TIME]: below, sums and ratios underflow (5e-324
-becomes 0 in a division and NaN in a chart); above, m x (F + B) overflows to infinity."""
 
 
 def _plain(text: str) -> str:
@@ -121,12 +117,11 @@ def time_value(name: str):
             raise argparse.ArgumentTypeError(
                 f"{name} must be a number or a comma list of numbers, got {_plain(text)!r}"
             ) from None
-        for v in values:
-            if not v >= 0 or v == float("inf"):
-                raise argparse.ArgumentTypeError(f"{name} must be finite and >= 0, got {v:g}")
-            if not (v == 0 or MIN_TIME <= v <= MAX_TIME):
-                raise argparse.ArgumentTypeError(
-                    f"{name} must be 0 or between {MIN_TIME:g} and {MAX_TIME:g}, got {v:g}")
+        for v in values:  # the one rule for times (limits.check_time), also the explorer's
+            try:
+                check_time(v, name)
+            except LimitError as exc:
+                raise argparse.ArgumentTypeError(str(exc)) from None
         return values[0] if len(values) == 1 else values
 
     return parse
@@ -151,9 +146,10 @@ def add_schedule_flags(p: argparse.ArgumentParser, schedule_required: bool = Tru
 
 def add_limit_flag(p: argparse.ArgumentParser) -> None:
     """``--max-actions``: the documented work limit (see ``pipebubble.limits``)."""
-    from ..limits import MAX_ACTIONS
+    from ..limits import HARD_MAX_ACTIONS, MAX_ACTIONS
 
-    p.add_argument("--max-actions", type=positive_int("--max-actions"), default=None,
+    p.add_argument("--max-actions", type=positive_int("--max-actions", HARD_MAX_ACTIONS),
+                   default=None,
                    metavar="N", help=f"refuse schedules larger than N actions, about "
                    f"3 x ranks x chunks x microbatches ({MAX_ACTIONS:,}; a sweep: 10x that)")
 
@@ -170,6 +166,8 @@ def parse_device(text: str):
         device = torch.device(text)
     except (RuntimeError, TypeError, ValueError):
         raise ScheduleError(f"unknown --device {text!r}; valid are cpu, cuda, cuda:N") from None
+    if device.type == "cpu" and device.index not in (None, 0):
+        raise ScheduleError(f"--device {text}: there is one CPU device; use cpu (or cpu:0)")
     if device.type not in ("cpu", "cuda"):
         raise ScheduleError(f"--device {text!r} cannot run a model's stages; valid are cpu, "
                             "cuda, cuda:N")
@@ -301,7 +299,9 @@ def print_json(obj: object) -> None:
     """One JSON document on stdout, floats without binary noise (:func:`clean_floats`).
     ``json.dumps`` runs the C encoder; ``json.dump`` to a stream encodes piece by piece in
     Python, many times slower on large documents."""
-    sys.stdout.write(json.dumps(clean_floats(obj)))
+    from ..files import json_text
+
+    sys.stdout.write(json_text(clean_floats(obj)))  # never NaN or Infinity
     sys.stdout.write("\n")
 
 

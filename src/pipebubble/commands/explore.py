@@ -12,6 +12,8 @@ import argparse
 import sys
 import threading
 
+from ..errors import UserError
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("explore", help="explore every schedule's bubble in the browser",
@@ -30,11 +32,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..web.server import LOOPBACK, make_server, url_of
 
+    if not args.host.strip():  # "" would bind every interface (0.0.0.0) without saying so
+        raise UserError(f"--host {args.host!r} is empty (it would listen on every interface); "
+                        "give 127.0.0.1 for this machine only, or an address of this machine")
     server = make_server(args.host, args.port, verbose=args.verbose)
     url = url_of(server)
     print(f"serving {url}", flush=True)
     if args.host not in LOOPBACK:
-        sys.stderr.write(f"pipebubble: warning: listening on {args.host}, not only this "
+        bound = server.server_address[0]  # what the socket is bound to, not what was typed
+        sys.stderr.write(f"pipebubble: warning: listening on {bound}, not only this "
                          "machine: the explorer has no authentication, anyone who can reach "
                          "this address can use it\n")
     if not args.no_browser:

@@ -14,6 +14,7 @@ import re
 from typing import TYPE_CHECKING
 
 from ..errors import UserError
+from ..limits import split_list
 from ..plan.balance import METHODS, SIM_METHOD, Options, Plan, balance, rebalance
 from ..plan.layouts import layer_lists, megatron_flags, megatron_layout, torchtitan_fqns
 from ..plan.partition import PartitionError, Ranges
@@ -107,8 +108,8 @@ def memory_value(text: str) -> float | list[float]:
 
 
 def parse_methods(text: str) -> list[str]:
-    names = [m.strip().lower() for m in text.split(",") if m.strip()]
-    if not names:
+    names = [m.lower() for m in split_list(text, "--method")] if text.strip() else []
+    if not names:  # (uniform,,time: an empty item is an error too, from split_list)
         raise UserError(f"--method: no method in {text!r}; valid are "
                          f"{', '.join((*METHODS, SIM_METHOD))} or all")
     if names == ["all"]:
@@ -224,7 +225,8 @@ def run(args: argparse.Namespace) -> int:
     console.print(summary_table(plans))
     if timeline is not None:
         before, after = plans
-        gain = 1 - after.predicted_step_time / before.predicted_step_time
+        gain = (1 - after.predicted_step_time / before.predicted_step_time
+                if before.predicted_step_time > 0 else 0.0)
         console.print(f"rebalanced from {args.measured}: predicted step "
                       f"{fmt_time(before.predicted_step_time)} -> "
                       f"{fmt_time(after.predicted_step_time)} ({gain:.1%} faster)")

@@ -9,14 +9,14 @@ the memory budget with paste-ready torchtitan and Megatron-LM settings, and with
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 
+from .. import limits as L
 from ..errors import UserError
-from ..files import write_text
+from ..files import json_text, write_text
 from ..interop.timeline_json import clean_floats
-from .common import check_outputs, positive_int, print_json, wrote
+from .common import check_outputs, float_flag, int_flag, positive_int, print_json, wrote
 
 _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9,
           "t": 1e12, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -32,11 +32,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", action="append", required=True, metavar="FILE",
                    help="profile JSON (pipebubble profile [--analytic]); repeat it with "
                    "profiles at different --batch to interpolate between them")
-    p.add_argument("--gpus", type=positive_int("--gpus"), required=True, metavar="N",
+    p.add_argument("--gpus", type=positive_int("--gpus", L.MAX_GPUS), required=True, metavar="N",
                    help="GPUs to plan for (pipeline x data parallel)")
     p.add_argument("--gpu-memory", type=size_value("--gpu-memory"), default=80 * 2**30,
                    metavar="BYTES", help="memory per GPU: 80GiB, 24e9 (80GiB)")
-    p.add_argument("--global-batch", type=positive_int("--global-batch"), required=True,
+    p.add_argument("--global-batch", required=True,
+                   type=positive_int("--global-batch", L.MAX_GLOBAL_BATCH),
                    metavar="B", help="samples per optimizer step, over all replicas")
     p.add_argument("--microbatch-size", type=int_list("--microbatch-size"), default=[1, 2, 4],
                    metavar="LIST", help="microbatch sizes to try (1,2,4)")
@@ -45,7 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--schedules", default="all", metavar="all|LIST",
                    help="schedule families to try: all (default: every registered one, and "
                    f"auto when available) or a comma list of {', '.join(schedule_names())}")
-    p.add_argument("--max-chunks", type=positive_int("--max-chunks"), default=4, metavar="V",
+    p.add_argument("--max-chunks", default=4, metavar="V",
+                   type=positive_int("--max-chunks", L.MAX_CHUNKS),
                    help="most stages per rank for interleaved families (4)")
     p.add_argument("--recompute", default=None, metavar="LIST",
                    help="recomputation modes: none, selective, full (none,full when the "
@@ -63,9 +65,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="per message (1e-5)")
     p.add_argument("--top", type=positive_int("--top"), default=5, metavar="K",
                    help="plans to show (5)")
-    p.add_argument("--exhaustive-cuts", type=int, default=64, metavar="N",
+    p.add_argument("--exhaustive-cuts", default=64, metavar="N",
+                   type=int_flag("--exhaustive-cuts", 0, L.MAX_EXHAUSTIVE_CUTS),
                    help="score every cut when there are at most N of them (64)")
-    p.add_argument("--validate", type=int, default=0, metavar="K",
+    p.add_argument("--validate", default=0, metavar="K",
+                   type=int_flag("--validate", 0, L.MAX_VALIDATE),
                    help="run the top K plans that fit this machine for real (sleeping the "
                    "profiled times, one process per rank) and compare")
     p.add_argument("--model", default=None, metavar="SPEC",
@@ -78,7 +82,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="--model: tokens per sample of a language model")
     p.add_argument("--max-processes", type=positive_int("--max-processes"), default=8,
                    metavar="N", help="--validate: most processes (pp x dp) a run may use (8)")
-    p.add_argument("--target-step", type=float, default=1.0, metavar="S",
+    p.add_argument("--target-step", default=1.0, metavar="S",
+                   type=float_flag("--target-step", 0, L.MAX_TARGET_STEP, lo_open=True),
                    help="--validate: scale the profile so the first plan's step sleeps about "
                    "S seconds (1.0)")
     p.add_argument("--out", metavar="FILE", help="also write the JSON here; schedules torch "
@@ -109,7 +114,7 @@ def size_value(flag: str):
 def int_list(flag: str):
     def parse(text: str) -> list[int]:
         try:
-            values = [int(x) for x in text.split(",") if x.strip()]
+            values = [int(x) for x in L.split_list(text, flag)]  # 1,,2 is an error
         except ValueError:
             values = []
         if not values or min(values) < 1:
@@ -126,14 +131,14 @@ def build_request(args: argparse.Namespace, profiles):
     if args.schedules.strip().lower() == "all":
         names = None
     else:
-        names = tuple(n.strip() for n in args.schedules.split(",") if n.strip())
+        names = tuple(L.split_list(args.schedules, "--schedules"))
         if not names:
             raise UserError("--schedules must be all or a comma list of schedule names")
     if args.recompute is None:
         modes = ("none", "full") if "full" in profiles.recompute_modes() else ("none",)
     else:
-        modes = tuple(dict.fromkeys(m.strip().lower() for m in args.recompute.split(",")
-                                    if m.strip()))
+        modes = tuple(dict.fromkeys(m.lower() for m in L.split_list(args.recompute,
+                                                                    "--recompute")))
         if modes == ("all",):
             modes = profiles.recompute_modes()
     if args.exhaustive_cuts < 0:
@@ -142,6 +147,9 @@ def build_request(args: argparse.Namespace, profiles):
         raise UserError(f"--validate must be >= 0, got {args.validate}")
     if not args.target_step > 0:
         raise UserError(f"--target-step must be > 0 seconds, got {args.target_step}")
+    L.check_validation(args.validate, args.target_step)
+    if args.validate:  # sleeping ranks may share cores, but each process takes memory
+        L.check_processes(args.max_processes, True, "--max-processes")
     return Request(gpus=args.gpus, gpu_memory=args.gpu_memory, global_batch=args.global_batch,
                    microbatch_sizes=tuple(args.microbatch_size), schedules=names,
                    max_chunks=args.max_chunks, recompute=modes,
@@ -179,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
             validations = validate(runnable, target=args.target_step)
     out = result_json(result, profiles, validations, args.out)
     if args.out:  # the same numbers as --json prints
-        write_text(args.out, json.dumps(clean_floats(out), indent=1) + "\n", "--out")
+        write_text(args.out, json_text(clean_floats(out), "--out", indent=1) + "\n", "--out")
         wrote(args.out)
     if args.json:
         print_json(out)

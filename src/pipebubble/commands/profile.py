@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import UserError
 from ..files import check_output_path
-from ..limits import check_model_size, check_threads
+from ..limits import MAX_LAYERS, check_layers, check_model_size, check_threads
 from ..plan.profile import noisy_layers
 from ._model import MODEL_HELP, add_spec_flags, load_from_args, user_spec_flags_given
 from .common import int_flag, parse_device, positive_int, print_json, wrote
@@ -100,6 +100,8 @@ def run_analytic(args: argparse.Namespace) -> int:
     if missing:
         raise UserError(f"--analytic needs {', '.join(missing)} (and takes --kv-heads, "
                          "--batch, --dtype, --tied-embeddings)")
+    if args.out is not None:  # an empty or bad --out fails before any work
+        check_output_path(args.out, "--out")
     prof = analytic_profile(layers=args.layers, hidden=args.hidden, ffn=args.ffn,
                             heads=args.heads, vocab=args.vocab, seq=args.seq, batch=args.batch or 1,
                             tflops=args.tflops, mfu=args.mfu, kv_heads=args.kv_heads,
@@ -114,6 +116,10 @@ def run(args: argparse.Namespace) -> int:
     if args.model is None:
         raise UserError("--model is required (mlp, transformer, file.py:NAME, "
                          "package.module:NAME or hf:PATH), or --analytic with the model's shape")
+    if args.model == "sleep":  # its layers sleep: CPU time 0, nothing a planner could use
+        raise UserError("--model sleep has no work to profile (its layers only sleep); valid "
+                         "are mlp, transformer, file.py:NAME, package.module:NAME, hf:PATH, "
+                         "or --analytic")
     unused = [f"--{n.replace('_', '-')}" for n in ("hidden", "ffn", "kv_heads", "tflops", "mfu")
               if getattr(args, n) is not None] + (["--tied-embeddings"]
                                                   if args.tied_embeddings else [])
@@ -140,6 +146,11 @@ def run(args: argparse.Namespace) -> int:
                              f"package.module:NAME or hf:PATH, not the built-in {args.model}")
         check_model_size(args.model, args.layers or 8, args.width or args.dim,
                          args.vocab or 4096, args.seq or 32, batch=args.batch or 8)
+        if args.model == "transformer" and (args.layers or 0) + 2 > MAX_LAYERS:  # + E, head
+            raise UserError(f"--layers {args.layers} builds {args.layers + 2:,} layers "
+                             f"(embedding and head included), over the {MAX_LAYERS:,} a "
+                             "profile may hold")
+        check_layers(args.layers or 1)  # what partition reads (limits.MAX_LAYERS)
         spec, kwargs = build(args)
     else:
         given = [f"--{n}" for n in MODEL_FLAGS if n != "seq" and getattr(args, n) is not None]
@@ -150,6 +161,9 @@ def run(args: argparse.Namespace) -> int:
         from ..models.loader import parse_model_args
 
         kwargs = parse_model_args(args.model_arg)
+    if len(spec.layers) > MAX_LAYERS:  # refuse before measuring what could not be written
+        raise UserError(f"--model {args.model} builds {len(spec.layers):,} layers, over the "
+                         f"{MAX_LAYERS:,} a profile may hold")
     gen = torch.Generator().manual_seed(args.seed)
     x, y = spec.make_batch(args.batch or 8, gen)
     layers = [m.to(device) for m in spec.layers]
@@ -161,7 +175,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _output(args: argparse.Namespace, prof) -> int:
-    if args.out:
+    from ..plan.profile_reader import check_document
+
+    check_document(prof.as_dict(), "the profile")  # --json or the table: what partition reads
+    if args.out is not None:
         prof.save(args.out)
         wrote(args.out)
     for line in noisy_layers(prof):

@@ -97,6 +97,15 @@ def add_distributed_flags(p: argparse.ArgumentParser) -> None:
                    default=30.0, metavar="S",
                    help="deadlock: stop when no rank progressed for S seconds (30; at most "
                    "a day)")
+    g.add_argument("--action-timeout", type=float_flag("--action-timeout", 0, 86400 * 7,
+                                                       lo_open=True),
+                   default=None, metavar="S",
+                   help="a rank computing one action for more than S seconds is stopped and "
+                   "named as the slow rank (default: 10 x the longest predicted action, at "
+                   "least 300); the collective timeout is set above it")
+    g.add_argument("--allow-oversubscribe", action="store_true",
+                   help="start more than 4 processes per CPU core (refused by default: each "
+                   "takes ~70 MB and they only slow each other down)")
     g.add_argument("--heartbeat-timeout", type=float_flag("--heartbeat-timeout", 0, 86400,
                                                           lo_open=True),
                    default=10.0, metavar="S",
@@ -221,6 +230,9 @@ def run(args: argparse.Namespace) -> int:
         return run_distributed(args)
     if args.dp > 1:
         raise UserError(f"--dp {args.dp} needs one process per rank; drop --local")
+    if args.backend != "gloo":  # --local has no process group: the flag would do nothing
+        raise UserError(f"--backend {args.backend} applies to one process per rank; drop "
+                        "--local (or --backend: --local runs on --device)")
     import torch
 
     from ._run_setup import (

@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..errors import UserError
-from ..files import open_output
+from ..files import flush_stdout, open_output
 from ..limits import check_sweep
 from ..plan.sweep import SweepPoint, parse_range, sweep, write_csv
 from ..schedules import lookup, schedule_names
@@ -112,12 +112,13 @@ def run(args: argparse.Namespace) -> int:
         with open_output(args.csv, "--csv", newline="") as f:
             write_csv(points, f)
         wrote(args.csv)
-    if missing:  # after every file is written: an error above stays the only line
-        err.print(f"[dim]{missing} (schedule, m) pairs were not valid and are left out[/dim]")
     if args.csv == "-":
         write_csv(points, sys.stdout)
-        return 0
-    Console().print(_table(points, names, title))
+    else:
+        Console().print(_table(points, names, title))
+    flush_stdout()  # a full standard output is the only line: before the note below
+    if missing:  # after every file is written: an error above stays the only line
+        err.print(f"[dim]{missing} (schedule, m) pairs were not valid and are left out[/dim]")
     return 0
 
 

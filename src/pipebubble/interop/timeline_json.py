@@ -202,7 +202,9 @@ def write_simulate_json(stream: TextIO, schedule: Schedule, costs: CostModel,
     finite = not len(timeline) or all(math.isfinite(x) for x in (
         min(timeline.start), max(timeline.end)))
     if not finite:  # json spells inf and nan its own way
-        stream.write(json.dumps(clean_floats({**head, "events": timeline.events_json()}))
+        from ..files import json_text  # refuses inf and nan, naming the event
+
+        stream.write(json_text(clean_floats({**head, "events": timeline.events_json()}))
                      + "\n")
         return
     stream.write(json.dumps(clean_floats(head))[:-1] + ', "events": [')

@@ -56,9 +56,11 @@ True
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 from ..errors import UserError
+from ..limits import check_layers
 from .profile import FORMAT, LayerProfile, Profile
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -132,6 +134,7 @@ def analytic_profile(layers: int, hidden: int, ffn: int, heads: int, vocab: int,
     ``activation_bytes_full`` / ``recompute_time_full`` (and ``_selective``): the bytes F
     keeps and the forward time the backward re-runs.
     """
+    check_layers(layers)  # the library entry point bounds its work too (limits.py)
     shape = TransformerShape(layers, hidden, ffn, heads, vocab, kv_heads, tied_embeddings,
                              swiglu)
     for name, value in (("seq", seq), ("batch", batch)):
@@ -144,6 +147,8 @@ def analytic_profile(layers: int, hidden: int, ffn: int, heads: int, vocab: int,
     if not 0 < mfu <= 1:
         raise UserError(f"--mfu must be in (0, 1] (model FLOPs utilisation), got {mfu}")
     rate = tflops * 1e12 * mfu
+    if not (rate > 0 and math.isfinite(rate)):  # 1e-300 x 1e-300 underflows to 0
+        raise UserError(f"--tflops {tflops:g} x --mfu {mfu:g} is not a usable rate of FLOP/s")
     k = DTYPE_BYTES[dtype] / 2  # Korthikanti's byte counts assume 2-byte activations
     s, b, h, a, V = seq, batch, hidden, heads, vocab
     t = s * b

@@ -316,6 +316,9 @@ def calibrate_profile(profile: Profile, ranges: Ranges,
             raise PartitionError(f"timeline has {tl.num_stages} stages, the cut has "
                                  f"{len(ranges)}")
     per_run = [_measured_f_b(tl) for tl in timelines]
+    if all(not x for f, b_ in per_run for x in f + b_):  # every action took 0 s (or none ran)
+        raise PartitionError("the measured timeline's actions all take 0 s (end == start): "
+                             "there is no time to rebalance; measure a real run")
     layers = list(profile.layers)
     for k, (a, b) in enumerate(ranges):
         fs_k = [f[k] for f, _ in per_run if f[k] is not None]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from .. import limits
 from ..costs import CostModel
 from ..errors import UserError
 from ..ir.schedule import Schedule
@@ -67,6 +68,10 @@ class Request:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise UserError(f"--{name.replace('_', '-')} must be an integer >= 1, got {v!r}")
+        limits.check_plan(self.gpus, self.global_batch, self.microbatch_sizes)  # the bounds
+        limits.check_count(self.max_chunks, "--max-chunks", 1, limits.MAX_CHUNKS)
+        limits.check_count(self.exhaustive_cuts, "--exhaustive-cuts", 0,
+                           limits.MAX_EXHAUSTIVE_CUTS)
         for name in ("gpu_memory", "p2p_bandwidth", "allreduce_bandwidth", "bytes_per_param"):
             v = getattr(self, name)
             if not (v > 0 and math.isfinite(v)):

@@ -41,7 +41,6 @@ taken on a GPU machine can be partitioned anywhere, or written by another tool.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -54,17 +53,12 @@ if TYPE_CHECKING:  # torch loads only when layers are measured, not to read a pr
     import torch
     from torch import nn
 
-from ..errors import UserError
+from .profile_reader import FIELDS, ProfileError, check_document  # the one checked reader
 
-FIELDS = ("name", "forward", "backward", "params", "activation_bytes", "flops")
 FORMAT = "pipebubble-profile"
 
 
-MAX_LAYERS = 100_000  # layers in a profile file (partitioning is O(layers x stages))
-
-
-class ProfileError(UserError):
-    """A profile file or dictionary that cannot be used; the message names the bad value."""
+from ..limits import MAX_LAYERS  # noqa: E402  layers in a profile file (O(layers x stages))
 
 
 @dataclass(frozen=True)
@@ -111,23 +105,22 @@ class Profile:
         return {**self.metadata, "layers": [layer.as_dict() for layer in self.layers]}
 
     def save(self, path: str | Path) -> None:
-        from ..files import write_text
+        from ..files import json_text, write_text
 
-        write_text(path, json.dumps(self.as_dict(), indent=1) + "\n", "--out")
+        check_document(self.as_dict(), f"--out {str(path)!r}")  # never write what can't be read
+        write_text(path, json_text(self.as_dict(), "--out", indent=1) + "\n", "--out")
 
     @classmethod
     def load(cls, path: str | Path) -> Profile:
-        from ..files import FileError, read_json_file
+        from .profile_reader import load_document
 
-        try:  # a regular UTF-8 file under the size limit, sane nesting, finite numbers
-            data = read_json_file(path, "profile file")
-        except FileError as exc:
-            raise ProfileError(str(exc)) from None
-        return cls.from_dict(data)
+        data, where = load_document(path)
+        return cls.from_dict(data, where)  # every field checked, errors name the file
 
     @classmethod
-    def from_dict(cls, data: object) -> Profile:
+    def from_dict(cls, data: object, where: str = "profile") -> Profile:
         """Check every layer and field; errors name the layer, the field and the value."""
+        check_document(data, where)  # every field, optional ones too (plan/profile_reader)
         if not isinstance(data, dict) or "layers" not in data:
             raise ProfileError("a profile must be a JSON object with a 'layers' list, got "
                                f"{type(data).__name__}" + (" without 'layers'"

@@ -18,6 +18,7 @@ from itertools import combinations
 
 import numpy as np
 
+from .. import limits
 from ..costs import CostModel
 from ..errors import UserError
 from ..ir.schedule import (
@@ -68,12 +69,14 @@ class Searcher:
     # -- enumeration and bounds --
     def configs(self) -> Iterator[Config]:
         req, L = self.req, self.L
-        for pp in (d for d in range(1, req.gpus + 1) if req.gpus % d == 0):
+        for pp in limits.divisors(req.gpus):  # O(sqrt N), not N
             dp = req.gpus // pp
             for size in req.microbatch_sizes:
                 if req.global_batch % (dp * size):
                     continue
                 m = req.global_batch // (dp * size)
+                if not limits.plan_microbatches_ok(m):  # bounded work per configuration
+                    continue
                 for rec in req.recompute:
                     lc = self.p.at(size, rec)
                     work = float(lc.work.sum())
@@ -98,7 +101,7 @@ class Searcher:
 
     def nothing_divides(self) -> str:
         r = self.req
-        pairs = sorted({(r.gpus // pp) * s for pp in range(1, r.gpus + 1) if r.gpus % pp == 0
+        pairs = sorted({(r.gpus // pp) * s for pp in limits.divisors(r.gpus)
                         for s in r.microbatch_sizes})
         B = r.global_batch
         below = max((B // d * d for d in pairs if B // d), default=None)

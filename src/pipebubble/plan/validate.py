@@ -203,7 +203,8 @@ def command(plan: Plan, scale: float, warmup: int = 1, repeat: int = 5,
             "--ranks", str(plan.pp), "--microbatches", str(plan.microbatches),
             "--dp", str(plan.dp), "--layers", str(len(plan.ranges)),
             "--sleep-f", fmt(f), "--sleep-b", fmt(b), "--sleep-w", fmt(w),
-            "--warmup", str(warmup), "--repeat", str(repeat), "--json"]
+            "--warmup", str(warmup), "--repeat", str(repeat), "--json",
+            "--allow-oversubscribe"]  # sleeping ranks need no core each
 
 
 def write_csv(plan: Plan, folder: str, k: int) -> str | None:

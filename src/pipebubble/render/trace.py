@@ -27,7 +27,6 @@ all of them are taken to be in seconds (a prediction calibrated from a measureme
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -152,7 +151,7 @@ def trace_document(timelines: Sequence[Timeline], labels: Sequence[str] | None =
 def write_trace(path: str | Path, timelines: Sequence[Timeline],
                 labels: Sequence[str] | None = None) -> Path:
     """Write the trace of ``timelines`` to ``path`` (compact JSON); return the path."""
-    from ..files import write_text
+    from ..files import json_text, write_text
 
     doc = trace_document(timelines, labels)
-    return write_text(path, json.dumps(doc, separators=(",", ":")), "--trace")
+    return write_text(path, json_text(doc, "--trace", separators=(",", ":")), "--trace")

@@ -38,12 +38,15 @@ def gpipe_step_time(
 
 
 def is_uniform(costs: StageCosts) -> bool:
-    """All stages cost the same and communication is free: the closed forms' assumption."""
+    """All stages cost the same, do some work, and communication is free: the closed forms'
+    assumption. With F = B = 0 every fraction is 0/0 (the step takes no time): undefined,
+    so no closed form applies (the simulator reports a bubble of 0)."""
     return (
         costs.comm == 0
         and len(set(costs.f)) == 1
         and len(set(costs.b)) == 1
         and len(set(costs.w)) == 1
+        and costs.f[0] + costs.b[0] > 0
     )
 
 

@@ -5,7 +5,8 @@ apart: it hosts the rendezvous store (a TCPStore on a free port of 127.0.0.1: it
 only, see :func:`loopback_store`) and starts each
 worker with ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT`` and
 ``TORCHELASTIC_USE_AGENT_STORE=True`` (the store is the launcher's, as with torchrun's
-agent). Each worker runs the same command line as the user's: started afresh (``exec``),
+agent), and ``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME`` set to the loopback interface
+(:func:`loopback_env`): every socket of a one-machine run listens on loopback only. Each worker runs the same command line as the user's: started afresh (``exec``),
 or, when the caller passes ``worker``, forked from the launcher and running that function,
 which skips a new interpreter and a second import of torch per rank (seconds of CPU each;
 PyTorch's DataLoader starts its workers the same way). The launcher then must not have run
@@ -66,6 +67,90 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+IFNAME_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
+"""The variables that choose the interface gloo, NCCL's bootstrap and TensorPipe listen on.
+Unset, gloo binds to whatever this machine's host name resolves to, which may be a LAN
+address: its sockets have no authentication."""
+
+_IFF_LOOPBACK = 0x8
+
+
+def loopback_interface() -> str:
+    """The name of this machine's loopback interface (``lo`` on Linux), read from the
+    interface flags in /sys/class/net; ``lo`` when they cannot be read."""
+    try:
+        names = sorted(os.listdir("/sys/class/net"))
+    except OSError:
+        return "lo"
+    for name in names:
+        try:
+            with open(f"/sys/class/net/{name}/flags", encoding="ascii") as f:
+                if int(f.read().strip(), 16) & _IFF_LOOPBACK:
+                    return name
+        except (OSError, ValueError):
+            continue
+    return "lo"
+
+
+def loopback_env() -> dict[str, str]:
+    """The environment that makes every worker socket of a one-machine run (gloo's pairs,
+    NCCL's bootstrap) listen on loopback only; it overrides whatever the user had set.
+
+    >>> sorted(loopback_env())
+    ['GLOO_SOCKET_IFNAME', 'NCCL_SOCKET_IFNAME', 'TP_SOCKET_IFNAME']
+    """
+    lo = loopback_interface()
+    return dict.fromkeys(IFNAME_VARIABLES, lo)
+
+
+def listen_description(environ: dict[str, str] | None = None) -> str:
+    """Where this worker's gloo/NCCL sockets will listen, in words, for multi-node runs
+    (which must listen on a reachable interface): the interfaces named in
+    ``GLOO_SOCKET_IFNAME`` with their addresses, or the address the host name resolves to.
+    """
+    environ = os.environ if environ is None else environ
+    ifname = environ.get("GLOO_SOCKET_IFNAME", "")
+    if ifname:
+        shown = ", ".join(f"{i} ({_interface_address(i) or 'no IPv4 address'})"
+                          for i in ifname.split(","))
+        return f"interface {shown} (from GLOO_SOCKET_IFNAME)"
+    host = socket.gethostname()
+    try:
+        addr = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)[0][4][0]
+    except OSError:
+        addr = "an address that does not resolve"
+    where = "loopback only" if is_loopback(addr) else "reachable from the network"
+    return (f"{addr}, what the host name {host!r} resolves to ({where}; set "
+            "GLOO_SOCKET_IFNAME to choose the interface)")
+
+
+def pin_sockets(master_addr: str, rank: int, local_rank: int = 0) -> str | None:
+    """Before a worker creates its process group: with a loopback ``MASTER_ADDR`` (our
+    launcher, ``torchrun --standalone``) pin gloo and NCCL to the loopback interface; else
+    (a multi-node run, which must be reachable) return the line saying where this node's
+    sockets listen, for the first rank of each node (None for the others)."""
+    if is_loopback(master_addr):
+        os.environ.update(loopback_env())
+        return None
+    if local_rank != 0:
+        return None
+    return (f"pipebubble: rank {rank}: gloo/NCCL sockets of this node listen on "
+            f"{listen_description()}")
+
+
+def _interface_address(name: str) -> str | None:
+    """The IPv4 address of interface ``name`` (the SIOCGIFADDR ioctl), or None."""
+    import fcntl
+    import struct
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            raw = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+        return socket.inet_ntoa(raw[20:24])
+    except OSError:
+        return None
 
 
 def loopback_socket(world_size: int, port: int = 0) -> socket.socket:
@@ -187,6 +272,7 @@ def launch(
                 WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
                 TORCHELASTIC_USE_AGENT_STORE="True", PIPEBUBBLE_LAUNCHER="1",
                 OMP_NUM_THREADS=base.get("OMP_NUM_THREADS", "1"))
+    base.update(loopback_env())  # gloo and NCCL sockets on loopback too, not the LAN
     procs: list[subprocess.Popen | Forked] = []
     try:
         for g in range(world_size):

@@ -11,8 +11,21 @@ ends its own process (``os._exit``, the main thread may be stuck inside gloo) wh
 - a peer's heartbeat has not moved for ``heartbeat_timeout`` seconds (the process died or
   froze, e.g. under torchrun where no launcher of ours watches): it publishes ``failed`` and
   exits 1;
+- a peer has been computing one action for more than ``action_timeout`` seconds (it is
+  alive, its heartbeat moves, but the others wait for it): it publishes ``failed`` naming
+  that peer as the slow rank and exits 1. The process group's own timeout
+  (:func:`collective_timeout`) is set above it, so gloo's timeout never fires first and
+  never blames the rank that was only waiting; when it does fire (a slow NCCL kernel), the
+  waiting rank looks at the heartbeats and names the peer still computing;
 - every rank is waiting and no rank has finished an action for ``stall_timeout`` seconds:
-  a deadlock. Each rank publishes ``stuck/<rank>`` with the operation it is stuck at, prints
+  a deadlock.
+
+A second, smaller thread (the guard) watches what the first cannot see while it is blocked:
+a store call that has not returned for ``2 x heartbeat_timeout`` seconds (at least 10) (the store's host,
+the launcher or rank 0, is stopped: its socket is open, nothing answers) and, under our
+launcher, the launcher itself stopped (``kill -STOP``, Ctrl-Z) for ``heartbeat_timeout``
+seconds, read from ``/proc/<pid>/stat``. Either ends this rank (exit 1) within that bound,
+instead of the run freezing until someone resumes the launcher. Each rank publishes ``stuck/<rank>`` with the operation it is stuck at, prints
   it, and exits 3. The coordinator (the launcher, or rank 0 under torchrun) prints them all.
 
 Exit codes: 1 failure elsewhere or here, 3 deadlock.
@@ -80,6 +93,32 @@ def deadlock_message(stuck: dict[int, str], world: int, p2p: str = "") -> str:
 
 STATES = ("compute", "wait", "done")
 
+MIN_ACTION_TIMEOUT = 300.0
+"""The default ``action_timeout`` is at least this many seconds, and 10x the longest action
+the run predicts (:func:`default_action_timeout`)."""
+
+
+def default_action_timeout(predicted_action: float = 0.0) -> float:
+    """How long one action may run before its rank is called slow: 10x the longest
+    predicted action, at least :data:`MIN_ACTION_TIMEOUT`.
+
+    >>> default_action_timeout(100.0)   # a legitimate 100 s action is not cut short
+    1000.0
+    """
+    return max(MIN_ACTION_TIMEOUT, 10.0 * predicted_action)
+
+
+def collective_timeout(stall_timeout: float, action_timeout: float | None = None) -> float:
+    """The process group's timeout (gloo's and NCCL's, per P2P message and collective):
+    above everything the watchdog decides on, so the watchdog, which knows which rank is
+    slow, dead or deadlocked, always speaks first: 60 s, 3x the stall timeout, and twice the
+    action timeout plus a minute, whichever is largest.
+
+    >>> collective_timeout(30.0, 1000.0)
+    2060.0
+    """
+    return max(60.0, 3.0 * stall_timeout, 2.0 * (action_timeout or 0.0) + 60.0)
+
 
 def parse_heartbeat(raw: bytes | str) -> tuple[str, int, str, str] | None:
     """``seq|count|state|where`` -> (seq, count, state, where), or None when malformed.
@@ -117,11 +156,22 @@ class Watchdog:
         coordinator: bool = False,
         p2p: str = "",
         exit_fn: Callable[[int], None] = os._exit,
+        action_timeout: float | None = None,
+        launcher_pid: int | None = -1,
     ):
         self.store, self.rank, self.world = store, rank, world
         self.stall_timeout, self.heartbeat_timeout = stall_timeout, heartbeat_timeout
         self.interval, self.coordinator, self.p2p = interval, coordinator, p2p
         self.exit_fn = exit_fn
+        self.action_timeout = action_timeout
+        self._computing: dict[int, tuple[int, str, float]] = {}  # rank -> (count, where, since)
+        # -1: find it (the parent, under our launcher); None: do not watch a launcher
+        self.launcher_pid = _our_launcher_pid() if launcher_pid == -1 else launcher_pid
+        self._store_ok = time.monotonic()  # when a store call last returned
+        # a deadlock report holds the thread in store calls for a few seconds: never less
+        self.store_grace = 10.0
+        self._guard = threading.Thread(target=self._guard_loop, name="pipebubble-guard",
+                                       daemon=True)
         self.state, self.where, self.count = "compute", "starting", 0
         self._seq = 0
         self._stop = threading.Event()
@@ -141,6 +191,7 @@ class Watchdog:
     def start(self) -> Watchdog:
         self._beat()
         self._thread.start()
+        self._guard.start()
         return self
 
     def stop(self) -> None:
@@ -162,16 +213,57 @@ class Watchdog:
             self._stop.set()
             self._deadlock(self.stall_timeout)
             return
+        blame = f"rank {self.rank} failed: {message}"
         if peer_error:  # the watchdog thread keeps running: it may find the dead peer
             self.where, self.state = f"{self.where} (failed: {message})", "wait"
             deadline = time.monotonic() + self.heartbeat_timeout + 4 * self.interval
             while time.monotonic() < deadline and read_failure(self.store) is None:
                 time.sleep(self.interval)
+            slow = self._slow_peer()
+            if slow is not None:  # alive and computing: it is the one we waited for
+                g, where = slow
+                blame = (f"rank {g} is slow: it was still computing ({where}) when rank "
+                         f"{self.rank} gave up waiting for it ({message}); if such long "
+                         "actions are expected, raise --action-timeout")
         self._stop.set()
-        first = publish_failure(self.store, f"rank {self.rank} failed: {message}")
+        first = publish_failure(self.store, blame)
         _say(f"rank {self.rank}: {message}" if first.startswith(f"rank {self.rank} failed")
              else f"rank {self.rank}: stopping because {first}")
         self.exit_fn(EXIT_FAILED)
+
+    def _slow_peer(self) -> tuple[int, str] | None:
+        """A peer whose heartbeat says it is computing (the rank this one waits for)."""
+        try:
+            raw = self.store.multi_get([f"hb/{g}" for g in range(self.world)])
+        except Exception:  # noqa: BLE001
+            return None
+        for g, val in enumerate(raw):
+            beat = parse_heartbeat(val)
+            if g != self.rank and beat is not None and beat[2] == "compute":
+                return g, beat[3]
+        return None
+
+    def _check_slow(self, g: int, count: int, state: str, where: str, now: float) -> bool:
+        """Publish and exit when peer ``g`` computed one action longer than the action
+        timeout; True if it did (``exit_fn`` may return in tests)."""
+        if self.action_timeout is None or g == self.rank:
+            return False
+        if state != "compute" or where == "starting":  # waiting, done, or still setting up
+            self._computing.pop(g, None)
+            return False
+        last = self._computing.get(g)
+        if last is None or last[0] != count or last[1] != where:
+            self._computing[g] = (count, where, now)
+            return False
+        if now - last[2] <= self.action_timeout:
+            return False
+        msg = (f"rank {g} is slow: it has been computing one action ({where}) for "
+               f"{now - last[2]:.1f} s, over --action-timeout {self.action_timeout:g} s; "
+               "raise --action-timeout if such long actions are expected")
+        msg = publish_failure(self.store, msg)
+        _say(f"rank {self.rank}: stopping because {msg}")
+        self.exit_fn(EXIT_FAILED)
+        return True
 
     # ---- the thread ----------------------------------------------------------------------
     def _beat(self) -> None:
@@ -179,8 +271,35 @@ class Watchdog:
         try:
             self.store.set(f"hb/{self.rank}",
                            f"{self._seq}|{self.count}|{self.state}|{self.where}")
+            self._store_ok = time.monotonic()
         except Exception:  # noqa: BLE001
             pass
+
+    def _guard_loop(self) -> None:
+        """The guard thread (module doc): a store that hangs, a launcher that is stopped."""
+        stopped_since: float | None = None
+        while not self._stop.wait(self.interval):
+            now = time.monotonic()
+            if now - self._store_ok > max(2 * self.heartbeat_timeout, self.store_grace):
+                _say(f"rank {self.rank}: stopping because the rendezvous store has not "
+                     f"answered for {now - self._store_ok:.0f} s (the launcher or rank 0 is "
+                     f"stopped or gone; this rank was at {self.where})")
+                self.exit_fn(EXIT_FAILED)
+                return
+            if self.launcher_pid is None:
+                continue
+            state = process_state(self.launcher_pid)
+            if state in ("T", "t"):
+                stopped_since = stopped_since or now
+                if now - stopped_since > self.heartbeat_timeout:
+                    _say(f"rank {self.rank}: stopping because the launcher (pid "
+                         f"{self.launcher_pid}) has been stopped for "
+                         f"{now - stopped_since:.0f} s (SIGSTOP or Ctrl-Z); the run cannot "
+                         "go on without it")
+                    self.exit_fn(EXIT_FAILED)
+                    return
+            else:
+                stopped_since = None
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
@@ -209,6 +328,8 @@ class Watchdog:
             seq, count, state, where = beat
             states.append(state)
             counts.append(count)
+            if self._check_slow(g, count, state, where, now):
+                return
             last = self._peers.get(g)
             if last is None or last[0] != seq:
                 self._peers[g] = (seq, now)
@@ -239,6 +360,21 @@ class Watchdog:
         if self.coordinator:
             _say("error: " + deadlock_message(stuck, self.world, self.p2p))
         self.exit_fn(EXIT_DEADLOCK)
+
+
+def process_state(pid: int) -> str | None:
+    """The state letter of process ``pid`` (``R``, ``S``, ``T`` stopped, ``Z``...) from
+    /proc, or None when it cannot be read (gone, or not Linux)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _our_launcher_pid() -> int | None:
+    """The launcher's pid when this process is a worker of ``pipebubble run`` (its parent)."""
+    return os.getppid() if os.environ.get("PIPEBUBBLE_LAUNCHER") == "1" else None
 
 
 def _say(line: str) -> None:

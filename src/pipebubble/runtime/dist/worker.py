@@ -43,7 +43,7 @@ from ..local import _with_copies
 from ..stages import balanced_boundaries, split_stages
 from .launch import is_loopback, loopback_store
 from .p2p import P2PTransport
-from .watchdog import Watchdog
+from .watchdog import Watchdog, collective_timeout
 from ...errors import UserError
 
 
@@ -169,15 +169,17 @@ class Cluster:
     """
 
     def __init__(self, env: Env, backend: str = "gloo", stall_timeout: float = 30.0,
-                 heartbeat_timeout: float = 10.0, p2p: str = ""):
+                 heartbeat_timeout: float = 10.0, p2p: str = "",
+                 action_timeout: float | None = None):
         self.env, self.g = env, env.rank
         self.store = self._connect()
-        timeout = timedelta(seconds=max(60.0, 3 * stall_timeout))
+        timeout = timedelta(seconds=collective_timeout(stall_timeout, action_timeout))
         dist.init_process_group(backend, store=dist.PrefixStore("pg", self.store),
                                 rank=self.g, world_size=env.world_size, timeout=timeout)
         self.watchdog = Watchdog(
             self._connect(client=True), self.g, env.world_size, stall_timeout,
             heartbeat_timeout, coordinator=(self.g == 0 and not env.our_launcher), p2p=p2p,
+            action_timeout=action_timeout,
         ).start()
 
     def _connect(self, client: bool = False):
