@@ -67,6 +67,21 @@ def memory_peak(start: Sequence[float], net: Sequence[float], order: Sequence[in
     return peak
 
 
+def _first_difference(a: list[int], b: list[int]) -> int:
+    """The first index where ``a`` and ``b`` differ (``len(a)`` if none), by bisection
+    on prefix equality (list comparisons run in C)."""
+    lo, hi = 0, len(a)
+    if a == b:
+        return hi
+    while lo < hi:  # a[:lo] == b[:lo]; a[:hi + 1] != b[:hi + 1]
+        mid = (lo + hi) // 2
+        if a[lo:mid + 1] == b[lo:mid + 1]:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
 class Compiled:
     """``schedule`` under ``costs``, compiled once (validated on the way): step time,
     per-rank peaks, ``fits(limits)``, and incremental re-timing of changed orders.
@@ -75,6 +90,8 @@ class Compiled:
     (numbered rank after rank in the schedule's order); ``orders[r]`` is rank r's current
     order of ids. :meth:`reorder` changes them; :meth:`schedule` gives the current one.
     """
+
+    FAR = 0.15  # the share of steps after which a re-time hands over to the kernel's loop
 
     def __init__(self, schedule: Schedule, costs: CostModel | StageCosts | None = None):
         import numpy as np
@@ -140,6 +157,7 @@ class Compiled:
         self._duration = list(prog.duration)
         self._initial = prog.initial_end
         self._peaks: list[float | None] = [None] * schedule.num_ranks
+        self._queued = bytearray(size)
         self._full_run()
 
     # ---- the answers -------------------------------------------------------------
@@ -195,33 +213,48 @@ class Compiled:
                              chain_starts=b.chain_starts, **b.options)
 
     # ---- changing the orders -----------------------------------------------------
-    def move(self, rank: int, k: int, to: int) -> None:
-        """Take the ``k``-th step of ``rank`` out and put it back at position ``to``."""
+    def move(self, rank: int, k: int, to: int) -> float:
+        """Take the ``k``-th step of ``rank`` out and put it back at position ``to`` (of
+        the shortened order); re-time; return the new step time."""
         order = list(self.orders[rank])
         order.insert(to, order.pop(k))
-        self.reorder({rank: order})
+        return self._apply({rank: (min(k, to), max(k, to), order)})
+
+    def swap(self, rank: int, k: int, k2: int) -> float:
+        """Trade the ``k``-th and ``k2``-th steps of ``rank``; re-time; return the step."""
+        order = list(self.orders[rank])
+        order[k], order[k2] = order[k2], order[k]
+        return self._apply({rank: (min(k, k2), max(k, k2), order)})
 
     def reorder(self, changes: Mapping[int, Sequence[int]]) -> float:
         """Give the ranks in ``changes`` these orders (each a permutation of the rank's step
-        ids) and re-time incrementally; returns the new step time (``inf``: deadlock)."""
-        segments = []  # (first, last) position of each changed stretch
+        ids) and re-time incrementally; returns the new step time (``inf``: deadlock).
+
+        The orders are not validated here (a search moves an action only where its rank
+        allows it: after its own F, before its W, ...); :meth:`schedule` is a Schedule that
+        the simulator validates."""
+        edits = {}
         for r, new in changes.items():
             old = self.orders[r]
             if len(new) != len(old):
                 raise ScheduleError(f"rank {r}: a new order must hold the same steps")
-            lo = 0
-            n = len(old)
-            while lo < n and old[lo] == new[lo]:
-                lo += 1
-            if lo == n:
+            new = list(new)
+            lo, hi = _first_difference(old, new), len(old) - _first_difference(
+                old[::-1], new[::-1]) - 1
+            if lo > hi:
                 continue
-            hi = n - 1
-            while old[hi] == new[hi]:
-                hi -= 1
             if sorted(old[lo:hi + 1]) != sorted(new[lo:hi + 1]):
                 raise ScheduleError(f"rank {r}: a new order must hold the same steps")
+            edits[r] = (lo, hi, new)
+        return self._apply(edits)
+
+    def _apply(self, edits: Mapping[int, tuple[int, int, list[int]]]) -> float:
+        segments = []  # (first, last) position of each changed stretch
+        for r, (lo, hi, new) in edits.items():
+            if lo >= hi:
+                continue
             segments.append(self._place(r, lo, hi, new))
-            self.orders[r] = list(new)
+            self.orders[r] = new
             self._peaks[r] = None
         if not segments:
             return self.step_time
@@ -229,8 +262,8 @@ class Compiled:
             self._full_run()
         elif self._cycle(segments):
             self._stuck = True
-        else:
-            self._propagate(segments)
+        elif not self._propagate(segments):
+            self._full_run()  # the change reached too far: the kernel's loop is faster
         return self.step_time
 
     def _place(self, r: int, lo: int, hi: int, new: Sequence[int]) -> tuple[int, int]:
@@ -313,20 +346,30 @@ class Compiled:
         for c in consumers[node_at[q]]:
             yield pos_of[c]
 
-    def _propagate(self, segments: list[tuple[int, int]]) -> None:
-        """Dirty propagation from the changed stretches (see the module docstring)."""
+    def _propagate(self, segments: list[tuple[int, int]]) -> bool:
+        """Dirty propagation from the changed stretches (see the module docstring); False
+        (left half done) once it has evaluated more than ``FAR`` of the steps."""
         start, end = self._start, self._end
         producer, lag, duration = self._producer, self._lag, self._duration
         last, rank_at, pos_of, node_at = self.last, self._rank_at, self._pos_of, self._node_at
         consumers = self._consumers
+        queued = self._queued
         heap = []
         for p0, p1 in segments:
             for q in range(p0, min(p1 + 1, last[rank_at[p0]]) + 1):
                 heap.append((start[q], q))
+                queued[q] = 1
         heapq.heapify(heap)
         pop, push = heapq.heappop, heapq.heappush
+        budget = int(len(end) * self.FAR) + 64
         while heap:
             _, q = pop(heap)
+            queued[q] = 0
+            budget -= 1
+            if not budget:
+                for _, q in heap:
+                    queued[q] = 0
+                return False
             t = end[q - 1]
             x = end[producer[q]] + lag[q]
             if x > t:
@@ -335,11 +378,15 @@ class Compiled:
             start[q] = t
             if e != end[q]:
                 end[q] = e
-                if q < last[rank_at[q]]:
+                if q < last[rank_at[q]] and not queued[q + 1]:
+                    queued[q + 1] = 1
                     push(heap, (start[q + 1], q + 1))
                 for c in consumers[node_at[q]]:
                     pc = pos_of[c]
-                    push(heap, (start[pc], pc))
+                    if not queued[pc]:
+                        queued[pc] = 1
+                        push(heap, (start[pc], pc))
+        return True
 
     def _full_run(self) -> None:
         """Time the current program with the kernel's loop (and its starts)."""
