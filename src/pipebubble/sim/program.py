@@ -67,6 +67,38 @@ def memory_peak(start: Sequence[float], net: Sequence[float], order: Sequence[in
     return peak
 
 
+def schedule_peaks(schedule: Schedule, costs: CostModel | StageCosts) -> list[float]:
+    """Each rank's activation peak (the Timeline's ``peak_memory``, without timing
+    anything: memory depends on the order only), from the validated flat actions.
+
+    >>> from pipebubble.schedules import get_schedule
+    >>> schedule_peaks(get_schedule("gpipe", ranks=2, microbatches=3), CostModel())
+    [3.0, 3.0]
+    """
+    import numpy as np
+
+    sc = costs if isinstance(costs, StageCosts) else costs.resolve(schedule.num_stages,
+                                                                    schedule.chunks)
+    flat = flat_actions(schedule)
+    mem = np.array([sc.memory_deltas(s, k) for s in range(schedule.num_stages)
+                    for k in "FIWB"]).reshape(-1, 2)[flat.stage * 4 + flat.kind]
+    return [_peak(mem[lo:hi, 0], mem[lo:hi, 1])
+            for lo, hi in zip(flat.offsets, flat.offsets[1:], strict=False)]
+
+
+def _peak(d0, d1) -> float:
+    """The highest running sum of memory deltas, ``d0`` at each start and ``d1`` at each
+    end in order, and 0: exactly the Timeline's sum (the same numpy cumsum)."""
+    import numpy as np
+
+    if not len(d0):
+        return 0.0
+    deltas = np.empty(2 * len(d0))
+    deltas[0::2] = d0
+    deltas[1::2] = d1
+    return max(0.0, float(np.cumsum(deltas).max()))
+
+
 def _first_difference(a: list[int], b: list[int]) -> int:
     """The first index where ``a`` and ``b`` differ (``len(a)`` if none), by bisection
     on prefix equality (list comparisons run in C)."""
@@ -146,6 +178,9 @@ class Compiled:
         mem = np.array([sc.memory_deltas(s, k) for s in range(schedule.num_stages)
                         for k in "FIWB"]).reshape(-1, 2)[flat.stage * 4 + flat.kind]
         d0[step_nodes], d1[step_nodes] = mem[:, 0], mem[:, 1]
+        real = np.zeros(size, dtype=bool)
+        real[step_nodes] = True
+        self._real = real.tolist()
         self._d0, self._d1 = d0, d1
         dur = np.asarray(prog.duration)
         self._positive = bool((dur[step_nodes] > 0).all())
@@ -184,15 +219,11 @@ class Compiled:
 
     def peaks(self) -> list[float]:
         """Each rank's activation peak (the Timeline's ``peak_memory``: order only)."""
-        import numpy as np
-
         for r, got in enumerate(self._peaks):
             if got is None:
                 ids = self._node_at[self.first[r]:self.last[r] + 1]
-                deltas = np.empty(2 * len(ids))
-                deltas[0::2] = self._d0[ids]
-                deltas[1::2] = self._d1[ids]
-                self._peaks[r] = max(0.0, float(np.cumsum(deltas).max())) if ids else 0.0
+                real = [x for x in ids if self._real[x]]  # not a pair's wait step
+                self._peaks[r] = _peak(self._d0[real], self._d1[real])
         return list(self._peaks)
 
     def fits(self, limits: float | Sequence[float] | None) -> bool:

@@ -29,10 +29,9 @@ from __future__ import annotations
 
 import random
 
-from ...sim.program import memory_peak
-
 from ...costs import FIT_TOLERANCE, StageCosts, fits_limit
 from ...ir.schedule import Action, Kind, make_schedule
+from ...sim.program import memory_peak
 
 _INF = float("inf")
 _KINDS = (Kind.F, Kind.I, Kind.W)
