@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     check_outputs(args)
     costs = replace(costs_from_args(args), allreduce=args.allreduce)
     rows, skipped = [], []
-    for name in schedule_names():
+    for name in schedule_names(searched=False):
         spec = lookup(name)
         chunks = args.chunks if (args.chunks and not spec.fixed_chunks) else None
         try:

@@ -47,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--microbatches", "-m", default="1..64", metavar="RANGE",
                    help="N, A..B, A..B:STEP or a comma list of those (default 1..64)")
     p.add_argument("--schedules", default=None, metavar="LIST",
-                   help=f"comma list (default all: {','.join(schedule_names())})")
+                   help=f"comma list (default all: {','.join(schedule_names(searched=False))})")
     p.add_argument("--chunks", "-v", type=positive_int("--chunks"), default=None, metavar="V",
                    help="chunks for schedules that take a variable number")
     add_limit_flag(p)
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     )
 
     ms = parse_range(args.microbatches, "--microbatches")
-    text = ",".join(schedule_names()) if args.schedules is None else args.schedules
+    text = ",".join(schedule_names(searched=False)) if args.schedules is None else args.schedules
     names = [n.strip() for n in text.split(",")]
     if not all(names):
         raise UserError(f"--schedules: empty name in {args.schedules!r}; use e.g. gpipe,1f1b")

@@ -214,8 +214,10 @@ class Compiled:
         return self._end[self._pos_of[self._nodes_of[step_id][-1]]]
 
     def start_of(self, step_id: int) -> float:
-        """When step ``step_id`` starts (an Overlap: its wait, the pair's start)."""
-        return self._start[self._pos_of[self._nodes_of[step_id][0]]]
+        """When step ``step_id`` starts (an Overlap: its forward part, which waits for
+        the pair's wait step: the pair's start)."""
+        nodes = self._nodes_of[step_id]
+        return self._start[self._pos_of[nodes[1] if len(nodes) > 1 else nodes[0]]]
 
     def peaks(self) -> list[float]:
         """Each rank's activation peak (the Timeline's ``peak_memory``: order only)."""
