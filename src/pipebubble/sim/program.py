@@ -123,7 +123,8 @@ class Compiled:
     order of ids. :meth:`reorder` changes them; :meth:`schedule` gives the current one.
     """
 
-    FAR = 0.15  # the share of steps after which a re-time hands over to the kernel's loop
+    FAR = 0.03  # the share of steps after which a re-time hands over to the kernel's loop
+    FLOOR = 64  # (plus this many)
 
     def __init__(self, schedule: Schedule, costs: CostModel | StageCosts | None = None):
         import numpy as np
@@ -296,7 +297,7 @@ class Compiled:
         elif self._cycle(segments):
             self._stuck = True
         elif not self._propagate(segments):
-            self._full_run()  # the change reached too far: the kernel's loop is faster
+            self._suffix_run(segments)  # it reached far: the kernel's loop from there on
         return self.step_time
 
     def _place(self, r: int, lo: int, hi: int, new: Sequence[int]) -> tuple[int, int]:
@@ -394,7 +395,8 @@ class Compiled:
                 queued[q] = 1
         heapq.heapify(heap)
         pop, push = heapq.heappop, heapq.heappush
-        budget = int(len(end) * self.FAR) + 64
+        budget = int(len(end) * self.FAR) + self.FLOOR
+        undo = []  # (step, old start, old end): put back if the change reaches too far
         while heap:
             _, q = pop(heap)
             queued[q] = 0
@@ -402,7 +404,10 @@ class Compiled:
             if not budget:
                 for _, q in heap:
                     queued[q] = 0
+                for q, t, e in reversed(undo):
+                    start[q], end[q] = t, e
                 return False
+            undo.append((q, start[q], end[q]))
             t = end[q - 1]
             x = end[producer[q]] + lag[q]
             if x > t:
@@ -420,6 +425,36 @@ class Compiled:
                         queued[pc] = 1
                         push(heap, (start[pc], pc))
         return True
+
+    def _suffix_run(self, segments: list[tuple[int, int]]) -> None:
+        """Re-time with the kernel's loop from the earliest changed start on: a step that
+        started before every changed one keeps its time (all it waits for ended before
+        it, and none of that changed), so each rank restarts at its first step that
+        started at or after that time (at the latest, where its order changed)."""
+        from bisect import bisect_left
+
+        start, end = self._start, self._end
+        t0 = min(min(start[p0:p1 + 1]) for p0, p1 in segments)
+        cut = {self._rank_at[p0]: p0 for p0, _ in sorted(segments, reverse=True)}
+        frontier = []
+        inf = _INF
+        for r in range(len(self.orders)):
+            lo, hi = self.first[r], self.last[r] + 1
+            q = bisect_left(start, t0, lo, cut.get(r, hi))  # sorted up to the change
+            frontier.append(q)
+            end[q:hi] = [inf] * (hi - q)
+        prog = Program(self._producer, self._lag, self._duration, end, frontier, self.last,
+                       None, self._num_pairs)
+        self._end = end = list(run(prog))
+        self._stuck = False
+        producer, lag = self._producer, self._lag
+        for r, q0 in enumerate(frontier):
+            for q in range(q0, self.last[r] + 1):
+                if end[q] == inf:
+                    self._stuck = True  # cannot happen: the cycle check ran first
+                t = end[q - 1]
+                x = end[producer[q]] + lag[q]
+                start[q] = x if x > t else t
 
     def _full_run(self) -> None:
         """Time the current program with the kernel's loop (and its starts)."""
