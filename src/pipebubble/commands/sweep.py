@@ -83,8 +83,7 @@ def run(args: argparse.Namespace) -> int:
     names = [n.strip() for n in text.split(",")]
     if not all(names):
         raise UserError(f"--schedules: empty name in {args.schedules!r}; use e.g. gpipe,1f1b")
-    names = list(dict.fromkeys("auto" if n.lower() == "auto" else lookup(n).name
-                               for n in names))  # unknown names fail here
+    names = list(dict.fromkeys(lookup(n).name for n in names))  # unknown names fail here
     costs = costs_from_args(args)
     check_sweep(names, args.ranks, ms, args.chunks,
                 None if args.max_actions is None else 10 * args.max_actions)
@@ -144,14 +143,11 @@ def _write_trace(path: str, points: list[SweepPoint], names: list[str],
         ms = [p.microbatches for p in points if p.schedule == name]
         if not ms:
             continue
-        if name == "auto":
-            from ..schedules.auto import auto_schedule
-
-            timelines.append(simulate(auto_schedule(args.ranks, max(ms), costs), costs))
-        else:
-            spec = lookup(name)
-            v = args.chunks if (args.chunks and not spec.fixed_chunks) else None
-            timelines.append(simulate(get_schedule(name, args.ranks, max(ms), v), costs))
+        spec = lookup(name)
+        v = None if spec.searched else args.chunks if (args.chunks and not spec.fixed_chunks) \
+            else None
+        timelines.append(simulate(get_schedule(name, args.ranks, max(ms), v, costs=costs),
+                                  costs))
         labels.append(f"{name} m={max(ms)}")
     write_trace(path, timelines, labels)
 
@@ -251,8 +247,7 @@ def run_memory(args: argparse.Namespace) -> int:
              else list(MEMORY_SCHEDULES))
     if not all(names):
         raise UserError(f"--schedules: empty name in {args.schedules!r}; use e.g. auto,zbv")
-    names = list(dict.fromkeys("auto" if n.lower() == "auto" else lookup(n).name
-                               for n in names))
+    names = list(dict.fromkeys(lookup(n).name for n in names))
     costs = replace(costs_from_args(args), memory_limit=None)  # the flag is the range here
     check_sweep(names, args.ranks, [ms[0]] * len(limits), 2,
                 None if args.max_actions is None else 10 * args.max_actions)

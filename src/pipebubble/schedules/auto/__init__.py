@@ -476,7 +476,8 @@ def _generate(ranks: int, microbatches: int, chunks: int | None = None,
     return auto_schedule(ranks, microbatches, costs, memory_limit, placement, mip_windows)
 
 
+# chunks: at most 2 (the V placement), what the size checks (limits.py) count
 register(ScheduleSpec(
-    name="auto", generate=_generate, chunks=1, fixed_chunks=False, split_backward=True,
+    name="auto", generate=_generate, chunks=2, fixed_chunks=False, split_backward=True,
     searched=True,
     summary="the fastest order found for the costs within the memory limit (a search)"))
