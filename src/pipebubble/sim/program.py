@@ -161,10 +161,9 @@ class Compiled:
         self._lag_of = list(prog.lag)
         self._dur_of = list(prog.duration)
         self.first, self.last = list(prog.first), list(prog.last)
-        movable = np.zeros(size, dtype=bool)
+        movable = [False] * size
         for r in range(schedule.num_ranks):
-            movable[self.first[r]:self.last[r] + 1] = True
-        self._movable = movable.tolist()
+            movable[self.first[r]:self.last[r] + 1] = [True] * (self.last[r] + 1 - self.first[r])
         self._consumers: list[list[int]] = [[] for _ in range(size)]
         for i, j in enumerate(self._need):
             if movable[i] and movable[j]:
