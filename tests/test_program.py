@@ -108,6 +108,7 @@ def test_incremental_equals_the_reference_and_the_kernel(case, rnd):
     schedule, deadlocks included; Overlap pairs, several chains, zero-time actions too."""
     schedule, costs = case
     core, eager = Compiled(schedule, costs), Compiled(schedule, costs)
+    core.SMALL = eager.SMALL = 0  # incremental even on a small program
     eager.FAR, eager.FLOOR = 0.0, 2  # hands over to the kernel's loop from the change on
     assert same(core, outcome(schedule, costs, simulate_reference))
     for _ in range(6):
@@ -132,6 +133,7 @@ def test_edits_on_a_big_order_match_a_fresh_simulation():
     s = get_schedule("zb-h1", 4, 24)
     costs = CostModel(f=1, b=2.5, w=0.75, comm=0.3)
     core = Compiled(s, costs)
+    core.SMALL = 0  # incremental even on a small program
     start = [list(o) for o in core.orders]
     rnd = random.Random(7)
     deadlocks = 0

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Mapping, Sequence
+from operator import itemgetter
 
 from ..costs import CostModel, StageCosts, fits_limit
 from ..ir.check import flat_actions
@@ -114,6 +115,18 @@ def _first_difference(a: list[int], b: list[int]) -> int:
     return lo
 
 
+def _last_difference(a: list[int], b: list[int]) -> int:
+    """The last index where ``a`` and ``b`` (of one length, not equal) differ."""
+    lo, hi = 0, len(a) - 1  # a[hi + 1:] == b[hi + 1:]; the answer is in lo..hi
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[mid:hi + 1] == b[mid:hi + 1]:
+            hi = mid - 1
+        else:
+            lo = mid
+    return lo
+
+
 class Compiled:
     """``schedule`` under ``costs``, compiled once (validated on the way): step time,
     per-rank peaks, ``fits(limits)``, and incremental re-timing of changed orders.
@@ -125,6 +138,7 @@ class Compiled:
 
     FAR = 0.03  # the share of steps after which a re-time hands over to the kernel's loop
     FLOOR = 64  # (plus this many)
+    SMALL = 4096  # steps: below this, every re-time is the kernel's loop over them all
 
     def __init__(self, schedule: Schedule, costs: CostModel | StageCosts | None = None):
         import numpy as np
@@ -193,6 +207,7 @@ class Compiled:
         self._initial = prog.initial_end
         self._peaks: list[float | None] = [None] * schedule.num_ranks
         self._queued = bytearray(size)
+        self._gather: tuple | None = None  # (id, the sequence, its nodes): ends_of's
         self._full_run()
 
     # ---- the answers -------------------------------------------------------------
@@ -212,6 +227,17 @@ class Compiled:
     def end_of(self, step_id: int) -> float:
         """When step ``step_id`` ends (an Overlap: its backward part, the pair's end)."""
         return self._end[self._pos_of[self._nodes_of[step_id][-1]]]
+
+    def ends_of(self, step_ids: Sequence[int]) -> tuple[float, ...]:
+        """The ends of these steps, in this order (an Overlap: its end), gathered in C;
+        the node list of a sequence asked for before is remembered."""
+        key = id(step_ids)
+        if self._gather is None or self._gather[0] != key:
+            self._gather = (key, step_ids, [self._nodes_of[i][-1] for i in step_ids])
+        nodes = self._gather[2]
+        if len(nodes) < 2:
+            return tuple(self._end[self._pos_of[x]] for x in nodes)
+        return itemgetter(*map(self._pos_of.__getitem__, nodes))(self._end)
 
     def start_of(self, step_id: int) -> float:
         """When step ``step_id`` starts (an Overlap: its forward part, which waits for
@@ -272,10 +298,10 @@ class Compiled:
             if len(new) != len(old):
                 raise ScheduleError(f"rank {r}: a new order must hold the same steps")
             new = list(new)
-            lo, hi = _first_difference(old, new), len(old) - _first_difference(
-                old[::-1], new[::-1]) - 1
-            if lo > hi:
+            lo = _first_difference(old, new)
+            if lo == len(old):
                 continue
+            hi = _last_difference(old, new)
             if sorted(old[lo:hi + 1]) != sorted(new[lo:hi + 1]):
                 raise ScheduleError(f"rank {r}: a new order must hold the same steps")
             edits[r] = (lo, hi, new)
@@ -283,6 +309,9 @@ class Compiled:
 
     def _apply(self, edits: Mapping[int, tuple[int, int, list[int]]]) -> float:
         segments = []  # (first, last) position of each changed stretch
+        whole = self._stuck or not self._positive or len(self._end) < self.SMALL
+        if not whole:
+            _ = self._start  # the old starts, the re-time's keys: before the orders change
         for r, (lo, hi, new) in edits.items():
             if lo >= hi:
                 continue
@@ -291,8 +320,8 @@ class Compiled:
             self._peaks[r] = None
         if not segments:
             return self.step_time
-        if self._stuck or not self._positive:
-            self._full_run()
+        if whole:
+            self._full_run()  # the kernel's loop: on a small program, faster than any book
         elif self._cycle(segments):
             self._stuck = True
         elif not self._propagate(segments):
@@ -309,13 +338,13 @@ class Compiled:
             p0 = self.first[r] + lo
         ids = [x for i in new[lo:hi + 1] for x in nodes_of[i]]
         p1 = p0 + len(ids) - 1
-        pos_of, end, start = self._pos_of, self._end, self._start
+        pos_of, end, start = self._pos_of, self._end, self._start_list
         was = {x: pos_of[x] for x in ids}
         new_end = [end[was[x]] for x in ids]
-        new_start = [start[was[x]] for x in ids]
         self._node_at[p0:p1 + 1] = ids
         end[p0:p1 + 1] = new_end
-        start[p0:p1 + 1] = new_start
+        if start is not None:  # (not yet computed after a full run: nothing to carry)
+            start[p0:p1 + 1] = [start[was[x]] for x in ids]
         for q, x in enumerate(ids, p0):
             pos_of[x] = q
         need, producer = self._need, self._producer
@@ -445,29 +474,34 @@ class Compiled:
         prog = Program(self._producer, self._lag, self._duration, end, frontier, self.last,
                        None, self._num_pairs)
         self._end = end = list(run(prog))
-        self._stuck = False
+        self._stuck = any(end[q] == inf for q in self.last if q >= 0)
         producer, lag = self._producer, self._lag
         for r, q0 in enumerate(frontier):
             for q in range(q0, self.last[r] + 1):
-                if end[q] == inf:
-                    self._stuck = True  # cannot happen: the cycle check ran first
                 t = end[q - 1]
                 x = end[producer[q]] + lag[q]
                 start[q] = x if x > t else t
 
     def _full_run(self) -> None:
-        """Time the current program with the kernel's loop (and its starts)."""
+        """Time the current program with the kernel's loop (its starts: when asked)."""
         prog = Program(self._producer, self._lag, self._duration, self._initial,
                        self.first, self.last, None, self._num_pairs)
         end = run(prog)
         self._end = list(end)
-        producer, lag = self._producer, self._lag
-        self._start = [0.0] * len(end)
-        self._stuck = False
-        for r in range(len(self.orders)):
-            for q in range(self.first[r], self.last[r] + 1):
-                if end[q] == _INF:
-                    self._stuck = True
-                t = end[q - 1]
-                x = end[producer[q]] + lag[q]
-                self._start[q] = x if x > t else t
+        self._stuck = any(end[q] == _INF for q in self.last if q >= 0)
+        self._start_list = None
+
+    @property
+    def _start(self) -> list[float]:
+        """Every step's start (``max(end[i - 1], end[producer[i]] + lag[i])``), computed
+        from the ends after a full run, kept up to date by the incremental re-time."""
+        if self._start_list is None:
+            end, producer, lag = self._end, self._producer, self._lag
+            start = [0.0] * len(end)
+            for r in range(len(self.orders)):
+                for q in range(self.first[r], self.last[r] + 1):
+                    t = end[q - 1]
+                    x = end[producer[q]] + lag[q]
+                    start[q] = x if x > t else t
+            self._start_list = start
+        return self._start_list

@@ -125,6 +125,7 @@ class _Problem:
                 for x, i in zip(o, ids, strict=True):
                     self._step_of[x] = i
             self._seen = [list(o) for o in orders]
+            self._ids = self._step_of
         else:
             step_of, seen = self._step_of, self._seen
             changed = {}
@@ -137,8 +138,8 @@ class _Problem:
         step = core.step_time
         if step == _INF:
             return _INF, _INF
-        end_of, step_of = core.end_of, self._step_of
-        return round(step, 9), round(sum(end_of(step_of[x]) for x in range(self.n)), 9)
+        ends = core.ends_of(self._ids)  # in action-number order, as the sum always ran
+        return round(step, 9), round(sum(ends), 9)
 
     def fits(self, order: list[int], limit: float | None) -> bool:
         if limit is None:
