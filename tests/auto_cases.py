@@ -11,7 +11,7 @@ def peaks(timeline):
 
 def same_placement_rivals(p, m, costs):
     """Registered schedules auto searches among: loop with 1 chunk, or V with 2."""
-    for name in schedule_names():
+    for name in schedule_names(searched=False):
         spec = lookup(name)
         if spec.chunks not in (1, 2):
             continue

@@ -64,7 +64,7 @@ def test_every_schedule_gradients_4_ranks_and_2x2():
     for row in rows:
         if "skipped" not in row:
             assert row["grad_max_abs_diff"] < 1e-5 and row["loss_abs_diff"] < 1e-5, row
-    for name in schedule_names():
+    for name in schedule_names(searched=False):
         for p, d in ((4, 1), (2, 2)):
             try:
                 get_schedule(name, p, 2 * p)
@@ -162,3 +162,20 @@ def test_dead_rank_found_by_heartbeat_without_a_launcher():
     assert procs[0].returncode == 1 and procs[1].returncode == -9
     assert "rank 0: stopping because rank 1 stopped responding" in out0[1], out0[1][-2000:]
     assert time.monotonic() - t0 < 60 and _processes_tagged(tag) == []
+
+
+def test_auto_under_torchrun_rank_0_searches_and_every_rank_runs_its_order():
+    """``--schedule auto`` under torchrun: rank 0 searches (runtime/dist/agree.py) and the
+    others run the order it publishes in the store; the step checks out against the unsplit
+    model, and every F, I and W ran once."""
+    entry = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+             "--nproc-per-node", "2", *ENTRY[1:]]
+    proc, took, left = launch(["--schedule", "auto", "--ranks", "2", "--microbatches", "2",
+                               "--check", "--json", "--timeout", "20", *SMALL], entry=entry)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    assert out["grad_max_abs_diff"] < 1e-5 and out["schedule"] == "auto"
+    stages = {e["stage"] for e in out["events"]}
+    assert sorted((e["stage"], e["kind"], e["microbatch"]) for e in out["events"]) == sorted(
+        (s, k, j) for s in stages for k in "FIW" for j in range(2))
+    assert took < 60 and left == []

@@ -72,7 +72,7 @@ def test_compare_says_what_fits(capsys):
     (["--mem-b", "1,2,3"], "activation_memory has 3 values; expected 1 or 4"),
     (["--memory-limit", "1,2"], "memory_limit has 2 values; expected 1 or 4"),
     (["--schedule", "auto", "--memory-limit", "0.5"], "smallest feasible limit 1"),
-    (["--schedule", "auto", "--chunks", "3"], "auto takes --chunks 1"),
+    (["--schedule", "auto", "--chunks", "3"], "auto takes chunks 1"),
 ])
 def test_bad_memory_input_one_line_exit_2(args, needle, capsys):
     base = ["simulate", "-p", "4", "-m", "8"]

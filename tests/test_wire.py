@@ -24,7 +24,7 @@ def test_naive_and_parity_text_for_1f1b():
 
 
 def test_every_message_sent_once_and_received_once():
-    for name in schedule_names():
+    for name in schedule_names(searched=False):
         for p in (2, 3, 4):
             try:
                 s = get_schedule(name, p, 2 * p)
@@ -177,7 +177,7 @@ def test_wire_command(capsys):
     assert out["compute_only_step_time"] == 15  # (4 + 2 - 1) x 3
 
 
-@pytest.mark.parametrize("name", schedule_names())
+@pytest.mark.parametrize("name", schedule_names(searched=False))
 def test_registered_schedules_buffered_equal_simulate(name):
     # overlapped pairs (DualPipe's F&B) stay one step: both inputs first, both outputs after
     s = get_schedule(name, 4, 8)
@@ -213,7 +213,7 @@ def test_wire_edges_are_the_crossing_dependencies():
     # hand-over of the step before it (ir.deps), for every registered schedule
     from pipebubble.ir.deps import handovers, producers
 
-    for name in schedule_names():
+    for name in schedule_names(searched=False):
         s = get_schedule(name, 4, 8)
         w = lower(s, "naive")
         want_recv = sum(d.crosses for r in range(4) for a in s.actions(r)

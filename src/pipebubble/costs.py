@@ -28,6 +28,19 @@ from .ir.schedule import ScheduleError
 
 Value = float | Sequence[float]
 
+FIT_TOLERANCE = 1e-9
+"""The one tolerance of "a peak fits the limit", relative to the limit (absolute below 1):
+sums of float deltas may land a hair above a limit they meet exactly."""
+
+
+def fits_limit(peak: float, limit: float) -> bool:
+    """Whether ``peak`` fits ``limit`` (the one test every search and report uses).
+
+    >>> fits_limit(3.0000000001, 3), fits_limit(3.01, 3)
+    (True, False)
+    """
+    return peak <= limit + FIT_TOLERANCE * max(1.0, abs(limit))
+
 
 @dataclass(frozen=True)
 class CostModel:
@@ -93,7 +106,7 @@ class CostModel:
         if limits is None:
             return []
         return [r for r, (x, cap) in enumerate(zip(peaks, limits, strict=True))
-                if x > cap * (1 + 1e-9) + 1e-12]
+                if not fits_limit(x, cap)]
 
     def resolve(self, stages: int, chunks: int = 1) -> StageCosts:
         """Expand scalars to one value per stage, check everything, return StageCosts."""

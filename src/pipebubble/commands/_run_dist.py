@@ -114,13 +114,21 @@ def worker_main(args: argparse.Namespace, schedule: Schedule | None = None) -> i
     cluster = None
     try:
         torch.set_num_threads(args.threads)
+        if where := pin_sockets(env.master_addr, env.rank, int(os.environ.get("LOCAL_RANK", 0))):
+            sys.stderr.write(where + "\n")  # multi-node: say which interface is exposed
+        if schedule is None and _searched(args):  # auto under torchrun: rank 0 searches
+            from ..runtime.dist.agree import agreed_schedule
+            from .common import load_schedule
+
+            cluster = Cluster(env, args.backend, args.timeout, args.heartbeat_timeout, args.p2p,
+                              action_timeout=action_timeout_of(args))
+            schedule = agreed_schedule(cluster.store, env.rank, lambda: load_schedule(args))
         setup = build_setup(args, reference=args.check and env.rank == 0, schedule=schedule)
         cfg = config_from_args(args, setup.schedule)
         x, y = global_batch_of(setup, args, cfg.dp)
-        if where := pin_sockets(env.master_addr, env.rank, int(os.environ.get("LOCAL_RANK", 0))):
-            sys.stderr.write(where + "\n")  # multi-node: say which interface is exposed
-        cluster = Cluster(env, cfg.backend, cfg.stall_timeout, cfg.heartbeat_timeout, cfg.p2p,
-                          action_timeout=action_timeout_of(args))
+        if cluster is None:
+            cluster = Cluster(env, cfg.backend, cfg.stall_timeout, cfg.heartbeat_timeout,
+                              cfg.p2p, action_timeout=action_timeout_of(args))
         worker = Worker(cfg, cluster, (setup.schedule, setup.spec, setup.stages, x, y),
                         recompute=args.recompute)
         results, best, spans = None, float("inf"), []
@@ -165,6 +173,18 @@ def action_timeout_of(args: argparse.Namespace) -> float:
                 for x in (lambda v: v if isinstance(v, list) else [v])(getattr(args, k, 0.0))]
         predicted = max(flat, default=0.0) * max(1, getattr(args, "layers", None) or 1)
     return default_action_timeout(predicted)
+
+
+def _searched(args: argparse.Namespace) -> bool:
+    """Whether the flags name a searched schedule (auto) rather than a file or a family."""
+    from ..schedules import lookup
+
+    if getattr(args, "csv", None) or not getattr(args, "schedule", None):
+        return False
+    try:
+        return lookup(args.schedule).searched
+    except UserError:
+        return False  # an unknown name: build_setup says so
 
 
 def global_batch_of(setup, args: argparse.Namespace, dp: int):

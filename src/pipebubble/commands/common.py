@@ -19,7 +19,7 @@ from ..interop.timeline_json import (  # noqa: F401  re-exported: the JSON contr
 )
 from ..ir.schedule import Schedule, ScheduleError
 from ..limits import MAX_TIME, MIN_TIME, LimitError, check_time  # noqa: F401  (limits.py)
-from ..schedules import get_schedule, schedule_names
+from ..schedules import get_schedule, lookup, schedule_names
 from ..timeline import Timeline
 
 MAX_INT_DIGITS = 18
@@ -133,7 +133,8 @@ def add_schedule_flags(p: argparse.ArgumentParser, schedule_required: bool = Tru
     (a command that can also read its schedule from a file checks them itself)."""
     if schedule_required or optional:
         p.add_argument("--schedule", required=not optional, metavar="NAME",
-                       help=f"one of: {', '.join(schedule_names())}, or auto (the fastest order "
+                       help=f"one of: {', '.join(schedule_names(searched=False))}, or auto "
+                       "(the fastest order "
                        "found for the cost flags within --memory-limit; case-insensitive)")
     p.add_argument("--ranks", "-p", type=positive_int("--ranks"), required=not optional,
                    metavar="P", help="pipeline ranks (workers, one per device)")
@@ -235,9 +236,9 @@ def schedule_from_args(args: argparse.Namespace) -> Schedule:
     """The schedule the flags name; ``auto`` searches one for the cost flags (when the
     command has them) under ``--memory-limit``: ``--chunks 1`` loop placement, ``2`` V."""
     check_size(args)  # over --max-actions: refused before any work
-    if str(args.schedule).lower() == "auto":
-        return auto_from_args(args)
-    return get_schedule(args.schedule, args.ranks, args.microbatches, args.chunks)
+    costs = costs_from_args(args) if lookup(args.schedule).searched and hasattr(args, "f") \
+        else None  # a search (auto) reads the cost flags; a family's order needs none
+    return get_schedule(args.schedule, args.ranks, args.microbatches, args.chunks, costs=costs)
 
 
 def load_schedule(args: argparse.Namespace) -> Schedule:
@@ -271,14 +272,9 @@ def load_schedule(args: argparse.Namespace) -> Schedule:
 
 
 def auto_from_args(args: argparse.Namespace) -> Schedule:
-    from ..schedules.auto import auto_schedule
-
-    placement = {None: "any", 1: "loop", 2: "v"}.get(args.chunks)
-    if placement is None:
-        raise ScheduleError(f"auto takes --chunks 1 (loop placement) or 2 (V placement), "
-                            f"got {args.chunks}")
+    """``auto`` for the command's flags (the registry's request, as any schedule)."""
     costs = costs_from_args(args) if hasattr(args, "f") else CostModel()
-    return auto_schedule(args.ranks, args.microbatches, costs, placement=placement)
+    return get_schedule("auto", args.ranks, args.microbatches, args.chunks, costs=costs)
 
 
 def fit_line(timeline: Timeline, costs: CostModel) -> str | None:

@@ -60,28 +60,24 @@ def run(args: argparse.Namespace) -> int:
     check_outputs(args)
     costs = replace(costs_from_args(args), allreduce=args.allreduce)
     rows, skipped = [], []
-    for name in schedule_names():
+    from ..schedules.auto import LimitTooSmall  # auto's limit below any feasible one
+
+    for name in schedule_names():  # the families, then auto (the fastest order that fits)
         spec = lookup(name)
         chunks = args.chunks if (args.chunks and not spec.fixed_chunks) else None
+        if spec.searched:
+            chunks = None  # auto picks its placement here
         try:
             check_actions(args.ranks, args.microbatches, chunks, name, args.max_actions)
-            schedule = get_schedule(name, args.ranks, args.microbatches, chunks)
+            schedule = get_schedule(name, args.ranks, args.microbatches, chunks, costs=costs)
             timeline = simulate(schedule, costs)
+        except LimitTooSmall:
+            raise  # a limit nothing fits: bad input
         except ScheduleError as exc:
             skipped.append((name, str(exc)))
             continue
         rows.append((schedule, timeline, closed_form_for(schedule, costs),
                      closed_form_basis(schedule)))
-    from ..schedules.auto import LimitTooSmall, auto_schedule  # the fastest order that fits
-
-    try:
-        check_actions(args.ranks, args.microbatches, 2, None, args.max_actions)
-        auto = auto_schedule(args.ranks, args.microbatches, costs)
-        rows.append((auto, simulate(auto, costs), None, None))
-    except LimitTooSmall:
-        raise  # a limit nothing fits: bad input
-    except ScheduleError as exc:
-        skipped.append(("auto", str(exc)))
     if not rows:  # every schedule refused these flags: nothing to show is an error
         reasons = sorted({why for _, why in skipped})
         raise ScheduleError(f"no schedule accepts these flags: {reasons[0]}"

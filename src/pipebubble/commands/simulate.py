@@ -76,17 +76,16 @@ def run(args: argparse.Namespace) -> int:
         axis = max(1, args.width - len(f"rank {timeline.num_ranks - 1}") - 2)
     console.print(gantt(timeline, width=axis, title=title))
     console.print(summary_table(timeline))
-    for line in summary_lines(timeline, closed):
+    info = schedule.options.get("auto")
+    bound = (info.lower_bound.value, info.lower_bound.kind) if info else None
+    for line in summary_lines(timeline, closed, bound):
         console.print(line)
     if closed_form_basis(schedule) == "span":
         console.print(f"span bubble {span_bubble(timeline):.2%} (the idlest rank's idle time "
                       "within its own first-start-to-last-end span, which is what this "
                       "schedule's closed form measures)")
-    info = schedule.options.get("auto")
     if info:
-        console.print(f"auto: {info['placement']} placement ({info['chunks']} chunk(s) per "
-                      f"rank), from {info['from']}; lower bound {info['lower_bound']:.4g}, "
-                      f"searched in {info['seconds']:.2f} s")
+        console.print(info.line())
     line = fit_line(timeline, costs)
     if line:
         console.print(line)

@@ -47,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--microbatches", "-m", default="1..64", metavar="RANGE",
                    help="N, A..B, A..B:STEP or a comma list of those (default 1..64)")
     p.add_argument("--schedules", default=None, metavar="LIST",
-                   help=f"comma list (default all: {','.join(schedule_names())})")
+                   help=f"comma list (default all: {','.join(schedule_names(searched=False))})")
     p.add_argument("--chunks", "-v", type=positive_int("--chunks"), default=None, metavar="V",
                    help="chunks for schedules that take a variable number")
     add_limit_flag(p)
@@ -79,12 +79,11 @@ def run(args: argparse.Namespace) -> int:
     )
 
     ms = parse_range(args.microbatches, "--microbatches")
-    text = ",".join(schedule_names()) if args.schedules is None else args.schedules
+    text = ",".join(schedule_names(searched=False)) if args.schedules is None else args.schedules
     names = [n.strip() for n in text.split(",")]
     if not all(names):
         raise UserError(f"--schedules: empty name in {args.schedules!r}; use e.g. gpipe,1f1b")
-    names = list(dict.fromkeys("auto" if n.lower() == "auto" else lookup(n).name
-                               for n in names))  # unknown names fail here
+    names = list(dict.fromkeys(lookup(n).name for n in names))  # unknown names fail here
     costs = costs_from_args(args)
     check_sweep(names, args.ranks, ms, args.chunks,
                 None if args.max_actions is None else 10 * args.max_actions)
@@ -145,14 +144,11 @@ def _write_trace(path: str, points: list[SweepPoint], names: list[str],
         ms = [p.microbatches for p in points if p.schedule == name]
         if not ms:
             continue
-        if name == "auto":
-            from ..schedules.auto import auto_schedule
-
-            timelines.append(simulate(auto_schedule(args.ranks, max(ms), costs), costs))
-        else:
-            spec = lookup(name)
-            v = args.chunks if (args.chunks and not spec.fixed_chunks) else None
-            timelines.append(simulate(get_schedule(name, args.ranks, max(ms), v), costs))
+        spec = lookup(name)
+        v = None if spec.searched else args.chunks if (args.chunks and not spec.fixed_chunks) \
+            else None
+        timelines.append(simulate(get_schedule(name, args.ranks, max(ms), v, costs=costs),
+                                  costs))
         labels.append(f"{name} m={max(ms)}")
     write_trace(path, timelines, labels)
 
@@ -252,8 +248,7 @@ def run_memory(args: argparse.Namespace) -> int:
              else list(MEMORY_SCHEDULES))
     if not all(names):
         raise UserError(f"--schedules: empty name in {args.schedules!r}; use e.g. auto,zbv")
-    names = list(dict.fromkeys("auto" if n.lower() == "auto" else lookup(n).name
-                               for n in names))
+    names = list(dict.fromkeys(lookup(n).name for n in names))
     costs = replace(costs_from_args(args), memory_limit=None)  # the flag is the range here
     check_sweep(names, args.ranks, [ms[0]] * len(limits), 2,
                 None if args.max_actions is None else 10 * args.max_actions)

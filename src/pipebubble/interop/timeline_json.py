@@ -110,9 +110,15 @@ def memory_fields(timeline: Timeline, costs: CostModel) -> dict:
 
 
 def auto_fields(schedule: Schedule) -> dict:
-    """``{"auto": {placement, chunks, lower_bound, seconds, ...}}`` for an auto schedule."""
+    """``{"auto": {placement, chunks, lower_bound, gap, stages, ...}}`` for an auto schedule
+    (its provenance, ``schedules.auto.Provenance``), and its provable lower bound as the
+    one top-level ``lower_bound`` (with ``lower_bound_kind``)."""
     info = schedule.options.get("auto")
-    return {"auto": dict(info)} if info else {}
+    if not info:
+        return {}
+    out = dict(info)
+    return {"auto": out, "lower_bound": out["lower_bound"],
+            "lower_bound_kind": out["lower_bound_kind"]}
 
 
 def timeline_json(timeline: Timeline, closed_form: float | None, events: bool = True,

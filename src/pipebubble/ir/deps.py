@@ -5,7 +5,9 @@ its deadlock messages, the interpreter's readiness checks and message hand-overs
 (``runtime/interpreter.py``), the wire lowering and the wire simulator (``sim/wire.py``: which
 edges need a SEND/RECV, when a compute step may start), the measured-run report's message
 delays (``runtime/dist/report.py``), the CSV deadlock messages (``interop/torch_csv.py``) and
-the Perfetto trace's flow arrows (``render/trace.py``).
+the Perfetto trace's flow arrows (``render/trace.py``); and every search, through
+:func:`precedences` (the MIP's edges, the bounds' paths) or the compiled program of
+``sim/program.py`` built on it.
 
 An action waits for *signals*. A signal is a fact one action produces:
 
@@ -42,7 +44,7 @@ a pair's outputs over at its end) all follow this.
 
 from __future__ import annotations
 
-from collections.abc import Container, Sequence
+from collections.abc import Container, Iterable, Sequence
 from typing import NamedTuple, Protocol
 
 from .schedule import Action, Kind, Overlap, Step, ends_chain, starts_chain
@@ -104,6 +106,69 @@ def producers(step: Step, topo: Topology) -> tuple[Dep, ...]:
         return tuple(d for a in step for d in producers(a, topo) if d.signal not in inside)
     here = topo.stage_to_rank[step.stage]
     return tuple(Dep(sig, topo.stage_to_rank[sig.stage] != here) for sig in needs(step, topo))
+
+
+class Precedence(NamedTuple):
+    """One edge of a set of actions: ``after`` may start only once ``before`` has ended
+    (plus ``comm`` when ``crosses``). ``before`` is the action at whose end the signal is
+    ready (a pair's backward part for its forward output: a pair's outputs are ready at
+    its end), ``after`` the first action of the step that waits for it (a pair's forward
+    part: a pair starts when both its parts may)."""
+
+    before: Action
+    after: Action
+    crosses: bool
+
+
+def precedences(steps: Iterable[Step], topo: Topology) -> list[Precedence]:
+    """Every edge of the rule among ``steps`` (Actions and Overlap pairs, e.g. a schedule's
+    ``step for order in schedule.orders for step in order``, or a search's whole set of F,
+    I and W actions): the neighbour-stage edges (which cross when the stages sit on two
+    ranks) and the same-stage ones (F before its I or B, I before its W). A signal that no
+    step among them produces gives no edge (nothing to wait for inside the set).
+
+    >>> from pipebubble.schedules import get_schedule
+    >>> s = get_schedule("1f1b", ranks=2, microbatches=1)
+    >>> [f"{e.before}->{e.after}" + ("*" if e.crosses else "")
+    ...  for e in precedences((a for o in s.orders for a in o), s)]
+    ['0F0->0B0', '1B0->0B0*', '0F0->1F0*', '1F0->1B0']
+    """
+    steps = list(steps)
+    ready: dict[Signal, Action] = {}  # signal -> the action at whose end it is ready
+    for step in steps:
+        if isinstance(step, Overlap):
+            for a in step:
+                ready[produces(a)] = step.backward
+        else:
+            ready[produces(step)] = step
+    where = topo.stage_to_rank
+    out = []
+    for step in steps:
+        first = step.forward if isinstance(step, Overlap) else step
+        for a in (step if isinstance(step, Overlap) else (step,)):
+            for sig in needs(a, topo):
+                src = ready.get(sig)
+                if src is None or (isinstance(step, Overlap) and src == step.backward):
+                    continue  # not in the set, or made inside the pair itself
+                out.append(Precedence(src, first, where[sig.stage] != where[a.stage]))
+    return out
+
+
+def carried(kind: str, stage: int, microbatch: int, topo: Topology) -> Signal:
+    """The signal a message into ``stage`` brings (the inverse of :func:`message`):
+    ``kind`` ``act`` (an activation: from the stage before, in the chain) or ``grad``
+    (an input gradient: from the stage after).
+
+    >>> from pipebubble.schedules import get_schedule
+    >>> s = get_schedule("1f1b", ranks=3, microbatches=1)
+    >>> str(carried("act", 1, 0, s)), str(carried("grad", 1, 0, s))
+    ('0F0', '2I0')
+    """
+    wants = Action(stage, Kind.F if kind == "act" else Kind.I, microbatch)
+    for sig in needs(wants, topo):
+        if sig.stage != stage:
+            return sig
+    raise ValueError(f"stage {stage} takes no {kind} message (its chain's end)")
 
 
 class Timed(Protocol):

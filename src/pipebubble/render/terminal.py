@@ -200,11 +200,16 @@ def _memory(n: float, measured: bool) -> str:
     return f"{n:.0f} B"
 
 
-def summary_lines(timeline: Timeline, closed_form: float | None = None) -> list[str]:
+def summary_lines(timeline: Timeline, closed_form: float | None = None,
+                  bound: tuple[float, str] | None = None) -> list[str]:
+    """``bound``: a provable lower bound and its kind (auto's) instead of the timeline's
+    busiest rank, with the gap to it."""
     measured = timeline.source == "measured"
+    lower = (f"{_time(timeline.lower_bound, measured)}" if bound is None else
+             f"{_time(bound[0], measured)} ({bound[1]}), gap "
+             f"{timeline.step_time / bound[0] - 1 if bound[0] > 0 else 0.0:.2%}")
     lines = [
-        f"step time {_time(timeline.step_time, measured)}   lower bound "
-        f"{_time(timeline.lower_bound, measured)}",
+        f"step time {_time(timeline.step_time, measured)}   lower bound {lower}",
         f"bubble {timeline.bubble_fraction:.2%}"
         + (f" (closed form {closed_form:.2%})" if closed_form is not None else ""),
     ]

@@ -39,7 +39,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from ..ir.deps import needs
-from ..ir.schedule import Action, ScheduleError, v_placement
+from ..ir.schedule import Action, ScheduleError, make_schedule, v_placement
 
 PERIOD = 6
 
@@ -211,34 +211,16 @@ def reorder(p: int, microbatches: int, orders: list[list[Action]], cap: int,
 
 
 def unit_step(p: int, microbatches: int, orders: list[list[Action]]) -> int:
-    """Step time of ``orders`` run as given (squeezed) with every pass one unit long."""
-    rule = _rule(p)
-    done: dict[tuple[int, str, int], int] = {}
-    head, free = [0] * p, [0] * p
-    left = sum(len(o) for o in orders)
-    while left:
-        moved = False
-        for r in range(p):
-            order, start = orders[r], free[r]
-            while head[r] < len(order):
-                s, k, j = order[head[r]]
-                for s2, k2 in rule[s, k]:
-                    got = done.get((s2, k2, j))
-                    if got is None:
-                        break
-                    start = max(start, got)
-                else:
-                    start += 1
-                    done[s, k, j] = start
-                    head[r] += 1
-                    left -= 1
-                    moved = True
-                    continue
-                break
-            free[r] = start
-        if not moved:
-            raise ScheduleError("the block order deadlocks")
-    return max(free)
+    """Step time of ``orders`` run as given (squeezed) with every pass one unit long: the
+    evaluation core (``sim/program.py``) under F = I = W = 1 per chunk."""
+    from ..costs import CostModel
+    from ..sim.program import Compiled
+
+    sched = make_schedule("block", orders, 2 * p, microbatches, placement="v")
+    step = Compiled(sched, CostModel(f=2, b=4, w=2)).step_time  # per chunk: 1, 2 = I + W, 1
+    if step == float("inf"):
+        raise ScheduleError("the block order deadlocks")
+    return round(step)
 
 
 def peak(p: int, orders: list[list[Action]], frees: str = "W") -> int:

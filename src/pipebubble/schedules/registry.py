@@ -26,7 +26,9 @@ class ScheduleSpec:
     ranks x step time, like ``Timeline.bubble_fraction``) or ``span`` (idle within the idlest
     rank's own span, first start to last end, as ZB-H2 and ZB-V are published: the paper
     drops the optimizer barrier between steps). ``formula`` is the closed form as text, for
-    people (the explorer shows it beside the number).
+    people (the explorer shows it beside the number). ``searched`` marks a generator that
+    searches orders for given costs (``auto``): it takes ``costs=`` and ``memory_limit=``,
+    ``chunks`` None lets it choose the placement, and it is no rival of itself.
     """
 
     name: str
@@ -40,6 +42,7 @@ class ScheduleSpec:
     closed_form: ClosedForm | None = None
     closed_form_basis: str = "step"
     formula: str = ""
+    searched: bool = False  # a search over orders (``auto``): takes costs and memory_limit
 
 
 SCHEDULES: dict[str, ScheduleSpec] = {}
@@ -53,8 +56,9 @@ def register(spec: ScheduleSpec) -> ScheduleSpec:
     return spec
 
 
-def schedule_names() -> list[str]:
-    return list(SCHEDULES)
+def schedule_names(searched: bool = True) -> list[str]:
+    """Every registered name; ``searched=False``: the families only (no ``auto``)."""
+    return [n for n, spec in SCHEDULES.items() if searched or not spec.searched]
 
 
 def lookup(name: str) -> ScheduleSpec:
@@ -73,9 +77,17 @@ def get_schedule(
 
     >>> get_schedule("GPipe", ranks=2, microbatches=2).to_text()
     '0F0 0F1 0B0 0B1\\n1F0 1F1 1B0 1B1'
+
+    ``auto`` (a search: ``schedules/auto``) takes the costs and the limit as options,
+    ``get_schedule("auto", 4, 8, costs=CostModel(...), memory_limit=4)``; chunks 1 or 2
+    fix its placement (loop, V), None lets it pick.
     """
     spec = lookup(name)
     check_counts(ranks, microbatches)
+    if spec.searched:
+        return spec.generate(ranks, microbatches, chunks, **options)
+    for key in ("costs", "memory_limit"):  # the same request for every name: a family's
+        options.pop(key, None)  # order does not depend on them
     if chunks is None:
         chunks = spec.chunks
     if not isinstance(chunks, int) or chunks < 1:

@@ -4,6 +4,9 @@
   plain Python (read this first).
 - ``kernel.py``: :func:`simulate`, the fast kernel (same results; a test keeps them equal),
   and :class:`Deadlock`.
+- ``program.py``: :class:`Compiled`, the evaluation core every search asks: a schedule
+  compiled once for its step time, per-rank peaks, ``fits(limit)`` (one tolerance) and
+  incremental re-timing of changed orders.
 - ``wire.py``: lowering to per-rank SEND/RECV programs and their orderings.
 - ``formulas.py``: closed forms of each schedule family, used as cross-checks.
 - ``dataparallel.py``: the 2D step time (data-parallel all-reduce after each rank's last action).

@@ -342,13 +342,17 @@ def _timeline(schedule: Schedule, flat: FlatActions, sc: StageCosts, program: Pr
 
 def _doubles(values: np.ndarray) -> array:
     """C doubles that index as Python floats (numpy reads them back without a copy)."""
+    import numpy as np
+
     out = array("d")
-    out.frombytes(values.tobytes())  # float64
-    return out
+    out.frombytes(memoryview(np.ascontiguousarray(values, dtype=np.float64)).cast("B"))
+    return out  # one copy (tobytes() would make two)
 
 
 def _ints(values: np.ndarray) -> array:
     """C 64-bit integers that index as Python ints."""
+    import numpy as np
+
     out = array("q")
-    out.frombytes(values.tobytes())  # int64
+    out.frombytes(memoryview(np.ascontiguousarray(values, dtype=np.int64)).cast("B"))
     return out

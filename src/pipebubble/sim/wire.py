@@ -45,7 +45,15 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from ..costs import CostModel, StageCosts
-from ..ir.deps import Signal, Topology, describe_wait, handovers, producers, produces
+from ..ir.deps import (
+    Signal,
+    Topology,
+    carried,
+    describe_wait,
+    handovers,
+    producers,
+    produces,
+)
 from ..ir.schedule import Action, Kind, Overlap, Schedule, ScheduleError, Step, step_actions
 from ..timeline import Event, Timeline
 from .kernel import Deadlock
@@ -310,7 +318,7 @@ def run_wire(
                     for c, t in zip(waited, times, strict=True):
                         comm_done[r, c] = t
                         if not c.is_send:
-                            arrived[r][_carried(c)] = t
+                            arrived[r][_carried(c, sched)] = t
                     free[r] = max([free[r], *times])
                 ptr[r] += 1
                 progressed += 1
@@ -341,11 +349,9 @@ def _next_receives(order: tuple[WireStep, ...]) -> dict[int, tuple[Comm, ...]]:
     return out
 
 
-def _carried(c: Comm) -> Signal:
-    """The signal a receive brings: an activation of ``s-1``, a gradient of ``s+1``."""
-    if c.op == "RECV_F":
-        return Signal(c.stage - 1, Kind.F, c.microbatch)
-    return Signal(c.stage + 1, Kind.I, c.microbatch)
+def _carried(c: Comm, topo: Topology) -> Signal:
+    """The signal a receive brings (:func:`~pipebubble.ir.deps.carried`: the rule's)."""
+    return carried(c.key[0], c.stage, c.microbatch, topo)
 
 
 def _compute(step: Action | Overlap, r: int, t: float, sc: StageCosts,

@@ -47,7 +47,7 @@ MAX_ACTIONS = 200_000  # actions per request (a sweep: summed over its points)
 MAX_BODY_BYTES = 8 * 2**20  # bytes of a POSTed CSV or timeline JSON
 SWEEP_MS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 DEFAULTS = {"schedule": "gpipe", "ranks": "4", "microbatches": "8"}
-AUTO = "auto"  # not a family in the registry: a search over orders (schedules/auto)
+AUTO = "auto"  # the registered search over orders (schedules/auto), listed after the families
 
 
 class TooLarge(UserError):
@@ -113,18 +113,10 @@ def schedule_from_params(params: Mapping[str, str], costs: CostModel | None = No
     ranks = _int(params, "ranks", DEFAULTS["ranks"])
     microbatches = _int(params, "microbatches", DEFAULTS["microbatches"])
     chunks = _int(params, "chunks")
-    if name.lower() == AUTO:
-        from ..schedules.auto import auto_schedule
-
-        placement = {None: "any", 1: "loop", 2: "v"}.get(chunks)
-        if placement is None:
-            raise UserError(f"auto takes chunks 1 (loop placement) or 2 (V placement), "
-                             f"got {chunks}")
-        _check_size(ranks * 2 * microbatches * 3)
-        return auto_schedule(ranks, microbatches, costs or CostModel(), placement=placement)
     spec = lookup(name)
-    _check_size(ranks * (chunks or spec.chunks) * microbatches)
-    schedule = get_schedule(spec.name, ranks, microbatches, chunks)
+    # a search (auto) may pick the V placement and splits every backward: 6 actions a rank
+    _check_size(ranks * microbatches * (6 if spec.searched else chunks or spec.chunks))
+    schedule = get_schedule(spec.name, ranks, microbatches, chunks, costs=costs or CostModel())
     _check_size(sum(map(len, schedule.orders)))
     return schedule
 
@@ -257,7 +249,8 @@ def sweep(params: Mapping[str, str]) -> dict:
         ms = sorted(set(SWEEP_MS) | {current})
     ranks = _int(params, "ranks", DEFAULTS["ranks"])
     name = str(params.get("schedule") or DEFAULTS["schedule"])
-    chunks = _int(params, "chunks") or (2 if name.lower() == AUTO else lookup(name).chunks)
+    spec = lookup(name)
+    chunks = _int(params, "chunks") or (2 if spec.searched else spec.chunks)
     _check_size(sum(ranks * chunks * m for m in ms))
     points = []
     for m in ms:
@@ -273,7 +266,7 @@ def sweep(params: Mapping[str, str]) -> dict:
             point.update(step_time=timeline.step_time, bubble_fraction=timeline.bubble_fraction,
                          closed_form_bubble=closed_form_for(schedule, costs))
         points.append(point)
-    return {"schedule": AUTO if name.lower() == AUTO else lookup(name).name, "ranks": ranks,
+    return {"schedule": lookup(name).name, "ranks": ranks,
             "points": points}
 
 
@@ -308,7 +301,7 @@ def meta() -> dict:
     from ..render import style
 
     schedules = []
-    for spec in SCHEDULES.values():
+    for spec in (s for s in SCHEDULES.values() if not s.searched):  # auto: below
         schedules.append({
             "name": spec.name, "summary": spec.summary,
             "formula": getattr(spec, "formula", "") or None,

@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heartbeat", type=float, default=10.0)
     args = ap.parse_args(argv)
     args.layouts = args.layouts or [(args.world, 1)]
-    args.schedules = args.schedules or schedule_names()
+    args.schedules = args.schedules or schedule_names(searched=False)
     for p, d in args.layouts:
         if p * d != args.world:
             ap.error(f"layout {p}x{d} needs {p * d} processes, not --world {args.world}")

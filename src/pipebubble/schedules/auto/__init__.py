@@ -24,22 +24,26 @@ chunks per rank, as ZB-V), whichever is faster. Candidates:
 Every candidate is scored by the one simulator (:func:`pipebubble.sim.simulate`) with the
 same costs (the greedy times its orders as it builds them, by the same rule); the fastest
 (then the one with least idle time inside the ranks' spans) wins, is re-simulated,
-validated and returned as a Schedule named ``auto`` whose
-``options["auto"]`` holds ``placement``, ``chunks``, ``lower_bound`` (:mod:`.bounds`:
-provable), ``seconds`` (search time) and ``from`` (the winning candidate).
+validated and returned as a Schedule named ``auto`` whose ``options["auto"]`` is its
+:class:`Provenance`: the winning generator, the search stages that ran (time and gain of
+each), the placement, the step time and the provable lower bound (:mod:`.bounds`, named by
+kind) with the gap to it. ``auto`` is registered: ``get_schedule("auto", ranks,
+microbatches, costs=..., memory_limit=...)`` builds it like any schedule.
 
 >>> from pipebubble.costs import CostModel
 >>> s = auto_schedule(4, 8, CostModel(f=1, b=2, w=1), memory_limit=4, placement="loop")
->>> s.options["auto"]["step_time"], s.options["auto"]["lower_bound"]
-(27.0, 27.0)
+>>> info = s.options["auto"]
+>>> info.step_time, info.lower_bound.value, info.lower_bound.kind, info.gap
+(27.0, 27.0, 'busiest rank', 0.0)
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 
-from ...costs import CostModel, StageCosts
+from ...costs import CostModel, StageCosts, fits_limit
 from ...ir.schedule import (
     Action,
     Overlap,
@@ -51,8 +55,8 @@ from ...ir.schedule import (
     v_placement,
 )
 from ...ir.schedule import validate as validate_schedule
-from ..registry import check_counts, get_schedule, lookup, schedule_names
-from .bounds import lower_bound, min_limits
+from ..registry import ScheduleSpec, check_counts, get_schedule, lookup, register, schedule_names
+from .bounds import LowerBound, bound, min_limits
 from .greedy import Knobs, greedy_order
 from .improve import anneal, improve
 from .mip import polish
@@ -139,7 +143,8 @@ def auto_schedule(
             errors.append(f"{kind}: {exc}")
             continue
         need = min_limits(sc, where)
-        if limits is not None and any(x + 1e-9 < n for x, n in zip(limits, need, strict=True)):
+        if limits is not None and any(not fits_limit(n, x)
+                                      for x, n in zip(limits, need, strict=True)):
             short.append((kind, need))
             continue
         resolved[kind] = (sc, where)
@@ -150,8 +155,10 @@ def auto_schedule(
 
     best = None  # (key, orders, source, placement)
     by_kind: dict[str, list] = {}  # the few best of each placement
-    bounds = {kind: lower_bound(sc, where, m) for kind, (sc, where) in resolved.items()}
+    named = {kind: bound(sc, where, m, limits) for kind, (sc, where) in resolved.items()}
+    bounds = {kind: b.value for kind, b in named.items()}
     floor = min(bounds.values())
+    clock = _Stages(started)
     # Registered schedules first (a tie on step time goes to the least idle inside the
     # spans, so ZB-H2's and ZB-V's zero span bubble wins ties), then the greedy orders, V
     # first (its bound is lower), until one reaches the lower bound.
@@ -173,6 +180,7 @@ def auto_schedule(
             if best is not None and best[0][0] <= floor + _TOL and (
                     phase is _greedy or best[0][1] <= _TOL):
                 break
+        clock.ran("registered schedules" if phase is _registered else "greedy", best)
     if best is None:  # cannot happen above the smallest limit; kept as a clear error
         raise ScheduleError(f"auto found no order within memory limit {memory_limit}")
     searched = []  # (key, orders, source, placement) after the local search
@@ -198,6 +206,8 @@ def auto_schedule(
         if scored is not None:
             searched.append((scored[0], better, found[2] + " + local search", kind))
             best = min(best, searched[-1], key=lambda t: t[0])
+    if searched:
+        clock.ran("local search", best)
     # Then the MIP windows (exact.polish) on small instances, from the best searched order,
     # and from the other placement's only if it is within POLISH_WITHIN of it.
     for key, orders, source, kind in sorted(searched, key=lambda t: t[0]):
@@ -213,20 +223,17 @@ def auto_schedule(
                                       placement=list(where)), sc, limits)
         if scored is not None and scored[0] < best[0]:
             best = (scored[0], polished[0], source + " + MIP windows", kind)
+        clock.ran("MIP windows", best)
     key, orders, source, kind = best
     sc, where = resolved[kind]
     cand = make_schedule("auto", [[a if isinstance(a, Action) else Action(*a) for a in o]
                                   for o in orders], len(where), m, placement=list(where))
     timeline = _score(cand, sc, limits)[1]  # the one simulator re-scores the winner
-    info = {
-        "placement": kind,
-        "chunks": _CHUNKS[kind],
-        "step_time": timeline.step_time,
-        "lower_bound": bounds[kind] if placement != "any" else min(bounds.values()),
-        "seconds": time.perf_counter() - started,
-        "from": source,
-        "memory_limit": memory_limit,
-    }
+    lb = named[kind] if placement != "any" else min(named.values(), key=lambda b: b.value)
+    info = Provenance(generator=source, placement=kind, chunks=_CHUNKS[kind],
+                      step_time=timeline.step_time, lower_bound=lb,
+                      seconds=time.perf_counter() - started, stages=tuple(clock.stages),
+                      memory_limit=memory_limit)
     out = make_schedule("auto", cand.orders, cand.num_stages, m,
                         placement=list(cand.stage_to_rank), auto=info)
     validate_schedule(out)
@@ -247,7 +254,8 @@ def _too_small(memory_limit, limits: list[float], short: list) -> str:
     if isinstance(memory_limit, int | float):
         return (f"--memory-limit {memory_limit:g} is below the smallest feasible limit "
                 f"{max(need):g} ({kind} placement: one microbatch at a time)")
-    bad = [r for r, (x, n) in enumerate(zip(limits, need, strict=True)) if x + 1e-9 < n]
+    bad = [r for r, (x, n) in enumerate(zip(limits, need, strict=True))
+           if not fits_limit(n, x)]
     r = bad[0]
     return (f"--memory-limit {limits[r]:g} on rank {r} is below the smallest feasible limit "
             f"{need[r]:g} there ({kind} placement; per rank at least "
@@ -262,7 +270,7 @@ def _registered(kind: str, p: int, m: int, sc: StageCosts, where: tuple[int, ...
     for name in schedule_names():
         try:
             spec = lookup(name)
-            if spec.chunks != _CHUNKS[kind]:
+            if spec.searched or spec.chunks != _CHUNKS[kind]:
                 continue
             probe = get_schedule(name, p, 2 * p)  # placement and chains, cheaply
             if probe.chains != 1 or probe.stage_to_rank != where:
@@ -354,18 +362,10 @@ def _turned_block(p: int, steps: tuple[int, ...], period: int):
 
 def _fits(sched: Schedule, sc: StageCosts, limits: list[float] | None) -> bool:
     """Peak memory depends on the order only: check it before timing anything."""
-    if limits is None:
-        return True
-    for r, order in enumerate(sched.orders):
-        used = peak = 0.0
-        for step in order:
-            for a in step_actions(step):
-                d0, d1 = sc.memory_deltas(a.stage, a.kind)
-                peak = max(peak, used + d0)
-                used += d0 + d1
-        if peak > limits[r] + 1e-9:
-            return False
-    return True
+    from ...sim.program import schedule_peaks
+
+    return limits is None or all(fits_limit(x, cap) for x, cap in
+                                 zip(schedule_peaks(sched, sc), limits, strict=True))
 
 
 def _score(sched: Schedule, sc: StageCosts, limits: list[float] | None):
@@ -378,8 +378,106 @@ def _score(sched: Schedule, sc: StageCosts, limits: list[float] | None):
         return None
     stats = timeline.rank_stats()
     peaks = [s.peak_memory for s in stats]
-    if limits is not None and any(x > cap + 1e-9 for x, cap in zip(peaks, limits, strict=True)):
+    if limits is not None and not all(fits_limit(x, cap)
+                                      for x, cap in zip(peaks, limits, strict=True)):
         return None
     step = round(timeline.step_time, 9)
     span_idle = round(sum(s.span - s.busy for s in stats), 9)
     return (step, span_idle), timeline
+
+
+@dataclass(frozen=True)
+class SearchStage:
+    """One stage of the search that ran: its name, its time, how much it shortened the
+    best step so far (0: it found nothing better), and the best step after it."""
+
+    name: str
+    seconds: float
+    gain: float
+    best: float
+
+
+@dataclass(frozen=True)
+class Provenance(Mapping):
+    """Where auto's order comes from (``Schedule.options["auto"]``): the winning
+    ``generator`` (a registered schedule, a greedy knob setting, ``+ local search``,
+    ``+ MIP windows``), the search ``stages`` that ran, the placement, the step time, the
+    provable :class:`~.bounds.LowerBound` and the ``gap`` to it. Reads as a mapping too:
+    the JSON object of :meth:`as_dict` (``info["step_time"]``, ``info["from"]``)."""
+
+    generator: str
+    placement: str
+    chunks: int
+    step_time: float
+    lower_bound: LowerBound
+    seconds: float
+    stages: tuple[SearchStage, ...] = ()
+    memory_limit: float | Sequence[float] | None = None
+
+    @property
+    def gap(self) -> float:
+        """How far the step is above the lower bound, as a fraction of the bound."""
+        b = self.lower_bound.value
+        return self.step_time / b - 1.0 if b > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        """The JSON object ``simulate --json`` prints under ``auto``."""
+        return {
+            "placement": self.placement, "chunks": self.chunks, "step_time": self.step_time,
+            "lower_bound": self.lower_bound.value, "lower_bound_kind": self.lower_bound.kind,
+            "lower_bounds": dict(self.lower_bound.by_kind), "gap": self.gap,
+            "seconds": self.seconds, "from": self.generator,
+            "stages": [{"name": x.name, "seconds": x.seconds, "gain": x.gain, "best": x.best}
+                       for x in self.stages],
+            "memory_limit": (list(self.memory_limit) if isinstance(self.memory_limit, Sequence)
+                             else self.memory_limit),
+        }
+
+    def line(self) -> str:
+        """The terminal report's line."""
+        ran = ", ".join(f"{x.name} {x.seconds:.2f} s" + (f" (-{x.gain:.4g})" if x.gain else "")
+                        for x in self.stages)
+        return (f"auto: {self.placement} placement ({self.chunks} chunk(s) per rank), from "
+                f"{self.generator}; searched in {self.seconds:.2f} s: {ran}")
+
+    def __getitem__(self, key: str):
+        return self.as_dict()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.as_dict())
+
+    def __len__(self) -> int:
+        return len(self.as_dict())
+
+
+class _Stages:
+    """The clock of the search stages (see :class:`SearchStage`)."""
+
+    def __init__(self, started: float):
+        self.mark, self.stages, self.step = started, [], None
+
+    def ran(self, name: str, best) -> None:
+        now = time.perf_counter()
+        step = best[0][0] if best is not None else float("inf")
+        gain = 0.0 if self.step is None or step >= self.step else self.step - step
+        self.stages.append(SearchStage(name, now - self.mark, gain, step))
+        self.mark, self.step = now, step
+
+
+def _generate(ranks: int, microbatches: int, chunks: int | None = None,
+              costs: CostModel | None = None, memory_limit=None, placement: str | None = None,
+              mip_windows: bool = True) -> Schedule:
+    """The registry's entry: ``chunks`` 1 is the loop placement, 2 the V one, None either."""
+    if placement is None:
+        placement = {None: "any", 1: "loop", 2: "v"}.get(chunks)
+        if placement is None:
+            raise ScheduleError(f"auto takes chunks 1 (loop placement) or 2 (V placement), "
+                                f"got {chunks}")
+    return auto_schedule(ranks, microbatches, costs, memory_limit, placement, mip_windows)
+
+
+# chunks: at most 2 (the V placement), what the size checks (limits.py) count
+register(ScheduleSpec(
+    name="auto", generate=_generate, chunks=2, fixed_chunks=False, split_backward=True,
+    searched=True,
+    summary="the fastest order found for the costs within the memory limit (a search)"))

@@ -1,21 +1,32 @@
 """What no order can beat: a lower bound on the step time, and the smallest memory limit.
 
-**Lower bound** (provable for every order of the same actions on the same placement). Rank
-r's first action is a forward, which cannot start before its input has gone through every
-earlier stage: ``head_r`` = the least, over r's stages s, of the forwards of stages
-``0..s-1`` plus ``comm`` for each hop between ranks. From then on the rank is busy for
-``busy_r`` = m x its F + I + W. And the last of its F and I actions is an I (each F comes
-before its own I on the same rank), after which the gradient still has to go down to
-stage 0 and stage 0 has to run that microbatch's W: ``tail(s)`` = the Is of stages
-``0..s-1`` plus their hops plus ``W(0)`` (at least ``W(s)``). So::
+**Lower bound**: the best of three provable bounds, each named by its kind
+(:class:`LowerBound`). All read the paths of one microbatch through the dependency rule
+(:func:`~pipebubble.ir.deps.precedences` over its F, I and W actions, ``comm`` on hops):
+``release(a)``, the longest path before action ``a`` starts, and ``tail(a)``, the longest
+path from its start to the end of the microbatch (its own time included).
 
-    step >= head_r + max(busy_r, m x (F + I of r's stages) + min over r's stages of tail(s))
-
-for every rank, and step >= one microbatch's whole path (all Fs, all Is, W(0), all hops).
+- **busiest rank**: rank r's first action is a forward, which cannot start before its input
+  has gone through every earlier stage (``head_r``, the least release of r's forwards); from
+  then on the rank is busy ``busy_r`` = m x its F + I + W at least:
+  ``step >= head_r + busy_r``.
+- **fill and drain**: one microbatch's whole path (the longest release + tail); and, per
+  rank, the last of its F and I actions is an I (each F comes before its own I on the same
+  rank), after which that microbatch's gradient still has to reach the end of its path:
+  ``step >= head_r + m x (F + I of r's stages) + min over r's stages s of (tail(I_s) - I_s)``.
+- **memory** (with a limit, for orders that run each stage's microbatches in order, as
+  every schedule here does): a microbatch holds what its F on stage s leaves (``M_B``, or
+  the kept input under recomputation) until its I there ends. If rank r's limit holds at
+  most k of them, ``F(s, j + k)`` cannot start before ``I(s, j)`` has ended, so the forwards
+  of microbatches 0, k, 2k, ... are each a round trip ``F(s) .. I(s)`` apart:
+  ``step >= release(F_s) + floor((m - 1) / k) x trip(s) + tail(F_s)``.
 
 >>> from pipebubble.costs import CostModel
 >>> lower_bound(CostModel().resolve(4), (0, 1, 2, 3), 8)  # 3m + p - 1 with F = I = W = 1
 27.0
+>>> b = bound(CostModel().resolve(2), (0, 1), 3, limits=[1, 1])  # one microbatch in flight
+>>> b.value, b.kind, b.by_kind["busiest rank"]
+(13.0, 'memory', 10.0)
 
 **Smallest limit.** A microbatch's activation stays on a rank from its F on a stage until
 the I of the rank's *last* stage it passes through starts (that I needs the gradient that
@@ -27,7 +38,33 @@ it is feasible (one microbatch at a time); below it nothing is.
 
 from __future__ import annotations
 
-from ...costs import StageCosts
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from ...costs import StageCosts, fits_limit
+from ...ir.deps import precedences
+from ...ir.schedule import Action
+
+KINDS = ("busiest rank", "fill and drain", "memory")
+
+
+@dataclass(frozen=True)
+class LowerBound:
+    """The best provable bound (``value``), which kind gives it, and every kind's value."""
+
+    value: float
+    kind: str
+    by_kind: dict[str, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {"value": self.value, "kind": self.kind, "by_kind": dict(self.by_kind)}
+
+
+class _Topology(NamedTuple):
+    num_stages: int
+    stage_to_rank: tuple[int, ...]
+    chain_starts: tuple[int, ...]
 
 
 def _stages_of(stage_to_rank: tuple[int, ...]) -> list[list[int]]:
@@ -35,30 +72,92 @@ def _stages_of(stage_to_rank: tuple[int, ...]) -> list[list[int]]:
     return [[s for s, r in enumerate(stage_to_rank) if r == q] for q in range(p)]
 
 
-def lower_bound(sc: StageCosts, stage_to_rank: tuple[int, ...], microbatches: int) -> float:
-    """A step time no order of the split-backward (F, I, W) actions can beat; see above."""
+def _paths(sc: StageCosts, where: tuple[int, ...]):
+    """One microbatch's DAG: durations, successors with lags, a topological order,
+    ``release`` and ``tail`` of every action (see the module docstring)."""
+    S = len(where)
+    acts = [Action(s, k, 0) for s in range(S) for k in "FIW"]
+    dur = {a: sc.duration(a.stage, a.kind) for a in acts}
+    succ: dict[Action, list[tuple[Action, float]]] = {a: [] for a in acts}
+    count = dict.fromkeys(acts, 0)
+    for e in precedences(acts, _Topology(S, tuple(where), (0,))):
+        succ[e.before].append((e.after, sc.comm if e.crosses else 0.0))
+        count[e.after] += 1
+    order = [a for a in acts if not count[a]]
+    for a in order:
+        for b, _ in succ[a]:
+            count[b] -= 1
+            if not count[b]:
+                order.append(b)
+    release = dict.fromkeys(acts, 0.0)
+    for a in order:
+        for b, lag in succ[a]:
+            release[b] = max(release[b], release[a] + dur[a] + lag)
+    tail = dict(dur)
+    for a in reversed(order):
+        for b, lag in succ[a]:
+            tail[a] = max(tail[a], dur[a] + lag + tail[b])
+    return dur, succ, order, release, tail
+
+
+def bound(sc: StageCosts, stage_to_rank: tuple[int, ...], microbatches: int,
+          limits: Sequence[float] | None = None) -> LowerBound:
+    """The best of the provable bounds (see the module docstring), named by kind; the
+    memory kind only with ``limits`` (one per rank)."""
     S, m = len(stage_to_rank), microbatches
+    dur, succ, order, release, tail = _paths(sc, stage_to_rank)
     f = [sc.duration(s, "F") for s in range(S)]
     i = [sc.duration(s, "I") for s in range(S)]
     w = [sc.duration(s, "W") for s in range(S)]
-    hop = [sc.comm if s and stage_to_rank[s] != stage_to_rank[s - 1] else 0.0
-           for s in range(S)]  # hop[s]: between stage s - 1 and stage s
-    arrive = [0.0] * S
-    for s in range(1, S):
-        arrive[s] = arrive[s - 1] + f[s - 1] + hop[s]
-    down = [0.0] * S  # gradient path below stage s: Is of 0..s-1 and their hops
-    for s in range(1, S):
-        down[s] = down[s - 1] + i[s - 1] + hop[s]
-    best = arrive[S - 1] + f[S - 1] + down[S - 1] + i[S - 1] + w[0]
+    busiest = 0.0
+    fill = max(release[a] + tail[a] for a in order)
     for mine in _stages_of(stage_to_rank):
         if not mine:
             continue
-        head = min(arrive[s] for s in mine)
-        busy = m * sum(f[s] + i[s] + w[s] for s in mine)
-        fi = m * sum(f[s] + i[s] for s in mine)
-        tail = min(max(w[s], down[s] + w[0] if s else w[0]) for s in mine)
-        best = max(best, head + max(busy, fi + tail))
-    return best
+        head = min(release[Action(s, "F", 0)] for s in mine)
+        busiest = max(busiest, head + m * sum(f[s] + i[s] + w[s] for s in mine))
+        after = min(tail[Action(s, "I", 0)] - i[s] for s in mine)
+        fill = max(fill, head + m * sum(f[s] + i[s] for s in mine) + after)
+    by_kind = {"busiest rank": busiest, "fill and drain": fill}
+    if limits is not None:
+        memory = 0.0
+        for s in range(S):
+            held = sum(sc.memory_deltas(s, "F"))
+            limit = limits[stage_to_rank[s]]
+            if held <= 0:
+                continue
+            k = int(limit // held) + 1
+            while k > 0 and not fits_limit(k * held, limit):
+                k -= 1
+            if k >= m or k == 0:
+                continue  # no constraint (k = 0: below the smallest limit, refused elsewhere)
+            fa, ia = Action(s, "F", 0), Action(s, "I", 0)
+            trip = _longest(fa, ia, dur, succ, order)
+            memory = max(memory, release[fa] + (m - 1) // k * trip + tail[fa])
+        if memory > 0:  # some stage's limit binds
+            by_kind["memory"] = memory
+    kind = max(by_kind, key=lambda k: (by_kind[k], -KINDS.index(k)))
+    return LowerBound(by_kind[kind], kind, by_kind)
+
+
+def _longest(src: Action, dst: Action, dur, succ, order) -> float:
+    """The longest path from ``src``'s start to ``dst``'s end (both of one microbatch)."""
+    at = {src: 0.0}
+    for a in order[order.index(src):]:
+        if a not in at:
+            continue
+        for b, lag in succ[a]:
+            t = at[a] + dur[a] + lag
+            if t > at.get(b, -1.0):
+                at[b] = t
+    return at[dst] + dur[dst]
+
+
+def lower_bound(sc: StageCosts, stage_to_rank: tuple[int, ...], microbatches: int,
+                limits: Sequence[float] | None = None) -> float:
+    """A step time no order of the split-backward (F, I, W) actions can beat: the value of
+    :func:`bound`."""
+    return bound(sc, stage_to_rank, microbatches, limits).value
 
 
 def min_limits(sc: StageCosts, stage_to_rank: tuple[int, ...]) -> list[float]:

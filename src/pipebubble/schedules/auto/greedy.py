@@ -39,7 +39,8 @@ from __future__ import annotations
 import heapq
 from typing import NamedTuple
 
-from ...costs import StageCosts
+from ...costs import FIT_TOLERANCE, StageCosts
+from ...ir.deps import precedences
 from ...ir.schedule import Action, Kind
 
 _INF = float("inf")
@@ -92,10 +93,9 @@ def greedy_order(
     i0 = [mem["I"][s][0] for s in range(S)]
     i_net = [mem["I"][s][0] + mem["I"][s][1] for s in range(S)]
     w_net = [mem["W"][s][0] + mem["W"][s][1] for s in range(S)]
-    comm = sc.comm
-    up = [comm if s and where[s - 1] != where[s] else 0.0 for s in range(S)]
-    down = [comm if s < S - 1 and where[s + 1] != where[s] else 0.0 for s in range(S)]
-    lim = [_INF] * p if limits is None else [x + 1e-9 for x in limits]
+    up, down = _hops(sc, where)
+    lim = [_INF] * p if limits is None else [x + FIT_TOLERANCE * max(1.0, abs(x))
+                                               for x in limits]  # fits_limit's test
     # Room kept for what a rank must still hold to make progress: recomputation
     # re-materialises at the start of I; with two chunks, a forward of the first keeps room
     # for one forward of the later chunk. One is enough: every stage runs its Fs and Is in
@@ -247,6 +247,25 @@ def greedy_order(
     step = max(free)
     span_idle = sum(free[r] - begin[r] - busy[r] for r in range(p))
     return orders, step, span_idle
+
+
+class _Topology(NamedTuple):
+    num_stages: int
+    stage_to_rank: tuple[int, ...]
+    chain_starts: tuple[int, ...]
+
+
+def _hops(sc: StageCosts, where: tuple[int, ...]) -> tuple[list[float], list[float]]:
+    """The lags of the rule's neighbour edges (:func:`~pipebubble.ir.deps.precedences` of
+    one microbatch): ``up[s]`` into F(s) from the stage before, ``down[s]`` into I(s) from
+    the stage after; ``comm`` where the edge crosses ranks."""
+    S = len(where)
+    up, down = [0.0] * S, [0.0] * S
+    acts = [Action(s, k, 0) for s in range(S) for k in "FIW"]
+    for e in precedences(acts, _Topology(S, tuple(where), (0,))):
+        if e.crosses and e.before.stage != e.after.stage:
+            (up if e.after.kind == Kind.F else down)[e.after.stage] = sc.comm
+    return up, down
 
 
 def _i_is_next(mine, ni, nf, soon, f_end, i_end, down, S) -> bool:

@@ -19,18 +19,19 @@ another climb, an iterated local search). Random choices come from a generator s
 the instance: the result depends only on the input, never on a clock, so every process of
 a distributed run computes the same. Budgets are numbers of evaluations.
 
-Each evaluation times the whole order by the simulator's rule (an action starts when its
-rank is free and the one action it waits for on another stage has ended, plus ``comm`` on a
-hop between ranks) in a few flat arrays, far faster than building a Schedule; an order that
-deadlocks scores as infinite. ``auto`` re-scores the winner with the simulator.
+Each evaluation asks the evaluation core (:class:`~pipebubble.sim.program.Compiled`,
+compiled once per search): it re-times only what the move changed, with the simulator's
+own numbers; an order that deadlocks scores as infinite. Memory is the core's walk
+(:func:`~pipebubble.sim.program.memory_peak`) under its one tolerance.
 """
 
 from __future__ import annotations
 
 import random
 
-from ...costs import StageCosts
-from ...ir.schedule import Action, Kind
+from ...costs import FIT_TOLERANCE, StageCosts, fits_limit
+from ...ir.schedule import Action, Kind, make_schedule
+from ...sim.program import memory_peak
 
 _INF = float("inf")
 _KINDS = (Kind.F, Kind.I, Kind.W)
@@ -84,6 +85,8 @@ class _Problem:
             for y in self.local_pre[x]:
                 self.local_post[y].append(x)
         self.limits = limits
+        self.sc = sc
+        self._core = None  # the compiled orders (evaluate builds it on first use)
         p = max(where) + 1
         self.stages = [[s for s in range(S) if where[s] == q] for q in range(p)]
 
@@ -107,51 +110,41 @@ class _Problem:
         return out
 
     def evaluate(self, orders: list[list[int]]) -> tuple[float, float]:
-        """(step time, sum of ends) of these orders; (inf, inf) on deadlock."""
-        end = [_INF] * self.n
-        dep, lag, dur = self.dep, self.lag, self.dur
-        p = len(orders)
-        ptr = [0] * p
-        clock = [0.0] * p
-        left = self.n
-        moved = True
-        while moved and left:
-            moved = False
-            for r in range(p):
-                order, k, c = orders[r], ptr[r], clock[r]
-                size = len(order)
-                start_k = k
-                while k < size:
-                    x = order[k]
-                    d = dep[x]
-                    if d >= 0:
-                        t = end[d]
-                        if t == _INF:
-                            break
-                        t += lag[x]
-                        if t > c:
-                            c = t
-                    c += dur[x]
-                    end[x] = c
-                    k += 1
-                if k != start_k:
-                    moved = True
-                    left -= k - start_k
-                    ptr[r], clock[r] = k, c
-        if left:
+        """(step time, sum of ends) of these orders; (inf, inf) on deadlock. The first call
+        compiles them (:class:`~pipebubble.sim.program.Compiled`); later ones hand the
+        ranks that changed to its incremental re-time."""
+        from ...sim.program import Compiled
+
+        core = self._core
+        if core is None:
+            acts = [[self.action(x) for x in o] for o in orders]
+            sched = make_schedule("search", acts, self.S, self.m, placement=list(self.where))
+            core = self._core = Compiled(sched, self.sc)
+            self._step_of = [0] * self.n
+            for o, ids in zip(orders, core.orders, strict=True):
+                for x, i in zip(o, ids, strict=True):
+                    self._step_of[x] = i
+            self._seen = [list(o) for o in orders]
+            self._ids = self._step_of
+        else:
+            step_of, seen = self._step_of, self._seen
+            changed = {}
+            for r, o in enumerate(orders):
+                if o != seen[r]:
+                    changed[r] = [step_of[x] for x in o]
+                    seen[r] = list(o)
+            if changed:
+                core.reorder(changed)
+        step = core.step_time
+        if step == _INF:
             return _INF, _INF
-        return round(max(clock), 9), round(sum(end), 9)
+        ends = core.ends_of(self._ids)  # in action-number order, as the sum always ran
+        return round(step, 9), round(sum(ends), 9)
 
     def fits(self, order: list[int], limit: float | None) -> bool:
         if limit is None:
             return True
-        used, d0, net = 0.0, self.d0, self.net
-        cap = limit + 1e-9
-        for x in order:
-            if used + d0[x] > cap:
-                return False
-            used += net[x]
-        return True
+        return fits_limit(memory_peak(self.d0, self.net, order, limit), limit)
 
     def can_swap(self, order: list[int], k: int, k2: int) -> bool:
         """Whether order[k] and order[k2] (k < k2) may trade places."""
@@ -164,13 +157,8 @@ class _Problem:
         """How far the rank's peak memory goes over the limit (0 if it fits)."""
         if limit is None:
             return 0.0
-        used = peak = 0.0
-        d0, net = self.d0, self.net
-        for x in order:
-            if used + d0[x] > peak:
-                peak = used + d0[x]
-            used += net[x]
-        return max(0.0, peak - limit - 1e-9)
+        peak = memory_peak(self.d0, self.net, order)
+        return 0.0 if fits_limit(peak, limit) else peak - limit - FIT_TOLERANCE * max(1, limit)
 
     def column_move(self, orders: list[list[int]], r: int, k: int, rng) -> bool:
         """Move order[k] of rank r before another action of that rank, and on every other

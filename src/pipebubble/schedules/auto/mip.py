@@ -16,8 +16,10 @@ under a tight limit comes out optimal. HiGHS (``highspy``) is imported when a so
 from __future__ import annotations
 
 from itertools import pairwise
+from typing import NamedTuple
 
-from ...costs import StageCosts
+from ...costs import FIT_TOLERANCE, StageCosts, fits_limit
+from ...ir.deps import precedences
 from ...ir.schedule import Action, ScheduleError, make_schedule
 from .bounds import lower_bound
 
@@ -129,28 +131,35 @@ def _score(timeline) -> tuple[float, float]:
 def _within(timeline, limits: list[float] | None) -> bool:
     """Every rank's peak (the simulator's) within its limit."""
     return limits is None or all(
-        x.peak_memory <= cap + 1e-9 for x, cap in zip(timeline.rank_stats(), limits, strict=True))
+        fits_limit(x.peak_memory, cap)
+        for x, cap in zip(timeline.rank_stats(), limits, strict=True))
 
 
 def _edges(sc: StageCosts, where: tuple[int, ...], m: int) -> list[tuple[Action, Action, float]]:
     """The precedences, each "a ends before b starts" (after a lag): the dependency rule
-    (ir/deps.py, with comm on hops) and, per stage and kind, microbatch order (as every
-    schedule here runs)."""
+    (:func:`~pipebubble.ir.deps.precedences`, with comm on hops) and, per stage and kind,
+    microbatch order (as every schedule here runs). Listed per stage and microbatch: into
+    I from its F, into W, into F, into I from the next stage, then microbatch order."""
+    topo = _Topology(len(where), tuple(where), (0,))
     S, comm = len(where), sc.comm
+    acts = [Action(s, k, j) for s in range(S) for j in range(m) for k in "FIW"]
+    into: dict[Action, list[tuple[Action, Action, float]]] = {a: [] for a in acts}
+    for e in precedences(acts, topo):
+        into[e.after].append((e.before, e.after, comm if e.crosses else 0.0))
     edges: list[tuple[Action, Action, float]] = []
     for s in range(S):
-        up = comm if s and where[s - 1] != where[s] else 0.0
-        down = comm if s < S - 1 and where[s + 1] != where[s] else 0.0
         for j in range(m):
             f, i, w = Action(s, "F", j), Action(s, "I", j), Action(s, "W", j)
-            edges += [(f, i, 0.0), (i, w, 0.0)]
-            if s:
-                edges.append((Action(s - 1, "F", j), f, up))
-            if s < S - 1:
-                edges.append((Action(s + 1, "I", j), i, down))
+            edges += into[i][:1] + into[w] + into[f] + into[i][1:]
             if j:
                 edges += [(Action(s, k, j - 1), Action(s, k, j), 0.0) for k in "FIW"]
     return edges
+
+
+class _Topology(NamedTuple):
+    num_stages: int
+    stage_to_rank: tuple[int, ...]
+    chain_starts: tuple[int, ...]
 
 
 def solve(highspy, sc: StageCosts, where: tuple[int, ...], m: int,
@@ -269,10 +278,11 @@ def solve(highspy, sc: StageCosts, where: tuple[int, ...], m: int,
                     load += net
                     terms[how[1]] = terms.get(how[1], 0.0) - net
             if not terms:  # every order around a is fixed
-                if load > limits[r] + 1e-9:
+                if not fits_limit(load, limits[r]):
                     raise ScheduleError(f"no order fits memory limit {limits[r]:g} on rank {r}")
                 continue
-            rows.add(-_INF, list(terms.items()), upper=limits[r] + 1e-9 - load)
+            rows.add(-_INF, list(terms.items()),
+                     upper=limits[r] + FIT_TOLERANCE * max(1.0, abs(limits[r])) - load)
     h = _new_highs(highspy)
     h.setOptionValue("threads", 1)
     h.setOptionValue("time_limit", float(time_limit))
