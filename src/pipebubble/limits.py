@@ -184,3 +184,21 @@ def check_model_size(model: str, layers: int, width: int | None = None, vocab: i
                          f"for this {model}, more than the {free / 2**30:.1f} GiB free here; "
                          "use a smaller --batch")
     return weights + acts
+
+
+# ---- numbers in flags and in the explorer's query (read by pipebubble.params) ----------------
+MAX_INT_DIGITS = 18
+"""Longest integer a flag or query parameter accepts (digits): ints are parsed only after
+this check, so a 4300-digit number is one line of error, never Python's own conversion limit."""
+
+MIN_TIME, MAX_TIME = 1e-12, 1e12
+"""A time (or memory amount) is 0 or in [MIN_TIME, MAX_TIME]: below, sums and ratios
+underflow (5e-324 becomes 0 in a division and NaN in a chart); above, m x (F + B) overflows
+to infinity."""
+
+MAX_TIME_VALUES = 1_000_000
+"""Most values in one comma list of per-stage times."""
+
+MAX_EXPLORER_ACTIONS = 600_000
+"""Actions (counted as :func:`estimate_actions` counts them) of one explorer request, a
+sweep's summed over its points: an interactive page answers in about a second."""

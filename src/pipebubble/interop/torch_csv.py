@@ -140,6 +140,9 @@ def parse_torch_csv(
                 _check_action(a, r, c, owner, seen, microbatches, where, rows)
                 if a.kind == "F":
                     forwarded.setdefault(a.stage, set()).add(a.microbatch)
+    if not owner:  # every cell a marker (UNSHARD, ...) or a communication: nothing to run
+        raise ScheduleError(f"{source}: no compute actions (F, I, W, B), only markers or "
+                            "communication")
     stages = max(owner) + 1
     if len(owner) != stages:
         missing = next(s for s in range(stages) if s not in owner)
