@@ -129,7 +129,7 @@ def load_body(body: bytes, params: Mapping[str, str]) -> tuple[Timeline, dict]:
     name = str(params.get("name") or "uploaded")
     if not text.strip():
         raise UserError(f"{name}: the file is empty (expected a CSV or a JSON file)")
-    if text.lstrip().startswith("{"):
+    if text.lstrip()[:1] in ("{", "["):  # JSON (a timeline is an object)
         data = parse_json(text, name)  # depth, digits, NaN/Infinity: as the CLI reads files
         if isinstance(data, dict) and isinstance(data.get("events"), list):
             _check_size(len(data["events"]))
@@ -212,7 +212,7 @@ def sweep(params: Mapping[str, str]) -> dict:
 
     ``ms`` (a comma list) picks the microbatch counts; default :data:`SWEEP_MS` plus the
     current ``microbatches``. A count the schedule refuses (e.g. zb-h2 needs m >= 2p-1) gets
-    ``error`` instead of numbers.
+    ``error`` instead of numbers; when every count is refused, the request is bad (400).
     """
     costs = costs_from_params(params)
     current = read(params, "microbatches")
@@ -242,6 +242,8 @@ def sweep(params: Mapping[str, str]) -> dict:
             point.update(step_time=timeline.step_time, bubble_fraction=timeline.bubble_fraction,
                          closed_form_bubble=closed_form_for(schedule, costs))
         points.append(point)
+    if all("error" in point for point in points):  # nothing to draw: the request is bad
+        raise UserError(points[0]["error"])
     return clean_floats({"schedule": AUTO if name.lower() == AUTO else lookup(name).name,
                          "ranks": ranks, "points": points})
 
