@@ -139,7 +139,7 @@ def test_a_long_sweep_list_is_413(url):
     assert status == 413 and "at most 64" in strict_json(body)["error"]
 
 
-# ---- bad files ------------------------------------------------------------------------------------
+# ---- bad files -------------------------------------------------------------------------------
 EVENT = '{"rank": 0, "stage": 0, "kind": "F", "microbatch": 0, "start": %s, "end": %s}'
 TIMELINE = '{"ranks": 1, "stages": 1, %s"events": [%s]}'
 
@@ -175,7 +175,7 @@ def test_marker_only_csv_is_the_cli_message(url, capsys, tmp_path):
     assert status == 400 and strict_json(answer) == {"error": expect}
 
 
-# ---- nothing non-finite in any answer --------------------------------------------------------------
+# ---- nothing non-finite in any answer --------------------------------------------------------
 VALUES = st.one_of(
     st.sampled_from(["", "0", "1", "2", "-1", "nan", "inf", "1e308", "1e12", "1e-12", "5e-324",
                      "0.5", "3", "1,2", "1,2,3,4", "1e12,1e12,1e12,1e12", "x"]),
@@ -187,7 +187,8 @@ SCHEDULES = st.sampled_from(["gpipe", "1f1b", "zb-h1", "zb-h2", "interleaved-1f1
                              "dualpipev", "auto", "nope"])
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.dictionaries(KEYS, VALUES, max_size=5), SCHEDULES,
        st.sampled_from(["/api/simulate", "/api/sweep", "/api/csv", "/api/trace"]))
 def test_no_answer_is_a_500_or_holds_infinity(url, query, schedule, path):
@@ -202,7 +203,7 @@ def test_no_answer_is_a_500_or_holds_infinity(url, query, schedule, path):
             assert set(out) == {"error"} and "\n" not in out["error"]
 
 
-# ---- connections -------------------------------------------------------------------------------------
+# ---- connections -----------------------------------------------------------------------------
 def _raw(port: int) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port), timeout=10)
     return sock
