@@ -148,6 +148,11 @@ def run(args: argparse.Namespace) -> int:
             args.schedule = timeline.schedule
     args.microbatches = args.microbatches or 8
     args.schedule = args.schedule or "1f1b"
+    if args.schedule.lower() == "auto":  # the cut is searched for a fixed order
+        from ..ir.schedule import ScheduleError
+
+        raise ScheduleError("partition --schedule auto: the cut is chosen for a fixed order; "
+                            f"valid are {', '.join(schedule_names())}")
     if not 0 <= args.w_fraction <= 1:
         raise UserError(f"--w-fraction must be in [0, 1], got {args.w_fraction}")
     if isinstance(args.comm, list):
