@@ -32,6 +32,10 @@ from .common import (
     write_figures,
 )
 
+TIME_UNIT = "in the time unit of --f/--b/--w/--comm"
+"""What a simulated time means: the cost flags have no unit of their own, so the step time
+is in theirs (seconds when they are seconds)."""
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("simulate", help="simulate one schedule and draw its Gantt chart",
@@ -76,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         axis = max(1, args.width - len(f"rank {timeline.num_ranks - 1}") - 2)
     console.print(gantt(timeline, width=axis, title=title))
     console.print(summary_table(timeline))
-    for line in summary_lines(timeline, closed):
+    for line in summary_lines(timeline, closed, unit=TIME_UNIT):
         console.print(line)
     if closed_form_basis(schedule) == "span":
         console.print(f"span bubble {span_bubble(timeline):.2%} (the idlest rank's idle time "

@@ -200,11 +200,16 @@ def _memory(n: float, measured: bool) -> str:
     return f"{n:.0f} B"
 
 
-def summary_lines(timeline: Timeline, closed_form: float | None = None) -> list[str]:
+def summary_lines(timeline: Timeline, closed_form: float | None = None,
+                  unit: str | None = None) -> list[str]:
+    """Step time, lower bound and bubble. A measured timeline's times are seconds (shown as
+    ms); a simulated one's are in the unit of its cost model, which ``unit`` names (e.g.
+    ``"in the time unit of --f/--b/--w/--comm"``)."""
     measured = timeline.source == "measured"
     lines = [
         f"step time {_time(timeline.step_time, measured)}   lower bound "
-        f"{_time(timeline.lower_bound, measured)}",
+        f"{_time(timeline.lower_bound, measured)}"
+        + (f"   ({unit})" if unit and not measured else ""),
         f"bubble {timeline.bubble_fraction:.2%}"
         + (f" (closed form {closed_form:.2%})" if closed_form is not None else ""),
     ]
