@@ -293,8 +293,9 @@ OUTPUTS = ("--png", "--svg", "--trace", "--out", "--csv", "--save")
 
 
 def _output_to_fifo(argv: tuple[str, ...]) -> bool:
-    return any(a.split("=", 1)[0] in OUTPUTS and a.endswith("{d}/fifo") and argv[0] not in
-               ("simulate", "partition") for a in argv)  # there --csv and --profile are inputs
+    inputs = ("--csv",) if argv[0] in ("simulate", "run") else ()  # their --csv is read
+    return any(a.split("=", 1)[0] in OUTPUTS and a.split("=", 1)[0] not in inputs
+               and a.endswith("{d}/fifo") for a in argv)
 
 
 def _partition_huge_m(argv: tuple[str, ...]) -> bool:
