@@ -134,6 +134,12 @@ def test_bad_sweep_counts_are_400(url, ms, words):
     assert status == 400 and strict_json(body) == {"error": words}
 
 
+def test_over_the_cli_limits_is_413(url):
+    status, body = call(url, "/api/simulate?ranks=100001&microbatches=1")
+    assert status == 413 and strict_json(body) == {
+        "error": "100,001 ranks is over the limit of 100,000"}
+
+
 def test_a_long_sweep_list_is_413(url):
     status, body = call(url, "/api/sweep?ms=" + ",".join(map(str, range(1, 100))))
     assert status == 413 and "at most 64" in strict_json(body)["error"]

@@ -40,7 +40,7 @@ from ..interop.timeline_json import (
     timeline_json,
 )
 from ..ir.schedule import Schedule
-from ..limits import MAX_EXPLORER_ACTIONS, estimate_actions
+from ..limits import MAX_EXPLORER_ACTIONS, MAX_RANKS, estimate_actions
 from ..params import parse_int, read
 from ..schedules import SCHEDULES, get_schedule, lookup
 from ..timeline import Timeline
@@ -89,16 +89,18 @@ def schedule_from_params(params: Mapping[str, str], costs: CostModel | None = No
         if placement is None:
             raise UserError(f"auto takes --chunks 1 (loop placement) or 2 (V placement), "
                             f"got {chunks}")
-        _check_size(estimate_actions(ranks, microbatches, chunks or 2))
+        _check_size(estimate_actions(ranks, microbatches, chunks or 2), ranks)
         return auto_schedule(ranks, microbatches, costs or CostModel(), placement=placement)
     spec = lookup(name)
-    _check_size(estimate_actions(ranks, microbatches, chunks or spec.chunks))
+    _check_size(estimate_actions(ranks, microbatches, chunks or spec.chunks), ranks)
     schedule = get_schedule(spec.name, ranks, microbatches, chunks)
     _check_size(sum(map(len, schedule.orders)))
     return schedule
 
 
-def _check_size(actions: int) -> None:
+def _check_size(actions: int, ranks: int = 1) -> None:
+    if ranks > MAX_RANKS:
+        raise TooLarge(f"{ranks:,} ranks is over the limit of {MAX_RANKS:,}")
     if actions > MAX_ACTIONS:
         raise TooLarge(f"{actions:,} actions is over the explorer's limit of {MAX_ACTIONS:,} "
                        "per request; use the command line (pipebubble simulate) for this size")
@@ -227,7 +229,7 @@ def sweep(params: Mapping[str, str]) -> dict:
     ranks = read(params, "ranks")
     name = _name(params)
     chunks = read(params, "chunks") or (2 if name.lower() == AUTO else lookup(name).chunks)
-    _check_size(sum(estimate_actions(ranks, m, chunks) for m in ms))
+    _check_size(sum(estimate_actions(ranks, m, chunks) for m in ms), ranks)
     points = []
     for m in ms:
         point: dict = {"microbatches": m}

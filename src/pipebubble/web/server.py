@@ -13,17 +13,11 @@ limit → 413, unknown path → 404, a bug → 500 with its message (and the tra
 stderr); the server keeps serving. JSON answers never hold ``NaN`` or ``Infinity`` (browsers'
 ``JSON.parse`` refuses them): a non-finite number is a bug, answered 500.
 
-Hostile or broken clients cannot starve the others:
-
-- at most ``max_connections`` connections are served at once (one thread each). When a new
-  one arrives at the cap, the oldest connection that is *idle* (waiting for its next
-  request, no byte of it received) is closed to make room; when none is idle (all are
-  mid-request), the new one gets 503 at once. So idle keep-alive connections never block a
-  real request, and a flood of them costs one thread each up to the cap;
-- a request must arrive whole (request line, headers, body) within ``request_timeout``
-  seconds of its first byte, however the client trickles it: past that it gets 408 and the
-  connection is closed; a connection idle for ``idle_timeout`` seconds is closed;
-- a client that does not read its answer is dropped after ``request_timeout`` seconds.
+Hostile or broken clients cannot starve the others (:mod:`pipebubble.web.connections`): at
+most ``max_connections`` connections at once, the oldest idle one closed to make room for a
+new one (503 when none is idle); a request must arrive whole within ``request_timeout``
+seconds of its first byte (else 408); a client that does not read its answer is dropped
+after ``request_timeout`` seconds.
 
 >>> server = make_server("127.0.0.1", 0)
 >>> server.server_address[0]
@@ -33,113 +27,42 @@ Hostile or broken clients cannot starve the others:
 
 from __future__ import annotations
 
-import io
 import json
 import socket
 import sys
-import threading
-import time
 import traceback
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from importlib import resources
 from urllib.parse import parse_qsl, urlsplit
 
 from ..errors import UserError
 from . import api
+from .connections import (  # noqa: F401  (MAX_CONNECTIONS, REQUEST_TIMEOUT: explore's flags)
+    IDLE_TIMEOUT,
+    MAX_CONNECTIONS,
+    REQUEST_TIMEOUT,
+    BoundedServer,
+    DeadlineHandler,
+)
 
 STATIC = {"index.html": "text/html; charset=utf-8", "app.js": "text/javascript; charset=utf-8",
           "charts.js": "text/javascript; charset=utf-8", "style.css": "text/css; charset=utf-8"}
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
-MAX_CONNECTIONS = 32  # connections served at once (a browser opens about six)
-REQUEST_TIMEOUT = 10.0  # seconds from a request's first byte to its last
-IDLE_TIMEOUT = 30.0  # seconds a connection may wait for its next request
 
 
 def _static(name: str) -> bytes:
     return resources.files(__package__).joinpath("static", name).read_bytes()
 
 
-class _DeadlineReader(io.RawIOBase):
-    """The socket as a raw stream whose every read waits at most until the handler's
-    ``deadline`` (the socket's own timeout bounds one read, so a client sending a byte every
-    few seconds would otherwise hold a request open forever). The first byte of a request
-    turns the handler from idle to busy and starts the request's deadline."""
-
-    def __init__(self, handler: Handler) -> None:
-        self.handler = handler
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:  # noqa: ANN001  (a writable buffer)
-        handler = self.handler
-        left = handler.deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("the request did not arrive in time")
-        handler.connection.settimeout(left)
-        n = handler.connection.recv_into(buffer)
-        if n and handler.idle:
-            handler.began()
-        return n
-
-
-class Handler(BaseHTTPRequestHandler):
+class Handler(DeadlineHandler):
     server_version = "pipebubble-explore"
     protocol_version = "HTTP/1.1"
-    timeout = REQUEST_TIMEOUT  # replaced per read by the deadline (see _DeadlineReader)
-    idle = True  # waiting for a request; no byte of it received yet
-    deadline = 0.0
 
     # ---- plumbing ---------------------------------------------------------------------
-    def setup(self) -> None:
-        super().setup()
-        self.rfile = io.BufferedReader(_DeadlineReader(self))
-        self.server.track(self)  # type: ignore[attr-defined]
-
-    def began(self) -> None:
-        """The first byte of a request arrived: it has ``request_timeout`` seconds to end."""
-        self.idle = False
-        self.deadline = time.monotonic() + self.server.request_timeout  # type: ignore[attr-defined]
-
-    def handle_one_request(self) -> None:
-        """One request, as the standard library reads it, within the deadlines: a client
-        that stops mid-request gets 408 (an idle one is just closed)."""
-        self.idle = True
-        self.deadline = time.monotonic() + self.server.idle_timeout  # type: ignore[attr-defined]
-        self.command, self.request_version = "", "HTTP/1.1"
-        try:
-            self.raw_requestline = self.rfile.readline(65537)
-            if len(self.raw_requestline) > 65536:
-                self.requestline = self.command = ""
-                self.send_error(HTTPStatus.REQUEST_URI_TOO_LONG)
-                return
-            if not self.raw_requestline:
-                self.close_connection = True
-                return
-            if not self.parse_request():
-                return  # it sent its own error
-            method = getattr(self, "do_" + self.command, None)
-            if method is None:
-                self.send_error(HTTPStatus.NOT_IMPLEMENTED,
-                                f"Unsupported method ({self.command!r})")
-                return
-            method()
-            self.wfile.flush()
-        except TimeoutError:
-            self.close_connection = True
-            if not self.idle:
-                self._timed_out()
-        except OSError:  # the client went away (or the server closed an idle connection)
-            self.close_connection = True
-
-    def _timed_out(self) -> None:
+    def timed_out(self) -> None:
         timeout = self.server.request_timeout  # type: ignore[attr-defined]
-        try:
-            self._error(408, f"the request did not arrive whole within {timeout:g} s; the "
-                        "explorer drops slow requests so that they cannot hold it up")
-        except OSError:
-            pass
+        self._error(408, f"the request did not arrive whole within {timeout:g} s; the "
+                    "explorer drops slow requests so that they cannot hold it up")
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002  quiet by default
         if getattr(self.server, "verbose", False):
@@ -202,7 +125,7 @@ class Handler(BaseHTTPRequestHandler):
             return self.rfile.read(n)
         except TimeoutError:
             self.close_connection = True
-            self._timed_out()
+            self.timed_out()
             return None
 
     # ---- requests ---------------------------------------------------------------------
@@ -289,81 +212,15 @@ def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:80] or "file"
 
 
-class ExplorerServer(ThreadingHTTPServer):
-    """A thread per connection, at most ``max_connections`` of them (see the module doc:
-    the oldest idle connection makes room for a new one; with none idle, 503)."""
-
-    daemon_threads = True
-    block_on_close = False  # server_close() does not wait for idle keep-alive connections
+class ExplorerServer(BoundedServer):
+    """The explorer: :class:`~pipebubble.web.connections.BoundedServer` over :class:`Handler`."""
 
     def __init__(self, address: tuple, max_connections: int = MAX_CONNECTIONS,
                  request_timeout: float = REQUEST_TIMEOUT,
                  idle_timeout: float = IDLE_TIMEOUT) -> None:
-        self.max_connections = max_connections
-        self.request_timeout = request_timeout
-        self.idle_timeout = idle_timeout
         self.verbose = False
         self.any_host = False
-        self._lock = threading.Lock()
-        self._open: dict[socket.socket, Handler | None] = {}  # oldest first
-        self._closing: set[socket.socket] = set()
-        super().__init__(address, Handler)
-
-    def track(self, handler: Handler) -> None:
-        with self._lock:
-            if handler.request in self._open:
-                self._open[handler.request] = handler
-
-    def process_request(self, request, client_address) -> None:  # noqa: ANN001
-        """Admit a new connection (in the accepting thread: never blocks)."""
-        with self._lock:
-            if len(self._open) - len(self._closing) >= self.max_connections:
-                victim = next((sock for sock, h in self._open.items() if sock not in
-                               self._closing and (h is None or h.idle)), None)
-                if victim is None:
-                    busy = len(self._open)
-                else:
-                    self._closing.add(victim)
-                    busy = 0
-            else:
-                victim, busy = None, 0
-            if not busy:
-                self._open[request] = None
-        if busy:
-            self._refuse(request, busy)
-            return
-        if victim is not None:
-            try:  # its thread's blocked read returns at once; the thread ends
-                victim.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        super().process_request(request, client_address)
-
-    def process_request_thread(self, request, client_address) -> None:  # noqa: ANN001
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            with self._lock:
-                self._open.pop(request, None)
-                self._closing.discard(request)
-
-    def _refuse(self, request: socket.socket, busy: int) -> None:
-        body = json.dumps({"error": f"the explorer is answering {busy} requests, its limit "
-                           "(explore --max-connections); try again in a moment"}).encode()
-        head = (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\nRetry-After: 1\r\nConnection: close\r\n"
-                "Cache-Control: no-store\r\n\r\n").encode()
-        try:
-            request.settimeout(0.5)
-            request.sendall(head + body)
-        except OSError:
-            pass
-        self.shutdown_request(request)
-
-    def open_connections(self) -> int:
-        """Connections being served now (closing ones not counted)."""
-        with self._lock:
-            return len(self._open) - len(self._closing)
+        super().__init__(address, Handler, max_connections, request_timeout, idle_timeout)
 
 
 class ExplorerServer6(ExplorerServer):
