@@ -60,19 +60,40 @@ def test_short_headers_are_spelled_out_below():
     assert "c0: column number 0" in text and "c7: column number 7" in text
 
 
-def _plan_cells(plan: dict) -> list[str]:
-    """The figures the plan table shows for one plan of ``plan --json``, as it formats them
-    (commands/plan.py: _t, _gib)."""
-    from pipebubble.commands.plan import _gib, _t
+def _wide_cells(text: str) -> list[list[str]]:
+    """The data rows of the boxed tables in ``text`` (a render wide enough for every table
+    to keep its full layout), as lists of cells."""
+    rows = []
+    for line in text.splitlines():
+        if line.startswith("│") and line.rstrip().endswith("│"):
+            rows.append([c.strip() for c in line.strip().strip("│").split("│")])
+    return rows
 
-    step = plan["predicted_step_time"]
-    return [str(plan["pp"]), str(plan["dp"]), plan["schedule"], str(plan["chunks"]),
-            str(plan["microbatch_size"]), str(plan["microbatches"]), plan["recompute"],
-            _t(step), f"{plan['samples_per_second']:.1f}", f"{plan['bubble_fraction']:.1%}",
-            f"{plan['allreduce_time'] / step:.1%}", _gib(max(plan["peak_memory"]))]
+
+def _assert_whole_at_80(run_cli, monkeypatch, args: list[str], until: str = "\0") -> str:
+    """Render ``args`` wide and at 80 columns: every cell of the wide tables appears whole
+    on one line of the narrow output, and no line of the tables (the output before
+    ``until``) is over 80 columns."""
+    monkeypatch.setenv("COLUMNS", "300")
+    rc, wide, _ = run_cli(*args)
+    assert rc == 0
+    rows = _wide_cells(wide.split(until)[0])
+    assert rows, wide
+    monkeypatch.setenv("COLUMNS", "80")
+    rc, text, _ = run_cli(*args)
+    assert rc == 0
+    lines = text.split(until)[0].splitlines()
+    assert "…" not in text
+    assert max(map(len, lines)) <= 80, max(lines, key=len)
+    for row in rows:
+        for cell in row:
+            assert any(cell in line for line in lines), (cell, row)
+    return text
 
 
 def test_plan_table_at_80_columns_shows_every_number_whole(run_cli, tmp_path, monkeypatch):
+    from pipebubble.commands.plan import _t
+
     prof = tmp_path / "p.json"
     rc, _, _ = run_cli("profile", "--analytic", "--layers", "8", "--hidden", "1024", "--ffn",
                        "4096", "--heads", "16", "--vocab", "32000", "--seq", "2048",
@@ -83,17 +104,11 @@ def test_plan_table_at_80_columns_shows_every_number_whole(run_cli, tmp_path, mo
     rc, out, _ = run_cli(*args, "--json")
     assert rc == 0
     plans = json.loads(out)["plans"]
-    monkeypatch.setenv("COLUMNS", "80")
-    rc, text, _ = run_cli(*args)
-    assert rc == 0
+    text = _assert_whole_at_80(run_cli, monkeypatch, args, until="best:")
     table = text.split("best:")[0]
-    lines = table.splitlines()
-    assert max(map(len, lines)) <= 80 and "…" not in table
-    for k, plan in enumerate(plans[:5], 1):
-        row = next(line for line in lines if line.lstrip().startswith(f"{k} ")
-                   or line.lstrip("│┃ ").startswith(f"{k} "))
-        for cell in _plan_cells(plan):
-            assert cell in row, (cell, row)
+    for plan in plans[:5]:  # the JSON's own numbers, as the table prints them
+        assert _t(plan["predicted_step_time"]) in table
+        assert f"{plan['bubble_fraction']:.1%}" in table
 
 
 def test_profile_table_at_80_columns_shows_every_value_whole(run_cli, monkeypatch):
@@ -105,14 +120,26 @@ def test_profile_table_at_80_columns_shows_every_value_whole(run_cli, monkeypatc
     rc, out, _ = run_cli(*args, "--json")
     assert rc == 0
     layers = json.loads(out)["layers"]
-    monkeypatch.setenv("COLUMNS", "80")
-    rc, text, _ = run_cli(*args)
-    assert rc == 0
+    text = _assert_whole_at_80(run_cli, monkeypatch, args)
     lines = text.splitlines()
-    assert max(map(len, lines)) <= 80 and "…" not in text
     for i, layer in enumerate(layers):
         row = next(line for line in lines if f" {layer['name']} " in f" {line} ")
         for cell in (layer["name"], fmt_time(layer["forward"]), fmt_time(layer["backward"]),
                      fmt_count(layer["params"]), fmt_bytes(layer["activation_bytes"]),
                      fmt_count(layer["flops"])):
             assert cell in row, (i, cell, row)
+
+
+def test_fit_keeps_a_built_tables_rows_title_and_styles():
+    from rich.table import Table
+
+    from pipebubble.render.table import fit
+
+    t = Table(title="plans")
+    for col in ("#", "schedule", "peak memory"):
+        t.add_column(col, justify="left" if col == "schedule" else "right")
+    t.add_row("1", "interleaved-1f1b", "80.0 GiB")
+    t.add_row("", "total", "[bold]1.2 GiB[/bold]", style="bold")
+    text = render(fit(t, 30), 30)
+    assert "plans" in text and "interleaved-1f1b" in text and "1.2 GiB" in text
+    assert "[bold]" not in text and max(map(len, text.splitlines())) <= 30

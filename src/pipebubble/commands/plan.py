@@ -220,35 +220,27 @@ def _gib(n: float) -> str:
 
 
 def print_plans(console, result, out: dict, validations) -> None:
-    """The top plans as a table, why the best wins, its settings, and the validation
-    (tables that fit the terminal: headers abbreviate, numbers stay whole)."""
-    from ..render.table import Column, fit_table
+    """The top plans as a table, why the best wins, its settings, and the validation."""
+    from rich.table import Table
 
-    plan_columns = [Column("#"), Column("pp"), Column("dp"),
-                    Column("schedule", "sched.", numeric=False), Column("v"),
-                    Column("mb size", "mbs"), Column("m"),
-                    Column("recompute", "recomp.", numeric=False), Column("step"),
-                    Column("samples/s", "smp/s"), Column("bubble", "bub."),
-                    Column("all-reduce", "AR"), Column("peak memory", "mem")]
-    validation_columns = [Column("#"), Column("plan", numeric=False),
-                          Column("processes", "procs"), Column("predicted", "pred."),
-                          Column("measured (median)", "meas."), Column("error", "err."),
-                          Column("vs best measured", "vs best"),
-                          Column("fastest step", "fastest")]
+    from ..render.table import fit
+
     req = result.request
     console.print(f"[bold]searched {result.searched} configurations[/bold] ({result.simulated} "
                   f"simulations) in {result.seconds:.2f} s: "
                   f"{result.searched / max(result.seconds, 1e-9):.0f} configurations/s; "
                   f"{req.gpus} GPUs x {_gib(req.gpu_memory)}, global batch {req.global_batch}")
-    rows = []
+    t = Table(title="fastest plans that fit (predicted by simulation)")
+    for col in ("#", "pp", "dp", "schedule", "v", "mb size", "m", "recompute", "step",
+                "samples/s", "bubble", "all-reduce", "peak memory"):
+        t.add_column(col, justify="left" if col in ("schedule", "recompute") else "right")
     for k, p in enumerate(result.plans[:req.top]):
-        rows.append([str(k + 1), str(p.pp), str(p.dp), p.schedule, str(p.chunks),
-                     str(p.microbatch_size), str(p.microbatches), p.recompute, _t(p.step_time),
-                     f"{p.samples_per_second:.1f}", f"{p.bubble_fraction:.1%}",
-                     f"{p.allreduce_time / p.step_time:.1%}" if p.step_time else "—",
-                     _gib(max(p.peak_memory))])
-    console.print(fit_table(plan_columns, rows, console.width,
-                            title="fastest plans that fit (predicted by simulation)"))
+        t.add_row(str(k + 1), str(p.pp), str(p.dp), p.schedule, str(p.chunks),
+                  str(p.microbatch_size), str(p.microbatches), p.recompute, _t(p.step_time),
+                  f"{p.samples_per_second:.1f}", f"{p.bubble_fraction:.1%}",
+                  f"{p.allreduce_time / p.step_time:.1%}" if p.step_time else "—",
+                  _gib(max(p.peak_memory)))
+    console.print(fit(t, console.width))  # headers give way at 80 columns, values never
     for line in why_best(result):
         console.print(line, highlight=False)
     best = out["plans"][0]
@@ -259,23 +251,25 @@ def print_plans(console, result, out: dict, validations) -> None:
     console.print("[bold]Megatron-LM[/bold]: " + (best["megatron"] or "runs 1F1B and interleaved "
                   "1F1B only; no flags for this schedule"), highlight=False, soft_wrap=True)
     if validations:
+        v = Table(title="validation: run for real (sleeping the scaled profile, one process "
+                  "per rank, gloo)")
+        for col in ("#", "plan", "processes", "predicted", "measured (median)", "error",
+                    "vs best measured", "fastest step"):
+            v.add_column(col, justify="right")
         done = [x.measured for x in validations if x.measured is not None]
         best_m = min(done) if done else None
-        rows = []
         for x in validations:
             k = result.plans.index(x.plan) + 1
             p = x.plan
             name = f"pp={p.pp} dp={p.dp} {p.schedule} v={p.chunks} m={p.microbatches}"
             if x.measured is None:
-                rows.append([str(k), name, str(p.pp * p.dp), _t(x.predicted), "failed",
-                             x.error or "", "", ""])
+                v.add_row(str(k), name, str(p.pp * p.dp), _t(x.predicted), "failed",
+                          x.error or "", "")
                 continue
-            rows.append([str(k), name, str(p.pp * p.dp), _t(x.predicted), _t(x.measured),
-                         f"{x.measured / x.predicted - 1:+.1%}",
-                         f"{x.measured / best_m - 1:+.1%}", _t(x.measured_min)])
-        console.print(fit_table(validation_columns, rows, console.width,
-                                title="validation: run for real (sleeping the scaled "
-                                "profile, one process per rank, gloo)"))
+            v.add_row(str(k), name, str(p.pp * p.dp), _t(x.predicted), _t(x.measured),
+                      f"{x.measured / x.predicted - 1:+.1%}",
+                      f"{x.measured / best_m - 1:+.1%}", _t(x.measured_min))
+        console.print(fit(v, console.width))
         m = validations[0].machine
         console.print(f"(profile times scaled by {validations[0].scale:.3g} so the first plan "
                       f"sleeps about --target-step; predictions add this machine's "

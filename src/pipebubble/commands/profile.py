@@ -5,11 +5,15 @@ from __future__ import annotations
 import argparse
 import inspect
 import sys
+from typing import TYPE_CHECKING
 
 from ..errors import UserError
 from ..files import check_output_path
 from ..limits import check_model_size, check_threads
 from .common import int_flag, parse_device, positive_int, print_json, wrote
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 MODEL_FLAGS = ("layers", "dim", "heads", "vocab", "seq", "width")
 
@@ -149,7 +153,9 @@ def _output(args: argparse.Namespace, prof) -> int:
     from rich.console import Console
 
     console = Console()
-    console.print(profile_table(prof, console.width))
+    from ..render.table import fit
+
+    console.print(fit(profile_table(prof), console.width, keys=2))  # values never cut
     if args.out:
         console.print(f"next: pipebubble partition --profile {args.out} --ranks P, or "
                       f"pipebubble plan --profile {args.out} --gpus N ...")
@@ -184,10 +190,9 @@ def noisy_layers(prof) -> list[str]:
 
 
 
-def profile_table(prof, width: int = 80):
-    """The profile's layers as a table at most ``width`` columns wide (headers abbreviate
-    or the table splits; names and numbers stay whole: ``render/table.py``)."""
-    from ..render.table import Column, fit_table
+def profile_table(prof) -> Table:
+    from rich.table import Table
+
     from .partition import fmt_bytes, fmt_count, fmt_time
 
     meta = prof.metadata
@@ -198,17 +203,16 @@ def profile_table(prof, width: int = 80):
     else:
         title = (f"profile: {meta.get('model', '?')} on {meta.get('device', '?')}, batch "
                  f"{meta.get('batch_shape', '?')}, median of {meta.get('repeats', '?')}")
-    columns = [Column("layer", "#"), Column("name", numeric=False),
-               Column("type", numeric=False), Column("forward", "fwd"),
-               Column("backward", "bwd"), Column("params"), Column("activations", "act."),
-               Column("FLOPs")]
-    rows = [[str(i), layer.name, layer.type or "", fmt_time(layer.forward),
-             fmt_time(layer.backward), fmt_count(layer.params),
-             fmt_bytes(layer.activation_bytes), fmt_count(layer.flops)]
-            for i, layer in enumerate(prof.layers)]
-    rows.append(["", "total", "", fmt_time(sum(prof.column("forward"))),
-                 fmt_time(sum(prof.column("backward"))), fmt_count(sum(prof.column("params"))),
-                 fmt_bytes(sum(prof.column("activation_bytes"))),
-                 fmt_count(sum(prof.column("flops")))])
-    return fit_table(columns, rows, width, title=title, keys=2,
-                     row_styles=[None] * (len(rows) - 1) + ["bold"])
+    t = Table(title=title)
+    for col in ("layer", "name", "type", "forward", "backward", "params", "activations",
+                "FLOPs"):
+        t.add_column(col, justify="left" if col in ("name", "type") else "right")
+    for i, layer in enumerate(prof.layers):
+        t.add_row(str(i), layer.name, layer.type or "", fmt_time(layer.forward),
+                  fmt_time(layer.backward), fmt_count(layer.params),
+                  fmt_bytes(layer.activation_bytes), fmt_count(layer.flops))
+    t.add_row("", "total", "", fmt_time(sum(prof.column("forward"))),
+              fmt_time(sum(prof.column("backward"))), fmt_count(sum(prof.column("params"))),
+              fmt_bytes(sum(prof.column("activation_bytes"))),
+              fmt_count(sum(prof.column("flops"))), style="bold")
+    return t

@@ -14,6 +14,10 @@ tries, in order, until the table's natural width fits:
 Every cell keeps its full text on one line in every step: a value is never wrapped,
 abbreviated or cut. ``Column.numeric`` only sets the default alignment (right).
 
+A command that already builds a ``rich.table.Table`` prints ``fit(table, console.width)``
+instead of the table: the same columns, rows and title, with the short headers of
+:data:`SHORT` (or its own).
+
 >>> from rich.console import Console
 >>> console = Console(width=30, record=True, color_system=None)
 >>> cols = [Column("#"), Column("schedule", "sched.", numeric=False),
@@ -156,3 +160,38 @@ def fit_table(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: i
     if legend := _legend(columns):
         parts.append(Text(legend))
     return Group(*parts)
+
+
+SHORT = {
+    "schedule": "sched.", "recompute": "recomp.", "samples/s": "smp/s", "bubble": "bub.",
+    "all-reduce": "AR", "peak memory": "mem", "mb size": "mbs", "layer": "#",
+    "forward": "fwd", "backward": "bwd", "activations": "act.", "processes": "procs",
+    "predicted": "pred.", "measured (median)": "meas.", "vs best measured": "vs best",
+    "fastest step": "fastest", "sharding": "shard.", "tok/s/GPU": "tok/s", "memory": "mem",
+}
+"""Short headers for the columns pipebubble's tables use (``fit`` looks a header up here)."""
+
+
+def fit(table: Table, width: int, short: dict[str, str] | None = None,
+        keys: int = 1) -> RenderableType:
+    """``table`` (a built ``rich.table.Table`` of plain-text cells) re-laid out by
+    :func:`fit_table` to at most ``width`` columns: its headers, alignment (right-justified
+    columns count as numbers), rows, row styles, title and caption are kept."""
+    names = {**SHORT, **(short or {})}
+    columns = [Column(str(c.header), names.get(str(c.header)), numeric=c.justify == "right")
+               for c in table.columns]
+    cells = [[_plain(cell) for cell in c._cells] for c in table.columns]
+    rows = [list(row) for row in zip(*cells, strict=True)] if cells else []
+    styles = [getattr(r, "style", None) for r in table.rows]
+    return fit_table(columns, rows, width, title=_plain(table.title) or None,
+                     caption=_plain(table.caption) or None, keys=keys,
+                     row_styles=styles if any(styles) else None)
+
+
+def _plain(cell: object) -> str:
+    """A cell as its text: markup strings rendered to plain text, ``Text`` as its plain."""
+    if cell is None:
+        return ""
+    if isinstance(cell, Text):
+        return cell.plain
+    return Text.from_markup(str(cell)).plain
