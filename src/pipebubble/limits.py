@@ -186,19 +186,41 @@ def check_model_size(model: str, layers: int, width: int | None = None, vocab: i
     return weights + acts
 
 
+
 # ---- numbers in flags and in the explorer's query (read by pipebubble.params) ----------------
 MAX_INT_DIGITS = 18
 """Longest integer a flag or query parameter accepts (digits): ints are parsed only after
 this check, so a 4300-digit number is one line of error, never Python's own conversion limit."""
 
-MIN_TIME, MAX_TIME = 1e-12, 1e12
-"""A time (or memory amount) is 0 or in [MIN_TIME, MAX_TIME]: below, sums and ratios
-underflow (5e-324 becomes 0 in a division and NaN in a chart); above, m x (F + B) overflows
-to infinity."""
-
 MAX_TIME_VALUES = 1_000_000
 """Most values in one comma list of per-stage times."""
 
-MAX_EXPLORER_ACTIONS = 600_000
-"""Actions (counted as :func:`estimate_actions` counts them) of one explorer request, a
-sweep's summed over its points: an interactive page answers in about a second."""
+MAX_REQUEST_ACTIONS = 200_000
+"""Actions one explorer request may simulate (a sweep: summed over its points): the page
+answers in well under a second at this size, and one client cannot hold the server."""
+MAX_REQUEST_BYTES = 8 * 2**20
+"""Bytes of one POSTed CSV or timeline JSON to the explorer."""
+MIN_TIME, MAX_TIME = 1e-12, 1e12
+"""A time (a flag, a profile's field) is 0 or in [MIN_TIME, MAX_TIME]: below, sums and ratios
+underflow (5e-324 becomes 0 in a division and NaN in a chart); above, m x (F + B) overflows."""
+
+
+def check_time(value: object, flag: str) -> float:
+    """A time (a cost flag, an explorer parameter, a profile's field): a finite number, 0 or
+    in [:data:`MIN_TIME`, :data:`MAX_TIME`]. The same rule for the CLI and the explorer.
+
+    >>> check_time(0.5, "--f")
+    0.5
+    >>> check_time(1e-300, "f")
+    Traceback (most recent call last):
+    ...
+    pipebubble.limits.LimitError: f must be 0 or between 1e-12 and 1e+12, got 1e-300
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise LimitError(f"{flag} must be a number, got {value!r}")
+    v = float(value)
+    if not v >= 0 or v == float("inf"):
+        raise LimitError(f"{flag} must be finite and >= 0, got {v:g}")
+    if not (v == 0 or MIN_TIME <= v <= MAX_TIME):
+        raise LimitError(f"{flag} must be 0 or between {MIN_TIME:g} and {MAX_TIME:g}, got {v:g}")
+    return v

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import UserError
-from .limits import MAX_INT_DIGITS, MAX_TIME, MAX_TIME_VALUES, MIN_TIME
+from .limits import MAX_INT_DIGITS, MAX_TIME_VALUES, LimitError, check_time
 
 
 class ParamError(UserError):
@@ -133,12 +133,11 @@ def parse_times(text: str, name: str) -> float | list[float]:
     except ValueError:
         raise ParamError(f"{name} must be a number or a comma list of numbers, got "
                          f"{_plain(text)!r}") from None
-    for v in values:
-        if not v >= 0 or v == float("inf"):
-            raise ParamError(f"{name} must be finite and >= 0, got {v:g}")
-        if not (v == 0 or MIN_TIME <= v <= MAX_TIME):
-            raise ParamError(f"{name} must be 0 or between {MIN_TIME:g} and {MAX_TIME:g}, "
-                             f"got {v:g}")
+    for v in values:  # the one rule for times (limits.check_time)
+        try:
+            check_time(v, name)
+        except LimitError as exc:
+            raise ParamError(str(exc)) from None
     return values[0] if len(values) == 1 else values
 
 
@@ -195,7 +194,6 @@ PARAMS: dict[str, Param] = {p.key: p for p in (
     Param("microbatches", "--microbatches", _positive, 8, "microbatches per training step"),
     Param("chunks", "--chunks", _positive, None,
           "stages per rank (interleaved schedules); default: the schedule's own"),
-    Param("max_actions", "--max-actions", _positive, None, "refuse schedules larger than N"),
     Param("f", "--f", parse_times, 1.0, "forward (1)"),
     Param("b", "--b", parse_times, 2.0, "full backward B = I + W (2)"),
     Param("w", "--w", parse_times, 1.0, "weight-gradient part W of the backward (1)"),

@@ -78,7 +78,7 @@ def add_limit_flag(p: argparse.ArgumentParser) -> None:
     """``--max-actions``: the documented work limit (see ``pipebubble.limits``)."""
     from ..limits import MAX_ACTIONS
 
-    p.add_argument("--max-actions", type=param_type("--max-actions"), default=None,
+    p.add_argument("--max-actions", type=positive_int("--max-actions"), default=None,
                    metavar="N", help=f"refuse schedules larger than N actions, about "
                    f"3 x ranks x chunks x microbatches ({MAX_ACTIONS:,}; a sweep: 10x that)")
 

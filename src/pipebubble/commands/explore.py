@@ -12,9 +12,6 @@ import argparse
 import sys
 import threading
 
-from ..web.server import MAX_CONNECTIONS, REQUEST_TIMEOUT
-from .common import float_flag, int_flag
-
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("explore", help="explore every schedule's bubble in the browser",
@@ -25,15 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (127.0.0.1: this machine only; the page has no "
                    "authentication)")
-    p.add_argument("--max-connections", type=int_flag("--max-connections", 1, 1024),
-                   default=MAX_CONNECTIONS, metavar="N",
-                   help=f"connections served at once ({MAX_CONNECTIONS}); beyond it the oldest "
-                   "idle one is closed, or the new one gets 503 when none is idle")
-    p.add_argument("--request-timeout", type=float_flag("--request-timeout", 0, 3600,
-                                                        lo_open=True),
-                   default=REQUEST_TIMEOUT, metavar="S",
-                   help=f"seconds a request may take to arrive whole ({REQUEST_TIMEOUT:g}); a "
-                   "slower client gets 408")
+    add_connection_flags(p)
     p.add_argument("--no-browser", action="store_true", help="do not open the browser")
     p.add_argument("--verbose", action="store_true", help="log every request on stderr")
     p.set_defaults(func=run)
@@ -42,9 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..web.server import LOOPBACK, make_server, url_of
 
-    server = make_server(args.host, args.port, verbose=args.verbose,
-                         max_connections=args.max_connections,
-                         request_timeout=args.request_timeout)
+    server = make_server(args.host, args.port, verbose=args.verbose)
+    server.max_connections, server.request_timeout = args.max_connections, args.request_timeout
     url = url_of(server)
     print(f"serving {url}", flush=True)
     if args.host not in LOOPBACK:
@@ -62,3 +50,18 @@ def run(args: argparse.Namespace) -> int:
     finally:
         server.server_close()
     return 0
+
+
+def add_connection_flags(p: argparse.ArgumentParser) -> None:
+    """--max-connections and --request-timeout (see ``pipebubble.web.connections``)."""
+    from ..web.connections import MAX_CONNECTIONS, REQUEST_TIMEOUT
+    from .common import float_flag, int_flag
+
+    p.add_argument("--max-connections", type=int_flag("--max-connections", 1, 1024),
+                   default=MAX_CONNECTIONS, metavar="N",
+                   help=f"connections served at once ({MAX_CONNECTIONS}); beyond it the oldest "
+                   "idle one is closed, or the new one gets 503 when none is idle")
+    p.add_argument("--request-timeout", default=REQUEST_TIMEOUT, metavar="S",
+                   type=float_flag("--request-timeout", 0, 3600, lo_open=True),
+                   help=f"seconds a request may take to arrive whole ({REQUEST_TIMEOUT:g}); a "
+                   "slower client gets 408")

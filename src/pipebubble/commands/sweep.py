@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..errors import UserError
-from ..files import open_output
+from ..files import flush_stdout, open_output
 from ..limits import check_sweep
 from ..plan.sweep import SweepPoint, parse_range, sweep, write_csv
 from ..schedules import lookup, schedule_names
@@ -112,16 +112,23 @@ def run(args: argparse.Namespace) -> int:
         with open_output(args.csv, "--csv", newline="") as f:
             write_csv(points, f)
         wrote(args.csv)
-    if missing:  # after every file is written: an error above stays the only line
-        err.print(f"[dim]{missing} (schedule, m) pairs were not valid and are left out:[/dim]",
-                  highlight=False)
-        for line in skipped_lines(names, args.ranks, ms, points, args.chunks):
-            err.print(f"  {line}", style="dim", highlight=False, markup=False, soft_wrap=True)
     if args.csv == "-":
         write_csv(points, sys.stdout)
-        return 0
-    Console().print(_table(points, names, title))
+    else:
+        Console().print(_table(points, names, title))
+    flush_stdout()  # a full standard output is the only line: before the note below
+    if missing:  # after every file is written: an error above stays the only line
+        print_skipped(err, missing, skipped_lines(names, args.ranks, ms, points, args.chunks))
     return 0
+
+
+def print_skipped(err, missing: int, lines: list[str]) -> None:
+    """The note on stderr: how many (schedule, m) pairs were left out, then why, per
+    schedule (:func:`skipped_lines`)."""
+    err.print(f"[dim]{missing} (schedule, m) pairs were not valid and are left out:[/dim]",
+              highlight=False)
+    for line in lines:
+        err.print(f"  {line}", style="dim", highlight=False, markup=False, soft_wrap=True)
 
 
 def skipped_lines(names: list[str], ranks: int, ms: list[int], points: list[SweepPoint],

@@ -140,9 +140,13 @@ def parse_torch_csv(
                 _check_action(a, r, c, owner, seen, microbatches, where, rows)
                 if a.kind == "F":
                     forwarded.setdefault(a.stage, set()).add(a.microbatch)
-    if not owner:  # every cell a marker (UNSHARD, ...) or a communication: nothing to run
-        raise ScheduleError(f"{source}: no compute actions (F, I, W, B), only markers or "
-                            "communication")
+    if not owner:  # every cell idle or a no-time marker: nothing to schedule
+        raise ScheduleError(f"{source}: no compute actions: every cell is empty or a marker "
+                            "(UNSHARD, RESHARD, REDUCE_GRAD); a schedule needs F and B "
+                            "(or I and W) actions such as 0F0")
+    if not forwarded:
+        raise ScheduleError(f"{source}: no forward (F) actions; every stage runs a forward "
+                            "per microbatch, e.g. 0F0")
     stages = max(owner) + 1
     if len(owner) != stages:
         missing = next(s for s in range(stages) if s not in owner)

@@ -40,13 +40,13 @@ from ..interop.timeline_json import (
     timeline_json,
 )
 from ..ir.schedule import Schedule
-from ..limits import MAX_EXPLORER_ACTIONS, MAX_RANKS, estimate_actions
+from ..limits import MAX_RANKS, MAX_REQUEST_ACTIONS, MAX_REQUEST_BYTES, estimate_actions
 from ..params import parse_int, read
 from ..schedules import SCHEDULES, get_schedule, lookup
 from ..timeline import Timeline
 
-MAX_ACTIONS = MAX_EXPLORER_ACTIONS  # actions per request (a sweep: summed over its points)
-MAX_BODY_BYTES = 8 * 2**20  # bytes of a POSTed CSV or timeline JSON
+MAX_ACTIONS = MAX_REQUEST_ACTIONS  # actions per request (a sweep: summed over its points)
+MAX_BODY_BYTES = MAX_REQUEST_BYTES  # bytes of a POSTed CSV or timeline JSON
 MAX_SWEEP_POINTS = 64  # microbatch counts in one sweep
 SWEEP_MS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 DEFAULTS = {"schedule": "gpipe", "ranks": "4", "microbatches": "8"}
