@@ -298,17 +298,9 @@ def _output_to_fifo(argv: tuple[str, ...]) -> bool:
                and a.endswith("{d}/fifo") for a in argv)
 
 
-def _partition_huge_m(argv: tuple[str, ...]) -> bool:
-    return argv[0] == "partition" and any(
-        a.startswith("--microbatches=") and a[15:].strip().isdigit() and len(a[15:]) >= 8
-        for a in argv)
-
-
 KNOWN: list[tuple[str, object]] = [
     ("harden22 (files, atomic writes): an output path that is a FIFO blocks in open() until "
      "a reader comes", _output_to_fifo),
-    ("harden22 (limits): partition generates the schedule for --microbatches without "
-     "check_actions (4294967296: a 32 GiB array)", _partition_huge_m),
 ]
 
 

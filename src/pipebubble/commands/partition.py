@@ -159,6 +159,10 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--comm takes one value (seconds per hop), got a list")
     if args.chunks is None:  # the schedule's own (DualPipe: one stage per rank per copy)
         args.chunks = lookup(args.schedule).chunks
+    if args.microbatches is not None:  # each cut's schedule is generated: bounded first
+        from ..limits import check_actions
+
+        check_actions(args.ranks, args.microbatches, args.chunks, args.schedule)
     options = Options(
         ranks=args.ranks, chunks=args.chunks, schedule=args.schedule,
         microbatches=args.microbatches, memory_cap=args.memory_cap,
