@@ -116,7 +116,8 @@ def test_memory_limit_and_auto_match_the_cli(url, capsys):
     assert auto == cli
     assert max(r["peak_memory"] for r in auto["per_rank"]) <= 3 and auto["fits"] is True
     status, out = get_json(url, "/api/simulate?schedule=auto&chunks=3")
-    assert status == 400 and "auto takes chunks 1" in out["error"]
+    assert status == 400 and out["error"] == cli_error(
+        capsys, "simulate", "--schedule", "auto", "-p", "4", "-m", "8", "-v", "3")
 
 
 def test_memory_parameters_scale_the_peaks(url):
@@ -161,11 +162,11 @@ def test_bad_input_is_400_with_the_cli_message(url, capsys, query, argv):
 
 
 @pytest.mark.parametrize("query, words", [
-    ("ranks=0", "ranks must be an integer >= 1, got 0"),
-    ("microbatches=x", "microbatches must be an integer >= 1, got 'x'"),
-    ("f=-1", "f must be finite and >= 0, got -1"),
-    ("comm=1,2", "comm takes one value"),
-    ("overlap=0", "overlap must be one number in (0, 1]"),
+    ("ranks=0", "--ranks must be >= 1, got 0"),
+    ("microbatches=x", "--microbatches must be an integer >= 1, got 'x'"),
+    ("f=-1", "--f must be finite and >= 0, got -1"),
+    ("comm=1,2", "--comm takes one value"),
+    ("overlap=0", "--overlap must be a number in (0, 1], got '0'"),
 ])
 def test_bad_values_name_themselves(url, query, words):
     status, out = get_json(url, "/api/simulate?" + query)
@@ -174,7 +175,7 @@ def test_bad_values_name_themselves(url, query, words):
 
 def test_oversized_requests_are_413(url, monkeypatch):
     status, out = get_json(url, "/api/simulate?ranks=64&microbatches=10000")
-    assert status == 413 and str(api.MAX_ACTIONS) in out["error"]
+    assert status == 413 and f"{api.MAX_ACTIONS:,}" in out["error"]
     status, out = get_json(url, "/api/sweep?ranks=64&microbatches=4000")
     assert status == 413
     monkeypatch.setattr(api, "MAX_BODY_BYTES", 100)

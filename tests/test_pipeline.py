@@ -84,7 +84,8 @@ def test_demo_prints_trace_gantt_and_bubble(capsys):
     out = capsys.readouterr().out
     assert "mb 7:" in out and "rank 3" in out
     # the cost-model clock (F=1, B=2) gives exactly (p - 1)/(m + p - 1) = 3/11
-    assert "measured bubble 27.27% (closed form 27.27%)" in out
+    assert "cost-model bubble 27.27% (closed form 27.27%)" in out
+    assert "simulated clock" in out  # not called measured: F=1 B=2 is not a measurement
 
 
 @pytest.mark.parametrize("name, devices, closed", [("interleaved-1f1b", 2, "closed form 11.11%"),

@@ -56,6 +56,15 @@ class _Parser(argparse.ArgumentParser):
             if file is sys.stdout:
                 raise stdout_failed(exc) from None
 
+    def _get_values(self, action: argparse.Action, arg_strings: list[str]):  # noqa: ANN202
+        # Python 3.11's argparse drops a value that is exactly "--" (``-m=--``) and hands
+        # the flag an empty list past its type check; the value is the text "--" instead.
+        if action.option_strings and action.nargs is None and arg_strings == ["--"]:
+            value = self._get_value(action, "--")
+            self._check_value(action, value)
+            return value
+        return super()._get_values(action, arg_strings)
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with one subparser per module in ``pipebubble.commands``."""

@@ -368,6 +368,14 @@ list without empty items, like a,b
                              "without empty items, like a,b")
     return items
 
+# ---- numbers in flags and in the explorer's query (read by pipebubble.params) ----------------
+MAX_INT_DIGITS = 18
+"""Longest integer a flag or query parameter accepts (digits): ints are parsed only after
+this check, so a 4300-digit number is one line of error, never Python's own conversion limit."""
+
+MAX_TIME_VALUES = 1_000_000
+"""Most values in one comma list of per-stage times."""
+
 
 def check_time(value: object, flag: str) -> float:
     """A time (a cost flag, an explorer parameter, a profile's field): a finite number, 0 or

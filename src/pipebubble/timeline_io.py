@@ -33,6 +33,7 @@ import math
 import os
 
 from .files import FileError, read_json_file
+from .limits import MAX_TIME
 from .timeline import Event, Timeline
 
 MAX_RANKS = 100_000
@@ -78,6 +79,9 @@ def _time_field(e: dict, key: str, i: int, where: str) -> float:
     if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
         raise FileError(f"{where}: events[{i}].{key} must be a finite number (seconds), "
                         f"got {v!r}")
+    if abs(v) > MAX_TIME:  # sums of such times overflow to infinity
+        raise FileError(f"{where}: events[{i}].{key} is {v:g}; times must be at most "
+                        f"{MAX_TIME:g} in size")
     return float(v)
 
 

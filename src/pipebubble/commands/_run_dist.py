@@ -32,7 +32,7 @@ from ..runtime.stages import split_stages
 from ..sim.dataparallel import step_time_with_allreduce
 from ..sim.kernel import simulate
 from ..sim.wire import WireDeadlock, lower, run_wire
-from ._run_setup import analyse, build_setup, print_report, report_json
+from ._run_setup import analyse, build_setup, noise_note, print_report, report_json
 from .common import print_json, write_figures
 
 
@@ -143,6 +143,10 @@ def worker_main(args: argparse.Namespace, schedule: Schedule | None = None) -> i
             worker.watchdog.at("rank 0: reference gradients and report", False)
             report, extra = summarize(args, cfg, setup, results, x, y)
             report.step_times = spans
+            note = noise_note(spans, report.measured.step_time, report.predicted.step_time,
+                              oversubscribed(local_processes(cfg.world_size), args.threads))
+            if note:  # as run --local says it
+                report.notes.append(note)
             _print(args, report, extra)
         cluster.close()
         return 0
@@ -195,6 +199,26 @@ def global_batch_of(setup, args: argparse.Namespace, dp: int):
     gen = torch.Generator().manual_seed(args.seed + 1)
     x, y = setup.spec.make_batch(dp * setup.inputs.shape[0], gen)
     return x.to(setup.device), y.to(setup.device)
+
+
+def local_processes(world_size: int) -> int:
+    """Processes of this run on this machine: torchrun's LOCAL_WORLD_SIZE, else all."""
+    text = os.environ.get("LOCAL_WORLD_SIZE", "")
+    return int(text) if text.isdigit() and int(text) > 0 else world_size
+
+
+def oversubscribed(processes: int, threads: int = 1) -> str | None:
+    """Why a distributed run on one machine is slower than its prediction, when it is: more
+    busy threads than CPU cores, so ranks wait for a core (the cost model, calibrated from
+    each action's own time, does not see the waiting). None when every thread has a core."""
+    from ..limits import available_cores
+
+    cores = available_cores()
+    if processes * threads <= cores:
+        return None
+    return (f"{processes} processes x {threads} thread(s) on {cores} CPU cores: ranks take "
+            "turns on the cores, which the prediction does not include (fewer ranks, or a "
+            "machine with a core per rank)")
 
 
 def _looks_like_peer(exc: BaseException) -> bool:

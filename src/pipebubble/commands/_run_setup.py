@@ -262,11 +262,13 @@ def print_report(report: RunReport, console: Console, width: int | None = None) 
                       f"says {model:+.1%}")
 
 
-def noise_note(step_times: list[float], measured: float, predicted: float) -> str | None:
+def noise_note(step_times: list[float], measured: float, predicted: float,
+               cause: str | None = None) -> str | None:
     """Set the measured-vs-predicted gap against the run's own spread over its repeats.
 
     spread = (slowest - fastest) / fastest of the measured steps. A gap within the spread is
-    noise (the machine, not the model); a larger one is something the cost model misses.
+    noise (the machine, not the model); a larger one is something the cost model misses, or
+    ``cause`` when the caller knows one (a distributed run with more processes than cores).
 
     >>> noise_note([1.0, 1.5], 1.0, 1.2)[:72]  # spread 50%, gap 20%
     'measured vs predicted differ by 20.0%, within the run-to-run spread of 5'
@@ -278,9 +280,11 @@ def noise_note(step_times: list[float], measured: float, predicted: float) -> st
     if gap <= spread:
         return (f"measured vs predicted differ by {gap:.1%}, within the run-to-run spread of "
                 f"{spread:.1%} over {len(step_times)} steps: noise, not a model error (more "
-                "--repeat, --threads 1 or a quieter machine narrow it)")
+                "--repeat, --threads 1 or a quieter machine narrow it)"
+                + (f"; likely cause: {cause}" if cause else ""))
     return (f"measured vs predicted differ by {gap:.1%}, more than the run-to-run spread of "
-            f"{spread:.1%} over {len(step_times)} steps: the cost model misses something here")
+            f"{spread:.1%} over {len(step_times)} steps: "
+            + (f"likely cause: {cause}" if cause else "the cost model misses something here"))
 
 
 def _ms(seconds: float) -> str:

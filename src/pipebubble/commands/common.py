@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 
 from ..costs import CostModel
@@ -18,50 +17,18 @@ from ..interop.timeline_json import (  # noqa: F401  re-exported: the JSON contr
     timeline_json,
 )
 from ..ir.schedule import Schedule, ScheduleError
-from ..limits import MAX_TIME, MIN_TIME, LimitError, check_time  # noqa: F401  (limits.py)
+from ..limits import MAX_INT_DIGITS, MAX_TIME, MIN_TIME  # noqa: F401  (re-exported)
+from ..params import BY_FLAG, as_arg_type, parse_float, parse_int, parse_times
 from ..schedules import get_schedule, lookup, schedule_names
 from ..timeline import Timeline
 
-MAX_INT_DIGITS = 18
-"""Longest integer a flag accepts (digits): ints are parsed only after this check, so a
-4300-digit number is one line of error, never Python's own conversion limit."""
-
-
-def _plain(text: str) -> str:
-    return text if len(text) <= 40 else text[:37] + "..."
-
 
 def int_flag(name: str, lo: int | None = 1, hi: int | None = None):
-    """An argparse ``type`` for an integer flag in ``lo..hi`` (either end open when None).
-
-    One parser for every integer flag: at most :data:`MAX_INT_DIGITS` digits, then the range.
-    The message names the flag, the value and the valid range:
+    """An argparse ``type`` for an integer flag in ``lo..hi`` (either end open when None):
+    :func:`pipebubble.params.parse_int`, the explorer's reader too.
     ``--width must be >= 1, got 0``, ``--seed must be an integer in 0..4294967295, got 'x'``.
     """
-    if lo is not None and hi is not None:
-        valid = f"an integer in {lo}..{hi}"
-    elif lo is not None:
-        valid = f"an integer >= {lo}"
-    elif hi is not None:
-        valid = f"an integer <= {hi}"
-    else:
-        valid = "an integer"
-
-    def parse(text: str) -> int:
-        body = text.strip().lstrip("+-")
-        if not body.isdigit() or not body.isascii():
-            raise argparse.ArgumentTypeError(f"{name} must be {valid}, got {_plain(text)!r}")
-        if len(body.lstrip("0")) > MAX_INT_DIGITS:
-            raise argparse.ArgumentTypeError(
-                f"{name} must be {valid}, got a {len(body)}-digit number")
-        value = int(text)
-        if lo is not None and value < lo:
-            raise argparse.ArgumentTypeError(f"{name} must be >= {lo}, got {value}")
-        if hi is not None and value > hi:
-            raise argparse.ArgumentTypeError(f"{name} must be <= {hi}, got {value}")
-        return value
-
-    return parse
+    return as_arg_type(lambda text: parse_int(text, name, lo, hi))
 
 
 def positive_int(name: str, hi: int | None = None):
@@ -71,60 +38,22 @@ def positive_int(name: str, hi: int | None = None):
 
 def float_flag(name: str, lo: float | None = None, hi: float | None = None,
                lo_open: bool = False, hi_open: bool = False):
-    """An argparse ``type`` for a finite real flag in a range (``lo_open``: ``> lo``).
-
-    ``nan`` and ``inf`` are refused (nan compares false with everything, so it would turn a
-    check such as a timeout off). ``--overlap must be a number in (0, 1], got 'nan'``.
+    """An argparse ``type`` for a finite real flag in a range (``lo_open``: ``> lo``):
+    :func:`pipebubble.params.parse_float`. ``--overlap must be a number in (0, 1], got 'nan'``.
     """
-    left = "(" if lo_open else "["
-    right = ")" if hi_open else "]"
-    if lo is not None and hi is not None:
-        valid = f"a number in {left}{lo:g}, {hi:g}{right}"
-    elif lo is not None:
-        valid = f"a number {'>' if lo_open else '>='} {lo:g}"
-    elif hi is not None:
-        valid = f"a number {'<' if hi_open else '<='} {hi:g}"
-    else:
-        valid = "a finite number"
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be {valid}, got {_plain(text)!r}") \
-                from None
-        bad = not math.isfinite(value)
-        bad = bad or (lo is not None and (value <= lo if lo_open else value < lo))
-        bad = bad or (hi is not None and (value >= hi if hi_open else value > hi))
-        if bad:
-            raise argparse.ArgumentTypeError(f"{name} must be {valid}, got {_plain(text)!r}")
-        return value
-
-    return parse
+    return as_arg_type(lambda text: parse_float(text, name, lo, hi, lo_open, hi_open))
 
 
 def time_value(name: str):
     """A scalar or a comma list of times (one per stage): each 0 or in
-    [:data:`MIN_TIME`, :data:`MAX_TIME`]."""
+    [:data:`MIN_TIME`, :data:`MAX_TIME`] (:func:`pipebubble.params.parse_times`)."""
+    return as_arg_type(lambda text: parse_times(text, name))
 
-    def parse(text: str) -> float | list[float]:
-        parts = [p.strip() for p in text.split(",")]
-        if len(parts) > 1_000_000:
-            raise argparse.ArgumentTypeError(f"{name}: at most 1,000,000 values")
-        try:
-            values = [float(p) for p in parts]
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"{name} must be a number or a comma list of numbers, got {_plain(text)!r}"
-            ) from None
-        for v in values:  # the one rule for times (limits.check_time), also the explorer's
-            try:
-                check_time(v, name)
-            except LimitError as exc:
-                raise argparse.ArgumentTypeError(str(exc)) from None
-        return values[0] if len(values) == 1 else values
 
-    return parse
+def param_type(flag: str):
+    """The argparse ``type`` of a flag in the shared table :data:`pipebubble.params.PARAMS`
+    (the explorer reads the same parameter with the same check)."""
+    return BY_FLAG[flag].arg_type
 
 
 def add_schedule_flags(p: argparse.ArgumentParser, schedule_required: bool = True,
@@ -136,11 +65,11 @@ def add_schedule_flags(p: argparse.ArgumentParser, schedule_required: bool = Tru
                        help=f"one of: {', '.join(schedule_names(searched=False))}, or auto "
                        "(the fastest order "
                        "found for the cost flags within --memory-limit; case-insensitive)")
-    p.add_argument("--ranks", "-p", type=positive_int("--ranks"), required=not optional,
+    p.add_argument("--ranks", "-p", type=param_type("--ranks"), required=not optional,
                    metavar="P", help="pipeline ranks (workers, one per device)")
-    p.add_argument("--microbatches", "-m", type=positive_int("--microbatches"),
+    p.add_argument("--microbatches", "-m", type=param_type("--microbatches"),
                    required=not optional, metavar="M", help="microbatches per training step")
-    p.add_argument("--chunks", "-v", type=positive_int("--chunks"), default=None, metavar="V",
+    p.add_argument("--chunks", "-v", type=param_type("--chunks"), default=None, metavar="V",
                    help="stages per rank (interleaved schedules); default: the schedule's own")
     add_limit_flag(p)
 
@@ -186,14 +115,14 @@ def parse_device(text: str):
 def add_cost_flags(p: argparse.ArgumentParser, limit: bool = True) -> None:
     """--f/--b/--w/--comm/--overlap and the memory flags (``limit``: with --memory-limit)."""
     g = p.add_argument_group("costs (a scalar is one rank's share; a comma list is per stage)")
-    g.add_argument("--f", type=time_value("--f"), default=1.0, metavar="T", help="forward (1)")
-    g.add_argument("--b", type=time_value("--b"), default=2.0, metavar="T",
+    g.add_argument("--f", type=param_type("--f"), default=1.0, metavar="T", help="forward (1)")
+    g.add_argument("--b", type=param_type("--b"), default=2.0, metavar="T",
                    help="full backward B = I + W (2)")
-    g.add_argument("--w", type=time_value("--w"), default=1.0, metavar="T",
+    g.add_argument("--w", type=param_type("--w"), default=1.0, metavar="T",
                    help="weight-gradient part W of the backward (1)")
-    g.add_argument("--comm", type=time_value("--comm"), default=0.0, metavar="T",
+    g.add_argument("--comm", type=param_type("--comm"), default=0.0, metavar="T",
                    help="time per hop between ranks (0)")
-    g.add_argument("--overlap", type=float_flag("--overlap", 0, 1, lo_open=True), default=1.0,
+    g.add_argument("--overlap", type=param_type("--overlap"), default=1.0,
                    metavar="X",
                    help="overlapped F&B pair time as a fraction of F + B (1.0)")
     add_memory_flags(p, limit)
@@ -203,13 +132,13 @@ def add_memory_flags(p: argparse.ArgumentParser, limit: bool = True) -> None:
     """--mem-b, --mem-w (same scalar/list rules as --f) and --memory-limit (per rank)."""
     g = p.add_argument_group("activation memory (a scalar is one rank's share; a comma list is "
                              "per stage; --memory-limit: one value, or one per rank)")
-    g.add_argument("--mem-b", type=time_value("--mem-b"), default=1.0, metavar="X",
+    g.add_argument("--mem-b", type=param_type("--mem-b"), default=1.0, metavar="X",
                    help="activation memory M_B one forward adds (1)")
-    g.add_argument("--mem-w", type=time_value("--mem-w"), default=0.0, metavar="X",
+    g.add_argument("--mem-w", type=param_type("--mem-w"), default=0.0, metavar="X",
                    help="the part M_W of M_B that W still needs after I frees the rest (0)")
     if not limit:
         return
-    g.add_argument("--memory-limit", type=time_value("--memory-limit"), default=None,
+    g.add_argument("--memory-limit", type=param_type("--memory-limit"), default=None,
                    metavar="X", help="the most activation memory a rank may hold, in the units "
                    "of peak memory; a schedule over it is reported as not fitting (none)")
 

@@ -24,6 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (127.0.0.1: this machine only; the page has no "
                    "authentication)")
+    add_connection_flags(p)
     p.add_argument("--no-browser", action="store_true", help="do not open the browser")
     p.add_argument("--verbose", action="store_true", help="log every request on stderr")
     p.set_defaults(func=run)
@@ -36,6 +37,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--host {args.host!r} is empty (it would listen on every interface); "
                         "give 127.0.0.1 for this machine only, or an address of this machine")
     server = make_server(args.host, args.port, verbose=args.verbose)
+    server.max_connections, server.request_timeout = args.max_connections, args.request_timeout
     url = url_of(server)
     print(f"serving {url}", flush=True)
     if args.host not in LOOPBACK:
@@ -54,3 +56,18 @@ def run(args: argparse.Namespace) -> int:
     finally:
         server.server_close()
     return 0
+
+
+def add_connection_flags(p: argparse.ArgumentParser) -> None:
+    """--max-connections and --request-timeout (see ``pipebubble.web.connections``)."""
+    from ..web.connections import MAX_CONNECTIONS, REQUEST_TIMEOUT
+    from .common import float_flag, int_flag
+
+    p.add_argument("--max-connections", type=int_flag("--max-connections", 1, 1024),
+                   default=MAX_CONNECTIONS, metavar="N",
+                   help=f"connections served at once ({MAX_CONNECTIONS}); beyond it the oldest "
+                   "idle one is closed, or the new one gets 503 when none is idle")
+    p.add_argument("--request-timeout", default=REQUEST_TIMEOUT, metavar="S",
+                   type=float_flag("--request-timeout", 0, 3600, lo_open=True),
+                   help=f"seconds a request may take to arrive whole ({REQUEST_TIMEOUT:g}); a "
+                   "slower client gets 408")

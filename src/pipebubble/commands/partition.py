@@ -192,12 +192,21 @@ def run(args: argparse.Namespace) -> int:
             args.schedule = timeline.schedule
     args.microbatches = args.microbatches or 8
     args.schedule = args.schedule or "1f1b"
+    if args.schedule.lower() == "auto":  # the cut is searched for a fixed order
+        from ..ir.schedule import ScheduleError
+
+        raise ScheduleError("partition --schedule auto: the cut is chosen for a fixed order; "
+                            f"valid are {', '.join(schedule_names())}")
     if not 0 <= args.w_fraction <= 1:
         raise UserError(f"--w-fraction must be in [0, 1], got {args.w_fraction}")
     if isinstance(args.comm, list):
         raise UserError("--comm takes one value (seconds per hop), got a list")
     if args.chunks is None:  # the schedule's own (DualPipe: one stage per rank per copy)
         args.chunks = lookup(args.schedule).chunks
+    if args.microbatches is not None:  # each cut's schedule is generated: bounded first
+        from ..limits import check_actions
+
+        check_actions(args.ranks, args.microbatches, args.chunks, args.schedule)
     options = Options(
         ranks=args.ranks, chunks=args.chunks, schedule=args.schedule,
         microbatches=args.microbatches, memory_cap=args.memory_cap,

@@ -247,6 +247,8 @@ def print_plans(console, result, out: dict, validations) -> None:
     """The top plans as a table, why the best wins, its settings, and the validation."""
     from rich.table import Table
 
+    from ..render.table import fit
+
     req = result.request
     console.print(f"[bold]searched {result.searched} configurations[/bold] ({result.simulated} "
                   f"simulations) in {result.seconds:.2f} s: "
@@ -262,7 +264,7 @@ def print_plans(console, result, out: dict, validations) -> None:
                   f"{p.samples_per_second:.1f}", f"{p.bubble_fraction:.1%}",
                   f"{p.allreduce_time / p.step_time:.1%}" if p.step_time else "—",
                   _gib(max(p.peak_memory)))
-    console.print(t)
+    console.print(fit(t, console.width))  # headers give way at 80 columns, values never
     for line in why_best(result):
         console.print(line, highlight=False)
     best = out["plans"][0]
@@ -292,7 +294,7 @@ def print_plans(console, result, out: dict, validations) -> None:
             v.add_row(str(k), name, str(p.pp * p.dp), _t(x.predicted), _t(x.measured),
                       f"{x.measured / x.predicted - 1:+.1%}",
                       f"{x.measured / best_m - 1:+.1%}", _t(x.measured_min))
-        console.print(v)
+        console.print(fit(v, console.width))
         m = validations[0].machine
         if real:
             console.print(f"(each plan ran --model {real} at its cut; predicted = the simulated "

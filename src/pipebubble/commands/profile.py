@@ -189,7 +189,9 @@ def _output(args: argparse.Namespace, prof) -> int:
     from rich.console import Console
 
     console = Console()
-    console.print(profile_table(prof))
+    from ..render.table import fit
+
+    console.print(fit(profile_table(prof), console.width, keys=2))  # values never cut
     if args.out:
         console.print(f"next: pipebubble partition --profile {args.out} --ranks P, or "
                       f"pipebubble plan --profile {args.out} --gpus N ...")

@@ -32,6 +32,10 @@ from .common import (
     write_figures,
 )
 
+TIME_UNIT = "in the time unit of --f/--b/--w/--comm"
+"""What a simulated time means: the cost flags have no unit of their own, so the step time
+is in theirs (seconds when they are seconds)."""
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("simulate", help="simulate one schedule and draw its Gantt chart",
@@ -78,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     console.print(summary_table(timeline))
     info = schedule.options.get("auto")
     bound = (info.lower_bound.value, info.lower_bound.kind) if info else None
-    for line in summary_lines(timeline, closed, bound):
+    for line in summary_lines(timeline, closed, bound, unit=TIME_UNIT):
         console.print(line)
     if closed_form_basis(schedule) == "span":
         console.print(f"span bubble {span_bubble(timeline):.2%} (the idlest rank's idle time "

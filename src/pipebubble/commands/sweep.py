@@ -117,8 +117,78 @@ def run(args: argparse.Namespace) -> int:
         Console().print(_table(points, names, title))
     flush_stdout()  # a full standard output is the only line: before the note below
     if missing:  # after every file is written: an error above stays the only line
-        err.print(f"[dim]{missing} (schedule, m) pairs were not valid and are left out[/dim]")
+        print_skipped(err, missing, skipped_lines(names, args.ranks, ms, points, args.chunks))
     return 0
+
+
+def print_skipped(err, missing: int, lines: list[str]) -> None:
+    """The note on stderr: how many (schedule, m) pairs were left out, then why, per
+    schedule (:func:`skipped_lines`)."""
+    err.print(f"[dim]{missing} (schedule, m) pairs were not valid and are left out:[/dim]",
+              highlight=False)
+    for line in lines:
+        err.print(f"  {line}", style="dim", highlight=False, markup=False, soft_wrap=True)
+
+
+def skipped_lines(names: list[str], ranks: int, ms: list[int], points: list[SweepPoint],
+                  chunks: int | None = None) -> list[str]:
+    """One line per schedule that left some m out: which m, and the rule that excluded them
+    (the generator's own message without its ``, got M``), e.g.
+    ``dualpipev: m = 1..7 (needs microbatches >= 2 x ranks = 8)``; where the rule changes
+    with m, one line with the first as an example."""
+    from ..schedules import get_schedule
+
+    done = {(p.schedule, p.microbatches) for p in points}
+    out = []
+    for name in names:
+        spec = None if name == "auto" else lookup(name)
+        left = [m for m in ms if (spec.name if spec else name, m) not in done]
+        if not left:
+            continue
+        rules: dict[str, list[int]] = {}
+        for m in left:
+            try:
+                if spec is None:  # auto: the search found no order
+                    raise UserError("no order found within --memory-limit")
+                get_schedule(name, ranks, m, chunks if chunks and not spec.fixed_chunks
+                             else None)
+                rule = "generated, but could not be simulated"
+            except UserError as exc:
+                rule = str(exc).splitlines()[0]
+                for tail in (f", got {m}", f" got {m}"):
+                    rule = rule.removesuffix(tail)
+                rule = rule.removeprefix(f"{spec.name if spec else name} ")
+            rules.setdefault(rule, []).append(m)
+        label = spec.name if spec else name
+        if len(rules) > 2:  # the rule depends on m (interleaved: m // p rounds): one example
+            rule, group = next(iter(rules.items()))
+            out.append(f"{label}: m = {_ranges(left)} (for example m={group[0]}: {rule})")
+            continue
+        for rule, group in rules.items():
+            out.append(f"{label}: m = {_ranges(group)} ({rule})")
+    return out
+
+
+def _ranges(ms: list[int], most: int = 8) -> str:
+    """``1..3, 5, 7, 8``: runs of three or more consecutive integers joined; past ``most``
+    items, a count.
+
+    >>> _ranges([1, 2, 3, 5, 7, 8])
+    '1..3, 5, 7, 8'
+    >>> _ranges(list(range(1, 40, 2)), most=3)
+    '1, 3, 5 and 17 more'
+    """
+    runs: list[list[int]] = []
+    for m in sorted(ms):
+        if runs and m == runs[-1][-1] + 1:
+            runs[-1].append(m)
+        else:
+            runs.append([m])
+    items = [f"{r[0]}..{r[-1]}" if len(r) > 2 else ", ".join(map(str, r)) for r in runs]
+    items = ", ".join(items).split(", ")
+    if len(items) > most:
+        return ", ".join(items[:most]) + f" and {len(items) - most} more"
+    return ", ".join(items)
 
 
 def _save_figure(args: argparse.Namespace, fig) -> None:

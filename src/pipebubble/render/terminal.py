@@ -201,15 +201,19 @@ def _memory(n: float, measured: bool) -> str:
 
 
 def summary_lines(timeline: Timeline, closed_form: float | None = None,
-                  bound: tuple[float, str] | None = None) -> list[str]:
-    """``bound``: a provable lower bound and its kind (auto's) instead of the timeline's
-    busiest rank, with the gap to it."""
+                  bound: tuple[float, str] | None = None,
+                  unit: str | None = None) -> list[str]:
+    """Step time, lower bound and bubble. ``bound``: a provable lower bound and its kind
+    (auto's) instead of the timeline's busiest rank, with the gap to it. A measured
+    timeline's times are seconds (shown as ms); a simulated one's are in the unit of its cost
+    model, which ``unit`` names (e.g. ``"in the time unit of --f/--b/--w/--comm"``)."""
     measured = timeline.source == "measured"
     lower = (f"{_time(timeline.lower_bound, measured)}" if bound is None else
              f"{_time(bound[0], measured)} ({bound[1]}), gap "
              f"{timeline.step_time / bound[0] - 1 if bound[0] > 0 else 0.0:.2%}")
     lines = [
-        f"step time {_time(timeline.step_time, measured)}   lower bound {lower}",
+        f"step time {_time(timeline.step_time, measured)}   lower bound {lower}"
+        + (f"   ({unit})" if unit and not measured else ""),
         f"bubble {timeline.bubble_fraction:.2%}"
         + (f" (closed form {closed_form:.2%})" if closed_form is not None else ""),
     ]

@@ -61,12 +61,22 @@ def schedule_names(searched: bool = True) -> list[str]:
     return [n for n, spec in SCHEDULES.items() if searched or not spec.searched]
 
 
+def valid_names() -> str:
+    """The names a ``--schedule`` takes, for messages: the registered families and ``auto``
+    (the automatic scheduler, ``schedules/auto``, searched rather than generated)."""
+    names = schedule_names()
+    return ", ".join(names if "auto" in names else [*names, "auto"])
+
+
 def lookup(name: str) -> ScheduleSpec:
     key = _ALIASES.get(str(name).lower())
+    if key is None and str(name).lower() == "auto":  # a search, not a family
+        raise ScheduleError("'auto' is searched, not generated: call "
+                            "pipebubble.auto_schedule(ranks, microbatches, costs) (the "
+                            "commands take --schedule auto); registered families are "
+                            f"{', '.join(schedule_names())}")
     if key is None:
-        raise ScheduleError(
-            f"unknown schedule {name!r}; valid are {', '.join(schedule_names())}"
-        )
+        raise ScheduleError(f"unknown schedule {name!r}; valid are {valid_names()}")
     return SCHEDULES[key]
 
 

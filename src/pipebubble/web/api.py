@@ -25,12 +25,12 @@ with it. Requests bigger than :data:`MAX_ACTIONS` actions raise :class:`TooLarge
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 
 from .. import __version__
 from ..costs import CostModel
 from ..errors import UserError
+from ..files import parse_json
 from ..interop.timeline_json import (
     clean_floats,
     closed_form_for,
@@ -40,11 +40,14 @@ from ..interop.timeline_json import (
     timeline_json,
 )
 from ..ir.schedule import Schedule
+from ..limits import MAX_RANKS, MAX_REQUEST_ACTIONS, MAX_REQUEST_BYTES, estimate_actions
+from ..params import parse_int, read
 from ..schedules import SCHEDULES, get_schedule, lookup
 from ..timeline import Timeline
 
-MAX_ACTIONS = 200_000  # actions per request (a sweep: summed over its points)
-MAX_BODY_BYTES = 8 * 2**20  # bytes of a POSTed CSV or timeline JSON
+MAX_ACTIONS = MAX_REQUEST_ACTIONS  # actions per request (a sweep: summed over its points)
+MAX_BODY_BYTES = MAX_REQUEST_BYTES  # bytes of a POSTed CSV or timeline JSON
+MAX_SWEEP_POINTS = 64  # microbatch counts in one sweep
 SWEEP_MS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 DEFAULTS = {"schedule": "gpipe", "ranks": "4", "microbatches": "8"}
 AUTO = "auto"  # the registered search over orders (schedules/auto), listed after the families
@@ -54,53 +57,20 @@ class TooLarge(UserError):
     """The request asks for more than the documented limits; the server answers 413."""
 
 
-def _int(params: Mapping[str, str], name: str, default: str | None = None) -> int | None:
-    text = params.get(name, default)
-    if text is None or str(text).strip() == "":
-        return None
-    try:
-        value = int(str(text).strip())
-    except ValueError:
-        raise UserError(f"{name} must be an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise UserError(f"{name} must be an integer >= 1, got {value}")
-    return value
-
-
-def _times(params: Mapping[str, str], name: str, default: float) -> float | list[float]:
-    """A number or a comma list of numbers (one per stage), finite and >= 0, like the CLI."""
-    text = params.get(name)
-    if text is None or str(text).strip() == "":
-        return default
-    try:
-        values = [float(p) for p in str(text).split(",")]
-    except ValueError:
-        raise UserError(f"{name} must be a number or a comma list of numbers, got "
-                         f"{text!r}") from None
-    for v in values:
-        if not v >= 0 or v == float("inf"):
-            raise UserError(f"{name} must be finite and >= 0, got {v:g}")
-    return values[0] if len(values) == 1 else values
-
-
 def costs_from_params(params: Mapping[str, str]) -> CostModel:
     """The CostModel the parameters describe (the CLI's --f/--b/--w/--comm/--overlap and
-    M_B, M_W). ``memory_limit`` is passed on when CostModel knows it; the page marks the
-    ranks whose ``peak_memory`` exceeds it either way."""
-    comm = _times(params, "comm", 0.0)
-    if isinstance(comm, list):
-        raise UserError("comm takes one value (time per hop), got a list")
-    overlap = _times(params, "overlap", 1.0)
-    if isinstance(overlap, list) or not 0 < overlap <= 1:
-        raise UserError(f"overlap must be one number in (0, 1], got {params.get('overlap')!r}")
-    kwargs: dict = dict(
-        f=_times(params, "f", 1.0), b=_times(params, "b", 2.0), w=_times(params, "w", 1.0),
-        comm=comm, overlap=overlap, activation_memory=_times(params, "mem_b", 1.0),
-        weight_memory=_times(params, "mem_w", 0.0))
-    limit = _times(params, "memory_limit", -1.0)
-    if limit != -1.0:  # one value for every rank, or one per rank (CostModel checks)
-        kwargs["memory_limit"] = limit
-    return CostModel(**kwargs)
+    M_B, M_W, --memory-limit), each read and checked by :mod:`pipebubble.params`, the table
+    the CLI's flags are read with. ``memory_limit``: one value for every rank, or one per
+    rank; the page marks the ranks whose ``peak_memory`` exceeds it."""
+    return CostModel(
+        f=read(params, "f"), b=read(params, "b"), w=read(params, "w"),
+        comm=read(params, "comm"), overlap=read(params, "overlap"),
+        activation_memory=read(params, "mem_b"), weight_memory=read(params, "mem_w"),
+        memory_limit=read(params, "memory_limit"))
+
+
+def _name(params: Mapping[str, str]) -> str:
+    return str(params.get("schedule", DEFAULTS["schedule"]))
 
 
 def schedule_from_params(params: Mapping[str, str], costs: CostModel | None = None) -> Schedule:
@@ -109,22 +79,24 @@ def schedule_from_params(params: Mapping[str, str], costs: CostModel | None = No
     ``auto`` (like ``simulate --schedule auto``) searches the fastest order for ``costs``
     within their memory limit: chunks 1 loop placement, 2 V, none either.
     """
-    name = str(params.get("schedule") or DEFAULTS["schedule"])
-    ranks = _int(params, "ranks", DEFAULTS["ranks"])
-    microbatches = _int(params, "microbatches", DEFAULTS["microbatches"])
-    chunks = _int(params, "chunks")
+    name = _name(params)
+    ranks, microbatches = read(params, "ranks"), read(params, "microbatches")
+    chunks = read(params, "chunks")
     spec = lookup(name)
     # a search (auto) may pick the V placement and splits every backward: 6 actions a rank
-    _check_size(ranks * microbatches * (6 if spec.searched else chunks or spec.chunks))
+    chunks_at_most = 2 if spec.searched else chunks or spec.chunks
+    _check_size(estimate_actions(ranks, microbatches, chunks_at_most), ranks)
     schedule = get_schedule(spec.name, ranks, microbatches, chunks, costs=costs or CostModel())
     _check_size(sum(map(len, schedule.orders)))
     return schedule
 
 
-def _check_size(actions: int) -> None:
+def _check_size(actions: int, ranks: int = 1) -> None:
+    if ranks > MAX_RANKS:
+        raise TooLarge(f"{ranks:,} ranks is over the limit of {MAX_RANKS:,}")
     if actions > MAX_ACTIONS:
-        raise TooLarge(f"{actions} actions is over the explorer's limit of {MAX_ACTIONS} per "
-                       "request; use the command line (pipebubble simulate) for this size")
+        raise TooLarge(f"{actions:,} actions is over the explorer's limit of {MAX_ACTIONS:,} "
+                       "per request; use the command line (pipebubble simulate) for this size")
 
 
 def simulate_get(params: Mapping[str, str]) -> dict:
@@ -152,11 +124,8 @@ def load_body(body: bytes, params: Mapping[str, str]) -> tuple[Timeline, dict]:
     name = str(params.get("name") or "uploaded")
     if not text.strip():
         raise UserError(f"{name}: the file is empty (expected a CSV or a JSON file)")
-    if text.lstrip().startswith("{"):
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{name}: not valid JSON: {exc}") from None
+    if text.lstrip()[:1] in ("{", "["):  # JSON (a timeline is an object)
+        data = parse_json(text, name)  # depth, digits, NaN/Infinity: as the CLI reads files
         if isinstance(data, dict) and isinstance(data.get("events"), list):
             _check_size(len(data["events"]))
         timeline = timeline_from_json(data, source=name)
@@ -238,20 +207,23 @@ def sweep(params: Mapping[str, str]) -> dict:
 
     ``ms`` (a comma list) picks the microbatch counts; default :data:`SWEEP_MS` plus the
     current ``microbatches``. A count the schedule refuses (e.g. zb-h2 needs m >= 2p-1) gets
-    ``error`` instead of numbers.
+    ``error`` instead of numbers; when every count is refused, the request is bad (400).
     """
     costs = costs_from_params(params)
-    ms_text = params.get("ms")
-    current = _int(params, "microbatches", DEFAULTS["microbatches"])
-    if ms_text:
-        ms = sorted({_int({"ms": part}, "ms") for part in str(ms_text).split(",")})
+    current = read(params, "microbatches")
+    if "ms" in params:
+        parts = str(params["ms"]).split(",")
+        if len(parts) > MAX_SWEEP_POINTS:
+            raise TooLarge(f"ms has {len(parts)} values; a sweep takes at most "
+                           f"{MAX_SWEEP_POINTS}")
+        ms = sorted({parse_int(part, "ms") for part in parts})
     else:
         ms = sorted(set(SWEEP_MS) | {current})
-    ranks = _int(params, "ranks", DEFAULTS["ranks"])
-    name = str(params.get("schedule") or DEFAULTS["schedule"])
+    ranks = read(params, "ranks")
+    name = _name(params)
     spec = lookup(name)
-    chunks = _int(params, "chunks") or (2 if spec.searched else spec.chunks)
-    _check_size(sum(ranks * chunks * m for m in ms))
+    chunks = read(params, "chunks") or (2 if spec.searched else spec.chunks)
+    _check_size(sum(estimate_actions(ranks, m, chunks) for m in ms), ranks)
     points = []
     for m in ms:
         point: dict = {"microbatches": m}
@@ -266,8 +238,9 @@ def sweep(params: Mapping[str, str]) -> dict:
             point.update(step_time=timeline.step_time, bubble_fraction=timeline.bubble_fraction,
                          closed_form_bubble=closed_form_for(schedule, costs))
         points.append(point)
-    return {"schedule": lookup(name).name, "ranks": ranks,
-            "points": points}
+    if all("error" in point for point in points):  # nothing to draw: the request is bad
+        raise UserError(points[0]["error"])
+    return clean_floats({"schedule": lookup(name).name, "ranks": ranks, "points": points})
 
 
 def schedule_csv(params: Mapping[str, str]) -> str:

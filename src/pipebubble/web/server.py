@@ -10,7 +10,14 @@ Routes: ``/`` (the page), ``/static/<file>`` (its script and style, shipped in t
 ``/api/...`` (see :mod:`pipebubble.web.api`). Every request is answered, whatever happens:
 bad input (a :class:`~pipebubble.errors.UserError`) → 400 ``{"error": "..."}``, over a
 limit → 413, unknown path → 404, a bug → 500 with its message (and the traceback on
-stderr); the server keeps serving.
+stderr); the server keeps serving. JSON answers never hold ``NaN`` or ``Infinity`` (browsers'
+``JSON.parse`` refuses them): a non-finite number is a bug, answered 500.
+
+Hostile or broken clients cannot starve the others (:mod:`pipebubble.web.connections`): at
+most ``max_connections`` connections at once, the oldest idle one closed to make room for a
+new one (503 when none is idle); a request must arrive whole within ``request_timeout``
+seconds of its first byte (else 408); a client that does not read its answer is dropped
+after ``request_timeout`` seconds.
 
 >>> server = make_server("127.0.0.1", 0)
 >>> server.server_address[0]
@@ -21,14 +28,22 @@ stderr); the server keeps serving.
 from __future__ import annotations
 
 import json
+import socket
 import sys
 import traceback
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from importlib import resources
 from urllib.parse import parse_qsl, urlsplit
 
 from ..errors import UserError
 from . import api
+from .connections import (  # noqa: F401  (MAX_CONNECTIONS, REQUEST_TIMEOUT: explore's flags)
+    IDLE_TIMEOUT,
+    MAX_CONNECTIONS,
+    REQUEST_TIMEOUT,
+    BoundedServer,
+    DeadlineHandler,
+)
 
 STATIC = {"index.html": "text/html; charset=utf-8", "app.js": "text/javascript; charset=utf-8",
           "charts.js": "text/javascript; charset=utf-8", "style.css": "text/css; charset=utf-8"}
@@ -39,19 +54,27 @@ def _static(name: str) -> bytes:
     return resources.files(__package__).joinpath("static", name).read_bytes()
 
 
-class Handler(BaseHTTPRequestHandler):
+class Handler(DeadlineHandler):
     server_version = "pipebubble-explore"
     protocol_version = "HTTP/1.1"
-    timeout = 60  # seconds a silent client may hold its thread
 
     # ---- plumbing ---------------------------------------------------------------------
+    def timed_out(self) -> None:
+        timeout = self.server.request_timeout  # type: ignore[attr-defined]
+        self._error(408, f"the request did not arrive whole within {timeout:g} s; the "
+                    "explorer drops slow requests so that they cannot hold it up")
+
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002  quiet by default
         if getattr(self.server, "verbose", False):
             super().log_message(format, *args)
 
     def _send(self, status: int, body: bytes, content_type: str,
               extra: dict[str, str] | None = None) -> None:
+        # a client that does not read its answer is dropped after request_timeout seconds
+        self.connection.settimeout(self.server.request_timeout)  # type: ignore[attr-defined]
         self.send_response(status)
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")
@@ -63,7 +86,8 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
 
     def _json(self, status: int, obj: object, extra: dict[str, str] | None = None) -> None:
-        self._send(status, json.dumps(obj).encode(), "application/json", extra)
+        text = json.dumps(obj, allow_nan=False)  # a non-finite number: a bug, answered 500
+        self._send(status, text.encode(), "application/json", extra)
 
     def _error(self, status: int, message: str) -> None:
         self._json(status, {"error": message})
@@ -97,7 +121,12 @@ class Handler(BaseHTTPRequestHandler):
             self._error(413, f"the request body is {n} bytes; the explorer takes at most "
                         f"{api.MAX_BODY_BYTES} bytes")
             return None
-        return self.rfile.read(n)
+        try:
+            return self.rfile.read(n)
+        except TimeoutError:
+            self.close_connection = True
+            self.timed_out()
+            return None
 
     # ---- requests ---------------------------------------------------------------------
     def do_GET(self) -> None:  # noqa: N802  (http.server's naming)
@@ -121,7 +150,7 @@ class Handler(BaseHTTPRequestHandler):
             self._error(413, str(exc))
         except UserError as exc:  # the user's input (ScheduleError too); any other error is a bug
             self._error(400, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-        except (BrokenPipeError, ConnectionResetError):
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
             self.close_connection = True
         except Exception as exc:  # a bug: say so, log it, keep serving
             traceback.print_exc(file=sys.stderr)
@@ -183,28 +212,41 @@ def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:80] or "file"
 
 
-def make_server(host: str = "127.0.0.1", port: int = 8765, *,
-                verbose: bool = False) -> ThreadingHTTPServer:
+class ExplorerServer(BoundedServer):
+    """The explorer: :class:`~pipebubble.web.connections.BoundedServer` over :class:`Handler`."""
+
+    def __init__(self, address: tuple, max_connections: int = MAX_CONNECTIONS,
+                 request_timeout: float = REQUEST_TIMEOUT,
+                 idle_timeout: float = IDLE_TIMEOUT) -> None:
+        self.verbose = False
+        self.any_host = False
+        super().__init__(address, Handler, max_connections, request_timeout, idle_timeout)
+
+
+class ExplorerServer6(ExplorerServer):
+    address_family = socket.AF_INET6
+
+
+def make_server(host: str = "127.0.0.1", port: int = 8765, *, verbose: bool = False,
+                max_connections: int = MAX_CONNECTIONS,
+                request_timeout: float = REQUEST_TIMEOUT,
+                idle_timeout: float = IDLE_TIMEOUT) -> ExplorerServer:
     """A ready (not yet serving) explorer server; ``port=0`` picks a free port.
 
     Call ``serve_forever()`` on it (or in a thread) and ``shutdown()`` to stop. Raises
-    ``UserError`` with one line when the address cannot be used.
+    ``UserError`` with one line when the address cannot be used. ``max_connections``,
+    ``request_timeout`` and ``idle_timeout``: see the module doc.
     """
     if not 0 <= port <= 65535:
         raise UserError(f"--port must be in 0..65535 (0: any free port), got {port}")
-    cls = ThreadingHTTPServer
-    if ":" in host:  # an IPv6 address
-        import socket
-
-        cls = type("ThreadingHTTPServer6", (ThreadingHTTPServer,),
-                   {"address_family": socket.AF_INET6})
+    cls = ExplorerServer6 if ":" in host else ExplorerServer  # an IPv6 address
     try:
-        server = cls((host, port), Handler)
+        server = cls((host, port), max_connections, request_timeout, idle_timeout)
     except OSError as exc:
         raise UserError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; pick another "
                          "--port (0: any free port) or --host") from None
-    server.verbose = verbose  # type: ignore[attr-defined]
-    server.any_host = host not in LOOPBACK  # type: ignore[attr-defined]
+    server.verbose = verbose
+    server.any_host = host not in LOOPBACK
     return server
 
 
