@@ -20,6 +20,7 @@ from .timeline import Event, Timeline
 
 if TYPE_CHECKING:
     from .runtime.pipeline import Pipeline, PipelineStage
+    from .runtime.torch_engine import torch_schedule
 
 __all__ = [
     "Action",
@@ -37,12 +38,14 @@ __all__ = [
     "get_schedule",
     "schedule_names",
     "simulate",
+    "torch_schedule",
     "validate",
 ]
 
 __version__ = "0.1.0"
 
-_LAZY = {"Pipeline": "runtime.pipeline", "PipelineStage": "runtime.pipeline"}
+_LAZY = {"Pipeline": "runtime.pipeline", "PipelineStage": "runtime.pipeline",
+         "torch_schedule": "runtime.torch_engine"}
 
 
 def __getattr__(name: str):  # PEP 562: torch is imported only when the lesson's classes are used

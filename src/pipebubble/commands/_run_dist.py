@@ -101,6 +101,7 @@ def run_distributed(args: argparse.Namespace) -> int:
     setup = build_setup(args)  # every flag checked before any process starts
     cfg = config_from_args(args, setup.schedule)
     plan_training(args, setup)  # and the training flags, a --resume checkpoint
+    check_engine_flags(args, setup.schedule)
     try:
         run_wire(lower(setup.schedule, cfg.p2p), blocking=True)
     except WireDeadlock as exc:
@@ -126,6 +127,7 @@ def worker_main(args: argparse.Namespace, schedule: Schedule | None = None) -> i
     setup = build_setup(args, reference=args.check and env.rank == 0, schedule=schedule)
     cfg = config_from_args(args, setup.schedule)
     plan = plan_training(args, setup)
+    check_engine_flags(args, setup.schedule)
     try:
         x, y = batch_of(setup, args, plan.start, cfg.dp)
         cluster = Cluster(env, cfg.backend, cfg.stall_timeout, cfg.heartbeat_timeout, cfg.p2p)
@@ -172,6 +174,7 @@ def worker_main(args: argparse.Namespace, schedule: Schedule | None = None) -> i
             report.step_times = spans
             report.losses, report.train = losses, train_summary(plan)
             report.loss = losses[-1]
+            report.engine = getattr(args, "engine", "pipebubble")
             if ref is not None:
                 report.loss_abs_diff = abs(losses[-1] - last_ref[0])
                 report.reference_losses = list(ref.losses)
@@ -187,6 +190,14 @@ def worker_main(args: argparse.Namespace, schedule: Schedule | None = None) -> i
             return 1
         cluster.watchdog.fail(msg, peer_error=_looks_like_peer(exc))
         return 1
+
+
+def check_engine_flags(args: argparse.Namespace, schedule: Schedule) -> None:
+    """``--engine torch``: what torch's runtime cannot run, refused before any process."""
+    if getattr(args, "engine", "pipebubble") == "torch":
+        from ..runtime.torch_engine import check_engine
+
+        check_engine(schedule, args.recompute)
 
 
 def make_worker(args: argparse.Namespace, cfg: DistConfig, cluster: Cluster, setup, x, y):
@@ -252,7 +263,10 @@ def summarize(args, cfg: DistConfig, setup, results: list, x, y, ref_last=None,
     ar = [allreduce.get(s, 0.0) for s in range(schedule.num_stages)]
     report.costs = replace(report.costs, comm=comm, allreduce=ar)
     report.predicted = simulate(schedule, report.costs)
-    report.title += (f"  —  {cfg.world_size} processes ({cfg.backend}, --p2p {cfg.p2p}"
+    engine = getattr(args, "engine", "pipebubble")
+    via = ("torch's _PipelineScheduleRuntime" if engine == "torch"
+           else f"--p2p {cfg.p2p}")
+    report.title += (f"  —  {cfg.world_size} processes ({cfg.backend}, {via}"
                      f"{f', dp={cfg.dp}' if cfg.dp > 1 else ''})")
     if args.check and setup.reference is not None:
         # the last step's gradients against the unsplit model's on the same batch
