@@ -244,7 +244,16 @@ def run(args: argparse.Namespace) -> int:
     if args.dtype == "float64":  # before any model or batch is built, in every process
         import torch
 
+        before = torch.get_default_dtype()
         torch.set_default_dtype(torch.float64)
+        try:
+            return _run(args)
+        finally:  # a caller in this process (a test, a notebook) keeps its default
+            torch.set_default_dtype(before)
+    return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     if not args.local:  # one process per rank
         from ._run_dist import run_distributed
 
