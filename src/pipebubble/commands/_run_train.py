@@ -56,9 +56,9 @@ def plan_training(args: argparse.Namespace, setup) -> TrainPlan:
     names = layer_names(setup.spec, len(layers))
     shapes = model_parameter_shapes(layers, names)
     plan = TrainPlan(args.steps, args.optimizer, lr, 0, names, shapes)
-    if args.save:
-        ckpt.check_save_dir(args.save)
-        plan.save = args.save
+    if args.save_dir:  # not args.save: that name is an output file for check_outputs
+        ckpt.check_save_dir(args.save_dir)
+        plan.save = args.save_dir
     if args.resume:
         meta = ckpt.read_meta(args.resume)
         ckpt.check_compatible(args.resume, meta, shapes, args.optimizer, args.seed)

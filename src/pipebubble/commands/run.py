@@ -97,7 +97,7 @@ def add_training_flags(p: argparse.ArgumentParser) -> None:
                    help="each rank steps its own stages' parameters (adamw)")
     g.add_argument("--lr", type=float_flag("--lr", 0), default=None, metavar="LR",
                    help="learning rate (sgd 0.01, adamw 0.001)")
-    g.add_argument("--save", metavar="DIR", default=None,
+    g.add_argument("--save", dest="save_dir", metavar="DIR", default=None,
                    help="after the last step write a sharded checkpoint to DIR "
                    "(torch.distributed.checkpoint: each rank its own stages, keyed by the "
                    "model's parameter names; plus pipebubble.json)")
