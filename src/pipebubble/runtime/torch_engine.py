@@ -120,7 +120,9 @@ class TorchWorker(Worker):
     """``run --engine torch`` on one rank: the :class:`Worker`'s model, batch, groups,
     all-reduce and report, with torch's runtime running the pipeline pass."""
 
-    def __init__(self, cfg, cluster, built: tuple):
+    def __init__(self, cfg, cluster, built: tuple, measure: bool = True):
+        """``measure=False`` leaves torch's stages unwrapped (no events: for benchmarks of
+        what the timing itself costs)."""
         from torch.distributed.pipelining import PipelineStage
 
         super().__init__(cfg, cluster, built)
@@ -134,11 +136,13 @@ class TorchWorker(Worker):
         S = self.schedule.num_stages
         self.stages = [PipelineStage(mod, s, S, self.device, group=group)
                        for s, mod in sorted(self.modules.items())]
-        for st in self.stages:
-            self._time_stage(st)
+        if measure:
+            for st in self.stages:
+                self._time_stage(st)
         self.runtime = torch_schedule(self.stages, self.schedule, self._loss,
                                       scale_grads=False)
-        self._time_loss()
+        if measure:
+            self._time_loss()
         self._overlapped = {(a.stage, a.kind, a.microbatch)
                             for step in self.schedule.orders[self.rank]
                             if isinstance(step, Overlap) for a in step_actions(step)}
