@@ -47,7 +47,7 @@ def __getattr__(name: str) -> Any:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "run", help="run a schedule on real tensors; measured vs predicted",
-        description="Run one training step of a schedule on a built-in model, measure every "
+        description="Run training steps of a schedule (one by default) on a model, measure every "
         "action's time and activation memory, calibrate the simulator from it and compare.",
     )
     p.add_argument("--local", action="store_true",
