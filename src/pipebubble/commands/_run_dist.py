@@ -102,8 +102,9 @@ def run_distributed(args: argparse.Namespace) -> int:
     cfg = config_from_args(args, setup.schedule)
     plan_training(args, setup)  # and the training flags, a --resume checkpoint
     check_engine_flags(args, setup.schedule)
-    try:
-        run_wire(lower(setup.schedule, cfg.p2p), blocking=True)
+    try:  # (torch's engine posts its own sends and receives: --p2p does not apply)
+        if getattr(args, "engine", "pipebubble") != "torch":
+            run_wire(lower(setup.schedule, cfg.p2p), blocking=True)
     except WireDeadlock as exc:
         sys.stderr.write(
             f"pipebubble: warning: with --p2p {cfg.p2p} the wire simulator predicts a "
@@ -276,7 +277,8 @@ def summarize(args, cfg: DistConfig, setup, results: list, x, y, ref_last=None,
         report.grad_max_abs_diff = diffs["grad_max_abs_diff"]
         report.loss_abs_diff = diffs["loss_abs_diff"]
     extra = {
-        "dp": cfg.dp, "world_size": cfg.world_size, "p2p": cfg.p2p, "backend": cfg.backend,
+        "dp": cfg.dp, "world_size": cfg.world_size,
+        "p2p": None if engine == "torch" else cfg.p2p, "backend": cfg.backend,
         "clock_alignment": align.as_dict(), "comm": comm,
         "allreduce_time": sum(allreduce.values()) if cfg.dp > 1 else 0.0,
     }
