@@ -186,3 +186,20 @@ def test_bad_resume_ends_every_torchrun_worker_with_one_line(tmp_path):
         assert p.returncode == 2
         lines = [ln for ln in err.splitlines() if ln.startswith("pipebubble: error:")]
         assert len(lines) == 1 and "not a pipebubble checkpoint" in lines[0], err
+
+
+def test_launcher_refuses_bad_checkpoint_flags_before_any_worker(tmp_path):
+    """Without --local the launcher checks --save/--resume before forking: one line, exit 2,
+    nothing written."""
+    d = tmp_path / "mine"
+    d.mkdir()
+    (d / "notes.txt").write_text("keep me")
+    for argv, needle in ((["--save", str(d)], "not a pipebubble checkpoint"),
+                         (["--resume", str(d)], "no pipebubble.json"),
+                         (["--steps", "0"], "--steps must be >= 1")):
+        proc = subprocess.run(
+            [sys.executable, "-m", "pipebubble", "run", "--schedule", "1f1b", "-p", "2",
+             "-m", "2", *argv], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
+        assert proc.stderr.count("\n") == 1 and proc.stdout == ""
+    assert os.listdir(d) == ["notes.txt"] and sorted(os.listdir(tmp_path)) == ["mine"]
