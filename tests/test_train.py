@@ -125,7 +125,7 @@ def test_terminal_report_has_a_line_per_step(capsys):
 
 @pytest.mark.parametrize("argv,needle", [
     (["--steps", "0"], "--steps must be >= 1, got 0"),
-    (["--lr", "-0.1"], "--lr must be a number >= 0"),
+    (["--lr", "-0.1"], "--lr must be a number in [0, 1000]"),
     (["--lr", "nan"], "--lr"),
     (["--optimizer", "lion"], "invalid choice"),
 ])

@@ -95,7 +95,7 @@ def add_training_flags(p: argparse.ArgumentParser) -> None:
                    "seeded by --seed and the step) and an optimizer step after each (1)")
     g.add_argument("--optimizer", choices=("sgd", "adamw"), default="adamw",
                    help="each rank steps its own stages' parameters (adamw)")
-    g.add_argument("--lr", type=float_flag("--lr", 0), default=None, metavar="LR",
+    g.add_argument("--lr", type=float_flag("--lr", 0, 1000), default=None, metavar="LR",
                    help="learning rate (sgd 0.01, adamw 0.001)")
     g.add_argument("--save", dest="save_dir", metavar="DIR", default=None,
                    help="after the last step write a sharded checkpoint to DIR "
