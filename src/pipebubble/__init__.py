@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from .models.loader import load_model
     from .models.spec import ModelSpec
     from .runtime.pipeline import Pipeline, PipelineStage
+    from .runtime.torch_engine import torch_schedule
 
 __all__ = [
     "Action",
@@ -41,13 +42,15 @@ __all__ = [
     "load_model",
     "schedule_names",
     "simulate",
+    "torch_schedule",
     "validate",
 ]
 
 __version__ = "0.1.0"
 
 _LAZY = {"Pipeline": "runtime.pipeline", "PipelineStage": "runtime.pipeline",
-         "ModelSpec": "models.spec", "load_model": "models.loader"}
+         "ModelSpec": "models.spec", "load_model": "models.loader",
+         "torch_schedule": "runtime.torch_engine"}
 
 
 def __getattr__(name: str):  # PEP 562: torch is imported only when the lesson's classes are used

@@ -19,6 +19,7 @@ from dataclasses import replace
 from statistics import median
 
 import torch
+import torch.distributed as dist
 from rich.console import Console
 
 from ..errors import UserError
@@ -33,6 +34,16 @@ from ..sim.dataparallel import step_time_with_allreduce
 from ..sim.kernel import simulate
 from ..sim.wire import WireDeadlock, lower, run_wire
 from ._run_setup import analyse, build_setup, noise_note, print_report, report_json
+from ._run_train import (
+    batch_of,
+    load_into,
+    make_reference,
+    named_parameters_of,
+    optimizer_for,
+    plan_training,
+    save_from,
+    train_summary,
+)
 from .common import print_json, write_figures
 
 
@@ -94,8 +105,11 @@ def run_distributed(args: argparse.Namespace) -> int:
     cfg = config_from_args(args, setup.schedule)
     check_processes(cfg.world_size, getattr(args, "allow_oversubscribe", False),
                     f"-p {cfg.ranks} x --dp {cfg.dp}")  # bounded before any process starts
-    try:
-        run_wire(lower(setup.schedule, cfg.p2p), blocking=True)
+    plan_training(args, setup)  # and the training flags, a --resume checkpoint
+    check_engine_flags(args, setup.schedule)
+    try:  # (torch's engine posts its own sends and receives: --p2p does not apply)
+        if getattr(args, "engine", "pipebubble") != "torch":
+            run_wire(lower(setup.schedule, cfg.p2p), blocking=True)
     except WireDeadlock as exc:
         sys.stderr.write(
             f"pipebubble: warning: with --p2p {cfg.p2p} the wire simulator predicts a "
@@ -108,45 +122,84 @@ def run_distributed(args: argparse.Namespace) -> int:
 
 
 def worker_main(args: argparse.Namespace, schedule: Schedule | None = None) -> int:
-    """One rank: build the model (and, under torchrun, the schedule) from the flags, run
+    """One rank: build the model (and, under torchrun, the schedule) from the flags, train
     the steps, and on rank 0 report."""
     env = Env.from_environ()
     cluster = None
-    try:
-        torch.set_num_threads(args.threads)
-        if where := pin_sockets(env.master_addr, env.rank, int(os.environ.get("LOCAL_RANK", 0))):
-            sys.stderr.write(where + "\n")  # multi-node: say which interface is exposed
-        if schedule is None and _searched(args):  # auto under torchrun: rank 0 searches
-            from ..runtime.dist.agree import agreed_schedule
-            from .common import load_schedule
+    torch.set_num_threads(args.threads)
+    if where := pin_sockets(env.master_addr, env.rank, int(os.environ.get("LOCAL_RANK", 0))):
+        sys.stderr.write(where + "\n")  # multi-node: say which interface is exposed
+    if schedule is None and _searched(args):  # auto under torchrun: rank 0 searches
+        from ..runtime.dist.agree import agreed_schedule
+        from .common import load_schedule
 
-            cluster = Cluster(env, args.backend, args.timeout, args.heartbeat_timeout, args.p2p,
-                              action_timeout=action_timeout_of(args))
-            schedule = agreed_schedule(cluster.store, env.rank, lambda: load_schedule(args))
-        setup = build_setup(args, reference=args.check and env.rank == 0, schedule=schedule)
-        cfg = config_from_args(args, setup.schedule)
-        x, y = global_batch_of(setup, args, cfg.dp)
+        cluster = Cluster(env, args.backend, args.timeout, args.heartbeat_timeout, args.p2p,
+                          action_timeout=action_timeout_of(args))
+        schedule = agreed_schedule(cluster.store, env.rank, lambda: load_schedule(args))
+    # Bad input (flags, a --resume checkpoint) ends every rank alike, before any process
+    # group: a UserError reaches the CLI (one line, exit 2). Under our launcher it was
+    # already checked before the workers were forked.
+    setup = build_setup(args, reference=args.check and env.rank == 0, schedule=schedule)
+    cfg = config_from_args(args, setup.schedule)
+    plan = plan_training(args, setup)
+    check_engine_flags(args, setup.schedule)
+    try:
+        x, y = batch_of(setup, args, plan.start, cfg.dp)
         if cluster is None:
             cluster = Cluster(env, cfg.backend, cfg.stall_timeout, cfg.heartbeat_timeout,
                               cfg.p2p, action_timeout=action_timeout_of(args))
-        worker = Worker(cfg, cluster, (setup.schedule, setup.spec, setup.stages, x, y),
-                        recompute=args.recompute)
-        results, best, spans = None, float("inf"), []
-        for i in range(cfg.warmup + cfg.repeat):
-            got = worker.step(i, gather=i >= cfg.warmup)
-            if got is not None:  # rank 0: keep the fastest measured step, and every span
-                t = step_span(got)
-                spans.append(t)
-                if t < best:
-                    results, best = got, t
+        worker = make_worker(args, cfg, cluster, setup, x, y)
+        named = named_parameters_of(setup, worker.modules)
+        opt = optimizer_for(plan, named)
+        if plan.resume:
+            load_into(plan, named, opt)
+        ref = make_reference(setup, plan)  # rank 0 with --check
+        results, best, spans, losses, last_ref, final = None, float("inf"), [], [], None, None
+        i = 0
+        for k in plan.steps_range:
+            if k != plan.start:
+                worker.set_batch(*batch_of(setup, args, k, cfg.dp))
+            passes = (cfg.warmup if k == plan.start else 0) + cfg.repeat
+            for j in range(passes):
+                last = j == passes - 1
+                got = worker.step(i, gather=j >= passes - cfg.repeat,
+                                  update=opt.step if last else None,
+                                  params=last and k == plan.steps_range[-1])
+                i += 1
+                if got is not None:  # rank 0: keep the fastest measured step, and every span
+                    t = step_span(got)
+                    spans.append(t)
+                    if t < best:
+                        results, best = got, t
+                    if last:
+                        losses.append(sum(v for r in got if r is not None
+                                          for v in r.losses.values()))
+                        final = got
+            if ref is not None:  # the unsplit model, same batch, same optimizer
+                worker.watchdog.at(f"rank 0: reference step {k}", False)
+                xg, yg = batch_of(setup, args, k, cfg.dp)
+                last_ref = unsplit_gradients(_stages_of(setup), setup.spec.loss_fn, xg, yg)
+                ref.losses.append(last_ref[0])
+                ref.step()
+        if plan.save:
+            worker.watchdog.at(f"saving the checkpoint to {plan.save}", True)
+            save_from(plan, setup, named, opt, losses, coordinator=env.rank == 0,
+                      barrier=dist.barrier)
         if env.rank == 0:
             worker.watchdog.at("rank 0: reference gradients and report", False)
-            report, extra = summarize(args, cfg, setup, results, x, y)
+            report, extra = summarize(args, cfg, setup, results, x, y, last_ref, final)
             report.step_times = spans
             note = noise_note(spans, report.measured.step_time, report.predicted.step_time,
                               oversubscribed(local_processes(cfg.world_size), args.threads))
             if note:  # as run --local says it
                 report.notes.append(note)
+            report.losses, report.train = losses, train_summary(plan)
+            report.loss = losses[-1]
+            report.engine = getattr(args, "engine", "pipebubble")
+            if ref is not None:
+                report.loss_abs_diff = abs(losses[-1] - last_ref[0])
+                report.reference_losses = list(ref.losses)
+                report.param_max_abs_diff = param_diffs(final, _stages_of(setup))
             _print(args, report, extra)
         cluster.close()
         return 0
@@ -189,6 +242,35 @@ def _searched(args: argparse.Namespace) -> bool:
         return lookup(args.schedule).searched
     except UserError:
         return False  # an unknown name: build_setup says so
+def check_engine_flags(args: argparse.Namespace, schedule: Schedule) -> None:
+    """``--engine torch``: what torch's runtime cannot run, refused before any process."""
+    if getattr(args, "engine", "pipebubble") == "torch":
+        from ..runtime.torch_engine import check_engine
+
+        check_engine(schedule, args.recompute)
+
+
+def make_worker(args: argparse.Namespace, cfg: DistConfig, cluster: Cluster, setup, x, y):
+    """The rank's driver for ``--engine``: our stage interpreter, or torch's runtime."""
+    built = (setup.schedule, setup.spec, setup.stages, x, y)
+    if getattr(args, "engine", "pipebubble") == "torch":
+        from ..runtime.torch_engine import TorchWorker
+
+        return TorchWorker(cfg, cluster, built)
+    return Worker(cfg, cluster, built, recompute=args.recompute)
+
+
+def param_diffs(results: list, ref_stages: list) -> float:
+    """Largest |parameter - reference| after the last step; stage s of a later chain
+    (DualPipe's copy) is compared with model stage ``s mod len(ref_stages)``."""
+    per = len(ref_stages)
+    worst = 0.0
+    for r in results:
+        for s, params in (r.params or {}).items():
+            for a, b in zip(params, ref_stages[s % per].parameters(), strict=True):
+                if a.numel():
+                    worst = max(worst, float((a - b.detach().cpu()).abs().max()))
+    return worst
 
 
 def global_batch_of(setup, args: argparse.Namespace, dp: int):
@@ -227,7 +309,8 @@ def _looks_like_peer(exc: BaseException) -> bool:
                                    "Broken pipe", "Timed out", "timed out"))
 
 
-def summarize(args, cfg: DistConfig, setup, results: list, x, y):
+def summarize(args, cfg: DistConfig, setup, results: list, x, y, ref_last=None,
+              final: list | None = None):
     """Rank 0: the measured timeline, the calibrated prediction (comm and all-reduce
     included), the check; the same report as ``run --local`` plus the distributed extras."""
     schedule = setup.schedule
@@ -250,16 +333,21 @@ def summarize(args, cfg: DistConfig, setup, results: list, x, y):
     ar = [allreduce.get(s, 0.0) for s in range(schedule.num_stages)]
     report.costs = replace(report.costs, comm=comm, allreduce=ar)
     report.predicted = simulate(schedule, report.costs)
-    report.title += (f"  —  {cfg.world_size} processes ({cfg.backend}, --p2p {cfg.p2p}"
+    engine = getattr(args, "engine", "pipebubble")
+    via = ("torch's _PipelineScheduleRuntime" if engine == "torch"
+           else f"--p2p {cfg.p2p}")
+    report.title += (f"  —  {cfg.world_size} processes ({cfg.backend}, {via}"
                      f"{f', dp={cfg.dp}' if cfg.dp > 1 else ''})")
     if args.check and setup.reference is not None:
-        ref_loss, ref = unsplit_gradients(
-            [s for s in _stages_of(setup)], setup.spec.loss_fn, x, y)
-        diffs = grad_diffs(results, ref_loss, ref, loss)
+        # the last step's gradients against the unsplit model's on the same batch
+        ref_loss, ref = ref_last if ref_last is not None else unsplit_gradients(
+            list(_stages_of(setup)), setup.spec.loss_fn, x, y)
+        diffs = grad_diffs(final if final is not None else results, ref_loss, ref, loss)
         report.grad_max_abs_diff = diffs["grad_max_abs_diff"]
         report.loss_abs_diff = diffs["loss_abs_diff"]
     extra = {
-        "dp": cfg.dp, "world_size": cfg.world_size, "p2p": cfg.p2p, "backend": cfg.backend,
+        "dp": cfg.dp, "world_size": cfg.world_size,
+        "p2p": None if engine == "torch" else cfg.p2p, "backend": cfg.backend,
         "clock_alignment": align.as_dict(), "comm": comm,
         "allreduce_time": sum(allreduce.values()) if cfg.dp > 1 else 0.0,
     }

@@ -43,6 +43,8 @@ class RunSetup:
     device: torch.device
     reference: nn.Module | None = None  # the unsplit model, same weights (for --check)
     description: str = ""
+    batch_size: int = 0  # samples per pipeline step (one replica)
+    seed: int = 0  # weights and data seed (step k's batch: runtime.train.step_generator)
 
 
 def build_setup(args: argparse.Namespace, reference: bool = False,
@@ -118,7 +120,7 @@ def build_setup(args: argparse.Namespace, reference: bool = False,
     gen = torch.Generator().manual_seed(args.seed + 1)
     x, y = spec.make_batch(batch, gen)
     return RunSetup(schedule, spec, stages, cuts, x.to(device), y.to(device), device, ref,
-                    f"{what}, batch {batch}")
+                    f"{what}, batch {batch}", batch, args.seed)
 
 
 # ---- analysis ------------------------------------------------------------------------------
@@ -140,6 +142,13 @@ class RunReport:
     title: str = ""
     notes: list[str] = field(default_factory=list)
     step_times: list[float] = field(default_factory=list)  # every measured step, in order
+    # training (--steps): the loss of every step; with --check the unsplit model's, and the
+    # largest parameter difference after the last step
+    losses: list[float] = field(default_factory=list)
+    reference_losses: list[float] | None = None
+    param_max_abs_diff: float | None = None
+    train: dict | None = None
+    engine: str = "pipebubble"
 
 
 def analyse(setup: RunSetup, measured: Timeline, loss: float, peak_bytes: list[int],
@@ -199,6 +208,13 @@ def report_json(report: RunReport) -> dict:
         out["loss_abs_diff"] = report.loss_abs_diff
     if report.trade is not None:
         out["recompute_trade"] = report.trade
+    if report.losses:
+        out["losses"] = list(report.losses)
+        out["train"] = report.train
+    if report.reference_losses is not None:
+        out["reference_losses"] = list(report.reference_losses)
+        out["param_max_abs_diff"] = report.param_max_abs_diff
+    out["engine"] = report.engine
     return out
 
 
@@ -231,7 +247,25 @@ def print_report(report: RunReport, console: Console, width: int | None = None) 
     if report.allocator_peak is not None:
         console.print(f"CUDA allocator peak over the step: {_bytes(report.allocator_peak)} "
                       "(the whole device: every rank shares it in one process)")
-    console.print(f"loss {report.loss:.6g}")
+    if len(report.losses) > 1 or report.train and report.train.get("first_step"):
+        first = report.train["first_step"] if report.train else 0
+        ref = report.reference_losses
+        for k, value in enumerate(report.losses):
+            line = f"step {first + k}: loss {value:.6g}"
+            if ref is not None:
+                line += f"   unsplit model {ref[k]:.6g} (difference {abs(value - ref[k]):.3g})"
+            console.print(line)
+    else:
+        console.print(f"loss {report.loss:.6g}")
+    if report.train:
+        tr = report.train
+        console.print(f"trained {tr['steps']} step{'s' if tr['steps'] > 1 else ''} with "
+                      f"{tr['optimizer']} (lr {tr['lr']:g})"
+                      + (f", resumed from {tr['resumed_from']}" if tr["resumed_from"] else "")
+                      + (f", saved to {tr['saved_to']}" if tr["saved_to"] else ""))
+    if report.param_max_abs_diff is not None:
+        console.print(f"after the last step, the largest parameter difference from the "
+                      f"unsplit model trained the same way: {report.param_max_abs_diff:.3g}")
     for note in report.notes:
         console.print(note)
     if report.grad_max_abs_diff is not None:

@@ -47,7 +47,7 @@ def __getattr__(name: str) -> Any:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "run", help="run a schedule on real tensors; measured vs predicted",
-        description="Run one training step of a schedule on a built-in model, measure every "
+        description="Run training steps of a schedule (one by default) on a model, measure every "
         "action's time and activation memory, calibrate the simulator from it and compare.",
     )
     p.add_argument("--local", action="store_true",
@@ -68,9 +68,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "gradient and loss differences")
     p.add_argument("--warmup", type=int_flag("--warmup", 0, 1000), default=1, metavar="N",
                    help="unmeasured steps before the measured ones (1)")
-    p.add_argument("--repeat", type=positive_int("--repeat", 1000), default=3, metavar="N",
-                   help="measured steps; the fastest is reported, the least disturbed by "
-                   "other work on the machine, and --json lists every one as step_times (3)")
+    p.add_argument("--repeat", type=positive_int("--repeat", 1000), default=None, metavar="N",
+                   help="measured runs of each step's pipeline pass (same weights, same "
+                   "batch); the fastest is reported, the least disturbed by other work on "
+                   "the machine, and --json lists every one as step_times (3 with one "
+                   "--steps, else 1)")
+    add_training_flags(p)
     p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     p.add_argument("--threads", type=positive_int("--threads"), default=1, metavar="N",
                    help="torch CPU threads, at most the machine's cores (1: one process runs "
@@ -82,6 +85,32 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_cost_flags(p)  # what --schedule auto plans for (the model's real times are measured)
     p.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
     p.set_defaults(func=run)
+
+
+def add_training_flags(p: argparse.ArgumentParser) -> None:
+    """``--steps``, ``--optimizer``, ``--lr``, ``--save``, ``--resume``, ``--engine``."""
+    g = p.add_argument_group("training (an optimizer step after every pipeline step)")
+    g.add_argument("--steps", type=positive_int("--steps", 10**6), default=1, metavar="N",
+                   help="training steps, a fresh batch each (from the model's make_batch, "
+                   "seeded by --seed and the step) and an optimizer step after each (1)")
+    g.add_argument("--optimizer", choices=("sgd", "adamw"), default="adamw",
+                   help="each rank steps its own stages' parameters (adamw)")
+    g.add_argument("--lr", type=float_flag("--lr", 0, 1000), default=None, metavar="LR",
+                   help="learning rate (sgd 0.01, adamw 0.001)")
+    g.add_argument("--save", dest="save_dir", metavar="DIR", default=None,
+                   help="after the last step write a sharded checkpoint to DIR "
+                   "(torch.distributed.checkpoint: each rank its own stages, keyed by the "
+                   "model's parameter names; plus pipebubble.json)")
+    g.add_argument("--resume", metavar="DIR", default=None,
+                   help="start from the checkpoint in DIR (any cut or schedule of the same "
+                   "model): weights, optimizer state, and the data stream's position")
+    g.add_argument("--dtype", choices=("float32", "float64"), default="float32",
+                   help="parameter and data type (float64: the pipeline and the unsplit "
+                   "model agree to ~1e-12 per step, float32 to ~1e-6)")
+    g.add_argument("--engine", choices=("pipebubble", "torch"), default="pipebubble",
+                   help="pipebubble: our stage interpreter (default); torch: "
+                   "torch.distributed.pipelining's PipelineStage and runtime, running the "
+                   "same order, measured the same way (one process per rank)")
 
 
 def add_distributed_flags(p: argparse.ArgumentParser) -> None:
@@ -224,6 +253,21 @@ def run(args: argparse.Namespace) -> int:
     check_outputs(args)
     if args.warmup < 0:
         raise UserError(f"--warmup must be >= 0, got {args.warmup}")
+    if args.repeat is None:  # one step: the fastest of 3; training: every step once
+        args.repeat = 3 if args.steps == 1 else 1
+    if args.dtype == "float64":  # before any model or batch is built, in every process
+        import torch
+
+        before = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)
+        try:
+            return _run(args)
+        finally:  # a caller in this process (a test, a notebook) keeps its default
+            torch.set_default_dtype(before)
+    return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     if not args.local:  # one process per rank
         from ._run_dist import run_distributed
 
@@ -233,28 +277,35 @@ def run(args: argparse.Namespace) -> int:
     if args.backend != "gloo":  # --local has no process group: the flag would do nothing
         raise UserError(f"--backend {args.backend} applies to one process per rank; drop "
                         "--local (or --backend: --local runs on --device)")
+    if args.engine == "torch":
+        raise UserError("--engine torch runs one process per rank (torch's PipelineStage "
+                        "sends over torch.distributed); drop --local")
     import torch
 
     from ._run_setup import (
         analyse,
         build_setup,
-        check_against_unsplit,
         noise_note,
         print_report,
         report_json,
     )
+    from ._run_train import plan_training
 
     torch.set_num_threads(check_threads(args.threads))
     setup = build_setup(args, reference=args.check)
+    plan = plan_training(args, setup)  # checkpoint checks before any work
     variants = [False, True] if args.recompute else [False]
     times: list[list[float]] = []
-    *rest, result = run_local_steps(setup, variants, args.warmup, args.repeat, times)
+    best, train = train_local(setup, plan, args, variants, times)
+    *rest, result = best
     plain = rest[0] if rest else None
-    report = analyse(setup, result.timeline, result.loss, result.peak_bytes, args.recompute,
-                     result.input_bytes, result.allocator_peak)
+    report = analyse(setup, result.timeline, train["losses"][-1], result.peak_bytes,
+                     args.recompute, result.input_bytes, result.allocator_peak)
+    report.losses, report.train = train["losses"], train["summary"]
     if args.check:
-        report.grad_max_abs_diff, report.loss_abs_diff = check_against_unsplit(setup,
-                                                                               result.loss)
+        report.grad_max_abs_diff, report.loss_abs_diff = train["grad_diff"], train["loss_diff"]
+        report.reference_losses = train["reference_losses"]
+        report.param_max_abs_diff = train["param_diff"]
     if plain is not None:
         report.trade = recompute_trade(setup, plain, result, report)
     report.step_times = list(times[-1])
@@ -269,3 +320,58 @@ def run(args: argparse.Namespace) -> int:
 
         print_report(report, Console(), args.chart_width)
     return 0
+
+
+def train_local(setup: RunSetup, plan, args: argparse.Namespace, variants: list[bool],
+                times: list[list[float]]) -> tuple[list, dict]:
+    """The training loop of ``run --local``: for each step its batch, ``--repeat`` measured
+    pipeline passes (``--warmup`` unmeasured ones before the first), the optimizer step;
+    with ``--check`` the unsplit model trained alongside on the same batches.
+
+    Returns the fastest measured pass of each variant over all steps, and the figures."""
+    from ._run_train import (
+        batch_of,
+        grad_and_loss_diff,
+        load_into,
+        make_reference,
+        named_parameters_of,
+        optimizer_for,
+        param_diff,
+        reference_named,
+        save_from,
+        train_summary,
+    )
+
+    named = named_parameters_of(setup, dict(enumerate(setup.stages)))
+    opt = optimizer_for(plan, named)
+    if plan.resume:
+        load_into(plan, named, opt)
+    ref = make_reference(setup, plan)
+    best: list = [None] * len(variants)
+    times[:] = [[] for _ in variants]
+    losses: list[float] = []
+    grad_diff = loss_diff = None
+    for k in plan.steps_range:
+        setup.inputs, setup.targets = batch_of(setup, args, k)
+        per: list[list[float]] = []
+        got = run_local_steps(setup, variants, args.warmup if k == plan.start else 0,
+                              args.repeat, per)
+        for v, res in enumerate(got):
+            times[v] += per[v]
+            if best[v] is None or res.timeline.step_time < best[v].timeline.step_time:
+                best[v] = res
+        losses.append(got[-1].loss)
+        if ref is not None:  # the gradients of this step, on both sides, before updating
+            ref_loss = ref.gradients(setup.inputs, setup.targets)
+            grad_diff, loss_diff = grad_and_loss_diff(named, reference_named(setup),
+                                                      got[-1].loss, ref_loss)
+            ref.step()
+        opt.step()
+    train = {"losses": losses, "summary": train_summary(plan), "grad_diff": grad_diff,
+             "loss_diff": loss_diff}
+    if ref is not None:
+        train["reference_losses"] = list(ref.losses)
+        train["param_diff"] = param_diff(named, reference_named(setup))
+    if plan.save:
+        save_from(plan, setup, named, opt, losses)
+    return best, train

@@ -157,6 +157,7 @@ class RankResult:
     allreduce: dict[int, float]  # stage -> seconds
     messages: int
     grads: dict[int, list[torch.Tensor]] | None = None
+    params: dict[int, list[torch.Tensor]] | None = None  # after the update (training check)
     peak_bytes: int = 0  # most activation bytes held for later backward passes
     input_bytes: dict = field(default_factory=dict)  # (stage, microbatch) -> input bytes
 
@@ -253,22 +254,32 @@ class Worker:
             peer_rank=lambda r: self.replica * cfg.ranks + r,
             on_wait=lambda what: self.watchdog.at(what, True), device=self.device,
         )
-        if x.shape[0] % cfg.dp:
-            raise UserError(f"the global batch of {x.shape[0]} does not split into {cfg.dp} "
+        self.set_batch(x, y)
+        self.fault = _parse_fault(cfg.fault)
+
+    def set_batch(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """The global batch of the next steps (every process passes the same): this
+        replica's slice of it, split into the schedule's microbatches."""
+        dp = self.cfg.dp
+        if x.shape[0] % dp:
+            raise UserError(f"the global batch of {x.shape[0]} does not split into {dp} "
                              "replicas")
-        n = x.shape[0] // cfg.dp
+        n = x.shape[0] // dp
         mine = slice(self.replica * n, (self.replica + 1) * n)
         total = self.schedule.total_microbatches  # over all chains
         self.xs = list(torch.tensor_split(x[mine].to(self.device), total))
         self.ys = list(torch.tensor_split(y[mine].to(self.device), total))
         self.weights = [xm.shape[0] / x.shape[0] for xm in self.xs]
-        self.fault = _parse_fault(cfg.fault)
 
-    def step(self, index: int, gather: bool = True) -> list[RankResult] | None:
+    def step(self, index: int, gather: bool = True, update=None,
+             params: bool = False) -> list[RankResult] | None:
         """Run one training step; rank 0 gets every rank's result when ``gather``.
 
         A gathered (measured) step starts with a barrier that sets the ranks' common time
         origin; an unmeasured one (warm-up, benchmarks) has no barrier of its own.
+        ``update``, when given, runs once the gradients are complete (after the data-
+        parallel all-reduce): the optimizer step. ``params``: send the updated parameters
+        to rank 0 as well (the training check).
         """
         for mod in self.modules.values():
             mod.zero_grad(set_to_none=True)
@@ -300,18 +311,32 @@ class Worker:
                 self.transport.run(op, self._next_batch.get(i))
             wd.advance()
         self.transport.finish()
+        return self._finish_step(index, gather, update, params, origin, interp.events,
+                                 dict(interp.losses), self.transport.messages,
+                                 interp.peak_bytes, dict(interp.input_bytes))
+
+    def _finish_step(self, index: int, gather: bool, update, params: bool, origin: float,
+                     events: list, losses: dict, messages: int, peak_bytes: int,
+                     input_bytes: dict) -> list[RankResult] | None:
+        """After the pipeline pass (either engine): complete the gradients (model copies,
+        data-parallel replicas), update, and gather the results on rank 0."""
+        wd = self.watchdog
         self._sync_copies()
         allreduce = self._allreduce()
+        check = self.cfg.check and self.replica == 0
+        grads = self._grads() if gather and check else None
+        if update is not None:
+            wd.at(f"step {index}: optimizer step", False)
+            update()
         wd.at(f"step {index} done", True)
         if not gather:
             return None
         result = RankResult(
             global_rank=self.g, replica=self.replica, rank=self.rank,
-            host=socket.gethostname(), origin=origin, events=interp.events,
-            losses=dict(interp.losses), allreduce=allreduce,
-            messages=self.transport.messages,
-            grads=self._grads() if self.cfg.check and self.replica == 0 else None,
-            peak_bytes=interp.peak_bytes, input_bytes=dict(interp.input_bytes),
+            host=socket.gethostname(), origin=origin, events=events,
+            losses=losses, allreduce=allreduce, messages=messages, grads=grads,
+            params=self._params() if params and check else None,
+            peak_bytes=peak_bytes, input_bytes=input_bytes,
         )
         out = [None] * self.env.world_size if self.g == 0 else None
         wd.at(f"step {index}: gathering results on rank 0", True)
@@ -385,6 +410,10 @@ class Worker:
             times[s] = time.perf_counter() - t0
             self.watchdog.advance()
         return times
+
+    def _params(self) -> dict[int, list[torch.Tensor]]:
+        return {s: [p.detach().cpu().clone() for p in mod.parameters()]
+                for s, mod in self.modules.items()}
 
     def _grads(self) -> dict[int, list[torch.Tensor]]:
         return {

@@ -1,0 +1,165 @@
+"""The training side of ``pipebubble run``: ``--steps``, ``--optimizer``, ``--lr``, ``--save``,
+``--resume``, checked once before any work and shared by both executors.
+
+:func:`plan_training` validates the flags (and a ``--resume`` checkpoint against the model)
+in the launcher, in ``run --local`` and in every torchrun worker alike, before any process
+group exists, so bad input is one line and exit 2 everywhere. The loops themselves are in
+``run.py`` (local) and ``_run_dist.py`` (one process per rank); the pieces they call
+(optimizers, batches, names, the reference) are :mod:`pipebubble.runtime.train` and
+:mod:`pipebubble.runtime.checkpoint`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ..runtime import checkpoint as ckpt
+from ..runtime.train import (
+    ReferenceTrainer,
+    check_training,
+    layer_names,
+    make_optimizer,
+    max_param_diff,
+    model_parameter_shapes,
+    named_stage_parameters,
+    step_batch,
+)
+
+
+@dataclass
+class TrainPlan:
+    """What the training loop runs: steps ``start .. start + steps - 1``."""
+
+    steps: int
+    optimizer: str
+    lr: float
+    start: int  # the first step's index (the checkpoint's steps_done when resuming)
+    names: list[str]  # the model's own name of each layer
+    shapes: dict[str, tuple[int, ...]]  # every parameter of the model, by name
+    save: str | None = None
+    resume: str | None = None
+    prior_losses: list[float] = field(default_factory=list)  # the checkpoint's losses
+
+    @property
+    def steps_range(self) -> range:
+        return range(self.start, self.start + self.steps)
+
+
+def plan_training(args: argparse.Namespace, setup) -> TrainPlan:
+    """Check the training flags against the model of ``setup``; UserError on bad input."""
+    lr = check_training(args.steps, args.optimizer, args.lr)
+    layers = list(setup.spec.layers)
+    names = layer_names(setup.spec, len(layers))
+    shapes = model_parameter_shapes(layers, names)
+    plan = TrainPlan(args.steps, args.optimizer, lr, 0, names, shapes)
+    if args.save_dir:  # not args.save: that name is an output file for check_outputs
+        ckpt.check_save_dir(args.save_dir)
+        plan.save = args.save_dir
+    if args.resume:
+        meta = ckpt.read_meta(args.resume)
+        ckpt.check_compatible(args.resume, meta, shapes, args.optimizer, args.seed)
+        plan.resume, plan.start = args.resume, meta["steps_done"]
+        plan.prior_losses = [float(v) for v in meta.get("losses", [])]
+    return plan
+
+
+def first_layers(setup) -> list[int]:
+    """Index of the first layer of each stage of one model copy."""
+    return [0, *setup.boundaries]
+
+
+def named_parameters_of(setup, modules: dict[int, nn.Module]) -> list[tuple[str, nn.Parameter]]:
+    """(model-wide name, parameter) of every stage in ``modules`` (stage index -> module);
+    stage s of a later chain (DualPipe's copy) holds model stage ``s mod`` stages-per-chain."""
+    starts = first_layers(setup)
+    per = len(starts)
+    out = []
+    for s, mod in sorted(modules.items()):
+        out += named_stage_parameters(mod, starts[s % per], setup_names(setup))
+    return out
+
+
+def setup_names(setup) -> list[str]:
+    return layer_names(setup.spec, len(setup.spec.layers))
+
+
+def reference_named(setup) -> list[tuple[str, nn.Parameter]]:
+    """(name, parameter) of the unsplit reference model (``setup.reference``)."""
+    names = setup_names(setup)
+    return [(f"{names[i]}.{pn}", p) for i, layer in enumerate(setup.reference)
+            for pn, p in layer.named_parameters()]
+
+
+def batch_of(setup, args: argparse.Namespace, step: int, dp: int = 1
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step ``step``'s global batch (``dp`` x the pipeline batch), the same in every process."""
+    return step_batch(setup.spec.make_batch, dp * setup.batch_size, args.seed, step,
+                      setup.device)
+
+
+def make_reference(setup, plan: TrainPlan) -> ReferenceTrainer | None:
+    if setup.reference is None:
+        return None
+    ref = ReferenceTrainer(setup.reference, setup.spec.loss_fn, plan.optimizer, plan.lr)
+    if plan.resume:
+        load_into(plan, reference_named(setup), ref.opt)
+    return ref
+
+
+def load_into(plan: TrainPlan, named: list[tuple[str, nn.Parameter]],
+              opt: torch.optim.Optimizer) -> None:
+    """Load the checkpoint's values of ``named`` (and their optimizer state) in place.
+    Each process reads only its own keys (no collective): ``no_dist`` DCP loading."""
+    import torch.distributed.checkpoint as dcp
+
+    state = ckpt.rank_state(named, opt, plan.optimizer, for_load=True)
+    ckpt._quiet(dcp.load, state, checkpoint_id=str(plan.resume), no_dist=True)
+    ckpt.install_optimizer_state(named, opt, plan.optimizer, state)
+
+
+def save_from(plan: TrainPlan, setup, named: list[tuple[str, nn.Parameter]],
+              opt: torch.optim.Optimizer, losses: list[float], *, coordinator: bool = True,
+              barrier=lambda: None) -> None:
+    """Write the checkpoint after the last step (collective over the default group)."""
+    meta = ckpt.checkpoint_meta(
+        model=setup.spec.name, description=setup.description, shapes=plan.shapes,
+        steps_done=plan.start + plan.steps, seed=setup.seed, optimizer=plan.optimizer,
+        lr=plan.lr, schedule=setup.schedule.name, boundaries=setup.boundaries,
+        batch=setup.batch_size, losses=[*plan.prior_losses, *losses])
+    ckpt.save(plan.save, ckpt.rank_state(named, opt, plan.optimizer), meta,
+              coordinator=coordinator, barrier=barrier)
+
+
+def param_diff(named: list[tuple[str, nn.Parameter]], ref: list[tuple[str, nn.Parameter]]
+               ) -> float:
+    """Largest |pipeline parameter - reference parameter|, matched by name."""
+    theirs = dict(ref)
+    return max_param_diff((p, theirs[n]) for n, p in named)
+
+
+def optimizer_for(plan: TrainPlan, named: list[tuple[str, nn.Parameter]]
+                  ) -> torch.optim.Optimizer:
+    return make_optimizer(plan.optimizer, (p for _, p in named), plan.lr)
+
+
+def train_summary(plan: TrainPlan) -> dict:
+    """The ``train`` object of ``--json``."""
+    return {"steps": plan.steps, "first_step": plan.start, "optimizer": plan.optimizer,
+            "lr": plan.lr, "saved_to": plan.save, "resumed_from": plan.resume}
+
+
+def grad_and_loss_diff(named: list[tuple[str, nn.Parameter]],
+                       ref: list[tuple[str, nn.Parameter]], loss: float, ref_loss: float
+                       ) -> tuple[float, float]:
+    """(largest |gradient difference|, |loss difference|) against the reference, by name."""
+    theirs = dict(ref)
+
+    def grad(p: nn.Parameter) -> torch.Tensor:
+        return p.grad if p.grad is not None else torch.zeros_like(p)
+
+    worst = max_param_diff((grad(p), grad(theirs[n])) for n, p in named)
+    return worst, abs(loss - ref_loss)
