@@ -84,9 +84,9 @@ def step_batch(make_batch, size: int, seed: int, step: int,
 
 # ---- names: the keys of a checkpoint ------------------------------------------------------
 def layer_names(spec, num_layers: int) -> list[str]:
-    """The model's own name for each layer: the spec's ``layer_names`` when it has them
+    """The model's own name for each layer: the spec's ``names`` when it has them
     (e.g. ``model.layers.3`` for a HuggingFace model), else ``layers.0``, ``layers.1``, ..."""
-    names = getattr(spec, "layer_names", None)
+    names = getattr(spec, "names", None)
     if names and len(names) == num_layers:
         return [str(n) for n in names]
     return [f"layers.{i}" for i in range(num_layers)]
