@@ -102,7 +102,8 @@ def _rule(p: int) -> dict[tuple[int, str], tuple[tuple[int, str], ...]]:
 
 
 def reorder(p: int, microbatches: int, orders: list[list[Action]], cap: int,
-            cap_i: int | None = None) -> tuple[int, list[list[Action]]] | None:
+            cap_i: int | None = None, fill: bool = True
+            ) -> tuple[int, list[list[Action]]] | None:
     """Re-time the block orders ``orders`` with every pass one unit long (the block's own
     units) and return ``(step, new orders)``, or None if the rules below stall.
 
@@ -170,6 +171,8 @@ def reorder(p: int, microbatches: int, orders: list[list[Action]], cap: int,
                     else:
                         chosen.append((r, a, head[r]))
                         continue
+                if not fill:
+                    continue  # rule 3 only in the cool-down: the rank waits for its pass
             best = None
             for s in (r, S - 1 - r):
                 for k in "FIW":
@@ -208,6 +211,90 @@ def reorder(p: int, microbatches: int, orders: list[list[Action]], cap: int,
             left -= 1
         t += 1
     return t, out
+
+
+def reorder_ends(p: int, microbatches: int,
+                 times: tuple[list[int], list[int], list[int]], cap: int,
+                 cap_i: int | None = None) -> list[list[Action]]:
+    """The block repeated every 6 units with only its *warm-up and cool-down* moved earlier
+    (the paper's reorder, which leaves the steady state as the block has it).
+
+    Every pass starts at its block time ``t + 6 j``. Passes before the first microbatch's
+    last input gradient (stage 0's ``I`` of microbatch 0: the end of the warm-up) and after
+    stage 0's last forward (the start of the cool-down) are visited in time order and each
+    moves to the earliest free unit of its rank after everything it waits for (the rule of
+    ``ir/deps.py``, at the times already chosen), if the rank's chunk activations stay
+    within ``cap`` (counted until W) and ``cap_i`` (counted until I) at every unit; the
+    steady state between keeps its block times. :func:`reorder` instead re-times every pass
+    as a list scheduler, which reaches the same unit step but may settle into another
+    steady state: one whose cycle through the ranks has no slack for a hop's ``comm`` or a
+    W shorter than F (``tests/test_vshape.py`` times both under the controllable-memory
+    paper's costs). Returns per-rank orders sorted by the chosen times.
+    """
+    t_f, t_i, t_w = times
+    S, m = 2 * p, microbatches
+    rule = _rule(p)
+    base = {"F": t_f, "I": t_i, "W": t_w}
+    when: dict[tuple[int, str, int], int] = {}
+    events = []
+    for s in range(S):
+        for k in "FIW":
+            for j in range(m):
+                events.append((base[k][s] + PERIOD * j, s, k, j))
+    events.sort()
+    horizon = events[-1][0] + 2
+    rank = [s if s < p else S - 1 - s for s in range(S)]
+    busy = [[False] * horizon for _ in range(p)]
+    held = [[0] * horizon for _ in range(p)]  # chunk activations at each unit, until W
+    held_i = [[0] * horizon for _ in range(p)]  # and until I
+    for t, s, k, j in events:
+        busy[rank[s]][t] = True
+        when[s, k, j] = t
+    for t, s, k, _j in events:
+        r = rank[s]
+        if k == "F":
+            for u in range(t, horizon):
+                held[r][u] += 1
+                held_i[r][u] += 1
+        else:
+            row = held[r] if k == "W" else held_i[r]
+            for u in range(t + 1, horizon):
+                row[u] -= 1
+    cap_i = horizon if cap_i is None else cap_i
+    start, stop = t_i[0], t_f[0] + PERIOD * (m - 1)
+    for t, s, k, j in events:
+        if start <= t <= stop:
+            continue
+        r = rank[s]
+        ready = 0
+        for s2, k2 in rule[s, k]:
+            ready = max(ready, when[s2, k2, j] + 1)
+        for k2 in "FIW":  # the same stage's earlier passes (microbatch order, F-I-W)
+            if k2 == k:
+                if j:
+                    ready = max(ready, when[s, k, j - 1] + 1)
+                break
+            ready = max(ready, when[s, k2, j] + 1)
+        for u in range(ready, t):
+            if busy[r][u]:
+                continue
+            if k == "F" and (max(held[r][u:t]) + 1 > cap or max(held_i[r][u:t]) + 1 > cap_i):
+                continue
+            busy[r][t], busy[r][u] = False, True
+            when[s, k, j] = u
+            if k == "F":
+                for v in range(u, t):
+                    held[r][v] += 1
+                    held_i[r][v] += 1
+            else:
+                row = held[r] if k == "W" else held_i[r]
+                for v in range(u + 1, t + 1):
+                    row[v] -= 1
+            break
+    rows: list[list[tuple[int, Action]]] = [[] for _ in range(p)]
+    for (s, k, j), t in when.items():
+        rows[rank[s]].append((t, Action(s, k, j)))
+    return [[a for _, a in sorted(row)] for row in rows]
 
 
 def unit_step(p: int, microbatches: int, orders: list[list[Action]]) -> int:
@@ -278,6 +365,8 @@ def build(p: int, microbatches: int, candidates: list[tuple[int, ...]], cap: int
         tries = [reorder(p, microbatches, orders, cap, cap_i)]
         if n == 0 or (peak(p, orders) <= cap and peak(p, orders, frees="I") <= cap_i):
             tries.insert(0, (unit_step(p, microbatches, orders), orders))
+        ends = reorder_ends(p, microbatches, block(p, offsets), cap, cap_i)
+        tries.insert(0, reorder(p, microbatches, ends, cap, cap_i, fill=False))
         for got in tries:
             if got is not None and (best is None or got[0] < best[0]):
                 best = got
