@@ -213,6 +213,10 @@ def add_memory_flags(p: argparse.ArgumentParser, limit: bool = True) -> None:
     g.add_argument("--memory-limit", type=time_value("--memory-limit"), default=None,
                    metavar="X", help="the most activation memory a rank may hold, in the units "
                    "of peak memory; a schedule over it is reported as not fitting (none)")
+    g.add_argument("--search-seconds", type=float_flag("--search-seconds", 0, 3600,
+                                                       lo_open=True),
+                   default=None, metavar="S",
+                   help="auto: stop searching after about S seconds (default: auto's own)")
 
 
 def costs_from_args(args: argparse.Namespace) -> CostModel:
@@ -280,7 +284,8 @@ def auto_from_args(args: argparse.Namespace) -> Schedule:
         raise ScheduleError(f"auto takes --chunks 1 (loop placement) or 2 (V placement), "
                             f"got {args.chunks}")
     costs = costs_from_args(args) if hasattr(args, "f") else CostModel()
-    return auto_schedule(args.ranks, args.microbatches, costs, placement=placement)
+    return auto_schedule(args.ranks, args.microbatches, costs, placement=placement,
+                         search_seconds=getattr(args, "search_seconds", None))
 
 
 def fit_line(timeline: Timeline, costs: CostModel) -> str | None:

@@ -250,16 +250,17 @@ def reorder_ends(p: int, microbatches: int,
     for t, s, k, j in events:
         busy[rank[s]][t] = True
         when[s, k, j] = t
-    for t, s, k, _j in events:
+    for t, s, k, _j in events:  # changes first, then running sums
         r = rank[s]
         if k == "F":
-            for u in range(t, horizon):
-                held[r][u] += 1
-                held_i[r][u] += 1
+            held[r][t] += 1
+            held_i[r][t] += 1
         else:
-            row = held[r] if k == "W" else held_i[r]
-            for u in range(t + 1, horizon):
-                row[u] -= 1
+            (held[r] if k == "W" else held_i[r])[t + 1] -= 1
+    for rows in (held, held_i):
+        for row in rows:
+            for u in range(1, horizon):
+                row[u] += row[u - 1]
     cap_i = horizon if cap_i is None else cap_i
     start, stop = t_i[0], t_f[0] + PERIOD * (m - 1)
     for t, s, k, j in events:
