@@ -55,8 +55,8 @@ from ...ir.schedule import (
 )
 from ...ir.schedule import validate as validate_schedule
 from ..registry import check_counts, get_schedule, lookup, schedule_names
-from .bounds import lower_bound, min_limits
 from .adaptive import adaptive_orders
+from .bounds import lower_bound, min_limits
 from .greedy import Knobs, greedy_order
 from .improve import anneal, improve
 from .mip import polish
