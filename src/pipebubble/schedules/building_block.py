@@ -367,7 +367,11 @@ def build(p: int, microbatches: int, candidates: list[tuple[int, ...]], cap: int
         if n == 0 or (peak(p, orders) <= cap and peak(p, orders, frees="I") <= cap_i):
             tries.insert(0, (unit_step(p, microbatches, orders), orders))
         ends = reorder_ends(p, microbatches, block(p, offsets), cap, cap_i)
-        tries.insert(0, reorder(p, microbatches, ends, cap, cap_i, fill=False))
+        ends = reorder(p, microbatches, ends, cap, cap_i, fill=False)
+        if ends is not None and 2 * microbatches > cap and ends[0] <= (
+                6 * microbatches + 6 * p - 1 - 3 * cap):  # at the bound: nothing is shorter
+            return ends[1]
+        tries.insert(0, ends)
         for got in tries:
             if got is not None and (best is None or got[0] < best[0]):
                 best = got

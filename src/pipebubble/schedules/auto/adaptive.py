@@ -86,6 +86,8 @@ def candidate_blocks(p: int, deadline: float = float("inf")
     turns = [(tf, ti, top) for tf in range(1, 7) for ti in range(1, 7) for top in range(1, 7)]
     for a in range(1, 6):
         for b in range(1, 6):
+            if time.perf_counter() > deadline:
+                return out
             for turn in turns:
                 offsets = (a, b, b, a, *turn)
                 try:
