@@ -363,15 +363,16 @@ def build(p: int, microbatches: int, candidates: list[tuple[int, ...]], cap: int
             if peak(p, orders) > cap:
                 raise ScheduleError(f"block {offsets} holds more than {cap} chunk activations")
             cap_i = peak(p, orders, frees="I")
-        tries = [reorder(p, microbatches, orders, cap, cap_i)]
-        if n == 0 or (peak(p, orders) <= cap and peak(p, orders, frees="I") <= cap_i):
-            tries.insert(0, (unit_step(p, microbatches, orders), orders))
+        # First the block with only its ends reordered (its steady state is the block's:
+        # no repeating bubble under real costs); at the unit bound nothing is shorter.
         ends = reorder_ends(p, microbatches, block(p, offsets), cap, cap_i)
         ends = reorder(p, microbatches, ends, cap, cap_i, fill=False)
         if ends is not None and 2 * microbatches > cap and ends[0] <= (
-                6 * microbatches + 6 * p - 1 - 3 * cap):  # at the bound: nothing is shorter
+                6 * microbatches + 6 * p - 1 - 3 * cap):
             return ends[1]
-        tries.insert(0, ends)
+        tries = [ends, reorder(p, microbatches, orders, cap, cap_i)]
+        if n == 0 or (peak(p, orders) <= cap and peak(p, orders, frees="I") <= cap_i):
+            tries.insert(1, (unit_step(p, microbatches, orders), orders))
         for got in tries:
             if got is not None and (best is None or got[0] < best[0]):
                 best = got

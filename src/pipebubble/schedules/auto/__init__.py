@@ -79,7 +79,7 @@ ANNEAL_SETTINGS = [dict(hot=0.03, columns=0.4)]  # one per start, in turn
 CLIMB_BUDGET = 3000  # evaluations of the hill climb that polishes the annealed order
 POLISH_UP_TO = 200  # actions: the MIP windows (mip.polish) run up to this size (V: p·m <= 33)
 POLISH_WITHIN = 0.02  # and polish a placement whose searched order is this close to the best
-SEARCH_SECONDS = 0.5  # the adaptive V stage's budget, by default (``search_seconds``)
+SEARCH_SECONDS = 0.3  # the adaptive V stage's budget, by default (``search_seconds``)
 
 
 def knob_grid(ranks: int, microbatches: int, chunks: int) -> list[Knobs]:
