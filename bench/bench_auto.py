@@ -138,8 +138,8 @@ def zb_table5(authors, quick, seconds):
                 if authors is not None and authors.zb is not None:
                     from authors import zb
 
-                    found, tsecs = timed(lambda p=p, m=m, limit=limit:
-                                         zb(authors, p, m, f, b, w, c, limit, 0.5))
+                    args = (authors, p, m, f, b, w, c, limit, 0.5)
+                    found, tsecs = timed(lambda args=args: zb(*args))
                     scored = []
                     for orders in found:
                         ts, tsb, tpeak = stats(orders, p, m, costs, "loop")
