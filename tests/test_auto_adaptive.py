@@ -141,3 +141,14 @@ def test_search_seconds_flag_refuses_zero(run_cli):
                            "--search-seconds", "0")
     assert rc == 2 and out == "" and err.startswith("pipebubble: error: ")
     assert "--search-seconds" in err
+
+
+@pytest.mark.parametrize("p, m", [(3, 20), (4, 23), (7, 40), (8, 33)])
+def test_periodic_build_is_the_full_build(p, m):
+    # build_periodic builds 2p + 6 microbatches and repeats the steady state: the order
+    # must be the one build() makes for all m microbatches.
+    from pipebubble.schedules.building_block import build, build_periodic
+
+    for offsets, memory in ((v_half_offsets(p), v_half_memory(p)),
+                            (v_min_offsets(p), v_min_memory(p))):
+        assert build_periodic(p, m, [offsets], 2 * memory) == build(p, m, [offsets], 2 * memory)

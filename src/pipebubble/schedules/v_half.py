@@ -51,7 +51,7 @@ from __future__ import annotations
 
 from ..ir.schedule import Schedule, make_schedule
 from ..sim.formulas import v_half_closed_form, v_half_memory
-from .building_block import build
+from .building_block import build_periodic
 from .registry import ScheduleSpec, register
 
 
@@ -77,7 +77,8 @@ def v_half_mirrored_offsets(p: int) -> tuple[int, ...]:
 
 
 def v_half(ranks: int, microbatches: int, chunks: int = 2) -> Schedule:
-    orders = build(ranks, microbatches, [v_half_offsets(ranks)], 2 * v_half_memory(ranks))
+    orders = build_periodic(ranks, microbatches, [v_half_offsets(ranks)],
+                            2 * v_half_memory(ranks))
     return make_schedule("v-half", orders, 2 * ranks, microbatches, placement="v")
 
 
