@@ -55,7 +55,7 @@ from ...ir.schedule import (
 )
 from ...ir.schedule import validate as validate_schedule
 from ..registry import check_counts, get_schedule, lookup, schedule_names
-from .adaptive import adaptive_orders
+from .adaptive import Budget, adaptive_orders
 from .bounds import lower_bound, min_limits
 from .greedy import Knobs, greedy_order
 from .improve import anneal, improve
@@ -122,14 +122,15 @@ def auto_schedule(
     ``mip_windows=False`` stops after the local search (faster on small instances; the
     windows only ever replace an order with a faster one that fits).
 
-    ``search_seconds`` (default :data:`SEARCH_SECONDS`) bounds the adaptive V stage
-    (:mod:`.adaptive`), which runs after the registered schedules and the greedy; the
-    stages before it always run (they are what auto is never slower than).
+    ``search_seconds`` (default :data:`SEARCH_SECONDS`) is the budget of the adaptive V
+    stage (:mod:`.adaptive`), which runs after the registered schedules and the greedy
+    (they always run: auto is never slower than them); it counts work, not time, so the
+    result is the same on every machine.
 
     Raises ScheduleError naming the smallest feasible limit when ``memory_limit`` is below it.
     """
     started = time.perf_counter()
-    deadline = started + (SEARCH_SECONDS if search_seconds is None else search_seconds)
+    seconds = SEARCH_SECONDS if search_seconds is None else search_seconds
     check_counts(ranks, microbatches)
     costs = costs or CostModel()
     if memory_limit is None:
@@ -169,7 +170,7 @@ def auto_schedule(
     def _adaptive(kind, p, m, sc, where, limits):
         if kind != "v":
             return
-        for source, orders in adaptive_orders(p, m, sc, limits, deadline):
+        for source, orders in adaptive_orders(p, m, sc, limits, Budget(seconds)):
             scored = _score(make_schedule("auto", orders, 2 * p, m, placement="v"), sc, limits)
             if scored is not None:
                 yield scored[0], orders, source

@@ -11,33 +11,35 @@ search order, so that it costs little at the sizes people run:
    microbatch's chunk-0 forward and chunk-1 input gradient travel alike, as do the other
    two; V-Min is a = b = 1, V-Half a, b = 2, 1 or 1, 2, ZB-V 4, 2 or 2, 4) and every turn and
    top in 1..6 that collides with nothing modulo 6;
-2. estimate each block's peak per rank without building it (a stage's activation lives
-   from its F to its W, ``ceil(lifespan / 6)`` microbatches of it at once in the steady
-   state: an upper bound, as a rank's two stages need not peak together), count it on the
-   block repeated for a few microbatches where the estimate is near the limit, keep those
-   within it, most memory first (the unit-cost bound
-   ``6m + 6p - 1 - 3k`` falls as the peak k grows), then the shortest block (least fill);
-3. build the few best as orders: repeated, warm-up and cool-down reordered without raising
-   the peak (``building_block.reorder_ends``, which keeps the block's steady state and so
-   stays free of a repeating bubble under comm and W != F), and the list-scheduled
-   reorder; the caller scores every order with the simulator and keeps what fits.
+2. count each block's steady-state peak per rank without building it
+   (:func:`steady_peaks`), keep those within the limit, most memory first (the unit-cost
+   bound ``6m + 6p - 1 - 3k`` falls as the peak k grows), then the shortest block (least
+   fill);
+3. build the few best as orders (on ``2p + 6`` microbatches, the steady state then
+   repeated up to m: ``schedules/periodic.py``): repeated, warm-up and cool-down
+   reordered without raising the peak (``building_block.reorder_ends``, which keeps the
+   block's steady state and so stays free of a repeating bubble under comm and W != F),
+   and the list-scheduled reorder; the caller scores every order with the simulator and
+   keeps what fits.
 
-It stops at ``deadline`` (a ``time.perf_counter()`` value). Deterministic: the order of
-the enumeration is fixed and nothing is random.
+It stops when its :class:`Budget` is spent. Deterministic: the enumeration's order is
+fixed, nothing is random, and the budget counts work, not time (the wall clock only
+stops a machine several times slower than the reference one).
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Iterator
 
 from ...costs import StageCosts
 from ...ir.schedule import Action, ScheduleError
 from ..building_block import PERIOD, block, peak, reorder, reorder_ends, repeat
+from ..periodic import extend
 
-BUILD_AT_MOST = 8  # blocks built and scored, at most (each costs about one reorder)
-SLACK = 6  # blocks whose estimated peak is this far above the limit are counted exactly
+BUILD_AT_MOST = 16  # blocks built and scored, at most (each costs about one small reorder)
+WORK_PER_SECOND = 200_000  # work units a second on the reference machine (2 loaded cores)
+GUARD = 5  # the wall-clock stop: this many times the budget's seconds
 
 
 def switched_block(p: int, near: int, far: int, switch: int, turn_f: int, turn_i: int,
@@ -78,17 +80,36 @@ def switched_block(p: int, near: int, far: int, switch: int, turn_f: int, turn_i
     return t_f, t_i, t_w
 
 
-def candidate_blocks(p: int, deadline: float = float("inf")
+def _collides(p: int, a: int, b: int, turn_f: int, turn_i: int, top: int) -> bool:
+    """Whether the uniform block (a, b, b, a, turns) puts two F or I of a rank in one slot
+    modulo 6 (``building_block.block``'s test, on the closed-form times of rank r's two
+    stages r and 2p-1-r, without building the block)."""
+    f_top = a * (p - 1) + turn_f + b * (p - 1)  # tF of stage 2p-1
+    i_turn = f_top + top + a * (p - 1) + turn_i  # tI of stage p-1
+    for r in range(p):
+        f0 = a * r
+        f1 = f_top - b * r
+        i1 = f_top + top + a * r
+        i0 = i_turn + b * (p - 1 - r)
+        if len({f0 % PERIOD, f1 % PERIOD, i1 % PERIOD, i0 % PERIOD}) < 4:
+            return True
+    return False
+
+
+def candidate_blocks(p: int, budget: Budget | None = None
                      ) -> list[tuple[tuple[int, ...], tuple[list[int], ...]]]:
     """The collision-free blocks of the family: the uniform ones first (a, b in 1..5),
-    then those whose near/far offsets switch at a rank (until ``deadline``)."""
+    then those whose near/far offsets switch at a rank (while ``budget`` lasts; each
+    block tried costs ``2p`` work units)."""
     out = []
     turns = [(tf, ti, top) for tf in range(1, 7) for ti in range(1, 7) for top in range(1, 7)]
     for a in range(1, 6):
         for b in range(1, 6):
-            if time.perf_counter() > deadline:
+            if budget is not None and not budget.spend(p * len(turns) / 4):
                 return out
             for turn in turns:
+                if _collides(p, a, b, *turn):
+                    continue
                 offsets = (a, b, b, a, *turn)
                 try:
                     out.append((offsets, block(p, offsets)))
@@ -97,7 +118,7 @@ def candidate_blocks(p: int, deadline: float = float("inf")
     for near in range(2, 6):
         for far in range(1, near):
             for switch in range(1, p - 1):
-                if time.perf_counter() > deadline:
+                if budget is not None and not budget.spend(p * len(turns)):
                     return out
                 for turn in turns:
                     times = switched_block(p, near, far, switch, *turn)
@@ -106,34 +127,46 @@ def candidate_blocks(p: int, deadline: float = float("inf")
     return out
 
 
-def estimated_peaks(p: int, times: tuple[list[int], ...]) -> list[int]:
-    """Chunk activations each rank holds in the block's steady state (F adds, W frees)."""
+def steady_peaks(p: int, times: tuple[list[int], ...]) -> list[int]:
+    """Chunk activations each rank holds at most once the block repeats every 6 units (F
+    adds one as it starts, W frees it as it starts): at phase ``x mod 6`` stage s holds
+    one activation for every unit of ``[tF, tW)`` with that phase. The warm-up, a part of
+    the same pattern, holds no more."""
     t_f, _, t_w = times
     S = 2 * p
-    held = [0] * p
+    per_phase = [[0] * PERIOD for _ in range(p)]
     for s in range(S):
-        r = s if s < p else S - 1 - s
-        held[r] += math.ceil((t_w[s] + 1 - t_f[s]) / PERIOD)
-    return held
+        row = per_phase[s if s < p else S - 1 - s]
+        for x in range(t_f[s], t_w[s]):
+            row[x % PERIOD] += 1
+    return [max(row) for row in per_phase]
+
+
+class Budget:
+    """Work a search stage may do, counted in *work units* (about one pass of a list
+    scheduler over one action), so that the same instance and budget give the same result
+    on any machine; the wall clock only guards against a machine ``GUARD`` times slower
+    than the reference one. ``Budget(seconds)`` allows ``seconds x WORK_PER_SECOND``."""
+
+    def __init__(self, seconds: float):
+        self.left = seconds * WORK_PER_SECOND
+        self.stop = time.perf_counter() + GUARD * seconds
+
+    def spend(self, work: float) -> bool:
+        """Charge ``work``; False once the budget (or the guard) is spent."""
+        self.left -= work
+        return self.left >= 0 and time.perf_counter() < self.stop
 
 
 def adaptive_orders(p: int, m: int, sc: StageCosts, limits: list[float] | None,
-                    deadline: float) -> Iterator[tuple[str, list[list[Action]]]]:
+                    budget: Budget) -> Iterator[tuple[str, list[list[Action]]]]:
     """(source, per-rank orders) of the most promising blocks within ``limits`` (per rank,
-    in the units of ``sc``'s memory), best first, until ``deadline``."""
+    in the units of ``sc``'s memory), best first, while ``budget`` lasts."""
     chunk_mb = [max(sum(sc.memory_deltas(s, "F")) for s in (r, 2 * p - 1 - r))
                 for r in range(p)]
     ranked = []
-    probe = min(m, 3 * p)  # enough microbatches to reach the steady state's peak
-    for offsets, times in candidate_blocks(p, deadline):
-        held = estimated_peaks(p, times)  # an upper bound: two stages' peaks may not meet
-        if limits is not None and any((h - SLACK) * c > lim + 1e-9 for h, c, lim
-                                      in zip(held, chunk_mb, limits, strict=True)):
-            continue
-        if time.perf_counter() > deadline:
-            break
-        rows = repeat(p, probe, times)
-        held = [peak(p, [row]) for row in rows]
+    for offsets, times in candidate_blocks(p, budget):
+        held = steady_peaks(p, times)
         if limits is not None and any(h * c > lim + 1e-9 for h, c, lim
                                       in zip(held, chunk_mb, limits, strict=True)):
             continue
@@ -142,22 +175,22 @@ def adaptive_orders(p: int, m: int, sc: StageCosts, limits: list[float] | None,
     ranked.sort(key=lambda x: x[:3])
     seen: set[tuple] = set()
     built = 0
+    small = min(m, 2 * p + 6)  # built on a few microbatches, the steady state repeated
     for _neg, _length, offsets, times in ranked:
-        if built >= BUILD_AT_MOST or time.perf_counter() > deadline:
-            return
         key = (tuple(times[0]), tuple(times[1]), tuple(times[2]))
         if key in seen:
             continue
+        if built >= BUILD_AT_MOST or not budget.spend(3 * 6 * p * small + 6 * p * m):
+            return
         seen.add(key)
         built += 1
-        rows = repeat(p, m, times)
+        rows = repeat(p, small, times)
         cap, cap_i = peak(p, rows), peak(p, rows, frees="I")
         name = "adaptive block " + ",".join(map(str, offsets))
-        ends = reorder(p, m, reorder_ends(p, m, times, cap, cap_i), cap, cap_i, fill=False)
-        if ends is not None:
-            yield name + " (ends reordered)", ends[1]
-        if time.perf_counter() > deadline:
-            return
-        listed = reorder(p, m, rows, cap, cap_i)
-        if listed is not None:
-            yield name + " (reordered)", listed[1]
+        ends = reorder(p, small, reorder_ends(p, small, times, cap, cap_i), cap, cap_i,
+                       fill=False)
+        if ends is not None and (grown := extend(ends[1], small, m, [6] * p)) is not None:
+            yield name + " (ends reordered)", grown
+        listed = reorder(p, small, rows, cap, cap_i)
+        if listed is not None and (grown := extend(listed[1], small, m, [6] * p)) is not None:
+            yield name + " (reordered)", grown
