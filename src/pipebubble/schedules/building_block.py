@@ -25,9 +25,12 @@ at its last forward that rank must hold the full peak, every activation still wa
 its I. V-Half (``v_half.py``) and V-Min (``v_min.py``) pick ``top`` (and V-Half the turn)
 for that.
 
-:func:`reorder` then *reorders warm-up and cool-down* (the paper's last step): it re-times
-the block's passes as a list scheduler with unit passes, keeping each rank's memory within
-the block's peak, and the generators keep its order when it is shorter.
+:func:`reorder_ends` then *reorders warm-up and cool-down* (the paper's last step): the
+passes before the first microbatch's last I and after stage 0's last F move to earlier free
+units within the block's peak, and the steady state between keeps its block times (so an
+order that has no repeating bubble with unit passes keeps none under real costs: comm on
+every hop, W shorter than F). :func:`reorder` re-times every pass as a list scheduler with
+unit passes (with ``fill=False`` only in the cool-down); :func:`build` keeps the shortest.
 
 >>> tF, tI, tW = block(2, (1, 1, 1, 1, 1, 1, 1))
 >>> tF, tI, tW
