@@ -105,7 +105,8 @@ def _rule(p: int) -> dict[tuple[int, str], tuple[tuple[int, str], ...]]:
 
 
 def reorder(p: int, microbatches: int, orders: list[list[Action]], cap: int,
-            cap_i: int | None = None, fill: bool = True
+            cap_i: int | None = None, fill: bool = True,
+            warmup: list[tuple[int, int]] | None = None
             ) -> tuple[int, list[list[Action]]] | None:
     """Re-time the block orders ``orders`` with every pass one unit long (the block's own
     units) and return ``(step, new orders)``, or None if the rules below stall.
@@ -158,12 +159,29 @@ def reorder(p: int, microbatches: int, orders: list[list[Action]], cap: int,
     def ready(s: int, k: str, j: int) -> bool:
         return all(done.get((s2, k2, j), late) <= t for s2, k2 in rule[s, k])
 
+    started = [False] * p  # the rank has run an input gradient
+
     while left:
         chosen = []
         late = t + 1
         for r in range(p):
             while head[r] < len(orders[r]) and ran[r][head[r]]:
                 head[r] += 1
+            if warmup is not None and not started[r]:  # fill the memory before the first I
+                pick = None
+                for c, s in ((1, S - 1 - r), (0, r)):  # the later chunk first
+                    j = nxt[s, "F"]
+                    i = where[r].get((s, "F", j))
+                    if (i is not None and j < warmup[r][c] and held[r] < cap
+                            and held_i[r] < cap_i and ready(s, "F", j)):
+                        pick = (r, orders[r][i], i)
+                        break
+                a = orders[r][head[r]] if head[r] < len(orders[r]) else None
+                if a is not None and a.kind == "I" and ready(*a):
+                    pick = (r, a, head[r])
+                if pick is not None:
+                    chosen.append(pick)
+                continue
             if forwards[r] < 2 * m and head[r] < len(orders[r]):  # rule 2, the fast path
                 a = orders[r][head[r]]
                 s, k, j = a
@@ -209,6 +227,7 @@ def reorder(p: int, microbatches: int, orders: list[list[Action]], cap: int,
                 forwards[r] += 1
             elif k == "I":
                 held_i[r] -= 1
+                started[r] = True
             else:
                 held[r] -= 1
             left -= 1

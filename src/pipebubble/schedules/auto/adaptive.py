@@ -100,34 +100,36 @@ def _collides(p: int, a: int, b: int, turn_f: int, turn_i: int, top: int) -> boo
     return False
 
 
-def candidate_blocks(p: int, budget: Budget | None = None
+def candidate_blocks(p: int, budget: Budget | None = None, family: str = "all"
                      ) -> list[tuple[tuple[int, ...], tuple[list[int], ...]]]:
-    """The collision-free blocks of the family: the uniform ones first (a, b in 1..5),
-    then those whose near/far offsets switch at a rank (while ``budget`` lasts; each
-    block tried costs ``2p`` work units)."""
+    """The collision-free blocks of ``family`` (``uniform``: a, b in 1..5; ``switched``:
+    near/far offsets that switch at a rank; ``all``: both, in that order) while
+    ``budget`` lasts (charged per group of turns tried)."""
     out = []
     turns = [(tf, ti, top) for tf in range(1, 7) for ti in range(1, 7) for top in range(1, 7)]
-    for a in range(1, 6):
-        for b in range(1, 6):
-            if budget is not None and not budget.spend(p * len(turns) / 4):
-                return out
-            for turn in turns:
-                if _collides(p, a, b, *turn):
-                    continue
-                offsets = (a, b, b, a, *turn)
-                try:
-                    out.append((offsets, block(p, offsets)))
-                except ScheduleError:
-                    continue
-    for near in range(2, 6):
-        for far in range(1, near):
-            for switch in range(1, p - 1):
-                if budget is not None and not budget.spend(p * len(turns)):
+    if family in ("all", "uniform"):
+        for a in range(1, 6):
+            for b in range(1, 6):
+                if budget is not None and not budget.spend(p * len(turns) / 4):
                     return out
                 for turn in turns:
-                    times = switched_block(p, near, far, switch, *turn)
-                    if times is not None:
-                        out.append(((near, far, switch, *turn), times))
+                    if _collides(p, a, b, *turn):
+                        continue
+                    offsets = (a, b, b, a, *turn)
+                    try:
+                        out.append((offsets, block(p, offsets)))
+                    except ScheduleError:
+                        continue
+    if family in ("all", "switched"):
+        for near in range(2, 6):
+            for far in range(1, near):
+                for switch in range(1, p - 1):
+                    if budget is not None and not budget.spend(p * len(turns)):
+                        return out
+                    for turn in turns:
+                        times = switched_block(p, near, far, switch, *turn)
+                        if times is not None:
+                            out.append(((near, far, switch, *turn), times))
     return out
 
 
@@ -174,6 +176,10 @@ def adaptive_orders(p: int, m: int, sc: StageCosts, limits: list[float] | None,
             preferred.append((offsets, block(p, offsets)))
         except ScheduleError:
             continue
+    k = None  # chunk activations the limit allows every rank (for the warm-up fill)
+    if limits is not None:
+        k = min(2 * p, min(int(lim / c + 1e-9) for lim, c in zip(limits, chunk_mb,
+                                                                  strict=True)))
     ranked = []
     for n, (offsets, times) in enumerate(preferred):
         held = steady_peaks(p, times)
@@ -186,46 +192,69 @@ def adaptive_orders(p: int, m: int, sc: StageCosts, limits: list[float] | None,
         if not budget.spend(_build_cost(p, m, small)):
             return
         seen.add((tuple(times[0]), tuple(times[1]), tuple(times[2])))
-        yield from _built(p, m, small, offsets, times)
-    ranked = []
-    for offsets, times in candidate_blocks(p, budget):
-        held = steady_peaks(p, times)
-        if limits is not None and any(h * c > lim + 1e-9 for h, c, lim
-                                      in zip(held, chunk_mb, limits, strict=True)):
-            continue
-        length = times[2][0] - times[0][0]  # a microbatch's whole block on rank 0
-        ranked.append((-max(held), length, offsets, times))
-    ranked.sort(key=lambda x: x[:3])
-    built = 0
-    for _neg, _length, offsets, times in ranked:
-        key = (tuple(times[0]), tuple(times[1]), tuple(times[2]))
-        if key in seen:
-            continue
-        if built >= BUILD_AT_MOST or not budget.spend(_build_cost(p, m, small)):
-            return
-        seen.add(key)
-        built += 1
-        yield from _built(p, m, small, offsets, times)
+        yield from _built(p, m, small, offsets, times, k)
+    for family in ("uniform", "switched"):  # each enumerated, ranked and built in turn
+        ranked = []
+        for offsets, times in candidate_blocks(p, budget, family):
+            held = steady_peaks(p, times)
+            if limits is not None and any(h * c > lim + 1e-9 for h, c, lim
+                                          in zip(held, chunk_mb, limits, strict=True)):
+                continue
+            length = times[2][0] - times[0][0]  # a microbatch's whole block on rank 0
+            ranked.append((-max(held), length, offsets, times))
+        ranked.sort(key=lambda x: x[:3])
+        built = 0
+        for _neg, _length, offsets, times in ranked:
+            key = (tuple(times[0]), tuple(times[1]), tuple(times[2]))
+            if key in seen:
+                continue
+            if built >= BUILD_AT_MOST:
+                break
+            if not budget.spend(_build_cost(p, m, small)):
+                return
+            seen.add(key)
+            built += 1
+            yield from _built(p, m, small, offsets, times, k)
 
 
 def _built(p: int, m: int, small: int, offsets: tuple[int, ...],
-           times: tuple[list[int], ...]) -> Iterator[tuple[str, list[list[Action]]]]:
-    """The block's two orders (ends reordered, list-scheduled reorder), built on ``small``
-    microbatches and extended to ``m``."""
+           times: tuple[list[int], ...], k: int | None
+           ) -> Iterator[tuple[str, list[list[Action]]]]:
+    """The block's orders, built on ``small`` microbatches and extended to ``m``: ends
+    reordered, list-scheduled reorder, and (when the limit allows ``k`` chunk activations
+    a rank, more than the block holds) the ends-reordered block with its warm-up filled up
+    to ``k`` (:func:`warmup_targets`), with and without filling holes."""
     rows = repeat(p, small, times)
     cap, cap_i = peak(p, rows), peak(p, rows, frees="I")
     name = "adaptive block " + ",".join(map(str, offsets))
-    ends = reorder(p, small, reorder_ends(p, small, times, cap, cap_i), cap, cap_i,
-                   fill=False)
-    if ends is not None and (grown := extend(ends[1], small, m, [6] * p)) is not None:
-        yield name + " (ends reordered)", grown
-    listed = reorder(p, small, rows, cap, cap_i)
-    if listed is not None and (grown := extend(listed[1], small, m, [6] * p)) is not None:
-        yield name + " (reordered)", grown
+    moved = reorder_ends(p, small, times, cap, cap_i)
+    tries = [(" (ends reordered)", moved, cap, cap_i, False, None)]
+    tries.append((" (reordered)", rows, cap, cap_i, True, None))
+    if k is not None and k >= cap:
+        targets = warmup_targets(p, small, k)
+        for fill in (True, False):
+            tries.append((f" (warm-up to {k}{', holes filled' if fill else ''})", moved, k,
+                          max(k, cap_i), fill, targets))
+    for label, base, c, c_i, fill, targets in tries:
+        got = reorder(p, small, base, c, c_i, fill=fill, warmup=targets)
+        if got is not None and (grown := extend(got[1], small, m, [6] * p)) is not None:
+            yield name + label, grown
+
+
+def warmup_targets(p: int, m: int, k: int) -> list[tuple[int, int]]:
+    """(chunk-0, chunk-1) forwards rank r runs before its first I to hold ``k`` chunk
+    activations then (the paper's warm-up, which fills the memory the block leaves): as
+    many of the later chunk as the V lets arrive, ``min(r + 1, k // 2)``, the rest of the
+    earlier one."""
+    out = []
+    for r in range(p):
+        late = min(r + 1, k // 2, m)
+        out.append((min(k - late, m), late))
+    return out
 
 
 def _build_cost(p: int, m: int, small: int) -> float:
-    """Work units of one block's two orders: three passes over the small instance (the
-    ends reorder and two list schedules) and the caller's scoring of the whole order by
+    """Work units of one block's orders: five passes over the small instance (the ends
+    reorder and up to four list schedules) and the caller's scoring of the whole order by
     the simulator's kernel (vectorised: about a tenth of a unit an action)."""
-    return 3 * 6 * p * small + 0.6 * p * m
+    return 5 * 6 * p * small + 0.6 * p * m
