@@ -88,11 +88,11 @@ def line(label, ours, theirs, bound, unit=1.0, extra=""):
     step, secs, sb = ours
     if theirs is None:
         their = f"{'-':>9} {'':>6} {'':>6}"
-        ratio = "     -"
+        ratio = "      -"
     else:
         ts, tsecs, tsb, _ = theirs
         their = f"{ts / unit:>9.3f} {tsb:>6.3f} {tsecs:>6.1f}"
-        ratio = f"{step / ts:>6.3f}"
+        ratio = f"{step / ts:>7.4f}"
     gap = (step - bound) / bound * 100
     print(f"{label:<26} {step / unit:>9.3f} {sb:>6.3f} {secs:>6.2f} | {their} | {ratio} "
           f"{bound / unit:>9.3f} {gap:>6.2f}%  {extra}")
@@ -101,7 +101,7 @@ def line(label, ours, theirs, bound, unit=1.0, extra=""):
 def header(title, unit_name):
     print(f"\n{title} (times in {unit_name})")
     print(f"{'setting':<26} {'auto':>9} {'span-b':>6} {'sec':>6} | {'authors':>9} "
-          f"{'span-b':>6} {'sec':>6} | {'ratio':>6} {'bound':>9} {'gap':>7}  auto's source")
+          f"{'span-b':>6} {'sec':>6} | {'ratio':>7} {'bound':>9} {'gap':>7}  auto's source")
 
 
 def table8(authors, quick, seconds):
