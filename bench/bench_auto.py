@@ -28,7 +28,7 @@ Settings:
   building blocks reach it), alongside auto's own provable bound.
 
 Run: ``.venv/bin/python bench/bench_auto.py [--authors PATH] [--quick]
-[--search-seconds S]``. Prints; asserts nothing.
+[--search-seconds S] [--sections table8,zb,unit,speed]``. Prints; asserts nothing.
 """
 
 from __future__ import annotations
@@ -209,6 +209,8 @@ def main() -> None:
     ap.add_argument("--authors", help="a checkout of sail-sg/zero-bubble-pipeline-parallelism")
     ap.add_argument("--quick", action="store_true", help="the first size of each setting")
     ap.add_argument("--search-seconds", type=float, default=None)
+    ap.add_argument("--sections", default="table8,zb,unit,speed",
+                    help="which tables to print (comma list of table8, zb, unit, speed)")
     args = ap.parse_args()
     authors = None
     if args.authors:
@@ -220,10 +222,15 @@ def main() -> None:
               "m=128 V-Half span bubble 0.078 (their order, timed by us)")
     print("ratio = auto / authors (<= 1: auto at least as fast); gap = auto over the bound; "
           "span-b = 1 - busiest rank's busy time / longest rank span")
-    table8(authors, args.quick, args.search_seconds)
-    zb_table5(authors, args.quick, args.search_seconds)
-    unit_costs(authors, args.quick, args.search_seconds)
-    speed(args.search_seconds)
+    sections = args.sections.split(",")
+    if "table8" in sections:
+        table8(authors, args.quick, args.search_seconds)
+    if "zb" in sections:
+        zb_table5(authors, args.quick, args.search_seconds)
+    if "unit" in sections:
+        unit_costs(authors, args.quick, args.search_seconds)
+    if "speed" in sections:
+        speed(args.search_seconds)
 
 
 if __name__ == "__main__":

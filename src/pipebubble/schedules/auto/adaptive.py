@@ -185,11 +185,11 @@ def adaptive_orders(p: int, m: int, sc: StageCosts, limits: list[float] | None,
             ranked.append((n, offsets, times))
     seen: set[tuple] = set()
     small = min(m, 2 * p + 6)  # built on a few microbatches, the steady state repeated
-    for _n, offsets, times in ranked:
-        if not budget.spend(_build_cost(p, m, small, times, k)):
+    for _n, offsets, times in ranked:  # V-Half's kin: their own warm-up is the best one
+        if not budget.spend(_build_cost(p, m, small, times, None)):
             return
         seen.add((tuple(times[0]), tuple(times[1]), tuple(times[2])))
-        yield from _built(p, m, small, offsets, times, k)
+        yield from _built(p, m, small, offsets, times, None)
     for family in ("uniform", "switched"):  # each enumerated, ranked and built in turn
         ranked = []
         for offsets, times in candidate_blocks(p, budget, family):
@@ -219,7 +219,7 @@ def _built(p: int, m: int, small: int, offsets: tuple[int, ...],
            ) -> Iterator[tuple[str, list[list[Action]]]]:
     """The block's orders, built on ``small`` microbatches and extended to ``m``: ends
     reordered, list-scheduled reorder, and (when the limit allows ``k`` chunk activations
-    a rank, more than the block's peak) the ends-reordered block with its warm-up filled up
+    a rank, at least the block's peak) the ends-reordered block with its warm-up filled up
     to ``k`` (:func:`warmup_targets`), with and without filling holes."""
     rows = repeat(p, small, times)
     cap, cap_i = peak(p, rows), peak(p, rows, frees="I")
@@ -227,7 +227,7 @@ def _built(p: int, m: int, small: int, offsets: tuple[int, ...],
     moved = reorder_ends(p, small, times, cap, cap_i)
     tries = [(" (ends reordered)", moved, cap, cap_i, False, None)]
     tries.append((" (reordered)", rows, cap, cap_i, True, None))
-    if k is not None and k > cap:
+    if k is not None and k >= cap:
         targets = warmup_targets(p, small, k)
         for fill in (True, False):
             tries.append((f" (warm-up to {k}{', holes filled' if fill else ''})", moved, k,
@@ -256,5 +256,5 @@ def _build_cost(p: int, m: int, small: int, times: tuple[list[int], ...],
     reorder and each list schedule (two, four when the warm-up is filled too), and the
     caller's scoring of the whole order by the simulator's kernel (vectorised: about a
     tenth of a unit an action)."""
-    passes = 5 if k is not None and k > max(steady_peaks(p, times)) else 3
+    passes = 5 if k is not None and k >= max(steady_peaks(p, times)) else 3
     return passes * 6 * p * small + 0.6 * p * m
