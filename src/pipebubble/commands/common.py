@@ -141,6 +141,10 @@ def add_memory_flags(p: argparse.ArgumentParser, limit: bool = True) -> None:
     g.add_argument("--memory-limit", type=param_type("--memory-limit"), default=None,
                    metavar="X", help="the most activation memory a rank may hold, in the units "
                    "of peak memory; a schedule over it is reported as not fitting (none)")
+    g.add_argument("--search-seconds", type=float_flag("--search-seconds", 0, 3600,
+                                                       lo_open=True),
+                   default=None, metavar="S",
+                   help="auto: stop searching after about S seconds (default: auto's own)")
 
 
 def costs_from_args(args: argparse.Namespace) -> CostModel:
@@ -203,7 +207,8 @@ def load_schedule(args: argparse.Namespace) -> Schedule:
 def auto_from_args(args: argparse.Namespace) -> Schedule:
     """``auto`` for the command's flags (the registry's request, as any schedule)."""
     costs = costs_from_args(args) if hasattr(args, "f") else CostModel()
-    return get_schedule("auto", args.ranks, args.microbatches, args.chunks, costs=costs)
+    return get_schedule("auto", args.ranks, args.microbatches, args.chunks, costs=costs,
+                        search_seconds=getattr(args, "search_seconds", None))
 
 
 def fit_line(timeline: Timeline, costs: CostModel) -> str | None:

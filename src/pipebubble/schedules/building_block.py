@@ -25,9 +25,12 @@ at its last forward that rank must hold the full peak, every activation still wa
 its I. V-Half (``v_half.py``) and V-Min (``v_min.py``) pick ``top`` (and V-Half the turn)
 for that.
 
-:func:`reorder` then *reorders warm-up and cool-down* (the paper's last step): it re-times
-the block's passes as a list scheduler with unit passes, keeping each rank's memory within
-the block's peak, and the generators keep its order when it is shorter.
+:func:`reorder_ends` then *reorders warm-up and cool-down* (the paper's last step): the
+passes before the first microbatch's last I and after stage 0's last F move to earlier free
+units within the block's peak, and the steady state between keeps its block times (so an
+order that has no repeating bubble with unit passes keeps none under real costs: comm on
+every hop, W shorter than F). :func:`reorder` re-times every pass as a list scheduler with
+unit passes (with ``fill=False`` only in the cool-down); :func:`build` keeps the shortest.
 
 >>> tF, tI, tW = block(2, (1, 1, 1, 1, 1, 1, 1))
 >>> tF, tI, tW
@@ -102,7 +105,9 @@ def _rule(p: int) -> dict[tuple[int, str], tuple[tuple[int, str], ...]]:
 
 
 def reorder(p: int, microbatches: int, orders: list[list[Action]], cap: int,
-            cap_i: int | None = None) -> tuple[int, list[list[Action]]] | None:
+            cap_i: int | None = None, fill: bool = True,
+            warmup: list[tuple[int, int]] | None = None
+            ) -> tuple[int, list[list[Action]]] | None:
     """Re-time the block orders ``orders`` with every pass one unit long (the block's own
     units) and return ``(step, new orders)``, or None if the rules below stall.
 
@@ -154,12 +159,29 @@ def reorder(p: int, microbatches: int, orders: list[list[Action]], cap: int,
     def ready(s: int, k: str, j: int) -> bool:
         return all(done.get((s2, k2, j), late) <= t for s2, k2 in rule[s, k])
 
+    started = [False] * p  # the rank has run an input gradient
+
     while left:
         chosen = []
         late = t + 1
         for r in range(p):
             while head[r] < len(orders[r]) and ran[r][head[r]]:
                 head[r] += 1
+            if warmup is not None and not started[r]:  # fill the memory before the first I
+                pick = None
+                for c, s in ((1, S - 1 - r), (0, r)):  # the later chunk first
+                    j = nxt[s, "F"]
+                    i = where[r].get((s, "F", j))
+                    if (i is not None and j < warmup[r][c] and held[r] < cap
+                            and held_i[r] < cap_i and ready(s, "F", j)):
+                        pick = (r, orders[r][i], i)
+                        break
+                a = orders[r][head[r]] if head[r] < len(orders[r]) else None
+                if a is not None and a.kind == "I" and ready(*a):
+                    pick = (r, a, head[r])
+                if pick is not None:
+                    chosen.append(pick)
+                continue
             if forwards[r] < 2 * m and head[r] < len(orders[r]):  # rule 2, the fast path
                 a = orders[r][head[r]]
                 s, k, j = a
@@ -170,6 +192,8 @@ def reorder(p: int, microbatches: int, orders: list[list[Action]], cap: int,
                     else:
                         chosen.append((r, a, head[r]))
                         continue
+                if not fill:
+                    continue  # rule 3 only in the cool-down: the rank waits for its pass
             best = None
             for s in (r, S - 1 - r):
                 for k in "FIW":
@@ -203,11 +227,101 @@ def reorder(p: int, microbatches: int, orders: list[list[Action]], cap: int,
                 forwards[r] += 1
             elif k == "I":
                 held_i[r] -= 1
+                started[r] = True
             else:
                 held[r] -= 1
             left -= 1
         t += 1
     return t, out
+
+
+def reorder_ends(p: int, microbatches: int,
+                 times: tuple[list[int], list[int], list[int]], cap: int,
+                 cap_i: int | None = None) -> list[list[Action]]:
+    """The block repeated every 6 units with only its *warm-up and cool-down* moved earlier
+    (the paper's reorder, which leaves the steady state as the block has it).
+
+    Every pass starts at its block time ``t + 6 j``. Passes before the first microbatch's
+    last input gradient (stage 0's ``I`` of microbatch 0: the end of the warm-up) and after
+    stage 0's last forward (the start of the cool-down) are visited in time order and each
+    moves to the earliest free unit of its rank after everything it waits for (the rule of
+    ``ir/deps.py``, at the times already chosen), if the rank's chunk activations stay
+    within ``cap`` (counted until W) and ``cap_i`` (counted until I) at every unit; the
+    steady state between keeps its block times. :func:`reorder` instead re-times every pass
+    as a list scheduler, which reaches the same unit step but may settle into another
+    steady state: one whose cycle through the ranks has no slack for a hop's ``comm`` or a
+    W shorter than F (``tests/test_vshape.py`` times both under the controllable-memory
+    paper's costs). Returns per-rank orders sorted by the chosen times.
+    """
+    t_f, t_i, t_w = times
+    S, m = 2 * p, microbatches
+    rule = _rule(p)
+    base = {"F": t_f, "I": t_i, "W": t_w}
+    when: dict[tuple[int, str, int], int] = {}
+    events = []
+    for s in range(S):
+        for k in "FIW":
+            for j in range(m):
+                events.append((base[k][s] + PERIOD * j, s, k, j))
+    events.sort()
+    horizon = events[-1][0] + 2
+    rank = [s if s < p else S - 1 - s for s in range(S)]
+    busy = [[False] * horizon for _ in range(p)]
+    held = [[0] * horizon for _ in range(p)]  # chunk activations at each unit, until W
+    held_i = [[0] * horizon for _ in range(p)]  # and until I
+    for t, s, k, j in events:
+        busy[rank[s]][t] = True
+        when[s, k, j] = t
+    for t, s, k, _j in events:  # changes first, then running sums
+        r = rank[s]
+        if k == "F":
+            held[r][t] += 1
+            held_i[r][t] += 1
+        else:
+            (held[r] if k == "W" else held_i[r])[t + 1] -= 1
+    for rows in (held, held_i):
+        for row in rows:
+            for u in range(1, horizon):
+                row[u] += row[u - 1]
+    cap_i = horizon if cap_i is None else cap_i
+    start, stop = t_i[0], t_f[0] + PERIOD * (m - 1)
+    for t, s, k, j in events:
+        if start <= t <= stop:
+            continue
+        r = rank[s]
+        ready = 0
+        for s2, k2 in rule[s, k]:
+            ready = max(ready, when[s2, k2, j] + 1)
+        for k2 in "FIW":  # the same stage's earlier passes (microbatch order, F-I-W)
+            if k2 == k:
+                if j:
+                    ready = max(ready, when[s, k, j - 1] + 1)
+                break
+            ready = max(ready, when[s, k2, j] + 1)
+        lo = ready
+        if k == "F":  # the units from which it may start without passing a cap
+            lo = t
+            row, row_i = held[r], held_i[r]
+            while lo > ready and row[lo - 1] < cap and row_i[lo - 1] < cap_i:
+                lo -= 1
+        for u in range(lo, t):
+            if busy[r][u]:
+                continue
+            busy[r][t], busy[r][u] = False, True
+            when[s, k, j] = u
+            if k == "F":
+                for v in range(u, t):
+                    held[r][v] += 1
+                    held_i[r][v] += 1
+            else:
+                row = held[r] if k == "W" else held_i[r]
+                for v in range(u + 1, t + 1):
+                    row[v] -= 1
+            break
+    rows: list[list[tuple[int, Action]]] = [[] for _ in range(p)]
+    for (s, k, j), t in when.items():
+        rows[rank[s]].append((t, Action(s, k, j)))
+    return [[a for _, a in sorted(row)] for row in rows]
 
 
 def unit_step(p: int, microbatches: int, orders: list[list[Action]]) -> int:
@@ -257,11 +371,34 @@ def build(p: int, microbatches: int, candidates: list[tuple[int, ...]], cap: int
             if peak(p, orders) > cap:
                 raise ScheduleError(f"block {offsets} holds more than {cap} chunk activations")
             cap_i = peak(p, orders, frees="I")
-        tries = [reorder(p, microbatches, orders, cap, cap_i)]
+        # First the block with only its ends reordered (its steady state is the block's:
+        # no repeating bubble under real costs); at the unit bound nothing is shorter.
+        ends = reorder_ends(p, microbatches, block(p, offsets), cap, cap_i)
+        ends = reorder(p, microbatches, ends, cap, cap_i, fill=False)
+        if ends is not None and 2 * microbatches > cap and ends[0] <= (
+                6 * microbatches + 6 * p - 1 - 3 * cap):
+            return ends[1]
+        tries = [ends, reorder(p, microbatches, orders, cap, cap_i)]
         if n == 0 or (peak(p, orders) <= cap and peak(p, orders, frees="I") <= cap_i):
-            tries.insert(0, (unit_step(p, microbatches, orders), orders))
+            tries.insert(1, (unit_step(p, microbatches, orders), orders))
         for got in tries:
             if got is not None and (best is None or got[0] < best[0]):
                 best = got
     assert best is not None
     return best[1]
+
+
+def build_periodic(p: int, microbatches: int, candidates: list[tuple[int, ...]], cap: int
+                   ) -> list[list[Action]]:
+    """:func:`build` for ``2p + 6`` microbatches, its steady state then repeated up to
+    ``microbatches`` (``schedules/periodic.py``): the same order as :func:`build` gives
+    (``tests/test_auto_adaptive.py`` compares them), at a fraction of the cost for large m.
+    Falls back to :func:`build` when the small order has no steady state to repeat."""
+    from .periodic import extend
+
+    small_m = 2 * p + 6
+    if microbatches <= small_m:
+        return build(p, microbatches, candidates, cap)
+    small = build(p, small_m, candidates, cap)
+    grown = extend(small, small_m, microbatches, [6] * p)
+    return grown if grown is not None else build(p, microbatches, candidates, cap)

@@ -1,30 +1,38 @@
 """V-Half (Qi et al. 2024, *Pipeline Parallelism with Controllable Memory*): the V placement
 at half of 1F1B's activation memory.
 
-Built from a building block (``building_block.py``): chunk-0 forwards one unit apart and
-their input gradients two, chunk-1 forwards two apart and their input gradients one (three
-units per stage in all, against V-Min's two and ZB-V's six), the turn of the V 2 units
-(forward) and 1 (backward), and the top of the V (the last stage's F to its I) 1 unit for
-odd p, 4 for even p. A rank holds at most ``2 floor((p + 2)/2)`` chunk activations:
-**peak ``floor((p + 2)/2) x M_B`` per rank** when W frees what I kept (``M_W = M_B``), and
-no more for any smaller ``M_W``.
+Built from a building block (``building_block.py``), the paper's (``delta0 = 2``,
+``delta1 = 1``, as the authors' code builds it): chunk-0 forwards two units apart and their
+input gradients one, chunk-1 forwards one apart and their input gradients two (three units
+per stage in all, against V-Min's two and ZB-V's six), the turn of the V 1 unit (forward)
+and 2 (backward), and the top of the V (the last stage's F to its I) 1 unit for odd p, 4 for
+even p. A rank holds at most ``2 floor((p + 2)/2)`` chunk activations: **peak
+``floor((p + 2)/2) x M_B`` per rank** when W frees what I kept (``M_W = M_B``), and no more
+for any smaller ``M_W``.
 
 Why 4 at the top for even p: the step-time bound ``6m + 6p - 1 - 3k`` (``k`` the peak in
 chunk activations; ``sim/formulas.py`` proves it) is tight on rank p - 1, the turn of the V,
 and only if at its last forward that rank holds ``k`` activations that all still wait for
 their I (the cool-down then has 2k passes to fill). A rank's stages' F-to-I times add up
 to ``6(p - 1) + 2 top + turn_f + turn_i`` for every rank (so the memory stays), and rank
-p - 1's are ``L = 3(p - 1) + top`` (stage p) and ``L + turn_f + turn_i``. The block this
-file had before (turn 4/5, top 1, after the paper's turn of 4 for even p) gives stage p
-``L = 3p - 2``: rank p - 1 then holds ``p + 2`` activations, one of them already past its I,
-which costs one unit. Turn 2/1 and top 4 keep the sum and make ``L = 3p + 1``, past a
-multiple of the 6-unit period: ``p/2 + 1`` activations of each of its stages wait for their
-I, ``p + 2`` in all (``tests/test_vshape.py`` counts them).
+p - 1's are ``L = 3(p - 1) + top`` (stage p) and ``L + turn_f + turn_i``. Top 4 makes
+``L = 3p + 1``, past a multiple of the 6-unit period: ``p/2 + 1`` activations of each of
+its stages wait for their I, ``p + 2`` in all (``tests/test_vshape.py`` counts them).
 
-The repeated block is then *reordered at both ends* (``building_block.reorder``, the
+The mirrored block (chunk-0 forwards one apart, chunk-1 two, turn 2/1;
+:func:`v_half_mirrored_offsets`) reaches the same unit bound but is slower under real
+costs: at the turn its two input gradients sit in adjacent units, so the W of the first
+waits behind the second; with the controllable-memory paper's Table 8 costs (p = 16,
+m = 48) its step is 0.65 % longer. (The block this file had before that, turn 4/5 with top
+1, misses the bound by one unit for even p.)
+
+The repeated block is then *reordered at both ends* (``building_block.reorder_ends``, the
 paper's last step): warm-up forwards go earlier where the rank's memory allows, and in the
-cool-down every I goes before the Ws that only free memory. It is kept when it is shorter;
-no rank then holds more than the plain block, whatever ``M_W``.
+cool-down every I goes before the Ws that only free memory, while the steady state stays
+the block's own (a list-scheduled reorder can settle into another steady state that repeats
+a bubble under comm > 0 and W < F: 0.21 span bubble at Table 8's p = 16, m = 128, against
+0.079 now and the authors' 0.078). No rank then holds more than the plain block, whatever
+``M_W``.
 
 Step time with unit chunk passes (F = I = W = 1 per chunk, no comm), ``k = 2 floor((p +
 2)/2)``: **the bound ``6m + 6p - 1 - 3k`` exactly, for every p >= 3 and every m > k/2**
@@ -43,7 +51,7 @@ from __future__ import annotations
 
 from ..ir.schedule import Schedule, make_schedule
 from ..sim.formulas import v_half_closed_form, v_half_memory
-from .building_block import build
+from .building_block import build_periodic
 from .registry import ScheduleSpec, register
 
 
@@ -51,19 +59,26 @@ def v_half_offsets(p: int) -> tuple[int, ...]:
     """(dF0, dF1, dI0, dI1, turn_f, turn_i, top) of V-Half's block for ``p`` ranks.
 
     >>> v_half_offsets(5), v_half_offsets(6)
-    ((1, 2, 2, 1, 2, 1, 1), (1, 2, 2, 1, 2, 1, 4))
+    ((2, 1, 1, 2, 1, 2, 1), (2, 1, 1, 2, 1, 2, 4))
     """
-    return (1, 2, 2, 1, 2, 1, 1 if p % 2 else 4)
+    return (2, 1, 1, 2, 1, 2, 1 if p % 2 else 4)
 
 
 def v_half_published_offsets(p: int) -> tuple[int, ...]:
-    """The block V-Half had before (turn 4/5 for even p, top 1): one unit above the bound
-    for even p >= 4 (``tests/test_vshape.py`` keeps the comparison)."""
-    return (1, 2, 2, 1, 4, 5, 1) if p % 2 == 0 else (1, 2, 2, 1, 2, 1, 1)
+    """The paper's block, as the authors' code (``zbv_greedy.py``) builds it: the same as
+    :func:`v_half_offsets`."""
+    return v_half_offsets(p)
+
+
+def v_half_mirrored_offsets(p: int) -> tuple[int, ...]:
+    """The block V-Half had before: the paper's mirrored (chunk-0 forwards one unit apart,
+    chunk-1 two, turn 2/1); the same unit step, slower under real costs (see above)."""
+    return (1, 2, 2, 1, 2, 1, 1 if p % 2 else 4)
 
 
 def v_half(ranks: int, microbatches: int, chunks: int = 2) -> Schedule:
-    orders = build(ranks, microbatches, [v_half_offsets(ranks)], 2 * v_half_memory(ranks))
+    orders = build_periodic(ranks, microbatches, [v_half_offsets(ranks)],
+                            2 * v_half_memory(ranks))
     return make_schedule("v-half", orders, 2 * ranks, microbatches, placement="v")
 
 

@@ -21,9 +21,10 @@ activations before their I on rank p - 1, so it holds ``k/2 x M_B`` whatever W k
 where the published block holds ``M_B/2`` less at ``M_W = M_B/2`` (one ``M_B`` less at
 ``M_W = 0``). :func:`v_min_published` builds that block; ``auto`` tries it too.
 
-The repeated block is then *reordered at both ends* (``building_block.reorder``, the
-paper's last step): warm-up forwards go earlier where the rank's memory allows, and in the
-cool-down every I goes before the Ws that only free memory. It is kept when it is shorter;
+The repeated block is then *reordered at both ends* (``building_block.reorder_ends``, the
+paper's last step, which keeps the block's steady state): warm-up forwards go earlier
+where the rank's memory allows, and in the cool-down every I goes before the Ws that only
+free memory. It is kept when it is shorter;
 no rank then holds more than the plain block, whatever ``M_W``.
 
 Step time with unit chunk passes (F = I = W = 1 per chunk, no comm), ``k = 2 floor((p +
@@ -43,7 +44,7 @@ from __future__ import annotations
 
 from ..ir.schedule import Schedule, make_schedule
 from ..sim.formulas import v_min_closed_form, v_min_memory
-from .building_block import build
+from .building_block import build_periodic
 from .registry import ScheduleSpec, register
 
 
@@ -62,7 +63,8 @@ def v_min_published_offsets(p: int) -> tuple[int, ...]:
 
 
 def v_min(ranks: int, microbatches: int, chunks: int = 2) -> Schedule:
-    orders = build(ranks, microbatches, [v_min_offsets(ranks)], 2 * v_min_memory(ranks))
+    orders = build_periodic(ranks, microbatches, [v_min_offsets(ranks)],
+                            2 * v_min_memory(ranks))
     return make_schedule("v-min", orders, 2 * ranks, microbatches, placement="v")
 
 
@@ -71,8 +73,8 @@ def v_min_published(ranks: int, microbatches: int) -> Schedule:
     :func:`v_min` when p mod 3 = 0 and 4 when p mod 3 = 2 (2 at p = 2), the same
     order when p mod 3 = 1; when p mod 3 = 2 it holds ``M_B/2`` less per rank at
     ``M_W = M_B/2`` (``M_B`` less at ``M_W = 0``), the same at ``M_W = M_B``."""
-    orders = build(ranks, microbatches, [v_min_published_offsets(ranks)],
-                   2 * v_min_memory(ranks))
+    orders = build_periodic(ranks, microbatches, [v_min_published_offsets(ranks)],
+                            2 * v_min_memory(ranks))
     return make_schedule("v-min", orders, 2 * ranks, microbatches, placement="v")
 
 

@@ -12,6 +12,9 @@ chunks per rank, as ZB-V), whichever is faster. Candidates:
   units (``building_block.py``), at the smallest T that fits;
 - the greedy list scheduler (:mod:`.greedy`) over a grid of its knobs, which fills the
   memory it is given (Zero Bubble's heuristic, both placements);
+- in the V placement, the adaptive building-block search (:mod:`.adaptive`): many blocks
+  of the V-Half/V-Min family, the most memory that fits first, each repeated with its
+  warm-up and cool-down reordered, within ``search_seconds``;
 - on small instances (up to 300 actions), a local search (:mod:`.improve`) from the three
   best orders of each placement: simulated annealing over moves of one action within its
   rank, swaps of two, and the same move on every rank, then a hill climb; seeded by the
@@ -56,6 +59,7 @@ from ...ir.schedule import (
 )
 from ...ir.schedule import validate as validate_schedule
 from ..registry import ScheduleSpec, check_counts, get_schedule, lookup, register, schedule_names
+from .adaptive import Budget, adaptive_orders
 from .bounds import LowerBound, bound, min_limits
 from .greedy import Knobs, greedy_order
 from .improve import anneal, improve
@@ -79,6 +83,7 @@ ANNEAL_SETTINGS = [dict(hot=0.03, columns=0.4)]  # one per start, in turn
 CLIMB_BUDGET = 3000  # evaluations of the hill climb that polishes the annealed order
 POLISH_UP_TO = 200  # actions: the MIP windows (mip.polish) run up to this size (V: p·m <= 33)
 POLISH_WITHIN = 0.02  # and polish a placement whose searched order is this close to the best
+SEARCH_SECONDS = 0.3  # the adaptive V stage's budget, by default (``search_seconds``)
 
 
 def knob_grid(ranks: int, microbatches: int, chunks: int) -> list[Knobs]:
@@ -114,15 +119,22 @@ def auto_schedule(
     memory_limit: float | Sequence[float] | None = None,
     placement: str = "any",
     mip_windows: bool = True,
+    search_seconds: float | None = None,
 ) -> Schedule:
     """The fastest order found for ``costs`` within ``memory_limit`` (per rank, or one value
     for all; default ``costs.memory_limit``) in ``placement`` ``any``, ``loop`` or ``v``.
     ``mip_windows=False`` stops after the local search (faster on small instances; the
     windows only ever replace an order with a faster one that fits).
 
+    ``search_seconds`` (default :data:`SEARCH_SECONDS`) is the budget of the adaptive V
+    stage (:mod:`.adaptive`), which runs after the registered schedules and the greedy
+    (they always run: auto is never slower than them); it counts work, not time, so the
+    result is the same on every machine.
+
     Raises ScheduleError naming the smallest feasible limit when ``memory_limit`` is below it.
     """
     started = time.perf_counter()
+    seconds = SEARCH_SECONDS if search_seconds is None else search_seconds
     check_counts(ranks, microbatches)
     costs = costs or CostModel()
     if memory_limit is None:
@@ -162,7 +174,15 @@ def auto_schedule(
     # Registered schedules first (a tie on step time goes to the least idle inside the
     # spans, so ZB-H2's and ZB-V's zero span bubble wins ties), then the greedy orders, V
     # first (its bound is lower), until one reaches the lower bound.
-    for phase in (_registered, _greedy):
+    def _adaptive(kind, p, m, sc, where, limits):
+        if kind != "v":
+            return
+        for source, orders in adaptive_orders(p, m, sc, limits, Budget(seconds)):
+            scored = _score(make_schedule("auto", orders, 2 * p, m, placement="v"), sc, limits)
+            if scored is not None:
+                yield scored[0], orders, source
+
+    for phase in (_registered, _greedy, _adaptive):
         for kind in sorted(resolved, key=lambda k: bounds[k]):
             if best is not None and bounds[kind] > best[0][0] + _TOL:
                 continue  # this placement cannot beat what we have
@@ -175,12 +195,14 @@ def auto_schedule(
                     del tops[SEARCH_STARTS:]
                 if best is None or key < best[0]:
                     best = (key, orders, source, kind)
-                if best[0][0] <= floor + _TOL and (phase is _greedy or best[0][1] <= _TOL):
+                if best[0][0] <= floor + _TOL and (phase is not _registered
+                                                   or best[0][1] <= _TOL):
                     break
             if best is not None and best[0][0] <= floor + _TOL and (
-                    phase is _greedy or best[0][1] <= _TOL):
+                    phase is not _registered or best[0][1] <= _TOL):
                 break
-        clock.ran("registered schedules" if phase is _registered else "greedy", best)
+        clock.ran({_registered: "registered schedules", _greedy: "greedy"}.get(
+            phase, "adaptive V"), best)
     if best is None:  # cannot happen above the smallest limit; kept as a clear error
         raise ScheduleError(f"auto found no order within memory limit {memory_limit}")
     searched = []  # (key, orders, source, placement) after the local search
@@ -466,14 +488,15 @@ class _Stages:
 
 def _generate(ranks: int, microbatches: int, chunks: int | None = None,
               costs: CostModel | None = None, memory_limit=None, placement: str | None = None,
-              mip_windows: bool = True) -> Schedule:
+              mip_windows: bool = True, search_seconds: float | None = None) -> Schedule:
     """The registry's entry: ``chunks`` 1 is the loop placement, 2 the V one, None either."""
     if placement is None:
         placement = {None: "any", 1: "loop", 2: "v"}.get(chunks)
         if placement is None:
             raise ScheduleError(f"auto takes chunks 1 (loop placement) or 2 (V placement), "
                                 f"got {chunks}")
-    return auto_schedule(ranks, microbatches, costs, memory_limit, placement, mip_windows)
+    return auto_schedule(ranks, microbatches, costs, memory_limit, placement, mip_windows,
+                         search_seconds)
 
 
 # chunks: at most 2 (the V placement), what the size checks (limits.py) count

@@ -1,0 +1,260 @@
+"""An adaptive V scheduler: many building blocks, the fastest one that fits, for real costs.
+
+V-Half and V-Min are two points of a family (``building_block.py``): a block is set by the
+offsets between consecutive stages (``dF0, dF1, dI0, dI1``), the turn of the V
+(``turn_f, turn_i``) and its top. The controllable-memory paper (Qi et al. 2024, Appendix
+A) builds its adaptive scheduler from that family: try many blocks, repeat, squeeze and
+reorder each, and keep the fastest whose peak fits. This module does the same with its own
+search order, so that it costs little at the sizes people run:
+
+1. enumerate the blocks with ``dF0 = dI1 = a`` and ``dF1 = dI0 = b`` (a, b in 1..5: a
+   microbatch's chunk-0 forward and chunk-1 input gradient travel alike, as do the other
+   two; V-Min is a = b = 1, V-Half a, b = 2, 1 or 1, 2, ZB-V 4, 2 or 2, 4) and every turn and
+   top in 1..6 that collides with nothing modulo 6;
+2. count each block's steady-state peak per rank without building it
+   (:func:`steady_peaks`), keep those within the limit, most memory first (the unit-cost
+   bound ``6m + 6p - 1 - 3k`` falls as the peak k grows), then the shortest block (least
+   fill);
+3. build the few best as orders (on ``2p + 6`` microbatches, the steady state then
+   repeated up to m: ``schedules/periodic.py``): repeated, warm-up and cool-down
+   reordered without raising the peak (``building_block.reorder_ends``, which keeps the
+   block's steady state and so stays free of a repeating bubble under comm and W != F),
+   and the list-scheduled reorder; the caller scores every order with the simulator and
+   keeps what fits.
+
+It stops when its :class:`Budget` is spent. Deterministic: the enumeration's order is
+fixed, nothing is random, and the budget counts work, not time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from ...costs import StageCosts
+from ...ir.schedule import Action, ScheduleError
+from ..building_block import PERIOD, block, peak, reorder, reorder_ends, repeat
+from ..periodic import extend
+
+# Blocks built first, where they fit: V-Half's chunk offsets with the turn 4/5 and top 1
+# (under the controllable-memory paper's Table 8 costs faster than V-Half itself from
+# p = 16 on: p = 24, m = 72 in 88.89 microbatches against 89.08), and its mirror.
+PREFERRED = [(2, 1, 1, 2, 4, 5, 1), (1, 2, 2, 1, 4, 5, 1)]
+BUILD_AT_MOST = 16  # blocks built and scored, at most (each costs about one small reorder)
+WORK_PER_SECOND = 200_000  # work units a second on the reference machine (2 loaded cores)
+
+
+def switched_block(p: int, near: int, far: int, switch: int, turn_f: int, turn_i: int,
+                   top: int) -> tuple[list[int], list[int], list[int]] | None:
+    """(tF, tI, tW) of the block whose chunk-0 forwards and chunk-1 input gradients are
+    ``near`` units apart between ranks ``0..switch`` and ``far`` beyond (the other two
+    kinds 1 unit apart), with these turns; None if two passes of a rank collide modulo 6.
+    ``near == far`` is the uniform block of ``building_block.block``."""
+    S = 2 * p
+    step = [near if r < switch else far for r in range(p - 1)]  # hop r -> r + 1
+    t_f = [0] * S
+    for s in range(1, S):
+        t_f[s] = t_f[s - 1] + (turn_f if s == p else step[s - 1] if s < p else 1)
+    t_i = [0] * S
+    t_i[S - 1] = t_f[S - 1] + top
+    for s in range(S - 2, -1, -1):  # stage s + 1 -> s
+        if s == p - 1:
+            gap = turn_i
+        elif s < p - 1:
+            gap = 1
+        else:  # chunk 1: stage s on rank S-1-s, from rank S-2-s
+            gap = step[S - 2 - s]
+        t_i[s] = t_i[s + 1] + gap
+    taken: list[set[int]] = [set() for _ in range(p)]
+    rank = [s if s < p else S - 1 - s for s in range(S)]
+    for s in range(S):
+        for t in (t_f[s], t_i[s]):
+            if t % PERIOD in taken[rank[s]]:
+                return None
+            taken[rank[s]].add(t % PERIOD)
+    t_w = [0] * S
+    for s in sorted(range(S), key=lambda s: t_i[s]):
+        t = t_i[s] + 1
+        while t % PERIOD in taken[rank[s]]:
+            t += 1
+        taken[rank[s]].add(t % PERIOD)
+        t_w[s] = t
+    return t_f, t_i, t_w
+
+
+def _collides(p: int, a: int, b: int, turn_f: int, turn_i: int, top: int) -> bool:
+    """Whether the uniform block (a, b, b, a, turns) puts two F or I of a rank in one slot
+    modulo 6 (``building_block.block``'s test, on the closed-form times of rank r's two
+    stages r and 2p-1-r, without building the block)."""
+    f_top = a * (p - 1) + turn_f + b * (p - 1)  # tF of stage 2p-1
+    i_turn = f_top + top + a * (p - 1) + turn_i  # tI of stage p-1
+    for r in range(p):
+        f0 = a * r
+        f1 = f_top - b * r
+        i1 = f_top + top + a * r
+        i0 = i_turn + b * (p - 1 - r)
+        if len({f0 % PERIOD, f1 % PERIOD, i1 % PERIOD, i0 % PERIOD}) < 4:
+            return True
+    return False
+
+
+def candidate_blocks(p: int, budget: Budget | None = None, family: str = "all"
+                     ) -> list[tuple[tuple[int, ...], tuple[list[int], ...]]]:
+    """The collision-free blocks of ``family`` (``uniform``: a, b in 1..5; ``switched``:
+    near/far offsets that switch at a rank; ``all``: both, in that order) while
+    ``budget`` lasts (charged per group of turns tried)."""
+    out = []
+    turns = [(tf, ti, top) for tf in range(1, 7) for ti in range(1, 7) for top in range(1, 7)]
+    if family in ("all", "uniform"):
+        for a in range(1, 6):
+            for b in range(1, 6):
+                if budget is not None and not budget.spend(p * len(turns) / 4):
+                    return out
+                for turn in turns:
+                    if _collides(p, a, b, *turn):
+                        continue
+                    offsets = (a, b, b, a, *turn)
+                    try:
+                        out.append((offsets, block(p, offsets)))
+                    except ScheduleError:
+                        continue
+    if family in ("all", "switched"):
+        for near in range(2, 6):
+            for far in range(1, near):
+                for switch in range(1, p - 1):
+                    if budget is not None and not budget.spend(p * len(turns)):
+                        return out
+                    for turn in turns:
+                        times = switched_block(p, near, far, switch, *turn)
+                        if times is not None:
+                            out.append(((near, far, switch, *turn), times))
+    return out
+
+
+def steady_peaks(p: int, times: tuple[list[int], ...]) -> list[int]:
+    """Chunk activations each rank holds at most once the block repeats every 6 units (F
+    adds one as it starts, W frees it as it starts): at phase ``x mod 6`` stage s holds
+    one activation for every unit of ``[tF, tW)`` with that phase. The warm-up, a part of
+    the same pattern, holds no more."""
+    t_f, _, t_w = times
+    S = 2 * p
+    per_phase = [[0] * PERIOD for _ in range(p)]
+    for s in range(S):
+        row = per_phase[s if s < p else S - 1 - s]
+        for x in range(t_f[s], t_w[s]):
+            row[x % PERIOD] += 1
+    return [max(row) for row in per_phase]
+
+
+class Budget:
+    """Work a search stage may do, counted in *work units* (about one pass of a list
+    scheduler over one action: ``WORK_PER_SECOND`` of them take a second on the reference
+    machine, two loaded cores), never in time: the same instance and budget give the same
+    order on any machine and under any load (under torchrun every rank searches alike).
+    ``Budget(seconds)`` allows ``seconds x WORK_PER_SECOND``."""
+
+    def __init__(self, seconds: float):
+        self.left = seconds * WORK_PER_SECOND
+
+    def spend(self, work: float) -> bool:
+        """Charge ``work``; False once the budget is spent."""
+        self.left -= work
+        return self.left >= 0
+
+
+def adaptive_orders(p: int, m: int, sc: StageCosts, limits: list[float] | None,
+                    budget: Budget) -> Iterator[tuple[str, list[list[Action]]]]:
+    """(source, per-rank orders) of the most promising blocks within ``limits`` (per rank,
+    in the units of ``sc``'s memory), best first, while ``budget`` lasts."""
+    chunk_mb = [max(sum(sc.memory_deltas(s, "F")) for s in (r, 2 * p - 1 - r))
+                for r in range(p)]
+    preferred = []  # built before the enumeration, in this order
+    for offsets in PREFERRED:
+        try:
+            preferred.append((offsets, block(p, offsets)))
+        except ScheduleError:
+            continue
+    k = None  # chunk activations the limit allows every rank (for the warm-up fill)
+    if limits is not None:
+        k = min(2 * p, min(int(lim / c + 1e-9) for lim, c in zip(limits, chunk_mb,
+                                                                  strict=True)))
+    ranked = []
+    for n, (offsets, times) in enumerate(preferred):
+        held = steady_peaks(p, times)
+        if limits is None or all(h * c <= lim + 1e-9 for h, c, lim
+                                 in zip(held, chunk_mb, limits, strict=True)):
+            ranked.append((n, offsets, times))
+    seen: set[tuple] = set()
+    small = min(m, 2 * p + 6)  # built on a few microbatches, the steady state repeated
+    for _n, offsets, times in ranked:  # V-Half's kin: their own warm-up is the best one
+        if not budget.spend(_build_cost(p, m, small, times, None)):
+            return
+        seen.add((tuple(times[0]), tuple(times[1]), tuple(times[2])))
+        yield from _built(p, m, small, offsets, times, None)
+    for family in ("uniform", "switched"):  # each enumerated, ranked and built in turn
+        ranked = []
+        for offsets, times in candidate_blocks(p, budget, family):
+            held = steady_peaks(p, times)
+            if limits is not None and any(h * c > lim + 1e-9 for h, c, lim
+                                          in zip(held, chunk_mb, limits, strict=True)):
+                continue
+            length = times[2][0] - times[0][0]  # a microbatch's whole block on rank 0
+            ranked.append((-max(held), length, offsets, times))
+        ranked.sort(key=lambda x: x[:3])
+        built = 0
+        for _neg, _length, offsets, times in ranked:
+            key = (tuple(times[0]), tuple(times[1]), tuple(times[2]))
+            if key in seen:
+                continue
+            if built >= BUILD_AT_MOST:
+                break
+            if not budget.spend(_build_cost(p, m, small, times, k)):
+                return
+            seen.add(key)
+            built += 1
+            yield from _built(p, m, small, offsets, times, k)
+
+
+def _built(p: int, m: int, small: int, offsets: tuple[int, ...],
+           times: tuple[list[int], ...], k: int | None
+           ) -> Iterator[tuple[str, list[list[Action]]]]:
+    """The block's orders, built on ``small`` microbatches and extended to ``m``: ends
+    reordered, list-scheduled reorder, and (when the limit allows ``k`` chunk activations
+    a rank, at least the block's peak) the ends-reordered block with its warm-up filled up
+    to ``k`` (:func:`warmup_targets`), with and without filling holes."""
+    rows = repeat(p, small, times)
+    cap, cap_i = peak(p, rows), peak(p, rows, frees="I")
+    name = "adaptive block " + ",".join(map(str, offsets))
+    moved = reorder_ends(p, small, times, cap, cap_i)
+    tries = [(" (ends reordered)", moved, cap, cap_i, False, None)]
+    tries.append((" (reordered)", rows, cap, cap_i, True, None))
+    if k is not None and k >= cap:
+        targets = warmup_targets(p, small, k)
+        for fill in (True, False):
+            tries.append((f" (warm-up to {k}{', holes filled' if fill else ''})", moved, k,
+                          max(k, cap_i), fill, targets))
+    for label, base, c, c_i, fill, targets in tries:
+        got = reorder(p, small, base, c, c_i, fill=fill, warmup=targets)
+        if got is not None and (grown := extend(got[1], small, m, [6] * p)) is not None:
+            yield name + label, grown
+
+
+def warmup_targets(p: int, m: int, k: int) -> list[tuple[int, int]]:
+    """(chunk-0, chunk-1) forwards rank r runs before its first I to hold ``k`` chunk
+    activations then (the paper's warm-up, which fills the memory the block leaves): as
+    many of the later chunk as the V lets arrive, ``min(r + 1, k // 2)``, the rest of the
+    earlier one."""
+    out = []
+    for r in range(p):
+        late = min(r + 1, k // 2, m)
+        out.append((min(k - late, m), late))
+    return out
+
+
+def _build_cost(p: int, m: int, small: int, times: tuple[list[int], ...],
+                k: int | None) -> float:
+    """Work units of one block's orders: a pass over the small instance for the ends
+    reorder and each list schedule (two, four when the warm-up is filled too), and the
+    caller's scoring of the whole order by the simulator's kernel (vectorised: about a
+    tenth of a unit an action)."""
+    passes = 5 if k is not None and k >= max(steady_peaks(p, times)) else 3
+    return passes * 6 * p * small + 0.6 * p * m

@@ -1,0 +1,74 @@
+"""Build an order on a few microbatches and repeat its steady state: big m at small cost.
+
+A schedule built from a repeated pattern (a building block, or any generator whose middle
+settles into a period) runs, on every rank, the same actions microbatch after microbatch
+between its warm-up and its cool-down. :func:`extend` takes such an order for ``m0``
+microbatches and returns it for ``m`` > ``m0``: on each rank it finds a *cut* where the
+next period equals the previous one with every microbatch one higher, inserts ``m - m0``
+more periods there and shifts what follows by ``m - m0``. Each stage keeps its F, I and W
+in microbatch order, and since the inserted part is the steady state itself, every rank's
+relation to its neighbours is the same as in the middle of the ``m0`` order: with unit
+passes the step grows by exactly one period per microbatch.
+
+It returns None when some rank has no cut (no steady state to repeat); callers then build
+the order for ``m`` directly. Callers also validate: a cut is local to its rank.
+
+>>> from pipebubble.ir.schedule import Action
+>>> row = [Action(0, "F", j) for j in range(4)]
+>>> [a.microbatch for a in extend([row], 4, 6, [1])[0]]
+[0, 1, 2, 3, 4, 5]
+"""
+
+from __future__ import annotations
+
+from ..ir.schedule import Action
+
+
+def _shift(a: Action, d: int) -> Action:
+    return Action(a.stage, a.kind, a.microbatch + d)
+
+
+def find_cut(row: list[Action], length: int) -> int | None:
+    """An index c near the middle of ``row`` with ``row[c:c+length]`` the previous
+    ``length`` actions one microbatch later (and each (stage, kind) once in them)."""
+    n = len(row)
+    if n < 2 * length:
+        return None
+    middle = n // 2
+    for off in range(0, n):
+        for c in (middle - off, middle + off):
+            if c < length or c + length > n:
+                continue
+            seg = row[c - length:c]
+            if len({(a.stage, a.kind) for a in seg}) != length:
+                continue
+            if all(row[c + i] == _shift(seg[i], 1) for i in range(length)):
+                return c
+        if middle - off < length and middle + off + length > n:
+            break
+    return None
+
+
+def extend(orders: list[list[Action]], m0: int, m: int, per_rank: list[int]
+           ) -> list[list[Action]] | None:
+    """``orders`` (for ``m0`` microbatches) with ``m - m0`` periods inserted on every
+    rank; ``per_rank[r]`` is rank r's actions per microbatch (3 x its stages). None if a
+    rank has no cut."""
+    extra = m - m0
+    if extra <= 0:
+        return orders if extra == 0 else None
+    out = []
+    for row, length in zip(orders, per_rank, strict=True):
+        if not row:
+            out.append(row)
+            continue
+        c = find_cut(row, length)
+        if c is None:
+            return None
+        seg = row[c - length:c]
+        grown = list(row[:c])
+        for d in range(1, extra + 1):
+            grown.extend(_shift(a, d) for a in seg)
+        grown.extend(_shift(a, extra) for a in row[c:])
+        out.append(grown)
+    return out
