@@ -64,11 +64,6 @@ def test_every_list_of_valid_schedules_names_auto(run_cli, argv):
     assert "auto" in valid and set(schedule_names()) <= set(valid)
 
 
-def test_auto_where_it_is_not_a_family_says_so():
-    with pytest.raises(ScheduleError, match="'auto' is searched, not generated"):
-        get_schedule("auto", 2, 2)
-
-
 def test_a_gap_over_the_noise_names_the_likely_cause(monkeypatch):
     monkeypatch.setattr("pipebubble.limits.available_cores", lambda: 2)
     cause = _run_dist.oversubscribed(4, 1)

@@ -136,13 +136,17 @@ def worker_main(args: argparse.Namespace, schedule: Schedule | None = None) -> i
         cluster = Cluster(env, args.backend, args.timeout, args.heartbeat_timeout, args.p2p,
                           action_timeout=action_timeout_of(args))
         schedule = agreed_schedule(cluster.store, env.rank, lambda: load_schedule(args))
-    # Bad input (flags, a --resume checkpoint) ends every rank alike, before any process
-    # group: a UserError reaches the CLI (one line, exit 2). Under our launcher it was
-    # already checked before the workers were forked.
-    setup = build_setup(args, reference=args.check and env.rank == 0, schedule=schedule)
-    cfg = config_from_args(args, setup.schedule)
-    plan = plan_training(args, setup)
-    check_engine_flags(args, setup.schedule)
+    # Bad input (flags, a --resume checkpoint, a model whose first call fails on this rank)
+    # ends every rank alike, before any process group: one line, exit 2 (the launcher then
+    # stops the other ranks). Under our launcher the flags were checked before the fork.
+    try:
+        setup = build_setup(args, reference=args.check and env.rank == 0, schedule=schedule)
+        cfg = config_from_args(args, setup.schedule)
+        plan = plan_training(args, setup)
+        check_engine_flags(args, setup.schedule)
+    except UserError as exc:
+        sys.stderr.write(f"pipebubble: error: rank {env.rank}: {exc}\n")
+        return 2  # (the other ranks' heartbeat watchdogs see this one gone)
     try:
         x, y = batch_of(setup, args, plan.start, cfg.dp)
         if cluster is None:

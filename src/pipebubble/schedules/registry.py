@@ -70,11 +70,6 @@ def valid_names() -> str:
 
 def lookup(name: str) -> ScheduleSpec:
     key = _ALIASES.get(str(name).lower())
-    if key is None and str(name).lower() == "auto":  # a search, not a family
-        raise ScheduleError("'auto' is searched, not generated: call "
-                            "pipebubble.auto_schedule(ranks, microbatches, costs) (the "
-                            "commands take --schedule auto); registered families are "
-                            f"{', '.join(schedule_names())}")
     if key is None:
         raise ScheduleError(f"unknown schedule {name!r}; valid are {valid_names()}")
     return SCHEDULES[key]
