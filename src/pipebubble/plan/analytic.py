@@ -79,13 +79,17 @@ class TransformerShape:
     kv_heads: int | None = None
     tied_embeddings: bool = False
     swiglu: bool = True
+    head_size: int | None = None  # None: hidden / heads (Mistral-Nemo, Qwen3 set it)
+    positions: int = 0  # learned position embeddings (GPT-2: n_positions); 0: rotary
+    dropout: bool = False  # GPT keeps dropout masks; LLaMA has none
+    biases: bool = False  # GPT-2: every linear and LayerNorm has a bias
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "ffn", "heads", "vocab"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise UserError(f"--{name} must be an integer >= 1, got {value!r}")
-        if self.hidden % self.heads:
+        if self.head_size is None and self.hidden % self.heads:
             raise UserError(f"--hidden {self.hidden} must be a multiple of --heads "
                              f"{self.heads} (head size = hidden / heads)")
         kv = self.kv
@@ -99,20 +103,30 @@ class TransformerShape:
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.head_size or self.hidden // self.heads
 
     def block_matmul_params(self) -> int:
         """Parameters in the block's matrices: Q, K, V, O and the MLP."""
-        h, kvd = self.hidden, self.kv * self.head_dim
-        return 2 * h * h + 2 * h * kvd + (3 if self.swiglu else 2) * h * self.ffn
+        h, kvd, qd = self.hidden, self.kv * self.head_dim, self.heads * self.head_dim
+        return 2 * h * qd + 2 * h * kvd + (3 if self.swiglu else 2) * h * self.ffn
 
     def block_params(self) -> int:
-        return self.block_matmul_params() + 2 * self.hidden  # + two RMSNorm weights
+        """Matrices + two norms (RMSNorm ``h`` each; LayerNorm with bias ``2 h``) + biases
+        (GPT-2: Q, K, V, O, the MLP's two)."""
+        h, kvd, qd = self.hidden, self.kv * self.head_dim, self.heads * self.head_dim
+        bias = (qd + 2 * kvd + h + self.ffn + h) + 2 * h if self.biases else 0
+        return self.block_matmul_params() + 2 * h + bias
+
+    def embedding_params(self) -> int:
+        return (self.vocab + self.positions) * self.hidden
+
+    def head_params(self) -> int:
+        """Final norm + output projection (0 when tied to the embedding)."""
+        norm = 2 * self.hidden if self.biases else self.hidden
+        return norm + (0 if self.tied_embeddings else self.vocab * self.hidden)
 
     def total_params(self) -> int:
-        head = 0 if self.tied_embeddings else self.vocab * self.hidden
-        return (self.vocab * self.hidden + self.layers * self.block_params() + self.hidden
-                + head)
+        return self.embedding_params() + self.layers * self.block_params() + self.head_params()
 
 
 def _divisors(n: int) -> list[int]:
