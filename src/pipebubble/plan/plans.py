@@ -32,6 +32,7 @@ class Priced:
     bound: float  # no order of this cut finishes sooner (seconds)
     static: list[float]  # per rank: weights, gradients, optimizer state, transient bytes
     exposed: list[float]  # per rank: data-parallel traffic that does not hide (seconds)
+    rank_params: list[float]  # per rank: parameters of its stages (local, after TP)
 
 
 class NoPlanFits(UserError):
@@ -69,6 +70,7 @@ class Request:
     cp: tuple[int, ...] | None = None
     sp: tuple[bool, ...] | None = None
     shardings: tuple[str, ...] | None = None  # None: ddp, zero1, zero2, fsdp (+ hsdp)
+    chunks: tuple[int, ...] | None = None  # None: every count up to max_chunks
 
     def pp1_schedules(self, names: list[str]) -> list[str]:
         """The schedules tried at pp = 1, where every family is the same plan (one rank runs
@@ -134,6 +136,7 @@ class Plan:
     cut_search: str = "exhaustive"  # how its cut was chosen: CUT_SEARCH
     dp_exposed: float = 0.0  # the data-parallel traffic that shows in the step (largest rank)
     static: list[float] = field(default_factory=list)  # per rank: model states + transient
+    memory: list[dict] = field(default_factory=list)  # per rank: the peak's breakdown (bytes)
 
     @property
     def needs(self) -> float:
@@ -181,7 +184,7 @@ class Plan:
                 "p2p_time": self.comm,
                 "samples_per_second": self.samples_per_second,
                 "bubble_fraction": self.bubble_fraction, "peak_memory": self.peak_memory,
-                "cut_search": self.cut_search}
+                "memory": self.memory, "cut_search": self.cut_search}
 
 
 @dataclass

@@ -99,6 +99,8 @@ class Searcher:
                         if pp == 1 and name not in req.pp1_schedules(self.names):
                             continue  # one rank: every schedule is the same plan
                         for v in chunk_options(name, req.max_chunks):
+                            if req.chunks is not None and v not in req.chunks:
+                                continue
                             if pp * v > L and name not in ("dualpipe",):
                                 continue
                             if name == "dualpipe" and pp > L:
@@ -322,7 +324,7 @@ class Searcher:
         where = sched.stage_to_rank
         if split is None:
             split = self.split(sched)
-        busy, static, trans = [0.0] * p, [0.0] * p, [0.0] * p
+        busy, static, trans, rank_params = [0.0] * p, [0.0] * p, [0.0] * p, [0.0] * p
         bpp = self.axes.bytes_per_param(c.dp)
         late = [0.0] * p  # work that may follow the rank's last input-gradient action
         head, tail = [math.inf] * p, [math.inf] * p
@@ -339,12 +341,13 @@ class Searcher:
             busy[r] += M * (costs.f[s] + costs.b[s])
             late[r] += M * costs.w[s] if split else 0.0
             static[r] += bpp * params[s]
+            rank_params[r] += params[s]
             trans[r] = max(trans[r], transient[s])
         ar = self.exposed(c, sched, costs, params)
         bound = max(max(h + b + a, h + b - w + t) for h, b, a, w, t in
                     zip(head, busy, ar, late, tail, strict=True))
         return Priced(ranges, costs, bound, [x + t for x, t in zip(static, trans, strict=True)],
-                      ar)
+                      ar, rank_params)
 
     def exposed(self, c: Config, sched: Schedule, costs: CostModel, stage_params
                 ) -> list[float]:
@@ -404,6 +407,17 @@ class Searcher:
                     peaks, ar, pr.costs.comm, pr.costs, sched, self.req.global_batch)
         plan.dp_exposed = max(pr.exposed, default=0.0)
         plan.static = list(pr.static)
+        w, g, o = self.axes.state_bytes
+        n = max(self.axes.shard(c.dp), 1)
+        sh = c.sharding
+        for r in range(c.pp):
+            P = pr.rank_params[r]
+            states = {"weights": w * P / (n if sh in ("fsdp", "hsdp") else 1),
+                      "gradients": g * P / (n if sh in ("zero2", "fsdp", "hsdp") else 1),
+                      "optimizer": o * P / (n if sh != "ddp" else 1)}
+            states["recompute_transient"] = pr.static[r] - sum(states.values())
+            states["activations"] = run.peak_activations[r]
+            plan.memory.append({k: float(v) for k, v in states.items()})
         return plan
 
     def _auto_cut(self, c: Config, lc: LayerCosts) -> Priced | None:
