@@ -72,6 +72,9 @@ class Searcher:
             "held", {})
         self._split: dict[int, tuple[Schedule, bool]] = shared.setdefault("split", {})
         self.why_not: dict[str, str] = shared.setdefault("why_not", {})
+        # The pipeline's timeline depends on the schedule and the stage costs only: points
+        # that differ in sharding alone (same layers, same cut) share their simulations.
+        self._runs: dict[tuple, tuple[Schedule, object]] = shared.setdefault("runs", {})
         self._cuts: dict[tuple, Ranges] = {}
 
     # -- enumeration and bounds --
@@ -243,10 +246,11 @@ class Searcher:
         return plan
 
     def cut_costs(self, lc: LayerCosts, c: Config, microbatches: int) -> np.ndarray:
-        """What a layer adds to its rank's step: ``m x (F + I + W)`` plus its share of the
-        data-parallel traffic per parameter (as if none of it hid: a rule, not a bound)."""
-        before, after = self.axes.sync(c.dp).times(1e9, c.pp)
-        return microbatches * lc.work + (before + after) / 1e9 * lc.params
+        """What a layer adds to its rank's step: ``m x (F + I + W)`` (the data-parallel
+        traffic mostly hides behind the backward, so it is left out of the cut: a rule, not
+        a bound; the sharding then never changes the cut, and points that differ only in it
+        share their simulations)."""
+        return microbatches * lc.work
 
     def _time_cuts(self, lc: LayerCosts, c: Config, stages: int, microbatches: int,
                    where: tuple[int, ...]) -> list[Ranges]:
@@ -394,8 +398,14 @@ class Searcher:
         """Simulate the cut (:func:`~pipebubble.plan.pipeline_axis.run_pipeline`): step time =
         ``max_r (end_r + exposed data-parallel traffic_r)``, peak per rank = static + the
         simulated activation peak. None unless it fits ``budget`` and beats ``threshold``."""
-        self.simulated += 1
-        run = run_pipeline(sched, pr.costs)
+        co = pr.costs
+        key = (id(sched), tuple(co.f), tuple(co.b), tuple(co.w), co.comm,
+               tuple(co.activation_memory), tuple(co.weight_memory))
+        got = self._runs.get(key)
+        if got is None or got[0] is not sched:
+            self.simulated += 1
+            got = self._runs[key] = (sched, run_pipeline(sched, co))
+        run = got[1]
         step = float(max(e + x for e, x in zip(run.rank_end, pr.exposed, strict=True)))
         peaks = [float(x + a) for x, a in zip(pr.static, run.peak_activations, strict=True)]
         if step >= threshold or max(peaks) > budget * (1 + 1e-12):
