@@ -244,7 +244,10 @@ def build_request(args: argparse.Namespace, profiles, memory: float | None = Non
         if not names:
             raise UserError("--schedules must be all or a comma list of schedule names")
     if args.recompute is None:
-        modes = profiles.recompute_modes() if hardware else (
+        # With FlashAttention selective recomputation keeps what none keeps and re-runs the
+        # attention: never better, so it is tried only when asked for (--recompute).
+        flash = profiles.metadata().get("attention", "flash") == "flash"
+        modes = profiles.recompute_modes() if hardware and not flash else (
             ("none", "full") if "full" in profiles.recompute_modes() else ("none",))
     else:
         modes = tuple(dict.fromkeys(m.strip().lower() for m in args.recompute.split(",")

@@ -1,4 +1,11 @@
-"""Choose pp, dp, microbatch size, schedule, chunks and recomputation under a memory budget.
+"""Choose pp, dp, microbatch size, schedule, chunks and recomputation under a memory budget,
+at every point of tp, sp, cp and sharding around the pipeline.
+
+:func:`search` builds the points (:func:`build_points`: per (tp, sp, cp) the layers priced by
+the compute model on a GPU preset, :mod:`pipebubble.plan.parallel_costs`, or the profile's own
+times without ``--gpu``; per sharding the model states and the data-parallel traffic,
+:mod:`pipebubble.plan.axes`) and hands them to the loop in :mod:`pipebubble.plan.search`.
+What follows is the pipeline part, the same at every point.
 
 The planner is a loop around two exact pieces (DESIGN.md): the min-max partitioner and the
 simulator. A *configuration* is (pp, dp = gpus / pp, microbatch size, schedule, chunks,
@@ -6,7 +13,7 @@ recompute); the global batch fixes ``m = global_batch / (dp x size)``. For each 
 
 1. **Cut** the layers into the schedule's stages. When there are at most ``exhaustive_cuts``
    ways to cut, every cut is scored; otherwise (a) the min-max cut of what each layer adds
-   to its rank's step, ``m x (F + I + W)`` plus its share of the all-reduce
+   to its rank's step, ``m x (F + I + W)``
    (:func:`~pipebubble.plan.partition.min_max_partition`), and when ranks hold several
    stages its refinement by :func:`~pipebubble.plan.scoring.balance_ranks` (the faster that
    fits); if neither fits, (b) the same
@@ -25,17 +32,17 @@ beyond); ``tests/test_plan.py`` checks it against brute force over every configu
 every cut (small instances) and over every candidate of the rule (beyond 64 cuts). The rule
 is not a proof of the best cut: ``bench/bench_plan.py --cut-gap`` measures how far it is.
 2. **Price** it: per stage F, I (recomputation included), W, activation bytes M_B and M_W;
-   P2P time per hop = bytes sent / ``p2p_bandwidth`` + ``latency``; the data-parallel ring
-   all-reduce of each stage's gradients, ``2 (D-1)/D x bytes / allreduce_bandwidth +
-   2 (D-1) x latency`` (:mod:`pipebubble.sim.dataparallel`), after the rank's last action.
-3. **Simulate** it (:func:`pipebubble.sim.simulate`): step time = ``max_r (end_r +
-   all-reduce of r's stages)``; peak memory per rank = its weights, gradients and optimizer
-   state (``bytes_per_param`` x parameters) + the simulated activation peak + what
+   P2P time per hop on the link between the stages' ranks; the data-parallel traffic of the
+   sharding (:mod:`pipebubble.plan.sharding`), overlapped with the rank's last backward
+   (and first forward, for gathers).
+3. **Simulate** it (:func:`pipebubble.plan.pipeline_axis.run_pipeline`): step time =
+   ``max_r (end_r + exposed traffic_r)``; peak memory per rank = its weights, gradients and
+   optimizer state under the sharding + the simulated activation peak + what
    recomputation re-materialises during one layer's backward. It fits if every rank's peak
    is within ``gpu_memory``.
 
 Closed forms only prune, and only with true lower bounds: no configuration can take less
-than ``m x (F + I + W of the whole model) / pp`` plus its share of the all-reduce, nor less
+than ``m x (F + I + W of the whole model) / pp``, nor less
 than any rank's work after the cut plus the fill before it and the drain after it
 (:meth:`Searcher._price <pipebubble.plan.scoring.Searcher._price>`).
 Configurations whose bound passes the K-th best step found so far are skipped; a rough
