@@ -57,7 +57,8 @@ stage, m = 4) takes (m + p - 1)(F + B) = 5 x 6 = 30 s.
 >>> prof = Profile.from_dict({"batch": 1, "layers": [{"name": str(i), **layer}
 ...                                                   for i in range(4)]})
 >>> res = search(ProfileSet([prof]), Request(gpus=2, gpu_memory=1, global_batch=4,
-...              microbatch_sizes=(1,), schedules=("1f1b",), recompute=("none",), latency=0))
+...              microbatch_sizes=(1,), schedules=("1f1b",), recompute=("none",), latency=0,
+...              shardings=("ddp",)))
 >>> [(p.pp, p.dp, p.microbatches, p.step_time) for p in res.plans]
 [(1, 2, 2, 24.0), (2, 1, 4, 30.0)]
 """
