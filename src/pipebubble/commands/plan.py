@@ -101,10 +101,12 @@ def add_axes_flags(p: argparse.ArgumentParser) -> None:
                              ("inter-node-bandwidth", "BYTES/s", "scale-out per GPU")):
         g.add_argument(f"--{flag}", type=size_value(f"--{flag}"), default=None, metavar=unit,
                        help=f"override the preset's {what}")
-    g.add_argument("--nvlink-latency", type=float, default=None, metavar="S")
-    g.add_argument("--inter-node-latency", type=float, default=None, metavar="S")
+    g.add_argument("--nvlink-latency", type=float, default=None, metavar="S",
+                   help="override the preset's in-node latency per message")
+    g.add_argument("--inter-node-latency", type=float, default=None, metavar="S",
+                   help="override the preset's scale-out latency per message")
     g.add_argument("--gpus-per-node", type=positive_int("--gpus-per-node"), default=None,
-                   metavar="N")
+                   metavar="N", help="override the preset's GPUs per node (8)")
     for axis, what in (("tp", "tensor-parallel degrees (divisors of the heads up to a node)"),
                        ("cp", "context-parallel degrees (1,2,4,8 dividing the sequence)"),
                        ("pp", "pipeline depths (every divisor)"),
