@@ -75,7 +75,9 @@ class Searcher:
         # The pipeline's timeline depends on the schedule and the stage costs only: points
         # that differ in sharding alone (same layers, same cut) share their simulations.
         self._runs: dict[tuple, tuple[Schedule, object]] = shared.setdefault("runs", {})
-        self._cuts: dict[tuple, Ranges] = {}
+        # Cuts (a) depend on the layer costs only: shared by the shardings of one (tp, sp, cp).
+        self._cuts: dict[tuple, Ranges] = shared.setdefault("cuts", {}).setdefault(
+            id(profiles), {})
 
     # -- enumeration and bounds --
     def configs(self) -> Iterator[Config]:
