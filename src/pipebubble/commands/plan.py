@@ -359,12 +359,18 @@ def run(args: argparse.Namespace) -> int:
                              f"{args.reserve}: --gpu-memory {fmt_gib(need, up=True)} with it, "
                              "or --reserve 0)", exc.smallest, exc.plan) from None
         raise
-    mine = None
+    mine, mine_fits = None, True
     if config is not None:
         from dataclasses import replace
 
-        mine = search(profiles, replace(restrict(req, config), top=1), hw, efficiency,
-                      args.mfu).plans[0]
+        try:
+            mine = search(profiles, replace(restrict(req, config), top=1), hw, efficiency,
+                          args.mfu).plans[0]
+            mine_fits = True
+        except NoPlanFits as exc:  # report it anyway: what it would need
+            if exc.plan is None:
+                raise
+            mine, mine_fits = exc.plan, False
     validations = []
     if args.validate:
         from ..plan.validate import fits_here, validate
@@ -378,6 +384,9 @@ def run(args: argparse.Namespace) -> int:
     ctx = {"hw": hw, "shape": shape, "seq": seq, "memory": memory,
            "efficiency": hw.efficiency if hw is not None and args.mfu is None else None}
     out = result_json(result, profiles, validations, args.out, ctx, mine)
+    if mine is not None and not mine_fits:
+        out["config"].update(fits=False, rank=None,
+                             rank_note=f"does not fit the {fmt_gib(budget)} budget")
     if args.out:  # the same numbers as --json prints
         write_text(args.out, json.dumps(clean_floats(out), indent=1) + "\n", "--out")
         wrote(args.out)
