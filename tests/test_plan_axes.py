@@ -153,3 +153,20 @@ def test_bad_hf_config_is_one_line(tmp_path, capsys):
     assert main(["profile", "--analytic", "--hf-config", str(bad), "--seq", "8"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "model_type 't5' is not supported" in err
+
+
+def test_a_v_placed_csv_order_names_a_class_that_places_stages_v_wise(tiny, capsys):
+    """torchtitan places stages from the class alone: a V-placed order run from its CSV must
+    name ZBVZeroBubble (V, two stages per rank), never a loop-placing class."""
+    out = plan(capsys, "--profile", tiny[0], "--gpus", "4", "--global-batch", "16", "--gpu",
+               "h100-sxm", "--schedules", "v-half,zb-h1", "--pp", "2", "--tp", "1", "--cp",
+               "1", "--mbs", "1", "--top", "10")
+    seen = set()
+    for p in out["plans"]:
+        par = p["torchtitan"]["parallelism"]
+        seen.add(p["schedule"])
+        if p["placement"] == "v":
+            assert par["pipeline_parallel_schedule"] == "ZBVZeroBubble"
+        else:
+            assert par["pipeline_parallel_schedule"] == "1F1B"
+    assert seen == {"v-half", "zb-h1"}
