@@ -14,7 +14,13 @@ whether the top plan is within 15 % of its prediction and within 5 % of the best
 With ``--cut-gap N`` (instead): how far the min-max cut rule the planner uses beyond
 ``--exhaustive-cuts`` is from the best cut, on N random small instances.
 
+With ``--scale`` (instead): every axis (tp with and without SP, cp, pp, dp, sharding,
+microbatch size, every schedule family and auto, chunks, recompute) for LLaMA-3 405B's shape
+(126 blocks, h 16384, FFN 53248, 128 heads, 8 K/V heads, vocab 128256, sequence 8192) on
+16,384 H100s, global batch 2048; target < 10 s. ``--no-auto`` leaves auto out.
+
     python bench/bench_plan.py [--repeats 3] [--validate [--target-step 1.0]] [--cut-gap N]
+    python bench/bench_plan.py --scale [--no-auto] [--gpus 16384]
 """
 
 from __future__ import annotations
@@ -61,6 +67,33 @@ def bench_search(repeats: int) -> None:
           f"{b.samples_per_second:.1f} samples/s, peak {max(b.peak_memory) / 2**30:.1f} GiB")
     if not same:
         raise SystemExit("pruning changed the plans")
+
+
+def bench_scale(gpus: int, auto: bool) -> None:
+    from pipebubble.plan.analytic import TransformerShape, shape_profile
+    from pipebubble.plan.hardware import get_hardware
+    from pipebubble.plan.planner import schedule_list
+
+    shape = TransformerShape(layers=126, hidden=16384, ffn=53248, heads=128, vocab=128256,
+                             kv_heads=8)
+    prof = ProfileSet([shape_profile(shape, 8192, 1)])
+    hw = get_hardware("h100-sxm")
+    names = None if auto else tuple(n for n in schedule_list(None) if n != "auto")
+    req = Request(gpus=gpus, gpu_memory=hw.memory * 0.95, global_batch=2048,
+                  recompute=("none", "full"), schedules=names, top=5)  # as plan --gpu does:
+    # with FlashAttention selective keeps what none keeps and re-runs attention
+    t0, c0 = time.perf_counter(), time.process_time()
+    res = search(prof, req, hw)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    b = res.plans[0]
+    print(f"LLaMA-3 405B shape, {gpus} x h100-sxm, global batch 2048, every axis"
+          f"{'' if auto else ' (auto left out)'}: {res.searched} configurations, "
+          f"{res.simulated} simulations in {wall:.1f} s (CPU {cpu:.1f} s): "
+          f"{res.searched / wall:.0f} configurations/s; target under 10 s: "
+          f"{'met' if wall < 10 else 'MISSED'}")
+    print(f"  best: tp={b.tp}{' sp' if b.sp else ''} cp={b.cp} pp={b.pp} dp={b.dp} {b.sharding} "
+          f"{b.schedule} v={b.chunks} mbs={b.microbatch_size} recompute {b.recompute}: "
+          f"{b.step_time:.3f} s/step, peak {max(b.peak_memory) / 2**30:.1f} GiB")
 
 
 def bench_validate(target: float) -> None:
@@ -146,10 +179,16 @@ def main() -> None:
                     help="also run the top 3 plans of a small model for real (minutes)")
     ap.add_argument("--target-step", type=float, default=1.0,
                     help="--validate: seconds the first plan's step sleeps (1.0)")
+    ap.add_argument("--scale", action="store_true", help="405B on 16,384 GPUs, every axis")
+    ap.add_argument("--no-auto", action="store_true", help="--scale without auto")
+    ap.add_argument("--gpus", type=int, default=16384, help="--scale: GPUs (16384)")
     ap.add_argument("--cut-gap", type=int, default=0, metavar="N",
                     help="also compare the min-max cut rule with every cut on N random "
                     "small instances")
     args = ap.parse_args()
+    if args.scale:
+        bench_scale(args.gpus, not args.no_auto)
+        return
     if args.cut_gap:
         bench_cut_gap(args.cut_gap)
         return

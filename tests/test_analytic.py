@@ -40,15 +40,19 @@ def test_tied_embeddings_drop_the_head_matrix():
 
 def test_korthikanti_activation_bytes_per_block():
     s, b, h, a = 1024, 2, 512, 8
+    gpt = dict(swiglu=False, dropout=True, attention="unfused")  # Korthikanti's GPT block
     prof = analytic_profile(layers=2, hidden=h, ffn=4 * h, heads=a, vocab=1000, seq=s,
-                            batch=b, tflops=100, mfu=0.5, swiglu=False)
+                            batch=b, tflops=100, mfu=0.5, **gpt)
     block = prof.layers[1]
     assert block.activation_bytes == s * b * h * (34 + 5 * a * s / h)
+    flash = analytic_profile(layers=2, hidden=h, ffn=4 * h, heads=a, vocab=1000, seq=s,
+                             batch=b, tflops=100, mfu=0.5, swiglu=False, dropout=True)
+    assert flash.layers[1].activation_bytes == 34 * s * b * h  # FlashAttention: no scores
     assert block.extra["activation_bytes_selective"] == 34 * s * b * h
     assert block.extra["activation_bytes_full"] == 2 * s * b * h
     # fp32 activations: twice the 16-bit bytes (the logits are fp32 either way)
     wide = analytic_profile(layers=2, hidden=h, ffn=4 * h, heads=a, vocab=1000, seq=s,
-                            batch=b, tflops=100, mfu=0.5, dtype="fp32", swiglu=False)
+                            batch=b, tflops=100, mfu=0.5, dtype="fp32", **gpt)
     assert wide.layers[1].activation_bytes == 2 * block.activation_bytes
     assert prof.layers[-1].activation_bytes == 4 * s * b * h + 4 * s * b * 1000
 

@@ -44,7 +44,11 @@ def test_json_contract(small_profile, capsys):
         assert {s["rank"] for s in p["stages"]} == set(range(p["pp"]))
         par = p["torchtitan"]["parallelism"]
         assert par["pipeline_parallel_degree"] == p["pp"]
-        assert par["data_parallel_replicate_degree"] == p["dp"]
+        assert par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"] == p["dp"]
+        assert (par["data_parallel_shard_degree"] > 1) == (p["sharding"] in ("fsdp", "hsdp"))
+        if p["pp"] == 1:  # not pipelined: no split to paste
+            assert "module_fqns_per_model_part" not in par
+            continue
         names = [n for part in par["module_fqns_per_model_part"] for n in part]
         if p["schedule"] != "dualpipe":  # two model copies: every layer twice
             assert names == ["tok_embeddings", *[f"layers.{i}" for i in range(8)], "norm",
@@ -55,7 +59,7 @@ def test_settings_for_1f1b_and_a_csv_for_zero_bubble(small_profile, tmp_path, ca
     out_file = tmp_path / "plan.json"
     out = plan_json(capsys, "--profile", small_profile, "--gpus", "4", "--global-batch", "16",
                     "--schedules", "1f1b,zb-h1", "--microbatch-size", "1", "--recompute",
-                    "none", "--top", "20", "--out", str(out_file))
+                    "none", "--top", "20", "--out", str(out_file), "--sharding", "ddp")
     assert json.loads(out_file.read_text()) == out
     by = {}
     for p in out["plans"]:
@@ -68,7 +72,8 @@ def test_settings_for_1f1b_and_a_csv_for_zero_bubble(small_profile, tmp_path, ca
         return ("E" if first == 0 else "") + run + ("L" if last == 9 else "")
 
     layout = "|".join(symbols(s["first_layer"], s["last_layer"]) for s in one["stages"])
-    assert one["megatron"] == ("--pipeline-model-parallel-size 4 --micro-batch-size 1 "
+    assert one["megatron"] == ("--tensor-model-parallel-size 1 "
+                               "--pipeline-model-parallel-size 4 --micro-batch-size 1 "
                                f'--global-batch-size 16 --pipeline-model-parallel-layout '
                                f'"{layout}"')
     zb = by["zb-h1", 4]
@@ -85,7 +90,7 @@ def test_settings_for_1f1b_and_a_csv_for_zero_bubble(small_profile, tmp_path, ca
 def test_table_output(small_profile, capsys):
     assert main(["plan", "--profile", small_profile, "--gpus", "4", "--global-batch", "16"]) == 0
     text = capsys.readouterr().out
-    assert "fastest plans that fit" in text and "best: pp=" in text
+    assert "fastest plans that fit" in text and "best: tp=1 cp=1 pp=" in text
     assert "[parallelism]" in text and "configurations/s" in text
 
 

@@ -9,6 +9,7 @@ the memory budget with paste-ready torchtitan and Megatron-LM settings, and with
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 
@@ -34,13 +35,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "profiles at different --batch to interpolate between them")
     p.add_argument("--gpus", type=positive_int("--gpus", L.MAX_GPUS), required=True, metavar="N",
                    help="GPUs to plan for (pipeline x data parallel)")
-    p.add_argument("--gpu-memory", type=size_value("--gpu-memory"), default=80 * 2**30,
-                   metavar="BYTES", help="memory per GPU: 80GiB, 24e9 (80GiB)")
+    p.add_argument("--gpu-memory", type=size_value("--gpu-memory"), default=None,
+                   metavar="BYTES", help="memory per GPU: 80GiB, 24e9 (the --gpu preset's, "
+                   "else 80GiB)")
     p.add_argument("--global-batch", required=True,
                    type=positive_int("--global-batch", L.MAX_GLOBAL_BATCH),
                    metavar="B", help="samples per optimizer step, over all replicas")
-    p.add_argument("--microbatch-size", type=int_list("--microbatch-size"), default=[1, 2, 4],
-                   metavar="LIST", help="microbatch sizes to try (1,2,4)")
+    p.add_argument("--microbatch-size", "--mbs", type=int_list("--microbatch-size"),
+                   default=[1, 2, 4], metavar="LIST", help="microbatch sizes to try (1,2,4)")
     from ..schedules import schedule_names
 
     p.add_argument("--schedules", default="all", metavar="all|LIST",
@@ -89,7 +91,52 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", metavar="FILE", help="also write the JSON here; schedules torch "
                    "has no class for are written next to it as CSV")
     p.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
+    add_axes_flags(p)
     p.set_defaults(func=run)
+
+
+def add_axes_flags(p: argparse.ArgumentParser) -> None:
+    """The hardware, the compute model and the axes around the pipeline."""
+    from ..plan.hardware import PRESETS
+
+    g = p.add_argument_group(
+        "hardware and parallelism (with --gpu, an analytic or --hf-config profile is priced "
+        "per op; ranks are ordered TP innermost, then CP, DP, PP outermost)")
+    g.add_argument("--gpu", default=None, metavar="NAME",
+                   help=f"GPU preset: {', '.join(PRESETS)}")
+    g.add_argument("--efficiency", type=float, default=None, metavar="X",
+                   help="fraction of peak large GEMMs reach (the preset's default)")
+    g.add_argument("--mfu", type=float, default=None, metavar="X",
+                   help="instead of the compute model: every FLOP at X of peak")
+    for flag, unit, what in (("peak-tflops", "T", "dense bf16 TFLOP/s"),
+                             ("hbm-bandwidth", "BYTES/s", "HBM bandwidth"),
+                             ("nvlink-bandwidth", "BYTES/s", "in-node link per GPU"),
+                             ("inter-node-bandwidth", "BYTES/s", "scale-out per GPU")):
+        g.add_argument(f"--{flag}", type=size_value(f"--{flag}"), default=None, metavar=unit,
+                       help=f"override the preset's {what}")
+    g.add_argument("--nvlink-latency", type=float, default=None, metavar="S",
+                   help="override the preset's in-node latency per message")
+    g.add_argument("--inter-node-latency", type=float, default=None, metavar="S",
+                   help="override the preset's scale-out latency per message")
+    g.add_argument("--gpus-per-node", type=positive_int("--gpus-per-node"), default=None,
+                   metavar="N", help="override the preset's GPUs per node (8)")
+    for axis, what in (("tp", "tensor-parallel degrees (divisors of the heads up to a node)"),
+                       ("cp", "context-parallel degrees (1,2,4,8 dividing the sequence)"),
+                       ("pp", "pipeline depths (every divisor)"),
+                       ("dp", "data-parallel degrees (every divisor)")):
+        g.add_argument(f"--{axis}", type=int_list(f"--{axis}"), default=None, metavar="LIST",
+                       help=what)
+    g.add_argument("--sp", default=None, metavar="0,1",
+                   help="sequence parallelism off (0), on (1) or both (with tp > 1)")
+    g.add_argument("--sharding", default=None, metavar="LIST",
+                   help="ddp, zero1, zero2, fsdp, hsdp (all; hsdp needs --gpu)")
+    g.add_argument("--reserve", default="5%", metavar="BYTES|P%",
+                   help="memory kept free on every GPU (5%%)")
+    g.add_argument("--config", default=None, metavar="K=V,...",
+                   help="evaluate this configuration (keys tp, sp, cp, pp, dp, sharding, mbs, "
+                   "schedule, v, recompute; the rest searched) and rank it against the best")
+    g.add_argument("--measured-step", type=float, default=None, metavar="S",
+                   help="with --config and --gpu: fit --efficiency to this measured step")
 
 
 def size_value(flag: str):
@@ -125,7 +172,84 @@ def int_list(flag: str):
     return parse
 
 
-def build_request(args: argparse.Namespace, profiles):
+CONFIG_KEYS = ("tp", "sp", "cp", "pp", "dp", "sharding", "mbs", "schedule", "v", "recompute")
+
+
+def parse_config(text: str, gpus: int) -> dict:
+    """``tp=8,pp=8,...`` as a dict of restrictions; the degrees must multiply into --gpus."""
+    out: dict = {}
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        key, eq, value = item.partition("=")
+        key, value = key.strip().lower(), value.strip()
+        if not eq or key not in CONFIG_KEYS or not value:
+            raise UserError(f"--config item {item!r} must be KEY=VALUE with KEY one of "
+                             f"{', '.join(CONFIG_KEYS)}")
+        if key in ("tp", "cp", "pp", "dp", "mbs", "v", "sp"):
+            try:
+                out[key] = int(value)
+            except ValueError:
+                raise UserError(f"--config {key}={value!r} must be an integer") from None
+            if out[key] < (0 if key == "sp" else 1) or (key == "sp" and out[key] > 1):
+                raise UserError(f"--config {key}={value} must be "
+                                 + ("0 or 1" if key == "sp" else "an integer >= 1"))
+        else:
+            out[key] = value.lower()
+    degrees = [out[k] for k in ("tp", "cp", "pp", "dp") if k in out]
+    prod = math.prod(degrees)
+    if gpus % prod or (len(degrees) == 4 and prod != gpus):
+        shown = " x ".join(f"{k}={out[k]}" for k in ("tp", "cp", "pp", "dp") if k in out)
+        raise UserError(f"--config {shown} = {prod} GPUs "
+                         + ("!= " if len(degrees) == 4 else "does not divide ")
+                         + f"--gpus {gpus}; tp x cp x pp x dp must equal --gpus")
+    return out
+
+
+def restrict(req, config: dict):
+    """The request limited to the configuration's values."""
+    from dataclasses import replace
+
+    ch = {}
+    for key, field in (("tp", "tp"), ("cp", "cp"), ("pp", "pp"), ("dp", "dp"),
+                       ("mbs", "microbatch_sizes"), ("v", "chunks")):
+        if key in config:
+            ch[field] = (config[key],)
+    if "sp" in config:
+        ch["sp"] = (bool(config["sp"]),)
+    if "sharding" in config:
+        ch["shardings"] = (config["sharding"],)
+    if "schedule" in config:
+        ch["schedules"] = (config["schedule"],)
+    if "recompute" in config:
+        ch["recompute"] = (config["recompute"],)
+    if "v" in config:
+        ch["max_chunks"] = max(req.max_chunks, config["v"])
+    return replace(req, **ch)
+
+
+def parse_reserve(text: str, memory: float) -> float:
+    """``5%`` of the memory, or a size (``4GiB``)."""
+    s = text.strip()
+    if s.endswith("%"):
+        try:
+            pct = float(s[:-1])
+        except ValueError:
+            pct = -1.0
+        if not 0 <= pct < 100:
+            raise UserError(f"--reserve {text!r} must be a size (4GiB) or a percentage in "
+                             "[0, 100)")
+        return memory * pct / 100
+    try:
+        value = size_value("--reserve")(s) if s not in ("0", "0.0") else 0.0
+    except argparse.ArgumentTypeError as exc:
+        raise UserError(str(exc)) from None
+    if value >= memory:
+        raise UserError(f"--reserve {text} leaves nothing of --gpu-memory "
+                         f"{memory / 2**30:.2f}GiB")
+    return value
+
+
+def build_request(args: argparse.Namespace, profiles, memory: float | None = None,
+                  hardware: bool = False):
     from ..plan.planner import Request
 
     if args.schedules.strip().lower() == "all":
@@ -135,7 +259,11 @@ def build_request(args: argparse.Namespace, profiles):
         if not names:
             raise UserError("--schedules must be all or a comma list of schedule names")
     if args.recompute is None:
-        modes = ("none", "full") if "full" in profiles.recompute_modes() else ("none",)
+        # With FlashAttention selective recomputation keeps what none keeps and re-runs the
+        # attention: never better, so it is tried only when asked for (--recompute).
+        flash = profiles.metadata().get("attention", "flash") == "flash"
+        modes = profiles.recompute_modes() if hardware and not flash else (
+            ("none", "full") if "full" in profiles.recompute_modes() else ("none",))
     else:
         modes = tuple(dict.fromkeys(m.lower() for m in L.split_list(args.recompute,
                                                                     "--recompute")))
@@ -150,7 +278,29 @@ def build_request(args: argparse.Namespace, profiles):
     L.check_validation(args.validate, args.target_step)
     if args.validate:  # sleeping ranks may share cores, but each process takes memory
         L.check_processes(args.max_processes, True, "--max-processes")
-    return Request(gpus=args.gpus, gpu_memory=args.gpu_memory, global_batch=args.global_batch,
+    sp = None
+    if args.sp is not None:
+        try:
+            sp = tuple(dict.fromkeys(bool(int(x)) for x in L.split_list(args.sp, "--sp")))
+        except ValueError:
+            sp = ()
+        if not sp or any(x.strip() not in ("0", "1") for x in args.sp.split(",")):
+            raise UserError(f"--sp must be 0, 1 or 0,1; got {args.sp!r}")
+    shardings = None
+    if args.sharding is not None:
+        from ..plan.memory import SHARDINGS
+
+        shardings = tuple(dict.fromkeys(s.lower() for s in L.split_list(args.sharding,
+                                                                        "--sharding")))
+        bad = [s for s in shardings if s not in SHARDINGS]
+        if bad or not shardings:
+            raise UserError(f"unknown --sharding {','.join(bad) or args.sharding!r}; valid "
+                             f"are {', '.join(SHARDINGS)}")
+    return Request(gpus=args.gpus, gpu_memory=memory if memory is not None else args.gpu_memory,
+                   global_batch=args.global_batch,
+                   tp=tuple(args.tp) if args.tp else None, cp=tuple(args.cp) if args.cp else None,
+                   pp=tuple(args.pp) if args.pp else None, dp=tuple(args.dp) if args.dp else None,
+                   sp=sp, shardings=shardings,
                    microbatch_sizes=tuple(args.microbatch_size), schedules=names,
                    max_chunks=args.max_chunks, recompute=modes,
                    bytes_per_param=args.bytes_per_param, grad_bytes=args.grad_bytes,
@@ -159,16 +309,86 @@ def build_request(args: argparse.Namespace, profiles):
                    top=max(args.top, 3 * args.validate), exhaustive_cuts=args.exhaustive_cuts)
 
 
+def hardware_of(args: argparse.Namespace):
+    """The --gpu preset with its overrides, or None (and no override without it)."""
+    from ..plan.hardware import get_hardware
+
+    over = {"peak_flops": args.peak_tflops * 1e12 if args.peak_tflops else None,
+            "hbm_bandwidth": args.hbm_bandwidth, "nvlink_bandwidth": args.nvlink_bandwidth,
+            "nvlink_latency": args.nvlink_latency,
+            "inter_node_bandwidth": args.inter_node_bandwidth,
+            "inter_node_latency": args.inter_node_latency, "gpus_per_node": args.gpus_per_node,
+            "efficiency": args.efficiency}
+    if args.gpu is None:
+        given = [f"--{k.replace('_', '-')}" for k, v in over.items() if v is not None]
+        if given:
+            raise UserError(f"{', '.join(given)} need --gpu NAME (the hardware they override)")
+        return None
+    if args.mfu is not None and not 0 < args.mfu <= 1:
+        raise UserError(f"--mfu must be in (0, 1], got {args.mfu}")
+    return get_hardware(args.gpu, **over)
+
+
 def run(args: argparse.Namespace) -> int:
     from ..plan.layercosts import ProfileSet
-    from ..plan.planner import search
+    from ..plan.planner import NoPlanFits, fmt_gib, model_of, search
     from ..plan.profile import Profile
 
     check_outputs(args, "out")  # a bad --out path fails before the search, not after
     if args.model is not None and not args.validate:
         raise UserError("--model is the model --validate runs; give --validate K too")
+    hw = hardware_of(args)
     profiles = ProfileSet([Profile.load(p) for p in args.profile])
-    result = search(profiles, build_request(args, profiles))
+    if hw is None and profiles.metadata().get("hardware_free"):
+        raise UserError("this analytic profile is hardware free (no --tflops): give --gpu "
+                        "NAME to price its layers (a100-40gb, a100-80gb, h100-sxm, h200, b200, "
+                        "mi300x)")
+    shape, seq, _ = model_of(profiles)
+    memory = args.gpu_memory or (hw.memory if hw is not None else 80 * 2**30)
+    budget = memory - parse_reserve(args.reserve, memory)
+    req = build_request(args, profiles, budget, hardware=hw is not None and shape is not None)
+    config = parse_config(args.config, args.gpus) if args.config else None
+    efficiency = args.efficiency
+    if args.measured_step is not None:
+        if config is None or hw is None or shape is None:
+            raise UserError("--measured-step fits the efficiency to one run: it needs --config "
+                             "(what ran), --gpu and an analytic or --hf-config profile")
+        if args.efficiency is not None or args.mfu is not None:
+            raise UserError("--measured-step fits --efficiency; it contradicts a given "
+                             f"--{'efficiency' if args.efficiency is not None else 'mfu'}: "
+                             "drop one")
+        from ..plan.fit import fit_efficiency
+
+        one = restrict(req, config)
+        from dataclasses import replace
+
+        one = replace(one, top=1)
+        efficiency = fit_efficiency(
+            lambda e: search(profiles, one, replace(hw, efficiency=e), e).plans[0].step_time,
+            args.measured_step)
+        hw = replace(hw, efficiency=efficiency)
+    try:
+        result = search(profiles, req, hw, efficiency, args.mfu)
+    except NoPlanFits as exc:
+        if budget < memory:  # name the --gpu-memory that leaves that much after --reserve
+            need = exc.smallest + (memory - budget) if not args.reserve.strip().endswith("%") \
+                else exc.smallest * memory / budget
+            raise NoPlanFits(f"{exc} (the budget is --gpu-memory minus --reserve "
+                             f"{args.reserve}: --gpu-memory {fmt_gib(need, up=True)} with it, "
+                             "or --reserve 0)", exc.smallest, exc.plan) from None
+        raise
+    mine, mine_fits = None, True
+    if config is not None:
+        from dataclasses import replace
+
+        try:
+            mine = search(profiles, replace(restrict(req, config), top=1), hw, efficiency,
+                          args.mfu).plans[0]
+            mine_fits = True
+        except NoPlanFits as exc:  # report it anyway: what it would need
+            if exc.plan is None:
+                raise
+            mine, mine_fits = exc.plan, False
     validations = []
     if args.validate:
         from ..plan.validate import fits_here, validate
@@ -176,8 +396,8 @@ def run(args: argparse.Namespace) -> int:
         runnable = [p for p in result.plans if fits_here(p, args.max_processes)][:args.validate]
         if not runnable:
             raise UserError(f"--validate: no plan found runs in --max-processes "
-                             f"{args.max_processes} (pp x dp processes); plan for fewer "
-                             "--gpus or raise --max-processes")
+                             f"{args.max_processes} (pp x dp processes, tp = cp = 1); plan "
+                             "for fewer --gpus or raise --max-processes")
         if args.model is not None:  # the real model, at the plan's cut
             _check_model_layers(args, len(profiles.profile))
             from ..plan.validate import validate_on_model
@@ -185,7 +405,12 @@ def run(args: argparse.Namespace) -> int:
             validations = validate_on_model(runnable, args.model, args.model_arg, args.seq)
         else:
             validations = validate(runnable, target=args.target_step)
-    out = result_json(result, profiles, validations, args.out)
+    ctx = {"hw": hw, "shape": shape, "seq": seq, "memory": memory,
+           "efficiency": hw.efficiency if hw is not None and args.mfu is None else None}
+    out = result_json(result, profiles, validations, args.out, ctx, mine)
+    if mine is not None and not mine_fits:
+        out["config"].update(fits=False, rank=None,
+                             rank_note=f"does not fit the {fmt_gib(budget)} budget")
     if args.out:  # the same numbers as --json prints
         write_text(args.out, json_text(clean_floats(out), "--out", indent=1) + "\n", "--out")
         wrote(args.out)
@@ -198,31 +423,81 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def result_json(result, profiles, validations, out_path: str | None) -> dict:
+def throughput(plan, ctx: dict) -> dict:
+    """tokens/s per GPU and MFU (model FLOPs, Narayanan et al. eq. 3's attention count)."""
+    from ..plan.parallel_costs import model_flops_per_sequence
+
+    seq, shape, hw = ctx.get("seq"), ctx.get("shape"), ctx.get("hw")
+    gpus = plan.gpus
+    out = {"tokens_per_second_per_gpu": None, "mfu": None}
+    if seq and plan.step_time > 0:
+        out["tokens_per_second_per_gpu"] = plan.global_batch * seq / plan.step_time / gpus
+        if shape is not None and hw is not None:
+            flops = model_flops_per_sequence(shape, seq) * plan.global_batch
+            out["mfu"] = flops / (plan.step_time * gpus * hw.peak_flops)
+    return out
+
+
+def plan_item(plan, profiles, ctx: dict, csv: str | None = None) -> dict:
+    from ..plan import settings
+    from ..plan.search import RUNNABLE_NOWHERE
+
+    item = plan.as_json()
+    item.update(throughput(plan, ctx))
+    item["runnable_in"] = ([] if plan.schedule in RUNNABLE_NOWHERE else
+                           ["torchtitan"] + (["megatron"] if settings.megatron(plan, profiles)
+                                             else []))
+    node = ctx["hw"].gpus_per_node if ctx.get("hw") is not None else 8
+    item["torchtitan"] = settings.torchtitan(plan, profiles, csv, node)
+    item["megatron"] = settings.megatron(plan, profiles)
+    item["fits"] = True
+    return item
+
+
+def result_json(result, profiles, validations, out_path: str | None, ctx: dict | None = None,
+                mine=None) -> dict:
     from ..plan import settings
 
+    ctx = ctx or {}
     plans = []
     measured = {id(v.plan): v for v in validations}
-    for k, plan in enumerate(result.plans[:result.request.top]):
-        item = plan.as_json()
+    shown = result.plans[:result.request.top]
+    for k, plan in enumerate(shown):
         csv = None
         if out_path and settings.torch_class(plan.schedule) is None:
             stem = os.path.splitext(out_path)[0]
             csv = f"{stem}.plan{k + 1}.{plan.schedule}.csv"
-        item["torchtitan"] = settings.torchtitan(plan, profiles, csv)
-        item["megatron"] = settings.megatron(plan, profiles)
+        item = plan_item(plan, profiles, ctx, csv)
+        item["rank"] = k + 1
+        item["why"] = why_beats(plan, shown[k + 1]) if k + 1 < len(shown) else None
         v = measured.get(id(plan))
         if v is not None:
             item["measured_step_time"] = v.measured_step_time  # the median of the steps
             item["measured_step_time_min"] = v.measured_step_time_min
             item["validation"] = v.as_json()
         plans.append(item)
-    return {"searched": result.searched, "simulated": result.simulated,
-            "seconds": result.seconds,
-            "configurations_per_second": result.searched / result.seconds
-            if result.seconds > 0 else None,
-            "gpus": result.request.gpus, "gpu_memory": result.request.gpu_memory,
-            "global_batch": result.request.global_batch, "plans": plans}
+    hw = ctx.get("hw")
+    out = {"searched": result.searched, "simulated": result.simulated,
+           "seconds": result.seconds,
+           "configurations_per_second": result.searched / result.seconds
+           if result.seconds > 0 else None,
+           "gpus": result.request.gpus, "gpu_memory": ctx.get("memory",
+                                                              result.request.gpu_memory),
+           "memory_budget": result.request.gpu_memory,
+           "global_batch": result.request.global_batch,
+           "gpu": hw.name if hw is not None else None, "efficiency": ctx.get("efficiency"),
+           "axis_order": "tp (innermost, NVLink), cp, dp, pp (outermost)",
+           "plans": plans}
+    if mine is not None:
+        item = plan_item(mine, profiles, ctx)
+        faster = sum(1 for p in result.plans if p.step_time < mine.step_time * (1 - 1e-12))
+        item["rank"] = faster + 1 if faster < len(result.plans) else None
+        item["rank_note"] = (None if item["rank"] else
+                             f"slower than all {len(result.plans)} plans shown")
+        best = result.plans[0].step_time
+        item["vs_best"] = mine.step_time / best - 1 if best > 0 else None
+        out["config"] = item
+    return out
 
 
 # ---- output ----------------------------------------------------------------------------------
@@ -243,6 +518,32 @@ def _gib(n: float) -> str:
     return ""
 
 
+def why_beats(a, b) -> str:
+    """Why plan ``a`` is ahead of ``b``: the margin and the parts of the step that differ."""
+    gain = b.step_time / a.step_time - 1 if a.step_time > 0 else 0.0
+    reasons = []
+    if a.bubble_fraction < b.bubble_fraction - 1e-9:
+        reasons.append(f"less bubble ({a.bubble_fraction:.1%} vs {b.bubble_fraction:.1%})")
+    if a.dp_exposed < b.dp_exposed - 1e-12:
+        reasons.append(f"less exposed data-parallel traffic ({_t(a.dp_exposed)} vs "
+                       f"{_t(b.dp_exposed)})")
+    if a.pipeline_time < b.pipeline_time and not reasons:
+        reasons.append(f"a shorter pipeline ({_t(a.pipeline_time)} vs {_t(b.pipeline_time)}: "
+                       "faster layers at its tp/cp/microbatch size)")
+    if not reasons and max(a.peak_memory) < max(b.peak_memory):
+        reasons.append(f"the same step in less memory ({_gib(max(a.peak_memory))} vs "
+                       f"{_gib(max(b.peak_memory))})")
+    return f"{gain:.1%} faster than the next: " + (", ".join(reasons) or
+                                                    "a different balance of the same costs")
+
+
+def _label(p) -> str:
+    c = p.config
+    return (f"tp={c.tp}{' sp' if c.sp else ''} cp={c.cp} pp={c.pp} dp={c.dp} {c.sharding} "
+            f"{c.schedule} v={c.chunks} mbs={c.microbatch_size} m={c.microbatches} "
+            f"recompute {c.recompute}")
+
+
 def print_plans(console, result, out: dict, validations) -> None:
     """The top plans as a table, why the best wins, its settings, and the validation."""
     from rich.table import Table
@@ -250,30 +551,55 @@ def print_plans(console, result, out: dict, validations) -> None:
     from ..render.table import fit
 
     req = result.request
+    gpu = f" ({out['gpu']}, efficiency {out['efficiency']:g})" if out.get("gpu") and out.get(
+        "efficiency") else ""
     console.print(f"[bold]searched {result.searched} configurations[/bold] ({result.simulated} "
                   f"simulations) in {result.seconds:.2f} s: "
                   f"{result.searched / max(result.seconds, 1e-9):.0f} configurations/s; "
-                  f"{req.gpus} GPUs x {_gib(req.gpu_memory)}, global batch {req.global_batch}")
-    t = Table(title="fastest plans that fit (predicted by simulation)")
-    for col in ("#", "pp", "dp", "schedule", "v", "mb size", "m", "recompute", "step",
-                "samples/s", "bubble", "all-reduce", "peak memory"):
-        t.add_column(col, justify="left" if col in ("schedule", "recompute") else "right")
-    for k, p in enumerate(result.plans[:req.top]):
-        t.add_row(str(k + 1), str(p.pp), str(p.dp), p.schedule, str(p.chunks),
-                  str(p.microbatch_size), str(p.microbatches), p.recompute, _t(p.step_time),
-                  f"{p.samples_per_second:.1f}", f"{p.bubble_fraction:.1%}",
-                  f"{p.allreduce_time / p.step_time:.1%}" if p.step_time else "—",
-                  _gib(max(p.peak_memory)))
+                  f"{req.gpus} GPUs{gpu} x {_gib(out['gpu_memory'])} ({_gib(req.gpu_memory)} "
+                  f"after --reserve), global batch {req.global_batch}; ranks ordered tp "
+                  "(innermost), cp, dp, pp (outermost)", highlight=False)
+    t = Table(title="fastest plans that fit (predicted by simulation; tp 's': sequence "
+              "parallel)")
+    for col in ("#", "tp.cp.pp.dp", "sharding", "schedule", "mbs x m", "recomp.", "step",
+                "tok/s/GPU", "MFU", "bubble", "memory"):
+        t.add_column(col, justify="left" if col in ("schedule", "recomp.", "sharding")
+                     else "right")
+    rows = list(zip(result.plans[:req.top], out["plans"], strict=False))
+    if out.get("config") is not None:
+        rows.append((None, out["config"]))
+    for k, (p, item) in enumerate(rows):
+        tok, mfu = item.get("tokens_per_second_per_gpu"), item.get("mfu")
+        name = str(k + 1) if p is not None else f"cfg (#{item['rank'] or '>' + str(k)})"
+        sched = item["schedule"] + (f" v={item['chunks']}" if item["chunks"] > 1 else "") + (
+            "" if item["runnable_in"] else " (no framework)")
+        t.add_row(name, f"{item['tp']}{'s' if item['sp'] else ''}.{item['cp']}.{item['pp']}."
+                  f"{item['dp']}", item["sharding"], sched,
+                  f"{item['microbatch_size']}x{item['microbatches']}", item["recompute"],
+                  _t(item["predicted_step_time"]),
+                  f"{tok:,.0f}" if tok else f"{item['samples_per_second']:.1f} sm/s",
+                  f"{mfu:.1%}" if mfu else "—", f"{item['bubble_fraction']:.1%}",
+                  _gib(max(item["peak_memory"])))
     console.print(fit(t, console.width))  # headers give way at 80 columns, values never
-    for line in why_best(result):
+    for line in why_best(result, out):
         console.print(line, highlight=False)
     best = out["plans"][0]
     from ..plan.settings import toml_text
 
     console.print("\n[bold]torchtitan[/bold] (job TOML):", highlight=False)
     console.print(toml_text(best["torchtitan"]), highlight=False, markup=False, soft_wrap=True)
-    console.print("[bold]Megatron-LM[/bold]: " + (best["megatron"] or "runs 1F1B and interleaved "
-                  "1F1B only; no flags for this schedule"), highlight=False, soft_wrap=True)
+    console.print("[bold]Megatron-LM[/bold]: " + (best["megatron"] or "pipelines 1F1B and "
+                  "interleaved 1F1B only; no flags for this schedule"), highlight=False,
+                  soft_wrap=True)
+    if validations:
+        print_validations(console, result, validations)
+
+
+def print_validations(console, result, validations) -> None:
+    from rich.table import Table
+
+    from ..render.table import fit
+
     if validations:
         real = validations[0].model
         what = f"model {real}" if real else "sleeping the scaled profile"
@@ -314,34 +640,31 @@ def print_plans(console, result, out: dict, validations) -> None:
                       "orders run from their CSV)", highlight=False)
 
 
-def why_best(result) -> list[str]:
-    """A few sentences: what the best plan trades, against the runner-up."""
+def why_best(result, out: dict) -> list[str]:
+    """A few sentences: what the best plan is, its memory, and why it beats the next."""
     plans = result.plans
-    req = result.request
     b = plans[0]
-    head = req.gpu_memory - max(b.peak_memory)
-    out = [f"best: pp={b.pp} x dp={b.dp}, {b.schedule} (v={b.chunks}), microbatch size "
-           f"{b.microbatch_size} (m={b.microbatches}), recompute {b.recompute}: "
-           f"{_t(b.step_time)} per step, {b.samples_per_second:.1f} samples/s; bubble "
-           f"{b.bubble_fraction:.1%}, all-reduce {b.allreduce_time / b.step_time:.1%} of the "
-           f"step, P2P {b.comm * 1e3:.3g} ms per hop, memory {_gib(max(b.peak_memory))} of "
-           f"{_gib(req.gpu_memory)} ({_gib(head)} headroom)"]
+    mem = b.memory[max(range(len(b.peak_memory)), key=lambda r: b.peak_memory[r])] \
+        if b.memory else {}
+    parts = ", ".join(f"{k.replace('_', ' ')} {_gib(v)}" for k, v in mem.items() if v > 0)
+    lines = [f"best: {_label(b)}: {_t(b.step_time)} per step, {b.samples_per_second:.1f} "
+             f"samples/s; bubble {b.bubble_fraction:.1%}, data-parallel traffic "
+             f"{_t(b.allreduce_time)} of which {_t(b.dp_exposed)} exposed, P2P "
+             f"{b.comm * 1e3:.3g} ms per hop; memory {_gib(max(b.peak_memory))} of "
+             f"{_gib(result.request.gpu_memory)} budget ({parts})"]
+    if b.pp == 1:
+        lines.append("  (pp = 1: do not pipeline)")
     if len(plans) > 1:
-        r = plans[1]
-        gain = r.step_time / b.step_time - 1
-        reasons = []
-        if b.bubble_fraction < r.bubble_fraction:
-            reasons.append(f"less bubble ({b.bubble_fraction:.1%} vs {r.bubble_fraction:.1%})")
-        if b.allreduce_time < r.allreduce_time:
-            reasons.append(f"a shorter all-reduce ({_t(b.allreduce_time)} vs "
-                           f"{_t(r.allreduce_time)})")
-        if b.pipeline_time < r.pipeline_time and not reasons:
-            reasons.append(f"a shorter pipeline ({_t(b.pipeline_time)} vs "
-                           f"{_t(r.pipeline_time)})")
-        out.append(f"it beats #2 (pp={r.pp} x dp={r.dp}, {r.schedule}, v={r.chunks}, "
-                   f"recompute {r.recompute}) by {gain:.1%}: "
-                   + (", ".join(reasons) or "a different balance of the same costs"))
-    return out
+        lines.append(f"it beats #2 ({_label(plans[1])}) by " + why_beats(b, plans[1])
+                     .split(" faster than the next: ", 1)[0] + ": " +
+                     why_beats(b, plans[1]).split(": ", 1)[1])
+    cfg = out.get("config")
+    if cfg is not None:
+        rank = f"#{cfg['rank']}" if cfg["rank"] else cfg["rank_note"]
+        lines.append(f"--config: {_t(cfg['predicted_step_time'])} per step, "
+                     f"{cfg['vs_best']:+.1%} vs the best ({rank}); peak "
+                     f"{_gib(max(cfg['peak_memory']))}")
+    return lines
 
 
 def _check_model_layers(args: argparse.Namespace, layers: int) -> None:

@@ -66,6 +66,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the head shares the embedding's weights")
     g.add_argument("--gelu", action="store_true",
                    help="a 2-matrix GELU MLP instead of LLaMA's 3-matrix SwiGLU")
+    g.add_argument("--hf-config", metavar="PATH", default=None,
+                   help="--analytic: take the shape from a HuggingFace config.json (llama, "
+                   "mistral, qwen2, gpt2); needs --seq")
+    g.add_argument("--attention", default="flash", choices=("flash", "unfused"),
+                   help="--analytic: FlashAttention keeps no s^2 scores (default) or unfused")
     p.set_defaults(func=run)
 
 
@@ -95,18 +100,47 @@ def run_analytic(args: argparse.Namespace) -> int:
     if args.model is not None:
         raise UserError("--analytic computes the profile from the shape; drop --model "
                          f"{args.model}")
-    needed = ("layers", "hidden", "ffn", "heads", "vocab", "seq", "tflops", "mfu")
+    if (args.tflops is None) != (args.mfu is None):
+        raise UserError("--analytic takes --tflops and --mfu together (a fixed-rate profile) "
+                         "or neither (hardware free: give plan --gpu NAME)")
+    if args.hf_config is not None:
+        return run_hf_config(args)
+    needed = ("layers", "hidden", "ffn", "heads", "vocab", "seq")
     missing = [f"--{n}" for n in needed if getattr(args, n) is None]
     if missing:
         raise UserError(f"--analytic needs {', '.join(missing)} (and takes --kv-heads, "
-                         "--batch, --dtype, --tied-embeddings)")
+                         "--batch, --dtype, --tied-embeddings, --tflops with --mfu), or "
+                         "--hf-config PATH with --seq")
     if args.out is not None:  # an empty or bad --out fails before any work
         check_output_path(args.out, "--out")
     prof = analytic_profile(layers=args.layers, hidden=args.hidden, ffn=args.ffn,
                             heads=args.heads, vocab=args.vocab, seq=args.seq, batch=args.batch or 1,
                             tflops=args.tflops, mfu=args.mfu, kv_heads=args.kv_heads,
                             dtype=args.dtype, tied_embeddings=args.tied_embeddings,
-                            swiglu=not args.gelu)
+                            swiglu=not args.gelu, attention=args.attention)
+    return _output(args, prof)
+
+
+def run_hf_config(args: argparse.Namespace) -> int:
+    """``--analytic --hf-config PATH``: the shape from the config's keys (named on stderr)."""
+    import sys
+
+    from ..plan.analytic import shape_profile
+    from ..plan.hfconfig import read_hf_config
+
+    shape_flags = [f"--{n.replace('_', '-')}" for n in ("layers", "hidden", "ffn", "heads",
+                                                         "vocab", "kv_heads")
+                   if getattr(args, n) is not None]
+    if shape_flags or args.gelu or args.tied_embeddings:
+        raise UserError(f"--hf-config gives the shape; drop {', '.join(shape_flags) or '--gelu'}")
+    if args.seq is None:
+        raise UserError("--hf-config needs --seq (tokens per sequence)")
+    shape, used = read_hf_config(args.hf_config)
+    prof = shape_profile(shape, args.seq, args.batch or 1, args.tflops, args.mfu, args.dtype,
+                         args.attention, source={"path": args.hf_config, "keys": used})
+    if not args.json:
+        print("from " + args.hf_config + ": " + ", ".join(f"{k}={v}" for k, v in used.items()),
+              file=sys.stderr)
     return _output(args, prof)
 
 
@@ -207,7 +241,8 @@ def profile_table(prof) -> Table:
     if meta.get("source") == "analytic":
         title = (f"analytic profile: {meta['params'] / 1e9:.3g} B parameters, batch "
                  f"{meta['batch']} x seq {meta['seq']}, {meta['dtype']}, "
-                 f"{meta['tflops']:g} TFLOP/s x MFU {meta['mfu']:g}")
+                 + (f"{meta['tflops']:g} TFLOP/s x MFU {meta['mfu']:g}" if meta.get("tflops")
+                    else "hardware free (times: plan --gpu NAME)"))
     else:
         title = (f"profile: {meta.get('model', '?')} on {meta.get('device', '?')}, batch "
                  f"{meta.get('batch_shape', '?')}, median of {meta.get('repeats', '?')}")

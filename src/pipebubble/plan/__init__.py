@@ -12,7 +12,14 @@
 - ``layercosts.py``: per-layer costs at any microbatch size and recomputation mode.
 - ``planner.py`` (with ``plans.py``, ``scoring.py``, ``families.py``): choose pp, dp,
   microbatch size, schedule, chunks and recomputation under a memory budget, scored by the
-  simulator.
+  simulator; ``search.py``: the loop over every point of the axes around the pipeline.
+- The axes, one concept each: ``hardware.py`` (GPU presets), ``network.py`` (two levels,
+  collectives), ``compute.py`` (per-op GEMM, attention, memory-bound time), ``tensor.py``
+  (TP/SP), ``context.py`` (CP), ``sharding.py`` (DDP, ZeRO, FSDP, HSDP traffic and overlap),
+  ``memory.py`` (model states, activations), ``axes.py`` (one point), ``parallel_costs.py``
+  (a transformer's layers at one point), ``pipeline_axis.py`` (the simulator, called once).
+- ``hfconfig.py``: a HuggingFace config.json as a shape; ``fit.py``: the efficiency from one
+  measured step; ``published.py``: Megatron-LM SC'21 Table 1, the planner's check.
 - ``settings.py``: a plan as torchtitan and Megatron-LM settings.
 - ``validate.py``: run plans for real (sleeping the profiled times) and compare.
 """

@@ -31,26 +31,34 @@ the backward costs twice the forward):
 
 **Time** = FLOPs / (peak FLOP/s x MFU), for F, I and W alike.
 
-**Activation bytes per microbatch** (Korthikanti et al. 2022, *Reducing Activation
-Recomputation in Large Transformer Models*, 16-bit activations; scaled by
-``bytes(dtype) / 2`` for other dtypes):
+**Activation bytes per microbatch** (:mod:`pipebubble.plan.memory`, after Korthikanti et al.
+2022, *Reducing Activation Recomputation in Large Transformer Models*, 16-bit activations;
+scaled by ``bytes(dtype) / 2`` for other dtypes). With FlashAttention (the default,
+``attention="flash"``) no ``s^2`` scores are kept; ``attention="unfused"`` keeps them
+(Korthikanti's ``5 a s^2 b``). For a GPT block (4h GELU MLP, ``dropout=True``):
 
-- block, no recomputation: ``s b h (34 + 5 a s / h)``;
-- block, selective recomputation (attention scores recomputed): ``34 s b h``; the backward
-  then re-runs the ``4 b s^2 h`` score FLOPs;
-- block, full recomputation: ``2 s b h`` (the block input); the backward re-runs the forward;
+- no recomputation: ``s b h (34 + 5 a s / h)`` unfused, ``34 s b h`` with FlashAttention;
+- selective recomputation (attention scores recomputed): ``34 s b h``; the backward
+  re-runs the ``4 b s^2 h`` score FLOPs;
+- full recomputation: ``2 s b h`` (the block input); the backward re-runs the forward;
 - head: ``4 s b h`` (the norm's and the projection's inputs) plus ``4 s b V`` (fp32 logits
   for the cross-entropy); embedding: ``8 s b`` (the int64 token ids).
 
-The 34 and 5 come from a GPT block (4h GELU MLP, dropout); for other MLPs they are the paper's
-estimate, not an exact count. What W alone keeps (Zero Bubble's ``M_W``: the inputs of the
-matrix multiplies) is ``2 s b (3 h + f)`` per block, ``2 s b h`` for the head.
+LLaMA blocks (SwiGLU, grouped-query attention, no dropout) are counted the same way from their
+tensors (:func:`pipebubble.plan.memory.block_activation_bytes`). What W alone keeps (Zero
+Bubble's ``M_W``: the inputs of the matrix multiplies) is
+:func:`~pipebubble.plan.memory.block_weight_grad_bytes`, ``2 s b h`` for the head.
+
+Without ``tflops`` and ``mfu`` the profile is *hardware free* (every time 0): ``plan --gpu``
+then prices each layer from the shape (per-op GEMM, attention and memory-bound times).
 
 >>> p = analytic_profile(layers=32, hidden=4096, ffn=11008, heads=32, vocab=32000, seq=2048,
 ...                      batch=1, tflops=989, mfu=0.4)
 >>> sum(layer.params for layer in p.layers)
 6738415616
->>> p.layers[1].activation_bytes == 2048 * 4096 * (34 + 5 * 32 * 2048 / 4096)
+>>> gpt = analytic_profile(layers=2, hidden=4096, ffn=16384, heads=32, vocab=32000,
+...     seq=2048, batch=1, swiglu=False, dropout=True, attention="unfused")
+>>> gpt.layers[1].activation_bytes == 2048 * 4096 * (34 + 5 * 32 * 2048 / 4096)
 True
 """
 
@@ -81,13 +89,17 @@ class TransformerShape:
     kv_heads: int | None = None
     tied_embeddings: bool = False
     swiglu: bool = True
+    head_size: int | None = None  # None: hidden / heads (Mistral-Nemo, Qwen3 set it)
+    positions: int = 0  # learned position embeddings (GPT-2: n_positions); 0: rotary
+    dropout: bool = False  # GPT keeps dropout masks; LLaMA has none
+    biases: bool = False  # GPT-2: every linear and LayerNorm has a bias
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "ffn", "heads", "vocab"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise UserError(f"--{name} must be an integer >= 1, got {value!r}")
-        if self.hidden % self.heads:
+        if self.head_size is None and self.hidden % self.heads:
             raise UserError(f"--hidden {self.hidden} must be a multiple of --heads "
                              f"{self.heads} (head size = hidden / heads)")
         kv = self.kv
@@ -101,20 +113,30 @@ class TransformerShape:
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.head_size or self.hidden // self.heads
 
     def block_matmul_params(self) -> int:
         """Parameters in the block's matrices: Q, K, V, O and the MLP."""
-        h, kvd = self.hidden, self.kv * self.head_dim
-        return 2 * h * h + 2 * h * kvd + (3 if self.swiglu else 2) * h * self.ffn
+        h, kvd, qd = self.hidden, self.kv * self.head_dim, self.heads * self.head_dim
+        return 2 * h * qd + 2 * h * kvd + (3 if self.swiglu else 2) * h * self.ffn
 
     def block_params(self) -> int:
-        return self.block_matmul_params() + 2 * self.hidden  # + two RMSNorm weights
+        """Matrices + two norms (RMSNorm ``h`` each; LayerNorm with bias ``2 h``) + biases
+        (GPT-2: Q, K, V, O, the MLP's two)."""
+        h, kvd, qd = self.hidden, self.kv * self.head_dim, self.heads * self.head_dim
+        bias = (qd + 2 * kvd + h + self.ffn + h) + 2 * h if self.biases else 0
+        return self.block_matmul_params() + 2 * h + bias
+
+    def embedding_params(self) -> int:
+        return (self.vocab + self.positions) * self.hidden
+
+    def head_params(self) -> int:
+        """Final norm + output projection (0 when tied to the embedding)."""
+        norm = 2 * self.hidden if self.biases else self.hidden
+        return norm + (0 if self.tied_embeddings else self.vocab * self.hidden)
 
     def total_params(self) -> int:
-        head = 0 if self.tied_embeddings else self.vocab * self.hidden
-        return (self.vocab * self.hidden + self.layers * self.block_params() + self.hidden
-                + head)
+        return self.embedding_params() + self.layers * self.block_params() + self.head_params()
 
 
 def _divisors(n: int) -> list[int]:
@@ -122,9 +144,10 @@ def _divisors(n: int) -> list[int]:
 
 
 def analytic_profile(layers: int, hidden: int, ffn: int, heads: int, vocab: int, seq: int,
-                     batch: int, tflops: float, mfu: float, kv_heads: int | None = None,
-                     dtype: str = "bf16", tied_embeddings: bool = False,
-                     swiglu: bool = True) -> Profile:
+                     batch: int, tflops: float | None = None, mfu: float | None = None,
+                     kv_heads: int | None = None, dtype: str = "bf16",
+                     tied_embeddings: bool = False, swiglu: bool = True,
+                     attention: str = "flash", dropout: bool = False) -> Profile:
     """The profile of one microbatch of ``batch`` sequences of ``seq`` tokens (module doc).
 
     Each layer carries, beside the usual fields (``forward``/``backward`` seconds with
@@ -136,36 +159,57 @@ def analytic_profile(layers: int, hidden: int, ffn: int, heads: int, vocab: int,
     """
     check_layers(layers)  # the library entry point bounds its work too (limits.py)
     shape = TransformerShape(layers, hidden, ffn, heads, vocab, kv_heads, tied_embeddings,
-                             swiglu)
+                             swiglu, dropout=dropout)
+    return shape_profile(shape, seq, batch, tflops, mfu, dtype, attention)
+
+
+def shape_profile(shape: TransformerShape, seq: int, batch: int, tflops: float | None = None,
+                  mfu: float | None = None, dtype: str = "bf16", attention: str = "flash",
+                  source: dict | None = None) -> Profile:
+    """:func:`analytic_profile` of a shape. Without ``tflops`` and ``mfu`` the profile is
+    hardware free: every time is 0 and ``plan --gpu NAME`` prices the layers from the shape
+    (:mod:`pipebubble.plan.parallel_costs`); ``source`` (the HF keys used) is recorded."""
+    from .memory import block_activation_bytes, block_weight_grad_bytes
+
+    layers, hidden, vocab = shape.layers, shape.hidden, shape.vocab
+    if attention not in ("flash", "unfused"):
+        raise UserError(f"unknown --attention {attention!r}; valid are flash, unfused")
     for name, value in (("seq", seq), ("batch", batch)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise UserError(f"--{name} must be an integer >= 1, got {value!r}")
     if dtype not in DTYPE_BYTES:
         raise UserError(f"unknown --dtype {dtype!r}; valid are {', '.join(DTYPE_BYTES)}")
-    if not (tflops > 0 and tflops != float("inf")):
-        raise UserError(f"--tflops must be a finite number > 0 (peak TFLOP/s), got {tflops}")
-    if not 0 < mfu <= 1:
-        raise UserError(f"--mfu must be in (0, 1] (model FLOPs utilisation), got {mfu}")
-    rate = tflops * 1e12 * mfu
-    if not (rate > 0 and math.isfinite(rate)):  # 1e-300 x 1e-300 underflows to 0
+    free = tflops is None and mfu is None
+    if not free:
+        if tflops is None or not (tflops > 0 and tflops != float("inf")):
+            raise UserError(f"--tflops must be a finite number > 0 (peak TFLOP/s), got "
+                             f"{tflops}")
+        if mfu is None or not 0 < mfu <= 1:
+            raise UserError(f"--mfu must be in (0, 1] (model FLOPs utilisation), got {mfu}")
+    rate = float("inf") if free else tflops * 1e12 * mfu
+    if not (rate > 0 and (free or math.isfinite(rate))):  # 1e-300 x 1e-300 underflows to 0
         raise UserError(f"--tflops {tflops:g} x --mfu {mfu:g} is not a usable rate of FLOP/s")
     k = DTYPE_BYTES[dtype] / 2  # Korthikanti's byte counts assume 2-byte activations
-    s, b, h, a, V = seq, batch, hidden, heads, vocab
+    s, b, h, V = seq, batch, hidden, vocab
     t = s * b
     pmm = shape.block_matmul_params()
-    scores = 4 * b * s * s * h
-    out = [_layer("tok_embeddings", "Embedding", params=V * h, fwd=0.0, i=0.0, w=0.0,
+    scores = 4 * b * s * s * shape.heads * shape.head_dim
+    flash = attention == "flash"
+    out = [_layer("tok_embeddings", "Embedding", params=shape.embedding_params(), fwd=0.0,
+                  i=0.0, w=0.0,
                   rate=rate, act=8.0 * t, act_w=0.0, out_bytes=2 * t * h * k,
                   full=(8.0 * t, 0.0), selective=(8.0 * t, 0.0))]
-    block_act = s * b * h * (34 + 5 * a * s / h) * k
+    block_act = block_activation_bytes(shape, s, b, flash=flash) * k
     for n in range(layers):
         out.append(_layer(
             f"layers.{n}", "TransformerBlock", params=shape.block_params(),
             fwd=2 * t * pmm + scores, i=2 * t * pmm + 2 * scores, w=2 * t * pmm, rate=rate,
-            act=block_act, act_w=2 * t * (3 * h + ffn) * k, out_bytes=2 * t * h * k,
+            act=block_act, act_w=block_weight_grad_bytes(shape, s, b) * k,
+            out_bytes=2 * t * h * k,
             full=(2 * t * h * k, (2 * t * pmm + scores) / rate),
-            selective=(34 * t * h * k, scores / rate)))
-    head_params = h + (0 if tied_embeddings else V * h)
+            selective=(block_activation_bytes(shape, s, b, recompute="selective",
+                                              flash=flash) * k, scores / rate)))
+    head_params = shape.head_params()
     head_act = 4 * t * h * k + 4 * t * V
     out.append(_layer("output", "NormHead", params=head_params, fwd=2 * t * h * V,
                       i=2 * t * h * V, w=2 * t * h * V, rate=rate, act=head_act,
@@ -173,7 +217,10 @@ def analytic_profile(layers: int, hidden: int, ffn: int, heads: int, vocab: int,
                       selective=(head_act, 0.0), modules=["norm", "output"]))
     meta = {"format": FORMAT, "source": "analytic", "method": SOURCE, "device": "analytic",
             "dtype": dtype, "batch": batch, "seq": seq, "tflops": tflops, "mfu": mfu,
+            "attention": attention, "hardware_free": free,
             "model": asdict(shape), "params": shape.total_params()}
+    if source is not None:
+        meta["hf_config"] = source
     return Profile(out, meta)
 
 
@@ -182,6 +229,8 @@ def _layer(name: str, kind: str, *, params: int, fwd: float, i: float, w: float,
            selective: tuple[float, float], modules: list[str] | None = None) -> LayerProfile:
     """One layer from FLOPs (forward, input gradient, weight gradient) and bytes."""
     extra: dict = {
+        "forward_flops": float(fwd), "input_grad_flops": float(i),
+        "weight_grad_flops": float(w),
         "weight_backward": w / rate,
         "weight_activation_bytes": float(act_w),
         "output_bytes": float(out_bytes),

@@ -1,4 +1,11 @@
-"""Choose pp, dp, microbatch size, schedule, chunks and recomputation under a memory budget.
+"""Choose pp, dp, microbatch size, schedule, chunks and recomputation under a memory budget,
+at every point of tp, sp, cp and sharding around the pipeline.
+
+:func:`search` builds the points (:func:`build_points`: per (tp, sp, cp) the layers priced by
+the compute model on a GPU preset, :mod:`pipebubble.plan.parallel_costs`, or the profile's own
+times without ``--gpu``; per sharding the model states and the data-parallel traffic,
+:mod:`pipebubble.plan.axes`) and hands them to the loop in :mod:`pipebubble.plan.search`.
+What follows is the pipeline part, the same at every point.
 
 The planner is a loop around two exact pieces (DESIGN.md): the min-max partitioner and the
 simulator. A *configuration* is (pp, dp = gpus / pp, microbatch size, schedule, chunks,
@@ -6,7 +13,7 @@ recompute); the global batch fixes ``m = global_batch / (dp x size)``. For each 
 
 1. **Cut** the layers into the schedule's stages. When there are at most ``exhaustive_cuts``
    ways to cut, every cut is scored; otherwise (a) the min-max cut of what each layer adds
-   to its rank's step, ``m x (F + I + W)`` plus its share of the all-reduce
+   to its rank's step, ``m x (F + I + W)``
    (:func:`~pipebubble.plan.partition.min_max_partition`), and when ranks hold several
    stages its refinement by :func:`~pipebubble.plan.scoring.balance_ranks` (the faster that
    fits); if neither fits, (b) the same
@@ -25,17 +32,17 @@ beyond); ``tests/test_plan.py`` checks it against brute force over every configu
 every cut (small instances) and over every candidate of the rule (beyond 64 cuts). The rule
 is not a proof of the best cut: ``bench/bench_plan.py --cut-gap`` measures how far it is.
 2. **Price** it: per stage F, I (recomputation included), W, activation bytes M_B and M_W;
-   P2P time per hop = bytes sent / ``p2p_bandwidth`` + ``latency``; the data-parallel ring
-   all-reduce of each stage's gradients, ``2 (D-1)/D x bytes / allreduce_bandwidth +
-   2 (D-1) x latency`` (:mod:`pipebubble.sim.dataparallel`), after the rank's last action.
-3. **Simulate** it (:func:`pipebubble.sim.simulate`): step time = ``max_r (end_r +
-   all-reduce of r's stages)``; peak memory per rank = its weights, gradients and optimizer
-   state (``bytes_per_param`` x parameters) + the simulated activation peak + what
+   P2P time per hop on the link between the stages' ranks; the data-parallel traffic of the
+   sharding (:mod:`pipebubble.plan.sharding`), overlapped with the rank's last backward
+   (and first forward, for gathers).
+3. **Simulate** it (:func:`pipebubble.plan.pipeline_axis.run_pipeline`): step time =
+   ``max_r (end_r + exposed traffic_r)``; peak memory per rank = its weights, gradients and
+   optimizer state under the sharding + the simulated activation peak + what
    recomputation re-materialises during one layer's backward. It fits if every rank's peak
    is within ``gpu_memory``.
 
 Closed forms only prune, and only with true lower bounds: no configuration can take less
-than ``m x (F + I + W of the whole model) / pp`` plus its share of the all-reduce, nor less
+than ``m x (F + I + W of the whole model) / pp``, nor less
 than any rank's work after the cut plus the fill before it and the drain after it
 (:meth:`Searcher._price <pipebubble.plan.scoring.Searcher._price>`).
 Configurations whose bound passes the K-th best step found so far are skipped; a rough
@@ -50,59 +57,123 @@ stage, m = 4) takes (m + p - 1)(F + B) = 5 x 6 = 30 s.
 >>> prof = Profile.from_dict({"batch": 1, "layers": [{"name": str(i), **layer}
 ...                                                   for i in range(4)]})
 >>> res = search(ProfileSet([prof]), Request(gpus=2, gpu_memory=1, global_batch=4,
-...              microbatch_sizes=(1,), schedules=("1f1b",), recompute=("none",), latency=0))
+...              microbatch_sizes=(1,), schedules=("1f1b",), recompute=("none",), latency=0,
+...              shardings=("ddp",)))
 >>> [(p.pp, p.dp, p.microbatches, p.step_time) for p in res.plans]
 [(1, 2, 2, 24.0), (2, 1, 4, 30.0)]
 """
 
 from __future__ import annotations
 
-import math
-import time
-
 from ..errors import UserError
+from .analytic import TransformerShape
+from .axes import Axes, Point
+from .compute import Rates
 from .families import _auto_function, chunk_options, held_per_stage, schedule_list
+from .hardware import Hardware
 from .layercosts import ProfileSet
+from .memory import SHARDINGS
+from .network import Network
+from .parallel_costs import ParallelCosts
 from .plans import AUTO, Config, NoPlanFits, Plan, Request, Result, fmt_gib
-from .scoring import Searcher
+from .scoring import Searcher, legacy_axes
+from .search import check_points, plan_order, search_points
 
 __all__ = ["AUTO", "Config", "NoPlanFits", "Plan", "Request", "Result", "Searcher",
-           "chunk_options", "fmt_gib", "held_per_stage", "schedule_list", "search",
-           "_auto_function"]
+           "chunk_options", "fmt_gib", "held_per_stage", "plan_order", "schedule_list",
+           "search", "_auto_function"]
 
 
-# ---- the search -------------------------------------------------------------------------------
+# ---- the search ----------------------------------------------------------------------------
 
-def search(profiles: ProfileSet, req: Request) -> Result:
-    """The ``req.top`` fastest plans that fit, fastest first (see the module doc)."""
+def search(profiles: ProfileSet, req: Request, hardware: Hardware | None = None,
+           efficiency: float | None = None, mfu: float | None = None) -> Result:
+    """The ``req.top`` fastest plans that fit, fastest first (see the module doc and
+    :mod:`pipebubble.plan.search`). With ``hardware``, an analytic or HF profile is priced
+    by the compute model at every (tp, sp, cp); without, the profile's own times are used
+    (tp = cp = 1)."""
     req.check()
-    t0 = time.perf_counter()
-    s = Searcher(profiles, req)
-    configs = list(s.configs())
-    if not configs:
-        raise UserError(s.nothing_divides())
-    # Likely winners first (the bound plus a 1F1B-like fill and drain of (pp - 1) / (m v)),
-    # so the K-th best step, below which everything else must come, drops early.
-    configs.sort(key=lambda c: c.bound * (1 + (c.pp - 1) / (c.microbatches * c.chunks)))
-    best: list[Plan] = []
-    for c in configs:
-        full = req.prune and len(best) >= req.top
-        if full and c.bound >= best[-1].step_time:
-            continue  # no cut of c can enter the top K
-        threshold = best[-1].step_time if full else math.inf
-        plan = s.evaluate(c, threshold, req.gpu_memory)
-        if plan is not None:
-            best.append(plan)
-            best.sort(key=_order)
-            del best[req.top:]
-    if not best:
-        raise s.no_fit(configs)
-    return Result(best, len(configs), s.simulated, time.perf_counter() - t0, s.req)
+    return search_points(build_points(profiles, req, hardware, efficiency, mfu), req)
 
 
-def _order(p: Plan) -> tuple:
-    c = p.config
-    return (p.step_time, max(p.peak_memory), c.pp, c.schedule, c.chunks, c.microbatch_size,
-            c.recompute)
+def build_points(profiles, req: Request, hardware: Hardware | None = None,
+                 efficiency: float | None = None, mfu: float | None = None) -> list:
+    """``(point, layer costs, axes)`` for every (tp, sp, cp, sharding) the request allows."""
+    shape, seq, flash = model_of(profiles)
+    shardings = req.shardings or (SHARDINGS if hardware is not None else SHARDINGS[:4])
+    for s in shardings:
+        if s not in SHARDINGS:
+            raise UserError(f"unknown --sharding {s!r}; valid are {', '.join(SHARDINGS)}")
+    if hardware is None or shape is None:
+        asked = [f"--{k} {','.join(map(str, v))}" for k, v in (("tp", req.tp), ("cp", req.cp))
+                 if v is not None and tuple(v) != (1,)]
+        if asked:
+            why = ("needs --gpu (the compute model prices TP and CP)" if hardware is None
+                   else "needs an analytic or --hf-config profile (this one is measured)")
+            raise UserError(f"{' and '.join(asked)} {why}")
+        if req.sp and True in req.sp:
+            raise UserError("--sp 1 needs --tp > 1 (sequence parallelism splits TP's "
+                            "replicated activations)")
+        out = []
+        for s in shardings:
+            pt = Point(1, False, 1, s)
+            axes = legacy_axes(req, pt) if hardware is None else hardware_axes(req, pt,
+                                                                               hardware)
+            out.append((pt, profiles, axes))
+        return out
+    rates = Rates.of(hardware, efficiency) if mfu is None else Rates(
+        hardware.peak_flops * mfu, hardware.hbm_bandwidth, flat=True)
+    net = Network.of(hardware)
+    node = hardware.gpus_per_node
+    check = check_points(req, shape.heads, seq)
+    tps = req.tp or tuple(d for d in range(1, node + 1)
+                          if shape.heads % d == 0 and req.gpus % d == 0 and d & (d - 1) == 0)
+    cps = req.cp or tuple(d for d in (1, 2, 4, 8) if seq % d == 0)
+    out = []
+    for tp in tps:
+        for cp in cps:
+            check(tp, cp) if (req.tp or req.cp) else None
+            if req.gpus % (tp * cp) or shape.heads % tp or seq % cp:
+                continue
+            if shape.kv % tp and tp % shape.kv:
+                continue  # K/V heads neither split nor replicate evenly
+            sps = req.sp or ((False, True) if tp > 1 else (False,))
+            for sp in sps:
+                if sp and tp == 1:
+                    if req.sp == (True,) and req.tp is not None and req.tp == (1,):
+                        raise UserError("--sp 1 needs --tp > 1")
+                    continue
+                costs = ParallelCosts(shape, seq, rates, net, tp, sp, cp, flash,
+                                      names=profiles.names, modules=profiles.modules,
+                                      profile=profiles.profile)
+                for s in shardings:
+                    pt = Point(tp, sp, cp, s)
+                    out.append((pt, costs, hardware_axes(req, pt, hardware)))
+    if not out:
+        raise UserError(f"no --tp x --cp divides --gpus {req.gpus} with the model's "
+                        f"{shape.heads} heads and sequence {seq}")
+    return out
 
 
+def hardware_axes(req: Request, pt: Point, hw: Hardware) -> Axes:
+    """The axes on a GPU preset: the two-level network, states 2 : 2 : 12 of
+    ``--bytes-per-param``."""
+    bpp = req.bytes_per_param
+    return Axes(pt, Network.of(hw), (bpp / 8, bpp / 8, bpp * 3 / 4), req.grad_bytes)
+
+
+def model_of(profiles) -> tuple[TransformerShape | None, int | None, bool]:
+    """The transformer shape, sequence length and attention kind of an analytic (or HF)
+    profile; ``(None, None, True)`` for a measured one."""
+    meta = profiles.metadata()
+    model = meta.get("model")
+    if meta.get("source") != "analytic" or not isinstance(model, dict):
+        return None, None, True
+    try:
+        shape = TransformerShape(**model)
+    except TypeError as exc:
+        raise UserError(f"the profile's 'model' entry is not a transformer shape ({exc})"
+                        ) from None
+    if len(profiles) != shape.layers + 2:
+        return None, None, True
+    return shape, int(meta["seq"]), meta.get("attention", "flash") == "flash"

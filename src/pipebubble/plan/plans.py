@@ -32,6 +32,8 @@ class Priced:
     costs: CostModel
     bound: float  # no order of this cut finishes sooner (seconds)
     static: list[float]  # per rank: weights, gradients, optimizer state, transient bytes
+    exposed: list[float]  # per rank: data-parallel traffic that does not hide (seconds)
+    rank_params: list[float]  # per rank: parameters of its stages (local, after TP)
 
 
 class NoPlanFits(UserError):
@@ -62,6 +64,20 @@ class Request:
     top: int = 5
     exhaustive_cuts: int = 64
     prune: bool = True  # False: bound nothing, simulate every configuration (a baseline)
+    # The axes around the pipeline (None: search every value that divides).
+    pp: tuple[int, ...] | None = None
+    dp: tuple[int, ...] | None = None
+    tp: tuple[int, ...] | None = None
+    cp: tuple[int, ...] | None = None
+    sp: tuple[bool, ...] | None = None
+    shardings: tuple[str, ...] | None = None  # None: ddp, zero1, zero2, fsdp (+ hsdp)
+    chunks: tuple[int, ...] | None = None  # None: every count up to max_chunks
+
+    def pp1_schedules(self, names: list[str]) -> list[str]:
+        """The schedules tried at pp = 1, where every family is the same plan (one rank runs
+        every microbatch's F and B in turn): 1F1B, or the first one asked for."""
+        one = [n for n in names if n != "dualpipe"]
+        return ["1f1b"] if "1f1b" in one else one[:1]
 
     def check(self) -> None:
         for name in ("gpus", "global_batch", "max_chunks", "top"):
@@ -99,6 +115,10 @@ class Config:
     chunks: int
     recompute: str
     bound: float  # no cut of this configuration takes less (seconds)
+    tp: int = 1
+    sp: bool = False
+    cp: int = 1
+    sharding: str = "ddp"
 
 
 @dataclass
@@ -119,6 +139,9 @@ class Plan:
     global_batch: int = 0
     budget: float | None = None  # the least budget at which the planner finds this plan
     cut_search: str = "exhaustive"  # how its cut was chosen: CUT_SEARCH
+    dp_exposed: float = 0.0  # the data-parallel traffic that shows in the step (largest rank)
+    static: list[float] = field(default_factory=list)  # per rank: model states + transient
+    memory: list[dict] = field(default_factory=list)  # per rank: the peak's breakdown (bytes)
 
     @property
     def needs(self) -> float:
@@ -133,6 +156,15 @@ class Plan:
     microbatch_size = property(lambda self: self.config.microbatch_size)
     microbatches = property(lambda self: self.config.microbatches)
     recompute = property(lambda self: self.config.recompute)
+    tp = property(lambda self: self.config.tp)
+    sp = property(lambda self: self.config.sp)
+    cp = property(lambda self: self.config.cp)
+    sharding = property(lambda self: self.config.sharding)
+
+    @property
+    def gpus(self) -> int:
+        c = self.config
+        return c.tp * c.cp * c.pp * c.dp
 
     @property
     def samples_per_second(self) -> float:
@@ -146,15 +178,18 @@ class Plan:
 
     def as_json(self) -> dict:
         c = self.config
-        return {"pp": c.pp, "dp": c.dp, "chunks": c.chunks,
+        return {"tp": c.tp, "sp": c.sp, "cp": c.cp, "pp": c.pp, "dp": c.dp,
+                "sharding": c.sharding, "chunks": c.chunks,
+                "placement": placement_name(self.stage_to_rank, c.pp),
                 "schedule": c.schedule, "microbatch_size": c.microbatch_size,
                 "microbatches": c.microbatches, "recompute": c.recompute,
                 "stages": self.stages(), "predicted_step_time": self.step_time,
                 "pipeline_step_time": self.pipeline_time,
-                "allreduce_time": self.allreduce_time, "p2p_time": self.comm,
+                "allreduce_time": self.allreduce_time, "dp_exposed_time": self.dp_exposed,
+                "p2p_time": self.comm,
                 "samples_per_second": self.samples_per_second,
                 "bubble_fraction": self.bubble_fraction, "peak_memory": self.peak_memory,
-                "cut_search": self.cut_search}
+                "memory": self.memory, "cut_search": self.cut_search}
 
 
 @dataclass
@@ -165,6 +200,16 @@ class Result:
     seconds: float
     request: Request
 
+
+
+def placement_name(stage_to_rank: tuple[int, ...], ranks: int) -> str:
+    """``loop`` (stage s on rank s mod p), ``v`` (rank r holds r and 2p-1-r, ...) or
+    ``custom``."""
+    S = len(stage_to_rank)
+    if all(r == s % ranks for s, r in enumerate(stage_to_rank)):
+        return "loop"
+    v = [s % ranks if (s // ranks) % 2 == 0 else ranks - 1 - s % ranks for s in range(S)]
+    return "v" if list(stage_to_rank) == v else "custom"
 
 
 def fmt_gib(n: float, up: bool = False) -> str:

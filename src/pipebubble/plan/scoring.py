@@ -29,10 +29,10 @@ from ..ir.schedule import (
     v_placement,
 )
 from ..schedules import get_schedule
-from ..sim.dataparallel import ring_allreduce_time, step_time_with_allreduce
-from ..sim.kernel import simulate
+from .axes import Axes, Point
 from .families import _auto_function, _held_both, chunk_options, schedule_list
 from .layercosts import LayerCosts, ProfileSet
+from .network import Network, p2p
 from .partition import (
     PartitionError,
     Ranges,
@@ -40,14 +40,19 @@ from .partition import (
     min_max_partition,
     ranges_from_ends,
 )
+from .pipeline_axis import run_pipeline
 from .plans import AUTO, Config, NoPlanFits, Plan, Priced, Request, fmt_gib
 
 
 class Searcher:
     """One search: the configurations of a request, and the plan of each (module doc)."""
 
-    def __init__(self, profiles: ProfileSet, req: Request):
+    def __init__(self, profiles: ProfileSet, req: Request, axes: Axes | None = None,
+                 shared: dict | None = None):
         self.p, self.req = profiles, req
+        self.axes = axes or legacy_axes(req, Point())
+        self.point = self.axes.point
+        self.gpus = req.gpus // (self.point.tp * self.point.cp)  # pipeline x data parallel
         self.L = len(profiles)
         self.names = schedule_list(req.schedules)
         modes = profiles.recompute_modes()
@@ -60,17 +65,36 @@ class Searcher:
             if r not in modes:
                 profiles.at(1, r)  # raises the profile's message
         self.simulated = 0
-        self._schedules: dict[tuple, Schedule | None] = {}
-        self._cuts: dict[tuple, Ranges] = {}
-        self._held: dict[int, tuple[Schedule, tuple[list[int], list[int]]]] = {}
-        self._split: dict[int, tuple[Schedule, bool]] = {}
-        self.why_not: dict[str, str] = {}  # schedule -> why it could not be generated
+        # Shared by the searchers of one search (one per point): schedules do not depend on
+        # the point.
+        shared = {} if shared is None else shared
+        self._schedules: dict[tuple, Schedule | None] = shared.setdefault("schedules", {})
+        self._held: dict[int, tuple[Schedule, tuple[list[int], list[int]]]] = shared.setdefault(
+            "held", {})
+        self._split: dict[int, tuple[Schedule, bool]] = shared.setdefault("split", {})
+        self.why_not: dict[str, str] = shared.setdefault("why_not", {})
+        # The pipeline's timeline depends on the schedule and the stage costs only: points
+        # that differ in sharding alone (same layers, same cut) share their simulations.
+        self._runs: dict[tuple, tuple[Schedule, object]] = shared.setdefault("runs", {})
+        # Cuts (a) depend on the layer costs only: shared by the shardings of one (tp, sp, cp).
+        self._cuts: dict[tuple, Ranges] = shared.setdefault("cuts", {}).setdefault(
+            id(profiles), {})
 
     # -- enumeration and bounds --
     def configs(self) -> Iterator[Config]:
-        req, L = self.req, self.L
-        for pp in limits.divisors(req.gpus):  # O(sqrt N), not N
-            dp = req.gpus // pp
+        """Every (pp, dp, microbatch size, recompute, schedule, chunks) of this point, with
+        the bound ``m x (F + I + W of the model) / pp`` (the busiest rank works at least the
+        mean; the data-parallel traffic may all hide)."""
+        req, L, pt, G = self.req, self.L, self.point, self.gpus
+        for pp in limits.divisors(G):  # O(sqrt N), not N
+            dp = G // pp
+            if (req.pp is not None and pp not in req.pp) or (
+                    req.dp is not None and dp not in req.dp):
+                continue
+            if pt.sharding != "ddp" and dp * pt.cp == 1:
+                continue  # nothing to shard: the same plan as ddp, shown once
+            if pt.sharding == "hsdp" and not self.axes.shard(dp):
+                continue  # the shard group would be 1 or all of dp: ddp or fsdp
             for size in req.microbatch_sizes:
                 if req.global_batch % (dp * size):
                     continue
@@ -78,30 +102,25 @@ class Searcher:
                 if not limits.plan_microbatches_ok(m):  # bounded work per configuration
                     continue
                 for rec in req.recompute:
-                    lc = self.p.at(size, rec)
-                    work = float(lc.work.sum())
-                    ar = self._allreduce_bound(lc, dp)
+                    work = float(self.p.at(size, rec).work.sum())
                     for name in self.names:
+                        if pp == 1 and name not in req.pp1_schedules(self.names):
+                            continue  # one rank: every schedule is the same plan
                         for v in chunk_options(name, req.max_chunks):
+                            if req.chunks is not None and v not in req.chunks:
+                                continue
                             if pp * v > L and name not in ("dualpipe",):
                                 continue
                             if name == "dualpipe" and pp > L:
                                 continue
-                            yield Config(pp, dp, size, m, name, v, rec,
-                                         (m * work + ar) / pp)
-
-    def _allreduce_bound(self, lc: LayerCosts, dp: int) -> float:
-        """The all-reduce of every stage summed is at least that of all parameters at once
-        (one latency term), ``ring(bytes) = a x bytes + c``."""
-        if dp == 1:
-            return 0.0
-        r = self.req
-        return ring_allreduce_time(float(lc.params.sum()) * r.grad_bytes, dp,
-                                   r.allreduce_bandwidth, r.latency)
+                            if pp == 1 and v > 1:
+                                continue
+                            yield Config(pp, dp, size, m, name, v, rec, m * work / pp,
+                                         pt.tp, pt.sp, pt.cp, pt.sharding)
 
     def nothing_divides(self) -> str:
-        r = self.req
-        pairs = sorted({(r.gpus // pp) * s for pp in limits.divisors(r.gpus)
+        r, G = self.req, self.gpus
+        pairs = sorted({(G // pp) * s for pp in limits.divisors(G)
                         for s in r.microbatch_sizes})
         B = r.global_batch
         below = max((B // d * d for d in pairs if B // d), default=None)
@@ -173,8 +192,8 @@ class Searcher:
             cut_b = self._capped_cut(lc, c, sched, held, budget)
             if cut_b is None or self._price(c, sched, lc, cut_b).bound >= threshold:
                 return None
-        fits = [p for p in (self._simulate(c, sched, pa.costs, pa.ranges, pa.static, budget,
-                                           math.inf) for pa in pas if max(pa.static) <= budget)
+        fits = [p for p in (self._simulate(c, sched, pa, budget, math.inf)
+                            for pa in pas if max(pa.static) <= budget)
                 if p is not None]
         if fits:  # (a) fits: it is the plan of c
             best = min(fits, key=lambda p: p.step_time)
@@ -205,7 +224,7 @@ class Searcher:
                    default=None)
         if plan is not None:
             plan.cut_search = "min-max"
-        rows = self._memory_rows(lc, sched, held)
+        rows = self._memory_rows(lc, c, sched, held)
         per_rank = sched.num_stages // c.pp
         # hi: every layer at its worst stage's bound, all in one stage (a cap that always
         # exists); lo: 0. (Not the largest single-layer bound: a layer's bound depends on
@@ -232,12 +251,11 @@ class Searcher:
         return plan
 
     def cut_costs(self, lc: LayerCosts, c: Config, microbatches: int) -> np.ndarray:
-        """What a layer adds to its rank's step: ``m x (F + I + W)`` plus its share of the
-        stage's ring all-reduce, ``2 (D-1)/D x params x grad_bytes / bandwidth`` (the
-        latency term is the same for every stage)."""
-        r = self.req
-        a = 2 * (c.dp - 1) / c.dp * r.grad_bytes / r.allreduce_bandwidth if c.dp > 1 else 0.0
-        return microbatches * lc.work + a * lc.params
+        """What a layer adds to its rank's step: ``m x (F + I + W)`` (the data-parallel
+        traffic mostly hides behind the backward, so it is left out of the cut: a rule, not
+        a bound; the sharding then never changes the cut, and points that differ only in it
+        share their simulations)."""
+        return microbatches * lc.work
 
     def _time_cuts(self, lc: LayerCosts, c: Config, stages: int, microbatches: int,
                    where: tuple[int, ...]) -> list[Ranges]:
@@ -256,10 +274,11 @@ class Searcher:
             self._cuts[key] = cuts
         return self._cuts[key]
 
-    def _memory_rows(self, lc: LayerCosts, sched: Schedule, held: list[int]) -> list[list]:
+    def _memory_rows(self, lc: LayerCosts, c: Config, sched: Schedule, held: list[int]
+                     ) -> list[list]:
         """Per stage of one copy: each layer's memory bound in that stage (worst copy)."""
         S_c = sched.num_stages // sched.chains
-        static = self.req.bytes_per_param * lc.params + lc.transient
+        static = self.axes.bytes_per_param(c.dp) * lc.params + lc.transient
         rows = [static + held[s] * lc.act for s in range(S_c)]
         for s in range(S_c, sched.num_stages):
             rows[s % S_c] = np.maximum(rows[s % S_c], static + held[s] * lc.act)
@@ -270,7 +289,7 @@ class Searcher:
         per_rank = sched.num_stages // c.pp
         try:
             return min_max_partition(self.cut_costs(lc, c, sched.num_microbatches), S_c,
-                                     memory=self._memory_rows(lc, sched, held),
+                                     memory=self._memory_rows(lc, c, sched, held),
                                      memory_cap=budget / per_rank)
         except PartitionError:
             return None
@@ -278,7 +297,6 @@ class Searcher:
     def stage_costs(self, c: Config, sched: Schedule, lc: LayerCosts, ranges: Ranges
                     ) -> tuple[CostModel, np.ndarray, np.ndarray]:
         """The per-stage CostModel for a cut, the stages' parameters and transients."""
-        req = self.req
         S, S_c = sched.num_stages, sched.num_stages // sched.chains
         idx = [ranges[s % S_c] for s in range(S)]
 
@@ -289,9 +307,9 @@ class Searcher:
         params = np.array(total(lc.params))
         sent = max((float(lc.out[b]) for k, (a, b) in enumerate(ranges) if k < S_c - 1),
                    default=0.0)
-        comm = sent / req.p2p_bandwidth + req.latency if S > 1 else 0.0
-        ar = [ring_allreduce_time(p * req.grad_bytes, c.dp, req.allreduce_bandwidth,
-                                  req.latency) for p in params]
+        comm = p2p(sent, self.axes.hop(c.dp)) if S > 1 else 0.0
+        sync = self.axes.sync(c.dp)
+        ar = [sum(sync.times(p, c.pp)) for p in params]
         f, i, w = total(lc.f), total(lc.i), total(lc.w)
         act, act_w = total(lc.act), total(lc.act_w)
         costs = CostModel(f=f, b=[x + y for x, y in zip(i, w, strict=True)], w=w, comm=comm,
@@ -315,7 +333,8 @@ class Searcher:
         where = sched.stage_to_rank
         if split is None:
             split = self.split(sched)
-        busy, ar, static, trans = [0.0] * p, [0.0] * p, [0.0] * p, [0.0] * p
+        busy, static, trans, rank_params = [0.0] * p, [0.0] * p, [0.0] * p, [0.0] * p
+        bpp = self.axes.bytes_per_param(c.dp)
         late = [0.0] * p  # work that may follow the rank's last input-gradient action
         head, tail = [math.inf] * p, [math.inf] * p
         before = after = 0.0
@@ -330,12 +349,31 @@ class Searcher:
             tail[r] = min(tail[r], after)
             busy[r] += M * (costs.f[s] + costs.b[s])
             late[r] += M * costs.w[s] if split else 0.0
-            ar[r] += costs.allreduce[s]
-            static[r] += self.req.bytes_per_param * params[s]
+            static[r] += bpp * params[s]
+            rank_params[r] += params[s]
             trans[r] = max(trans[r], transient[s])
+        ar = self.exposed(c, sched, costs, params)
         bound = max(max(h + b + a, h + b - w + t) for h, b, a, w, t in
                     zip(head, busy, ar, late, tail, strict=True))
-        return Priced(ranges, costs, bound, [x + t for x, t in zip(static, trans, strict=True)])
+        return Priced(ranges, costs, bound, [x + t for x, t in zip(static, trans, strict=True)],
+                      ar, rank_params)
+
+    def exposed(self, c: Config, sched: Schedule, costs: CostModel, stage_params
+                ) -> list[float]:
+        """Per rank: the data-parallel traffic of its stages that does not hide behind one
+        microbatch's forward and backward on it (:meth:`~pipebubble.plan.sharding.Sync.exposed`;
+        it depends on the costs only, so the bounds use it exactly)."""
+        p = c.pp
+        if c.dp * c.cp == 1:
+            return [0.0] * p
+        sync = self.axes.sync(c.dp)
+        params, fwd, bwd = [0.0] * p, [0.0] * p, [0.0] * p
+        for s, r in enumerate(sched.stage_to_rank):
+            params[r] += stage_params[s]
+            fwd[r] += costs.f[s]
+            bwd[r] += costs.b[s]
+        return [sync.exposed(sync.times(params[r], c.pp), fwd[r], bwd[r], params[r])
+                for r in range(p)]
 
     def split(self, sched: Schedule) -> bool:
         got = self._split.get(id(sched))
@@ -348,7 +386,7 @@ class Searcher:
         pr = self._price(c, sched, lc, ranges)
         if pr.bound >= threshold or max(pr.static) > budget:
             return None
-        return self._simulate(c, sched, pr.costs, ranges, pr.static, budget, threshold)
+        return self._simulate(c, sched, pr, budget, threshold)
 
     def _fits_surely(self, pr: Priced, sched: Schedule, lc: LayerCosts, budget: float) -> bool:
         """Whether the cut fits without simulating: every rank's static memory plus, for each
@@ -360,19 +398,42 @@ class Searcher:
             need[r] += held[s] * act[s]
         return max(need) <= budget
 
-    def _simulate(self, c, sched, costs, ranges, static, budget, threshold) -> Plan | None:
-        self.simulated += 1
-        tl = simulate(sched, costs)
-        step = step_time_with_allreduce(tl, costs, c.dp)
-        peaks = [float(x + st.peak_memory) for x, st in zip(static, tl.rank_stats(),
-                                                             strict=True)]
+    def _simulate(self, c: Config, sched: Schedule, pr: Priced, budget: float,
+                  threshold: float) -> Plan | None:
+        """Simulate the cut (:func:`~pipebubble.plan.pipeline_axis.run_pipeline`): step time =
+        ``max_r (end_r + exposed data-parallel traffic_r)``, peak per rank = static + the
+        simulated activation peak. None unless it fits ``budget`` and beats ``threshold``."""
+        co = pr.costs
+        key = (id(sched), tuple(co.f), tuple(co.b), tuple(co.w), co.comm,
+               tuple(co.activation_memory), tuple(co.weight_memory))
+        got = self._runs.get(key)
+        if got is None or got[0] is not sched:
+            self.simulated += 1
+            got = self._runs[key] = (sched, run_pipeline(sched, co))
+        run = got[1]
+        step = float(max(e + x for e, x in zip(run.rank_end, pr.exposed, strict=True)))
+        peaks = [float(x + a) for x, a in zip(pr.static, run.peak_activations, strict=True)]
         if step >= threshold or max(peaks) > budget * (1 + 1e-12):
             return None
-        ar = max((sum(costs.allreduce[s] for s, r in enumerate(sched.stage_to_rank) if r == k)
-                  for k in range(c.pp)), default=0.0) if c.dp > 1 else 0.0
-        return Plan(c, ranges, tuple(sched.stage_to_rank), step, tl.step_time,
-                    tl.bubble_fraction, peaks, ar, costs.comm, costs, sched,
-                    self.req.global_batch)
+        where = sched.stage_to_rank
+        ar = max((sum(pr.costs.allreduce[s] for s, r in enumerate(where) if r == k)
+                  for k in range(c.pp)), default=0.0) if c.dp * c.cp > 1 else 0.0
+        plan = Plan(c, pr.ranges, tuple(where), step, run.step_time, run.bubble_fraction,
+                    peaks, ar, pr.costs.comm, pr.costs, sched, self.req.global_batch)
+        plan.dp_exposed = max(pr.exposed, default=0.0)
+        plan.static = list(pr.static)
+        w, g, o = self.axes.state_bytes
+        n = max(self.axes.shard(c.dp), 1)
+        sh = c.sharding
+        for r in range(c.pp):
+            P = pr.rank_params[r]
+            states = {"weights": w * P / (n if sh in ("fsdp", "hsdp") else 1),
+                      "gradients": g * P / (n if sh in ("zero2", "fsdp", "hsdp") else 1),
+                      "optimizer": o * P / (n if sh != "ddp" else 1)}
+            states["recompute_transient"] = pr.static[r] - sum(states.values())
+            states["activations"] = run.peak_activations[r]
+            plan.memory.append({k: float(v) for k, v in states.items()})
+        return plan
 
     def _auto_cut(self, c: Config, lc: LayerCosts) -> Priced | None:
         """The cut ``auto`` is searched on (the min-max cut into ``pp x chunks`` stages of its
@@ -431,7 +492,7 @@ class Searcher:
             return None  # no order fits the memory left
         if tuple(sched.stage_to_rank) != _auto_where(c):
             return None
-        plan = self._simulate(c, sched, pr.costs, pr.ranges, pr.static, budget, threshold)
+        plan = self._simulate(c, sched, pr, budget, threshold)
         if plan is not None:
             plan.cut_search = "min-max"  # auto's order is searched for the min-max cut only
         return plan
@@ -482,7 +543,7 @@ class Searcher:
         """No cut holds less than its weights spread evenly (two copies for DualPipe)."""
         lc = self.p.at(c.microbatch_size, c.recompute)
         copies = 2 if c.schedule == "dualpipe" else 1
-        return copies * self.req.bytes_per_param * float(lc.params.sum()) / c.pp
+        return copies * self.axes.bytes_per_param(c.dp) * float(lc.params.sum()) / c.pp
 
     def memory_bound(self, c: Config, sched: Schedule) -> float:
         """No cut's busiest rank holds less: ``(weights of every stage + sum over stages of
@@ -492,10 +553,19 @@ class Searcher:
         lc = self.p.at(c.microbatch_size, c.recompute)
         held = min(self.held(sched, ("B", "I")))
         per_rank = sched.num_stages // c.pp
-        weights = sched.chains * self.req.bytes_per_param * float(lc.params.sum())
+        weights = sched.chains * self.axes.bytes_per_param(c.dp) * float(lc.params.sum())
         return (weights + held * sched.chains * float(lc.act.sum()) / per_rank) / c.pp
 
 
 def _auto_where(c: Config) -> tuple[int, ...]:
     """Stage -> rank of an ``auto`` configuration: loop placement (chunks 1) or V (2)."""
     return loop_placement(c.pp, c.pp) if c.chunks == 1 else v_placement(c.pp)
+
+
+def legacy_axes(req: Request, point: Point) -> Axes:
+    """The axes without ``--gpu``: one-level network (``--allreduce-bandwidth``), every hop on
+    ``--p2p-bandwidth``; model states split as 2 : 2 : 12 of ``--bytes-per-param``."""
+    bpp = req.bytes_per_param
+    return Axes(point, Network.flat(req.allreduce_bandwidth, req.latency),
+                (bpp / 8, bpp / 8, bpp * 3 / 4), req.grad_bytes,
+                p2p=(req.p2p_bandwidth, req.latency))

@@ -105,7 +105,7 @@ class Validation:
 def fits_here(plan: Plan, max_processes: int) -> bool:
     """Whether the plan's ``pp x dp`` processes fit this machine (an ``auto`` order runs
     from its CSV, every other schedule by name)."""
-    return plan.pp * plan.dp <= max_processes
+    return plan.tp * plan.cp == 1 and plan.pp * plan.dp <= max_processes  # no TP/CP runtime
 
 
 def sleep_times(plan: Plan, scale: float) -> tuple[list[float], list[float], list[float]]:

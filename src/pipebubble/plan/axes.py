@@ -1,0 +1,63 @@
+"""One point of the axes around the pipeline, and what the pipeline search asks about it.
+
+A :class:`Point` is (tp, sp, cp, sharding); the pipeline search
+(:class:`~pipebubble.plan.scoring.Searcher`) then chooses pp, dp = GPUs / (tp cp pp),
+the microbatch size, schedule, chunks and recompute. What it needs from the point:
+
+- :meth:`Axes.bytes_per_param`: model-state bytes per local parameter
+  (:func:`~pipebubble.plan.memory.model_state_bytes`, over ``dp x cp`` ranks);
+- :meth:`Axes.sync`: the data-parallel traffic and its overlap (:mod:`~pipebubble.plan.sharding`);
+- :meth:`Axes.hop`: the link between consecutive pipeline stages, ``tp x cp x dp`` ranks apart
+  (:mod:`~pipebubble.plan.network`: TP innermost, then CP, DP, PP outermost).
+
+Without ``--gpu`` (a measured profile, or an analytic one at a fixed rate) the point is
+tp = cp = 1 and the network one level: ``--allreduce-bandwidth`` for the data-parallel
+collectives, ``--p2p-bandwidth`` between stages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .memory import model_state_bytes
+from .network import Link, Network
+from .sharding import Sync, hsdp_shard
+
+
+@dataclass(frozen=True)
+class Point:
+    tp: int = 1
+    sp: bool = False
+    cp: int = 1
+    sharding: str = "ddp"
+
+
+@dataclass(frozen=True)
+class Axes:
+    point: Point
+    net: Network
+    state_bytes: tuple[float, float, float] = (2.0, 2.0, 12.0)  # weights, grads, optimizer
+    grad_bytes: float = 4.0
+    p2p: Link | None = None  # one link for every hop (no --gpu); None: the network's
+
+    def shard(self, dp: int) -> int:
+        """Ranks sharing the model states: ``dp x cp`` (hsdp: its shard group, 0 if none)."""
+        pt = self.point
+        if pt.sharding == "hsdp":
+            return hsdp_shard(dp, pt.cp, pt.tp, self.net.gpus_per_node)
+        return dp * pt.cp
+
+    def bytes_per_param(self, dp: int) -> float:
+        n = self.shard(dp)
+        return model_state_bytes(self.point.sharding, max(n, 1), *self.state_bytes)
+
+    def sync(self, dp: int) -> Sync:
+        pt = self.point
+        return Sync(pt.sharding, self.net, dp * pt.cp, self.grad_bytes, stride=pt.tp,
+                    shard=self.shard(dp) if pt.sharding == "hsdp" else 0)
+
+    def hop(self, dp: int) -> Link:
+        if self.p2p is not None:
+            return self.p2p
+        pt = self.point
+        return self.net.hop(pt.tp * pt.cp * dp)

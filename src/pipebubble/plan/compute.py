@@ -1,0 +1,93 @@
+"""The compute model: seconds for one operation on one GPU, from its shape.
+
+Three kinds of work, each priced on a :class:`~pipebubble.plan.hardware.Hardware` at an
+efficiency ``E`` (the fraction of peak large GEMMs reach; one default per preset,
+``plan --efficiency``, or fitted by ``plan --measured-step``):
+
+- **GEMM** ``(m x k) @ (k x n)``: ``2 m n k`` FLOPs at ``E x g(m) g(n) g(k)`` of peak, where
+  ``g(d) = d / (d + 128)`` is the loss of a tile-based kernel on a dimension of ``d`` (a
+  dimension of 128 runs at half speed, 4096 at 97 %): small microbatches (few tokens ``m``) and
+  large TP degrees (thin ``n`` or ``k``) run less efficiently. It can never run faster than
+  reading its operands and writing its result from HBM (``2 (m k + k n + m n)`` bytes).
+- **attention**: FlashAttention's ``4 T S q`` FLOPs per forward (``T`` local queries, ``S``
+  keys, ``q`` = local heads x head size; half of it with the causal mask) at ``0.8 E g(T)``;
+  the backward is 2.5 forwards (it recomputes the scores). Without FlashAttention
+  (``unfused``): two batched GEMMs and the softmax and dropout over the ``s^2`` scores as
+  memory-bound work.
+- **memory-bound** (norms, residual adds, activations, rotary, dropout, cross-entropy): bytes
+  moved / HBM bandwidth.
+
+>>> from pipebubble.plan.hardware import get_hardware
+>>> rate = Rates.of(get_hardware("h100-sxm"), 0.5)
+>>> big = gemm_time(8192, 8192, 8192, rate)
+>>> round(2 * 8192**3 / big / 1e12)      # TFLOP/s: 989 x 0.5 x (8192/8320)^3
+472
+>>> gemm_time(8192, 1024, 8192, rate) / big > 1 / 8   # an 8x thinner GEMM: less efficient
+True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+HALF_TILE = 128.0  # g(d) = d / (d + 128)
+ATTENTION_EFFICIENCY = 0.8  # FlashAttention reaches 0.8 of what large GEMMs reach
+ATTENTION_BACKWARD = 2.5  # FlashAttention's backward / forward FLOPs
+
+
+@dataclass(frozen=True)
+class Rates:
+    """What one GPU does per second: ``flops`` (peak x efficiency) and ``hbm`` bytes/s."""
+
+    flops: float
+    hbm: float
+    flat: bool = False  # ``--mfu``: every FLOP at ``flops``, no shape curve, no HBM time
+
+    @classmethod
+    def of(cls, hw, efficiency: float | None = None) -> Rates:
+        return cls(hw.peak_flops * (hw.efficiency if efficiency is None else efficiency),
+                   hw.hbm_bandwidth)
+
+
+def shape_factor(d: float) -> float:
+    """``g(d)``: how much of its efficiency a GEMM keeps on a dimension of ``d``."""
+    return d / (d + HALF_TILE)
+
+
+def gemm_time(m: float, n: float, k: float, rate: Rates) -> float:
+    """Seconds for ``(m x k) @ (k x n)`` in 16-bit (module doc)."""
+    if m <= 0 or n <= 0 or k <= 0:
+        return 0.0
+    flops = 2.0 * m * n * k
+    if rate.flat:
+        return flops / rate.flops
+    compute = flops / (rate.flops * shape_factor(m) * shape_factor(n) * shape_factor(k))
+    return max(compute, memory_time(2.0 * (m * k + k * n + m * n), rate))
+
+
+def memory_time(nbytes: float, rate: Rates) -> float:
+    """Seconds to move ``nbytes`` through HBM (0 under ``--mfu``)."""
+    return 0.0 if rate.flat else nbytes / rate.hbm
+
+
+def attention_time(queries: float, keys: float, width: float, rate: Rates,
+                   causal: bool = True, flash: bool = True, sequences: float = 1.0,
+                   head_dim: float = 128.0) -> float:
+    """Forward seconds of attention: ``queries`` local query tokens (over ``sequences``
+    sequences), each against ``keys`` keys, ``width`` = local heads x head size (module doc).
+    """
+    if flash or rate.flat:
+        flops = 4.0 * queries * keys * width * (0.5 if causal else 1.0)
+        if rate.flat:
+            return 4.0 * queries * keys * width / rate.flops
+        return flops / (rate.flops * ATTENTION_EFFICIENCY * shape_factor(queries))
+    # Q K^T and scores x V: one GEMM of (queries per sequence x head_dim) by (head_dim x keys)
+    # per (sequence, head) pair, twice; softmax and dropout read and write the scores.
+    heads = width / head_dim
+    gemms = 2 * sequences * heads * gemm_time(queries / sequences, keys, head_dim, rate)
+    return gemms + memory_time(9.0 * queries * keys * heads, rate)  # 2+2 B, twice, + mask
+
+
+def attention_backward_time(forward: float, flash: bool = True) -> float:
+    """FlashAttention recomputes the scores (2.5 forwards); unfused: twice the forward."""
+    return forward * (ATTENTION_BACKWARD if flash else 2.0)

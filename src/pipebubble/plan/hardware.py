@@ -1,0 +1,97 @@
+"""GPU presets: what the compute model and the network need to know about one accelerator.
+
+Each preset is a vendor data sheet's dense (no sparsity) bf16 peak, memory and HBM bandwidth,
+the usual node (8 GPUs), the in-node link per GPU and one direction (NVLink / Infinity
+Fabric) and the usual scale-out per GPU (one NIC per GPU), plus latencies and two fractions
+that real collectives and GEMMs reach:
+
+- ``bus_fraction``: the share of the link rate a ring collective's "bus bandwidth" reaches
+  (nccl-tests report ~75-85 % on NVLink and InfiniBand; 0.8 assumed);
+- ``efficiency``: the fraction of peak a large bf16 GEMM reaches (A100 ~0.8 of 312,
+  H100 ~0.7 of 989 in cuBLAS benchmarks). The compute model lowers it for small or skinny
+  GEMMs (:mod:`pipebubble.plan.compute`); ``plan --efficiency`` overrides it and
+  ``plan --config ... --measured-step S`` fits it to one measured run.
+
+Every field can be overridden from the command line (``--peak-tflops``, ``--gpu-memory``,
+``--hbm-bandwidth``, ``--gpus-per-node``, ``--nvlink-bandwidth``, ``--nvlink-latency``,
+``--inter-node-bandwidth``, ``--inter-node-latency``).
+
+>>> h = get_hardware("h100-sxm")
+>>> h.peak_flops / 1e12, h.memory / 2**30, h.gpus_per_node
+(989.0, 80.0, 8)
+>>> get_hardware("a100-80gb", gpus_per_node=4).gpus_per_node
+4
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields, replace
+
+from ..errors import UserError
+
+GB = 1e9
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """One GPU and its links. Bandwidths in bytes/s per GPU and direction, latency in s."""
+
+    name: str
+    peak_flops: float  # dense bf16 FLOP/s
+    memory: float  # bytes
+    hbm_bandwidth: float
+    gpus_per_node: int
+    nvlink_bandwidth: float
+    nvlink_latency: float
+    inter_node_bandwidth: float
+    inter_node_latency: float
+    efficiency: float  # fraction of peak large GEMMs reach
+    bus_fraction: float = 0.8  # fraction of the link rate ring collectives reach
+
+    def check(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name == "name":
+                continue
+            if f.name == "gpus_per_node":
+                if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                    raise UserError(f"--gpus-per-node must be an integer >= 1, got {v!r}")
+                continue
+            lo_ok = v >= 0 if f.name.endswith("latency") else v > 0
+            if not (lo_ok and math.isfinite(v)):
+                raise UserError(f"--{f.name.replace('_', '-')} must be a finite number "
+                                 f"{'>= 0' if f.name.endswith('latency') else '> 0'}, got {v!r}")
+        if not 0 < self.efficiency <= 1:
+            raise UserError(f"--efficiency must be in (0, 1] (the fraction of peak large "
+                             f"GEMMs reach), got {self.efficiency!r}")
+        if not 0 < self.bus_fraction <= 1:
+            raise UserError(f"--bus-fraction must be in (0, 1], got {self.bus_fraction!r}")
+
+
+def _gpu(name, tflops, mem_gb, hbm_tbs, nvlink_gbs, net_gbs, eff, mem_unit=GIB):
+    return Hardware(name, tflops * 1e12, mem_gb * mem_unit, hbm_tbs * 1e12, 8,
+                    nvlink_gbs * GB, 2e-6, net_gbs * GB, 5e-6, eff)
+
+
+PRESETS: dict[str, Hardware] = {h.name: h for h in (
+    # name          TFLOP/s  mem  HBM TB/s  NVLink GB/s  per-GPU NIC GB/s  GEMM eff.
+    _gpu("a100-40gb", 312, 40, 1.555, 300, 25, 0.80),   # NVLink3, 200 Gb/s HDR
+    _gpu("a100-80gb", 312, 80, 2.039, 300, 25, 0.80),
+    _gpu("h100-sxm", 989, 80, 3.35, 450, 50, 0.70),     # NVLink4, 400 Gb/s NDR
+    _gpu("h200", 989, 141, 4.8, 450, 50, 0.70, GB),
+    _gpu("b200", 2250, 180, 8.0, 900, 50, 0.70, GB),    # NVLink5, 400 Gb/s
+    _gpu("mi300x", 1307, 192, 5.3, 448, 50, 0.60, GB),  # Infinity Fabric
+)}
+"""The presets (memory in the vendor's unit: GiB for A100/H100 80 GB, GB for the rest)."""
+
+
+def get_hardware(name: str, **overrides) -> Hardware:
+    """The preset ``name`` with ``overrides`` (None values ignored), checked."""
+    key = name.strip().lower()
+    if key not in PRESETS:
+        raise UserError(f"unknown --gpu {name!r}; valid are {', '.join(PRESETS)}")
+    hw = replace(PRESETS[key], **{k: v for k, v in overrides.items() if v is not None})
+    hw.check()
+    return hw

@@ -1,0 +1,114 @@
+"""Memory per rank: model states by sharding, activations by recompute mode and TP/SP/CP.
+
+**Model states** (Rajbhandari et al. 2020, ZeRO): per parameter ``w`` bytes of 16-bit
+weights, ``g`` of gradients and ``o`` of optimizer state (mixed-precision Adam: fp32 master
+weights and two moments, ``o = 12``), ``N`` ranks sharing the states (the data-parallel
+group; with context parallelism ``dp x cp``, whose ranks hold the same weights):
+
+============  ==========================  ==============================================
+ sharding      bytes per parameter          framework
+============  ==========================  ==============================================
+ ``ddp``       ``w + g + o``                DDP, Megatron without the distributed optimizer
+ ``zero1``     ``w + g + o / N``            Megatron ``--use-distributed-optimizer``
+ ``zero2``     ``w + (g + o) / N``          DeepSpeed ZeRO-2
+ ``fsdp``      ``(w + g + o) / N``          FSDP / ZeRO-3 (torchtitan ``data_parallel_shard``)
+ ``hsdp``      ``(w + g + o) / S``          FSDP sharded over ``S`` ranks inside a node,
+                                            replicated across (torchtitan shard x replicate)
+============  ==========================  ==============================================
+
+Defaults ``w = 2, g = 2, o = 12`` are the ZeRO paper's 16 bytes for DDP. Megatron keeps fp32
+main gradients (``g = 4``; ``plan --grad-state-bytes 4``); torchtitan's FSDP keeps fp32
+sharded gradients beside fp32 sharded parameters.
+
+**Activations of one block, one microbatch** (bytes; ``T = s b / cp`` tokens on the rank,
+``t`` the TP degree). Korthikanti et al. 2022 count a GPT block as ``34 s b h + 5 a s^2 b``:
+the two norm inputs ``4 T h``, attention input ``2 T h``, Q, K, V ``6 T h``, the projection's
+input ``2 T h``, MLP input ``2 T h``, the GELU's input and output ``16 T h`` (``4 T f`` with
+``f = 4h``), two dropout masks ``2 T h`` and the scores, softmax and its dropout ``5 a s^2 b``.
+Generalised here to grouped-query attention (K, V ``4 T k d``), SwiGLU (``6 T f``: gate, up and
+their product) and models without dropout (LLaMA):
+
+- replicated across TP ranks unless sequence parallel: norms, attention and MLP inputs and
+  the dropout masks (``8 T h + masks``, Korthikanti's ``10 s b h`` for GPT);
+- split over TP: Q, K, V, the attention output and the MLP's inner activations;
+- the attention core ``5 a s^2 b / cp`` only without FlashAttention (which keeps none of it);
+- ``selective`` recomputation drops the core (so equals ``none`` with FlashAttention);
+  ``full`` keeps the block input only, ``2 T h`` (``/ t`` with SP).
+
+>>> from pipebubble.plan.analytic import TransformerShape
+>>> gpt = TransformerShape(layers=1, hidden=1024, ffn=4096, heads=16, vocab=1000,
+...                        swiglu=False, dropout=True)
+>>> s, b, h, a = 2048, 1, 1024, 16
+>>> block_activation_bytes(gpt, s, b, flash=False) == s * b * h * (34 + 5 * a * s / h)
+True
+>>> block_activation_bytes(gpt, s, b, tp=8, flash=False) == s*b*h * (10 + 24/8 + 5*a*s/(h*8))
+True
+>>> block_activation_bytes(gpt, s, b) == 34 * s * b * h  # FlashAttention keeps no scores
+True
+>>> block_activation_bytes(gpt, s, b, tp=8, sp=True, recompute="selective") == s*b*h*34/8
+True
+>>> model_state_bytes("zero1", 8)  # 2 + 2 + 12 / 8
+5.5
+"""
+
+from __future__ import annotations
+
+from ..errors import UserError
+
+SHARDINGS = ("ddp", "zero1", "zero2", "fsdp", "hsdp")
+
+
+def model_state_bytes(sharding: str, n: int, weight: float = 2.0, grad: float = 2.0,
+                      optimizer: float = 12.0) -> float:
+    """Bytes per (local) parameter under ``sharding`` over ``n`` ranks (table above; for
+    ``hsdp`` pass the shard group's size)."""
+    if sharding == "ddp":
+        return weight + grad + optimizer
+    if sharding == "zero1":
+        return weight + grad + optimizer / n
+    if sharding == "zero2":
+        return weight + (grad + optimizer) / n
+    if sharding in ("fsdp", "hsdp"):
+        return (weight + grad + optimizer) / n
+    raise UserError(f"unknown --sharding {sharding!r}; valid are {', '.join(SHARDINGS)}")
+
+
+def block_activation_bytes(shape, s: int, b: int, tp: int = 1, sp: bool = False, cp: int = 1,
+                           recompute: str = "none", flash: bool = True) -> float:
+    """What F of one block keeps for its backward (module doc), in bytes."""
+    T = s * b / cp
+    h, f = shape.hidden, shape.ffn
+    kvd = shape.kv * shape.head_dim
+    qd = shape.heads * shape.head_dim
+    if recompute == "full":
+        return 2 * T * h / (tp if sp else 1)
+    replicated = 8 * T * h + (2 * T * h if shape.dropout else 0)  # two 1-byte masks
+    split = 2 * T * qd + 4 * T * kvd + 2 * T * qd + (6 if shape.swiglu else 4) * T * f
+    core = 0.0
+    if not flash and recompute == "none":
+        core = 5 * shape.heads * s * s * b / (cp * tp)  # local queries x every key, a/t heads
+    return replicated / (tp if sp else 1) + split / tp + core
+
+
+def block_weight_grad_bytes(shape, s: int, b: int, tp: int = 1, sp: bool = False,
+                            cp: int = 1) -> float:
+    """Of those, what W alone needs (Zero Bubble's M_W): the inputs of the matrix
+    multiplies, ``2 T (3 h [/t with SP] + q/t + f/t)`` (QKV, MLP and down-projection inputs
+    and the attention output)."""
+    T = s * b / cp
+    h, f = shape.hidden, shape.ffn
+    qd = shape.heads * shape.head_dim
+    return 2 * T * (2 * h / (tp if sp else 1) + qd / tp + f / tp)
+
+
+def head_activation_bytes(shape, s: int, b: int, tp: int = 1, sp: bool = False,
+                          cp: int = 1) -> float:
+    """Final norm and head: the norm's and projection's inputs ``4 T h`` (``/ t`` with SP)
+    and the fp32 logits for the cross-entropy ``4 T V / t`` (vocabulary-parallel)."""
+    T = s * b / cp
+    return 4 * T * shape.hidden / (tp if sp else 1) + 4 * T * shape.vocab / tp
+
+
+def embedding_activation_bytes(s: int, b: int, cp: int = 1) -> float:
+    """The int64 token ids."""
+    return 8 * s * b / cp

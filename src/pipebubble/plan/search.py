@@ -1,0 +1,105 @@
+"""The planner's search loop: every point of every axis, bounded, scored by simulation.
+
+A plan is (tp, sp, cp, sharding) around the pipeline's (pp, dp, microbatch size, schedule,
+chunks, recompute). The loop:
+
+1. for each point of the outer axes (:class:`~pipebubble.plan.axes.Point`: TP degrees that
+   divide the heads, with and without sequence parallelism; CP degrees that divide the
+   sequence; every sharding) build the layers' costs at that point and a
+   :class:`~pipebubble.plan.scoring.Searcher`, which lists the point's pipeline
+   configurations with a true lower bound on each one's step;
+2. visit all configurations of all points in order of a rough estimate (the bound with a
+   1F1B-like fill and drain), skipping any whose bound cannot beat the K-th best step found;
+3. score the others by simulation (:meth:`Searcher.evaluate`: cut, price, simulate) and keep
+   the K fastest that fit.
+
+Only true bounds prune, so the K plans are the K fastest of everything searched (the cut
+rules of :mod:`pipebubble.plan.planner` aside). Ties go to the plan that needs less memory,
+then to one a framework can run (DualPipe's two model copies run nowhere), then fewer GPUs
+in model parallelism.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+from ..errors import UserError
+from .axes import Axes, Point
+from .plans import Config, Plan, Request, Result
+from .scoring import Searcher
+
+RUNNABLE_NOWHERE = ("dualpipe",)  # two model copies: no torch class, no Megatron flag
+TIE = 5e-4  # a margin that prints as 0.0 %
+
+
+def search_points(points: list[tuple[Point, object, Axes]], req: Request) -> Result:
+    """The ``req.top`` fastest plans over ``points`` (``(point, layer costs, axes)``)."""
+    req.check()
+    t0 = time.perf_counter()
+    shared: dict = {}
+    searchers = [Searcher(costs, req, axes, shared) for _, costs, axes in points]
+    work: list[tuple[float, Config, Searcher]] = []
+    for s in searchers:
+        for c in s.configs():
+            work.append((c.bound * (1 + (c.pp - 1) / (c.microbatches * c.chunks)), c, s))
+    if not work:
+        raise UserError(searchers[0].nothing_divides() if searchers else
+                        "no point of --tp, --cp and --sharding applies to these GPUs")
+    work.sort(key=lambda x: x[0])
+    best: list[Plan] = []
+    for _, c, s in work:
+        full = req.prune and len(best) >= req.top
+        if full and c.bound >= best[-1].step_time:
+            continue  # no cut of c can enter the top K
+        threshold = best[-1].step_time if full else math.inf
+        plan = s.evaluate(c, threshold, req.gpu_memory)
+        if plan is not None:
+            best.append(plan)
+            best.sort(key=plan_order)
+            del best[req.top:]
+    if not best:
+        raise least_memory(searchers, [(c, s) for _, c, s in work])
+    for k in range(len(best) - 1):  # no 0.0 % win for a schedule no framework runs
+        a, b = best[k], best[k + 1]
+        if (a.schedule in RUNNABLE_NOWHERE and b.schedule not in RUNNABLE_NOWHERE
+                and b.step_time <= a.step_time * (1 + TIE)):
+            best[k], best[k + 1] = b, a
+    simulated = sum(s.simulated for s in searchers)
+    return Result(best, len(work), simulated, time.perf_counter() - t0, req)
+
+
+def plan_order(p: Plan) -> tuple:
+    """Fastest first; on a tie the lighter plan, then one some framework runs, then the
+    least model parallelism."""
+    c = p.config
+    return (p.step_time, max(p.peak_memory), c.schedule in RUNNABLE_NOWHERE, c.tp * c.cp,
+            c.pp, c.schedule, c.chunks, c.microbatch_size, c.recompute, c.sharding, c.sp)
+
+
+def least_memory(searchers: list[Searcher], work: list[tuple[Config, Searcher]]):
+    """Nothing fits: the error naming the least memory any point's plan needs and that plan
+    (each searcher's :meth:`~Searcher.no_fit` over its own configurations)."""
+    by: dict[int, list[Config]] = {}
+    for c, s in work:
+        by.setdefault(id(s), []).append(c)
+    errors = [s.no_fit(by[id(s)]) for s in searchers if id(s) in by]
+    return min(errors, key=lambda e: e.smallest)
+
+
+def check_points(req: Request, heads: int | None, seq: int | None,
+                 kv_heads: int | None = None) -> Callable[[int, int], None]:
+    """Raise for a ``--tp`` or ``--cp`` that cannot divide (one line, naming the value)."""
+    def check(tp: int, cp: int) -> None:
+        if heads is not None and heads % tp:
+            valid = [d for d in range(1, heads + 1) if heads % d == 0 and req.gpus % d == 0]
+            raise UserError(f"--tp {tp} does not divide the model's {heads} attention heads; "
+                            f"valid are {', '.join(map(str, valid))}")
+        if seq is not None and seq % cp:
+            raise UserError(f"--cp {cp} does not divide the sequence length {seq}; valid are "
+                            f"divisors of {seq} (1, 2, 4, ...)")
+        if req.gpus % (tp * cp):
+            raise UserError(f"--tp {tp} x --cp {cp} = {tp * cp} does not divide --gpus "
+                            f"{req.gpus}")
+    return check
