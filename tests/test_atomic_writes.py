@@ -127,3 +127,27 @@ def test_json_text_refuses_non_finite_numbers_naming_where(bad):
     msg = str(info.value)
     assert msg.startswith("--json: plans[1].step_time is ") and "not a finite number" in msg
     assert json.loads(json_text({"a": [1.5, 2]})) == {"a": [1.5, 2]}
+
+
+def test_a_fifo_nobody_reads_is_refused_at_once_and_one_that_is_read_gets_the_bytes(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    t0 = time.monotonic()
+    with pytest.raises(FileError, match="FIFO that no process reads"):
+        write_text(fifo, "never\n", "--out")
+    assert time.monotonic() - t0 < 5  # refused, not blocked until a reader comes
+    reader = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 10
+        while True:  # cat opens its end soon after it starts
+            try:
+                write_text(fifo, "through the pipe\n", "--out")
+                break
+            except FileError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        out, _ = reader.communicate(timeout=10)
+    finally:
+        reader.kill()
+    assert out == "through the pipe\n"

@@ -287,21 +287,9 @@ CASE_SECONDS = 20.0  # a case still running then has hung (the slowest valid cas
 # Commands whose documented answer is exit 1 (a result, not an error).
 EXIT_1 = {"simulate": "a schedule over --memory-limit exits 1 (README, memory limits)"}
 
-# Known failures in another branch's area, by a rule over the case's arguments: xfail with
-# the reason, strict=False so the case passes again once that branch lands.
-OUTPUTS = ("--png", "--svg", "--trace", "--out", "--csv", "--save")
-
-
-def _output_to_fifo(argv: tuple[str, ...]) -> bool:
-    inputs = ("--csv",) if argv[0] in ("simulate", "run") else ()  # their --csv is read
-    return any(a.split("=", 1)[0] in OUTPUTS and a.split("=", 1)[0] not in inputs
-               and a.endswith("{d}/fifo") for a in argv)
-
-
-KNOWN: list[tuple[str, object]] = [
-    ("harden22 (files, atomic writes): an output path that is a FIFO blocks in open() until "
-     "a reader comes", _output_to_fifo),
-]
+# Known failures, by a rule over the case's arguments: xfail with the reason (strict=False,
+# so a case passes again once fixed). Empty: every generated case must hold.
+KNOWN: list[tuple[str, object]] = []
 
 
 def _known(argv: tuple[str, ...]) -> str | None:

@@ -273,7 +273,8 @@ def open_output(path: str | os.PathLike, what: str = "output", mode: str = "w",
         st = None
     if st is not None and not stat.S_ISREG(st.st_mode):  # a device or FIFO: in place
         try:
-            f = open(real, mode, **kw)
+            f = open(_open_fifo(real, text, what) if stat.S_ISFIFO(st.st_mode) else real,
+                     mode, **kw)
         except OSError as exc:
             raise FileError(f"cannot write {what} {text!r}: {_reason(exc, text)}") from None
         try:
@@ -301,6 +302,20 @@ def open_output(path: str | os.PathLike, what: str = "output", mode: str = "w",
         if tmp is not None:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+
+
+def _open_fifo(real: Path, text: str, what: str) -> int:
+    """A file descriptor writing into the FIFO ``real``, or :class:`FileError` at once when
+    no process reads it: a plain ``open`` would block until a reader comes, maybe never."""
+    try:
+        fd = os.open(real, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:
+            raise FileError(f"cannot write {what} {text!r}: it is a FIFO that no process "
+                            "reads; start its reader first") from None
+        raise
+    os.set_blocking(fd, True)  # a reader is there: write as to any pipe
+    return fd
 
 
 def _umask() -> int:
