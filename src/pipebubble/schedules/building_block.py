@@ -70,14 +70,21 @@ def block(p: int, offsets: tuple[int, ...], period: int = PERIOD
                 raise ScheduleError(f"building block {offsets} collides on rank {rank[s]} "
                                     f"for p={p}")
             taken[rank[s]].add(t % period)
-    t_w = [0] * S
-    for s in sorted(range(S), key=lambda s: t_i[s]):
+    return t_f, t_i, place_w(t_i, taken, rank, period)
+
+
+def place_w(t_i: list[int], taken: list[set[int]], rank: list[int],
+            period: int = PERIOD) -> list[int]:
+    """Each stage's W in the first free slot of its rank after its I, stages in the order
+    of their I (``taken``: each rank's slots mod ``period`` already used; updated)."""
+    t_w = [0] * len(t_i)
+    for s in sorted(range(len(t_i)), key=lambda s: t_i[s]):
         t = t_i[s] + 1
         while t % period in taken[rank[s]]:
             t += 1
         taken[rank[s]].add(t % period)
         t_w[s] = t
-    return t_f, t_i, t_w
+    return t_w
 
 
 def repeat(p: int, microbatches: int, times: tuple[list[int], list[int], list[int]],

@@ -32,7 +32,7 @@ from collections.abc import Iterator
 
 from ...costs import StageCosts
 from ...ir.schedule import Action, ScheduleError
-from ..building_block import PERIOD, block, peak, reorder, reorder_ends, repeat
+from ..building_block import PERIOD, block, peak, place_w, reorder, reorder_ends, repeat
 from ..periodic import extend
 
 # Blocks built first, where they fit: V-Half's chunk offsets with the turn 4/5 and top 1
@@ -71,14 +71,7 @@ def switched_block(p: int, near: int, far: int, switch: int, turn_f: int, turn_i
             if t % PERIOD in taken[rank[s]]:
                 return None
             taken[rank[s]].add(t % PERIOD)
-    t_w = [0] * S
-    for s in sorted(range(S), key=lambda s: t_i[s]):
-        t = t_i[s] + 1
-        while t % PERIOD in taken[rank[s]]:
-            t += 1
-        taken[rank[s]].add(t % PERIOD)
-        t_w[s] = t
-    return t_f, t_i, t_w
+    return t_f, t_i, place_w(t_i, taken, rank)
 
 
 def _collides(p: int, a: int, b: int, turn_f: int, turn_i: int, top: int) -> bool:
