@@ -298,9 +298,14 @@ def launch(
             p.wait()
 
 
+BAD_INPUT_GRACE = 3.0
+"""Seconds the other ranks get to stop after one rank stopped on bad input (exit 2)."""
+
+
 def _watch(procs: list[subprocess.Popen | Forked], store, grace: float, p2p: str) -> int:
     first: str | None = None
     deadline: float | None = None
+    wait = grace
     codes: dict[int, int] = {}
     while len(codes) < len(procs):
         for g, p in enumerate(procs):
@@ -314,13 +319,16 @@ def _watch(procs: list[subprocess.Popen | Forked], store, grace: float, p2p: str
                 first = describe_exit(g, rc)
                 if rc != EXIT_DEADLOCK:
                     first = publish_failure(store, first)
-                deadline = time.monotonic() + grace
+                # bad input on one rank (exit 2, its line printed): the others, maybe still
+                # joining the process group, have nothing to finish, so they go sooner
+                wait = min(grace, BAD_INPUT_GRACE) if rc == 2 else grace
+                deadline = time.monotonic() + wait
         if deadline is not None and time.monotonic() > deadline:
             for g, p in enumerate(procs):
                 if g not in codes:
                     p.kill()
                     codes[g] = p.wait()
-                    sys.stderr.write(f"pipebubble: rank {g} did not stop within {grace:g} s; "
+                    sys.stderr.write(f"pipebubble: rank {g} did not stop within {wait:g} s; "
                                      "killed\n")
         time.sleep(0.05)
     if all(rc == 0 for rc in codes.values()):
