@@ -50,6 +50,10 @@ def _processes_tagged(tag: str) -> list[int]:
     return found
 
 
+TORCHRUN_2 = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+              "--nproc-per-node", "2", *ENTRY[1:]]  # the same command line, two workers
+
+
 @pytest.mark.slow
 def test_every_schedule_gradients_4_ranks_and_2x2():
     """All registered schedules on a 4-rank pipeline and on 2 replicas of a 2-rank one:
@@ -123,8 +127,7 @@ def test_same_entry_point_under_torchrun_and_first_step_headers_do_not_hold_back
     rank 0's first batch sends 0F0 and receives 3F0, which rank 1 can only produce from 0F0.
     The shape headers of the first step must not hold the send back (they once did, and the
     run stalled until the watchdog stopped it)."""
-    entry = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-             "--nproc-per-node", "2", *ENTRY[1:]]
+    entry = TORCHRUN_2
     proc, took, left = launch(["--schedule", "zbv", "--ranks", "2", "--microbatches", "1",
                                "--check", "--json", "--timeout", "20", *SMALL], entry=entry)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -168,8 +171,7 @@ def test_auto_under_torchrun_rank_0_searches_and_every_rank_runs_its_order():
     """``--schedule auto`` under torchrun: rank 0 searches (runtime/dist/agree.py) and the
     others run the order it publishes in the store; the step checks out against the unsplit
     model, and every F, I and W ran once."""
-    entry = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-             "--nproc-per-node", "2", *ENTRY[1:]]
+    entry = TORCHRUN_2
     proc, took, left = launch(["--schedule", "auto", "--ranks", "2", "--microbatches", "2",
                                "--check", "--json", "--timeout", "20", *SMALL], entry=entry)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -230,8 +230,10 @@ def action_timeout_of(args: argparse.Namespace) -> float:
         return given
     predicted = 0.0
     if getattr(args, "model", None) == "sleep":
-        flat = [x for k in ("sleep_f", "sleep_b", "sleep_w")
-                for x in (lambda v: v if isinstance(v, list) else [v])(getattr(args, k, 0.0))]
+        flat: list[float] = []
+        for k in ("sleep_f", "sleep_b", "sleep_w"):  # a scalar or one time per stage
+            v = getattr(args, k, 0.0)
+            flat.extend(v if isinstance(v, list) else [v])
         predicted = max(flat, default=0.0) * max(1, getattr(args, "layers", None) or 1)
     return default_action_timeout(predicted)
 

@@ -520,6 +520,12 @@ def _gib(n: float) -> str:
 
 def why_beats(a, b) -> str:
     """Why plan ``a`` is ahead of ``b``: the margin and the parts of the step that differ."""
+    gain, reasons = _margin(a, b)
+    return f"{gain:.1%} faster than the next: {reasons}"
+
+
+def _margin(a, b) -> tuple[float, str]:
+    """(how much faster ``a`` is than ``b``, the parts of the step that make it so)."""
     gain = b.step_time / a.step_time - 1 if a.step_time > 0 else 0.0
     reasons = []
     if a.bubble_fraction < b.bubble_fraction - 1e-9:
@@ -533,8 +539,7 @@ def why_beats(a, b) -> str:
     if not reasons and max(a.peak_memory) < max(b.peak_memory):
         reasons.append(f"the same step in less memory ({_gib(max(a.peak_memory))} vs "
                        f"{_gib(max(b.peak_memory))})")
-    return f"{gain:.1%} faster than the next: " + (", ".join(reasons) or
-                                                    "a different balance of the same costs")
+    return gain, ", ".join(reasons) or "a different balance of the same costs"
 
 
 def _label(p) -> str:
@@ -655,9 +660,8 @@ def why_best(result, out: dict) -> list[str]:
     if b.pp == 1:
         lines.append("  (pp = 1: do not pipeline)")
     if len(plans) > 1:
-        lines.append(f"it beats #2 ({_label(plans[1])}) by " + why_beats(b, plans[1])
-                     .split(" faster than the next: ", 1)[0] + ": " +
-                     why_beats(b, plans[1]).split(": ", 1)[1])
+        gain, reasons = _margin(b, plans[1])
+        lines.append(f"it beats #2 ({_label(plans[1])}) by {gain:.1%}: {reasons}")
     cfg = out.get("config")
     if cfg is not None:
         rank = f"#{cfg['rank']}" if cfg["rank"] else cfg["rank_note"]
