@@ -43,6 +43,7 @@ from operator import itemgetter
 from ..costs import CostModel, StageCosts, fits_limit
 from ..ir.check import flat_actions
 from ..ir.schedule import Schedule, ScheduleError, Step, make_schedule, step_actions
+from .critical import Tails, Window, tails, tolerance
 from .kernel import Program, compile_program, run
 
 _INF = float("inf")
@@ -139,6 +140,8 @@ class Compiled:
     FAR = 0.03  # the share of steps after which a re-time hands over to the kernel's loop
     FLOOR = 64  # (plus this many)
     SMALL = 4096  # steps: below this, every re-time is the kernel's loop over them all
+    WINDOW = 16  # steps: a changed stretch up to this long may be answered from the tails
+    BACKOFF = 8  # re-times before the tails are tried again after a read settled a move
 
     def __init__(self, schedule: Schedule, costs: CostModel | StageCosts | None = None):
         import numpy as np
@@ -208,13 +211,29 @@ class Compiled:
         self._peaks: list[float | None] = [None] * schedule.num_ranks
         self._queued = bytearray(size)
         self._gather: tuple | None = None  # (id, the sequence, its nodes): ends_of's
+        # Lazy answers (module docstring): a move answered from the tails, not yet re-timed.
+        self._pending: tuple | None = None  # (rank, lo, hi, old order, answer, old peak)
+        self._tails: Tails | None = None  # of the program as re-timed (None: stale)
+        self._window = None if prog.num_pairs or any(len(c) > 1 for c in self._consumers) \
+            else Window(self._need, self._lag_of, self._dur_of, self._consumers,
+                        self._rank_at, self.last)
+        self._lazy = True  # whether to rebuild stale tails (False after a read settled)
+        self._backoff, self._waited = self.BACKOFF, 0
+        self.counts = {"lazy": 0, "cancelled": 0, "settled": 0, "re-timed": 0}
         self._full_run()
 
     # ---- the answers -------------------------------------------------------------
     @property
     def step_time(self) -> float:
-        """The step time (``inf`` when the current orders deadlock)."""
-        if self.deadlocked:
+        """The step time (``inf`` when the current orders deadlock); of a pending move, the
+        answer from the tails (the module docstring: equal to a full run's to within
+        rounding)."""
+        if self._pending is not None:
+            return self._pending[4]
+        return self._time()
+
+    def _time(self) -> float:
+        if self._stuck:
             return _INF
         end = self._end
         return max((end[self.last[r]] for r in range(len(self.orders))
@@ -222,15 +241,21 @@ class Compiled:
 
     @property
     def deadlocked(self) -> bool:
+        if self._pending is not None:
+            return self._pending[4] == _INF
         return self._stuck
 
     def end_of(self, step_id: int) -> float:
         """When step ``step_id`` ends (an Overlap: its backward part, the pair's end)."""
+        if self._pending is not None:
+            self._settle(read=True)
         return self._end[self._pos_of[self._nodes_of[step_id][-1]]]
 
     def ends_of(self, step_ids: Sequence[int]) -> tuple[float, ...]:
         """The ends of these steps, in this order (an Overlap: its end), gathered in C;
         the node list of a sequence asked for before is remembered."""
+        if self._pending is not None:
+            self._settle(read=True)
         key = id(step_ids)
         if self._gather is None or self._gather[0] != key:
             self._gather = (key, step_ids, [self._nodes_of[i][-1] for i in step_ids])
@@ -242,6 +267,8 @@ class Compiled:
     def start_of(self, step_id: int) -> float:
         """When step ``step_id`` starts (an Overlap: its forward part, which waits for
         the pair's wait step: the pair's start)."""
+        if self._pending is not None:
+            self._settle(read=True)
         nodes = self._nodes_of[step_id]
         return self._start[self._pos_of[nodes[1] if len(nodes) > 1 else nodes[0]]]
 
@@ -250,6 +277,10 @@ class Compiled:
         for r, got in enumerate(self._peaks):
             if got is None:
                 ids = self._node_at[self.first[r]:self.last[r] + 1]
+                pend = self._pending
+                if pend is not None and pend[0] == r:  # (no pairs: a step is one node)
+                    ids[pend[1]:pend[2] + 1] = [self._nodes_of[i][0]
+                                                for i in self.orders[r][pend[1]:pend[2] + 1]]
                 real = [x for x in ids if self._real[x]]  # not a pair's wait step
                 self._peaks[r] = _peak(self._d0[real], self._d1[real])
         return list(self._peaks)
@@ -277,13 +308,13 @@ class Compiled:
         the shortened order); re-time; return the new step time."""
         order = list(self.orders[rank])
         order.insert(to, order.pop(k))
-        return self._apply({rank: (min(k, to), max(k, to), order)})
+        return self._edit({rank: (min(k, to), max(k, to), order)})
 
     def swap(self, rank: int, k: int, k2: int) -> float:
         """Trade the ``k``-th and ``k2``-th steps of ``rank``; re-time; return the step."""
         order = list(self.orders[rank])
         order[k], order[k2] = order[k2], order[k]
-        return self._apply({rank: (min(k, k2), max(k, k2), order)})
+        return self._edit({rank: (min(k, k2), max(k, k2), order)})
 
     def reorder(self, changes: Mapping[int, Sequence[int]]) -> float:
         """Give the ranks in ``changes`` these orders (each a permutation of the rank's step
@@ -305,37 +336,107 @@ class Compiled:
             if sorted(old[lo:hi + 1]) != sorted(new[lo:hi + 1]):
                 raise ScheduleError(f"rank {r}: a new order must hold the same steps")
             edits[r] = (lo, hi, new)
-        return self._apply(edits)
+        return self._edit(edits)
 
-    def _apply(self, edits: Mapping[int, tuple[int, int, list[int]]]) -> float:
+    def settle(self) -> float:
+        """Re-time a pending move now (a move a search keeps); returns the step time. The
+        reads (:meth:`end_of`, :meth:`ends_of`, :meth:`start_of`) do this themselves."""
+        if self._pending is not None:
+            self._settle(read=False)
+        return self.step_time
+
+    def _edit(self, edits: Mapping[int, tuple[int, int, list[int]]]) -> float:
+        """Change the orders (rank -> first and last changed index, new order): cancel the
+        pending move if this takes it back, else settle it; then answer this one from the
+        tails where that is exact (it stays pending), or re-time."""
+        edits = {r: e for r, e in edits.items() if e[0] < e[1]}
+        if not edits:
+            return self.step_time
+        pend = self._pending
+        if pend is not None:
+            r, lo, hi, old, _, peak = pend
+            if list(edits) == [r]:
+                lo2, hi2, new = edits[r]
+                a, b = min(lo, lo2), max(hi, hi2)
+                if new[a:b + 1] == old[a:b + 1]:  # the same move taken back: nothing to do
+                    self.orders[r], self._peaks[r], self._pending = old, peak, None
+                    self.counts["cancelled"] += 1
+                    self._lazy, self._backoff = True, self.BACKOFF
+                    return self.step_time
+            self._settle(read=False)
+        if len(edits) == 1 and self._window is not None and not self._stuck:
+            ((r, (lo, hi, new)),) = edits.items()
+            if hi - lo < self.WINDOW and self._tails_ready():
+                p0 = self.first[r] + lo  # (no pairs: one node per step)
+                step = self._time()
+                got = self._window.step_time(
+                    self._tails, self._end, self._pos_of, self._node_at, r, p0,
+                    [self._nodes_of[i][0] for i in new[lo:hi + 1]], step,
+                    tolerance(len(self._end), step))
+                if got is not None:
+                    self._pending = (r, lo, hi, self.orders[r], got, self._peaks[r])
+                    self.orders[r], self._peaks[r] = new, None
+                    self.counts["lazy"] += 1
+                    return got
+        return self._apply({r: (lo, hi, self.orders[r], new)
+                            for r, (lo, hi, new) in edits.items()})
+
+    def _settle(self, read: bool) -> None:
+        """Re-time the pending move (its answer says whether it deadlocks). ``read``: a
+        read asked for the times, a hint that the caller reads them after every move, so
+        the tails are not rebuilt for the next few (:attr:`BACKOFF`)."""
+        r, lo, hi, old, answer, _ = self._pending
+        self._pending = None
+        self.counts["settled"] += 1
+        if read:
+            self._lazy = False
+        peak = self._peaks[r]  # (of the new order, if asked for while pending)
+        self._apply({r: (lo, hi, old, self.orders[r])}, deadlock=answer == _INF)
+        self._peaks[r] = peak
+
+    def _tails_ready(self) -> bool:
+        """Whether the tails are up to date, rebuilding them if that is likely to pay."""
+        if self._tails is not None:
+            return True
+        if not self._lazy:
+            self._waited += 1
+            if self._waited < self._backoff:
+                return False
+            self._waited, self._backoff = 0, min(2 * self._backoff, 4096)
+        self._tails = tails(self._producer, self._lag, self._duration, self._initial,
+                            self.first, self.last)
+        return True
+
+    def _apply(self, edits: Mapping[int, tuple[int, int, list[int], list[int]]],
+               deadlock: bool | None = None) -> float:
+        """Re-time after these edits (rank -> first and last changed index, the order the
+        program holds, the new one); ``deadlock``: whether they close a cycle, if known."""
         segments = []  # (first, last) position of each changed stretch
         whole = self._stuck or not self._positive or len(self._end) < self.SMALL
-        if not whole:
+        if not whole and not deadlock:
             _ = self._start  # the old starts, the re-time's keys: before the orders change
-        for r, (lo, hi, new) in edits.items():
-            if lo >= hi:
-                continue
-            segments.append(self._place(r, lo, hi, new))
+        for r, (lo, hi, old, new) in edits.items():
+            segments.append(self._place(r, lo, hi, old, new))
             self.orders[r] = new
             self._peaks[r] = None
-        if not segments:
-            return self.step_time
-        if whole:
+        self._tails = None
+        self.counts["re-timed"] += 1
+        if deadlock:
+            self._stuck = True  # (the next re-time runs the kernel's loop)
+        elif whole:
             self._full_run()  # the kernel's loop: on a small program, faster than any book
-        elif self._cycle(segments):
+        elif deadlock is None and self._cycle(segments):
             self._stuck = True
         elif not self._propagate(segments):
             self._suffix_run(segments)  # it reached far: the kernel's loop from there on
         return self.step_time
 
-    def _place(self, r: int, lo: int, hi: int, new: Sequence[int]) -> tuple[int, int]:
-        """Write steps ``new[lo..hi]`` of rank r into their positions; their times travel
-        with them (the old ones: the keys of the re-timing)."""
+    def _place(self, r: int, lo: int, hi: int, old: Sequence[int],
+               new: Sequence[int]) -> tuple[int, int]:
+        """Write steps ``new[lo..hi]`` of rank r into the positions of ``old[lo..hi]``; their
+        times travel with them (the old ones: the keys of the re-timing)."""
         nodes_of = self._nodes_of
-        if self._num_pairs:
-            p0 = self.first[r] + sum(len(nodes_of[i]) for i in self.orders[r][:lo])
-        else:
-            p0 = self.first[r] + lo
+        p0 = self._pos_of[nodes_of[old[lo]][0]]
         ids = [x for i in new[lo:hi + 1] for x in nodes_of[i]]
         p1 = p0 + len(ids) - 1
         pos_of, end, start = self._pos_of, self._end, self._start_list
