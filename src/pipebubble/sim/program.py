@@ -24,6 +24,31 @@ search over just those decides it (exact when every action takes some time; with
 zero-duration actions a tie in time does not order two steps, so :meth:`reorder` runs the
 whole kernel instead).
 
+**Answers from the tails, left pending.** Most moves a search tries are taken back, so
+re-timing each one is mostly wasted. For one stretch of one rank reordered (a swap of
+neighbours; one action moved up to :attr:`Compiled.WINDOW` places), on a program without
+Overlap pairs, :meth:`Compiled.swap`, :meth:`~Compiled.move` and :meth:`~Compiled.reorder`
+first ask the critical-path analysis of ``sim/critical.py``: the ends kept here (heads), the
+longest path from each step to the end of the step (tails, one backward run of the kernel's
+loop after each change that was kept), give the new step time of the stretch in a few
+dozen operations, or say that only a re-time can tell (a critical step moved and the step
+may get shorter). A deadlock of a swap of neighbours is found there too, exactly. The move
+is then *pending*: :attr:`~Compiled.step_time`, :attr:`~Compiled.deadlocked`,
+:meth:`~Compiled.peaks`, :meth:`~Compiled.fits` and :meth:`~Compiled.schedule` answer
+without re-timing it (the peaks: the rank's memory walk in its new order, exactly); the
+same move taken back cancels it at no cost; anything else first re-times it (*settles*
+it): another move (the pending one was kept), :meth:`~Compiled.settle`, or a read of the
+times (:meth:`~Compiled.end_of`, :meth:`~Compiled.ends_of`, :meth:`~Compiled.start_of`).
+A caller that reads the times after every move gains nothing from the tails, so after such
+a read they are rebuilt only every :attr:`~Compiled.BACKOFF` re-times, then twice as
+rarely, until a move is taken back again. :attr:`~Compiled.counts` counts what happened.
+
+The one difference: a step time answered from the tails sums the same durations as the
+kernel in another order, so it may differ from a full run in its last bits (within
+``2 x`` :func:`~pipebubble.sim.critical.tolerance`, about ``3e-11`` of the step time on
+50,000 actions; a test keeps it there). A deadlock, the peaks, and every time once settled
+are the simulator's to the last bit.
+
 **Fits the limit.** One tolerance, :data:`~pipebubble.costs.FIT_TOLERANCE` (relative to the
 limit, and absolute below 1): :func:`~pipebubble.costs.fits_limit` is the one test.
 
@@ -134,7 +159,15 @@ class Compiled:
 
     Orders are lists of *step ids*: ``steps[i]`` is the Action or Overlap with id ``i``
     (numbered rank after rank in the schedule's order); ``orders[r]`` is rank r's current
-    order of ids. :meth:`reorder` changes them; :meth:`schedule` gives the current one.
+    order of ids (a pending move included). :meth:`reorder` changes them; :meth:`schedule`
+    gives the current one.
+
+    >>> from pipebubble.schedules import get_schedule
+    >>> c = Compiled(get_schedule("zb-h1", ranks=2, microbatches=4), CostModel(comm=0.5))
+    >>> c.step_time, c.swap(0, 1, 2), c.swap(0, 1, 2)  # 0F1 0I0 traded, then back
+    (15.0, 17.0, 15.0)
+    >>> c.counts["lazy"], c.counts["cancelled"], c.counts["re-timed"]
+    (1, 1, 0)
     """
 
     FAR = 0.03  # the share of steps after which a re-time hands over to the kernel's loop
