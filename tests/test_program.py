@@ -21,7 +21,7 @@ from pipebubble.costs import fits_limit
 from pipebubble.ir.deps import precedences
 from pipebubble.ir.schedule import Action, Overlap, step_actions
 from pipebubble.sim import Deadlock, simulate, simulate_reference
-from pipebubble.sim.critical import tolerance
+from pipebubble.sim.critical import Tails, tolerance
 from pipebubble.sim.program import Compiled, schedule_peaks
 from strategies import random_valid_schedule, schedules_and_costs
 
@@ -201,7 +201,22 @@ def check_now(core: Compiled, costs, pending_ok: bool = True) -> None:
         assert close(core.step_time, want[2], core)
     else:
         assert core.step_time == want[2]
+        tails_are_fresh(core)
     assert (core._pending is not None) == pending  # asking did not re-time it
+
+
+def tails_are_fresh(core: Compiled) -> None:
+    """The tails kept up to date (the marked ones run again) = tails built afresh, to the
+    bit, on every step."""
+    if core._tails is None:
+        return
+    core._tails.refresh()
+    fresh = Tails(core._producer, core._lag, core._duration, core._initial, core.first,
+                  core.last)
+    for r in range(len(core.orders)):
+        for q in range(core.first[r], core.last[r] + 1):
+            assert core._tails.tail(q) == fresh.tail(q)
+            assert core._tails.reach(q) == fresh.reach(q)
 
 
 @settings(max_examples=120, deadline=None)
@@ -285,6 +300,7 @@ def test_neighbour_swaps_tried_and_taken_back_are_answered_from_the_tails():
                 assert core.counts["re-timed"] == before
     assert deadlocks >= 3
     assert core.counts["lazy"] > 300 and core.counts["cancelled"] > 200
+    tails_are_fresh(core)
     assert core.settle() == simulate(core.schedule(), costs).step_time
 
 

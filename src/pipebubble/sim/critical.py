@@ -50,7 +50,6 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
-from typing import NamedTuple
 
 from .kernel import Program, run
 
@@ -68,18 +67,15 @@ def tolerance(size: int, step: float) -> float:
     return 16 * (size + 1) * _U * step
 
 
-class Tails(NamedTuple):
-    """Per position of the program: the tail (longest path from its end to the end of the
-    step) and the reach (its duration + tail)."""
-
-    tail: list[float]
-    reach: list[float]
-
-
-def tails(producer: Sequence[int], lag: Sequence[float], duration: Sequence[float],
-          initial: Sequence[float], first: list[int], last: list[int]) -> Tails:
+class Tails:
     """The tails of a program without Overlap pairs (each step's output waited for by one
-    step at most), by the kernel's loop over the reversed program (module docstring).
+    step at most): the kernel's loop over the reversed program (module docstring), kept up
+    to date as the program changes. :meth:`place` follows a changed stretch into the
+    reversed program; :meth:`mark` marks what may have changed (every step the stretch's
+    steps wait for, directly or not: they end no later than the stretch's last step, so on
+    each rank a first run of steps ending by then); :meth:`refresh` runs the loop again over
+    the marked steps only (what they wait for in the reversed program, the tails of what
+    follows them, did not change).
 
     >>> from pipebubble.schedules import get_schedule
     >>> from pipebubble.costs import CostModel
@@ -87,41 +83,104 @@ def tails(producer: Sequence[int], lag: Sequence[float], duration: Sequence[floa
     >>> from pipebubble.sim.kernel import compile_program
     >>> s = get_schedule("1f1b", ranks=2, microbatches=2)
     >>> prog = compile_program(s, flat_actions(s), CostModel().resolve(2, 1))
-    >>> t = tails(prog.producer, prog.lag, prog.duration, prog.initial_end, prog.first,
+    >>> t = Tails(prog.producer, prog.lag, prog.duration, prog.initial_end, prog.first,
     ...           prog.last)
-    >>> [t.tail[q] for q in range(prog.first[0], prog.last[0] + 1)]  # rank 0: F F B B
+    >>> [t.tail(q) for q in range(prog.first[0], prog.last[0] + 1)]  # rank 0: F F B B
     [8.0, 5.0, 2.0, 0.0]
 
     Rank 0's steps end at 1, 2, 6 and 9: end + tail is 9 (the step time) for all but the
     second forward, which has 2 of slack.
     """
-    import numpy as np
 
-    size = len(producer)
-    prod = np.asarray(producer, dtype=np.int64)
-    lags = np.asarray(lag, dtype=np.float64)
-    lengths = np.array(last) - np.array(first) + 1
-    q = np.concatenate([np.arange(f, f + n) for f, n in zip(first, lengths, strict=True)])
-    mirror = np.arange(size)  # rank r's position f + i <-> last[r] - i
-    mirror[q] = np.repeat(np.array(first) + np.array(last), lengths) - q
-    movable = np.zeros(size, dtype=bool)
-    movable[q] = True
-    waits = q[movable[prod[q]]]  # the steps that wait for another step
-    never = size - 1
-    rprod = np.full(size, never, dtype=np.int64)
-    rprod[q] = 0  # step 0 doubles as "no dependency" (it ends at 0)
-    rlag = np.zeros(size)
-    rprod[mirror[prod[waits]]] = mirror[waits]
-    rlag[mirror[prod[waits]]] = lags[waits]
-    rdur = np.zeros(size)
-    rdur[mirror[q]] = np.asarray(duration, dtype=np.float64)[q]
-    ends = run(Program(_ints(rprod), _doubles(rlag), _doubles(rdur), initial, first, last,
-                       None, 0))
-    rend = np.frombuffer(ends, dtype=np.float64)
-    rstart = np.maximum(rend[np.arange(size) - 1], rend[rprod] + rlag)  # the kernel's max
-    tail, reach = np.zeros(size), np.zeros(size)
-    tail[q], reach[q] = rstart[mirror[q]], rend[mirror[q]]
-    return Tails(tail.tolist(), reach.tolist())
+    def __init__(self, producer: Sequence[int], lag: Sequence[float],
+                 duration: Sequence[float], initial: Sequence[float], first: list[int],
+                 last: list[int]):
+        import numpy as np
+
+        size = len(producer)
+        prod = np.asarray(producer, dtype=np.int64)
+        lags = np.asarray(lag, dtype=np.float64)
+        lengths = np.array(last) - np.array(first) + 1
+        q = np.concatenate([np.arange(f, f + n) for f, n in zip(first, lengths, strict=True)])
+        mirror = np.arange(size)  # rank r's position f + i <-> last[r] - i
+        mirror[q] = np.repeat(np.array(first) + np.array(last), lengths) - q
+        movable = np.zeros(size, dtype=bool)
+        movable[q] = True
+        waits = q[movable[prod[q]]]  # the steps that wait for another step
+        rprod = np.full(size, size - 1, dtype=np.int64)  # (size - 1: never)
+        rprod[q] = 0  # step 0 doubles as "no dependency" (it ends at 0)
+        rlag = np.zeros(size)
+        rprod[mirror[prod[waits]]] = mirror[waits]
+        rlag[mirror[prod[waits]]] = lags[waits]
+        rdur = np.zeros(size)
+        rdur[mirror[q]] = np.asarray(duration, dtype=np.float64)[q]
+        self.mirror = mirror.tolist()
+        self.first, self.last = first, last
+        self.rprod, self.rlag, self.rdur = _ints(rprod), _doubles(rlag), _doubles(rdur)
+        self.rend = run(Program(self.rprod, self.rlag, self.rdur, initial, first, last,
+                                None, 0))
+        self.stale = [0] * len(first)  # per rank: how many of its first steps are marked
+
+    def tail(self, q: int) -> float:
+        """The tail of position q (the reversed step's start: the kernel's max)."""
+        m = self.mirror[q]
+        rend = self.rend
+        t = rend[m - 1]
+        x = rend[self.rprod[m]] + self.rlag[m]
+        return x if x > t else t
+
+    def reach(self, q: int) -> float:
+        """Position q's duration + tail (the reversed step's end)."""
+        return self.rend[self.mirror[q]]
+
+    def place(self, p0: int, p1: int, node_at: list[int], pos_of: list[int],
+              need: list[int], lag: list[float], duration: list[float],
+              consumers: list[list[int]], rank_at: list[int]) -> None:
+        """Positions p0..p1 hold other nodes now (``node_at``; node x waits for ``need[x]``,
+        which is a step where ``rank_at`` is >= 0): follow them in the reversed program."""
+        mirror, rprod, rlag, rdur = self.mirror, self.rprod, self.rlag, self.rdur
+        for q in range(p0, p1 + 1):
+            x = node_at[q]
+            m = mirror[q]
+            rdur[m] = duration[x]
+            c = consumers[x]
+            if c:
+                rprod[m], rlag[m] = mirror[pos_of[c[0]]], lag[c[0]]
+            else:
+                rprod[m], rlag[m] = 0, 0.0
+            j = need[x]
+            if rank_at[j] >= 0:
+                rprod[mirror[pos_of[j]]], rlag[mirror[pos_of[j]]] = m, lag[x]
+
+    def mark(self, end: list[float], top: float) -> None:
+        """Mark, on every rank, the steps that end by ``top`` (``end``: the program's
+        ends, which never decrease along a rank)."""
+        from bisect import bisect_right
+
+        stale = self.stale
+        for r, (lo, hi) in enumerate(zip(self.first, self.last, strict=True)):
+            n = bisect_right(end, top, lo, hi + 1) - lo
+            if n > stale[r]:
+                stale[r] = n
+
+    @property
+    def marked(self) -> int:
+        """How many steps are marked."""
+        return sum(self.stale)
+
+    def refresh(self) -> None:
+        """Run the reversed program's loop again over the marked steps."""
+        if not any(self.stale):
+            return
+        rend = self.rend
+        frontier = []
+        for r, n in enumerate(self.stale):
+            hi = self.last[r] + 1
+            frontier.append(hi - n)
+            rend[hi - n:hi] = array("d", [_INF]) * n
+        self.rend = run(Program(self.rprod, self.rlag, self.rdur, rend, frontier, self.last,
+                                None, 0))
+        self.stale = [0] * len(self.stale)
 
 
 class Window:
@@ -170,8 +229,8 @@ class Window:
             t0 += duration[x]
             ends.append(t0)
         # Tails: backwards from the old reaches of what follows the window.
-        tail, reach = t.tail, t.reach
-        after = reach[p1 + 1] if p1 < self.last[r] else 0.0
+        reach = t.reach
+        after = reach(p1 + 1) if p1 < self.last[r] else 0.0
         reaches = [0.0] * len(nodes)
         best = -_INF
         for i in range(len(nodes) - 1, -1, -1):
@@ -179,7 +238,7 @@ class Window:
             top = after
             for c in consumers[x]:
                 k = at.get(c)
-                v = (reaches[k] if k is not None else reach[pos_of[c]]) + lag[c]
+                v = (reaches[k] if k is not None else reach(pos_of[c])) + lag[c]
                 if v > top:
                     top = v
             if ends[i] + top > best:
@@ -190,7 +249,7 @@ class Window:
         if best >= step - tol:
             return step
         for q in range(p0, p1 + 1):
-            if end[q] + tail[q] >= step - tol:
+            if end[q] + t.tail(q) >= step - tol:
                 return None  # a critical step moved and the path through it got shorter
         return step
 

@@ -68,7 +68,7 @@ from operator import itemgetter
 from ..costs import CostModel, StageCosts, fits_limit
 from ..ir.check import flat_actions
 from ..ir.schedule import Schedule, ScheduleError, Step, make_schedule, step_actions
-from .critical import Tails, Window, tails, tolerance
+from .critical import Tails, Window, tolerance
 from .kernel import Program, compile_program, run
 
 _INF = float("inf")
@@ -246,7 +246,7 @@ class Compiled:
         self._gather: tuple | None = None  # (id, the sequence, its nodes): ends_of's
         # Lazy answers (module docstring): a move answered from the tails, not yet re-timed.
         self._pending: tuple | None = None  # (rank, lo, hi, old order, answer, old peak)
-        self._tails: Tails | None = None  # of the program as re-timed (None: stale)
+        self._tails: Tails | None = None  # of the program as re-timed (None: not built)
         self._window = None if prog.num_pairs or any(len(c) > 1 for c in self._consumers) \
             else Window(self._need, self._lag_of, self._dur_of, self._consumers,
                         self._rank_at, self.last)
@@ -428,16 +428,21 @@ class Compiled:
         self._peaks[r] = peak
 
     def _tails_ready(self) -> bool:
-        """Whether the tails are up to date, rebuilding them if that is likely to pay."""
-        if self._tails is not None:
+        """Whether the tails are up to date, bringing them up to date (the marked ones,
+        or all the first time) if that is likely to pay."""
+        t = self._tails
+        if t is not None and not any(t.stale):
             return True
         if not self._lazy:
             self._waited += 1
             if self._waited < self._backoff:
                 return False
             self._waited, self._backoff = 0, min(2 * self._backoff, 4096)
-        self._tails = tails(self._producer, self._lag, self._duration, self._initial,
-                            self.first, self.last)
+        if t is None:
+            self._tails = Tails(self._producer, self._lag, self._duration, self._initial,
+                                self.first, self.last)
+        else:
+            t.refresh()
         return True
 
     def _apply(self, edits: Mapping[int, tuple[int, int, list[int], list[int]]],
@@ -452,7 +457,6 @@ class Compiled:
             segments.append(self._place(r, lo, hi, old, new))
             self.orders[r] = new
             self._peaks[r] = None
-        self._tails = None
         self.counts["re-timed"] += 1
         if deadlock:
             self._stuck = True  # (the next re-time runs the kernel's loop)
@@ -462,6 +466,12 @@ class Compiled:
             self._stuck = True
         elif not self._propagate(segments):
             self._suffix_run(segments)  # it reached far: the kernel's loop from there on
+        if self._tails is not None:
+            if self._stuck:
+                self._tails = None
+            else:  # what the changed steps wait for may have other tails now
+                for _, p1 in segments:
+                    self._tails.mark(self._end, self._end[p1])
         return self.step_time
 
     def _place(self, r: int, lo: int, hi: int, old: Sequence[int],
@@ -488,6 +498,9 @@ class Compiled:
             self._duration[q] = self._dur_of[x]
             for c in self._consumers[x]:
                 producer[pos_of[c]] = q
+        if self._tails is not None:
+            self._tails.place(p0, p1, self._node_at, pos_of, need, self._lag_of,
+                              self._dur_of, self._consumers, self._rank_at)
         return p0, p1
 
     def _cycle(self, segments: list[tuple[int, int]]) -> bool:
