@@ -338,20 +338,23 @@ class Compiled:
     # ---- changing the orders -----------------------------------------------------
     def move(self, rank: int, k: int, to: int) -> float:
         """Take the ``k``-th step of ``rank`` out and put it back at position ``to`` (of
-        the shortened order); re-time; return the new step time."""
+        the shortened order); return the new step time (from the tails, the move left
+        pending, where they tell; else re-timed)."""
         order = list(self.orders[rank])
         order.insert(to, order.pop(k))
         return self._edit({rank: (min(k, to), max(k, to), order)})
 
     def swap(self, rank: int, k: int, k2: int) -> float:
-        """Trade the ``k``-th and ``k2``-th steps of ``rank``; re-time; return the step."""
+        """Trade the ``k``-th and ``k2``-th steps of ``rank``; return the new step time (as
+        :meth:`move`)."""
         order = list(self.orders[rank])
         order[k], order[k2] = order[k2], order[k]
         return self._edit({rank: (min(k, k2), max(k, k2), order)})
 
     def reorder(self, changes: Mapping[int, Sequence[int]]) -> float:
         """Give the ranks in ``changes`` these orders (each a permutation of the rank's step
-        ids) and re-time incrementally; returns the new step time (``inf``: deadlock).
+        ids) and re-time incrementally (one stretch of one rank: answered from the tails
+        where they tell, as :meth:`move`); returns the new step time (``inf``: deadlock).
 
         The orders are not validated here (a search moves an action only where its rank
         allows it: after its own F, before its W, ...); :meth:`schedule` is a Schedule that
