@@ -11,7 +11,9 @@ follows. Its **reach** is ``duration[q] + tail[q]``. The step time L is the larg
 **One backward pass.** The tails are the kernel's own clock run on the *reversed* program:
 each rank's order backwards, each step waiting for the step that waited for it (a lone
 action's output has at most one waiter, so the reversed program again has one producer per
-step). The reversed step's start is the tail, its end the reach.
+step). The reversed step's start is the tail, its end the reach. A change that is kept
+changes the tails of what its steps wait for only, so :class:`Tails` runs that loop again
+over those steps alone.
 
 **A window rewrite.** Rank r's steps at positions lo..hi take a new order Z1..Zm (a swap of
 neighbours: m = 2; one action moved k places: m = k + 1); p is the step before the window,
@@ -42,8 +44,8 @@ backwards), so B may differ from the kernel's double in its last bits. Each sum 
 ``2 size 2^-53 L``. :func:`tolerance` is eight times that: a window step counts as not
 critical only when ``end + tail < L - tolerance``, B counts as longer only above
 ``L + tolerance`` and as equal within it (the answer is then L). The answer equals the
-kernel's step time to within ``2 x tolerance``; where it stays L (most answers) it is the
-old double, which a full run of the new order gives too.
+kernel's step time to within ``2 x tolerance``. Where it stays L it is the old double,
+which a full run of the new order gives too, unless two paths tie to within rounding.
 """
 
 from __future__ import annotations
