@@ -29,12 +29,12 @@ of that repeat.
    search's pattern, 200 random moves each tried, its step time read, and taken back; the
    time of all three calls (the move is answered from the tails, or re-timed where the tails
    cannot tell, and left pending; taking it back cancels it). *Kept*: 30 moves kept; the
-   time of the move, ``settle()`` (its re-time) and the next try (which rebuilds the tails,
-   one backward run of the kernel's loop, and answers). Each: the median ratio and the share
-   >= 100x. *Mix*: 200 moves, every tenth kept, against 200 full runs (all calls timed).
-   Target: >= 100x median for a tried move (issue 19). A kept move costs about a full run or
-   more: the re-time of what it shifted plus a rebuild of every tail (a kept move changes
-   the tails of most steps before it).
+   time of the move, ``settle()`` (its re-time) and the next try (which runs the kernel's
+   loop backwards again over the tails the kept move may have changed, and answers). Each:
+   the median ratio and the share >= 100x. *Mix*: 200 moves, every tenth kept, against 200
+   full runs (all calls timed). Target: >= 100x median for a tried move (issue 19). A kept
+   move costs about a full run: the re-time of what it shifted plus the tails of what it
+   waits for (in a step without slack, most steps before it).
 
 Run: ``make bench`` or ``.venv/bin/python bench/bench_simulate.py``. Prints; asserts nothing.
 """
@@ -203,14 +203,14 @@ def incremental() -> None:
         lazy = core.counts["lazy"] - before["lazy"]
         report(label, "tried", tried, "target >= 100x")
         kept = []
-        while len(kept) < 30:  # a move kept: re-timed, and the tails rebuilt for the next
+        while len(kept) < 30:  # a move kept: re-timed, and the tails refreshed for the next
             r, k = pick(kinds)
             r2, k2 = pick("")
             t0 = time.perf_counter()
             core.swap(r, k, k + 1)
             core.settle()
             t1 = time.perf_counter()
-            core.swap(r2, k2, k2 + 1)  # the next try: rebuilds the tails (and answers)
+            core.swap(r2, k2, k2 + 1)  # the next try: refreshes the tails (and answers)
             t2 = time.perf_counter()
             kept.append(full / (t1 - t0 + t2 - t1))
             core.swap(r2, k2, k2 + 1)  # (untimed: back to the first order, tails rebuilt)

@@ -250,7 +250,7 @@ class Compiled:
         self._window = None if prog.num_pairs or any(len(c) > 1 for c in self._consumers) \
             else Window(self._need, self._lag_of, self._dur_of, self._consumers,
                         self._rank_at, self.last)
-        self._lazy = True  # whether to rebuild stale tails (False after a read settled)
+        self._lazy = True  # whether to refresh stale tails (False after a read settled)
         self._backoff, self._waited = self.BACKOFF, 0
         self.counts = {"lazy": 0, "cancelled": 0, "settled": 0, "re-timed": 0}
         self._full_run()
