@@ -96,6 +96,12 @@ def simulate(schedule: Schedule, costs: CostModel | StageCosts | None = None) ->
             f"costs are for {len(sc.f)} stages but the schedule has {schedule.num_stages}"
         )
     flat = flat_actions(schedule)
+    if flat.pair.any():  # Overlap pairs: one step per block, as fast as lone actions
+        blocks = compile_blocks(schedule, flat, sc)
+        end = _run_blocks(blocks)
+        if all(end[last] != _INF for last in blocks.last):
+            return _block_timeline(schedule, flat, sc, blocks, end)
+        # a deadlock: the three-step program below names each rank's stuck action
     program = compile_program(schedule, flat, sc)
     end = run(program)
     stuck = [r for r, last in enumerate(program.last) if end[last] == _INF]
@@ -176,6 +182,140 @@ def compile_program(schedule: Schedule, flat: FlatActions, sc: StageCosts) -> Pr
     last = np.append(boundary[1:], size - 2) - 1
     return Program(_ints(producer), _doubles(lag), _doubles(duration), _doubles(initial),
                    first.tolist(), last.tolist(), step, num_pairs)
+
+
+class Blocks(NamedTuple):
+    """A program with one step per *block* (a lone action, or an Overlap pair), for
+    :func:`simulate` on schedules with pairs: a third of the steps of the
+    :class:`Program`'s wait + forward + backward, and no parking on a wait step. Step ``i``
+    starts at ``max(end[i - 1], end[producer[i]] + lag[i], end[producer2[i]] + lag2[i])``
+    and ends at ``(start + duration[i]) + duration2[i]``: for a pair, its forward part's
+    producer and duration, then its backward part's (so the forward part ends at ``start
+    + duration[i]``, in the same doubles as the three steps give); for a lone action,
+    ``producer2`` is step 0, which ends at 0, and ``duration2`` is 0.0 (adding it changes
+    no double). ``step[a]`` is the block of action ``a``; the rest as in
+    :class:`Program`."""
+
+    producer: array  # of int64
+    lag: array  # of doubles
+    producer2: array
+    lag2: array
+    duration: array
+    duration2: array
+    initial_end: array
+    first: list[int]
+    last: list[int]
+    step: np.ndarray
+
+
+def compile_blocks(schedule: Schedule, flat: FlatActions, sc: StageCosts) -> Blocks:
+    """The :class:`Blocks` of ``schedule`` under ``sc``: :func:`compile_program`'s
+    gathers with a pair's two parts on one step."""
+    import numpy as np
+
+    S, M, p = schedule.num_stages, schedule.num_microbatches, schedule.num_ranks
+    n = len(flat.stage)
+    rule = _rule(_Topology(S, tuple(schedule.stage_to_rank), tuple(schedule.chain_starts)))
+    row = flat.stage * 4 + flat.kind
+    kind, mb = flat.kind, flat.microbatch
+    fwd = np.flatnonzero(flat.pair == 1)
+    bwd = fwd + 1
+    if (len(bwd) and bwd[-1] >= n) or (flat.pair[bwd] != 2).any() or (kind[fwd] != F).any() or (
+            (kind[bwd] != I) & (kind[bwd] != B)).any():
+        raise ScheduleError("an Overlap pairs a forward with a backward (F then B or I)")
+    # Step numbers: one boundary step before each rank's steps; a pair's backward part
+    # shares its forward part's step.
+    back = np.zeros(n, dtype=np.int64)
+    back[bwd] = 1
+    np.cumsum(back, out=back)  # backward parts so far, this action's included
+    step = np.arange(n) + flat.rank + 1 - back
+    num_pairs = len(fwd)
+    size = n - num_pairs + p + 2  # + the boundary after the last rank, + never
+    never = size - 1
+    starts = np.asarray(flat.offsets[:-1])
+    boundary = starts + np.arange(p) - np.concatenate(([0], back))[starts]
+    # Signal slots as in compile_program; every output is ready at its block's end.
+    ready = np.zeros(3 * S * M + M, dtype=np.int64)
+    made = np.array([_SIGNAL[produces(Action(0, k, 0)).kind] for k in KINDS])[kind]
+    ready[(made * S + flat.stage) * M + mb] = step
+    needed = ready[(np.array(rule.needs) * M)[row] + mb]
+    comm = np.array([sc.comm if c else 0.0 for c in rule.crosses])[row]
+    cost = np.array([sc.duration(s, k) for s in range(S) for k in KINDS])[row]
+    if num_pairs:
+        cost[fwd] *= sc.overlap
+        cost[bwd] *= sc.overlap
+    one = flat.pair != 2  # a lone action or a pair's forward part: the block's first
+    producer = np.full(size, never, dtype=np.int64)
+    lag = np.zeros(size)
+    duration = np.zeros(size)
+    producer[step[one]] = needed[one]
+    lag[step[one]] = comm[one]
+    duration[step[one]] = cost[one]
+    producer2 = np.zeros(size, dtype=np.int64)
+    lag2 = np.zeros(size)
+    duration2 = np.zeros(size)
+    at = step[bwd]
+    producer2[at] = needed[bwd]
+    lag2[at] = comm[bwd]
+    duration2[at] = cost[bwd]
+    initial = np.full(size, _INF)
+    initial[boundary] = 0.0
+    initial[size - 2] = 0.0
+    first = boundary + 1
+    last = np.append(boundary[1:], size - 2) - 1
+    return Blocks(_ints(producer), _doubles(lag), _ints(producer2), _doubles(lag2),
+                  _doubles(duration), _doubles(duration2), _doubles(initial),
+                  first.tolist(), last.tolist(), step)
+
+
+def _run_blocks(blocks: Blocks) -> array:
+    """:func:`run` for :class:`Blocks`. A block waits for two producers at most, and a
+    block's end for two waiters at most (one per output: F(s) -> F(s+1), I/B(s) ->
+    I/B(s-1)), so two ints per step hold them (``never``, which collects one per finished
+    rank, is never woken: overwriting its waiters loses nothing)."""
+    producer, lag, duration = blocks.producer, blocks.lag, blocks.duration
+    producer2, lag2, duration2 = blocks.producer2, blocks.lag2, blocks.duration2
+    end = array("d", blocks.initial_end)
+    waiter = [0] * len(end)  # waiter[j], waiter2[j]: the steps parked on j (0: none)
+    waiter2 = [0] * len(end)
+    inf = _INF
+    stack = blocks.first[:]
+    pop, push = stack.pop, stack.append
+    while stack:
+        i = pop()
+        t = end[i - 1]
+        while True:
+            x = end[producer[i]] + lag[i]
+            if x > t:
+                if x == inf:
+                    j = producer[i]
+                    if waiter[j]:
+                        waiter2[j] = i
+                    else:
+                        waiter[j] = i
+                    break
+                t = x
+            x = end[producer2[i]] + lag2[i]
+            if x > t:
+                if x == inf:
+                    j = producer2[i]
+                    if waiter[j]:
+                        waiter2[j] = i
+                    else:
+                        waiter[j] = i
+                    break
+                t = x
+            t += duration[i]
+            t += duration2[i]
+            end[i] = t
+            woken = waiter[i]
+            if woken:
+                push(woken)
+                woken = waiter2[i]
+                if woken:
+                    push(woken)
+            i += 1
+    return end
 
 
 class _Topology(NamedTuple):
@@ -313,6 +453,14 @@ def _timeline(schedule: Schedule, flat: FlatActions, sc: StageCosts, program: Pr
     lag = np.frombuffer(program.lag, dtype=np.float64)
     step = program.step
     start = np.maximum(ends[step - 1], ends[producer[step]] + lag[step])
+    return _columns(schedule, flat, sc, start, ends[step])
+
+
+def _columns(schedule: Schedule, flat: FlatActions, sc: StageCosts, start: np.ndarray,
+             end: np.ndarray) -> Timeline:
+    """The Timeline of ``flat``'s actions with these starts and ends."""
+    import numpy as np
+
     row = flat.stage * 4 + flat.kind
     mem = np.array([sc.memory_deltas(s, k) for s in range(schedule.num_stages)
                     for k in KINDS]).reshape(-1, 2)[row]
@@ -331,13 +479,35 @@ def _timeline(schedule: Schedule, flat: FlatActions, sc: StageCosts, program: Pr
         kind=kinds[flat.kind].tolist(),
         microbatch=_ints(flat.microbatch),
         start=_doubles(start),
-        end=_doubles(ends[step]),
+        end=_doubles(end),
         mem_start=_doubles(mem[:, 0]),
         mem_end=_doubles(mem[:, 1]),
         overlapped=(flat.pair > 0).tolist(),
         source="simulated",
         offsets=list(offsets),
     )
+
+
+def _block_timeline(schedule: Schedule, flat: FlatActions, sc: StageCosts, blocks: Blocks,
+                    end: array) -> Timeline:
+    """:func:`_timeline` for :class:`Blocks`: a pair's forward part runs from the block's
+    start to ``start + duration``, its backward part from there to the block's end."""
+    import numpy as np
+
+    ends = np.frombuffer(end, dtype=np.float64)
+    producer = np.frombuffer(blocks.producer, dtype=np.int64)
+    producer2 = np.frombuffer(blocks.producer2, dtype=np.int64)
+    lag = np.frombuffer(blocks.lag, dtype=np.float64)
+    lag2 = np.frombuffer(blocks.lag2, dtype=np.float64)
+    step = blocks.step
+    start = np.maximum(np.maximum(ends[step - 1], ends[producer[step]] + lag[step]),
+                       ends[producer2[step]] + lag2[step])
+    stop = ends[step]
+    fwd = np.flatnonzero(flat.pair == 1)
+    middle = start[fwd] + np.frombuffer(blocks.duration, dtype=np.float64)[step[fwd]]
+    stop[fwd] = middle  # (stop is a gather: a copy)
+    start[fwd + 1] = middle
+    return _columns(schedule, flat, sc, start, stop)
 
 
 def _doubles(values: np.ndarray) -> array:
