@@ -238,33 +238,34 @@ def compile_blocks(schedule: Schedule, flat: FlatActions, sc: StageCosts) -> Blo
     ready = np.zeros(3 * S * M + M, dtype=np.int64)
     made = np.array([_SIGNAL[produces(Action(0, k, 0)).kind] for k in KINDS])[kind]
     ready[(made * S + flat.stage) * M + mb] = step
-    needed = ready[(np.array(rule.needs) * M)[row] + mb]
-    comm = np.array([sc.comm if c else 0.0 for c in rule.crosses])[row]
-    cost = np.array([sc.duration(s, k) for s in range(S) for k in KINDS])[row]
-    if num_pairs:
-        cost[fwd] *= sc.overlap
-        cost[bwd] *= sc.overlap
-    one = flat.pair != 2  # a lone action or a pair's forward part: the block's first
-    producer = np.full(size, never, dtype=np.int64)
-    lag = np.zeros(size)
-    duration = np.zeros(size)
-    producer[step[one]] = needed[one]
-    lag[step[one]] = comm[one]
-    duration[step[one]] = cost[one]
-    producer2 = np.zeros(size, dtype=np.int64)
-    lag2 = np.zeros(size)
-    duration2 = np.zeros(size)
-    at = step[bwd]
-    producer2[at] = needed[bwd]
-    lag2[at] = comm[bwd]
-    duration2[at] = cost[bwd]
-    initial = np.full(size, _INF)
-    initial[boundary] = 0.0
-    initial[size - 2] = 0.0
+    needs = np.array(rule.needs) * M
+    comm = np.array([sc.comm if c else 0.0 for c in rule.crosses])
+    cost = np.array([sc.duration(s, k) for s in range(S) for k in KINDS])
+    # The columns are written in place in C arrays (no copy): first the block's first
+    # action (a lone action or a pair's forward part), then a pair's backward part.
+    one = np.flatnonzero(flat.pair != 2)
+    at, row_one = step[one], row[one]
+    producer, v_producer = _filled("q", size, never)
+    lag, v_lag = _filled("d", size, 0.0)
+    duration, v_duration = _filled("d", size, 0.0)
+    v_producer[at] = ready[needs[row_one] + mb[one]]
+    v_lag[at] = comm[row_one]
+    v_duration[at] = cost[row_one]
+    producer2, v_producer2 = _filled("q", size, 0)
+    lag2, v_lag2 = _filled("d", size, 0.0)
+    duration2, v_duration2 = _filled("d", size, 0.0)
+    at, row_bwd = step[bwd], row[bwd]
+    v_duration[at] *= sc.overlap  # the forward part (same step)
+    v_producer2[at] = ready[needs[row_bwd] + mb[bwd]]
+    v_lag2[at] = comm[row_bwd]
+    v_duration2[at] = cost[row_bwd] * sc.overlap
+    initial, v_initial = _filled("d", size, _INF)
+    v_initial[boundary] = 0.0
+    v_initial[size - 2] = 0.0
+    del v_producer, v_lag, v_duration, v_producer2, v_lag2, v_duration2, v_initial
     first = boundary + 1
     last = np.append(boundary[1:], size - 2) - 1
-    return Blocks(_ints(producer), _doubles(lag), _ints(producer2), _doubles(lag2),
-                  _doubles(duration), _doubles(duration2), _doubles(initial),
+    return Blocks(producer, lag, producer2, lag2, duration, duration2, initial,
                   first.tolist(), last.tolist(), step)
 
 
@@ -452,46 +453,20 @@ def _timeline(schedule: Schedule, flat: FlatActions, sc: StageCosts, program: Pr
     producer = np.frombuffer(program.producer, dtype=np.int64)
     lag = np.frombuffer(program.lag, dtype=np.float64)
     step = program.step
-    start = np.maximum(ends[step - 1], ends[producer[step]] + lag[step])
-    return _columns(schedule, flat, sc, start, ends[step])
-
-
-def _columns(schedule: Schedule, flat: FlatActions, sc: StageCosts, start: np.ndarray,
-             end: np.ndarray) -> Timeline:
-    """The Timeline of ``flat``'s actions with these starts and ends."""
-    import numpy as np
-
-    row = flat.stage * 4 + flat.kind
-    mem = np.array([sc.memory_deltas(s, k) for s in range(schedule.num_stages)
-                    for k in KINDS]).reshape(-1, 2)[row]
-    p, offsets = schedule.num_ranks, flat.offsets
-    kinds = np.array([str(k) for k in KINDS], dtype=object)
-    return Timeline(
-        schedule=schedule.name,
-        num_ranks=p,
-        num_stages=schedule.num_stages,
-        num_microbatches=schedule.num_microbatches,
-        stage_to_rank=tuple(schedule.stage_to_rank),
-        chains=schedule.chains,
-        chain_starts=schedule.chain_starts,
-        rank=_ints(flat.rank),
-        stage=_ints(flat.stage),
-        kind=kinds[flat.kind].tolist(),
-        microbatch=_ints(flat.microbatch),
-        start=_doubles(start),
-        end=_doubles(end),
-        mem_start=_doubles(mem[:, 0]),
-        mem_end=_doubles(mem[:, 1]),
-        overlapped=(flat.pair > 0).tolist(),
-        source="simulated",
-        offsets=list(offsets),
-    )
+    n = len(step)
+    start, v_start = _filled("d", n, 0.0)
+    np.maximum(ends[step - 1], ends[producer[step]] + lag[step], out=v_start)
+    stop, v_stop = _filled("d", n, 0.0)
+    np.take(ends, step, out=v_stop, mode="wrap")  # (wrap: unbuffered; step is in range)
+    del v_start, v_stop
+    return _columns(schedule, flat, sc, start, stop)
 
 
 def _block_timeline(schedule: Schedule, flat: FlatActions, sc: StageCosts, blocks: Blocks,
                     end: array) -> Timeline:
-    """:func:`_timeline` for :class:`Blocks`: a pair's forward part runs from the block's
-    start to ``start + duration``, its backward part from there to the block's end."""
+    """:func:`_timeline` for :class:`Blocks`: each block's start is the loop's maximum,
+    vectorised over the steps (the same doubles); a pair's forward part runs from it to
+    ``start + duration``, its backward part from there to the block's end."""
     import numpy as np
 
     ends = np.frombuffer(end, dtype=np.float64)
@@ -499,15 +474,75 @@ def _block_timeline(schedule: Schedule, flat: FlatActions, sc: StageCosts, block
     producer2 = np.frombuffer(blocks.producer2, dtype=np.int64)
     lag = np.frombuffer(blocks.lag, dtype=np.float64)
     lag2 = np.frombuffer(blocks.lag2, dtype=np.float64)
+    duration = np.frombuffer(blocks.duration, dtype=np.float64)
+    begin = np.empty(len(ends))  # begin[i]: when step i starts (boundaries: unused)
+    begin[0] = 0.0
+    np.maximum(ends[:-1], ends[producer[1:]] + lag[1:], out=begin[1:])
+    np.maximum(begin[1:], ends[producer2[1:]] + lag2[1:], out=begin[1:])
     step = blocks.step
-    start = np.maximum(np.maximum(ends[step - 1], ends[producer[step]] + lag[step]),
-                       ends[producer2[step]] + lag2[step])
-    stop = ends[step]
+    n = len(step)
+    start, v_start = _filled("d", n, 0.0)
+    np.take(begin, step, out=v_start, mode="wrap")
+    stop, v_stop = _filled("d", n, 0.0)
+    np.take(ends, step, out=v_stop, mode="wrap")
     fwd = np.flatnonzero(flat.pair == 1)
-    middle = start[fwd] + np.frombuffer(blocks.duration, dtype=np.float64)[step[fwd]]
-    stop[fwd] = middle  # (stop is a gather: a copy)
-    start[fwd + 1] = middle
+    at = step[fwd]
+    middle = begin[at] + duration[at]
+    v_stop[fwd] = middle
+    v_start[fwd + 1] = middle
+    del v_start, v_stop
     return _columns(schedule, flat, sc, start, stop)
+
+
+def _columns(schedule: Schedule, flat: FlatActions, sc: StageCosts, start: array,
+             end: array) -> Timeline:
+    """The Timeline of ``flat``'s actions with these starts and ends (C doubles)."""
+    import numpy as np
+
+    S, n = schedule.num_stages, len(flat.stage)
+    row = flat.stage * 4 + flat.kind
+    deltas = [sc.memory_deltas(s, k) for s in range(S) for k in KINDS]
+    mem_start, v_mem_start = _filled("d", n, 0.0)
+    np.take(np.array([d[0] for d in deltas]), row, out=v_mem_start, mode="wrap")
+    mem_end, v_mem_end = _filled("d", n, 0.0)
+    np.take(np.array([d[1] for d in deltas]), row, out=v_mem_end, mode="wrap")
+    del v_mem_start, v_mem_end
+    # The kind letters: the codes as bytes, translated; list() of a str shares CPython's
+    # one-letter strings (no object per action).
+    letters = flat.kind.astype(np.uint8, copy=False).tobytes().translate(_LETTERS)
+    pairs = bool(flat.pair.any())
+    return Timeline(
+        schedule=schedule.name,
+        num_ranks=schedule.num_ranks,
+        num_stages=S,
+        num_microbatches=schedule.num_microbatches,
+        stage_to_rank=tuple(schedule.stage_to_rank),
+        chains=schedule.chains,
+        chain_starts=schedule.chain_starts,
+        rank=_ints(flat.rank),
+        stage=_ints(flat.stage),
+        kind=list(letters.decode("ascii")),
+        microbatch=_ints(flat.microbatch),
+        start=start,
+        end=end,
+        mem_start=mem_start,
+        mem_end=mem_end,
+        overlapped=(flat.pair > 0).tolist() if pairs else [False] * n,
+        source="simulated",
+        offsets=list(flat.offsets),
+    )
+
+
+_LETTERS = bytes.maketrans(bytes(range(len(KINDS))), "".join(KINDS).encode("ascii"))
+
+
+def _filled(typecode: str, size: int, value: float) -> tuple[array, np.ndarray]:
+    """A C array of ``size`` copies of ``value`` (``q``: int64, ``d``: double) and a
+    writable numpy view of it (drop the view before the array is resized: never here)."""
+    import numpy as np
+
+    out = array(typecode, [value]) * size
+    return out, np.frombuffer(out, dtype=np.int64 if typecode == "q" else np.float64)
 
 
 def _doubles(values: np.ndarray) -> array:
