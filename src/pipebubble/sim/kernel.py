@@ -159,9 +159,10 @@ def compile_program(schedule: Schedule, flat: FlatActions, sc: StageCosts) -> Pr
     ready = np.zeros(3 * S * M + M, dtype=np.int64)
     made = np.array([_SIGNAL[produces(Action(0, k, 0)).kind] for k in KINDS])[kind]
     ready[(made * S + flat.stage) * M + mb] = step + fwd_part
-    producer = np.full(size, never, dtype=np.int64)
-    lag = np.zeros(size)
-    duration = np.zeros(size)
+    # The columns are written in place in C arrays (numpy views of them; no copy).
+    c_producer, producer = _filled("q", size, never)
+    c_lag, lag = _filled("d", size, 0.0)
+    c_duration, duration = _filled("d", size, 0.0)
     producer[step] = ready[(np.array(rule.needs) * M)[row] + mb]
     lag[step] = np.array([sc.comm if c else 0.0 for c in rule.crosses])[row]
     duration[step] = np.array([sc.duration(s, k) for s in range(S) for k in KINDS])[row]
@@ -175,13 +176,14 @@ def compile_program(schedule: Schedule, flat: FlatActions, sc: StageCosts) -> Pr
         wait, bwd_step = step[fwd] - 1, step[bwd]
         producer[wait], lag[wait] = producer[bwd_step], lag[bwd_step]
         producer[bwd_step], lag[bwd_step] = 0, 0.0  # met by the wait
-    initial = np.full(size, _INF)
+    c_initial, initial = _filled("d", size, _INF)
     initial[boundary] = 0.0
     initial[size - 2] = 0.0  # the boundary after the last rank
+    del producer, lag, duration, initial  # the views (an exported buffer pins its array)
     first = boundary + 1
     last = np.append(boundary[1:], size - 2) - 1
-    return Program(_ints(producer), _doubles(lag), _doubles(duration), _doubles(initial),
-                   first.tolist(), last.tolist(), step, num_pairs)
+    return Program(c_producer, c_lag, c_duration, c_initial, first.tolist(), last.tolist(),
+                   step, num_pairs)
 
 
 class Blocks(NamedTuple):
