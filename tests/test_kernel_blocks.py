@@ -1,0 +1,68 @@
+"""The kernel's block program (one step per lone action or Overlap pair, what simulate()
+runs on schedules with pairs) against the three-step Program (wait + forward + backward
+per pair, what the incremental core of sim/program.py runs): the same Timeline to the bit."""
+
+import pytest
+from hypothesis import given, settings
+
+from pipebubble.costs import CostModel
+from pipebubble.ir.check import flat_actions
+from pipebubble.ir.schedule import Overlap
+from pipebubble.schedules import get_schedule
+from pipebubble.sim.kernel import (
+    _timeline,
+    compile_blocks,
+    compile_program,
+    run,
+    simulate,
+)
+from strategies import schedules_and_costs
+
+COLUMNS = ("rank", "stage", "kind", "microbatch", "start", "end", "mem_start", "mem_end",
+           "overlapped", "offsets")
+
+
+def three_step(schedule, costs):
+    """The Timeline from compile_program + run, the path simulate() took for every schedule
+    before the block program (None on a deadlock)."""
+    sc = costs.resolve(schedule.num_stages, schedule.chunks)
+    flat = flat_actions(schedule)
+    program = compile_program(schedule, flat, sc)
+    end = run(program)
+    if any(end[last] == float("inf") for last in program.last):
+        return None
+    return _timeline(schedule, flat, sc, program, end)
+
+
+def columns(timeline):
+    return {c: list(getattr(timeline, c)) for c in COLUMNS}
+
+
+@settings(max_examples=60, deadline=None)
+@given(schedules_and_costs())
+def test_blocks_equal_the_three_step_program(case):
+    schedule, costs = case
+    want = three_step(schedule, costs)  # the strategy's schedules never deadlock
+    assert columns(simulate(schedule, costs)) == columns(want)
+
+
+def test_one_step_per_block_on_dualpipe():
+    """DualPipe p=4 m=8: each rank's steps are its blocks (a pair is one), plus one boundary
+    per rank, the one after the last rank and ``never``; a pair's forward part takes
+    overlap x F and ends where its backward part starts."""
+    s = get_schedule("dualpipe", 4, 8)
+    costs = CostModel(f=1, b=2, comm=0.25, overlap=0.75)
+    sc = costs.resolve(s.num_stages, s.chunks)
+    blocks = compile_blocks(s, flat_actions(s), sc)
+    assert len(blocks.duration) == sum(len(o) for o in s.orders) + s.num_ranks + 2
+    pairs = sum(isinstance(step, Overlap) for o in s.orders for step in o)
+    assert pairs > 0 and s.num_actions() == sum(len(o) for o in s.orders) + pairs
+    t = simulate(s, costs)
+    assert columns(t) == columns(three_step(s, costs))
+    seen = 0
+    for i in range(len(t) - 1):
+        if t.overlapped[i] and t.kind[i] == "F":  # a pair's forward part; its backward next
+            assert t.end[i] == t.start[i + 1] and t.overlapped[i + 1]
+            assert t.end[i] - t.start[i] == pytest.approx(0.75 * sc.f[t.stage[i]])
+            seen += 1
+    assert seen == pairs
