@@ -26,9 +26,8 @@ How it stays fast:
    (``waiter[producer] = i``); when the producer ends it pushes its waiter back on the
    stack, and the waiter's rank goes on from there. A lone action's output has at most one
    step of another stage waiting for it (F(s) -> F(s+1), I/B(s) -> I/B(s-1)), so one int
-   per step is enough; a pair's end carries two outputs and may have two waiters (and
-   ``never`` one per finished rank): then ``waiter`` reads -1 and they wait in a small
-   dict (a second copy of the loop does this, for programs with pairs only). No blocked rank is
+   per step is enough (a pair's end carries two outputs and may have two waiters: see
+   below; ``never`` collects one per finished rank and is never woken). No blocked rank is
    visited in vain and nothing is re-queued: the cost is linear in actions *and* in ranks
    (p = 16000 with one microbatch costs 4x p = 4000, not 16x), and a rank switch, which
    lock-step schedules such as 1F1B make every two actions, costs little more than an
@@ -40,12 +39,29 @@ When the stack is empty and a rank has not finished, nothing can advance: a dead
 error names the action each unfinished rank is stuck at and what it waits for
 (:func:`~pipebubble.ir.deps.describe_wait`). The simulator never hangs.
 
-An Overlap (DualPipe's F&B pair) is three steps: a *wait* of no duration for its backward
-part's gradient (so the block starts when both parts may start), then the forward and
-backward parts back to back, each scaled by ``overlap``. Whoever needs the pair's forward
-output waits for the backward part's step, the pair's end: a pair's outputs are all ready
-when the pair ends (real DualPipe runs the two parts at once on overlapped streams, so the
-forward output does not exist before the block ends).
+An Overlap (DualPipe's F&B pair) is one block: it starts when both parts may start, runs
+the forward and backward parts back to back, each scaled by ``overlap``, and all its outputs
+are ready when it ends (real DualPipe runs the two parts at once on overlapped streams, so
+the forward output does not exist before the block ends). Two programs say this:
+
+- :class:`Program` (:func:`compile_program`, what ``sim/program.py`` re-times) gives a pair
+  three steps: a *wait* of no duration for its backward part's gradient, then the forward
+  and backward parts; whoever needs the pair's forward output waits for the backward part's
+  step. A pair's end may then have two waiters: ``waiter`` reads -1 and they wait in a small
+  dict (a second copy of the loop, :func:`_run_pairs`, for programs with pairs only).
+- :class:`Blocks` (:func:`compile_blocks`, what :func:`simulate` runs when a schedule has
+  pairs) gives every block, lone action or pair, one step with two producers and two
+  durations: ``start = max(end[i - 1], end[producer[i]] + lag[i], end[producer2[i]] +
+  lag2[i])``, ``end[i] = (start + duration[i]) + duration2[i]`` (a lone action: step 0,
+  which ends at 0, and 0.0). That is a third of the steps, no wait step to park on, and
+  two waiter slots per step instead of the dict, so a schedule of pairs (DualPipe,
+  DualPipeV) runs faster per action than one of lone actions. The additions are the three
+  steps' own, in the same order, so both programs give the same doubles (a test keeps
+  them equal); on a deadlock, :func:`simulate` runs the three steps to name the stuck
+  actions.
+
+Around the loop, numpy writes every column in place into the C arrays the loop and the
+Timeline read (:func:`_filled`: a numpy view of a C array), so no column is copied.
 """
 
 from __future__ import annotations
