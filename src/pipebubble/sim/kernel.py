@@ -224,6 +224,7 @@ class Blocks(NamedTuple):
     first: list[int]
     last: list[int]
     step: np.ndarray
+    forward: np.ndarray  # the actions (flat order) that are a pair's forward part
 
 
 def compile_blocks(schedule: Schedule, flat: FlatActions, sc: StageCosts) -> Blocks:
@@ -238,8 +239,9 @@ def compile_blocks(schedule: Schedule, flat: FlatActions, sc: StageCosts) -> Blo
     kind, mb = flat.kind, flat.microbatch
     fwd = np.flatnonzero(flat.pair == 1)
     bwd = fwd + 1
-    if (len(bwd) and bwd[-1] >= n) or (flat.pair[bwd] != 2).any() or (kind[fwd] != F).any() or (
-            (kind[bwd] != I) & (kind[bwd] != B)).any():
+    back_kind = kind[bwd] if len(fwd) and bwd[-1] < n else None
+    if len(fwd) and (back_kind is None or (flat.pair[bwd] != 2).any()
+                     or (kind[fwd] != F).any() or ((back_kind != I) & (back_kind != B)).any()):
         raise ScheduleError("an Overlap pairs a forward with a backward (F then B or I)")
     # Step numbers: one boundary step before each rank's steps; a pair's backward part
     # shares its forward part's step.
@@ -284,7 +286,7 @@ def compile_blocks(schedule: Schedule, flat: FlatActions, sc: StageCosts) -> Blo
     first = boundary + 1
     last = np.append(boundary[1:], size - 2) - 1
     return Blocks(producer, lag, producer2, lag2, duration, duration2, initial,
-                  first.tolist(), last.tolist(), step)
+                  first.tolist(), last.tolist(), step, fwd)
 
 
 def _run_blocks(blocks: Blocks) -> array:
@@ -503,7 +505,7 @@ def _block_timeline(schedule: Schedule, flat: FlatActions, sc: StageCosts, block
     np.take(begin, step, out=v_start, mode="wrap")
     stop, v_stop = _filled("d", n, 0.0)
     np.take(ends, step, out=v_stop, mode="wrap")
-    fwd = np.flatnonzero(flat.pair == 1)
+    fwd = blocks.forward
     at = step[fwd]
     middle = begin[at] + duration[at]
     v_stop[fwd] = middle
