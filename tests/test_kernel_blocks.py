@@ -1,6 +1,9 @@
 """The kernel's block program (one step per lone action or Overlap pair, what simulate()
-runs on schedules with pairs) against the three-step Program (wait + forward + backward
-per pair, what the incremental core of sim/program.py runs): the same Timeline to the bit."""
+runs on schedules with pairs and at least BLOCKS_FROM actions) against the three-step
+Program (wait + forward + backward per pair, what the incremental core of sim/program.py
+runs, and simulate() below BLOCKS_FROM): the same Timeline to the bit."""
+
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -10,12 +13,16 @@ from pipebubble.ir.check import flat_actions
 from pipebubble.ir.schedule import Overlap
 from pipebubble.schedules import get_schedule
 from pipebubble.sim.kernel import (
+    BLOCKS_FROM,
+    Deadlock,
+    _simulate_blocks,
     _timeline,
     compile_blocks,
     compile_program,
     run,
     simulate,
 )
+from pipebubble.sim.reference import simulate_reference
 from strategies import schedules_and_costs
 
 COLUMNS = ("rank", "stage", "kind", "microbatch", "start", "end", "mem_start", "mem_end",
@@ -23,8 +30,7 @@ COLUMNS = ("rank", "stage", "kind", "microbatch", "start", "end", "mem_start", "
 
 
 def three_step(schedule, costs):
-    """The Timeline from compile_program + run, the path simulate() took for every schedule
-    before the block program (None on a deadlock)."""
+    """The Timeline from compile_program + run (None on a deadlock)."""
     sc = costs.resolve(schedule.num_stages, schedule.chunks)
     flat = flat_actions(schedule)
     program = compile_program(schedule, flat, sc)
@@ -32,6 +38,12 @@ def three_step(schedule, costs):
     if any(end[last] == float("inf") for last in program.last):
         return None
     return _timeline(schedule, flat, sc, program, end)
+
+
+def by_blocks(schedule, costs):
+    """The Timeline by the block program, whatever the schedule's size (None: deadlock)."""
+    return _simulate_blocks(schedule, flat_actions(schedule),
+                            costs.resolve(schedule.num_stages, schedule.chunks))
 
 
 def columns(timeline):
@@ -43,7 +55,7 @@ def columns(timeline):
 def test_blocks_equal_the_three_step_program(case):
     schedule, costs = case
     want = three_step(schedule, costs)  # the strategy's schedules never deadlock
-    assert columns(simulate(schedule, costs)) == columns(want)
+    assert columns(by_blocks(schedule, costs)) == columns(want)
 
 
 def test_one_step_per_block_on_dualpipe():
@@ -53,11 +65,11 @@ def test_one_step_per_block_on_dualpipe():
     s = get_schedule("dualpipe", 4, 8)
     costs = CostModel(f=1, b=2, comm=0.25, overlap=0.75)
     sc = costs.resolve(s.num_stages, s.chunks)
-    blocks = compile_blocks(s, flat_actions(s), sc)
-    assert len(blocks.duration) == sum(len(o) for o in s.orders) + s.num_ranks + 2
+    program = compile_blocks(s, flat_actions(s), sc)
+    assert len(program.duration) == sum(len(o) for o in s.orders) + s.num_ranks + 2
     pairs = sum(isinstance(step, Overlap) for o in s.orders for step in o)
     assert pairs > 0 and s.num_actions() == sum(len(o) for o in s.orders) + pairs
-    t = simulate(s, costs)
+    t = by_blocks(s, costs)
     assert columns(t) == columns(three_step(s, costs))
     seen = 0
     for i in range(len(t) - 1):
@@ -66,3 +78,27 @@ def test_one_step_per_block_on_dualpipe():
             assert t.end[i] - t.start[i] == pytest.approx(0.75 * sc.f[t.stage[i]])
             seen += 1
     assert seen == pairs
+
+
+def test_simulate_takes_the_block_program_on_a_large_schedule():
+    """DualPipe p=4 m=64 (over BLOCKS_FROM actions): simulate() = the block program = the
+    reference."""
+    s = get_schedule("dualpipe", 4, 64)
+    costs = CostModel(f=1.3, b=2.7, comm=0.37, overlap=0.71)
+    assert s.num_actions() >= BLOCKS_FROM
+    t = simulate(s, costs)
+    assert columns(t) == columns(by_blocks(s, costs)) == columns(simulate_reference(s, costs))
+
+
+def test_a_deadlock_with_pairs_is_named_as_by_the_reference():
+    """DualPipe's two copies read as one chain: copy B's first stage waits for copy A's last.
+    The block program sees the deadlock; simulate() names the stuck actions (the
+    three-step program's way) as the reference does."""
+    one_chain = replace(get_schedule("dualpipe", 4, 64), chain_starts=(0,))
+    assert one_chain.num_actions() >= BLOCKS_FROM
+    assert by_blocks(one_chain, CostModel()) is None
+    with pytest.raises(Deadlock) as fast:
+        simulate(one_chain)
+    with pytest.raises(Deadlock) as slow:
+        simulate_reference(one_chain)
+    assert fast.value.stuck == slow.value.stuck

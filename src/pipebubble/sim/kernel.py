@@ -50,15 +50,15 @@ the forward output does not exist before the block ends). Two programs say this:
   step. A pair's end may then have two waiters: ``waiter`` reads -1 and they wait in a small
   dict (a second copy of the loop, :func:`_run_pairs`, for programs with pairs only).
 - :class:`Blocks` (:func:`compile_blocks`, what :func:`simulate` runs when a schedule has
-  pairs) gives every block, lone action or pair, one step with two producers and two
-  durations: ``start = max(end[i - 1], end[producer[i]] + lag[i], end[producer2[i]] +
-  lag2[i])``, ``end[i] = (start + duration[i]) + duration2[i]`` (a lone action: step 0,
-  which ends at 0, and 0.0). That is a third of the steps, no wait step to park on, and
-  two waiter slots per step instead of the dict, so a schedule of pairs (DualPipe,
-  DualPipeV) runs faster per action than one of lone actions. The additions are the three
-  steps' own, in the same order, so both programs give the same doubles (a test keeps
-  them equal); on a deadlock, :func:`simulate` runs the three steps to name the stuck
-  actions.
+  pairs and at least :data:`BLOCKS_FROM` actions) gives every block, lone action or pair,
+  one step with two producers and two durations: ``start = max(end[i - 1],
+  end[producer[i]] + lag[i], end[producer2[i]] + lag2[i])`` and ``end[i] = (start +
+  duration[i]) + duration2[i]`` (a lone action: step 0, which ends at 0, and 0.0). That is
+  a third of the steps, no wait step to park on, and two waiter slots per step instead of
+  the dict, so a schedule of pairs (DualPipe, DualPipeV) runs faster per action than one of
+  lone actions. The additions are the three steps' own, in the same order, so both
+  programs give the same doubles (a test keeps them equal); on a deadlock,
+  :func:`simulate` runs the three steps to name the stuck actions.
 
 Around the loop, numpy writes every column in place into the C arrays the loop and the
 Timeline read (:func:`_filled`: a numpy view of a C array), so no column is copied.
@@ -112,11 +112,10 @@ def simulate(schedule: Schedule, costs: CostModel | StageCosts | None = None) ->
             f"costs are for {len(sc.f)} stages but the schedule has {schedule.num_stages}"
         )
     flat = flat_actions(schedule)
-    if flat.pair.any():  # Overlap pairs: one step per block, as fast as lone actions
-        blocks = compile_blocks(schedule, flat, sc)
-        end = _run_blocks(blocks)
-        if all(end[last] != _INF for last in blocks.last):
-            return _block_timeline(schedule, flat, sc, blocks, end)
+    if len(flat.stage) >= BLOCKS_FROM and flat.pair.any():  # Overlap pairs, many actions
+        timeline = _simulate_blocks(schedule, flat, sc)
+        if timeline is not None:
+            return timeline
         # a deadlock: the three-step program below names each rank's stuck action
     program = compile_program(schedule, flat, sc)
     end = run(program)
@@ -124,6 +123,22 @@ def simulate(schedule: Schedule, costs: CostModel | StageCosts | None = None) ->
     if stuck:
         raise _deadlock(schedule, flat, program, end, stuck)
     return _timeline(schedule, flat, sc, program, end)
+
+
+BLOCKS_FROM = 256
+"""Actions from which :func:`simulate` runs a schedule with Overlap pairs as
+:class:`Blocks` (one step per pair): faster from about 200 actions on (DualPipe p=16
+m=32768: 1.4x), a few numpy calls more below that (about 10 us). Both give the same
+doubles."""
+
+
+def _simulate_blocks(schedule: Schedule, flat: FlatActions, sc: StageCosts) -> Timeline | None:
+    """:func:`simulate` by the :class:`Blocks` program; None on a deadlock."""
+    blocks = compile_blocks(schedule, flat, sc)
+    end = _run_blocks(blocks)
+    if any(end[last] == _INF for last in blocks.last):
+        return None
+    return _block_timeline(schedule, flat, sc, blocks, end)
 
 
 class Program(NamedTuple):
