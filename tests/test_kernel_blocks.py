@@ -15,8 +15,10 @@ from pipebubble.schedules import get_schedule
 from pipebubble.sim.kernel import (
     BLOCKS_FROM,
     Deadlock,
+    _rule,
     _simulate_blocks,
     _timeline,
+    _Topology,
     compile_blocks,
     compile_program,
     run,
@@ -40,10 +42,18 @@ def three_step(schedule, costs):
     return _timeline(schedule, flat, sc, program, end)
 
 
-def by_blocks(schedule, costs):
-    """The Timeline by the block program, whatever the schedule's size (None: deadlock)."""
-    return _simulate_blocks(schedule, flat_actions(schedule),
-                            costs.resolve(schedule.num_stages, schedule.chunks))
+def by_blocks(schedule, costs, uniform=True):
+    """The Timeline by the block program, whatever the schedule's size (None: deadlock);
+    with ``uniform``, by its loop for one lag where every dependency has the same."""
+    sc = costs.resolve(schedule.num_stages, schedule.chunks)
+    lag = uniform_lag(schedule, sc.comm) if uniform else None
+    return _simulate_blocks(schedule, flat_actions(schedule), sc, lag)
+
+
+def uniform_lag(schedule, comm):
+    topo = _Topology(schedule.num_stages, tuple(schedule.stage_to_rank),
+                     tuple(schedule.chain_starts))
+    return _rule(topo).uniform(comm)
 
 
 def columns(timeline):
@@ -54,8 +64,21 @@ def columns(timeline):
 @given(schedules_and_costs())
 def test_blocks_equal_the_three_step_program(case):
     schedule, costs = case
-    want = three_step(schedule, costs)  # the strategy's schedules never deadlock
-    assert columns(by_blocks(schedule, costs)) == columns(want)
+    want = columns(three_step(schedule, costs))  # the strategy's schedules never deadlock
+    assert columns(by_blocks(schedule, costs, uniform=False)) == want
+    assert columns(by_blocks(schedule, costs)) == want
+
+
+def test_one_lag_where_every_dependency_crosses_ranks_or_none_does():
+    """The uniform lag: comm for 1F1B and DualPipe (neighbour stages on other ranks), None
+    for ZB-V and DualPipeV (the V's turn: two stages of one rank), 0 on one rank or
+    without comm."""
+    lags = {name: uniform_lag(get_schedule(name, 4, 8), 0.5)
+            for name in ("1f1b", "gpipe", "dualpipe", "zbv", "dualpipev")}
+    assert lags == {"1f1b": 0.5, "gpipe": 0.5, "dualpipe": 0.5, "zbv": None,
+                    "dualpipev": None}
+    assert uniform_lag(get_schedule("zbv", 4, 8), 0.0) == 0.0
+    assert uniform_lag(get_schedule("1f1b", 1, 8), 0.5) == 0.0
 
 
 def test_one_step_per_block_on_dualpipe():
@@ -70,7 +93,7 @@ def test_one_step_per_block_on_dualpipe():
     pairs = sum(isinstance(step, Overlap) for o in s.orders for step in o)
     assert pairs > 0 and s.num_actions() == sum(len(o) for o in s.orders) + pairs
     t = by_blocks(s, costs)
-    assert columns(t) == columns(three_step(s, costs))
+    assert columns(t) == columns(three_step(s, costs)) == columns(by_blocks(s, costs, False))
     seen = 0
     for i in range(len(t) - 1):
         if t.overlapped[i] and t.kind[i] == "F":  # a pair's forward part; its backward next
@@ -97,6 +120,7 @@ def test_a_deadlock_with_pairs_is_named_as_by_the_reference():
     one_chain = replace(get_schedule("dualpipe", 4, 64), chain_starts=(0,))
     assert one_chain.num_actions() >= BLOCKS_FROM
     assert by_blocks(one_chain, CostModel()) is None
+    assert by_blocks(one_chain, CostModel(), uniform=False) is None
     with pytest.raises(Deadlock) as fast:
         simulate(one_chain)
     with pytest.raises(Deadlock) as slow:

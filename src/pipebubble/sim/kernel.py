@@ -112,13 +112,21 @@ def simulate(schedule: Schedule, costs: CostModel | StageCosts | None = None) ->
             f"costs are for {len(sc.f)} stages but the schedule has {schedule.num_stages}"
         )
     flat = flat_actions(schedule)
-    if len(flat.stage) >= BLOCKS_FROM and flat.pair.any():  # Overlap pairs, many actions
-        timeline = _simulate_blocks(schedule, flat, sc)
+    pairs = bool(flat.pair.any())
+    rule = _rule(_Topology(schedule.num_stages, tuple(schedule.stage_to_rank),
+                           tuple(schedule.chain_starts)))
+    lag = rule.uniform(sc.comm)
+    if pairs and len(flat.stage) >= BLOCKS_FROM:  # Overlap pairs, many actions
+        timeline = _simulate_blocks(schedule, flat, sc, lag)
         if timeline is not None:
             return timeline
         # a deadlock: the three-step program below names each rank's stuck action
-    program = compile_program(schedule, flat, sc)
-    end = run(program)
+    if lag is not None and not pairs:  # one lag for every dependency: a lighter loop
+        program = _compile_program(schedule, flat, sc, spare=True)
+        end = _run_uniform(program, lag)
+    else:
+        program = compile_program(schedule, flat, sc)
+        end = run(program)
     stuck = [r for r, last in enumerate(program.last) if end[last] == _INF]
     if stuck:
         raise _deadlock(schedule, flat, program, end, stuck)
@@ -132,10 +140,12 @@ m=32768: 1.4x), a few numpy calls more below that (about 10 us). Both give the s
 doubles."""
 
 
-def _simulate_blocks(schedule: Schedule, flat: FlatActions, sc: StageCosts) -> Timeline | None:
-    """:func:`simulate` by the :class:`Blocks` program; None on a deadlock."""
-    blocks = compile_blocks(schedule, flat, sc)
-    end = _run_blocks(blocks)
+def _simulate_blocks(schedule: Schedule, flat: FlatActions, sc: StageCosts,
+                     lag: float | None = None) -> Timeline | None:
+    """:func:`simulate` by the :class:`Blocks` program; None on a deadlock. ``lag``: the
+    one lag of every dependency (:meth:`_Rule.uniform`), or None to read each step's."""
+    blocks = compile_blocks(schedule, flat, sc, spare=lag is not None)
+    end = _run_blocks(blocks) if lag is None else _run_blocks_uniform(blocks, lag)
     if any(end[last] == _INF for last in blocks.last):
         return None
     return _block_timeline(schedule, flat, sc, blocks, end)
@@ -163,6 +173,14 @@ class Program(NamedTuple):
 def compile_program(schedule: Schedule, flat: FlatActions, sc: StageCosts) -> Program:
     """The :class:`Program` of ``schedule`` under ``sc``, from the dependency rule of
     ``ir/deps.py`` (applied once per (stage, kind)) and numpy gathers (once per action)."""
+    return _compile_program(schedule, flat, sc, spare=False)
+
+
+def _compile_program(schedule: Schedule, flat: FlatActions, sc: StageCosts,
+                     spare: bool) -> Program:
+    """:func:`compile_program`; with ``spare``, one more step after ``never`` that ends at
+    -inf, which an action without a neighbour dependency waits for instead of step 0 (so
+    that adding any lag to its end changes nothing: :func:`_run_uniform`). No pairs then."""
     import numpy as np
 
     S, M, p = schedule.num_stages, schedule.num_microbatches, schedule.num_ranks
@@ -188,12 +206,14 @@ def compile_program(schedule: Schedule, flat: FlatActions, sc: StageCosts) -> Pr
     # the end of its backward part, the next step). The M slots after them read step 0: no
     # dependency.
     ready = np.zeros(3 * S * M + M, dtype=np.int64)
+    if spare:
+        ready[3 * S * M:] = size  # the spare step
     made = np.array([_SIGNAL[produces(Action(0, k, 0)).kind] for k in KINDS])[kind]
     ready[(made * S + flat.stage) * M + mb] = step + fwd_part
     # The columns are written in place in C arrays (numpy views of them; no copy).
-    c_producer, producer = _filled("q", size, never)
-    c_lag, lag = _filled("d", size, 0.0)
-    c_duration, duration = _filled("d", size, 0.0)
+    c_producer, producer = _filled("q", size + spare, never)
+    c_lag, lag = _filled("d", size + spare, 0.0)
+    c_duration, duration = _filled("d", size + spare, 0.0)
     producer[step] = ready[(np.array(rule.needs) * M)[row] + mb]
     lag[step] = np.array([sc.comm if c else 0.0 for c in rule.crosses])[row]
     duration[step] = np.array([sc.duration(s, k) for s in range(S) for k in KINDS])[row]
@@ -207,9 +227,11 @@ def compile_program(schedule: Schedule, flat: FlatActions, sc: StageCosts) -> Pr
         wait, bwd_step = step[fwd] - 1, step[bwd]
         producer[wait], lag[wait] = producer[bwd_step], lag[bwd_step]
         producer[bwd_step], lag[bwd_step] = 0, 0.0  # met by the wait
-    c_initial, initial = _filled("d", size, _INF)
+    c_initial, initial = _filled("d", size + spare, _INF)
     initial[boundary] = 0.0
     initial[size - 2] = 0.0  # the boundary after the last rank
+    if spare:
+        initial[size] = -_INF
     del producer, lag, duration, initial  # the views (an exported buffer pins its array)
     first = boundary + 1
     last = np.append(boundary[1:], size - 2) - 1
@@ -242,9 +264,11 @@ class Blocks(NamedTuple):
     forward: np.ndarray  # the actions (flat order) that are a pair's forward part
 
 
-def compile_blocks(schedule: Schedule, flat: FlatActions, sc: StageCosts) -> Blocks:
+def compile_blocks(schedule: Schedule, flat: FlatActions, sc: StageCosts,
+                   spare: bool = False) -> Blocks:
     """The :class:`Blocks` of ``schedule`` under ``sc``: :func:`compile_program`'s
-    gathers with a pair's two parts on one step."""
+    gathers with a pair's two parts on one step. ``spare``: as :func:`_compile_program`'s
+    (a lone action's second producer is then the spare step too)."""
     import numpy as np
 
     S, M, p = schedule.num_stages, schedule.num_microbatches, schedule.num_ranks
@@ -271,9 +295,12 @@ def compile_blocks(schedule: Schedule, flat: FlatActions, sc: StageCosts) -> Blo
     boundary = starts + np.arange(p) - np.concatenate(([0], back))[starts]
     # Signal slots as in compile_program; every output is ready at its block's end.
     ready = np.zeros(3 * S * M + M, dtype=np.int64)
+    if spare:
+        ready[3 * S * M:] = size  # the spare step
     made = np.array([_SIGNAL[produces(Action(0, k, 0)).kind] for k in KINDS])[kind]
     ready[(made * S + flat.stage) * M + mb] = step
     needs = np.array(rule.needs) * M
+    size += spare
     comm = np.array([sc.comm if c else 0.0 for c in rule.crosses])
     cost = np.array([sc.duration(s, k) for s in range(S) for k in KINDS])
     # The columns are written in place in C arrays (no copy): first the block's first
@@ -286,7 +313,7 @@ def compile_blocks(schedule: Schedule, flat: FlatActions, sc: StageCosts) -> Blo
     v_producer[at] = ready[needs[row_one] + mb[one]]
     v_lag[at] = comm[row_one]
     v_duration[at] = cost[row_one]
-    producer2, v_producer2 = _filled("q", size, 0)
+    producer2, v_producer2 = _filled("q", size, size - 1 if spare else 0)
     lag2, v_lag2 = _filled("d", size, 0.0)
     duration2, v_duration2 = _filled("d", size, 0.0)
     at, row_bwd = step[bwd], row[bwd]
@@ -296,10 +323,12 @@ def compile_blocks(schedule: Schedule, flat: FlatActions, sc: StageCosts) -> Blo
     v_duration2[at] = cost[row_bwd] * sc.overlap
     initial, v_initial = _filled("d", size, _INF)
     v_initial[boundary] = 0.0
-    v_initial[size - 2] = 0.0
+    v_initial[size - 2 - spare] = 0.0
+    if spare:
+        v_initial[size - 1] = -_INF
     del v_producer, v_lag, v_duration, v_producer2, v_lag2, v_duration2, v_initial
     first = boundary + 1
-    last = np.append(boundary[1:], size - 2) - 1
+    last = np.append(boundary[1:], size - 2 - spare) - 1
     return Blocks(producer, lag, producer2, lag2, duration, duration2, initial,
                   first.tolist(), last.tolist(), step, fwd)
 
@@ -354,6 +383,54 @@ def _run_blocks(blocks: Blocks) -> array:
     return end
 
 
+def _run_blocks_uniform(blocks: Blocks, lag: float) -> array:
+    """:func:`_run_blocks` when every dependency has the same ``lag`` (DualPipe), for
+    blocks compiled with a spare step (see :func:`_run_uniform`)."""
+    producer, duration = blocks.producer, blocks.duration
+    producer2, duration2 = blocks.producer2, blocks.duration2
+    end = array("d", blocks.initial_end)
+    waiter = [0] * len(end)
+    waiter2 = [0] * len(end)
+    inf = _INF
+    stack = blocks.first[:]
+    pop, push = stack.pop, stack.append
+    while stack:
+        i = pop()
+        t = end[i - 1]
+        while True:
+            x = end[producer[i]] + lag
+            if x > t:
+                if x == inf:
+                    j = producer[i]
+                    if waiter[j]:
+                        waiter2[j] = i
+                    else:
+                        waiter[j] = i
+                    break
+                t = x
+            x = end[producer2[i]] + lag
+            if x > t:
+                if x == inf:
+                    j = producer2[i]
+                    if waiter[j]:
+                        waiter2[j] = i
+                    else:
+                        waiter[j] = i
+                    break
+                t = x
+            t += duration[i]
+            t += duration2[i]
+            end[i] = t
+            woken = waiter[i]
+            if woken:
+                push(woken)
+                woken = waiter2[i]
+                if woken:
+                    push(woken)
+            i += 1
+    return end
+
+
 class _Topology(NamedTuple):
     """A schedule's shape as ``ir/deps.py`` reads it, hashable (the rule is cached)."""
 
@@ -369,6 +446,16 @@ class _Rule(NamedTuple):
 
     needs: list[int]
     crosses: list[bool]
+
+    def uniform(self, comm: float) -> float | None:
+        """The one lag every neighbour dependency has (``comm`` when all cross ranks, 0.0
+        when none does or ``comm`` is 0), or None when they differ (a V placement's turn:
+        two stages of one rank)."""
+        none = 3 * len(self.needs) // 4
+        kinds = {c for n, c in zip(self.needs, self.crosses, strict=True) if n != none}
+        if comm == 0.0 or kinds == {False} or not kinds:
+            return 0.0
+        return comm if kinds == {True} else None
 
 
 _SIGNAL = {"F": 0, "I": 1, "W": 2}  # the signal kinds of ir/deps.py, numbered for slots
@@ -412,6 +499,36 @@ def _run(program: Program) -> array:
             if x > t:
                 if x == inf:  # its producer has not ended: park on it
                     waiter[producer[i]] = i  # (on never, several: none is ever woken)
+                    break
+                t = x
+            t += duration[i]
+            end[i] = t
+            woken = waiter[i]
+            if woken:
+                push(woken)
+            i += 1
+    return end
+
+
+def _run_uniform(program: Program, lag: float) -> array:
+    """:func:`_run` when every dependency has the same ``lag`` (1F1B, GPipe, interleaved
+    1F1B: each stage's neighbours on other ranks), for a program compiled with a spare
+    step (:func:`_compile_program`): one array read fewer per step, about 15% on 1F1B.
+    The sum is the same double: ``end[producer[i]] + lag``."""
+    producer, duration = program.producer, program.duration
+    end = array("d", program.initial_end)
+    waiter = [0] * len(end)
+    inf = _INF
+    stack = program.first[:]
+    pop, push = stack.pop, stack.append
+    while stack:
+        i = pop()
+        t = end[i - 1]
+        while True:
+            x = end[producer[i]] + lag
+            if x > t:
+                if x == inf:
+                    waiter[producer[i]] = i
                     break
                 t = x
             t += duration[i]
