@@ -185,7 +185,7 @@ def _compile_program(schedule: Schedule, flat: FlatActions, sc: StageCosts,
                      spare: bool) -> Program:
     """:func:`compile_program`; with ``spare``, one more step after ``never`` that ends at
     -inf, which an action without a neighbour dependency waits for instead of step 0 (so
-    that adding any lag to its end changes nothing: :func:`_run_uniform`). No pairs then."""
+    that adding any lag to its end changes nothing: :func:`_run_uniform`)."""
     import numpy as np
 
     S, M, p = schedule.num_stages, schedule.num_microbatches, schedule.num_ranks
@@ -231,7 +231,7 @@ def _compile_program(schedule: Schedule, flat: FlatActions, sc: StageCosts,
         duration[step[bwd]] *= sc.overlap
         wait, bwd_step = step[fwd] - 1, step[bwd]
         producer[wait], lag[wait] = producer[bwd_step], lag[bwd_step]
-        producer[bwd_step], lag[bwd_step] = 0, 0.0  # met by the wait
+        producer[bwd_step], lag[bwd_step] = size if spare else 0, 0.0  # met by the wait
     c_initial, initial = _filled("d", size + spare, _INF)
     initial[boundary] = 0.0
     initial[size - 2] = 0.0  # the boundary after the last rank
