@@ -7,7 +7,7 @@ instead of one dictionary lookup per action. The simulator compiles from these s
 so validating and compiling a schedule is one pass over its actions.
 
 The rules, with ``key = kind x S x M + stage x M + microbatch`` numbering every possible
-action once:
+action once (a table of each key's flat index, -1 where none, answers them all):
 
 - kinds known, stages in 0..S-1, microbatches in 0..M-1, every stage on its own rank;
 - no key twice (no duplicate);
@@ -125,18 +125,21 @@ def _valid(schedule: Schedule, flat: FlatActions) -> bool:
     if not (np.asarray(where)[stage] == flat.rank).all():
         return False
     key = kind.astype(np.int64) * SM + stage * M + mb
-    count = np.bincount(key, minlength=4 * SM)
-    if count.max(initial=0) > 1:
+    # pos[key]: the flat index of that action, -1 where none. A key held twice keeps one
+    # of its indices, so the other reads back different: a duplicate.
+    index = np.arange(n, dtype=np.int32 if n < 2**31 else np.int64)
+    pos = np.full(4 * SM, -1, dtype=index.dtype)
+    pos[key] = index
+    if not (pos[key] == index).all():
         return False
-    has_f, has_i, has_w, has_b = (count[c * SM:(c + 1) * SM] for c in (F, I, W, B))
-    if not (has_f == 1).all() or not (has_i + has_b == 1).all() or not (has_w == has_i).all():
-        return False
-    pos = np.empty(4 * SM, dtype=np.int64)
-    pos[key] = np.arange(n)
     pos_f, pos_i, pos_w, pos_b = (pos[c * SM:(c + 1) * SM] for c in (F, I, W, B))
-    i, b = has_i.astype(bool), has_b.astype(bool)
-    return bool((pos_f[b] < pos_b[b]).all() and (pos_f[i] < pos_i[i]).all()
-                and (pos_i[i] < pos_w[i]).all())
+    has_i = pos_i >= 0
+    if not ((pos_f >= 0).all() and (has_i != (pos_b >= 0)).all()
+            and (has_i == (pos_w >= 0)).all()):
+        return False
+    # F before its B or I (exactly one of them is there: the other reads -1), I before its
+    # W (where neither is there, both read -1).
+    return bool((pos_f < np.maximum(pos_b, pos_i)).all() and (pos_i <= pos_w).all())
 
 
 _schedule.VECTORISED.append(flat_actions)  # validate() runs this pass from now on

@@ -22,13 +22,17 @@ How it stays fast:
 2. **A tight loop per step.** ``start = max(end[i - 1], end[producer[i]] + lag[i])`` and
    ``end[i] = start + duration[i]``: a rank's clock is the end of its previous step, so a
    rank has no state besides its next step. "Not ready yet" is one comparison with ``inf``.
+   Where every dependency has the same lag (each stage's neighbours on other ranks: 1F1B,
+   GPipe, interleaved 1F1B, DualPipe; or no comm), :func:`simulate` runs a copy of the
+   loop that adds that lag as a constant (:func:`_run_uniform`: one array read fewer per
+   step, about 15% on 1F1B); "no dependency" is then a spare step that ends at -inf, so
+   adding the lag to it changes nothing.
 3. **Park, do not poll.** A step whose producer has not ended *parks* on it
    (``waiter[producer] = i``); when the producer ends it pushes its waiter back on the
    stack, and the waiter's rank goes on from there. A lone action's output has at most one
    step of another stage waiting for it (F(s) -> F(s+1), I/B(s) -> I/B(s-1)), so one int
-   per step is enough; a pair's end carries two outputs and may have two waiters (and
-   ``never`` one per finished rank): then ``waiter`` reads -1 and they wait in a small
-   dict (a second copy of the loop does this, for programs with pairs only). No blocked rank is
+   per step is enough (a pair's end carries two outputs and may have two waiters: see
+   below; ``never`` collects one per finished rank and is never woken). No blocked rank is
    visited in vain and nothing is re-queued: the cost is linear in actions *and* in ranks
    (p = 16000 with one microbatch costs 4x p = 4000, not 16x), and a rank switch, which
    lock-step schedules such as 1F1B make every two actions, costs little more than an
@@ -40,12 +44,29 @@ When the stack is empty and a rank has not finished, nothing can advance: a dead
 error names the action each unfinished rank is stuck at and what it waits for
 (:func:`~pipebubble.ir.deps.describe_wait`). The simulator never hangs.
 
-An Overlap (DualPipe's F&B pair) is three steps: a *wait* of no duration for its backward
-part's gradient (so the block starts when both parts may start), then the forward and
-backward parts back to back, each scaled by ``overlap``. Whoever needs the pair's forward
-output waits for the backward part's step, the pair's end: a pair's outputs are all ready
-when the pair ends (real DualPipe runs the two parts at once on overlapped streams, so the
-forward output does not exist before the block ends).
+An Overlap (DualPipe's F&B pair) is one block: it starts when both parts may start, runs
+the forward and backward parts back to back, each scaled by ``overlap``, and all its outputs
+are ready when it ends (real DualPipe runs the two parts at once on overlapped streams, so
+the forward output does not exist before the block ends). Two programs say this:
+
+- :class:`Program` (:func:`compile_program`, what ``sim/program.py`` re-times) gives a pair
+  three steps: a *wait* of no duration for its backward part's gradient, then the forward
+  and backward parts; whoever needs the pair's forward output waits for the backward part's
+  step. A pair's end may then have two waiters: ``waiter`` reads -1 and they wait in a small
+  dict (a second copy of the loop, :func:`_run_pairs`, for programs with pairs only).
+- :class:`Blocks` (:func:`compile_blocks`, what :func:`simulate` runs when a schedule has
+  pairs and at least :data:`BLOCKS_FROM` actions) gives every block, lone action or pair,
+  one step with two producers and two durations: ``start = max(end[i - 1],
+  end[producer[i]] + lag[i], end[producer2[i]] + lag2[i])`` and ``end[i] = (start +
+  duration[i]) + duration2[i]`` (a lone action: step 0, which ends at 0, and 0.0). That is
+  a third of the steps, no wait step to park on, and two waiter slots per step instead of
+  the dict, so a schedule of pairs (DualPipe, DualPipeV) runs faster per action than one of
+  lone actions. The additions are the three steps' own, in the same order, so both
+  programs give the same doubles (a test keeps them equal); on a deadlock,
+  :func:`simulate` runs the three steps to name the stuck actions.
+
+Around the loop, numpy writes every column in place into the C arrays the loop and the
+Timeline read (:func:`_filled`: a numpy view of a C array), so no column is copied.
 """
 
 from __future__ import annotations
@@ -96,12 +117,43 @@ def simulate(schedule: Schedule, costs: CostModel | StageCosts | None = None) ->
             f"costs are for {len(sc.f)} stages but the schedule has {schedule.num_stages}"
         )
     flat = flat_actions(schedule)
-    program = compile_program(schedule, flat, sc)
-    end = run(program)
+    pairs = bool(flat.pair.any())
+    rule = _rule(_Topology(schedule.num_stages, tuple(schedule.stage_to_rank),
+                           tuple(schedule.chain_starts)))
+    lag = rule.uniform(sc.comm)
+    if pairs and len(flat.stage) >= BLOCKS_FROM:  # Overlap pairs, many actions
+        timeline = _simulate_blocks(schedule, flat, sc, lag)
+        if timeline is not None:
+            return timeline
+        # a deadlock: the three-step program below names each rank's stuck action
+    if lag is not None and not pairs:  # one lag for every dependency: a lighter loop
+        program = _compile_program(schedule, flat, sc, spare=True)
+        end = _run_uniform(program, lag)
+    else:
+        program = compile_program(schedule, flat, sc)
+        end = run(program)
     stuck = [r for r, last in enumerate(program.last) if end[last] == _INF]
     if stuck:
         raise _deadlock(schedule, flat, program, end, stuck)
     return _timeline(schedule, flat, sc, program, end)
+
+
+BLOCKS_FROM = 256
+"""Actions from which :func:`simulate` runs a schedule with Overlap pairs as
+:class:`Blocks` (one step per pair): faster from about 200 actions on (DualPipe p=16
+m=32768: 1.4x), a few numpy calls more below that (about 10 us). Both give the same
+doubles."""
+
+
+def _simulate_blocks(schedule: Schedule, flat: FlatActions, sc: StageCosts,
+                     lag: float | None = None) -> Timeline | None:
+    """:func:`simulate` by the :class:`Blocks` program; None on a deadlock. ``lag``: the
+    one lag of every dependency (:meth:`_Rule.uniform`), or None to read each step's."""
+    blocks = compile_blocks(schedule, flat, sc, spare=lag is not None)
+    end = _run_blocks(blocks) if lag is None else _run_blocks_uniform(blocks, lag)
+    if any(end[last] == _INF for last in blocks.last):
+        return None
+    return _block_timeline(schedule, flat, sc, blocks, end)
 
 
 class Program(NamedTuple):
@@ -126,6 +178,14 @@ class Program(NamedTuple):
 def compile_program(schedule: Schedule, flat: FlatActions, sc: StageCosts) -> Program:
     """The :class:`Program` of ``schedule`` under ``sc``, from the dependency rule of
     ``ir/deps.py`` (applied once per (stage, kind)) and numpy gathers (once per action)."""
+    return _compile_program(schedule, flat, sc, spare=False)
+
+
+def _compile_program(schedule: Schedule, flat: FlatActions, sc: StageCosts,
+                     spare: bool) -> Program:
+    """:func:`compile_program`; with ``spare``, one more step after ``never`` that ends at
+    -inf, which an action without a neighbour dependency waits for instead of step 0 (so
+    that adding any lag to its end changes nothing: :func:`_run_uniform`)."""
     import numpy as np
 
     S, M, p = schedule.num_stages, schedule.num_microbatches, schedule.num_ranks
@@ -151,11 +211,14 @@ def compile_program(schedule: Schedule, flat: FlatActions, sc: StageCosts) -> Pr
     # the end of its backward part, the next step). The M slots after them read step 0: no
     # dependency.
     ready = np.zeros(3 * S * M + M, dtype=np.int64)
+    if spare:
+        ready[3 * S * M:] = size  # the spare step
     made = np.array([_SIGNAL[produces(Action(0, k, 0)).kind] for k in KINDS])[kind]
     ready[(made * S + flat.stage) * M + mb] = step + fwd_part
-    producer = np.full(size, never, dtype=np.int64)
-    lag = np.zeros(size)
-    duration = np.zeros(size)
+    # The columns are written in place in C arrays (numpy views of them; no copy).
+    c_producer, producer = _filled("q", size + spare, never)
+    c_lag, lag = _filled("d", size + spare, 0.0)
+    c_duration, duration = _filled("d", size + spare, 0.0)
     producer[step] = ready[(np.array(rule.needs) * M)[row] + mb]
     lag[step] = np.array([sc.comm if c else 0.0 for c in rule.crosses])[row]
     duration[step] = np.array([sc.duration(s, k) for s in range(S) for k in KINDS])[row]
@@ -168,14 +231,209 @@ def compile_program(schedule: Schedule, flat: FlatActions, sc: StageCosts) -> Pr
         duration[step[bwd]] *= sc.overlap
         wait, bwd_step = step[fwd] - 1, step[bwd]
         producer[wait], lag[wait] = producer[bwd_step], lag[bwd_step]
-        producer[bwd_step], lag[bwd_step] = 0, 0.0  # met by the wait
-    initial = np.full(size, _INF)
+        producer[bwd_step], lag[bwd_step] = size if spare else 0, 0.0  # met by the wait
+    c_initial, initial = _filled("d", size + spare, _INF)
     initial[boundary] = 0.0
     initial[size - 2] = 0.0  # the boundary after the last rank
+    if spare:
+        initial[size] = -_INF
+    del producer, lag, duration, initial  # the views (an exported buffer pins its array)
     first = boundary + 1
     last = np.append(boundary[1:], size - 2) - 1
-    return Program(_ints(producer), _doubles(lag), _doubles(duration), _doubles(initial),
-                   first.tolist(), last.tolist(), step, num_pairs)
+    return Program(c_producer, c_lag, c_duration, c_initial, first.tolist(), last.tolist(),
+                   step, num_pairs)
+
+
+class Blocks(NamedTuple):
+    """A program with one step per *block* (a lone action, or an Overlap pair), for
+    :func:`simulate` on schedules with pairs: a third of the steps of the
+    :class:`Program`'s wait + forward + backward, and no parking on a wait step. Step ``i``
+    starts at ``max(end[i - 1], end[producer[i]] + lag[i], end[producer2[i]] + lag2[i])``
+    and ends at ``(start + duration[i]) + duration2[i]``: for a pair, its forward part's
+    producer and duration, then its backward part's (so the forward part ends at ``start
+    + duration[i]``, in the same doubles as the three steps give); for a lone action,
+    ``producer2`` is step 0, which ends at 0, and ``duration2`` is 0.0 (adding it changes
+    no double). ``step[a]`` is the block of action ``a``; the rest as in
+    :class:`Program`."""
+
+    producer: array  # of int64
+    lag: array  # of doubles
+    producer2: array
+    lag2: array
+    duration: array
+    duration2: array
+    initial_end: array
+    first: list[int]
+    last: list[int]
+    step: np.ndarray
+    forward: np.ndarray  # the actions (flat order) that are a pair's forward part
+
+
+def compile_blocks(schedule: Schedule, flat: FlatActions, sc: StageCosts,
+                   spare: bool = False) -> Blocks:
+    """The :class:`Blocks` of ``schedule`` under ``sc``: :func:`compile_program`'s
+    gathers with a pair's two parts on one step. ``spare``: as :func:`_compile_program`'s
+    (a lone action's second producer is then the spare step too)."""
+    import numpy as np
+
+    S, M, p = schedule.num_stages, schedule.num_microbatches, schedule.num_ranks
+    n = len(flat.stage)
+    rule = _rule(_Topology(S, tuple(schedule.stage_to_rank), tuple(schedule.chain_starts)))
+    row = flat.stage * 4 + flat.kind
+    kind, mb = flat.kind, flat.microbatch
+    fwd = np.flatnonzero(flat.pair == 1)
+    bwd = fwd + 1
+    back_kind = kind[bwd] if len(fwd) and bwd[-1] < n else None
+    if len(fwd) and (back_kind is None or (flat.pair[bwd] != 2).any()
+                     or (kind[fwd] != F).any() or ((back_kind != I) & (back_kind != B)).any()):
+        raise ScheduleError("an Overlap pairs a forward with a backward (F then B or I)")
+    # Step numbers: one boundary step before each rank's steps; a pair's backward part
+    # shares its forward part's step.
+    back = np.zeros(n, dtype=np.int64)
+    back[bwd] = 1
+    np.cumsum(back, out=back)  # backward parts so far, this action's included
+    step = np.arange(n) + flat.rank + 1 - back
+    num_pairs = len(fwd)
+    size = n - num_pairs + p + 2  # + the boundary after the last rank, + never
+    never = size - 1
+    starts = np.asarray(flat.offsets[:-1])
+    boundary = starts + np.arange(p) - np.concatenate(([0], back))[starts]
+    # Signal slots as in compile_program; every output is ready at its block's end.
+    ready = np.zeros(3 * S * M + M, dtype=np.int64)
+    if spare:
+        ready[3 * S * M:] = size  # the spare step
+    made = np.array([_SIGNAL[produces(Action(0, k, 0)).kind] for k in KINDS])[kind]
+    ready[(made * S + flat.stage) * M + mb] = step
+    needs = np.array(rule.needs) * M
+    size += spare
+    comm = np.array([sc.comm if c else 0.0 for c in rule.crosses])
+    cost = np.array([sc.duration(s, k) for s in range(S) for k in KINDS])
+    # The columns are written in place in C arrays (no copy): first the block's first
+    # action (a lone action or a pair's forward part), then a pair's backward part.
+    one = np.flatnonzero(flat.pair != 2)
+    at, row_one = step[one], row[one]
+    producer, v_producer = _filled("q", size, never)
+    lag, v_lag = _filled("d", size, 0.0)
+    duration, v_duration = _filled("d", size, 0.0)
+    v_producer[at] = ready[needs[row_one] + mb[one]]
+    v_lag[at] = comm[row_one]
+    v_duration[at] = cost[row_one]
+    producer2, v_producer2 = _filled("q", size, size - 1 if spare else 0)
+    lag2, v_lag2 = _filled("d", size, 0.0)
+    duration2, v_duration2 = _filled("d", size, 0.0)
+    at, row_bwd = step[bwd], row[bwd]
+    v_duration[at] *= sc.overlap  # the forward part (same step)
+    v_producer2[at] = ready[needs[row_bwd] + mb[bwd]]
+    v_lag2[at] = comm[row_bwd]
+    v_duration2[at] = cost[row_bwd] * sc.overlap
+    initial, v_initial = _filled("d", size, _INF)
+    v_initial[boundary] = 0.0
+    v_initial[size - 2 - spare] = 0.0
+    if spare:
+        v_initial[size - 1] = -_INF
+    del v_producer, v_lag, v_duration, v_producer2, v_lag2, v_duration2, v_initial
+    first = boundary + 1
+    last = np.append(boundary[1:], size - 2 - spare) - 1
+    return Blocks(producer, lag, producer2, lag2, duration, duration2, initial,
+                  first.tolist(), last.tolist(), step, fwd)
+
+
+def _run_blocks(blocks: Blocks) -> array:
+    """:func:`run` for :class:`Blocks`. A block waits for two producers at most, and a
+    block's end for two waiters at most (one per output: F(s) -> F(s+1), I/B(s) ->
+    I/B(s-1)), so two ints per step hold them (``never``, which collects one per finished
+    rank, is never woken: overwriting its waiters loses nothing)."""
+    producer, lag, duration = blocks.producer, blocks.lag, blocks.duration
+    producer2, lag2, duration2 = blocks.producer2, blocks.lag2, blocks.duration2
+    end = array("d", blocks.initial_end)
+    waiter = [0] * len(end)  # waiter[j], waiter2[j]: the steps parked on j (0: none)
+    waiter2 = [0] * len(end)
+    inf = _INF
+    stack = blocks.first[:]
+    pop, push = stack.pop, stack.append
+    while stack:
+        i = pop()
+        t = end[i - 1]
+        while True:
+            x = end[producer[i]] + lag[i]
+            if x > t:
+                if x == inf:
+                    j = producer[i]
+                    if waiter[j]:
+                        waiter2[j] = i
+                    else:
+                        waiter[j] = i
+                    break
+                t = x
+            x = end[producer2[i]] + lag2[i]
+            if x > t:
+                if x == inf:
+                    j = producer2[i]
+                    if waiter[j]:
+                        waiter2[j] = i
+                    else:
+                        waiter[j] = i
+                    break
+                t = x
+            t += duration[i]
+            t += duration2[i]
+            end[i] = t
+            woken = waiter[i]
+            if woken:
+                push(woken)
+                woken = waiter2[i]
+                if woken:
+                    push(woken)
+            i += 1
+    return end
+
+
+def _run_blocks_uniform(blocks: Blocks, lag: float) -> array:
+    """:func:`_run_blocks` when every dependency has the same ``lag`` (DualPipe), for
+    blocks compiled with a spare step (see :func:`_run_uniform`)."""
+    producer, duration = blocks.producer, blocks.duration
+    producer2, duration2 = blocks.producer2, blocks.duration2
+    end = array("d", blocks.initial_end)
+    waiter = [0] * len(end)
+    waiter2 = [0] * len(end)
+    inf = _INF
+    stack = blocks.first[:]
+    pop, push = stack.pop, stack.append
+    while stack:
+        i = pop()
+        t = end[i - 1]
+        while True:
+            x = end[producer[i]] + lag
+            if x > t:
+                if x == inf:
+                    j = producer[i]
+                    if waiter[j]:
+                        waiter2[j] = i
+                    else:
+                        waiter[j] = i
+                    break
+                t = x
+            x = end[producer2[i]] + lag
+            if x > t:
+                if x == inf:
+                    j = producer2[i]
+                    if waiter[j]:
+                        waiter2[j] = i
+                    else:
+                        waiter[j] = i
+                    break
+                t = x
+            t += duration[i]
+            t += duration2[i]
+            end[i] = t
+            woken = waiter[i]
+            if woken:
+                push(woken)
+                woken = waiter2[i]
+                if woken:
+                    push(woken)
+            i += 1
+    return end
 
 
 class _Topology(NamedTuple):
@@ -193,6 +451,16 @@ class _Rule(NamedTuple):
 
     needs: list[int]
     crosses: list[bool]
+
+    def uniform(self, comm: float) -> float | None:
+        """The one lag every neighbour dependency has (``comm`` when all cross ranks, 0.0
+        when none does or ``comm`` is 0), or None when they differ (a V placement's turn:
+        two stages of one rank)."""
+        none = 3 * len(self.needs) // 4
+        kinds = {c for n, c in zip(self.needs, self.crosses, strict=True) if n != none}
+        if comm == 0.0 or kinds == {False} or not kinds:
+            return 0.0
+        return comm if kinds == {True} else None
 
 
 _SIGNAL = {"F": 0, "I": 1, "W": 2}  # the signal kinds of ir/deps.py, numbered for slots
@@ -236,6 +504,36 @@ def _run(program: Program) -> array:
             if x > t:
                 if x == inf:  # its producer has not ended: park on it
                     waiter[producer[i]] = i  # (on never, several: none is ever woken)
+                    break
+                t = x
+            t += duration[i]
+            end[i] = t
+            woken = waiter[i]
+            if woken:
+                push(woken)
+            i += 1
+    return end
+
+
+def _run_uniform(program: Program, lag: float) -> array:
+    """:func:`_run` when every dependency has the same ``lag`` (1F1B, GPipe, interleaved
+    1F1B: each stage's neighbours on other ranks), for a program compiled with a spare
+    step (:func:`_compile_program`): one array read fewer per step, about 15% on 1F1B.
+    The sum is the same double: ``end[producer[i]] + lag``."""
+    producer, duration = program.producer, program.duration
+    end = array("d", program.initial_end)
+    waiter = [0] * len(end)
+    inf = _INF
+    stack = program.first[:]
+    pop, push = stack.pop, stack.append
+    while stack:
+        i = pop()
+        t = end[i - 1]
+        while True:
+            x = end[producer[i]] + lag
+            if x > t:
+                if x == inf:
+                    waiter[producer[i]] = i
                     break
                 t = x
             t += duration[i]
@@ -312,32 +610,96 @@ def _timeline(schedule: Schedule, flat: FlatActions, sc: StageCosts, program: Pr
     producer = np.frombuffer(program.producer, dtype=np.int64)
     lag = np.frombuffer(program.lag, dtype=np.float64)
     step = program.step
-    start = np.maximum(ends[step - 1], ends[producer[step]] + lag[step])
+    n = len(step)
+    start, v_start = _filled("d", n, 0.0)
+    np.maximum(ends[step - 1], ends[producer[step]] + lag[step], out=v_start)
+    stop, v_stop = _filled("d", n, 0.0)
+    np.take(ends, step, out=v_stop, mode="wrap")  # (wrap: unbuffered; step is in range)
+    del v_start, v_stop
+    return _columns(schedule, flat, sc, start, stop)
+
+
+def _block_timeline(schedule: Schedule, flat: FlatActions, sc: StageCosts, blocks: Blocks,
+                    end: array) -> Timeline:
+    """:func:`_timeline` for :class:`Blocks`: each block's start is the loop's maximum,
+    vectorised over the steps (the same doubles); a pair's forward part runs from it to
+    ``start + duration``, its backward part from there to the block's end."""
+    import numpy as np
+
+    ends = np.frombuffer(end, dtype=np.float64)
+    producer = np.frombuffer(blocks.producer, dtype=np.int64)
+    producer2 = np.frombuffer(blocks.producer2, dtype=np.int64)
+    lag = np.frombuffer(blocks.lag, dtype=np.float64)
+    lag2 = np.frombuffer(blocks.lag2, dtype=np.float64)
+    duration = np.frombuffer(blocks.duration, dtype=np.float64)
+    begin = np.empty(len(ends))  # begin[i]: when step i starts (boundaries: unused)
+    begin[0] = 0.0
+    np.maximum(ends[:-1], ends[producer[1:]] + lag[1:], out=begin[1:])
+    np.maximum(begin[1:], ends[producer2[1:]] + lag2[1:], out=begin[1:])
+    step = blocks.step
+    n = len(step)
+    start, v_start = _filled("d", n, 0.0)
+    np.take(begin, step, out=v_start, mode="wrap")
+    stop, v_stop = _filled("d", n, 0.0)
+    np.take(ends, step, out=v_stop, mode="wrap")
+    fwd = blocks.forward
+    at = step[fwd]
+    middle = begin[at] + duration[at]
+    v_stop[fwd] = middle
+    v_start[fwd + 1] = middle
+    del v_start, v_stop
+    return _columns(schedule, flat, sc, start, stop)
+
+
+def _columns(schedule: Schedule, flat: FlatActions, sc: StageCosts, start: array,
+             end: array) -> Timeline:
+    """The Timeline of ``flat``'s actions with these starts and ends (C doubles)."""
+    import numpy as np
+
+    S, n = schedule.num_stages, len(flat.stage)
     row = flat.stage * 4 + flat.kind
-    mem = np.array([sc.memory_deltas(s, k) for s in range(schedule.num_stages)
-                    for k in KINDS]).reshape(-1, 2)[row]
-    p, offsets = schedule.num_ranks, flat.offsets
-    kinds = np.array([str(k) for k in KINDS], dtype=object)
+    deltas = [sc.memory_deltas(s, k) for s in range(S) for k in KINDS]
+    mem_start, v_mem_start = _filled("d", n, 0.0)
+    np.take(np.array([d[0] for d in deltas]), row, out=v_mem_start, mode="wrap")
+    mem_end, v_mem_end = _filled("d", n, 0.0)
+    np.take(np.array([d[1] for d in deltas]), row, out=v_mem_end, mode="wrap")
+    del v_mem_start, v_mem_end
+    # The kind letters: the codes as bytes, translated; list() of a str shares CPython's
+    # one-letter strings (no object per action).
+    letters = flat.kind.astype(np.uint8, copy=False).tobytes().translate(_LETTERS)
+    pairs = bool(flat.pair.any())
     return Timeline(
         schedule=schedule.name,
-        num_ranks=p,
-        num_stages=schedule.num_stages,
+        num_ranks=schedule.num_ranks,
+        num_stages=S,
         num_microbatches=schedule.num_microbatches,
         stage_to_rank=tuple(schedule.stage_to_rank),
         chains=schedule.chains,
         chain_starts=schedule.chain_starts,
         rank=_ints(flat.rank),
         stage=_ints(flat.stage),
-        kind=kinds[flat.kind].tolist(),
+        kind=list(letters.decode("ascii")),
         microbatch=_ints(flat.microbatch),
-        start=_doubles(start),
-        end=_doubles(ends[step]),
-        mem_start=_doubles(mem[:, 0]),
-        mem_end=_doubles(mem[:, 1]),
-        overlapped=(flat.pair > 0).tolist(),
+        start=start,
+        end=end,
+        mem_start=mem_start,
+        mem_end=mem_end,
+        overlapped=(flat.pair > 0).tolist() if pairs else [False] * n,
         source="simulated",
-        offsets=list(offsets),
+        offsets=list(flat.offsets),
     )
+
+
+_LETTERS = bytes.maketrans(bytes(range(len(KINDS))), "".join(KINDS).encode("ascii"))
+
+
+def _filled(typecode: str, size: int, value: float) -> tuple[array, np.ndarray]:
+    """A C array of ``size`` copies of ``value`` (``q``: int64, ``d``: double) and a
+    writable numpy view of it (drop the view before the array is resized: never here)."""
+    import numpy as np
+
+    out = array(typecode, [value]) * size
+    return out, np.frombuffer(out, dtype=np.int64 if typecode == "q" else np.float64)
 
 
 def _doubles(values: np.ndarray) -> array:
