@@ -88,8 +88,9 @@ def predict_row(row: Row, hw, efficiency: float):
     from .planner import search
 
     prof = ProfileSet([shape_profile(shape_of(row), SEQ, 1, attention="unfused")])
-    return search(prof, request_of(row, hw.memory * 0.95), replace(hw, efficiency=efficiency),
-                  efficiency).plans[0]
+    hw = replace(hw, efficiency=efficiency, tp_overlap=False)  # measured before Megatron-LM
+    # overlapped the backward's TP all-reduces with weight gradients (September 2021)
+    return search(prof, request_of(row, hw.memory * 0.95), hw, efficiency).plans[0]
 
 
 def predict_table1(calibrate_on: str = "18.4B") -> tuple[float, list[dict]]:
