@@ -345,3 +345,34 @@ def predict_runs(runs: tuple[Run, ...] | None = None, ranks: bool = False,
                 "margin": plan.step_time / best.step_time - 1 if best is not None else None}
         out.append(item)
     return eff, out
+
+
+# Korthikanti et al. 2022, Table 4: forward and backward milliseconds of one transformer
+# layer of the 22B model (a = 64, h = 6144, TP 8, s = 2048; the microbatch of its Table 3,
+# 4 sequences), by technique: (sequence parallel, recompute, forward, backward).
+TABLE4 = (
+    ("baseline (no recompute)", False, "none", 7.7, 11.9),
+    ("sequence parallel", True, "none", 7.2, 11.8),
+    ("full recompute", False, "full", 7.7, 19.5),
+    ("selective recompute", False, "selective", 7.7, 13.2),
+    ("selective + sequence parallel", True, "selective", 7.2, 13.1),
+)
+
+
+def layer_times(efficiency: float, tp_overlap: bool = True) -> list[dict]:
+    """Table 4's rows beside the planner's forward and backward (I + W, with what the
+    recompute re-runs) of one 22B block on the A100 preset at ``efficiency``."""
+    from .compute import Rates
+    from .network import Network
+    from .parallel_costs import ParallelCosts
+
+    shape = _gpt(48, 6144, 64)
+    hw = replace(get_hardware("a100-80gb"), efficiency=efficiency, tp_overlap=tp_overlap)
+    out = []
+    for name, sp, rec, fwd, bwd in TABLE4:
+        lc = ParallelCosts(shape, SEQ, Rates.of(hw), Network.of(hw), tp=8, sp=sp,
+                           flash=False).at(4, rec)
+        f, b = lc.f[1] * 1e3, (lc.i[1] + lc.w[1]) * 1e3
+        out.append({"technique": name, "forward": fwd, "backward": bwd, "predicted_forward": f,
+                    "predicted_backward": b, "error": (f + b) / (fwd + bwd) - 1})
+    return out
