@@ -15,9 +15,9 @@ Tolerances, and why:
   collectives with weight gradients).
 - Known misses, asserted as what they are, with their cause checked: the 22B row (one
   microbatch, pp 1: the optimizer step and the embedding and head, which the step prices
-  partly or not at all, show in full: over-predicted, within 15 %); BLOOM (over-predicted,
-  within 12 %: its pipeline cut counts the embedding and the 250,880-word head as one layer
-  each, so its last stage is slower than the balanced cut the planner finds); Llama 3 on
+  partly or not at all, show in full: over-predicted, within 15 %; Table 4's own layer times
+  sum to 0.97 of the 1.10 s step); BLOOM (over-predicted, within 12 %: no single named cost
+  explains it, see the README); Llama 3 on
   8,192 GPUs (32 microbatches per pipeline: the interleaved schedule does not fit 80 GB
   without recomputation in the memory model, so the planner prices 1F1B; with the budget
   lifted, interleaved is within 5 %); torchtitan (a 500 W HBM2e H100 in eager mode, not the

@@ -376,3 +376,26 @@ def layer_times(efficiency: float, tp_overlap: bool = True) -> list[dict]:
         out.append({"technique": name, "forward": fwd, "backward": bwd, "predicted_forward": f,
                     "predicted_backward": b, "error": (f + b) / (fwd + bwd) - 1})
     return out
+
+
+def explain_pick(run: Run, efficiency: float) -> list[dict]:
+    """Why the planner's pick for ``run`` differs from the published configuration: the pick
+    (every axis, every family but ``auto``) with the backward's TP collectives overlapped and
+    not, and within the families the source had (``run.search``), each beside the published
+    configuration priced the same way."""
+    from .planner import schedule_list, search
+
+    every = tuple(n for n in schedule_list(None) if n != "auto")
+    out = []
+    for what, overlap, families in (("every family", True, every),
+                                    ("every family, TP not overlapped", False, every),
+                                    ("the source's families", True, None)):
+        prof, req, hw = _setup(run, efficiency)
+        hw = replace(hw, tp_overlap=overlap)
+        mine = replace(run, hardware=(*run.hardware, ("tp_overlap", overlap)))
+        req = replace(req, schedules=families or req.schedules)
+        best = search(prof, req, hw, efficiency).plans[0]
+        pub = predict_config(mine, efficiency)
+        out.append({"what": what, "pick": best, "published": pub,
+                    "margin": pub.step_time / best.step_time - 1})
+    return out
