@@ -13,9 +13,9 @@ that real collectives and GEMMs reach:
   ``plan --config ... --measured-step S`` fits it to one measured run.
 
 One field says how the framework uses the links: ``tp_overlap`` (on by default), whether
-the backward's TP collectives run behind weight-gradient GEMMs as Megatron-LM does since
-September 2021 (:mod:`pipebubble.plan.tensor`); off for runs made before that (Megatron-LM's
-SC'21 Table 1).
+the backward's TP collectives run behind weight-gradient GEMMs (:mod:`pipebubble.plan.tensor`)
+as Megatron-LM does since September 2021 (merge request 316, "allreduce overlap with wgrad
+gemm"); off for runs made before that (Megatron-LM's SC'21 Table 1).
 
 Every numeric field can be overridden from the command line (``--peak-tflops``, ``--gpu-memory``,
 ``--hbm-bandwidth``, ``--gpus-per-node``, ``--nvlink-bandwidth``, ``--nvlink-latency``,

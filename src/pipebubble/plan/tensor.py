@@ -9,15 +9,16 @@ tokens. The forward's two collectives (after the row-parallel O projection and M
 down-projection) sit on the critical path: their result is the next op's input, so they are
 added to F whole. The backward's two (at the inputs of the column-parallel QKV and MLP
 up-projections) are not needed by the weight gradient of the same GEMM, so Megatron-LM
-launches them asynchronously and computes that weight gradient meanwhile (Korthikanti et al.
-2022 name this overlap as why full recomputation costs 39 % and not the 50 % a second forward
-would; their Table 4 has the backward at 1.55 forwards on the 22B model, TP 8, where pricing
-the collectives exposed gives 1.8). So each backward collective adds to I only what the
-weight gradient it overlaps does not hide: ``max(0, collective - W of that GEMM)`` (both
-exposed with ``Network.tp_overlap`` off: Megatron-LM before September 2021). The
-GEMMs get ``t`` times thinner, which
-:mod:`pipebubble.plan.compute` prices as a lower efficiency. The TP group is innermost
-(stride 1): it runs on NVLink when ``t <= gpus_per_node``.
+(since September 2021) launches them asynchronously and computes that weight gradient
+meanwhile (Korthikanti et al. 2022 name this overlap as why full recomputation costs 39 %
+and not the 50 % a second forward would; their Table 4 has the backward at 1.55 forwards on
+the 22B model, TP 8, where pricing the collectives exposed gives 1.8). So each backward
+collective adds to I only what the weight gradient it overlaps does not hide:
+``max(0, collective - W of that GEMM)`` (both exposed with ``Network.tp_overlap`` off:
+Megatron-LM before September 2021). A zero-bubble schedule that defers W loses this overlap;
+it is priced the same (optimistic for those by up to the hidden time). The GEMMs get ``t``
+times thinner, which :mod:`pipebubble.plan.compute` prices as a lower efficiency. The TP
+group is innermost (stride 1): it runs on NVLink when ``t <= gpus_per_node``.
 
 The vocabulary-parallel embedding all-reduces (SP: reduce-scatters) its output once in the
 forward; the head's input gradient is all-reduced once in the backward.
