@@ -1,4 +1,12 @@
-"""Published runs the planner is checked against: Megatron-LM's SC'21 Table 1.
+"""Published runs the planner is checked against, each number with its source.
+
+Two parts: Megatron-LM's SC'21 Table 1 (below, :func:`predict_table1`, which fits the A100
+efficiency), and the other runs (:func:`published_runs`: Korthikanti et al. 2022, BLOOM,
+Llama 3 405B, torchtitan), each planned at its published configuration through
+``plan --config``'s path (:func:`predict_config`), with one efficiency per GPU fitted once
+(A100 on Table 1's 18.4B row, H100 on the Llama 3 row ``H100_CALIBRATION``), and ranked among
+the planner's plans (:func:`rank_config`). ``bench/bench_megatron.py`` and
+``bench/bench_published.py`` print the tables.
 
 Narayanan et al., *Efficient Large-Scale Language Model Training on GPU Clusters Using
 Megatron-LM* (SC'21), Table 1: GPT models on A100 80 GB (DGX A100: 8 GPUs a node, NVLink3,
