@@ -19,8 +19,9 @@ from ..errors import UserError
 LOW = 0.01
 
 
-def fit_efficiency(predict: Callable[[float], float], measured: float) -> float:
-    """The efficiency ``e`` with ``predict(e) == measured`` (to 1e-6 relative)."""
+def fit_efficiency(predict: Callable[[float], float], measured: float,
+                   tol: float = 1e-7) -> float:
+    """The efficiency ``e`` with ``predict(e) == measured``, to ``tol`` in ``e``."""
     if not (measured > 0 and measured != float("inf")):
         raise UserError(f"--measured-step must be a finite number of seconds > 0, got "
                          f"{measured!r}")
@@ -35,7 +36,7 @@ def fit_efficiency(predict: Callable[[float], float], measured: float) -> float:
                          f"at --efficiency {LOW} ({slow:.4g} s predicted); check --config "
                          "and --global-batch")
     lo, hi = LOW, 1.0
-    while hi - lo > 1e-7:
+    while hi - lo > tol:
         mid = (lo + hi) / 2
         if predict(mid) > measured:
             lo = mid

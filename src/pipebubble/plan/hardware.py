@@ -12,7 +12,12 @@ that real collectives and GEMMs reach:
   GEMMs (:mod:`pipebubble.plan.compute`); ``plan --efficiency`` overrides it and
   ``plan --config ... --measured-step S`` fits it to one measured run.
 
-Every field can be overridden from the command line (``--peak-tflops``, ``--gpu-memory``,
+One field says how the framework uses the links: ``tp_overlap`` (on by default), whether
+the backward's TP collectives run behind weight-gradient GEMMs (:mod:`pipebubble.plan.tensor`)
+as Megatron-LM does since September 2021 (merge request 316, "allreduce overlap with wgrad
+gemm"); off for runs made before that (Megatron-LM's SC'21 Table 1).
+
+Every numeric field can be overridden from the command line (``--peak-tflops``, ``--gpu-memory``,
 ``--hbm-bandwidth``, ``--gpus-per-node``, ``--nvlink-bandwidth``, ``--nvlink-latency``,
 ``--inter-node-bandwidth``, ``--inter-node-latency``).
 
@@ -49,11 +54,16 @@ class Hardware:
     inter_node_latency: float
     efficiency: float  # fraction of peak large GEMMs reach
     bus_fraction: float = 0.8  # fraction of the link rate ring collectives reach
+    tp_overlap: bool = True  # backward TP collectives behind weight gradients (tensor.py)
 
     def check(self) -> None:
         for f in fields(self):
             v = getattr(self, f.name)
             if f.name == "name":
+                continue
+            if f.name == "tp_overlap":
+                if not isinstance(v, bool):
+                    raise UserError(f"tp_overlap must be true or false, got {v!r}")
                 continue
             if f.name == "gpus_per_node":
                 if isinstance(v, bool) or not isinstance(v, int) or v < 1:

@@ -39,6 +39,7 @@ class Network:
     gpus_per_node: int
     intra: Link
     inter: Link
+    tp_overlap: bool = True  # backward TP collectives behind weight gradients (tensor.py)
 
     def link(self, stride: int, size: int) -> Link:
         """The link a group of ``size`` ranks ``stride`` apart runs on."""
@@ -53,7 +54,7 @@ class Network:
         """From a :class:`~pipebubble.plan.hardware.Hardware`, bus fraction applied."""
         f = hw.bus_fraction
         return cls(hw.gpus_per_node, (hw.nvlink_bandwidth * f, hw.nvlink_latency),
-                   (hw.inter_node_bandwidth * f, hw.inter_node_latency))
+                   (hw.inter_node_bandwidth * f, hw.inter_node_latency), hw.tp_overlap)
 
     @classmethod
     def flat(cls, bandwidth: float, latency: float) -> Network:

@@ -15,7 +15,9 @@ One block on one rank, ``T = s b / cp`` tokens, ``t`` = TP degree, ``q`` = heads
   ``(T, f/t [x2], h)``, down ``(T, h, f/t)``; memory-bound norms, residuals, rotary or
   dropout, activation; two TP collectives; CP's exposed ring exchange;
 - I (input gradient): each GEMM's data gradient (the same FLOPs, ``n`` and ``k`` swapped),
-  the attention backward, twice the forward's memory-bound bytes, two TP collectives, CP;
+  the attention backward, twice the forward's memory-bound bytes, what the weight gradients
+  of QKV and the MLP up-projection do not hide of the two TP collectives
+  (:mod:`~pipebubble.plan.tensor`), CP;
 - W (weight gradient): each GEMM's weight gradient ``(k, n, T)`` and nothing else: what a
   zero-bubble schedule may delay.
 
@@ -84,7 +86,8 @@ class ParallelCosts:
         gemms = [(T, (q + 2 * kv) / t, h), (T, h, q / t), (T, up, h), (T, h, f / t)]
         fwd = sum(gemm_time(m, n, k, r) for m, n, k in gemms)
         dgrad = sum(gemm_time(m, k, n, r) for m, n, k in gemms)
-        wgrad = sum(gemm_time(k, n, m, r) for m, n, k in gemms)
+        wgrads = [gemm_time(k, n, m, r) for m, n, k in gemms]
+        wgrad = sum(wgrads)
         attn = attention_time(T, self.seq, q / t, r, flash=self.flash, sequences=b,
                               head_dim=sh.head_dim)
         attn_b = attention_backward_time(attn, self.flash)
@@ -96,7 +99,7 @@ class ParallelCosts:
             elementwise += 4 * T * (q + kv) / t  # rotary on Q and K
         elementwise += (6 if sh.swiglu else 4) * T * f / t  # the MLP's activation
         mem = memory_time(elementwise, r)
-        tp_f, tp_b = block_tp_comm(T, h, t, self.net, self.sp)
+        tp_f, tp_b = block_tp_comm(T, h, t, self.net, self.sp, hide=(wgrads[0], wgrads[2]))
         cp_f, cp_b = block_cp_comm(T, kv / t, cp, t, self.net, (attn, attn_b))
         F = fwd + attn + mem + tp_f + cp_f
         return {"f": F, "i": dgrad + attn_b + 2 * mem + tp_b + cp_b, "w": wgrad,

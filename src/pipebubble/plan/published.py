@@ -1,4 +1,12 @@
-"""Published runs the planner is checked against: Megatron-LM's SC'21 Table 1.
+"""Published runs the planner is checked against, each number with its source.
+
+Two parts: Megatron-LM's SC'21 Table 1 (below, :func:`predict_table1`, which fits the A100
+efficiency), and the other runs (:func:`published_runs`: Korthikanti et al. 2022, BLOOM,
+Llama 3 405B, torchtitan), each planned at its published configuration through
+``plan --config``'s path (:func:`predict_config`), with one efficiency per GPU fitted once
+(A100 on Table 1's 18.4B row, H100 on the Llama 3 row ``H100_CALIBRATION``), and ranked among
+the planner's plans (:func:`rank_config`). ``bench/bench_megatron.py`` and
+``bench/bench_published.py`` print the tables.
 
 Narayanan et al., *Efficient Large-Scale Language Model Training on GPU Clusters Using
 Megatron-LM* (SC'21), Table 1: GPT models on A100 80 GB (DGX A100: 8 GPUs a node, NVLink3,
@@ -23,7 +31,7 @@ from .analytic import TransformerShape, shape_profile
 from .fit import fit_efficiency
 from .hardware import get_hardware
 from .layercosts import ProfileSet
-from .plans import Request
+from .plans import NoPlanFits, Request
 
 SEQ, VOCAB = 2048, 51200
 
@@ -88,8 +96,9 @@ def predict_row(row: Row, hw, efficiency: float):
     from .planner import search
 
     prof = ProfileSet([shape_profile(shape_of(row), SEQ, 1, attention="unfused")])
-    return search(prof, request_of(row, hw.memory * 0.95), replace(hw, efficiency=efficiency),
-                  efficiency).plans[0]
+    hw = replace(hw, efficiency=efficiency, tp_overlap=False)  # measured before Megatron-LM
+    # overlapped the backward's TP all-reduces with weight gradients (September 2021)
+    return search(prof, request_of(row, hw.memory * 0.95), hw, efficiency).plans[0]
 
 
 def predict_table1(calibrate_on: str = "18.4B") -> tuple[float, list[dict]]:
@@ -108,3 +117,293 @@ def predict_table1(calibrate_on: str = "18.4B") -> tuple[float, list[dict]]:
                     "chunks": plan.chunks, "schedule": plan.schedule,
                     "bubble": plan.bubble_fraction, "calibration": row.name == calibrate_on})
     return eff, out
+
+
+# ---- other published runs: one efficiency per GPU, each run at its published configuration --
+
+@dataclass(frozen=True)
+class Run:
+    """One published training run: the model, the machine, the configuration it ran
+    (``plan --config`` text), and its published throughput in the source's own metric.
+
+    ``step`` is the published step in seconds, derived from that metric by the source's FLOP
+    count (:func:`published_runs` says which per run); every metric here is inversely
+    proportional to the step, so a prediction is reported as ``published x step / predicted``.
+    """
+
+    source: str  # short reference
+    name: str
+    shape: TransformerShape
+    seq: int
+    gpus: int
+    batch: int  # sequences per step
+    gpu: str
+    config: str  # plan --config
+    metric: str  # what the source publishes: "MFU", "TFLOP/s", "tokens/s"
+    published: float
+    step: float  # the published step, seconds
+    flash: bool = True
+    search: tuple = ()  # (field, values) the planner may choose where the source is silent
+    hardware: tuple = ()  # (field, value) overrides of the preset (the machine as published)
+    note: str = ""
+
+
+A100_PEAK, H100_PEAK = 312e12, 989e12
+
+
+def _gpt(layers, hidden, heads, vocab=VOCAB, positions=SEQ) -> TransformerShape:
+    return TransformerShape(layers=layers, hidden=hidden, ffn=4 * hidden, heads=heads,
+                            vocab=vocab, tied_embeddings=True, swiglu=False,
+                            positions=positions, dropout=True, biases=True)
+
+
+def korthikanti_flops(shape: TransformerShape, seq: int, batch: int) -> float:
+    """Korthikanti et al. 2022 eq. 7, model FLOPs (no recomputation):
+    ``72 B L s h^2 (1 + s / (6 h) + V / (12 h L))``."""
+    B, s, L, h, V = batch, seq, shape.layers, shape.hidden, shape.vocab
+    return 72 * B * L * s * h * h * (1 + s / (6 * h) + V / (12 * h * L))
+
+
+def llama_flops(shape: TransformerShape, seq: int, batch: int) -> float:
+    """Model FLOPs of a LLaMA step as a causal FlashAttention kernel executes them: ``6`` per
+    token and matrix parameter (blocks and head) plus the causal half of attention's
+    ``12 L s^2 q``. (The Llama 3 paper does not give its count; counting attention in full
+    would raise the 131,072-token row's FLOPs by 40 % and the 8,192-token rows' by 4 %.)"""
+    q = shape.heads * shape.head_dim
+    per_seq = 3 * (2 * seq * shape.layers * shape.block_matmul_params()
+                   + 2 * shape.layers * seq * seq * q + 2 * seq * shape.hidden * shape.vocab)
+    return per_seq * batch
+
+
+LLAMA3_405B = TransformerShape(layers=126, hidden=16384, ffn=53248, heads=128, vocab=128256,
+                               kv_heads=8)
+LLAMA3_8B = TransformerShape(layers=32, hidden=4096, ffn=14336, heads=32, vocab=128256,
+                             kv_heads=8)
+
+
+def published_runs() -> tuple[Run, ...]:
+    """The runs, each number from its source (the comments give it)."""
+    runs = []
+    # Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models"
+    # (arXiv 2205.05198): Table 3 (configurations: heads, hidden, layers, TP, PP, GPUs, global
+    # batch, microbatch; s = 2048, V = 51,200, A100 80 GB, interleaving 3 for 175B and 530B)
+    # and Table 5 (model FLOPs utilisation with sequence parallelism + selective recompute, no
+    # data parallelism). The MFU column is also in Megatron-LM's README (commit 2e90a342f5,
+    # "22B 41.5 % / 175B 51.4 % / 530B 56.0 % / 1T 56.3 %"). MFU = eq. 7 / (time x GPUs x
+    # 312 TFLOP/s); the step follows from it (Table 5's times, 1.10 / 13.75 / 37.83 /
+    # 71.49 s, agree within 1 %).
+    for name, heads, hidden, layers, pp, gpus, batch, mbs, v, mfu in (
+            ("22B", 64, 6144, 48, 1, 8, 4, 4, 1, 0.415),
+            ("175B", 96, 12288, 96, 8, 64, 64, 1, 3, 0.514),
+            ("530B", 128, 20480, 105, 35, 280, 280, 1, 3, 0.560),
+            ("1T", 160, 25600, 128, 64, 512, 512, 1, 0, 0.563)):
+        shape = _gpt(layers, hidden, heads)
+        step = korthikanti_flops(shape, SEQ, batch) / (mfu * gpus * A100_PEAK)
+        sched = "" if pp == 1 else ",schedule=interleaved-1f1b" + (f",v={v}" if v else "")
+        runs.append(Run("Korthikanti'22 T5", name, shape, SEQ, gpus, batch, "a100-80gb",
+                        f"tp=8,sp=1,cp=1,pp={pp},dp=1,sharding=ddp,mbs={mbs},"
+                        f"recompute=selective{sched}", "MFU", mfu, step, flash=False,
+                        note="" if v or pp == 1 else "chunks searched (not published)"))
+    # BLOOM-176B (BigScience tr11-176B-ml, github.com/bigscience-workshop/bigscience,
+    # train/tr11-176B-ml/README.md and tr11-176B-ml.slurm at 9e64ede): 384 A100 80 GB (48
+    # nodes of 8), TP 4, PP 12, DP 8, MBS 2, GBS 2048, seq 2048, 70 layers, h 14336, 112
+    # heads, vocabulary padded to 250,880, ALiBi (no position table), GeLU, bf16 with
+    # DeepSpeed's BF16 optimizer ("implements its own ZeRO stage 1"), --checkpoint-activations
+    # (full recomputation), DeepSpeed's pipeline (1F1B); the README's log line at the end of
+    # the first epoch: 104.70 s per iteration at GBS 2048, "TFLOPs: 149.77" (hardware FLOPs:
+    # 4 x 2 x params x tokens). Network: 4 Omni-Path 100 Gb/s links per node (BLOOM paper,
+    # arXiv 2211.05100, section 3.4.1): 6.25 GB/s per GPU, not the preset's 25.
+    bloom = TransformerShape(layers=70, hidden=14336, ffn=4 * 14336, heads=112, vocab=250880,
+                             tied_embeddings=True, swiglu=False, dropout=True, biases=True)
+    runs.append(Run("BLOOM tr11", "176B", bloom, 2048, 384, 2048, "a100-80gb",
+                    "tp=4,sp=0,cp=1,pp=12,dp=8,sharding=zero1,mbs=2,recompute=full,"
+                    "schedule=1f1b", "TFLOP/s", 149.77, 104.70, flash=False,
+                    hardware=(("inter_node_bandwidth", 6.25e9),)))
+    # Llama 3 405B (Llama Team, "The Llama 3 Herd of Models", arXiv 2407.21783, section
+    # 3.3.2, Table 4): GPUs, TP, CP, PP, DP, sequence, batch size per DP group, TFLOP/s per
+    # GPU (430 / 400 / 380; "BF16 MFU" 43 / 41 / 38 %). The PDF prints DP = 4 for the 131,072
+    # row, which contradicts its 16,384 GPUs (8 x 16 x 16 x 4 = 8,192) and its 16M tokens
+    # per batch (4 x 16 x 131,072 = 8M): DP = 8 is the only value consistent with both.
+    # Section 3.3.2 also gives: FSDP sharding optimizer states and gradients, weights not
+    # resharded after forward (zero2 here); the interleaved schedule; 8K sequences trained
+    # without activation checkpointing; CP by all-gathering K and V (not a ring). H100 80 GB,
+    # 400 Gb/s per GPU (section 3.3.1).
+    for gpus, cp, dp, seq, per_dp, tflops, rec in (
+            (8192, 1, 64, 8192, 32, 430, ",recompute=none"),
+            (16384, 1, 128, 8192, 16, 400, ",recompute=none"),
+            (16384, 16, 8, 131072, 16, 380, "")):
+        batch = dp * per_dp
+        step = llama_flops(LLAMA3_405B, seq, batch) / (tflops * 1e12 * gpus)
+        runs.append(Run("Llama 3 T4", f"405B {seq // 1024}K {gpus // 1024}k", LLAMA3_405B,
+                        seq, gpus, batch,
+                        "h100-sxm", f"tp=8,cp={cp},pp=16,dp={dp},sharding=zero2{rec}",
+                        "TFLOP/s", tflops, step,
+                        search=(("schedules", ("interleaved-1f1b", "1f1b")),),
+                        note="mbs, v" + (", recompute" if not rec else "") + ", sp searched"))
+    # torchtitan docs/performance.md (github.com/pytorch/torchtitan, last at 820504e20^):
+    # Llama 3.1 8B, FSDP (1D), local batch 2, selective activation checkpointing, bf16 (no
+    # Float8, no torch.compile), seq 8192 (train_configs/llama3_8b.toml at the commit the
+    # page names, 9dec370): Table 1 (8 GPUs) 5,762 and Table 3 (128 GPUs) 5,605 tokens/s
+    # per GPU. The GPUs are H100 with 96 GB HBM2e at 2.4 TB/s and a 500 W limit ("peak
+    # between SXM and NVL"), so the 989 TFLOP/s preset is optimistic for them.
+    for gpus, tps, table in ((8, 5762, "T1"), (128, 5605, "T3")):
+        batch = 2 * gpus
+        runs.append(Run(f"torchtitan {table}", f"8B FSDP {gpus}", LLAMA3_8B, 8192, gpus, batch,
+                        "h100-sxm", f"tp=1,cp=1,pp=1,dp={gpus},sharding=fsdp,mbs=2,"
+                        "recompute=selective", "tokens/s", tps, batch * 8192 / (tps * gpus),
+                        hardware=(("memory", 96e9), ("hbm_bandwidth", 2.4e12)),
+                        note="500 W HBM2e H100; its op-level SAC priced as selective"))
+    return tuple(runs)
+
+
+H100_CALIBRATION = "405B 8K 16k"  # the Llama 3 row the H100 efficiency is fitted on: 16,384
+# GPUs, sequence 8,192. Not the 8,192-GPU row: there the planner's memory model does not fit
+# the interleaved schedule without recomputation (32 microbatches in flight), so it plans
+# 1F1B with a 33 % bubble that Llama 3 did not have, and fitting to that would raise the
+# efficiency to make up for it.
+
+
+def _setup(run: Run, efficiency: float, top: int = 1):
+    """(profiles, the request as ``plan`` builds it, the hardware): the model at the run's
+    sequence, the GPU preset with the run's overrides, a 5 % reserve."""
+    from .planner import schedule_list
+
+    hw = replace(get_hardware(run.gpu), **dict(run.hardware), efficiency=efficiency)
+    prof = ProfileSet([shape_profile(run.shape, run.seq, 1,
+                                     attention="flash" if run.flash else "unfused")])
+    extra = dict(run.search)
+    req = Request(gpus=run.gpus, gpu_memory=hw.memory * 0.95, global_batch=run.batch,
+                  microbatch_sizes=(1, 2, 4), max_chunks=4, recompute=None, grad_bytes=4.0,
+                  schedules=extra.pop("schedules", tuple(n for n in schedule_list(None)
+                                                         if n != "auto")), top=top, **extra)
+    return prof, req, hw
+
+
+def predict_config(run: Run, efficiency: float):
+    """The planner's plan for the run's published configuration (what ``plan --config`` puts
+    beside the plans: the request restricted to the configuration, the rest searched)."""
+    return _predict(run, efficiency)[0]
+
+
+def _predict(run: Run, efficiency: float):
+    """(the plan, whether it fits the memory budget); one that does not is the least-memory
+    plan, as ``plan --config`` reports it."""
+    from ..commands.plan import parse_config, restrict
+    from .planner import search
+
+    prof, req, hw = _setup(run, efficiency)
+    one = replace(restrict(req, parse_config(run.config, run.gpus)), top=1)
+    try:
+        return search(prof, one, hw, efficiency).plans[0], True
+    except NoPlanFits as exc:
+        if exc.plan is None:
+            raise
+        return exc.plan, False
+
+
+def rank_config(run: Run, efficiency: float, top: int = 30):
+    """(the published configuration's rank among the planner's ``top`` plans, None if
+    slower than all of them; the planner's own best plan), as ``plan --config`` ranks it:
+    every axis searched (tp, sp, cp, pp, dp, sharding, microbatch size, every schedule family
+    but ``auto``, chunks, recompute)."""
+    from .planner import schedule_list, search
+
+    prof, req, hw = _setup(run, efficiency, top)
+    req = replace(req, schedules=tuple(n for n in schedule_list(None) if n != "auto"))
+    plans = search(prof, req, hw, efficiency).plans
+    mine = predict_config(run, efficiency)
+    faster = sum(1 for p in plans if p.step_time < mine.step_time * (1 - 1e-12))
+    return (faster + 1 if faster < len(plans) else None), plans[0]
+
+
+def a100_efficiency() -> float:
+    """The A100 efficiency: Megatron-LM's SC'21 Table 1, calibrated on its 18.4B row."""
+    return predict_table1()[0]
+
+
+def h100_efficiency(runs: tuple[Run, ...] | None = None) -> float:
+    """The H100 efficiency: fitted to the Llama 3 405B row ``H100_CALIBRATION``."""
+    runs = runs or published_runs()
+    cal = next(r for r in runs if r.name == H100_CALIBRATION)
+    return fit_efficiency(lambda e: predict_config(cal, e).step_time, cal.step)
+
+
+def predict_runs(runs: tuple[Run, ...] | None = None, ranks: bool = False,
+                 efficiencies: dict[str, float] | None = None) -> tuple[dict, list[dict]]:
+    """({gpu: efficiency}, one dict per run: published and predicted metric, the error, the
+    plan chosen for the published configuration and, with ``ranks``, its rank among the
+    planner's plans and the planner's own pick with its predicted margin)."""
+    runs = runs or published_runs()
+    eff = dict(efficiencies or {})
+    if "a100-80gb" not in eff:
+        eff["a100-80gb"] = a100_efficiency()
+    if "h100-sxm" not in eff:
+        eff["h100-sxm"] = h100_efficiency(runs)
+    out = []
+    for run in runs:
+        e = eff[run.gpu]
+        plan, fits = _predict(run, e)
+        rank, best = rank_config(run, e) if ranks else (None, None)
+        item = {"source": run.source, "model": run.name, "gpus": run.gpus,
+                "config": run.config, "metric": run.metric, "published": run.published,
+                "predicted": run.published * run.step / plan.step_time,
+                "error": run.step / plan.step_time - 1, "plan": plan, "rank": rank,
+                "best": best, "calibration": run.name == H100_CALIBRATION, "note": run.note,
+                "fits": fits,
+                "margin": plan.step_time / best.step_time - 1 if best is not None else None}
+        out.append(item)
+    return eff, out
+
+
+# Korthikanti et al. 2022, Table 4: forward and backward milliseconds of one transformer
+# layer of the 22B model (a = 64, h = 6144, TP 8, s = 2048; the microbatch of its Table 3,
+# 4 sequences), by technique: (sequence parallel, recompute, forward, backward).
+TABLE4 = (
+    ("baseline (no recompute)", False, "none", 7.7, 11.9),
+    ("sequence parallel", True, "none", 7.2, 11.8),
+    ("full recompute", False, "full", 7.7, 19.5),
+    ("selective recompute", False, "selective", 7.7, 13.2),
+    ("selective + sequence parallel", True, "selective", 7.2, 13.1),
+)
+
+
+def layer_times(efficiency: float, tp_overlap: bool = True) -> list[dict]:
+    """Table 4's rows beside the planner's forward and backward (I + W, with what the
+    recompute re-runs) of one 22B block on the A100 preset at ``efficiency``."""
+    from .compute import Rates
+    from .network import Network
+    from .parallel_costs import ParallelCosts
+
+    shape = _gpt(48, 6144, 64)
+    hw = replace(get_hardware("a100-80gb"), efficiency=efficiency, tp_overlap=tp_overlap)
+    out = []
+    for name, sp, rec, fwd, bwd in TABLE4:
+        lc = ParallelCosts(shape, SEQ, Rates.of(hw), Network.of(hw), tp=8, sp=sp,
+                           flash=False).at(4, rec)
+        f, b = lc.f[1] * 1e3, (lc.i[1] + lc.w[1]) * 1e3
+        out.append({"technique": name, "forward": fwd, "backward": bwd, "predicted_forward": f,
+                    "predicted_backward": b, "error": (f + b) / (fwd + bwd) - 1})
+    return out
+
+
+def explain_pick(run: Run, efficiency: float) -> list[dict]:
+    """Why the planner's pick for ``run`` differs from the published configuration: the pick
+    (every axis, every family but ``auto``) with the backward's TP collectives overlapped and
+    not, and within the families the source had (``run.search``), each beside the published
+    configuration priced the same way."""
+    from .planner import schedule_list, search
+
+    every = tuple(n for n in schedule_list(None) if n != "auto")
+    out = []
+    for what, overlap, families in (("every family", True, every),
+                                    ("every family, TP not overlapped", False, every),
+                                    ("the source's families", True, None)):
+        prof, req, hw = _setup(run, efficiency)
+        hw = replace(hw, tp_overlap=overlap)
+        mine = replace(run, hardware=(*run.hardware, ("tp_overlap", overlap)))
+        req = replace(req, schedules=families or req.schedules)
+        best = search(prof, req, hw, efficiency).plans[0]
+        pub = predict_config(mine, efficiency)
+        out.append({"what": what, "pick": best, "published": pub,
+                    "margin": pub.step_time / best.step_time - 1})
+    return out

@@ -5,10 +5,20 @@ Megatron-LM (Shoeybi et al. 2019) splits each block's attention heads and MLP co
 twice (after attention, after the MLP) and the backward twice more; with sequence
 parallelism (Korthikanti et al. 2022) each all-reduce becomes a reduce-scatter and an
 all-gather of the same total volume, and the norms, dropout and residuals run on ``T / t``
-tokens. The collectives sit on the critical path (they are not overlapped here), so they are
-added to F (forward) and I (backward of the input). The GEMMs get ``t`` times thinner, which
-:mod:`pipebubble.plan.compute` prices as a lower efficiency. The TP group is innermost
-(stride 1): it runs on NVLink when ``t <= gpus_per_node``.
+tokens. The forward's two collectives (after the row-parallel O projection and MLP
+down-projection) sit on the critical path: their result is the next op's input, so they are
+added to F whole. The backward's two (at the inputs of the column-parallel QKV and MLP
+up-projections) are not needed by the weight gradient of the same GEMM, so Megatron-LM
+(since September 2021) launches them asynchronously and computes that weight gradient
+meanwhile (Korthikanti et al. 2022 name this overlap as why full recomputation costs 39 %
+and not the 50 % a second forward would; their Table 4 has the backward at 1.55 forwards on
+the 22B model, TP 8, where pricing the collectives exposed gives 1.8). So each backward
+collective adds to I only what the weight gradient it overlaps does not hide:
+``max(0, collective - W of that GEMM)`` (both exposed with ``Network.tp_overlap`` off:
+Megatron-LM before September 2021). A zero-bubble schedule that defers W loses this overlap;
+it is priced the same (optimistic for those by up to the hidden time). The GEMMs get ``t``
+times thinner, which :mod:`pipebubble.plan.compute` prices as a lower efficiency. The TP
+group is innermost (stride 1): it runs on NVLink when ``t <= gpus_per_node``.
 
 The vocabulary-parallel embedding all-reduces (SP: reduce-scatters) its output once in the
 forward; the head's input gradient is all-reduced once in the backward.
@@ -19,6 +29,9 @@ forward; the head's input gradient is all-reduced once in the backward.
 (6e-05, 6e-05)
 >>> block_tp_comm(1000, 1000, 4, net, sp=True) == block_tp_comm(1000, 1000, 4, net)
 True
+>>> f, b = block_tp_comm(1000, 1000, 4, net, hide=(2e-5, 1.0))  # 3e-5 each, 2e-5 hidden
+>>> round(b, 12)                                                 # 1e-5 + 0 exposed
+1e-05
 """
 
 from __future__ import annotations
@@ -40,8 +53,12 @@ def tp_collective(tokens: float, hidden: int, tp: int, net: Network, sp: bool = 
     return allreduce(n, tp, link)
 
 
-def block_tp_comm(tokens: float, hidden: int, tp: int, net: Network, sp: bool = False
-                  ) -> tuple[float, float]:
-    """(forward, backward) seconds of one block's TP collectives: two each way."""
+def block_tp_comm(tokens: float, hidden: int, tp: int, net: Network, sp: bool = False,
+                  hide: tuple[float, float] = (0.0, 0.0)) -> tuple[float, float]:
+    """(forward, backward) exposed seconds of one block's TP collectives: two each way;
+    ``hide`` = the weight-gradient seconds of the QKV and MLP up-projection GEMMs, behind
+    which the backward's two collectives run (module doc)."""
     one = tp_collective(tokens, hidden, tp, net, sp)
-    return 2 * one, 2 * one
+    if not net.tp_overlap:
+        return 2 * one, 2 * one
+    return 2 * one, sum(max(0.0, one - w) for w in hide)

@@ -1,0 +1,87 @@
+"""The planner against published training runs beyond Megatron-LM's SC'21 Table 1.
+
+Korthikanti et al. 2022 (A100: 22B, GPT-3 175B, MT-NLG 530B, 1T with TP, SP, PP and
+selective recomputation), BLOOM-176B (A100, TP 4 PP 12 DP 8, ZeRO-1), Llama 3 405B (H100,
+8,192 and 16,384 GPUs, TP 8, CP 1 or 16, PP 16) and torchtitan's Llama 3.1 8B FSDP runs,
+every number stored with its source in ``pipebubble.plan.published``. One efficiency per
+GPU, fitted once: A100 on Megatron-LM's 18.4B Table 1 row (bench/bench_megatron.py), H100 on
+the Llama 3 16,384-GPU 8K row; every other row is predicted. Each row is planned at its
+published configuration (``plan --config``: what the source does not give is searched),
+then ranked among the planner's own plans (a full search: every axis, every schedule family
+but auto), with the planner's pick and how much faster it predicts its pick to be.
+
+    python bench/bench_published.py [--no-rank] [--explain]
+
+``--explain`` adds why the planner's pick for Llama 3 on 16,384 GPUs (8K) is not the
+published configuration: the pick with and without the overlap of the backward's TP
+collectives, and within the schedule families Llama 3 had (three more full searches).
+
+Checked by tests/test_plan_published.py (the predictions, not the searches).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from pipebubble.plan.published import explain_pick, layer_times, predict_runs, published_runs
+
+
+def _cfg(p) -> str:
+    return (f"tp={p.tp}{' sp' if p.sp else ''} cp={p.cp} pp={p.pp} dp={p.dp} {p.sharding}, "
+            f"{p.schedule} v={p.chunks}, mbs {p.microbatch_size}, {p.recompute}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--no-rank", action="store_true",
+                    help="skip the full searches (the rank and the planner's pick)")
+    ap.add_argument("--explain", action="store_true",
+                    help="why the pick for Llama 3 on 16,384 GPUs differs (3 full searches)")
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    eff, rows = predict_runs(ranks=not args.no_rank)
+    print(f"efficiency: A100 {eff['a100-80gb']:.3f} (Megatron-LM Table 1, 18.4B row), H100 "
+          f"{eff['h100-sxm']:.3f} (Llama 3, 16,384 GPUs, 8K; marked *) "
+          f"({time.perf_counter() - t0:.0f} s)\n")
+    print("| source | run | GPUs | published config | metric | published | predicted | error "
+          "| planned at the config | rank | planner's pick (its margin) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        p = r["plan"]
+        fmt = ".3f" if r["metric"] == "MFU" else ".0f"
+        rank = ("-" if args.no_rank else str(r["rank"]) if r["rank"] else ">30")
+        best = ("-" if r["best"] is None else
+                f"{_cfg(r['best'])} ({1 / (1 + r['margin']) - 1:+.1%} step)"
+                if r["margin"] > 1e-9 else "the published config")
+        fits = "" if r["fits"] else " (does not fit)"
+        print(f"| {r['source']} | {r['model']}{' *' if r['calibration'] else ''} | {r['gpus']} |"
+              f" {r['config']} | {r['metric']} | {r['published']:{fmt}} | "
+              f"{r['predicted']:{fmt}} | {r['error']:+.1%} | {_cfg(p)}{fits} | {rank} | "
+              f"{best} |")
+    worst = max(abs(r["error"]) for r in rows if not r["calibration"])
+    print(f"\nlargest error {worst:.1%}")
+    print("\nKorthikanti et al. Table 4: one 22B layer (TP 8, microbatch 4), ms, at the A100 "
+          "efficiency:\n")
+    print("| technique | forward | backward | predicted forward | predicted backward | "
+          "error (sum) |")
+    print("|---|---|---|---|---|---|")
+    for r in layer_times(eff["a100-80gb"]):
+        print(f"| {r['technique']} | {r['forward']} | {r['backward']} | "
+              f"{r['predicted_forward']:.2f} | {r['predicted_backward']:.2f} | "
+              f"{r['error']:+.1%} |")
+    if args.explain:
+        run = next(r for r in published_runs() if r.name == "405B 8K 16k")
+        print("\nLlama 3 405B, 16,384 GPUs, 8K: the planner's pick vs the published "
+              "configuration (same pricing each row)\n")
+        print("| search | pick | its step | bubble | published config's step | bubble | "
+              "margin |")
+        print("|---|---|---|---|---|---|---|")
+        for e in explain_pick(run, eff["h100-sxm"]):
+            b, p = e["pick"], e["published"]
+            print(f"| {e['what']} | {_cfg(b)} | {b.step_time:.3f} s | {b.bubble_fraction:.1%} | "
+                  f"{p.step_time:.3f} s | {p.bubble_fraction:.1%} | {e['margin']:+.1%} |")
+
+
+if __name__ == "__main__":
+    main()

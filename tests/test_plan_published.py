@@ -1,0 +1,167 @@
+"""The planner against published runs beyond Megatron-LM's SC'21 Table 1 (the data and the
+sources are in pipebubble.plan.published; bench/bench_published.py prints the table).
+
+One efficiency per GPU, fitted here once: A100 on Table 1's 18.4B row (as
+tests/test_plan_megatron.py), H100 on the Llama 3 16,384-GPU 8K row; everything else is
+predicted at its published configuration (``plan --config``'s path, no full searches).
+
+Tolerances, and why:
+
+- 5 % where the planner models what the run did (Korthikanti et al.'s 175B / 530B / 1T,
+  Llama 3's 128K row): the same band as Table 1 (whose errors are within 4 %), since the
+  sources round their throughput to 2-3 digits and give no error bars.
+- 7 % for Korthikanti et al.'s per-layer times (Table 4): one layer, no averaging over a
+  pipeline; the backward is the part the model prices least directly (the overlap of TP
+  collectives with weight gradients).
+- Known misses, asserted as what they are, with their cause checked: the 22B row (one
+  microbatch, pp 1: the optimizer step and the embedding and head, which the step prices
+  partly or not at all, show in full: over-predicted, within 15 %; Table 4's own layer times
+  sum to 0.97 of the 1.10 s step); BLOOM (over-predicted, within 12 %: no single named cost
+  explains it, see the README); Llama 3 on
+  8,192 GPUs (32 microbatches per pipeline: the interleaved schedule does not fit 80 GB
+  without recomputation in the memory model, so the planner prices 1F1B; with the budget
+  lifted, interleaved is within 5 %); torchtitan (a 500 W HBM2e H100 in eager mode, not the
+  preset: only the ratio between 8 and 128 GPUs is checked, within 5 %).
+"""
+
+from dataclasses import replace
+
+import pytest
+
+from pipebubble.plan.fit import fit_efficiency
+from pipebubble.plan.hardware import get_hardware
+from pipebubble.plan.published import (
+    A100_PEAK,
+    H100_CALIBRATION,
+    H100_PEAK,
+    TABLE1,
+    korthikanti_flops,
+    layer_times,
+    llama_flops,
+    predict_config,
+    predict_row,
+    predict_runs,
+    published_runs,
+)
+
+RUNS = {r.name: r for r in published_runs()}
+
+
+@pytest.fixture(scope="module")
+def efficiency():
+    cal = next(r for r in TABLE1 if r.name == "18.4B")
+    hw = get_hardware("a100-80gb")
+    a100 = fit_efficiency(lambda e: predict_row(cal, hw, e).step_time, cal.step_time(), 1e-5)
+    # The H100 fit with the plan's searched choices (sp, mbs, schedule, v) pinned at what the
+    # preset's efficiency picks, so each bisection step prices one configuration; that the
+    # unpinned search agrees is checked by test_efficiencies_are_fitted_once.
+    h = RUNS[H100_CALIBRATION]
+    first = predict_config(h, get_hardware("h100-sxm").efficiency)
+    pinned = replace(h, config=h.config + f",sp={int(first.sp)},mbs={first.microbatch_size},"
+                     f"schedule={first.schedule},v={first.chunks}")
+    h100 = fit_efficiency(lambda e: predict_config(pinned, e).step_time, h.step, 1e-5)
+    return {"a100-80gb": a100, "h100-sxm": h100}
+
+
+@pytest.fixture(scope="module")
+def rows(efficiency):
+    return {r["model"]: r for r in predict_runs(efficiencies=efficiency)[1]}
+
+
+def test_published_steps_agree_with_the_sources_other_numbers():
+    """Each published step, derived from the source's headline metric, against the other
+    numbers the same source gives."""
+    # Korthikanti et al. Table 5 gives the iteration times beside the MFU.
+    for name, seconds in (("22B", 1.10), ("175B", 13.75), ("530B", 37.83), ("1T", 71.49)):
+        r = RUNS[name]
+        assert r.step == pytest.approx(seconds, rel=0.005)
+        assert r.step == pytest.approx(korthikanti_flops(r.shape, 2048, r.batch)
+                                       / (r.published * r.gpus * A100_PEAK))
+    # BLOOM: 176,247M parameters; its TFLOP/s are hardware FLOPs (4/3 of model FLOPs with
+    # full recomputation): 149.77 at 104.70 s.
+    bloom = RUNS["176B"]
+    assert bloom.shape.total_params() == 176_247_242_752
+    hw_flops = korthikanti_flops(bloom.shape, 2048, 2048) * 4 / 3
+    assert hw_flops / (bloom.step * 384) / 1e12 == pytest.approx(149.77, rel=0.01)
+    # Llama 3: TP x CP x PP x DP = GPUs, 16M tokens a step, MFU = TFLOP/s / 989 (43/41/38 %).
+    for name, mfu in (("405B 8K 8k", 0.43), ("405B 8K 16k", 0.41), ("405B 128K 16k", 0.38)):
+        r = RUNS[name]
+        deg = dict(kv.split("=") for kv in r.config.split(",") if kv.split("=")[0] in
+                   ("tp", "cp", "pp", "dp"))
+        assert int(deg["tp"]) * int(deg["cp"]) * int(deg["pp"]) * int(deg["dp"]) == r.gpus
+        assert r.batch * r.seq == pytest.approx(16 * 2**20, rel=0.05)
+        assert r.published * 1e12 / H100_PEAK == pytest.approx(mfu, abs=0.01)
+        assert r.step == pytest.approx(llama_flops(r.shape, r.seq, r.batch)
+                                       / (r.published * 1e12 * r.gpus))
+
+
+def test_efficiencies_are_fitted_once(efficiency, rows):
+    assert 0.5 < efficiency["h100-sxm"] < efficiency["a100-80gb"] < 1.0
+    assert abs(rows[H100_CALIBRATION]["error"]) < 1e-4  # fitted to 1e-5 in the efficiency
+
+
+@pytest.mark.parametrize("name", ["175B", "530B", "1T", "405B 128K 16k"])
+def test_modelled_runs_within_5_percent(rows, name):
+    assert abs(rows[name]["error"]) < 0.05, rows[name]
+    assert rows[name]["fits"]
+
+
+def test_korthikanti_per_layer_times(efficiency):
+    got = layer_times(efficiency["a100-80gb"])
+    for r in got:
+        assert abs(r["error"]) < 0.07, r
+        assert r["predicted_forward"] == pytest.approx(r["forward"], rel=0.05)
+    by = {r["technique"]: r for r in got}
+    # What the paper shows, predicted: sequence parallelism speeds the forward; selective
+    # recomputation costs far less than full.
+    assert by["sequence parallel"]["predicted_forward"] < by["baseline (no recompute)"][
+        "predicted_forward"]
+    extra = lambda k: by[k]["predicted_backward"] - by["baseline (no recompute)"][  # noqa: E731
+        "predicted_backward"]
+    assert 0 < extra("selective recompute") < extra("full recompute") / 4
+    # Without the overlap of the backward's TP collectives the backward is ~20 % high.
+    bare = {r["technique"]: r for r in layer_times(efficiency["a100-80gb"], tp_overlap=False)}
+    assert bare["baseline (no recompute)"]["predicted_backward"] > 1.15 * 11.9
+
+
+def test_known_misses_have_the_named_causes(efficiency, rows):
+    assert 0 < rows["22B"]["error"] < 0.15
+    assert 0 < rows["176B"]["error"] < 0.12
+    # Llama 3 on 8,192 GPUs: the planner falls back to 1F1B because interleaved does not fit.
+    eight = rows["405B 8K 8k"]
+    assert eight["plan"].schedule == "1f1b" and eight["error"] < -0.1
+    run = RUNS["405B 8K 8k"]
+    roomy = replace(run, config=run.config + ",schedule=interleaved-1f1b,v=4",
+                    hardware=(("memory", 100 * 2**30),))
+    plan = predict_config(roomy, efficiency["h100-sxm"])
+    assert max(plan.peak_memory) > 80 * 2**30 * 0.95  # more than the real budget
+    assert abs(run.step / plan.step_time - 1) < 0.05
+    # torchtitan: over-predicted (another GPU), but the 8 -> 128 GPU scaling is right.
+    t1, t3 = rows["8B FSDP 8"], rows["8B FSDP 128"]
+    assert t1["error"] > 0 and t3["error"] > 0
+    assert (t3["predicted"] / t1["predicted"]) == pytest.approx(5605 / 5762, rel=0.05)
+
+
+def test_what_made_tp4_win_at_16k_gpus(efficiency):
+    """Llama 3 405B on 16,384 GPUs, 8K: with the backward's TP collectives exposed (the pricing
+    before), TP 4 / CP 4 / PP 64 beat the same depth at TP 8; with them overlapped behind the
+    weight gradients, TP 8 wins (the planner's full-search picks; bench_published --explain).
+    Either beats the published TP 8 / PP 16 / DP 128 by its bubble: 16 microbatches per
+    pipeline against 128-256."""
+    run = RUNS["405B 8K 16k"]
+    e = efficiency["h100-sxm"]
+
+    def step(config, overlap):
+        r = replace(run, config=config, search=(("schedules", ("zbv", "interleaved-1f1b")),),
+                    hardware=(("tp_overlap", overlap),))
+        return predict_config(r, e)
+
+    tp4 = "tp=4,sp=1,cp=4,pp=64,dp=16,sharding=zero1,mbs=1,recompute=none,schedule=zbv,v=2"
+    tp8 = "tp=8,sp=1,cp=4,pp=64,dp=8,sharding=zero1,mbs=1,recompute=none,schedule=zbv,v=2"
+    published = run.config + ",sp=1,mbs=1,schedule=interleaved-1f1b,v=4"
+    assert step(tp4, False).step_time < step(tp8, False).step_time
+    assert step(tp8, True).step_time < step(tp4, True).step_time
+    pub, pick = step(published, True), step(tp8, True)
+    assert pick.step_time < pub.step_time
+    assert pub.bubble_fraction - pick.bubble_fraction > 0.1
+    assert pick.microbatches == 2048 // 8 and pub.microbatches == 2048 // 128
