@@ -228,14 +228,44 @@ def min_max_partition(
     extras = [0.0] * stages
     extras[0] += first_extra
     extras[-1] += last_extra
+    got = _min_max(arr, stages, extras, memory, memory_cap, tie_break, slack)
+    if got is None:
+        raise PartitionError(_memory_message(L, stages, memory, memory_cap))
+    return got
+
+
+def capped_partition(costs: Sequence[float], stages: int, memory: Sequence[Sequence[float]],
+                     memory_cap: float | Sequence[float]) -> Ranges | None:
+    """:func:`min_max_partition` under memory caps, or None where no cut fits them (no
+    message built: a search asks this many times).
+
+    >>> capped_partition([1, 1, 1, 1], 2, [[1, 1, 1, 1]], 2)
+    [(0, 1), (2, 3)]
+    >>> capped_partition([1, 1, 1, 1], 2, [[1, 1, 1, 1]], 1) is None
+    True
+    """
+    L = len(costs)
+    check_counts(L, stages)
+    return _min_max(_check_costs(costs, 0.0, 0.0), stages, [0.0] * stages, memory,
+                    memory_cap, "balanced", 0.0)
+
+
+def _min_max(arr: np.ndarray, stages: int, extras: list[float], memory, memory_cap,
+             tie_break: str, slack: float) -> Ranges | None:
     q, qe = _integers(arr, extras)
+    L = len(arr)
     sweep = _Sweep(q, qe, _memory_reach(memory, memory_cap, stages, L))
     hi = int(sweep.P[-1]) + max(qe)
-    if not sweep.run(hi)[0]:
-        raise PartitionError(_memory_message(L, stages, memory, memory_cap))
+    if memory is not None and not sweep.run(hi)[0]:  # without caps every S <= L cut fits
+        return None
     lo = max(int(q.max()), -(-(int(sweep.P[-1]) + sum(qe)) // stages),
              qe[0] + int(q[0]), qe[-1] + int(q[-1]))
     # Invariant: every B < lo is infeasible, hi is the bottleneck of a feasible cut.
+    if memory is None and not any(qe):
+        # Every stage alike (no caps, no extras): filling each stage as far as it goes
+        # decides a bottleneck exactly (a later start never reaches less far), on the
+        # integer prefix sums in plain Python (bisect), far cheaper than the sweep.
+        lo = hi = _greedy_optimum(sweep.P.tolist(), stages, lo, hi)
     # Without memory caps the optimum is at most lo + the largest layer (fill stages
     # greedily); probing there first halves the search.
     probe = lo + int(q.max()) + max(qe)
@@ -253,6 +283,29 @@ def min_max_partition(
     ok, R, reach, _ = sweep.run(best)
     assert ok
     return ranges_from_ends(_reconstruct(sweep, R, reach, tie_break))
+
+
+def _greedy_optimum(P: list[int], stages: int, lo: int, hi: int) -> int:
+    """The least feasible integer bottleneck in ``[lo, hi]`` (``hi`` feasible) when every
+    stage is alike: a bottleneck B is feasible iff filling each stage as far as B allows
+    reaches the end, and a feasible probe drops ``hi`` to what its cut achieves."""
+    from bisect import bisect_right
+
+    L = len(P) - 1
+    while lo < hi:
+        B = (lo + hi) // 2
+        i, worst = 0, 0
+        for k in range(stages):
+            j = min(bisect_right(P, P[i] + B) - 1, L - (stages - 1 - k))
+            if j <= i:
+                break
+            worst = max(worst, P[j] - P[i])
+            i = j
+        if i == L:
+            hi = worst
+        else:
+            lo = B + 1
+    return hi
 
 
 def _achieved(sweep: _Sweep, ends: list[int]) -> int:
