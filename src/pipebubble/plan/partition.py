@@ -264,8 +264,13 @@ def _min_max(arr: np.ndarray, stages: int, extras: list[float], memory, memory_c
     if memory is None and not any(qe):
         # Every stage alike (no caps, no extras): filling each stage as far as it goes
         # decides a bottleneck exactly (a later start never reaches less far), on the
-        # integer prefix sums in plain Python (bisect), far cheaper than the sweep.
-        lo = hi = _greedy_optimum(sweep.P.tolist(), stages, lo, hi)
+        # integer prefix sums in plain Python (bisect), far cheaper than the sweep; and
+        # the reachable positions are intervals, so the cut is rebuilt without it too.
+        P = sweep.P.tolist()
+        best = _greedy_optimum(P, stages, lo, hi)
+        if slack > 0:
+            best = max(best, math.floor(best * (1 + slack)))
+        return ranges_from_ends(_reconstruct_alike(P, stages, best, tie_break))
     # Without memory caps the optimum is at most lo + the largest layer (fill stages
     # greedily); probing there first halves the search.
     probe = lo + int(q.max()) + max(qe)
@@ -306,6 +311,46 @@ def _greedy_optimum(P: list[int], stages: int, lo: int, hi: int) -> int:
         else:
             lo = B + 1
     return hi
+
+
+def _reconstruct_alike(P: list[int], S: int, B: int, tie_break: str) -> list[int]:
+    """:func:`_reconstruct` when every stage is alike and ``B`` is feasible (and at least
+    the largest layer): the positions reachable after k stages are the interval
+    ``[k, top_k]`` (each start reaches one layer further or more), and stage k may start
+    at i < j and end at j iff ``P[j] - P[i] <= B``, so the candidates are an interval too;
+    the same choice among them as :func:`_reconstruct` makes, found by bisection."""
+    from bisect import bisect_left, bisect_right
+
+    L = len(P) - 1
+    top = [0]
+    for k in range(S - 1):
+        i = min(top[-1], L - (S - 1 - k) - 1)
+        top.append(min(bisect_right(P, P[i] + B) - 1, L - (S - 1 - k)))
+    ends, j = [L], L
+    for k in range(S - 1, 0, -1):
+        lo, hi = max(k, bisect_left(P, P[j] - B)), min(top[k], j - 1)
+        if tie_break == "early":
+            i = hi
+        elif tie_break == "late":
+            i = lo
+        else:  # the cost closest to the mean of what remains, then the layer count
+            target = P[j] / (k + 1)
+            mean = j / (k + 1)
+            x = bisect_left(P, P[j] - target, lo, hi + 1)
+            values = {P[y] for y in (x - 1, x) if lo <= y <= hi}
+            d = min(abs((P[j] - v) - target) for v in values)
+            best = None
+            for v in sorted(values):
+                if abs((P[j] - v) - target) != d:
+                    continue
+                for y in range(max(lo, bisect_left(P, v)), min(hi, bisect_right(P, v) - 1) + 1):
+                    key = (abs((j - y) - mean), y)
+                    if best is None or key < best:
+                        best = key
+            i = best[1]
+        ends.append(i)
+        j = i
+    return sorted(ends)
 
 
 def _achieved(sweep: _Sweep, ends: list[int]) -> int:
@@ -408,13 +453,16 @@ def balance_ranks(costs: np.ndarray, ranges: Ranges, where: tuple[int, ...]) -> 
     """
     q = np.concatenate(([0.0], np.cumsum(costs)))
     n = len(ranges)
+    ranks = np.asarray(where)
+    copy = np.arange(len(where)) % n  # stage -> its range
+    size = int(ranks.max()) + 1
 
     def loads(ends: list[int]) -> tuple:
-        starts = [0, *ends[:-1]]
-        per = [0.0] * (max(where) + 1)
-        for s, r in enumerate(where):
-            per[r] += q[ends[s % n]] - q[starts[s % n]]
-        return tuple(sorted(per, reverse=True))
+        e = np.asarray(ends)
+        d = q[e] - q[np.concatenate(([0], e[:-1]))]
+        # bincount adds in stage order, as a loop over the stages would
+        per = np.bincount(ranks, weights=d[copy], minlength=size)
+        return tuple(np.sort(per)[::-1].tolist())
 
     ends = [b + 1 for _, b in ranges]
     best = loads(ends)
