@@ -92,12 +92,39 @@ class Pricing:
         """A cut's costs, each rank's static memory and the lower bound of the module doc.
         ``split``: whether W is split from the backward (None: ask the schedule)."""
         costs, params, transient = self.stage_costs(c, sched, lc, ranges)
-        p, M = c.pp, sched.num_microbatches
-        where = sched.stage_to_rank
         if split is None:
             split = self.split(sched)
-        busy, static, trans, rank_params = [0.0] * p, [0.0] * p, [0.0] * p, [0.0] * p
+        head, tail, busy, late, rank_params, trans, fwd, bwd = self._rank_sums(
+            sched, lc, ranges, costs, split)
+        if c.dp * c.cp == 1:
+            ar = [0.0] * c.pp
+        else:
+            sync = self.axes.sync(c.dp)
+            ar = [sync.exposed(self._sync_time(c, P), f, b, P)
+                  for P, f, b in zip(rank_params, fwd, bwd, strict=True)]
+        bound = max(max(h + b + a, h + b - w + t) for h, b, a, w, t in
+                    zip(head, busy, ar, late, tail, strict=True))
         bpp = self.axes.bytes_per_param(c.dp)
+        where = np.asarray(sched.stage_to_rank)
+        # bincount adds in stage order, as ``static[r] += bpp x params[s]`` would
+        static = np.bincount(where, weights=bpp * params, minlength=c.pp).tolist()
+        return Priced(ranges, costs, bound, [x + t for x, t in zip(static, trans, strict=True)],
+                      ar, rank_params)
+
+    def _rank_sums(self, sched: Schedule, lc: LayerCosts, ranges: Ranges, costs: CostModel,
+                   split: bool) -> tuple:
+        """Per rank: ``head``, ``tail``, ``busy``, ``late`` of the bound (module doc), its
+        parameters, largest transient, and one microbatch's forward and backward. They do
+        not depend on the sharding: computed once per (schedule, cut, hop time)."""
+        key = (id(sched), id(lc), tuple(ranges), costs.comm, split)
+        got = self._ranks.get(key)
+        if got is not None and got[0] is sched and got[1] is lc:
+            return got[2]
+        p, M = sched.num_ranks, sched.num_microbatches
+        where = sched.stage_to_rank
+        params, _, _, _, _, _, transient, _ = self._cut_sums(lc, sched.num_stages, ranges)
+        busy, trans, rank_params = [0.0] * p, [0.0] * p, [0.0] * p
+        fwd, bwd = [0.0] * p, [0.0] * p
         late = [0.0] * p  # work that may follow the rank's last input-gradient action
         head, tail = [math.inf] * p, [math.inf] * p
         before = after = 0.0
@@ -116,14 +143,13 @@ class Pricing:
                 tail[r] = after
             busy[r] += M * (cf[s] + cb[s])
             late[r] += M * cw[s] if split else 0.0
-            static[r] += bpp * params[s]
             rank_params[r] += params[s]
+            fwd[r] += cf[s]
+            bwd[r] += cb[s]
             trans[r] = max(trans[r], transient[s])
-        ar = self.exposed(c, sched, costs, params)
-        bound = max(max(h + b + a, h + b - w + t) for h, b, a, w, t in
-                    zip(head, busy, ar, late, tail, strict=True))
-        return Priced(ranges, costs, bound, [x + t for x, t in zip(static, trans, strict=True)],
-                      ar, rank_params)
+        out = (head, tail, busy, late, rank_params, trans, fwd, bwd)
+        self._ranks[key] = (sched, lc, out)
+        return out
 
     def _first_stages(self, sched: Schedule) -> frozenset[int]:
         got = self._firsts.get(id(sched))
@@ -131,23 +157,6 @@ class Pricing:
             got = self._firsts[id(sched)] = (sched, frozenset(
                 s for s in range(sched.num_stages) if sched.first_stage(s)))
         return got[1]
-
-    def exposed(self, c: Config, sched: Schedule, costs: CostModel, stage_params
-                ) -> list[float]:
-        """Per rank: the data-parallel traffic of its stages that does not hide behind one
-        microbatch's forward and backward on it (:meth:`~pipebubble.plan.sharding.Sync.exposed`;
-        it depends on the costs only, so the bounds use it exactly)."""
-        p = c.pp
-        if c.dp * c.cp == 1:
-            return [0.0] * p
-        sync = self.axes.sync(c.dp)
-        params, fwd, bwd = [0.0] * p, [0.0] * p, [0.0] * p
-        for s, r in enumerate(sched.stage_to_rank):
-            params[r] += stage_params[s]
-            fwd[r] += costs.f[s]
-            bwd[r] += costs.b[s]
-        return [sync.exposed(self._sync_time(c, params[r]), fwd[r], bwd[r], params[r])
-                for r in range(p)]
 
     def split(self, sched: Schedule) -> bool:
         """Whether the schedule splits W from the backward (once per schedule)."""

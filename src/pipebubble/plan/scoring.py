@@ -74,6 +74,7 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
         self._split: dict = shared.setdefault("split", {})
         self._firsts: dict = shared.setdefault("firsts", {})
         self._peaks: dict = shared.setdefault("peaks", {})
+        self._ranks: dict = shared.setdefault("ranks", {})
         self._prefixes: dict = shared.setdefault("prefixes", {})
         self._sums: dict = shared.setdefault("sums", {})
         self.why_not: dict[str, str] = shared.setdefault("why_not", {})
