@@ -81,11 +81,16 @@ class Pricing:
                     ) -> tuple[CostModel, np.ndarray, np.ndarray]:
         """The per-stage CostModel for a cut, the stages' parameters and transients."""
         S = sched.num_stages
+        key = (id(lc), S, tuple(ranges), c.dp, c.pp)  # the placement does not matter
+        got = self._stage_costs.get(key)
+        if got is not None and got[0] is lc:
+            return got[1]
         params, f, b, w, act, act_w, transient, sent = self._cut_sums(lc, S, ranges)
         comm = p2p(sent, self.axes.hop(c.dp)) if S > 1 else 0.0
         ar = [sum(self._sync_time(c, p)) for p in params]
         costs = CostModel(f=f, b=b, w=w, comm=comm, activation_memory=act,
                           weight_memory=act_w, allreduce=ar)
+        self._stage_costs[key] = (lc, (costs, params, transient))
         return costs, params, transient
 
     def _price(self, c, sched, lc, ranges, split: bool | None = None) -> Priced:
@@ -99,9 +104,8 @@ class Pricing:
         if c.dp * c.cp == 1:
             ar = [0.0] * c.pp
         else:
-            sync = self.axes.sync(c.dp)
-            ar = [sync.exposed(self._sync_time(c, P), f, b, P)
-                  for P, f, b in zip(rank_params, fwd, bwd, strict=True)]
+            ar = [self._exposed(c, P, f, b) for P, f, b in zip(rank_params, fwd, bwd,
+                                                                strict=True)]
         bound = max(max(h + b + a, h + b - w + t) for h, b, a, w, t in
                     zip(head, busy, ar, late, tail, strict=True))
         bpp = self.axes.bytes_per_param(c.dp)
@@ -150,6 +154,15 @@ class Pricing:
         out = (head, tail, busy, late, rank_params, trans, fwd, bwd)
         self._ranks[key] = (sched, lc, out)
         return out
+
+    def _exposed(self, c: Config, params: float, fwd: float, bwd: float) -> float:
+        """:meth:`~pipebubble.plan.sharding.Sync.exposed` of a rank (ranks alike: once)."""
+        key = (c.dp, c.pp, params, fwd, bwd)
+        got = self._exposures.get(key)
+        if got is None:
+            got = self._exposures[key] = self.axes.sync(c.dp).exposed(
+                self._sync_time(c, params), fwd, bwd, params)
+        return got
 
     def _first_stages(self, sched: Schedule) -> frozenset[int]:
         got = self._firsts.get(id(sched))

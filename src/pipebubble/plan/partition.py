@@ -293,23 +293,27 @@ def _min_max(arr: np.ndarray, stages: int, extras: list[float], memory, memory_c
 def _greedy_optimum(P: list[int], stages: int, lo: int, hi: int) -> int:
     """The least feasible integer bottleneck in ``[lo, hi]`` (``hi`` feasible) when every
     stage is alike: a bottleneck B is feasible iff filling each stage as far as B allows
-    reaches the end, and a feasible probe drops ``hi`` to what its cut achieves."""
+    reaches the end; a feasible probe drops ``hi`` to what its cut achieves, an infeasible
+    one raises ``lo`` to the least bottleneck at which some stage takes one more layer."""
     from bisect import bisect_right
 
     L = len(P) - 1
     while lo < hi:
         B = (lo + hi) // 2
-        i, worst = 0, 0
+        i, worst, nxt = 0, 0, hi
         for k in range(stages):
-            j = min(bisect_right(P, P[i] + B) - 1, L - (stages - 1 - k))
+            limit = L - (stages - 1 - k)
+            j = min(bisect_right(P, P[i] + B) - 1, limit)
             if j <= i:
                 break
+            if j < limit:  # what this stage needs to take one more layer
+                nxt = min(nxt, P[j + 1] - P[i])
             worst = max(worst, P[j] - P[i])
             i = j
         if i == L:
             hi = worst
-        else:
-            lo = B + 1
+        else:  # below nxt no stage takes one more layer: the same fill, still short
+            lo = max(B + 1, nxt)
     return hi
 
 

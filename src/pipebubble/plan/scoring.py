@@ -84,7 +84,10 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
         # Cuts (a) depend on the layer costs only: shared by the shardings of one (tp, sp, cp).
         self._cuts: dict[tuple, list] = shared.setdefault("cuts", {}).setdefault(
             id(profiles), {})
-        self._sync_times: dict[tuple, tuple[float, float]] = {}  # this point's sharding
+        # This point's sharding: the data-parallel traffic and the costs that carry it.
+        self._sync_times: dict[tuple, tuple[float, float]] = {}
+        self._exposures: dict[tuple, float] = {}
+        self._stage_costs: dict[tuple, tuple] = {}
         self._auto_cuts: dict[tuple, tuple] = {}
 
     def schedule(self, c: Config) -> Schedule | None:
