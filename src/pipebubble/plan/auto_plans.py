@@ -16,6 +16,7 @@ it (:meth:`AutoPlans.least_auto_budget`).
 from __future__ import annotations
 
 import math
+import time
 
 from ..ir.schedule import ScheduleError, loop_placement, make_schedule, v_placement
 from .families import _auto_function
@@ -85,10 +86,14 @@ class AutoPlans:
             return None
         placement = "loop" if c.chunks == 1 else "v"
         left = [budget - x for x in pr.static]
+        t0 = time.perf_counter()
         try:
             sched = fn(c.pp, c.microbatches, pr.costs, memory_limit=left, placement=placement)
         except (ScheduleError, ValueError):
             return None  # no order fits the memory left
+        finally:
+            self.auto_runs += 1
+            self.auto_seconds += time.perf_counter() - t0
         if tuple(sched.stage_to_rank) != _auto_where(c):
             return None
         plan = self._simulate(c, sched, pr, budget, threshold)

@@ -66,6 +66,7 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
             if r not in modes:
                 profiles.at(1, r)  # raises the profile's message
         self.simulated = 0
+        self.auto_runs, self.auto_seconds = 0, 0.0  # the automatic scheduler's searches
         # Shared by the searchers of one search (one per point): what depends on the
         # schedule or the layer costs only, not on the point's sharding.
         shared = {} if shared is None else shared

@@ -85,7 +85,8 @@ def search_points(points: list[tuple[Point, object, Axes]], req: Request) -> Res
                 and b.step_time <= a.step_time * (1 + TIE)):
             best[k], best[k + 1] = b, a
     simulated = sum(s.simulated for s in searchers)
-    return Result(best, len(work), simulated, time.perf_counter() - t0, req)
+    return Result(best, len(work), simulated, time.perf_counter() - t0, req,
+                  sum(s.auto_runs for s in searchers), sum(s.auto_seconds for s in searchers))
 
 
 def plan_order(p: Plan) -> tuple:
