@@ -126,48 +126,35 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
         pas = [self._price(c, sched, lc, cut) for cut in self._time_cuts(
             lc, c, S_c, sched.num_microbatches, sched.stage_to_rank)]
         fast = [pa for pa in pas if pa.bound < threshold]
+        if self.memory_bound(c, sched) > budget:
+            return None  # no cut fits
         if not fast:
-            # No (a) cut can win. The plan of c is the fastest (a) cut that fits, or (b)
-            # when none fits: only (b) could still win, and only if no (a) cut fits.
+            # No (a) cut can win. The plan of c is the fastest (a) cut that fits (it cannot
+            # enter the top K), or (b) when none fits: (b) is all that could still win.
             if any(self._fits_surely(pa, sched, lc, budget) for pa in pas):
                 return None
-            if self.memory_bound(c, sched) > budget:
-                return None
-            held = self.held(sched)
-            if not self.capped_possible(lc, c, sched, held, budget):
-                return None  # no (b): the plan of c is a slow (a) cut or nothing
-            if any(max(pa.static) <= budget and self.fits(pa, sched, budget) for pa in pas):
-                return None
-            cut_b = self._capped_cut(lc, c, sched, held, budget)
-            if cut_b is None:
-                return None
-            pr = self._price(c, sched, lc, cut_b)
-            if pr.bound >= threshold or max(pr.static) > budget:
-                return None
-            return self._capped_plan(c, sched, pr, budget, threshold)
-        if self.memory_bound(c, sched) > budget:
-            return None
-        # Simulate the (a) cuts that may win; of the others learn only whether they fit.
-        fits = [p for p in (self._simulate(c, sched, pa, budget, math.inf)
-                            for pa in fast if max(pa.static) <= budget) if p is not None]
-        if fits:  # (a) fits: it is the plan of c
-            best = min(fits, key=lambda p: p.step_time)
-            best.cut_search = "min-max"
-            return best if best.step_time < threshold else None
+            if not self.capped_possible(lc, c, sched, self.held(sched), budget):
+                return None  # no (b) either
+        else:  # simulate the (a) cuts that may win
+            fits = [p for p in (self._simulate(c, sched, pa, budget, math.inf)
+                                for pa in fast if max(pa.static) <= budget) if p is not None]
+            if fits:  # (a) fits: it is the plan of c
+                best = min(fits, key=lambda p: p.step_time)
+                best.cut_search = "min-max"
+                return best if best.step_time < threshold else None
+        # No (a) cut that may win fits. Of the others learn only whether they fit (from
+        # their order's memory, not simulated): if one does, it is the plan, and too slow.
         if any(max(pa.static) <= budget and self.fits(pa, sched, budget)
                for pa in pas if pa.bound >= threshold):
-            return None  # a slow (a) cut fits: it is the plan of c, and it cannot win
-        held = self.held(sched)
-        cut_b = self._capped_cut(lc, c, sched, held, budget)
+            return None
+        return self._capped_plan(c, sched, lc, threshold, budget)
+
+    def _capped_plan(self, c, sched, lc, threshold, budget) -> Plan | None:
+        """Cut (b)'s plan, if (b) exists, fits and beats ``threshold``."""
+        cut_b = self._capped_cut(lc, c, sched, self.held(sched), budget)
         if cut_b is None:
             return None
-        pr = self._price(c, sched, lc, cut_b)
-        if pr.bound >= threshold or max(pr.static) > budget:
-            return None
-        return self._capped_plan(c, sched, pr, budget, threshold)
-
-    def _capped_plan(self, c, sched, pr: Priced, budget, threshold) -> Plan | None:
-        plan = self._simulate(c, sched, pr, budget, threshold)
+        plan = self._score(c, sched, lc, cut_b, threshold, budget)
         if plan is not None:
             plan.cut_search = "min-max-capped"
         return plan
