@@ -20,12 +20,13 @@ microbatch size, every schedule family and auto, chunks, recompute) for LLaMA-3 
 16,384 H100s, global batch 2048; target < 10 s. ``--no-auto`` leaves auto out.
 
     python bench/bench_plan.py [--repeats 3] [--validate [--target-step 1.0]] [--cut-gap N]
-    python bench/bench_plan.py --scale [--no-auto] [--gpus 16384]
+    python bench/bench_plan.py --scale [--no-auto] [--gpus 16384] [--repeats 1]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 from pipebubble.plan.analytic import analytic_profile
@@ -69,7 +70,7 @@ def bench_search(repeats: int) -> None:
         raise SystemExit("pruning changed the plans")
 
 
-def bench_scale(gpus: int, auto: bool) -> None:
+def bench_scale(gpus: int, auto: bool, repeats: int = 1) -> None:
     from pipebubble.plan.analytic import TransformerShape, shape_profile
     from pipebubble.plan.hardware import get_hardware
     from pipebubble.plan.planner import schedule_list
@@ -82,15 +83,17 @@ def bench_scale(gpus: int, auto: bool) -> None:
     req = Request(gpus=gpus, gpu_memory=hw.memory * 0.95, global_batch=2048,
                   recompute=("none", "full"), schedules=names, top=5)  # as plan --gpu does:
     # with FlashAttention selective keeps what none keeps and re-runs attention
-    t0, c0 = time.perf_counter(), time.process_time()
-    res = search(prof, req, hw)
-    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    load = os.getloadavg()[0]
+    wall, cpu, res = best_of(repeats, lambda: search(prof, req, hw))
     b = res.plans[0]
     print(f"LLaMA-3 405B shape, {gpus} x h100-sxm, global batch 2048, every axis"
           f"{'' if auto else ' (auto left out)'}: {res.searched} configurations, "
-          f"{res.simulated} simulations in {wall:.1f} s (CPU {cpu:.1f} s): "
-          f"{res.searched / wall:.0f} configurations/s; target under 10 s: "
-          f"{'met' if wall < 10 else 'MISSED'}")
+          f"{res.simulated} simulations in {wall:.1f} s (best of {repeats}; CPU {cpu:.1f} s; "
+          f"load {load:.1f} on {os.cpu_count()} CPUs): {res.searched / wall:.0f} "
+          f"configurations/s; target under 10 s: {'met' if wall < 10 else 'MISSED'}")
+    if auto:
+        print(f"  the automatic scheduler searched {res.auto_runs} orders in "
+              f"{res.auto_seconds:.1f} s (the rest: {wall - res.auto_seconds:.1f} s)")
     print(f"  best: tp={b.tp}{' sp' if b.sp else ''} cp={b.cp} pp={b.pp} dp={b.dp} {b.sharding} "
           f"{b.schedule} v={b.chunks} mbs={b.microbatch_size} recompute {b.recompute}: "
           f"{b.step_time:.3f} s/step, peak {max(b.peak_memory) / 2**30:.1f} GiB")
@@ -174,7 +177,8 @@ def bench_cut_gap(instances: int, seed: int = 0) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=None,
+                    help="runs to take the best of (3; --scale: 1)")
     ap.add_argument("--validate", action="store_true",
                     help="also run the top 3 plans of a small model for real (minutes)")
     ap.add_argument("--target-step", type=float, default=1.0,
@@ -187,12 +191,12 @@ def main() -> None:
                     "small instances")
     args = ap.parse_args()
     if args.scale:
-        bench_scale(args.gpus, not args.no_auto)
+        bench_scale(args.gpus, not args.no_auto, args.repeats or 1)
         return
     if args.cut_gap:
         bench_cut_gap(args.cut_gap)
         return
-    bench_search(args.repeats)
+    bench_search(args.repeats or 3)
     if args.validate:
         bench_validate(args.target_step)
 

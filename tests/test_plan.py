@@ -528,14 +528,21 @@ def test_the_bound_is_the_1f1b_step_for_equal_stages():
     assert priced.bound == (8 + 4 - 1) * (1 + 2) == 33
 
 
-@pytest.mark.parametrize("name, chunks", [("gpipe", 1), ("1f1b", 1), ("zb-h2", 1), ("zbv", 2),
-                                          ("interleaved-1f1b", 2), ("dualpipe", 1)])
-def test_held_microbatches_one_pass_equals_counting_each_way(name, chunks):
+@pytest.mark.parametrize("name, chunks", [(n, v) for n in FAMILIES
+                                          for v in chunk_options(n, 3)])
+def test_held_microbatches_from_the_core_equal_counting_by_a_walk(name, chunks):
+    """held_per_stage reads the evaluation core's per-rank peaks (a unit of memory on one
+    stage of each rank at a time); counting F and B/W of each stage along the orders must
+    give the same numbers, for every family."""
     from pipebubble.plan.families import _held, held_per_stage
 
-    sched = get_schedule(name, 4, 16, chunks)
-    for until in (("B", "W"), ("B", "I")):
-        assert held_per_stage(sched, until) == _held(sched, until)
+    for p, m in ((4, 16), (3, 7)):
+        try:
+            sched = get_schedule(name, p, m, chunks)
+        except ScheduleError:
+            continue
+        for until in (("B", "W"), ("B", "I")):
+            assert held_per_stage(sched, until) == _held(sched, until)
     assert held_per_stage(get_schedule("gpipe", 3, 5), ("B", "I")) == [5, 5, 5]
 
 
@@ -618,3 +625,72 @@ def test_validation_workload_sleeps_i_in_i_on_the_first_stage_too(monkeypatch):
     assert naps == [0.2]  # W: w
     g_out = 2 * (spec.layers[0](stage_input) - y) / y.numel()
     torch.testing.assert_close(spec.layers[0].weight.grad, (g_out * stage_input).sum(0))
+
+
+# ---- the cut search's shortcuts decide exactly what the sweep decides -------------------------
+def test_min_max_cut_without_caps_is_the_sweeps_cut():
+    """Without memory caps the partitioner finds the optimum by greedy fills and rebuilds
+    the cut from interval reachability; the general sweep (which handles caps) must give
+    the same cut for every tie-break, zero-cost layers and slack included."""
+    import random
+
+    import numpy as np
+
+    from pipebubble.plan import partition as P
+
+    rng = random.Random(7)
+    for _ in range(300):
+        L = rng.randint(1, 24)
+        S = rng.randint(1, L)
+        costs = ([rng.choice([0, 0, 1, 2, 3]) for _ in range(L)] if rng.random() < 0.5
+                 else [rng.random() for _ in range(L)])
+        if not any(costs):
+            costs[0] = 1
+        slack = rng.choice([0.0, 0.2])
+        q, qe = P._integers(np.asarray(costs, dtype=float), [0.0] * S)
+        sweep = P._Sweep(q, qe, None)
+        best = P._greedy_optimum(sweep.P.tolist(), S, int(q.max()), int(sweep.P[-1]))
+        # the optimum is the least bottleneck the sweep finds feasible
+        assert sweep.run(best)[0] and (best == 0 or not sweep.run(best - 1)[0])
+        if slack:
+            best = max(best, int(best * (1 + slack)))
+        ok, R, reach, _ = sweep.run(best)
+        for tie in P.TIE_BREAKS:
+            want = P.ranges_from_ends(P._reconstruct(sweep, R, reach, tie))
+            assert P.min_max_partition(costs, S, tie_break=tie, slack=slack) == want
+
+
+def test_no_capped_cut_is_only_claimed_when_none_exists():
+    """Searcher.capped_possible may say False only where the capped partitioner finds no
+    cut (it is a necessary condition): random layers, schedules and budgets."""
+    import random
+
+    from pipebubble.plan.partition import capped_partition
+
+    rng = random.Random(3)
+    said_no = 0
+    for _ in range(60):
+        layers = [(rng.randint(1, 3), rng.randint(2, 6), rng.randint(0, 30), rng.randint(0, 20))
+                  for _ in range(rng.randint(4, 9))]
+        prof = profile_of(layers)
+        req = Request(gpus=4, gpu_memory=1e9, global_batch=8, microbatch_sizes=(1,),
+                      recompute=("none",), bytes_per_param=2, grad_bytes=1, latency=0,
+                      shardings=("ddp",))
+        s = Searcher(prof, req)
+        lc = prof.at(1, "none")
+        name, v = rng.choice([("1f1b", 1), ("zbv", 2), ("interleaved-1f1b", 2), ("dualpipe", 1)])
+        pp = 2 if v == 2 else rng.choice([2, 4])
+        if pp * v > len(layers):
+            continue
+        c = Config(pp, 4 // pp, 1, 2 * pp, name, v, "none", 0.0)
+        sched = s.schedule(c)
+        held = s.held(sched)
+        for budget in (rng.uniform(10, 400) for _ in range(5)):
+            per_rank = sched.num_stages // pp
+            cut = capped_partition(s.cut_costs(lc, c, sched.num_microbatches),
+                                   sched.num_stages // sched.chains,
+                                   s._memory_rows(lc, c, sched, held), budget / per_rank)
+            if not s.capped_possible(lc, c, sched, held, budget):
+                said_no += 1
+                assert cut is None
+    assert said_no > 0  # the check is exercised

@@ -10,9 +10,12 @@
 - ``analytic.py``: per-layer parameters, FLOPs, time and activation bytes of a transformer
   from its shape (Korthikanti et al. 2022), no tensors.
 - ``layercosts.py``: per-layer costs at any microbatch size and recomputation mode.
-- ``planner.py`` (with ``plans.py``, ``scoring.py``, ``families.py``): choose pp, dp,
-  microbatch size, schedule, chunks and recomputation under a memory budget, scored by the
-  simulator; ``search.py``: the loop over every point of the axes around the pipeline.
+- ``planner.py`` (with ``plans.py``, ``families.py``): choose pp, dp, microbatch size,
+  schedule, chunks and recomputation under a memory budget, scored by the simulator;
+  ``search.py``: the loop over every point of the axes around the pipeline; ``scoring.py``:
+  the plan of one configuration, from ``configs.py`` (what to try), ``cuts.py`` (where to
+  cut), ``cut_price.py`` (a cut's costs and lower bound), ``memory_bounds.py`` (fits, from
+  the order alone), ``auto_plans.py`` (``auto``) and ``least_memory.py`` (nothing fits).
 - The axes, one concept each: ``hardware.py`` (GPU presets), ``network.py`` (two levels,
   collectives), ``compute.py`` (per-op GEMM, attention, memory-bound time), ``tensor.py``
   (TP/SP), ``context.py`` (CP), ``sharding.py`` (DDP, ZeRO, FSDP, HSDP traffic and overlap),

@@ -52,30 +52,33 @@ def held_per_stage(schedule: Schedule, until: tuple[str, ...] = ("B", "W")) -> l
 
 
 def _held_both(schedule: Schedule) -> tuple[list[int], list[int]]:
-    """:func:`held_per_stage` until B/W and until B/I, in one pass over the schedule."""
-    S = schedule.num_stages
-    peak_w, cur_w, peak_i, cur_i = [0] * S, [0] * S, [0] * S, [0] * S
-    for order in schedule.orders:
-        for step in order:
-            for stage, kind, _ in (step if type(step) is Overlap else (step,)):
-                if kind == "F":
-                    cur_w[stage] += 1
-                    cur_i[stage] += 1
-                    if cur_w[stage] > peak_w[stage]:
-                        peak_w[stage] = cur_w[stage]
-                    if cur_i[stage] > peak_i[stage]:
-                        peak_i[stage] = cur_i[stage]
-                elif kind == "B":
-                    cur_w[stage] -= 1
-                    cur_i[stage] -= 1
-                elif kind == "W":
-                    cur_w[stage] -= 1
-                else:
-                    cur_i[stage] -= 1
-    return peak_w, peak_i
+    """:func:`held_per_stage` until B/W and until B/I, from the evaluation core's memory
+    walk (:func:`~pipebubble.sim.program.schedule_peaks`): give the ``j``-th stage of every
+    rank one unit of activation memory and the others none, and the rank's peak is how many
+    microbatches that stage holds at once; a unit ``M_W`` keeps a split backward's share
+    until W, none frees it all at I."""
+    from ..costs import CostModel
+    from ..sim.program import schedule_peaks
+
+    S, where = schedule.num_stages, schedule.stage_to_rank
+    slot, seen = [], {}
+    for r in where:  # the stage's place among its rank's stages
+        slot.append(seen.get(r, 0))
+        seen[r] = slot[-1] + 1
+    until_w, until_i = [0] * S, [0] * S
+    for j in range(max(slot, default=-1) + 1):
+        act = [1.0 if slot[s] == j else 0.0 for s in range(S)]
+        for keep, out in ((act, until_w), ([0.0] * S, until_i)):
+            peaks = schedule_peaks(schedule, CostModel(activation_memory=act,
+                                                       weight_memory=keep))
+            for s in range(S):
+                if slot[s] == j:
+                    out[s] = round(peaks[where[s]])
+    return until_w, until_i
 
 
 def _held(schedule: Schedule, until: tuple[str, ...]) -> list[int]:
+    """Any other ``until``: a walk over the orders (also the tests' reference)."""
     peak = [0] * schedule.num_stages
     cur = [0] * schedule.num_stages
     for order in schedule.orders:

@@ -228,14 +228,49 @@ def min_max_partition(
     extras = [0.0] * stages
     extras[0] += first_extra
     extras[-1] += last_extra
+    got = _min_max(arr, stages, extras, memory, memory_cap, tie_break, slack)
+    if got is None:
+        raise PartitionError(_memory_message(L, stages, memory, memory_cap))
+    return got
+
+
+def capped_partition(costs: Sequence[float], stages: int, memory: Sequence[Sequence[float]],
+                     memory_cap: float | Sequence[float]) -> Ranges | None:
+    """:func:`min_max_partition` under memory caps, or None where no cut fits them (no
+    message built: a search asks this many times).
+
+    >>> capped_partition([1, 1, 1, 1], 2, [[1, 1, 1, 1]], 2)
+    [(0, 1), (2, 3)]
+    >>> capped_partition([1, 1, 1, 1], 2, [[1, 1, 1, 1]], 1) is None
+    True
+    """
+    L = len(costs)
+    check_counts(L, stages)
+    return _min_max(_check_costs(costs, 0.0, 0.0), stages, [0.0] * stages, memory,
+                    memory_cap, "balanced", 0.0)
+
+
+def _min_max(arr: np.ndarray, stages: int, extras: list[float], memory, memory_cap,
+             tie_break: str, slack: float) -> Ranges | None:
     q, qe = _integers(arr, extras)
+    L = len(arr)
     sweep = _Sweep(q, qe, _memory_reach(memory, memory_cap, stages, L))
     hi = int(sweep.P[-1]) + max(qe)
-    if not sweep.run(hi)[0]:
-        raise PartitionError(_memory_message(L, stages, memory, memory_cap))
+    if memory is not None and not sweep.run(hi)[0]:  # without caps every S <= L cut fits
+        return None
     lo = max(int(q.max()), -(-(int(sweep.P[-1]) + sum(qe)) // stages),
              qe[0] + int(q[0]), qe[-1] + int(q[-1]))
     # Invariant: every B < lo is infeasible, hi is the bottleneck of a feasible cut.
+    if memory is None and not any(qe):
+        # Every stage alike (no caps, no extras): filling each stage as far as it goes
+        # decides a bottleneck exactly (a later start never reaches less far), on the
+        # integer prefix sums in plain Python (bisect), far cheaper than the sweep; and
+        # the reachable positions are intervals, so the cut is rebuilt without it too.
+        P = sweep.P.tolist()
+        best = _greedy_optimum(P, stages, lo, hi)
+        if slack > 0:
+            best = max(best, math.floor(best * (1 + slack)))
+        return ranges_from_ends(_reconstruct_alike(P, stages, best, tie_break))
     # Without memory caps the optimum is at most lo + the largest layer (fill stages
     # greedily); probing there first halves the search.
     probe = lo + int(q.max()) + max(qe)
@@ -253,6 +288,73 @@ def min_max_partition(
     ok, R, reach, _ = sweep.run(best)
     assert ok
     return ranges_from_ends(_reconstruct(sweep, R, reach, tie_break))
+
+
+def _greedy_optimum(P: list[int], stages: int, lo: int, hi: int) -> int:
+    """The least feasible integer bottleneck in ``[lo, hi]`` (``hi`` feasible) when every
+    stage is alike: a bottleneck B is feasible iff filling each stage as far as B allows
+    reaches the end; a feasible probe drops ``hi`` to what its cut achieves, an infeasible
+    one raises ``lo`` to the least bottleneck at which some stage takes one more layer."""
+    from bisect import bisect_right
+
+    L = len(P) - 1
+    while lo < hi:
+        B = (lo + hi) // 2
+        i, worst, nxt = 0, 0, hi
+        for k in range(stages):
+            limit = L - (stages - 1 - k)
+            j = min(bisect_right(P, P[i] + B) - 1, limit)
+            if j <= i:
+                break
+            if j < limit:  # what this stage needs to take one more layer
+                nxt = min(nxt, P[j + 1] - P[i])
+            worst = max(worst, P[j] - P[i])
+            i = j
+        if i == L:
+            hi = worst
+        else:  # below nxt no stage takes one more layer: the same fill, still short
+            lo = max(B + 1, nxt)
+    return hi
+
+
+def _reconstruct_alike(P: list[int], S: int, B: int, tie_break: str) -> list[int]:
+    """:func:`_reconstruct` when every stage is alike and ``B`` is feasible (and at least
+    the largest layer): the positions reachable after k stages are the interval
+    ``[k, top_k]`` (each start reaches one layer further or more), and stage k may start
+    at i < j and end at j iff ``P[j] - P[i] <= B``, so the candidates are an interval too;
+    the same choice among them as :func:`_reconstruct` makes, found by bisection."""
+    from bisect import bisect_left, bisect_right
+
+    L = len(P) - 1
+    top = [0]
+    for k in range(S - 1):
+        i = min(top[-1], L - (S - 1 - k) - 1)
+        top.append(min(bisect_right(P, P[i] + B) - 1, L - (S - 1 - k)))
+    ends, j = [L], L
+    for k in range(S - 1, 0, -1):
+        lo, hi = max(k, bisect_left(P, P[j] - B)), min(top[k], j - 1)
+        if tie_break == "early":
+            i = hi
+        elif tie_break == "late":
+            i = lo
+        else:  # the cost closest to the mean of what remains, then the layer count
+            target = P[j] / (k + 1)
+            mean = j / (k + 1)
+            x = bisect_left(P, P[j] - target, lo, hi + 1)
+            values = {P[y] for y in (x - 1, x) if lo <= y <= hi}
+            d = min(abs((P[j] - v) - target) for v in values)
+            best = None
+            for v in sorted(values):
+                if abs((P[j] - v) - target) != d:
+                    continue
+                for y in range(max(lo, bisect_left(P, v)), min(hi, bisect_right(P, v) - 1) + 1):
+                    key = (abs((j - y) - mean), y)
+                    if best is None or key < best:
+                        best = key
+            i = best[1]
+        ends.append(i)
+        j = i
+    return sorted(ends)
 
 
 def _achieved(sweep: _Sweep, ends: list[int]) -> int:
@@ -355,13 +457,16 @@ def balance_ranks(costs: np.ndarray, ranges: Ranges, where: tuple[int, ...]) -> 
     """
     q = np.concatenate(([0.0], np.cumsum(costs)))
     n = len(ranges)
+    ranks = np.asarray(where)
+    copy = np.arange(len(where)) % n  # stage -> its range
+    size = int(ranks.max()) + 1
 
     def loads(ends: list[int]) -> tuple:
-        starts = [0, *ends[:-1]]
-        per = [0.0] * (max(where) + 1)
-        for s, r in enumerate(where):
-            per[r] += q[ends[s % n]] - q[starts[s % n]]
-        return tuple(sorted(per, reverse=True))
+        e = np.asarray(ends)
+        d = q[e] - q[np.concatenate(([0], e[:-1]))]
+        # bincount adds in stage order, as a loop over the stages would
+        per = np.bincount(ranks, weights=d[copy], minlength=size)
+        return tuple(np.sort(per)[::-1].tolist())
 
     ends = [b + 1 for _, b in ranges]
     best = loads(ends)

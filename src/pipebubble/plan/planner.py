@@ -15,7 +15,7 @@ recompute); the global batch fixes ``m = global_batch / (dp x size)``. For each 
    ways to cut, every cut is scored; otherwise (a) the min-max cut of what each layer adds
    to its rank's step, ``m x (F + I + W)``
    (:func:`~pipebubble.plan.partition.min_max_partition`), and when ranks hold several
-   stages its refinement by :func:`~pipebubble.plan.scoring.balance_ranks` (the faster that
+   stages its refinement by :func:`~pipebubble.plan.partition.balance_ranks` (the faster that
    fits); if neither fits, (b) the same
    with a memory cap per stage (``budget / stages per rank``; a stage's memory bound is its
    weights plus the most microbatches it holds at once times its activation bytes), which
@@ -44,7 +44,8 @@ is not a proof of the best cut: ``bench/bench_plan.py --cut-gap`` measures how f
 Closed forms only prune, and only with true lower bounds: no configuration can take less
 than ``m x (F + I + W of the whole model) / pp``, nor less
 than any rank's work after the cut plus the fill before it and the drain after it
-(:meth:`Searcher._price <pipebubble.plan.scoring.Searcher._price>`).
+(:mod:`pipebubble.plan.cut_price`). A cut that cannot win on time is ruled out on
+memory from its order alone (:mod:`pipebubble.plan.memory_bounds`), never simulated.
 Configurations whose bound passes the K-th best step found so far are skipped; a rough
 estimate of their step (the bound and a 1F1B-like bubble) only orders the visit.
 

@@ -199,6 +199,8 @@ class Result:
     simulated: int  # simulations run (one per cut scored)
     seconds: float
     request: Request
+    auto_runs: int = 0  # searches of the automatic scheduler (``auto``)
+    auto_seconds: float = 0.0  # the time they took
 
 
 

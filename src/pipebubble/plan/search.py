@@ -10,6 +10,8 @@ chunks, recompute). The loop:
    configurations with a true lower bound on each one's step;
 2. visit all configurations of all points in order of a rough estimate (the bound with a
    1F1B-like fill and drain), skipping any whose bound cannot beat the K-th best step found;
+   ``auto`` (an order search, seconds each) comes last, in order of its cut's bound, so it
+   runs only where it can still beat the K-th best plan of every family;
 3. score the others by simulation (:meth:`Searcher.evaluate`: cut, price, simulate) and keep
    the K fastest that fit.
 
@@ -27,7 +29,7 @@ from collections.abc import Callable
 
 from ..errors import UserError
 from .axes import Axes, Point
-from .plans import Config, Plan, Request, Result
+from .plans import AUTO, Config, Plan, Request, Result
 from .scoring import Searcher
 
 RUNNABLE_NOWHERE = ("dualpipe",)  # two model copies: no torch class, no Megatron flag
@@ -41,24 +43,40 @@ def search_points(points: list[tuple[Point, object, Axes]], req: Request) -> Res
     shared: dict = {}
     searchers = [Searcher(costs, req, axes, shared) for _, costs, axes in points]
     work: list[tuple[float, Config, Searcher]] = []
+    autos: list[tuple[Config, Searcher]] = []
     for s in searchers:
         for c in s.configs():
-            work.append((c.bound * (1 + (c.pp - 1) / (c.microbatches * c.chunks)), c, s))
-    if not work:
+            if c.schedule == AUTO:
+                autos.append((c, s))
+            else:
+                work.append((c.bound * (1 + (c.pp - 1) / (c.microbatches * c.chunks)), c, s))
+    if not work and not autos:
         raise UserError(searchers[0].nothing_divides() if searchers else
                         "no point of --tp, --cp and --sharding applies to these GPUs")
     work.sort(key=lambda x: x[0])
     best: list[Plan] = []
-    for _, c, s in work:
+
+    def visit(c: Config, s: Searcher) -> None:
         full = req.prune and len(best) >= req.top
         if full and c.bound >= best[-1].step_time:
-            continue  # no cut of c can enter the top K
-        threshold = best[-1].step_time if full else math.inf
-        plan = s.evaluate(c, threshold, req.gpu_memory)
+            return  # no cut of c can enter the top K
+        plan = s.evaluate(c, best[-1].step_time if full else math.inf, req.gpu_memory)
         if plan is not None:
             best.append(plan)
             best.sort(key=plan_order)
             del best[req.top:]
+
+    for _, c, s in work:
+        visit(c, s)
+    # auto searches orders (seconds each): last, by the bound of its cut, against the
+    # threshold every family has set.
+    order = autos
+    if req.prune and len(best) >= req.top:
+        order = sorted(((c, s) for c, s in autos if c.bound < best[-1].step_time),
+                       key=lambda cs: cs[1].auto_bound(cs[0]))
+    for c, s in order:
+        visit(c, s)
+    work += [(0.0, c, s) for c, s in autos]
     if not best:
         raise least_memory(searchers, [(c, s) for _, c, s in work])
     for k in range(len(best) - 1):  # no 0.0 % win for a schedule no framework runs
@@ -67,7 +85,8 @@ def search_points(points: list[tuple[Point, object, Axes]], req: Request) -> Res
                 and b.step_time <= a.step_time * (1 + TIE)):
             best[k], best[k + 1] = b, a
     simulated = sum(s.simulated for s in searchers)
-    return Result(best, len(work), simulated, time.perf_counter() - t0, req)
+    return Result(best, len(work), simulated, time.perf_counter() - t0, req,
+                  sum(s.auto_runs for s in searchers), sum(s.auto_seconds for s in searchers))
 
 
 def plan_order(p: Plan) -> tuple:

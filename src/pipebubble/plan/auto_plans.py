@@ -1,0 +1,107 @@
+"""``auto`` as a configuration of the planner: the automatic scheduler's order
+(:func:`~pipebubble.schedules.auto.auto_schedule`) for the min-max cut into ``pp`` stages
+(loop placement, chunks 1) or ``2 pp`` (V placement, chunks 2), given each rank's memory
+left after its weights, gradients, optimizer state and recomputation transient.
+
+The scheduler searches orders (seconds for a large pipeline), so it runs last and only
+where it can win: the cut is priced first, and the bound of that price (true for every order
+of the cut, :mod:`~pipebubble.plan.cut_price`) must beat the K-th best plan found. The
+search visits auto configurations after every family's, in order of that bound, so the
+threshold they face is the tightest the families give.
+
+When nothing fits, the least budget at which auto finds an order is known without running
+it (:meth:`AutoPlans.least_auto_budget`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from ..ir.schedule import ScheduleError, loop_placement, make_schedule, v_placement
+from .families import _auto_function
+from .layercosts import LayerCosts
+from .plans import Config, Plan, Priced
+
+
+class AutoPlans:
+    """``auto`` (a part of :class:`~pipebubble.plan.scoring.Searcher`)."""
+
+    def _auto_cut(self, c: Config, lc: LayerCosts) -> Priced | None:
+        """The cut ``auto`` is searched on (the min-max cut into ``pp x chunks`` stages of its
+        placement), priced; None when there are too few layers or no automatic scheduler."""
+        if _auto_function() is None or c.pp * c.chunks > self.L:
+            return None
+        key = (id(lc), c)
+        got = self._auto_cuts.get(key)
+        if got is not None and got[0] is lc:
+            return got[1]
+        placement = "loop" if c.chunks == 1 else "v"
+        shape = make_schedule("auto", [()] * c.pp, c.pp * c.chunks, c.microbatches,
+                              placement=placement)
+        cut = self._time_cuts(lc, c, c.pp * c.chunks, c.microbatches, shape.stage_to_rank)[0]
+        pr = self._price(c, shape, lc, cut, split=True)  # the order may split W
+        self._auto_cuts[key] = (lc, pr)
+        return pr
+
+    def auto_bound(self, c: Config) -> float:
+        """The bound of auto's cut (inf when auto has no cut here)."""
+        pr = self._auto_cut(c, self.p.at(c.microbatch_size, c.recompute))
+        return math.inf if pr is None else pr.bound
+
+    def least_auto_budget(self, c: Config) -> float | None:
+        """The least ``--gpu-memory`` at which :meth:`_evaluate_auto` finds an order for
+        ``c``: its cut does not depend on the budget, and the automatic scheduler finds an
+        order exactly when each rank's memory left after its static bytes is at least
+        :func:`~pipebubble.schedules.auto.bounds.min_limits` (every stage holding one
+        microbatch; below it no order exists). So it is ``max_r (static_r + need_r)``."""
+        from ..schedules.auto.bounds import min_limits
+
+        lc = self.p.at(c.microbatch_size, c.recompute)
+        pr = self._auto_cut(c, lc)
+        if pr is None:
+            return None
+        where = _auto_where(c)
+        need = min_limits(pr.costs.resolve(len(where), c.chunks), where)
+        least = max(x + n for x, n in zip(pr.static, need, strict=True))
+        # In floats (least - static) may come out an ulp below need: step up until it
+        # does not, so that the scheduler, given exactly this budget, finds its order.
+        while any(least - x < n for x, n in zip(pr.static, need, strict=True)):
+            least = math.nextafter(least, math.inf)
+        return least
+
+    def auto_plan_at(self, c: Config, budget: float) -> Plan | None:
+        """The auto plan of ``c`` at ``budget``, marked as found from that budget on."""
+        plan = self._evaluate_auto(c, self.p.at(c.microbatch_size, c.recompute), math.inf,
+                                   budget)
+        if plan is not None:
+            plan.budget = budget
+        return plan
+
+    def _evaluate_auto(self, c, lc, threshold, budget) -> Plan | None:
+        """The auto plan of ``c`` if it fits ``budget`` and beats ``threshold`` (module doc)."""
+        fn = _auto_function()
+        pr = self._auto_cut(c, lc)
+        if fn is None or pr is None or pr.bound >= threshold or max(pr.static) > budget:
+            return None
+        placement = "loop" if c.chunks == 1 else "v"
+        left = [budget - x for x in pr.static]
+        t0 = time.perf_counter()
+        try:
+            sched = fn(c.pp, c.microbatches, pr.costs, memory_limit=left, placement=placement)
+        except (ScheduleError, ValueError):
+            return None  # no order fits the memory left
+        finally:
+            self.auto_runs += 1
+            self.auto_seconds += time.perf_counter() - t0
+        if tuple(sched.stage_to_rank) != _auto_where(c):
+            return None
+        plan = self._simulate(c, sched, pr, budget, threshold)
+        if plan is not None:
+            plan.cut_search = "min-max"  # auto's order is searched for the min-max cut only
+        return plan
+
+
+def _auto_where(c: Config) -> tuple[int, ...]:
+    """Stage -> rank of an ``auto`` configuration: loop placement (chunks 1) or V (2)."""
+    return loop_placement(c.pp, c.pp) if c.chunks == 1 else v_placement(c.pp)

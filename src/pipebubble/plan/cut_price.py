@@ -1,0 +1,179 @@
+"""A cut, priced: its per-stage CostModel and what is known before simulating it.
+
+For a cut (the layers of each stage) :meth:`Pricing.stage_costs` sums the layers' F, I, W,
+activation bytes M_B and M_W, parameters and recomputation transient per stage, and prices
+the hop between stages (the largest boundary activation on the link between consecutive
+pipeline ranks, :func:`~pipebubble.plan.network.p2p`) and each stage's data-parallel
+traffic (:mod:`~pipebubble.plan.sharding`). The sums depend on the layers and the cut only:
+they are computed once per cut and shared by every sharding and microbatch count.
+
+:meth:`Pricing._price` adds each rank's static memory (model states under the sharding,
+the largest recomputation transient) and a **lower bound** on the step that holds for
+every order of the schedule: rank r starts no sooner than ``head_r``, the forwards of
+microbatch 0 through the stages before its first one (and the hops between ranks); then
+works ``busy_r`` and exposes its data-parallel traffic. Its last backward of an input
+gradient (I or B) comes no sooner than ``head_r + busy_r - W_r`` (every W may follow it),
+and the gradient still has to reach its chain's first stage: ``tail_r``, the I (or B) of
+every stage before r's stage, and the hops. The search skips a cut whose bound cannot
+beat the K-th best plan.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..costs import CostModel
+from ..ir.schedule import Schedule
+from .layercosts import LayerCosts
+from .network import p2p
+from .partition import Ranges
+from .plans import Config, Priced
+
+
+class Pricing:
+    """Pricing cuts (a part of :class:`~pipebubble.plan.scoring.Searcher`)."""
+
+    def _prefix(self, lc: LayerCosts) -> dict[str, np.ndarray]:
+        """Prefix sums of the layers' columns (once per layer costs)."""
+        got = self._prefixes.get(id(lc))
+        if got is None or got[0] is not lc:
+            sums = {k: np.concatenate(([0.0], np.cumsum(getattr(lc, k))))
+                    for k in ("params", "f", "i", "w", "act", "act_w")}
+            got = self._prefixes[id(lc)] = (lc, sums)
+        return got[1]
+
+    def _cut_sums(self, lc: LayerCosts, S: int, ranges: Ranges) -> tuple:
+        """Per stage (all ``S``; stage s holds ``ranges[s mod len(ranges)]``): parameters,
+        F, I, W, M_B, M_W, transient; and the largest boundary activation (bytes sent)."""
+        key = (id(lc), S, tuple(ranges))
+        got = self._sums.get(key)
+        if got is not None and got[0] is lc:
+            return got[1]
+        S_c = len(ranges)
+        idx = [ranges[s % S_c] for s in range(S)]
+        q = self._prefix(lc)
+
+        def total(name: str) -> list[float]:
+            p = q[name]
+            return [float(p[b + 1] - p[a]) for a, b in idx]
+
+        params = np.array(total("params"))
+        f, i, w, act, act_w = (total(k) for k in ("f", "i", "w", "act", "act_w"))
+        transient = np.array([float(lc.transient[a:b + 1].max()) for a, b in idx])
+        sent = max((float(lc.out[b]) for k, (a, b) in enumerate(ranges) if k < S_c - 1),
+                   default=0.0)
+        out = (params, f, [x + y for x, y in zip(i, w, strict=True)], w, act,
+               [min(x, y) for x, y in zip(act_w, act, strict=True)], transient, sent)
+        self._sums[key] = (lc, out)
+        return out
+
+    def _sync_time(self, c: Config, params: float) -> float:
+        """Both parts of the data-parallel traffic of ``params`` (before + after)."""
+        key = (c.dp, c.pp, params)
+        got = self._sync_times.get(key)
+        if got is None:
+            got = self._sync_times[key] = self.axes.sync(c.dp).times(params, c.pp)
+        return got
+
+    def stage_costs(self, c: Config, sched: Schedule, lc: LayerCosts, ranges: Ranges
+                    ) -> tuple[CostModel, np.ndarray, np.ndarray]:
+        """The per-stage CostModel for a cut, the stages' parameters and transients."""
+        S = sched.num_stages
+        key = (id(lc), S, tuple(ranges), c.dp, c.pp)  # the placement does not matter
+        got = self._stage_costs.get(key)
+        if got is not None and got[0] is lc:
+            return got[1]
+        params, f, b, w, act, act_w, transient, sent = self._cut_sums(lc, S, ranges)
+        comm = p2p(sent, self.axes.hop(c.dp)) if S > 1 else 0.0
+        ar = [sum(self._sync_time(c, p)) for p in params]
+        costs = CostModel(f=f, b=b, w=w, comm=comm, activation_memory=act,
+                          weight_memory=act_w, allreduce=ar)
+        self._stage_costs[key] = (lc, (costs, params, transient))
+        return costs, params, transient
+
+    def _price(self, c, sched, lc, ranges, split: bool | None = None) -> Priced:
+        """A cut's costs, each rank's static memory and the lower bound of the module doc.
+        ``split``: whether W is split from the backward (None: ask the schedule)."""
+        costs, params, transient = self.stage_costs(c, sched, lc, ranges)
+        if split is None:
+            split = self.split(sched)
+        head, tail, busy, late, rank_params, trans, fwd, bwd = self._rank_sums(
+            sched, lc, ranges, costs, split)
+        if c.dp * c.cp == 1:
+            ar = [0.0] * c.pp
+        else:
+            ar = [self._exposed(c, P, f, b) for P, f, b in zip(rank_params, fwd, bwd,
+                                                                strict=True)]
+        bound = max(max(h + b + a, h + b - w + t) for h, b, a, w, t in
+                    zip(head, busy, ar, late, tail, strict=True))
+        bpp = self.axes.bytes_per_param(c.dp)
+        where = np.asarray(sched.stage_to_rank)
+        # bincount adds in stage order, as ``static[r] += bpp x params[s]`` would
+        static = np.bincount(where, weights=bpp * params, minlength=c.pp).tolist()
+        return Priced(ranges, costs, bound, [x + t for x, t in zip(static, trans, strict=True)],
+                      ar, rank_params)
+
+    def _rank_sums(self, sched: Schedule, lc: LayerCosts, ranges: Ranges, costs: CostModel,
+                   split: bool) -> tuple:
+        """Per rank: ``head``, ``tail``, ``busy``, ``late`` of the bound (module doc), its
+        parameters, largest transient, and one microbatch's forward and backward. They do
+        not depend on the sharding: computed once per (schedule, cut, hop time)."""
+        key = (id(sched), id(lc), tuple(ranges), costs.comm, split)
+        got = self._ranks.get(key)
+        if got is not None and got[0] is sched and got[1] is lc:
+            return got[2]
+        p, M = sched.num_ranks, sched.num_microbatches
+        where = sched.stage_to_rank
+        params, _, _, _, _, _, transient, _ = self._cut_sums(lc, sched.num_stages, ranges)
+        busy, trans, rank_params = [0.0] * p, [0.0] * p, [0.0] * p
+        fwd, bwd = [0.0] * p, [0.0] * p
+        late = [0.0] * p  # work that may follow the rank's last input-gradient action
+        head, tail = [math.inf] * p, [math.inf] * p
+        before = after = 0.0
+        cf, cb, cw, comm = costs.f, costs.b, costs.w, costs.comm
+        firsts = self._first_stages(sched)
+        for s, r in enumerate(where):
+            if s in firsts:
+                before = after = 0.0
+            else:
+                hop = comm if where[s - 1] != r else 0.0
+                before += cf[s - 1] + hop
+                after += cb[s - 1] - (cw[s - 1] if split else 0.0) + hop
+            if before < head[r]:
+                head[r] = before
+            if after < tail[r]:
+                tail[r] = after
+            busy[r] += M * (cf[s] + cb[s])
+            late[r] += M * cw[s] if split else 0.0
+            rank_params[r] += params[s]
+            fwd[r] += cf[s]
+            bwd[r] += cb[s]
+            trans[r] = max(trans[r], transient[s])
+        out = (head, tail, busy, late, rank_params, trans, fwd, bwd)
+        self._ranks[key] = (sched, lc, out)
+        return out
+
+    def _exposed(self, c: Config, params: float, fwd: float, bwd: float) -> float:
+        """:meth:`~pipebubble.plan.sharding.Sync.exposed` of a rank (ranks alike: once)."""
+        key = (c.dp, c.pp, params, fwd, bwd)
+        got = self._exposures.get(key)
+        if got is None:
+            got = self._exposures[key] = self.axes.sync(c.dp).exposed(
+                self._sync_time(c, params), fwd, bwd, params)
+        return got
+
+    def _first_stages(self, sched: Schedule) -> frozenset[int]:
+        got = self._firsts.get(id(sched))
+        if got is None or got[0] is not sched:
+            got = self._firsts[id(sched)] = (sched, frozenset(
+                s for s in range(sched.num_stages) if sched.first_stage(s)))
+        return got[1]
+
+    def split(self, sched: Schedule) -> bool:
+        """Whether the schedule splits W from the backward (once per schedule)."""
+        got = self._split.get(id(sched))
+        if got is None or got[0] is not sched:  # an id is reused once its object is gone
+            got = self._split[id(sched)] = (sched, sched.uses_split_backward())
+        return got[1]

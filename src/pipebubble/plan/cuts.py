@@ -1,0 +1,106 @@
+"""Where the planner cuts the layers into a schedule's stages: the rule of
+:mod:`pipebubble.plan.planner` beyond ``exhaustive_cuts``.
+
+(a) The min-max cut of what each layer adds to its rank's step, ``m x (F + I + W)``
+(:func:`~pipebubble.plan.partition.min_max_partition`), and, when ranks hold several stages,
+its rank-balanced refinement (:func:`~pipebubble.plan.partition.balance_ranks`). The
+data-parallel traffic mostly hides behind the backward, so it is left out of the cut (a
+rule, not a bound): the sharding never changes the cut, and the cut does not depend on m
+(the costs only scale), so one cut serves every sharding and microbatch count of a
+(tp, sp, cp, microbatch size, recompute).
+
+(b) When no (a) cut fits: the same min-max cut with a memory cap per stage, ``budget /
+stages per rank``, where a layer's memory in stage s is its model states and recomputation
+transient plus ``held_s x`` its activation bytes (``held_s``: the most microbatches stage s
+holds at once). Each rank's peak is then at most the sum of its stages' caps: (b) fits by
+construction.
+
+Most configurations of a large model have no (b) cut at all (the activations of the
+microbatches in flight do not fit). :meth:`Cuts.capped_possible` proves that cheaply first:
+the first layer must fit the first stage and the last layer the last; stage k can hold only
+layers k to L - S + k (every stage holds one), and n of them weigh at least its n lightest
+there, so it holds at most as many layers as the running sum of those, sorted, stays within
+the cap: when those counts sum to fewer than the layers, no capped cut exists.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir.schedule import Schedule
+from .layercosts import LayerCosts
+from .partition import Ranges, balance_ranks, capped_partition, min_max_partition
+from .plans import Config
+
+
+class Cuts:
+    """Cuts (a) and (b) (a part of :class:`~pipebubble.plan.scoring.Searcher`)."""
+
+    def cut_costs(self, lc: LayerCosts, c: Config, microbatches: int) -> np.ndarray:
+        """What a layer adds to its rank's step: ``m x (F + I + W)`` (module doc)."""
+        return microbatches * lc.work
+
+    def _time_cuts(self, lc: LayerCosts, c: Config, stages: int, microbatches: int,
+                   where: tuple[int, ...]) -> list[Ranges]:
+        """Cuts (a): the min-max cut of :meth:`cut_costs` and, when ranks hold several stages
+        (``where``: stage -> rank), its refinement by :func:`balance_ranks` if different.
+        Cached per (microbatch size, recompute, stages, placement): the cut of costs that
+        only scale with m is the same cut."""
+        key = (c.microbatch_size, c.recompute, stages, where)
+        got = self._cuts.get(key)
+        if got is None:
+            costs = self.cut_costs(lc, c, microbatches)
+            got = [min_max_partition(costs, stages)]
+            if len(where) > len(set(where)):
+                other = balance_ranks(costs, got[0], where)
+                if other != got[0]:
+                    got.append(other)
+            self._cuts[key] = got
+        return got
+
+    def _memory_matrix(self, lc: LayerCosts, c: Config, sched: Schedule, held: list[int]
+                       ) -> np.ndarray:
+        """Per stage of one copy, each layer's memory bound in that stage (the worst of the
+        copies): ``static + held_s x act`` (module doc), stages x layers."""
+        S_c = sched.num_stages // sched.chains
+        static = self.axes.bytes_per_param(c.dp) * lc.params + lc.transient
+        h = np.asarray(held, dtype=np.float64)
+        rows = static[None, :] + h[:, None] * lc.act[None, :]
+        out = rows[:S_c]
+        for k in range(1, sched.chains):
+            out = np.maximum(out, rows[k * S_c:(k + 1) * S_c])
+        return out
+
+    def _memory_rows(self, lc: LayerCosts, c: Config, sched: Schedule, held: list[int]
+                     ) -> list[list]:
+        """:meth:`_memory_matrix` as lists (what the partitioner takes)."""
+        return self._memory_matrix(lc, c, sched, held).tolist()
+
+    def capped_possible(self, lc: LayerCosts, c: Config, sched: Schedule, held: list[int],
+                        budget: float) -> bool:
+        """False only when no cut (b) exists: an end layer does not fit its stage, or the
+        most layers each stage can hold within its cap sum to fewer than the layers (module
+        doc; a necessary condition, with a margin for rounding)."""
+        rows = self._memory_matrix(lc, c, sched, held)
+        cap = budget / (sched.num_stages // c.pp) * (1 + 1e-9)
+        if rows[0, 0] > cap or rows[-1, -1] > cap:
+            return False  # the first layer is in the first stage, the last in the last
+        if (rows.min(axis=0) > cap).any():
+            return False  # a layer no stage can hold
+        # Stage k holds layers k .. L - S + k only (every stage holds one), and n of them
+        # weigh at least its n lightest there: the most it can hold.
+        S, L = rows.shape
+        i = np.arange(L)[None, :]
+        k = np.arange(S)[:, None]
+        inside = np.where((i >= k) & (i <= L - S + k), rows, np.inf)
+        room = (np.cumsum(np.sort(inside, axis=1), axis=1) <= cap).sum(axis=1)
+        return float(room.sum()) >= self.L
+
+    def _capped_cut(self, lc, c, sched, held, budget) -> Ranges | None:
+        """Cut (b), or None when none exists."""
+        if not self.capped_possible(lc, c, sched, held, budget):
+            return None
+        S_c = sched.num_stages // sched.chains
+        per_rank = sched.num_stages // c.pp
+        return capped_partition(self.cut_costs(lc, c, sched.num_microbatches), S_c,
+                                self._memory_rows(lc, c, sched, held), budget / per_rank)

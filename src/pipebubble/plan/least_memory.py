@@ -1,0 +1,109 @@
+"""When nothing fits: the least ``--gpu-memory`` at which some configuration has a plan.
+
+Per configuration, the least budget of its plan (:meth:`LeastMemory._least_memory_plan`):
+over every cut when there are few; else cut (a) (the planner takes whichever fits) and cut
+(b) at the least cap at which (b) exists, found by bisection (it then fits by construction:
+each rank's peak is at most the sum of its stages' bounds, each within budget / stages per
+rank). ``auto`` at :meth:`~pipebubble.plan.auto_plans.AutoPlans.least_auto_budget`, run only
+for the configuration that needs least. Configurations are visited by their weights'
+share of memory (:meth:`~pipebubble.plan.memory_bounds.MemoryBounds._memory_bound`), and
+the visit stops where no configuration from there on can need less. The error names the
+budget and the plan, so planning again with it finds a plan.
+"""
+
+from __future__ import annotations
+
+import math
+from itertools import combinations
+
+from .partition import ranges_from_ends
+from .plans import AUTO, Config, NoPlanFits, Plan, fmt_gib
+
+
+class LeastMemory:
+    """The least budget (a part of :class:`~pipebubble.plan.scoring.Searcher`)."""
+
+    def _least_memory_plan(self, c, sched, lc, held) -> Plan | None:
+        """The plan of ``c`` that fits the smallest budget: cut (a), or cut (b) at the least
+        budget at which (b) exists (it then fits by construction: each rank's peak is at most
+        the sum of its stages' bounds, each within budget / stages per rank)."""
+        S_c = sched.num_stages // sched.chains
+        if math.comb(self.L - 1, S_c - 1) <= self.req.exhaustive_cuts:
+            plans = [self._score(c, sched, lc, ranges_from_ends([*ends, self.L]), math.inf,
+                                 math.inf, held)
+                     for ends in combinations(range(1, self.L), S_c - 1)]
+            return min((p for p in plans if p is not None), key=lambda p: p.needs,
+                       default=None)
+        # Every (a) cut: the planner takes whichever fits (the faster if both do).
+        plans = [self._score(c, sched, lc, cut, math.inf, math.inf, held) for cut in
+                 self._time_cuts(lc, c, S_c, sched.num_microbatches, sched.stage_to_rank)]
+        plan = min((p for p in plans if p is not None), key=lambda p: max(p.peak_memory),
+                   default=None)
+        if plan is not None:
+            plan.cut_search = "min-max"
+        rows = self._memory_rows(lc, c, sched, held)
+        per_rank = sched.num_stages // c.pp
+        # hi: every layer at its worst stage's bound, all in one stage (a cap that always
+        # exists); lo: 0. (Not the largest single-layer bound: a layer's bound depends on
+        # its stage, and the cut need not put it where that bound is largest.)
+        lo, hi = 0.0, sum(max(r) for r in zip(*rows, strict=True))
+        if plan is not None:
+            hi = min(hi, max(plan.peak_memory) / per_rank)
+        if self._capped_cut(lc, c, sched, held, hi * per_rank) is None:
+            return plan
+        while hi - lo > 1e-4 * hi:
+            mid = (lo + hi) / 2
+            if self._capped_cut(lc, c, sched, held, mid * per_rank) is None:
+                lo = mid
+            else:
+                hi = mid
+        budget = hi * per_rank
+        other = self._score(c, sched, lc, self._capped_cut(lc, c, sched, held, budget),
+                            math.inf, budget, held)
+        if other is not None:
+            other.budget = budget * (1 + 1e-9)  # at this budget (b) exists again
+            other.cut_search = "min-max-capped"
+        if plan is None or (other is not None and budget < max(plan.peak_memory)):
+            return other
+        return plan
+
+    def no_fit(self, configs: list[Config]) -> NoPlanFits:
+        """The least ``--gpu-memory`` at which any configuration has a plan, as a one-line
+        error: over the families (cuts (a) and (b), or every cut) and ``auto`` (at its least
+        budget, :meth:`least_auto_budget`), so planning again with it finds a plan."""
+        skip: set[Config] = set()
+        while True:
+            need, best, plan = math.inf, None, None
+            for c in sorted(configs, key=lambda c: self._memory_bound(c)):
+                if self._memory_bound(c) >= need:
+                    break  # no configuration from here on needs less
+                if c in skip:
+                    continue
+                if c.schedule == AUTO:  # cheap: the order is searched for the winner only
+                    least = self.least_auto_budget(c)
+                    if least is not None and least < need:
+                        need, best, plan = least, c, None
+                    continue
+                p = self.evaluate(c, math.inf, math.inf, min_memory=True)
+                if p is not None and p.needs < need:
+                    need, best, plan = p.needs, c, p
+            if best is None or plan is not None:
+                break
+            plan = self.auto_plan_at(best, need)
+            if plan is not None:
+                break
+            skip.add(best)  # not expected (bounds.min_limits is feasible): the next one
+        r = self.req
+        if plan is None:
+            why = "; ".join(f"{k}: {v}" for k, v in list(self.why_not.items())[-2:])
+            return NoPlanFits(f"no configuration can be built for --gpus {r.gpus}, "
+                              f"--global-batch {r.global_batch} and {self.L} layers"
+                              + (f" ({why})" if why else ""), math.inf, None)
+        c = plan.config
+        what = f"{c.schedule} v={c.chunks}" if c.schedule == AUTO else c.schedule
+        return NoPlanFits(
+            f"nothing fits in --gpu-memory {fmt_gib(r.gpu_memory)} per GPU: the least memory "
+            f"any plan needs is {fmt_gib(need, up=True)} (pp={c.pp}, dp={c.dp}, {what}, "
+            f"microbatch size {c.microbatch_size}, recompute {c.recompute}); "
+            f"use --gpu-memory {fmt_gib(need, up=True)} or more, or more --gpus",
+            need, plan)

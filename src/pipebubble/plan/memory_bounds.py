@@ -1,0 +1,72 @@
+"""What the planner knows about a plan's memory before (or instead of) timing it.
+
+Memory depends on the order only, never on the clock: the activation peak of each rank is
+the evaluation core's :func:`~pipebubble.sim.program.schedule_peaks`, and whether a plan
+fits its budget is :func:`~pipebubble.costs.fits_limit` of static bytes + that peak. So a cut
+that cannot win on time is ruled out on memory without simulating it. Two cheaper bounds
+come first:
+
+- :meth:`MemoryBounds._fits_surely`: every rank's static memory plus, for each of its
+  stages, the most microbatches the stage holds at once (``held_s``) times M_B is within the
+  budget: the cut fits (an upper bound on the peak);
+- :meth:`MemoryBounds.memory_bound`: no cut's busiest rank holds less than the mean over
+  ranks of the weights and the activations every stage must hold at once (a lower bound).
+"""
+
+from __future__ import annotations
+
+from ..costs import fits_limit
+from ..ir.schedule import Schedule
+from ..sim.program import schedule_peaks
+from .families import _held_both
+from .layercosts import LayerCosts
+from .plans import Config, Priced
+
+
+class MemoryBounds:
+    """Memory bounds (a part of :class:`~pipebubble.plan.scoring.Searcher`)."""
+
+    def held(self, sched: Schedule, until: tuple[str, ...] = ("B", "W")) -> list[int]:
+        """:func:`~pipebubble.plan.families.held_per_stage`, both kinds once per schedule."""
+        got = self._held.get(id(sched))
+        if got is None or got[0] is not sched:  # an id is reused once its object is gone
+            got = self._held[id(sched)] = (sched, _held_both(sched))
+        return got[1][0 if until == ("B", "W") else 1]
+
+    def _fits_surely(self, pr: Priced, sched: Schedule, lc: LayerCosts, budget: float) -> bool:
+        """Whether the cut fits without looking at the order (module doc)."""
+        held = self.held(sched)
+        act = pr.costs.activation_memory
+        need = list(pr.static)
+        for s, r in enumerate(sched.stage_to_rank):
+            need[r] += held[s] * act[s]
+        return max(need) <= budget
+
+    def fits(self, pr: Priced, sched: Schedule, budget: float) -> bool:
+        """Whether the cut fits ``budget`` on every rank: static bytes + the order's
+        activation peak (:func:`~pipebubble.sim.program.schedule_peaks`), exactly what the
+        simulated plan would report."""
+        co = pr.costs
+        key = (id(sched), tuple(co.activation_memory), tuple(co.weight_memory))
+        got = self._peaks.get(key)
+        if got is None or got[0] is not sched:  # the order's peaks: shared by shardings
+            got = self._peaks[key] = (sched, schedule_peaks(sched, co))
+        peaks = got[1]
+        return all(fits_limit(x + a, budget) for x, a in zip(pr.static, peaks, strict=True))
+
+    def _memory_bound(self, c: Config) -> float:
+        """No cut holds less than its weights spread evenly (two copies for DualPipe)."""
+        lc = self.p.at(c.microbatch_size, c.recompute)
+        copies = 2 if c.schedule == "dualpipe" else 1
+        return copies * self.axes.bytes_per_param(c.dp) * float(lc.params.sum()) / c.pp
+
+    def memory_bound(self, c: Config, sched: Schedule) -> float:
+        """No cut's busiest rank holds less: ``(weights of every stage + sum over stages of
+        held_s x M_B(s)) / pp``, where ``held_s`` counts microbatches from F to their first
+        backward (all of M_B is held then, and the rank holds at least that stage's share at
+        its peak), bounded below by ``min_s held_s x`` (activation bytes of the model)."""
+        lc = self.p.at(c.microbatch_size, c.recompute)
+        held = min(self.held(sched, ("B", "I")))
+        per_rank = sched.num_stages // c.pp
+        weights = sched.chains * self.axes.bytes_per_param(c.dp) * float(lc.params.sum())
+        return (weights + held * sched.chains * float(lc.act.sum()) / per_rank) / c.pp
