@@ -141,3 +141,23 @@ def test_compact_order_mistakes_get_validates_messages():
         with pytest.raises(ScheduleError) as b:
             validate(plain)
         assert str(a.value) == str(b.value), what
+
+
+def test_get_schedule_hands_out_one_object_per_request_and_stays_bounded(monkeypatch):
+    from collections import OrderedDict
+
+    from pipebubble.schedules import registry
+
+    a = get_schedule("v-half", 4, 8)
+    assert get_schedule("v-half", 4, 8) is a  # the same request: the same (immutable) order
+    assert get_schedule("v-half", 4, 9) is not a
+    assert get_schedule("interleaved-1f1b", 4, 8, chunks=2) is not get_schedule(
+        "interleaved-1f1b", 4, 8, chunks=3)
+    monkeypatch.setattr(registry, "CACHE_ACTIONS", 100)  # 1F1B p=4 m=8: 64 steps
+    monkeypatch.setattr(registry, "_cache", OrderedDict())  # a fresh one, put back after
+    monkeypatch.setattr(registry, "_cached_actions", 0)
+    first = get_schedule("1f1b", 4, 8)
+    get_schedule("gpipe", 4, 8)  # 64 more: the least recently used (1F1B) is dropped
+    assert registry._cached_actions <= 100
+    again = get_schedule("1f1b", 4, 8)
+    assert again is not first and again == first

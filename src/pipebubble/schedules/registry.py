@@ -1,7 +1,15 @@
-"""The registry of schedule families: name -> generator, with up-front checks."""
+"""The registry of schedule families: name -> generator, with up-front checks.
+
+A family's order depends only on (name, ranks, microbatches, chunks, options), and a
+Schedule is immutable, so :func:`get_schedule` keeps the most recent ones it generated
+(:data:`CACHE_ACTIONS` steps in all, least recently used dropped first) and hands the same
+object out again: the planner asks for one pipeline under many tensor, context and data
+parallel sizes, and ``auto`` starts from every registered family at its size.
+"""
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -47,6 +55,9 @@ class ScheduleSpec:
 
 SCHEDULES: dict[str, ScheduleSpec] = {}
 _ALIASES: dict[str, str] = {}
+CACHE_ACTIONS = 2_000_000  # steps; about 160 MB at most
+_cache: OrderedDict[tuple, Schedule] = OrderedDict()
+_cached_actions = 0
 
 
 def register(spec: ScheduleSpec) -> ScheduleSpec:
@@ -103,7 +114,32 @@ def get_schedule(
         )
     if chunks < spec.min_chunks:
         raise ScheduleError(f"{spec.name} needs chunks >= {spec.min_chunks}, got {chunks}")
-    return spec.generate(ranks, microbatches, chunks, **options)
+    try:
+        key = (spec.name, ranks, microbatches, chunks, tuple(sorted(options.items())))
+        hash(key)
+    except TypeError:  # an option that cannot be a key: generate, do not keep
+        return spec.generate(ranks, microbatches, chunks, **options)
+    got = _cache.get(key)
+    if got is not None:
+        _cache.move_to_end(key)
+        return got
+    sched = spec.generate(ranks, microbatches, chunks, **options)
+    _keep(key, sched)
+    return sched
+
+
+def _keep(key: tuple, sched: Schedule) -> None:
+    """Remember ``sched`` under ``key``, dropping the least recently used beyond
+    :data:`CACHE_ACTIONS` steps (a schedule larger than that is not kept)."""
+    global _cached_actions
+    size = sum(len(o) for o in sched.orders)  # steps: what it holds
+    if size > CACHE_ACTIONS:
+        return
+    _cache[key] = sched
+    _cached_actions += size
+    while _cached_actions > CACHE_ACTIONS:
+        _, old = _cache.popitem(last=False)
+        _cached_actions -= sum(len(o) for o in old.orders)
 
 
 def check_counts(ranks: int, microbatches: int) -> None:
