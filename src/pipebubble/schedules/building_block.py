@@ -111,10 +111,13 @@ def _rule(p: int) -> dict[tuple[int, str], tuple[tuple[int, str], ...]]:
             for s in range(2 * p) for k in "FIW"}
 
 
+DEEP_PRIORITY = "I0 I1 W0 W1 F1 F0"  # the deep warm-up's default pick order
+
+
 def reorder(p: int, microbatches: int, orders: list[list[Action]], cap: int,
             cap_i: int | None = None, fill: bool = True,
-            warmup: list[tuple[int, int]] | None = None
-            ) -> tuple[int, list[list[Action]]] | None:
+            warmup: list[tuple[int, int]] | None = None, lookahead: bool = True,
+            deep: int = 0, priority: str = DEEP_PRIORITY) -> tuple[int, list[list[Action]]] | None:
     """Re-time the block orders ``orders`` with every pass one unit long (the block's own
     units) and return ``(step, new orders)``, or None if the rules below stall.
 
@@ -166,7 +169,9 @@ def reorder(p: int, microbatches: int, orders: list[list[Action]], cap: int,
     def ready(s: int, k: str, j: int) -> bool:
         return all(done.get((s2, k2, j), late) <= t for s2, k2 in rule[s, k])
 
-    started = [False] * p  # the rank has run an input gradient
+    started = [False] * p  # the rank has run an input gradient (deep: its chunk-0 one)
+    begun = [False] * p  # the rank has run an input gradient
+    late_done = [0] * p  # I and W of its chunk-0 stage the rank has run (deep)
 
     while left:
         chosen = []
@@ -176,6 +181,12 @@ def reorder(p: int, microbatches: int, orders: list[list[Action]], cap: int,
                 head[r] += 1
             if warmup is not None and not started[r]:  # fill the memory before the first I
                 pick = None
+                if deep and begun[r]:  # past the first I: I, then W, then F while it fits
+                    pick = _deep_pick(r, orders[r], where[r], nxt, ready, S,
+                                      held[r] < cap and held_i[r] < cap_i, priority)
+                    if pick is not None:
+                        chosen.append(pick)
+                    continue
                 for c, s in ((1, S - 1 - r), (0, r)):  # the later chunk first
                     j = nxt[s, "F"]
                     i = where[r].get((s, "F", j))
@@ -209,7 +220,8 @@ def reorder(p: int, microbatches: int, orders: list[list[Action]], cap: int,
                     if i is None or not ready(s, k, j):
                         continue
                     if k == "F":  # the forwards the block runs before it, still to run
-                        skipped = sum(is_f[r][q] and not ran[r][q] for q in range(head[r], i))
+                        skipped = sum(is_f[r][q] and not ran[r][q]
+                                      for q in range(head[r], i)) if lookahead else 0
                         if max(held[r] - cap, held_i[r] - cap_i) + 1 + skipped > 0:
                             continue
                     if forwards[r] == 2 * m:  # rule 1
@@ -234,12 +246,32 @@ def reorder(p: int, microbatches: int, orders: list[list[Action]], cap: int,
                 forwards[r] += 1
             elif k == "I":
                 held_i[r] -= 1
-                started[r] = True
+                begun[r] = True
             else:
                 held[r] -= 1
+            if k != "F" and (not deep or s == r):
+                late_done[r] += 1
+                started[r] = started[r] or late_done[r] >= max(1, deep)
             left -= 1
         t += 1
     return t, out
+
+
+def _deep_pick(r: int, order: list[Action], where: dict, nxt: dict, ready, S: int,
+               room: bool, priority: str) -> tuple[int, Action, int] | None:
+    """The deep warm-up's pick on rank r: the first ready pass in ``priority`` (kind and
+    chunk: ``I0`` the input gradient of the rank's chunk-0 stage, ``F1`` the forward of
+    its chunk-1 one, ...), a forward only if there is ``room`` for its activation."""
+    for code in priority.split():
+        k, c = code[0], code[1] == "1"
+        if k == "F" and not room:
+            continue
+        s = S - 1 - r if c else r
+        j = nxt[s, k]
+        i = where.get((s, k, j))
+        if i is not None and ready(s, k, j):
+            return r, order[i], i
+    return None
 
 
 def reorder_ends(p: int, microbatches: int,

@@ -63,6 +63,7 @@ from .adaptive import Budget, adaptive_orders
 from .bounds import LowerBound, bound, min_limits
 from .greedy import Knobs, greedy_order
 from .improve import anneal, improve
+from .lns import tail_windows
 from .mip import polish
 
 PLACEMENTS = ("any", "loop", "v")
@@ -84,6 +85,8 @@ CLIMB_BUDGET = 3000  # evaluations of the hill climb that polishes the annealed 
 POLISH_UP_TO = 200  # actions: the MIP windows (mip.polish) run up to this size (V: p·m <= 33)
 POLISH_WITHIN = 0.02  # and polish a placement whose searched order is this close to the best
 SEARCH_SECONDS = 0.3  # the adaptive V stage's budget, by default (``search_seconds``)
+LNS_UP_TO = 2048  # actions: by default the tail windows (lns.py) run on orders up to this
+LNS_SECONDS = 4.0  # and with this budget (``search_seconds``, when given, for both)
 
 
 def knob_grid(ranks: int, microbatches: int, chunks: int) -> list[Knobs]:
@@ -246,6 +249,22 @@ def auto_schedule(
         if scored is not None and scored[0] < best[0]:
             best = (scored[0], polished[0], source + " + MIP windows", kind)
         clock.ran("MIP windows", best)
+    # Then the tail windows (lns.tail_windows) on orders too big for the two above.
+    key, orders, source, kind = best
+    sc, where = resolved[kind]
+    size = 3 * len(where) * m
+    lns_seconds = (search_seconds if search_seconds is not None
+                   else LNS_SECONDS if size <= LNS_UP_TO else 0.0)
+    if (mip_windows and size > POLISH_UP_TO and lns_seconds > 0
+            and key[0] > bounds[kind] + _TOL):
+        flat = [[a for step in o for a in _actions(step)] for o in orders]
+        got = tail_windows(flat, sc, where, m, limits, Budget(lns_seconds))
+        if got is not None:
+            scored = _score(make_schedule("auto", got[0], len(where), m,
+                                          placement=list(where)), sc, limits)
+            if scored is not None and scored[0] < best[0]:
+                best = (scored[0], got[0], source + " + tail windows", kind)
+        clock.ran("tail windows", best)
     key, orders, source, kind = best
     sc, where = resolved[kind]
     cand = make_schedule("auto", [[a if isinstance(a, Action) else Action(*a) for a in o]

@@ -39,6 +39,7 @@ from ..periodic import extend
 # (under the controllable-memory paper's Table 8 costs faster than V-Half itself from
 # p = 16 on: p = 24, m = 72 in 88.89 microbatches against 89.08), and its mirror.
 PREFERRED = [(2, 1, 1, 2, 4, 5, 1), (1, 2, 2, 1, 4, 5, 1)]
+DEEP = (0, 1, 2, 3, 4, 6)
 BUILD_AT_MOST = 16  # blocks built and scored, at most (each costs about one small reorder)
 WORK_PER_SECOND = 200_000  # work units a second on the reference machine (2 loaded cores)
 
@@ -218,15 +219,21 @@ def _built(p: int, m: int, small: int, offsets: tuple[int, ...],
     cap, cap_i = peak(p, rows), peak(p, rows, frees="I")
     name = "adaptive block " + ",".join(map(str, offsets))
     moved = reorder_ends(p, small, times, cap, cap_i)
-    tries = [(" (ends reordered)", moved, cap, cap_i, False, None)]
-    tries.append((" (reordered)", rows, cap, cap_i, True, None))
+    # (label, base orders, cap, cap_i, fill, warm-up targets, lookahead, deep)
+    tries = [(" (ends reordered)", moved, cap, cap_i, False, None, True, False),
+             (" (reordered)", rows, cap, cap_i, True, None, True, False)]
     if k is not None and k >= cap:
         targets = warmup_targets(p, small, k)
-        for fill in (True, False):
-            tries.append((f" (warm-up to {k}{', holes filled' if fill else ''})", moved, k,
-                          max(k, cap_i), fill, targets))
-    for label, base, c, c_i, fill, targets in tries:
-        got = reorder(p, small, base, c, c_i, fill=fill, warmup=targets)
+        for deep in DEEP:
+            for fill in (True, False):
+                tries.append((f" ({f'deep {deep} ' if deep else ''}warm-up to {k}"
+                              f"{', holes filled' if fill else ''})", moved, k, max(k, cap_i),
+                              fill, targets, True, deep))
+        tries.append((f" (warm-up to {k}, holes filled greedily)", moved, k,
+                      max(k, cap_i), True, targets, False, 0))
+    for label, base, c, c_i, fill, targets, look, deep in tries:
+        got = reorder(p, small, base, c, c_i, fill=fill, warmup=targets, lookahead=look,
+                      deep=deep)
         if got is not None and (grown := extend(got[1], small, m, [6] * p)) is not None:
             yield name + label, grown
 
