@@ -116,8 +116,8 @@ DEEP_PRIORITY = "I0 I1 W0 W1 F1 F0"  # the deep warm-up's default pick order
 
 def reorder(p: int, microbatches: int, orders: list[list[Action]], cap: int,
             cap_i: int | None = None, fill: bool = True,
-            warmup: list[tuple[int, int]] | None = None, lookahead: bool = True,
-            deep: int = 0, priority: str = DEEP_PRIORITY) -> tuple[int, list[list[Action]]] | None:
+            warmup: list[tuple[int, int]] | None = None, deep: int = 0
+            ) -> tuple[int, list[list[Action]]] | None:
     """Re-time the block orders ``orders`` with every pass one unit long (the block's own
     units) and return ``(step, new orders)``, or None if the rules below stall.
 
@@ -142,6 +142,12 @@ def reorder(p: int, microbatches: int, orders: list[list[Action]], cap: int,
     it may hold counted from a forward to its ``I`` (``M_W = 0``). With both caps at the
     plain block's own peaks, neither end case holds more than the block; an ``M_W`` in
     between mixes the two counts (``tests/test_vshape.py`` checks ``M_W = M_B/2`` too).
+    ``warmup`` (per rank: chunk-0 and chunk-1 forwards) fills the memory before the rank's
+    first ``I``: it runs those forwards as they arrive, within the caps. With ``deep`` =
+    n > 0 the warm-up lasts until the rank has run n passes (I or W) of its chunk-0 stage,
+    and after its first ``I`` it picks by :data:`DEEP_PRIORITY` (the chunk-0 ``I``, the
+    chunk-1 ``I``, their ``W`` s, then forwards while they fit): the controllable-memory
+    paper's warm-up, which keeps the memory full through the V's first turn.
     Deterministic: the same input, the same order.
 
     >>> rows = repeat(2, 2, block(2, (1, 1, 1, 1, 1, 1, 1)))
@@ -183,7 +189,7 @@ def reorder(p: int, microbatches: int, orders: list[list[Action]], cap: int,
                 pick = None
                 if deep and begun[r]:  # past the first I: I, then W, then F while it fits
                     pick = _deep_pick(r, orders[r], where[r], nxt, ready, S,
-                                      held[r] < cap and held_i[r] < cap_i, priority)
+                                      held[r] < cap and held_i[r] < cap_i, DEEP_PRIORITY)
                     if pick is not None:
                         chosen.append(pick)
                     continue
@@ -220,8 +226,7 @@ def reorder(p: int, microbatches: int, orders: list[list[Action]], cap: int,
                     if i is None or not ready(s, k, j):
                         continue
                     if k == "F":  # the forwards the block runs before it, still to run
-                        skipped = sum(is_f[r][q] and not ran[r][q]
-                                      for q in range(head[r], i)) if lookahead else 0
+                        skipped = sum(is_f[r][q] and not ran[r][q] for q in range(head[r], i))
                         if max(held[r] - cap, held_i[r] - cap_i) + 1 + skipped > 0:
                             continue
                     if forwards[r] == 2 * m:  # rule 1

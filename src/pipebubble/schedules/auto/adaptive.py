@@ -39,7 +39,6 @@ from ..periodic import extend
 # (under the controllable-memory paper's Table 8 costs faster than V-Half itself from
 # p = 16 on: p = 24, m = 72 in 88.89 microbatches against 89.08), and its mirror.
 PREFERRED = [(2, 1, 1, 2, 4, 5, 1), (1, 2, 2, 1, 4, 5, 1)]
-DEEP = (0, 1, 2, 3, 4, 6)
 BUILD_AT_MOST = 16  # blocks built and scored, at most (each costs about one small reorder)
 WORK_PER_SECOND = 200_000  # work units a second on the reference machine (2 loaded cores)
 
@@ -214,26 +213,26 @@ def _built(p: int, m: int, small: int, offsets: tuple[int, ...],
     """The block's orders, built on ``small`` microbatches and extended to ``m``: ends
     reordered, list-scheduled reorder, and (when the limit allows ``k`` chunk activations
     a rank, at least the block's peak) the ends-reordered block with its warm-up filled up
-    to ``k`` (:func:`warmup_targets`), with and without filling holes."""
+    to ``k`` (:func:`warmup_targets`), with and without filling holes, and with the
+    deep warm-up (``building_block.reorder``'s ``deep``: the memory kept full through
+    the input gradients of the later chunk, up to the rank's first chunk-0 one)."""
     rows = repeat(p, small, times)
     cap, cap_i = peak(p, rows), peak(p, rows, frees="I")
     name = "adaptive block " + ",".join(map(str, offsets))
     moved = reorder_ends(p, small, times, cap, cap_i)
-    # (label, base orders, cap, cap_i, fill, warm-up targets, lookahead, deep)
-    tries = [(" (ends reordered)", moved, cap, cap_i, False, None, True, False),
-             (" (reordered)", rows, cap, cap_i, True, None, True, False)]
+    # (label, base orders, cap, cap_i, fill, warm-up targets, deep)
+    tries = [(" (ends reordered)", moved, cap, cap_i, False, None, 0),
+             (" (reordered)", rows, cap, cap_i, True, None, 0)]
     if k is not None and k >= cap:
         targets = warmup_targets(p, small, k)
-        for deep in DEEP:
-            for fill in (True, False):
-                tries.append((f" ({f'deep {deep} ' if deep else ''}warm-up to {k}"
-                              f"{', holes filled' if fill else ''})", moved, k, max(k, cap_i),
-                              fill, targets, True, deep))
-        tries.append((f" (warm-up to {k}, holes filled greedily)", moved, k,
-                      max(k, cap_i), True, targets, False, 0))
-    for label, base, c, c_i, fill, targets, look, deep in tries:
-        got = reorder(p, small, base, c, c_i, fill=fill, warmup=targets, lookahead=look,
-                      deep=deep)
+        for fill in (True, False):
+            tries.append((f" (warm-up to {k}{', holes filled' if fill else ''})", moved, k,
+                          max(k, cap_i), fill, targets, 0))
+        # the memory kept full up to the rank's first chunk-0 I (the paper's warm-up)
+        tries.append((f" (deep warm-up to {k}, holes filled)", moved, k, max(k, cap_i),
+                      True, targets, 1))
+    for label, base, c, c_i, fill, targets, deep in tries:
+        got = reorder(p, small, base, c, c_i, fill=fill, warmup=targets, deep=deep)
         if got is not None and (grown := extend(got[1], small, m, [6] * p)) is not None:
             yield name + label, grown
 
@@ -256,5 +255,5 @@ def _build_cost(p: int, m: int, small: int, times: tuple[list[int], ...],
     reorder and each list schedule (two, four when the warm-up is filled too), and the
     caller's scoring of the whole order by the simulator's kernel (vectorised: about a
     tenth of a unit an action)."""
-    passes = 5 if k is not None and k >= max(steady_peaks(p, times)) else 3
+    passes = 6 if k is not None and k >= max(steady_peaks(p, times)) else 3
     return passes * 6 * p * small + 0.6 * p * m
