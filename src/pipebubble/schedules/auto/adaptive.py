@@ -255,5 +255,5 @@ def _build_cost(p: int, m: int, small: int, times: tuple[list[int], ...],
     reorder and each list schedule (two, four when the warm-up is filled too), and the
     caller's scoring of the whole order by the simulator's kernel (vectorised: about a
     tenth of a unit an action)."""
-    passes = 6 if k is not None and k >= max(steady_peaks(p, times)) else 3
+    passes = 5 if k is not None and k >= max(steady_peaks(p, times)) else 3
     return passes * 6 * p * small + 0.6 * p * m

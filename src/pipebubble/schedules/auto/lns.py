@@ -55,7 +55,14 @@ def tail_windows(orders: list[list[Action]], sc: StageCosts, where: tuple[int, .
 
     S, m = len(where), microbatches
     p = len(orders)
-    cur = [[a if isinstance(a, Action) else Action(*a) for a in o] for o in orders]
+    cur = []  # a fused backward B as its I then its W (never later, never more memory)
+    for o in orders:
+        row = []
+        for a in o:
+            a = a if isinstance(a, Action) else Action(*a)
+            row += ([Action(a.stage, "I", a.microbatch), Action(a.stage, "W", a.microbatch)]
+                    if a.kind == "B" else [a])
+        cur.append(row)
     timed = simulate(make_schedule("lns", cur, S, m, placement=list(where)), sc)
     score = _score(timed)
     total = sum(len(o) for o in cur)
