@@ -22,7 +22,10 @@ chunks per rank, as ZB-V), whichever is faster. Candidates:
 - on the smallest (up to 200 actions), MIP windows (:func:`.mip.polish`): HiGHS reorders
   every rank's next few actions at once, window after window over the step, from the best
   searched order (and the other placement's if it is within 2 %); one thread and a node
-  limit per window, so deterministic too.
+  limit per window, so deterministic too;
+- on bigger orders (by default up to 2048 actions), tail windows (:mod:`.lns`): every
+  action after a cut time re-solved by the same MIP, the part before the cut kept as
+  constants, within a budget of work (``search_seconds``, default :data:`LNS_SECONDS`).
 
 Every candidate is scored by the one simulator (:func:`pipebubble.sim.simulate`) with the
 same costs (the greedy times its orders as it builds them, by the same rule); the fastest
