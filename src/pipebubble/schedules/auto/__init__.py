@@ -28,7 +28,7 @@ chunks per rank, as ZB-V), whichever is faster. Candidates:
   constants, within a budget of work (``search_seconds``, default :data:`LNS_SECONDS`).
 
 Every candidate is scored by the one simulator (:func:`pipebubble.sim.simulate`) with the
-same costs (the greedy times its orders as it builds them, by the same rule); the fastest
+same costs (the greedy's own clock, the same rule, only steers its choices); the fastest
 (then the one with least idle time inside the ranks' spans) wins, is re-simulated,
 validated and returned as a Schedule named ``auto`` whose ``options["auto"]`` is its
 :class:`Provenance`: the winning generator, the search stages that ran (time and gain of
@@ -377,12 +377,18 @@ def _stretched(p: int, m: int, sc: StageCosts, where: tuple[int, ...], limits: l
 
 def _greedy(kind: str, p: int, m: int, sc: StageCosts, where: tuple[int, ...],
             limits: list[float] | None):
-    """(key, orders, source) of the greedy orders over the knob grid (timed as built)."""
+    """(key, orders, source) of the greedy orders over the knob grid, scored by the
+    simulator like every candidate (the greedy's own clock only steers its choices)."""
     for knobs in knob_grid(p, m, _CHUNKS[kind]):
         got = greedy_order(p, m, sc, where, limits, knobs)
-        if got is not None:
+        if got is None:
+            continue
+        orders = [[Action(*a) for a in o] for o in got[0]]
+        scored = _score(make_schedule("auto", orders, len(where), m, placement=list(where)),
+                        sc, limits)
+        if scored is not None:
             name = "greedy " + ",".join(f"{k}={v}" for k, v in knobs._asdict().items())
-            yield (round(got[1], 9), round(got[2], 9)), got[0], name
+            yield scored[0], orders, name
 
 
 def _turned_block(p: int, steps: tuple[int, ...], period: int):
