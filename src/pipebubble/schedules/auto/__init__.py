@@ -23,9 +23,9 @@ chunks per rank, as ZB-V), whichever is faster. Candidates:
   every rank's next few actions at once, window after window over the step, from the best
   searched order (and the other placement's if it is within 2 %); one thread and a node
   limit per window, so deterministic too;
-- on bigger orders (by default up to 2048 actions), tail windows (:mod:`.lns`): every
-  action after a cut time re-solved by the same MIP, the part before the cut kept as
-  constants, within a budget of work (``search_seconds``, default :data:`LNS_SECONDS`).
+- on bigger orders, tail windows (:mod:`.lns`): every action after a cut time re-solved
+  by the same MIP, the part before the cut kept as constants, within a budget of work
+  (``search_seconds`` again, a budget of its own: the windows that fit in it).
 
 Every candidate is scored by the one simulator (:func:`pipebubble.sim.simulate`) with the
 same costs (the greedy's own clock, the same rule, only steers its choices); the fastest
@@ -88,8 +88,6 @@ CLIMB_BUDGET = 3000  # evaluations of the hill climb that polishes the annealed 
 POLISH_UP_TO = 200  # actions: the MIP windows (mip.polish) run up to this size (V: p·m <= 33)
 POLISH_WITHIN = 0.02  # and polish a placement whose searched order is this close to the best
 SEARCH_SECONDS = 0.3  # the adaptive V stage's budget, by default (``search_seconds``)
-LNS_UP_TO = 2048  # actions: by default the tail windows (lns.py) run on orders up to this
-LNS_SECONDS = 4.0  # and with this budget (``search_seconds``, when given, for both)
 
 
 def knob_grid(ranks: int, microbatches: int, chunks: int) -> list[Knobs]:
@@ -134,8 +132,9 @@ def auto_schedule(
 
     ``search_seconds`` (default :data:`SEARCH_SECONDS`) is the budget of the adaptive V
     stage (:mod:`.adaptive`), which runs after the registered schedules and the greedy
-    (they always run: auto is never slower than them); it counts work, not time, so the
-    result is the same on every machine.
+    (they always run: auto is never slower than them), and again that of the tail windows
+    (:mod:`.lns`) on orders too big for the local search; it counts work, not time, so
+    the result is the same on every machine.
 
     Raises ScheduleError naming the smallest feasible limit when ``memory_limit`` is below it.
     """
@@ -255,13 +254,10 @@ def auto_schedule(
     # Then the tail windows (lns.tail_windows) on orders too big for the two above.
     key, orders, source, kind = best
     sc, where = resolved[kind]
-    size = 3 * len(where) * m
-    lns_seconds = (search_seconds if search_seconds is not None
-                   else LNS_SECONDS if size <= LNS_UP_TO else 0.0)
-    if (mip_windows and size > POLISH_UP_TO and lns_seconds > 0
+    if (mip_windows and 3 * len(where) * m > POLISH_UP_TO and seconds > 0
             and key[0] > bounds[kind] + _TOL):
         flat = [[a for step in o for a in _actions(step)] for o in orders]
-        got = tail_windows(flat, sc, where, m, limits, Budget(lns_seconds))
+        got = tail_windows(flat, sc, where, m, limits, Budget(seconds))
         if got is not None:
             scored = _score(make_schedule("auto", got[0], len(where), m,
                                           placement=list(where)), sc, limits)

@@ -16,8 +16,8 @@ a window that shortens the step (or keeps it and ends every action earlier in su
 kept, re-simulated by the one simulator and checked against the limit, and the sizes
 start over from the smallest. It stops when its :class:`~.adaptive.Budget` is spent:
 a window starts only while ``START_WORK`` work units per squared action count are left,
-and is charged after its solve by the solver's simplex iterations times its size (a
-count, not the clock; one solver thread and a node limit per window). So the result is
+and is charged after its solve ``WINDOW_WORK`` and the solver's simplex iterations times
+its size (a count, not the clock; one solver thread and a node limit per window). So the result is
 the same on every machine, it is never slower than its start and never over the limit.
 
 Under unit costs (F = I = W = 1 a chunk) at p = 4, m = 16 and a limit of 5 chunk
@@ -32,11 +32,12 @@ from ...ir.schedule import Action, make_schedule
 from .adaptive import Budget
 from .mip import _score, _within, solve, starts
 
-LNS_PER_RANK = (8, 12, 16, 24)  # actions a rank a tail window opens, smallest first
+LNS_PER_RANK = (8, 16, 24)  # actions a rank a tail window opens, smallest first
 LNS_NODES = 50  # branch-and-bound nodes per window, at most (deterministic)
 LNS_GAP = 1e-3  # relative gap a window's solve stops at
 LNS_GUARD_SECONDS = 60.0  # a time limit per window, a guard the node limit reaches first
-START_WORK = 20.0  # work units a window needs left, per squared action count
+START_WORK = 8.0  # work units a window needs left, per squared action count
+WINDOW_WORK = 10_000  # work units a window costs whatever its size (the solver's setup)
 ITERATION_WORK = 0.4  # work units per simplex iteration and window action (about 3 s for
 # 10 000 iterations at 200 actions)
 
@@ -79,7 +80,7 @@ def tail_windows(orders: list[list[Action]], sc: StageCosts, where: tuple[int, .
                     time_limit=LNS_GUARD_SECONDS, gap=LNS_GAP, nodes=LNS_NODES,
                     tail_from=cut, effort=effort)[0]
         solved_windows += 1
-        budget.spend(size * (size + ITERATION_WORK * effort[-1]) + total)
+        budget.spend(WINDOW_WORK + size * (size + ITERATION_WORK * effort[-1]) + total)
         if new is not None:
             got = simulate(make_schedule("lns", new, S, m, placement=list(where)), sc)
             if _score(got) < score and _within(got, limits):
