@@ -111,9 +111,12 @@ def _rule(p: int) -> dict[tuple[int, str], tuple[tuple[int, str], ...]]:
             for s in range(2 * p) for k in "FIW"}
 
 
+DEEP_PRIORITY = "I0 I1 W0 W1 F1 F0"  # the deep warm-up's default pick order
+
+
 def reorder(p: int, microbatches: int, orders: list[list[Action]], cap: int,
             cap_i: int | None = None, fill: bool = True,
-            warmup: list[tuple[int, int]] | None = None
+            warmup: list[tuple[int, int]] | None = None, deep: int = 0
             ) -> tuple[int, list[list[Action]]] | None:
     """Re-time the block orders ``orders`` with every pass one unit long (the block's own
     units) and return ``(step, new orders)``, or None if the rules below stall.
@@ -139,6 +142,12 @@ def reorder(p: int, microbatches: int, orders: list[list[Action]], cap: int,
     it may hold counted from a forward to its ``I`` (``M_W = 0``). With both caps at the
     plain block's own peaks, neither end case holds more than the block; an ``M_W`` in
     between mixes the two counts (``tests/test_vshape.py`` checks ``M_W = M_B/2`` too).
+    ``warmup`` (per rank: chunk-0 and chunk-1 forwards) fills the memory before the rank's
+    first ``I``: it runs those forwards as they arrive, within the caps. With ``deep`` =
+    n > 0 the warm-up lasts until the rank has run n passes (I or W) of its chunk-0 stage,
+    and after its first ``I`` it picks by :data:`DEEP_PRIORITY` (the chunk-0 ``I``, the
+    chunk-1 ``I``, their ``W`` s, then forwards while they fit): the controllable-memory
+    paper's warm-up, which keeps the memory full through the V's first turn.
     Deterministic: the same input, the same order.
 
     >>> rows = repeat(2, 2, block(2, (1, 1, 1, 1, 1, 1, 1)))
@@ -166,7 +175,9 @@ def reorder(p: int, microbatches: int, orders: list[list[Action]], cap: int,
     def ready(s: int, k: str, j: int) -> bool:
         return all(done.get((s2, k2, j), late) <= t for s2, k2 in rule[s, k])
 
-    started = [False] * p  # the rank has run an input gradient
+    started = [False] * p  # the rank has run an input gradient (deep: its chunk-0 one)
+    begun = [False] * p  # the rank has run an input gradient
+    late_done = [0] * p  # I and W of its chunk-0 stage the rank has run (deep)
 
     while left:
         chosen = []
@@ -176,6 +187,12 @@ def reorder(p: int, microbatches: int, orders: list[list[Action]], cap: int,
                 head[r] += 1
             if warmup is not None and not started[r]:  # fill the memory before the first I
                 pick = None
+                if deep and begun[r]:  # past the first I: I, then W, then F while it fits
+                    pick = _deep_pick(r, orders[r], where[r], nxt, ready, S,
+                                      held[r] < cap and held_i[r] < cap_i, DEEP_PRIORITY)
+                    if pick is not None:
+                        chosen.append(pick)
+                    continue
                 for c, s in ((1, S - 1 - r), (0, r)):  # the later chunk first
                     j = nxt[s, "F"]
                     i = where[r].get((s, "F", j))
@@ -234,12 +251,32 @@ def reorder(p: int, microbatches: int, orders: list[list[Action]], cap: int,
                 forwards[r] += 1
             elif k == "I":
                 held_i[r] -= 1
-                started[r] = True
+                begun[r] = True
             else:
                 held[r] -= 1
+            if k != "F" and (not deep or s == r):
+                late_done[r] += 1
+                started[r] = started[r] or late_done[r] >= max(1, deep)
             left -= 1
         t += 1
     return t, out
+
+
+def _deep_pick(r: int, order: list[Action], where: dict, nxt: dict, ready, S: int,
+               room: bool, priority: str) -> tuple[int, Action, int] | None:
+    """The deep warm-up's pick on rank r: the first ready pass in ``priority`` (kind and
+    chunk: ``I0`` the input gradient of the rank's chunk-0 stage, ``F1`` the forward of
+    its chunk-1 one, ...), a forward only if there is ``room`` for its activation."""
+    for code in priority.split():
+        k, c = code[0], code[1] == "1"
+        if k == "F" and not room:
+            continue
+        s = S - 1 - r if c else r
+        j = nxt[s, k]
+        i = where.get((s, k, j))
+        if i is not None and ready(s, k, j):
+            return r, order[i], i
+    return None
 
 
 def reorder_ends(p: int, microbatches: int,

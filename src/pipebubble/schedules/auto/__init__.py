@@ -22,10 +22,13 @@ chunks per rank, as ZB-V), whichever is faster. Candidates:
 - on the smallest (up to 200 actions), MIP windows (:func:`.mip.polish`): HiGHS reorders
   every rank's next few actions at once, window after window over the step, from the best
   searched order (and the other placement's if it is within 2 %); one thread and a node
-  limit per window, so deterministic too.
+  limit per window, so deterministic too;
+- on bigger orders, tail windows (:mod:`.lns`): every action after a cut time re-solved
+  by the same MIP, the part before the cut kept as constants, within a budget of work
+  (``search_seconds`` again, a budget of its own: the windows that fit in it).
 
 Every candidate is scored by the one simulator (:func:`pipebubble.sim.simulate`) with the
-same costs (the greedy times its orders as it builds them, by the same rule); the fastest
+same costs (the greedy's own clock, the same rule, only steers its choices); the fastest
 (then the one with least idle time inside the ranks' spans) wins, is re-simulated,
 validated and returned as a Schedule named ``auto`` whose ``options["auto"]`` is its
 :class:`Provenance`: the winning generator, the search stages that ran (time and gain of
@@ -63,6 +66,7 @@ from .adaptive import Budget, adaptive_orders
 from .bounds import LowerBound, bound, min_limits
 from .greedy import Knobs, greedy_order
 from .improve import anneal, improve
+from .lns import tail_windows
 from .mip import polish
 
 PLACEMENTS = ("any", "loop", "v")
@@ -128,8 +132,9 @@ def auto_schedule(
 
     ``search_seconds`` (default :data:`SEARCH_SECONDS`) is the budget of the adaptive V
     stage (:mod:`.adaptive`), which runs after the registered schedules and the greedy
-    (they always run: auto is never slower than them); it counts work, not time, so the
-    result is the same on every machine.
+    (they always run: auto is never slower than them), and again that of the tail windows
+    (:mod:`.lns`) on orders too big for the local search; it counts work, not time, so
+    the result is the same on every machine.
 
     Raises ScheduleError naming the smallest feasible limit when ``memory_limit`` is below it.
     """
@@ -246,6 +251,19 @@ def auto_schedule(
         if scored is not None and scored[0] < best[0]:
             best = (scored[0], polished[0], source + " + MIP windows", kind)
         clock.ran("MIP windows", best)
+    # Then the tail windows (lns.tail_windows) on orders too big for the two above.
+    key, orders, source, kind = best
+    sc, where = resolved[kind]
+    if (mip_windows and 3 * len(where) * m > POLISH_UP_TO and seconds > 0
+            and key[0] > bounds[kind] + _TOL):
+        flat = [[a for step in o for a in _actions(step)] for o in orders]
+        got = tail_windows(flat, sc, where, m, limits, Budget(seconds))
+        if got is not None:
+            scored = _score(make_schedule("auto", got[0], len(where), m,
+                                          placement=list(where)), sc, limits)
+            if scored is not None and scored[0] < best[0]:
+                best = (scored[0], got[0], source + " + tail windows", kind)
+        clock.ran("tail windows", best)
     key, orders, source, kind = best
     sc, where = resolved[kind]
     cand = make_schedule("auto", [[a if isinstance(a, Action) else Action(*a) for a in o]
@@ -355,12 +373,18 @@ def _stretched(p: int, m: int, sc: StageCosts, where: tuple[int, ...], limits: l
 
 def _greedy(kind: str, p: int, m: int, sc: StageCosts, where: tuple[int, ...],
             limits: list[float] | None):
-    """(key, orders, source) of the greedy orders over the knob grid (timed as built)."""
+    """(key, orders, source) of the greedy orders over the knob grid, scored by the
+    simulator like every candidate (the greedy's own clock only steers its choices)."""
     for knobs in knob_grid(p, m, _CHUNKS[kind]):
         got = greedy_order(p, m, sc, where, limits, knobs)
-        if got is not None:
+        if got is None:
+            continue
+        orders = [[Action(*a) for a in o] for o in got[0]]
+        scored = _score(make_schedule("auto", orders, len(where), m, placement=list(where)),
+                        sc, limits)
+        if scored is not None:
             name = "greedy " + ",".join(f"{k}={v}" for k, v in knobs._asdict().items())
-            yield (round(got[1], 9), round(got[2], 9)), got[0], name
+            yield scored[0], orders, name
 
 
 def _turned_block(p: int, steps: tuple[int, ...], period: int):

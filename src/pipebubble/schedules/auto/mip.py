@@ -166,13 +166,21 @@ def solve(highspy, sc: StageCosts, where: tuple[int, ...], m: int,
            limits: list[float] | None, orders: list[list[Action]],
            began: dict[Action, float], step: float, free: set[Action] | None,
            time_limit: float, gap: float, nodes: int | None = None,
-           settled: float | None = None):
+           settled: float | None = None, tail_from: float | None = None,
+           effort: list[int] | None = None):
     """The program of the module docstring, started from ``orders`` (timed: ``began``,
     ``step``, the big M). ``free``: only these actions' order among themselves is open,
     every other pair of a rank keeps its order in ``orders`` (None: all open); what starts
     before ``settled`` keeps its start (nothing after it can move it). Returns (orders,
     proven lower bound, proven optimal); orders None when the solver has no feasible
-    point."""
+    point.
+
+    ``tail_from``: only the actions starting at or after it are in the program (every
+    order among them open), the rest kept in place as constants: nothing that starts
+    before it waits for anything that starts after, so their times stay; they give each
+    rank's free time, each action's release and each rank's memory at the cut.
+    ``effort``, a list, gets the solver's simplex iterations appended (a count of its
+    work that is the same on every machine)."""
     S = len(where)
     p = max(where) + 1
     horizon = step + 1e-6
@@ -180,6 +188,33 @@ def solve(highspy, sc: StageCosts, where: tuple[int, ...], m: int,
     dur = {a: sc.duration(a.stage, a.kind) for a in acts}
     mem = {a: sc.memory_deltas(a.stage, a.kind) for a in acts}
     edges = _edges(sc, where, m)
+    given: dict[Action, float] = {}  # release from the kept prefix (tail_from)
+    offset = [0.0] * p  # memory each rank holds at the cut
+    prefix_end = 0.0
+    prefix: list[list[Action]] = [[] for _ in range(p)]
+    if tail_from is not None:
+        cut = tail_from - 1e-9
+        window = {a for a in acts if began[a] >= cut}
+        for r, o in enumerate(orders):
+            ends = 0.0
+            for a in o:
+                if a in window:
+                    given[a] = max(given.get(a, 0.0), ends)
+                else:
+                    prefix[r].append(a)
+                    ends = max(ends, began[a] + dur[a])
+                    offset[r] += mem[a][0] + mem[a][1]
+            prefix_end = max(prefix_end, ends)
+        kept = []
+        for a, b, lag in edges:
+            if a in window:
+                kept.append((a, b, lag))
+            elif b in window:
+                given[b] = max(given.get(b, 0.0), began[a] + dur[a] + lag)
+        edges = kept
+        acts = [a for a in acts if a in window]
+        orders = [[a for a in o if a in window] for o in orders]
+        free = set(acts)
     pos: dict[Action, int] = {}
     if free is not None:  # the rest keeps its order: a chain per rank, free ones inside it
         for o in orders:
@@ -204,10 +239,11 @@ def solve(highspy, sc: StageCosts, where: tuple[int, ...], m: int,
     # nor later than the horizon less its longest path to the end (its tail, itself
     # included). They bound every start, tighten each big M, and fix the order of two
     # actions of a rank whose windows cannot overlap that way round.
-    release, tail = _windows(acts, edges, dur)
-    floor = max(lower_bound(sc, where, m), max(release[a] + tail[a] for a in acts))
+    release, tail = _windows(acts, edges, dur, given)
+    floor = max(lower_bound(sc, where, m), prefix_end,
+                max((release[a] + tail[a] for a in acts), default=0.0))
     latest = {a: horizon - tail[a] for a in acts}
-    if settled is not None:  # what started before the window keeps its start
+    if settled is not None and tail_from is None:  # what starts before keeps its start
         for a in acts:
             if began[a] < settled - 1e-9:
                 release[a] = latest[a] = began[a]
@@ -265,7 +301,7 @@ def solve(highspy, sc: StageCosts, where: tuple[int, ...], m: int,
         for a in mine:
             if free is not None and a not in free:
                 continue  # the same actions run before it as in the start order: it fits
-            load, terms = mem[a][0], {}
+            load, terms = mem[a][0] + offset[r], {}
             for b in mine:
                 if b == a:
                     continue
@@ -299,13 +335,16 @@ def solve(highspy, sc: StageCosts, where: tuple[int, ...], m: int,
     h.setSolution(warm)
     h.run()
     info = h.getInfo()
+    if effort is not None:
+        effort.append(int(info.simplex_iteration_count))
     bound = float(info.mip_dual_bound)
     if info.primal_solution_status != 2:
         return None, bound, False
     values = h.getSolution().col_value
     at = {a: values[col[a]] for a in acts}
     key = (lambda a: (at[a], pos[a])) if free is not None else (lambda a: (at[a], a.kind))
-    new = [sorted((a for a in acts if where[a.stage] == r), key=key) for r in range(p)]
+    new = [prefix[r] + sorted((a for a in acts if where[a.stage] == r), key=key)
+           for r in range(p)]
     return new, bound, h.getModelStatus() == highspy.HighsModelStatus.kOptimal
 
 
@@ -377,9 +416,11 @@ def _new_highs(highspy):
 
 
 def _windows(acts: list[Action], edges: list[tuple[Action, Action, float]],
-             dur: dict[Action, float]) -> tuple[dict[Action, float], dict[Action, float]]:
-    """Per action, the longest path of durations and lags before its start (release) and
-    from its start to the end of the step (tail, its own duration included)."""
+             dur: dict[Action, float], given: dict[Action, float] | None = None
+             ) -> tuple[dict[Action, float], dict[Action, float]]:
+    """Per action, the longest path of durations and lags before its start (release, at
+    least ``given``) and from its start to the end of the step (tail, its own duration
+    included)."""
     succ: dict[Action, list[tuple[Action, float]]] = {a: [] for a in acts}
     pred: dict[Action, list[tuple[Action, float]]] = {a: [] for a in acts}
     for a, b, lag in edges:
@@ -395,7 +436,7 @@ def _windows(acts: list[Action], edges: list[tuple[Action, Action, float]],
             count[b] -= 1
             if not count[b]:
                 ready.append(b)
-    release = {a: 0.0 for a in acts}
+    release = {a: (given or {}).get(a, 0.0) for a in acts}
     for a in order:
         for b, lag in succ[a]:
             release[b] = max(release[b], release[a] + dur[a] + lag)
