@@ -9,7 +9,6 @@ the memory budget with paste-ready torchtitan and Megatron-LM settings, and with
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import re
 
@@ -17,6 +16,7 @@ from .. import limits as L
 from ..errors import UserError
 from ..files import json_text, write_text
 from ..interop.timeline_json import clean_floats
+from ..plan.config import parse_config, restrict
 from .common import check_outputs, float_flag, int_flag, positive_int, print_json, wrote
 
 _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9,
@@ -170,60 +170,6 @@ def int_list(flag: str):
         return sorted(set(values))
 
     return parse
-
-
-CONFIG_KEYS = ("tp", "sp", "cp", "pp", "dp", "sharding", "mbs", "schedule", "v", "recompute")
-
-
-def parse_config(text: str, gpus: int) -> dict:
-    """``tp=8,pp=8,...`` as a dict of restrictions; the degrees must multiply into --gpus."""
-    out: dict = {}
-    for item in (x.strip() for x in text.split(",") if x.strip()):
-        key, eq, value = item.partition("=")
-        key, value = key.strip().lower(), value.strip()
-        if not eq or key not in CONFIG_KEYS or not value:
-            raise UserError(f"--config item {item!r} must be KEY=VALUE with KEY one of "
-                             f"{', '.join(CONFIG_KEYS)}")
-        if key in ("tp", "cp", "pp", "dp", "mbs", "v", "sp"):
-            try:
-                out[key] = int(value)
-            except ValueError:
-                raise UserError(f"--config {key}={value!r} must be an integer") from None
-            if out[key] < (0 if key == "sp" else 1) or (key == "sp" and out[key] > 1):
-                raise UserError(f"--config {key}={value} must be "
-                                 + ("0 or 1" if key == "sp" else "an integer >= 1"))
-        else:
-            out[key] = value.lower()
-    degrees = [out[k] for k in ("tp", "cp", "pp", "dp") if k in out]
-    prod = math.prod(degrees)
-    if gpus % prod or (len(degrees) == 4 and prod != gpus):
-        shown = " x ".join(f"{k}={out[k]}" for k in ("tp", "cp", "pp", "dp") if k in out)
-        raise UserError(f"--config {shown} = {prod} GPUs "
-                         + ("!= " if len(degrees) == 4 else "does not divide ")
-                         + f"--gpus {gpus}; tp x cp x pp x dp must equal --gpus")
-    return out
-
-
-def restrict(req, config: dict):
-    """The request limited to the configuration's values."""
-    from dataclasses import replace
-
-    ch = {}
-    for key, field in (("tp", "tp"), ("cp", "cp"), ("pp", "pp"), ("dp", "dp"),
-                       ("mbs", "microbatch_sizes"), ("v", "chunks")):
-        if key in config:
-            ch[field] = (config[key],)
-    if "sp" in config:
-        ch["sp"] = (bool(config["sp"]),)
-    if "sharding" in config:
-        ch["shardings"] = (config["sharding"],)
-    if "schedule" in config:
-        ch["schedules"] = (config["schedule"],)
-    if "recompute" in config:
-        ch["recompute"] = (config["recompute"],)
-    if "v" in config:
-        ch["max_chunks"] = max(req.max_chunks, config["v"])
-    return replace(req, **ch)
 
 
 def parse_reserve(text: str, memory: float) -> float:

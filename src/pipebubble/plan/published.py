@@ -288,7 +288,7 @@ def predict_config(run: Run, efficiency: float):
 def _predict(run: Run, efficiency: float):
     """(the plan, whether it fits the memory budget); one that does not is the least-memory
     plan, as ``plan --config`` reports it."""
-    from ..commands.plan import parse_config, restrict
+    from .config import parse_config, restrict
     from .planner import search
 
     prof, req, hw = _setup(run, efficiency)

@@ -1,0 +1,69 @@
+"""What the user runs now: ``plan --config tp=8,pp=8,dp=24,...`` as restrictions of the search.
+
+The keys are the axes of a plan (tp, sp, cp, pp, dp, sharding, mbs, schedule, v,
+recompute); any subset may be given and the rest is searched. :func:`parse_config` checks
+the text (one line naming the item and what is valid), :func:`restrict` narrows a planner
+Request to it.
+
+>>> parse_config("tp=8,pp=2,sharding=zero1", gpus=64)
+{'tp': 8, 'pp': 2, 'sharding': 'zero1'}
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..errors import UserError
+
+CONFIG_KEYS = ("tp", "sp", "cp", "pp", "dp", "sharding", "mbs", "schedule", "v", "recompute")
+
+
+def parse_config(text: str, gpus: int) -> dict:
+    """``tp=8,pp=8,...`` as a dict of restrictions; the degrees must multiply into --gpus."""
+    out: dict = {}
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        key, eq, value = item.partition("=")
+        key, value = key.strip().lower(), value.strip()
+        if not eq or key not in CONFIG_KEYS or not value:
+            raise UserError(f"--config item {item!r} must be KEY=VALUE with KEY one of "
+                             f"{', '.join(CONFIG_KEYS)}")
+        if key in ("tp", "cp", "pp", "dp", "mbs", "v", "sp"):
+            try:
+                out[key] = int(value)
+            except ValueError:
+                raise UserError(f"--config {key}={value!r} must be an integer") from None
+            if out[key] < (0 if key == "sp" else 1) or (key == "sp" and out[key] > 1):
+                raise UserError(f"--config {key}={value} must be "
+                                 + ("0 or 1" if key == "sp" else "an integer >= 1"))
+        else:
+            out[key] = value.lower()
+    degrees = [out[k] for k in ("tp", "cp", "pp", "dp") if k in out]
+    prod = math.prod(degrees)
+    if gpus % prod or (len(degrees) == 4 and prod != gpus):
+        shown = " x ".join(f"{k}={out[k]}" for k in ("tp", "cp", "pp", "dp") if k in out)
+        raise UserError(f"--config {shown} = {prod} GPUs "
+                         + ("!= " if len(degrees) == 4 else "does not divide ")
+                         + f"--gpus {gpus}; tp x cp x pp x dp must equal --gpus")
+    return out
+
+
+def restrict(req, config: dict):  # -> Request (plan/planner.py)
+    """The request limited to the configuration's values."""
+    from dataclasses import replace
+
+    ch = {}
+    for key, field in (("tp", "tp"), ("cp", "cp"), ("pp", "pp"), ("dp", "dp"),
+                       ("mbs", "microbatch_sizes"), ("v", "chunks")):
+        if key in config:
+            ch[field] = (config[key],)
+    if "sp" in config:
+        ch["sp"] = (bool(config["sp"]),)
+    if "sharding" in config:
+        ch["shardings"] = (config["sharding"],)
+    if "schedule" in config:
+        ch["schedules"] = (config["schedule"],)
+    if "recompute" in config:
+        ch["recompute"] = (config["recompute"],)
+    if "v" in config:
+        ch["max_chunks"] = max(req.max_chunks, config["v"])
+    return replace(req, **ch)
