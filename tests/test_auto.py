@@ -184,3 +184,21 @@ def test_greedy_clock_agrees_with_the_simulator(placement):
             assert t.step_time == pytest.approx(got[1], abs=1e-9)
             ran += 1
     assert ran >= 4
+
+
+def test_identical_request_is_remembered_not_searched(monkeypatch):
+    import pipebubble.schedules.auto as auto
+
+    costs = CostModel(f=1, b=2, w=1, comm=0.1)
+    first = auto_schedule(3, 6, costs, memory_limit=3, placement="v")
+
+    def no_search(*args, **kwargs):
+        raise AssertionError("searched again")
+
+    monkeypatch.setattr(auto, "_search", no_search)
+    again = auto_schedule(3, 6, CostModel(f=1, b=2, w=1, comm=0.1), memory_limit=3.0,
+                          placement="v")
+    assert again == first and again.options["auto"] == first.options["auto"]
+    assert again.options is not first.options  # the caller's own options dict
+    with pytest.raises(AssertionError, match="searched again"):  # another limit: a search
+        auto_schedule(3, 6, costs, memory_limit=2.5, placement="v")

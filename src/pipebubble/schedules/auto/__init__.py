@@ -45,7 +45,9 @@ microbatches, costs=..., memory_limit=...)`` builds it like any schedule.
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -88,6 +90,8 @@ CLIMB_BUDGET = 3000  # evaluations of the hill climb that polishes the annealed 
 POLISH_UP_TO = 200  # actions: the MIP windows (mip.polish) run up to this size (V: p·m <= 33)
 POLISH_WITHIN = 0.02  # and polish a placement whose searched order is this close to the best
 SEARCH_SECONDS = 0.3  # the adaptive V stage's budget, by default (``search_seconds``)
+REMEMBER = 8  # answers kept for identical requests (the planner asks the same ones again)
+_REMEMBERED: OrderedDict[tuple, Schedule] = OrderedDict()  # request -> answer, oldest first
 
 
 def knob_grid(ranks: int, microbatches: int, chunks: int) -> list[Knobs]:
@@ -136,10 +140,46 @@ def auto_schedule(
     (:mod:`.lns`) on orders too big for the local search; it counts work, not time, so
     the result is the same on every machine.
 
+    The answer is deterministic, so the last :data:`REMEMBER` answers are kept: an
+    identical request (same ranks, microbatches, costs, limit, placement, windows and
+    budget, the costs hashable) returns a copy of the earlier schedule without searching.
+
     Raises ScheduleError naming the smallest feasible limit when ``memory_limit`` is below it.
     """
-    started = time.perf_counter()
     seconds = SEARCH_SECONDS if search_seconds is None else search_seconds
+    request = _request_key(ranks, microbatches, costs, memory_limit, placement, mip_windows,
+                           seconds)
+    if request is not None and request in _REMEMBERED:
+        _REMEMBERED.move_to_end(request)
+        return _copy(_REMEMBERED[request])
+    out = _search(ranks, microbatches, costs, memory_limit, placement, mip_windows, seconds)
+    if request is not None:
+        _REMEMBERED[request] = out
+        while len(_REMEMBERED) > REMEMBER:
+            _REMEMBERED.popitem(last=False)
+    return _copy(out)
+
+
+def _request_key(*request) -> tuple | None:
+    """The request as a dict key (a list of limits as a tuple); None if unhashable."""
+    key = tuple(tuple(x) if isinstance(x, list) else x for x in request)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _copy(sched: Schedule) -> Schedule:
+    """The remembered schedule with its own options dict (orders are tuples, immutable)."""
+    return dataclasses.replace(sched, options=dict(sched.options))
+
+
+def _search(ranks: int, microbatches: int, costs: CostModel | None,
+            memory_limit: float | Sequence[float] | None, placement: str,
+            mip_windows: bool, seconds: float) -> Schedule:
+    """:func:`auto_schedule` itself, without the memory of earlier answers."""
+    started = time.perf_counter()
     check_counts(ranks, microbatches)
     costs = costs or CostModel()
     if memory_limit is None:
