@@ -19,8 +19,9 @@ search order, so that it costs little at the sizes people run:
    repeated up to m: ``schedules/periodic.py``): repeated, warm-up and cool-down
    reordered without raising the peak (``building_block.reorder_ends``, which keeps the
    block's steady state and so stays free of a repeating bubble under comm and W != F),
-   and the list-scheduled reorder; the caller scores every order with the simulator and
-   keeps what fits.
+   and the list-scheduled reorder; under a limit, each warm-up-filled order also with its
+   cool-down laid out as a wave (:func:`wave_cooldown`); the caller scores every order
+   with the simulator and keeps what fits.
 
 It stops when its :class:`Budget` is spent. Deterministic: the enumeration's order is
 fixed, nothing is random, and the budget counts work, not time.
@@ -233,8 +234,141 @@ def _built(p: int, m: int, small: int, offsets: tuple[int, ...],
                       True, targets, 1))
     for label, base, c, c_i, fill, targets, deep in tries:
         got = reorder(p, small, base, c, c_i, fill=fill, warmup=targets, deep=deep)
-        if got is not None and (grown := extend(got[1], small, m, [6] * p)) is not None:
+        if got is None:
+            continue
+        if (grown := extend(got[1], small, m, [6] * p)) is not None:
             yield name + label, grown
+        if targets is not None and (waved := wave_cooldown(p, small, got[1], k)) is not None:
+            if (grown := extend(waved, small, m, [6] * p)) is not None:
+                yield name + label + " (cool-down wave)", grown
+
+
+def wave_cooldown(p: int, m: int, orders: list[list[Action]], k: int
+                  ) -> list[list[Action]] | None:
+    """``orders`` (V placement, ``m`` microbatches) with the cool-down laid out as a wave,
+    the controllable-memory paper's cool-down for a peak of ``k`` chunk activations: after
+    the last forward of the last stage (at unit time ``t0``, every pass one unit, no comm)
+    rank i runs the input gradients of its chunk-0 stage for the last ``ceil(k/2)``
+    microbatches at ``t0 + 2p - i - 2j`` (j = 0, 1, ...: a wave from rank p-1 down to
+    rank 0, two units apart, each I one unit after the one it waits for) and those of its
+    chunk-1 stage for the last ``min(i + 1, k - ceil(k/2))`` at ``t0 + 1 + i - 2j`` (the
+    wave up from rank 0). Every other pass keeps its unit time; the weight gradients of
+    the moved I and those after the rank's last forward wait in a pool. Then each rank
+    runs its passes in that time order, and in a hole (the next one not ready) a ready
+    pooled W (oldest first), else the first ready I it has later; a W or an I run early
+    never raises the memory (only a forward adds). None if the order stalls.
+
+    Under unit costs at p = 8, m = 32 this turns the adaptive stage's 213 (k = 9) and 207
+    (k = 11) into 212 and 206, the bound ``6m + 6p - 1 - 3k``: the cool-down had idle
+    units where the wave has none. The caller scores the result and checks the limit
+    (moving an I later keeps its activation longer).
+    """
+    S = 2 * p
+    start = _unit_times(p, orders)
+    if start is None:
+        return None
+    t0 = start[(S - 1, "F", m - 1)]
+    late0 = min(m, (k + 1) // 2)
+    target: dict[tuple[int, str, int], int] = {}
+    for i in range(p):
+        for j in range(late0):
+            target[i, "I", m - 1 - j] = t0 + 2 * p - i - 2 * j
+        for j in range(max(0, min(i + 1, k - late0, m))):
+            target[S - 1 - i, "I", m - 1 - j] = t0 + 1 + i - 2 * j
+    fixed, pools = [], []
+    for order in orders:
+        last_f = max(start[tuple(a)] for a in order if a.kind == "F")
+        row, pool = [], []
+        for n, a in enumerate(order):
+            key = tuple(a)
+            if a.kind == "W" and (start[key] > last_f or (a.stage, "I", a.microbatch) in target):
+                pool.append(a)
+            else:
+                row.append((target.get(key, start[key]), key in target, n, a))
+        row.sort()
+        fixed.append([x[3] for x in row])
+        pools.append(pool)
+    return _fill_holes(p, m, fixed, pools)
+
+
+def _deps(s: int, kind: str, j: int, S: int) -> tuple[tuple[int, str, int], ...]:
+    """What a pass waits for in the V placement's chain of ``S`` stages (``ir/deps.py``)."""
+    if kind == "F":
+        return () if s == 0 else ((s - 1, "F", j),)
+    if kind == "I":
+        return ((s, "F", j),) if s == S - 1 else ((s, "F", j), (s + 1, "I", j))
+    return ((s, "I", j),)
+
+
+def _unit_times(p: int, orders: list[list[Action]]) -> dict[tuple, int] | None:
+    """Each pass's start with every pass one unit, no comm, run in the given orders
+    (squeezed: as early as its order and its inputs allow); None if they stall."""
+    S = 2 * p
+    end: dict[tuple, int] = {}
+    start: dict[tuple, int] = {}
+    free, head = [0] * p, [0] * p
+    left = sum(len(o) for o in orders)
+    while left:
+        moved = False
+        for r in range(p):
+            while head[r] < len(orders[r]):
+                a = orders[r][head[r]]
+                deps = _deps(a.stage, a.kind, a.microbatch, S)
+                if any(d not in end for d in deps):
+                    break
+                t = max([free[r]] + [end[d] for d in deps])
+                start[tuple(a)], end[tuple(a)] = t, t + 1
+                free[r], head[r], left, moved = t + 1, head[r] + 1, left - 1, True
+        if not moved:
+            return None
+    return start
+
+
+def _fill_holes(p: int, m: int, fixed: list[list[Action]], pools: list[list[Action]]
+                ) -> list[list[Action]] | None:
+    """A unit-time list schedule: each rank runs ``fixed`` in order; when its next pass is
+    not ready it runs a ready W of its ``pool`` (in pool order), else the first ready I
+    later in ``fixed``; every stage's passes of a kind in microbatch order."""
+    S = 2 * p
+    done: dict[tuple, int] = {}
+    nxt: dict[tuple[int, str], int] = {}
+    head = [0] * p
+    ran: list[set] = [set() for _ in range(p)]
+    out: list[list[Action]] = [[] for _ in range(p)]
+    left = sum(len(f) + len(q) for f, q in zip(fixed, pools, strict=True))
+    t, idle = 0, 0
+
+    def ready(a: Action) -> bool:
+        return nxt.get((a.stage, a.kind), 0) == a.microbatch and all(
+            done.get(d, t + 1) <= t for d in _deps(a.stage, a.kind, a.microbatch, S))
+
+    while left:
+        picks = []
+        for r in range(p):
+            seq = fixed[r]
+            while head[r] < len(seq) and seq[head[r]] in ran[r]:
+                head[r] += 1
+            if head[r] < len(seq) and ready(seq[head[r]]):
+                picks.append(seq[head[r]])
+                continue
+            pick = next((a for a in pools[r] if a not in ran[r] and ready(a)), None)
+            if pick is None:
+                pick = next((a for a in seq[head[r]:] if a.kind == "I" and a not in ran[r]
+                             and ready(a)), None)
+            if pick is not None:
+                picks.append(pick)
+        idle = idle + 1 if not picks else 0
+        if idle > 1:  # nothing ran for two units: nothing will (unit passes)
+            return None
+        for a in picks:
+            done[tuple(a)] = t + 1
+            nxt[a.stage, a.kind] = a.microbatch + 1
+            r = a.stage if a.stage < p else S - 1 - a.stage
+            ran[r].add(a)
+            out[r].append(a)
+            left -= 1
+        t += 1
+    return out
 
 
 def warmup_targets(p: int, m: int, k: int) -> list[tuple[int, int]]:
