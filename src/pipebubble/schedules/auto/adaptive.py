@@ -390,6 +390,7 @@ def _build_cost(p: int, m: int, small: int, times: tuple[list[int], ...],
     caller's scoring of the whole order by the simulator's kernel (vectorised: about a
     tenth of a unit an action). The deep warm-up's list schedule is not charged: the
     blocks a budget builds stay the ones measured before it was added (charging it cost
-    p = 16, m = 64, k = 13 under unit costs a pass: 443 against 442)."""
+    p = 16, m = 64, k = 13 under unit costs a pass: 443 against 442); nor is the cool-down
+    wave's (:func:`wave_cooldown`, two passes: charging them costs the same row the same)."""
     passes = 5 if k is not None and k >= max(steady_peaks(p, times)) else 3
     return passes * 6 * p * small + 0.6 * p * m
