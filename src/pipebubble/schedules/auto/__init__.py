@@ -142,7 +142,8 @@ def auto_schedule(
 
     The answer is deterministic, so the last :data:`REMEMBER` answers are kept: an
     identical request (same ranks, microbatches, costs, limit, placement, windows and
-    budget, the costs hashable) returns a copy of the earlier schedule without searching.
+    budget; costs of numbers and lists of numbers) returns a copy of the earlier schedule
+    without searching.
 
     Raises ScheduleError naming the smallest feasible limit when ``memory_limit`` is below it.
     """
@@ -161,13 +162,22 @@ def auto_schedule(
 
 
 def _request_key(*request) -> tuple | None:
-    """The request as a dict key (a list of limits as a tuple); None if unhashable."""
-    key = tuple(tuple(x) if isinstance(x, list) else x for x in request)
+    """The request as a dict key (lists as tuples, a CostModel as its fields, which the
+    planner passes as per-stage lists); None if something in it is unhashable."""
+    key = _frozen(request)
     try:
         hash(key)
     except TypeError:
         return None
     return key
+
+
+def _frozen(x):
+    if isinstance(x, list | tuple):
+        return tuple(_frozen(v) for v in x)
+    if isinstance(x, CostModel):
+        return (CostModel, *(_frozen(getattr(x, f.name)) for f in dataclasses.fields(x)))
+    return x
 
 
 def _copy(sched: Schedule) -> Schedule:
