@@ -186,20 +186,21 @@ def test_greedy_clock_agrees_with_the_simulator(placement):
     assert ran >= 4
 
 
-@pytest.mark.parametrize("f", [1.0, [1.0, 1.5, 1.0, 1.0, 1.5, 1.0]])  # lists: the planner's
+@pytest.mark.parametrize("f", [1.0, [1.0, 1.5, 1.5, 1.0]])  # lists: the planner's
 def test_identical_request_is_remembered_not_searched(monkeypatch, f):
     import pipebubble.schedules.auto as auto
 
     costs = CostModel(f=f, b=2, w=1, comm=0.1)
-    first = auto_schedule(3, 6, costs, memory_limit=3, placement="v")
+    first = auto_schedule(2, 4, costs, memory_limit=3, placement="v", mip_windows=False)
 
     def no_search(*args, **kwargs):
         raise AssertionError("searched again")
 
     monkeypatch.setattr(auto, "_search", no_search)
-    again = auto_schedule(3, 6, CostModel(f=list(f) if isinstance(f, list) else f, b=2, w=1,
-                                          comm=0.1), memory_limit=3.0, placement="v")
+    again = auto_schedule(2, 4, CostModel(f=list(f) if isinstance(f, list) else f, b=2, w=1,
+                                          comm=0.1), memory_limit=3.0, placement="v",
+                          mip_windows=False)
     assert again == first and again.options["auto"] == first.options["auto"]
     assert again.options is not first.options  # the caller's own options dict
     with pytest.raises(AssertionError, match="searched again"):  # another limit: a search
-        auto_schedule(3, 6, costs, memory_limit=2.5, placement="v")
+        auto_schedule(2, 4, costs, memory_limit=2.5, placement="v", mip_windows=False)
