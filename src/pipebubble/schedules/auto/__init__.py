@@ -14,7 +14,8 @@ chunks per rank, as ZB-V), whichever is faster. Candidates:
   memory it is given (Zero Bubble's heuristic, both placements);
 - in the V placement, the adaptive building-block search (:mod:`.adaptive`): many blocks
   of the V-Half/V-Min family, the most memory that fits first, each repeated with its
-  warm-up and cool-down reordered, within ``search_seconds``;
+  warm-up and cool-down reordered (and under a limit with the paper's cool-down wave),
+  within ``search_seconds``;
 - on small instances (up to 300 actions), a local search (:mod:`.improve`) from the three
   best orders of each placement: simulated annealing over moves of one action within its
   rank, swaps of two, and the same move on every rank, then a hill climb; seeded by the
@@ -30,7 +31,8 @@ chunks per rank, as ZB-V), whichever is faster. Candidates:
 Every candidate is scored by the one simulator (:func:`pipebubble.sim.simulate`) with the
 same costs (the greedy's own clock, the same rule, only steers its choices); the fastest
 (then the one with least idle time inside the ranks' spans) wins, is re-simulated,
-validated and returned as a Schedule named ``auto`` whose ``options["auto"]`` is its
+validated and returned as a Schedule named ``auto`` (the last :data:`REMEMBER` answers are
+kept: an identical request is answered again without searching) whose ``options["auto"]`` is its
 :class:`Provenance`: the winning generator, the search stages that ran (time and gain of
 each), the placement, the step time and the provable lower bound (:mod:`.bounds`, named by
 kind) with the gap to it. ``auto`` is registered: ``get_schedule("auto", ranks,
