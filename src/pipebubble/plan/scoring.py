@@ -183,8 +183,9 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
     def _simulate(self, c: Config, sched: Schedule, pr: Priced, budget: float,
                   threshold: float) -> Plan | None:
         """Simulate the cut (:func:`~pipebubble.plan.pipeline_axis.run_pipeline`): step time =
-        ``max_r (end_r + exposed data-parallel traffic_r + optimizer step_r)``, peak per rank = static + the
-        simulated activation peak. None unless it fits ``budget`` and beats ``threshold``."""
+        ``max_r (end_r + exposed data-parallel traffic_r + optimizer step_r)``, peak per
+        rank = static + the simulated activation peak. None unless it fits ``budget`` and
+        beats ``threshold``."""
         co = pr.costs
         key = (id(sched), tuple(co.f), tuple(co.b), tuple(co.w), co.comm,
                tuple(co.activation_memory), tuple(co.weight_memory))
