@@ -22,7 +22,11 @@ LLAMA_TINY = {"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 256,
 def test_presets_carry_the_data_sheet_numbers():
     assert set(PRESETS) >= {"a100-40gb", "a100-80gb", "h100-sxm", "h200", "b200", "mi300x"}
     assert get_hardware("a100-80gb").peak_flops == 312e12
-    assert get_hardware("h200").memory == 141e9 and get_hardware("b200").peak_flops == 2250e12
+    # memory as the driver reports it: H100 80 GB has 81,559 MiB, H200 143,771 MiB
+    assert get_hardware("h100-sxm").memory == 81559 * 2**20
+    assert get_hardware("h200").memory == 143771 * 2**20
+    assert get_hardware("a100-80gb").memory == 80 * 2**30
+    assert get_hardware("b200").peak_flops == 2250e12
     assert get_hardware("h100-sxm", gpus_per_node=4).gpus_per_node == 4
 
 
@@ -170,3 +174,60 @@ def test_a_v_placed_csv_order_names_a_class_that_places_stages_v_wise(tiny, caps
         else:
             assert par["pipeline_parallel_schedule"] == "1F1B"
     assert seen == {"v-half", "zb-h1"}
+
+
+def _gpt_plan(pp: int, dp: int = 1, sharding: str = "ddp", tied: bool = True):
+    """The best plan of a small GPT (tied or not) on A100s at a fixed pp, dp, sharding."""
+    from pipebubble.plan.analytic import shape_profile
+    from pipebubble.plan.layercosts import ProfileSet
+    from pipebubble.plan.planner import Request, search
+
+    shape = TransformerShape(layers=4, hidden=1024, ffn=4096, heads=16, vocab=50000,
+                             tied_embeddings=tied, swiglu=False, positions=1024, dropout=True,
+                             biases=True)
+    prof = ProfileSet([shape_profile(shape, 1024, 1)])
+    req = Request(gpus=pp * dp, gpu_memory=80 * 2**30, global_batch=8 * dp,
+                  microbatch_sizes=(1,), schedules=("1f1b",), recompute=("none",), tp=(1,),
+                  cp=(1,), pp=(pp,), shardings=(sharding,), top=1)
+    return shape, search(prof, req, get_hardware("a100-80gb")).plans[0]
+
+
+def test_the_optimizer_step_is_priced_by_hand():
+    """pp = 1, dp = 1: nothing else follows the pipeline, so the step is the pipeline plus
+    Adam over every parameter at 2 g + 2 o + w = 30 bytes (2 : 2 : 12) through HBM."""
+    from pipebubble.plan.optimizer import step_time
+
+    shape, plan = _gpt_plan(1)
+    hbm = get_hardware("a100-80gb").hbm_bandwidth
+    adam = shape.total_params() * 30 / hbm
+    assert plan.step_time - plan.pipeline_time == pytest.approx(adam, rel=1e-9)
+    # sharded: each of N ranks updates 1 / N of the states; hsdp over its shard group
+    assert step_time(8e9, "zero1", 8, (2, 2, 12), hbm) == pytest.approx(1e9 * 30 / hbm)
+    assert step_time(8e9, "fsdp", 8, (2, 2, 12), 0.0) == 0.0  # no HBM rate: not priced
+
+
+def test_a_tied_embedding_is_copied_to_the_last_stage_at_pp_2():
+    """Megatron-LM at pp > 1: the head's stage keeps a copy of the tied embedding (weights,
+    gradients, optimizer state) and all-reduces its gradient with the first stage after the
+    backward; at pp = 1 (or untied) there is one copy and no such all-reduce."""
+    from pipebubble.plan.axes import Axes, Point
+
+    shape, plan = _gpt_plan(2)
+    copy = shape.vocab * shape.hidden
+    layers = [shape.embedding_params(), *[shape.block_params()] * shape.layers,
+              shape.head_params()]
+    held = [sum(layers[a:b + 1]) for a, b in plan.ranges]
+    assert plan.memory[0]["weights"] == pytest.approx(2 * held[0])
+    assert plan.memory[1]["weights"] == pytest.approx(2 * (held[1] + copy))
+    assert plan.memory[1]["optimizer"] == pytest.approx(12 * (held[1] + copy))
+    net = Network.of(get_hardware("a100-80gb"))
+    t = Axes(Point(), net).tied_allreduce(1, 2, copy)
+    assert t == allreduce(4 * copy, 2, net.hop(1)) > 0
+    assert plan.step_time >= plan.pipeline_time + t  # rank 0 ends the pipeline, then waits
+    _, one = _gpt_plan(1)
+    assert one.memory[0]["weights"] == pytest.approx(2 * shape.total_params())
+    untied, plain = _gpt_plan(2, tied=False)  # its head holds its own matrix: no copy
+    layers = [untied.embedding_params(), *[untied.block_params()] * untied.layers,
+              untied.head_params()]
+    assert plain.memory[1]["weights"] == pytest.approx(
+        2 * sum(layers[plain.ranges[1][0]:plain.ranges[1][1] + 1]))

@@ -99,6 +99,12 @@ def test_table_output(small_profile, capsys):
      "--global-batch 7 cannot be split into microbatches"),
     (["--gpus", "4", "--global-batch", "16", "--gpu-memory", "1MiB"],
      "nothing fits in --gpu-memory 0.00GiB per GPU: the least memory any plan needs"),
+    # the batch splits, but only into pipelines deeper than the 10 layers: say so
+    (["--gpus", "1048576", "--global-batch", "64"],
+     "--gpus 1048576 leaves a pipeline of at least 16384 stages: --global-batch 64 allows at "
+     "most dp = 64"),
+    (["--gpus", "1048576", "--global-batch", "64"], "use at most 640 GPUs"),
+    (["--gpus", "64", "--global-batch", "64", "--pp", "16"], "(--pp 16, --dp any"),
     (["--gpus", "4", "--global-batch", "16", "--schedules", "nope"], "unknown schedule 'nope'"),
     (["--gpus", "4", "--global-batch", "16", "--recompute", "sometimes"],
      "unknown --recompute 'sometimes'; valid are none, selective, full"),

@@ -14,14 +14,15 @@ Tolerances, and why:
   pipeline; the backward is the part the model prices least directly (the overlap of TP
   collectives with weight gradients).
 - Known misses, asserted as what they are, with their cause checked: the 22B row (one
-  microbatch, pp 1: the optimizer step and the embedding and head, which the step prices
-  partly or not at all, show in full: over-predicted, within 15 %; Table 4's own layer times
-  sum to 0.97 of the 1.10 s step); BLOOM (over-predicted, within 12 %: no single named cost
-  explains it, see the README); Llama 3 on
-  8,192 GPUs (32 microbatches per pipeline: the interleaved schedule does not fit 80 GB
-  without recomputation in the memory model, so the planner prices 1F1B; with the budget
-  lifted, interleaved is within 5 %); torchtitan (a 500 W HBM2e H100 in eager mode, not the
-  preset: only the ratio between 8 and 128 GPUs is checked, within 5 %).
+  microbatch, pp 1: what surrounds the blocks shows in full; with the optimizer step priced
+  it is over-predicted by about 10 %, asserted within 12 %; Table 4's own layer times sum to
+  0.97 of the 1.10 s step); BLOOM (over-predicted, within 12 %: no single named cost explains
+  it, see the README); Llama 3 on 8,192 GPUs (32 microbatches per pipeline: at the paper's
+  layout, one block a chunk, v = 8, the interleaved schedule needs more than the budget, the
+  H100's 79.65 GiB less the 5 % reserve, though less than the GPU, so the planner prices
+  1F1B; with the budget lifted, interleaved v = 8 is within 5 %); torchtitan (a 500 W HBM2e
+  H100 in eager mode, not the preset: only the ratio between 8 and 128 GPUs is checked,
+  within 5 %).
 """
 
 from dataclasses import replace
@@ -125,16 +126,18 @@ def test_korthikanti_per_layer_times(efficiency):
 
 
 def test_known_misses_have_the_named_causes(efficiency, rows):
-    assert 0 < rows["22B"]["error"] < 0.15
+    assert 0 < rows["22B"]["error"] < 0.12
     assert 0 < rows["176B"]["error"] < 0.12
     # Llama 3 on 8,192 GPUs: the planner falls back to 1F1B because interleaved does not fit.
     eight = rows["405B 8K 8k"]
     assert eight["plan"].schedule == "1f1b" and eight["error"] < -0.1
     run = RUNS["405B 8K 8k"]
-    roomy = replace(run, config=run.config + ",schedule=interleaved-1f1b,v=4",
+    roomy = replace(run, config=run.config + ",schedule=interleaved-1f1b,v=8",
                     hardware=(("memory", 100 * 2**30),))
     plan = predict_config(roomy, efficiency["h100-sxm"])
-    assert max(plan.peak_memory) > 80 * 2**30 * 0.95  # more than the real budget
+    gpu = get_hardware("h100-sxm").memory
+    assert gpu * 0.95 < max(plan.peak_memory) < gpu  # over the budget, under the GPU
+    assert plan.ranges[0] == (0, 0) and plan.ranges[-1] == (127, 127)  # the paper's layout
     assert abs(run.step / plan.step_time - 1) < 0.05
     # torchtitan: over-predicted (another GPU), but the 8 -> 128 GPU scaling is right.
     t1, t3 = rows["8B FSDP 8"], rows["8B FSDP 128"]

@@ -11,9 +11,10 @@ vocabulary, ``s`` sequence length, ``b`` microbatch size, ``t = s b`` tokens.
 
 **Parameters** (LLaMA: no biases, RMSNorm, SwiGLU MLP with three matrices):
 
-- embedding ``V h``; head ``V h`` (0 with tied embeddings: exact for pp = 1; with pp > 1
-  Megatron keeps a second copy on the last stage, which this count leaves out); final norm
-  ``h``;
+- embedding ``V h``; head ``V h`` (0 with tied embeddings: the profile counts the model
+  once; with pp > 1 Megatron keeps a second copy on the last stage, which the planner adds
+  to that stage's rank, :class:`~pipebubble.plan.layercosts.LayerCosts` ``tied``); final
+  norm ``h``;
 - one block: attention ``2 h^2 + 2 h k d`` (Q and O are ``h x h``, K and V ``h x k d``),
   MLP ``3 h f`` (``2 h f`` for a GELU MLP, ``swiglu=False``), two norms ``2 h``.
 

@@ -8,7 +8,11 @@ the microbatch size, schedule, chunks and recompute. What it needs from the poin
   (:func:`~pipebubble.plan.memory.model_state_bytes`, over ``dp x cp`` ranks);
 - :meth:`Axes.sync`: the data-parallel traffic and its overlap (:mod:`~pipebubble.plan.sharding`);
 - :meth:`Axes.hop`: the link between consecutive pipeline stages, ``tp x cp x dp`` ranks apart
-  (:mod:`~pipebubble.plan.network`: TP innermost, then CP, DP, PP outermost).
+  (:mod:`~pipebubble.plan.network`: TP innermost, then CP, DP, PP outermost);
+- :meth:`Axes.optimizer_time`: the Adam step of a rank's parameters under the sharding, at
+  ``hbm`` bytes/s (:mod:`~pipebubble.plan.optimizer`; 0 without ``--gpu`` or under ``--mfu``);
+- :meth:`Axes.tied_allreduce`: a tied embedding's gradient all-reduce between the first and
+  the last pipeline stage (when they are on different ranks).
 
 Without ``--gpu`` (a measured profile, or an analytic one at a fixed rate) the point is
 tp = cp = 1 and the network one level: ``--allreduce-bandwidth`` for the data-parallel
@@ -20,7 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .memory import model_state_bytes
-from .network import Link, Network
+from .network import Link, Network, allreduce
+from .optimizer import step_time
 from .sharding import Sync, hsdp_shard
 
 
@@ -39,6 +44,7 @@ class Axes:
     state_bytes: tuple[float, float, float] = (2.0, 2.0, 12.0)  # weights, grads, optimizer
     grad_bytes: float = 4.0
     p2p: Link | None = None  # one link for every hop (no --gpu); None: the network's
+    hbm: float = 0.0  # HBM bytes/s for the optimizer step; 0: not priced
 
     def shard(self, dp: int) -> int:
         """Ranks sharing the model states: ``dp x cp`` (hsdp: its shard group, 0 if none)."""
@@ -61,3 +67,20 @@ class Axes:
             return self.p2p
         pt = self.point
         return self.net.hop(pt.tp * pt.cp * dp)
+
+    def optimizer_time(self, dp: int, params: float) -> float:
+        """Seconds of the optimizer step of a rank with ``params`` local parameters."""
+        pt = self.point
+        n = self.shard(dp)
+        return step_time(params, "ddp" if pt.sharding == "hsdp" and n == 0 else pt.sharding,
+                         n, self.state_bytes, self.hbm)
+
+    def tied_allreduce(self, dp: int, pp: int, params: float) -> float:
+        """The all-reduce of a tied embedding's ``params`` gradients between the first and
+        the last of ``pp`` stages (Megatron-LM's embedding group, after the data-parallel
+        reduction and not overlapped), ``tp x cp x dp x (pp - 1)`` ranks apart."""
+        if params <= 0 or pp <= 1:
+            return 0.0
+        pt = self.point
+        link = self.p2p or self.net.hop(pt.tp * pt.cp * dp * (pp - 1))
+        return allreduce(self.grad_bytes * params, 2, link)

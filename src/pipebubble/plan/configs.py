@@ -55,8 +55,14 @@ class Configs:
                                          pt.tp, pt.sp, pt.cp, pt.sharding)
 
     def nothing_divides(self) -> str:
-        """The error when no configuration exists: the global batches that would split."""
+        """The error when no configuration exists: the limit that rules every split out
+        (a pipeline deeper than the layers, too many microbatches), else the global batches
+        that would split."""
         r, G = self.req, self.gpus
+        splits = [(pp, G // pp, s) for pp in limits.divisors(G) for s in r.microbatch_sizes
+                  if not r.global_batch % (G // pp * s)]
+        if splits:
+            return _why_no_split(r, G, self.L, splits, self.point)
         pairs = sorted({(G // pp) * s for pp in limits.divisors(G)
                         for s in r.microbatch_sizes})
         B = r.global_batch
@@ -67,3 +73,29 @@ class Configs:
                 f"of dp x microbatch size for some dp dividing --gpus {r.gpus} and "
                 f"--microbatch-size {','.join(map(str, r.microbatch_sizes))}, i.e. of one of "
                 f"{', '.join(map(str, pairs))} (nearest: {near})")
+
+
+def _why_no_split(r, G: int, L: int, splits: list, pt) -> str:
+    """The batch splits (``splits``: (pp, dp, microbatch size)), but each split is ruled
+    out: name the first limit every one of them breaks."""
+    B, ranks = r.global_batch, f"--gpus {r.gpus}" + (f" / (tp x cp = {pt.tp * pt.cp})"
+                                                     if pt.tp * pt.cp > 1 else "")
+    if all(pp > L for pp, _, _ in splits):
+        dp = max(d for _, d, _ in splits)
+        need = min(d for d in limits.divisors(G) if G // d <= L)
+        return (f"{ranks} leaves a pipeline of at least {G // dp} stages: --global-batch {B} "
+                f"allows at most dp = {dp} (dp x microbatch size must divide it), and pp = "
+                f"GPUs / dp must be at most the profile's {L} layers; use at most "
+                f"{L * dp * pt.tp * pt.cp} GPUs or a --global-batch that is a multiple of "
+                f"{need} x microbatch size (dp >= {need})")
+    if all(not limits.plan_microbatches_ok(B // (d * s)) for _, d, s in splits):
+        return (f"--global-batch {B} over these GPUs gives more than "
+                f"{limits.MAX_PLAN_MICROBATCHES:,} microbatches per pipeline for every split: "
+                "use larger --microbatch-size values or more GPUs")
+    return (f"no configuration of {ranks} and --global-batch {B} passes the restrictions "
+            f"(--pp {_list(r.pp)}, --dp {_list(r.dp)}, --max-chunks {r.max_chunks}, "
+            f"at most {L} layers over pp x chunks stages)")
+
+
+def _list(values) -> str:
+    return ",".join(map(str, values)) if values else "any"

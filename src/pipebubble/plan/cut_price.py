@@ -101,17 +101,27 @@ class Pricing:
             split = self.split(sched)
         head, tail, busy, late, rank_params, trans, fwd, bwd = self._rank_sums(
             sched, lc, ranges, costs, split)
+        where = np.asarray(sched.stage_to_rank)
+        ends = [(where[s], where[s + len(ranges) - 1]) for s in range(0, len(where),
+                                                                       len(ranges))]
+        copies = [b for a, b in ends if a != b] if lc.tied else []  # tied embedding copies
+        if copies:  # on the head's rank (layercosts.LayerCosts.tied); Axes.tied_allreduce
+            rank_params = [P + lc.tied * copies.count(r) for r, P in enumerate(rank_params)]
         if c.dp * c.cp == 1:
             ar = [0.0] * c.pp
         else:
             ar = [self._exposed(c, P, f, b) for P, f, b in zip(rank_params, fwd, bwd,
                                                                 strict=True)]
+        for a, b in ends if copies else ():
+            t = self.axes.tied_allreduce(c.dp, c.pp, lc.tied) if a != b else 0.0
+            ar = [x + t * ((r == a) + (r == b)) for r, x in enumerate(ar)]
         bound = max(max(h + b + a, h + b - w + t) for h, b, a, w, t in
                     zip(head, busy, ar, late, tail, strict=True))
         bpp = self.axes.bytes_per_param(c.dp)
-        where = np.asarray(sched.stage_to_rank)
         # bincount adds in stage order, as ``static[r] += bpp x params[s]`` would
         static = np.bincount(where, weights=bpp * params, minlength=c.pp).tolist()
+        for r in copies:
+            static[r] += bpp * lc.tied
         return Priced(ranges, costs, bound, [x + t for x, t in zip(static, trans, strict=True)],
                       ar, rank_params)
 

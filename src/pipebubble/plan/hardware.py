@@ -22,8 +22,8 @@ Every numeric field can be overridden from the command line (``--peak-tflops``, 
 ``--inter-node-bandwidth``, ``--inter-node-latency``).
 
 >>> h = get_hardware("h100-sxm")
->>> h.peak_flops / 1e12, h.memory / 2**30, h.gpus_per_node
-(989.0, 80.0, 8)
+>>> h.peak_flops / 1e12, round(h.memory / 2**30, 2), h.gpus_per_node
+(989.0, 79.65, 8)
 >>> get_hardware("a100-80gb", gpus_per_node=4).gpus_per_node
 4
 """
@@ -37,6 +37,7 @@ from ..errors import UserError
 
 GB = 1e9
 GIB = 2**30
+MIB = 2**20
 
 
 @dataclass(frozen=True)
@@ -89,12 +90,15 @@ PRESETS: dict[str, Hardware] = {h.name: h for h in (
     # name          TFLOP/s  mem  HBM TB/s  NVLink GB/s  per-GPU NIC GB/s  GEMM eff.
     _gpu("a100-40gb", 312, 40, 1.555, 300, 25, 0.80),   # NVLink3, 200 Gb/s HDR
     _gpu("a100-80gb", 312, 80, 2.039, 300, 25, 0.80),
-    _gpu("h100-sxm", 989, 80, 3.35, 450, 50, 0.70),     # NVLink4, 400 Gb/s NDR
-    _gpu("h200", 989, 141, 4.8, 450, 50, 0.70, GB),
+    _gpu("h100-sxm", 989, 81559, 3.35, 450, 50, 0.70, MIB),  # NVLink4, 400 Gb/s NDR
+    _gpu("h200", 989, 143771, 4.8, 450, 50, 0.70, MIB),
     _gpu("b200", 2250, 180, 8.0, 900, 50, 0.70, GB),    # NVLink5, 400 Gb/s
     _gpu("mi300x", 1307, 192, 5.3, 448, 50, 0.60, GB),  # Infinity Fabric
 )}
-"""The presets (memory in the vendor's unit: GiB for A100/H100 80 GB, GB for the rest)."""
+"""The presets. Memory is what the driver reports (NVML, ``nvidia-smi``) where known: A100
+80 GB and 40 GB 81,920 and 40,960 MiB (80 and 40 GiB), H100 80 GB 81,559 MiB (79.65 GiB, not
+80), H200 143,771 MiB (140.4 GiB, not 141 GB) (Modal, "Why does an NVIDIA H100 80GB card offer
+85.52 GB?", their table of NVML totals); the vendor's GB for B200 and MI300X."""
 
 
 def get_hardware(name: str, **overrides) -> Hardware:

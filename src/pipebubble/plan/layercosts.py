@@ -48,7 +48,11 @@ class LayerCosts:
     ``f``, ``i``, ``w``: seconds of F, I (recomputation included) and W per microbatch;
     ``act``: bytes F keeps until the backward; ``act_w``: of those, what W still needs;
     ``out``: bytes sent to the next stage; ``params``: parameter count; ``transient``: bytes
-    re-materialised while the layer's backward runs (recomputation only).
+    re-materialised while the layer's backward runs (recomputation only); ``tied``: the
+    local parameters of a tied embedding's copy, which the stage holding the head keeps
+    when it is not on the embedding's rank (Megatron-LM at pp > 1: the copy's weights,
+    gradients and optimizer state, and an all-reduce of its gradient with the first
+    stage); 0 when the embedding is not tied.
     """
 
     f: np.ndarray
@@ -59,6 +63,7 @@ class LayerCosts:
     out: np.ndarray
     params: np.ndarray
     transient: np.ndarray
+    tied: float = 0.0
 
     @property
     def work(self) -> np.ndarray:
@@ -94,6 +99,9 @@ class ProfileSet:
                                  for p in by_batch.values() for layer in p.layers)
         self._fields = {b: _fields(by_batch[b]) for b in self.batches}
         self._cache: dict[tuple[int, str], LayerCosts] = {}
+        model = self.profile.metadata.get("model")
+        self.tied = (float(model["vocab"] * model["hidden"]) if isinstance(model, dict)
+                     and model.get("tied_embeddings") else 0.0)  # analytic profiles only
 
     def __len__(self) -> int:
         return len(self.names)
@@ -127,7 +135,8 @@ class ProfileSet:
             self._cache[key] = LayerCosts(
                 f=v["forward"], i=i, w=v["weight_backward"], act=act,
                 act_w=np.minimum(v["weight_activation_bytes"], act), out=v["output_bytes"],
-                params=self.params, transient=np.maximum(act_none - act, 0.0))
+                params=self.params, transient=np.maximum(act_none - act, 0.0),
+                tied=self.tied)
         return self._cache[key]
 
     def _interpolate(self, size: int) -> dict[str, np.ndarray]:

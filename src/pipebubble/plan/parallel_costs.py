@@ -64,6 +64,7 @@ class ParallelCosts:
         block = shape.block_matmul_params() / t + (shape.block_params()
                                                    - shape.block_matmul_params())
         self.params = np.array([emb, *([block] * L), head], dtype=np.float64)
+        self.tied = shape.vocab * h / t if shape.tied_embeddings else 0.0  # the head's copy
         self._cache: dict[tuple[int, str], LayerCosts] = {}
 
     def __len__(self) -> int:
@@ -143,7 +144,7 @@ class ParallelCosts:
             act=col(a_emb, a_keep, a_head), act_w=col(0.0, a_w, min(a_head, 2 * s * b / cp
                                                                         * sh.hidden)),
             out=col(out, out, 0.0), params=self.params,
-            transient=col(0.0, a_none - a_keep, 0.0))
+            transient=col(0.0, a_none - a_keep, 0.0), tied=self.tied)
         self._cache[key] = lc
         return lc
 

@@ -149,18 +149,19 @@ def build_points(profiles, req: Request, hardware: Hardware | None = None,
                                       profile=profiles.profile)
                 for s in shardings:
                     pt = Point(tp, sp, cp, s)
-                    out.append((pt, costs, hardware_axes(req, pt, hardware)))
+                    out.append((pt, costs, hardware_axes(req, pt, hardware, mfu is None)))
     if not out:
         raise UserError(f"no --tp x --cp divides --gpus {req.gpus} with the model's "
                         f"{shape.heads} heads and sequence {seq}")
     return out
 
 
-def hardware_axes(req: Request, pt: Point, hw: Hardware) -> Axes:
+def hardware_axes(req: Request, pt: Point, hw: Hardware, hbm: bool = True) -> Axes:
     """The axes on a GPU preset: the two-level network, states 2 : 2 : 12 of
-    ``--bytes-per-param``."""
+    ``--bytes-per-param``, the optimizer step on its HBM (not with ``hbm`` off: ``--mfu``)."""
     bpp = req.bytes_per_param
-    return Axes(pt, Network.of(hw), (bpp / 8, bpp / 8, bpp * 3 / 4), req.grad_bytes)
+    return Axes(pt, Network.of(hw), (bpp / 8, bpp / 8, bpp * 3 / 4), req.grad_bytes,
+                hbm=hw.hbm_bandwidth if hbm else 0.0)
 
 
 def model_of(profiles) -> tuple[TransformerShape | None, int | None, bool]:

@@ -227,7 +227,11 @@ def published_runs() -> tuple[Run, ...]:
     # Section 3.3.2 also gives: FSDP sharding optimizer states and gradients, weights not
     # resharded after forward (zero2 here); the interleaved schedule; 8K sequences trained
     # without activation checkpointing; CP by all-gathering K and V (not a ring). H100 80 GB,
-    # 400 Gb/s per GPU (section 3.3.1).
+    # 400 Gb/s per GPU (section 3.3.1). The layout (section 3.3.2, "memory imbalance"): one
+    # block fewer on the first and the last stage, so that the first chunk of the first rank
+    # holds the embedding alone and the last chunk of the last rank the head and loss alone.
+    # With chunks of equal size that is one unit a chunk: 126 blocks + 2 = 128 = PP 16 x 8
+    # chunks, so v up to 8 is searched (the paper does not print V; v = 8 is inferred).
     for gpus, cp, dp, seq, per_dp, tflops, rec in (
             (8192, 1, 64, 8192, 32, 430, ",recompute=none"),
             (16384, 1, 128, 8192, 16, 400, ",recompute=none"),
@@ -238,8 +242,10 @@ def published_runs() -> tuple[Run, ...]:
                         seq, gpus, batch,
                         "h100-sxm", f"tp=8,cp={cp},pp=16,dp={dp},sharding=zero2{rec}",
                         "TFLOP/s", tflops, step,
-                        search=(("schedules", ("interleaved-1f1b", "1f1b")),),
-                        note="mbs, v" + (", recompute" if not rec else "") + ", sp searched"))
+                        search=(("schedules", ("interleaved-1f1b", "1f1b")),
+                                ("max_chunks", 8)),
+                        note="mbs, v (up to 8: the paper's layout)" + (
+                            ", recompute" if not rec else "") + ", sp searched"))
     # torchtitan docs/performance.md (github.com/pytorch/torchtitan, last at 820504e20^):
     # Llama 3.1 8B, FSDP (1D), local batch 2, selective activation checkpointing, bf16 (no
     # Float8, no torch.compile), seq 8192 (train_configs/llama3_8b.toml at the commit the
@@ -273,7 +279,8 @@ def _setup(run: Run, efficiency: float, top: int = 1):
                                      attention="flash" if run.flash else "unfused")])
     extra = dict(run.search)
     req = Request(gpus=run.gpus, gpu_memory=hw.memory * 0.95, global_batch=run.batch,
-                  microbatch_sizes=(1, 2, 4), max_chunks=4, recompute=None, grad_bytes=4.0,
+                  microbatch_sizes=(1, 2, 4), max_chunks=extra.pop("max_chunks", 4),
+                  recompute=None, grad_bytes=4.0,
                   schedules=extra.pop("schedules", tuple(n for n in schedule_list(None)
                                                          if n != "auto")), top=top, **extra)
     return prof, req, hw

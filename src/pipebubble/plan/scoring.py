@@ -183,8 +183,9 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
     def _simulate(self, c: Config, sched: Schedule, pr: Priced, budget: float,
                   threshold: float) -> Plan | None:
         """Simulate the cut (:func:`~pipebubble.plan.pipeline_axis.run_pipeline`): step time =
-        ``max_r (end_r + exposed data-parallel traffic_r)``, peak per rank = static + the
-        simulated activation peak. None unless it fits ``budget`` and beats ``threshold``."""
+        ``max_r (end_r + exposed data-parallel traffic_r + optimizer step_r)``, peak per
+        rank = static + the simulated activation peak. None unless it fits ``budget`` and
+        beats ``threshold``."""
         co = pr.costs
         key = (id(sched), tuple(co.f), tuple(co.b), tuple(co.w), co.comm,
                tuple(co.activation_memory), tuple(co.weight_memory))
@@ -193,7 +194,9 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
             self.simulated += 1
             got = self._runs[key] = (sched, run_pipeline(sched, co))
         run = got[1]
-        step = float(max(e + x for e, x in zip(run.rank_end, pr.exposed, strict=True)))
+        opt = [self.axes.optimizer_time(c.dp, P) for P in pr.rank_params]  # optimizer.py
+        step = float(max(e + x + o for e, x, o in zip(run.rank_end, pr.exposed, opt,
+                                                       strict=True)))
         peaks = [float(x + a) for x, a in zip(pr.static, run.peak_activations, strict=True)]
         if step >= threshold or not all(fits_limit(x, budget) for x in peaks):
             return None
