@@ -21,8 +21,12 @@ a distributed run computes the same. Budgets are numbers of evaluations.
 
 Each evaluation asks the evaluation core (:class:`~pipebubble.sim.program.Compiled`,
 compiled once per search): it re-times only what the move changed, with the simulator's
-own numbers; an order that deadlocks scores as infinite. Memory is the core's walk
-(:func:`~pipebubble.sim.program.memory_peak`) under its one tolerance.
+own numbers; an order that deadlocks scores as infinite. It reads the step time first and
+the sum of ends only when the step does not decide (a tie, or an annealing draw the step
+alone cannot refuse), so a move the core answers from the tails and the search refuses is
+taken back without a re-time (on programs of ``Compiled.TAILS_FROM`` steps and more;
+below, every move is re-timed, which measured faster). Memory
+is the core's walk (:func:`~pipebubble.sim.program.memory_peak`) under its one tolerance.
 """
 
 from __future__ import annotations
