@@ -156,6 +156,8 @@ def _last_difference(a: list[int], b: list[int]) -> int:
 class Compiled:
     """``schedule`` under ``costs``, compiled once (validated on the way): step time,
     per-rank peaks, ``fits(limits)``, and incremental re-timing of changed orders.
+    ``tails_from``: the size (steps) from which moves are answered from the tails
+    (default :attr:`TAILS_FROM`).
 
     Orders are lists of *step ids*: ``steps[i]`` is the Action or Overlap with id ``i``
     (numbered rank after rank in the schedule's order); ``orders[r]`` is rank r's current
@@ -163,7 +165,8 @@ class Compiled:
     gives the current one.
 
     >>> from pipebubble.schedules import get_schedule
-    >>> c = Compiled(get_schedule("zb-h1", ranks=2, microbatches=4), CostModel(comm=0.5))
+    >>> c = Compiled(get_schedule("zb-h1", ranks=2, microbatches=4), CostModel(comm=0.5),
+    ...              tails_from=0)  # (small: answered from the tails only when asked to)
     >>> c.step_time, c.swap(0, 1, 2), c.swap(0, 1, 2)  # 0F1 0I0 traded, then back
     (15.0, 17.0, 15.0)
     >>> c.counts["lazy"], c.counts["cancelled"], c.counts["re-timed"]
@@ -175,8 +178,11 @@ class Compiled:
     SMALL = 4096  # steps: below this, every re-time is the kernel's loop over them all
     WINDOW = 16  # steps: a changed stretch up to this long may be answered from the tails
     BACKOFF = 8  # re-times before the tails are tried again after a read settled a move
+    TAILS_FROM = 4096  # steps: below this, no answers from the tails (measured: on small
+    # programs a full re-time is cheap and keeping the tails costs more than they save)
 
-    def __init__(self, schedule: Schedule, costs: CostModel | StageCosts | None = None):
+    def __init__(self, schedule: Schedule, costs: CostModel | StageCosts | None = None,
+                 tails_from: int | None = None):
         import numpy as np
 
         costs = costs or CostModel()
@@ -247,7 +253,9 @@ class Compiled:
         # Lazy answers (module docstring): a move answered from the tails, not yet re-timed.
         self._pending: tuple | None = None  # (rank, lo, hi, old order, answer, old peak)
         self._tails: Tails | None = None  # of the program as re-timed (None: not built)
-        self._window = None if prog.num_pairs or any(len(c) > 1 for c in self._consumers) \
+        tails_from = self.TAILS_FROM if tails_from is None else tails_from
+        self._window = None if (prog.num_pairs or size < tails_from
+                                or any(len(c) > 1 for c in self._consumers)) \
             else Window(self._need, self._lag_of, self._dur_of, self._consumers,
                         self._rank_at, self.last)
         self._lazy = True  # whether to refresh stale tails (False after a read settled)
@@ -271,6 +279,21 @@ class Compiled:
         end = self._end
         return max((end[self.last[r]] for r in range(len(self.orders))
                     if self.last[r] >= self.first[r]), default=0.0)
+
+    @property
+    def pending(self) -> bool:
+        """Whether the last move was answered from the tails and is not yet re-timed (the
+        same move taken back then cancels it at no cost)."""
+        return self._pending is not None
+
+    @property
+    def rounding(self) -> float:
+        """How far :attr:`step_time` may be from a full run's: 0 once settled; of a pending
+        move, ``2 x`` :func:`~pipebubble.sim.critical.tolerance` (the module docstring).
+        A caller that rounds the step time settles where the rounding could tell."""
+        if self._pending is None or self._pending[4] == _INF:
+            return 0.0
+        return 2 * tolerance(len(self._end), self._pending[4])
 
     @property
     def deadlocked(self) -> bool:

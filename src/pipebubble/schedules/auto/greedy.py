@@ -13,8 +13,10 @@ actions whose inputs have arrived,
    ``M_W``; when the limit blocks an F, W runs to make room;
 4. else it waits until something arrives.
 
-Each action is timed as it is placed (start = when the rank is free and its inputs are
-there, ``comm`` added on hops between ranks), so the order comes out with its step time.
+Each action is timed as it is placed, by the evaluation core's step-by-step clock
+(:class:`~pipebubble.sim.clock.Clock`: the kernel's rule, start = when the rank is free and
+its inputs are there, ``comm`` added on hops between ranks, and the memory in use under
+the one tolerance), so the order comes out with the simulator's step time.
 Five *knobs* change the choices: ``cap`` (the warm-up depth: ``p - r``, ``2(p - r) - 1``
 microbatches or only what memory allows), ``lazy_w`` (run a W only into a gap at least as
 long as it, as the paper does), ``wait_i`` (leave a short hole rather than start an F
@@ -39,9 +41,9 @@ from __future__ import annotations
 import heapq
 from typing import NamedTuple
 
-from ...costs import FIT_TOLERANCE, StageCosts
-from ...ir.deps import precedences
+from ...costs import StageCosts
 from ...ir.schedule import Action, Kind
+from ...sim.clock import Clock
 
 _INF = float("inf")
 _EPS = 1e-12
@@ -84,24 +86,29 @@ def greedy_order(
     """
     p, m, S = ranks, microbatches, len(stage_to_rank)
     where = stage_to_rank
+    clock = Clock(sc, where, m, limits)  # the times, the rule and the memory in use
+    ready, end, free, used, lim = clock.ready, clock.end, clock.free, clock.used, clock.room
+    place = clock.place
     local = [[s for s in range(S) if where[s] == r] for r in range(p)]
+    # Action numbers (the clock's): F, I and W of stage s on microbatch j are xf[s] + j, ...
+    xf = [s * m for s in range(S)]
+    xi = [(S + s) * m for s in range(S)]
+    xw = [(2 * S + s) * m for s in range(S)]
     dur_f = [sc.duration(s, "F") for s in range(S)]
     dur_i = [sc.duration(s, "I") for s in range(S)]
     dur_w = [sc.duration(s, "W") for s in range(S)]
-    mem = {k: [sc.memory_deltas(s, k) for s in range(S)] for k in "FIW"}
-    f0 = [mem["F"][s][0] + mem["F"][s][1] for s in range(S)]
-    i0 = [mem["I"][s][0] for s in range(S)]
-    i_net = [mem["I"][s][0] + mem["I"][s][1] for s in range(S)]
-    w_net = [mem["W"][s][0] + mem["W"][s][1] for s in range(S)]
-    up, down = _hops(sc, where)
-    lim = [_INF] * p if limits is None else [x + FIT_TOLERANCE * max(1.0, abs(x))
-                                               for x in limits]  # fits_limit's test
+    f0 = [clock.rows[s][3] for s in range(S)]  # an F's net memory, an I's at its start
+    i0 = [clock.rows[S + s][2] for s in range(S)]
+    up = [clock.hop[s] for s in range(S)]  # the lag into F(s) from the stage before,
+    down = [clock.hop[S + s] for s in range(S)]  # into I(s) from the stage after
     # Room kept for what a rank must still hold to make progress: recomputation
     # re-materialises at the start of I; with two chunks, a forward of the first keeps room
     # for one forward of the later chunk. One is enough: every stage runs its Fs and Is in
     # microbatch order, so the oldest unfinished microbatch is the one that room serves,
     # and it can always move on (W frees what else it needs).
     keep = [max((i0[s] for s in local[r]), default=0.0) for r in range(p)]
+    later = [[f0[x] for x in local[where[s]] if x > s] for s in range(S)]  # (the rank's
+    later_sum = [sum(v) for v in later]  # later chunks' F, one each: the room they keep)
     caps = [warmup_cap(knobs.cap, p, r, len(local[r])) for r in range(p)]
     # Longest path from an action's start to the end of the step (for ``critical``).
     tail_i = [0.0] * S
@@ -111,21 +118,19 @@ def greedy_order(
     for s in range(S - 1, -1, -1):
         tail_f[s] = dur_f[s] + (up[s + 1] + tail_f[s + 1] if s < S - 1 else tail_i[s])
 
-    f_end = [[_INF] * m for _ in range(S)]
-    i_end = [[_INF] * m for _ in range(S)]
     nf, ni, nw = [0] * S, [0] * S, [0] * S
-    used = [0.0] * p
-    free = [0.0] * p
     orders: list[list[Action]] = [[] for _ in range(p)]
     left = 3 * S * m
     heap = [(0.0, r) for r in range(p)]
-    begin = [_INF] * p  # each rank's first start, and its busy time (for the span)
-    busy = [0.0] * p
     F, I, W = Kind.F, Kind.I, Kind.W
+    pop, push, pushpop = heapq.heappop, heapq.heappush, heapq.heappushpop
+    wake = None  # the rank's own next wake-up, pushed and popped in one (heappushpop)
 
-    while heap:
-        t, r = heapq.heappop(heap)
-        if free[r] > t + _EPS:
+    while heap or wake:
+        t, r = pop(heap) if wake is None else pushpop(heap, wake)
+        wake = None
+        te = t + _EPS
+        if free[r] > te:
             continue
         mine = local[r]
         soon = _INF  # earliest known arrival of an I or an allowed F (for the knobs)
@@ -135,43 +140,32 @@ def greedy_order(
         for s in mine:
             j = ni[s]
             if j < nf[s]:
-                ready = f_end[s][j]
-                if s < S - 1:
-                    x = i_end[s + 1][j] + down[s]
-                    if x > ready:
-                        ready = x
-                if ready <= t + _EPS:
-                    if ready < best and used[r] + i0[s] <= lim[r]:
-                        best, pick_i = ready, s
-                elif ready < soon:
-                    soon = ready
+                at = ready[xi[s] + j]
+                if at <= te:
+                    if at < best and used[r] + i0[s] <= lim[r]:
+                        best, pick_i = at, s
+                elif at < soon:
+                    soon = at
         if pick_i >= 0 and knobs.critical:
             for s in mine:  # an allowed F with a longer way to go, there before the I
                 j = nf[s]  # would end, runs first (waiting for it if need be)
                 if (j < m and tail_f[s] > tail_i[pick_i]
-                        and (s == 0 or f_end[s - 1][j] + up[s] < t + dur_i[pick_i] - _EPS)
-                        and used[r] + f0[s] + keep[r]
-                        + sum(f0[x] for x in mine if x > s) <= lim[r]
+                        and (s == 0 or ready[xf[s] + j] < t + dur_i[pick_i] - _EPS)
+                        and used[r] + f0[s] + keep[r] + later_sum[s] <= lim[r]
                         and not (s == mine[0] and nf[s] - ni[s] >= caps[r])):
                     pick_i = -1
                     break
         if pick_i >= 0:
             s = pick_i
             j = ni[s]
-            e = t + dur_i[s]
-            i_end[s][j] = e
+            e = place(xi[s] + j, t)
             ni[s] = j + 1
-            used[r] += i_net[s]
             orders[r].append((s, I, j))
-            if t < begin[r]:
-                begin[r] = t
-            busy[r] += dur_i[s]
-            free[r] = e
-            heapq.heappush(heap, (e, r))
+            wake = (e, r)
             if s:
-                q, x = where[s - 1], e + down[s - 1]
+                q, x = where[s - 1], ready[xi[s - 1] + j]
                 if q != r and free[q] < x:
-                    heapq.heappush(heap, (x, q))
+                    push(heap, (x, q))
             left -= 1
             continue
         # 2. F, if memory and the warm-up cap allow.
@@ -182,39 +176,32 @@ def greedy_order(
             j = nf[s]
             if j >= m:
                 continue
-            ready = 0.0 if s == 0 else f_end[s - 1][j] + up[s]
-            if ready == _INF:
+            at = ready[xf[s] + j]
+            if at == _INF:
                 continue
             need = used[r] + f0[s] + keep[r]
-            for s2 in mine:
-                if s2 > s:
-                    need += f0[s2]
+            for v in later[s]:
+                need += v
             if need > lim[r] or (s == first and nf[s] - ni[s] >= caps[r]):
-                blocked = blocked or ready <= t + _EPS
+                blocked = blocked or at <= te
                 continue
-            if ready <= t + _EPS:
+            if at <= te:
                 if pick_f < 0 or (s > pick_f if knobs.deep_first else nf[s] < nf[pick_f]):
                     pick_f = s
-            elif ready < soon:
-                soon = ready
+            elif at < soon:
+                soon = at
         if pick_f >= 0 and not (knobs.wait_i and soon < t + dur_f[pick_f] - _EPS
-                                and _i_is_next(mine, ni, nf, soon, f_end, i_end, down, S)):
+                                and _i_is_next(mine, ni, nf, soon, ready, xi)):
             s = pick_f
             j = nf[s]
-            e = t + dur_f[s]
-            f_end[s][j] = e
+            e = place(xf[s] + j, t)
             nf[s] = j + 1
-            used[r] += f0[s]
             orders[r].append((s, F, j))
-            if t < begin[r]:
-                begin[r] = t
-            busy[r] += dur_f[s]
-            free[r] = e
-            heapq.heappush(heap, (e, r))
+            wake = (e, r)
             if s < S - 1:
-                q, x = where[s + 1], e + up[s + 1]
+                q, x = where[s + 1], ready[xf[s + 1] + j]
                 if q != r and free[q] < x:
-                    heapq.heappush(heap, (x, q))
+                    push(heap, (x, q))
             left -= 1
             continue
         # 3. W: fills a gap, or frees memory for a blocked F.
@@ -222,61 +209,31 @@ def greedy_order(
         oldest = _INF
         for s in mine:
             j = nw[s]
-            if j < ni[s] and i_end[s][j] < oldest:
-                oldest, pick_w = i_end[s][j], s
+            if j < ni[s] and end[xi[s] + j] < oldest:
+                oldest, pick_w = end[xi[s] + j], s
         if pick_w >= 0 and (blocked or pick_f >= 0 or not knobs.lazy_w
                             or soon >= t + dur_w[pick_w] - _EPS):
             s = pick_w
             j = nw[s]
-            e = t + dur_w[s]
+            e = place(xw[s] + j, t)
             nw[s] = j + 1
-            used[r] += w_net[s]
             orders[r].append((s, W, j))
-            if t < begin[r]:
-                begin[r] = t
-            busy[r] += dur_w[s]
-            free[r] = e
-            heapq.heappush(heap, (e, r))
+            wake = (e, r)
             left -= 1
             continue
         if pick_f >= 0 or pick_w >= 0:
             # The knobs chose to wait for something already on its way: wake up then.
-            heapq.heappush(heap, (soon, r))
+            wake = (soon, r)
     if left:
         return None
-    step = max(free)
-    span_idle = sum(free[r] - begin[r] - busy[r] for r in range(p))
-    return orders, step, span_idle
+    return orders, clock.step_time, clock.span_idle
 
 
-class _Topology(NamedTuple):
-    num_stages: int
-    stage_to_rank: tuple[int, ...]
-    chain_starts: tuple[int, ...]
-
-
-def _hops(sc: StageCosts, where: tuple[int, ...]) -> tuple[list[float], list[float]]:
-    """The lags of the rule's neighbour edges (:func:`~pipebubble.ir.deps.precedences` of
-    one microbatch): ``up[s]`` into F(s) from the stage before, ``down[s]`` into I(s) from
-    the stage after; ``comm`` where the edge crosses ranks."""
-    S = len(where)
-    up, down = [0.0] * S, [0.0] * S
-    acts = [Action(s, k, 0) for s in range(S) for k in "FIW"]
-    for e in precedences(acts, _Topology(S, tuple(where), (0,))):
-        if e.crosses and e.before.stage != e.after.stage:
-            (up if e.after.kind == Kind.F else down)[e.after.stage] = sc.comm
-    return up, down
-
-
-def _i_is_next(mine, ni, nf, soon, f_end, i_end, down, S) -> bool:
+def _i_is_next(mine, ni, nf, soon, ready, xi) -> bool:
     """True if the earliest known arrival on this rank is an I (``wait_i`` waits only for
     those: the input gradient is on the critical path, a later F is not)."""
     for s in mine:
         j = ni[s]
-        if j < nf[s]:
-            ready = f_end[s][j]
-            if s < S - 1:
-                ready = max(ready, i_end[s + 1][j] + down[s])
-            if ready <= soon + _EPS:
-                return True
+        if j < nf[s] and ready[xi[s] + j] <= soon + _EPS:
+            return True
     return False

@@ -21,8 +21,12 @@ a distributed run computes the same. Budgets are numbers of evaluations.
 
 Each evaluation asks the evaluation core (:class:`~pipebubble.sim.program.Compiled`,
 compiled once per search): it re-times only what the move changed, with the simulator's
-own numbers; an order that deadlocks scores as infinite. Memory is the core's walk
-(:func:`~pipebubble.sim.program.memory_peak`) under its one tolerance.
+own numbers; an order that deadlocks scores as infinite. It reads the step time first and
+the sum of ends only when the step does not decide (a tie, or an annealing draw the step
+alone cannot refuse), so a move the core answers from the tails and the search refuses is
+taken back without a re-time (on programs of ``Compiled.TAILS_FROM`` steps and more;
+below, every move is re-timed, which measured faster). Memory
+is the core's walk (:func:`~pipebubble.sim.program.memory_peak`) under its one tolerance.
 """
 
 from __future__ import annotations
@@ -110,9 +114,20 @@ class _Problem:
         return out
 
     def evaluate(self, orders: list[list[int]]) -> tuple[float, float]:
-        """(step time, sum of ends) of these orders; (inf, inf) on deadlock. The first call
-        compiles them (:class:`~pipebubble.sim.program.Compiled`); later ones hand the
-        ranks that changed to its incremental re-time."""
+        """(step time, sum of ends) of these orders; (inf, inf) on deadlock: :meth:`step`,
+        then :meth:`ends`."""
+        step = self.step(orders)
+        if step == _INF:
+            return _INF, _INF
+        return step, self.ends()
+
+    def step(self, orders: list[list[int]]) -> float:
+        """The step time of these orders, rounded to 9 places (inf on deadlock). The first
+        call compiles them (:class:`~pipebubble.sim.program.Compiled`); later ones hand the
+        ranks that changed to the core. A move of one rank it answered from the tails is
+        left pending: if the next orders are another move, it is taken back first (at no
+        cost: a search tries a move, reads the step, and goes on from the kept orders), so
+        each try is one stretch of one rank away from the kept orders."""
         from ...sim.program import Compiled
 
         core = self._core
@@ -126,20 +141,36 @@ class _Problem:
                     self._step_of[x] = i
             self._seen = [list(o) for o in orders]
             self._ids = self._step_of
+            self._before = None  # (rank, its order) before a pending move
         else:
             step_of, seen = self._step_of, self._seen
-            changed = {}
-            for r, o in enumerate(orders):
-                if o != seen[r]:
-                    changed[r] = [step_of[x] for x in o]
-                    seen[r] = list(o)
+            changed = [r for r, o in enumerate(orders) if o != seen[r]]
+            if changed and core.pending:
+                r, old = self._before
+                core.reorder({r: [step_of[x] for x in old]})  # cancels it
+                seen[r] = old
+                changed = [r for r, o in enumerate(orders) if o != seen[r]]
             if changed:
-                core.reorder(changed)
+                self._before = (changed[0], seen[changed[0]]) if len(changed) == 1 else None
+                for r in changed:
+                    seen[r] = list(orders[r])
+                core.reorder({r: [step_of[x] for x in orders[r]] for r in changed})
         step = core.step_time
         if step == _INF:
-            return _INF, _INF
+            return _INF
+        slack = core.rounding  # (a pending answer: settle if the rounding could tell)
+        if slack and round(step - slack, 9) != round(step + slack, 9):
+            step = core.settle()
+        return round(step, 9)
+
+    def ends(self) -> float:
+        """The sum of every action's end (rounded to 9 places) of the orders :meth:`step`
+        was last asked about, which must not deadlock: the tie-break, read only when the
+        step time does not decide (this re-times a pending move: the kept orders)."""
+        core = self._core
+        core.settle()
         ends = core.ends_of(self._ids)  # in action-number order, as the sum always ran
-        return round(step, 9), round(sum(ends), 9)
+        return round(sum(ends), 9)
 
     def fits(self, order: list[int], limit: float | None) -> bool:
         if limit is None:
@@ -244,10 +275,12 @@ def improve(orders: list[list[Action]], sc: StageCosts, where: tuple[int, ...],
                         order.insert(to, x)
                         if prob.fits(order, limit):
                             spent[0] += 1
-                            got = prob.evaluate(state)
-                            if got < best:
-                                best, better, done = got, True, True
-                                break
+                            step = prob.step(state)  # the sum of ends only on a tie
+                            if step < best[0] or step == best[0] < _INF:
+                                got = (step, prob.ends())
+                                if got < best:
+                                    best, better, done = got, True, True
+                                    break
                         order.pop(to)
                         if spent[0] >= budget:
                             break
@@ -321,6 +354,33 @@ def anneal(orders: list[list[Action]], sc: StageCosts, where: tuple[int, ...],
     soft_from, soft_to = 0.05 * got[0], 5.0 * got[0]
     sizes = [len(o) for o in cur]
     ranks = [r for r, size in enumerate(sizes) for _ in range(size)]
+    draw = [None]  # the random number drawn by judge for this move, if it drew one
+
+    def judge(penalty: float) -> tuple[tuple[float, float] | None, float]:
+        """The score of ``cur`` and its value plus ``penalty``, reading the sum of ends
+        only where the step time does not decide. The value is at least the step time's
+        (the tie term is not negative), so a step above ``now`` means a worse order, taken
+        with probability below exp((now - that) / temp); if the random number drawn for it
+        is above that bound, the move is refused as it would be with the exact value (the
+        same draw, the same answer): score None."""
+        draw[0] = None
+        step = prob.step(cur)
+        if step == _INF:
+            return (_INF, _INF), value((_INF, _INF)) + penalty
+        low = step + penalty
+        if tie >= 0 and low > now and low < _INF:
+            u = draw[0] = rng.random()
+            if u > math.exp((now - low) / temp) * (1 + 1e-9):
+                return None, _INF
+        score = (step, prob.ends())
+        return score, value(score) + penalty
+
+    def chance(v: float) -> bool:
+        """Take a worse order (value v) with probability exp((now - v) / temp), with the
+        number judge drew, or a new one."""
+        u = draw[0] if draw[0] is not None else rng.random()
+        return u < math.exp((now - v) / temp)
+
     for step in range(budget):
         temp = hot * (cold / hot) ** (step / budget)
         r = ranks[rng.randrange(len(ranks))]
@@ -339,9 +399,8 @@ def anneal(orders: list[list[Action]], sc: StageCosts, where: tuple[int, ...],
                 ok = limits is None or all(prob.fits(o, limits[q]) for q, o in enumerate(cur))
                 extra = weight = 0.0
             if ok:
-                score = prob.evaluate(cur)
-                v = value(score) + weight * extra
-                if v <= now or (v < _INF and rng.random() < math.exp((now - v) / temp)):
+                score, v = judge(weight * extra)
+                if v <= now or (v < _INF and chance(v)):
                     now = v
                     if soft:
                         spill = extra
@@ -381,9 +440,8 @@ def anneal(orders: list[list[Action]], sc: StageCosts, where: tuple[int, ...],
         else:
             extra = -1.0
         if extra >= 0:
-            score = prob.evaluate(cur)
-            v = value(score) + weight * total
-            if v <= now or (v < _INF and rng.random() < math.exp((now - v) / temp)):
+            score, v = judge(weight * total)
+            if v <= now or (v < _INF and chance(v)):
                 now = v
                 if soft:
                     spill, over[r] = total, extra
