@@ -402,8 +402,8 @@ def reorder_ends(p: int, microbatches: int,
     for s in range(S):
         r = rank[s]
         for k in range(3):
-            sk = 3 * s + k
-            timed[r].extend(zip(when[sk * m:(sk + 1) * m], range(sk * m, (sk + 1) * m), strict=True))
+            lo = (3 * s + k) * m
+            timed[r].extend(zip(when[lo:lo + m], range(lo, lo + m), strict=True))
     return [[_action(x, m) for _, x in sorted(row)] for row in timed]
 
 
