@@ -40,6 +40,7 @@ unit passes (with ``fill=False`` only in the cool-down); :func:`build` keeps the
 from __future__ import annotations
 
 from bisect import bisect_left
+from functools import lru_cache
 from types import SimpleNamespace
 
 from ..ir.deps import needs
@@ -92,16 +93,22 @@ def repeat(p: int, microbatches: int, times: tuple[list[int], list[int], list[in
            period: int = PERIOD) -> list[list[Action]]:
     """Per-rank orders: the block repeated every ``period`` units, sorted by time."""
     t_f, t_i, t_w = times
-    S = 2 * p
-    timed: list[list[tuple[int, Action]]] = [[] for _ in range(p)]
+    S, m = 2 * p, microbatches
+    acts = _actions(S, m)
+    timed: list[list[tuple[int, int]]] = [[] for _ in range(p)]  # (time, pass id)
     for s in range(S):
-        r = s if s < p else S - 1 - s
-        for j in range(microbatches):
-            base = period * j
-            timed[r].append((t_f[s] + base, Action(s, "F", j)))
-            timed[r].append((t_i[s] + base, Action(s, "I", j)))
-            timed[r].append((t_w[s] + base, Action(s, "W", j)))
-    return [[a for _, a in sorted(events)] for events in timed]
+        row = timed[s if s < p else S - 1 - s]
+        for k, t0 in enumerate((t_f[s], t_i[s], t_w[s])):
+            lo = (3 * s + k) * m
+            row.extend(zip(range(t0, t0 + period * m, period), range(lo, lo + m), strict=True))
+    return [[acts[x] for _, x in sorted(row)] for row in timed]
+
+
+@lru_cache(maxsize=4)
+def _actions(stages: int, m: int) -> tuple[Action, ...]:
+    """Every pass of ``stages`` stages and ``m`` microbatches, by id ``(3 s + k) m + j``
+    (kind k 0, 1, 2 = F, I, W): made once, shared by the orders (an Action is immutable)."""
+    return tuple(Action(s, k, j) for s in range(stages) for k in "FIW" for j in range(m))
 
 
 def _rule(p: int) -> dict[tuple[int, str], tuple[tuple[int, str], ...]]:
@@ -404,14 +411,8 @@ def reorder_ends(p: int, microbatches: int,
         for k in range(3):
             lo = (3 * s + k) * m
             timed[r].extend(zip(when[lo:lo + m], range(lo, lo + m), strict=True))
-    return [[_action(x, m) for _, x in sorted(row)] for row in timed]
-
-
-def _action(x: int, m: int) -> Action:
-    """The Action of pass id ``x`` = (3 stage + kind) m + microbatch."""
-    sk, j = divmod(x, m)
-    s, k = divmod(sk, 3)
-    return Action(s, "FIW"[k], j)
+    acts = _actions(S, m)
+    return [[acts[x] for _, x in sorted(row)] for row in timed]
 
 
 def unit_step(p: int, microbatches: int, orders: list[list[Action]]) -> int:
@@ -488,7 +489,15 @@ def build_periodic(p: int, microbatches: int, candidates: list[tuple[int, ...]],
 
     small_m = 2 * p + 6
     if microbatches <= small_m:
-        return build(p, microbatches, candidates, cap)
-    small = build(p, small_m, candidates, cap)
+        return [list(row) for row in _build_kept(p, microbatches, tuple(candidates), cap)]
+    small = _build_kept(p, small_m, tuple(candidates), cap)
     grown = extend(small, small_m, microbatches, [6] * p)
     return grown if grown is not None else build(p, microbatches, candidates, cap)
+
+
+@lru_cache(maxsize=16)
+def _build_kept(p: int, microbatches: int, candidates: tuple[tuple[int, ...], ...], cap: int
+                ) -> tuple[tuple[Action, ...], ...]:
+    """:func:`build`, kept: every m past ``2p + 6`` extends the same small order, and the
+    registry's cache keeps finished schedules, not this one (callers copy, never mutate)."""
+    return tuple(tuple(row) for row in build(p, microbatches, list(candidates), cap))
