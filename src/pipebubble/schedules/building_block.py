@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from functools import lru_cache
+from itertools import accumulate
 from types import SimpleNamespace
 
 from ..ir.deps import needs
@@ -431,15 +432,10 @@ def unit_step(p: int, microbatches: int, orders: list[list[Action]]) -> int:
 def peak(p: int, orders: list[list[Action]], frees: str = "W") -> int:
     """The most chunk activations any rank holds: F adds one, ``frees`` (W, or I when W
     keeps nothing) frees it."""
-    most = 0
     delta = {"F": 1, "I": 0, "W": 0}
     delta[frees] = -1
-    for order in orders:
-        held = 0
-        for a in order:
-            held += delta[a.kind]
-            most = max(most, held)
-    return most
+    return max((max(accumulate(delta[a[1]] for a in order), default=0) for order in orders),
+               default=0) if orders else 0
 
 
 def build(p: int, microbatches: int, candidates: list[tuple[int, ...]], cap: int
