@@ -362,10 +362,7 @@ def reorder_ends(p: int, microbatches: int,
             (held[r] if k == 2 else held_i[r])[t + 1] -= 1
     for rows in (held, held_i):
         for row in rows:
-            acc = 0
-            for u in range(horizon):
-                acc += row[u]
-                row[u] = acc
+            row[:] = accumulate(row)
     cap_i = horizon if cap_i is None else cap_i
     # what each (stage, kind) waits for, as id bases: the rule of ir/deps.py, then the same
     # stage's earlier kinds of the same microbatch (microbatch order, F-I-W)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from ..ir.schedule import Action
 
-
 _new = tuple.__new__
 
 
