@@ -39,6 +39,9 @@ unit passes (with ``fill=False`` only in the cool-down); :func:`build` keeps the
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from functools import lru_cache
+from itertools import accumulate
 from types import SimpleNamespace
 
 from ..ir.deps import needs
@@ -91,16 +94,22 @@ def repeat(p: int, microbatches: int, times: tuple[list[int], list[int], list[in
            period: int = PERIOD) -> list[list[Action]]:
     """Per-rank orders: the block repeated every ``period`` units, sorted by time."""
     t_f, t_i, t_w = times
-    S = 2 * p
-    timed: list[list[tuple[int, Action]]] = [[] for _ in range(p)]
+    S, m = 2 * p, microbatches
+    acts = _actions(S, m)
+    timed: list[list[tuple[int, int]]] = [[] for _ in range(p)]  # (time, pass id)
     for s in range(S):
-        r = s if s < p else S - 1 - s
-        for j in range(microbatches):
-            base = period * j
-            timed[r].append((t_f[s] + base, Action(s, "F", j)))
-            timed[r].append((t_i[s] + base, Action(s, "I", j)))
-            timed[r].append((t_w[s] + base, Action(s, "W", j)))
-    return [[a for _, a in sorted(events)] for events in timed]
+        row = timed[s if s < p else S - 1 - s]
+        for k, t0 in enumerate((t_f[s], t_i[s], t_w[s])):
+            lo = (3 * s + k) * m
+            row.extend(zip(range(t0, t0 + period * m, period), range(lo, lo + m), strict=True))
+    return [[acts[x] for _, x in sorted(row)] for row in timed]
+
+
+@lru_cache(maxsize=4)
+def _actions(stages: int, m: int) -> tuple[Action, ...]:
+    """Every pass of ``stages`` stages and ``m`` microbatches, by id ``(3 s + k) m + j``
+    (kind k 0, 1, 2 = F, I, W): made once, shared by the orders (an Action is immutable)."""
+    return tuple(Action(s, k, j) for s in range(stages) for k in "FIW" for j in range(m))
 
 
 def _rule(p: int) -> dict[tuple[int, str], tuple[tuple[int, str], ...]]:
@@ -158,22 +167,41 @@ def reorder(p: int, microbatches: int, orders: list[list[Action]], cap: int,
     '0F0 0F1 3F0 3I0 3W0 3F1 0I0 3I1 0W0 3W1 0I1 0W1'
     """
     S, m = 2 * p, microbatches
-    rule = _rule(p)
-    where = [{(a.stage, a.kind, a.microbatch): i for i, a in enumerate(order)}
-             for order in orders]
-    is_f = [[a.kind == "F" for a in order] for order in orders]
+    deps = _deps(p, m)
+    # Every pass as one integer id, (3 stage + kind) m + microbatch (kind 0, 1, 2 = F, I,
+    # W); ``where[id]``: its place in its rank's block order; ``done[id]``: the time its
+    # signal is ready (``never`` until it runs).
+    kind_of = {"F": 0, "I": 1, "W": 2}
+    ids = [[(3 * a.stage + kind_of[a.kind]) * m + a.microbatch for a in order]
+           for order in orders]
+    where = [-1] * (3 * S * m)
+    for row in ids:
+        for i, x in enumerate(row):
+            where[x] = i
+    never = 1 << 62
+    done = [never] * (3 * S * m)
+    # each rank's forwards not run yet, by place in its block order (rule 3 counts them)
+    pending_f = [[i for i, x in enumerate(row) if x // m % 3 == 0] for row in ids]
     ran = [[False] * len(order) for order in orders]
     head = [0] * p  # the first pass of each rank's block order not run yet
-    done: dict[tuple[int, str, int], int] = {}  # signal (stage, kind, mb) -> time it is ready
-    nxt = {(s, k): 0 for s in range(S) for k in "FIW"}  # next microbatch per stage and kind
+    nxt = [0] * (3 * S)  # next microbatch per stage and kind
     held, held_i, forwards = [0] * p, [0] * p, [0] * p
     cap_i = 2 * microbatches if cap_i is None else cap_i
     out: list[list[Action]] = [[] for _ in range(p)]
     left, t = sum(len(o) for o in orders), 0
-    late = t + 1
+    priority = [("FIW".index(code[0]), code[1] == "1") for code in DEEP_PRIORITY.split()]
 
-    def ready(s: int, k: str, j: int) -> bool:
-        return all(done.get((s2, k2, j), late) <= t for s2, k2 in rule[s, k])
+    def ready(x: int) -> bool:
+        sk, j = divmod(x, m)
+        for b in deps[sk]:
+            if done[b + j] > t:
+                return False
+        return True
+
+    def place(sk: int) -> int:
+        """Where the next pass of (stage, kind) ``sk`` is in its rank's order, or -1."""
+        j = nxt[sk]
+        return where[sk * m + j] if j < m else -1
 
     started = [False] * p  # the rank has run an input gradient (deep: its chunk-0 one)
     begun = [False] * p  # the rank has run an input gradient
@@ -181,80 +209,91 @@ def reorder(p: int, microbatches: int, orders: list[list[Action]], cap: int,
 
     while left:
         chosen = []
-        late = t + 1
         for r in range(p):
-            while head[r] < len(orders[r]) and ran[r][head[r]]:
-                head[r] += 1
+            rids, rran, n = ids[r], ran[r], len(ids[r])
+            h = head[r]
+            while h < n and rran[h]:
+                h += 1
+            head[r] = h
             if warmup is not None and not started[r]:  # fill the memory before the first I
-                pick = None
+                pick = -1
                 if deep and begun[r]:  # past the first I: I, then W, then F while it fits
-                    pick = _deep_pick(r, orders[r], where[r], nxt, ready, S,
-                                      held[r] < cap and held_i[r] < cap_i, DEEP_PRIORITY)
-                    if pick is not None:
-                        chosen.append(pick)
+                    room = held[r] < cap and held_i[r] < cap_i
+                    for k, later in priority:  # the deep warm-up's pick (DEEP_PRIORITY)
+                        if k == 0 and not room:
+                            continue
+                        i = place(3 * (S - 1 - r if later else r) + k)
+                        if i >= 0 and ready(rids[i]):
+                            pick = i
+                            break
+                    if pick >= 0:
+                        chosen.append((r, pick))
                     continue
                 for c, s in ((1, S - 1 - r), (0, r)):  # the later chunk first
-                    j = nxt[s, "F"]
-                    i = where[r].get((s, "F", j))
-                    if (i is not None and j < warmup[r][c] and held[r] < cap
-                            and held_i[r] < cap_i and ready(s, "F", j)):
-                        pick = (r, orders[r][i], i)
+                    i = place(3 * s)
+                    if (i >= 0 and nxt[3 * s] < warmup[r][c] and held[r] < cap
+                            and held_i[r] < cap_i and ready(rids[i])):
+                        pick = i
                         break
-                a = orders[r][head[r]] if head[r] < len(orders[r]) else None
-                if a is not None and a.kind == "I" and ready(*a):
-                    pick = (r, a, head[r])
-                if pick is not None:
-                    chosen.append(pick)
+                if h < n and rids[h] // m % 3 == 1 and ready(rids[h]):
+                    pick = h
+                if pick >= 0:
+                    chosen.append((r, pick))
                 continue
-            if forwards[r] < 2 * m and head[r] < len(orders[r]):  # rule 2, the fast path
-                a = orders[r][head[r]]
-                s, k, j = a
-                if k != "F" or (held[r] < cap and held_i[r] < cap_i):
-                    for s2, k2 in rule[s, k]:
-                        if done.get((s2, k2, j), late) > t:
+            if forwards[r] < 2 * m and h < n:  # rule 2, the fast path
+                x = rids[h]
+                sk, j = divmod(x, m)
+                if sk % 3 or (held[r] < cap and held_i[r] < cap_i):
+                    for b in deps[sk]:
+                        if done[b + j] > t:
                             break
                     else:
-                        chosen.append((r, a, head[r]))
+                        chosen.append((r, h))
                         continue
                 if not fill:
                     continue  # rule 3 only in the cool-down: the rank waits for its pass
-            best = None
+            best_key, best = None, -1
+            cool = forwards[r] == 2 * m
             for s in (r, S - 1 - r):
-                for k in "FIW":
-                    j = nxt[s, k]
-                    i = where[r].get((s, k, j))
-                    if i is None or not ready(s, k, j):
+                for k in range(3):
+                    i = place(3 * s + k)
+                    if i < 0 or not ready(rids[i]):
                         continue
-                    if k == "F":  # the forwards the block runs before it, still to run
-                        skipped = sum(is_f[r][q] and not ran[r][q] for q in range(head[r], i))
+                    if k == 0:  # the forwards the block runs before it, still to run
+                        pf = pending_f[r]
+                        skipped = bisect_left(pf, i) - bisect_left(pf, h)
                         if max(held[r] - cap, held_i[r] - cap_i) + 1 + skipped > 0:
                             continue
-                    if forwards[r] == 2 * m:  # rule 1
-                        key = (0 if k == "I" else 1, i)
+                    if cool:  # rule 1
+                        key = (0 if k == 1 else 1, i)
                     else:  # rules 2 and 3
-                        key = (0 if i == head[r] else 2, i)
-                    if best is None or key < best[0]:
-                        best = (key, orders[r][i], i)
-            if best is not None:
-                chosen.append((r, best[1], best[2]))
+                        key = (0 if i == h else 2, i)
+                    if best_key is None or key < best_key:
+                        best_key, best = key, i
+            if best >= 0:
+                chosen.append((r, best))
         if not chosen:
             return None  # nothing can run and nothing is running: the rules stalled
-        for r, a, i in chosen:
-            s, k, j = a
+        for r, i in chosen:
+            x = ids[r][i]
+            sk = x // m
+            s, k = divmod(sk, 3)
             ran[r][i] = True
-            out[r].append(a)
-            done[s, k, j] = late
-            nxt[s, k] += 1
-            if k == "F":
+            out[r].append(orders[r][i])
+            done[x] = t + 1
+            nxt[sk] += 1
+            if k == 0:
                 held[r] += 1
                 held_i[r] += 1
                 forwards[r] += 1
-            elif k == "I":
+                pf = pending_f[r]
+                del pf[bisect_left(pf, i)]
+            elif k == 1:
                 held_i[r] -= 1
                 begun[r] = True
             else:
                 held[r] -= 1
-            if k != "F" and (not deep or s == r):
+            if k and (not deep or s == r):
                 late_done[r] += 1
                 started[r] = started[r] or late_done[r] >= max(1, deep)
             left -= 1
@@ -262,21 +301,12 @@ def reorder(p: int, microbatches: int, orders: list[list[Action]], cap: int,
     return t, out
 
 
-def _deep_pick(r: int, order: list[Action], where: dict, nxt: dict, ready, S: int,
-               room: bool, priority: str) -> tuple[int, Action, int] | None:
-    """The deep warm-up's pick on rank r: the first ready pass in ``priority`` (kind and
-    chunk: ``I0`` the input gradient of the rank's chunk-0 stage, ``F1`` the forward of
-    its chunk-1 one, ...), a forward only if there is ``room`` for its activation."""
-    for code in priority.split():
-        k, c = code[0], code[1] == "1"
-        if k == "F" and not room:
-            continue
-        s = S - 1 - r if c else r
-        j = nxt[s, k]
-        i = where.get((s, k, j))
-        if i is not None and ready(s, k, j):
-            return r, order[i], i
-    return None
+def _deps(p: int, m: int) -> list[tuple[int, ...]]:
+    """Per (stage, kind) ``3 s + k``: the ids of what it waits for, less the microbatch
+    (:func:`_rule` with pass ids ``(3 s + k) m + j``)."""
+    rule = _rule(p)
+    return [tuple((3 * s2 + "FIW".index(k2)) * m for s2, k2 in rule[s, kind])
+            for s in range(2 * p) for kind in "FIW"]
 
 
 def reorder_ends(p: int, microbatches: int,
@@ -299,73 +329,88 @@ def reorder_ends(p: int, microbatches: int,
     """
     t_f, t_i, t_w = times
     S, m = 2 * p, microbatches
-    rule = _rule(p)
-    base = {"F": t_f, "I": t_i, "W": t_w}
-    when: dict[tuple[int, str, int], int] = {}
-    events = []
-    for s in range(S):
-        for k in "FIW":
-            for j in range(m):
-                events.append((base[k][s] + PERIOD * j, s, k, j))
-    events.sort()
-    horizon = events[-1][0] + 2
     rank = [s if s < p else S - 1 - s for s in range(S)]
+    # Every pass as one integer id, (3 stage + kind) m + microbatch (kind 0, 1, 2 = F, I,
+    # W), and its time in ``when``; events sorted by (time, stage, kind), which is the
+    # order of (t, s, k, j) tuples (one microbatch per time, stage and kind).
+    bases = (t_f, t_i, t_w)
+    when = [0] * (3 * S * m)
+    keys = []
+    for s in range(S):
+        for k in range(3):
+            b, sk = bases[k][s], 3 * s + k
+            key0, step = (b * S + s) * 3 + k, PERIOD * S * 3
+            keys.extend(range(key0, key0 + step * m, step))
+            when[sk * m:(sk + 1) * m] = range(b, b + PERIOD * m, PERIOD)
+    keys.sort()
+    horizon = keys[-1] // (3 * S) + 2
     busy = [[False] * horizon for _ in range(p)]
     held = [[0] * horizon for _ in range(p)]  # chunk activations at each unit, until W
     held_i = [[0] * horizon for _ in range(p)]  # and until I
-    for t, s, k, j in events:
-        busy[rank[s]][t] = True
-        when[s, k, j] = t
-    for t, s, k, _j in events:  # changes first, then running sums
+    events = []  # (t, s, k, j)
+    for key in keys:
+        t, rest = divmod(key, 3 * S)
+        s, k = divmod(rest, 3)
+        j = (t - bases[k][s]) // PERIOD
+        events.append((t, s, k, j))
         r = rank[s]
-        if k == "F":
+        busy[r][t] = True
+        if k == 0:
             held[r][t] += 1
             held_i[r][t] += 1
         else:
-            (held[r] if k == "W" else held_i[r])[t + 1] -= 1
+            (held[r] if k == 2 else held_i[r])[t + 1] -= 1
     for rows in (held, held_i):
         for row in rows:
-            for u in range(1, horizon):
-                row[u] += row[u - 1]
+            row[:] = accumulate(row)
     cap_i = horizon if cap_i is None else cap_i
+    # what each (stage, kind) waits for, as id bases: the rule of ir/deps.py, then the same
+    # stage's earlier kinds of the same microbatch (microbatch order, F-I-W)
+    deps = [d + tuple((sk - sk % 3 + k2) * m for k2 in range(sk % 3))
+            for sk, d in enumerate(_deps(p, m))]
     start, stop = t_i[0], t_f[0] + PERIOD * (m - 1)
-    for t, s, k, j in events:
-        if start <= t <= stop:
-            continue
+    lo_n, hi_n = bisect_left(events, (start,)), bisect_left(events, (stop + 1,))
+    for t, s, k, j in events[:lo_n] + events[hi_n:] if lo_n < hi_n else events:
         r = rank[s]
+        sk = 3 * s + k
         ready = 0
-        for s2, k2 in rule[s, k]:
-            ready = max(ready, when[s2, k2, j] + 1)
-        for k2 in "FIW":  # the same stage's earlier passes (microbatch order, F-I-W)
-            if k2 == k:
-                if j:
-                    ready = max(ready, when[s, k, j - 1] + 1)
-                break
-            ready = max(ready, when[s, k2, j] + 1)
-        lo = ready
-        if k == "F":  # the units from which it may start without passing a cap
+        for b in deps[sk]:
+            x = when[b + j] + 1
+            if x > ready:
+                ready = x
+        if j:
+            x = when[sk * m + j - 1] + 1
+            if x > ready:
+                ready = x
+        bus = busy[r]
+        if k == 0:  # the units from which it may start without passing a cap
             lo = t
             row, row_i = held[r], held_i[r]
             while lo > ready and row[lo - 1] < cap and row_i[lo - 1] < cap_i:
                 lo -= 1
+        else:
+            lo = ready
         for u in range(lo, t):
-            if busy[r][u]:
+            if bus[u]:
                 continue
-            busy[r][t], busy[r][u] = False, True
-            when[s, k, j] = u
-            if k == "F":
-                for v in range(u, t):
-                    held[r][v] += 1
-                    held_i[r][v] += 1
+            bus[t], bus[u] = False, True
+            when[sk * m + j] = u
+            if k == 0:
+                row, row_i = held[r], held_i[r]
+                row[u:t] = [x + 1 for x in row[u:t]]
+                row_i[u:t] = [x + 1 for x in row_i[u:t]]
             else:
-                row = held[r] if k == "W" else held_i[r]
-                for v in range(u + 1, t + 1):
-                    row[v] -= 1
+                row = held[r] if k == 2 else held_i[r]
+                row[u + 1:t + 1] = [x - 1 for x in row[u + 1:t + 1]]
             break
-    rows: list[list[tuple[int, Action]]] = [[] for _ in range(p)]
-    for (s, k, j), t in when.items():
-        rows[rank[s]].append((t, Action(s, k, j)))
-    return [[a for _, a in sorted(row)] for row in rows]
+    timed: list[list[tuple[int, int]]] = [[] for _ in range(p)]
+    for s in range(S):
+        r = rank[s]
+        for k in range(3):
+            lo = (3 * s + k) * m
+            timed[r].extend(zip(when[lo:lo + m], range(lo, lo + m), strict=True))
+    acts = _actions(S, m)
+    return [[acts[x] for _, x in sorted(row)] for row in timed]
 
 
 def unit_step(p: int, microbatches: int, orders: list[list[Action]]) -> int:
@@ -384,15 +429,10 @@ def unit_step(p: int, microbatches: int, orders: list[list[Action]]) -> int:
 def peak(p: int, orders: list[list[Action]], frees: str = "W") -> int:
     """The most chunk activations any rank holds: F adds one, ``frees`` (W, or I when W
     keeps nothing) frees it."""
-    most = 0
     delta = {"F": 1, "I": 0, "W": 0}
     delta[frees] = -1
-    for order in orders:
-        held = 0
-        for a in order:
-            held += delta[a.kind]
-            most = max(most, held)
-    return most
+    return max((max(accumulate(delta[a[1]] for a in order), default=0) for order in orders),
+               default=0) if orders else 0
 
 
 def build(p: int, microbatches: int, candidates: list[tuple[int, ...]], cap: int
@@ -442,7 +482,15 @@ def build_periodic(p: int, microbatches: int, candidates: list[tuple[int, ...]],
 
     small_m = 2 * p + 6
     if microbatches <= small_m:
-        return build(p, microbatches, candidates, cap)
-    small = build(p, small_m, candidates, cap)
+        return [list(row) for row in _build_kept(p, microbatches, tuple(candidates), cap)]
+    small = _build_kept(p, small_m, tuple(candidates), cap)
     grown = extend(small, small_m, microbatches, [6] * p)
     return grown if grown is not None else build(p, microbatches, candidates, cap)
+
+
+@lru_cache(maxsize=16)
+def _build_kept(p: int, microbatches: int, candidates: tuple[tuple[int, ...], ...], cap: int
+                ) -> tuple[tuple[Action, ...], ...]:
+    """:func:`build`, kept: every m past ``2p + 6`` extends the same small order, and the
+    registry's cache keeps finished schedules, not this one (callers copy, never mutate)."""
+    return tuple(tuple(row) for row in build(p, microbatches, list(candidates), cap))

@@ -23,9 +23,12 @@ from __future__ import annotations
 
 from ..ir.schedule import Action
 
+_new = tuple.__new__
+
 
 def _shift(a: Action, d: int) -> Action:
-    return Action(a.stage, a.kind, a.microbatch + d)
+    """``a`` ``d`` microbatches later (made as a tuple: millions of them for large m)."""
+    return _new(Action, (a[0], a[1], a[2] + d))
 
 
 def find_cut(row: list[Action], length: int) -> int | None:
@@ -67,8 +70,9 @@ def extend(orders: list[list[Action]], m0: int, m: int, per_rank: list[int]
             return None
         seg = row[c - length:c]
         grown = list(row[:c])
+        parts = [(a[0], a[1], a[2]) for a in seg]
         for d in range(1, extra + 1):
-            grown.extend(_shift(a, d) for a in seg)
-        grown.extend(_shift(a, extra) for a in row[c:])
+            grown.extend([_new(Action, (s, k, j + d)) for s, k, j in parts])
+        grown.extend([_new(Action, (s, k, j + extra)) for s, k, j in row[c:]])
         out.append(grown)
     return out
