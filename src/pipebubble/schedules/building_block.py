@@ -166,6 +166,24 @@ def reorder(p: int, microbatches: int, orders: list[list[Action]], cap: int,
     >>> " ".join(str(a) for a in new[0])
     '0F0 0F1 3F0 3I0 3W0 3F1 0I0 3I1 0W0 3W1 0I1 0W1'
     """
+    got = _reorder_kept(p, microbatches, tuple(map(tuple, orders)), cap, cap_i, fill,
+                        None if warmup is None else tuple(map(tuple, warmup)), deep)
+    return None if got is None else (got[0], [list(row) for row in got[1]])
+
+
+@lru_cache(maxsize=64)
+def _reorder_kept(p: int, microbatches: int, orders: tuple[tuple[Action, ...], ...], cap: int,
+                  cap_i: int | None, fill: bool, warmup: tuple[tuple[int, int], ...] | None,
+                  deep: int) -> tuple[int, tuple[tuple[Action, ...], ...]] | None:
+    """:func:`reorder`, kept: the planner asks the same block and caps for several
+    configurations (pure: the same input, the same order; callers get fresh lists)."""
+    got = _reorder(p, microbatches, orders, cap, cap_i, fill, warmup, deep)
+    return None if got is None else (got[0], tuple(map(tuple, got[1])))
+
+
+def _reorder(p: int, microbatches: int, orders, cap: int, cap_i: int | None, fill: bool,
+             warmup, deep: int) -> tuple[int, list[list[Action]]] | None:
+    """The body of :func:`reorder`."""
     S, m = 2 * p, microbatches
     deps = _deps(p, m)
     # Every pass as one integer id, (3 stage + kind) m + microbatch (kind 0, 1, 2 = F, I,
@@ -327,6 +345,22 @@ def reorder_ends(p: int, microbatches: int,
     W shorter than F (``tests/test_vshape.py`` times both under the controllable-memory
     paper's costs). Returns per-rank orders sorted by the chosen times.
     """
+    t_f, t_i, t_w = times
+    got = _reorder_ends_kept(p, microbatches, (tuple(t_f), tuple(t_i), tuple(t_w)), cap, cap_i)
+    return [list(row) for row in got]
+
+
+@lru_cache(maxsize=64)
+def _reorder_ends_kept(p: int, microbatches: int,
+                       times: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]],
+                       cap: int, cap_i: int | None) -> tuple[tuple[Action, ...], ...]:
+    """:func:`reorder_ends`, kept (pure; callers get fresh lists)."""
+    return tuple(map(tuple, _reorder_ends(p, microbatches, times, cap, cap_i)))
+
+
+def _reorder_ends(p: int, microbatches: int, times, cap: int, cap_i: int | None
+                  ) -> list[list[Action]]:
+    """The body of :func:`reorder_ends`."""
     t_f, t_i, t_w = times
     S, m = 2 * p, microbatches
     rank = [s if s < p else S - 1 - s for s in range(S)]
