@@ -250,8 +250,31 @@ def capped_partition(costs: Sequence[float], stages: int, memory: Sequence[Seque
                     memory_cap, "balanced", 0.0)
 
 
+_KEPT: dict = {}  # _min_max's answers by their input (a planner asks the same cut often)
+
+
 def _min_max(arr: np.ndarray, stages: int, extras: list[float], memory, memory_cap,
              tie_break: str, slack: float) -> Ranges | None:
+    """:func:`_min_max_cut`, kept by its input (the costs' and memory's float64 bytes,
+    which are all it reads); callers get a fresh list."""
+    try:
+        key = (arr.tobytes(), len(arr), stages, tuple(extras),
+               None if memory is None else tuple(
+                   np.asarray(r, dtype=np.float64).tobytes() for r in memory),
+               memory_cap if memory_cap is None or isinstance(memory_cap, int | float)
+               else tuple(float(c) for c in memory_cap), tie_break, slack)
+    except (TypeError, ValueError):  # not something the cut takes: let it say why
+        return _min_max_cut(arr, stages, extras, memory, memory_cap, tie_break, slack)
+    if key not in _KEPT:
+        if len(_KEPT) >= 4096:
+            _KEPT.clear()
+        _KEPT[key] = _min_max_cut(arr, stages, extras, memory, memory_cap, tie_break, slack)
+    got = _KEPT[key]
+    return None if got is None else list(got)
+
+
+def _min_max_cut(arr: np.ndarray, stages: int, extras: list[float], memory, memory_cap,
+                 tie_break: str, slack: float) -> Ranges | None:
     q, qe = _integers(arr, extras)
     L = len(arr)
     sweep = _Sweep(q, qe, _memory_reach(memory, memory_cap, stages, L))

@@ -522,7 +522,7 @@ def build_periodic(p: int, microbatches: int, candidates: list[tuple[int, ...]],
     return grown if grown is not None else build(p, microbatches, candidates, cap)
 
 
-@lru_cache(maxsize=16)
+@lru_cache(maxsize=128)
 def _build_kept(p: int, microbatches: int, candidates: tuple[tuple[int, ...], ...], cap: int
                 ) -> tuple[tuple[Action, ...], ...]:
     """:func:`build`, kept: every m past ``2p + 6`` extends the same small order, and the
