@@ -110,8 +110,13 @@ class Pricing:
         if c.dp * c.cp == 1:
             ar = [0.0] * c.pp
         else:
-            ar = [self._exposed(c, P, f, b) for P, f, b in zip(rank_params, fwd, bwd,
-                                                                strict=True)]
+            seen: dict = {}  # ranks alike: asked once
+            ar = []
+            for key in zip(rank_params, fwd, bwd, strict=True):
+                x = seen.get(key)
+                if x is None:
+                    x = seen[key] = self._exposed(c, *key)
+                ar.append(x)
         for a, b in ends if copies else ():
             t = self.axes.tied_allreduce(c.dp, c.pp, lc.tied) if a != b else 0.0
             ar = [x + t * ((r == a) + (r == b)) for r, x in enumerate(ar)]

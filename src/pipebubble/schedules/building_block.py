@@ -424,9 +424,11 @@ def _reorder_ends(p: int, microbatches: int, times, cap: int, cap_i: int | None
                 lo -= 1
         else:
             lo = ready
-        for u in range(lo, t):
-            if bus[u]:
-                continue
+        try:  # the first free unit in [lo, t)
+            u = bus.index(False, lo, t) if lo < t else -1
+        except ValueError:
+            u = -1
+        if u >= 0:
             bus[t], bus[u] = False, True
             when[sk * m + j] = u
             if k == 0:
@@ -436,7 +438,6 @@ def _reorder_ends(p: int, microbatches: int, times, cap: int, cap_i: int | None
             else:
                 row = held[r] if k == 2 else held_i[r]
                 row[u + 1:t + 1] = [x - 1 for x in row[u + 1:t + 1]]
-            break
     timed: list[list[tuple[int, int]]] = [[] for _ in range(p)]
     for s in range(S):
         r = rank[s]
