@@ -21,6 +21,8 @@ the order for ``m`` directly. Callers also validate: a cut is local to its rank.
 
 from __future__ import annotations
 
+from itertools import chain, repeat
+
 from ..ir.schedule import Action
 
 _new = tuple.__new__
@@ -70,9 +72,12 @@ def extend(orders: list[list[Action]], m0: int, m: int, per_rank: list[int]
             return None
         seg = row[c - length:c]
         grown = list(row[:c])
-        parts = [(a[0], a[1], a[2]) for a in seg]
-        for d in range(1, extra + 1):
-            grown.extend([_new(Action, (s, k, j + d)) for s, k, j in parts])
+        # period d holds seg shifted by d: one column per action of seg (built in C by
+        # map and zip), laid out period by period
+        cols = [list(map(_new, repeat(Action), zip(repeat(a[0]), repeat(a[1]),
+                                                   range(a[2] + 1, a[2] + extra + 1))))
+                for a in seg]
+        grown.extend(chain.from_iterable(zip(*cols, strict=True)))
         grown.extend([_new(Action, (s, k, j + extra)) for s, k, j in row[c:]])
         out.append(grown)
     return out
