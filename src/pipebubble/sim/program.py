@@ -109,7 +109,11 @@ def schedule_peaks(schedule: Schedule, costs: CostModel | StageCosts) -> list[fl
     flat = flat_actions(schedule)
     mem = np.array([sc.memory_deltas(s, k) for s in range(schedule.num_stages)
                     for k in "FIWB"]).reshape(-1, 2)[flat.stage * 4 + flat.kind]
-    return [_peak(mem[lo:hi, 0], mem[lo:hi, 1])
+    # row-major, mem's rows laid end to end are each action's start then end delta: the
+    # interleaved deltas of :func:`_peak`, one slice per rank (the same numpy cumsum)
+    deltas = np.ascontiguousarray(mem, dtype=np.float64).ravel()
+    cumsum = np.cumsum
+    return [max(0.0, float(cumsum(deltas[2 * lo:2 * hi]).max())) if hi > lo else 0.0
             for lo, hi in zip(flat.offsets, flat.offsets[1:], strict=False)]
 
 
