@@ -468,7 +468,23 @@ def min_max_partition_dp(
     return ranges_from_ends(sorted(ends))
 
 
+_BALANCED: dict = {}  # balance_ranks's answers by input (the planner repeats cuts)
+
+
 def balance_ranks(costs: np.ndarray, ranges: Ranges, where: tuple[int, ...]) -> Ranges:
+    """:func:`_balance_ranks`, kept by its input (the costs' dtype and bytes, the ranges and
+    the placement); callers get a fresh list."""
+    arr = np.asarray(costs)
+    key = (arr.dtype.str, arr.shape, arr.tobytes(), tuple(ranges), tuple(where))
+    got = _BALANCED.get(key)
+    if got is None:
+        if len(_BALANCED) >= 4096:
+            _BALANCED.clear()
+        got = _BALANCED[key] = _balance_ranks(costs, ranges, where)
+    return list(got)
+
+
+def _balance_ranks(costs: np.ndarray, ranges: Ranges, where: tuple[int, ...]) -> Ranges:
     """Move single stage boundaries while the loads of the ranks, sorted from the largest,
     fall (lexicographically). The min-max cut balances stages; a rank holding several
     (interleaved, V placement, DualPipe's two copies: stage ``s`` holds the layers of
