@@ -29,8 +29,13 @@ Settings:
   at k = 2p. Bound: ``6m + 6p - 1 - 3k`` (``sim/formulas.v_shape_bound``, reachable: the
   building blocks reach it), alongside auto's own provable bound.
 
+- **Budget**: auto at ``--search-seconds`` 0.25, 1 and 4 on big instances (Table 8 costs
+  at p = 16..32, m up to 8p; the Table 9 models in the loop placement), the wall time of
+  the search against its budget (the ratio must stay within 1 + max(0.25 s, 10 %) of it:
+  the budget's safety net) and the share of its work units charged.
+
 Run: ``.venv/bin/python bench/bench_auto.py [--authors PATH] [--quick]
-[--search-seconds S] [--sections table8,zb,unit,speed]``. Prints; asserts nothing.
+[--search-seconds S] [--sections table8,zb,unit,speed,budget]``. Prints; asserts nothing.
 """
 
 from __future__ import annotations
@@ -64,6 +69,12 @@ CASES = [  # (p, m, memory limit in M_B per rank: None, ZB-H1's p, half of it)
     (32, 256, None), (32, 256, 32), (32, 256, 16),
 ]
 TARGET = {(16, 64): 1.0, (32, 256): 2.0}
+BUDGET_CASES = [  # (name, p, m, limit in M_B, placement): big instances, real costs, comm > 0
+    ("T8", 16, 64, 9, "v"), ("T8", 16, 128, 9, "v"), ("T8", 24, 96, 13, "v"),
+    ("T8", 32, 256, 17, "v"), ("6.2B", 8, 24, 8, "loop"), ("6.2B", 8, 64, 8, "loop"),
+    ("14.6B", 16, 128, 16, "loop"), ("28.3B", 32, 256, 32, "any"),
+]
+BUDGET_SECONDS = (0.25, 1.0, 4.0)
 
 
 def timed(fn):
@@ -213,13 +224,50 @@ def speed(seconds):
               f"{info['placement']} {info['from']}")
 
 
+def budget(seconds):
+    """Wall time against ``--search-seconds`` on big instances (the budget bounds every
+    stage after the registered schedules; its safety net stops the search at the budget
+    plus max(0.25 s, 10 %)): ``search`` is the wall time after the registered schedules,
+    ``ratio`` search / budget, ``work`` the share of the budget's work units charged."""
+    from pipebubble.schedules.auto.budget import WORK_PER_SECOND, slack
+
+    print("\nbudget: wall time against --search-seconds (search = after the registered "
+          "schedules; limit = budget + max(0.25 s, 10 %))")
+    print(f"{'setting':<30} {'budget':>6} {'wall':>6} {'search':>6} {'ratio':>6} "
+          f"{'limit':>6} {'work':>6} {'hit':>4}  stages: seconds/charged seconds")
+    f, i, w, c = T8
+    worst = 0.0
+    for name, p, m, limit, placement in BUDGET_CASES:
+        if name == "T8":
+            costs = CostModel(f=2 * f, b=2 * (i + w), w=2 * w, comm=c, weight_memory=1.0)
+        else:
+            tf, tb, tw, tc = ZB_TABLE9[name][1].get(m) or next(iter(ZB_TABLE9[name][1].values()))
+            costs = CostModel(f=tf, b=tb + tw, w=tw, comm=tc, weight_memory=0.5)
+        for budget_s in ((seconds,) if seconds is not None else BUDGET_SECONDS):
+            s, wall = timed(lambda: auto_schedule(p, m, costs, memory_limit=limit,
+                                                  placement=placement,
+                                                  search_seconds=budget_s))
+            info = s.options["auto"]
+            searched = wall - info.stages[0].seconds
+            ratio = searched / budget_s
+            worst = max(worst, ratio)
+            share = info.work / (budget_s * WORK_PER_SECOND)
+            stages = " ".join(f"{x.name.split()[0]}={x.seconds:.2f}/{x.work / WORK_PER_SECOND:.2f}"
+                              for x in info.stages[1:])
+            print(f"{name} p={p} m={m} limit={limit} {placement:<5} {budget_s:>6.2f} {wall:>6.2f} "
+                  f"{searched:>6.2f} {ratio:>6.2f} {1 + slack(budget_s) / budget_s:>6.2f} "
+                  f"{share:>6.2f} {'yes' if info.budget_hit else 'no':>4}  {stages}")
+    print(f"worst ratio {worst:.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--authors", help="a checkout of sail-sg/zero-bubble-pipeline-parallelism")
     ap.add_argument("--quick", action="store_true", help="the first size of each setting")
     ap.add_argument("--search-seconds", type=float, default=None)
-    ap.add_argument("--sections", default="table8,zb,unit,speed",
-                    help="which tables to print (comma list of table8, zb, unit, speed)")
+    ap.add_argument("--sections", default="table8,zb,unit,speed,budget",
+                    help="which tables to print (comma list of table8, zb, unit, speed, "
+                         "budget)")
     args = ap.parse_args()
     authors = None
     if args.authors:
@@ -240,6 +288,8 @@ def main() -> None:
         unit_costs(authors, args.quick, args.search_seconds)
     if "speed" in sections:
         speed(args.search_seconds)
+    if "budget" in sections:
+        budget(args.search_seconds)
 
 
 if __name__ == "__main__":

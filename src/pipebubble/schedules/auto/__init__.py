@@ -66,8 +66,9 @@ from ...ir.schedule import (
 )
 from ...ir.schedule import validate as validate_schedule
 from ..registry import ScheduleSpec, check_counts, get_schedule, lookup, register, schedule_names
-from .adaptive import Budget, adaptive_orders
+from .adaptive import adaptive_orders, score_cost
 from .bounds import LowerBound, bound, min_limits
+from .budget import WORK_PER_SECOND, Budget
 from .greedy import Knobs, greedy_order
 from .improve import anneal, improve
 from .lns import tail_windows
@@ -91,7 +92,9 @@ ANNEAL_SETTINGS = [dict(hot=0.03, columns=0.4)]  # one per start, in turn
 CLIMB_BUDGET = 3000  # evaluations of the hill climb that polishes the annealed order
 POLISH_UP_TO = 200  # actions: the MIP windows (mip.polish) run up to this size (V: p·m <= 33)
 POLISH_WITHIN = 0.02  # and polish a placement whose searched order is this close to the best
-SEARCH_SECONDS = 0.3  # the adaptive V stage's budget, by default (``search_seconds``)
+SEARCH_SECONDS = 0.5  # the search's budget (every stage after the registered), by default
+GREEDY_WORK = 0.7  # work units of one greedy pass and its scoring, per action (measured)
+EVAL_WORK = 1.0  # work units of one local-search evaluation, per action
 REMEMBER = 8  # answers kept for identical requests (the planner asks the same ones again)
 _REMEMBERED: OrderedDict[tuple, Schedule] = OrderedDict()  # request -> answer, oldest first
 
@@ -228,18 +231,31 @@ def _search(ranks: int, microbatches: int, costs: CostModel | None,
     bounds = {kind: b.value for kind, b in named.items()}
     floor = min(bounds.values())
     clock = _Stages(started)
+    budget = None  # the search's one ledger, made once the registered schedules are scored
     # Registered schedules first (a tie on step time goes to the least idle inside the
     # spans, so ZB-H2's and ZB-V's zero span bubble wins ties), then the greedy orders, V
     # first (its bound is lower), until one reaches the lower bound.
+    def _greedy_charged(kind, p, m, sc, where, limits):
+        # charged per pass; with the ledger spent it still runs while nothing fits yet
+        # (the one fallback: below the registered schedules' memory only it fits)
+        for knobs in knob_grid(p, m, _CHUNKS[kind]):
+            if not budget.spend(GREEDY_WORK * 3 * len(where) * m, "greedy") and best is not None:
+                return
+            yield from _greedy(kind, p, m, sc, where, limits, [knobs])
+
     def _adaptive(kind, p, m, sc, where, limits):
         if kind != "v":
             return
-        for source, orders in adaptive_orders(p, m, sc, limits, Budget(seconds)):
+        for source, orders in adaptive_orders(p, m, sc, limits, budget):
+            if not budget.spend(score_cost(orders), "adaptive V"):
+                return
             scored = _score(make_schedule("auto", orders, 2 * p, m, placement="v"), sc, limits)
             if scored is not None:
                 yield scored[0], orders, source
 
-    for phase in (_registered, _greedy, _adaptive):
+    for phase in (_registered, _greedy_charged, _adaptive):
+        if phase is not _registered and budget is None:
+            budget = Budget(seconds)
         for kind in sorted(resolved, key=lambda k: bounds[k]):
             if best is not None and bounds[kind] > best[0][0] + _TOL:
                 continue  # this placement cannot beat what we have
@@ -258,8 +274,8 @@ def _search(ranks: int, microbatches: int, costs: CostModel | None,
             if best is not None and best[0][0] <= floor + _TOL and (
                     phase is not _registered or best[0][1] <= _TOL):
                 break
-        clock.ran({_registered: "registered schedules", _greedy: "greedy"}.get(
-            phase, "adaptive V"), best)
+        clock.ran({_registered: "registered schedules", _greedy_charged: "greedy"}.get(
+            phase, "adaptive V"), best, budget)
     if best is None:  # cannot happen above the smallest limit; kept as a clear error
         raise ScheduleError(f"auto found no order within memory limit {memory_limit}")
     searched = []  # (key, orders, source, placement) after the local search
@@ -273,20 +289,25 @@ def _search(ranks: int, microbatches: int, costs: CostModel | None,
         # different shapes), then polish the best result with a hill climb.
         found = None
         for n, (_key, orders, source, _) in enumerate(tops):
+            moves = _afford(budget, min(ANNEAL_BUDGET, ANNEAL_WORK // size) // len(tops), size)
+            if not moves:
+                break
             start = [[a for step in o for a in _actions(step)] for o in orders]
             better, got = anneal(start, sc, where, m, limits, seed=size * 1000 + n,
-                                 budget=min(ANNEAL_BUDGET, ANNEAL_WORK // size) // len(tops),
-                                 **ANNEAL_SETTINGS[n % len(ANNEAL_SETTINGS)])
+                                 budget=moves, **ANNEAL_SETTINGS[n % len(ANNEAL_SETTINGS)])
             if found is None or got < found[0]:
                 found = (got, better, source)
-        better, _ = improve(found[1], sc, where, m, limits, budget=CLIMB_BUDGET)
+        if found is None:
+            continue
+        better, _ = improve(found[1], sc, where, m, limits,
+                            budget=_afford(budget, CLIMB_BUDGET, size))
         scored = _score(make_schedule("auto", better, len(where), m, placement=list(where)),
                         sc, limits)
         if scored is not None:
             searched.append((scored[0], better, found[2] + " + local search", kind))
             best = min(best, searched[-1], key=lambda t: t[0])
     if searched:
-        clock.ran("local search", best)
+        clock.ran("local search", best, budget)
     # Then the MIP windows (exact.polish) on small instances, from the best searched order,
     # and from the other placement's only if it is within POLISH_WITHIN of it.
     for key, orders, source, kind in sorted(searched, key=lambda t: t[0]):
@@ -295,27 +316,27 @@ def _search(ranks: int, microbatches: int, costs: CostModel | None,
                 or key[0] <= bounds[kind] + _TOL
                 or key[0] > (1 + POLISH_WITHIN) * best[0][0]):
             continue
-        polished = polish(orders, sc, where, m, limits)
+        polished = polish(orders, sc, where, m, limits, budget)
         if polished is None:
             continue
         scored = _score(make_schedule("auto", polished[0], len(where), m,
                                       placement=list(where)), sc, limits)
         if scored is not None and scored[0] < best[0]:
             best = (scored[0], polished[0], source + " + MIP windows", kind)
-        clock.ran("MIP windows", best)
+        clock.ran("MIP windows", best, budget)
     # Then the tail windows (lns.tail_windows) on orders too big for the two above.
     key, orders, source, kind = best
     sc, where = resolved[kind]
     if (mip_windows and 3 * len(where) * m > POLISH_UP_TO and seconds > 0
             and key[0] > bounds[kind] + _TOL):
         flat = [[a for step in o for a in _actions(step)] for o in orders]
-        got = tail_windows(flat, sc, where, m, limits, Budget(seconds))
+        got = tail_windows(flat, sc, where, m, limits, budget)
         if got is not None:
             scored = _score(make_schedule("auto", got[0], len(where), m,
                                           placement=list(where)), sc, limits)
             if scored is not None and scored[0] < best[0]:
                 best = (scored[0], got[0], source + " + tail windows", kind)
-        clock.ran("tail windows", best)
+        clock.ran("tail windows", best, budget)
     key, orders, source, kind = best
     sc, where = resolved[kind]
     cand = make_schedule("auto", [[a if isinstance(a, Action) else Action(*a) for a in o]
@@ -325,11 +346,23 @@ def _search(ranks: int, microbatches: int, costs: CostModel | None,
     info = Provenance(generator=source, placement=kind, chunks=_CHUNKS[kind],
                       step_time=timeline.step_time, lower_bound=lb,
                       seconds=time.perf_counter() - started, stages=tuple(clock.stages),
-                      memory_limit=memory_limit)
+                      memory_limit=memory_limit, budget_seconds=seconds,
+                      work=budget.spent if budget is not None else 0.0,
+                      budget_hit=budget is not None and budget.hit)
     out = make_schedule("auto", cand.orders, cand.num_stages, m,
                         placement=list(cand.stage_to_rank), auto=info)
     validate_schedule(out)
     return out
+
+
+def _afford(budget: Budget, evaluations: int, size: int) -> int:
+    """Charge the local search's ``evaluations`` of an order of ``size`` actions, as many
+    as the ledger has left (0: none)."""
+    n = max(0, min(evaluations, int(budget.left // (EVAL_WORK * size))))
+    if n and budget.late():
+        n = 0
+    budget.spend(n * EVAL_WORK * size, "local search")
+    return n
 
 
 def _actions(step) -> tuple[Action, ...]:
@@ -424,10 +457,11 @@ def _stretched(p: int, m: int, sc: StageCosts, where: tuple[int, ...], limits: l
 
 
 def _greedy(kind: str, p: int, m: int, sc: StageCosts, where: tuple[int, ...],
-            limits: list[float] | None):
-    """(key, orders, source) of the greedy orders over the knob grid, scored by the
-    simulator like every candidate (the greedy's own clock only steers its choices)."""
-    for knobs in knob_grid(p, m, _CHUNKS[kind]):
+            limits: list[float] | None, grid: list[Knobs] | None = None):
+    """(key, orders, source) of the greedy orders over the knob grid (or ``grid``),
+    scored by the simulator like every candidate (the greedy's own clock only steers its
+    choices)."""
+    for knobs in knob_grid(p, m, _CHUNKS[kind]) if grid is None else grid:
         got = greedy_order(p, m, sc, where, limits, knobs)
         if got is None:
             continue
@@ -493,6 +527,7 @@ class SearchStage:
     seconds: float
     gain: float
     best: float
+    work: float = 0.0  # work units it charged to the search's budget (:mod:`.budget`)
 
 
 @dataclass(frozen=True)
@@ -511,6 +546,9 @@ class Provenance(Mapping):
     seconds: float
     stages: tuple[SearchStage, ...] = ()
     memory_limit: float | Sequence[float] | None = None
+    budget_seconds: float = 0.0  # the search's budget (``search_seconds``)
+    work: float = 0.0  # work units the search charged to it, all stages together
+    budget_hit: bool = False  # the budget's safety net (a wall-clock deadline) stopped it
 
     @property
     def gap(self) -> float:
@@ -525,8 +563,11 @@ class Provenance(Mapping):
             "lower_bound": self.lower_bound.value, "lower_bound_kind": self.lower_bound.kind,
             "lower_bounds": dict(self.lower_bound.by_kind), "gap": self.gap,
             "seconds": self.seconds, "from": self.generator,
-            "stages": [{"name": x.name, "seconds": x.seconds, "gain": x.gain, "best": x.best}
-                       for x in self.stages],
+            "stages": [{"name": x.name, "seconds": x.seconds, "gain": x.gain, "best": x.best,
+                        "work": x.work} for x in self.stages],
+            "budget": {"seconds": self.budget_seconds, "work": self.work,
+                       "work_allowed": self.budget_seconds * WORK_PER_SECOND,
+                       "safety_net_hit": self.budget_hit},
             "memory_limit": (list(self.memory_limit) if isinstance(self.memory_limit, Sequence)
                              else self.memory_limit),
         }
@@ -552,14 +593,15 @@ class _Stages:
     """The clock of the search stages (see :class:`SearchStage`)."""
 
     def __init__(self, started: float):
-        self.mark, self.stages, self.step = started, [], None
+        self.mark, self.stages, self.step, self.work = started, [], None, 0.0
 
-    def ran(self, name: str, best) -> None:
+    def ran(self, name: str, best, budget: Budget | None = None) -> None:
         now = time.perf_counter()
         step = best[0][0] if best is not None else float("inf")
         gain = 0.0 if self.step is None or step >= self.step else self.step - step
-        self.stages.append(SearchStage(name, now - self.mark, gain, step))
-        self.mark, self.step = now, step
+        spent = budget.spent if budget is not None else 0.0
+        self.stages.append(SearchStage(name, now - self.mark, gain, step, spent - self.work))
+        self.mark, self.step, self.work = now, step, spent
 
 
 def _generate(ranks: int, microbatches: int, chunks: int | None = None,

@@ -23,8 +23,10 @@ search order, so that it costs little at the sizes people run:
    cool-down laid out as a wave (:func:`wave_cooldown`); the caller scores every order
    with the simulator and keeps what fits.
 
-It stops when its :class:`Budget` is spent. Deterministic: the enumeration's order is
-fixed, nothing is random, and the budget counts work, not time.
+It stops when its :class:`~.budget.Budget` is spent; every pass of a block is charged
+(:func:`_build_cost`: its list schedules, the deep warm-up, the cool-down wave) and the
+caller charges the scoring of each order (:func:`score_cost`). Deterministic: the
+enumeration's order is fixed, nothing is random, and the budget counts work, not time.
 """
 
 from __future__ import annotations
@@ -35,13 +37,20 @@ from ...costs import StageCosts
 from ...ir.schedule import Action, ScheduleError
 from ..building_block import PERIOD, block, peak, place_w, reorder, reorder_ends, repeat
 from ..periodic import extend
+from .budget import WORK_PER_SECOND, Budget
+
+__all__ = ["WORK_PER_SECOND", "Budget", "adaptive_orders", "candidate_blocks", "steady_peaks",
+           "switched_block", "wave_cooldown", "warmup_targets", "score_cost"]
 
 # Blocks built first, where they fit: V-Half's chunk offsets with the turn 4/5 and top 1
 # (under the controllable-memory paper's Table 8 costs faster than V-Half itself from
 # p = 16 on: p = 24, m = 72 in 88.89 microbatches against 89.08), and its mirror.
 PREFERRED = [(2, 1, 1, 2, 4, 5, 1), (1, 2, 2, 1, 4, 5, 1)]
 BUILD_AT_MOST = 16  # blocks built and scored, at most (each costs about one small reorder)
-WORK_PER_SECOND = 200_000  # work units a second on the reference machine (2 loaded cores)
+PASS_WORK = 0.5  # work units of one list-schedule pass, per p x microbatch of the small instance
+GROW_WORK = 0.3  # work units of growing one order to m (``periodic.extend``), per action
+SCORE_WORK = 0.2  # work units of the simulator's scoring of an order, per action
+ENUMERATE_WORK = (1 / 40, 1 / 12)  # work units per rank and turn tried (uniform, switched)
 
 
 def switched_block(p: int, near: int, far: int, switch: int, turn_f: int, turn_i: int,
@@ -101,7 +110,8 @@ def candidate_blocks(p: int, budget: Budget | None = None, family: str = "all"
     if family in ("all", "uniform"):
         for a in range(1, 6):
             for b in range(1, 6):
-                if budget is not None and not budget.spend(p * len(turns) / 4):
+                if budget is not None and not budget.spend(
+                        ENUMERATE_WORK[0] * p * len(turns), "adaptive V"):
                     return out
                 for turn in turns:
                     if _collides(p, a, b, *turn):
@@ -115,7 +125,8 @@ def candidate_blocks(p: int, budget: Budget | None = None, family: str = "all"
         for near in range(2, 6):
             for far in range(1, near):
                 for switch in range(1, p - 1):
-                    if budget is not None and not budget.spend(p * len(turns)):
+                    if budget is not None and not budget.spend(
+                            ENUMERATE_WORK[1] * p * len(turns), "adaptive V"):
                         return out
                     for turn in turns:
                         times = switched_block(p, near, far, switch, *turn)
@@ -137,22 +148,6 @@ def steady_peaks(p: int, times: tuple[list[int], ...]) -> list[int]:
         for x in range(t_f[s], t_w[s]):
             row[x % PERIOD] += 1
     return [max(row) for row in per_phase]
-
-
-class Budget:
-    """Work a search stage may do, counted in *work units* (about one pass of a list
-    scheduler over one action: ``WORK_PER_SECOND`` of them take a second on the reference
-    machine, two loaded cores), never in time: the same instance and budget give the same
-    order on any machine and under any load (under torchrun every rank searches alike).
-    ``Budget(seconds)`` allows ``seconds x WORK_PER_SECOND``."""
-
-    def __init__(self, seconds: float):
-        self.left = seconds * WORK_PER_SECOND
-
-    def spend(self, work: float) -> bool:
-        """Charge ``work``; False once the budget is spent."""
-        self.left -= work
-        return self.left >= 0
 
 
 def adaptive_orders(p: int, m: int, sc: StageCosts, limits: list[float] | None,
@@ -180,7 +175,7 @@ def adaptive_orders(p: int, m: int, sc: StageCosts, limits: list[float] | None,
     seen: set[tuple] = set()
     small = min(m, 2 * p + 6)  # built on a few microbatches, the steady state repeated
     for _n, offsets, times in ranked:  # V-Half's kin: their own warm-up is the best one
-        if not budget.spend(_build_cost(p, m, small, times, None)):
+        if not budget.spend(_build_cost(p, m, small, times, None), "adaptive V"):
             return
         seen.add((tuple(times[0]), tuple(times[1]), tuple(times[2])))
         yield from _built(p, m, small, offsets, times, None)
@@ -201,7 +196,7 @@ def adaptive_orders(p: int, m: int, sc: StageCosts, limits: list[float] | None,
                 continue
             if built >= BUILD_AT_MOST:
                 break
-            if not budget.spend(_build_cost(p, m, small, times, k)):
+            if not budget.spend(_build_cost(p, m, small, times, k), "adaptive V"):
                 return
             seen.add(key)
             built += 1
@@ -385,12 +380,18 @@ def warmup_targets(p: int, m: int, k: int) -> list[tuple[int, int]]:
 
 def _build_cost(p: int, m: int, small: int, times: tuple[list[int], ...],
                 k: int | None) -> float:
-    """Work units of one block's orders: a pass over the small instance for the ends
-    reorder and each list schedule (two, four when the warm-up is filled too), and the
-    caller's scoring of the whole order by the simulator's kernel (vectorised: about a
-    tenth of a unit an action). The deep warm-up's list schedule is not charged: the
-    blocks a budget builds stay the ones measured before it was added (charging it cost
-    p = 16, m = 64, k = 13 under unit costs a pass: 443 against 442); nor is the cool-down
-    wave's (:func:`wave_cooldown`, two passes: charging them costs the same row the same)."""
-    passes = 5 if k is not None and k >= max(steady_peaks(p, times)) else 3
-    return passes * 6 * p * small + 0.6 * p * m
+    """Work units of one block's orders: its passes over the small instance (``PASS_WORK``
+    a rank and microbatch each: the ends reorder and the list-scheduled reorder; when the
+    warm-up is filled, its two list schedules, the deep warm-up's and the cool-down wave of
+    each of the three, :func:`wave_cooldown`: a unit-time pass and a list schedule) and
+    the growing of each order to ``m`` (``GROW_WORK`` an action: two orders, or six with
+    the warm-up filled). Measured, the growing is most of it from p = 16, m = 64 on. The
+    scoring of the orders is the caller's (:func:`score_cost`)."""
+    filled = k is not None and k >= max(steady_peaks(p, times))
+    passes, orders = (11, 6) if filled else (2, 2)
+    return passes * PASS_WORK * p * small + orders * GROW_WORK * 6 * p * m
+
+
+def score_cost(orders: list[list[Action]]) -> float:
+    """Work units of scoring one order with the simulator (``SCORE_WORK`` an action)."""
+    return SCORE_WORK * sum(len(o) for o in orders)

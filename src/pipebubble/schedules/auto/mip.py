@@ -29,11 +29,35 @@ POLISH_WIDE_UP_TO = 120  # actions: the wider pass runs only up to this size (it
 POLISH_NODES = 50  # branch-and-bound nodes per window, at most (deterministic)
 POLISH_GAP = 1e-3  # relative gap a window's solve stops at
 POLISH_SECONDS = 5.0  # and a time limit per window, a guard that a node limit reaches first
+WINDOW_WORK = 10_000  # work units a window costs whatever its size (the solver's setup)
+ITERATION_WORK = 0.4  # work units per simplex iteration and window action (about 3 s for
+# 10 000 iterations at 200 actions)
+CHECK_WORK = 60.0  # work units per solver check and window action (about a root cut
+# round: 38 checks took 2.15 s at 192 actions; 140 took 3-4 s at 192)
+MIN_CHECKS = 8  # a window is not started with fewer checks than this left to it
+
+
+def window_work(size: int, total: int, iterations: int, checks: int) -> float:
+    """Work units of one window of ``size`` actions in an order of ``total``: the
+    setup (building the program, simulating the result), then the solver's work, the
+    larger of its simplex iterations' and its checks' charge, each times the size."""
+    return (WINDOW_WORK + size * size + total
+            + size * max(ITERATION_WORK * iterations, CHECK_WORK * checks))
+
+
+def check_cap(budget, size: int, total: int) -> int | None:
+    """The solver checks a window of ``size`` actions may run to within what is left of
+    ``budget``; None when fewer than ``MIN_CHECKS`` fit (the window is not started)."""
+    room = budget.left - window_work(size, total, 0, 0)
+    checks = int(room // (CHECK_WORK * size)) if room > 0 else 0
+    if checks < MIN_CHECKS or budget.late():
+        return None
+    return checks
 
 
 def polish(orders: list[list[Action]], sc: StageCosts, where: tuple[int, ...],
-           microbatches: int,
-           limits: list[float] | None) -> tuple[list[list[Action]], float] | None:
+           microbatches: int, limits: list[float] | None,
+           budget=None) -> tuple[list[list[Action]], float] | None:
     """Large-neighbourhood search with the MIP: slide a window over the step; in it, each
     rank's next few actions may take any order (the program of :func:`solve`, every
     other action kept in its place in its rank's order), and the solver picks the order of
@@ -42,7 +66,10 @@ def polish(orders: list[list[Action]], sc: StageCosts, where: tuple[int, ...],
     ``POLISH_PASSES`` actions over all ranks. A window whose actions all have slack is
     skipped. Deterministic: one
     thread and a node limit per window (its time limit is a guard that is not reached).
-    Returns the orders and their step time, or None when highspy is missing."""
+    With ``budget`` (a :class:`~.budget.Budget`) each window is charged
+    (:func:`window_work`), its solver capped at the checks left (:func:`check_cap`), and
+    the search stops when too little is left for one more. Returns the orders and their
+    step time, or None when highspy is missing."""
     try:
         import highspy
     except ImportError:  # pragma: no cover - installed with pipebubble; kept for safety
@@ -59,6 +86,8 @@ def polish(orders: list[list[Action]], sc: StageCosts, where: tuple[int, ...],
     score = _score(known)
     longest = max(len(o) for o in cur)
     fruitless: dict[int, tuple[float, float]] = {}  # window size -> the score it left alone
+    total = sum(len(o) for o in cur)
+    effort: list[tuple[int, int]] = []
     for size in sizes:
         if fruitless.get(size) == score:
             continue  # a pass of this size found nothing here already
@@ -74,9 +103,17 @@ def polish(orders: list[list[Action]], sc: StageCosts, where: tuple[int, ...],
             t0 += score[0] * size / (2 * longest)  # half a window on
             if len(free) < 2 or not free & _critical(cur, began, sc, edges, score[0]):
                 continue  # reordering actions that all have slack cannot shorten the step
+            checks, limit = None, POLISH_SECONDS
+            if budget is not None:
+                checks = check_cap(budget, len(free), total)
+                if checks is None:
+                    return cur, score[0]
+                limit = min(limit, budget.seconds_left())
             solved = solve(highspy, sc, where, m, limits, cur, began, score[0], free=free,
-                           time_limit=POLISH_SECONDS, gap=POLISH_GAP, nodes=POLISH_NODES,
-                           settled=start)
+                           time_limit=limit, gap=POLISH_GAP, nodes=POLISH_NODES,
+                           settled=start, effort=effort, checks=checks)
+            if budget is not None:
+                budget.spend(window_work(len(free), total, *effort[-1]), "MIP windows")
             if solved[0] is None:
                 continue
             timed = simulate(make_schedule("polish", solved[0], S, m, placement=list(where)),
@@ -167,7 +204,7 @@ def solve(highspy, sc: StageCosts, where: tuple[int, ...], m: int,
            began: dict[Action, float], step: float, free: set[Action] | None,
            time_limit: float, gap: float, nodes: int | None = None,
            settled: float | None = None, tail_from: float | None = None,
-           effort: list[int] | None = None):
+           effort: list[tuple[int, int]] | None = None, checks: int | None = None):
     """The program of the module docstring, started from ``orders`` (timed: ``began``,
     ``step``, the big M). ``free``: only these actions' order among themselves is open,
     every other pair of a rank keeps its order in ``orders`` (None: all open); what starts
@@ -179,8 +216,12 @@ def solve(highspy, sc: StageCosts, where: tuple[int, ...], m: int,
     order among them open), the rest kept in place as constants: nothing that starts
     before it waits for anything that starts after, so their times stay; they give each
     rank's free time, each action's release and each rank's memory at the cut.
-    ``effort``, a list, gets the solver's simplex iterations appended (a count of its
-    work that is the same on every machine)."""
+    ``effort``, a list, gets (simplex iterations, checks) appended: counts of the solver's
+    work that are the same on every machine (one thread), the checks being its interrupt
+    callbacks (a few a cut round of the root, one every few nodes after). ``checks``
+    caps them: the solve stops at the next check past it, with the best order found so
+    far (the start order at worst), which bounds the root's work, which the node limit
+    does not."""
     S = len(where)
     p = max(where) + 1
     horizon = step + 1e-6
@@ -333,10 +374,18 @@ def solve(highspy, sc: StageCosts, where: tuple[int, ...], m: int,
     warm.col_value = [began[a] for a in acts] + [step] + binaries  # the start order
     warm.value_valid = True
     h.setSolution(warm)
+    seen = [0]
+
+    def check(event) -> None:
+        seen[0] += 1
+        if checks is not None and seen[0] > checks:
+            event.interrupt()
+
+    h.cbMipInterrupt.subscribe(check)
     h.run()
     info = h.getInfo()
     if effort is not None:
-        effort.append(int(info.simplex_iteration_count))
+        effort.append((max(0, int(info.simplex_iteration_count)), seen[0]))
     bound = float(info.mip_dual_bound)
     if info.primal_solution_status != 2:
         return None, bound, False

@@ -1,0 +1,84 @@
+"""The search budget: one ledger of work for every stage of ``auto``'s search.
+
+``auto_schedule(..., search_seconds=S)`` makes one :class:`Budget` of ``S x
+WORK_PER_SECOND`` *work units* (about one pass of a list scheduler over one action; the
+rate is that of the reference machine, two loaded cores) and hands it to every stage after
+the registered schedules, in turn: the greedy passes, the adaptive V blocks (every list
+schedule of a block, its deep warm-up and its cool-down wave, and the simulator's scoring
+of each order), the local search, the MIP windows and the tail windows. Each stage charges
+what it does, by counts (actions passed over, orders scored, evaluations, solver
+iterations and checks), never by the clock, and stops when the ledger is spent; so the
+same instance and budget give the same order on any machine and under any load.
+
+The solver is the one stage whose work a count can only bound from outside: HiGHS's root
+(presolve, root LP, cut rounds, heuristics) ignores its node limit. Each window is given
+a cap on the solver's *checks* (its interrupt callbacks, a deterministic count: one
+solver thread) from what is left, and a window that the ledger cannot afford is not
+started.
+
+The one exception is the **safety net**: a wall-clock deadline at ``S`` plus
+:func:`slack` from the ledger's creation. Past it every stage stops at its next charge
+(and a running solve at its time limit, the seconds left to the deadline), and
+``Budget.hit`` is set. That is the one case in which the result may depend on the
+machine: the counts are calibrated so a normal run ends well inside it. (In a
+distributed run one rank searches and sends the order, so the ranks still agree.)
+
+>>> b = Budget(0.0)
+>>> b.spend(1.0, "greedy"), b.spent, b.by_stage
+(False, 1.0, {'greedy': 1.0})
+"""
+
+from __future__ import annotations
+
+import time
+
+WORK_PER_SECOND = 200_000  # work units a second on the reference machine (2 loaded cores)
+SLACK_SECONDS = 0.25  # the safety net stops the search this long after the budget at most
+SLACK_SHARE = 0.1  # or this share of the budget, whichever is more
+SAFETY_NET = True  # tests turn it off: a machine slower than the counts assume cannot hit it
+
+
+def slack(seconds: float) -> float:
+    """How far past its budget the safety net lets a search run."""
+    return max(SLACK_SECONDS, SLACK_SHARE * seconds)
+
+
+class Budget:
+    """Work a search may do, in work units (see the module docstring), shared by every
+    stage: ``spend(work, stage)`` charges it (kept per stage in ``by_stage``) and says
+    whether the ledger still has work left; ``afford(work)`` asks without charging."""
+
+    def __init__(self, seconds: float, clock: bool | None = None):
+        self.seconds = float(seconds)
+        self.total = self.seconds * WORK_PER_SECOND
+        self.left = self.total
+        self.by_stage: dict[str, float] = {}
+        self.hit = False
+        net = SAFETY_NET if clock is None else clock
+        self.deadline = (time.perf_counter() + self.seconds + slack(self.seconds)
+                         if net else float("inf"))
+
+    @property
+    def spent(self) -> float:
+        """Work units charged so far, all stages together."""
+        return self.total - self.left
+
+    def spend(self, work: float, stage: str = "search") -> bool:
+        """Charge ``work``; False once the budget is spent (or the safety net is past)."""
+        self.left -= work
+        self.by_stage[stage] = self.by_stage.get(stage, 0.0) + work
+        return self.left >= 0 and not self.late()
+
+    def afford(self, work: float) -> bool:
+        """Whether ``work`` more fits in what is left (nothing is charged)."""
+        return self.left >= work and not self.late()
+
+    def late(self) -> bool:
+        """Whether the safety net's deadline is past (it sets ``hit``)."""
+        if not self.hit and time.perf_counter() > self.deadline:
+            self.hit = True
+        return self.hit
+
+    def seconds_left(self) -> float:
+        """Seconds to the safety net's deadline (a solver's time limit); inf without it."""
+        return max(0.0, self.deadline - time.perf_counter())
