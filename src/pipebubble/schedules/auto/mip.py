@@ -29,27 +29,28 @@ POLISH_WIDE_UP_TO = 120  # actions: the wider pass runs only up to this size (it
 POLISH_NODES = 50  # branch-and-bound nodes per window, at most (deterministic)
 POLISH_GAP = 1e-3  # relative gap a window's solve stops at
 POLISH_SECONDS = 5.0  # and a time limit per window, a guard that a node limit reaches first
-WINDOW_WORK = 10_000  # work units a window costs whatever its size (the solver's setup)
-ITERATION_WORK = 0.4  # work units per simplex iteration and window action (about 3 s for
-# 10 000 iterations at 200 actions)
-CHECK_WORK = 60.0  # work units per solver check and window action (about a root cut
-# round: 38 checks took 2.15 s at 192 actions; 140 took 3-4 s at 192)
+WINDOW_WORK = 2_000  # work units a window costs whatever its size (the solver's setup)
+ITERATION_WORK = 0.2  # work units per simplex iteration and window action (measured: 23 589
+# iterations took 3-4 s at 192 actions, 0.16 a unit)
+CHECK_WORK = 0.3  # work units per solver check and squared window action (about a root
+# cut round, whose LP grows with the pairs of a rank: 38 checks took 2.15 s at 192 actions)
 MIN_CHECKS = 8  # a window is not started with fewer checks than this left to it
 
 
 def window_work(size: int, total: int, iterations: int, checks: int) -> float:
     """Work units of one window of ``size`` actions in an order of ``total``: the
     setup (building the program, simulating the result), then the solver's work, the
-    larger of its simplex iterations' and its checks' charge, each times the size."""
+    larger of its simplex iterations' charge (times the size) and its checks' (times the
+    size squared)."""
     return (WINDOW_WORK + size * size + total
-            + size * max(ITERATION_WORK * iterations, CHECK_WORK * checks))
+            + max(ITERATION_WORK * iterations * size, CHECK_WORK * checks * size * size))
 
 
 def check_cap(budget, size: int, total: int) -> int | None:
     """The solver checks a window of ``size`` actions may run to within what is left of
     ``budget``; None when fewer than ``MIN_CHECKS`` fit (the window is not started)."""
     room = budget.left - window_work(size, total, 0, 0)
-    checks = int(room // (CHECK_WORK * size)) if room > 0 else 0
+    checks = int(room // (CHECK_WORK * size * size)) if room > 0 else 0
     if checks < MIN_CHECKS or budget.late():
         return None
     return checks
