@@ -92,8 +92,9 @@ ANNEAL_SETTINGS = [dict(hot=0.03, columns=0.4)]  # one per start, in turn
 CLIMB_BUDGET = 3000  # evaluations of the hill climb that polishes the annealed order
 POLISH_UP_TO = 200  # actions: the MIP windows (mip.polish) run up to this size (V: p·m <= 33)
 POLISH_WITHIN = 0.02  # and polish a placement whose searched order is this close to the best
-SEARCH_SECONDS = 0.5  # the search's budget (every stage after the registered), by default
-GREEDY_WORK = 0.7  # work units of one greedy pass and its scoring, per action (measured)
+SEARCH_SECONDS = 0.6  # the search's budget (every stage after the registered), by default
+GREEDY_WORK = 1.0  # work units of one greedy pass and its scoring, per action (measured:
+# 0.4-1.0 from 2 to 4 processes on the 2 cores)
 EVAL_WORK = 0.1  # work units of one local-search evaluation, per action (measured: the
 # full local search, about 600 000 action evaluations, took 0.07-0.3 s at p <= 3)
 REMEMBER = 8  # answers kept for identical requests (the planner asks the same ones again)
@@ -240,8 +241,11 @@ def _search(ranks: int, microbatches: int, costs: CostModel | None,
         # charged per pass; with the ledger spent it still runs while nothing fits yet
         # (the one fallback: below the registered schedules' memory only it fits)
         for knobs in knob_grid(p, m, _CHUNKS[kind]):
-            if not budget.spend(GREEDY_WORK * 3 * len(where) * m, "greedy") and best is not None:
-                return
+            work = GREEDY_WORK * 3 * len(where) * m
+            if not budget.spend(work, "greedy"):
+                if best is not None:
+                    return
+                budget.charge(work, "greedy")
             yield from _greedy(kind, p, m, sc, where, limits, [knobs])
 
     def _adaptive(kind, p, m, sc, where, limits):

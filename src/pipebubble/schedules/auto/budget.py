@@ -16,16 +16,24 @@ a cap on the solver's *checks* (its interrupt callbacks, a deterministic count: 
 solver thread) from what is left, and a window that the ledger cannot afford is not
 started.
 
-The one exception is the **safety net**: a wall-clock deadline at ``S`` plus
-:func:`slack` from the ledger's creation. Past it every stage stops at its next charge
-(and a running solve at its time limit, the seconds left to the deadline), and
-``Budget.hit`` is set. That is the one case in which the result may depend on the
-machine: the counts are calibrated so a normal run ends well inside it. (In a
-distributed run one rank searches and sends the order, so the ranks still agree.)
+An item the ledger cannot afford is refused and not charged (:meth:`Budget.spend`); what
+is only known after the fact (a solve's iterations) is charged then
+(:meth:`Budget.charge`), which :func:`.mip.check_cap` keeps within what was left.
+
+The one exception is the **safety net**: a wall-clock deadline ``S`` seconds and half the
+:func:`slack` after the ledger is made (after the registered schedules). Past it every stage stops at its next
+charge (and a running solve at its time limit, the seconds left to the deadline), and
+``Budget.hit`` is set; what runs past the deadline is the one step in flight (a greedy
+pass, one order grown and scored, one solver check), within the other half. That is the
+one case in which the result may depend on the machine: the counts are calibrated so
+that a normal run stays inside it. (In a distributed run one rank searches and sends the
+order, so the ranks still agree.)
 
 >>> b = Budget(0.0)
 >>> b.spend(1.0, "greedy"), b.spent, b.by_stage
-(False, 1.0, {'greedy': 1.0})
+(False, 0.0, {})
+>>> b.charge(2.0, "tail windows"), b.spent, b.left
+(False, 2.0, -2.0)
 """
 
 from __future__ import annotations
@@ -33,20 +41,21 @@ from __future__ import annotations
 import time
 
 WORK_PER_SECOND = 200_000  # work units a second on the reference machine (2 loaded cores)
-SLACK_SECONDS = 0.25  # the safety net stops the search this long after the budget at most
+SLACK_SECONDS = 0.25  # what the step in flight may run past the deadline, at most
 SLACK_SHARE = 0.1  # or this share of the budget, whichever is more
 SAFETY_NET = True  # tests turn it off: a machine slower than the counts assume cannot hit it
 
 
 def slack(seconds: float) -> float:
-    """How far past its budget the safety net lets a search run."""
+    """How far past its budget a search may run: the step in flight at the deadline."""
     return max(SLACK_SECONDS, SLACK_SHARE * seconds)
 
 
 class Budget:
     """Work a search may do, in work units (see the module docstring), shared by every
-    stage: ``spend(work, stage)`` charges it (kept per stage in ``by_stage``) and says
-    whether the ledger still has work left; ``afford(work)`` asks without charging."""
+    stage: ``spend(work, stage)`` charges it (kept per stage in ``by_stage``) if the
+    ledger has that much left, else refuses it; ``charge(work, stage)`` charges work
+    already done; ``afford(work)`` asks without charging."""
 
     def __init__(self, seconds: float, clock: bool | None = None):
         self.seconds = float(seconds)
@@ -55,7 +64,7 @@ class Budget:
         self.by_stage: dict[str, float] = {}
         self.hit = False
         net = SAFETY_NET if clock is None else clock
-        self.deadline = (time.perf_counter() + self.seconds + slack(self.seconds)
+        self.deadline = (time.perf_counter() + self.seconds + slack(self.seconds) / 2
                          if net else float("inf"))
 
     @property
@@ -64,10 +73,18 @@ class Budget:
         return self.total - self.left
 
     def spend(self, work: float, stage: str = "search") -> bool:
-        """Charge ``work``; False once the budget is spent (or the safety net is past)."""
+        """Charge ``work`` and say True if it fits in what is left (and the safety net's
+        deadline is not past); else charge nothing and say False."""
+        if not self.afford(work):
+            return False
+        self.charge(work, stage)
+        return True
+
+    def charge(self, work: float, stage: str = "search") -> bool:
+        """Charge ``work`` already done (it may overdraw); whether any is left."""
         self.left -= work
         self.by_stage[stage] = self.by_stage.get(stage, 0.0) + work
-        return self.left >= 0 and not self.late()
+        return self.left > 0 and not self.late()
 
     def afford(self, work: float) -> bool:
         """Whether ``work`` more fits in what is left (nothing is charged)."""

@@ -88,7 +88,7 @@ def tail_windows(orders: list[list[Action]], sc: StageCosts, where: tuple[int, .
                     time_limit=min(LNS_GUARD_SECONDS, budget.seconds_left()), gap=LNS_GAP,
                     nodes=LNS_NODES, tail_from=cut, effort=effort, checks=checks)[0]
         solved_windows += 1
-        budget.spend(window_work(size, total, *effort[-1]), "tail windows")
+        budget.charge(window_work(size, total, *effort[-1]), "tail windows")
         if new is not None:
             got = simulate(make_schedule("lns", new, S, m, placement=list(where)), sc)
             if _score(got) < score and _within(got, limits):

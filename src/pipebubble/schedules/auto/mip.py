@@ -114,7 +114,7 @@ def polish(orders: list[list[Action]], sc: StageCosts, where: tuple[int, ...],
                            time_limit=limit, gap=POLISH_GAP, nodes=POLISH_NODES,
                            settled=start, effort=effort, checks=checks)
             if budget is not None:
-                budget.spend(window_work(len(free), total, *effort[-1]), "MIP windows")
+                budget.charge(window_work(len(free), total, *effort[-1]), "MIP windows")
             if solved[0] is None:
                 continue
             timed = simulate(make_schedule("polish", solved[0], S, m, placement=list(where)),
