@@ -244,9 +244,9 @@ def budget(seconds):
             tf, tb, tw, tc = ZB_TABLE9[name][1].get(m) or next(iter(ZB_TABLE9[name][1].values()))
             costs = CostModel(f=tf, b=tb + tw, w=tw, comm=tc, weight_memory=0.5)
         for budget_s in ((seconds,) if seconds is not None else BUDGET_SECONDS):
-            s, wall = timed(lambda: auto_schedule(p, m, costs, memory_limit=limit,
-                                                  placement=placement,
-                                                  search_seconds=budget_s))
+            s, wall = timed(lambda p=p, m=m, costs=costs, limit=limit, pl=placement,
+                                   b=budget_s: auto_schedule(p, m, costs, memory_limit=limit,
+                                                             placement=pl, search_seconds=b))
             info = s.options["auto"]
             searched = wall - info.stages[0].seconds
             ratio = searched / budget_s

@@ -14,8 +14,7 @@ chunks per rank, as ZB-V), whichever is faster. Candidates:
   memory it is given (Zero Bubble's heuristic, both placements);
 - in the V placement, the adaptive building-block search (:mod:`.adaptive`): many blocks
   of the V-Half/V-Min family, the most memory that fits first, each repeated with its
-  warm-up and cool-down reordered (and under a limit with the paper's cool-down wave),
-  within ``search_seconds``;
+  warm-up and cool-down reordered (and under a limit with the paper's cool-down wave);
 - on small instances (up to 300 actions), a local search (:mod:`.improve`) from the three
   best orders of each placement: simulated annealing over moves of one action within its
   rank, swaps of two, and the same move on every rank, then a hill climb; seeded by the
@@ -25,8 +24,11 @@ chunks per rank, as ZB-V), whichever is faster. Candidates:
   searched order (and the other placement's if it is within 2 %); one thread and a node
   limit per window, so deterministic too;
 - on bigger orders, tail windows (:mod:`.lns`): every action after a cut time re-solved
-  by the same MIP, the part before the cut kept as constants, within a budget of work
-  (``search_seconds`` again, a budget of its own: the windows that fit in it).
+  by the same MIP, the part before the cut kept as constants.
+
+Every stage after the registered schedules charges one ledger (:mod:`.budget`) of
+``search_seconds`` of work, counted not timed, and stops when it is spent: a budget of 0
+returns the best registered schedule (or, when none fits, one greedy order).
 
 Every candidate is scored by the one simulator (:func:`pipebubble.sim.simulate`) with the
 same costs (the greedy's own clock, the same rule, only steers its choices); the fastest
@@ -141,11 +143,13 @@ def auto_schedule(
     ``mip_windows=False`` stops after the local search (faster on small instances; the
     windows only ever replace an order with a faster one that fits).
 
-    ``search_seconds`` (default :data:`SEARCH_SECONDS`) is the budget of the adaptive V
-    stage (:mod:`.adaptive`), which runs after the registered schedules and the greedy
-    (they always run: auto is never slower than them), and again that of the tail windows
-    (:mod:`.lns`) on orders too big for the local search; it counts work, not time, so
-    the result is the same on every machine.
+    ``search_seconds`` (default :data:`SEARCH_SECONDS`) is the budget of every stage
+    after the registered schedules (they always run: auto is never slower than them),
+    one ledger (:class:`~.budget.Budget`) that the greedy passes, the adaptive V stage,
+    the local search, the MIP windows and the tail windows charge in turn; it counts
+    work, not time, so the result is the same on every machine, except when its safety
+    net (a wall-clock deadline just past the budget, :mod:`.budget`) stops a search that
+    a slow machine ran past it (``options["auto"].budget_hit``).
 
     The answer is deterministic, so the last :data:`REMEMBER` answers are kept: an
     identical request (same ranks, microbatches, costs, limit, placement, windows and

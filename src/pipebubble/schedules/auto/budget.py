@@ -21,13 +21,13 @@ is only known after the fact (a solve's iterations) is charged then
 (:meth:`Budget.charge`), which :func:`.mip.check_cap` keeps within what was left.
 
 The one exception is the **safety net**: a wall-clock deadline ``S`` seconds and half the
-:func:`slack` after the ledger is made (after the registered schedules). Past it every stage stops at its next
-charge (and a running solve at its time limit, the seconds left to the deadline), and
-``Budget.hit`` is set; what runs past the deadline is the one step in flight (a greedy
-pass, one order grown and scored, one solver check), within the other half. That is the
-one case in which the result may depend on the machine: the counts are calibrated so
-that a normal run stays inside it. (In a distributed run one rank searches and sends the
-order, so the ranks still agree.)
+:func:`slack` after the ledger is made (after the registered schedules). Past it every
+stage stops at its next charge (and a running solve at its time limit, the seconds left to
+the deadline), and ``Budget.hit`` is set; what runs past the deadline is the one step in
+flight (a greedy pass, one order grown and scored, one solver check), within the other
+half. That is the one case in which the result may depend on the machine: the counts are
+calibrated so that a normal run stays inside it. (In a distributed run one rank searches
+and sends the order, so the ranks still agree.)
 
 >>> b = Budget(0.0)
 >>> b.spend(1.0, "greedy"), b.spent, b.by_stage
