@@ -73,8 +73,8 @@ from .bounds import LowerBound, bound, min_limits
 from .budget import WORK_PER_SECOND, Budget
 from .greedy import Knobs, greedy_order
 from .improve import anneal, improve
-from .lns import tail_windows
-from .mip import polish
+from .lns import LNS_PER_RANK, tail_windows
+from .mip import check_cap, polish
 
 PLACEMENTS = ("any", "loop", "v")
 
@@ -347,7 +347,9 @@ def _search(ranks: int, microbatches: int, costs: CostModel | None,
     key, orders, source, kind = best
     sc, where = resolved[kind]
     if (mip_windows and 3 * len(where) * m > POLISH_UP_TO and seconds > 0
-            and key[0] > bounds[kind] + _TOL):
+            and key[0] > bounds[kind] + _TOL
+            and check_cap(budget, min(LNS_PER_RANK) * p, 3 * len(where) * m) is not None):
+        # (without room for the smallest window the stage would only convert the order)
         flat = [[a for step in o for a in _actions(step)] for o in orders]
         got = tail_windows(flat, sc, where, m, limits, budget)
         if got is not None:

@@ -178,7 +178,7 @@ def adaptive_orders(p: int, m: int, sc: StageCosts, limits: list[float] | None,
         if not budget.spend(_build_cost(p, m, small, times, None), "adaptive V"):
             return
         seen.add((tuple(times[0]), tuple(times[1]), tuple(times[2])))
-        yield from _built(p, m, small, offsets, times, None)
+        yield from _built(p, m, small, offsets, times, None, budget)
     for family in ("uniform", "switched"):  # each enumerated, ranked and built in turn
         ranked = []
         for offsets, times in candidate_blocks(p, budget, family):
@@ -200,11 +200,11 @@ def adaptive_orders(p: int, m: int, sc: StageCosts, limits: list[float] | None,
                 return
             seen.add(key)
             built += 1
-            yield from _built(p, m, small, offsets, times, k)
+            yield from _built(p, m, small, offsets, times, k, budget)
 
 
 def _built(p: int, m: int, small: int, offsets: tuple[int, ...],
-           times: tuple[list[int], ...], k: int | None
+           times: tuple[list[int], ...], k: int | None, budget: Budget | None = None
            ) -> Iterator[tuple[str, list[list[Action]]]]:
     """The block's orders, built on ``small`` microbatches and extended to ``m``: ends
     reordered, list-scheduled reorder, and (when the limit allows ``k`` chunk activations
@@ -228,6 +228,8 @@ def _built(p: int, m: int, small: int, offsets: tuple[int, ...],
         tries.append((f" (deep warm-up to {k}, holes filled)", moved, k, max(k, cap_i),
                       True, targets, 1))
     for label, base, c, c_i, fill, targets, deep in tries:
+        if budget is not None and budget.late():
+            return  # the safety net: the block is charged already, its rest not built
         got = reorder(p, small, base, c, c_i, fill=fill, warmup=targets, deep=deep)
         if got is None:
             continue
