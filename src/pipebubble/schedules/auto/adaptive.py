@@ -50,7 +50,8 @@ BUILD_AT_MOST = 16  # blocks built and scored, at most (each costs about one sma
 PASS_WORK = 0.5  # work units of one list-schedule pass, per p x microbatch of the small instance
 GROW_WORK = 0.3  # work units of growing one order to m (``periodic.extend``), per action
 SCORE_WORK = 0.2  # work units of the simulator's scoring of an order, per action
-ENUMERATE_WORK = (1 / 40, 1 / 12)  # work units per rank and turn tried (uniform, switched)
+ENUMERATE_WORK = (1 / 20, 1 / 10)  # work units per rank and turn tried (uniform, switched)
+RANK_WORK = 1.0  # work units per rank of counting one block's steady peaks (ranking it)
 
 
 def switched_block(p: int, near: int, far: int, switch: int, turn_f: int, turn_i: int,
@@ -138,15 +139,21 @@ def candidate_blocks(p: int, budget: Budget | None = None, family: str = "all"
 def steady_peaks(p: int, times: tuple[list[int], ...]) -> list[int]:
     """Chunk activations each rank holds at most once the block repeats every 6 units (F
     adds one as it starts, W frees it as it starts): at phase ``x mod 6`` stage s holds
-    one activation for every unit of ``[tF, tW)`` with that phase. The warm-up, a part of
-    the same pattern, holds no more."""
+    one activation for every unit of ``[tF, tW)`` with that phase (counted in closed form:
+    the units of ``[a, b)`` at phase ``ph`` are ``ceil((b - ph) / 6) - ceil((a - ph) / 6)``).
+    The warm-up, a part of the same pattern, holds no more.
+
+    >>> steady_peaks(1, ([0, 1], [3, 2], [9, 4]))  # [0, 9) and [1, 4): phases 1-2 hold 3
+    [3]
+    """
     t_f, _, t_w = times
     S = 2 * p
     per_phase = [[0] * PERIOD for _ in range(p)]
     for s in range(S):
         row = per_phase[s if s < p else S - 1 - s]
-        for x in range(t_f[s], t_w[s]):
-            row[x % PERIOD] += 1
+        a, b = t_f[s], t_w[s]
+        for ph in range(PERIOD):
+            row[ph] += max(0, (b - ph + PERIOD - 1) // PERIOD - (a - ph + PERIOD - 1) // PERIOD)
     return [max(row) for row in per_phase]
 
 
@@ -182,6 +189,8 @@ def adaptive_orders(p: int, m: int, sc: StageCosts, limits: list[float] | None,
     for family in ("uniform", "switched"):  # each enumerated, ranked and built in turn
         ranked = []
         for offsets, times in candidate_blocks(p, budget, family):
+            if not budget.spend(RANK_WORK * p, "adaptive V"):
+                return
             held = steady_peaks(p, times)
             if limits is not None and any(h * c > lim + 1e-9 for h, c, lim
                                           in zip(held, chunk_mb, limits, strict=True)):
