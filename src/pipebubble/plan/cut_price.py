@@ -77,28 +77,33 @@ class Pricing:
             got = self._sync_times[key] = self.axes.sync(c.dp).times(params, c.pp)
         return got
 
-    def stage_costs(self, c: Config, sched: Schedule, lc: LayerCosts, ranges: Ranges
-                    ) -> tuple[CostModel, np.ndarray, np.ndarray]:
-        """The per-stage CostModel for a cut, the stages' parameters and transients."""
+    def stage_costs(self, c: Config, sched: Schedule, lc: LayerCosts, ranges: Ranges,
+                    split: bool | None = None) -> tuple[CostModel, np.ndarray, np.ndarray]:
+        """The per-stage CostModel for a cut, the stages' parameters and transients; with a
+        split backward (``split``, None: ask the schedule) an I also carries what B hides
+        behind its W (``LayerCosts.hidden``, as ``CostModel.i_extra``)."""
         S = sched.num_stages
-        key = (id(lc), S, tuple(ranges), c.dp, c.pp)  # the placement does not matter
+        split = lc.hidden is not None and (self.split(sched) if split is None else split)
+        key = (id(lc), S, tuple(ranges), c.dp, c.pp, split)  # the placement does not matter
         got = self._stage_costs.get(key)
         if got is not None and got[0] is lc:
             return got[1]
         params, f, b, w, act, act_w, transient, sent = self._cut_sums(lc, S, ranges)
         comm = p2p(sent, self.axes.hop(c.dp)) if S > 1 else 0.0
         ar = [sum(self._sync_time(c, p)) for p in params]
+        extra = [float(lc.hidden[a:z + 1].sum()) for a, z in
+                 (ranges[s % len(ranges)] for s in range(S))] if split else 0.0
         costs = CostModel(f=f, b=b, w=w, comm=comm, activation_memory=act,
-                          weight_memory=act_w, allreduce=ar)
+                          weight_memory=act_w, allreduce=ar, i_extra=extra)
         self._stage_costs[key] = (lc, (costs, params, transient))
         return costs, params, transient
 
     def _price(self, c, sched, lc, ranges, split: bool | None = None) -> Priced:
         """A cut's costs, each rank's static memory and the lower bound of the module doc.
         ``split``: whether W is split from the backward (None: ask the schedule)."""
-        costs, params, transient = self.stage_costs(c, sched, lc, ranges)
         if split is None:
             split = self.split(sched)
+        costs, params, transient = self.stage_costs(c, sched, lc, ranges, split)
         head, tail, busy, late, rank_params, trans, fwd, bwd = self._rank_sums(
             sched, lc, ranges, costs, split)
         where = np.asarray(sched.stage_to_rank)

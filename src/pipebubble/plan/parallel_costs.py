@@ -17,7 +17,8 @@ One block on one rank, ``T = s b / cp`` tokens, ``t`` = TP degree, ``q`` = heads
 - I (input gradient): each GEMM's data gradient (the same FLOPs, ``n`` and ``k`` swapped),
   the attention backward, twice the forward's memory-bound bytes, what the weight gradients
   of QKV and the MLP up-projection do not hide of the two TP collectives
-  (:mod:`~pipebubble.plan.tensor`), CP;
+  (:mod:`~pipebubble.plan.tensor`; an I without its W, in a split schedule, carries them
+  whole: ``hidden``), CP;
 - W (weight gradient): each GEMM's weight gradient ``(k, n, T)`` and nothing else: what a
   zero-bubble schedule may delay.
 
@@ -39,7 +40,7 @@ from .memory import (
     head_activation_bytes,
 )
 from .network import Network
-from .tensor import block_tp_comm, tp_collective
+from .tensor import block_tp_comm, block_tp_hidden, tp_collective
 
 MODES = ("none", "selective", "full")
 
@@ -100,11 +101,13 @@ class ParallelCosts:
             elementwise += 4 * T * (q + kv) / t  # rotary on Q and K
         elementwise += (6 if sh.swiglu else 4) * T * f / t  # the MLP's activation
         mem = memory_time(elementwise, r)
-        tp_f, tp_b = block_tp_comm(T, h, t, self.net, self.sp, hide=(wgrads[0], wgrads[2]))
+        hide = (wgrads[0], wgrads[2])
+        tp_f, tp_b = block_tp_comm(T, h, t, self.net, self.sp, hide=hide)
+        tp_hidden = block_tp_hidden(T, h, t, self.net, self.sp, hide=hide)
         cp_f, cp_b = block_cp_comm(T, kv / t, cp, t, self.net, (attn, attn_b))
         F = fwd + attn + mem + tp_f + cp_f
         return {"f": F, "i": dgrad + attn_b + 2 * mem + tp_b + cp_b, "w": wgrad,
-                "selective": attn + cp_f}
+                "selective": attn + cp_f, "hidden": tp_hidden}
 
     def ends(self, b: int) -> tuple[dict, dict]:
         """Embedding and head: (f, i, w) seconds each."""
@@ -144,7 +147,8 @@ class ParallelCosts:
             act=col(a_emb, a_keep, a_head), act_w=col(0.0, a_w, min(a_head, 2 * s * b / cp
                                                                         * sh.hidden)),
             out=col(out, out, 0.0), params=self.params,
-            transient=col(0.0, a_none - a_keep, 0.0), tied=self.tied)
+            transient=col(0.0, a_none - a_keep, 0.0), tied=self.tied,
+            hidden=col(0.0, blk["hidden"], 0.0))
         self._cache[key] = lc
         return lc
 

@@ -188,7 +188,8 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
         beats ``threshold``."""
         co = pr.costs
         key = (id(sched), tuple(co.f), tuple(co.b), tuple(co.w), co.comm,
-               tuple(co.activation_memory), tuple(co.weight_memory))
+               tuple(co.activation_memory), tuple(co.weight_memory),
+               tuple(co.i_extra) if isinstance(co.i_extra, list) else co.i_extra)
         got = self._runs.get(key)
         if got is None or got[0] is not sched:
             self.simulated += 1
