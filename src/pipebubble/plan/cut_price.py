@@ -153,6 +153,7 @@ class Pricing:
         head, tail = [math.inf] * p, [math.inf] * p
         before = after = 0.0
         cf, cb, cw, comm = costs.f, costs.b, costs.w, costs.comm
+        ie = costs.i_extra if isinstance(costs.i_extra, list) else [0.0] * len(cb)
         firsts = self._first_stages(sched)
         for s, r in enumerate(where):
             if s in firsts:
@@ -169,7 +170,7 @@ class Pricing:
             late[r] += M * cw[s] if split else 0.0
             rank_params[r] += params[s]
             fwd[r] += cf[s]
-            bwd[r] += cb[s]
+            bwd[r] += cb[s] + ie[s]  # a split backward's I + W (the bound keeps B's cb)
             trans[r] = max(trans[r], transient[s])
         out = (head, tail, busy, late, rank_params, trans, fwd, bwd)
         self._ranks[key] = (sched, lc, out)

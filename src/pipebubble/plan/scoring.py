@@ -207,6 +207,7 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
         plan = Plan(c, pr.ranges, tuple(where), step, run.step_time, run.bubble_fraction,
                     peaks, ar, pr.costs.comm, pr.costs, sched, self.req.global_batch)
         plan.dp_exposed = max(pr.exposed, default=0.0)
+        plan.optimizer_time = max(opt, default=0.0)
         plan.static = list(pr.static)
         w, g, o = self.axes.state_bytes
         n = max(self.axes.shard(c.dp), 1)
