@@ -362,6 +362,57 @@ def predict_runs(runs: tuple[Run, ...] | None = None, ranks: bool = False,
     return eff, out
 
 
+def interleaved_in_flight(p: int, v: int, m: int, rank: int) -> int:
+    """Chunk forwards rank ``rank`` has done before its first backward in Megatron-LM's
+    interleaved 1F1B (``megatron/core/pipeline_parallel/schedules.py``): its warm-up
+    ``2 (p - rank - 1) + (v - 1) p`` (microbatch groups of ``p``), capped at all ``m v``,
+    plus the first steady-state forward, which runs before the first backward. Each of them
+    holds its chunk's activations at the rank's peak.
+
+    >>> interleaved_in_flight(16, 8, 32, 1), interleaved_in_flight(16, 8, 16, 1)
+    (141, 128)
+    """
+    warm = min(2 * (p - rank - 1) + (v - 1) * p, m * v)
+    return warm + (1 if warm < m * v else 0)
+
+
+def memory_breakdown(run: Run, efficiency: float, config: str = "") -> tuple:
+    """(the plan, one dict per pipeline rank) of ``run`` at its configuration plus ``config``
+    (``plan --config`` text appended), with the budget lifted so that it is planned whatever
+    it needs: per rank the blocks and end layers it holds, its local parameters, the model
+    states and the simulated activation peak (bytes, the plan's ``memory``), the peak in
+    units of one block's activations, and, for the interleaved schedule, the chunk forwards
+    in flight by Megatron-LM's warm-up count (:func:`interleaved_in_flight`), to check the
+    simulator against by hand (``bench_published.py --memory``)."""
+    from .config import parse_config, restrict
+    from .planner import search
+
+    prof, req, hw = _setup(run, efficiency)
+    one = replace(restrict(req, parse_config(run.config + config, run.gpus)), top=1,
+                  gpu_memory=1e15)
+    plan = search(prof, one, hw, efficiency).plans[0]
+    lc = plan.costs
+    act = list(lc.activation_memory)
+    n = len(plan.ranges)
+    last = len(act) // n * n  # stages of one model copy
+    block = act[1] if n > 1 else act[0]
+    rows = []
+    for r in range(plan.pp):
+        stages = [s for s, x in enumerate(plan.stage_to_rank) if x == r and s < last]
+        layers = [i for s in stages for i in range(plan.ranges[s][0], plan.ranges[s][1] + 1)]
+        blocks = sum(1 for i in layers if 0 < i < len(prof) - 1)
+        row = {"rank": r, "blocks": blocks, "embedding": 0 in layers,
+               "head": len(prof) - 1 in layers, **plan.memory[r],
+               "peak": plan.peak_memory[r], "budget": req.gpu_memory,
+               "block_activation": block,
+               "in_flight_blocks": plan.memory[r]["activations"] / block}
+        if plan.schedule == "interleaved-1f1b":
+            row["megatron_in_flight"] = interleaved_in_flight(plan.pp, plan.chunks,
+                                                              plan.microbatches, r)
+        rows.append(row)
+    return plan, rows
+
+
 # Korthikanti et al. 2022, Table 4: forward and backward milliseconds of one transformer
 # layer of the 22B model (a = 64, h = 6144, TP 8, s = 2048; the microbatch of its Table 3,
 # 4 sequences), by technique: (sequence parallel, recompute, forward, backward).
