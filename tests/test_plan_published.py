@@ -16,8 +16,10 @@ Tolerances, and why:
 - Known misses, asserted as what they are, with their cause checked: the 22B row (one
   microbatch, pp 1: what surrounds the blocks shows in full; with the optimizer step priced
   it is over-predicted by about 10 %, asserted within 12 %; Table 4's own layer times sum to
-  0.97 of the 1.10 s step); BLOOM (over-predicted, within 12 %: no single named cost explains
-  it, see the README); Llama 3 on 8,192 GPUs (32 microbatches per pipeline: at the paper's
+  0.97 of the 1.10 s step); BLOOM (over-predicted, within 7 %: with DeepSpeed's BF16 optimizer
+  accumulating every microbatch's gradients into fp32 priced, +4 %; ALiBi's extra score
+  traffic and the cross-entropy's fp32 passes over a 250,880 vocabulary are not, see the
+  README); Llama 3 on 8,192 GPUs (32 microbatches per pipeline: at the paper's
   layout, one block a chunk, v = 8, the interleaved schedule needs more than the budget, the
   H100's 79.65 GiB less the 5 % reserve, though less than the GPU, so the planner prices
   1F1B; with the budget lifted, interleaved v = 8 is within 5 %); torchtitan (a 500 W HBM2e
@@ -127,7 +129,7 @@ def test_korthikanti_per_layer_times(efficiency):
 
 def test_known_misses_have_the_named_causes(efficiency, rows):
     assert 0 < rows["22B"]["error"] < 0.12
-    assert 0 < rows["176B"]["error"] < 0.12
+    assert 0 < rows["176B"]["error"] < 0.07
     # Llama 3 on 8,192 GPUs: the planner falls back to 1F1B because interleaved does not fit.
     eight = rows["405B 8K 8k"]
     assert eight["plan"].schedule == "1f1b" and eight["error"] < -0.1

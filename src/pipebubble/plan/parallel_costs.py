@@ -19,8 +19,10 @@ One block on one rank, ``T = s b / cp`` tokens, ``t`` = TP degree, ``q`` = heads
   of QKV and the MLP up-projection do not hide of the two TP collectives
   (:mod:`~pipebubble.plan.tensor`; an I without its W, in a split schedule, carries them
   whole: ``hidden``), CP;
-- W (weight gradient): each GEMM's weight gradient ``(k, n, T)`` and nothing else: what a
-  zero-bubble schedule may delay.
+- W (weight gradient): each GEMM's weight gradient ``(k, n, T)`` and, where the framework
+  accumulates gradients outside the GEMM, that pass over the layer's parameters
+  (``Hardware.grad_accumulation_bytes``, 0 by default): what a zero-bubble schedule may
+  delay.
 
 Recomputation adds to I the forward it re-runs: all of F (``full``) or the attention
 (``selective``).
@@ -140,10 +142,12 @@ class ParallelCosts:
         a_head = head_activation_bytes(sh, s, b, t, sp, cp)
         out = 2 * s * b / cp * sh.hidden / t  # SP (or Megatron's scatter-gather) split
         col = lambda e, x, hd: np.array([e, *([x] * L), hd], dtype=np.float64)  # noqa: E731
+        acc = [memory_time(self.rates.grad_accumulation * P, self.rates)
+               for P in (self.params[0], self.params[1], self.params[-1])]
         lc = LayerCosts(
             f=col(emb["f"], blk["f"], head["f"]),
             i=col(emb["i"], blk["i"] + extra, head["i"]),
-            w=col(emb["w"], blk["w"], head["w"]),
+            w=col(emb["w"] + acc[0], blk["w"] + acc[1], head["w"] + acc[2]),
             act=col(a_emb, a_keep, a_head), act_w=col(0.0, a_w, min(a_head, 2 * s * b / cp
                                                                         * sh.hidden)),
             out=col(out, out, 0.0), params=self.params,

@@ -212,13 +212,18 @@ def published_runs() -> tuple[Run, ...]:
     # (full recomputation), DeepSpeed's pipeline (1F1B); the README's log line at the end of
     # the first epoch: 104.70 s per iteration at GBS 2048, "TFLOPs: 149.77" (hardware FLOPs:
     # 4 x 2 x params x tokens). Network: 4 Omni-Path 100 Gb/s links per node (BLOOM paper,
-    # arXiv 2211.05100, section 3.4.1): 6.25 GB/s per GPU, not the preset's 25.
+    # arXiv 2211.05100, section 3.4.1): 6.25 GB/s per GPU, not the preset's 25. DeepSpeed's
+    # BF16 optimizer under its pipeline engine adds each microbatch's bf16 gradients into fp32
+    # after every backward (deepspeed/runtime/pipe/engine.py, _exec_backward_pass ->
+    # optimizer.update_hp_grads; runtime/bf16_optimizer.py: hp_grad.add_(lp.grad.to(fp32))):
+    # 18 bytes of HBM traffic per local parameter and microbatch (hardware.py).
     bloom = TransformerShape(layers=70, hidden=14336, ffn=4 * 14336, heads=112, vocab=250880,
                              tied_embeddings=True, swiglu=False, dropout=True, biases=True)
     runs.append(Run("BLOOM tr11", "176B", bloom, 2048, 384, 2048, "a100-80gb",
                     "tp=4,sp=0,cp=1,pp=12,dp=8,sharding=zero1,mbs=2,recompute=full,"
                     "schedule=1f1b", "TFLOP/s", 149.77, 104.70, flash=False,
-                    hardware=(("inter_node_bandwidth", 6.25e9),)))
+                    hardware=(("inter_node_bandwidth", 6.25e9),
+                              ("grad_accumulation_bytes", 18.0))))
     # Llama 3 405B (Llama Team, "The Llama 3 Herd of Models", arXiv 2407.21783, section
     # 3.3.2, Table 4): GPUs, TP, CP, PP, DP, sequence, batch size per DP group, TFLOP/s per
     # GPU (430 / 400 / 380; "BF16 MFU" 43 / 41 / 38 %). The PDF prints DP = 4 for the 131,072
