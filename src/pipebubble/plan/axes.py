@@ -45,7 +45,6 @@ class Axes:
     grad_bytes: float = 4.0
     p2p: Link | None = None  # one link for every hop (no --gpu); None: the network's
     hbm: float = 0.0  # HBM bytes/s for the optimizer step; 0: not priced
-    optimizer_bytes: float = 0.0  # per updated parameter; 0: fused (optimizer.py)
 
     def shard(self, dp: int) -> int:
         """Ranks sharing the model states: ``dp x cp`` (hsdp: its shard group, 0 if none)."""
@@ -74,7 +73,7 @@ class Axes:
         pt = self.point
         n = self.shard(dp)
         return step_time(params, "ddp" if pt.sharding == "hsdp" and n == 0 else pt.sharding,
-                         n, self.state_bytes, self.hbm, self.optimizer_bytes)
+                         n, self.state_bytes, self.hbm)
 
     def tied_allreduce(self, dp: int, pp: int, params: float) -> float:
         """The all-reduce of a tied embedding's ``params`` gradients between the first and

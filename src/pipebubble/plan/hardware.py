@@ -25,12 +25,10 @@ gradient to fp32 and adds it to the fp32 accumulator after every backward
 (``runtime/pipe/engine.py`` ``_exec_backward_pass`` calls
 ``update_hp_grads``; ``runtime/bf16_optimizer.py``: ``hp_grad.add_(lp.grad.to(fp32))``):
 read 2 and write 4 bytes for the copy, read 4 + 4 and write 4 for the add, 18 bytes
-(:mod:`pipebubble.plan.parallel_costs` adds it to each layer's W). And ``optimizer_bytes``
-(0: a fused step), the HBM bytes per updated parameter of an optimizer step run as separate
-passes (:mod:`pipebubble.plan.optimizer`: Megatron-LM's, 42).
+(:mod:`pipebubble.plan.parallel_costs` adds it to each layer's W).
 
-Every numeric field but the two ``_bytes`` (library fields, like ``tp_overlap``) can be
-overridden from the command line (``--peak-tflops``, ``--gpu-memory``,
+Every numeric field but ``grad_accumulation_bytes`` (a library field, like ``tp_overlap``)
+can be overridden from the command line (``--peak-tflops``, ``--gpu-memory``,
 ``--hbm-bandwidth``, ``--gpus-per-node``, ``--nvlink-bandwidth``, ``--nvlink-latency``,
 ``--inter-node-bandwidth``, ``--inter-node-latency``).
 
@@ -70,7 +68,6 @@ class Hardware:
     bus_fraction: float = 0.8  # fraction of the link rate ring collectives reach
     tp_overlap: bool = True  # backward TP collectives behind weight gradients (tensor.py)
     grad_accumulation_bytes: float = 0.0  # HBM bytes per local parameter per backward
-    optimizer_bytes: float = 0.0  # HBM bytes per updated parameter; 0: fused (optimizer.py)
 
     def check(self) -> None:
         for f in fields(self):
@@ -85,7 +82,7 @@ class Hardware:
                 if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                     raise UserError(f"--gpus-per-node must be an integer >= 1, got {v!r}")
                 continue
-            zero_ok = f.name.endswith("latency") or f.name.endswith("_bytes")
+            zero_ok = f.name.endswith("latency") or f.name == "grad_accumulation_bytes"
             lo_ok = v >= 0 if zero_ok else v > 0
             if not (lo_ok and math.isfinite(v)):
                 raise UserError(f"--{f.name.replace('_', '-')} must be a finite number "

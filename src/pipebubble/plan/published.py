@@ -34,9 +34,6 @@ from .layercosts import ProfileSet
 from .plans import NoPlanFits, Request
 
 SEQ, VOCAB = 2048, 51200
-MEGATRON_OPTIMIZER_BYTES = 42.0  # Megatron-LM's unfused mixed-precision step, bytes per
-# parameter (plan/optimizer.py): the least of its variants (bf16 with fp32 main gradients;
-# fp16 adds the unscale pass, 50); the sources do not say which precision ran
 
 
 @dataclass(frozen=True)
@@ -99,9 +96,8 @@ def predict_row(row: Row, hw, efficiency: float):
     from .planner import search
 
     prof = ProfileSet([shape_profile(shape_of(row), SEQ, 1, attention="unfused")])
-    hw = replace(hw, efficiency=efficiency, tp_overlap=False,  # measured before Megatron-LM
-                 # overlapped the backward's TP all-reduces with weight gradients (Sept. 2021)
-                 optimizer_bytes=MEGATRON_OPTIMIZER_BYTES)
+    hw = replace(hw, efficiency=efficiency, tp_overlap=False)  # measured before Megatron-LM
+    # overlapped the backward's TP all-reduces with weight gradients (September 2021)
     return search(prof, request_of(row, hw.memory * 0.95), hw, efficiency).plans[0]
 
 
@@ -207,7 +203,6 @@ def published_runs() -> tuple[Run, ...]:
         runs.append(Run("Korthikanti'22 T5", name, shape, SEQ, gpus, batch, "a100-80gb",
                         f"tp=8,sp=1,cp=1,pp={pp},dp=1,sharding=ddp,mbs={mbs},"
                         f"recompute=selective{sched}", "MFU", mfu, step, flash=False,
-                        hardware=(("optimizer_bytes", MEGATRON_OPTIMIZER_BYTES),),
                         note="" if v or pp == 1 else "chunks searched (not published)"))
     # BLOOM-176B (BigScience tr11-176B-ml, github.com/bigscience-workshop/bigscience,
     # train/tr11-176B-ml/README.md and tr11-176B-ml.slurm at 9e64ede): 384 A100 80 GB (48
