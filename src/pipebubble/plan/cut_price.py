@@ -25,7 +25,7 @@ import math
 import numpy as np
 
 from ..costs import CostModel
-from ..ir.schedule import Schedule
+from ..ir.schedule import PackedOrder, Schedule, step_actions
 from .layercosts import LayerCosts
 from .network import p2p
 from .partition import Ranges
@@ -40,7 +40,8 @@ class Pricing:
         got = self._prefixes.get(id(lc))
         if got is None or got[0] is not lc:
             sums = {k: np.concatenate(([0.0], np.cumsum(getattr(lc, k))))
-                    for k in ("params", "f", "i", "w", "act", "act_w")}
+                    for k in ("params", "f", "i", "w", "act", "act_w")
+                    + (("hidden",) if lc.hidden is not None else ())}
             got = self._prefixes[id(lc)] = (lc, sums)
         return got[1]
 
@@ -91,8 +92,12 @@ class Pricing:
         params, f, b, w, act, act_w, transient, sent = self._cut_sums(lc, S, ranges)
         comm = p2p(sent, self.axes.hop(c.dp)) if S > 1 else 0.0
         ar = [sum(self._sync_time(c, p)) for p in params]
-        extra = [float(lc.hidden[a:z + 1].sum()) for a, z in
-                 (ranges[s % len(ranges)] for s in range(S))] if split else 0.0
+        if split:
+            q = self._prefix(lc)["hidden"].tolist()
+            S_c = len(ranges)
+            extra = [q[ranges[s % S_c][1] + 1] - q[ranges[s % S_c][0]] for s in range(S)]
+        else:
+            extra = 0.0
         costs = CostModel(f=f, b=b, w=w, comm=comm, activation_memory=act,
                           weight_memory=act_w, allreduce=ar, i_extra=extra)
         self._stage_costs[key] = (lc, (costs, params, transient))
@@ -154,6 +159,9 @@ class Pricing:
         before = after = 0.0
         cf, cb, cw, comm = costs.f, costs.b, costs.w, costs.comm
         ie = costs.i_extra if isinstance(costs.i_extra, list) else [0.0] * len(cb)
+        # An I costs ie more than B - W: every backward pays it where none is fused (B).
+        every = split and self.split(sched) and not self._kinds(sched)[1]
+        inc = [x if every else 0.0 for x in ie]
         firsts = self._first_stages(sched)
         for s, r in enumerate(where):
             if s in firsts:
@@ -161,12 +169,13 @@ class Pricing:
             else:
                 hop = comm if where[s - 1] != r else 0.0
                 before += cf[s - 1] + hop
-                after += cb[s - 1] - (cw[s - 1] if split else 0.0) + hop
+                after += (min(cb[s - 1], cb[s - 1] - cw[s - 1] + ie[s - 1]) if split
+                          else cb[s - 1]) + hop
             if before < head[r]:
                 head[r] = before
             if after < tail[r]:
                 tail[r] = after
-            busy[r] += M * (cf[s] + cb[s])
+            busy[r] += M * (cf[s] + cb[s] + inc[s])
             late[r] += M * cw[s] if split else 0.0
             rank_params[r] += params[s]
             fwd[r] += cf[s]
@@ -194,7 +203,18 @@ class Pricing:
 
     def split(self, sched: Schedule) -> bool:
         """Whether the schedule splits W from the backward (once per schedule)."""
+        return self._kinds(sched)[0]
+
+    def _kinds(self, sched: Schedule) -> tuple[bool, bool]:
+        """(whether it has split backwards, whether it also has fused ones, B)."""
         got = self._split.get(id(sched))
         if got is None or got[0] is not sched:  # an id is reused once its object is gone
-            got = self._split[id(sched)] = (sched, sched.uses_split_backward())
-        return got[1]
+            split = sched.uses_split_backward()
+            orders = sched.orders
+            if split and all(isinstance(o, PackedOrder) for o in orders):
+                fused = bool((np.concatenate([o.kind for o in orders]) == 3).any())  # B = 3
+            else:
+                fused = split and any(a.kind == "B" for o in orders for st in o
+                                      for a in step_actions(st))
+            got = self._split[id(sched)] = (sched, split, fused)
+        return got[1], got[2]
