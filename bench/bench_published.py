@@ -10,11 +10,16 @@ published configuration (``plan --config``: what the source does not give is sea
 then ranked among the planner's own plans (a full search: every axis, every schedule family
 but auto), with the planner's pick and how much faster it predicts its pick to be.
 
-    python bench/bench_published.py [--no-rank] [--explain]
+    python bench/bench_published.py [--no-rank] [--explain] [--memory]
 
 ``--explain`` adds why the planner's pick for Llama 3 on 16,384 GPUs (8K) is not the
 published configuration: the pick with and without the overlap of the backward's TP
 collectives, and within the schedule families Llama 3 had (three more full searches).
+
+``--memory`` prints the per-rank memory of Llama 3 on 8,192 GPUs at the paper's layout
+(interleaved, v = 8), with the budget lifted: model states, the simulated activation peak in
+units of one block's activations, and the chunk forwards in flight by Megatron-LM's warm-up
+count, the numbers tests/test_plan_price_memory.py checks by hand.
 
 Checked by tests/test_plan_published.py (the predictions, not the searches).
 """
@@ -24,7 +29,15 @@ from __future__ import annotations
 import argparse
 import time
 
-from pipebubble.plan.published import explain_pick, layer_times, predict_runs, published_runs
+from pipebubble.plan.published import (
+    explain_pick,
+    layer_times,
+    memory_breakdown,
+    predict_runs,
+    published_runs,
+)
+
+GIB = 2**30
 
 
 def _cfg(p) -> str:
@@ -38,7 +51,12 @@ def main() -> None:
                     help="skip the full searches (the rank and the planner's pick)")
     ap.add_argument("--explain", action="store_true",
                     help="why the pick for Llama 3 on 16,384 GPUs differs (3 full searches)")
+    ap.add_argument("--memory", action="store_true",
+                    help="the per-rank memory of Llama 3 on 8,192 GPUs at v = 8 (and stop)")
     args = ap.parse_args()
+    if args.memory:
+        memory()
+        return
     t0 = time.perf_counter()
     eff, rows = predict_runs(ranks=not args.no_rank)
     print(f"efficiency: A100 {eff['a100-80gb']:.3f} (Megatron-LM Table 1, 18.4B row), H100 "
@@ -81,6 +99,23 @@ def main() -> None:
             b, p = e["pick"], e["published"]
             print(f"| {e['what']} | {_cfg(b)} | {b.step_time:.3f} s | {b.bubble_fraction:.1%} | "
                   f"{p.step_time:.3f} s | {p.bubble_fraction:.1%} | {e['margin']:+.1%} |")
+
+
+def memory() -> None:
+    run = next(r for r in published_runs() if r.name == "405B 8K 8k")
+    plan, rows = memory_breakdown(run, 0.551, ",sp=1,mbs=1,schedule=interleaved-1f1b,v=8")
+    print(f"Llama 3 405B, 8,192 H100s: {_cfg(plan)}, {plan.microbatches} microbatches; one "
+          f"block's activations {rows[0]['block_activation'] / 2**20:.1f} MiB; budget "
+          f"{rows[0]['budget'] / GIB:.2f} GiB (GiB below)\n")
+    print("| rank | blocks | ends | weights | gradients | optimizer | activations | in flight "
+          "(blocks) | Megatron warm-up + 1 (chunks) | peak |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        ends = "+".join(n for n in ("embedding", "head") if r[n]) or "-"
+        print(f"| {r['rank']} | {r['blocks']} | {ends} | {r['weights'] / GIB:.3f} | "
+              f"{r['gradients'] / GIB:.3f} | {r['optimizer'] / GIB:.3f} | "
+              f"{r['activations'] / GIB:.3f} | {r['in_flight_blocks']:.2f} | "
+              f"{r.get('megatron_in_flight', '-')} | {r['peak'] / GIB:.3f} |")
 
 
 if __name__ == "__main__":

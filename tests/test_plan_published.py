@@ -16,8 +16,10 @@ Tolerances, and why:
 - Known misses, asserted as what they are, with their cause checked: the 22B row (one
   microbatch, pp 1: what surrounds the blocks shows in full; with the optimizer step priced
   it is over-predicted by about 10 %, asserted within 12 %; Table 4's own layer times sum to
-  0.97 of the 1.10 s step); BLOOM (over-predicted, within 12 %: no single named cost explains
-  it, see the README); Llama 3 on 8,192 GPUs (32 microbatches per pipeline: at the paper's
+  0.97 of the 1.10 s step); BLOOM (over-predicted, within 7 %: with DeepSpeed's BF16 optimizer
+  accumulating every microbatch's gradients into fp32 priced, +4 %; ALiBi's extra score
+  traffic and the cross-entropy's fp32 passes over a 250,880 vocabulary are not, see the
+  README); Llama 3 on 8,192 GPUs (32 microbatches per pipeline: at the paper's
   layout, one block a chunk, v = 8, the interleaved schedule needs more than the budget, the
   H100's 79.65 GiB less the 5 % reserve, though less than the GPU, so the planner prices
   1F1B; with the budget lifted, interleaved v = 8 is within 5 %); torchtitan (a 500 W HBM2e
@@ -127,7 +129,7 @@ def test_korthikanti_per_layer_times(efficiency):
 
 def test_known_misses_have_the_named_causes(efficiency, rows):
     assert 0 < rows["22B"]["error"] < 0.12
-    assert 0 < rows["176B"]["error"] < 0.12
+    assert 0 < rows["176B"]["error"] < 0.07
     # Llama 3 on 8,192 GPUs: the planner falls back to 1F1B because interleaved does not fit.
     eight = rows["405B 8K 8k"]
     assert eight["plan"].schedule == "1f1b" and eight["error"] < -0.1
@@ -145,11 +147,12 @@ def test_known_misses_have_the_named_causes(efficiency, rows):
     assert (t3["predicted"] / t1["predicted"]) == pytest.approx(5605 / 5762, rel=0.05)
 
 
-def test_what_made_tp4_win_at_16k_gpus(efficiency):
-    """Llama 3 405B on 16,384 GPUs, 8K: with the backward's TP collectives exposed (the pricing
-    before), TP 4 / CP 4 / PP 64 beat the same depth at TP 8; with them overlapped behind the
-    weight gradients, TP 8 wins (the planner's full-search picks; bench_published --explain).
-    Either beats the published TP 8 / PP 16 / DP 128 by its bubble: 16 microbatches per
+def test_tp_overlap_at_16k_gpus_helps_only_the_fused_backward(efficiency):
+    """Llama 3 405B on 16,384 GPUs, 8K: the backward's TP collectives hide behind the weight
+    gradients only where W runs in the same pass (plan/tensor.py). So for ZBV (W deferred)
+    ``tp_overlap`` changes nothing, at TP 4 or 8; for the interleaved schedule (B fused) it
+    shortens the step, more at TP 8 (larger collectives behind the same GEMMs' share). Either
+    ZBV plan beats the published TP 8 / PP 16 / DP 128 by its bubble: 16 microbatches per
     pipeline against 128-256."""
     run = RUNS["405B 8K 16k"]
     e = efficiency["h100-sxm"]
@@ -159,12 +162,19 @@ def test_what_made_tp4_win_at_16k_gpus(efficiency):
                     hardware=(("tp_overlap", overlap),))
         return predict_config(r, e)
 
-    tp4 = "tp=4,sp=1,cp=4,pp=64,dp=16,sharding=zero1,mbs=1,recompute=none,schedule=zbv,v=2"
-    tp8 = "tp=8,sp=1,cp=4,pp=64,dp=8,sharding=zero1,mbs=1,recompute=none,schedule=zbv,v=2"
+    zbv4 = "tp=4,sp=1,cp=4,pp=64,dp=16,sharding=zero1,mbs=1,recompute=none,schedule=zbv,v=2"
+    zbv8 = "tp=8,sp=1,cp=4,pp=64,dp=8,sharding=zero1,mbs=1,recompute=none,schedule=zbv,v=2"
+    il4, il8 = (c.replace("schedule=zbv,v=2", "schedule=interleaved-1f1b") for c in (zbv4, zbv8))
+    for c in (zbv4, zbv8):
+        assert step(c, True).step_time == pytest.approx(step(c, False).step_time, rel=1e-9)
+    gain4 = step(il4, False).step_time - step(il4, True).step_time
+    gain8 = step(il8, False).step_time - step(il8, True).step_time
+    assert gain8 > gain4 > 0
     published = run.config + ",sp=1,mbs=1,schedule=interleaved-1f1b,v=4"
-    assert step(tp4, False).step_time < step(tp8, False).step_time
-    assert step(tp8, True).step_time < step(tp4, True).step_time
-    pub, pick = step(published, True), step(tp8, True)
-    assert pick.step_time < pub.step_time
-    assert pub.bubble_fraction - pick.bubble_fraction > 0.1
-    assert pick.microbatches == 2048 // 8 and pub.microbatches == 2048 // 128
+    pub = step(published, True)
+    for c in (zbv4, zbv8):
+        pick = step(c, True)
+        assert pick.step_time < pub.step_time
+        assert pub.bubble_fraction - pick.bubble_fraction > 0.05
+        assert pick.microbatches == 2048 // pick.dp  # 128 or 256
+    assert pub.microbatches == 2048 // 128

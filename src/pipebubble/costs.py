@@ -1,7 +1,9 @@
 """CostModel: how long each action takes and how much memory it holds.
 
 Times: ``f`` (forward), ``b`` (full backward) and ``w`` (the weight-gradient part of the
-backward; ``I = B - W``). A scalar is the time of *one rank's share* of the model, so with
+backward; ``I = B - W + i_extra``: ``i_extra``, 0 by default, is what a fused backward hides
+behind its W and an I without its W cannot, such as the TP collectives of
+:mod:`pipebubble.plan.tensor`). A scalar is the time of *one rank's share* of the model, so with
 ``v`` chunks per rank each chunk takes ``1/v`` of it; a list gives one value per stage, as is.
 
 Memory (DESIGN.md, after Zero Bubble Table 1): F adds the stage's activation memory ``M_B``
@@ -63,6 +65,7 @@ class CostModel:
     overlap: float = 1.0
     allreduce: Value = 0.0
     memory_limit: Value | None = None
+    i_extra: Value = 0.0  # seconds an I takes beyond B - W (module doc)
 
     @property
     def mem_b(self) -> Value:
@@ -151,6 +154,7 @@ class CostModel:
             f=f, b=b, w=w, comm=float(self.comm), activation_memory=mem, weight_memory=mem_w,
             input_memory=mem_in, recompute=rec, overlap=float(self.overlap),
             allreduce=per_stage("allreduce", self.allreduce),
+            i_extra=per_stage("i_extra", self.i_extra),
         )
 
 
@@ -174,6 +178,7 @@ class StageCosts:
     recompute: list[bool]
     overlap: float
     allreduce: list[float]
+    i_extra: list[float] | None = None  # None: 0 on every stage
 
     def duration(self, stage: int, kind: str) -> float:
         """Time of one action; with recomputation the backward re-runs the forward first."""
@@ -183,7 +188,8 @@ class StageCosts:
         if kind == "B":
             return self.b[stage] + extra
         if kind == "I":
-            return self.b[stage] - self.w[stage] + extra
+            more = self.i_extra[stage] if self.i_extra else 0.0
+            return self.b[stage] - self.w[stage] + more + extra
         if kind == "W":
             return self.w[stage]
         raise ScheduleError(f"unknown kind {kind!r}; valid are F, I, W, B")

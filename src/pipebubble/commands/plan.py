@@ -600,7 +600,8 @@ def why_best(result, out: dict) -> list[str]:
     parts = ", ".join(f"{k.replace('_', ' ')} {_gib(v)}" for k, v in mem.items() if v > 0)
     lines = [f"best: {_label(b)}: {_t(b.step_time)} per step, {b.samples_per_second:.1f} "
              f"samples/s; bubble {b.bubble_fraction:.1%}, data-parallel traffic "
-             f"{_t(b.allreduce_time)} of which {_t(b.dp_exposed)} exposed, P2P "
+             f"{_t(b.allreduce_time)} of which {_t(b.dp_exposed)} exposed, optimizer step "
+             f"{_t(b.optimizer_time)}, P2P "
              f"{b.comm * 1e3:.3g} ms per hop; memory {_gib(max(b.peak_memory))} of "
              f"{_gib(result.request.gpu_memory)} budget ({parts})"]
     if b.pp == 1:

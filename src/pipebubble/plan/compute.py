@@ -42,11 +42,13 @@ class Rates:
     flops: float
     hbm: float
     flat: bool = False  # ``--mfu``: every FLOP at ``flops``, no shape curve, no HBM time
+    grad_accumulation: float = 0.0  # HBM bytes per local parameter per backward (hardware.py)
 
     @classmethod
     def of(cls, hw, efficiency: float | None = None) -> Rates:
         return cls(hw.peak_flops * (hw.efficiency if efficiency is None else efficiency),
-                   hw.hbm_bandwidth)
+                   hw.hbm_bandwidth,
+                   grad_accumulation=getattr(hw, "grad_accumulation_bytes", 0.0))
 
 
 def shape_factor(d: float) -> float:

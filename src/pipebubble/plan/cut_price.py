@@ -25,7 +25,7 @@ import math
 import numpy as np
 
 from ..costs import CostModel
-from ..ir.schedule import Schedule
+from ..ir.schedule import PackedOrder, Schedule, step_actions
 from .layercosts import LayerCosts
 from .network import p2p
 from .partition import Ranges
@@ -40,7 +40,8 @@ class Pricing:
         got = self._prefixes.get(id(lc))
         if got is None or got[0] is not lc:
             sums = {k: np.concatenate(([0.0], np.cumsum(getattr(lc, k))))
-                    for k in ("params", "f", "i", "w", "act", "act_w")}
+                    for k in ("params", "f", "i", "w", "act", "act_w")
+                    + (("hidden",) if lc.hidden is not None else ())}
             got = self._prefixes[id(lc)] = (lc, sums)
         return got[1]
 
@@ -77,28 +78,37 @@ class Pricing:
             got = self._sync_times[key] = self.axes.sync(c.dp).times(params, c.pp)
         return got
 
-    def stage_costs(self, c: Config, sched: Schedule, lc: LayerCosts, ranges: Ranges
-                    ) -> tuple[CostModel, np.ndarray, np.ndarray]:
-        """The per-stage CostModel for a cut, the stages' parameters and transients."""
+    def stage_costs(self, c: Config, sched: Schedule, lc: LayerCosts, ranges: Ranges,
+                    split: bool | None = None) -> tuple[CostModel, np.ndarray, np.ndarray]:
+        """The per-stage CostModel for a cut, the stages' parameters and transients; with a
+        split backward (``split``, None: ask the schedule) an I also carries what B hides
+        behind its W (``LayerCosts.hidden``, as ``CostModel.i_extra``)."""
         S = sched.num_stages
-        key = (id(lc), S, tuple(ranges), c.dp, c.pp)  # the placement does not matter
+        split = lc.hidden is not None and (self.split(sched) if split is None else split)
+        key = (id(lc), S, tuple(ranges), c.dp, c.pp, split)  # the placement does not matter
         got = self._stage_costs.get(key)
         if got is not None and got[0] is lc:
             return got[1]
         params, f, b, w, act, act_w, transient, sent = self._cut_sums(lc, S, ranges)
         comm = p2p(sent, self.axes.hop(c.dp)) if S > 1 else 0.0
         ar = [sum(self._sync_time(c, p)) for p in params]
+        if split:
+            q = self._prefix(lc)["hidden"].tolist()
+            S_c = len(ranges)
+            extra = [q[ranges[s % S_c][1] + 1] - q[ranges[s % S_c][0]] for s in range(S)]
+        else:
+            extra = 0.0
         costs = CostModel(f=f, b=b, w=w, comm=comm, activation_memory=act,
-                          weight_memory=act_w, allreduce=ar)
+                          weight_memory=act_w, allreduce=ar, i_extra=extra)
         self._stage_costs[key] = (lc, (costs, params, transient))
         return costs, params, transient
 
     def _price(self, c, sched, lc, ranges, split: bool | None = None) -> Priced:
         """A cut's costs, each rank's static memory and the lower bound of the module doc.
         ``split``: whether W is split from the backward (None: ask the schedule)."""
-        costs, params, transient = self.stage_costs(c, sched, lc, ranges)
         if split is None:
             split = self.split(sched)
+        costs, params, transient = self.stage_costs(c, sched, lc, ranges, split)
         head, tail, busy, late, rank_params, trans, fwd, bwd = self._rank_sums(
             sched, lc, ranges, costs, split)
         where = np.asarray(sched.stage_to_rank)
@@ -148,6 +158,10 @@ class Pricing:
         head, tail = [math.inf] * p, [math.inf] * p
         before = after = 0.0
         cf, cb, cw, comm = costs.f, costs.b, costs.w, costs.comm
+        ie = costs.i_extra if isinstance(costs.i_extra, list) else [0.0] * len(cb)
+        # An I costs ie more than B - W: every backward pays it where none is fused (B).
+        every = split and self.split(sched) and not self._kinds(sched)[1]
+        inc = [x if every else 0.0 for x in ie]
         firsts = self._first_stages(sched)
         for s, r in enumerate(where):
             if s in firsts:
@@ -155,16 +169,17 @@ class Pricing:
             else:
                 hop = comm if where[s - 1] != r else 0.0
                 before += cf[s - 1] + hop
-                after += cb[s - 1] - (cw[s - 1] if split else 0.0) + hop
+                after += (min(cb[s - 1], cb[s - 1] - cw[s - 1] + ie[s - 1]) if split
+                          else cb[s - 1]) + hop
             if before < head[r]:
                 head[r] = before
             if after < tail[r]:
                 tail[r] = after
-            busy[r] += M * (cf[s] + cb[s])
+            busy[r] += M * (cf[s] + cb[s] + inc[s])
             late[r] += M * cw[s] if split else 0.0
             rank_params[r] += params[s]
             fwd[r] += cf[s]
-            bwd[r] += cb[s]
+            bwd[r] += cb[s] + ie[s]  # a split backward's I + W (the bound keeps B's cb)
             trans[r] = max(trans[r], transient[s])
         out = (head, tail, busy, late, rank_params, trans, fwd, bwd)
         self._ranks[key] = (sched, lc, out)
@@ -188,7 +203,18 @@ class Pricing:
 
     def split(self, sched: Schedule) -> bool:
         """Whether the schedule splits W from the backward (once per schedule)."""
+        return self._kinds(sched)[0]
+
+    def _kinds(self, sched: Schedule) -> tuple[bool, bool]:
+        """(whether it has split backwards, whether it also has fused ones, B)."""
         got = self._split.get(id(sched))
         if got is None or got[0] is not sched:  # an id is reused once its object is gone
-            got = self._split[id(sched)] = (sched, sched.uses_split_backward())
-        return got[1]
+            split = sched.uses_split_backward()
+            orders = sched.orders
+            if split and all(isinstance(o, PackedOrder) for o in orders):
+                fused = bool((np.concatenate([o.kind for o in orders]) == 3).any())  # B = 3
+            else:
+                fused = split and any(a.kind == "B" for o in orders for st in o
+                                      for a in step_actions(st))
+            got = self._split[id(sched)] = (sched, split, fused)
+        return got[1], got[2]

@@ -15,9 +15,20 @@ that real collectives and GEMMs reach:
 One field says how the framework uses the links: ``tp_overlap`` (on by default), whether
 the backward's TP collectives run behind weight-gradient GEMMs (:mod:`pipebubble.plan.tensor`)
 as Megatron-LM does since September 2021 (merge request 316, "allreduce overlap with wgrad
-gemm"); off for runs made before that (Megatron-LM's SC'21 Table 1).
+gemm"); off for runs made before that (Megatron-LM's SC'21 Table 1). Another,
+``grad_accumulation_bytes`` (0 by default), is the HBM traffic per local parameter that each
+microbatch's backward adds to accumulate its gradients outside the weight-gradient GEMM:
+0 where the GEMM accumulates into the gradient buffer itself (Megatron-LM's gradient
+accumulation fusion: the weight-gradient GEMM adds into the fp32 main gradient);
+DeepSpeed's BF16 optimizer under its pipeline engine (BLOOM) copies each microbatch's bf16
+gradient to fp32 and adds it to the fp32 accumulator after every backward
+(``runtime/pipe/engine.py`` ``_exec_backward_pass`` calls
+``update_hp_grads``; ``runtime/bf16_optimizer.py``: ``hp_grad.add_(lp.grad.to(fp32))``):
+read 2 and write 4 bytes for the copy, read 4 + 4 and write 4 for the add, 18 bytes
+(:mod:`pipebubble.plan.parallel_costs` adds it to each layer's W).
 
-Every numeric field can be overridden from the command line (``--peak-tflops``, ``--gpu-memory``,
+Every numeric field but ``grad_accumulation_bytes`` (a library field, like ``tp_overlap``)
+can be overridden from the command line (``--peak-tflops``, ``--gpu-memory``,
 ``--hbm-bandwidth``, ``--gpus-per-node``, ``--nvlink-bandwidth``, ``--nvlink-latency``,
 ``--inter-node-bandwidth``, ``--inter-node-latency``).
 
@@ -56,6 +67,7 @@ class Hardware:
     efficiency: float  # fraction of peak large GEMMs reach
     bus_fraction: float = 0.8  # fraction of the link rate ring collectives reach
     tp_overlap: bool = True  # backward TP collectives behind weight gradients (tensor.py)
+    grad_accumulation_bytes: float = 0.0  # HBM bytes per local parameter per backward
 
     def check(self) -> None:
         for f in fields(self):
@@ -70,10 +82,11 @@ class Hardware:
                 if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                     raise UserError(f"--gpus-per-node must be an integer >= 1, got {v!r}")
                 continue
-            lo_ok = v >= 0 if f.name.endswith("latency") else v > 0
+            zero_ok = f.name.endswith("latency") or f.name == "grad_accumulation_bytes"
+            lo_ok = v >= 0 if zero_ok else v > 0
             if not (lo_ok and math.isfinite(v)):
                 raise UserError(f"--{f.name.replace('_', '-')} must be a finite number "
-                                 f"{'>= 0' if f.name.endswith('latency') else '> 0'}, got {v!r}")
+                                 f"{'>= 0' if zero_ok else '> 0'}, got {v!r}")
         if not 0 < self.efficiency <= 1:
             raise UserError(f"--efficiency must be in (0, 1] (the fraction of peak large "
                              f"GEMMs reach), got {self.efficiency!r}")

@@ -52,7 +52,10 @@ class LayerCosts:
     local parameters of a tied embedding's copy, which the stage holding the head keeps
     when it is not on the embedding's rank (Megatron-LM at pp > 1: the copy's weights,
     gradients and optimizer state, and an all-reduce of its gradient with the first
-    stage); 0 when the embedding is not tied.
+    stage); 0 when the embedding is not tied. ``hidden``: per layer, the seconds of work a
+    fused backward (B) runs behind its weight gradients and an I without its W does not
+    (the backward's TP collectives, :mod:`~pipebubble.plan.tensor`); None (measured
+    profiles): none known.
     """
 
     f: np.ndarray
@@ -64,6 +67,7 @@ class LayerCosts:
     params: np.ndarray
     transient: np.ndarray
     tied: float = 0.0
+    hidden: np.ndarray | None = None
 
     @property
     def work(self) -> np.ndarray:

@@ -16,9 +16,11 @@ group; with context parallelism ``dp x cp``, whose ranks hold the same weights):
                                             replicated across (torchtitan shard x replicate)
 ============  ==========================  ==============================================
 
-Defaults ``w = 2, g = 2, o = 12`` are the ZeRO paper's 16 bytes for DDP. Megatron keeps fp32
-main gradients (``g = 4``; ``plan --grad-state-bytes 4``); torchtitan's FSDP keeps fp32
-sharded gradients beside fp32 sharded parameters.
+Defaults ``w = 2, g = 2, o = 12`` are the ZeRO paper's 16 bytes for DDP (``plan
+--bytes-per-param`` scales the three together, 1/8 : 1/8 : 3/4). Frameworks that keep fp32
+gradients (Megatron-LM's main gradients, Llama 3's fp32 accumulation over microbatches,
+torchtitan's FSDP) hold ``g = 4``: 2 bytes a parameter more than counted here (``2 / N``
+sharded), so the count is low for them, never high.
 
 **Activations of one block, one microbatch** (bytes; ``T = s b / cp`` tokens on the rank,
 ``t`` the TP degree). Korthikanti et al. 2022 count a GPT block as ``34 s b h + 5 a s^2 b``:
@@ -34,6 +36,18 @@ their product) and models without dropout (LLaMA):
 - the attention core ``5 a s^2 b / cp`` only without FlashAttention (which keeps none of it);
 - ``selective`` recomputation drops the core (so equals ``none`` with FlashAttention);
   ``full`` keeps the block input only, ``2 T h`` (``/ t`` with SP).
+
+What the count assumes: each tensor a backward reads is kept once, and nothing else (no
+stage outputs: Megatron-LM frees an output's data once sent; no allocator or NCCL memory:
+``plan --reserve``; no transients of the backward that runs at the peak). Two published
+options keep less without recomputing a GEMM, and neither is assumed: norms that keep their
+output instead of their input (Apex's ``memory_efficient`` norms, Megatron-LM
+``--memory-efficient-layer-norm``: the output is kept anyway as the next GEMM's input, so
+``4 T h`` less, ``/ t`` with SP), and re-running SwiGLU's product in the backward
+(``2 T f / t`` less). For LLaMA-3 405B at TP 8 with SP this count is ``31.75 T h / t`` (65,024
+bytes a token), checked term by term in ``tests/test_plan_price_memory.py``; Megatron-LM's
+estimate (``theoretical_memory_usage.py``, ``(18 + 4 f / h) T h / t`` = 31) counts neither GQA
+nor SwiGLU's third matrix.
 
 >>> from pipebubble.plan.analytic import TransformerShape
 >>> gpt = TransformerShape(layers=1, hidden=1024, ffn=4096, heads=16, vocab=1000,

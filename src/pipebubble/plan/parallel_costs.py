@@ -17,9 +17,12 @@ One block on one rank, ``T = s b / cp`` tokens, ``t`` = TP degree, ``q`` = heads
 - I (input gradient): each GEMM's data gradient (the same FLOPs, ``n`` and ``k`` swapped),
   the attention backward, twice the forward's memory-bound bytes, what the weight gradients
   of QKV and the MLP up-projection do not hide of the two TP collectives
-  (:mod:`~pipebubble.plan.tensor`), CP;
-- W (weight gradient): each GEMM's weight gradient ``(k, n, T)`` and nothing else: what a
-  zero-bubble schedule may delay.
+  (:mod:`~pipebubble.plan.tensor`; an I without its W, in a split schedule, carries them
+  whole: ``hidden``), CP;
+- W (weight gradient): each GEMM's weight gradient ``(k, n, T)`` and, where the framework
+  accumulates gradients outside the GEMM, that pass over the layer's parameters
+  (``Hardware.grad_accumulation_bytes``, 0 by default): what a zero-bubble schedule may
+  delay.
 
 Recomputation adds to I the forward it re-runs: all of F (``full``) or the attention
 (``selective``).
@@ -39,7 +42,7 @@ from .memory import (
     head_activation_bytes,
 )
 from .network import Network
-from .tensor import block_tp_comm, tp_collective
+from .tensor import block_tp_comm, block_tp_hidden, tp_collective
 
 MODES = ("none", "selective", "full")
 
@@ -100,11 +103,13 @@ class ParallelCosts:
             elementwise += 4 * T * (q + kv) / t  # rotary on Q and K
         elementwise += (6 if sh.swiglu else 4) * T * f / t  # the MLP's activation
         mem = memory_time(elementwise, r)
-        tp_f, tp_b = block_tp_comm(T, h, t, self.net, self.sp, hide=(wgrads[0], wgrads[2]))
+        hide = (wgrads[0], wgrads[2])
+        tp_f, tp_b = block_tp_comm(T, h, t, self.net, self.sp, hide=hide)
+        tp_hidden = block_tp_hidden(T, h, t, self.net, self.sp, hide=hide)
         cp_f, cp_b = block_cp_comm(T, kv / t, cp, t, self.net, (attn, attn_b))
         F = fwd + attn + mem + tp_f + cp_f
         return {"f": F, "i": dgrad + attn_b + 2 * mem + tp_b + cp_b, "w": wgrad,
-                "selective": attn + cp_f}
+                "selective": attn + cp_f, "hidden": tp_hidden}
 
     def ends(self, b: int) -> tuple[dict, dict]:
         """Embedding and head: (f, i, w) seconds each."""
@@ -137,14 +142,17 @@ class ParallelCosts:
         a_head = head_activation_bytes(sh, s, b, t, sp, cp)
         out = 2 * s * b / cp * sh.hidden / t  # SP (or Megatron's scatter-gather) split
         col = lambda e, x, hd: np.array([e, *([x] * L), hd], dtype=np.float64)  # noqa: E731
+        acc = [memory_time(self.rates.grad_accumulation * P, self.rates)
+               for P in (self.params[0], self.params[1], self.params[-1])]
         lc = LayerCosts(
             f=col(emb["f"], blk["f"], head["f"]),
             i=col(emb["i"], blk["i"] + extra, head["i"]),
-            w=col(emb["w"], blk["w"], head["w"]),
+            w=col(emb["w"] + acc[0], blk["w"] + acc[1], head["w"] + acc[2]),
             act=col(a_emb, a_keep, a_head), act_w=col(0.0, a_w, min(a_head, 2 * s * b / cp
                                                                         * sh.hidden)),
             out=col(out, out, 0.0), params=self.params,
-            transient=col(0.0, a_none - a_keep, 0.0), tied=self.tied)
+            transient=col(0.0, a_none - a_keep, 0.0), tied=self.tied,
+            hidden=col(0.0, blk["hidden"], 0.0))
         self._cache[key] = lc
         return lc
 

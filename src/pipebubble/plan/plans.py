@@ -140,6 +140,7 @@ class Plan:
     budget: float | None = None  # the least budget at which the planner finds this plan
     cut_search: str = "exhaustive"  # how its cut was chosen: CUT_SEARCH
     dp_exposed: float = 0.0  # the data-parallel traffic that shows in the step (largest rank)
+    optimizer_time: float = 0.0  # the optimizer step (plan/optimizer.py; largest rank)
     static: list[float] = field(default_factory=list)  # per rank: model states + transient
     memory: list[dict] = field(default_factory=list)  # per rank: the peak's breakdown (bytes)
 
@@ -186,6 +187,7 @@ class Plan:
                 "stages": self.stages(), "predicted_step_time": self.step_time,
                 "pipeline_step_time": self.pipeline_time,
                 "allreduce_time": self.allreduce_time, "dp_exposed_time": self.dp_exposed,
+                "optimizer_time": self.optimizer_time,
                 "p2p_time": self.comm,
                 "samples_per_second": self.samples_per_second,
                 "bubble_fraction": self.bubble_fraction, "peak_memory": self.peak_memory,

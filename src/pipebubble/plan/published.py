@@ -212,13 +212,18 @@ def published_runs() -> tuple[Run, ...]:
     # (full recomputation), DeepSpeed's pipeline (1F1B); the README's log line at the end of
     # the first epoch: 104.70 s per iteration at GBS 2048, "TFLOPs: 149.77" (hardware FLOPs:
     # 4 x 2 x params x tokens). Network: 4 Omni-Path 100 Gb/s links per node (BLOOM paper,
-    # arXiv 2211.05100, section 3.4.1): 6.25 GB/s per GPU, not the preset's 25.
+    # arXiv 2211.05100, section 3.4.1): 6.25 GB/s per GPU, not the preset's 25. DeepSpeed's
+    # BF16 optimizer under its pipeline engine adds each microbatch's bf16 gradients into fp32
+    # after every backward (deepspeed/runtime/pipe/engine.py, _exec_backward_pass ->
+    # optimizer.update_hp_grads; runtime/bf16_optimizer.py: hp_grad.add_(lp.grad.to(fp32))):
+    # 18 bytes of HBM traffic per local parameter and microbatch (hardware.py).
     bloom = TransformerShape(layers=70, hidden=14336, ffn=4 * 14336, heads=112, vocab=250880,
                              tied_embeddings=True, swiglu=False, dropout=True, biases=True)
     runs.append(Run("BLOOM tr11", "176B", bloom, 2048, 384, 2048, "a100-80gb",
                     "tp=4,sp=0,cp=1,pp=12,dp=8,sharding=zero1,mbs=2,recompute=full,"
                     "schedule=1f1b", "TFLOP/s", 149.77, 104.70, flash=False,
-                    hardware=(("inter_node_bandwidth", 6.25e9),)))
+                    hardware=(("inter_node_bandwidth", 6.25e9),
+                              ("grad_accumulation_bytes", 18.0))))
     # Llama 3 405B (Llama Team, "The Llama 3 Herd of Models", arXiv 2407.21783, section
     # 3.3.2, Table 4): GPUs, TP, CP, PP, DP, sequence, batch size per DP group, TFLOP/s per
     # GPU (430 / 400 / 380; "BF16 MFU" 43 / 41 / 38 %). The PDF prints DP = 4 for the 131,072
@@ -360,6 +365,57 @@ def predict_runs(runs: tuple[Run, ...] | None = None, ranks: bool = False,
                 "margin": plan.step_time / best.step_time - 1 if best is not None else None}
         out.append(item)
     return eff, out
+
+
+def interleaved_in_flight(p: int, v: int, m: int, rank: int) -> int:
+    """Chunk forwards rank ``rank`` has done before its first backward in Megatron-LM's
+    interleaved 1F1B (``megatron/core/pipeline_parallel/schedules.py``): its warm-up
+    ``2 (p - rank - 1) + (v - 1) p`` (microbatch groups of ``p``), capped at all ``m v``,
+    plus the first steady-state forward, which runs before the first backward. Each of them
+    holds its chunk's activations at the rank's peak.
+
+    >>> interleaved_in_flight(16, 8, 32, 1), interleaved_in_flight(16, 8, 16, 1)
+    (141, 128)
+    """
+    warm = min(2 * (p - rank - 1) + (v - 1) * p, m * v)
+    return warm + (1 if warm < m * v else 0)
+
+
+def memory_breakdown(run: Run, efficiency: float, config: str = "") -> tuple:
+    """(the plan, one dict per pipeline rank) of ``run`` at its configuration plus ``config``
+    (``plan --config`` text appended), with the budget lifted so that it is planned whatever
+    it needs: per rank the blocks and end layers it holds, its local parameters, the model
+    states and the simulated activation peak (bytes, the plan's ``memory``), the peak in
+    units of one block's activations, and, for the interleaved schedule, the chunk forwards
+    in flight by Megatron-LM's warm-up count (:func:`interleaved_in_flight`), to check the
+    simulator against by hand (``bench_published.py --memory``)."""
+    from .config import parse_config, restrict
+    from .planner import search
+
+    prof, req, hw = _setup(run, efficiency)
+    one = replace(restrict(req, parse_config(run.config + config, run.gpus)), top=1,
+                  gpu_memory=1e15)
+    plan = search(prof, one, hw, efficiency).plans[0]
+    lc = plan.costs
+    act = list(lc.activation_memory)
+    n = len(plan.ranges)
+    last = len(act) // n * n  # stages of one model copy
+    block = act[1] if n > 1 else act[0]
+    rows = []
+    for r in range(plan.pp):
+        stages = [s for s, x in enumerate(plan.stage_to_rank) if x == r and s < last]
+        layers = [i for s in stages for i in range(plan.ranges[s][0], plan.ranges[s][1] + 1)]
+        blocks = sum(1 for i in layers if 0 < i < len(prof) - 1)
+        row = {"rank": r, "blocks": blocks, "embedding": 0 in layers,
+               "head": len(prof) - 1 in layers, **plan.memory[r],
+               "peak": plan.peak_memory[r], "budget": req.gpu_memory,
+               "block_activation": block,
+               "in_flight_blocks": plan.memory[r]["activations"] / block}
+        if plan.schedule == "interleaved-1f1b":
+            row["megatron_in_flight"] = interleaved_in_flight(plan.pp, plan.chunks,
+                                                              plan.microbatches, r)
+        rows.append(row)
+    return plan, rows
 
 
 # Korthikanti et al. 2022, Table 4: forward and backward milliseconds of one transformer

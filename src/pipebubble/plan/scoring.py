@@ -188,7 +188,8 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
         beats ``threshold``."""
         co = pr.costs
         key = (id(sched), tuple(co.f), tuple(co.b), tuple(co.w), co.comm,
-               tuple(co.activation_memory), tuple(co.weight_memory))
+               tuple(co.activation_memory), tuple(co.weight_memory),
+               tuple(co.i_extra) if isinstance(co.i_extra, list) else co.i_extra)
         got = self._runs.get(key)
         if got is None or got[0] is not sched:
             self.simulated += 1
@@ -206,6 +207,7 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
         plan = Plan(c, pr.ranges, tuple(where), step, run.step_time, run.bubble_fraction,
                     peaks, ar, pr.costs.comm, pr.costs, sched, self.req.global_batch)
         plan.dp_exposed = max(pr.exposed, default=0.0)
+        plan.optimizer_time = max(opt, default=0.0)
         plan.static = list(pr.static)
         w, g, o = self.axes.state_bytes
         n = max(self.axes.shard(c.dp), 1)

@@ -15,8 +15,13 @@ and not the 50 % a second forward would; their Table 4 has the backward at 1.55 
 the 22B model, TP 8, where pricing the collectives exposed gives 1.8). So each backward
 collective adds to I only what the weight gradient it overlaps does not hide:
 ``max(0, collective - W of that GEMM)`` (both exposed with ``Network.tp_overlap`` off:
-Megatron-LM before September 2021). A zero-bubble schedule that defers W loses this overlap;
-it is priced the same (optimistic for those by up to the hidden time). The GEMMs get ``t``
+Megatron-LM before September 2021). That overlap needs the weight gradient in the same
+pass: a schedule that splits the backward into I and a later W (the zero-bubble family,
+DualPipe's split actions, ``auto`` with split backward) runs the data gradient, then the
+norm's backward that needs the collective's result, with no GEMM left to hide it behind, so
+each I carries both collectives in full. :func:`block_tp_comm` gives, as ``hidden``, what a
+fused B hides (``2 x collective - exposed``); the planner adds it to every I of a split
+schedule (``CostModel.i_extra``) and leaves B as it is. The GEMMs get ``t``
 times thinner, which :mod:`pipebubble.plan.compute` prices as a lower efficiency. The TP
 group is innermost (stride 1): it runs on NVLink when ``t <= gpus_per_node``.
 
@@ -32,6 +37,8 @@ True
 >>> f, b = block_tp_comm(1000, 1000, 4, net, hide=(2e-5, 1.0))  # 3e-5 each, 2e-5 hidden
 >>> round(b, 12)                                                 # 1e-5 + 0 exposed
 1e-05
+>>> round(block_tp_hidden(1000, 1000, 4, net, hide=(2e-5, 1.0)), 12)  # 2e-5 + 3e-5 hidden
+5e-05
 """
 
 from __future__ import annotations
@@ -62,3 +69,14 @@ def block_tp_comm(tokens: float, hidden: int, tp: int, net: Network, sp: bool = 
     if not net.tp_overlap:
         return 2 * one, 2 * one
     return 2 * one, sum(max(0.0, one - w) for w in hide)
+
+
+def block_tp_hidden(tokens: float, hidden: int, tp: int, net: Network, sp: bool = False,
+                    hide: tuple[float, float] = (0.0, 0.0)) -> float:
+    """Seconds of the backward's two TP collectives that a fused B hides behind the weight
+    gradients ``hide`` and an I without its W exposes (module doc); 0 with
+    ``tp_overlap`` off (both are exposed in B too)."""
+    if not net.tp_overlap:
+        return 0.0
+    one = tp_collective(tokens, hidden, tp, net, sp)
+    return 2 * one - block_tp_comm(tokens, hidden, tp, net, sp, hide)[1]
