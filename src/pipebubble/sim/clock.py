@@ -20,7 +20,16 @@ simulator's times:
 - the memory in use per rank (:attr:`Clock.used`: each action adds its net at its start,
   the same running sum as the memory walk) is tested against the limit with the one
   tolerance: :meth:`Clock.fits` is :func:`~pipebubble.costs.fits_limit`, and
-  :attr:`Clock.room` is the highest level that passes it, for a caller's inner loop.
+  :attr:`Clock.room` is the highest level that passes it, for a caller's inner loop;
+- with ``limits_i``, the memory is also counted as if W kept nothing (``M_W = 0``: each
+  activation held until its I), in :attr:`Clock.used_i` under :attr:`Clock.room_i`. A
+  rank's running sum is affine in ``M_W``, so an order within both limits holds no more
+  than them for every ``M_W`` between 0 and the costs' own (the building blocks' test).
+
+A list scheduler that runs in time steps (every rank picks at most one action per step, as
+the building blocks' reorder does) places a step's picks with one call,
+:meth:`Clock.place_at`. :meth:`Clock.units` makes the clock of the blocks' own units: every
+F, I and W one unit long, no ``comm``, one unit of memory per activation, all in ints.
 
 Actions are numbered ``x = (kind * S + stage) * m + microbatch`` with kinds F, I, W (0, 1,
 2): :meth:`Clock.id`.
@@ -38,6 +47,8 @@ inf
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import NamedTuple
 
 from ..costs import FIT_TOLERANCE, StageCosts, fits_limit
@@ -59,26 +70,34 @@ class Clock:
 
     ``sc`` holds one entry per stage, ``stage_to_rank`` places them, ``chain_starts`` as a
     Schedule's (one chain: ``(0,)``); ``limits[r]`` caps rank r's activation memory (None:
-    no cap). The state is public lists, read by a caller's inner loop: ``ready``, ``end``
-    (per action; ``inf`` until placed), ``free``, ``used``, ``room`` (per rank)."""
+    no cap), ``limits_i[r]`` the same memory counted as if W kept nothing (None: not
+    counted). The state is public lists, read by a caller's inner loop: ``ready``, ``end``
+    (per action; ``inf`` until placed), ``free``, ``used``, ``room``, ``used_i``,
+    ``room_i`` (per rank)."""
 
     def __init__(self, sc: StageCosts, stage_to_rank: tuple[int, ...], microbatches: int,
-                 limits: list[float] | None = None, chain_starts: tuple[int, ...] = (0,)):
+                 limits: Sequence[float] | None = None, chain_starts: tuple[int, ...] = (0,),
+                 limits_i: Sequence[float] | None = None):
         S, m = len(stage_to_rank), microbatches
         p = max(stage_to_rank, default=-1) + 1
         if len(sc.f) != S:
             raise ValueError(f"costs are for {len(sc.f)} stages but stage_to_rank places {S}")
-        if limits is not None and len(limits) != p:
-            raise ValueError(f"limits has {len(limits)} values; expected one per rank ({p})")
+        for name, lim in (("limits", limits), ("limits_i", limits_i)):
+            if lim is not None and len(lim) != p:
+                raise ValueError(f"{name} has {len(lim)} values; expected one per rank ({p})")
         self.S, self.m, self.p = S, m, p
+        # An int comm (Clock.units) keeps the times ints: zero, the lags and every whole
+        # duration (StageCosts.duration gives I as a float).
+        ints = isinstance(sc.comm, int)
+        zero = sc.comm * 0
         rows = 3 * S  # row = kind * S + stage
         # The rule, per row: what waits for it (row, lag), and how many producers it has.
         one = [Action(s, k, 0) for k in KINDS for s in range(S)]
         self.consumers: list[list[tuple[int, float]]] = [[] for _ in range(rows)]
-        self.hop = [0.0] * rows  # the lag of the edge into a row from a neighbour stage
+        self.hop = [zero] * rows  # the lag of the edge into a row from a neighbour stage
         npred = [0] * rows
         for e in precedences(one, _Topology(S, tuple(stage_to_rank), tuple(chain_starts))):
-            lag = sc.comm if e.crosses else 0.0
+            lag = sc.comm if e.crosses else zero
             a = KINDS.index(e.after.kind) * S + e.after.stage
             self.consumers[KINDS.index(e.before.kind) * S + e.before.stage].append((a, lag))
             npred[a] += 1
@@ -88,15 +107,17 @@ class Clock:
         # waiter with one producer (its ready time is this end + lag) and one with several
         # at most (the rule: an output feeds one neighbour stage and one action of its
         # own stage); as the offset of the waiter's number (0: none) and the lag.
-        one, one_lag, more, more_lag = [0] * rows, [0.0] * rows, [0] * rows, [0.0] * rows
+        one, one_lag, more, more_lag = [0] * rows, [zero] * rows, [0] * rows, [zero] * rows
         for row in range(rows):
             for a, lag in self.consumers[row]:
                 at, lags = (one, one_lag) if npred[a] == 1 else (more, more_lag)
                 if at[row]:
                     raise ValueError("the rule gave one action two waiters of one kind")
                 at[row], lags[row] = (a - row) * m, lag
-        # Per row: (rank, duration, memory added at the start, net memory, the waiters);
-        # per action, a reference to its row's tuple (one list: cheap to build and read).
+        # Per row: (rank, duration, memory added at the start, net memory, the waiters,
+        # net memory if W kept nothing); per action, a reference to its row's tuple (one
+        # list: cheap to build and read).
+        kept_none = replace(sc, weight_memory=[0 * x for x in sc.weight_memory])
         self.rows: list[tuple] = []
         self.ready: list[float] = []
         self._missing: list[int] = []
@@ -105,23 +126,47 @@ class Clock:
             for s in range(S):
                 row = KINDS.index(k) * S + s
                 a0, a1 = sc.memory_deltas(s, k)
-                info = (stage_to_rank[s], sc.duration(s, k), a0, a0 + a1,
-                        one[row], one_lag[row], more[row], more_lag[row])
+                d = sc.duration(s, k)
+                info = (stage_to_rank[s], int(d) if ints and d == int(d) else d, a0, a0 + a1,
+                        one[row], one_lag[row], more[row], more_lag[row],
+                        sum(kept_none.memory_deltas(s, k)))
                 self.rows.append(info)
                 self._info += [info] * m
-                self.ready += [_INF if npred[row] else 0.0] * m
+                self.ready += [_INF if npred[row] else zero] * m
                 self._missing += [npred[row]] * m
         size = rows * m
         self._part = [-_INF] * size  # the latest producer end + lag seen so far
         self.end = [_INF] * size
-        self.free = [0.0] * p
+        self.free = [zero] * p
         self.used = [0.0] * p
+        self.used_i = [0.0] * p
         self.begin = [_INF] * p  # each rank's first start, and its busy time
-        self.busy = [0.0] * p
+        self.busy = [zero] * p
         self.limits = limits
-        self.room = [_INF] * p if limits is None else [
-            x + FIT_TOLERANCE * max(1.0, abs(x)) for x in limits]  # fits_limit's bound
-        self.place = self._placer()
+        self.limits_i = limits_i
+        self.room, self.room_i = ([_INF] * p if lim is None else [
+            x + FIT_TOLERANCE * max(1.0, abs(x)) for x in lim]  # fits_limit's bound
+            for lim in (limits, limits_i))
+        self.place, self.place_at = self._placer()
+
+    @classmethod
+    def units(cls, stage_to_rank: tuple[int, ...], microbatches: int,
+              limits: Sequence[float] | None = None, chain_starts: tuple[int, ...] = (0,),
+              limits_i: Sequence[float] | None = None) -> Clock:
+        """The clock of unit passes: every F, I and W one unit long, no ``comm``, and one
+        unit of memory from each F to its W (:attr:`used`; to its I: :attr:`used_i`); the
+        times are ints (the building blocks' units).
+
+        >>> c = Clock.units((0, 1, 1, 0), 2, limits=[2, 2], limits_i=[1, 1])
+        >>> c.place_at([c.id("F", 0, 0)], 0); c.earliest(c.id("F", 1, 0)), c.used
+        (1, [1.0, 0.0])
+        """
+        S = len(stage_to_rank)
+        ones = [1] * S
+        sc = StageCosts(f=ones, b=[2] * S, w=ones, comm=0, activation_memory=ones,
+                        weight_memory=ones, input_memory=[0] * S, recompute=[False] * S,
+                        overlap=1.0, allreduce=[0] * S)
+        return cls(sc, stage_to_rank, microbatches, limits, chain_starts, limits_i)
 
     def id(self, kind: str, stage: int, microbatch: int) -> int:
         """The number of an action (``kind`` one of F, I, W)."""
@@ -145,19 +190,28 @@ class Clock:
         learn when its output is there."""
         raise NotImplementedError  # pragma: no cover
 
+    def place_at(self, xs: Sequence[int], start: float) -> None:  # (replaced: _placer)
+        """:meth:`place` of each action of ``xs`` (each next on its own rank) at ``start``,
+        in one call: a list scheduler that runs in time steps places a step's picks so."""
+        raise NotImplementedError  # pragma: no cover
+
     def _placer(self):
-        """:meth:`place` as a closure over the state lists: a list scheduler calls it once
-        per action, and a closure's reads are cheaper than attribute look-ups."""
-        info, end, free, used = self._info, self.end, self.free, self.used
+        """:meth:`place` and :meth:`place_at` as closures over the state lists: a list
+        scheduler calls them once per action or per step, and a closure's reads are
+        cheaper than attribute look-ups (without ``limits_i``, ``used_i`` stays 0)."""
+        info, end, free, used, used_i = self._info, self.end, self.free, self.used, self.used_i
         begin, busy = self.begin, self.busy
         part, missing, ready = self._part, self._missing, self.ready
+        count_i = self.limits_i is not None
 
         def place(x: int, start: float) -> float:
-            r, d, _, net, one, one_lag, more, more_lag = info[x]
+            r, d, _, net, one, one_lag, more, more_lag, net_i = info[x]
             e = start + d
             end[x] = e
             free[r] = e
             used[r] += net
+            if count_i:
+                used_i[r] += net_i
             if start < begin[r]:
                 begin[r] = start
             busy[r] += d
@@ -173,8 +227,32 @@ class Clock:
                     ready[c] = part[c]
             return e
 
+        def place_at(xs: Sequence[int], start: float) -> None:
+            for x in xs:  # place's body, once per action
+                r, d, _, net, one, one_lag, more, more_lag, net_i = info[x]
+                e = start + d
+                end[x] = e
+                free[r] = e
+                used[r] += net
+                if count_i:
+                    used_i[r] += net_i
+                if start < begin[r]:
+                    begin[r] = start
+                busy[r] += d
+                if one:
+                    ready[x + one] = e + one_lag
+                if more:
+                    c = x + more
+                    v = e + more_lag
+                    if v > part[c]:
+                        part[c] = v
+                    missing[c] -= 1
+                    if not missing[c]:
+                        ready[c] = part[c]
+
         place.__doc__ = Clock.place.__doc__
-        return place
+        place_at.__doc__ = Clock.place_at.__doc__
+        return place, place_at
 
     @property
     def step_time(self) -> float:
