@@ -39,16 +39,17 @@ unit passes (with ``fill=False`` only in the cool-down); :func:`build` keeps the
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from functools import lru_cache
 from itertools import accumulate
+from operator import itemgetter
 
 from ..ir.schedule import Action, ScheduleError, make_schedule, v_placement
 from ..sim.clock import Clock
 from ..sim.program import memory_peak
 
 PERIOD = 6
-_ADDS = (1, 0, 0)  # chunk activations a pass adds at its start, by kind F, I, W
+_ADDS = (1.0, 0.0, 0.0)  # chunk activations a pass adds at its start, by kind F, I, W
 
 
 def block(p: int, offsets: tuple[int, ...], period: int = PERIOD
@@ -186,7 +187,8 @@ def _reorder(p: int, microbatches: int, orders, cap: int, cap_i: int | None, fil
     clock = Clock.units(tuple(v_placement(p)), m, [cap] * p,
                         limits_i=None if cap_i is None else [cap_i] * p)
     ready, used, used_i = clock.ready, clock.used, clock.used_i
-    room, room_i = clock.room, clock.room_i  # (room_i: inf without cap_i)
+    # one more F fits while used <= room - 1 (room: the cap under the one tolerance)
+    lim, lim_i = [x - 1 for x in clock.room], [x - 1 for x in clock.room_i]
     place_at = clock.place_at
     # Every pass by its clock number x = (kind S + stage) m + microbatch (kind 0, 1, 2 = F,
     # I, W; its row x // m = kind S + stage); ``where[x]``: its place in its rank's block
@@ -206,6 +208,7 @@ def _reorder(p: int, microbatches: int, orders, cap: int, cap_i: int | None, fil
     out: list[list[Action]] = [[] for _ in range(p)]
     left, t = sum(len(o) for o in orders), 0
     priority = [("FIW".index(code[0]), code[1] == "1") for code in DEEP_PRIORITY.split()]
+    kind_stage = [divmod(row, S) for row in range(3 * S)]
 
     def place(row: int) -> int:
         """Where the next pass of ``row`` (kind S + stage) is in its rank's order, or -1."""
@@ -224,8 +227,8 @@ def _reorder(p: int, microbatches: int, orders, cap: int, cap_i: int | None, fil
             while h < n and rran[h]:
                 h += 1
             head[r] = h
-            fits = used[r] + 1 <= room[r] and used_i[r] + 1 <= room_i[r]  # one more F
             if warmup is not None and not started[r]:  # fill the memory before the first I
+                fits = used[r] <= lim[r] and used_i[r] <= lim_i[r]  # one more F
                 pick = -1
                 if deep and begun[r]:  # past the first I: I, then W, then F while it fits
                     for k, later in priority:  # the deep warm-up's pick (DEEP_PRIORITY)
@@ -250,7 +253,7 @@ def _reorder(p: int, microbatches: int, orders, cap: int, cap_i: int | None, fil
                 continue
             if forwards[r] < 2 * m and h < n:  # rule 2, the fast path
                 x = rids[h]
-                if (x >= Sm or fits) and ready[x] <= t:
+                if (x >= Sm or used[r] <= lim[r] and used_i[r] <= lim_i[r]) and ready[x] <= t:
                     chosen.append((r, h))
                     continue
                 if not fill:
@@ -264,8 +267,8 @@ def _reorder(p: int, microbatches: int, orders, cap: int, cap_i: int | None, fil
                         continue
                     if k == 0:  # the forwards the block runs before it, still to run
                         pf = pending_f[r]
-                        more = 1 + bisect_left(pf, i) - bisect_left(pf, h)
-                        if used[r] + more > room[r] or used_i[r] + more > room_i[r]:
+                        more = bisect_left(pf, i) - bisect_left(pf, h)
+                        if used[r] + more > lim[r] or used_i[r] + more > lim_i[r]:
                             continue
                     if cool:  # rule 1
                         key = (0 if k == 1 else 1, i)
@@ -281,7 +284,7 @@ def _reorder(p: int, microbatches: int, orders, cap: int, cap_i: int | None, fil
         for r, i in chosen:
             x = ids[r][i]
             row = x // m
-            k, s = divmod(row, S)
+            k, s = kind_stage[row]
             ran[r][i] = True
             out[r].append(orders[r][i])
             nxt[row] += 1
@@ -342,32 +345,32 @@ def _reorder_ends(p: int, microbatches: int, times, cap: int, cap_i: int | None
     t_f, t_i, t_w = times
     S, m = 2 * p, microbatches
     rank = [s if s < p else S - 1 - s for s in range(S)]
-    # Events sorted by (time, stage, kind), which is the order of (t, s, k, j) tuples (one
-    # microbatch per time, stage and kind).
+    # Events sorted by (time, stage, kind) (one microbatch per time, stage and kind), as
+    # keys ((t S + s) 3 + k) X + x with x the clock's number of the pass: each (stage,
+    # kind) is an arithmetic progression of them, one per microbatch.
     bases = (t_f, t_i, t_w)
-    keys = []
-    for s in range(S):
-        for k in range(3):
-            key0, step = (bases[k][s] * S + s) * 3 + k, PERIOD * S * 3
-            keys.extend(range(key0, key0 + step * m, step))
-    keys.sort()
-    horizon = keys[-1] // (3 * S) + 2
+    X = 3 * S * m
+    horizon = max(max(b) for b in bases) + PERIOD * (m - 1) + 2
     busy = [[False] * horizon for _ in range(p)]
     held = [[0] * horizon for _ in range(p)]  # chunk activations at each unit, until W
     held_i = [[0] * horizon for _ in range(p)]  # and until I
-    events = []  # (t, s, k, j)
-    for key in keys:
-        t, rest = divmod(key, 3 * S)
-        s, k = divmod(rest, 3)
-        j = (t - bases[k][s]) // PERIOD
-        events.append((t, s, k, j))
+    keys: list[int] = []
+    step = PERIOD * S * 3 * X + 1
+    for s in range(S):
         r = rank[s]
-        busy[r][t] = True
-        if k == 0:
-            held[r][t] += 1
-            held_i[r][t] += 1
-        else:
-            (held[r] if k == 2 else held_i[r])[t + 1] -= 1
+        for k in range(3):
+            b = bases[k][s]
+            keys.extend(range(((b * S + s) * 3 + k) * X + (k * S + s) * m,
+                              (((b * S + s) * 3 + k) * X + (k * S + s) * m) + step * m, step))
+            busy[r][b:b + PERIOD * m:PERIOD] = [True] * m
+            for row in ((held[r], held_i[r]) if k == 0 else (held_i[r],) if k == 1
+                        else (held[r],)):  # F adds at its unit, I / W free after theirs
+                at = slice(b, b + PERIOD * m, PERIOD) if k == 0 else slice(
+                    b + 1, b + 1 + PERIOD * m, PERIOD)
+                row[at] = [v + (1 if k == 0 else -1) for v in row[at]]
+    keys.sort()
+    ev_t = [key // (3 * S * X) for key in keys]  # each event's time and clock number
+    ev_x = [key % X for key in keys]
     for rows in (held, held_i):
         for row in rows:
             row[:] = accumulate(row)
@@ -375,20 +378,19 @@ def _reorder_ends(p: int, microbatches: int, times, cap: int, cap_i: int | None
     clock = Clock.units(tuple(v_placement(p)), m)
     ready, end, place, place_at = clock.ready, clock.end, clock.place, clock.place_at
     start, stop = t_i[0], t_f[0] + PERIOD * (m - 1)
-    lo_n, hi_n = bisect_left(events, (start,)), bisect_left(events, (stop + 1,))
-    n, count = 0, len(events)
+    lo_n, hi_n = bisect_left(ev_t, start), bisect_left(ev_t, stop + 1)
+    n, count = 0, len(ev_t)
     while n < count:
-        t, s, k, j = events[n]
+        t = ev_t[n]
         if lo_n <= n < hi_n:  # the steady state keeps its block times: a unit at a time
-            xs = []
-            while n < hi_n and events[n][0] == t:
-                _, s, k, j = events[n]
-                xs.append((k * S + s) * m + j)
-                n += 1
-            place_at(xs, t)
+            g = bisect_right(ev_t, t, n, hi_n)
+            place_at(ev_x[n:g], t)
+            n = g
             continue
+        x = ev_x[n]
         n += 1
-        x = (k * S + s) * m + j
+        row, j = divmod(x, m)
+        k, s = divmod(row, S)
         r = rank[s]
         at = ready[x]  # its inputs are there (the rule), and its stage's previous pass
         if j and end[x - 1] > at:  # of that kind has ended (microbatch order)
@@ -410,13 +412,15 @@ def _reorder_ends(p: int, microbatches: int, times, cap: int, cap_i: int | None
             continue
         bus[t], bus[u] = False, True
         place(x, u)
-        if k == 0:
+        if k == 0:  # (short spans: a loop is cheaper than slices)
             row, row_i = held[r], held_i[r]
-            row[u:t] = [v + 1 for v in row[u:t]]
-            row_i[u:t] = [v + 1 for v in row_i[u:t]]
+            for v in range(u, t):
+                row[v] += 1
+                row_i[v] += 1
         else:
             row = held[r] if k == 2 else held_i[r]
-            row[u + 1:t + 1] = [v - 1 for v in row[u + 1:t + 1]]
+            for v in range(u + 1, t + 1):
+                row[v] -= 1
     timed: list[list[tuple[int, int]]] = [[] for _ in range(p)]
     for s in range(S):
         r = rank[s]
@@ -446,9 +450,10 @@ def peak(p: int, orders: list[list[Action]], frees: str = "W") -> int:
     each rank's order, with the deltas by kind."""
     if frees not in ("I", "W"):
         raise ValueError(f"frees must be 'I' or 'W', got {frees!r}")
-    net = (1, -1, 0) if frees == "I" else (1, 0, -1)  # by kind F, I, W
-    kind = {"F": 0, "I": 1, "W": 2}.__getitem__
-    return max((round(memory_peak(_ADDS, net, [kind(a[1]) for a in order]))
+    # by kind F, I, W; floats, as the walk sums them (exact for counts)
+    net = (1.0, -1.0, 0.0) if frees == "I" else (1.0, 0.0, -1.0)
+    kind, second = {"F": 0, "I": 1, "W": 2}.__getitem__, itemgetter(1)
+    return max((round(memory_peak(_ADDS, net, list(map(kind, map(second, order)))))
                 for order in orders), default=0)
 
 

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from functools import lru_cache
 from typing import NamedTuple
 
 from ..costs import FIT_TOLERANCE, StageCosts, fits_limit
@@ -65,6 +66,20 @@ class _Topology(NamedTuple):
     chain_starts: tuple[int, ...]
 
 
+@lru_cache(maxsize=64)
+def _rule_rows(stage_to_rank: tuple[int, ...], chain_starts: tuple[int, ...]
+               ) -> tuple[tuple[int, int, bool, bool], ...]:
+    """The edges of :func:`~pipebubble.ir.deps.precedences` among one microbatch's F, I
+    and W, as (producer row, consumer row, crosses, between two stages), rows ``kind S +
+    stage``: asked once per placement (a search builds many clocks on one)."""
+    S = len(stage_to_rank)
+    one = [Action(s, k, 0) for k in KINDS for s in range(S)]
+    return tuple((KINDS.index(e.before.kind) * S + e.before.stage,
+                  KINDS.index(e.after.kind) * S + e.after.stage, e.crosses,
+                  e.before.stage != e.after.stage)
+                 for e in precedences(one, _Topology(S, stage_to_rank, chain_starts)))
+
+
 class Clock:
     """Per-rank clocks of an order being built (see the module docstring).
 
@@ -73,7 +88,7 @@ class Clock:
     no cap), ``limits_i[r]`` the same memory counted as if W kept nothing (None: not
     counted). The state is public lists, read by a caller's inner loop: ``ready``, ``end``
     (per action; ``inf`` until placed), ``free``, ``used``, ``room``, ``used_i``,
-    ``room_i`` (per rank)."""
+    ``room_i`` (per rank; ``used_i`` is counted with ``limits_i``, and on a unit clock)."""
 
     def __init__(self, sc: StageCosts, stage_to_rank: tuple[int, ...], microbatches: int,
                  limits: Sequence[float] | None = None, chain_starts: tuple[int, ...] = (0,),
@@ -92,16 +107,14 @@ class Clock:
         zero = sc.comm * 0
         rows = 3 * S  # row = kind * S + stage
         # The rule, per row: what waits for it (row, lag), and how many producers it has.
-        one = [Action(s, k, 0) for k in KINDS for s in range(S)]
         self.consumers: list[list[tuple[int, float]]] = [[] for _ in range(rows)]
         self.hop = [zero] * rows  # the lag of the edge into a row from a neighbour stage
         npred = [0] * rows
-        for e in precedences(one, _Topology(S, tuple(stage_to_rank), tuple(chain_starts))):
-            lag = sc.comm if e.crosses else zero
-            a = KINDS.index(e.after.kind) * S + e.after.stage
-            self.consumers[KINDS.index(e.before.kind) * S + e.before.stage].append((a, lag))
+        for b, a, crosses, hop in _rule_rows(tuple(stage_to_rank), tuple(chain_starts)):
+            lag = sc.comm if crosses else zero
+            self.consumers[b].append((a, lag))
             npred[a] += 1
-            if e.before.stage != e.after.stage:
+            if hop:
                 self.hop[a] = lag
         # What an action passes its end on to, the same for every microbatch of a row: one
         # waiter with one producer (its ready time is this end + lag) and one with several
@@ -198,44 +211,96 @@ class Clock:
     def _placer(self):
         """:meth:`place` and :meth:`place_at` as closures over the state lists: a list
         scheduler calls them once per action or per step, and a closure's reads are
-        cheaper than attribute look-ups (without ``limits_i``, ``used_i`` stays 0)."""
+        cheaper than attribute look-ups. Three bodies, the same bookkeeping: the plain one;
+        one that also counts ``used_i`` (with ``limits_i``); and, when every action lasts
+        one int unit with no lag (:meth:`units`), one with those constants folded in."""
         info, end, free, used, used_i = self._info, self.end, self.free, self.used, self.used_i
         begin, busy = self.begin, self.busy
         part, missing, ready = self._part, self._missing, self.ready
-        count_i = self.limits_i is not None
+        rows = self.rows
+        unit = (isinstance(self.hop[0] if self.hop else 0, int)
+                and all(row[1] == 1 and row[5] == 0 and row[7] == 0 for row in rows))
+        if unit:  # (rank, net, net if W kept nothing, waiter offsets), per action
+            uinfo: list[tuple] = []
+            for row in rows:
+                uinfo += [(row[0], row[3], row[8], row[4], row[6])] * self.m
 
-        def place(x: int, start: float) -> float:
-            r, d, _, net, one, one_lag, more, more_lag, net_i = info[x]
-            e = start + d
-            end[x] = e
-            free[r] = e
-            used[r] += net
-            if count_i:
+            def place_at(xs: Sequence[int], start: float) -> None:
+                e = start + 1
+                for x in xs:
+                    r, net, net_i, one, more = uinfo[x]
+                    end[x] = e
+                    free[r] = e
+                    used[r] += net
+                    used_i[r] += net_i
+                    if start < begin[r]:
+                        begin[r] = start
+                    busy[r] += 1
+                    if one:
+                        ready[x + one] = e
+                    if more:
+                        c = x + more
+                        if e > part[c]:
+                            part[c] = e
+                        missing[c] -= 1
+                        if not missing[c]:
+                            ready[c] = part[c]
+
+            def place(x: int, start: float) -> float:
+                r, net, net_i, one, more = uinfo[x]
+                e = start + 1
+                end[x] = e
+                free[r] = e
+                used[r] += net
                 used_i[r] += net_i
-            if start < begin[r]:
-                begin[r] = start
-            busy[r] += d
-            if one:
-                ready[x + one] = e + one_lag
-            if more:  # the latest producer end + lag, once every producer is placed
-                c = x + more
-                v = e + more_lag
-                if v > part[c]:
-                    part[c] = v
-                missing[c] -= 1
-                if not missing[c]:
-                    ready[c] = part[c]
-            return e
+                if start < begin[r]:
+                    begin[r] = start
+                busy[r] += 1
+                if one:
+                    ready[x + one] = e
+                if more:
+                    c = x + more
+                    if e > part[c]:
+                        part[c] = e
+                    missing[c] -= 1
+                    if not missing[c]:
+                        ready[c] = part[c]
+                return e
 
-        def place_at(xs: Sequence[int], start: float) -> None:
-            for x in xs:  # place's body, once per action
+        elif self.limits_i is None:
+            def place(x: int, start: float) -> float:
+                r, d, _, net, one, one_lag, more, more_lag, _ = info[x]
+                e = start + d
+                end[x] = e
+                free[r] = e
+                used[r] += net
+                if start < begin[r]:
+                    begin[r] = start
+                busy[r] += d
+                if one:
+                    ready[x + one] = e + one_lag
+                if more:  # the latest producer end + lag, once every producer is placed
+                    c = x + more
+                    v = e + more_lag
+                    if v > part[c]:
+                        part[c] = v
+                    missing[c] -= 1
+                    if not missing[c]:
+                        ready[c] = part[c]
+                return e
+
+            def place_at(xs: Sequence[int], start: float) -> None:
+                for x in xs:
+                    place(x, start)
+
+        else:
+            def place(x: int, start: float) -> float:
                 r, d, _, net, one, one_lag, more, more_lag, net_i = info[x]
                 e = start + d
                 end[x] = e
                 free[r] = e
                 used[r] += net
-                if count_i:
-                    used_i[r] += net_i
+                used_i[r] += net_i
                 if start < begin[r]:
                     begin[r] = start
                 busy[r] += d
@@ -249,6 +314,11 @@ class Clock:
                     missing[c] -= 1
                     if not missing[c]:
                         ready[c] = part[c]
+                return e
+
+            def place_at(xs: Sequence[int], start: float) -> None:
+                for x in xs:
+                    place(x, start)
 
         place.__doc__ = Clock.place.__doc__
         place_at.__doc__ = Clock.place_at.__doc__
