@@ -421,14 +421,16 @@ def _reorder_ends(p: int, microbatches: int, times, cap: int, cap_i: int | None
             row = held[r] if k == 2 else held_i[r]
             for v in range(u + 1, t + 1):
                 row[v] -= 1
-    timed: list[list[tuple[int, int]]] = [[] for _ in range(p)]
+    # Each rank's passes by the unit they start in (one pass a unit: the calendar).
+    acts = _actions(S, m)
+    slots: list[list[Action | None]] = [[None] * horizon for _ in range(p)]
     for s in range(S):
-        r = rank[s]
+        at = slots[rank[s]]
         for k in range(3):
             lo, x0 = (3 * s + k) * m, (k * S + s) * m  # the pass table's id, the clock's
-            timed[r].extend(zip(end[x0:x0 + m], range(lo, lo + m), strict=True))
-    acts = _actions(S, m)
-    return [[acts[x] for _, x in sorted(row)] for row in timed]
+            for e, a in zip(end[x0:x0 + m], acts[lo:lo + m], strict=True):
+                at[e - 1] = a
+    return [list(filter(None, row)) for row in slots]
 
 
 def unit_step(p: int, microbatches: int, orders: list[list[Action]]) -> int:

@@ -80,6 +80,67 @@ def _rule_rows(stage_to_rank: tuple[int, ...], chain_starts: tuple[int, ...]
                  for e in precedences(one, _Topology(S, stage_to_rank, chain_starts)))
 
 
+def _table(sc: StageCosts, stage_to_rank: tuple[int, ...], chain_starts: tuple[int, ...],
+           m: int) -> tuple[list, list, list[int], list[tuple]]:
+    """The clock's per-row tables (row = kind S + stage): what waits for each row (row,
+    lag), the lag into it from a neighbour stage, how many producers it has, and its
+    entry (rank, duration, memory added at the start, net memory, the waiters' offsets
+    and lags, net memory if W kept nothing)."""
+    S = len(stage_to_rank)
+    # An int comm (Clock.units) keeps the times ints: zero, the lags and every whole
+    # duration (StageCosts.duration gives I as a float).
+    ints = isinstance(sc.comm, int)
+    zero = sc.comm * 0
+    rows = 3 * S  # row = kind * S + stage
+    # The rule, per row: what waits for it (row, lag), and how many producers it has.
+    consumers: list[list[tuple[int, float]]] = [[] for _ in range(rows)]
+    hop = [zero] * rows  # the lag of the edge into a row from a neighbour stage
+    npred = [0] * rows
+    for b, a, crosses, between in _rule_rows(stage_to_rank, chain_starts):
+        lag = sc.comm if crosses else zero
+        consumers[b].append((a, lag))
+        npred[a] += 1
+        if between:
+            hop[a] = lag
+    # What an action passes its end on to, the same for every microbatch of a row: one
+    # waiter with one producer (its ready time is this end + lag) and one with several
+    # at most (the rule: an output feeds one neighbour stage and one action of its
+    # own stage); as the offset of the waiter's number (0: none) and the lag.
+    one, one_lag, more, more_lag = [0] * rows, [zero] * rows, [0] * rows, [zero] * rows
+    for row in range(rows):
+        for a, lag in consumers[row]:
+            at, lags = (one, one_lag) if npred[a] == 1 else (more, more_lag)
+            if at[row]:
+                raise ValueError("the rule gave one action two waiters of one kind")
+            at[row], lags[row] = (a - row) * m, lag
+    kept_none = replace(sc, weight_memory=[0 * x for x in sc.weight_memory])
+    table = []
+    for k in KINDS:
+        for s in range(S):
+            row = KINDS.index(k) * S + s
+            a0, a1 = sc.memory_deltas(s, k)
+            d = sc.duration(s, k)
+            table.append((stage_to_rank[s], int(d) if ints and d == int(d) else d, a0, a0 + a1,
+                          one[row], one_lag[row], more[row], more_lag[row],
+                          sum(kept_none.memory_deltas(s, k))))
+    return consumers, hop, npred, table
+
+
+def _unit_costs(S: int) -> StageCosts:
+    """Every F, I and W one int unit long, no comm, one unit of memory per activation."""
+    ones = [1] * S
+    return StageCosts(f=ones, b=[2] * S, w=ones, comm=0, activation_memory=ones,
+                      weight_memory=ones, input_memory=[0] * S, recompute=[False] * S,
+                      overlap=1.0, allreduce=[0] * S)
+
+
+@lru_cache(maxsize=64)
+def _unit_table(stage_to_rank: tuple[int, ...], chain_starts: tuple[int, ...], m: int):
+    """:func:`_table` of :func:`_unit_costs`, kept (a search builds many such clocks;
+    the clocks only read it)."""
+    return _table(_unit_costs(len(stage_to_rank)), stage_to_rank, chain_starts, m)
+
+
 class Clock:
     """Per-rank clocks of an order being built (see the module docstring).
 
@@ -92,7 +153,7 @@ class Clock:
 
     def __init__(self, sc: StageCosts, stage_to_rank: tuple[int, ...], microbatches: int,
                  limits: Sequence[float] | None = None, chain_starts: tuple[int, ...] = (0,),
-                 limits_i: Sequence[float] | None = None):
+                 limits_i: Sequence[float] | None = None, _rows: tuple | None = None):
         S, m = len(stage_to_rank), microbatches
         p = max(stage_to_rank, default=-1) + 1
         if len(sc.f) != S:
@@ -101,52 +162,20 @@ class Clock:
             if lim is not None and len(lim) != p:
                 raise ValueError(f"{name} has {len(lim)} values; expected one per rank ({p})")
         self.S, self.m, self.p = S, m, p
-        # An int comm (Clock.units) keeps the times ints: zero, the lags and every whole
-        # duration (StageCosts.duration gives I as a float).
-        ints = isinstance(sc.comm, int)
+        consumers, hop, npred, table = (_table(sc, tuple(stage_to_rank), tuple(chain_starts), m)
+                                        if _rows is None else _rows)
+        self.consumers: list[list[tuple[int, float]]] = consumers
+        self.hop = hop
+        self.rows: list[tuple] = table
         zero = sc.comm * 0
-        rows = 3 * S  # row = kind * S + stage
-        # The rule, per row: what waits for it (row, lag), and how many producers it has.
-        self.consumers: list[list[tuple[int, float]]] = [[] for _ in range(rows)]
-        self.hop = [zero] * rows  # the lag of the edge into a row from a neighbour stage
-        npred = [0] * rows
-        for b, a, crosses, hop in _rule_rows(tuple(stage_to_rank), tuple(chain_starts)):
-            lag = sc.comm if crosses else zero
-            self.consumers[b].append((a, lag))
-            npred[a] += 1
-            if hop:
-                self.hop[a] = lag
-        # What an action passes its end on to, the same for every microbatch of a row: one
-        # waiter with one producer (its ready time is this end + lag) and one with several
-        # at most (the rule: an output feeds one neighbour stage and one action of its
-        # own stage); as the offset of the waiter's number (0: none) and the lag.
-        one, one_lag, more, more_lag = [0] * rows, [zero] * rows, [0] * rows, [zero] * rows
-        for row in range(rows):
-            for a, lag in self.consumers[row]:
-                at, lags = (one, one_lag) if npred[a] == 1 else (more, more_lag)
-                if at[row]:
-                    raise ValueError("the rule gave one action two waiters of one kind")
-                at[row], lags[row] = (a - row) * m, lag
-        # Per row: (rank, duration, memory added at the start, net memory, the waiters,
-        # net memory if W kept nothing); per action, a reference to its row's tuple (one
-        # list: cheap to build and read).
-        kept_none = replace(sc, weight_memory=[0 * x for x in sc.weight_memory])
-        self.rows: list[tuple] = []
+        rows = 3 * S
         self.ready: list[float] = []
         self._missing: list[int] = []
         self._info: list[tuple] = []
-        for k in KINDS:
-            for s in range(S):
-                row = KINDS.index(k) * S + s
-                a0, a1 = sc.memory_deltas(s, k)
-                d = sc.duration(s, k)
-                info = (stage_to_rank[s], int(d) if ints and d == int(d) else d, a0, a0 + a1,
-                        one[row], one_lag[row], more[row], more_lag[row],
-                        sum(kept_none.memory_deltas(s, k)))
-                self.rows.append(info)
-                self._info += [info] * m
-                self.ready += [_INF if npred[row] else zero] * m
-                self._missing += [npred[row]] * m
+        for row, info in enumerate(table):
+            self._info += [info] * m
+            self.ready += [_INF if npred[row] else zero] * m
+            self._missing += [npred[row]] * m
         size = rows * m
         self._part = [-_INF] * size  # the latest producer end + lag seen so far
         self.end = [_INF] * size
@@ -174,12 +203,10 @@ class Clock:
         >>> c.place_at([c.id("F", 0, 0)], 0); c.earliest(c.id("F", 1, 0)), c.used
         (1, [1.0, 0.0])
         """
-        S = len(stage_to_rank)
-        ones = [1] * S
-        sc = StageCosts(f=ones, b=[2] * S, w=ones, comm=0, activation_memory=ones,
-                        weight_memory=ones, input_memory=[0] * S, recompute=[False] * S,
-                        overlap=1.0, allreduce=[0] * S)
-        return cls(sc, stage_to_rank, microbatches, limits, chain_starts, limits_i)
+        stage_to_rank, chain_starts = tuple(stage_to_rank), tuple(chain_starts)
+        sc = _unit_costs(len(stage_to_rank))
+        return cls(sc, stage_to_rank, microbatches, limits, chain_starts, limits_i,
+                   _rows=_unit_table(stage_to_rank, chain_starts, microbatches))
 
     def id(self, kind: str, stage: int, microbatch: int) -> int:
         """The number of an action (``kind`` one of F, I, W)."""
