@@ -193,8 +193,8 @@ def _reorder(p: int, microbatches: int, orders, cap: int, cap_i: int | None, fil
     # Every pass by its clock number x = (kind S + stage) m + microbatch (kind 0, 1, 2 = F,
     # I, W; its row x // m = kind S + stage); ``where[x]``: its place in its rank's block
     # order. A pass is ready at t when ready[x] <= t (its inputs ended by t).
-    ids = [[("FIW".index(a.kind) * S + a.stage) * m + a.microbatch for a in order]
-           for order in orders]
+    base = {"F": 0, "I": S, "W": 2 * S}  # kind S, by kind
+    ids = [[(base[a[1]] + a[0]) * m + a[2] for a in order] for order in orders]
     where = [-1] * (3 * Sm)
     for row in ids:
         for i, x in enumerate(row):
@@ -292,11 +292,13 @@ def _reorder(p: int, microbatches: int, orders, cap: int, cap_i: int | None, fil
                 forwards[r] += 1
                 pf = pending_f[r]
                 del pf[bisect_left(pf, i)]
-            elif k == 1:
-                begun[r] = True
-            if k and (not deep or s == r):
-                late_done[r] += 1
-                started[r] = started[r] or late_done[r] >= max(1, deep)
+            elif warmup is None:  # (the warm-up's state, read only with warm-up targets)
+                pass
+            else:
+                begun[r] = begun[r] or k == 1
+                if not deep or s == r:
+                    late_done[r] += 1
+                    started[r] = started[r] or late_done[r] >= max(1, deep)
             xs.append(x)
         left -= len(xs)
         place_at(xs, t)  # each at t, one unit long: the clock books ends and memory

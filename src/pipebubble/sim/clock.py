@@ -81,11 +81,11 @@ def _rule_rows(stage_to_rank: tuple[int, ...], chain_starts: tuple[int, ...]
 
 
 def _table(sc: StageCosts, stage_to_rank: tuple[int, ...], chain_starts: tuple[int, ...],
-           m: int) -> tuple[list, list, list[int], list[tuple]]:
+           m: int) -> tuple:
     """The clock's per-row tables (row = kind S + stage): what waits for each row (row,
     lag), the lag into it from a neighbour stage, how many producers it has, and its
     entry (rank, duration, memory added at the start, net memory, the waiters' offsets
-    and lags, net memory if W kept nothing)."""
+    and lags, net memory if W kept nothing); then the per-action lists made from them."""
     S = len(stage_to_rank)
     # An int comm (Clock.units) keeps the times ints: zero, the lags and every whole
     # duration (StageCosts.duration gives I as a float).
@@ -123,7 +123,21 @@ def _table(sc: StageCosts, stage_to_rank: tuple[int, ...], chain_starts: tuple[i
             table.append((stage_to_rank[s], int(d) if ints and d == int(d) else d, a0, a0 + a1,
                           one[row], one_lag[row], more[row], more_lag[row],
                           sum(kept_none.memory_deltas(s, k))))
-    return consumers, hop, npred, table
+    # Per action (x = row m + j): its row's entry, its first ready time, its producers;
+    # on a unit clock (every action one int unit, no lag) the short entry of the unit body.
+    info: list[tuple] = []
+    ready: list[float] = []
+    missing: list[int] = []
+    for row, entry in enumerate(table):
+        info += [entry] * m
+        ready += [_INF if npred[row] else zero] * m
+        missing += [npred[row]] * m
+    unit = None
+    if ints and all(e[1] == 1 and e[5] == 0 and e[7] == 0 for e in table):
+        unit = []
+        for e in table:  # (rank, net, net if W kept nothing, waiter offsets)
+            unit += [(e[0], e[3], e[8], e[4], e[6])] * m
+    return consumers, hop, npred, table, (info, ready, missing, unit)
 
 
 def _unit_costs(S: int) -> StageCosts:
@@ -137,7 +151,7 @@ def _unit_costs(S: int) -> StageCosts:
 @lru_cache(maxsize=64)
 def _unit_table(stage_to_rank: tuple[int, ...], chain_starts: tuple[int, ...], m: int):
     """:func:`_table` of :func:`_unit_costs`, kept (a search builds many such clocks;
-    the clocks only read it)."""
+    they only read it, and copy what they change)."""
     return _table(_unit_costs(len(stage_to_rank)), stage_to_rank, chain_starts, m)
 
 
@@ -162,20 +176,19 @@ class Clock:
             if lim is not None and len(lim) != p:
                 raise ValueError(f"{name} has {len(lim)} values; expected one per rank ({p})")
         self.S, self.m, self.p = S, m, p
-        consumers, hop, npred, table = (_table(sc, tuple(stage_to_rank), tuple(chain_starts), m)
-                                        if _rows is None else _rows)
+        consumers, hop, npred, table, per_action = (
+            _table(sc, tuple(stage_to_rank), tuple(chain_starts), m) if _rows is None
+            else _rows)
         self.consumers: list[list[tuple[int, float]]] = consumers
         self.hop = hop
         self.rows: list[tuple] = table
         zero = sc.comm * 0
         rows = 3 * S
-        self.ready: list[float] = []
-        self._missing: list[int] = []
-        self._info: list[tuple] = []
-        for row, info in enumerate(table):
-            self._info += [info] * m
-            self.ready += [_INF if npred[row] else zero] * m
-            self._missing += [npred[row]] * m
+        # per action: its row's entry (read only: shared), its ready time, its producers
+        # not placed yet (copied from the row's)
+        self._info, ready, missing, self._unit_info = per_action
+        self.ready: list[float] = list(ready)
+        self._missing: list[int] = list(missing)
         size = rows * m
         self._part = [-_INF] * size  # the latest producer end + lag seen so far
         self.end = [_INF] * size
@@ -244,13 +257,8 @@ class Clock:
         info, end, free, used, used_i = self._info, self.end, self.free, self.used, self.used_i
         begin, busy = self.begin, self.busy
         part, missing, ready = self._part, self._missing, self.ready
-        rows = self.rows
-        unit = (isinstance(self.hop[0] if self.hop else 0, int)
-                and all(row[1] == 1 and row[5] == 0 and row[7] == 0 for row in rows))
-        if unit:  # (rank, net, net if W kept nothing, waiter offsets), per action
-            uinfo: list[tuple] = []
-            for row in rows:
-                uinfo += [(row[0], row[3], row[8], row[4], row[6])] * self.m
+        uinfo = self._unit_info
+        if uinfo is not None:  # (rank, net, net if W kept nothing, waiter offsets)
 
             def place_at(xs: Sequence[int], start: float) -> None:
                 e = start + 1
