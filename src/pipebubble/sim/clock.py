@@ -317,11 +317,13 @@ class Clock:
                 if more:  # the latest producer end + lag, once every producer is placed
                     c = x + more
                     v = e + more_lag
-                    if v > part[c]:
-                        part[c] = v
-                    missing[c] -= 1
-                    if not missing[c]:
-                        ready[c] = part[c]
+                    if v < part[c]:
+                        v = part[c]
+                    left = missing[c] - 1
+                    if left:
+                        part[c], missing[c] = v, left
+                    else:
+                        ready[c] = v
                 return e
 
             def place_at(xs: Sequence[int], start: float) -> None:
