@@ -103,9 +103,12 @@ def _table(sc: StageCosts, stage_to_rank: tuple[int, ...], chain_starts: tuple[i
         if between:
             hop[a] = lag
     # What an action passes its end on to, the same for every microbatch of a row: one
-    # waiter with one producer (its ready time is this end + lag) and one with several
-    # at most (the rule: an output feeds one neighbour stage and one action of its
-    # own stage); as the offset of the waiter's number (0: none) and the lag.
+    # waiter with one producer (its ready time is this end + lag) and one with two at
+    # most (the rule: an output feeds one neighbour stage and one action of its own
+    # stage, and an action waits for two at most); as the offset of the waiter's number
+    # (0: none) and the lag.
+    if max(npred, default=0) > 2:
+        raise ValueError("the rule gave an action more than two producers")
     one, one_lag, more, more_lag = [0] * rows, [zero] * rows, [0] * rows, [zero] * rows
     for row in range(rows):
         for a, lag in consumers[row]:
@@ -127,17 +130,15 @@ def _table(sc: StageCosts, stage_to_rank: tuple[int, ...], chain_starts: tuple[i
     # on a unit clock (every action one int unit, no lag) the short entry of the unit body.
     info: list[tuple] = []
     ready: list[float] = []
-    missing: list[int] = []
     for row, entry in enumerate(table):
         info += [entry] * m
         ready += [_INF if npred[row] else zero] * m
-        missing += [npred[row]] * m
     unit = None
     if ints and all(e[1] == 1 and e[5] == 0 and e[7] == 0 for e in table):
         unit = []
         for e in table:  # (rank, net, net if W kept nothing, waiter offsets)
             unit += [(e[0], e[3], e[8], e[4], e[6])] * m
-    return consumers, hop, npred, table, (info, ready, missing, unit)
+    return consumers, hop, npred, table, (info, ready, unit)
 
 
 def _unit_costs(S: int) -> StageCosts:
@@ -186,11 +187,10 @@ class Clock:
         rows = 3 * S
         # per action: its row's entry (read only: shared), its ready time, its producers
         # not placed yet (copied from the row's)
-        self._info, ready, missing, self._unit_info = per_action
+        self._info, ready, self._unit_info = per_action
         self.ready: list[float] = list(ready)
-        self._missing: list[int] = list(missing)
         size = rows * m
-        self._part = [-_INF] * size  # the latest producer end + lag seen so far
+        self._part: list = [None] * size  # a waiter's first producer's end + lag, if in
         self.end = [_INF] * size
         self.free = [zero] * p
         self.used = [0.0] * p
@@ -256,7 +256,7 @@ class Clock:
         one int unit with no lag (:meth:`units`), one with those constants folded in."""
         info, end, free, used, used_i = self._info, self.end, self.free, self.used, self.used_i
         begin, busy = self.begin, self.busy
-        part, missing, ready = self._part, self._missing, self.ready
+        part, ready = self._part, self.ready
         uinfo = self._unit_info
         if uinfo is not None:  # (rank, net, net if W kept nothing, waiter offsets)
 
@@ -275,11 +275,11 @@ class Clock:
                         ready[x + one] = e
                     if more:
                         c = x + more
-                        if e > part[c]:
+                        q = part[c]
+                        if q is None:  # the first of its two producers
                             part[c] = e
-                        missing[c] -= 1
-                        if not missing[c]:
-                            ready[c] = part[c]
+                        else:
+                            ready[c] = e if e > q else q
 
             def place(x: int, start: float) -> float:
                 r, net, net_i, one, more = uinfo[x]
@@ -295,11 +295,11 @@ class Clock:
                     ready[x + one] = e
                 if more:
                     c = x + more
-                    if e > part[c]:
+                    q = part[c]
+                    if q is None:  # the first of its two producers
                         part[c] = e
-                    missing[c] -= 1
-                    if not missing[c]:
-                        ready[c] = part[c]
+                    else:
+                        ready[c] = e if e > q else q
                 return e
 
         elif self.limits_i is None:
@@ -314,16 +314,14 @@ class Clock:
                 busy[r] += d
                 if one:
                     ready[x + one] = e + one_lag
-                if more:  # the latest producer end + lag, once every producer is placed
+                if more:  # the later producer end + lag, once both are placed
                     c = x + more
                     v = e + more_lag
-                    if v < part[c]:
-                        v = part[c]
-                    left = missing[c] - 1
-                    if left:
-                        part[c], missing[c] = v, left
+                    q = part[c]
+                    if q is None:  # the first of its two producers
+                        part[c] = v
                     else:
-                        ready[c] = v
+                        ready[c] = v if v > q else q
                 return e
 
             def place_at(xs: Sequence[int], start: float) -> None:
@@ -346,11 +344,11 @@ class Clock:
                 if more:
                     c = x + more
                     v = e + more_lag
-                    if v > part[c]:
+                    q = part[c]
+                    if q is None:
                         part[c] = v
-                    missing[c] -= 1
-                    if not missing[c]:
-                        ready[c] = part[c]
+                    else:
+                        ready[c] = v if v > q else q
                 return e
 
             def place_at(xs: Sequence[int], start: float) -> None:
