@@ -78,3 +78,99 @@ def test_v_placement_turn_has_no_lag_and_bad_input_is_named():
     assert c.hop[c.id("F", 1, 0)] == 0.5
     with pytest.raises(ValueError, match="limits has 1 values"):
         Clock(sc, tuple(v_placement(2)), 1, limits=[1.0])
+
+
+def _unit_costs():
+    # per chunk F = I = W = 1 on the V placement (2 chunks), one activation unit per F
+    # freed by W (M_W = M_B): the building blocks' units
+    return CostModel(f=2, b=4, w=2, activation_memory=2, weight_memory=2)
+
+
+def test_unit_clock_replays_a_v_schedule_with_the_reference_times_as_ints():
+    s = get_schedule("zb-v", ranks=3, microbatches=6)
+    clock = Clock.units(tuple(s.stage_to_rank), s.num_microbatches)
+    at = [0] * s.num_ranks
+    times = {}
+    moved = True
+    while moved:
+        moved = False
+        for r, order in enumerate(s.orders):
+            while at[r] < len(order):
+                a = order[at[r]]
+                x = clock.id(a.kind, a.stage, a.microbatch)
+                start = clock.earliest(x)
+                if start == float("inf"):
+                    break
+                times[a] = (start, clock.place(x, start))
+                at[r] += 1
+                moved = True
+    t = simulate_reference(s, _unit_costs())
+    want = {Action(e.stage, e.kind, e.microbatch): (e.start, e.end) for e in t.events()}
+    assert times == want
+    assert all(type(v) is int for pair in times.values() for v in pair)
+    assert clock.step_time == t.step_time
+
+
+def test_unit_clock_memory_is_the_walk_until_w_and_until_i():
+    """used counts each activation from its F to its W, used_i to its I: their highest
+    levels over a replay are the schedule's peaks with M_W = M_B and with M_W = 0."""
+    from pipebubble.sim.program import schedule_peaks
+
+    s = get_schedule("zb-v", ranks=3, microbatches=5)
+    clock = Clock.units(tuple(s.stage_to_rank), s.num_microbatches, limits_i=[99] * 3)
+    top, top_i = [0.0] * 3, [0.0] * 3
+    for r, order in enumerate(s.orders):  # one rank after another: memory is per rank
+        for a in order:
+            clock.place(clock.id(a.kind, a.stage, a.microbatch), 0)
+            top[r] = max(top[r], clock.used[r])
+            top_i[r] = max(top_i[r], clock.used_i[r])
+    assert top == schedule_peaks(s, CostModel(activation_memory=2, weight_memory=2))
+    assert top_i == schedule_peaks(s, CostModel(activation_memory=2, weight_memory=0))
+    assert clock.used == [0.0] * 3 and clock.used_i == [0.0] * 3
+
+
+@pytest.mark.parametrize("units", [True, False])
+def test_place_at_is_place_of_each(units):
+    """One call per time step books exactly what one call per action does, on the unit
+    body (Clock.units) and on the general one (float costs, limits_i counted)."""
+    s = get_schedule("zb-v", ranks=2, microbatches=4)
+    where = tuple(s.stage_to_rank)
+
+    def make():
+        if units:
+            return Clock.units(where, 4, limits=[9] * 2, limits_i=[9] * 2)
+        sc = CostModel(f=1.5, b=3.0, w=1.0, comm=0.25).resolve(4, 2)
+        return Clock(sc, where, 4, limits=[9.0] * 2, limits_i=[9.0] * 2)
+
+    one, many = make(), make()
+    steps = {}  # the actions three at a time, one start per group
+    for i, a in enumerate(a for o in s.orders for a in o):
+        steps.setdefault(i // 3, []).append(one.id(a.kind, a.stage, a.microbatch))
+    for t, xs in sorted(steps.items()):
+        for x in xs:
+            one.place(x, t)
+        many.place_at(xs, t)
+    for name in ("ready", "end", "free", "used", "used_i", "begin", "busy"):
+        assert getattr(one, name) == getattr(many, name), name
+
+
+def test_unit_body_equals_the_general_body():
+    """Clock.units' folded-in constants give the times and memory the general body gives
+    for the same unit costs as floats."""
+    s = get_schedule("zb-v", ranks=3, microbatches=4)
+    where = tuple(s.stage_to_rank)
+    sc = _unit_costs().resolve(6, 2)
+    unit, general = Clock.units(where, 4, limits_i=[9] * 3), Clock(sc, where, 4,
+                                                                   limits_i=[9.0] * 3)
+    for t, a in enumerate(a for o in s.orders for a in o):
+        x = unit.id(a.kind, a.stage, a.microbatch)
+        assert unit.place(x, t) == general.place(x, float(t))
+        assert unit.ready == general.ready and unit.used == general.used
+        assert unit.used_i == general.used_i
+
+
+def test_limits_i_uses_the_one_tolerance_and_names_bad_input():
+    c = Clock.units((0, 1, 1, 0), 1, limits_i=[3, 3])
+    assert c.room_i[0] == 3 + 3e-9 and c.room == [float("inf")] * 2
+    with pytest.raises(ValueError, match="limits_i has 1 values; expected one per rank"):
+        Clock.units((0, 1, 1, 0), 1, limits_i=[3])

@@ -39,15 +39,17 @@ unit passes (with ``fill=False`` only in the cool-down); :func:`build` keeps the
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from functools import lru_cache
 from itertools import accumulate
-from types import SimpleNamespace
+from operator import itemgetter
 
-from ..ir.deps import needs
 from ..ir.schedule import Action, ScheduleError, make_schedule, v_placement
+from ..sim.clock import Clock
+from ..sim.program import memory_peak
 
 PERIOD = 6
+_ADDS = (1.0, 0.0, 0.0)  # chunk activations a pass adds at its start, by kind F, I, W
 
 
 def block(p: int, offsets: tuple[int, ...], period: int = PERIOD
@@ -110,14 +112,6 @@ def _actions(stages: int, m: int) -> tuple[Action, ...]:
     """Every pass of ``stages`` stages and ``m`` microbatches, by id ``(3 s + k) m + j``
     (kind k 0, 1, 2 = F, I, W): made once, shared by the orders (an Action is immutable)."""
     return tuple(Action(s, k, j) for s in range(stages) for k in "FIW" for j in range(m))
-
-
-def _rule(p: int) -> dict[tuple[int, str], tuple[tuple[int, str], ...]]:
-    """(stage, kind) -> the (stage, kind) signals it waits for, of the same microbatch: the
-    dependency rule of ``ir/deps.py`` for one V chain, asked once per stage and kind."""
-    topo = SimpleNamespace(num_stages=2 * p, stage_to_rank=v_placement(p), chain_starts=(0,))
-    return {(s, k): tuple((g.stage, g.kind) for g in needs(Action(s, k, 0), topo))
-            for s in range(2 * p) for k in "FIW"}
 
 
 DEEP_PRIORITY = "I0 I1 W0 W1 F1 F0"  # the deep warm-up's default pick order
@@ -183,43 +177,43 @@ def _reorder_kept(p: int, microbatches: int, orders: tuple[tuple[Action, ...], .
 
 def _reorder(p: int, microbatches: int, orders, cap: int, cap_i: int | None, fill: bool,
              warmup, deep: int) -> tuple[int, list[list[Action]]] | None:
-    """The body of :func:`reorder`."""
+    """The body of :func:`reorder`: a list scheduler in unit time steps on the evaluation
+    core's clock (``sim/clock.py``, :meth:`Clock.units`): the clock knows when each pass's
+    inputs are there (the rule of ``ir/deps.py``) and what each rank holds (``used``
+    until W against ``cap``, ``used_i`` until I against ``cap_i``, the one tolerance);
+    this function keeps only the choices."""
     S, m = 2 * p, microbatches
-    deps = _deps(p, m)
-    # Every pass as one integer id, (3 stage + kind) m + microbatch (kind 0, 1, 2 = F, I,
-    # W); ``where[id]``: its place in its rank's block order; ``done[id]``: the time its
-    # signal is ready (``never`` until it runs).
-    kind_of = {"F": 0, "I": 1, "W": 2}
-    ids = [[(3 * a.stage + kind_of[a.kind]) * m + a.microbatch for a in order]
-           for order in orders]
-    where = [-1] * (3 * S * m)
+    Sm = S * m
+    clock = Clock.units(tuple(v_placement(p)), m, [cap] * p,
+                        limits_i=None if cap_i is None else [cap_i] * p)
+    ready, used, used_i = clock.ready, clock.used, clock.used_i
+    # one more F fits while used <= room - 1 (room: the cap under the one tolerance)
+    lim, lim_i = [x - 1 for x in clock.room], [x - 1 for x in clock.room_i]
+    place_at = clock.place_at
+    # Every pass by its clock number x = (kind S + stage) m + microbatch (kind 0, 1, 2 = F,
+    # I, W; its row x // m = kind S + stage); ``where[x]``: its place in its rank's block
+    # order. A pass is ready at t when ready[x] <= t (its inputs ended by t).
+    base = {"F": 0, "I": S, "W": 2 * S}  # kind S, by kind
+    ids = [[(base[a[1]] + a[0]) * m + a[2] for a in order] for order in orders]
+    where = [-1] * (3 * Sm)
     for row in ids:
         for i, x in enumerate(row):
             where[x] = i
-    never = 1 << 62
-    done = [never] * (3 * S * m)
     # each rank's forwards not run yet, by place in its block order (rule 3 counts them)
-    pending_f = [[i for i, x in enumerate(row) if x // m % 3 == 0] for row in ids]
+    pending_f = [[i for i, x in enumerate(row) if x < Sm] for row in ids]
     ran = [[False] * len(order) for order in orders]
     head = [0] * p  # the first pass of each rank's block order not run yet
-    nxt = [0] * (3 * S)  # next microbatch per stage and kind
-    held, held_i, forwards = [0] * p, [0] * p, [0] * p
-    cap_i = 2 * microbatches if cap_i is None else cap_i
+    nxt = [0] * (3 * S)  # next microbatch per row (stage and kind)
+    forwards = [0] * p
     out: list[list[Action]] = [[] for _ in range(p)]
     left, t = sum(len(o) for o in orders), 0
     priority = [("FIW".index(code[0]), code[1] == "1") for code in DEEP_PRIORITY.split()]
+    kind_stage = [divmod(row, S) for row in range(3 * S)]
 
-    def ready(x: int) -> bool:
-        sk, j = divmod(x, m)
-        for b in deps[sk]:
-            if done[b + j] > t:
-                return False
-        return True
-
-    def place(sk: int) -> int:
-        """Where the next pass of (stage, kind) ``sk`` is in its rank's order, or -1."""
-        j = nxt[sk]
-        return where[sk * m + j] if j < m else -1
+    def place(row: int) -> int:
+        """Where the next pass of ``row`` (kind S + stage) is in its rank's order, or -1."""
+        j = nxt[row]
+        return where[row * m + j] if j < m else -1
 
     started = [False] * p  # the rank has run an input gradient (deep: its chunk-0 one)
     begun = [False] * p  # the rank has run an input gradient
@@ -234,53 +228,47 @@ def _reorder(p: int, microbatches: int, orders, cap: int, cap_i: int | None, fil
                 h += 1
             head[r] = h
             if warmup is not None and not started[r]:  # fill the memory before the first I
+                fits = used[r] <= lim[r] and used_i[r] <= lim_i[r]  # one more F
                 pick = -1
                 if deep and begun[r]:  # past the first I: I, then W, then F while it fits
-                    room = held[r] < cap and held_i[r] < cap_i
                     for k, later in priority:  # the deep warm-up's pick (DEEP_PRIORITY)
-                        if k == 0 and not room:
+                        if k == 0 and not fits:
                             continue
-                        i = place(3 * (S - 1 - r if later else r) + k)
-                        if i >= 0 and ready(rids[i]):
+                        i = place(k * S + (S - 1 - r if later else r))
+                        if i >= 0 and ready[rids[i]] <= t:
                             pick = i
                             break
                     if pick >= 0:
                         chosen.append((r, pick))
                     continue
                 for c, s in ((1, S - 1 - r), (0, r)):  # the later chunk first
-                    i = place(3 * s)
-                    if (i >= 0 and nxt[3 * s] < warmup[r][c] and held[r] < cap
-                            and held_i[r] < cap_i and ready(rids[i])):
+                    i = place(s)
+                    if i >= 0 and nxt[s] < warmup[r][c] and fits and ready[rids[i]] <= t:
                         pick = i
                         break
-                if h < n and rids[h] // m % 3 == 1 and ready(rids[h]):
+                if h < n and Sm <= rids[h] < 2 * Sm and ready[rids[h]] <= t:
                     pick = h
                 if pick >= 0:
                     chosen.append((r, pick))
                 continue
             if forwards[r] < 2 * m and h < n:  # rule 2, the fast path
                 x = rids[h]
-                sk, j = divmod(x, m)
-                if sk % 3 or (held[r] < cap and held_i[r] < cap_i):
-                    for b in deps[sk]:
-                        if done[b + j] > t:
-                            break
-                    else:
-                        chosen.append((r, h))
-                        continue
+                if (x >= Sm or used[r] <= lim[r] and used_i[r] <= lim_i[r]) and ready[x] <= t:
+                    chosen.append((r, h))
+                    continue
                 if not fill:
                     continue  # rule 3 only in the cool-down: the rank waits for its pass
             best_key, best = None, -1
             cool = forwards[r] == 2 * m
             for s in (r, S - 1 - r):
                 for k in range(3):
-                    i = place(3 * s + k)
-                    if i < 0 or not ready(rids[i]):
+                    i = place(k * S + s)
+                    if i < 0 or ready[rids[i]] > t:
                         continue
                     if k == 0:  # the forwards the block runs before it, still to run
                         pf = pending_f[r]
-                        skipped = bisect_left(pf, i) - bisect_left(pf, h)
-                        if max(held[r] - cap, held_i[r] - cap_i) + 1 + skipped > 0:
+                        more = bisect_left(pf, i) - bisect_left(pf, h)
+                        if used[r] + more > lim[r] or used_i[r] + more > lim_i[r]:
                             continue
                     if cool:  # rule 1
                         key = (0 if k == 1 else 1, i)
@@ -292,39 +280,30 @@ def _reorder(p: int, microbatches: int, orders, cap: int, cap_i: int | None, fil
                 chosen.append((r, best))
         if not chosen:
             return None  # nothing can run and nothing is running: the rules stalled
+        xs = []
         for r, i in chosen:
             x = ids[r][i]
-            sk = x // m
-            s, k = divmod(sk, 3)
+            row = x // m
+            k, s = kind_stage[row]
             ran[r][i] = True
             out[r].append(orders[r][i])
-            done[x] = t + 1
-            nxt[sk] += 1
+            nxt[row] += 1
             if k == 0:
-                held[r] += 1
-                held_i[r] += 1
                 forwards[r] += 1
                 pf = pending_f[r]
                 del pf[bisect_left(pf, i)]
-            elif k == 1:
-                held_i[r] -= 1
-                begun[r] = True
+            elif warmup is None:  # (the warm-up's state, read only with warm-up targets)
+                pass
             else:
-                held[r] -= 1
-            if k and (not deep or s == r):
-                late_done[r] += 1
-                started[r] = started[r] or late_done[r] >= max(1, deep)
-            left -= 1
+                begun[r] = begun[r] or k == 1
+                if not deep or s == r:
+                    late_done[r] += 1
+                    started[r] = started[r] or late_done[r] >= max(1, deep)
+            xs.append(x)
+        left -= len(xs)
+        place_at(xs, t)  # each at t, one unit long: the clock books ends and memory
         t += 1
-    return t, out
-
-
-def _deps(p: int, m: int) -> list[tuple[int, ...]]:
-    """Per (stage, kind) ``3 s + k``: the ids of what it waits for, less the microbatch
-    (:func:`_rule` with pass ids ``(3 s + k) m + j``)."""
-    rule = _rule(p)
-    return [tuple((3 * s2 + "FIW".index(k2)) * m for s2, k2 in rule[s, kind])
-            for s in range(2 * p) for kind in "FIW"]
+    return clock.step_time, out
 
 
 def reorder_ends(p: int, microbatches: int,
@@ -360,92 +339,100 @@ def _reorder_ends_kept(p: int, microbatches: int,
 
 def _reorder_ends(p: int, microbatches: int, times, cap: int, cap_i: int | None
                   ) -> list[list[Action]]:
-    """The body of :func:`reorder_ends`."""
+    """The body of :func:`reorder_ends`. Every pass is placed on the evaluation core's
+    clock of unit passes (``sim/clock.py``) in block-time order, when its inputs are all
+    placed (each waits only for passes the block runs before it), so the clock's ready
+    time is the rule's earliest start; this function keeps each rank's calendar of taken
+    units and activations held per unit (the caps bound where a forward may move)."""
     t_f, t_i, t_w = times
     S, m = 2 * p, microbatches
     rank = [s if s < p else S - 1 - s for s in range(S)]
-    # Every pass as one integer id, (3 stage + kind) m + microbatch (kind 0, 1, 2 = F, I,
-    # W), and its time in ``when``; events sorted by (time, stage, kind), which is the
-    # order of (t, s, k, j) tuples (one microbatch per time, stage and kind).
+    # Events sorted by (time, stage, kind) (one microbatch per time, stage and kind), as
+    # keys ((t S + s) 3 + k) X + x with x the clock's number of the pass: each (stage,
+    # kind) is an arithmetic progression of them, one per microbatch.
     bases = (t_f, t_i, t_w)
-    when = [0] * (3 * S * m)
-    keys = []
-    for s in range(S):
-        for k in range(3):
-            b, sk = bases[k][s], 3 * s + k
-            key0, step = (b * S + s) * 3 + k, PERIOD * S * 3
-            keys.extend(range(key0, key0 + step * m, step))
-            when[sk * m:(sk + 1) * m] = range(b, b + PERIOD * m, PERIOD)
-    keys.sort()
-    horizon = keys[-1] // (3 * S) + 2
+    X = 3 * S * m
+    horizon = max(max(b) for b in bases) + PERIOD * (m - 1) + 2
     busy = [[False] * horizon for _ in range(p)]
     held = [[0] * horizon for _ in range(p)]  # chunk activations at each unit, until W
     held_i = [[0] * horizon for _ in range(p)]  # and until I
-    events = []  # (t, s, k, j)
-    for key in keys:
-        t, rest = divmod(key, 3 * S)
-        s, k = divmod(rest, 3)
-        j = (t - bases[k][s]) // PERIOD
-        events.append((t, s, k, j))
+    keys: list[int] = []
+    step = PERIOD * S * 3 * X + 1
+    for s in range(S):
         r = rank[s]
-        busy[r][t] = True
-        if k == 0:
-            held[r][t] += 1
-            held_i[r][t] += 1
-        else:
-            (held[r] if k == 2 else held_i[r])[t + 1] -= 1
+        for k in range(3):
+            b = bases[k][s]
+            keys.extend(range(((b * S + s) * 3 + k) * X + (k * S + s) * m,
+                              (((b * S + s) * 3 + k) * X + (k * S + s) * m) + step * m, step))
+            busy[r][b:b + PERIOD * m:PERIOD] = [True] * m
+            for row in ((held[r], held_i[r]) if k == 0 else (held_i[r],) if k == 1
+                        else (held[r],)):  # F adds at its unit, I / W free after theirs
+                at = slice(b, b + PERIOD * m, PERIOD) if k == 0 else slice(
+                    b + 1, b + 1 + PERIOD * m, PERIOD)
+                row[at] = [v + (1 if k == 0 else -1) for v in row[at]]
+    keys.sort()
+    ev_t = [key // (3 * S * X) for key in keys]  # each event's time and clock number
+    ev_x = [key % X for key in keys]
     for rows in (held, held_i):
         for row in rows:
             row[:] = accumulate(row)
     cap_i = horizon if cap_i is None else cap_i
-    # what each (stage, kind) waits for, as id bases: the rule of ir/deps.py, then the same
-    # stage's earlier kinds of the same microbatch (microbatch order, F-I-W)
-    deps = [d + tuple((sk - sk % 3 + k2) * m for k2 in range(sk % 3))
-            for sk, d in enumerate(_deps(p, m))]
+    clock = Clock.units(tuple(v_placement(p)), m)
+    ready, end, place, place_at = clock.ready, clock.end, clock.place, clock.place_at
     start, stop = t_i[0], t_f[0] + PERIOD * (m - 1)
-    lo_n, hi_n = bisect_left(events, (start,)), bisect_left(events, (stop + 1,))
-    for t, s, k, j in events[:lo_n] + events[hi_n:] if lo_n < hi_n else events:
+    lo_n, hi_n = bisect_left(ev_t, start), bisect_left(ev_t, stop + 1)
+    n, count = 0, len(ev_t)
+    while n < count:
+        t = ev_t[n]
+        if lo_n <= n < hi_n:  # the steady state keeps its block times: a unit at a time
+            g = bisect_right(ev_t, t, n, hi_n)
+            place_at(ev_x[n:g], t)
+            n = g
+            continue
+        x = ev_x[n]
+        n += 1
+        row, j = divmod(x, m)
+        k, s = divmod(row, S)
         r = rank[s]
-        sk = 3 * s + k
-        ready = 0
-        for b in deps[sk]:
-            x = when[b + j] + 1
-            if x > ready:
-                ready = x
-        if j:
-            x = when[sk * m + j - 1] + 1
-            if x > ready:
-                ready = x
+        at = ready[x]  # its inputs are there (the rule), and its stage's previous pass
+        if j and end[x - 1] > at:  # of that kind has ended (microbatch order)
+            at = end[x - 1]
         bus = busy[r]
         if k == 0:  # the units from which it may start without passing a cap
             lo = t
             row, row_i = held[r], held_i[r]
-            while lo > ready and row[lo - 1] < cap and row_i[lo - 1] < cap_i:
+            while lo > at and row[lo - 1] < cap and row_i[lo - 1] < cap_i:
                 lo -= 1
         else:
-            lo = ready
+            lo = at
         try:  # the first free unit in [lo, t)
             u = bus.index(False, lo, t) if lo < t else -1
         except ValueError:
             u = -1
-        if u >= 0:
-            bus[t], bus[u] = False, True
-            when[sk * m + j] = u
-            if k == 0:
-                row, row_i = held[r], held_i[r]
-                row[u:t] = [x + 1 for x in row[u:t]]
-                row_i[u:t] = [x + 1 for x in row_i[u:t]]
-            else:
-                row = held[r] if k == 2 else held_i[r]
-                row[u + 1:t + 1] = [x - 1 for x in row[u + 1:t + 1]]
-    timed: list[list[tuple[int, int]]] = [[] for _ in range(p)]
-    for s in range(S):
-        r = rank[s]
-        for k in range(3):
-            lo = (3 * s + k) * m
-            timed[r].extend(zip(when[lo:lo + m], range(lo, lo + m), strict=True))
+        if u < 0:
+            place(x, t)
+            continue
+        bus[t], bus[u] = False, True
+        place(x, u)
+        if k == 0:  # (short spans: a loop is cheaper than slices)
+            row, row_i = held[r], held_i[r]
+            for v in range(u, t):
+                row[v] += 1
+                row_i[v] += 1
+        else:
+            row = held[r] if k == 2 else held_i[r]
+            for v in range(u + 1, t + 1):
+                row[v] -= 1
+    # Each rank's passes by the unit they start in (one pass a unit: the calendar).
     acts = _actions(S, m)
-    return [[acts[x] for _, x in sorted(row)] for row in timed]
+    slots: list[list[Action | None]] = [[None] * horizon for _ in range(p)]
+    for s in range(S):
+        at = slots[rank[s]]
+        for k in range(3):
+            lo, x0 = (3 * s + k) * m, (k * S + s) * m  # the pass table's id, the clock's
+            for e, a in zip(end[x0:x0 + m], acts[lo:lo + m], strict=True):
+                at[e - 1] = a
+    return [list(filter(None, row)) for row in slots]
 
 
 def unit_step(p: int, microbatches: int, orders: list[list[Action]]) -> int:
@@ -463,11 +450,15 @@ def unit_step(p: int, microbatches: int, orders: list[list[Action]]) -> int:
 
 def peak(p: int, orders: list[list[Action]], frees: str = "W") -> int:
     """The most chunk activations any rank holds: F adds one, ``frees`` (W, or I when W
-    keeps nothing) frees it."""
-    delta = {"F": 1, "I": 0, "W": 0}
-    delta[frees] = -1
-    return max((max(accumulate(delta[a[1]] for a in order), default=0) for order in orders),
-               default=0) if orders else 0
+    keeps nothing) frees it; the core's memory walk (``sim/program.memory_peak``) over
+    each rank's order, with the deltas by kind."""
+    if frees not in ("I", "W"):
+        raise ValueError(f"frees must be 'I' or 'W', got {frees!r}")
+    # by kind F, I, W; floats, as the walk sums them (exact for counts)
+    net = (1.0, -1.0, 0.0) if frees == "I" else (1.0, 0.0, -1.0)
+    kind, second = {"F": 0, "I": 1, "W": 2}.__getitem__, itemgetter(1)
+    return max((round(memory_peak(_ADDS, net, list(map(kind, map(second, order)))))
+                for order in orders), default=0)
 
 
 def build(p: int, microbatches: int, candidates: list[tuple[int, ...]], cap: int
@@ -486,10 +477,11 @@ def build(p: int, microbatches: int, candidates: list[tuple[int, ...]], cap: int
             if cap_i is None:
                 raise
             continue
+        held, held_i = peak(p, orders), peak(p, orders, frees="I")
         if cap_i is None:
-            if peak(p, orders) > cap:
+            if held > cap:
                 raise ScheduleError(f"block {offsets} holds more than {cap} chunk activations")
-            cap_i = peak(p, orders, frees="I")
+            cap_i = held_i
         # First the block with only its ends reordered (its steady state is the block's:
         # no repeating bubble under real costs); at the unit bound nothing is shorter.
         ends = reorder_ends(p, microbatches, block(p, offsets), cap, cap_i)
@@ -498,7 +490,7 @@ def build(p: int, microbatches: int, candidates: list[tuple[int, ...]], cap: int
                 6 * microbatches + 6 * p - 1 - 3 * cap):
             return ends[1]
         tries = [ends, reorder(p, microbatches, orders, cap, cap_i)]
-        if n == 0 or (peak(p, orders) <= cap and peak(p, orders, frees="I") <= cap_i):
+        if n == 0 or (held <= cap and held_i <= cap_i):
             tries.insert(1, (unit_step(p, microbatches, orders), orders))
         for got in tries:
             if got is not None and (best is None or got[0] < best[0]):

@@ -20,7 +20,16 @@ simulator's times:
 - the memory in use per rank (:attr:`Clock.used`: each action adds its net at its start,
   the same running sum as the memory walk) is tested against the limit with the one
   tolerance: :meth:`Clock.fits` is :func:`~pipebubble.costs.fits_limit`, and
-  :attr:`Clock.room` is the highest level that passes it, for a caller's inner loop.
+  :attr:`Clock.room` is the highest level that passes it, for a caller's inner loop;
+- with ``limits_i``, the memory is also counted as if W kept nothing (``M_W = 0``: each
+  activation held until its I), in :attr:`Clock.used_i` under :attr:`Clock.room_i`. A
+  rank's running sum is affine in ``M_W``, so an order within both limits holds no more
+  than them for every ``M_W`` between 0 and the costs' own (the building blocks' test).
+
+A list scheduler that runs in time steps (every rank picks at most one action per step, as
+the building blocks' reorder does) places a step's picks with one call,
+:meth:`Clock.place_at`. :meth:`Clock.units` makes the clock of the blocks' own units: every
+F, I and W one unit long, no ``comm``, one unit of memory per activation, all in ints.
 
 Actions are numbered ``x = (kind * S + stage) * m + microbatch`` with kinds F, I, W (0, 1,
 2): :meth:`Clock.id`.
@@ -38,6 +47,9 @@ inf
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import replace
+from functools import lru_cache
 from typing import NamedTuple
 
 from ..costs import FIT_TOLERANCE, StageCosts, fits_limit
@@ -54,74 +66,160 @@ class _Topology(NamedTuple):
     chain_starts: tuple[int, ...]
 
 
+@lru_cache(maxsize=64)
+def _rule_rows(stage_to_rank: tuple[int, ...], chain_starts: tuple[int, ...]
+               ) -> tuple[tuple[int, int, bool, bool], ...]:
+    """The edges of :func:`~pipebubble.ir.deps.precedences` among one microbatch's F, I
+    and W, as (producer row, consumer row, crosses, between two stages), rows ``kind S +
+    stage``: asked once per placement (a search builds many clocks on one)."""
+    S = len(stage_to_rank)
+    one = [Action(s, k, 0) for k in KINDS for s in range(S)]
+    return tuple((KINDS.index(e.before.kind) * S + e.before.stage,
+                  KINDS.index(e.after.kind) * S + e.after.stage, e.crosses,
+                  e.before.stage != e.after.stage)
+                 for e in precedences(one, _Topology(S, stage_to_rank, chain_starts)))
+
+
+def _table(sc: StageCosts, stage_to_rank: tuple[int, ...], chain_starts: tuple[int, ...],
+           m: int) -> tuple:
+    """The clock's per-row tables (row = kind S + stage): what waits for each row (row,
+    lag), the lag into it from a neighbour stage, how many producers it has, and its
+    entry (rank, duration, memory added at the start, net memory, the waiters' offsets
+    and lags, net memory if W kept nothing); then the per-action lists made from them."""
+    S = len(stage_to_rank)
+    # An int comm (Clock.units) keeps the times ints: zero, the lags and every whole
+    # duration (StageCosts.duration gives I as a float).
+    ints = isinstance(sc.comm, int)
+    zero = sc.comm * 0
+    rows = 3 * S  # row = kind * S + stage
+    # The rule, per row: what waits for it (row, lag), and how many producers it has.
+    consumers: list[list[tuple[int, float]]] = [[] for _ in range(rows)]
+    hop = [zero] * rows  # the lag of the edge into a row from a neighbour stage
+    npred = [0] * rows
+    for b, a, crosses, between in _rule_rows(stage_to_rank, chain_starts):
+        lag = sc.comm if crosses else zero
+        consumers[b].append((a, lag))
+        npred[a] += 1
+        if between:
+            hop[a] = lag
+    # What an action passes its end on to, the same for every microbatch of a row: one
+    # waiter with one producer (its ready time is this end + lag) and one with two at
+    # most (the rule: an output feeds one neighbour stage and one action of its own
+    # stage, and an action waits for two at most); as the offset of the waiter's number
+    # (0: none) and the lag.
+    if max(npred, default=0) > 2:
+        raise ValueError("the rule gave an action more than two producers")
+    one, one_lag, more, more_lag = [0] * rows, [zero] * rows, [0] * rows, [zero] * rows
+    for row in range(rows):
+        for a, lag in consumers[row]:
+            at, lags = (one, one_lag) if npred[a] == 1 else (more, more_lag)
+            if at[row]:
+                raise ValueError("the rule gave one action two waiters of one kind")
+            at[row], lags[row] = (a - row) * m, lag
+    kept_none = replace(sc, weight_memory=[0 * x for x in sc.weight_memory])
+    table = []
+    for k in KINDS:
+        for s in range(S):
+            row = KINDS.index(k) * S + s
+            a0, a1 = sc.memory_deltas(s, k)
+            d = sc.duration(s, k)
+            table.append((stage_to_rank[s], int(d) if ints and d == int(d) else d, a0, a0 + a1,
+                          one[row], one_lag[row], more[row], more_lag[row],
+                          sum(kept_none.memory_deltas(s, k))))
+    # Per action (x = row m + j): its row's entry, its first ready time, its producers;
+    # on a unit clock (every action one int unit, no lag) the short entry of the unit body.
+    info: list[tuple] = []
+    ready: list[float] = []
+    for row, entry in enumerate(table):
+        info += [entry] * m
+        ready += [_INF if npred[row] else zero] * m
+    unit = None
+    if ints and all(e[1] == 1 and e[5] == 0 and e[7] == 0 for e in table):
+        unit = []
+        for e in table:  # (rank, net, net if W kept nothing, waiter offsets)
+            unit += [(e[0], e[3], e[8], e[4], e[6])] * m
+    return consumers, hop, npred, table, (info, ready, unit)
+
+
+def _unit_costs(S: int) -> StageCosts:
+    """Every F, I and W one int unit long, no comm, one unit of memory per activation."""
+    ones = [1] * S
+    return StageCosts(f=ones, b=[2] * S, w=ones, comm=0, activation_memory=ones,
+                      weight_memory=ones, input_memory=[0] * S, recompute=[False] * S,
+                      overlap=1.0, allreduce=[0] * S)
+
+
+@lru_cache(maxsize=64)
+def _unit_table(stage_to_rank: tuple[int, ...], chain_starts: tuple[int, ...], m: int):
+    """:func:`_table` of :func:`_unit_costs`, kept (a search builds many such clocks;
+    they only read it, and copy what they change)."""
+    return _table(_unit_costs(len(stage_to_rank)), stage_to_rank, chain_starts, m)
+
+
 class Clock:
     """Per-rank clocks of an order being built (see the module docstring).
 
     ``sc`` holds one entry per stage, ``stage_to_rank`` places them, ``chain_starts`` as a
     Schedule's (one chain: ``(0,)``); ``limits[r]`` caps rank r's activation memory (None:
-    no cap). The state is public lists, read by a caller's inner loop: ``ready``, ``end``
-    (per action; ``inf`` until placed), ``free``, ``used``, ``room`` (per rank)."""
+    no cap), ``limits_i[r]`` the same memory counted as if W kept nothing (None: not
+    counted). The state is public lists, read by a caller's inner loop: ``ready``, ``end``
+    (per action; ``inf`` until placed), ``free``, ``used``, ``room``, ``used_i``,
+    ``room_i`` (per rank; ``used_i`` is counted with ``limits_i``, and on a unit clock)."""
 
     def __init__(self, sc: StageCosts, stage_to_rank: tuple[int, ...], microbatches: int,
-                 limits: list[float] | None = None, chain_starts: tuple[int, ...] = (0,)):
+                 limits: Sequence[float] | None = None, chain_starts: tuple[int, ...] = (0,),
+                 limits_i: Sequence[float] | None = None, _rows: tuple | None = None):
         S, m = len(stage_to_rank), microbatches
         p = max(stage_to_rank, default=-1) + 1
         if len(sc.f) != S:
             raise ValueError(f"costs are for {len(sc.f)} stages but stage_to_rank places {S}")
-        if limits is not None and len(limits) != p:
-            raise ValueError(f"limits has {len(limits)} values; expected one per rank ({p})")
+        for name, lim in (("limits", limits), ("limits_i", limits_i)):
+            if lim is not None and len(lim) != p:
+                raise ValueError(f"{name} has {len(lim)} values; expected one per rank ({p})")
         self.S, self.m, self.p = S, m, p
-        rows = 3 * S  # row = kind * S + stage
-        # The rule, per row: what waits for it (row, lag), and how many producers it has.
-        one = [Action(s, k, 0) for k in KINDS for s in range(S)]
-        self.consumers: list[list[tuple[int, float]]] = [[] for _ in range(rows)]
-        self.hop = [0.0] * rows  # the lag of the edge into a row from a neighbour stage
-        npred = [0] * rows
-        for e in precedences(one, _Topology(S, tuple(stage_to_rank), tuple(chain_starts))):
-            lag = sc.comm if e.crosses else 0.0
-            a = KINDS.index(e.after.kind) * S + e.after.stage
-            self.consumers[KINDS.index(e.before.kind) * S + e.before.stage].append((a, lag))
-            npred[a] += 1
-            if e.before.stage != e.after.stage:
-                self.hop[a] = lag
-        # What an action passes its end on to, the same for every microbatch of a row: one
-        # waiter with one producer (its ready time is this end + lag) and one with several
-        # at most (the rule: an output feeds one neighbour stage and one action of its
-        # own stage); as the offset of the waiter's number (0: none) and the lag.
-        one, one_lag, more, more_lag = [0] * rows, [0.0] * rows, [0] * rows, [0.0] * rows
-        for row in range(rows):
-            for a, lag in self.consumers[row]:
-                at, lags = (one, one_lag) if npred[a] == 1 else (more, more_lag)
-                if at[row]:
-                    raise ValueError("the rule gave one action two waiters of one kind")
-                at[row], lags[row] = (a - row) * m, lag
-        # Per row: (rank, duration, memory added at the start, net memory, the waiters);
-        # per action, a reference to its row's tuple (one list: cheap to build and read).
-        self.rows: list[tuple] = []
-        self.ready: list[float] = []
-        self._missing: list[int] = []
-        self._info: list[tuple] = []
-        for k in KINDS:
-            for s in range(S):
-                row = KINDS.index(k) * S + s
-                a0, a1 = sc.memory_deltas(s, k)
-                info = (stage_to_rank[s], sc.duration(s, k), a0, a0 + a1,
-                        one[row], one_lag[row], more[row], more_lag[row])
-                self.rows.append(info)
-                self._info += [info] * m
-                self.ready += [_INF if npred[row] else 0.0] * m
-                self._missing += [npred[row]] * m
+        consumers, hop, npred, table, per_action = (
+            _table(sc, tuple(stage_to_rank), tuple(chain_starts), m) if _rows is None
+            else _rows)
+        self.consumers: list[list[tuple[int, float]]] = consumers
+        self.hop = hop
+        self.rows: list[tuple] = table
+        zero = sc.comm * 0
+        rows = 3 * S
+        # per action: its row's entry (read only: shared), its ready time, its producers
+        # not placed yet (copied from the row's)
+        self._info, ready, self._unit_info = per_action
+        self.ready: list[float] = list(ready)
         size = rows * m
-        self._part = [-_INF] * size  # the latest producer end + lag seen so far
+        self._part: list = [None] * size  # a waiter's first producer's end + lag, if in
         self.end = [_INF] * size
-        self.free = [0.0] * p
+        self.free = [zero] * p
         self.used = [0.0] * p
+        self.used_i = [0.0] * p
         self.begin = [_INF] * p  # each rank's first start, and its busy time
-        self.busy = [0.0] * p
+        self.busy = [zero] * p
         self.limits = limits
-        self.room = [_INF] * p if limits is None else [
-            x + FIT_TOLERANCE * max(1.0, abs(x)) for x in limits]  # fits_limit's bound
-        self.place = self._placer()
+        self.limits_i = limits_i
+        self.room, self.room_i = ([_INF] * p if lim is None else [
+            x + FIT_TOLERANCE * max(1.0, abs(x)) for x in lim]  # fits_limit's bound
+            for lim in (limits, limits_i))
+        self.place, self.place_at = self._placer()
+
+    @classmethod
+    def units(cls, stage_to_rank: tuple[int, ...], microbatches: int,
+              limits: Sequence[float] | None = None, chain_starts: tuple[int, ...] = (0,),
+              limits_i: Sequence[float] | None = None) -> Clock:
+        """The clock of unit passes: every F, I and W one unit long, no ``comm``, and one
+        unit of memory from each F to its W (:attr:`used`; to its I: :attr:`used_i`); the
+        times are ints (the building blocks' units).
+
+        >>> c = Clock.units((0, 1, 1, 0), 2, limits=[2, 2], limits_i=[1, 1])
+        >>> c.place_at([c.id("F", 0, 0)], 0); c.earliest(c.id("F", 1, 0)), c.used
+        (1, [1.0, 0.0])
+        """
+        stage_to_rank, chain_starts = tuple(stage_to_rank), tuple(chain_starts)
+        sc = _unit_costs(len(stage_to_rank))
+        return cls(sc, stage_to_rank, microbatches, limits, chain_starts, limits_i,
+                   _rows=_unit_table(stage_to_rank, chain_starts, microbatches))
 
     def id(self, kind: str, stage: int, microbatch: int) -> int:
         """The number of an action (``kind`` one of F, I, W)."""
@@ -145,36 +243,121 @@ class Clock:
         learn when its output is there."""
         raise NotImplementedError  # pragma: no cover
 
-    def _placer(self):
-        """:meth:`place` as a closure over the state lists: a list scheduler calls it once
-        per action, and a closure's reads are cheaper than attribute look-ups."""
-        info, end, free, used = self._info, self.end, self.free, self.used
-        begin, busy = self.begin, self.busy
-        part, missing, ready = self._part, self._missing, self.ready
+    def place_at(self, xs: Sequence[int], start: float) -> None:  # (replaced: _placer)
+        """:meth:`place` of each action of ``xs`` (each next on its own rank) at ``start``,
+        in one call: a list scheduler that runs in time steps places a step's picks so."""
+        raise NotImplementedError  # pragma: no cover
 
-        def place(x: int, start: float) -> float:
-            r, d, _, net, one, one_lag, more, more_lag = info[x]
-            e = start + d
-            end[x] = e
-            free[r] = e
-            used[r] += net
-            if start < begin[r]:
-                begin[r] = start
-            busy[r] += d
-            if one:
-                ready[x + one] = e + one_lag
-            if more:  # the latest producer end + lag, once every producer is placed
-                c = x + more
-                v = e + more_lag
-                if v > part[c]:
-                    part[c] = v
-                missing[c] -= 1
-                if not missing[c]:
-                    ready[c] = part[c]
-            return e
+    def _placer(self):
+        """:meth:`place` and :meth:`place_at` as closures over the state lists: a list
+        scheduler calls them once per action or per step, and a closure's reads are
+        cheaper than attribute look-ups. Three bodies, the same bookkeeping: the plain one;
+        one that also counts ``used_i`` (with ``limits_i``); and, when every action lasts
+        one int unit with no lag (:meth:`units`), one with those constants folded in."""
+        info, end, free, used, used_i = self._info, self.end, self.free, self.used, self.used_i
+        begin, busy = self.begin, self.busy
+        part, ready = self._part, self.ready
+        uinfo = self._unit_info
+        if uinfo is not None:  # (rank, net, net if W kept nothing, waiter offsets)
+
+            def place_at(xs: Sequence[int], start: float) -> None:
+                e = start + 1
+                for x in xs:
+                    r, net, net_i, one, more = uinfo[x]
+                    end[x] = e
+                    free[r] = e
+                    used[r] += net
+                    used_i[r] += net_i
+                    if start < begin[r]:
+                        begin[r] = start
+                    busy[r] += 1
+                    if one:
+                        ready[x + one] = e
+                    if more:
+                        c = x + more
+                        q = part[c]
+                        if q is None:  # the first of its two producers
+                            part[c] = e
+                        else:
+                            ready[c] = e if e > q else q
+
+            def place(x: int, start: float) -> float:
+                r, net, net_i, one, more = uinfo[x]
+                e = start + 1
+                end[x] = e
+                free[r] = e
+                used[r] += net
+                used_i[r] += net_i
+                if start < begin[r]:
+                    begin[r] = start
+                busy[r] += 1
+                if one:
+                    ready[x + one] = e
+                if more:
+                    c = x + more
+                    q = part[c]
+                    if q is None:  # the first of its two producers
+                        part[c] = e
+                    else:
+                        ready[c] = e if e > q else q
+                return e
+
+        elif self.limits_i is None:
+            def place(x: int, start: float) -> float:
+                r, d, _, net, one, one_lag, more, more_lag, _ = info[x]
+                e = start + d
+                end[x] = e
+                free[r] = e
+                used[r] += net
+                if start < begin[r]:
+                    begin[r] = start
+                busy[r] += d
+                if one:
+                    ready[x + one] = e + one_lag
+                if more:  # the later producer end + lag, once both are placed
+                    c = x + more
+                    v = e + more_lag
+                    q = part[c]
+                    if q is None:  # the first of its two producers
+                        part[c] = v
+                    else:
+                        ready[c] = v if v > q else q
+                return e
+
+            def place_at(xs: Sequence[int], start: float) -> None:
+                for x in xs:
+                    place(x, start)
+
+        else:
+            def place(x: int, start: float) -> float:
+                r, d, _, net, one, one_lag, more, more_lag, net_i = info[x]
+                e = start + d
+                end[x] = e
+                free[r] = e
+                used[r] += net
+                used_i[r] += net_i
+                if start < begin[r]:
+                    begin[r] = start
+                busy[r] += d
+                if one:
+                    ready[x + one] = e + one_lag
+                if more:
+                    c = x + more
+                    v = e + more_lag
+                    q = part[c]
+                    if q is None:
+                        part[c] = v
+                    else:
+                        ready[c] = v if v > q else q
+                return e
+
+            def place_at(xs: Sequence[int], start: float) -> None:
+                for x in xs:
+                    place(x, start)
 
         place.__doc__ = Clock.place.__doc__
-        return place
+        place_at.__doc__ = Clock.place_at.__doc__
+        return place, place_at
 
     @property
     def step_time(self) -> float:

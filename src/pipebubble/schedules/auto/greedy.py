@@ -125,6 +125,9 @@ def greedy_order(
     F, I, W = Kind.F, Kind.I, Kind.W
     pop, push, pushpop = heapq.heappop, heapq.heappush, heapq.heappushpop
     wake = None  # the rank's own next wake-up, pushed and popped in one (heappushpop)
+    append = [o.append for o in orders]  # (locals: read once per action)
+    critical, deep_first, wait_i, lazy_w = (knobs.critical, knobs.deep_first, knobs.wait_i,
+                                            knobs.lazy_w)
 
     while heap or wake:
         t, r = pop(heap) if wake is None else pushpop(heap, wake)
@@ -146,7 +149,7 @@ def greedy_order(
                         best, pick_i = at, s
                 elif at < soon:
                     soon = at
-        if pick_i >= 0 and knobs.critical:
+        if pick_i >= 0 and critical:
             for s in mine:  # an allowed F with a longer way to go, there before the I
                 j = nf[s]  # would end, runs first (waiting for it if need be)
                 if (j < m and tail_f[s] > tail_i[pick_i]
@@ -160,7 +163,7 @@ def greedy_order(
             j = ni[s]
             e = place(xi[s] + j, t)
             ni[s] = j + 1
-            orders[r].append((s, I, j))
+            append[r]((s, I, j))
             wake = (e, r)
             if s:
                 q, x = where[s - 1], ready[xi[s - 1] + j]
@@ -180,23 +183,24 @@ def greedy_order(
             if at == _INF:
                 continue
             need = used[r] + f0[s] + keep[r]
-            for v in later[s]:
-                need += v
+            if later[s]:  # (mostly empty: one chunk, or the rank's last)
+                for v in later[s]:
+                    need += v
             if need > lim[r] or (s == first and nf[s] - ni[s] >= caps[r]):
                 blocked = blocked or at <= te
                 continue
             if at <= te:
-                if pick_f < 0 or (s > pick_f if knobs.deep_first else nf[s] < nf[pick_f]):
+                if pick_f < 0 or (s > pick_f if deep_first else nf[s] < nf[pick_f]):
                     pick_f = s
             elif at < soon:
                 soon = at
-        if pick_f >= 0 and not (knobs.wait_i and soon < t + dur_f[pick_f] - _EPS
+        if pick_f >= 0 and not (wait_i and soon < t + dur_f[pick_f] - _EPS
                                 and _i_is_next(mine, ni, nf, soon, ready, xi)):
             s = pick_f
             j = nf[s]
             e = place(xf[s] + j, t)
             nf[s] = j + 1
-            orders[r].append((s, F, j))
+            append[r]((s, F, j))
             wake = (e, r)
             if s < S - 1:
                 q, x = where[s + 1], ready[xf[s + 1] + j]
@@ -211,13 +215,13 @@ def greedy_order(
             j = nw[s]
             if j < ni[s] and end[xi[s] + j] < oldest:
                 oldest, pick_w = end[xi[s] + j], s
-        if pick_w >= 0 and (blocked or pick_f >= 0 or not knobs.lazy_w
+        if pick_w >= 0 and (blocked or pick_f >= 0 or not lazy_w
                             or soon >= t + dur_w[pick_w] - _EPS):
             s = pick_w
             j = nw[s]
             e = place(xw[s] + j, t)
             nw[s] = j + 1
-            orders[r].append((s, W, j))
+            append[r]((s, W, j))
             wake = (e, r)
             left -= 1
             continue
