@@ -49,7 +49,7 @@ def search_points(points: list[tuple[Point, object, Axes]], req: Request) -> Res
             if c.schedule == AUTO:
                 autos.append((c, s))
             else:
-                work.append((c.bound * (1 + (c.pp - 1) / (c.microbatches * c.chunks)), c, s))
+                work.append((s.estimate(c), c, s))
     if not work and not autos:
         raise UserError(searchers[0].nothing_divides() if searchers else
                         "no point of --tp, --cp and --sharding applies to these GPUs")
