@@ -30,9 +30,8 @@ import numpy as np
 from .. import limits
 from .families import chunk_options
 from .network import p2p
+from .cut_price import OPT_MARGIN
 from .plans import Config
-
-OPT_MARGIN = 1 - 1e-12  # the optimizer term, linear here, rounds apart from the scored one
 
 
 def chains_of(name: str) -> int:

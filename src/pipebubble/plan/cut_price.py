@@ -11,11 +11,12 @@ they are computed once per cut and shared by every sharding and microbatch count
 the largest recomputation transient) and a **lower bound** on the step that holds for
 every order of the schedule: rank r starts no sooner than ``head_r``, the forwards of
 microbatch 0 through the stages before its first one (and the hops between ranks); then
-works ``busy_r`` and exposes its data-parallel traffic. Its last backward of an input
-gradient (I or B) comes no sooner than ``head_r + busy_r - W_r`` (every W may follow it),
-and the gradient still has to reach its chain's first stage: ``tail_r``, the I (or B) of
-every stage before r's stage, and the hops. The search skips a cut whose bound cannot
-beat the K-th best plan.
+works ``busy_r``, exposes its data-parallel traffic and runs its optimizer step. Its last
+backward of an input gradient (I or B) comes no sooner than ``head_r + busy_r - W_r``
+(every W may follow it), and the gradient still has to reach its chain's first stage:
+``tail_r``, the I (or B) of every stage before r's stage, and the hops; that stage's rank
+then still exposes its traffic and steps (at least the least of any rank). The search
+skips a cut whose bound cannot beat the K-th best plan.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from .layercosts import LayerCosts
 from .network import p2p
 from .partition import Ranges
 from .plans import Config, Priced
+
+OPT_MARGIN = 1 - 1e-12  # the optimizer term, linear here, rounds apart from the scored one
 
 
 class Pricing:
@@ -120,8 +123,11 @@ class Pricing:
         for a, b in ends if copies else ():
             t = self.axes.tied_allreduce(c.dp, c.pp, lc.tied) if a != b else 0.0
             ar = [x + t * ((r == a) + (r == b)) for r, x in enumerate(ar)]
-        bound = max(max(h + b + a, h + b - w + t) for h, b, a, w, t in
-                    zip(head, busy, ar, late, tail, strict=True))
+        k = self._optimizer_rate(c)
+        done = [a + k * P for a, P in zip(ar, rank_params, strict=True)]
+        first = min(done)  # the rank the gradient reaches last still exposes and steps
+        bound = max(max(h + b + d, h + b - w + t + first) for h, b, d, w, t in
+                    zip(head, busy, done, late, tail, strict=True))
         bpp = self.axes.bytes_per_param(c.dp)
         # bincount adds in stage order, as ``static[r] += bpp x params[s]`` would
         static = np.bincount(where, weights=bpp * params, minlength=c.pp).tolist()
@@ -129,6 +135,15 @@ class Pricing:
             static[r] += bpp * lc.tied
         return Priced(ranges, costs, bound, [x + t for x, t in zip(static, trans, strict=True)],
                       ar, rank_params)
+
+    def _optimizer_rate(self, c: Config) -> float:
+        """Seconds of optimizer step per local parameter at ``c``'s dp (the step is linear in
+        the parameters, :mod:`~pipebubble.plan.optimizer`), a hair low for rounding."""
+        key = ("optimizer", c.dp)
+        got = self._exposures.get(key)
+        if got is None:
+            got = self._exposures[key] = self.axes.optimizer_time(c.dp, 1.0) * OPT_MARGIN
+        return got
 
     def _rank_sums(self, sched: Schedule, lc: LayerCosts, ranges: Ranges, costs: CostModel,
                    split: bool) -> tuple:

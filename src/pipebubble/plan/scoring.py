@@ -23,19 +23,20 @@ the one simulating everything gives (``Request(prune=False)``; tests/test_plan.p
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import replace
 from itertools import combinations
 
 from ..costs import fits_limit
 from ..errors import UserError
-from ..ir.schedule import Schedule, ScheduleError
+from ..ir.schedule import Schedule, ScheduleError, make_schedule
 from ..schedules import get_schedule
 from .auto_plans import AutoPlans
 from .axes import Axes, Point
 from .configs import Configs
 from .cut_price import Pricing
 from .cuts import Cuts
-from .families import schedule_list
+from .families import placement_of, schedule_list
 from .layercosts import ProfileSet
 from .least_memory import LeastMemory
 from .memory_bounds import MemoryBounds
@@ -43,6 +44,10 @@ from .network import Network
 from .partition import ranges_from_ends
 from .pipeline_axis import run_pipeline
 from .plans import AUTO, Config, Plan, Priced, Request
+
+
+SHAPE_CUTS = 16  # the most cuts priced to rule a configuration out before generating it
+COSTLY = 0.05  # seconds: a schedule slower to generate is visited late (Searcher.costly)
 
 
 class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
@@ -82,6 +87,10 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
         # The pipeline's timeline depends on the schedule and the stage costs only: points
         # that differ in sharding alone (same layers, same cut) share their simulations.
         self._runs: dict[tuple, tuple[Schedule, object]] = shared.setdefault("runs", {})
+        # Orders-free schedules of a placement (pp, m, stages): bounds before generating.
+        self._shapes: dict[tuple, Schedule] = shared.setdefault("shapes", {})
+        # per family: (p m v, seconds / (p m v)) of its largest schedule generated
+        self._rates: dict[str, tuple] = shared.setdefault("rates", {})
         # Cuts (a) depend on the layer costs only: shared by the shardings of one (tp, sp, cp).
         self._cuts: dict[tuple, list] = shared.setdefault("cuts", {}).setdefault(
             id(profiles), {})
@@ -95,12 +104,26 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
         """The family's schedule of ``c`` (generated once per search), None if it has none."""
         key = (c.schedule, c.pp, c.microbatches, c.chunks)
         if key not in self._schedules:
+            t0 = time.perf_counter()
             try:
                 self._schedules[key] = get_schedule(c.schedule, c.pp, c.microbatches, c.chunks)
             except ScheduleError as exc:
                 self._schedules[key] = None
                 self.why_not.setdefault(f"{c.schedule} pp={c.pp}", str(exc))
+            units = c.pp * c.microbatches * c.chunks
+            if units >= self._rates.get(c.schedule, (0, 0.0))[0]:  # the largest tells best
+                self._rates[c.schedule] = (units, (time.perf_counter() - t0) / units)
         return self._schedules[key]
+
+    def costly(self, c: Config) -> bool:
+        """Whether generating ``c``'s schedule would likely take over :data:`COSTLY` seconds
+        (at the rate per microbatch-stage of its family's largest schedule generated in this
+        search): the search then visits ``c`` late, when its threshold is tighter. Only an
+        order."""
+        if c.schedule == AUTO or (c.schedule, c.pp, c.microbatches, c.chunks) in self._schedules:
+            return False
+        rate = self._rates.get(c.schedule, (0, 0.0))[1]
+        return rate * c.pp * c.microbatches * c.chunks > COSTLY
 
     # -- the plan of one configuration --
     def evaluate(self, c: Config, threshold: float, budget: float,
@@ -113,6 +136,9 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
                 least = self.least_auto_budget(c)
                 return None if least is None else self.auto_plan_at(c, least)
             return self._evaluate_auto(c, lc, threshold, budget)
+        if (threshold < math.inf and (c.schedule, c.pp, c.microbatches, c.chunks)
+                not in self._schedules and self._surely_slow(c, lc, threshold)):
+            return None  # not generated: no cut of its placement can beat threshold
         sched = self.schedule(c)
         if sched is None:
             return None
@@ -148,6 +174,25 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
                for pa in pas if pa.bound >= threshold):
             return None
         return self._capped_plan(c, sched, lc, threshold, budget)
+
+    def _surely_slow(self, c: Config, lc, threshold: float) -> bool:
+        """Whether every cut ``c`` scores is known to be no faster than ``threshold`` before
+        its schedule is generated: when every cut is scored and there are few, each cut's
+        bound on the family's placement alone (:func:`~pipebubble.plan.families.placement_of`,
+        W taken as split: a bound for either) is at least ``threshold``."""
+        placement = placement_of(c.schedule)
+        S_c = c.pp * c.chunks
+        if placement is None or S_c > self.L or math.comb(self.L - 1, S_c - 1) > min(
+                self.req.exhaustive_cuts, SHAPE_CUTS):
+            return False
+        key = (c.pp, c.microbatches, S_c, placement)
+        shape = self._shapes.get(key)
+        if shape is None:
+            shape = self._shapes[key] = make_schedule("shape", [()] * c.pp, S_c,
+                                                      c.microbatches, placement=placement)
+        return all(self._price(c, shape, lc, ranges_from_ends([*ends, self.L]),
+                               split=True).bound >= threshold
+                   for ends in combinations(range(1, self.L), S_c - 1))
 
     def _capped_plan(self, c, sched, lc, threshold, budget) -> Plan | None:
         """Cut (b)'s plan, if (b) exists, fits and beats ``threshold``."""

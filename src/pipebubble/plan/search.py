@@ -56,10 +56,15 @@ def search_points(points: list[tuple[Point, object, Axes]], req: Request) -> Res
     work.sort(key=lambda x: x[0])
     best: list[Plan] = []
 
-    def visit(c: Config, s: Searcher) -> None:
+    late: list[tuple[float, Config, Searcher]] = []  # costly: visited after the rest
+
+    def visit(c: Config, s: Searcher, may_defer: bool = False) -> None:
         full = req.prune and len(best) >= req.top
         if full and c.bound >= best[-1].step_time:
             return  # no cut of c can enter the top K
+        if may_defer and full and s.costly(c):
+            late.append((0.0, c, s))
+            return
         plan = s.evaluate(c, best[-1].step_time if full else math.inf, req.gpu_memory)
         if plan is not None:
             best.append(plan)
@@ -67,14 +72,15 @@ def search_points(points: list[tuple[Point, object, Axes]], req: Request) -> Res
             del best[req.top:]
 
     for _, c, s in work:
-        visit(c, s)
-    # auto searches orders (seconds each): last, by the bound of its cut, against the
-    # threshold every family has set.
+        visit(c, s, may_defer=True)
+    # auto searches orders (seconds each): after the families, by the bound of its cut,
+    # against the threshold they have set; then the costly schedules, in the order of the
+    # estimate, against the threshold auto has tightened.
     order = autos
     if req.prune and len(best) >= req.top:
         order = sorted(((c, s) for c, s in autos if c.bound < best[-1].step_time),
                        key=lambda cs: cs[1].auto_bound(cs[0]))
-    for c, s in order:
+    for c, s in order + [(c, s) for _, c, s in late]:
         visit(c, s)
     work += [(0.0, c, s) for c, s in autos]
     if not best:
