@@ -28,9 +28,9 @@ from collections.abc import Iterator
 import numpy as np
 
 from .. import limits
+from .cut_price import OPT_MARGIN
 from .families import chunk_options
 from .network import p2p
-from .cut_price import OPT_MARGIN
 from .plans import Config
 
 

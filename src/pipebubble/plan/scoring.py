@@ -45,7 +45,6 @@ from .partition import ranges_from_ends
 from .pipeline_axis import run_pipeline
 from .plans import AUTO, Config, Plan, Priced, Request
 
-
 SHAPE_CUTS = 16  # the most cuts priced to rule a configuration out before generating it
 COSTLY = 0.05  # seconds: a schedule slower to generate is visited late (Searcher.costly)
 
