@@ -12,8 +12,9 @@ rule, not a bound): the sharding never changes the cut, and the cut does not dep
 (b) When no (a) cut fits: the same min-max cut with a memory cap per stage, ``budget /
 stages per rank``, where a layer's memory in stage s is its model states and recomputation
 transient plus ``held_s x`` its activation bytes (``held_s``: the most microbatches stage s
-holds at once). Each rank's peak is then at most the sum of its stages' caps: (b) fits by
-construction.
+holds at once); the last layer also carries a tied embedding's copy where the last stage is
+not on the first stage's rank (as :mod:`~pipebubble.plan.cut_price` counts it). Each
+rank's peak is then at most the sum of its stages' caps: (b) fits by construction.
 
 Most configurations of a large model have no (b) cut at all (the activations of the
 microbatches in flight do not fit). :meth:`Cuts.capped_possible` proves that cheaply first:
@@ -63,9 +64,16 @@ class Cuts:
         """Per stage of one copy, each layer's memory bound in that stage (the worst of the
         copies): ``static + held_s x act`` (module doc), stages x layers."""
         S_c = sched.num_stages // sched.chains
-        static = self.axes.bytes_per_param(c.dp) * lc.params + lc.transient
+        bpp = self.axes.bytes_per_param(c.dp)
+        static = bpp * lc.params + lc.transient
         h = np.asarray(held, dtype=np.float64)
         rows = static[None, :] + h[:, None] * lc.act[None, :]
+        where = sched.stage_to_rank
+        # A tied embedding's copy sits with the head (the last layer, always in the chain's
+        # last stage) when that stage is not on the rank of the chain's first stage.
+        for k in range(sched.chains) if lc.tied else ():
+            if where[k * S_c] != where[(k + 1) * S_c - 1]:
+                rows[(k + 1) * S_c - 1, -1] += bpp * lc.tied
         out = rows[:S_c]
         for k in range(1, sched.chains):
             out = np.maximum(out, rows[k * S_c:(k + 1) * S_c])

@@ -184,14 +184,20 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
         if placement is None or S_c > self.L or math.comb(self.L - 1, S_c - 1) > min(
                 self.req.exhaustive_cuts, SHAPE_CUTS):
             return False
-        key = (c.pp, c.microbatches, S_c, placement)
-        shape = self._shapes.get(key)
-        if shape is None:
-            shape = self._shapes[key] = make_schedule("shape", [()] * c.pp, S_c,
-                                                      c.microbatches, placement=placement)
+        shape = self._shape(c, placement)
         return all(self._price(c, shape, lc, ranges_from_ends([*ends, self.L]),
                                split=True).bound >= threshold
                    for ends in combinations(range(1, self.L), S_c - 1))
+
+    def _shape(self, c: Config, placement: str) -> Schedule:
+        """A schedule with ``c``'s ranks, stages, microbatches and ``placement`` and no
+        orders: what a cut's price needs of it (once per search)."""
+        key = (c.pp, c.microbatches, c.pp * c.chunks, placement)
+        shape = self._shapes.get(key)
+        if shape is None:
+            shape = self._shapes[key] = make_schedule("shape", [()] * c.pp, c.pp * c.chunks,
+                                                      c.microbatches, placement=placement)
+        return shape
 
     def _capped_plan(self, c, sched, lc, threshold, budget) -> Plan | None:
         """Cut (b)'s plan, if (b) exists, fits and beats ``threshold``."""
