@@ -144,3 +144,27 @@ def test_the_capped_cut_counts_the_tied_copy_and_fits():
             assert all(fits_limit(p, budget) for p in peaks), (c.schedule, budget, cut)
             found += 1
     assert found
+
+
+@pytest.mark.parametrize("top", [2, 3, 5])
+def test_pruning_keeps_the_very_plans_of_no_pruning_ties_included(top):
+    """Shardings often tie on the step (the same pipeline, traffic all hidden): the K plans
+    of the pruned search are those of scoring everything, the ties at the K-th step sorted
+    by plan_order (lighter first), whatever order the search visits them in."""
+    from pipebubble.plan.planner import search
+
+    shape = TransformerShape(layers=4, hidden=512, ffn=2048, heads=8, vocab=8000)
+    prof = ProfileSet([shape_profile(shape, 512, 1)])
+    req = Request(gpus=8, gpu_memory=80 * 2**30, global_batch=16, microbatch_sizes=(1, 2),
+                  recompute=("none",), tp=(1,), cp=(1,), top=top,
+                  schedules=("1f1b", "zb-h1", "interleaved-1f1b", "zbv"))
+    hw = get_hardware("a100-80gb")
+    fast = search(prof, req, hw).plans
+    slow = search(prof, Request(**{**req.__dict__, "prune": False}), hw).plans
+
+    def ident(p):
+        return (p.config, tuple(p.ranges), p.step_time, max(p.peak_memory))
+
+    assert [ident(p) for p in fast] == [ident(p) for p in slow]
+    steps = [p.step_time for p in slow]
+    assert len(set(steps)) < len(steps)  # the instance has ties to get right

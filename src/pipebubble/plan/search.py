@@ -18,7 +18,8 @@ chunks, recompute). The loop:
 Only true bounds prune, so the K plans are the K fastest of everything searched (the cut
 rules of :mod:`pipebubble.plan.planner` aside). Ties go to the plan that needs less memory,
 then to one a framework can run (DualPipe's two model copies run nowhere), then fewer GPUs
-in model parallelism.
+in model parallelism: a plan that ties the K-th step is still scored, so the order of the
+visit never decides a tie.
 """
 
 from __future__ import annotations
@@ -58,14 +59,22 @@ def search_points(points: list[tuple[Point, object, Axes]], req: Request) -> Res
 
     late: list[tuple[float, Config, Searcher]] = []  # costly: visited after the rest
 
+    def threshold() -> float:
+        """What a plan must beat: nothing until K plans are known, then the K-th step, a
+        tie included (it may still sort before the K-th: ties go by plan_order, whatever
+        the order of the visit)."""
+        if not req.prune or len(best) < req.top:
+            return math.inf
+        return math.nextafter(best[-1].step_time, math.inf)
+
     def visit(c: Config, s: Searcher, may_defer: bool = False) -> None:
-        full = req.prune and len(best) >= req.top
-        if full and c.bound >= best[-1].step_time:
+        limit = threshold()
+        if c.bound >= limit:
             return  # no cut of c can enter the top K
-        if may_defer and full and s.costly(c):
+        if may_defer and limit < math.inf and s.costly(c):
             late.append((0.0, c, s))
             return
-        plan = s.evaluate(c, best[-1].step_time if full else math.inf, req.gpu_memory)
+        plan = s.evaluate(c, limit, req.gpu_memory)
         if plan is not None:
             best.append(plan)
             best.sort(key=plan_order)
@@ -77,8 +86,8 @@ def search_points(points: list[tuple[Point, object, Axes]], req: Request) -> Res
     # against the threshold they have set; then the costly schedules, in the order of the
     # estimate, against the threshold auto has tightened.
     order = autos
-    if req.prune and len(best) >= req.top:
-        order = sorted(((c, s) for c, s in autos if c.bound < best[-1].step_time),
+    if threshold() < math.inf:
+        order = sorted(((c, s) for c, s in autos if c.bound < threshold()),
                        key=lambda cs: cs[1].auto_bound(cs[0]))
     for c, s in order + [(c, s) for _, c, s in late]:
         visit(c, s)
