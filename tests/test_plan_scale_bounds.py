@@ -168,3 +168,28 @@ def test_pruning_keeps_the_very_plans_of_no_pruning_ties_included(top):
     assert [ident(p) for p in fast] == [ident(p) for p in slow]
     steps = [p.step_time for p in slow]
     assert len(set(steps)) < len(steps)  # the instance has ties to get right
+
+
+@settings(max_examples=60, deadline=None)
+@given(costs=st.lists(st.floats(0.01, 10.0), min_size=3, max_size=9),
+       stages=st.integers(2, 3), mem=st.lists(st.floats(0.0, 5.0), min_size=9, max_size=9),
+       cap=st.floats(2.0, 20.0), scale=st.sampled_from([1e-7, 1.0, 1e6]))
+def test_capped_within_never_rules_out_a_cut_that_is_within(costs, stages, mem, cap, scale):
+    """partition.capped_within says False only when the best capped cut (brute force over
+    every cut) has a stage above the bottleneck."""
+    from pipebubble.plan.partition import capped_within
+
+    L = len(costs)
+    costs = [x * scale for x in costs]
+    rows = [mem[:L]] * stages
+    best = math.inf
+    for ends in combinations(range(1, L), stages - 1):
+        ranges = ranges_from_ends([*ends, L])
+        if all(sum(rows[k][a:b + 1]) <= cap for k, (a, b) in enumerate(ranges)):
+            best = min(best, max(sum(costs[a:b + 1]) for a, b in ranges))
+    if best < math.inf:
+        assert capped_within(costs, stages, rows, cap, best)
+        assert capped_within(costs, stages, rows, cap, best * 1.5)
+    for b in (best * 0.5, best * 0.999) if best < math.inf else (sum(costs),):
+        if not capped_within(costs, stages, rows, cap, b):
+            assert b < best

@@ -26,11 +26,13 @@ the cap: when those counts sum to fewer than the layers, no capped cut exists.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..ir.schedule import Schedule
 from .layercosts import LayerCosts
-from .partition import Ranges, balance_ranks, capped_partition, min_max_partition
+from .partition import Ranges, balance_ranks, capped_partition, capped_within, min_max_partition
 from .plans import Config
 
 
@@ -104,11 +106,18 @@ class Cuts:
         room = (np.cumsum(np.sort(inside, axis=1), axis=1) <= cap).sum(axis=1)
         return float(room.sum()) >= self.L
 
-    def _capped_cut(self, lc, c, sched, held, budget) -> Ranges | None:
-        """Cut (b), or None when none exists."""
+    def _capped_cut(self, lc, c, sched, held, budget, below: float = math.inf
+                    ) -> Ranges | None:
+        """Cut (b), or None when none exists, or (``below`` finite) when none can be faster
+        than ``below``: a stage's cost (:meth:`cut_costs`) is part of its rank's work, so a
+        cut whose every capped alternative has a stage above ``below`` cannot beat it
+        (:func:`~pipebubble.plan.partition.capped_within`, one sweep)."""
         if not self.capped_possible(lc, c, sched, held, budget):
             return None
         S_c = sched.num_stages // sched.chains
         per_rank = sched.num_stages // c.pp
-        return capped_partition(self.cut_costs(lc, c, sched.num_microbatches), S_c,
-                                self._memory_rows(lc, c, sched, held), budget / per_rank)
+        costs = self.cut_costs(lc, c, sched.num_microbatches)
+        rows = self._memory_rows(lc, c, sched, held)
+        if below < math.inf and not capped_within(costs, S_c, rows, budget / per_rank, below):
+            return None
+        return capped_partition(costs, S_c, rows, budget / per_rank)

@@ -201,7 +201,7 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
 
     def _capped_plan(self, c, sched, lc, threshold, budget) -> Plan | None:
         """Cut (b)'s plan, if (b) exists, fits and beats ``threshold``."""
-        cut_b = self._capped_cut(lc, c, sched, self.held(sched), budget)
+        cut_b = self._capped_cut(lc, c, sched, self.held(sched), budget, threshold)
         if cut_b is None:
             return None
         plan = self._score(c, sched, lc, cut_b, threshold, budget)
