@@ -15,7 +15,7 @@ from pipebubble.plan.configs import chains_of
 from pipebubble.plan.families import chunk_options, placement_of
 from pipebubble.plan.hardware import get_hardware
 from pipebubble.plan.layercosts import ProfileSet
-from pipebubble.plan.partition import ranges_from_ends
+from pipebubble.plan.partition import min_max_partition, ranges_from_ends
 from pipebubble.plan.planner import Request, build_points, schedule_list
 from pipebubble.plan.scoring import Searcher
 from pipebubble.schedules import get_schedule
@@ -38,6 +38,8 @@ def test_placement_and_chains_known_before_generating_match_the_family(name):
                     continue
                 seen += 1
                 assert s.chains == chains_of(name)
+                if placement_of(name) is not None:
+                    assert s.num_microbatches == m
                 assert set(s.stage_to_rank) == set(range(pp))  # every rank holds a stage
                 kind = placement_of(name)
                 if kind == "loop":
@@ -62,8 +64,9 @@ def _searchers(shape, gpus, batch, sharding, budget=1e15):
        batch=st.sampled_from([4, 8]), sharding=st.sampled_from(["ddp", "zero1", "fsdp"]))
 def test_bounds_never_exceed_the_scored_step(hidden, tied, gpus, batch, sharding):
     """On a GPU preset (optimizer step priced, hops, tied copies): the configuration's bound,
-    each cut's bound, and that cut's bound on the placement alone (W taken as split) are at
-    most the step the planner scores for that cut, for every configuration and every cut."""
+    each cut's bound, that cut's bound on the placement alone (W taken as split) and the
+    min-max cut's slowest stage are at most the step the planner scores for that cut, for
+    every configuration and every cut."""
     shape = TransformerShape(layers=3, hidden=hidden, ffn=4 * hidden, heads=8, vocab=4000,
                              tied_embeddings=tied, swiglu=False)
     prof, req, searchers = _searchers(shape, gpus, batch, sharding)
@@ -89,6 +92,9 @@ def test_bounds_never_exceed_the_scored_step(hidden, tied, gpus, batch, sharding
                 if kind is not None and sched.chains == 1:
                     shape_only = s._price(c, s._shape(c, kind), lc, ranges, split=True)
                     assert shape_only.bound <= step, (c, ranges)
+                    slowest = max(float(lc.work[a:b + 1].sum())
+                                  for a, b in min_max_partition(lc.work, S_c))
+                    assert c.microbatches * slowest * (1 - 1e-9) <= step, (c, ranges)
                 checked += 1
     assert checked > 0
 

@@ -41,7 +41,7 @@ from .layercosts import ProfileSet
 from .least_memory import LeastMemory
 from .memory_bounds import MemoryBounds
 from .network import Network
-from .partition import ranges_from_ends
+from .partition import min_max_partition, ranges_from_ends
 from .pipeline_axis import run_pipeline
 from .plans import AUTO, Config, Plan, Priced, Request
 
@@ -135,9 +135,8 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
                 least = self.least_auto_budget(c)
                 return None if least is None else self.auto_plan_at(c, least)
             return self._evaluate_auto(c, lc, threshold, budget)
-        if (threshold < math.inf and (c.schedule, c.pp, c.microbatches, c.chunks)
-                not in self._schedules and self._surely_slow(c, lc, threshold)):
-            return None  # not generated: no cut of its placement can beat threshold
+        if threshold < math.inf and self._surely_slow(c, lc, threshold):
+            return None  # no cut can beat threshold (its schedule not generated for it)
         sched = self.schedule(c)
         if sched is None:
             return None
@@ -175,14 +174,28 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
         return self._capped_plan(c, sched, lc, threshold, budget)
 
     def _surely_slow(self, c: Config, lc, threshold: float) -> bool:
-        """Whether every cut ``c`` scores is known to be no faster than ``threshold`` before
-        its schedule is generated: when every cut is scored and there are few, each cut's
-        bound on the family's placement alone (:func:`~pipebubble.plan.families.placement_of`,
-        W taken as split: a bound for either) is at least ``threshold``."""
+        """Whether no cut of ``c`` can beat ``threshold``, known without its schedule (for a
+        family of known placement, :func:`~pipebubble.plan.families.placement_of`):
+
+        - every cut has a stage that costs at least the min-max cut's slowest (the
+          partition is exact), and a rank works at least its stage: at least ``threshold``;
+        - or, when every cut is scored and there are few and the schedule is not generated
+          yet, each cut's bound on the placement alone (W taken as split: a bound for
+          either) is at least ``threshold``."""
         placement = placement_of(c.schedule)
         S_c = c.pp * c.chunks
-        if placement is None or S_c > self.L or math.comb(self.L - 1, S_c - 1) > min(
-                self.req.exhaustive_cuts, SHAPE_CUTS):
+        if placement is None or S_c > self.L:
+            return False
+        key = ("slowest stage", c.microbatch_size, c.recompute, S_c)
+        slowest = self._cuts.get(key)
+        if slowest is None:
+            work = lc.work
+            slowest = self._cuts[key] = max(float(work[a:b + 1].sum()) for a, b in
+                                            min_max_partition(work, S_c))
+        if c.microbatches * slowest * (1 - 1e-9) >= threshold:
+            return True
+        if ((c.schedule, c.pp, c.microbatches, c.chunks) in self._schedules
+                or math.comb(self.L - 1, S_c - 1) > min(self.req.exhaustive_cuts, SHAPE_CUTS)):
             return False
         shape = self._shape(c, placement)
         return all(self._price(c, shape, lc, ranges_from_ends([*ends, self.L]),
