@@ -16,8 +16,13 @@ The plan of a configuration is its fastest fitting cut among: every cut when the
 most ``exhaustive_cuts``; else the (a) cuts that fit, or (b) when none does. Only true
 bounds skip work: a cut whose price bound cannot beat ``threshold`` is never simulated, and
 is looked at only to learn whether it fits (its memory, from the order alone), since a
-fitting (a) cut, however slow, makes (b) not the plan. Whatever is skipped, the answer is
-the one simulating everything gives (``Request(prune=False)``; tests/test_plan.py).
+fitting (a) cut, however slow, makes (b) not the plan. Before any of that
+(:meth:`Searcher._surely_slow`): no cut beats the min-max cut's slowest stage, and when
+every cut is scored and there are few, their bounds on the family's placement alone rule
+the configuration out before its schedule is generated; cut (b) is ruled out by one
+feasibility sweep when every capped cut has a stage slower than ``threshold``. Whatever is
+skipped, the answer is the one simulating everything gives (``Request(prune=False)``;
+tests/test_plan.py).
 """
 
 from __future__ import annotations

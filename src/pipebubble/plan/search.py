@@ -8,10 +8,13 @@ chunks, recompute). The loop:
    sequence; every sharding) build the layers' costs at that point and a
    :class:`~pipebubble.plan.scoring.Searcher`, which lists the point's pipeline
    configurations with a true lower bound on each one's step;
-2. visit all configurations of all points in order of a rough estimate (the bound with a
-   1F1B-like fill and drain), skipping any whose bound cannot beat the K-th best step found;
-   ``auto`` (an order search, seconds each) comes last, in order of its cut's bound, so it
-   runs only where it can still beat the K-th best plan of every family;
+2. visit all configurations of all points in order of a rough estimate (the mean work with
+   a 1F1B-like fill and drain), skipping any whose bound cannot beat the K-th best step
+   found; ``auto`` (an order search, seconds each) comes after the families, in order of its
+   cut's bound, so it runs only where it can still beat the K-th best plan of every family;
+   families whose schedule would take long to generate (:meth:`Searcher.costly`, learnt from
+   the family's largest schedule so far) wait until after ``auto``, for its tighter
+   threshold (only the order changes, never what is found);
 3. score the others by simulation (:meth:`Searcher.evaluate`: cut, price, simulate) and keep
    the K fastest that fit.
 
