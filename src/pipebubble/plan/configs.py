@@ -63,6 +63,7 @@ class Configs:
                 if not limits.plan_microbatches_ok(m):  # bounded work per configuration
                     continue
                 for rec in req.recompute:
+                    bounds = {}  # by chains (configs.chains_of)
                     for name in self.names:
                         if pp == 1 and name not in req.pp1_schedules(self.names):
                             continue  # one rank: every schedule is the same plan
@@ -75,9 +76,10 @@ class Configs:
                                 continue
                             if pp == 1 and v > 1:
                                 continue
-                            yield Config(pp, dp, size, m, name, v, rec,
-                                         self.config_bound(pp, dp, size, m, rec,
-                                                           chains_of(name)),
+                            ch = chains_of(name)
+                            if ch not in bounds:
+                                bounds[ch] = self.config_bound(pp, dp, size, m, rec, ch)
+                            yield Config(pp, dp, size, m, name, v, rec, bounds[ch],
                                          pt.tp, pt.sp, pt.cp, pt.sharding)
 
     def config_bound(self, pp: int, dp: int, size: int, m: int, rec: str, chains: int

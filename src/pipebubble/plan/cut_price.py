@@ -47,10 +47,11 @@ class Pricing:
             got = self._prefixes[id(lc)] = (lc, sums)
         return got[1]
 
-    def _cut_sums(self, lc: LayerCosts, S: int, ranges: Ranges) -> tuple:
+    def _cut_sums(self, lc: LayerCosts, S: int, ranges: Ranges, rkey: tuple | None = None
+                  ) -> tuple:
         """Per stage (all ``S``; stage s holds ``ranges[s mod len(ranges)]``): parameters,
         F, I, W, M_B, M_W, transient; and the largest boundary activation (bytes sent)."""
-        key = (id(lc), S, tuple(ranges))
+        key = (id(lc), S, tuple(ranges) if rkey is None else rkey)
         got = self._sums.get(key)
         if got is not None and got[0] is lc:
             return got[1]
@@ -80,15 +81,17 @@ class Pricing:
             got = self._sync_times[key] = self.axes.sync(c.dp).times(params, c.pp)
         return got
 
-    def stage_costs(self, c: Config, sched: Schedule, lc: LayerCosts, ranges: Ranges
-                    ) -> tuple[CostModel, np.ndarray, np.ndarray]:
-        """The per-stage CostModel for a cut, the stages' parameters and transients."""
+    def stage_costs(self, c: Config, sched: Schedule, lc: LayerCosts, ranges: Ranges,
+                    rkey: tuple | None = None) -> tuple[CostModel, np.ndarray, np.ndarray]:
+        """The per-stage CostModel for a cut, the stages' parameters and transients
+        (``rkey``: ``tuple(ranges)``, when the caller has it)."""
         S = sched.num_stages
-        key = (id(lc), S, tuple(ranges), c.dp, c.pp)  # the placement does not matter
+        rkey = tuple(ranges) if rkey is None else rkey
+        key = (id(lc), S, rkey, c.dp, c.pp)  # the placement does not matter
         got = self._stage_costs.get(key)
         if got is not None and got[0] is lc:
             return got[1]
-        params, f, b, w, act, act_w, transient, sent = self._cut_sums(lc, S, ranges)
+        params, f, b, w, act, act_w, transient, sent = self._cut_sums(lc, S, ranges, rkey)
         comm = p2p(sent, self.axes.hop(c.dp)) if S > 1 else 0.0
         ar = [sum(self._sync_time(c, p)) for p in params]
         costs = CostModel(f=f, b=b, w=w, comm=comm, activation_memory=act,
@@ -99,11 +102,12 @@ class Pricing:
     def _price(self, c, sched, lc, ranges, split: bool | None = None) -> Priced:
         """A cut's costs, each rank's static memory and the lower bound of the module doc.
         ``split``: whether W is split from the backward (None: ask the schedule)."""
-        costs, params, transient = self.stage_costs(c, sched, lc, ranges)
+        rkey = tuple(ranges)
+        costs, params, transient = self.stage_costs(c, sched, lc, ranges, rkey)
         if split is None:
             split = self.split(sched)
         head, tail, busy, late, rank_params, trans, fwd, bwd = self._rank_sums(
-            sched, lc, ranges, costs, split)
+            sched, lc, ranges, costs, split, rkey)
         where = np.asarray(sched.stage_to_rank)
         ends = [(where[s], where[s + len(ranges) - 1]) for s in range(0, len(where),
                                                                        len(ranges))]
@@ -146,17 +150,19 @@ class Pricing:
         return got
 
     def _rank_sums(self, sched: Schedule, lc: LayerCosts, ranges: Ranges, costs: CostModel,
-                   split: bool) -> tuple:
+                   split: bool, rkey: tuple | None = None) -> tuple:
         """Per rank: ``head``, ``tail``, ``busy``, ``late`` of the bound (module doc), its
         parameters, largest transient, and one microbatch's forward and backward. They do
         not depend on the sharding: computed once per (schedule, cut, hop time)."""
-        key = (id(sched), id(lc), tuple(ranges), costs.comm, split)
+        rkey = tuple(ranges) if rkey is None else rkey
+        key = (id(sched), id(lc), rkey, costs.comm, split)
         got = self._ranks.get(key)
         if got is not None and got[0] is sched and got[1] is lc:
             return got[2]
         p, M = sched.num_ranks, sched.num_microbatches
         where = sched.stage_to_rank
-        params, _, _, _, _, _, transient, _ = self._cut_sums(lc, sched.num_stages, ranges)
+        params, _, _, _, _, _, transient, _ = self._cut_sums(lc, sched.num_stages, ranges,
+                                                             rkey)
         busy, trans, rank_params = [0.0] * p, [0.0] * p, [0.0] * p
         fwd, bwd = [0.0] * p, [0.0] * p
         late = [0.0] * p  # work that may follow the rank's last input-gradient action
