@@ -48,11 +48,11 @@ class Cuts:
         """Cuts (a): the min-max cut of :meth:`cut_costs` and, when ranks hold several stages
         (``where``: stage -> rank), its refinement by :func:`balance_ranks` if different.
         Cached per (microbatch size, recompute, stages, placement): the cut of costs that
-        only scale with m is the same cut."""
+        only scale with m is the same cut, so it is cut at m = 1 (whatever m asks first)."""
         key = (c.microbatch_size, c.recompute, stages, where)
         got = self._cuts.get(key)
         if got is None:
-            costs = self.cut_costs(lc, c, microbatches)
+            costs = self.cut_costs(lc, c, 1)
             got = [min_max_partition(costs, stages)]
             if len(where) > len(set(where)):
                 other = balance_ranks(costs, got[0], where)

@@ -194,7 +194,7 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
         key = ("slowest stage", c.microbatch_size, c.recompute, S_c)
         slowest = self._cuts.get(key)
         if slowest is None:
-            work = lc.work
+            work = self.cut_costs(lc, c, 1)  # the very cut (a) starts from
             slowest = self._cuts[key] = max(float(work[a:b + 1].sum()) for a, b in
                                             min_max_partition(work, S_c))
         if c.microbatches * slowest * (1 - 1e-9) >= threshold:
