@@ -17,10 +17,13 @@ With ``--cut-gap N`` (instead): how far the min-max cut rule the planner uses be
 With ``--scale`` (instead): every axis (tp with and without SP, cp, pp, dp, sharding,
 microbatch size, every schedule family and auto, chunks, recompute) for LLaMA-3 405B's shape
 (126 blocks, h 16384, FFN 53248, 128 heads, 8 K/V heads, vocab 128256, sequence 8192) on
-16,384 H100s, global batch 2048; target < 10 s. ``--no-auto`` leaves auto out.
+16,384 H100s, global batch 2048; target < 10 s. ``--no-auto`` leaves auto out. It prints
+the top 5 plans exactly; ``--save-top FILE`` writes them and ``--compare-top FILE`` checks
+them against a file another version wrote (pruning must never change them).
 
     python bench/bench_plan.py [--repeats 3] [--validate [--target-step 1.0]] [--cut-gap N]
     python bench/bench_plan.py --scale [--no-auto] [--gpus 16384] [--repeats 1]
+                               [--save-top FILE | --compare-top FILE]
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ def bench_search(repeats: int) -> None:
     fast_t, fast_cpu, fast = best_of(repeats, lambda: search(prof, req))
     slow_t, slow_cpu, slow = best_of(1, lambda: search(prof, Request(**{**req.__dict__,
                                                                        "prune": False})))
-    same = [p.step_time for p in fast.plans] == [p.step_time for p in slow.plans]
+    same = top_lines(fast.plans) == top_lines(slow.plans)  # every field, cut, step, peak
     n = fast.searched
     print(f"LLaMA-7B shape (34 layers), 64 GPUs x 80 GiB, global batch 512: {n} configurations")
     print(f"  planner (bounds prune):   {fast_t:7.2f} s  (best of {repeats}; CPU {fast_cpu:.2f} s)"
@@ -70,7 +73,8 @@ def bench_search(repeats: int) -> None:
         raise SystemExit("pruning changed the plans")
 
 
-def bench_scale(gpus: int, auto: bool, repeats: int = 1) -> None:
+def bench_scale(gpus: int, auto: bool, repeats: int = 1, save_top: str | None = None,
+                compare_top: str | None = None) -> None:
     from pipebubble.plan.analytic import TransformerShape, shape_profile
     from pipebubble.plan.hardware import get_hardware
     from pipebubble.plan.planner import schedule_list
@@ -97,6 +101,29 @@ def bench_scale(gpus: int, auto: bool, repeats: int = 1) -> None:
     print(f"  best: tp={b.tp}{' sp' if b.sp else ''} cp={b.cp} pp={b.pp} dp={b.dp} {b.sharding} "
           f"{b.schedule} v={b.chunks} mbs={b.microbatch_size} recompute {b.recompute}: "
           f"{b.step_time:.3f} s/step, peak {max(b.peak_memory) / 2**30:.1f} GiB")
+    lines = top_lines(res.plans)
+    print("  top plans (every field, step and peak to the last digit; --save-top adds the cuts):")
+    for line in lines:
+        print("    " + line.split(" ranges=")[0])
+    if save_top:
+        with open(save_top, "w") as f:
+            f.write("".join(line + "\n" for line in lines))
+    if compare_top:
+        with open(compare_top) as f:
+            before = f.read().splitlines()
+        same = before == lines
+        print(f"  the same top {len(lines)} plans as {compare_top}: {same}")
+        if not same:
+            raise SystemExit("the top plans changed")
+
+
+def top_lines(plans) -> list[str]:
+    """One line per plan: its configuration, cut, step and peak, exactly (repr)."""
+    return [f"tp={p.tp} sp={p.sp} cp={p.cp} pp={p.pp} dp={p.dp} {p.sharding} {p.schedule} "
+            f"v={p.chunks} mbs={p.microbatch_size} m={p.microbatches} {p.recompute} "
+            f"cut={p.cut_search}/{len(p.ranges)} step={p.step_time!r} "
+            f"peak={max(p.peak_memory)!r} ranges={p.ranges}"
+            for p in plans]
 
 
 def bench_validate(target: float) -> None:
@@ -186,12 +213,17 @@ def main() -> None:
     ap.add_argument("--scale", action="store_true", help="405B on 16,384 GPUs, every axis")
     ap.add_argument("--no-auto", action="store_true", help="--scale without auto")
     ap.add_argument("--gpus", type=int, default=16384, help="--scale: GPUs (16384)")
+    ap.add_argument("--save-top", metavar="FILE", help="--scale: write the top plans' lines")
+    ap.add_argument("--compare-top", metavar="FILE",
+                    help="--scale: check the top plans against lines --save-top wrote "
+                    "(another version's run), exit 1 if they differ")
     ap.add_argument("--cut-gap", type=int, default=0, metavar="N",
                     help="also compare the min-max cut rule with every cut on N random "
                     "small instances")
     args = ap.parse_args()
     if args.scale:
-        bench_scale(args.gpus, not args.no_auto, args.repeats or 1)
+        bench_scale(args.gpus, not args.no_auto, args.repeats or 1, args.save_top,
+                    args.compare_top)
         return
     if args.cut_gap:
         bench_cut_gap(args.cut_gap)

@@ -1,19 +1,44 @@
 """The configurations of one point: every (pp, dp, microbatch size, recompute, schedule,
-chunks) the request allows, each with the bound ``m x (F + I + W of the model) / pp``.
+chunks) the request allows, each with a lower bound on its step that holds for every cut
+and every order (:meth:`Configs.config_bound`, needing neither a schedule nor a cut):
 
-The busiest rank works at least the mean, and the data-parallel traffic may all hide, so
-no cut and no order of a configuration takes less: the search visits the configurations
-in order of an estimate and skips those whose bound cannot beat the K-th best plan.
-:class:`Configs` is the part of :class:`~pipebubble.plan.scoring.Searcher` that lists them.
+- **the mean rank**: the step is ``max_r (end_r + exposed_r + optimizer_r)``, at least the
+  mean over ranks. Rank r starts no sooner than ``head_r`` (microbatch 0's forward through
+  the stages before its first one) and then works ``busy_r``, so the mean is at least
+  ``m x (F + I + W of the model) / pp + mean head + optimizer(parameters / pp)`` (the
+  optimizer step is linear in the parameters; tied copies only add). The ranks' first
+  stages are distinct places of a chain, so the k-th earliest is at place ``k // chains``
+  or later, after at least that many layers' forwards (and, with one chain, as many hops:
+  each rank's first stage follows another rank's stage);
+- **one microbatch**: its forward through every layer and its input gradient back, with
+  (one chain, which visits all ``pp`` ranks) a hop each way between consecutive ranks:
+  ``F + I of the model + 2 (pp - 1) hops``.
+
+A hop is priced at the smallest boundary activation (the cut's is the largest it sends).
+The data-parallel traffic may all hide. The search visits the configurations in order of an
+estimate (:meth:`Configs.estimate`) and skips those whose bound cannot beat the K-th best
+plan. :class:`Configs` is the part of :class:`~pipebubble.plan.scoring.Searcher` that lists
+them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
+import numpy as np
+
 from .. import limits
+from .cut_price import OPT_MARGIN
 from .families import chunk_options
+from .network import p2p
 from .plans import Config
+
+
+def chains_of(name: str) -> int:
+    """Independent stage chains of a family's schedules (``Schedule.chains``): DualPipe runs
+    two model copies, every other family one (tests/test_plan_scale_bounds.py checks it
+    against every registered family)."""
+    return 2 if name == "dualpipe" else 1
 
 
 class Configs:
@@ -38,7 +63,7 @@ class Configs:
                 if not limits.plan_microbatches_ok(m):  # bounded work per configuration
                     continue
                 for rec in req.recompute:
-                    work = float(self.p.at(size, rec).work.sum())
+                    bounds = {}  # by chains (configs.chains_of)
                     for name in self.names:
                         if pp == 1 and name not in req.pp1_schedules(self.names):
                             continue  # one rank: every schedule is the same plan
@@ -51,8 +76,40 @@ class Configs:
                                 continue
                             if pp == 1 and v > 1:
                                 continue
-                            yield Config(pp, dp, size, m, name, v, rec, m * work / pp,
+                            ch = chains_of(name)
+                            if ch not in bounds:
+                                bounds[ch] = self.config_bound(pp, dp, size, m, rec, ch)
+                            yield Config(pp, dp, size, m, name, v, rec, bounds[ch],
                                          pt.tp, pt.sp, pt.cp, pt.sharding)
+
+    def config_bound(self, pp: int, dp: int, size: int, m: int, rec: str, chains: int
+                     ) -> float:
+        """No cut and no order of such a configuration takes less (module doc)."""
+        key = (pp, dp, size, m, rec, chains)
+        memo = self.__dict__.setdefault("_config_bounds", {})
+        got = memo.get(key)
+        if got is None:
+            lc = self.p.at(size, rec)
+            sums = self.__dict__.setdefault("_layer_sums", {})
+            if (size, rec) not in sums:
+                sums[(size, rec)] = (float(lc.work.sum()), float(lc.f.sum() + lc.i.sum()),
+                                     np.concatenate(([0.0], np.cumsum(lc.f))),
+                                     float(lc.params.sum()),
+                                     float(lc.out[:-1].min()) if len(lc.out) > 1 else 0.0)
+            work, path, pref_f, params, out = sums[(size, rec)]
+            hop = p2p(out, self.axes.hop(dp)) if pp > 1 and chains == 1 else 0.0
+            places = np.arange(pp) // chains
+            head = float((pref_f[np.minimum(places, len(pref_f) - 1)] + places * hop).sum())
+            opt = self.axes.optimizer_time(dp, params / pp) * OPT_MARGIN
+            one = path + 2 * (pp - 1) * hop
+            got = memo[key] = max(m * work / pp + head / pp + opt, one)
+        return got
+
+    def estimate(self, c: Config) -> float:
+        """A rough step of ``c`` that only orders the visit: the mean rank's work with a
+        1F1B-like fill and drain, ``m x (F + I + W) / pp x (1 + (pp - 1) / (m v))``."""
+        work = self._layer_sums[(c.microbatch_size, c.recompute)][0]
+        return c.microbatches * work / c.pp * (1 + (c.pp - 1) / (c.microbatches * c.chunks))
 
     def nothing_divides(self) -> str:
         """The error when no configuration exists: the limit that rules every split out

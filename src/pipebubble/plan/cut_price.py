@@ -11,11 +11,12 @@ they are computed once per cut and shared by every sharding and microbatch count
 the largest recomputation transient) and a **lower bound** on the step that holds for
 every order of the schedule: rank r starts no sooner than ``head_r``, the forwards of
 microbatch 0 through the stages before its first one (and the hops between ranks); then
-works ``busy_r`` and exposes its data-parallel traffic. Its last backward of an input
-gradient (I or B) comes no sooner than ``head_r + busy_r - W_r`` (every W may follow it),
-and the gradient still has to reach its chain's first stage: ``tail_r``, the I (or B) of
-every stage before r's stage, and the hops. The search skips a cut whose bound cannot
-beat the K-th best plan.
+works ``busy_r``, exposes its data-parallel traffic and runs its optimizer step. Its last
+backward of an input gradient (I or B) comes no sooner than ``head_r + busy_r - W_r``
+(every W may follow it), and the gradient still has to reach its chain's first stage:
+``tail_r``, the I (or B) of every stage before r's stage, and the hops; that stage's rank
+then still exposes its traffic and steps (at least the least of any rank). The search
+skips a cut whose bound cannot beat the K-th best plan.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from .network import p2p
 from .partition import Ranges
 from .plans import Config, Priced
 
+OPT_MARGIN = 1 - 1e-12  # the optimizer term, linear here, rounds apart from the scored one
+
 
 class Pricing:
     """Pricing cuts (a part of :class:`~pipebubble.plan.scoring.Searcher`)."""
@@ -45,10 +48,11 @@ class Pricing:
             got = self._prefixes[id(lc)] = (lc, sums)
         return got[1]
 
-    def _cut_sums(self, lc: LayerCosts, S: int, ranges: Ranges) -> tuple:
+    def _cut_sums(self, lc: LayerCosts, S: int, ranges: Ranges, rkey: tuple | None = None
+                  ) -> tuple:
         """Per stage (all ``S``; stage s holds ``ranges[s mod len(ranges)]``): parameters,
         F, I, W, M_B, M_W, transient; and the largest boundary activation (bytes sent)."""
-        key = (id(lc), S, tuple(ranges))
+        key = (id(lc), S, tuple(ranges) if rkey is None else rkey)
         got = self._sums.get(key)
         if got is not None and got[0] is lc:
             return got[1]
@@ -79,17 +83,20 @@ class Pricing:
         return got
 
     def stage_costs(self, c: Config, sched: Schedule, lc: LayerCosts, ranges: Ranges,
-                    split: bool | None = None) -> tuple[CostModel, np.ndarray, np.ndarray]:
+                    split: bool | None = None, rkey: tuple | None = None
+                    ) -> tuple[CostModel, np.ndarray, np.ndarray]:
         """The per-stage CostModel for a cut, the stages' parameters and transients; with a
         split backward (``split``, None: ask the schedule) an I also carries what B hides
-        behind its W (``LayerCosts.hidden``, as ``CostModel.i_extra``)."""
+        behind its W (``LayerCosts.hidden``, as ``CostModel.i_extra``). ``rkey``:
+        ``tuple(ranges)``, when the caller has it."""
         S = sched.num_stages
         split = lc.hidden is not None and (self.split(sched) if split is None else split)
-        key = (id(lc), S, tuple(ranges), c.dp, c.pp, split)  # the placement does not matter
+        rkey = tuple(ranges) if rkey is None else rkey
+        key = (id(lc), S, rkey, c.dp, c.pp, split)  # the placement does not matter
         got = self._stage_costs.get(key)
         if got is not None and got[0] is lc:
             return got[1]
-        params, f, b, w, act, act_w, transient, sent = self._cut_sums(lc, S, ranges)
+        params, f, b, w, act, act_w, transient, sent = self._cut_sums(lc, S, ranges, rkey)
         comm = p2p(sent, self.axes.hop(c.dp)) if S > 1 else 0.0
         ar = [sum(self._sync_time(c, p)) for p in params]
         if split:
@@ -106,11 +113,12 @@ class Pricing:
     def _price(self, c, sched, lc, ranges, split: bool | None = None) -> Priced:
         """A cut's costs, each rank's static memory and the lower bound of the module doc.
         ``split``: whether W is split from the backward (None: ask the schedule)."""
+        rkey = tuple(ranges)
         if split is None:
             split = self.split(sched)
-        costs, params, transient = self.stage_costs(c, sched, lc, ranges, split)
+        costs, params, transient = self.stage_costs(c, sched, lc, ranges, split, rkey)
         head, tail, busy, late, rank_params, trans, fwd, bwd = self._rank_sums(
-            sched, lc, ranges, costs, split)
+            sched, lc, ranges, costs, split, rkey)
         where = np.asarray(sched.stage_to_rank)
         ends = [(where[s], where[s + len(ranges) - 1]) for s in range(0, len(where),
                                                                        len(ranges))]
@@ -130,8 +138,11 @@ class Pricing:
         for a, b in ends if copies else ():
             t = self.axes.tied_allreduce(c.dp, c.pp, lc.tied) if a != b else 0.0
             ar = [x + t * ((r == a) + (r == b)) for r, x in enumerate(ar)]
-        bound = max(max(h + b + a, h + b - w + t) for h, b, a, w, t in
-                    zip(head, busy, ar, late, tail, strict=True))
+        k = self._optimizer_rate(c)
+        done = [a + k * P for a, P in zip(ar, rank_params, strict=True)]
+        first = min(done)  # the rank the gradient reaches last still exposes and steps
+        bound = max(max(h + b + d, h + b - w + t + first) for h, b, d, w, t in
+                    zip(head, busy, done, late, tail, strict=True))
         bpp = self.axes.bytes_per_param(c.dp)
         # bincount adds in stage order, as ``static[r] += bpp x params[s]`` would
         static = np.bincount(where, weights=bpp * params, minlength=c.pp).tolist()
@@ -140,18 +151,29 @@ class Pricing:
         return Priced(ranges, costs, bound, [x + t for x, t in zip(static, trans, strict=True)],
                       ar, rank_params)
 
+    def _optimizer_rate(self, c: Config) -> float:
+        """Seconds of optimizer step per local parameter at ``c``'s dp (the step is linear in
+        the parameters, :mod:`~pipebubble.plan.optimizer`), a hair low for rounding."""
+        key = ("optimizer", c.dp)
+        got = self._exposures.get(key)
+        if got is None:
+            got = self._exposures[key] = self.axes.optimizer_time(c.dp, 1.0) * OPT_MARGIN
+        return got
+
     def _rank_sums(self, sched: Schedule, lc: LayerCosts, ranges: Ranges, costs: CostModel,
-                   split: bool) -> tuple:
+                   split: bool, rkey: tuple | None = None) -> tuple:
         """Per rank: ``head``, ``tail``, ``busy``, ``late`` of the bound (module doc), its
         parameters, largest transient, and one microbatch's forward and backward. They do
         not depend on the sharding: computed once per (schedule, cut, hop time)."""
-        key = (id(sched), id(lc), tuple(ranges), costs.comm, split)
+        rkey = tuple(ranges) if rkey is None else rkey
+        key = (id(sched), id(lc), rkey, costs.comm, split)
         got = self._ranks.get(key)
         if got is not None and got[0] is sched and got[1] is lc:
             return got[2]
         p, M = sched.num_ranks, sched.num_microbatches
         where = sched.stage_to_rank
-        params, _, _, _, _, _, transient, _ = self._cut_sums(lc, sched.num_stages, ranges)
+        params, _, _, _, _, _, transient, _ = self._cut_sums(lc, sched.num_stages, ranges,
+                                                             rkey)
         busy, trans, rank_params = [0.0] * p, [0.0] * p, [0.0] * p
         fwd, bwd = [0.0] * p, [0.0] * p
         late = [0.0] * p  # work that may follow the rank's last input-gradient action

@@ -12,8 +12,9 @@ rule, not a bound): the sharding never changes the cut, and the cut does not dep
 (b) When no (a) cut fits: the same min-max cut with a memory cap per stage, ``budget /
 stages per rank``, where a layer's memory in stage s is its model states and recomputation
 transient plus ``held_s x`` its activation bytes (``held_s``: the most microbatches stage s
-holds at once). Each rank's peak is then at most the sum of its stages' caps: (b) fits by
-construction.
+holds at once); the last layer also carries a tied embedding's copy where the last stage is
+not on the first stage's rank (as :mod:`~pipebubble.plan.cut_price` counts it). Each
+rank's peak is then at most the sum of its stages' caps: (b) fits by construction.
 
 Most configurations of a large model have no (b) cut at all (the activations of the
 microbatches in flight do not fit). :meth:`Cuts.capped_possible` proves that cheaply first:
@@ -25,11 +26,13 @@ the cap: when those counts sum to fewer than the layers, no capped cut exists.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..ir.schedule import Schedule
 from .layercosts import LayerCosts
-from .partition import Ranges, balance_ranks, capped_partition, min_max_partition
+from .partition import Ranges, balance_ranks, capped_partition, capped_within, min_max_partition
 from .plans import Config
 
 
@@ -45,11 +48,11 @@ class Cuts:
         """Cuts (a): the min-max cut of :meth:`cut_costs` and, when ranks hold several stages
         (``where``: stage -> rank), its refinement by :func:`balance_ranks` if different.
         Cached per (microbatch size, recompute, stages, placement): the cut of costs that
-        only scale with m is the same cut."""
+        only scale with m is the same cut, so it is cut at m = 1 (whatever m asks first)."""
         key = (c.microbatch_size, c.recompute, stages, where)
         got = self._cuts.get(key)
         if got is None:
-            costs = self.cut_costs(lc, c, microbatches)
+            costs = self.cut_costs(lc, c, 1)
             got = [min_max_partition(costs, stages)]
             if len(where) > len(set(where)):
                 other = balance_ranks(costs, got[0], where)
@@ -63,9 +66,16 @@ class Cuts:
         """Per stage of one copy, each layer's memory bound in that stage (the worst of the
         copies): ``static + held_s x act`` (module doc), stages x layers."""
         S_c = sched.num_stages // sched.chains
-        static = self.axes.bytes_per_param(c.dp) * lc.params + lc.transient
+        bpp = self.axes.bytes_per_param(c.dp)
+        static = bpp * lc.params + lc.transient
         h = np.asarray(held, dtype=np.float64)
         rows = static[None, :] + h[:, None] * lc.act[None, :]
+        where = sched.stage_to_rank
+        # A tied embedding's copy sits with the head (the last layer, always in the chain's
+        # last stage) when that stage is not on the rank of the chain's first stage.
+        for k in range(sched.chains) if lc.tied else ():
+            if where[k * S_c] != where[(k + 1) * S_c - 1]:
+                rows[(k + 1) * S_c - 1, -1] += bpp * lc.tied
         out = rows[:S_c]
         for k in range(1, sched.chains):
             out = np.maximum(out, rows[k * S_c:(k + 1) * S_c])
@@ -96,11 +106,18 @@ class Cuts:
         room = (np.cumsum(np.sort(inside, axis=1), axis=1) <= cap).sum(axis=1)
         return float(room.sum()) >= self.L
 
-    def _capped_cut(self, lc, c, sched, held, budget) -> Ranges | None:
-        """Cut (b), or None when none exists."""
+    def _capped_cut(self, lc, c, sched, held, budget, below: float = math.inf
+                    ) -> Ranges | None:
+        """Cut (b), or None when none exists, or (``below`` finite) when none can be faster
+        than ``below``: a stage's cost (:meth:`cut_costs`) is part of its rank's work, so a
+        cut whose every capped alternative has a stage above ``below`` cannot beat it
+        (:func:`~pipebubble.plan.partition.capped_within`, one sweep)."""
         if not self.capped_possible(lc, c, sched, held, budget):
             return None
         S_c = sched.num_stages // sched.chains
         per_rank = sched.num_stages // c.pp
-        return capped_partition(self.cut_costs(lc, c, sched.num_microbatches), S_c,
-                                self._memory_rows(lc, c, sched, held), budget / per_rank)
+        costs = self.cut_costs(lc, c, sched.num_microbatches)
+        rows = self._memory_rows(lc, c, sched, held)
+        if below < math.inf and not capped_within(costs, S_c, rows, budget / per_rank, below):
+            return None
+        return capped_partition(costs, S_c, rows, budget / per_rank)

@@ -39,6 +39,18 @@ def schedule_list(names: tuple[str, ...] | None) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+V_FAMILIES = ("zbv", "dualpipev", "v-half", "v-min")  # rank r: stages r and 2p - 1 - r
+LOOP_FAMILIES = ("gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zb-h1", "zb-h2")
+
+
+def placement_of(name: str) -> str | None:
+    """The placement of a family's schedules (``Schedule.placement``: ``loop`` puts stage s
+    on rank s mod p, ``v`` rank r on stages r and 2p - 1 - r), known before generating one;
+    None for DualPipe (two chains) and any family not listed. tests/test_plan_scale_bounds.py
+    checks it against every registered family's generated schedules."""
+    return "v" if name in V_FAMILIES else "loop" if name in LOOP_FAMILIES else None
+
+
 def held_per_stage(schedule: Schedule, until: tuple[str, ...] = ("B", "W")) -> list[int]:
     """Most microbatches each stage holds activations for at once: from its F to the B, or
     to the W of a split backward (I frees only part): a bound on what the stage keeps. With

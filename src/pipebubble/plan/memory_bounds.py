@@ -65,8 +65,14 @@ class MemoryBounds:
         held_s x M_B(s)) / pp``, where ``held_s`` counts microbatches from F to their first
         backward (all of M_B is held then, and the rank holds at least that stage's share at
         its peak), bounded below by ``min_s held_s x`` (activation bytes of the model)."""
-        lc = self.p.at(c.microbatch_size, c.recompute)
-        held = min(self.held(sched, ("B", "I")))
-        per_rank = sched.num_stages // c.pp
-        weights = sched.chains * self.axes.bytes_per_param(c.dp) * float(lc.params.sum())
-        return (weights + held * sched.chains * float(lc.act.sum()) / per_rank) / c.pp
+        key = (id(sched), c.microbatch_size, c.recompute, c.dp)  # once per searcher
+        memo = self.__dict__.setdefault("_memory_bounds", {})
+        got = memo.get(key)
+        if got is None or got[0] is not sched:
+            lc = self.p.at(c.microbatch_size, c.recompute)
+            held = min(self.held(sched, ("B", "I")))
+            per_rank = sched.num_stages // c.pp
+            weights = sched.chains * self.axes.bytes_per_param(c.dp) * float(lc.params.sum())
+            got = memo[key] = (sched, (weights + held * sched.chains * float(lc.act.sum())
+                                       / per_rank) / c.pp)
+        return got[1]

@@ -250,6 +250,34 @@ def capped_partition(costs: Sequence[float], stages: int, memory: Sequence[Seque
                     memory_cap, "balanced", 0.0)
 
 
+def capped_within(costs: Sequence[float], stages: int, memory: Sequence[Sequence[float]],
+                  memory_cap: float | Sequence[float], bottleneck: float) -> bool:
+    """False only when no cut under the memory caps keeps every stage's cost within
+    ``bottleneck`` (one feasibility sweep, not the whole search; True may err by rounding,
+    False never does).
+
+    >>> capped_within([1, 1, 1, 1], 2, [[1, 1, 1, 1]], 3, 2.0)
+    True
+    >>> capped_within([1, 1, 1, 1], 2, [[3, 1, 1, 1]], 3, 2.0)  # stage 0 takes 1 layer
+    False
+    """
+    arr = _check_costs(costs, 0.0, 0.0)
+    L = len(arr)
+    check_counts(L, stages)
+    q, qe = _integers(arr, [0.0] * stages)
+    top = float(arr.max())
+    if top <= 0 or not math.isfinite(bottleneck):
+        return True
+    if np.array_equal(q, arr):  # integral costs, taken as they are
+        B = math.floor(bottleneck)
+    else:  # scaled: q = rint(arr x units); a stage's integer sum exceeds its cost x units
+        units = float(q.max()) / top  # by at most half a unit per layer: L units cover it
+        B = math.floor(bottleneck * units * (1 + 1e-9)) + L + 1
+    if B >= int(q.sum()):
+        return True
+    return _Sweep(q, qe, _memory_reach(memory, memory_cap, stages, L)).run(B)[0]
+
+
 _KEPT: dict = {}  # _min_max's answers by their input (a planner asks the same cut often)
 
 

@@ -42,12 +42,16 @@ is not a proof of the best cut: ``bench/bench_plan.py --cut-gap`` measures how f
    is within ``gpu_memory``.
 
 Closed forms only prune, and only with true lower bounds: no configuration can take less
-than ``m x (F + I + W of the whole model) / pp``, nor less
-than any rank's work after the cut plus the fill before it and the drain after it
-(:mod:`pipebubble.plan.cut_price`). A cut that cannot win on time is ruled out on
-memory from its order alone (:mod:`pipebubble.plan.memory_bounds`), never simulated.
+than its mean rank (``m x (F + I + W of the whole model) / pp``, the fill before each rank's
+first stage and the optimizer step of ``1 / pp`` of the parameters) or one microbatch's way
+through every layer and back (:mod:`pipebubble.plan.configs`), nor less than the min-max
+cut's slowest stage (every cut has a stage at least that slow), nor less than any rank's
+work after the cut plus the fill before it and the drain after it, its exposed traffic and
+its optimizer step (:mod:`pipebubble.plan.cut_price`; on the family's placement alone, before
+its schedule is generated, when every cut is scored). A cut that cannot win on time is ruled
+out on memory from its order alone (:mod:`pipebubble.plan.memory_bounds`), never simulated.
 Configurations whose bound passes the K-th best step found so far are skipped; a rough
-estimate of their step (the bound and a 1F1B-like bubble) only orders the visit.
+estimate of their step (the mean work and a 1F1B-like bubble) only orders the visit.
 
 Four equal layers (F = 1 s, B = 2 s per microbatch, no weights) on 2 GPUs, global batch 4:
 pp = 1, dp = 2 runs m = 2 microbatches in 2 x 4 x 3 = 24 s; pp = 2 (1F1B, two layers per

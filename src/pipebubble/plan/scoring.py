@@ -16,33 +16,42 @@ The plan of a configuration is its fastest fitting cut among: every cut when the
 most ``exhaustive_cuts``; else the (a) cuts that fit, or (b) when none does. Only true
 bounds skip work: a cut whose price bound cannot beat ``threshold`` is never simulated, and
 is looked at only to learn whether it fits (its memory, from the order alone), since a
-fitting (a) cut, however slow, makes (b) not the plan. Whatever is skipped, the answer is
-the one simulating everything gives (``Request(prune=False)``; tests/test_plan.py).
+fitting (a) cut, however slow, makes (b) not the plan. Before any of that
+(:meth:`Searcher._surely_slow`): no cut beats the min-max cut's slowest stage, and when
+every cut is scored and there are few, their bounds on the family's placement alone rule
+the configuration out before its schedule is generated; cut (b) is ruled out by one
+feasibility sweep when every capped cut has a stage slower than ``threshold``. Whatever is
+skipped, the answer is the one simulating everything gives (``Request(prune=False)``;
+tests/test_plan.py).
 """
 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import replace
 from itertools import combinations
 
 from ..costs import fits_limit
 from ..errors import UserError
-from ..ir.schedule import Schedule, ScheduleError
+from ..ir.schedule import Schedule, ScheduleError, make_schedule
 from ..schedules import get_schedule
 from .auto_plans import AutoPlans
 from .axes import Axes, Point
 from .configs import Configs
 from .cut_price import Pricing
 from .cuts import Cuts
-from .families import schedule_list
+from .families import placement_of, schedule_list
 from .layercosts import ProfileSet
 from .least_memory import LeastMemory
 from .memory_bounds import MemoryBounds
 from .network import Network
-from .partition import ranges_from_ends
+from .partition import min_max_partition, ranges_from_ends
 from .pipeline_axis import run_pipeline
 from .plans import AUTO, Config, Plan, Priced, Request
+
+SHAPE_CUTS = 16  # the most cuts priced to rule a configuration out before generating it
+COSTLY = 0.05  # seconds: a schedule slower to generate is visited late (Searcher.costly)
 
 
 class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
@@ -82,6 +91,10 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
         # The pipeline's timeline depends on the schedule and the stage costs only: points
         # that differ in sharding alone (same layers, same cut) share their simulations.
         self._runs: dict[tuple, tuple[Schedule, object]] = shared.setdefault("runs", {})
+        # Orders-free schedules of a placement (pp, m, stages): bounds before generating.
+        self._shapes: dict[tuple, Schedule] = shared.setdefault("shapes", {})
+        # per family: (p m v, seconds / (p m v)) of its largest schedule generated
+        self._rates: dict[str, tuple] = shared.setdefault("rates", {})
         # Cuts (a) depend on the layer costs only: shared by the shardings of one (tp, sp, cp).
         self._cuts: dict[tuple, list] = shared.setdefault("cuts", {}).setdefault(
             id(profiles), {})
@@ -95,12 +108,26 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
         """The family's schedule of ``c`` (generated once per search), None if it has none."""
         key = (c.schedule, c.pp, c.microbatches, c.chunks)
         if key not in self._schedules:
+            t0 = time.perf_counter()
             try:
                 self._schedules[key] = get_schedule(c.schedule, c.pp, c.microbatches, c.chunks)
             except ScheduleError as exc:
                 self._schedules[key] = None
                 self.why_not.setdefault(f"{c.schedule} pp={c.pp}", str(exc))
+            units = c.pp * c.microbatches * c.chunks
+            if units >= self._rates.get(c.schedule, (0, 0.0))[0]:  # the largest tells best
+                self._rates[c.schedule] = (units, (time.perf_counter() - t0) / units)
         return self._schedules[key]
+
+    def costly(self, c: Config) -> bool:
+        """Whether generating ``c``'s schedule would likely take over :data:`COSTLY` seconds
+        (at the rate per microbatch-stage of its family's largest schedule generated in this
+        search): the search then visits ``c`` late, when its threshold is tighter. Only an
+        order."""
+        if c.schedule == AUTO or (c.schedule, c.pp, c.microbatches, c.chunks) in self._schedules:
+            return False
+        rate = self._rates.get(c.schedule, (0, 0.0))[1]
+        return rate * c.pp * c.microbatches * c.chunks > COSTLY
 
     # -- the plan of one configuration --
     def evaluate(self, c: Config, threshold: float, budget: float,
@@ -113,6 +140,8 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
                 least = self.least_auto_budget(c)
                 return None if least is None else self.auto_plan_at(c, least)
             return self._evaluate_auto(c, lc, threshold, budget)
+        if threshold < math.inf and self._surely_slow(c, lc, threshold):
+            return None  # no cut can beat threshold (its schedule not generated for it)
         sched = self.schedule(c)
         if sched is None:
             return None
@@ -149,9 +178,48 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
             return None
         return self._capped_plan(c, sched, lc, threshold, budget)
 
+    def _surely_slow(self, c: Config, lc, threshold: float) -> bool:
+        """Whether no cut of ``c`` can beat ``threshold``, known without its schedule (for a
+        family of known placement, :func:`~pipebubble.plan.families.placement_of`):
+
+        - every cut has a stage that costs at least the min-max cut's slowest (the
+          partition is exact), and a rank works at least its stage: at least ``threshold``;
+        - or, when every cut is scored and there are few and the schedule is not generated
+          yet, each cut's bound on the placement alone (W taken as split: a bound for
+          either) is at least ``threshold``."""
+        placement = placement_of(c.schedule)
+        S_c = c.pp * c.chunks
+        if placement is None or S_c > self.L:
+            return False
+        key = ("slowest stage", c.microbatch_size, c.recompute, S_c)
+        slowest = self._cuts.get(key)
+        if slowest is None:
+            work = self.cut_costs(lc, c, 1)  # the very cut (a) starts from
+            slowest = self._cuts[key] = max(float(work[a:b + 1].sum()) for a, b in
+                                            min_max_partition(work, S_c))
+        if c.microbatches * slowest * (1 - 1e-9) >= threshold:
+            return True
+        if ((c.schedule, c.pp, c.microbatches, c.chunks) in self._schedules
+                or math.comb(self.L - 1, S_c - 1) > min(self.req.exhaustive_cuts, SHAPE_CUTS)):
+            return False
+        shape = self._shape(c, placement)
+        return all(self._price(c, shape, lc, ranges_from_ends([*ends, self.L]),
+                               split=True).bound >= threshold
+                   for ends in combinations(range(1, self.L), S_c - 1))
+
+    def _shape(self, c: Config, placement: str) -> Schedule:
+        """A schedule with ``c``'s ranks, stages, microbatches and ``placement`` and no
+        orders: what a cut's price needs of it (once per search)."""
+        key = (c.pp, c.microbatches, c.pp * c.chunks, placement)
+        shape = self._shapes.get(key)
+        if shape is None:
+            shape = self._shapes[key] = make_schedule("shape", [()] * c.pp, c.pp * c.chunks,
+                                                      c.microbatches, placement=placement)
+        return shape
+
     def _capped_plan(self, c, sched, lc, threshold, budget) -> Plan | None:
         """Cut (b)'s plan, if (b) exists, fits and beats ``threshold``."""
-        cut_b = self._capped_cut(lc, c, sched, self.held(sched), budget)
+        cut_b = self._capped_cut(lc, c, sched, self.held(sched), budget, threshold)
         if cut_b is None:
             return None
         plan = self._score(c, sched, lc, cut_b, threshold, budget)

@@ -8,17 +8,21 @@ chunks, recompute). The loop:
    sequence; every sharding) build the layers' costs at that point and a
    :class:`~pipebubble.plan.scoring.Searcher`, which lists the point's pipeline
    configurations with a true lower bound on each one's step;
-2. visit all configurations of all points in order of a rough estimate (the bound with a
-   1F1B-like fill and drain), skipping any whose bound cannot beat the K-th best step found;
-   ``auto`` (an order search, seconds each) comes last, in order of its cut's bound, so it
-   runs only where it can still beat the K-th best plan of every family;
+2. visit all configurations of all points in order of a rough estimate (the mean work with
+   a 1F1B-like fill and drain), skipping any whose bound cannot beat the K-th best step
+   found; ``auto`` (an order search, seconds each) comes after the families, in order of its
+   cut's bound, so it runs only where it can still beat the K-th best plan of every family;
+   families whose schedule would take long to generate (:meth:`Searcher.costly`, learnt from
+   the family's largest schedule so far) wait until after ``auto``, for its tighter
+   threshold (only the order changes, never what is found);
 3. score the others by simulation (:meth:`Searcher.evaluate`: cut, price, simulate) and keep
    the K fastest that fit.
 
 Only true bounds prune, so the K plans are the K fastest of everything searched (the cut
 rules of :mod:`pipebubble.plan.planner` aside). Ties go to the plan that needs less memory,
 then to one a framework can run (DualPipe's two model copies run nowhere), then fewer GPUs
-in model parallelism.
+in model parallelism: a plan that ties the K-th step is still scored, so the order of the
+visit never decides a tie.
 """
 
 from __future__ import annotations
@@ -49,32 +53,46 @@ def search_points(points: list[tuple[Point, object, Axes]], req: Request) -> Res
             if c.schedule == AUTO:
                 autos.append((c, s))
             else:
-                work.append((c.bound * (1 + (c.pp - 1) / (c.microbatches * c.chunks)), c, s))
+                work.append((s.estimate(c), c, s))
     if not work and not autos:
         raise UserError(searchers[0].nothing_divides() if searchers else
                         "no point of --tp, --cp and --sharding applies to these GPUs")
     work.sort(key=lambda x: x[0])
     best: list[Plan] = []
 
-    def visit(c: Config, s: Searcher) -> None:
-        full = req.prune and len(best) >= req.top
-        if full and c.bound >= best[-1].step_time:
+    late: list[tuple[float, Config, Searcher]] = []  # costly: visited after the rest
+
+    def threshold() -> float:
+        """What a plan must beat: nothing until K plans are known, then the K-th step, a
+        tie included (it may still sort before the K-th: ties go by plan_order, whatever
+        the order of the visit)."""
+        if not req.prune or len(best) < req.top:
+            return math.inf
+        return math.nextafter(best[-1].step_time, math.inf)
+
+    def visit(c: Config, s: Searcher, may_defer: bool = False) -> None:
+        limit = threshold()
+        if c.bound >= limit:
             return  # no cut of c can enter the top K
-        plan = s.evaluate(c, best[-1].step_time if full else math.inf, req.gpu_memory)
+        if may_defer and limit < math.inf and s.costly(c):
+            late.append((0.0, c, s))
+            return
+        plan = s.evaluate(c, limit, req.gpu_memory)
         if plan is not None:
             best.append(plan)
             best.sort(key=plan_order)
             del best[req.top:]
 
     for _, c, s in work:
-        visit(c, s)
-    # auto searches orders (seconds each): last, by the bound of its cut, against the
-    # threshold every family has set.
+        visit(c, s, may_defer=True)
+    # auto searches orders (seconds each): after the families, by the bound of its cut,
+    # against the threshold they have set; then the costly schedules, in the order of the
+    # estimate, against the threshold auto has tightened.
     order = autos
-    if req.prune and len(best) >= req.top:
-        order = sorted(((c, s) for c, s in autos if c.bound < best[-1].step_time),
+    if threshold() < math.inf:
+        order = sorted(((c, s) for c, s in autos if c.bound < threshold()),
                        key=lambda cs: cs[1].auto_bound(cs[0]))
-    for c, s in order:
+    for c, s in order + [(c, s) for _, c, s in late]:
         visit(c, s)
     work += [(0.0, c, s) for c, s in autos]
     if not best:
