@@ -210,7 +210,7 @@ def tails_are_fresh(core: Compiled) -> None:
     bit, on every step."""
     if core._tails is None:
         return
-    core._tails.refresh()
+    core._tails.update()
     fresh = Tails(core._producer, core._lag, core._duration, core._initial, core.first,
                   core.last)
     for r in range(len(core.orders)):

@@ -264,7 +264,9 @@ class Compiled:
                         self._rank_at, self.last)
         self._lazy = True  # whether to refresh stale tails (False after a read settled)
         self._backoff, self._waited = self.BACKOFF, 0
-        self.counts = {"lazy": 0, "cancelled": 0, "settled": 0, "re-timed": 0}
+        self.counts = {"lazy": 0, "cancelled": 0, "settled": 0, "re-timed": 0,
+                       "suffix runs": 0, "ends evaluated": 0, "tails evaluated": 0,
+                       "tails re-runs": 0}
         self._full_run()
 
     # ---- the answers -------------------------------------------------------------
@@ -344,6 +346,41 @@ class Compiled:
                 real = [x for x in ids if self._real[x]]  # not a pair's wait step
                 self._peaks[r] = _peak(self._d0[real], self._d1[real])
         return list(self._peaks)
+
+    def critical(self, within: float = 0.0) -> list[tuple[int, int]]:
+        """The (rank, index) of every step on a longest path, or within ``within`` of one
+        (its end + tail at least the step time - ``within`` - the rounding allowance of
+        :func:`~pipebubble.sim.critical.tolerance`), rank after rank; re-times a pending
+        move first and brings the tails up to date (builds them the first time). Empty
+        when the orders deadlock.
+
+        >>> from pipebubble.schedules import get_schedule
+        >>> c = Compiled(get_schedule("1f1b", ranks=2, microbatches=2), CostModel())
+        >>> c.critical()  # rank 0: F F B B end at 1, 2, 6, 9; the second B starts at 7
+        [(0, 0), (0, 3), (1, 0), (1, 1), (1, 2), (1, 3)]
+        """
+        import numpy as np
+
+        if self._pending is not None:
+            self._settle(read=False)
+        if self._stuck:
+            return []
+        if self._num_pairs or any(len(c) > 1 for c in self._consumers):
+            raise ScheduleError("critical(): not for programs with Overlap pairs")
+        if self._tails is None:
+            self._tails = Tails(self._producer, self._lag, self._duration, self._initial,
+                                self.first, self.last)
+        elif self._tails.dirty:
+            self._update_tails()
+        step = self._time()
+        floor = step - within - tolerance(len(self._end), step)
+        out = []
+        end = np.asarray(self._end)
+        for r in range(len(self.orders)):
+            q = np.arange(self.first[r], self.last[r] + 1)
+            hit = np.flatnonzero(end[q] + self._tails.tails(q) >= floor)
+            out += [(r, int(k)) for k in hit]
+        return out
 
     def fits(self, limits: float | Sequence[float] | None) -> bool:
         """Every rank's peak within its limit (one value for all, or one per rank; None:
@@ -461,7 +498,7 @@ class Compiled:
         """Whether the tails are up to date, bringing them up to date (the marked ones,
         or all the first time) if that is likely to pay."""
         t = self._tails
-        if t is not None and not any(t.stale):
+        if t is not None and not t.dirty:
             return True
         if not self._lazy:
             self._waited += 1
@@ -472,8 +509,16 @@ class Compiled:
             self._tails = Tails(self._producer, self._lag, self._duration, self._initial,
                                 self.first, self.last)
         else:
-            t.refresh()
+            self._update_tails()
         return True
+
+    def _update_tails(self) -> None:
+        """:meth:`Tails.update`, counted."""
+        t = self._tails
+        before = t.evaluated
+        if not t.update():
+            self.counts["tails re-runs"] += 1
+        self.counts["tails evaluated"] += t.evaluated - before
 
     def _apply(self, edits: Mapping[int, tuple[int, int, list[int], list[int]]],
                deadlock: bool | None = None) -> float:
@@ -496,6 +541,7 @@ class Compiled:
             self._stuck = True
         elif not self._propagate(segments):
             self._suffix_run(segments)  # it reached far: the kernel's loop from there on
+            self.counts["suffix runs"] += 1
         if self._tails is not None:
             if self._stuck:
                 self._tails = None
@@ -530,7 +576,7 @@ class Compiled:
                 producer[pos_of[c]] = q
         if self._tails is not None:
             self._tails.place(p0, p1, self._node_at, pos_of, need, self._lag_of,
-                              self._dur_of, self._consumers, self._rank_at)
+                              self._dur_of, self._consumers, self._rank_at, was)
         return p0, p1
 
     def _cycle(self, segments: list[tuple[int, int]]) -> bool:
@@ -600,7 +646,7 @@ class Compiled:
                 queued[q] = 1
         heapq.heapify(heap)
         pop, push = heapq.heappop, heapq.heappush
-        budget = int(len(end) * self.FAR) + self.FLOOR
+        budget = first = int(len(end) * self.FAR) + self.FLOOR
         undo = []  # (step, old start, old end): put back if the change reaches too far
         while heap:
             _, q = pop(heap)
@@ -611,6 +657,7 @@ class Compiled:
                     queued[q] = 0
                 for q, t, e in reversed(undo):
                     start[q], end[q] = t, e
+                self.counts["ends evaluated"] += first
                 return False
             undo.append((q, start[q], end[q]))
             t = end[q - 1]
@@ -629,6 +676,7 @@ class Compiled:
                     if not queued[pc]:
                         queued[pc] = 1
                         push(heap, (start[pc], pc))
+        self.counts["ends evaluated"] += first - budget
         return True
 
     def _suffix_run(self, segments: list[tuple[int, int]]) -> None:
