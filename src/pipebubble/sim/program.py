@@ -257,6 +257,8 @@ class Compiled:
         # Lazy answers (module docstring): a move answered from the tails, not yet re-timed.
         self._pending: tuple | None = None  # (rank, lo, hi, old order, answer, old peak)
         self._tails: Tails | None = None  # of the program as re-timed (None: not built)
+        self._stuck_by: dict[int, list[int]] | None = None  # a deadlock found without a
+        # re-time: the orders before it (taken back to them, the ends it left hold again)
         tails_from = self.TAILS_FROM if tails_from is None else tails_from
         self._window = None if (prog.num_pairs or size < tails_from
                                 or any(len(c) > 1 for c in self._consumers)) \
@@ -266,7 +268,7 @@ class Compiled:
         self._backoff, self._waited = self.BACKOFF, 0
         self.counts = {"lazy": 0, "cancelled": 0, "settled": 0, "re-timed": 0,
                        "suffix runs": 0, "ends evaluated": 0, "tails evaluated": 0,
-                       "tails re-runs": 0}
+                       "tails re-runs": 0, "restored": 0}
         self._full_run()
 
     # ---- the answers -------------------------------------------------------------
@@ -525,26 +527,40 @@ class Compiled:
         """Re-time after these edits (rank -> first and last changed index, the order the
         program holds, the new one); ``deadlock``: whether they close a cycle, if known."""
         segments = []  # (first, last) position of each changed stretch
+        back = self._stuck_by is not None and len(edits) == len(self._stuck_by) and all(
+            r in self._stuck_by and new == self._stuck_by[r] for r, (*_, new) in edits.items())
         whole = self._stuck or not self._positive or len(self._end) < self.SMALL
         if not whole and not deadlock:
             _ = self._start  # the old starts, the re-time's keys: before the orders change
+        before = {r: old for r, (_, _, old, _) in edits.items()}
         for r, (lo, hi, old, new) in edits.items():
             segments.append(self._place(r, lo, hi, old, new))
             self.orders[r] = new
             self._peaks[r] = None
-        self.counts["re-timed"] += 1
-        if deadlock:
-            self._stuck = True  # (the next re-time runs the kernel's loop)
+        if self._stuck_by is not None and not back:
+            self._tails = None  # (its seeds wait for a way back that did not come)
+        self._stuck_by = None
+        if back:  # a deadlock taken back: the ends it left alone hold again (they travelled
+            self._stuck = False  # with their steps, and back)
+            self.counts["restored"] += 1
+        else:
+            self.counts["re-timed"] += 1
+        if back:
+            pass
+        elif deadlock:
+            self._stuck = True  # (a re-time of anything but the way back runs the kernel's
+            self._stuck_by = None if whole else before  # loop)
         elif whole:
             self._full_run()  # the kernel's loop: on a small program, faster than any book
         elif deadlock is None and self._cycle(segments):
-            self._stuck = True
+            self._stuck, self._stuck_by = True, before
         elif not self._propagate(segments):
             self._suffix_run(segments)  # it reached far: the kernel's loop from there on
             self.counts["suffix runs"] += 1
         if self._tails is not None:
             if self._stuck:
-                self._tails = None
+                if self._stuck_by is None:  # (a deadlock the way back will not undo)
+                    self._tails = None  # (else its seeds wait for the way back)
             else:  # what the changed steps wait for may have other tails now
                 for _, p1 in segments:
                     self._tails.mark(self._end, self._end[p1])
@@ -721,12 +737,13 @@ class Compiled:
         """Every step's start (``max(end[i - 1], end[producer[i]] + lag[i])``), computed
         from the ends after a full run, kept up to date by the incremental re-time."""
         if self._start_list is None:
-            end, producer, lag = self._end, self._producer, self._lag
-            start = [0.0] * len(end)
-            for r in range(len(self.orders)):
-                for q in range(self.first[r], self.last[r] + 1):
-                    t = end[q - 1]
-                    x = end[producer[q]] + lag[q]
-                    start[q] = x if x > t else t
-            self._start_list = start
+            import numpy as np
+
+            end = np.array(self._end)
+            start = np.zeros(len(end))
+            producer, lag = np.array(self._producer), np.array(self._lag)
+            for r in range(len(self.orders)):  # (the same max, vectorised)
+                q = np.arange(self.first[r], self.last[r] + 1)
+                start[q] = np.maximum(end[q - 1], end[producer[q]] + lag[q])
+            self._start_list = start.tolist()
         return self._start_list
