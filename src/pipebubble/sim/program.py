@@ -257,8 +257,8 @@ class Compiled:
         # Lazy answers (module docstring): a move answered from the tails, not yet re-timed.
         self._pending: tuple | None = None  # (rank, lo, hi, old order, answer, old peak)
         self._tails: Tails | None = None  # of the program as re-timed (None: not built)
-        self._stuck_by: dict[int, list[int]] | None = None  # a deadlock found without a
-        # re-time: the orders before it (taken back to them, the ends it left hold again)
+        self._way: tuple | None = None  # the way back from the last re-time: (the orders
+        # before it, whether it was stuck, what to put back: see _way_back_to)
         tails_from = self.TAILS_FROM if tails_from is None else tails_from
         self._window = None if (prog.num_pairs or size < tails_from
                                 or any(len(c) > 1 for c in self._consumers)) \
@@ -466,6 +466,10 @@ class Compiled:
                     self._lazy, self._backoff = True, self.BACKOFF
                     return self.step_time
             self._settle(read=False)
+        way = self._way
+        if way is not None and self._back(way, edits):
+            return self._apply({r: (lo, hi, self.orders[r], new)
+                                for r, (lo, hi, new) in edits.items()})  # (put back)
         if len(edits) == 1 and self._window is not None and not self._stuck:
             ((r, (lo, hi, new)),) = edits.items()
             if hi - lo < self.WINDOW and self._tails_ready():
@@ -525,43 +529,76 @@ class Compiled:
     def _apply(self, edits: Mapping[int, tuple[int, int, list[int], list[int]]],
                deadlock: bool | None = None) -> float:
         """Re-time after these edits (rank -> first and last changed index, the order the
-        program holds, the new one); ``deadlock``: whether they close a cycle, if known."""
+        program holds, the new one); ``deadlock``: whether they close a cycle, if known.
+        The edits that take the last re-time back (the orders before it, exactly) put the
+        times it changed back instead (:meth:`_way_back_to`)."""
+        way, self._way = self._way, None
+        if way is not None and self._back(way, edits):
+            return self._way_back_to(way, edits)
+        if self._stuck and self._tails is not None:
+            self._tails = None  # (its seeds, left unmarked in a deadlock, wait in vain)
         segments = []  # (first, last) position of each changed stretch
-        back = self._stuck_by is not None and len(edits) == len(self._stuck_by) and all(
-            r in self._stuck_by and new == self._stuck_by[r] for r, (*_, new) in edits.items())
         whole = self._stuck or not self._positive or len(self._end) < self.SMALL
         if not whole and not deadlock:
             _ = self._start  # the old starts, the re-time's keys: before the orders change
         before = {r: old for r, (_, _, old, _) in edits.items()}
+        stuck = self._stuck
         for r, (lo, hi, old, new) in edits.items():
             segments.append(self._place(r, lo, hi, old, new))
             self.orders[r] = new
             self._peaks[r] = None
-        if self._stuck_by is not None and not back:
-            self._tails = None  # (its seeds wait for a way back that did not come)
-        self._stuck_by = None
-        if back:  # a deadlock taken back: the ends it left alone hold again (they travelled
-            self._stuck = False  # with their steps, and back)
-            self.counts["restored"] += 1
-        else:
-            self.counts["re-timed"] += 1
-        if back:
-            pass
-        elif deadlock:
-            self._stuck = True  # (a re-time of anything but the way back runs the kernel's
-            self._stuck_by = None if whole else before  # loop)
+        self.counts["re-timed"] += 1
+        if deadlock:
+            self._stuck = True  # (the next re-time runs the kernel's loop)
+            self._way = (before, stuck, None)
         elif whole:
-            self._full_run()  # the kernel's loop: on a small program, faster than any book
+            self._way = (before, stuck, (self._end, self._start_list))  # (replaced, not
+            self._full_run()  # changed)  # the kernel's loop: on a small program, faster than any book
         elif deadlock is None and self._cycle(segments):
-            self._stuck, self._stuck_by = True, before
-        elif not self._propagate(segments):
-            self._suffix_run(segments)  # it reached far: the kernel's loop from there on
-            self.counts["suffix runs"] += 1
+            self._stuck = True
+            self._way = (before, stuck, None)
+        else:
+            undo = self._propagate(segments)
+            if undo is None:
+                self._way = (before, stuck, (list(self._end), list(self._start)))
+                self._suffix_run(segments)  # it reached far: the kernel's loop from there on
+                self.counts["suffix runs"] += 1
+            else:
+                self._way = (before, stuck, undo)
+        if self._tails is not None and not self._stuck:
+            for _, p1 in segments:  # what the changed steps wait for may have other tails
+                self._tails.mark(self._end, self._end[p1])  # (in a deadlock: kept unmarked
+        return self.step_time  # for the way back; anything else drops them)
+
+    def _back(self, way: tuple, edits: Mapping[int, tuple]) -> bool:
+        """Whether ``edits`` give each rank the order ``way`` remembers, and only those."""
+        orders = way[0]
+        return len(edits) == len(orders) and all(
+            r in orders and e[-1] == orders[r] for r, e in edits.items())
+
+    def _way_back_to(self, way: tuple, edits: Mapping[int, tuple]) -> float:
+        """Take the last re-time back without re-timing: put back the times it changed
+        (its undo list, or copies of the ends and starts before a run of the kernel's
+        loop; a deadlock found without a re-time changed none), then the steps, whose
+        times travel with them to where they stood."""
+        _, stuck, saved = way
+        if isinstance(saved, list):
+            start, end = self._start_list, self._end
+            for q, t, e in reversed(saved):
+                start[q], end[q] = t, e
+        elif saved is not None:
+            self._end, self._start_list = saved
+        segments = []
+        for r, (lo, hi, old, new) in edits.items():
+            segments.append(self._place(r, lo, hi, old, new))
+            self.orders[r] = new
+            self._peaks[r] = None
+        self._stuck = stuck
+        self.counts["restored"] += 1
         if self._tails is not None:
-            if self._stuck:
-                if self._stuck_by is None:  # (a deadlock the way back will not undo)
-                    self._tails = None  # (else its seeds wait for the way back)
-            else:  # what the changed steps wait for may have other tails now
+            if stuck:
+                self._tails = None
+            else:
                 for _, p1 in segments:
                     self._tails.mark(self._end, self._end[p1])
         return self.step_time
@@ -647,9 +684,10 @@ class Compiled:
         for c in consumers[node_at[q]]:
             yield pos_of[c]
 
-    def _propagate(self, segments: list[tuple[int, int]]) -> bool:
-        """Dirty propagation from the changed stretches (see the module docstring); False
-        (left half done) once it has evaluated more than ``FAR`` of the steps."""
+    def _propagate(self, segments: list[tuple[int, int]]) -> list | None:
+        """Dirty propagation from the changed stretches (see the module docstring): the
+        undo list (step, its start and end before, in the order evaluated); None (undone)
+        once it has evaluated more than ``FAR`` of the steps."""
         start, end = self._start, self._end
         producer, lag, duration = self._producer, self._lag, self._duration
         last, rank_at, pos_of, node_at = self.last, self._rank_at, self._pos_of, self._node_at
@@ -674,7 +712,7 @@ class Compiled:
                 for q, t, e in reversed(undo):
                     start[q], end[q] = t, e
                 self.counts["ends evaluated"] += first
-                return False
+                return None
             undo.append((q, start[q], end[q]))
             t = end[q - 1]
             x = end[producer[q]] + lag[q]
@@ -693,7 +731,7 @@ class Compiled:
                         queued[pc] = 1
                         push(heap, (start[pc], pc))
         self.counts["ends evaluated"] += first - budget
-        return True
+        return undo
 
     def _suffix_run(self, segments: list[tuple[int, int]]) -> None:
         """Re-time with the kernel's loop from the earliest changed start on: a step that
