@@ -237,14 +237,120 @@ def incremental() -> None:
               f"kept); {lazy} of the 200 tries answered from the tails")
 
 
+KEPT_CASES = (("zb-h1", 16, 1042, None), ("zbv", 16, 528, None),
+              ("interleaved-1f1b", 16, 784, 2))
+
+
+def _by_node(core):
+    """(ends, tails) of every action, indexed by node (the tails brought up to date)."""
+    import numpy as np
+
+    t = core._tails
+    if t.dirty:
+        core._update_tails()
+    real = np.flatnonzero(core._real)
+    pos = np.asarray(core._pos_of)[real]
+    return np.asarray(core._end)[pos], t.tails(pos)
+
+
+def kept_moves(cases=KEPT_CASES, moves: int = 40) -> None:
+    """Section 6: kept moves (module docstring)."""
+    import random
+    import statistics
+
+    import numpy as np
+
+    from pipebubble.sim.critical import tolerance
+    from pipebubble.sim.program import Compiled
+
+    print("6) kept moves, re-timed forwards and backwards only where ends and tails change "
+          "(move, settle, tails brought up to date), vs a full validate + simulate")
+    costs = CostModel(f=1, b=2, w=1, comm=0.1)
+    for name, p, m, v in cases:
+        schedule = get_schedule(name, p, m, v)
+        core = Compiled(schedule, costs)
+        n = schedule.num_actions()
+        edited = core.schedule()
+        full = best_of(lambda edited=edited: (validate(s := replace(edited)),
+                                              simulate(s, costs)))[0]
+        keys = [(st.stage, st.microbatch) for st in core.steps]
+        rng = random.Random(1)
+        core._tails_ready()
+        label = f"{name} p={p} m={m}" + (f" v={v}" if v else "")
+        print(f"   {label}: {n:,} actions, full validate + simulate {full * 1e3:.1f} ms")
+
+        def allowed(r, k, to):
+            order = core.orders[r]
+            lo, hi = (to, k) if to < k else (k + 1, to + 1)
+            return 0 <= to < len(order) and all(keys[i] != keys[order[k]]
+                                                 for i in order[lo:hi])
+
+        def neighbours():
+            while True:
+                r = rng.randrange(p)
+                k = rng.randrange(len(core.orders[r]) - 1)
+                if allowed(r, k, k + 1):
+                    return r, k
+
+        for kind in ("random", "critical"):
+            ratios, fe, ft, better = [], [], [], 0
+            e0 = t0s = None
+            crit = core.critical() if kind == "critical" else []
+            while len(ratios) < moves:
+                if kind == "random":
+                    r, k = neighbours()
+                    to = k + 1
+                else:
+                    r, k = crit[rng.randrange(len(crit))]
+                    to = k + rng.choice((-3, -2, -1, 1, 2, 3))
+                    if not allowed(r, k, to):
+                        continue
+                if e0 is None:
+                    e0, t0s = _by_node(core)
+                step = core.step_time
+                t0 = time.perf_counter()
+                got = core.move(r, k, to)
+                if kind == "critical" and got > step + 2 * tolerance(n, step):
+                    core.move(r, to, k)  # a search would not keep it: taken back
+                    continue
+                core.settle()
+                if not core.deadlocked:
+                    core._tails_ready()  # what the next try needs: the tails up to date
+                ratios.append(full / (time.perf_counter() - t0))
+                if core.deadlocked:  # (a deadlock kept: back, untimed)
+                    core.move(r, to, k)
+                    ratios.pop()
+                    continue
+                better += core.step_time < step
+                e1, t1s = _by_node(core)
+                fe.append(float(np.mean(e1 != e0)))
+                ft.append(float(np.mean(t1s != t0s)))
+                e0, t0s = e1, t1s
+                if kind == "critical" and len(ratios) % 10 == 0:
+                    crit = core.critical()
+            ratios.sort()
+            q = statistics.quantiles(ratios, n=10)
+            what = ("random neighbour swaps kept" if kind == "random" else
+                    "critical action moved 1-3, kept when not worse")
+            print(f"     {what:46s}: median {statistics.median(ratios):7.1f}x "
+                  f"(p10 {q[0]:.1f}x, p90 {q[-1]:.1f}x), {sum(x >= 20 for x in ratios) / len(ratios):4.0%}"
+                  f" >= 20x; ends changed: median {statistics.median(fe):6.2%} (max {max(fe):.1%}),"
+                  f" tails changed: median {statistics.median(ft):6.2%} (max {max(ft):.1%}); "
+                  f"{better} of {len(ratios)} shortened the step")
+
+
 if __name__ == "__main__":
     import sys
 
     if sys.argv[1:] == ["incremental"]:
         incremental()
         raise SystemExit
+    if sys.argv[1:] == ["kept"]:
+        kept_moves()
+        raise SystemExit
     throughput()
     against_torch()
     generation_and_gantt()
     linear_in_ranks()
     incremental()
+    kept_moves()
