@@ -255,6 +255,14 @@ def _by_node(core):
 
 def kept_moves(cases=KEPT_CASES, moves: int = 40) -> None:
     """Section 6: kept moves (module docstring)."""
+    print("6) kept moves, re-timed forwards and backwards only where ends and tails change "
+          "(move, settle, tails brought up to date), vs a full validate + simulate")
+    for name, p, m, v in cases:
+        _kept_case(name, p, m, v, moves)
+
+
+def _kept_case(name: str, p: int, m: int, v: int | None, moves: int) -> None:
+    """Section 6 on one schedule."""
     import random
     import statistics
 
@@ -263,80 +271,133 @@ def kept_moves(cases=KEPT_CASES, moves: int = 40) -> None:
     from pipebubble.sim.critical import tolerance
     from pipebubble.sim.program import Compiled
 
-    print("6) kept moves, re-timed forwards and backwards only where ends and tails change "
-          "(move, settle, tails brought up to date), vs a full validate + simulate")
     costs = CostModel(f=1, b=2, w=1, comm=0.1)
-    for name, p, m, v in cases:
-        schedule = get_schedule(name, p, m, v)
-        core = Compiled(schedule, costs)
-        n = schedule.num_actions()
-        edited = core.schedule()
-        full = best_of(lambda edited=edited: (validate(s := replace(edited)),
-                                              simulate(s, costs)))[0]
-        keys = [(st.stage, st.microbatch) for st in core.steps]
-        rng = random.Random(1)
-        core._tails_ready()
-        label = f"{name} p={p} m={m}" + (f" v={v}" if v else "")
-        print(f"   {label}: {n:,} actions, full validate + simulate {full * 1e3:.1f} ms")
+    schedule = get_schedule(name, p, m, v)
+    core = Compiled(schedule, costs)
+    n = schedule.num_actions()
+    edited = core.schedule()
+    full = best_of(lambda edited=edited: (validate(s := replace(edited)),
+                                          simulate(s, costs)))[0]
+    keys = [(st.stage, st.microbatch) for st in core.steps]
+    rng = random.Random(1)
+    core._tails_ready()
+    label = f"{name} p={p} m={m}" + (f" v={v}" if v else "")
+    print(f"   {label}: {n:,} actions, full validate + simulate {full * 1e3:.1f} ms")
 
-        def allowed(r, k, to):
-            order = core.orders[r]
-            lo, hi = (to, k) if to < k else (k + 1, to + 1)
-            return 0 <= to < len(order) and all(keys[i] != keys[order[k]]
-                                                 for i in order[lo:hi])
+    def allowed(r, k, to):
+        order = core.orders[r]
+        lo, hi = (to, k) if to < k else (k + 1, to + 1)
+        return 0 <= to < len(order) and all(keys[i] != keys[order[k]]
+                                             for i in order[lo:hi])
 
-        def neighbours():
-            while True:
-                r = rng.randrange(p)
-                k = rng.randrange(len(core.orders[r]) - 1)
-                if allowed(r, k, k + 1):
-                    return r, k
+    def neighbours():
+        while True:
+            r = rng.randrange(p)
+            k = rng.randrange(len(core.orders[r]) - 1)
+            if allowed(r, k, k + 1):
+                return r, k
 
-        for kind in ("random", "critical"):
-            ratios, fe, ft, better = [], [], [], 0
-            e0 = t0s = None
-            crit = core.critical() if kind == "critical" else []
-            while len(ratios) < moves:
-                if kind == "random":
-                    r, k = neighbours()
-                    to = k + 1
-                else:
-                    r, k = crit[rng.randrange(len(crit))]
-                    to = k + rng.choice((-3, -2, -1, 1, 2, 3))
-                    if not allowed(r, k, to):
-                        continue
-                if e0 is None:
-                    e0, t0s = _by_node(core)
-                step = core.step_time
-                t0 = time.perf_counter()
-                got = core.move(r, k, to)
-                if kind == "critical" and got > step + 2 * tolerance(n, step):
-                    core.move(r, to, k)  # a search would not keep it: taken back
+    for kind in ("random", "critical"):
+        ratios, fe, ft, better = [], [], [], 0
+        e0 = t0s = None
+        crit = core.critical() if kind == "critical" else []
+        while len(ratios) < moves:
+            if kind == "random":
+                r, k = neighbours()
+                to = k + 1
+            else:
+                r, k = crit[rng.randrange(len(crit))]
+                to = k + rng.choice((-3, -2, -1, 1, 2, 3))
+                if not allowed(r, k, to):
                     continue
-                core.settle()
-                if not core.deadlocked:
-                    core._tails_ready()  # what the next try needs: the tails up to date
-                ratios.append(full / (time.perf_counter() - t0))
-                if core.deadlocked:  # (a deadlock kept: back, untimed)
-                    core.move(r, to, k)
-                    ratios.pop()
-                    continue
-                better += core.step_time < step
-                e1, t1s = _by_node(core)
-                fe.append(float(np.mean(e1 != e0)))
-                ft.append(float(np.mean(t1s != t0s)))
-                e0, t0s = e1, t1s
-                if kind == "critical" and len(ratios) % 10 == 0:
-                    crit = core.critical()
-            ratios.sort()
-            q = statistics.quantiles(ratios, n=10)
-            what = ("random neighbour swaps kept" if kind == "random" else
-                    "critical action moved 1-3, kept when not worse")
-            print(f"     {what:46s}: median {statistics.median(ratios):7.1f}x "
-                  f"(p10 {q[0]:.1f}x, p90 {q[-1]:.1f}x), {sum(x >= 20 for x in ratios) / len(ratios):4.0%}"
-                  f" >= 20x; ends changed: median {statistics.median(fe):6.2%} (max {max(fe):.1%}),"
-                  f" tails changed: median {statistics.median(ft):6.2%} (max {max(ft):.1%}); "
-                  f"{better} of {len(ratios)} shortened the step")
+            if e0 is None:
+                e0, t0s = _by_node(core)
+            step = core.step_time
+            t0 = time.perf_counter()
+            got = core.move(r, k, to)
+            if kind == "critical" and got > step + 2 * tolerance(n, step):
+                core.move(r, to, k)  # a search would not keep it: taken back
+                continue
+            core.settle()
+            if not core.deadlocked:
+                core._tails_ready()  # what the next try needs: the tails up to date
+            ratios.append(full / (time.perf_counter() - t0))
+            if core.deadlocked:  # (a deadlock kept: back, untimed)
+                core.move(r, to, k)
+                ratios.pop()
+                continue
+            better += core.step_time < step
+            e1, t1s = _by_node(core)
+            fe.append(float(np.mean(e1 != e0)))
+            ft.append(float(np.mean(t1s != t0s)))
+            e0, t0s = e1, t1s
+            if kind == "critical" and len(ratios) % 10 == 0:
+                crit = core.critical()
+        ratios.sort()
+        q = statistics.quantiles(ratios, n=10)
+        what = ("random neighbour swaps kept" if kind == "random" else
+                "critical action moved 1-3, kept when not worse")
+        share = sum(x >= 20 for x in ratios) / len(ratios)
+        print(f"     {what:46s}: median {statistics.median(ratios):7.1f}x "
+              f"(p10 {q[0]:.1f}x, p90 {q[-1]:.1f}x), {share:4.0%} >= 20x; ends changed: "
+              f"median {statistics.median(fe):6.2%} (max {max(fe):.1%}), tails changed: "
+              f"median {statistics.median(ft):6.2%} (max {max(ft):.1%}); "
+              f"{better} of {len(ratios)} shortened the step")
+
+
+T8 = (14316.0, 14306.0, 9639.0, 1619.0)  # bench_auto's Table 8 costs (per chunk F, I, W, comm)
+LARGE_CASES = (  # (label, p, m, costs, memory limit, placement)
+    *((f"Table 8 p={p} m={m}", p, m,
+       CostModel(f=2 * T8[0], b=2 * (T8[1] + T8[2]), w=2 * T8[2], comm=T8[3],
+                 weight_memory=1.0), (p + 2) // 2, "v")
+      for p, m in ((16, 48), (16, 128), (24, 96), (32, 96), (32, 256))),
+    ("ZB Table 9 14.6B p=16 m=128 ZB-1p", 16, 128,
+     CostModel(f=11.325, b=11.308 + 8.109, w=8.109, comm=0.378, weight_memory=0.5), 16,
+     "loop"),
+    ("ZB Table 9 28.3B p=32 m=256 ZB-1p", 32, 256,
+     CostModel(f=10.402, b=10.248 + 7.698, w=7.698, comm=0.460, weight_memory=0.5), 32,
+     "loop"),
+)
+
+
+def large_search(tries: int = 20000) -> None:
+    """Section 7: the local search over large orders (``schedules/auto/large.py``) from
+    auto's answer."""
+    from pipebubble import auto_schedule
+    from pipebubble.schedules.auto.large import local_search
+    from pipebubble.sim.program import Compiled
+
+    print(f"7) local search over large orders (auto/large.py, at most {tries:,} moves) from "
+          "auto's answer")
+    print(f"   {'setting':34s} {'actions':>7s} {'auto s':>6s} {'auto step':>12s} "
+          f"{'searched':>12s} {'gain':>7s} {'gap before/after':>17s} {'search s':>8s} "
+          f"{'tried':>6s} {'kept':>4s} {'moves/s':>7s}")
+    for label, p, m, costs, limit, placement in LARGE_CASES:
+        t0 = time.perf_counter()
+        s = auto_schedule(p, m, costs, memory_limit=limit, placement=placement)
+        secs = time.perf_counter() - t0
+        info = s.options["auto"]
+        out = local_search(s, costs, limit, tries=tries)
+        assert simulate(out.schedule, costs).step_time == out.step_time
+        bound = info["lower_bound"]
+        gain = (out.start_time - out.step_time) / out.start_time
+        print(f"   {label:34s} {s.num_actions():>7,} {secs:6.2f} {out.start_time:12.1f} "
+              f"{out.step_time:12.1f} {gain:7.3%} {(out.start_time - bound) / bound:8.2%}/"
+              f"{(out.step_time - bound) / bound:.2%} {out.seconds:8.2f} {out.tried:6,} "
+              f"{out.kept:4d} {out.tried / out.seconds:7.0f}")
+    # The same search with every move re-timed (no answers from the tails), a few moves:
+    label, p, m, costs, limit, placement = LARGE_CASES[1]
+    s = auto_schedule(p, m, costs, memory_limit=limit, placement=placement)
+    rates = []
+    for tails_from in (Compiled.TAILS_FROM, 10 ** 9):
+        Compiled.TAILS_FROM = tails_from
+        try:
+            out = local_search(s, costs, limit, tries=500)
+        finally:
+            Compiled.TAILS_FROM = 4096
+        rates.append(out.tried / out.seconds)
+    print(f"   {label}, 500 moves: {rates[0]:.0f} moves/s answered from the tails, "
+          f"{rates[1]:.0f} moves/s each re-timed: {rates[0] / rates[1]:.1f}x")
 
 
 if __name__ == "__main__":
@@ -348,9 +409,13 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["kept"]:
         kept_moves()
         raise SystemExit
+    if sys.argv[1:] == ["large"]:
+        large_search()
+        raise SystemExit
     throughput()
     against_torch()
     generation_and_gantt()
     linear_in_ranks()
     incremental()
     kept_moves()
+    large_search()

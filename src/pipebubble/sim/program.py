@@ -552,8 +552,8 @@ class Compiled:
             self._stuck = True  # (the next re-time runs the kernel's loop)
             self._way = (before, stuck, None)
         elif whole:
-            self._way = (before, stuck, (self._end, self._start_list))  # (replaced, not
-            self._full_run()  # changed)  # the kernel's loop: on a small program, faster than any book
+            self._way = (before, stuck, (self._end, self._start_list))  # (replaced, kept)
+            self._full_run()  # the kernel's loop: on a small program, faster than any book
         elif deadlock is None and self._cycle(segments):
             self._stuck = True
             self._way = (before, stuck, None)
