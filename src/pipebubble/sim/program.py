@@ -249,6 +249,8 @@ class Compiled:
         self._pos_of = list(range(size))
         self._producer = list(prog.producer)
         self._lag = list(prog.lag)
+        self._producer_np = np.array(prog.producer, dtype=np.int64)  # (copies, kept in
+        self._lag_np = np.array(prog.lag, dtype=np.float64)  # step: the starts' numpy max)
         self._duration = list(prog.duration)
         self._initial = prog.initial_end
         self._peaks: list[float | None] = [None] * schedule.num_ranks
@@ -620,13 +622,13 @@ class Compiled:
             start[p0:p1 + 1] = [start[was[x]] for x in ids]
         for q, x in enumerate(ids, p0):
             pos_of[x] = q
-        need, producer = self._need, self._producer
+        need, producer, prod_np = self._need, self._producer, self._producer_np
         for q, x in enumerate(ids, p0):
-            producer[q] = pos_of[need[x]]
-            self._lag[q] = self._lag_of[x]
+            producer[q] = prod_np[q] = pos_of[need[x]]
+            self._lag[q] = self._lag_np[q] = self._lag_of[x]
             self._duration[q] = self._dur_of[x]
             for c in self._consumers[x]:
-                producer[pos_of[c]] = q
+                producer[pos_of[c]] = prod_np[pos_of[c]] = q
         if self._tails is not None:
             self._tails.place(p0, p1, self._node_at, pos_of, need, self._lag_of,
                               self._dur_of, self._consumers, self._rank_at, was)
@@ -752,14 +754,18 @@ class Compiled:
             end[q:hi] = [inf] * (hi - q)
         prog = Program(self._producer, self._lag, self._duration, end, frontier, self.last,
                        None, self._num_pairs)
-        self._end = end = list(run(prog))
+        import numpy as np
+
+        ends = run(prog)
+        self._end = end = list(ends)
         self._stuck = any(end[q] == inf for q in self.last if q >= 0)
-        producer, lag = self._producer, self._lag
-        for r, q0 in enumerate(frontier):
-            for q in range(q0, self.last[r] + 1):
-                t = end[q - 1]
-                x = end[producer[q]] + lag[q]
-                start[q] = x if x > t else t
+        e = np.frombuffer(ends, dtype=np.float64)
+        producer, lag = self._producer_np, self._lag_np
+        for r, q0 in enumerate(frontier):  # (the loop's max, vectorised: the same doubles)
+            hi = self.last[r] + 1
+            if hi > q0:
+                start[q0:hi] = np.maximum(e[q0 - 1:hi - 1],
+                                          e[producer[q0:hi]] + lag[q0:hi]).tolist()
 
     def _full_run(self) -> None:
         """Time the current program with the kernel's loop (its starts: when asked)."""
@@ -779,7 +785,7 @@ class Compiled:
 
             end = np.array(self._end)
             start = np.zeros(len(end))
-            producer, lag = np.array(self._producer), np.array(self._lag)
+            producer, lag = self._producer_np, self._lag_np
             for r in range(len(self.orders)):  # (the same max, vectorised)
                 q = np.arange(self.first[r], self.last[r] + 1)
                 start[q] = np.maximum(end[q - 1], end[producer[q]] + lag[q])
