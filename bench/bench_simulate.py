@@ -298,7 +298,7 @@ def _kept_case(name: str, p: int, m: int, v: int | None, moves: int) -> None:
                 return r, k
 
     for kind in ("random", "critical"):
-        ratios, fe, ft, better = [], [], [], 0
+        ratios, fe, ft, better = [], [], [], []
         e0 = t0s = None
         crit = core.critical() if kind == "critical" else []
         while len(ratios) < moves:
@@ -326,10 +326,11 @@ def _kept_case(name: str, p: int, m: int, v: int | None, moves: int) -> None:
                 core.move(r, to, k)
                 ratios.pop()
                 continue
-            better += core.step_time < step
             e1, t1s = _by_node(core)
             fe.append(float(np.mean(e1 != e0)))
             ft.append(float(np.mean(t1s != t0s)))
+            if core.step_time < step:  # (a move that shortens the step)
+                better.append(f"{ratios[-1]:.1f}x/{fe[-1]:.0%}/{ft[-1]:.0%}")
             e0, t0s = e1, t1s
             if kind == "critical" and len(ratios) % 10 == 0:
                 crit = core.critical()
@@ -342,7 +343,8 @@ def _kept_case(name: str, p: int, m: int, v: int | None, moves: int) -> None:
               f"(p10 {q[0]:.1f}x, p90 {q[-1]:.1f}x), {share:4.0%} >= 20x; ends changed: "
               f"median {statistics.median(fe):6.2%} (max {max(fe):.1%}), tails changed: "
               f"median {statistics.median(ft):6.2%} (max {max(ft):.1%}); "
-              f"{better} of {len(ratios)} shortened the step")
+              f"{len(better)} of {len(ratios)} shortened the step"
+              + (f" (speed-up/ends/tails changed: {', '.join(better)})" if better else ""))
 
 
 T8 = (14316.0, 14306.0, 9639.0, 1619.0)  # bench_auto's Table 8 costs (per chunk F, I, W, comm)
@@ -371,7 +373,7 @@ def large_search(tries: int = 20000) -> None:
           "auto's answer")
     print(f"   {'setting':34s} {'actions':>7s} {'auto s':>6s} {'auto step':>12s} "
           f"{'searched':>12s} {'gain':>7s} {'gap before/after':>17s} {'search s':>8s} "
-          f"{'tried':>6s} {'kept':>4s} {'moves/s':>7s}")
+          f"{'tried':>6s} {'kept':>4s} {'moves/s':>7s}  kept move vs a full run: median (min-max)")
     for label, p, m, costs, limit, placement in LARGE_CASES:
         t0 = time.perf_counter()
         s = auto_schedule(p, m, costs, memory_limit=limit, placement=placement)
@@ -379,12 +381,16 @@ def large_search(tries: int = 20000) -> None:
         info = s.options["auto"]
         out = local_search(s, costs, limit, tries=tries)
         assert simulate(out.schedule, costs).step_time == out.step_time
+        full = best_of(lambda s=s, costs=costs: (validate(x := replace(s)),
+                                                 simulate(x, costs)))[0]
+        ks = sorted(full / x for x in out.kept_seconds)
+        kept = (f"{ks[len(ks) // 2]:.1f}x ({ks[0]:.1f}-{ks[-1]:.1f}x)" if ks else "-")
         bound = info["lower_bound"]
         gain = (out.start_time - out.step_time) / out.start_time
         print(f"   {label:34s} {s.num_actions():>7,} {secs:6.2f} {out.start_time:12.1f} "
               f"{out.step_time:12.1f} {gain:7.3%} {(out.start_time - bound) / bound:8.2%}/"
               f"{(out.step_time - bound) / bound:.2%} {out.seconds:8.2f} {out.tried:6,} "
-              f"{out.kept:4d} {out.tried / out.seconds:7.0f}")
+              f"{out.kept:4d} {out.tried / out.seconds:7.0f}  {kept}")
     # The same search with every move re-timed (no answers from the tails), a few moves:
     label, p, m, costs, limit, placement = LARGE_CASES[1]
     s = auto_schedule(p, m, costs, memory_limit=limit, placement=placement)

@@ -59,6 +59,8 @@ class Searched:
     passes: int
     seconds: float
     counts: dict[str, int] = field(default_factory=dict)
+    kept_seconds: list[float] = field(default_factory=list)  # each kept move: its re-time
+    # and the tails brought up to date for the next try
 
 
 def local_search(schedule: Schedule, costs: CostModel | StageCosts | None = None,
@@ -76,6 +78,7 @@ def local_search(schedule: Schedule, costs: CostModel | StageCosts | None = None
     core = Compiled(schedule, costs)
     start = step = core.step_time
     tried = kept = passes = 0
+    kept_seconds: list[float] = []
     if step == float("inf") or not core.fits(memory_limit):
         return Searched(schedule, step, start, 0, 0, 0, time.perf_counter() - t0,
                         dict(core.counts))
@@ -104,10 +107,13 @@ def local_search(schedule: Schedule, costs: CostModel | StageCosts | None = None
                 if any(own.intersection(keys[i]) for i in order[lo:hi]):
                     continue  # past its own F, I or W: the rank may not
                 tried += 1
+                t1 = time.perf_counter()
                 got = core.move(r, k, to)
                 if got < step - 2 * tolerance(len(core._end), step) and \
                         core.fits(memory_limit) and core.settle() < step:
                     step = core.step_time
+                    core._tails_ready()  # (what the next try does first: timed with it)
+                    kept_seconds.append(time.perf_counter() - t1)
                     kept += 1
                     more = True
                     break
@@ -115,4 +121,4 @@ def local_search(schedule: Schedule, costs: CostModel | StageCosts | None = None
                 if core.step_time != step:  # (it was settled: re-timed back exactly)
                     step = core.settle()
     return Searched(core.schedule(schedule.name), step, start, tried, kept, passes,
-                    time.perf_counter() - t0, dict(core.counts))
+                    time.perf_counter() - t0, dict(core.counts), kept_seconds)
