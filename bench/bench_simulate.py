@@ -237,8 +237,17 @@ def incremental() -> None:
               f"kept); {lazy} of the 200 tries answered from the tails")
 
 
-KEPT_CASES = (("zb-h1", 16, 1042, None), ("zbv", 16, 528, None),
-              ("interleaved-1f1b", 16, 784, 2))
+KEPT_CASES = (("zb-h1", 16, 1042, None, False), ("zbv", 16, 528, None, False),
+              ("interleaved-1f1b", 16, 784, 2, False), ("zbv", 16, 528, None, True))
+
+
+def unequal(stages: int, comm: float = 0.1) -> CostModel:
+    """Stages 1 to 1.4 times as slow as the fastest (drawn, seeded), B = 2F, W = F."""
+    import random
+
+    rng = random.Random(5)
+    f = [1 + 0.4 * rng.random() for _ in range(stages)]
+    return CostModel(f=f, b=[2 * x for x in f], w=f, comm=comm)
 
 
 def _by_node(core):
@@ -257,11 +266,11 @@ def kept_moves(cases=KEPT_CASES, moves: int = 40) -> None:
     """Section 6: kept moves (module docstring)."""
     print("6) kept moves, re-timed forwards and backwards only where ends and tails change "
           "(move, settle, tails brought up to date), vs a full validate + simulate")
-    for name, p, m, v in cases:
-        _kept_case(name, p, m, v, moves)
+    for name, p, m, v, uneven in cases:
+        _kept_case(name, p, m, v, uneven, moves)
 
 
-def _kept_case(name: str, p: int, m: int, v: int | None, moves: int) -> None:
+def _kept_case(name: str, p: int, m: int, v: int | None, uneven: bool, moves: int) -> None:
     """Section 6 on one schedule."""
     import random
     import statistics
@@ -271,8 +280,8 @@ def _kept_case(name: str, p: int, m: int, v: int | None, moves: int) -> None:
     from pipebubble.sim.critical import tolerance
     from pipebubble.sim.program import Compiled
 
-    costs = CostModel(f=1, b=2, w=1, comm=0.1)
     schedule = get_schedule(name, p, m, v)
+    costs = unequal(schedule.num_stages) if uneven else CostModel(f=1, b=2, w=1, comm=0.1)
     core = Compiled(schedule, costs)
     n = schedule.num_actions()
     edited = core.schedule()
@@ -281,7 +290,8 @@ def _kept_case(name: str, p: int, m: int, v: int | None, moves: int) -> None:
     keys = [(st.stage, st.microbatch) for st in core.steps]
     rng = random.Random(1)
     core._tails_ready()
-    label = f"{name} p={p} m={m}" + (f" v={v}" if v else "")
+    label = f"{name} p={p} m={m}" + (f" v={v}" if v else "") + \
+        (", unequal stages (1-1.4x)" if uneven else "")
     print(f"   {label}: {n:,} actions, full validate + simulate {full * 1e3:.1f} ms")
 
     def allowed(r, k, to):
@@ -391,6 +401,19 @@ def large_search(tries: int = 20000) -> None:
               f"{out.step_time:12.1f} {gain:7.3%} {(out.start_time - bound) / bound:8.2%}/"
               f"{(out.step_time - bound) / bound:.2%} {out.seconds:8.2f} {out.tried:6,} "
               f"{out.kept:4d} {out.tried / out.seconds:7.0f}  {kept}")
+    for name, p, m in (("zb-h1", 16, 1042), ("zbv", 16, 528)):  # registered orders
+        s = get_schedule(name, p, m)
+        costs = unequal(s.num_stages)
+        out = local_search(s, costs, tries=tries)
+        full = best_of(lambda s=s, costs=costs: (validate(x := replace(s)),
+                                                 simulate(x, costs)))[0]
+        ks = sorted(full / x for x in out.kept_seconds)
+        kept = (f"{ks[len(ks) // 2]:.1f}x ({ks[0]:.1f}-{ks[-1]:.1f}x)" if ks else "-")
+        gain = (out.start_time - out.step_time) / out.start_time
+        print(f"   {name + ' unequal, registered start':34s} {s.num_actions():>7,} {'-':>6s} "
+              f"{out.start_time:12.1f} {out.step_time:12.1f} {gain:7.3%} {'-':>17s} "
+              f"{out.seconds:8.2f} {out.tried:6,} {out.kept:4d} "
+              f"{out.tried / out.seconds:7.0f}  {kept}")
     # The same search with every move re-timed (no answers from the tails), a few moves:
     label, p, m, costs, limit, placement = LARGE_CASES[1]
     s = auto_schedule(p, m, costs, memory_limit=limit, placement=placement)

@@ -130,6 +130,7 @@ class Tails:
         rank[q] = np.repeat(np.arange(len(first)), lengths)
         self.rank = rank.tolist()  # position (forward or mirrored) -> its rank (-1: none)
         self.seeds: set[int] = set()  # reversed steps whose inputs changed since the update
+        self.keys: dict[int, float] = {}  # (their heap keys, where not their reach)
         self._queued = bytearray(size)
         self.evaluated = 0  # reversed steps evaluated by updates (a measure of their work)
         self.changed = 0  # and how many of them changed their tail (updates that sufficed)
@@ -168,11 +169,19 @@ class Tails:
         remembered as seeds of the next update."""
         mirror, rprod, rlag, rdur = self.mirror, self.rprod, self.rlag, self.rdur
         seeds = self.seeds
+        rend = self.rend
         if was is not None:
-            rend = self.rend
             moved = [rend[mirror[was[node_at[q]]]] for q in range(p0, p1 + 1)]
             for q, v in zip(range(p0, p1 + 1), moved, strict=True):
                 rend[mirror[q]] = v
+        # The stretch's update key: the least of its old reaches (they travelled with its
+        # steps, so they are no order of the new program), the stretch then in its order.
+        k0 = min(rend[mirror[q]] for q in range(p0, p1 + 1))
+        keys = self.keys
+        for q in range(p0, p1 + 1):
+            m = mirror[q]
+            if k0 < keys.get(m, _INF):
+                keys[m] = k0
         if p0 > self.first[rank_at[p0]]:
             seeds.add(mirror[p0 - 1])  # the step before the stretch: another one after it
         for q in range(p0, p1 + 1):
@@ -231,7 +240,9 @@ class Tails:
         rend, rprod, rlag, rdur = self.rend, self.rprod, self.rlag, self.rdur
         mirror, producer, rank, last = self.mirror, self.producer, self.rank, self.last
         queued = self._queued
-        heap = [(rend[m], m) for m in seeds]
+        keys = self.keys
+        heap = [(keys.get(m, rend[m]), m) for m in seeds]
+        self.keys = {}
         for m in seeds:
             queued[m] = 1
         heapq.heapify(heap)
@@ -277,7 +288,7 @@ class Tails:
 
     def refresh(self) -> None:
         """Run the reversed program's loop again over the marked steps."""
-        self.seeds = set()
+        self.seeds, self.keys = set(), {}
         if not any(self.stale):
             return
         rend = self.rend

@@ -696,9 +696,10 @@ class Compiled:
         consumers = self._consumers
         queued = self._queued
         heap = []
-        for p0, p1 in segments:
+        for p0, p1 in segments:  # the stretch first, in its new order (its old starts
+            k0 = min(start[p0:p1 + 1])  # travelled with its steps: no order of the new one)
             for q in range(p0, min(p1 + 1, last[rank_at[p0]]) + 1):
-                heap.append((start[q], q))
+                heap.append((k0, q))
                 queued[q] = 1
         heapq.heapify(heap)
         pop, push = heapq.heappop, heapq.heappush
