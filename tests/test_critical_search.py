@@ -39,22 +39,24 @@ def test_critical_steps_are_those_that_lengthen_the_step(name):
     assert got == want and got
 
 
+@pytest.mark.parametrize("sideways", [False, True])
 @pytest.mark.parametrize("name,placement", [("gpipe", "loop"), ("zb-h1", "loop"),
                                             ("zbv", "v")])
-def test_local_search_is_never_slower_and_fits(name, placement):
+def test_local_search_is_never_slower_and_fits(name, placement, sideways):
     """Unequal stages, comm > 0, a memory limit: the result is valid, within the limit,
     timed as the simulator times it, and not slower than the start."""
     s = get_schedule(name, 4, 8)
     costs = CostModel(f=[1.0, 1.4, 0.9, 1.2] * (2 if placement == "v" else 1), b=2.1,
                       w=0.8, comm=0.3)
     limit = max(schedule_peaks(s, costs))
-    out = local_search(s, costs, limit, tries=400)
+    out = local_search(s, costs, limit, tries=400, sideways=sideways)
     validate(out.schedule)
     assert out.step_time == simulate(out.schedule, costs).step_time
     assert out.step_time <= out.start_time == simulate(s, costs).step_time
     assert max(schedule_peaks(out.schedule, costs)) <= limit * (1 + 1e-9)
     assert out.tried <= 400 + 2 * 4  # (the budget is checked once per critical action)
     assert (out.kept > 0) == (out.step_time < out.start_time)
+    assert out.sideways == 0 or sideways
 
 
 def test_local_search_shortens_gpipe_with_unequal_stages():

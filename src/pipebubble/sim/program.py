@@ -351,6 +351,16 @@ class Compiled:
                 self._peaks[r] = _peak(self._d0[real], self._d1[real])
         return list(self._peaks)
 
+    def ends_sum(self) -> float:
+        """The sum of every step's end (re-times a pending move first; ``inf`` when the
+        orders deadlock): a search's tie-break on flat ground."""
+        if self._pending is not None:
+            self._settle(read=False)
+        if self._stuck:
+            return _INF
+        end = self._end
+        return sum(sum(end[lo:hi + 1]) for lo, hi in zip(self.first, self.last, strict=True))
+
     def critical(self, within: float = 0.0) -> list[tuple[int, int]]:
         """The (rank, index) of every step on a longest path, or within ``within`` of one
         (its end + tail at least the step time - ``within`` - the rounding allowance of
