@@ -31,14 +31,29 @@ of that repeat.
    search's pattern, 200 random moves each tried, its step time read, and taken back; the
    time of all three calls (the move is answered from the tails, or re-timed where the tails
    cannot tell, and left pending; taking it back cancels it). *Kept*: 30 moves kept; the
-   time of the move, ``settle()`` (its re-time) and the next try (which runs the kernel's
-   loop backwards again over the tails the kept move may have changed, and answers). Each:
+   time of the move, ``settle()`` (its re-time) and the next try (which first brings the
+   tails up to date, backwards from what the kept move changed, and answers). Each:
    the median ratio and the share >= 100x. *Mix*: 200 moves, every tenth kept, against 200
-   full runs (all calls timed). Target: >= 100x median for a tried move (issue 19). A kept
-   move costs about a full run: the re-time of what it shifted plus the tails of what it
-   waits for (in a step without slack, most steps before it).
+   full runs (all calls timed). Target: >= 100x median for a tried move (issue 19). A
+   random move kept shifts many ends after it and tails before it (median 5 % and 16 %
+   here), so it costs about a full run.
+6. Kept moves (``python bench/bench_simulate.py kept``): on ZB-H1 p=16 m=1042, ZB-V p=16
+   m=528, interleaved 1F1B p=16 m=784 v=2 (about 50,000 actions each, comm 0.1) and ZB-V
+   with unequal stages, 40 moves of each of two sorts kept: random neighbour swaps, and
+   the moves a search keeps (a critical action moved 1 to 3 places, kept when the step is
+   not worse). Timed: the move, ``settle()`` and bringing the tails up to date (what the
+   next try needs first), against a full validate + simulate; beside it the share of
+   actions whose end, and whose tail, changed (computed untimed), and for the moves that
+   shortened the step their own speed-up and shares.
+7. The local search over large orders (``python bench/bench_simulate.py large``,
+   ``schedules/auto/large.py``) from auto's answer on bench_auto's Table 8 settings and two
+   Zero Bubble Table 9 rows, and from the registered ZB-H1 / ZB-V orders with unequal
+   stages: the step before and after, the gap to auto's lower bound, the seconds, moves
+   tried, kept (shorter) / kept on flat ground, and the cost of each kept move against a
+   full run; then the same search's moves per second with every move re-timed.
 
-Run: ``make bench`` or ``.venv/bin/python bench/bench_simulate.py``. Prints; asserts nothing.
+Run: ``make bench`` or ``.venv/bin/python bench/bench_simulate.py [incremental|kept|large]``.
+Prints; asserts nothing.
 """
 
 from __future__ import annotations
@@ -383,7 +398,8 @@ def large_search(tries: int = 20000) -> None:
           "auto's answer")
     print(f"   {'setting':34s} {'actions':>7s} {'auto s':>6s} {'auto step':>12s} "
           f"{'searched':>12s} {'gain':>7s} {'gap before/after':>17s} {'search s':>8s} "
-          f"{'tried':>6s} {'kept':>4s} {'moves/s':>7s}  kept move vs a full run: median (min-max)")
+          f"{'tried':>6s} {'kept':>9s} {'moves/s':>7s}  kept move vs a full run: median "
+          "(min-max)")
     for label, p, m, costs, limit, placement in LARGE_CASES:
         t0 = time.perf_counter()
         s = auto_schedule(p, m, costs, memory_limit=limit, placement=placement)
@@ -400,7 +416,7 @@ def large_search(tries: int = 20000) -> None:
         print(f"   {label:34s} {s.num_actions():>7,} {secs:6.2f} {out.start_time:12.1f} "
               f"{out.step_time:12.1f} {gain:7.3%} {(out.start_time - bound) / bound:8.2%}/"
               f"{(out.step_time - bound) / bound:.2%} {out.seconds:8.2f} {out.tried:6,} "
-              f"{out.kept:4d} {out.tried / out.seconds:7.0f}  {kept}")
+              f"{out.kept:4d}/{out.sideways:<4d} {out.tried / out.seconds:7.0f}  {kept}")
     for name, p, m in (("zb-h1", 16, 1042), ("zbv", 16, 528)):  # registered orders
         s = get_schedule(name, p, m)
         costs = unequal(s.num_stages)
@@ -412,7 +428,7 @@ def large_search(tries: int = 20000) -> None:
         gain = (out.start_time - out.step_time) / out.start_time
         print(f"   {name + ' unequal, registered start':34s} {s.num_actions():>7,} {'-':>6s} "
               f"{out.start_time:12.1f} {out.step_time:12.1f} {gain:7.3%} {'-':>17s} "
-              f"{out.seconds:8.2f} {out.tried:6,} {out.kept:4d} "
+              f"{out.seconds:8.2f} {out.tried:6,} {out.kept:4d}/{out.sideways:<4d} "
               f"{out.tried / out.seconds:7.0f}  {kept}")
     # The same search with every move re-timed (no answers from the tails), a few moves:
     label, p, m, costs, limit, placement = LARGE_CASES[1]
