@@ -12,8 +12,11 @@ follows. Its **reach** is ``duration[q] + tail[q]``. The step time L is the larg
 each rank's order backwards, each step waiting for the step that waited for it (a lone
 action's output has at most one waiter, so the reversed program again has one producer per
 step). The reversed step's start is the tail, its end the reach. A change that is kept
-changes the tails of what its steps wait for only, so :class:`Tails` runs that loop again
-over those steps alone.
+changes the tails of what its steps wait for only, and of those only the ones whose
+longest path to the end ran through it: :meth:`Tails.update` evaluates the changed steps
+again with the loop's arithmetic and passes a change on backwards, stopping where a tail
+stays the same (past a few percent of the steps, it runs the loop again over every step
+the change's steps wait for instead).
 
 **A window rewrite.** Rank r's steps at positions lo..hi take a new order Z1..Zm (a swap of
 neighbours: m = 2; one action moved k places: m = k + 1); p is the step before the window,
@@ -73,11 +76,13 @@ class Tails:
     """The tails of a program without Overlap pairs (each step's output waited for by one
     step at most): the kernel's loop over the reversed program (module docstring), kept up
     to date as the program changes. :meth:`place` follows a changed stretch into the
-    reversed program; :meth:`mark` marks what may have changed (every step the stretch's
-    steps wait for, directly or not: they end no later than the stretch's last step, so on
-    each rank a first run of steps ending by then); :meth:`refresh` runs the loop again over
-    the marked steps only (what they wait for in the reversed program, the tails of what
-    follows them, did not change).
+    reversed program and remembers the reversed steps whose inputs changed (seeds);
+    :meth:`update` re-evaluates backwards from them, only where a tail changes;
+    :meth:`mark` marks what may have changed (every step the stretch's steps wait for,
+    directly or not: they end no later than the stretch's last step, so on each rank a
+    first run of steps ending by then); :meth:`refresh` runs the loop again over the
+    marked steps only (what they wait for in the reversed program, the tails of what
+    follows them, did not change): the update's fallback when the change reaches far.
 
     >>> from pipebubble.schedules import get_schedule
     >>> from pipebubble.costs import CostModel

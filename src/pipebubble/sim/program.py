@@ -14,8 +14,13 @@ that changed and re-times only what changes, by *dirty propagation*: the steps w
 predecessor on their rank changed are evaluated again, and a step whose end moves passes
 the change on to its successors (the next step of its rank and the steps that wait for its
 output); where an end stays the same, the change stops. A heap keyed by the old start times
-(a topological order of the old program) keeps each step from being evaluated more than
-a few times. The answer is exactly a full simulation's (a hypothesis test keeps them equal).
+(a topological order of the old program), the changed stretch first and in its new order
+(its steps' old times travel with them, so they are no order of the new program), keeps
+each step from being evaluated more than a few times. Past :attr:`~Compiled.FAR` of the
+steps it hands over to the kernel's loop from the change on. The answer is exactly a full
+simulation's (a hypothesis test keeps them equal). A re-time that the next edit takes back
+(it restores the orders before it, exactly: a refused try) is not re-timed again: the
+times it changed are put back (its undo list, or copies made before the kernel's loop).
 
 A new order may deadlock (two ranks each waiting for the other). Every cycle of the new
 program contains a new edge that points back in the old time order, and lies among the
@@ -30,7 +35,8 @@ neighbours; one action moved up to :attr:`Compiled.WINDOW` places), on a program
 Overlap pairs, :meth:`Compiled.swap`, :meth:`~Compiled.move` and :meth:`~Compiled.reorder`
 first ask the critical-path analysis of ``sim/critical.py``: the ends kept here (heads), the
 longest path from each step to the end of the step (tails, one backward run of the kernel's
-loop after each change that was kept), give the new step time of the stretch in a few
+loop, then kept up to date backwards from each kept change, where tails change), give the
+new step time of the stretch in a few
 dozen operations, or say that only a re-time can tell (a critical step moved and the step
 may get shorter). A deadlock of a swap of neighbours is found there too, exactly. The move
 is then *pending*: :attr:`~Compiled.step_time`, :attr:`~Compiled.deadlocked`,
@@ -511,6 +517,12 @@ class Compiled:
         peak = self._peaks[r]  # (of the new order, if asked for while pending)
         self._apply({r: (lo, hi, old, self.orders[r])}, deadlock=answer == _INF)
         self._peaks[r] = peak
+
+    def refresh_tails(self) -> None:
+        """Bring the tails up to date now (the next move answered from them would do it
+        first; a search that times its kept moves calls this to charge it to them)."""
+        if self._pending is None and not self._stuck and self._window is not None:
+            self._tails_ready()
 
     def _tails_ready(self) -> bool:
         """Whether the tails are up to date, bringing them up to date (the marked ones,

@@ -124,22 +124,27 @@ def local_search(schedule: Schedule, costs: CostModel | StageCosts | None = None
                 tried += 1
                 t1 = time.perf_counter()
                 got = core.move(r, k, to)
-                if got < step - 2 * tolerance(len(core._end), step) and \
-                        core.fits(memory_limit) and core.settle() < step:
-                    step = core.step_time
-                    core._tails_ready()  # (what the next try does first: timed with it)
-                    kept_seconds.append(time.perf_counter() - t1)
-                    kept += 1
-                    more = True
-                    break
-                if sideways and abs(got - step) <= 2 * tolerance(len(core._end), step) \
-                        and core.settle() == step and core.fits(memory_limit):
-                    total = core.ends_sum()  # (flat ground: every action earlier in sum)
-                    if total < flat - 1e-9 * abs(flat):
-                        flat = total
-                        level += 1
+                # Decided on the exact step (re-timed) against a band of rounding about the
+                # current one, so the same with or without answers from the tails (an
+                # answer is within core.rounding of the exact step).
+                slack, band = core.rounding, 2 * tolerance(len(core.steps), step)
+                if (got < step - band + slack or sideways and got <= step + slack) \
+                        and core.fits(memory_limit):
+                    exact = core.settle()
+                    if exact < step - band:
+                        step = exact
+                        core.refresh_tails()  # (what the next try does first: timed)
+                        kept_seconds.append(time.perf_counter() - t1)
+                        kept += 1
                         more = True
                         break
+                    if sideways and exact <= step:  # (never slower, not by a bit)
+                        total = core.ends_sum()  # (flat ground: every action earlier in sum)
+                        if total < flat - 1e-9 * abs(flat):
+                            step, flat = exact, total
+                            level += 1
+                            more = True
+                            break
                 core.move(r, to, k)  # taken back
                 if core.step_time != step:  # (it was settled: re-timed back exactly)
                     step = core.settle()
