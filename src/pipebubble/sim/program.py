@@ -276,7 +276,8 @@ class Compiled:
         self._backoff, self._waited = self.BACKOFF, 0
         self.counts = {"lazy": 0, "cancelled": 0, "settled": 0, "re-timed": 0,
                        "suffix runs": 0, "ends evaluated": 0, "tails evaluated": 0,
-                       "tails re-runs": 0, "restored": 0}
+                       "tails re-runs": 0, "restored": 0, "tails deferred": 0}
+        self._version, self._top = 0, None  # (the ends' version; _seed_top's cache)
         self._full_run()
 
     # ---- the answers -------------------------------------------------------------
@@ -490,7 +491,7 @@ class Compiled:
                                 for r, (lo, hi, new) in edits.items()})  # (put back)
         if len(edits) == 1 and self._window is not None and not self._stuck:
             ((r, (lo, hi, new)),) = edits.items()
-            if hi - lo < self.WINDOW and self._tails_ready():
+            if hi - lo < self.WINDOW and self._tails_ready(self.first[r] + lo):
                 p0 = self.first[r] + lo  # (no pairs: one node per step)
                 step = self._time()
                 got = self._window.step_time(
@@ -524,11 +525,22 @@ class Compiled:
         if self._pending is None and not self._stuck and self._window is not None:
             self._tails_ready()
 
-    def _tails_ready(self) -> bool:
-        """Whether the tails are up to date, bringing them up to date (the marked ones,
-        or all the first time) if that is likely to pay."""
+    def _tails_ready(self, p0: int | None = None) -> bool:
+        """Whether the tails are up to date, bringing them up to date (backwards from what
+        changed, or all the first time) if that is likely to pay; with ``p0``, the first
+        position of a stretch to answer: whether the tails it reads are up to date.
+
+        Those are the tails of the stretch's steps and of what waits for them, all ending
+        at or after ``end[p0]``. A kept change may have changed only the tails of what
+        its steps (the seeds) wait for, which end no later than they do: so where every
+        seed ends before ``end[p0]``, the tails the stretch reads hold, and the update
+        waits for a stretch that needs it (on demand: a search that tries later moves
+        after earlier ones updates them once a pass)."""
         t = self._tails
         if t is not None and not t.dirty:
+            return True
+        if t is not None and p0 is not None and t.seeds and self._end[p0] > self._seed_top():
+            self.counts["tails deferred"] += 1
             return True
         if not self._lazy:
             self._waited += 1
@@ -541,6 +553,15 @@ class Compiled:
         else:
             self._update_tails()
         return True
+
+    def _seed_top(self) -> float:
+        """The latest end of a step whose tails' inputs changed since the last update."""
+        t = self._tails
+        key = (self._version, len(t.seeds))
+        if self._top is None or self._top[0] != key:
+            end, mirror = self._end, t.mirror
+            self._top = (key, max(end[mirror[m]] for m in t.seeds))
+        return self._top[1]
 
     def _update_tails(self) -> None:
         """:meth:`Tails.update`, counted."""
@@ -557,6 +578,7 @@ class Compiled:
         The edits that take the last re-time back (the orders before it, exactly) put the
         times it changed back instead (:meth:`_way_back_to`)."""
         way, self._way = self._way, None
+        self._version += 1  # (the ends change)
         if way is not None and self._back(way, edits):
             return self._way_back_to(way, edits)
         if self._stuck and self._tails is not None:

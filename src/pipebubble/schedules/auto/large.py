@@ -133,7 +133,7 @@ def local_search(schedule: Schedule, costs: CostModel | StageCosts | None = None
                     exact = core.settle()
                     if exact < step - band:
                         step = exact
-                        core.refresh_tails()  # (what the next try does first: timed)
+                        core.refresh_tails()  # (what the next try would do first: timed)
                         kept_seconds.append(time.perf_counter() - t1)
                         kept += 1
                         more = True
