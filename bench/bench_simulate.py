@@ -31,14 +31,29 @@ of that repeat.
    search's pattern, 200 random moves each tried, its step time read, and taken back; the
    time of all three calls (the move is answered from the tails, or re-timed where the tails
    cannot tell, and left pending; taking it back cancels it). *Kept*: 30 moves kept; the
-   time of the move, ``settle()`` (its re-time) and the next try (which runs the kernel's
-   loop backwards again over the tails the kept move may have changed, and answers). Each:
+   time of the move, ``settle()`` (its re-time) and the next try (which first brings the
+   tails up to date, backwards from what the kept move changed, and answers). Each:
    the median ratio and the share >= 100x. *Mix*: 200 moves, every tenth kept, against 200
-   full runs (all calls timed). Target: >= 100x median for a tried move (issue 19). A kept
-   move costs about a full run: the re-time of what it shifted plus the tails of what it
-   waits for (in a step without slack, most steps before it).
+   full runs (all calls timed). Target: >= 100x median for a tried move (issue 19). A
+   random move kept shifts many ends after it and tails before it (median 5 % and 16 %
+   here), so it costs about a full run.
+6. Kept moves (``python bench/bench_simulate.py kept``): on ZB-H1 p=16 m=1042, ZB-V p=16
+   m=528, interleaved 1F1B p=16 m=784 v=2 (about 50,000 actions each, comm 0.1) and ZB-V
+   with unequal stages, 40 moves of each of two sorts kept: random neighbour swaps, and
+   the moves a search keeps (a critical action moved 1 to 3 places, kept when the step is
+   not worse). Timed: the move, ``settle()`` and bringing the tails up to date (what the
+   next try needs first), against a full validate + simulate; beside it the share of
+   actions whose end, and whose tail, changed (computed untimed), and for the moves that
+   shortened the step their own speed-up and shares.
+7. The local search over large orders (``python bench/bench_simulate.py large``,
+   ``schedules/auto/large.py``) from auto's answer on bench_auto's Table 8 settings and two
+   Zero Bubble Table 9 rows, and from the registered ZB-H1 / ZB-V orders with unequal
+   stages: the step before and after, the gap to auto's lower bound, the seconds, moves
+   tried, kept (shorter) / kept on flat ground, and the cost of each kept move against a
+   full run; then the same search's moves per second with every move re-timed.
 
-Run: ``make bench`` or ``.venv/bin/python bench/bench_simulate.py``. Prints; asserts nothing.
+Run: ``make bench`` or ``.venv/bin/python bench/bench_simulate.py [incremental|kept|large]``.
+Prints; asserts nothing.
 """
 
 from __future__ import annotations
@@ -237,14 +252,215 @@ def incremental() -> None:
               f"kept); {lazy} of the 200 tries answered from the tails")
 
 
+KEPT_CASES = (("zb-h1", 16, 1042, None, False), ("zbv", 16, 528, None, False),
+              ("interleaved-1f1b", 16, 784, 2, False), ("zbv", 16, 528, None, True))
+
+
+def unequal(stages: int, comm: float = 0.1) -> CostModel:
+    """Stages 1 to 1.4 times as slow as the fastest (drawn, seeded), B = 2F, W = F."""
+    import random
+
+    rng = random.Random(5)
+    f = [1 + 0.4 * rng.random() for _ in range(stages)]
+    return CostModel(f=f, b=[2 * x for x in f], w=f, comm=comm)
+
+
+def _by_node(core):
+    """(ends, tails) of every action, indexed by node (the tails brought up to date)."""
+    import numpy as np
+
+    t = core._tails
+    if t.dirty:
+        core._update_tails()
+    real = np.flatnonzero(core._real)
+    pos = np.asarray(core._pos_of)[real]
+    return np.asarray(core._end)[pos], t.tails(pos)
+
+
+def kept_moves(cases=KEPT_CASES, moves: int = 40) -> None:
+    """Section 6: kept moves (module docstring)."""
+    print("6) kept moves, re-timed forwards and backwards only where ends and tails change "
+          "(move, settle, tails brought up to date), vs a full validate + simulate")
+    for name, p, m, v, uneven in cases:
+        _kept_case(name, p, m, v, uneven, moves)
+
+
+def _kept_case(name: str, p: int, m: int, v: int | None, uneven: bool, moves: int) -> None:
+    """Section 6 on one schedule."""
+    import random
+    import statistics
+
+    import numpy as np
+
+    from pipebubble.sim.critical import tolerance
+    from pipebubble.sim.program import Compiled
+
+    schedule = get_schedule(name, p, m, v)
+    costs = unequal(schedule.num_stages) if uneven else CostModel(f=1, b=2, w=1, comm=0.1)
+    core = Compiled(schedule, costs)
+    n = schedule.num_actions()
+    edited = core.schedule()
+    full = best_of(lambda edited=edited: (validate(s := replace(edited)),
+                                          simulate(s, costs)))[0]
+    keys = [(st.stage, st.microbatch) for st in core.steps]
+    rng = random.Random(1)
+    core._tails_ready()
+    label = f"{name} p={p} m={m}" + (f" v={v}" if v else "") + \
+        (", unequal stages (1-1.4x)" if uneven else "")
+    print(f"   {label}: {n:,} actions, full validate + simulate {full * 1e3:.1f} ms")
+
+    def allowed(r, k, to):
+        order = core.orders[r]
+        lo, hi = (to, k) if to < k else (k + 1, to + 1)
+        return 0 <= to < len(order) and all(keys[i] != keys[order[k]]
+                                             for i in order[lo:hi])
+
+    def neighbours():
+        while True:
+            r = rng.randrange(p)
+            k = rng.randrange(len(core.orders[r]) - 1)
+            if allowed(r, k, k + 1):
+                return r, k
+
+    for kind in ("random", "critical"):
+        ratios, fe, ft, better = [], [], [], []
+        e0 = t0s = None
+        crit = core.critical() if kind == "critical" else []
+        while len(ratios) < moves:
+            if kind == "random":
+                r, k = neighbours()
+                to = k + 1
+            else:
+                r, k = crit[rng.randrange(len(crit))]
+                to = k + rng.choice((-3, -2, -1, 1, 2, 3))
+                if not allowed(r, k, to):
+                    continue
+            if e0 is None:
+                e0, t0s = _by_node(core)
+            step = core.step_time
+            t0 = time.perf_counter()
+            got = core.move(r, k, to)
+            if kind == "critical" and got > step + 2 * tolerance(n, step):
+                core.move(r, to, k)  # a search would not keep it: taken back
+                continue
+            core.settle()
+            if not core.deadlocked:
+                core._tails_ready()  # what the next try needs: the tails up to date
+            ratios.append(full / (time.perf_counter() - t0))
+            if core.deadlocked:  # (a deadlock kept: back, untimed)
+                core.move(r, to, k)
+                ratios.pop()
+                continue
+            e1, t1s = _by_node(core)
+            fe.append(float(np.mean(e1 != e0)))
+            ft.append(float(np.mean(t1s != t0s)))
+            if core.step_time < step:  # (a move that shortens the step)
+                better.append(f"{ratios[-1]:.1f}x/{fe[-1]:.0%}/{ft[-1]:.0%}")
+            e0, t0s = e1, t1s
+            if kind == "critical" and len(ratios) % 10 == 0:
+                crit = core.critical()
+        ratios.sort()
+        q = statistics.quantiles(ratios, n=10)
+        what = ("random neighbour swaps kept" if kind == "random" else
+                "critical action moved 1-3, kept when not worse")
+        share = sum(x >= 20 for x in ratios) / len(ratios)
+        print(f"     {what:46s}: median {statistics.median(ratios):7.1f}x "
+              f"(p10 {q[0]:.1f}x, p90 {q[-1]:.1f}x), {share:4.0%} >= 20x; ends changed: "
+              f"median {statistics.median(fe):6.2%} (max {max(fe):.1%}), tails changed: "
+              f"median {statistics.median(ft):6.2%} (max {max(ft):.1%}); "
+              f"{len(better)} of {len(ratios)} shortened the step"
+              + (f" (speed-up/ends/tails changed: {', '.join(better)})" if better else ""))
+
+
+T8 = (14316.0, 14306.0, 9639.0, 1619.0)  # bench_auto's Table 8 costs (per chunk F, I, W, comm)
+LARGE_CASES = (  # (label, p, m, costs, memory limit, placement)
+    *((f"Table 8 p={p} m={m}", p, m,
+       CostModel(f=2 * T8[0], b=2 * (T8[1] + T8[2]), w=2 * T8[2], comm=T8[3],
+                 weight_memory=1.0), (p + 2) // 2, "v")
+      for p, m in ((16, 48), (16, 128), (24, 96), (32, 96), (32, 256))),
+    ("ZB Table 9 14.6B p=16 m=128 ZB-1p", 16, 128,
+     CostModel(f=11.325, b=11.308 + 8.109, w=8.109, comm=0.378, weight_memory=0.5), 16,
+     "loop"),
+    ("ZB Table 9 28.3B p=32 m=256 ZB-1p", 32, 256,
+     CostModel(f=10.402, b=10.248 + 7.698, w=7.698, comm=0.460, weight_memory=0.5), 32,
+     "loop"),
+)
+
+
+def large_search(tries: int = 20000) -> None:
+    """Section 7: the local search over large orders (``schedules/auto/large.py``) from
+    auto's answer."""
+    from pipebubble import auto_schedule
+    from pipebubble.schedules.auto.large import local_search
+    from pipebubble.sim.program import Compiled
+
+    print(f"7) local search over large orders (auto/large.py, at most {tries:,} moves) from "
+          "auto's answer")
+    print(f"   {'setting':34s} {'actions':>7s} {'auto s':>6s} {'auto step':>12s} "
+          f"{'searched':>12s} {'gain':>7s} {'gap before/after':>17s} {'search s':>8s} "
+          f"{'tried':>6s} {'kept':>9s} {'moves/s':>7s}  kept move vs a full run: median "
+          "(min-max)")
+    for label, p, m, costs, limit, placement in LARGE_CASES:
+        t0 = time.perf_counter()
+        s = auto_schedule(p, m, costs, memory_limit=limit, placement=placement)
+        secs = time.perf_counter() - t0
+        info = s.options["auto"]
+        out = local_search(s, costs, limit, tries=tries)
+        assert simulate(out.schedule, costs).step_time == out.step_time
+        full = best_of(lambda s=s, costs=costs: (validate(x := replace(s)),
+                                                 simulate(x, costs)))[0]
+        ks = sorted(full / x for x in out.kept_seconds)
+        kept = (f"{ks[len(ks) // 2]:.1f}x ({ks[0]:.1f}-{ks[-1]:.1f}x)" if ks else "-")
+        bound = info["lower_bound"]
+        gain = (out.start_time - out.step_time) / out.start_time
+        print(f"   {label:34s} {s.num_actions():>7,} {secs:6.2f} {out.start_time:12.1f} "
+              f"{out.step_time:12.1f} {gain:7.3%} {(out.start_time - bound) / bound:8.2%}/"
+              f"{(out.step_time - bound) / bound:.2%} {out.seconds:8.2f} {out.tried:6,} "
+              f"{out.kept:4d}/{out.sideways:<4d} {out.tried / out.seconds:7.0f}  {kept}")
+    for name, p, m in (("zb-h1", 16, 1042), ("zbv", 16, 528)):  # registered orders
+        s = get_schedule(name, p, m)
+        costs = unequal(s.num_stages)
+        out = local_search(s, costs, tries=tries)
+        full = best_of(lambda s=s, costs=costs: (validate(x := replace(s)),
+                                                 simulate(x, costs)))[0]
+        ks = sorted(full / x for x in out.kept_seconds)
+        kept = (f"{ks[len(ks) // 2]:.1f}x ({ks[0]:.1f}-{ks[-1]:.1f}x)" if ks else "-")
+        gain = (out.start_time - out.step_time) / out.start_time
+        print(f"   {name + ' unequal, registered start':34s} {s.num_actions():>7,} {'-':>6s} "
+              f"{out.start_time:12.1f} {out.step_time:12.1f} {gain:7.3%} {'-':>17s} "
+              f"{out.seconds:8.2f} {out.tried:6,} {out.kept:4d}/{out.sideways:<4d} "
+              f"{out.tried / out.seconds:7.0f}  {kept}")
+    # The same search with every move re-timed (no answers from the tails), a few moves:
+    label, p, m, costs, limit, placement = LARGE_CASES[1]
+    s = auto_schedule(p, m, costs, memory_limit=limit, placement=placement)
+    rates = []
+    for tails_from in (Compiled.TAILS_FROM, 10 ** 9):
+        Compiled.TAILS_FROM = tails_from
+        try:
+            out = local_search(s, costs, limit, tries=500)
+        finally:
+            Compiled.TAILS_FROM = 4096
+        rates.append(out.tried / out.seconds)
+    print(f"   {label}, 500 moves: {rates[0]:.0f} moves/s answered from the tails, "
+          f"{rates[1]:.0f} moves/s each re-timed: {rates[0] / rates[1]:.1f}x")
+
+
 if __name__ == "__main__":
     import sys
 
     if sys.argv[1:] == ["incremental"]:
         incremental()
         raise SystemExit
+    if sys.argv[1:] == ["kept"]:
+        kept_moves()
+        raise SystemExit
+    if sys.argv[1:] == ["large"]:
+        large_search()
+        raise SystemExit
     throughput()
     against_torch()
     generation_and_gantt()
     linear_in_ranks()
     incremental()
+    kept_moves()
+    large_search()

@@ -12,8 +12,11 @@ follows. Its **reach** is ``duration[q] + tail[q]``. The step time L is the larg
 each rank's order backwards, each step waiting for the step that waited for it (a lone
 action's output has at most one waiter, so the reversed program again has one producer per
 step). The reversed step's start is the tail, its end the reach. A change that is kept
-changes the tails of what its steps wait for only, so :class:`Tails` runs that loop again
-over those steps alone.
+changes the tails of what its steps wait for only, and of those only the ones whose
+longest path to the end ran through it: :meth:`Tails.update` evaluates the changed steps
+again with the loop's arithmetic and passes a change on backwards, stopping where a tail
+stays the same (past a few percent of the steps, it runs the loop again over every step
+the change's steps wait for instead).
 
 **A window rewrite.** Rank r's steps at positions lo..hi take a new order Z1..Zm (a swap of
 neighbours: m = 2; one action moved k places: m = k + 1); p is the step before the window,
@@ -73,11 +76,13 @@ class Tails:
     """The tails of a program without Overlap pairs (each step's output waited for by one
     step at most): the kernel's loop over the reversed program (module docstring), kept up
     to date as the program changes. :meth:`place` follows a changed stretch into the
-    reversed program; :meth:`mark` marks what may have changed (every step the stretch's
-    steps wait for, directly or not: they end no later than the stretch's last step, so on
-    each rank a first run of steps ending by then); :meth:`refresh` runs the loop again over
-    the marked steps only (what they wait for in the reversed program, the tails of what
-    follows them, did not change).
+    reversed program and remembers the reversed steps whose inputs changed (seeds);
+    :meth:`update` re-evaluates backwards from them, only where a tail changes;
+    :meth:`mark` marks what may have changed (every step the stretch's steps wait for,
+    directly or not: they end no later than the stretch's last step, so on each rank a
+    first run of steps ending by then); :meth:`refresh` runs the loop again over the
+    marked steps only (what they wait for in the reversed program, the tails of what
+    follows them, did not change): the update's fallback when the change reaches far.
 
     >>> from pipebubble.schedules import get_schedule
     >>> from pipebubble.costs import CostModel
@@ -93,6 +98,9 @@ class Tails:
     Rank 0's steps end at 1, 2, 6 and 9: end + tail is 9 (the step time) for all but the
     second forward, which has 2 of slack.
     """
+
+    FAR = 0.03  # the share of steps after which an update hands over to the marked re-run
+    FLOOR = 64  # (plus this many)
 
     def __init__(self, producer: Sequence[int], lag: Sequence[float],
                  duration: Sequence[float], initial: Sequence[float], first: list[int],
@@ -122,6 +130,15 @@ class Tails:
         self.rend = run(Program(self.rprod, self.rlag, self.rdur, initial, first, last,
                                 None, 0))
         self.stale = [0] * len(first)  # per rank: how many of its first steps are marked
+        self.producer = producer  # the forward program's (kept up to date by its owner)
+        rank = np.full(size, -1, dtype=np.int64)
+        rank[q] = np.repeat(np.arange(len(first)), lengths)
+        self.rank = rank.tolist()  # position (forward or mirrored) -> its rank (-1: none)
+        self.seeds: set[int] = set()  # reversed steps whose inputs changed since the update
+        self.keys: dict[int, float] = {}  # (their heap keys, where not their reach)
+        self._queued = bytearray(size)
+        self.evaluated = 0  # reversed steps evaluated by updates (a measure of their work)
+        self.changed = 0  # and how many of them changed their tail (updates that sufficed)
 
     def tail(self, q: int) -> float:
         """The tail of position q (the reversed step's start: the kernel's max)."""
@@ -131,17 +148,49 @@ class Tails:
         x = rend[self.rprod[m]] + self.rlag[m]
         return x if x > t else t
 
+    def tails(self, positions):
+        """The tails of these positions (a numpy array of them), vectorised: the same
+        max as :meth:`tail`."""
+        import numpy as np
+
+        m = np.asarray(self.mirror, dtype=np.int64)[positions]
+        rend = np.frombuffer(self.rend, dtype=np.float64)
+        rprod = np.frombuffer(self.rprod, dtype=np.int64)
+        rlag = np.frombuffer(self.rlag, dtype=np.float64)
+        return np.maximum(rend[m - 1], rend[rprod[m]] + rlag[m])
+
     def reach(self, q: int) -> float:
         """Position q's duration + tail (the reversed step's end)."""
         return self.rend[self.mirror[q]]
 
     def place(self, p0: int, p1: int, node_at: list[int], pos_of: list[int],
               need: list[int], lag: list[float], duration: list[float],
-              consumers: list[list[int]], rank_at: list[int]) -> None:
+              consumers: list[list[int]], rank_at: list[int],
+              was: dict[int, int] | None = None) -> None:
         """Positions p0..p1 hold other nodes now (``node_at``; node x waits for ``need[x]``,
-        which is a step where ``rank_at`` is >= 0): follow them in the reversed program."""
+        which is a step where ``rank_at`` is >= 0): follow them in the reversed program.
+        ``was``: where each of them stood before (their old reaches travel with them, the
+        values :meth:`update` starts from); the reversed steps whose inputs changed are
+        remembered as seeds of the next update."""
         mirror, rprod, rlag, rdur = self.mirror, self.rprod, self.rlag, self.rdur
+        seeds = self.seeds
+        rend = self.rend
+        if was is not None:
+            moved = [rend[mirror[was[node_at[q]]]] for q in range(p0, p1 + 1)]
+            for q, v in zip(range(p0, p1 + 1), moved, strict=True):
+                rend[mirror[q]] = v
+        # The stretch's update key: the least of its old reaches (they travelled with its
+        # steps, so they are no order of the new program), the stretch then in its order.
+        k0 = min(rend[mirror[q]] for q in range(p0, p1 + 1))
+        keys = self.keys
         for q in range(p0, p1 + 1):
+            m = mirror[q]
+            if k0 < keys.get(m, _INF):
+                keys[m] = k0
+        if p0 > self.first[rank_at[p0]]:
+            seeds.add(mirror[p0 - 1])  # the step before the stretch: another one after it
+        for q in range(p0, p1 + 1):
+            seeds.add(mirror[q])
             x = node_at[q]
             m = mirror[q]
             rdur[m] = duration[x]
@@ -153,6 +202,7 @@ class Tails:
             j = need[x]
             if rank_at[j] >= 0:
                 rprod[mirror[pos_of[j]]], rlag[mirror[pos_of[j]]] = m, lag[x]
+                seeds.add(mirror[pos_of[j]])
 
     def mark(self, end: list[float], top: float) -> None:
         """Mark, on every rank, the steps that end by ``top`` (``end``: the program's
@@ -170,8 +220,80 @@ class Tails:
         """How many steps are marked."""
         return sum(self.stale)
 
+    @property
+    def dirty(self) -> bool:
+        """Whether a change placed since the last update may have changed some tails."""
+        return bool(self.seeds) or any(self.stale)
+
+    def update(self) -> bool:
+        """Bring the tails up to date after the changes placed since the last update:
+        *backwards only where they change*. The seeds (the reversed steps whose inputs
+        changed) are evaluated again with the kernel's arithmetic, and a reversed step whose
+        end (a reach) moves passes the change on to the reversed steps that read it (the
+        step before it on its rank; the step its forward twin waits for); where a reach
+        stays the same, the change stops. A heap keyed by the old reaches (a topological
+        order of the old reversed program) keeps re-evaluations few. The result is the
+        loop's fixpoint, the doubles a full backward run gives. Past :attr:`FAR` of the
+        steps it is undone and the marked steps run again instead (:meth:`refresh`);
+        returns whether the update alone sufficed."""
+        import heapq
+
+        seeds = self.seeds
+        if not seeds:
+            self.refresh()
+            return True
+        rend, rprod, rlag, rdur = self.rend, self.rprod, self.rlag, self.rdur
+        mirror, producer, rank, last = self.mirror, self.producer, self.rank, self.last
+        queued = self._queued
+        keys = self.keys
+        heap = [(keys.get(m, rend[m]), m) for m in seeds]
+        self.keys = {}
+        for m in seeds:
+            queued[m] = 1
+        heapq.heapify(heap)
+        pop, push = heapq.heappop, heapq.heappush
+        budget = start = int(len(rend) * self.FAR) + self.FLOOR
+        undo = []
+        while heap:
+            _, m = pop(heap)
+            queued[m] = 0
+            budget -= 1
+            if not budget:
+                for _, m in heap:
+                    queued[m] = 0
+                for m, e in reversed(undo):
+                    rend[m] = e
+                self.evaluated += start
+                self.seeds = set()
+                self.refresh()
+                return False
+            t = rend[m - 1]
+            x = rend[rprod[m]] + rlag[m]
+            if x > t:
+                t = x
+            t += rdur[m]
+            if t != rend[m]:
+                undo.append((m, rend[m]))
+                rend[m] = t
+                r = rank[m]
+                if m < last[r] and not queued[m + 1]:
+                    queued[m + 1] = 1
+                    push(heap, (rend[m + 1], m + 1))
+                j = producer[mirror[m]]
+                if rank[j] >= 0:
+                    mj = mirror[j]
+                    if not queued[mj]:
+                        queued[mj] = 1
+                        push(heap, (rend[mj], mj))
+        self.evaluated += start - budget
+        self.changed += len(undo)
+        self.seeds = set()
+        self.stale = [0] * len(self.stale)
+        return True
+
     def refresh(self) -> None:
         """Run the reversed program's loop again over the marked steps."""
+        self.seeds, self.keys = set(), {}
         if not any(self.stale):
             return
         rend = self.rend

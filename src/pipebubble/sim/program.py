@@ -14,8 +14,13 @@ that changed and re-times only what changes, by *dirty propagation*: the steps w
 predecessor on their rank changed are evaluated again, and a step whose end moves passes
 the change on to its successors (the next step of its rank and the steps that wait for its
 output); where an end stays the same, the change stops. A heap keyed by the old start times
-(a topological order of the old program) keeps each step from being evaluated more than
-a few times. The answer is exactly a full simulation's (a hypothesis test keeps them equal).
+(a topological order of the old program), the changed stretch first and in its new order
+(its steps' old times travel with them, so they are no order of the new program), keeps
+each step from being evaluated more than a few times. Past :attr:`~Compiled.FAR` of the
+steps it hands over to the kernel's loop from the change on. The answer is exactly a full
+simulation's (a hypothesis test keeps them equal). A re-time that the next edit takes back
+(it restores the orders before it, exactly: a refused try) is not re-timed again: the
+times it changed are put back (its undo list, or copies made before the kernel's loop).
 
 A new order may deadlock (two ranks each waiting for the other). Every cycle of the new
 program contains a new edge that points back in the old time order, and lies among the
@@ -30,7 +35,8 @@ neighbours; one action moved up to :attr:`Compiled.WINDOW` places), on a program
 Overlap pairs, :meth:`Compiled.swap`, :meth:`~Compiled.move` and :meth:`~Compiled.reorder`
 first ask the critical-path analysis of ``sim/critical.py``: the ends kept here (heads), the
 longest path from each step to the end of the step (tails, one backward run of the kernel's
-loop after each change that was kept), give the new step time of the stretch in a few
+loop, then kept up to date backwards from each kept change, where tails change), give the
+new step time of the stretch in a few
 dozen operations, or say that only a re-time can tell (a critical step moved and the step
 may get shorter). A deadlock of a swap of neighbours is found there too, exactly. The move
 is then *pending*: :attr:`~Compiled.step_time`, :attr:`~Compiled.deadlocked`,
@@ -249,6 +255,8 @@ class Compiled:
         self._pos_of = list(range(size))
         self._producer = list(prog.producer)
         self._lag = list(prog.lag)
+        self._producer_np = np.array(prog.producer, dtype=np.int64)  # (copies, kept in
+        self._lag_np = np.array(prog.lag, dtype=np.float64)  # step: the starts' numpy max)
         self._duration = list(prog.duration)
         self._initial = prog.initial_end
         self._peaks: list[float | None] = [None] * schedule.num_ranks
@@ -257,6 +265,8 @@ class Compiled:
         # Lazy answers (module docstring): a move answered from the tails, not yet re-timed.
         self._pending: tuple | None = None  # (rank, lo, hi, old order, answer, old peak)
         self._tails: Tails | None = None  # of the program as re-timed (None: not built)
+        self._way: tuple | None = None  # the way back from the last re-time: (the orders
+        # before it, whether it was stuck, what to put back: see _way_back_to)
         tails_from = self.TAILS_FROM if tails_from is None else tails_from
         self._window = None if (prog.num_pairs or size < tails_from
                                 or any(len(c) > 1 for c in self._consumers)) \
@@ -264,7 +274,10 @@ class Compiled:
                         self._rank_at, self.last)
         self._lazy = True  # whether to refresh stale tails (False after a read settled)
         self._backoff, self._waited = self.BACKOFF, 0
-        self.counts = {"lazy": 0, "cancelled": 0, "settled": 0, "re-timed": 0}
+        self.counts = {"lazy": 0, "cancelled": 0, "settled": 0, "re-timed": 0,
+                       "suffix runs": 0, "ends evaluated": 0, "tails evaluated": 0,
+                       "tails re-runs": 0, "restored": 0, "tails deferred": 0}
+        self._version, self._top = 0, None  # (the ends' version; _seed_top's cache)
         self._full_run()
 
     # ---- the answers -------------------------------------------------------------
@@ -344,6 +357,51 @@ class Compiled:
                 real = [x for x in ids if self._real[x]]  # not a pair's wait step
                 self._peaks[r] = _peak(self._d0[real], self._d1[real])
         return list(self._peaks)
+
+    def ends_sum(self) -> float:
+        """The sum of every step's end (re-times a pending move first; ``inf`` when the
+        orders deadlock): a search's tie-break on flat ground."""
+        if self._pending is not None:
+            self._settle(read=False)
+        if self._stuck:
+            return _INF
+        end = self._end
+        return sum(sum(end[lo:hi + 1]) for lo, hi in zip(self.first, self.last, strict=True))
+
+    def critical(self, within: float = 0.0) -> list[tuple[int, int]]:
+        """The (rank, index) of every step on a longest path, or within ``within`` of one
+        (its end + tail at least the step time - ``within`` - the rounding allowance of
+        :func:`~pipebubble.sim.critical.tolerance`), rank after rank; re-times a pending
+        move first and brings the tails up to date (builds them the first time). Empty
+        when the orders deadlock.
+
+        >>> from pipebubble.schedules import get_schedule
+        >>> c = Compiled(get_schedule("1f1b", ranks=2, microbatches=2), CostModel())
+        >>> c.critical()  # rank 0: F F B B end at 1, 2, 6, 9; the second B starts at 7
+        [(0, 0), (0, 3), (1, 0), (1, 1), (1, 2), (1, 3)]
+        """
+        import numpy as np
+
+        if self._pending is not None:
+            self._settle(read=False)
+        if self._stuck:
+            return []
+        if self._num_pairs or any(len(c) > 1 for c in self._consumers):
+            raise ScheduleError("critical(): not for programs with Overlap pairs")
+        if self._tails is None:
+            self._tails = Tails(self._producer, self._lag, self._duration, self._initial,
+                                self.first, self.last)
+        elif self._tails.dirty:
+            self._update_tails()
+        step = self._time()
+        floor = step - within - tolerance(len(self._end), step)
+        out = []
+        end = np.asarray(self._end)
+        for r in range(len(self.orders)):
+            q = np.arange(self.first[r], self.last[r] + 1)
+            hit = np.flatnonzero(end[q] + self._tails.tails(q) >= floor)
+            out += [(r, int(k)) for k in hit]
+        return out
 
     def fits(self, limits: float | Sequence[float] | None) -> bool:
         """Every rank's peak within its limit (one value for all, or one per rank; None:
@@ -427,9 +485,13 @@ class Compiled:
                     self._lazy, self._backoff = True, self.BACKOFF
                     return self.step_time
             self._settle(read=False)
+        way = self._way
+        if way is not None and self._back(way, edits):
+            return self._apply({r: (lo, hi, self.orders[r], new)
+                                for r, (lo, hi, new) in edits.items()})  # (put back)
         if len(edits) == 1 and self._window is not None and not self._stuck:
             ((r, (lo, hi, new)),) = edits.items()
-            if hi - lo < self.WINDOW and self._tails_ready():
+            if hi - lo < self.WINDOW and self._tails_ready(self.first[r] + lo):
                 p0 = self.first[r] + lo  # (no pairs: one node per step)
                 step = self._time()
                 got = self._window.step_time(
@@ -457,11 +519,28 @@ class Compiled:
         self._apply({r: (lo, hi, old, self.orders[r])}, deadlock=answer == _INF)
         self._peaks[r] = peak
 
-    def _tails_ready(self) -> bool:
-        """Whether the tails are up to date, bringing them up to date (the marked ones,
-        or all the first time) if that is likely to pay."""
+    def refresh_tails(self) -> None:
+        """Bring the tails up to date now (the next move answered from them would do it
+        first; a search that times its kept moves calls this to charge it to them)."""
+        if self._pending is None and not self._stuck and self._window is not None:
+            self._tails_ready()
+
+    def _tails_ready(self, p0: int | None = None) -> bool:
+        """Whether the tails are up to date, bringing them up to date (backwards from what
+        changed, or all the first time) if that is likely to pay; with ``p0``, the first
+        position of a stretch to answer: whether the tails it reads are up to date.
+
+        Those are the tails of the stretch's steps and of what waits for them, all ending
+        at or after ``end[p0]``. A kept change may have changed only the tails of what
+        its steps (the seeds) wait for, which end no later than they do: so where every
+        seed ends before ``end[p0]``, the tails the stretch reads hold, and the update
+        waits for a stretch that needs it (on demand: a search that tries later moves
+        after earlier ones updates them once a pass)."""
         t = self._tails
-        if t is not None and not any(t.stale):
+        if t is not None and not t.dirty:
+            return True
+        if t is not None and p0 is not None and t.seeds and self._end[p0] > self._seed_top():
+            self.counts["tails deferred"] += 1
             return True
         if not self._lazy:
             self._waited += 1
@@ -472,17 +551,44 @@ class Compiled:
             self._tails = Tails(self._producer, self._lag, self._duration, self._initial,
                                 self.first, self.last)
         else:
-            t.refresh()
+            self._update_tails()
         return True
+
+    def _seed_top(self) -> float:
+        """The latest end of a step whose tails' inputs changed since the last update."""
+        t = self._tails
+        key = (self._version, len(t.seeds))
+        if self._top is None or self._top[0] != key:
+            end, mirror = self._end, t.mirror
+            self._top = (key, max(end[mirror[m]] for m in t.seeds))
+        return self._top[1]
+
+    def _update_tails(self) -> None:
+        """:meth:`Tails.update`, counted."""
+        t = self._tails
+        before = t.evaluated
+        if not t.update():
+            self.counts["tails re-runs"] += 1
+        self.counts["tails evaluated"] += t.evaluated - before
 
     def _apply(self, edits: Mapping[int, tuple[int, int, list[int], list[int]]],
                deadlock: bool | None = None) -> float:
         """Re-time after these edits (rank -> first and last changed index, the order the
-        program holds, the new one); ``deadlock``: whether they close a cycle, if known."""
+        program holds, the new one); ``deadlock``: whether they close a cycle, if known.
+        The edits that take the last re-time back (the orders before it, exactly) put the
+        times it changed back instead (:meth:`_way_back_to`)."""
+        way, self._way = self._way, None
+        self._version += 1  # (the ends change)
+        if way is not None and self._back(way, edits):
+            return self._way_back_to(way, edits)
+        if self._stuck and self._tails is not None:
+            self._tails = None  # (its seeds, left unmarked in a deadlock, wait in vain)
         segments = []  # (first, last) position of each changed stretch
         whole = self._stuck or not self._positive or len(self._end) < self.SMALL
         if not whole and not deadlock:
             _ = self._start  # the old starts, the re-time's keys: before the orders change
+        before = {r: old for r, (_, _, old, _) in edits.items()}
+        stuck = self._stuck
         for r, (lo, hi, old, new) in edits.items():
             segments.append(self._place(r, lo, hi, old, new))
             self.orders[r] = new
@@ -490,16 +596,55 @@ class Compiled:
         self.counts["re-timed"] += 1
         if deadlock:
             self._stuck = True  # (the next re-time runs the kernel's loop)
+            self._way = (before, stuck, None)
         elif whole:
+            self._way = (before, stuck, (self._end, self._start_list))  # (replaced, kept)
             self._full_run()  # the kernel's loop: on a small program, faster than any book
         elif deadlock is None and self._cycle(segments):
             self._stuck = True
-        elif not self._propagate(segments):
-            self._suffix_run(segments)  # it reached far: the kernel's loop from there on
+            self._way = (before, stuck, None)
+        else:
+            undo = self._propagate(segments)
+            if undo is None:
+                self._way = (before, stuck, (list(self._end), list(self._start)))
+                self._suffix_run(segments)  # it reached far: the kernel's loop from there on
+                self.counts["suffix runs"] += 1
+            else:
+                self._way = (before, stuck, undo)
+        if self._tails is not None and not self._stuck:
+            for _, p1 in segments:  # what the changed steps wait for may have other tails
+                self._tails.mark(self._end, self._end[p1])  # (in a deadlock: kept unmarked
+        return self.step_time  # for the way back; anything else drops them)
+
+    def _back(self, way: tuple, edits: Mapping[int, tuple]) -> bool:
+        """Whether ``edits`` give each rank the order ``way`` remembers, and only those."""
+        orders = way[0]
+        return len(edits) == len(orders) and all(
+            r in orders and e[-1] == orders[r] for r, e in edits.items())
+
+    def _way_back_to(self, way: tuple, edits: Mapping[int, tuple]) -> float:
+        """Take the last re-time back without re-timing: put back the times it changed
+        (its undo list, or copies of the ends and starts before a run of the kernel's
+        loop; a deadlock found without a re-time changed none), then the steps, whose
+        times travel with them to where they stood."""
+        _, stuck, saved = way
+        if isinstance(saved, list):
+            start, end = self._start_list, self._end
+            for q, t, e in reversed(saved):
+                start[q], end[q] = t, e
+        elif saved is not None:
+            self._end, self._start_list = saved
+        segments = []
+        for r, (lo, hi, old, new) in edits.items():
+            segments.append(self._place(r, lo, hi, old, new))
+            self.orders[r] = new
+            self._peaks[r] = None
+        self._stuck = stuck
+        self.counts["restored"] += 1
         if self._tails is not None:
-            if self._stuck:
+            if stuck:
                 self._tails = None
-            else:  # what the changed steps wait for may have other tails now
+            else:
                 for _, p1 in segments:
                     self._tails.mark(self._end, self._end[p1])
         return self.step_time
@@ -521,16 +666,16 @@ class Compiled:
             start[p0:p1 + 1] = [start[was[x]] for x in ids]
         for q, x in enumerate(ids, p0):
             pos_of[x] = q
-        need, producer = self._need, self._producer
+        need, producer, prod_np = self._need, self._producer, self._producer_np
         for q, x in enumerate(ids, p0):
-            producer[q] = pos_of[need[x]]
-            self._lag[q] = self._lag_of[x]
+            producer[q] = prod_np[q] = pos_of[need[x]]
+            self._lag[q] = self._lag_np[q] = self._lag_of[x]
             self._duration[q] = self._dur_of[x]
             for c in self._consumers[x]:
-                producer[pos_of[c]] = q
+                producer[pos_of[c]] = prod_np[pos_of[c]] = q
         if self._tails is not None:
             self._tails.place(p0, p1, self._node_at, pos_of, need, self._lag_of,
-                              self._dur_of, self._consumers, self._rank_at)
+                              self._dur_of, self._consumers, self._rank_at, was)
         return p0, p1
 
     def _cycle(self, segments: list[tuple[int, int]]) -> bool:
@@ -585,22 +730,24 @@ class Compiled:
         for c in consumers[node_at[q]]:
             yield pos_of[c]
 
-    def _propagate(self, segments: list[tuple[int, int]]) -> bool:
-        """Dirty propagation from the changed stretches (see the module docstring); False
-        (left half done) once it has evaluated more than ``FAR`` of the steps."""
+    def _propagate(self, segments: list[tuple[int, int]]) -> list | None:
+        """Dirty propagation from the changed stretches (see the module docstring): the
+        undo list (step, its start and end before, in the order evaluated); None (undone)
+        once it has evaluated more than ``FAR`` of the steps."""
         start, end = self._start, self._end
         producer, lag, duration = self._producer, self._lag, self._duration
         last, rank_at, pos_of, node_at = self.last, self._rank_at, self._pos_of, self._node_at
         consumers = self._consumers
         queued = self._queued
         heap = []
-        for p0, p1 in segments:
+        for p0, p1 in segments:  # the stretch first, in its new order (its old starts
+            k0 = min(start[p0:p1 + 1])  # travelled with its steps: no order of the new one)
             for q in range(p0, min(p1 + 1, last[rank_at[p0]]) + 1):
-                heap.append((start[q], q))
+                heap.append((k0, q))
                 queued[q] = 1
         heapq.heapify(heap)
         pop, push = heapq.heappop, heapq.heappush
-        budget = int(len(end) * self.FAR) + self.FLOOR
+        budget = first = int(len(end) * self.FAR) + self.FLOOR
         undo = []  # (step, old start, old end): put back if the change reaches too far
         while heap:
             _, q = pop(heap)
@@ -611,7 +758,8 @@ class Compiled:
                     queued[q] = 0
                 for q, t, e in reversed(undo):
                     start[q], end[q] = t, e
-                return False
+                self.counts["ends evaluated"] += first
+                return None
             undo.append((q, start[q], end[q]))
             t = end[q - 1]
             x = end[producer[q]] + lag[q]
@@ -629,7 +777,8 @@ class Compiled:
                     if not queued[pc]:
                         queued[pc] = 1
                         push(heap, (start[pc], pc))
-        return True
+        self.counts["ends evaluated"] += first - budget
+        return undo
 
     def _suffix_run(self, segments: list[tuple[int, int]]) -> None:
         """Re-time with the kernel's loop from the earliest changed start on: a step that
@@ -650,14 +799,18 @@ class Compiled:
             end[q:hi] = [inf] * (hi - q)
         prog = Program(self._producer, self._lag, self._duration, end, frontier, self.last,
                        None, self._num_pairs)
-        self._end = end = list(run(prog))
+        import numpy as np
+
+        ends = run(prog)
+        self._end = end = list(ends)
         self._stuck = any(end[q] == inf for q in self.last if q >= 0)
-        producer, lag = self._producer, self._lag
-        for r, q0 in enumerate(frontier):
-            for q in range(q0, self.last[r] + 1):
-                t = end[q - 1]
-                x = end[producer[q]] + lag[q]
-                start[q] = x if x > t else t
+        e = np.frombuffer(ends, dtype=np.float64)
+        producer, lag = self._producer_np, self._lag_np
+        for r, q0 in enumerate(frontier):  # (the loop's max, vectorised: the same doubles)
+            hi = self.last[r] + 1
+            if hi > q0:
+                start[q0:hi] = np.maximum(e[q0 - 1:hi - 1],
+                                          e[producer[q0:hi]] + lag[q0:hi]).tolist()
 
     def _full_run(self) -> None:
         """Time the current program with the kernel's loop (its starts: when asked)."""
@@ -673,12 +826,13 @@ class Compiled:
         """Every step's start (``max(end[i - 1], end[producer[i]] + lag[i])``), computed
         from the ends after a full run, kept up to date by the incremental re-time."""
         if self._start_list is None:
-            end, producer, lag = self._end, self._producer, self._lag
-            start = [0.0] * len(end)
-            for r in range(len(self.orders)):
-                for q in range(self.first[r], self.last[r] + 1):
-                    t = end[q - 1]
-                    x = end[producer[q]] + lag[q]
-                    start[q] = x if x > t else t
-            self._start_list = start
+            import numpy as np
+
+            end = np.array(self._end)
+            start = np.zeros(len(end))
+            producer, lag = self._producer_np, self._lag_np
+            for r in range(len(self.orders)):  # (the same max, vectorised)
+                q = np.arange(self.first[r], self.last[r] + 1)
+                start[q] = np.maximum(end[q - 1], end[producer[q]] + lag[q])
+            self._start_list = start.tolist()
         return self._start_list
