@@ -98,7 +98,9 @@ def predict_row(row: Row, hw, efficiency: float):
     prof = ProfileSet([shape_profile(shape_of(row), SEQ, 1, attention="unfused")])
     hw = replace(hw, efficiency=efficiency, tp_overlap=False)  # measured before Megatron-LM
     # overlapped the backward's TP all-reduces with weight gradients (September 2021)
-    return search(prof, request_of(row, hw.memory * 0.95), hw, efficiency).plans[0]
+    # the physical memory, as for every published run (``RESERVE``): at the 5 % reserve every
+    # row plans the same (microbatch size and chunks), so no Table 1 figure depends on it
+    return search(prof, request_of(row, hw.memory), hw, efficiency).plans[0]
 
 
 def predict_table1(calibrate_on: str = "18.4B") -> tuple[float, list[dict]]:
@@ -204,6 +206,31 @@ def published_runs() -> tuple[Run, ...]:
                         f"tp=8,sp=1,cp=1,pp={pp},dp=1,sharding=ddp,mbs={mbs},"
                         f"recompute=selective{sched}", "MFU", mfu, step, flash=False,
                         note="" if v or pp == 1 else "chunks searched (not published)"))
+    # Megatron-Turing NLG 530B (Smith et al. 2022, "Using DeepSpeed and Megatron to Train
+    # Megatron-Turing NLG 530B", arXiv 2201.11990): 105 layers, h 20480, 128 heads, sequence
+    # 2048, global batch 1920 (section 4); 8-way tensor slicing inside a DGX A100 node and
+    # 35-way pipeline across nodes, data parallelism over the rest (section 2.3); A100 80 GB
+    # on Selene (8 x 200 Gb/s HDR a node: the preset). Section 2.4: on 280, 350 and 420 DGX
+    # A100 servers (2,240 / 2,800 / 3,360 GPUs: DP 8 / 10 / 12) the iteration took 60.1, 50.2
+    # and 44.4 s, "126, 121, and 113 teraFLOP/s per GPU". Those are Megatron-LM's eq. 3
+    # counts (with recomputation; tests/test_plan_published.py checks that they agree with the
+    # times within 1 %), and the step is the published time itself. Vocabulary: GPT-2's
+    # 50,257 padded to a multiple of 128 x TP, 51,200, as Megatron-LM pads it. DeepSpeed's
+    # pipeline engine runs 1F1B (no interleaving) and its Megatron fork of 2021 had no
+    # sequence parallelism and no FlashAttention. Full recomputation is inferred, not printed:
+    # eq. 3 counts the recomputed forward (its factor 4 = 3 + 1), and 126 TFLOP/s at 60.1 s is
+    # that count; without recomputation the same step would be 94.5 TFLOP/s of model FLOPs.
+    # (Left to search at the physical memory, the planner would pick no recomputation: 78.6
+    # GiB of the 80, over the 5 % reserve.) Not published, so searched: the microbatch size
+    # (1, 2, 4), ZeRO-1 or none.
+    for nodes, seconds, tflops in ((280, 60.1, 126), (350, 50.2, 121), (420, 44.4, 113)):
+        gpus = 8 * nodes
+        runs.append(Run("MT-NLG \u00a72.4", f"530B {gpus}", _gpt(105, 20480, 128), SEQ, gpus,
+                        1920, "a100-80gb",
+                        f"tp=8,sp=0,cp=1,pp=35,dp={gpus // 280},recompute=full,schedule=1f1b",
+                        "TFLOP/s", tflops, seconds, flash=False,
+                        search=(("shardings", ("ddp", "zero1")),),
+                        note="mbs, ddp/zero1 searched; recompute inferred from the FLOP count"))
     # BLOOM-176B (BigScience tr11-176B-ml, github.com/bigscience-workshop/bigscience,
     # train/tr11-176B-ml/README.md and tr11-176B-ml.slurm at 9e64ede): 384 A100 80 GB (48
     # nodes of 8), TP 4, PP 12, DP 8, MBS 2, GBS 2048, seq 2048, 70 layers, h 14336, 112
@@ -274,36 +301,43 @@ H100_CALIBRATION = "405B 8K 16k"  # the Llama 3 row the H100 efficiency is fitte
 # efficiency to make up for it.
 
 
-def _setup(run: Run, efficiency: float, top: int = 1):
+RESERVE = 0.05  # the planner's default reserve (``plan --reserve 5%``): its budget is the
+# GPU's memory less 5 %, for what the memory model does not count (CUDA context, NCCL
+# buffers, the allocator's fragmentation). A published run ran, so its own configuration is
+# priced against the physical memory (``reserve=0``) and the reserve is reported beside it.
+
+
+def _setup(run: Run, efficiency: float, top: int = 1, reserve: float = 0.0):
     """(profiles, the request as ``plan`` builds it, the hardware): the model at the run's
-    sequence, the GPU preset with the run's overrides, a 5 % reserve."""
+    sequence, the GPU preset with the run's overrides, the budget the GPU's memory less
+    ``reserve`` (a fraction; 0: the physical memory)."""
     from .planner import schedule_list
 
     hw = replace(get_hardware(run.gpu), **dict(run.hardware), efficiency=efficiency)
     prof = ProfileSet([shape_profile(run.shape, run.seq, 1,
                                      attention="flash" if run.flash else "unfused")])
-    extra = dict(run.search)
-    req = Request(gpus=run.gpus, gpu_memory=hw.memory * 0.95, global_batch=run.batch,
-                  microbatch_sizes=(1, 2, 4), max_chunks=extra.pop("max_chunks", 4),
-                  recompute=None, grad_bytes=4.0,
-                  schedules=extra.pop("schedules", tuple(n for n in schedule_list(None)
-                                                         if n != "auto")), top=top, **extra)
+    fields = dict(microbatch_sizes=(1, 2, 4), max_chunks=4, recompute=None,
+                  schedules=tuple(n for n in schedule_list(None) if n != "auto"))
+    fields.update(run.search)
+    req = Request(gpus=run.gpus, gpu_memory=hw.memory * (1 - reserve), global_batch=run.batch,
+                  grad_bytes=4.0, top=top, **fields)
     return prof, req, hw
 
 
-def predict_config(run: Run, efficiency: float):
+def predict_config(run: Run, efficiency: float, reserve: float = 0.0):
     """The planner's plan for the run's published configuration (what ``plan --config`` puts
-    beside the plans: the request restricted to the configuration, the rest searched)."""
-    return _predict(run, efficiency)[0]
+    beside the plans: the request restricted to the configuration, the rest searched), at
+    the physical memory unless ``reserve`` is given."""
+    return _predict(run, efficiency, reserve)[0]
 
 
-def _predict(run: Run, efficiency: float):
-    """(the plan, whether it fits the memory budget); one that does not is the least-memory
-    plan, as ``plan --config`` reports it."""
+def _predict(run: Run, efficiency: float, reserve: float = 0.0):
+    """(the plan, whether it fits the budget: the GPU's memory less ``reserve``); one that
+    does not is the least-memory plan, as ``plan --config`` reports it."""
     from .config import parse_config, restrict
     from .planner import search
 
-    prof, req, hw = _setup(run, efficiency)
+    prof, req, hw = _setup(run, efficiency, reserve=reserve)
     one = replace(restrict(req, parse_config(run.config, run.gpus)), top=1)
     try:
         return search(prof, one, hw, efficiency).plans[0], True
@@ -313,19 +347,26 @@ def _predict(run: Run, efficiency: float):
         return exc.plan, False
 
 
-def rank_config(run: Run, efficiency: float, top: int = 30):
+def rank_config(run: Run, efficiency: float, top: int = 30, reserve: float = 0.0):
     """(the published configuration's rank among the planner's ``top`` plans, None if
     slower than all of them; the planner's own best plan), as ``plan --config`` ranks it:
     every axis searched (tp, sp, cp, pp, dp, sharding, microbatch size, every schedule family
-    but ``auto``, chunks, recompute)."""
+    but ``auto``, chunks, recompute). Both under the same budget, the GPU's memory less
+    ``reserve`` (0 by default: the physical memory the published configuration is priced
+    at), so that the published configuration competes with plans given the same memory."""
     from .planner import schedule_list, search
 
-    prof, req, hw = _setup(run, efficiency, top)
+    prof, req, hw = _setup(run, efficiency, top, reserve)
     req = replace(req, schedules=tuple(n for n in schedule_list(None) if n != "auto"))
     plans = search(prof, req, hw, efficiency).plans
-    mine = predict_config(run, efficiency)
+    mine = predict_config(run, efficiency, reserve)
     faster = sum(1 for p in plans if p.step_time < mine.step_time * (1 - 1e-12))
     return (faster + 1 if faster < len(plans) else None), plans[0]
+
+
+def memory_of(run: Run) -> float:
+    """The physical memory of one of the run's GPUs, bytes (the preset with its overrides)."""
+    return replace(get_hardware(run.gpu), **dict(run.hardware)).memory
 
 
 def a100_efficiency() -> float:
@@ -355,13 +396,20 @@ def predict_runs(runs: tuple[Run, ...] | None = None, ranks: bool = False,
     for run in runs:
         e = eff[run.gpu]
         plan, fits = _predict(run, e)
+        tight, tight_fits = _predict(run, e, RESERVE)
         rank, best = rank_config(run, e) if ranks else (None, None)
+        physical = memory_of(run)
+        need = max(plan.peak_memory)
         item = {"source": run.source, "model": run.name, "gpus": run.gpus,
                 "config": run.config, "metric": run.metric, "published": run.published,
                 "predicted": run.published * run.step / plan.step_time,
                 "error": run.step / plan.step_time - 1, "plan": plan, "rank": rank,
                 "best": best, "calibration": run.name == H100_CALIBRATION, "note": run.note,
-                "fits": fits,
+                "fits": fits, "need": need, "physical": physical,
+                "reserve_budget": physical * (1 - RESERVE),
+                "fits_reserve": need <= physical * (1 - RESERVE),
+                "reserve_plan": tight, "reserve_plan_fits": tight_fits,
+                "reserve_error": run.step / tight.step_time - 1,
                 "margin": plan.step_time / best.step_time - 1 if best is not None else None}
         out.append(item)
     return eff, out
@@ -408,7 +456,8 @@ def memory_breakdown(run: Run, efficiency: float, config: str = "") -> tuple:
         blocks = sum(1 for i in layers if 0 < i < len(prof) - 1)
         row = {"rank": r, "blocks": blocks, "embedding": 0 in layers,
                "head": len(prof) - 1 in layers, **plan.memory[r],
-               "peak": plan.peak_memory[r], "budget": req.gpu_memory,
+               "peak": plan.peak_memory[r], "physical": hw.memory,
+               "budget": hw.memory * (1 - RESERVE),
                "block_activation": block,
                "in_flight_blocks": plan.memory[r]["activations"] / block}
         if plan.schedule == "interleaved-1f1b":
