@@ -62,9 +62,13 @@ def main() -> None:
     print(f"efficiency: A100 {eff['a100-80gb']:.3f} (Megatron-LM Table 1, 18.4B row), H100 "
           f"{eff['h100-sxm']:.3f} (Llama 3, 16,384 GPUs, 8K; marked *) "
           f"({time.perf_counter() - t0:.0f} s)\n")
+    print("Each configuration is priced at the GPU's physical memory (it ran), and ranked among "
+          "the planner's plans at the same memory; the memory column says whether it also fits "
+          "the planner's default 5 % reserve, and what the planner prices under that reserve.\n")
     print("| source | run | GPUs | published config | metric | published | predicted | error "
-          "| planned at the config | rank | planner's pick (its margin) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| planned at the config | memory (peak rank) | at the 5 % reserve | rank "
+          "(physical memory) | planner's pick (its margin) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         p = r["plan"]
         fmt = ".3f" if r["metric"] == "MFU" else ".0f"
@@ -75,8 +79,8 @@ def main() -> None:
         fits = "" if r["fits"] else " (does not fit)"
         print(f"| {r['source']} | {r['model']}{' *' if r['calibration'] else ''} | {r['gpus']} |"
               f" {r['config']} | {r['metric']} | {r['published']:{fmt}} | "
-              f"{r['predicted']:{fmt}} | {r['error']:+.1%} | {_cfg(p)}{fits} | {rank} | "
-              f"{best} |")
+              f"{r['predicted']:{fmt}} | {r['error']:+.1%} | {_cfg(p)}{fits} | {_memory(r)} | "
+              f"{_at_reserve(r)} | {rank} | {best} |")
     worst = max(abs(r["error"]) for r in rows if not r["calibration"])
     print(f"\nlargest error {worst:.1%}")
     print("\nKorthikanti et al. Table 4: one 22B layer (TP 8, microbatch 4), ms, at the A100 "
@@ -101,12 +105,32 @@ def main() -> None:
                   f"{p.step_time:.3f} s | {p.bubble_fraction:.1%} | {e['margin']:+.1%} |")
 
 
+def _memory(r) -> str:
+    """The peak rank's need against the 5 % reserve and the physical memory."""
+    need, budget, gpu = r["need"] / GIB, r["reserve_budget"] / GIB, r["physical"] / GIB
+    where = ("under the 5 % reserve" if r["fits_reserve"] else
+             f"over the 5 % reserve ({budget:.2f}), " + (
+                 "under" if need <= gpu else "over"))
+    return f"needs {need:.1f} GiB: {where} {gpu:.2f} GiB physical" if not r["fits_reserve"] \
+        else f"needs {need:.1f} GiB: {where} ({budget:.2f} of {gpu:.2f})"
+
+
+def _at_reserve(r) -> str:
+    """What the planner prices for the configuration under its default reserve."""
+    t, p = r["reserve_plan"], r["plan"]
+    if _cfg(t) == _cfg(p) and r["reserve_plan_fits"] == r["fits"]:
+        return "the same plan"
+    return (f"{t.schedule} v={t.chunks}, mbs {t.microbatch_size}, {t.recompute}"
+            f"{'' if r['reserve_plan_fits'] else ' (does not fit)'}: {r['reserve_error']:+.1%}")
+
+
 def memory() -> None:
     run = next(r for r in published_runs() if r.name == "405B 8K 8k")
     plan, rows = memory_breakdown(run, 0.551, ",sp=1,mbs=1,schedule=interleaved-1f1b,v=8")
     print(f"Llama 3 405B, 8,192 H100s: {_cfg(plan)}, {plan.microbatches} microbatches; one "
-          f"block's activations {rows[0]['block_activation'] / 2**20:.1f} MiB; budget "
-          f"{rows[0]['budget'] / GIB:.2f} GiB (GiB below)\n")
+          f"block's activations {rows[0]['block_activation'] / 2**20:.1f} MiB; physical "
+          f"{rows[0]['physical'] / GIB:.2f} GiB, {rows[0]['budget'] / GIB:.2f} after the 5 % "
+          "reserve (GiB below)\n")
     print("| rank | blocks | ends | weights | gradients | optimizer | activations | in flight "
           "(blocks) | Megatron warm-up + 1 (chunks) | peak |")
     print("|---|---|---|---|---|---|---|---|---|---|")
