@@ -1,14 +1,19 @@
 """The planner against published training runs beyond Megatron-LM's SC'21 Table 1.
 
 Korthikanti et al. 2022 (A100: 22B, GPT-3 175B, MT-NLG 530B, 1T with TP, SP, PP and
-selective recomputation), BLOOM-176B (A100, TP 4 PP 12 DP 8, ZeRO-1), Llama 3 405B (H100,
-8,192 and 16,384 GPUs, TP 8, CP 1 or 16, PP 16) and torchtitan's Llama 3.1 8B FSDP runs,
-every number stored with its source in ``pipebubble.plan.published``. One efficiency per
-GPU, fitted once: A100 on Megatron-LM's 18.4B Table 1 row (bench/bench_megatron.py), H100 on
-the Llama 3 16,384-GPU 8K row; every other row is predicted. Each row is planned at its
-published configuration (``plan --config``: what the source does not give is searched),
-then ranked among the planner's own plans (a full search: every axis, every schedule family
-but auto), with the planner's pick and how much faster it predicts its pick to be.
+selective recomputation), MT-NLG 530B as trained (A100, DeepSpeed's 1F1B pipeline, TP 8
+PP 35 on 2,240 / 2,800 / 3,360 GPUs), BLOOM-176B (A100, TP 4 PP 12 DP 8, ZeRO-1), Llama 3
+405B (H100, 8,192 and 16,384 GPUs, TP 8, CP 1 or 16, PP 16) and torchtitan's Llama 3.1 8B
+FSDP runs, every number stored with its source in ``pipebubble.plan.published``. One
+efficiency per GPU, fitted once: A100 on Megatron-LM's 18.4B Table 1 row
+(bench/bench_megatron.py), H100 on the Llama 3 16,384-GPU 8K row; every other row is
+predicted. Each row is planned at its published configuration (``plan --config``: what the
+source does not give is searched) at the GPU's physical memory, since the run ran; the
+memory column gives the peak rank's need against the planner's default 5 % reserve and the
+physical memory, and the next what the planner prices for the configuration under the
+reserve. Then it is ranked among the planner's own plans at the same physical memory (a full
+search: every axis, every schedule family but auto), with the planner's pick and how much
+faster it predicts its pick to be.
 
     python bench/bench_published.py [--no-rank] [--explain] [--memory]
 
@@ -17,7 +22,8 @@ published configuration: the pick with and without the overlap of the backward's
 collectives, and within the schedule families Llama 3 had (three more full searches).
 
 ``--memory`` prints the per-rank memory of Llama 3 on 8,192 GPUs at the paper's layout
-(interleaved, v = 8), with the budget lifted: model states, the simulated activation peak in
+(interleaved, v = 8), with the budget lifted (the physical memory and the 5 % reserve's
+budget in the header): model states, the simulated activation peak in
 units of one block's activations, and the chunk forwards in flight by Megatron-LM's warm-up
 count, the numbers tests/test_plan_price_memory.py checks by hand.
 
