@@ -25,12 +25,13 @@ Tolerances, and why:
   0.97 of the 1.10 s step); BLOOM (over-predicted, within 7 %: with DeepSpeed's BF16 optimizer
   accumulating every microbatch's gradients into fp32 priced, +4 %; ALiBi's extra score
   traffic and the cross-entropy's fp32 passes over a 250,880 vocabulary are not, see the
-  README); MT-NLG 530B (over-predicted by 20-30 %, asserted within 15-35 %: DeepSpeed's 1F1B
-  pipeline engine ran the model that Megatron-LM ran at 163 TFLOP/s (Table 1, predicted within
-  1 %) at 113-126 on the same machine; the planner has one A100 efficiency and no
-  per-framework cost; the 1F1B bubble it does price, and the slowdown from 2,240 to 3,360
-  GPUs is checked within 5 %); torchtitan (a 500 W HBM2e H100 in eager mode, not the preset:
-  only the ratio between 8 and 128 GPUs is checked, within 5 %).
+  README); MT-NLG 530B (over-predicted by 20-30 %, asserted within 15-35 %: the same model on
+  the same machine ran at 163 TFLOP/s under Megatron-LM (Table 1, predicted within 1 %) and at
+  113-126 under DeepSpeed's 1F1B pipeline engine; no sourced cost of that engine is priced,
+  and the cause is not identified; the 1F1B bubble is priced, and the slowdown from 2,240 to
+  3,360 GPUs is checked within 5 %); GPT-NeoX-20B (the same engine, fp16, over-predicted by
+  the same 25 %, asserted within 15-35 %); torchtitan (a 500 W HBM2e H100 in eager mode, not
+  the preset: only the ratio between 8 and 128 GPUs is checked, within 5 %).
 """
 
 from dataclasses import replace
@@ -105,6 +106,14 @@ def test_published_steps_agree_with_the_sources_other_numbers():
         assert eq3.step_time() == pytest.approx(seconds, rel=0.01)
         assert f"dp={eq3.dp}," in r.config and r.shape.total_params() == pytest.approx(
             530e9, rel=0.01)
+    # GPT-NeoX-20B: configs/20B.yml's microbatch 4 x 32 accumulation steps x DP 12 = 1536
+    # sequences; the model card's 20,556,201,984 parameters (the shape's count is within
+    # 0.01 %: it omits no matrix); 117 TFLOP/s by eq. 3 with recomputation.
+    neox = RUNS["20B"]
+    assert neox.batch == 4 * 32 * 12 and "dp=12," in neox.config and "pp=4," in neox.config
+    assert neox.shape.total_params() == pytest.approx(20_556_201_984, rel=1e-4)
+    eq3 = 96 * 1536 * 2048 * 44 * 6144**2 * (1 + 2048 / (6 * 6144) + 50432 / (16 * 44 * 6144))
+    assert eq3 / (neox.step * 96) / 1e12 == pytest.approx(117)
     # Llama 3: TP x CP x PP x DP = GPUs, 16M tokens a step, MFU = TFLOP/s / 989 (43/41/38 %).
     for name, mfu in (("405B 8K 8k", 0.43), ("405B 8K 16k", 0.41), ("405B 128K 16k", 0.38)):
         r = RUNS[name]
@@ -196,6 +205,10 @@ def test_known_misses_have_the_named_causes(efficiency, rows):
     published = RUNS["530B 2240"].step / RUNS["530B 3360"].step
     assert mt[0]["plan"].step_time / mt[2]["plan"].step_time == pytest.approx(published,
                                                                             rel=0.05)
+    # GPT-NeoX-20B, the other fp16 DeepSpeed-pipeline run: over-predicted by the same amount.
+    neox = rows["20B"]
+    assert 0.15 < neox["error"] < 0.35, neox
+    assert (neox["plan"].microbatches, neox["plan"].recompute) == (32, "full")
     # torchtitan: over-predicted (another GPU), but the 8 -> 128 GPU scaling is right.
     t1, t3 = rows["8B FSDP 8"], rows["8B FSDP 128"]
     assert t1["error"] > 0 and t3["error"] > 0

@@ -2,11 +2,11 @@
 
 Two parts: Megatron-LM's SC'21 Table 1 (below, :func:`predict_table1`, which fits the A100
 efficiency), and the other runs (:func:`published_runs`: Korthikanti et al. 2022, MT-NLG
-530B, BLOOM, Llama 3 405B, torchtitan), each planned at its published configuration through
-``plan --config``'s path (:func:`predict_config`), with one efficiency per GPU fitted once
-(A100 on Table 1's 18.4B row, H100 on the Llama 3 row ``H100_CALIBRATION``), and ranked among
-the planner's plans (:func:`rank_config`). ``bench/bench_megatron.py`` and
-``bench/bench_published.py`` print the tables.
+530B, GPT-NeoX-20B, BLOOM, Llama 3 405B, torchtitan), each planned at its published
+configuration through ``plan --config``'s path (:func:`predict_config`), with one efficiency
+per GPU fitted once (A100 on Table 1's 18.4B row, also for the A100 40 GB; H100 on the Llama
+3 row ``H100_CALIBRATION``), and ranked among the planner's plans (:func:`rank_config`).
+``bench/bench_megatron.py`` and ``bench/bench_published.py`` print the tables.
 
 Memory. A published run ran, so memory is not in question for its own configuration: what
 is checked is the time model. Each published configuration is therefore priced against the
@@ -165,6 +165,8 @@ class Run:
 
 
 A100_PEAK, H100_PEAK = 312e12, 989e12
+SAME_CHIP = {"a100-40gb": "a100-80gb"}  # the same A100 (its tensor cores, its efficiency);
+# what differs, the memory and HBM bandwidth, is in the preset
 
 
 def _gpt(layers, hidden, heads, vocab=VOCAB, positions=SEQ) -> TransformerShape:
@@ -245,6 +247,30 @@ def published_runs() -> tuple[Run, ...]:
                         "TFLOP/s", tflops, seconds, flash=False,
                         search=(("shardings", ("ddp", "zero1")),),
                         note="mbs, ddp/zero1 searched; recompute inferred from the FLOP count"))
+    # GPT-NeoX-20B (Black et al. 2022, arXiv 2204.06745): the configuration it was trained
+    # with is github.com/EleutherAI/gpt-neox configs/20B.yml (at 252ddc5, "as it was trained
+    # on 96x 40GB A100 GPUs"): PP 4, TP 2 (so DP 12), 44 layers, h 6144, 64 heads, sequence
+    # 2048, rotary positions on 25 % of each head (no position table), untied embeddings,
+    # GPT-J's parallel attention and MLP, no dropout, fp16, DeepSpeed ZeRO stage 1,
+    # microbatch 4 per GPU and 32 accumulation steps (1536 sequences a step; the paper's
+    # section 3 says 1538 contexts, about 3.15M tokens), checkpoint-activations (full
+    # recomputation), DeepSpeed's pipeline (1F1B). The model card gives the vocabulary padded
+    # to 50,432 and 20,556,201,984 parameters. Throughput: 117 TFLOP/s per GPU (the paper's
+    # section 3; the PDF is not in the store this was checked with, the figure is from a
+    # quotation of it), counted here by eq. 3 with its recomputation factor, the count
+    # gpt-neox logs (megatron/logging.py, get_flops, "from Megatron-DeepSpeed"): the step is
+    # that over 96 x 117 TFLOP/s. The 12 servers have four ConnectX-6 HCAs for eight GPUs
+    # (section 3), fewer than the preset's one a GPU; the preset is kept (its links are not
+    # what the row's error comes from: at half the bandwidth it moves 1.3 points).
+    neox = TransformerShape(layers=44, hidden=6144, ffn=4 * 6144, heads=64, vocab=50432,
+                            swiglu=False, biases=True)
+    runs.append(Run("GPT-NeoX-20B \u00a73", "20B", neox, SEQ, 96, 1536, "a100-40gb",
+                    "tp=2,sp=0,cp=1,pp=4,dp=12,sharding=zero1,mbs=4,recompute=full,"
+                    "schedule=1f1b", "TFLOP/s", 117,
+                    96 * 1536 * SEQ * 44 * 6144**2 * (1 + SEQ / (6 * 6144)
+                                                      + 50432 / (16 * 44 * 6144))
+                    / (96 * 117e12), flash=False,
+                    note="parallel attention + MLP priced as sequential"))
     # BLOOM-176B (BigScience tr11-176B-ml, github.com/bigscience-workshop/bigscience,
     # train/tr11-176B-ml/README.md and tr11-176B-ml.slurm at 9e64ede): 384 A100 80 GB (48
     # nodes of 8), TP 4, PP 12, DP 8, MBS 2, GBS 2048, seq 2048, 70 layers, h 14336, 112
@@ -407,7 +433,7 @@ def predict_runs(runs: tuple[Run, ...] | None = None, ranks: bool = False,
         eff["h100-sxm"] = h100_efficiency(runs)
     out = []
     for run in runs:
-        e = eff[run.gpu]
+        e = eff[SAME_CHIP.get(run.gpu, run.gpu)]
         plan, fits = _predict(run, e)
         tight, tight_fits = _predict(run, e, RESERVE)
         rank, best = rank_config(run, e) if ranks else (None, None)
