@@ -8,8 +8,9 @@ predicted at its published configuration (``plan --config``'s path, no full sear
 Tolerances, and why:
 
 - 5 % where the planner models what the run did (Korthikanti et al.'s 175B / 530B / 1T,
-  Llama 3's 128K row): the same band as Table 1 (whose errors are within 4 %), since the
-  sources round their throughput to 2-3 digits and give no error bars.
+  Llama 3's 128K row and, at the physical memory, its 8,192-GPU row): the same band as
+  Table 1 (whose errors are within 4 %), since the sources round their throughput to 2-3
+  digits and give no error bars.
 - 7 % for Korthikanti et al.'s per-layer times (Table 4): one layer, no averaging over a
   pipeline; the backward is the part the model prices least directly (the overlap of TP
   collectives with weight gradients).
