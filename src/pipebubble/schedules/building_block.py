@@ -41,7 +41,6 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from functools import lru_cache
-from itertools import accumulate
 from operator import itemgetter
 
 from ..ir.schedule import Action, ScheduleError, make_schedule, v_placement
@@ -339,49 +338,41 @@ def _reorder_ends_kept(p: int, microbatches: int,
 
 def _reorder_ends(p: int, microbatches: int, times, cap: int, cap_i: int | None
                   ) -> list[list[Action]]:
-    """The body of :func:`reorder_ends`. Every pass is placed on the evaluation core's
-    clock of unit passes (``sim/clock.py``) in block-time order, when its inputs are all
-    placed (each waits only for passes the block runs before it), so the clock's ready
-    time is the rule's earliest start; this function keeps each rank's calendar of taken
-    units and activations held per unit (the caps bound where a forward may move)."""
+    """The body of :func:`reorder_ends`, on the evaluation core's clock of unit passes
+    (``sim/clock.py``) and its unit calendar: every pass is booked at its block time, then
+    visited in block-time order, when its inputs are all placed (each waits only for
+    passes the block runs before it), so the clock's ready time is the rule's earliest
+    start; the calendar answers which units are free and what the rank will hold at each
+    (every pass not visited yet at its block time) against ``cap`` and ``cap_i`` (the
+    one tolerance). This function keeps only the choices."""
     t_f, t_i, t_w = times
     S, m = 2 * p, microbatches
-    rank = [s if s < p else S - 1 - s for s in range(S)]
     # Events sorted by (time, stage, kind) (one microbatch per time, stage and kind), as
     # keys ((t S + s) 3 + k) X + x with x the clock's number of the pass: each (stage,
     # kind) is an arithmetic progression of them, one per microbatch.
     bases = (t_f, t_i, t_w)
     X = 3 * S * m
-    horizon = max(max(b) for b in bases) + PERIOD * (m - 1) + 2
-    busy = [[False] * horizon for _ in range(p)]
-    held = [[0] * horizon for _ in range(p)]  # chunk activations at each unit, until W
-    held_i = [[0] * horizon for _ in range(p)]  # and until I
+    clock = Clock.units(tuple(v_placement(p)), m, [cap] * p,
+                        limits_i=None if cap_i is None else [cap_i] * p)
+    clock.calendar(max(max(b) for b in bases) + PERIOD * (m - 1) + 2)
+    book = clock.book
     keys: list[int] = []
     step = PERIOD * S * 3 * X + 1
     for s in range(S):
-        r = rank[s]
         for k in range(3):
-            b = bases[k][s]
-            keys.extend(range(((b * S + s) * 3 + k) * X + (k * S + s) * m,
-                              (((b * S + s) * 3 + k) * X + (k * S + s) * m) + step * m, step))
-            busy[r][b:b + PERIOD * m:PERIOD] = [True] * m
-            for row in ((held[r], held_i[r]) if k == 0 else (held_i[r],) if k == 1
-                        else (held[r],)):  # F adds at its unit, I / W free after theirs
-                at = slice(b, b + PERIOD * m, PERIOD) if k == 0 else slice(
-                    b + 1, b + 1 + PERIOD * m, PERIOD)
-                row[at] = [v + (1 if k == 0 else -1) for v in row[at]]
+            b, x0 = bases[k][s], (k * S + s) * m
+            first = ((b * S + s) * 3 + k) * X + x0
+            keys.extend(range(first, first + step * m, step))
+            book(x0, b, m, PERIOD)
     keys.sort()
     ev_t = [key // (3 * S * X) for key in keys]  # each event's time and clock number
     ev_x = [key % X for key in keys]
-    for rows in (held, held_i):
-        for row in rows:
-            row[:] = accumulate(row)
-    cap_i = horizon if cap_i is None else cap_i
-    clock = Clock.units(tuple(v_placement(p)), m)
     ready, end, place, place_at = clock.ready, clock.end, clock.place, clock.place_at
+    fits_from, first_free, rebook = clock.fits_from, clock.first_free, clock.rebook
+    rank = v_placement(p)
     start, stop = t_i[0], t_f[0] + PERIOD * (m - 1)
     lo_n, hi_n = bisect_left(ev_t, start), bisect_left(ev_t, stop + 1)
-    n, count = 0, len(ev_t)
+    n, count, Sm = 0, len(ev_t), S * m
     while n < count:
         t = ev_t[n]
         if lo_n <= n < hi_n:  # the steady state keeps its block times: a unit at a time
@@ -391,48 +382,28 @@ def _reorder_ends(p: int, microbatches: int, times, cap: int, cap_i: int | None
             continue
         x = ev_x[n]
         n += 1
-        row, j = divmod(x, m)
-        k, s = divmod(row, S)
-        r = rank[s]
+        r = rank[x // m % S]
         at = ready[x]  # its inputs are there (the rule), and its stage's previous pass
-        if j and end[x - 1] > at:  # of that kind has ended (microbatch order)
+        if x % m and end[x - 1] > at:  # of that kind has ended (microbatch order)
             at = end[x - 1]
-        bus = busy[r]
-        if k == 0:  # the units from which it may start without passing a cap
-            lo = t
-            row, row_i = held[r], held_i[r]
-            while lo > at and row[lo - 1] < cap and row_i[lo - 1] < cap_i:
-                lo -= 1
-        else:
-            lo = at
-        try:  # the first free unit in [lo, t)
-            u = bus.index(False, lo, t) if lo < t else -1
-        except ValueError:
-            u = -1
+        # a forward may start from the first unit from which one more activation stays
+        # within the caps at every unit up to its block time
+        u = first_free(r, fits_from(r, at, t) if x < Sm else at, t)
         if u < 0:
             place(x, t)
-            continue
-        bus[t], bus[u] = False, True
-        place(x, u)
-        if k == 0:  # (short spans: a loop is cheaper than slices)
-            row, row_i = held[r], held_i[r]
-            for v in range(u, t):
-                row[v] += 1
-                row_i[v] += 1
         else:
-            row = held[r] if k == 2 else held_i[r]
-            for v in range(u + 1, t + 1):
-                row[v] -= 1
-    # Each rank's passes by the unit they start in (one pass a unit: the calendar).
-    acts = _actions(S, m)
-    slots: list[list[Action | None]] = [[None] * horizon for _ in range(p)]
-    for s in range(S):
-        at = slots[rank[s]]
-        for k in range(3):
-            lo, x0 = (3 * s + k) * m, (k * S + s) * m  # the pass table's id, the clock's
-            for e, a in zip(end[x0:x0 + m], acts[lo:lo + m], strict=True):
-                at[e - 1] = a
-    return [list(filter(None, row)) for row in slots]
+            rebook(x, t, u)
+    # Each rank's passes by the unit they are booked at (the calendar's orders).
+    acts = _clock_actions(S, m)
+    return [[acts[x] for x in row] for row in clock.booked()]
+
+
+@lru_cache(maxsize=4)
+def _clock_actions(stages: int, m: int) -> tuple[Action, ...]:
+    """:func:`_actions` by the clock's numbers ``(k S + s) m + j``."""
+    acts = _actions(stages, m)
+    return tuple(acts[(3 * s + k) * m + j] for k in range(3) for s in range(stages)
+                 for j in range(m))
 
 
 def unit_step(p: int, microbatches: int, orders: list[list[Action]]) -> int:

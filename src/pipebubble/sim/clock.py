@@ -50,6 +50,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 from functools import lru_cache
+from itertools import accumulate
 from typing import NamedTuple
 
 from ..costs import FIT_TOLERANCE, StageCosts, fits_limit
@@ -358,6 +359,141 @@ class Clock:
         place.__doc__ = Clock.place.__doc__
         place_at.__doc__ = Clock.place_at.__doc__
         return place, place_at
+
+    # The unit calendar (unit clocks): passes booked at units they have not reached yet.
+
+    def calendar(self, horizon: int) -> None:
+        """Start the clock's *unit calendar* over units ``0 .. horizon - 1``: a search that
+        lays passes out in unit time and moves some of them earlier books every pass at a
+        unit first (:meth:`book`), then tests a move against what the rank will hold at
+        each unit once every booked pass runs where it is booked, and places the pass
+        (:meth:`rebook`). Per rank, :attr:`taken` holds the booked pass of each unit
+        (number + 1; 0: the unit is free), :attr:`held` the memory in use during each unit
+        (``used``'s count: a pass adds its start part at its unit and the rest after it,
+        as the memory walk), :attr:`held_i` the same as if W kept nothing (``used_i``'s).
+        Unit clocks only (:meth:`units`: one unit per pass, int memory).
+
+        >>> c = Clock.units((0, 1, 1, 0), 1, limits=[1, 1])
+        >>> c.calendar(8)
+        >>> for kind, stage, at in (("F", 0, 0), ("F", 3, 4), ("I", 3, 5), ("W", 3, 6)):
+        ...     c.book(c.id(kind, stage, 0), at)
+        >>> c.held[0]                        # F(0) held, F(3) too from unit 4 on
+        [1, 1, 1, 1, 2, 2, 2, 1]
+        >>> c.fits_from(0, 1, 4)             # one more activation over units 1..3 fits?
+        4
+        """
+        if self._unit_info is None:
+            raise ValueError("the unit calendar is for unit clocks (Clock.units)")
+        if horizon < 1:
+            raise ValueError(f"horizon must be >= 1, got {horizon}")
+        self.horizon = horizon
+        self.taken: list[list[int]] = [[0] * horizon for _ in range(self.p)]
+        # the levels as differences until first read (booking is then one add per pass)
+        self._diffs: list[list[int]] | None = [[0] * (horizon + 1) for _ in range(2 * self.p)]
+        self._held: list[list[int]] = []
+        # per row: (start part, rest) of used, the same of used_i (F adds at its start,
+        # I / W free at their end; W keeping nothing changes only the net)
+        self._cal_rows = [(int(e[2]), int(e[3] - e[2]), int(e[2]), int(e[8] - e[2]))
+                          for e in self.rows]
+
+    def book(self, x: int, at: int, count: int = 1, every: int = 1) -> None:
+        """Book pass ``x`` at unit ``at`` on the calendar (:meth:`calendar`), and with
+        ``count`` > 1 the next microbatches of its row (``x + 1``, ...) every ``every``
+        units after: the calendar's memory counts it there from now on. Raises
+        ValueError if a unit is taken or past the horizon."""
+        m = self.m
+        row, j = divmod(x, m)
+        if count < 1 or j + count > m or every < 1:
+            raise ValueError(f"book: {count} passes every {every} from microbatch {j} of {m}")
+        hi = at + every * (count - 1)
+        if at < 0 or hi >= self.horizon:
+            raise ValueError(f"book: units {at} .. {hi} are outside 0 .. {self.horizon - 1}")
+        r = self.rows[row][0]
+        slots = self.taken[r]
+        if any(slots[at:hi + 1:every]):
+            raise ValueError(f"book: a unit of {at} .. {hi} (every {every}) is taken on rank {r}")
+        slots[at:hi + 1:every] = range(x + 1, x + 1 + count)
+        a0, a1, a0_i, a1_i = self._cal_rows[row]
+        if self._diffs is not None:  # (a row's units as slices: a block books whole rows)
+            for d, lo, add in ((self._diffs[2 * r], at, a0), (self._diffs[2 * r], at + 1, a1),
+                               (self._diffs[2 * r + 1], at, a0_i),
+                               (self._diffs[2 * r + 1], at + 1, a1_i)):
+                if add:
+                    d[lo:hi + lo - at + 1:every] = [v + add for v in d[lo:hi + lo - at + 1:every]]
+            return
+        held, held_i = self.held[r], self.held_i[r]
+        for u in range(at, hi + 1, every):
+            for v in range(u, self.horizon):
+                held[v] += a0 + (a1 if v > u else 0)
+                held_i[v] += a0_i + (a1_i if v > u else 0)
+
+    def _levels(self) -> list[list[int]]:
+        if self._diffs is not None:
+            self._held = [list(accumulate(d[:-1])) for d in self._diffs]
+            self._diffs = None
+        return self._held
+
+    @property
+    def held(self) -> list[list[int]]:
+        """Per rank, the memory in use during each unit of the calendar (``used``'s
+        count), every booked pass at its unit."""
+        return self._levels()[0::2]
+
+    @property
+    def held_i(self) -> list[list[int]]:
+        """:attr:`held` as if W kept nothing (``used_i``'s count)."""
+        return self._levels()[1::2]
+
+    def fits_from(self, rank: int, lo: int, hi: int, extra: int = 1) -> int:
+        """The first unit ``u`` in ``lo .. hi`` such that ``extra`` more memory at every
+        unit of ``u .. hi - 1`` fits ``rank``'s limits (:attr:`held` against ``limits``,
+        :attr:`held_i` against ``limits_i``, the one tolerance of
+        :func:`~pipebubble.costs.fits_limit`): how early a pass that adds ``extra`` and is
+        booked at ``hi`` may move without passing a limit at a unit it crosses."""
+        levels = self._levels()
+        held, held_i = levels[2 * rank], levels[2 * rank + 1]
+        room, room_i = self.room[rank] - extra, self.room_i[rank] - extra
+        u = hi
+        while u > lo and held[u - 1] <= room and held_i[u - 1] <= room_i:
+            u -= 1
+        return u
+
+    def first_free(self, rank: int, lo: int, hi: int) -> int:
+        """The first unit of ``lo .. hi - 1`` no pass is booked at on ``rank`` (-1: none)."""
+        if lo >= hi:
+            return -1
+        try:
+            return self.taken[rank].index(0, lo, hi)
+        except ValueError:
+            return -1
+
+    def rebook(self, x: int, at: int, to: int) -> None:
+        """Move pass ``x``'s booking from unit ``at`` to the free unit ``to`` (earlier)
+        and :meth:`place` it there: the calendar's memory counts it from ``to`` on."""
+        row = x // self.m
+        r = self.rows[row][0]
+        slots = self.taken[r]
+        if slots[at] != x + 1 or slots[to] or not 0 <= to < at:
+            raise ValueError(f"rebook: pass {x} is not booked at {at}, or {to} is not free "
+                             f"and earlier")
+        slots[at], slots[to] = 0, x + 1
+        a0, a1, a0_i, a1_i = self._cal_rows[row]
+        levels = self._levels()
+        held, held_i = levels[2 * r], levels[2 * r + 1]
+        # (short spans: loops are cheaper than slices)
+        if a0 or a0_i:
+            for v in range(to, at):
+                held[v] += a0
+                held_i[v] += a0_i
+        if a1 or a1_i:
+            for v in range(to + 1, at + 1):
+                held[v] -= -a1
+                held_i[v] -= -a1_i
+        self.place(x, to)
+
+    def booked(self) -> list[list[int]]:
+        """Per rank, the booked passes in unit order (the calendar's orders)."""
+        return [[x - 1 for x in slots if x] for slots in self.taken]
 
     @property
     def step_time(self) -> float:
