@@ -347,9 +347,10 @@ def _reorder_ends(p: int, microbatches: int, times, cap: int, cap_i: int | None
     one tolerance). This function keeps only the choices."""
     t_f, t_i, t_w = times
     S, m = 2 * p, microbatches
-    # Events sorted by (time, stage, kind) (one microbatch per time, stage and kind), as
-    # keys ((t S + s) 3 + k) X + x with x the clock's number of the pass: each (stage,
-    # kind) is an arithmetic progression of them, one per microbatch.
+    # Events sorted by time, as keys t X + x with x the clock's number of the pass: each
+    # (stage, kind) is an arithmetic progression of them, one per microbatch. The order
+    # within a unit does not matter: passes of one unit are on different ranks (the block
+    # collides nowhere), and what each waits for the block runs earlier.
     bases = (t_f, t_i, t_w)
     X = 3 * S * m
     clock = Clock.units(tuple(v_placement(p)), m, [cap] * p,
@@ -357,22 +358,19 @@ def _reorder_ends(p: int, microbatches: int, times, cap: int, cap_i: int | None
     clock.calendar(max(max(b) for b in bases) + PERIOD * (m - 1) + 2)
     book = clock.book
     keys: list[int] = []
-    step = PERIOD * S * 3 * X + 1
+    step = PERIOD * X + 1
     for s in range(S):
         for k in range(3):
             b, x0 = bases[k][s], (k * S + s) * m
-            first = ((b * S + s) * 3 + k) * X + x0
-            keys.extend(range(first, first + step * m, step))
+            keys.extend(range(b * X + x0, b * X + x0 + step * m, step))
             book(x0, b, m, PERIOD)
     keys.sort()
-    ev_t = [key // (3 * S * X) for key in keys]  # each event's time and clock number
+    ev_t = [key // X for key in keys]  # each event's time and clock number
     ev_x = [key % X for key in keys]
-    ready, end, place, place_at = clock.ready, clock.end, clock.place, clock.place_at
-    fits_from, first_free, rebook = clock.fits_from, clock.first_free, clock.rebook
-    rank = v_placement(p)
+    ready, end, place_at, pull = clock.ready, clock.end, clock.place_at, clock.pull
     start, stop = t_i[0], t_f[0] + PERIOD * (m - 1)
     lo_n, hi_n = bisect_left(ev_t, start), bisect_left(ev_t, stop + 1)
-    n, count, Sm = 0, len(ev_t), S * m
+    n, count = 0, len(ev_t)
     while n < count:
         t = ev_t[n]
         if lo_n <= n < hi_n:  # the steady state keeps its block times: a unit at a time
@@ -382,20 +380,14 @@ def _reorder_ends(p: int, microbatches: int, times, cap: int, cap_i: int | None
             continue
         x = ev_x[n]
         n += 1
-        r = rank[x // m % S]
         at = ready[x]  # its inputs are there (the rule), and its stage's previous pass
         if x % m and end[x - 1] > at:  # of that kind has ended (microbatch order)
             at = end[x - 1]
-        # a forward may start from the first unit from which one more activation stays
-        # within the caps at every unit up to its block time
-        u = first_free(r, fits_from(r, at, t) if x < Sm else at, t)
-        if u < 0:
-            place(x, t)
-        else:
-            rebook(x, t, u)
+        # the first free unit from there, a forward only from where one more activation
+        # stays within the caps at every unit up to its block time
+        pull(x, t, at)
     # Each rank's passes by the unit they are booked at (the calendar's orders).
-    acts = _clock_actions(S, m)
-    return [[acts[x] for x in row] for row in clock.booked()]
+    return clock.booked(_clock_actions(S, m))
 
 
 @lru_cache(maxsize=4)
