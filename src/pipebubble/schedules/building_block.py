@@ -101,16 +101,17 @@ def repeat(p: int, microbatches: int, times: tuple[list[int], list[int], list[in
     for s in range(S):
         row = timed[s if s < p else S - 1 - s]
         for k, t0 in enumerate((t_f[s], t_i[s], t_w[s])):
-            lo = (3 * s + k) * m
+            lo = (k * S + s) * m
             row.extend(zip(range(t0, t0 + period * m, period), range(lo, lo + m), strict=True))
     return [[acts[x] for _, x in sorted(row)] for row in timed]
 
 
 @lru_cache(maxsize=4)
 def _actions(stages: int, m: int) -> tuple[Action, ...]:
-    """Every pass of ``stages`` stages and ``m`` microbatches, by id ``(3 s + k) m + j``
-    (kind k 0, 1, 2 = F, I, W): made once, shared by the orders (an Action is immutable)."""
-    return tuple(Action(s, k, j) for s in range(stages) for k in "FIW" for j in range(m))
+    """Every pass of ``stages`` stages and ``m`` microbatches, by the clock's number
+    ``(k stages + s) m + j`` (kind k 0, 1, 2 = F, I, W; ``sim/clock.py``): made once,
+    shared by the orders (an Action is immutable)."""
+    return tuple(Action(s, k, j) for k in "FIW" for s in range(stages) for j in range(m))
 
 
 DEEP_PRIORITY = "I0 I1 W0 W1 F1 F0"  # the deep warm-up's default pick order
@@ -387,15 +388,7 @@ def _reorder_ends(p: int, microbatches: int, times, cap: int, cap_i: int | None
         # stays within the caps at every unit up to its block time
         pull(x, t, at)
     # Each rank's passes by the unit they are booked at (the calendar's orders).
-    return clock.booked(_clock_actions(S, m))
-
-
-@lru_cache(maxsize=4)
-def _clock_actions(stages: int, m: int) -> tuple[Action, ...]:
-    """:func:`_actions` by the clock's numbers ``(k S + s) m + j``."""
-    acts = _actions(stages, m)
-    return tuple(acts[(3 * s + k) * m + j] for k in range(3) for s in range(stages)
-                 for j in range(m))
+    return clock.booked(_actions(S, m))
 
 
 def unit_step(p: int, microbatches: int, orders: list[list[Action]]) -> int:
