@@ -31,6 +31,16 @@ the building blocks' reorder does) places a step's picks with one call,
 :meth:`Clock.place_at`. :meth:`Clock.units` makes the clock of the blocks' own units: every
 F, I and W one unit long, no ``comm``, one unit of memory per activation, all in ints.
 
+A search that lays passes out in unit time and then moves some earlier (the building
+blocks' ends-only reorder) tests a move against memory that passes not placed yet will
+hold. A unit clock's *calendar* (:meth:`Clock.calendar`) holds that: each pass booked at a
+unit (:meth:`Clock.book`), per rank the booked pass of each unit (:attr:`Clock.taken`) and
+the memory in use during each unit once every booked pass runs where it is booked
+(:attr:`Clock.held`, :attr:`Clock.held_i`: ``used``'s and ``used_i``'s counts, in ints);
+:meth:`Clock.fits_from` (how early a pass may move without passing a limit at a unit it
+crosses, the one tolerance) and :meth:`Clock.first_free` answer from them, and
+:meth:`Clock.pull` moves a booked pass by their answer and places it.
+
 Actions are numbered ``x = (kind * S + stage) * m + microbatch`` with kinds F, I, W (0, 1,
 2): :meth:`Clock.id`.
 

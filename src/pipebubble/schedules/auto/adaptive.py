@@ -263,7 +263,9 @@ def wave_cooldown(p: int, m: int, orders: list[list[Action]], k: int
     the moved I and those after the rank's last forward wait in a pool. Then each rank
     runs its passes in that time order, and in a hole (the next one not ready) a ready
     pooled W (oldest first), else the first ready I it has later; a W or an I run early
-    never raises the memory (only a forward adds). None if the order stalls.
+    never raises the memory (only a forward adds). None if the order stalls. Both the
+    unit times and that list schedule run on the kernel's clock of unit passes
+    (``sim/clock.Clock.units``: the rule of ``ir/deps.py``), passes by its numbers.
 
     Under unit costs at p = 8, m = 32 this turns the adaptive stage's 213 (k = 9) and 207
     (k = 11) into 212 and 206, the bound ``6m + 6p - 1 - 3k``: the cool-down had idle
