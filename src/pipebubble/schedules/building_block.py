@@ -368,7 +368,8 @@ def _reorder_ends(p: int, microbatches: int, times, cap: int, cap_i: int | None
     keys.sort()
     ev_t = [key // X for key in keys]  # each event's time and clock number
     ev_x = [key % X for key in keys]
-    ready, end, place_at, pull = clock.ready, clock.end, clock.place_at, clock.pull
+    ready, end, place, place_at = clock.ready, clock.end, clock.place, clock.place_at
+    pull = clock.pull
     start, stop = t_i[0], t_f[0] + PERIOD * (m - 1)
     lo_n, hi_n = bisect_left(ev_t, start), bisect_left(ev_t, stop + 1)
     n, count = 0, len(ev_t)
@@ -384,6 +385,9 @@ def _reorder_ends(p: int, microbatches: int, times, cap: int, cap_i: int | None
         at = ready[x]  # its inputs are there (the rule), and its stage's previous pass
         if x % m and end[x - 1] > at:  # of that kind has ended (microbatch order)
             at = end[x - 1]
+        if at >= t:  # it cannot start earlier: it keeps its block time
+            place(x, t)
+            continue
         # the first free unit from there, a forward only from where one more activation
         # stays within the caps at every unit up to its block time
         pull(x, t, at)
