@@ -110,8 +110,13 @@ def repeat(p: int, microbatches: int, times: tuple[list[int], list[int], list[in
 def _actions(stages: int, m: int) -> tuple[Action, ...]:
     """Every pass of ``stages`` stages and ``m`` microbatches, by the clock's number
     ``(k stages + s) m + j`` (kind k 0, 1, 2 = F, I, W; ``sim/clock.py``): made once,
-    shared by the orders (an Action is immutable)."""
-    return tuple(Action(s, k, j) for k in "FIW" for s in range(stages) for j in range(m))
+    shared by the orders (an Action is immutable). Made a row at a time with the tuple's
+    own constructor (a NamedTuple's is a Python function: most of the cost)."""
+    new, out = tuple.__new__, []
+    for k in "FIW":
+        for s in range(stages):
+            out += map(new, [Action] * m, zip([s] * m, [k] * m, range(m), strict=True))
+    return tuple(out)
 
 
 DEEP_PRIORITY = "I0 I1 W0 W1 F1 F0"  # the deep warm-up's default pick order
