@@ -21,13 +21,17 @@ neighbours):
 - ``--greedy``: auto's greedy list scheduler (``schedules/auto/greedy.py``) on the loop
   placement (one chunk and two) at p = 8, 16, 32, m = 4p, the Zero Bubble paper's 1.5B
   costs (F 18.5, I 18.1, W 9.3, comm 0.6; ``M_W = M_B / 2``) under a limit of p M_B,
-  every knob setting of the grid.
+  every knob setting of the grid;
+- ``--wave``: the adaptive stage's cool-down wave (``schedules/auto/adaptive.wave_cooldown``,
+  on the clock's unit time) over V-Half's block with its ends reordered
+  (``building_block.reorder_ends``) at p = 8, 16, 32 on the adaptive stage's ``2p + 6``
+  microbatches, for a peak of the block's own and two more chunk activations.
 
 ``--baseline SRC`` times the same section with the package from ``SRC`` (e.g. another
 checkout's ``src``) in a child process, alternating with this one, and prints the ratio
 baseline / this (above 1: this checkout is faster)::
 
-    python bench/bench_schedules.py --builder --greedy --baseline /work/main/src
+    python bench/bench_schedules.py --builder --greedy --wave --baseline /work/main/src
 """
 
 from __future__ import annotations
@@ -140,12 +144,33 @@ def greedy_times(repeat: int) -> dict[str, float]:
     return out
 
 
+def wave_times(repeat: int) -> dict[str, float]:
+    """Seconds per cool-down wave (best of ``repeat``), its input orders built first."""
+    from pipebubble.schedules import building_block as bb
+    from pipebubble.schedules.auto.adaptive import wave_cooldown
+    from pipebubble.schedules.v_half import v_half_offsets
+
+    out = {}
+    for p in (8, 16, 32):
+        m = 2 * p + 6
+        times = bb.block(p, v_half_offsets(p))
+        rows = bb.repeat(p, m, times)
+        cap, cap_i = bb.peak(p, rows), bb.peak(p, rows, frees="I")
+        orders = bb.reorder_ends(p, m, times, cap, cap_i)
+        for k in (cap, cap + 2):
+            out[f"wave p={p} m={m} k={k}"] = best_cpu(
+                lambda p=p, m=m, orders=orders, k=k: wave_cooldown(p, m, orders, k), repeat)
+    return out
+
+
 def sections(args) -> dict[str, float]:
     out: dict[str, float] = {}
     if args.builder:
         out.update(builder_times(args.repeat))
     if args.greedy:
         out.update(greedy_times(args.repeat))
+    if args.wave:
+        out.update(wave_times(args.repeat))
     return out
 
 
@@ -154,7 +179,7 @@ def compare(args) -> None:
     mine: dict[str, float] = {}
     base: dict[str, float] = {}
     child = [sys.executable, __file__, "--child", "--repeat", str(args.repeat)]
-    child += ["--builder"] * args.builder + ["--greedy"] * args.greedy
+    child += ["--builder"] * args.builder + ["--greedy"] * args.greedy + ["--wave"] * args.wave
     env = dict(os.environ, PYTHONPATH=args.baseline or "")
     for _ in range(args.rounds):
         for k, v in sections(args).items():
@@ -173,7 +198,7 @@ def compare(args) -> None:
             line += f" {base[k] * 1e3:>8.2f}ms {base[k] / v:>9.3f}"
         print(line)
     if base:
-        for group in ("v-half", "v-min", "greedy"):
+        for group in ("v-half", "v-min", "greedy", "wave"):
             keys = [k for k in mine if k.startswith(group) and k in base]
             if keys:
                 total, total_b = sum(mine[k] for k in keys), sum(base[k] for k in keys)
@@ -185,6 +210,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--builder", action="store_true", help="time the V-Half / V-Min builder")
     ap.add_argument("--greedy", action="store_true", help="time auto's greedy (loop)")
+    ap.add_argument("--wave", action="store_true", help="time adaptive's cool-down wave")
     ap.add_argument("--baseline", metavar="SRC", help="also time the package in SRC")
     ap.add_argument("--repeat", type=int, default=5, help="runs per case (best kept)")
     ap.add_argument("--rounds", type=int, default=2, help="alternating rounds with --baseline")
@@ -194,7 +220,7 @@ if __name__ == "__main__":
         ap.error(f"--repeat and --rounds must be >= 1, got {ns.repeat} and {ns.rounds}")
     if ns.child:
         print(json.dumps(sections(ns)))
-    elif ns.builder or ns.greedy:
+    elif ns.builder or ns.greedy or ns.wave:
         compare(ns)
     else:
         main()

@@ -120,3 +120,61 @@ def test_the_digests_see_a_changed_order():
     swapped = [list(r) for r in rows]
     swapped[1][2], swapped[1][3] = swapped[1][3], swapped[1][2]
     assert _h(rows) != _h(swapped)
+
+
+# adaptive's cool-down wave (schedules/auto/adaptive.wave_cooldown), moved onto the clock's
+# unit time: the digests were taken from it before (commit b1f08ee: its own unit clock over
+# per-pass tuple dicts) on the orders the adaptive stage gives it, and on others.
+WAVE_DIGESTS = {
+    (2, (1, 1, 1, 1, 1, 1, 5)): 'e9b780d067650448',
+    (3, (1, 2, 2, 1, 2, 1, 1)): 'f03157ed108d5cd6',
+    (4, (2, 1, 1, 2, 1, 2, 4)): 'b592285a7fc67511',
+    (6, (1, 1, 1, 1, 1, 1, 3)): 'cd9653c145339ec2',
+    (8, (2, 1, 1, 2, 4, 5, 1)): '56c30dcf9ec2cf0a',
+}
+
+
+def wave_digest(p: int, offsets: tuple[int, ...]) -> str:
+    """The wave of the block repeated, its ends reordered, and its warm-up-filled reorders
+    (holes filled or not, deep or not) for peaks of 0, 1 and 3 more, m in 1, 3, p, 2p + 6."""
+    from pipebubble.schedules.auto.adaptive import wave_cooldown
+
+    times = bb.block(p, offsets)
+    acc = hashlib.sha256()
+    for m in (1, 3, p, 2 * p + 6):
+        rows = bb.repeat(p, m, times)
+        cap, cap_i = bb.peak(p, rows), bb.peak(p, rows, frees="I")
+        moved = bb.reorder_ends(p, m, times, cap, cap_i)
+        inputs = [(rows, cap), (moved, cap)]
+        for k in (cap, cap + 1, cap + 3):
+            tg = warmup_targets(p, m, k)
+            for fill, deep in ((True, 0), (False, 0), (True, 1)):
+                got = bb.reorder(p, m, moved, k, max(k, cap_i), fill=fill, warmup=tg, deep=deep)
+                if got is not None:
+                    inputs.append((got[1], k))
+        for orders, k in inputs:
+            got = wave_cooldown(p, m, orders, k)
+            acc.update(b"none" if got is None else _h(got).encode())
+    return acc.hexdigest()[:16]
+
+
+@pytest.mark.parametrize("p, offsets", sorted(WAVE_DIGESTS))
+def test_cooldown_wave_orders_are_the_ones_before_the_clock(p, offsets):
+    assert wave_digest(p, offsets) == WAVE_DIGESTS[p, offsets]
+
+
+def test_cooldown_wave_of_a_stalled_order_is_none():
+    from pipebubble.schedules.auto.adaptive import wave_cooldown
+
+    rows = bb.repeat(2, 3, bb.block(2, v_half_offsets(2)))
+    first_i = next(n for n, a in enumerate(rows[0]) if a.kind == "I")
+    rows[0].insert(0, rows[0].pop(first_i))  # an I before its own F: nothing can run it
+    assert wave_cooldown(2, 3, rows, 4) is None
+
+
+def test_reorder_ends_without_cap_i_is_an_unreachable_cap_i():
+    for p in (2, 4, 6):
+        times = bb.block(p, v_half_offsets(p))
+        for m in (1, p, 2 * p + 1):
+            cap = bb.peak(p, bb.repeat(p, m, times))
+            assert bb.reorder_ends(p, m, times, cap) == bb.reorder_ends(p, m, times, cap, 10 ** 6)

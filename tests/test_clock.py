@@ -174,3 +174,114 @@ def test_limits_i_uses_the_one_tolerance_and_names_bad_input():
     assert c.room_i[0] == 3 + 3e-9 and c.room == [float("inf")] * 2
     with pytest.raises(ValueError, match="limits_i has 1 values; expected one per rank"):
         Clock.units((0, 1, 1, 0), 1, limits_i=[3])
+
+
+# The unit calendar: passes booked at units they have not reached yet.
+
+def _unit_starts(s):
+    """Each action's start under unit costs (the reference simulator; ints)."""
+    t = simulate_reference(s, _unit_costs())
+    return {Action(e.stage, e.kind, e.microbatch): round(e.start) for e in t.events()}
+
+
+def _count(s, at, rank, u, frees):
+    """Brute force: rank's activations during unit u, each from its F's unit to its
+    ``frees`` pass's unit (both included), every pass at ``at[pass]``."""
+    return sum(1 for a in s.orders[rank] if a.kind == "F" and at[a] <= u
+               and not at[Action(a.stage, frees, a.microbatch)] < u)
+
+
+def _booked(s, at, horizon, **limits):
+    c = Clock.units(tuple(s.stage_to_rank), s.num_microbatches, **limits)
+    c.calendar(horizon)
+    for a, t in at.items():
+        c.book(c.id(a.kind, a.stage, a.microbatch), t)
+    return c
+
+
+def test_calendar_levels_count_each_activation_at_every_unit_and_peak_as_the_walk():
+    from pipebubble.sim.program import schedule_peaks
+
+    s = get_schedule("zb-v", ranks=3, microbatches=5)
+    at = _unit_starts(s)
+    horizon = max(at.values()) + 2
+    c = _booked(s, at, horizon)
+    for r in range(3):
+        assert c.held[r] == [_count(s, at, r, u, "W") for u in range(horizon)]
+        assert c.held_i[r] == [_count(s, at, r, u, "I") for u in range(horizon)]
+        assert [c.taken[r][at[a]] - 1 for a in s.orders[r]] == [
+            c.id(a.kind, a.stage, a.microbatch) for a in s.orders[r]]
+    assert c.booked() == [[c.id(a.kind, a.stage, a.microbatch) for a in o] for o in s.orders]
+    # the highest level of a unit is the memory walk's peak (M_W = M_B, and M_W = 0)
+    assert [max(row) for row in c.held] == schedule_peaks(
+        s, CostModel(activation_memory=2, weight_memory=2))
+    assert [max(row) for row in c.held_i] == schedule_peaks(
+        s, CostModel(activation_memory=2, weight_memory=0))
+    # booking after the levels were read updates them the same way
+    late = Clock.units(tuple(s.stage_to_rank), 5)
+    late.calendar(horizon)
+    first = dict(list(at.items())[:7])
+    for a, t in first.items():
+        late.book(late.id(a.kind, a.stage, a.microbatch), t)
+    assert late.held[0] is not None
+    for a, t in list(at.items())[7:]:
+        late.book(late.id(a.kind, a.stage, a.microbatch), t)
+    assert late.held == c.held and late.held_i == c.held_i
+
+
+def test_calendar_fits_from_and_first_free_are_the_brute_force_answers():
+    s = get_schedule("zb-v", ranks=3, microbatches=5)
+    at = {a: 2 * t for a, t in _unit_starts(s).items()}  # every other unit free
+    horizon = max(at.values()) + 2
+    c = _booked(s, at, horizon, limits=[3, 4, 5], limits_i=[3, 2, 5])
+    for r, (lim, lim_i) in enumerate(((3, 3), (4, 2), (5, 5))):
+        def fits(v, r=r, lim=lim, lim_i=lim_i):
+            return fits_limit(c.held[r][v] + 1, lim) and fits_limit(c.held_i[r][v] + 1, lim_i)
+        for hi in range(0, horizon, 3):
+            for lo in range(0, hi + 1, 2):
+                want = min(u for u in range(lo, hi + 1) if all(map(fits, range(u, hi))))
+                assert c.fits_from(r, lo, hi) == want
+                free = [u for u in range(lo, hi) if c.taken[r][u] == 0]
+                assert c.first_free(r, lo, hi) == (free[0] if free else -1)
+
+
+def test_pull_moves_a_booking_and_keeps_the_levels_a_fresh_count():
+    """Visiting the passes in booked order, each pulled to the first free unit after its
+    inputs (a forward: only over units where one more fits): the placements are the
+    calendar's, the incremental levels equal a fresh calendar of the final units, and the
+    limit stopped some forward short of a free unit."""
+    s = get_schedule("zb-v", ranks=3, microbatches=5)
+    at = {a: 2 * t for a, t in _unit_starts(s).items()}
+    horizon = max(at.values()) + 2
+    limits = {"limits": [3] * 3, "limits_i": [2] * 3}
+    c = _booked(s, at, horizon, **limits)
+    stopped = 0
+    for a, t in sorted(at.items(), key=lambda kv: kv[1]):
+        x = c.id(a.kind, a.stage, a.microbatch)
+        r = s.stage_to_rank[a.stage]
+        lo = c.ready[x]
+        want = c.first_free(r, c.fits_from(r, lo, t) if a.kind == "F" else lo, t)
+        stopped += a.kind == "F" and want != c.first_free(r, lo, t)
+        got = c.pull(x, t, lo)
+        assert got == (t if want < 0 else want) and c.end[x] == got + 1
+        at[a] = got
+    assert stopped
+    fresh = _booked(s, at, horizon, **limits)
+    assert c.held == fresh.held and c.held_i == fresh.held_i and c.taken == fresh.taken
+
+
+def test_calendar_bad_input_is_named():
+    sc = CostModel().resolve(2, 1)
+    with pytest.raises(ValueError, match="unit calendar is for unit clocks"):
+        Clock(sc, (0, 1), 1).calendar(4)
+    c = Clock.units((0, 1, 1, 0), 2)
+    with pytest.raises(ValueError, match="horizon must be >= 1, got 0"):
+        c.calendar(0)
+    c.calendar(6)
+    c.book(c.id("F", 0, 0), 0, count=2, every=3)
+    with pytest.raises(ValueError, match="taken on rank 0"):
+        c.book(c.id("F", 3, 0), 3)
+    with pytest.raises(ValueError, match="outside 0 .. 5"):
+        c.book(c.id("I", 0, 0), 4, count=2, every=2)
+    with pytest.raises(ValueError, match="3 passes every 1 from microbatch 0 of 2"):
+        c.book(c.id("W", 0, 0), 1, count=3)

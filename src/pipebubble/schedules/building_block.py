@@ -41,7 +41,6 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from functools import lru_cache
-from itertools import accumulate
 from operator import itemgetter
 
 from ..ir.schedule import Action, ScheduleError, make_schedule, v_placement
@@ -102,16 +101,22 @@ def repeat(p: int, microbatches: int, times: tuple[list[int], list[int], list[in
     for s in range(S):
         row = timed[s if s < p else S - 1 - s]
         for k, t0 in enumerate((t_f[s], t_i[s], t_w[s])):
-            lo = (3 * s + k) * m
+            lo = (k * S + s) * m
             row.extend(zip(range(t0, t0 + period * m, period), range(lo, lo + m), strict=True))
     return [[acts[x] for _, x in sorted(row)] for row in timed]
 
 
 @lru_cache(maxsize=4)
 def _actions(stages: int, m: int) -> tuple[Action, ...]:
-    """Every pass of ``stages`` stages and ``m`` microbatches, by id ``(3 s + k) m + j``
-    (kind k 0, 1, 2 = F, I, W): made once, shared by the orders (an Action is immutable)."""
-    return tuple(Action(s, k, j) for s in range(stages) for k in "FIW" for j in range(m))
+    """Every pass of ``stages`` stages and ``m`` microbatches, by the clock's number
+    ``(k stages + s) m + j`` (kind k 0, 1, 2 = F, I, W; ``sim/clock.py``): made once,
+    shared by the orders (an Action is immutable). Made a row at a time with the tuple's
+    own constructor (a NamedTuple's is a Python function: most of the cost)."""
+    new, out = tuple.__new__, []
+    for k in "FIW":
+        for s in range(stages):
+            out += map(new, [Action] * m, zip([s] * m, [k] * m, range(m), strict=True))
+    return tuple(out)
 
 
 DEEP_PRIORITY = "I0 I1 W0 W1 F1 F0"  # the deep warm-up's default pick order
@@ -339,46 +344,37 @@ def _reorder_ends_kept(p: int, microbatches: int,
 
 def _reorder_ends(p: int, microbatches: int, times, cap: int, cap_i: int | None
                   ) -> list[list[Action]]:
-    """The body of :func:`reorder_ends`. Every pass is placed on the evaluation core's
-    clock of unit passes (``sim/clock.py``) in block-time order, when its inputs are all
-    placed (each waits only for passes the block runs before it), so the clock's ready
-    time is the rule's earliest start; this function keeps each rank's calendar of taken
-    units and activations held per unit (the caps bound where a forward may move)."""
+    """The body of :func:`reorder_ends`, on the evaluation core's clock of unit passes
+    (``sim/clock.py``) and its unit calendar: every pass is booked at its block time, then
+    visited in block-time order, when its inputs are all placed (each waits only for
+    passes the block runs before it), so the clock's ready time is the rule's earliest
+    start; the calendar answers which units are free and what the rank will hold at each
+    (every pass not visited yet at its block time) against ``cap`` and ``cap_i`` (the
+    one tolerance). This function keeps only the choices."""
     t_f, t_i, t_w = times
     S, m = 2 * p, microbatches
-    rank = [s if s < p else S - 1 - s for s in range(S)]
-    # Events sorted by (time, stage, kind) (one microbatch per time, stage and kind), as
-    # keys ((t S + s) 3 + k) X + x with x the clock's number of the pass: each (stage,
-    # kind) is an arithmetic progression of them, one per microbatch.
+    # Events sorted by time, as keys t X + x with x the clock's number of the pass: each
+    # (stage, kind) is an arithmetic progression of them, one per microbatch. The order
+    # within a unit does not matter: passes of one unit are on different ranks (the block
+    # collides nowhere), and what each waits for the block runs earlier.
     bases = (t_f, t_i, t_w)
     X = 3 * S * m
-    horizon = max(max(b) for b in bases) + PERIOD * (m - 1) + 2
-    busy = [[False] * horizon for _ in range(p)]
-    held = [[0] * horizon for _ in range(p)]  # chunk activations at each unit, until W
-    held_i = [[0] * horizon for _ in range(p)]  # and until I
+    clock = Clock.units(tuple(v_placement(p)), m, [cap] * p,
+                        limits_i=None if cap_i is None else [cap_i] * p)
+    clock.calendar(max(max(b) for b in bases) + PERIOD * (m - 1) + 2)
+    book = clock.book
     keys: list[int] = []
-    step = PERIOD * S * 3 * X + 1
+    step = PERIOD * X + 1
     for s in range(S):
-        r = rank[s]
         for k in range(3):
-            b = bases[k][s]
-            keys.extend(range(((b * S + s) * 3 + k) * X + (k * S + s) * m,
-                              (((b * S + s) * 3 + k) * X + (k * S + s) * m) + step * m, step))
-            busy[r][b:b + PERIOD * m:PERIOD] = [True] * m
-            for row in ((held[r], held_i[r]) if k == 0 else (held_i[r],) if k == 1
-                        else (held[r],)):  # F adds at its unit, I / W free after theirs
-                at = slice(b, b + PERIOD * m, PERIOD) if k == 0 else slice(
-                    b + 1, b + 1 + PERIOD * m, PERIOD)
-                row[at] = [v + (1 if k == 0 else -1) for v in row[at]]
+            b, x0 = bases[k][s], (k * S + s) * m
+            keys.extend(range(b * X + x0, b * X + x0 + step * m, step))
+            book(x0, b, m, PERIOD)
     keys.sort()
-    ev_t = [key // (3 * S * X) for key in keys]  # each event's time and clock number
+    ev_t = [key // X for key in keys]  # each event's time and clock number
     ev_x = [key % X for key in keys]
-    for rows in (held, held_i):
-        for row in rows:
-            row[:] = accumulate(row)
-    cap_i = horizon if cap_i is None else cap_i
-    clock = Clock.units(tuple(v_placement(p)), m)
     ready, end, place, place_at = clock.ready, clock.end, clock.place, clock.place_at
+    pull = clock.pull
     start, stop = t_i[0], t_f[0] + PERIOD * (m - 1)
     lo_n, hi_n = bisect_left(ev_t, start), bisect_left(ev_t, stop + 1)
     n, count = 0, len(ev_t)
@@ -391,48 +387,17 @@ def _reorder_ends(p: int, microbatches: int, times, cap: int, cap_i: int | None
             continue
         x = ev_x[n]
         n += 1
-        row, j = divmod(x, m)
-        k, s = divmod(row, S)
-        r = rank[s]
         at = ready[x]  # its inputs are there (the rule), and its stage's previous pass
-        if j and end[x - 1] > at:  # of that kind has ended (microbatch order)
+        if x % m and end[x - 1] > at:  # of that kind has ended (microbatch order)
             at = end[x - 1]
-        bus = busy[r]
-        if k == 0:  # the units from which it may start without passing a cap
-            lo = t
-            row, row_i = held[r], held_i[r]
-            while lo > at and row[lo - 1] < cap and row_i[lo - 1] < cap_i:
-                lo -= 1
-        else:
-            lo = at
-        try:  # the first free unit in [lo, t)
-            u = bus.index(False, lo, t) if lo < t else -1
-        except ValueError:
-            u = -1
-        if u < 0:
+        if at >= t:  # it cannot start earlier: it keeps its block time
             place(x, t)
             continue
-        bus[t], bus[u] = False, True
-        place(x, u)
-        if k == 0:  # (short spans: a loop is cheaper than slices)
-            row, row_i = held[r], held_i[r]
-            for v in range(u, t):
-                row[v] += 1
-                row_i[v] += 1
-        else:
-            row = held[r] if k == 2 else held_i[r]
-            for v in range(u + 1, t + 1):
-                row[v] -= 1
-    # Each rank's passes by the unit they start in (one pass a unit: the calendar).
-    acts = _actions(S, m)
-    slots: list[list[Action | None]] = [[None] * horizon for _ in range(p)]
-    for s in range(S):
-        at = slots[rank[s]]
-        for k in range(3):
-            lo, x0 = (3 * s + k) * m, (k * S + s) * m  # the pass table's id, the clock's
-            for e, a in zip(end[x0:x0 + m], acts[lo:lo + m], strict=True):
-                at[e - 1] = a
-    return [list(filter(None, row)) for row in slots]
+        # the first free unit from there, a forward only from where one more activation
+        # stays within the caps at every unit up to its block time
+        pull(x, t, at)
+    # Each rank's passes by the unit they are booked at (the calendar's orders).
+    return clock.booked(_actions(S, m))
 
 
 def unit_step(p: int, microbatches: int, orders: list[list[Action]]) -> int:

@@ -31,6 +31,16 @@ the building blocks' reorder does) places a step's picks with one call,
 :meth:`Clock.place_at`. :meth:`Clock.units` makes the clock of the blocks' own units: every
 F, I and W one unit long, no ``comm``, one unit of memory per activation, all in ints.
 
+A search that lays passes out in unit time and then moves some earlier (the building
+blocks' ends-only reorder) tests a move against memory that passes not placed yet will
+hold. A unit clock's *calendar* (:meth:`Clock.calendar`) holds that: each pass booked at a
+unit (:meth:`Clock.book`), per rank the booked pass of each unit (:attr:`Clock.taken`) and
+the memory in use during each unit once every booked pass runs where it is booked
+(:attr:`Clock.held`, :attr:`Clock.held_i`: ``used``'s and ``used_i``'s counts, in ints);
+:meth:`Clock.fits_from` (how early a pass may move without passing a limit at a unit it
+crosses, the one tolerance) and :meth:`Clock.first_free` answer from them, and
+:meth:`Clock.pull` moves a booked pass by their answer and places it.
+
 Actions are numbered ``x = (kind * S + stage) * m + microbatch`` with kinds F, I, W (0, 1,
 2): :meth:`Clock.id`.
 
@@ -47,9 +57,12 @@ inf
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from functools import lru_cache
+from itertools import accumulate
+from math import floor
 from typing import NamedTuple
 
 from ..costs import FIT_TOLERANCE, StageCosts, fits_limit
@@ -358,6 +371,196 @@ class Clock:
         place.__doc__ = Clock.place.__doc__
         place_at.__doc__ = Clock.place_at.__doc__
         return place, place_at
+
+    # The unit calendar (unit clocks): passes booked at units they have not reached yet.
+
+    def calendar(self, horizon: int) -> None:
+        """Start the clock's *unit calendar* over units ``0 .. horizon - 1``: a search that
+        lays passes out in unit time and moves some of them earlier books every pass at a
+        unit first (:meth:`book`), then tests a move against what the rank will hold at
+        each unit once every booked pass runs where it is booked, and places the pass
+        (:meth:`pull`). Per rank, :attr:`taken` holds the booked pass of each unit
+        (number + 1; 0: the unit is free), :attr:`held` the memory in use during each unit
+        (``used``'s count: a pass adds its start part at its unit and the rest after it,
+        as the memory walk), :attr:`held_i` the same as if W kept nothing (``used_i``'s).
+        :meth:`fits_from` and :meth:`first_free` answer from them; :meth:`pull` moves a
+        booked pass earlier by their answer and places it.
+        Unit clocks only (:meth:`units`: one unit per pass, int memory).
+
+        >>> c = Clock.units((0, 1, 1, 0), 1, limits=[1, 1])
+        >>> c.calendar(8)
+        >>> for kind, stage, at in (("F", 0, 0), ("F", 3, 4), ("I", 3, 5), ("W", 3, 6)):
+        ...     c.book(c.id(kind, stage, 0), at)
+        >>> c.held[0]                        # F(0) held, F(3) too from unit 4 on
+        [1, 1, 1, 1, 2, 2, 2, 1]
+        >>> c.fits_from(0, 1, 4)             # one more activation over units 1..3 fits?
+        4
+        """
+        if self._unit_info is None:
+            raise ValueError("the unit calendar is for unit clocks (Clock.units)")
+        if horizon < 1:
+            raise ValueError(f"horizon must be >= 1, got {horizon}")
+        self.horizon = horizon
+        self.taken: list[list[int]] = [[0] * horizon for _ in range(self.p)]
+        # the levels (per rank: used's, used_i's), as differences until first read (a
+        # booking is then one add per pass)
+        self._diffs: list[list[int]] | None = [[0] * (horizon + 1) for _ in range(2 * self.p)]
+        self._held: list[list[int]] = [[0] * horizon for _ in range(2 * self.p)]
+        self._pending = [True]
+        # per row: (start part, rest) of used, the same of used_i (F adds at its start,
+        # I / W free at their end; W keeping nothing changes only the net)
+        self._cal_rows = [(int(e[2]), int(e[3] - e[2]), int(e[2]), int(e[8] - e[2]))
+                          for e in self.rows]
+        self.pull = self._puller()
+
+    def book(self, x: int, at: int, count: int = 1, every: int = 1) -> None:
+        """Book pass ``x`` at unit ``at`` on the calendar (:meth:`calendar`), and with
+        ``count`` > 1 the next microbatches of its row (``x + 1``, ...) every ``every``
+        units after: the calendar's memory counts it there from now on. Raises
+        ValueError if a unit is taken or past the horizon."""
+        m = self.m
+        row, j = divmod(x, m)
+        if count < 1 or j + count > m or every < 1:
+            raise ValueError(f"book: {count} passes every {every} from microbatch {j} of {m}")
+        hi = at + every * (count - 1)
+        if at < 0 or hi >= self.horizon:
+            raise ValueError(f"book: units {at} .. {hi} are outside 0 .. {self.horizon - 1}")
+        r = self.rows[row][0]
+        slots = self.taken[r]
+        if any(slots[at:hi + 1:every]):
+            raise ValueError(f"book: a unit of {at} .. {hi} (every {every}) is taken on rank {r}")
+        slots[at:hi + 1:every] = range(x + 1, x + 1 + count)
+        a0, a1, a0_i, a1_i = self._cal_rows[row]
+        if self._diffs is not None:  # (a row's units as slices: a block books whole rows)
+            d, d_i = self._diffs[2 * r], self._diffs[2 * r + 1]
+            now, after = slice(at, hi + 1, every), slice(at + 1, hi + 2, every)
+            if a0:
+                d[now] = [v + a0 for v in d[now]]
+            if a0_i:
+                d_i[now] = [v + a0_i for v in d_i[now]]
+            if a1:
+                d[after] = [v + a1 for v in d[after]]
+            if a1_i:
+                d_i[after] = [v + a1_i for v in d_i[after]]
+            return
+        held, held_i = self.held[r], self.held_i[r]
+        for u in range(at, hi + 1, every):
+            for v in range(u, self.horizon):
+                held[v] += a0 + (a1 if v > u else 0)
+                held_i[v] += a0_i + (a1_i if v > u else 0)
+
+    def _levels(self) -> list[list[int]]:
+        if self._diffs is not None:
+            for lv, d in zip(self._held, self._diffs, strict=True):
+                lv[:] = accumulate(d[:-1])
+            self._diffs = None
+            self._pending[0] = False
+        return self._held
+
+    @property
+    def held(self) -> list[list[int]]:
+        """Per rank, the memory in use during each unit of the calendar (``used``'s
+        count), every booked pass at its unit."""
+        return self._levels()[0::2]
+
+    @property
+    def held_i(self) -> list[list[int]]:
+        """:attr:`held` as if W kept nothing (``used_i``'s count)."""
+        return self._levels()[1::2]
+
+    def fits_from(self, rank: int, lo: int, hi: int, extra: int = 1) -> int:
+        """The first unit ``u`` in ``lo .. hi`` such that ``extra`` more memory at every
+        unit of ``u .. hi - 1`` fits ``rank``'s limits (:attr:`held` against ``limits``,
+        :attr:`held_i` against ``limits_i``, the one tolerance of
+        :func:`~pipebubble.costs.fits_limit`): how early a pass that adds ``extra`` and is
+        booked at ``hi`` may move without passing a limit at a unit it crosses."""
+        levels = self._levels()
+        held, held_i = levels[2 * rank], levels[2 * rank + 1]
+        room, room_i = self.room[rank] - extra, self.room_i[rank] - extra
+        u = hi
+        while u > lo and held[u - 1] <= room and held_i[u - 1] <= room_i:
+            u -= 1
+        return u
+
+    def first_free(self, rank: int, lo: int, hi: int) -> int:
+        """The first unit of ``lo .. hi - 1`` no pass is booked at on ``rank`` (-1: none)."""
+        if lo >= hi:
+            return -1
+        try:
+            return self.taken[rank].index(0, lo, hi)
+        except ValueError:
+            return -1
+
+    def pull(self, x: int, at: int, lo: int) -> int:  # (replaced per calendar: _puller)
+        """Place pass ``x``, booked at unit ``at``, at the first free unit of ``lo .. at -
+        1`` on its rank from which its memory fits (a pass that adds memory at its start,
+        a forward, moves over no unit where that would pass a limit: :meth:`fits_from`),
+        or at ``at`` if there is none; returns the unit. Its booking moves with it, so the
+        calendar's memory counts it from there on (``x`` must be booked at ``at``: the
+        calendar is not checked, a search calls it once a pass)."""
+        raise ValueError("pull: start the calendar first (Clock.calendar)")
+
+    def _puller(self):
+        """:meth:`pull` as a closure over the calendar's lists (a search calls it once a
+        pass; :meth:`fits_from` and :meth:`first_free` inline)."""
+        m, taken, levels, cal = self.m, self.taken, self._held, self._cal_rows
+        # the levels are ints: the rooms as the highest int that passes (an int compare is
+        # cheaper than a mixed one; no limit: a level no count reaches)
+        room_of, room_i_of = ([floor(x) if x < _INF else 2 * sys.maxsize for x in rooms]
+                              for rooms in (self.room, self.room_i))
+        # per row: its rank's calendar and levels, the rooms left for its start part
+        # (None: it adds nothing at its start, no limit to test), its parts
+        per_row = []
+        for e, (a0, a1, a0_i, a1_i) in zip(self.rows, cal, strict=True):
+            r = e[0]
+            rooms = (room_of[r] - a0, room_i_of[r] - a0_i) if a0 > 0 or a0_i > 0 else None
+            per_row.append((taken[r], levels[2 * r], levels[2 * r + 1], rooms,
+                            a0, a1, a0_i, a1_i))
+        pending, settle, place = self._pending, self._levels, self.place
+
+        def pull(x: int, at: int, lo: int) -> int:
+            slots, held, held_i, rooms, a0, a1, a0_i, a1_i = per_row[x // m]
+            if pending[0]:
+                settle()
+            if rooms is not None:
+                room, room_i = rooms
+                u = at
+                while u > lo and held[u - 1] <= room and held_i[u - 1] <= room_i:
+                    u -= 1
+                lo = u
+            try:
+                to = slots.index(0, lo, at) if lo < at else -1
+            except ValueError:
+                to = -1
+            if to < 0:
+                place(x, at)
+                return at
+            slots[at], slots[to] = 0, x + 1
+            # its start part now counts over to .. at - 1 too, the rest over to + 1 .. at
+            # (short spans: loops are cheaper than slices)
+            if a0 or a0_i:
+                for v in range(to, at):
+                    held[v] += a0
+                    held_i[v] += a0_i
+            if a1:
+                for v in range(to + 1, at + 1):
+                    held[v] += a1
+            if a1_i:
+                for v in range(to + 1, at + 1):
+                    held_i[v] += a1_i
+            place(x, to)
+            return to
+
+        pull.__doc__ = Clock.pull.__doc__
+        return pull
+
+    def booked(self, names: Sequence | None = None) -> list[list]:
+        """Per rank, the booked passes in unit order (the calendar's orders): their
+        numbers, or ``names[number]`` of each."""
+        if names is None:
+            return [[x - 1 for x in slots if x] for slots in self.taken]
+        named = [None, *names]
+        return [[named[x] for x in slots if x] for slots in self.taken]
 
     @property
     def step_time(self) -> float:

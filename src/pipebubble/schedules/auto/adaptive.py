@@ -34,7 +34,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from ...costs import StageCosts
-from ...ir.schedule import Action, ScheduleError
+from ...ir.schedule import Action, ScheduleError, v_placement
+from ...sim.clock import Clock
 from ..building_block import PERIOD, block, peak, place_w, reorder, reorder_ends, repeat
 from ..periodic import extend
 from .budget import WORK_PER_SECOND, Budget
@@ -262,7 +263,9 @@ def wave_cooldown(p: int, m: int, orders: list[list[Action]], k: int
     the moved I and those after the rank's last forward wait in a pool. Then each rank
     runs its passes in that time order, and in a hole (the next one not ready) a ready
     pooled W (oldest first), else the first ready I it has later; a W or an I run early
-    never raises the memory (only a forward adds). None if the order stalls.
+    never raises the memory (only a forward adds). None if the order stalls. Both the
+    unit times and that list schedule run on the kernel's clock of unit passes
+    (``sim/clock.Clock.units``: the rule of ``ir/deps.py``), passes by its numbers.
 
     Under unit costs at p = 8, m = 32 this turns the adaptive stage's 213 (k = 9) and 207
     (k = 11) into 212 and 206, the bound ``6m + 6p - 1 - 3k``: the cool-down had idle
@@ -270,109 +273,121 @@ def wave_cooldown(p: int, m: int, orders: list[list[Action]], k: int
     (moving an I later keeps its activation longer).
     """
     S = 2 * p
-    start = _unit_times(p, orders)
+    base = {"F": 0, "I": S, "W": 2 * S}  # kind S, by kind: x = (kind S + stage) m + j
+    ids = [[(base[a.kind] + a.stage) * m + a.microbatch for a in order] for order in orders]
+    start = _unit_times(p, m, ids)
     if start is None:
         return None
-    t0 = start[(S - 1, "F", m - 1)]
+    t0 = start[(S - 1) * m + m - 1]  # the last F of the last stage
     late0 = min(m, (k + 1) // 2)
-    target: dict[tuple[int, str, int], int] = {}
+    target: dict[int, int] = {}  # clock number -> its unit in the wave
     for i in range(p):
         for j in range(late0):
-            target[i, "I", m - 1 - j] = t0 + 2 * p - i - 2 * j
+            target[(S + i) * m + m - 1 - j] = t0 + 2 * p - i - 2 * j
         for j in range(max(0, min(i + 1, k - late0, m))):
-            target[S - 1 - i, "I", m - 1 - j] = t0 + 1 + i - 2 * j
+            target[(2 * S - 1 - i) * m + m - 1 - j] = t0 + 1 + i - 2 * j
     fixed, pools = [], []
-    for order in orders:
-        last_f = max(start[tuple(a)] for a in order if a.kind == "F")
+    Sm = S * m  # the first I's number; a W's I is Sm before it
+    for row_ids in ids:
+        last_f = max(start[x] for x in row_ids if x < Sm)
         row, pool = [], []
-        for n, a in enumerate(order):
-            key = tuple(a)
-            if a.kind == "W" and (start[key] > last_f or (a.stage, "I", a.microbatch) in target):
-                pool.append(a)
+        for n, x in enumerate(row_ids):
+            if x >= 2 * Sm and (start[x] > last_f or x - Sm in target):
+                pool.append(x)
             else:
-                row.append((target.get(key, start[key]), key in target, n, a))
+                t = target.get(x)
+                row.append((start[x] if t is None else t, t is not None, n, x))
         row.sort()
-        fixed.append([x[3] for x in row])
+        fixed.append([e[3] for e in row])
         pools.append(pool)
-    return _fill_holes(p, m, fixed, pools)
+    got = _fill_holes(p, m, fixed, pools)
+    if got is None:
+        return None
+    by_id: list = [None] * (3 * Sm)
+    for row_ids, order in zip(ids, orders, strict=True):
+        for x, a in zip(row_ids, order, strict=True):
+            by_id[x] = a
+    return [[by_id[x] for x in row] for row in got]
 
 
-def _deps(s: int, kind: str, j: int, S: int) -> tuple[tuple[int, str, int], ...]:
-    """What a pass waits for in the V placement's chain of ``S`` stages (``ir/deps.py``)."""
-    if kind == "F":
-        return () if s == 0 else ((s - 1, "F", j),)
-    if kind == "I":
-        return ((s, "F", j),) if s == S - 1 else ((s, "F", j), (s + 1, "I", j))
-    return ((s, "I", j),)
-
-
-def _unit_times(p: int, orders: list[list[Action]]) -> dict[tuple, int] | None:
-    """Each pass's start with every pass one unit, no comm, run in the given orders
-    (squeezed: as early as its order and its inputs allow); None if they stall."""
-    S = 2 * p
-    end: dict[tuple, int] = {}
-    start: dict[tuple, int] = {}
-    free, head = [0] * p, [0] * p
-    left = sum(len(o) for o in orders)
+def _unit_times(p: int, m: int, ids: list[list[int]]) -> list[int] | None:
+    """Each pass's start, by its clock number, with every pass one unit and no comm, run
+    in the given orders ``ids`` (squeezed: as early as its order and its inputs allow;
+    the kernel's rule on :meth:`~pipebubble.sim.clock.Clock.units`); None if they stall."""
+    clock = Clock.units(v_placement(p), m)
+    earliest, place, end = clock.earliest, clock.place, clock.end
+    head = [0] * p
+    left = sum(len(o) for o in ids)
+    never = float("inf")
     while left:
         moved = False
-        for r in range(p):
-            while head[r] < len(orders[r]):
-                a = orders[r][head[r]]
-                deps = _deps(a.stage, a.kind, a.microbatch, S)
-                if any(d not in end for d in deps):
+        for r, row in enumerate(ids):
+            h, n = head[r], len(row)
+            while h < n:
+                x = row[h]
+                t = earliest(x)
+                if t == never:
                     break
-                t = max([free[r]] + [end[d] for d in deps])
-                start[tuple(a)], end[tuple(a)] = t, t + 1
-                free[r], head[r], left, moved = t + 1, head[r] + 1, left - 1, True
+                place(x, t)
+                h += 1
+            if h != head[r]:
+                left -= h - head[r]
+                head[r], moved = h, True
         if not moved:
             return None
-    return start
+    return [e - 1 for e in end]
 
 
-def _fill_holes(p: int, m: int, fixed: list[list[Action]], pools: list[list[Action]]
-                ) -> list[list[Action]] | None:
-    """A unit-time list schedule: each rank runs ``fixed`` in order; when its next pass is
-    not ready it runs a ready W of its ``pool`` (in pool order), else the first ready I
-    later in ``fixed``; every stage's passes of a kind in microbatch order."""
+def _fill_holes(p: int, m: int, fixed: list[list[int]], pools: list[list[int]]
+                ) -> list[list[int]] | None:
+    """A unit-time list schedule on :meth:`~pipebubble.sim.clock.Clock.units` (passes by
+    clock number): each rank runs ``fixed`` in order; when its next pass is not ready it
+    runs a ready W of its ``pool`` (in pool order), else the first ready I later in
+    ``fixed``; every stage's passes of a kind in microbatch order."""
     S = 2 * p
-    done: dict[tuple, int] = {}
-    nxt: dict[tuple[int, str], int] = {}
-    head = [0] * p
-    ran: list[set] = [set() for _ in range(p)]
-    out: list[list[Action]] = [[] for _ in range(p)]
+    clock = Clock.units(v_placement(p), m)
+    ready, place_at = clock.ready, clock.place_at
+    rank = v_placement(p)
+    nxt = [0] * (3 * S)  # next microbatch per row (kind S + stage)
+    ran = [False] * (3 * S * m)
+    head, pool_head = [0] * p, [0] * p
+    out: list[list[int]] = [[] for _ in range(p)]
     left = sum(len(f) + len(q) for f, q in zip(fixed, pools, strict=True))
     t, idle = 0, 0
+    I0, W0 = S * m, 2 * S * m  # the first I's and W's numbers
 
-    def ready(a: Action) -> bool:
-        return nxt.get((a.stage, a.kind), 0) == a.microbatch and all(
-            done.get(d, t + 1) <= t for d in _deps(a.stage, a.kind, a.microbatch, S))
+    def ok(x: int) -> bool:  # its turn in its row, and its inputs there by t
+        return nxt[x // m] == x % m and ready[x] <= t
 
     while left:
         picks = []
         for r in range(p):
-            seq = fixed[r]
-            while head[r] < len(seq) and seq[head[r]] in ran[r]:
-                head[r] += 1
-            if head[r] < len(seq) and ready(seq[head[r]]):
-                picks.append(seq[head[r]])
+            seq, pool = fixed[r], pools[r]
+            h, n = head[r], len(seq)
+            while h < n and ran[seq[h]]:
+                h += 1
+            head[r] = h
+            if h < n and ok(seq[h]):
+                picks.append(seq[h])
                 continue
-            pick = next((a for a in pools[r] if a not in ran[r] and ready(a)), None)
-            if pick is None:
-                pick = next((a for a in seq[head[r]:] if a.kind == "I" and a not in ran[r]
-                             and ready(a)), None)
-            if pick is not None:
+            q = pool_head[r]
+            while q < len(pool) and ran[pool[q]]:
+                q += 1
+            pool_head[r] = q
+            pick = next((x for x in pool[q:] if not ran[x] and ok(x)), -1)
+            if pick < 0:
+                pick = next((x for x in seq[h:] if I0 <= x < W0 and not ran[x] and ok(x)), -1)
+            if pick >= 0:
                 picks.append(pick)
         idle = idle + 1 if not picks else 0
         if idle > 1:  # nothing ran for two units: nothing will (unit passes)
             return None
-        for a in picks:
-            done[tuple(a)] = t + 1
-            nxt[a.stage, a.kind] = a.microbatch + 1
-            r = a.stage if a.stage < p else S - 1 - a.stage
-            ran[r].add(a)
-            out[r].append(a)
-            left -= 1
+        for x in picks:
+            nxt[x // m] += 1
+            ran[x] = True
+            out[rank[x // m % S]].append(x)
+        left -= len(picks)
+        place_at(picks, t)
         t += 1
     return out
 
