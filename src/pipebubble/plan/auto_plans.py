@@ -19,6 +19,7 @@ import math
 import time
 
 from ..ir.schedule import ScheduleError, loop_placement, make_schedule, v_placement
+from ..schedules.auto.budget import PLANNER_NET
 from .families import _auto_function
 from .layercosts import LayerCosts
 from .plans import Config, Plan, Priced
@@ -88,7 +89,8 @@ class AutoPlans:
         left = [budget - x for x in pr.static]
         t0 = time.perf_counter()
         try:
-            sched = fn(c.pp, c.microbatches, pr.costs, memory_limit=left, placement=placement)
+            sched = fn(c.pp, c.microbatches, pr.costs, memory_limit=left, placement=placement,
+                       safety_net=PLANNER_NET)
         except (ScheduleError, ValueError):
             return None  # no order fits the memory left
         finally:
