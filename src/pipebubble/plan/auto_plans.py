@@ -19,7 +19,7 @@ import math
 import time
 
 from ..ir.schedule import ScheduleError, loop_placement, make_schedule, v_placement
-from ..schedules.auto.budget import PLANNER_NET
+from ..schedules.registry import get_schedule, lookup, schedule_names
 from .families import _auto_function
 from .layercosts import LayerCosts
 from .plans import Config, Plan, Priced
@@ -37,9 +37,7 @@ class AutoPlans:
         got = self._auto_cuts.get(key)
         if got is not None and got[0] is lc:
             return got[1]
-        placement = "loop" if c.chunks == 1 else "v"
-        shape = make_schedule("auto", [()] * c.pp, c.pp * c.chunks, c.microbatches,
-                              placement=placement)
+        shape = self._auto_shape(c)
         cut = self._time_cuts(lc, c, c.pp * c.chunks, c.microbatches, shape.stage_to_rank)[0]
         pr = self._price(c, shape, lc, cut, split=True)  # the order may split W
         self._auto_cuts[key] = (lc, pr)
@@ -71,6 +69,62 @@ class AutoPlans:
             least = math.nextafter(least, math.inf)
         return least
 
+    def auto_ruled_out(self, c: Config, lc: LayerCosts, pr: Priced, threshold: float) -> bool:
+        """Whether no order auto can return for ``c`` gives a plan below ``threshold``
+        (module doc): auto's order is either one of its searched orders (greedy, adaptive
+        V blocks, stretched blocks, local search, MIP and tail windows: every backward split
+        into an I and a W, so the cut's bound with ``split_only``, which also counts the
+        part of each backward that splitting it exposes, holds for it:
+        :meth:`~.cut_price.Pricing._price`) or one of the registered schedules of its
+        placement unchanged; of these only those with a fused backward (B: 1F1B, GPipe,
+        DualPipeV) can beat that bound, and their plans on auto's cut are simulated (the
+        very step auto's plan would have with that order, memory aside)."""
+        key = (id(lc), c, "split only")
+        got = self._auto_cuts.get(key)
+        if got is None or got[0] is not lc:
+            bound = self._price(c, self._auto_shape(c), lc, pr.ranges, split=True,
+                                split_only=True).bound
+            got = self._auto_cuts[key] = (lc, bound, None)
+        if got[1] < threshold:
+            return False
+        if got[2] is None:  # the fused registered schedules' plans, once
+            fused = min((self._step(c, sched, pr)[2] for sched in self._fused_registered(c)),
+                        default=math.inf)
+            got = self._auto_cuts[key] = (lc, got[1], fused)
+        return got[2] >= threshold
+
+    def _auto_shape(self, c: Config):
+        """An order-free schedule of auto's placement for ``c`` (what a price needs)."""
+        key = ("auto shape", c.pp, c.chunks, c.microbatches)
+        got = self._shapes.get(key)
+        if got is None:
+            got = self._shapes[key] = make_schedule(
+                "auto", [()] * c.pp, c.pp * c.chunks, c.microbatches,
+                placement="loop" if c.chunks == 1 else "v")
+        return got
+
+    def _fused_registered(self, c: Config):
+        """The registered schedules auto scores in ``c``'s placement (the same filter and
+        the same registry keys as ``schedules.auto._registered``, so one generation serves
+        both) whose orders have a fused backward (B)."""
+        where = _auto_where(c)
+        for name in schedule_names():
+            try:
+                spec = lookup(name)
+                if spec.searched or spec.chunks != c.chunks:
+                    continue
+                probe = get_schedule(name, c.pp, 2 * c.pp)
+                if probe.chains != 1 or probe.stage_to_rank != where:
+                    continue
+                sched = get_schedule(name, c.pp, c.microbatches)
+            except ScheduleError:
+                continue
+            if sched.chains != 1 or sched.stage_to_rank != where:
+                continue
+            split, fused = self._kinds(sched)
+            if not split or fused:
+                yield sched
+
     def auto_plan_at(self, c: Config, budget: float) -> Plan | None:
         """The auto plan of ``c`` at ``budget``, marked as found from that budget on."""
         plan = self._evaluate_auto(c, self.p.at(c.microbatch_size, c.recompute), math.inf,
@@ -85,6 +139,10 @@ class AutoPlans:
         pr = self._auto_cut(c, lc)
         if fn is None or pr is None or pr.bound >= threshold or max(pr.static) > budget:
             return None
+        if self.auto_ruled_out(c, lc, pr, threshold):
+            return None  # no order auto can return beats threshold: not searched
+        from ..schedules.auto.budget import PLANNER_NET
+
         placement = "loop" if c.chunks == 1 else "v"
         left = [budget - x for x in pr.static]
         t0 = time.perf_counter()

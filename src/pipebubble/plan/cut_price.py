@@ -110,15 +110,18 @@ class Pricing:
         self._stage_costs[key] = (lc, (costs, params, transient))
         return costs, params, transient
 
-    def _price(self, c, sched, lc, ranges, split: bool | None = None) -> Priced:
+    def _price(self, c, sched, lc, ranges, split: bool | None = None,
+               split_only: bool = False) -> Priced:
         """A cut's costs, each rank's static memory and the lower bound of the module doc.
-        ``split``: whether W is split from the backward (None: ask the schedule)."""
+        ``split``: whether W is split from the backward (None: ask the schedule);
+        ``split_only``: the bound of orders with no fused backward (B) at all, whatever
+        ``sched``'s orders (auto's searched orders: every backward an I and a W)."""
         rkey = tuple(ranges)
         if split is None:
             split = self.split(sched)
         costs, params, transient = self.stage_costs(c, sched, lc, ranges, split, rkey)
         head, tail, busy, late, rank_params, trans, fwd, bwd = self._rank_sums(
-            sched, lc, ranges, costs, split, rkey)
+            sched, lc, ranges, costs, split, rkey, split_only)
         where = np.asarray(sched.stage_to_rank)
         ends = [(where[s], where[s + len(ranges) - 1]) for s in range(0, len(where),
                                                                        len(ranges))]
@@ -161,12 +164,13 @@ class Pricing:
         return got
 
     def _rank_sums(self, sched: Schedule, lc: LayerCosts, ranges: Ranges, costs: CostModel,
-                   split: bool, rkey: tuple | None = None) -> tuple:
+                   split: bool, rkey: tuple | None = None, split_only: bool = False) -> tuple:
         """Per rank: ``head``, ``tail``, ``busy``, ``late`` of the bound (module doc), its
         parameters, largest transient, and one microbatch's forward and backward. They do
-        not depend on the sharding: computed once per (schedule, cut, hop time)."""
+        not depend on the sharding: computed once per (schedule, cut, hop time).
+        ``split_only``: for orders whose every backward is split (see :meth:`_price`)."""
         rkey = tuple(ranges) if rkey is None else rkey
-        key = (id(sched), id(lc), rkey, costs.comm, split)
+        key = (id(sched), id(lc), rkey, costs.comm, split, split_only)
         got = self._ranks.get(key)
         if got is not None and got[0] is sched and got[1] is lc:
             return got[2]
@@ -182,7 +186,7 @@ class Pricing:
         cf, cb, cw, comm = costs.f, costs.b, costs.w, costs.comm
         ie = costs.i_extra if isinstance(costs.i_extra, list) else [0.0] * len(cb)
         # An I costs ie more than B - W: every backward pays it where none is fused (B).
-        every = split and self.split(sched) and not self._kinds(sched)[1]
+        every = split and (split_only or (self.split(sched) and not self._kinds(sched)[1]))
         inc = [x if every else 0.0 for x in ie]
         firsts = self._first_stages(sched)
         for s, r in enumerate(where):
