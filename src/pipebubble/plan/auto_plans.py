@@ -24,6 +24,12 @@ from .families import _auto_function
 from .layercosts import LayerCosts
 from .plans import Config, Plan, Priced
 
+# Families whose every backward is split (an I and a W: no B) at every size, so that the
+# split-only bound holds for them and auto_ruled_out need not generate them (V-Half and
+# V-Min take seconds at p = 64); tests/test_plan_scale_auto.py checks the list against
+# every registered family's schedules. A family not listed is generated and looked at.
+SPLIT_ONLY = ("zb-h1", "zb-h2", "zbv", "v-half", "v-min")
+
 
 class AutoPlans:
     """``auto`` (a part of :class:`~pipebubble.plan.scoring.Searcher`)."""
@@ -111,7 +117,7 @@ class AutoPlans:
         for name in schedule_names():
             try:
                 spec = lookup(name)
-                if spec.searched or spec.chunks != c.chunks:
+                if spec.searched or spec.chunks != c.chunks or name in SPLIT_ONLY:
                     continue
                 probe = get_schedule(name, c.pp, 2 * c.pp)
                 if probe.chains != 1 or probe.stage_to_rank != where:
