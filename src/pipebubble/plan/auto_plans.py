@@ -7,7 +7,20 @@ The scheduler searches orders (seconds for a large pipeline), so it runs last an
 where it can win: the cut is priced first, and the bound of that price (true for every order
 of the cut, :mod:`~pipebubble.plan.cut_price`) must beat the K-th best plan found. The
 search visits auto configurations after every family's, in order of that bound, so the
-threshold they face is the tightest the families give.
+threshold they face is the tightest the families give. Then a tighter bound that holds for
+every order auto can return (:meth:`AutoPlans.auto_ruled_out`): its own searched orders
+split every backward into an I and a W, so the cut's bound counting each backward's hidden
+part (``split_only``) holds for them; the only others it returns are registered schedules
+unchanged, and of those only the ones with a fused backward (1F1B, GPipe, DualPipeV) can
+beat that bound: their plans on the cut are simulated. Auto runs only when one of the two
+beats the K-th plan. (On the LLaMA-3 405B bench, 3 searches instead of 44; only true bounds,
+so the plans found are the same.)
+
+The search runs at auto's default budget (:data:`~pipebubble.schedules.auto.SEARCH_SECONDS`
+of counted work, the same as ``pipebubble schedule auto``), bounded by the work ledger alone:
+the wall-clock safety net sits at :data:`~pipebubble.schedules.auto.budget.PLANNER_NET`
+times the budget, a last resort for a machine several times slower than the counts assume,
+so that the planner's ranking does not depend on the clock or the load.
 
 When nothing fits, the least budget at which auto finds an order is known without running
 it (:meth:`AutoPlans.least_auto_budget`).
