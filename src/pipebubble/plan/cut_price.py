@@ -122,6 +122,24 @@ class Pricing:
         costs, params, transient = self.stage_costs(c, sched, lc, ranges, split, rkey)
         head, tail, busy, late, rank_params, trans, fwd, bwd = self._rank_sums(
             sched, lc, ranges, costs, split, rkey, split_only)
+        # What follows the work (exposed traffic, optimizer, static memory) depends on the
+        # costs and the placement only, not on the order or m: once per (costs, placement).
+        tkey = (id(costs), sched.stage_to_rank)
+        got = self._tails.get(tkey)
+        if got is None or got[0] is not costs:
+            got = self._tails[tkey] = (costs, *self._rank_tails(
+                c, sched, lc, ranges, params, rank_params, trans, fwd, bwd))
+        _, ar, done, first, static, rank_params = got
+        bound = max(max(h + b + d, h + b - w + t + first) for h, b, d, w, t in
+                    zip(head, busy, done, late, tail, strict=True))
+        return Priced(ranges, costs, bound, static, ar, rank_params)
+
+    def _rank_tails(self, c, sched, lc, ranges, params, rank_params, trans, fwd, bwd
+                    ) -> tuple:
+        """Per rank of a priced cut: the exposed data-parallel traffic, what it and the
+        optimizer step add after the work (``done``) and their least (``first``), the static
+        memory and the parameters (tied copies counted): :meth:`_price`'s bound and memory
+        beyond the work."""
         where = np.asarray(sched.stage_to_rank)
         ends = [(where[s], where[s + len(ranges) - 1]) for s in range(0, len(where),
                                                                        len(ranges))]
@@ -144,15 +162,13 @@ class Pricing:
         k = self._optimizer_rate(c)
         done = [a + k * P for a, P in zip(ar, rank_params, strict=True)]
         first = min(done)  # the rank the gradient reaches last still exposes and steps
-        bound = max(max(h + b + d, h + b - w + t + first) for h, b, d, w, t in
-                    zip(head, busy, done, late, tail, strict=True))
         bpp = self.axes.bytes_per_param(c.dp)
         # bincount adds in stage order, as ``static[r] += bpp x params[s]`` would
         static = np.bincount(where, weights=bpp * params, minlength=c.pp).tolist()
         for r in copies:
             static[r] += bpp * lc.tied
-        return Priced(ranges, costs, bound, [x + t for x, t in zip(static, trans, strict=True)],
-                      ar, rank_params)
+        return (ar, done, first, [x + t for x, t in zip(static, trans, strict=True)],
+                rank_params)
 
     def _optimizer_rate(self, c: Config) -> float:
         """Seconds of optimizer step per local parameter at ``c``'s dp (the step is linear in

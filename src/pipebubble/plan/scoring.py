@@ -102,6 +102,7 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
         self._sync_times: dict[tuple, tuple[float, float]] = {}
         self._exposures: dict[tuple, float] = {}
         self._stage_costs: dict[tuple, tuple] = {}
+        self._tails: dict[tuple, tuple] = {}  # per (stage costs, placement): Pricing._price
         self._auto_cuts: dict[tuple, tuple] = {}
 
     def schedule(self, c: Config) -> Schedule | None:
