@@ -365,7 +365,8 @@ def _search(ranks: int, microbatches: int, costs: CostModel | None,
         clock.ran("tail windows", best, budget)
     key, orders, source, kind = best
     sc, where = resolved[kind]
-    cand = make_schedule("auto", [[a if isinstance(a, Action | Overlap) else Action(*a) for a in o]
+    steps = (Action, Overlap)  # a greedy tuple becomes an Action; a DualPipeV Overlap stays
+    cand = make_schedule("auto", [[a if isinstance(a, steps) else Action(*a) for a in o]
                                   for o in orders], len(where), m, placement=list(where))
     timeline = _score(cand, sc, limits)[1]  # the one simulator re-scores the winner
     lb = named[kind] if placement != "any" else min(named.values(), key=lambda b: b.value)
