@@ -17,7 +17,9 @@ With ``--cut-gap N`` (instead): how far the min-max cut rule the planner uses be
 With ``--scale`` (instead): every axis (tp with and without SP, cp, pp, dp, sharding,
 microbatch size, every schedule family and auto, chunks, recompute) for LLaMA-3 405B's shape
 (126 blocks, h 16384, FFN 53248, 128 heads, 8 K/V heads, vocab 128256, sequence 8192) on
-16,384 H100s, global batch 2048; target < 10 s. ``--no-auto`` leaves auto out. It prints
+16,384 H100s, global batch 2048; target < 10 s. Each repeat starts cold (no schedule
+generated, no auto answer remembered: :func:`cold`), as a fresh process would; it prints the
+automatic scheduler's share of the time. ``--no-auto`` leaves auto out. It prints
 the top 5 plans exactly; ``--save-top FILE`` writes them and ``--compare-top FILE`` checks
 them against a file another version wrote (pruning must never change them).
 
@@ -37,10 +39,27 @@ from pipebubble.plan.layercosts import ProfileSet
 from pipebubble.plan.planner import Request, search
 
 
-def best_of(repeats: int, fn):
-    """(fastest wall-clock seconds, the CPU seconds of that run, the result)."""
+def cold() -> None:
+    """Forget the generated schedules (the registry's cache) and auto's remembered answers,
+    so that a repeat in this process costs what a fresh process's run does."""
+    from pipebubble.schedules import registry
+
+    registry._cache.clear()
+    registry._cached_actions = 0
+    try:
+        from pipebubble.schedules import auto
+    except ImportError:
+        return
+    auto._REMEMBERED.clear()
+
+
+def best_of(repeats: int, fn, reset=None):
+    """(fastest wall-clock seconds, the CPU seconds of that run, the result); ``reset``
+    runs before each repeat, untimed."""
     times, out = [], None
     for _ in range(repeats):
+        if reset is not None:
+            reset()
         t0, c0 = time.perf_counter(), time.process_time()
         out = fn()
         times.append((time.perf_counter() - t0, time.process_time() - c0))
@@ -88,7 +107,7 @@ def bench_scale(gpus: int, auto: bool, repeats: int = 1, save_top: str | None = 
                   recompute=("none", "full"), schedules=names, top=5)  # as plan --gpu does:
     # with FlashAttention selective keeps what none keeps and re-runs attention
     load = os.getloadavg()[0]
-    wall, cpu, res = best_of(repeats, lambda: search(prof, req, hw))
+    wall, cpu, res = best_of(repeats, lambda: search(prof, req, hw), cold)  # each run cold
     b = res.plans[0]
     print(f"LLaMA-3 405B shape, {gpus} x h100-sxm, global batch 2048, every axis"
           f"{'' if auto else ' (auto left out)'}: {res.searched} configurations, "

@@ -15,15 +15,6 @@ from pipebubble.interop.torch_csv import parse_torch_csv
 from pipebubble.schedules.auto.bounds import lower_bound, min_limits
 
 
-@pytest.fixture(autouse=True)
-def _counts_only(monkeypatch):
-    """The search budget's wall-clock safety net off: these tests check what the counted
-    budget finds, which a loaded machine must not cut short (schedules/auto/budget.py)."""
-    from pipebubble.schedules.auto import budget
-
-    monkeypatch.setattr(budget, "SAFETY_NET", False)
-
-
 @pytest.mark.parametrize("p", [2, 3, 4, 5])
 def test_zero_bubble_within_every_span_without_limit(p):
     m = 2 * p + 1

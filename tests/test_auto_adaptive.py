@@ -20,16 +20,6 @@ from pipebubble.schedules.v_half import v_half_offsets
 from pipebubble.schedules.v_min import v_min_offsets
 from pipebubble.sim.formulas import v_half_memory, v_min_memory, v_shape_bound
 
-
-@pytest.fixture(autouse=True)
-def _counts_only(monkeypatch):
-    """The search budget's wall-clock safety net off: these tests check what the counted
-    budget finds, which a loaded machine must not cut short (schedules/auto/budget.py)."""
-    from pipebubble.schedules.auto import budget
-
-    monkeypatch.setattr(budget, "SAFETY_NET", False)
-
-
 # The controllable-memory paper's Table 8 costs per chunk (F, I, W, comm), W frees all.
 T8 = (14316.0, 14306.0, 9639.0, 1619.0)
 T8_COSTS = CostModel(f=2 * T8[0], b=2 * (T8[1] + T8[2]), w=2 * T8[2], comm=T8[3],

@@ -15,16 +15,6 @@ from pipebubble.schedules.auto.mip import solve, starts
 from pipebubble.schedules.building_block import block, peak, reorder, reorder_ends, repeat
 from pipebubble.sim.formulas import v_shape_bound
 
-
-@pytest.fixture(autouse=True)
-def _counts_only(monkeypatch):
-    """The search budget's wall-clock safety net off: these tests check what the counted
-    budget finds, which a loaded machine must not cut short (schedules/auto/budget.py)."""
-    from pipebubble.schedules.auto import budget
-
-    monkeypatch.setattr(budget, "SAFETY_NET", False)
-
-
 UNIT = CostModel(f=2, b=4, w=2, weight_memory=1.0)  # F = I = W = 1 a chunk, W frees all
 
 

@@ -12,15 +12,6 @@ from pipebubble import CostModel, auto_schedule, simulate, validate
 from pipebubble.schedules.auto.bounds import min_limits
 
 
-@pytest.fixture(autouse=True)
-def _counts_only(monkeypatch):
-    """The search budget's wall-clock safety net off: these tests check what the counted
-    budget finds, which a loaded machine must not cut short (schedules/auto/budget.py)."""
-    from pipebubble.schedules.auto import budget
-
-    monkeypatch.setattr(budget, "SAFETY_NET", False)
-
-
 def random_instance(seed, sizes=None):
     """A random small instance, loop or V, unequal stages (or equal ones, 1 in 4), comm 0 or
     > 0, and a limit from none down to the smallest feasible one (``min_limits``).

@@ -8,15 +8,6 @@ from auto_cases import COSTS, peaks, same_placement_rivals
 from pipebubble import CostModel, ScheduleError, auto_schedule, simulate, validate
 
 
-@pytest.fixture(autouse=True)
-def _counts_only(monkeypatch):
-    """The search budget's wall-clock safety net off: these tests check what the counted
-    budget finds, which a loaded machine must not cut short (schedules/auto/budget.py)."""
-    from pipebubble.schedules.auto import budget
-
-    monkeypatch.setattr(budget, "SAFETY_NET", False)
-
-
 @pytest.mark.parametrize("costs", COSTS)
 @pytest.mark.parametrize("p,m", [(2, 3), (3, 6), (4, 8)])
 def test_never_slower_than_a_registered_schedule_that_fits(costs, p, m):

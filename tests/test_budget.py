@@ -2,9 +2,9 @@
 after the registered schedules charges. A budget of 0 does no search beyond them (the
 greedy runs only as the fallback when nothing registered fits), the work charged grows
 with the budget, the same instance and budget give the same order, and each stage's
-charge is in the provenance. The wall-clock safety net is turned off here (``SAFETY_NET``),
-so no test depends on the machine's speed; its bound is bench/bench_auto.py's ``budget``
-section."""
+charge is in the provenance. The wall-clock safety net is off in every test
+(tests/conftest.py), so no test depends on the machine's speed; its bound is
+bench/bench_auto.py's ``budget`` section."""
 
 import pytest
 
@@ -23,9 +23,8 @@ REAL = CostModel(f=[1.0, 1.4, 0.8, 1.2], b=[2.1, 2.5, 1.7, 2.2], w=[0.9, 1.1, 0.
 
 
 @pytest.fixture(autouse=True)
-def _no_clock(monkeypatch):
-    """Counts only: no deadline, and no remembered answers across calls."""
-    monkeypatch.setattr(budget_mod, "SAFETY_NET", False)
+def _no_memory():
+    """No remembered answers across calls (the safety net is off: tests/conftest.py)."""
     auto_mod._REMEMBERED.clear()
     yield
     auto_mod._REMEMBERED.clear()
@@ -172,3 +171,20 @@ def test_no_window_starts_without_room_for_its_setup_and_a_few_checks():
     assert cap is not None and cap >= 8
     # the cap's worst case fits in what is left
     assert window_work(size, total, 0, cap) <= roomy.left + 1e-6
+
+
+def test_safety_net_env_and_multiple(monkeypatch):
+    """``PIPEBUBBLE_AUTO_SAFETY_NET=0`` (set for every test by conftest) removes the
+    deadline; on, it lies ``net x seconds`` after the ledger is made."""
+    import os
+    import time
+
+    assert os.environ[budget_mod.SAFETY_NET_ENV] == "0"  # conftest, for the whole suite
+    assert Budget(0.5).deadline == float("inf") and not Budget(0.5).late()
+    monkeypatch.setenv(budget_mod.SAFETY_NET_ENV, "1")
+    for net in (1.0, budget_mod.PLANNER_NET):
+        t0 = time.perf_counter()
+        b = Budget(0.5, net=net)
+        t1 = time.perf_counter()
+        assert t0 + net * 0.5 <= b.deadline <= t1 + net * 0.5
+    assert Budget(0.5, clock=False).deadline == float("inf")

@@ -7,7 +7,20 @@ The scheduler searches orders (seconds for a large pipeline), so it runs last an
 where it can win: the cut is priced first, and the bound of that price (true for every order
 of the cut, :mod:`~pipebubble.plan.cut_price`) must beat the K-th best plan found. The
 search visits auto configurations after every family's, in order of that bound, so the
-threshold they face is the tightest the families give.
+threshold they face is the tightest the families give. Then a tighter bound that holds for
+every order auto can return (:meth:`AutoPlans.auto_ruled_out`): its own searched orders
+split every backward into an I and a W, so the cut's bound counting each backward's hidden
+part (``split_only``) holds for them; the only others it returns are registered schedules
+unchanged, and of those only the ones with a fused backward (1F1B, GPipe, DualPipeV) can
+beat that bound: their plans on the cut are simulated. Auto runs only when one of the two
+beats the K-th plan. (On the LLaMA-3 405B bench, 3 searches instead of 44; only true bounds,
+so the plans found are the same.)
+
+The search runs at auto's default budget (:data:`~pipebubble.schedules.auto.SEARCH_SECONDS`
+of counted work, the same as ``pipebubble schedule auto``), bounded by the work ledger alone:
+the wall-clock safety net sits at :data:`~pipebubble.schedules.auto.budget.PLANNER_NET`
+times the budget, a last resort for a machine several times slower than the counts assume,
+so that the planner's ranking does not depend on the clock or the load.
 
 When nothing fits, the least budget at which auto finds an order is known without running
 it (:meth:`AutoPlans.least_auto_budget`).
@@ -19,9 +32,16 @@ import math
 import time
 
 from ..ir.schedule import ScheduleError, loop_placement, make_schedule, v_placement
+from ..schedules.registry import get_schedule, lookup, schedule_names
 from .families import _auto_function
 from .layercosts import LayerCosts
 from .plans import Config, Plan, Priced
+
+# Families whose every backward is split (an I and a W: no B) at every size, so that the
+# split-only bound holds for them and auto_ruled_out need not generate them (V-Half and
+# V-Min take seconds at p = 64); tests/test_plan_scale_auto.py checks the list against
+# every registered family's schedules. A family not listed is generated and looked at.
+SPLIT_ONLY = ("zb-h1", "zb-h2", "zbv", "v-half", "v-min")
 
 
 class AutoPlans:
@@ -36,9 +56,7 @@ class AutoPlans:
         got = self._auto_cuts.get(key)
         if got is not None and got[0] is lc:
             return got[1]
-        placement = "loop" if c.chunks == 1 else "v"
-        shape = make_schedule("auto", [()] * c.pp, c.pp * c.chunks, c.microbatches,
-                              placement=placement)
+        shape = self._auto_shape(c)
         cut = self._time_cuts(lc, c, c.pp * c.chunks, c.microbatches, shape.stage_to_rank)[0]
         pr = self._price(c, shape, lc, cut, split=True)  # the order may split W
         self._auto_cuts[key] = (lc, pr)
@@ -70,6 +88,62 @@ class AutoPlans:
             least = math.nextafter(least, math.inf)
         return least
 
+    def auto_ruled_out(self, c: Config, lc: LayerCosts, pr: Priced, threshold: float) -> bool:
+        """Whether no order auto can return for ``c`` gives a plan below ``threshold``
+        (module doc): auto's order is either one of its searched orders (greedy, adaptive
+        V blocks, stretched blocks, local search, MIP and tail windows: every backward split
+        into an I and a W, so the cut's bound with ``split_only``, which also counts the
+        part of each backward that splitting it exposes, holds for it:
+        :meth:`~.cut_price.Pricing._price`) or one of the registered schedules of its
+        placement unchanged; of these only those with a fused backward (B: 1F1B, GPipe,
+        DualPipeV) can beat that bound, and their plans on auto's cut are simulated (the
+        very step auto's plan would have with that order, memory aside)."""
+        key = (id(lc), c, "split only")
+        got = self._auto_cuts.get(key)
+        if got is None or got[0] is not lc:
+            bound = self._price(c, self._auto_shape(c), lc, pr.ranges, split=True,
+                                split_only=True).bound
+            got = self._auto_cuts[key] = (lc, bound, None)
+        if got[1] < threshold:
+            return False
+        if got[2] is None:  # the fused registered schedules' plans, once
+            fused = min((self._step(c, sched, pr)[2] for sched in self._fused_registered(c)),
+                        default=math.inf)
+            got = self._auto_cuts[key] = (lc, got[1], fused)
+        return got[2] >= threshold
+
+    def _auto_shape(self, c: Config):
+        """An order-free schedule of auto's placement for ``c`` (what a price needs)."""
+        key = ("auto shape", c.pp, c.chunks, c.microbatches)
+        got = self._shapes.get(key)
+        if got is None:
+            got = self._shapes[key] = make_schedule(
+                "auto", [()] * c.pp, c.pp * c.chunks, c.microbatches,
+                placement="loop" if c.chunks == 1 else "v")
+        return got
+
+    def _fused_registered(self, c: Config):
+        """The registered schedules auto scores in ``c``'s placement (the same filter and
+        the same registry keys as ``schedules.auto._registered``, so one generation serves
+        both) whose orders have a fused backward (B)."""
+        where = _auto_where(c)
+        for name in schedule_names():
+            try:
+                spec = lookup(name)
+                if spec.searched or spec.chunks != c.chunks or name in SPLIT_ONLY:
+                    continue
+                probe = get_schedule(name, c.pp, 2 * c.pp)
+                if probe.chains != 1 or probe.stage_to_rank != where:
+                    continue
+                sched = get_schedule(name, c.pp, c.microbatches)
+            except ScheduleError:
+                continue
+            if sched.chains != 1 or sched.stage_to_rank != where:
+                continue
+            split, fused = self._kinds(sched)
+            if not split or fused:
+                yield sched
+
     def auto_plan_at(self, c: Config, budget: float) -> Plan | None:
         """The auto plan of ``c`` at ``budget``, marked as found from that budget on."""
         plan = self._evaluate_auto(c, self.p.at(c.microbatch_size, c.recompute), math.inf,
@@ -84,11 +158,16 @@ class AutoPlans:
         pr = self._auto_cut(c, lc)
         if fn is None or pr is None or pr.bound >= threshold or max(pr.static) > budget:
             return None
+        if self.auto_ruled_out(c, lc, pr, threshold):
+            return None  # no order auto can return beats threshold: not searched
+        from ..schedules.auto.budget import PLANNER_NET
+
         placement = "loop" if c.chunks == 1 else "v"
         left = [budget - x for x in pr.static]
         t0 = time.perf_counter()
         try:
-            sched = fn(c.pp, c.microbatches, pr.costs, memory_limit=left, placement=placement)
+            sched = fn(c.pp, c.microbatches, pr.costs, memory_limit=left, placement=placement,
+                       safety_net=PLANNER_NET)
         except (ScheduleError, ValueError):
             return None  # no order fits the memory left
         finally:

@@ -110,15 +110,36 @@ class Pricing:
         self._stage_costs[key] = (lc, (costs, params, transient))
         return costs, params, transient
 
-    def _price(self, c, sched, lc, ranges, split: bool | None = None) -> Priced:
+    def _price(self, c, sched, lc, ranges, split: bool | None = None,
+               split_only: bool = False) -> Priced:
         """A cut's costs, each rank's static memory and the lower bound of the module doc.
-        ``split``: whether W is split from the backward (None: ask the schedule)."""
+        ``split``: whether W is split from the backward (None: ask the schedule);
+        ``split_only``: the bound of orders with no fused backward (B) at all, whatever
+        ``sched``'s orders (auto's searched orders: every backward an I and a W)."""
         rkey = tuple(ranges)
         if split is None:
             split = self.split(sched)
         costs, params, transient = self.stage_costs(c, sched, lc, ranges, split, rkey)
         head, tail, busy, late, rank_params, trans, fwd, bwd = self._rank_sums(
-            sched, lc, ranges, costs, split, rkey)
+            sched, lc, ranges, costs, split, rkey, split_only)
+        # What follows the work (exposed traffic, optimizer, static memory) depends on the
+        # costs and the placement only, not on the order or m: once per (costs, placement).
+        tkey = (id(costs), sched.stage_to_rank)
+        got = self._tails.get(tkey)
+        if got is None or got[0] is not costs:
+            got = self._tails[tkey] = (costs, *self._rank_tails(
+                c, sched, lc, ranges, params, rank_params, trans, fwd, bwd))
+        _, ar, done, first, static, rank_params = got
+        bound = max(max(h + b + d, h + b - w + t + first) for h, b, d, w, t in
+                    zip(head, busy, done, late, tail, strict=True))
+        return Priced(ranges, costs, bound, static, ar, rank_params)
+
+    def _rank_tails(self, c, sched, lc, ranges, params, rank_params, trans, fwd, bwd
+                    ) -> tuple:
+        """Per rank of a priced cut: the exposed data-parallel traffic, what it and the
+        optimizer step add after the work (``done``) and their least (``first``), the static
+        memory and the parameters (tied copies counted): :meth:`_price`'s bound and memory
+        beyond the work."""
         where = np.asarray(sched.stage_to_rank)
         ends = [(where[s], where[s + len(ranges) - 1]) for s in range(0, len(where),
                                                                        len(ranges))]
@@ -141,15 +162,13 @@ class Pricing:
         k = self._optimizer_rate(c)
         done = [a + k * P for a, P in zip(ar, rank_params, strict=True)]
         first = min(done)  # the rank the gradient reaches last still exposes and steps
-        bound = max(max(h + b + d, h + b - w + t + first) for h, b, d, w, t in
-                    zip(head, busy, done, late, tail, strict=True))
         bpp = self.axes.bytes_per_param(c.dp)
         # bincount adds in stage order, as ``static[r] += bpp x params[s]`` would
         static = np.bincount(where, weights=bpp * params, minlength=c.pp).tolist()
         for r in copies:
             static[r] += bpp * lc.tied
-        return Priced(ranges, costs, bound, [x + t for x, t in zip(static, trans, strict=True)],
-                      ar, rank_params)
+        return (ar, done, first, [x + t for x, t in zip(static, trans, strict=True)],
+                rank_params)
 
     def _optimizer_rate(self, c: Config) -> float:
         """Seconds of optimizer step per local parameter at ``c``'s dp (the step is linear in
@@ -161,12 +180,13 @@ class Pricing:
         return got
 
     def _rank_sums(self, sched: Schedule, lc: LayerCosts, ranges: Ranges, costs: CostModel,
-                   split: bool, rkey: tuple | None = None) -> tuple:
+                   split: bool, rkey: tuple | None = None, split_only: bool = False) -> tuple:
         """Per rank: ``head``, ``tail``, ``busy``, ``late`` of the bound (module doc), its
         parameters, largest transient, and one microbatch's forward and backward. They do
-        not depend on the sharding: computed once per (schedule, cut, hop time)."""
+        not depend on the sharding: computed once per (schedule, cut, hop time).
+        ``split_only``: for orders whose every backward is split (see :meth:`_price`)."""
         rkey = tuple(ranges) if rkey is None else rkey
-        key = (id(sched), id(lc), rkey, costs.comm, split)
+        key = (id(sched), id(lc), rkey, costs.comm, split, split_only)
         got = self._ranks.get(key)
         if got is not None and got[0] is sched and got[1] is lc:
             return got[2]
@@ -182,7 +202,7 @@ class Pricing:
         cf, cb, cw, comm = costs.f, costs.b, costs.w, costs.comm
         ie = costs.i_extra if isinstance(costs.i_extra, list) else [0.0] * len(cb)
         # An I costs ie more than B - W: every backward pays it where none is fused (B).
-        every = split and self.split(sched) and not self._kinds(sched)[1]
+        every = split and (split_only or (self.split(sched) and not self._kinds(sched)[1]))
         inc = [x if every else 0.0 for x in ie]
         firsts = self._first_stages(sched)
         for s, r in enumerate(where):

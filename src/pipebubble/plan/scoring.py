@@ -102,6 +102,7 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
         self._sync_times: dict[tuple, tuple[float, float]] = {}
         self._exposures: dict[tuple, float] = {}
         self._stage_costs: dict[tuple, tuple] = {}
+        self._tails: dict[tuple, tuple] = {}  # per (stage costs, placement): Pricing._price
         self._auto_cuts: dict[tuple, tuple] = {}
 
     def schedule(self, c: Config) -> Schedule | None:
@@ -248,12 +249,9 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
             return None
         return self._simulate(c, sched, pr, budget, threshold)
 
-    def _simulate(self, c: Config, sched: Schedule, pr: Priced, budget: float,
-                  threshold: float) -> Plan | None:
-        """Simulate the cut (:func:`~pipebubble.plan.pipeline_axis.run_pipeline`): step time =
-        ``max_r (end_r + exposed data-parallel traffic_r + optimizer step_r)``, peak per
-        rank = static + the simulated activation peak. None unless it fits ``budget`` and
-        beats ``threshold``."""
+    def _step(self, c: Config, sched: Schedule, pr: Priced) -> tuple[object, list, float]:
+        """The cut's pipeline run (simulated once per schedule and stage costs), each rank's
+        optimizer step and the plan's step time (:meth:`_simulate`), memory aside."""
         co = pr.costs
         key = (id(sched), tuple(co.f), tuple(co.b), tuple(co.w), co.comm,
                tuple(co.activation_memory), tuple(co.weight_memory),
@@ -266,6 +264,15 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
         opt = [self.axes.optimizer_time(c.dp, P) for P in pr.rank_params]  # optimizer.py
         step = float(max(e + x + o for e, x, o in zip(run.rank_end, pr.exposed, opt,
                                                        strict=True)))
+        return run, opt, step
+
+    def _simulate(self, c: Config, sched: Schedule, pr: Priced, budget: float,
+                  threshold: float) -> Plan | None:
+        """Simulate the cut (:func:`~pipebubble.plan.pipeline_axis.run_pipeline`): step time =
+        ``max_r (end_r + exposed data-parallel traffic_r + optimizer step_r)``, peak per
+        rank = static + the simulated activation peak. None unless it fits ``budget`` and
+        beats ``threshold``."""
+        run, opt, step = self._step(c, sched, pr)
         peaks = [float(x + a) for x, a in zip(pr.static, run.peak_activations, strict=True)]
         if step >= threshold or not all(fits_limit(x, budget) for x in peaks):
             return None

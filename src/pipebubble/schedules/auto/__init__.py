@@ -137,6 +137,7 @@ def auto_schedule(
     placement: str = "any",
     mip_windows: bool = True,
     search_seconds: float | None = None,
+    safety_net: float = 1.0,
 ) -> Schedule:
     """The fastest order found for ``costs`` within ``memory_limit`` (per rank, or one value
     for all; default ``costs.memory_limit``) in ``placement`` ``any``, ``loop`` or ``v``.
@@ -149,7 +150,10 @@ def auto_schedule(
     the local search, the MIP windows and the tail windows charge in turn; it counts
     work, not time, so the result is the same on every machine, except when its safety
     net (a wall-clock deadline just past the budget, :mod:`.budget`) stops a search that
-    a slow machine ran past it (``options["auto"].budget_hit``).
+    a slow machine ran past it (``options["auto"].budget_hit``). ``safety_net`` puts that
+    deadline at this multiple of the budget (the planner's :data:`~.budget.PLANNER_NET`:
+    its search is bounded by the ledger alone unless the machine is several times slower
+    than the counts assume); ``PIPEBUBBLE_AUTO_SAFETY_NET=0`` removes it.
 
     The answer is deterministic, so the last :data:`REMEMBER` answers are kept: an
     identical request (same ranks, microbatches, costs, limit, placement, windows and
@@ -160,11 +164,12 @@ def auto_schedule(
     """
     seconds = SEARCH_SECONDS if search_seconds is None else search_seconds
     request = _request_key(ranks, microbatches, costs, memory_limit, placement, mip_windows,
-                           seconds)
+                           seconds, safety_net)
     if request is not None and request in _REMEMBERED:
         _REMEMBERED.move_to_end(request)
         return _copy(_REMEMBERED[request])
-    out = _search(ranks, microbatches, costs, memory_limit, placement, mip_windows, seconds)
+    out = _search(ranks, microbatches, costs, memory_limit, placement, mip_windows, seconds,
+                  safety_net)
     if request is not None:
         _REMEMBERED[request] = out
         while len(_REMEMBERED) > REMEMBER:
@@ -198,7 +203,7 @@ def _copy(sched: Schedule) -> Schedule:
 
 def _search(ranks: int, microbatches: int, costs: CostModel | None,
             memory_limit: float | Sequence[float] | None, placement: str,
-            mip_windows: bool, seconds: float) -> Schedule:
+            mip_windows: bool, seconds: float, net: float = 1.0) -> Schedule:
     """:func:`auto_schedule` itself, without the memory of earlier answers."""
     started = time.perf_counter()
     check_counts(ranks, microbatches)
@@ -275,7 +280,7 @@ def _search(ranks: int, microbatches: int, costs: CostModel | None,
              _adaptive: "adaptive V", _greedy_rest: "greedy (more knobs)"}
     for phase in names:
         if phase is not _registered and budget is None:
-            budget = Budget(seconds)
+            budget = Budget(seconds, net=net)
         for kind in sorted(resolved, key=lambda k: bounds[k]):
             if best is not None and bounds[kind] > best[0][0] + _TOL:
                 continue  # this placement cannot beat what we have
@@ -360,7 +365,8 @@ def _search(ranks: int, microbatches: int, costs: CostModel | None,
         clock.ran("tail windows", best, budget)
     key, orders, source, kind = best
     sc, where = resolved[kind]
-    cand = make_schedule("auto", [[a if isinstance(a, Action) else Action(*a) for a in o]
+    steps = (Action, Overlap)  # a greedy tuple becomes an Action; a DualPipeV Overlap stays
+    cand = make_schedule("auto", [[a if isinstance(a, steps) else Action(*a) for a in o]
                                   for o in orders], len(where), m, placement=list(where))
     timeline = _score(cand, sc, limits)[1]  # the one simulator re-scores the winner
     lb = named[kind] if placement != "any" else min(named.values(), key=lambda b: b.value)

@@ -20,8 +20,11 @@ An item the ledger cannot afford is refused and not charged (:meth:`Budget.spend
 is only known after the fact (a solve's iterations) is charged then
 (:meth:`Budget.charge`), which :func:`.mip.check_cap` keeps within what was left.
 
-The one exception is the **safety net**: a wall-clock deadline ``S`` seconds after the
-ledger is made (after the registered schedules). Past it every stage stops at its next
+The one exception is the **safety net**: a wall-clock deadline ``net x S`` seconds after
+the ledger is made (after the registered schedules; ``net`` is 1 for ``pipebubble schedule
+auto --search-seconds S``, :data:`PLANNER_NET` in the planner, where the ledger alone bounds
+the search and the net is a far last resort, so that the planner's ranking does not depend
+on the clock). Past it every stage stops at its next
 check (and a running solve at its time limit, the seconds left to the deadline), and
 ``Budget.hit`` is set; what runs past the deadline is the one step in flight (a greedy
 pass, one order grown and scored, one solver check), meant to stay within :func:`slack`
@@ -29,7 +32,9 @@ pass, one order grown and scored, one solver check), meant to stay within :func:
 greedy pass when the two cores run five processes). That is the one case in which the
 result may depend on the machine: the counts are calibrated so that a normal run stays
 inside it. (In a distributed run one rank searches
-and sends the order, so the ranks still agree.)
+and sends the order, so the ranks still agree.) The environment variable
+``PIPEBUBBLE_AUTO_SAFETY_NET=0`` turns the net off altogether (read when a ledger is made):
+the test suite sets it (tests/conftest.py), so no test depends on the machine's load.
 
 >>> b = Budget(0.0)
 >>> b.spend(1.0, "greedy"), b.spent, b.by_stage
@@ -40,12 +45,19 @@ and sends the order, so the ranks still agree.)
 
 from __future__ import annotations
 
+import os
 import time
 
 WORK_PER_SECOND = 200_000  # work units a second on the reference machine (2 loaded cores)
 SLACK_SECONDS = 0.25  # what the step in flight may run past the deadline, at most
 SLACK_SHARE = 0.1  # or this share of the budget, whichever is more
-SAFETY_NET = True  # tests turn it off: a machine slower than the counts assume cannot hit it
+SAFETY_NET_ENV = "PIPEBUBBLE_AUTO_SAFETY_NET"  # "0": no wall-clock deadline (the tests)
+PLANNER_NET = 5.0  # the planner's net: at 5 x its budget (the ledger bounds its search)
+
+
+def safety_net_on() -> bool:
+    """Whether ledgers made now have the wall-clock safety net (:data:`SAFETY_NET_ENV`)."""
+    return os.environ.get(SAFETY_NET_ENV, "1").strip() != "0"
 
 
 def slack(seconds: float) -> float:
@@ -57,16 +69,17 @@ class Budget:
     """Work a search may do, in work units (see the module docstring), shared by every
     stage: ``spend(work, stage)`` charges it (kept per stage in ``by_stage``) if the
     ledger has that much left, else refuses it; ``charge(work, stage)`` charges work
-    already done; ``afford(work)`` asks without charging."""
+    already done; ``afford(work)`` asks without charging. ``clock``: the safety net on or
+    off (None: :func:`safety_net_on`); ``net``: its deadline, a multiple of ``seconds``."""
 
-    def __init__(self, seconds: float, clock: bool | None = None):
+    def __init__(self, seconds: float, clock: bool | None = None, net: float = 1.0):
         self.seconds = float(seconds)
         self.total = self.seconds * WORK_PER_SECOND
         self.left = self.total
         self.by_stage: dict[str, float] = {}
         self.hit = False
-        net = SAFETY_NET if clock is None else clock
-        self.deadline = time.perf_counter() + self.seconds if net else float("inf")
+        on = safety_net_on() if clock is None else clock
+        self.deadline = time.perf_counter() + net * self.seconds if on else float("inf")
 
     @property
     def spent(self) -> float:
