@@ -162,6 +162,12 @@ class Run:
     search: tuple = ()  # (field, values) the planner may choose where the source is silent
     hardware: tuple = ()  # (field, value) overrides of the preset (the machine as published)
     note: str = ""
+    engine: str = ""  # the pipeline engine it ran on, where its pricing differs from the
+    # planner's (ENGINES): "deepspeed" for DeepSpeed's PipelineEngine (deepspeed_step)
+
+
+ENGINES = ("", "deepspeed")  # "": priced as the planner prices any plan (batched P2P, the
+# data-parallel traffic behind the last backward); "deepspeed": :func:`deepspeed_step`
 
 
 A100_PEAK, H100_PEAK = 312e12, 989e12
@@ -245,7 +251,7 @@ def published_runs() -> tuple[Run, ...]:
                         1920, "a100-80gb",
                         f"tp=8,sp=0,cp=1,pp=35,dp={gpus // 280},recompute=full,schedule=1f1b",
                         "TFLOP/s", tflops, seconds, flash=False,
-                        search=(("shardings", ("ddp", "zero1")),),
+                        search=(("shardings", ("ddp", "zero1")),), engine="deepspeed",
                         note="mbs, ddp/zero1 searched; recompute inferred from the FLOP count"))
     # GPT-NeoX-20B (Black et al. 2022, arXiv 2204.06745): the configuration it was trained
     # with is github.com/EleutherAI/gpt-neox configs/20B.yml (at 252ddc5, "as it was trained
@@ -269,7 +275,8 @@ def published_runs() -> tuple[Run, ...]:
                     "schedule=1f1b", "TFLOP/s", 117,
                     96 * 1536 * SEQ * 44 * 6144**2 * (1 + SEQ / (6 * 6144)
                                                       + 50432 / (16 * 44 * 6144))
-                    / (96 * 117e12), flash=False,
+                    / (96 * 117e12), flash=False, engine="deepspeed",
+                    hardware=(("inter_node_bandwidth", 12.5e9),),
                     note="parallel attention + MLP priced as sequential"))
     # BLOOM-176B (BigScience tr11-176B-ml, github.com/bigscience-workshop/bigscience,
     # train/tr11-176B-ml/README.md and tr11-176B-ml.slurm at 9e64ede): 384 A100 80 GB (48
@@ -290,7 +297,7 @@ def published_runs() -> tuple[Run, ...]:
                     "tp=4,sp=0,cp=1,pp=12,dp=8,sharding=zero1,mbs=2,recompute=full,"
                     "schedule=1f1b", "TFLOP/s", 149.77, 104.70, flash=False,
                     hardware=(("inter_node_bandwidth", 6.25e9),
-                              ("grad_accumulation_bytes", 18.0))))
+                              ("grad_accumulation_bytes", 18.0)), engine="deepspeed"))
     # Llama 3 405B (Llama Team, "The Llama 3 Herd of Models", arXiv 2407.21783, section
     # 3.3.2, Table 4): GPUs, TP, CP, PP, DP, sequence, batch size per DP group, TFLOP/s per
     # GPU (430 / 400 / 380; "BF16 MFU" 43 / 41 / 38 %). The PDF prints DP = 4 for the 131,072
@@ -386,6 +393,89 @@ def _predict(run: Run, efficiency: float, reserve: float = 0.0):
         return exc.plan, False
 
 
+def deepspeed_lowering(schedule):
+    """``schedule`` (1F1B) lowered to per-rank SEND/RECV programs in the order DeepSpeed's
+    PipelineEngine issues them (:class:`~pipebubble.sim.wire.WireSchedule`).
+
+    DeepSpeed's ``TrainSchedule`` (``deepspeed/runtime/pipe/schedule.py``) runs
+    ``2 (m + p - 1)`` steps; in each a stage either forwards or backwards one microbatch
+    (even stages forward on even steps, odd stages on odd ones), which is 1F1B's compute
+    order (tests/test_plan_published.py checks it against that rule). Before a forward the
+    stage sends the previous backward's input gradient, then receives this forward's
+    activation (``SendGrad``, ``RecvActivation``); before a backward it receives this
+    backward's gradient, then sends the previous forward's activation (``RecvGrad``,
+    ``SendActivation``). Each is one blocking ``dist.send`` / ``dist.recv``
+    (``runtime/pipe/p2p.py``: ``async_op`` is refused), on the stream the compute runs on.
+
+    >>> from pipebubble.schedules import get_schedule
+    >>> print(deepspeed_lowering(get_schedule("1f1b", ranks=2, microbatches=2)).to_text())
+    0F0 0SEND_F0 0F1 0SEND_F1 0RECV_B0 0B0 0RECV_B1 0B1
+    1RECV_F0 1F0 1B0 1SEND_B0 1RECV_F1 1F1 1B1 1SEND_B1
+    """
+    from ..ir.schedule import Kind, step_actions
+    from ..sim.wire import WireSchedule, inputs_of, outputs_of
+
+    orders = []
+    for r in range(schedule.num_ranks):
+        comps = schedule.orders[r]
+        out: list = []
+        for k in range(len(comps) + 1):
+            before = step_actions(comps[k - 1]) if k > 0 else ()
+            after = step_actions(comps[k]) if k < len(comps) else ()
+            sends = [c for a in before for c in outputs_of(a, schedule)]
+            recvs = [c for a in after for c in inputs_of(a, schedule)]
+            backward = bool(after) and after[0][1] != Kind.F
+            out.extend(recvs + sends if backward else sends + recvs)
+            if k < len(comps):
+                out.append(comps[k])
+        orders.append(tuple(out))
+    return WireSchedule(schedule, "deepspeed", tuple(orders))
+
+
+def deepspeed_step(run: Run, plan, efficiency: float) -> float:
+    """The step of ``plan`` (``run``'s configuration as the planner prices it) on DeepSpeed's
+    PipelineEngine, seconds: ``max_r (end_r + DP_r) + tied + optimizer``, where
+
+    - ``end_r`` is rank r's last compute in the wire simulation of the engine's P2P order
+      (:func:`deepspeed_lowering`, blocking: ``run_wire(..., blocking=True)``), with the
+      plan's stage costs and P2P hop;
+    - ``DP_r`` is all of the rank's data-parallel traffic (the plan's per-stage
+      ``allreduce``: before + after), none of it overlapped: the engine turns the backward's
+      gradient hooks off (``engine.py``: ``self.enable_backward_allreduce = False``, "We
+      schedule the all-reduces") and runs ``ReduceTiedGrads``, ``ReduceGrads`` and
+      ``OptimizerStep`` in the last step, after the last backward; ZeRO-1's all-gather of
+      the updated weights is in the optimizer step, before the next batch's first forward;
+    - ``tied`` is the tied embedding's all-reduce between the first and last stage, priced
+      as the planner prices it (not overlapped there either); ``optimizer`` the plan's.
+    """
+    from ..sim.wire import run_wire
+    from .network import Network, allreduce
+
+    c = plan.config
+    tl = run_wire(deepspeed_lowering(plan.schedule_obj), plan.costs, blocking=True).timeline
+    end = [max((e.end for e in tl.events(r)), default=0.0) - min(tl.start) for r in
+           range(plan.pp)]
+    dp = [0.0] * plan.pp
+    if c.dp * c.cp > 1:
+        for s, r in enumerate(plan.stage_to_rank):
+            dp[r] += plan.costs.allreduce[s]
+    tied = 0.0
+    if run.shape.tied_embeddings and plan.pp > 1:
+        hw = replace(get_hardware(run.gpu), **dict(run.hardware), efficiency=efficiency)
+        link = Network.of(hw).hop(c.tp * c.cp * c.dp * (plan.pp - 1))
+        tied = allreduce(4.0 * run.shape.vocab * run.shape.hidden / c.tp, 2, link)
+    return max(e + x for e, x in zip(end, dp, strict=True)) + tied + plan.optimizer_time
+
+
+def engine_step(run: Run, plan, efficiency: float) -> float:
+    """``plan``'s step as ``run``'s engine runs it (:data:`ENGINES`)."""
+    if run.engine not in ENGINES:
+        raise ValueError(f"unknown engine {run.engine!r} of run {run.name!r}; valid are "
+                         f"{', '.join(repr(e) for e in ENGINES)}")
+    return deepspeed_step(run, plan, efficiency) if run.engine == "deepspeed" \
+        else plan.step_time
+
+
 def rank_config(run: Run, efficiency: float, top: int = 30, reserve: float = 0.0):
     """(the published configuration's rank among the planner's ``top`` plans, None if
     slower than all of them; the planner's own best plan), as ``plan --config`` ranks it:
@@ -435,20 +525,23 @@ def predict_runs(runs: tuple[Run, ...] | None = None, ranks: bool = False,
     for run in runs:
         e = eff[SAME_CHIP.get(run.gpu, run.gpu)]
         plan, fits = _predict(run, e)
+        step = engine_step(run, plan, e)
         tight, tight_fits = _predict(run, e, RESERVE)
         rank, best = rank_config(run, e) if ranks else (None, None)
         physical = memory_of(run)
         need = max(plan.peak_memory)
         item = {"source": run.source, "model": run.name, "gpus": run.gpus,
                 "config": run.config, "metric": run.metric, "published": run.published,
-                "predicted": run.published * run.step / plan.step_time,
-                "error": run.step / plan.step_time - 1, "plan": plan, "rank": rank,
+                "predicted": run.published * run.step / step,
+                "error": run.step / step - 1, "step": step, "engine": run.engine,
+                "planner_error": run.step / plan.step_time - 1, "plan": plan, "rank": rank,
                 "best": best, "calibration": run.name == H100_CALIBRATION, "note": run.note,
                 "fits": fits, "need": need, "physical": physical,
                 "reserve_budget": physical * (1 - RESERVE),
                 "fits_reserve": need <= physical * (1 - RESERVE),
                 "reserve_plan": tight, "reserve_plan_fits": tight_fits,
-                "reserve_error": run.step / tight.step_time - 1,
+                "reserve_error": run.step / (step if (tight.config, tight.step_time) == (
+                    plan.config, plan.step_time) else engine_step(run, tight, e)) - 1,
                 "margin": plan.step_time / best.step_time - 1 if best is not None else None}
         out.append(item)
     return eff, out
