@@ -400,23 +400,35 @@ def deepspeed_lowering(schedule):
     DeepSpeed's ``TrainSchedule`` (``deepspeed/runtime/pipe/schedule.py``) runs
     ``2 (m + p - 1)`` steps; in each a stage either forwards or backwards one microbatch
     (even stages forward on even steps, odd stages on odd ones), which is 1F1B's compute
-    order (tests/test_plan_published.py checks it against that rule). Before a forward the
-    stage sends the previous backward's input gradient, then receives this forward's
-    activation (``SendGrad``, ``RecvActivation``); before a backward it receives this
-    backward's gradient, then sends the previous forward's activation (``RecvGrad``,
-    ``SendActivation``). Each is one blocking ``dist.send`` / ``dist.recv``
-    (``runtime/pipe/p2p.py``: ``async_op`` is refused), on the stream the compute runs on.
+    order (tests/test_plan_published.py checks the whole program against that rule). A
+    forward step opens with ``SendGrad`` (the previous step's backward output), then
+    ``RecvActivation`` (this forward's input); a backward step with ``RecvGrad``, then
+    ``SendActivation``. Stage s forwards microbatch m on step ``2 m + s`` and backwards it
+    on step ``2 m + 2 p - 1 - s``; its output is sent in the step after its own, which may
+    be idle (warm-up, cool-down, fewer microbatches than stages): so the receive comes first
+    only where a forward's step is followed by a backward's, elsewhere the send does. Each
+    is one blocking ``dist.send`` / ``dist.recv`` (``runtime/pipe/p2p.py``: ``async_op`` is
+    refused), so the compute waits until the peer has posted the matching operation.
 
     >>> from pipebubble.schedules import get_schedule
     >>> print(deepspeed_lowering(get_schedule("1f1b", ranks=2, microbatches=2)).to_text())
-    0F0 0SEND_F0 0F1 0SEND_F1 0RECV_B0 0B0 0RECV_B1 0B1
+    0F0 0SEND_F0 0F1 0RECV_B0 0SEND_F1 0B0 0RECV_B1 0B1
     1RECV_F0 1F0 1B0 1SEND_B0 1RECV_F1 1F1 1B1 1SEND_B1
     """
     from ..ir.schedule import Kind, step_actions
     from ..sim.wire import WireSchedule, inputs_of, outputs_of
 
+    p = schedule.num_ranks
+    if schedule.num_stages != p:
+        raise ValueError(f"DeepSpeed's pipeline engine runs one stage a rank; got "
+                         f"{schedule.num_stages} stages on {p} ranks")
+
+    def step(a) -> int:  # the TrainSchedule step of stage s's forward / backward of m
+        s, kind, m = a
+        return 2 * m + s if kind == Kind.F else 2 * m + 2 * p - 1 - s
+
     orders = []
-    for r in range(schedule.num_ranks):
+    for r in range(p):
         comps = schedule.orders[r]
         out: list = []
         for k in range(len(comps) + 1):
@@ -424,8 +436,9 @@ def deepspeed_lowering(schedule):
             after = step_actions(comps[k]) if k < len(comps) else ()
             sends = [c for a in before for c in outputs_of(a, schedule)]
             recvs = [c for a in after for c in inputs_of(a, schedule)]
-            backward = bool(after) and after[0][1] != Kind.F
-            out.extend(recvs + sends if backward else sends + recvs)
+            f_then_b = bool(before) and bool(after) and before[-1][1] == Kind.F \
+                and after[0][1] != Kind.F and step(after[0]) == step(before[-1]) + 1
+            out.extend(recvs + sends if f_then_b else sends + recvs)
             if k < len(comps):
                 out.append(comps[k])
         orders.append(tuple(out))
