@@ -24,14 +24,15 @@ Tolerances, and why:
   microbatch, pp 1: what surrounds the blocks shows in full; with the optimizer step priced
   it is over-predicted by about 10 %, asserted within 12 %; Table 4's own layer times sum to
   0.97 of the 1.10 s step); BLOOM (over-predicted, within 7 %: with DeepSpeed's BF16 optimizer
-  accumulating every microbatch's gradients into fp32 priced, +4 %; ALiBi's extra score
-  traffic and the cross-entropy's fp32 passes over a 250,880 vocabulary are not, see the
-  README); MT-NLG 530B (over-predicted by 20-30 %, asserted within 15-35 %: the same model on
-  the same machine ran at 163 TFLOP/s under Megatron-LM (Table 1, predicted within 1 %) and at
-  113-126 under DeepSpeed's 1F1B pipeline engine; no sourced cost of that engine is priced,
-  and the cause is not identified; the 1F1B bubble is priced, and the slowdown from 2,240 to
-  3,360 GPUs is checked within 5 %); GPT-NeoX-20B (the same engine, fp16, over-predicted by
-  the same 25 %, asserted within 15-35 %); torchtitan (a 500 W HBM2e H100 in eager mode, not
+  accumulating every microbatch's gradients into fp32 priced and DeepSpeed's engine priced,
+  +2 %; ALiBi's extra score traffic and the cross-entropy's fp32 passes over a 250,880
+  vocabulary are not, see the README); MT-NLG 530B (over-predicted by 20-30 %, asserted
+  within 15-35 %: the same model on the same machine ran at 163 TFLOP/s under Megatron-LM
+  (Table 1, predicted within 1 %) and at 113-126 under DeepSpeed's 1F1B pipeline engine,
+  whose sourced costs (blocking P2P, the reduction after the flush) are priced and move it
+  about 1 point; the cause is not identified; the 1F1B bubble is priced, and the slowdown
+  from 2,240 to 3,360 GPUs is checked within 5 %); GPT-NeoX-20B (the same engine, fp16,
+  over-predicted by 20 %, asserted within 15-35 %); torchtitan (a 500 W HBM2e H100 in eager mode, not
   the preset: only the ratio between 8 and 128 GPUs is checked, within 5 %).
 """
 
@@ -210,7 +211,7 @@ def test_known_misses_have_the_named_causes(efficiency, rows):
     published = RUNS["530B 2240"].step / RUNS["530B 3360"].step
     assert mt[0]["plan"].step_time / mt[2]["plan"].step_time == pytest.approx(published,
                                                                             rel=0.05)
-    # GPT-NeoX-20B, the other fp16 DeepSpeed-pipeline run: over-predicted by the same amount.
+    # GPT-NeoX-20B, the other fp16 DeepSpeed-pipeline run: over-predicted by about as much.
     neox = rows["20B"]
     assert 0.15 < neox["error"] < 0.35, neox
     assert (neox["plan"].microbatches, neox["plan"].recompute) == (32, "full")

@@ -307,7 +307,7 @@ def published_runs() -> tuple[Run, ...]:
     # device synchronisation per layer: the host stops running ahead, about 0.3 ms of
     # launches a layer against 17 ms of forward, not priced); the FLOP count (the factor 4
     # is get_flops' with checkpoint-activations; with 3 the step would be 25 % shorter and
-    # the row -6 %, but the paper's count is not in the store to check).
+    # the row -10 %, but the paper's count is not in the store to check).
     neox = TransformerShape(layers=44, hidden=6144, ffn=4 * 6144, heads=64, vocab=50432,
                             swiglu=False, biases=True)
     runs.append(Run("GPT-NeoX-20B \u00a73", "20B", neox, SEQ, 96, 1536, "a100-40gb",
