@@ -13,7 +13,11 @@ run ran; the memory column gives the peak rank's need against the planner's defa
 and the physical memory, and the next what the planner prices for the configuration under the
 reserve. Then it is ranked among the planner's own plans at the same physical memory (a full
 search: every axis, every schedule family but auto), with the planner's pick and how much
-faster it predicts its pick to be.
+faster it predicts its pick to be. Runs made on DeepSpeed's pipeline engine (MT-NLG,
+GPT-NeoX-20B, BLOOM) are priced as that engine runs the plan (``published.deepspeed_step``:
+blocking P2P in its TrainSchedule order, simulated by ``sim/wire.py``, and the data-parallel
+reduction after the flush); the *engine* column gives beside it the error as the planner
+prices the plan (the rank and the pick are the planner's pricing).
 
     python bench/bench_published.py [--no-rank] [--explain] [--memory]
 

@@ -32,8 +32,8 @@ Tolerances, and why:
   whose sourced costs (blocking P2P, the reduction after the flush) are priced and move it
   about 1 point; the cause is not identified; the 1F1B bubble is priced, and the slowdown
   from 2,240 to 3,360 GPUs is checked within 5 %); GPT-NeoX-20B (the same engine, fp16,
-  over-predicted by 20 %, asserted within 15-35 %); torchtitan (a 500 W HBM2e H100 in eager mode, not
-  the preset: only the ratio between 8 and 128 GPUs is checked, within 5 %).
+  over-predicted by 20 %, asserted within 15-35 %); torchtitan (a 500 W HBM2e H100 in eager
+  mode, not the preset: only the ratio between 8 and 128 GPUs is checked, within 5 %).
 """
 
 from dataclasses import replace
@@ -51,6 +51,7 @@ from pipebubble.plan.published import (
     TABLE1,
     Row,
     deepspeed_lowering,
+    engine_step,
     korthikanti_flops,
     layer_times,
     llama_flops,
@@ -318,3 +319,8 @@ def test_deepspeed_engine_prices_every_deepspeed_run(rows):
             assert r["error"] < r["planner_error"]
         else:
             assert r["step"] == r["plan"].step_time and r["error"] == r["planner_error"]
+
+
+def test_unknown_engine_is_named():
+    with pytest.raises(ValueError, match="unknown engine 'megatron-x'.*valid are '', 'deepspeed'"):
+        engine_step(replace(RUNS["20B"], engine="megatron-x"), None, 0.7)
