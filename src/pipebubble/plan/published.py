@@ -266,7 +266,9 @@ def published_runs() -> tuple[Run, ...]:
     #     by the wire simulation of that order (deepspeed_lowering), -0.6 points: with the
     #     activation split over the 8 TP ranks (pipe_partitioned, on by default) a hop is
     #     0.5 ms against 170 ms of compute a microbatch, and the lock-step order itself
-    #     costs nothing without message time (tests/test_plan_published.py);
+    #     costs nothing without message time (tests/test_plan_published.py); were the split
+    #     off (every TP rank sending the whole activation, 8x the hop), +17 / +22 % at 2,240
+    #     / 3,360 GPUs: not closed either, and no source says it was off;
     # (c) BLOOM's fp32 accumulation of every microbatch's gradients: that is DeepSpeed's
     #     BF16_Optimizer, added in 56c5223 (2022-04-19, "bf16+pipeline parallelism"), after
     #     this run; the paper does not say bf16. Not priced (it would give +11 / +13 / +16 %);
