@@ -13,7 +13,11 @@ run ran; the memory column gives the peak rank's need against the planner's defa
 and the physical memory, and the next what the planner prices for the configuration under the
 reserve. Then it is ranked among the planner's own plans at the same physical memory (a full
 search: every axis, every schedule family but auto), with the planner's pick and how much
-faster it predicts its pick to be.
+faster it predicts its pick to be. Runs made on DeepSpeed's pipeline engine (MT-NLG,
+GPT-NeoX-20B, BLOOM) are priced as that engine runs the plan (``published.deepspeed_step``:
+blocking P2P in its TrainSchedule order, simulated by ``sim/wire.py``, and the data-parallel
+reduction after the flush); the *engine* column gives beside it the error as the planner
+prices the plan (the rank and the pick are the planner's pricing).
 
     python bench/bench_published.py [--no-rank] [--explain] [--memory]
 
@@ -68,13 +72,17 @@ def main() -> None:
     print(f"efficiency: A100 {eff['a100-80gb']:.3f} (Megatron-LM Table 1, 18.4B row), H100 "
           f"{eff['h100-sxm']:.3f} (Llama 3, 16,384 GPUs, 8K; marked *) "
           f"({time.perf_counter() - t0:.0f} s)\n")
+    print("Rows run on DeepSpeed's pipeline engine are priced as it runs "
+          "(published.deepspeed_step: blocking P2P in its instruction order, the "
+          "data-parallel reduction after the flush); "
+          "the engine column gives the error as the planner prices the plan.\n")
     print("Each configuration is priced at the GPU's physical memory (it ran), and ranked among "
           "the planner's plans at the same memory; the memory column says whether it also fits "
           "the planner's default 5 % reserve, and what the planner prices under that reserve.\n")
     print("| source | run | GPUs | published config | metric | published | predicted | error "
-          "| planned at the config | memory (peak rank) | at the 5 % reserve | rank "
-          "(physical memory) | planner's pick (its margin) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| engine (error as the planner prices it) | planned at the config | memory (peak rank) "
+          "| at the 5 % reserve | rank (physical memory) | planner's pick (its margin) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         p = r["plan"]
         fmt = ".3f" if r["metric"] == "MFU" else ".0f"
@@ -85,7 +93,8 @@ def main() -> None:
         fits = "" if r["fits"] else " (does not fit)"
         print(f"| {r['source']} | {r['model']}{' *' if r['calibration'] else ''} | {r['gpus']} |"
               f" {r['config']} | {r['metric']} | {r['published']:{fmt}} | "
-              f"{r['predicted']:{fmt}} | {r['error']:+.1%} | {_cfg(p)}{fits} | {_memory(r)} | "
+              f"{r['predicted']:{fmt}} | {r['error']:+.1%} | {_engine(r)} | {_cfg(p)}{fits} | "
+              f"{_memory(r)} | "
               f"{_at_reserve(r)} | {rank} | {best} |")
     worst = max(abs(r["error"]) for r in rows if not r["calibration"])
     print(f"\nlargest error {worst:.1%}")
@@ -109,6 +118,11 @@ def main() -> None:
             b, p = e["pick"], e["published"]
             print(f"| {e['what']} | {_cfg(b)} | {b.step_time:.3f} s | {b.bubble_fraction:.1%} | "
                   f"{p.step_time:.3f} s | {p.bubble_fraction:.1%} | {e['margin']:+.1%} |")
+
+
+def _engine(r) -> str:
+    """The engine whose pricing the row has (published.ENGINES), and the planner's error."""
+    return "-" if not r["engine"] else f"{r['engine']} ({r['planner_error']:+.1%})"
 
 
 def _memory(r) -> str:
