@@ -317,3 +317,15 @@ def test_buffered_wire_against_simulate_with_chains_and_overlaps(seed, p, v, cha
         for k in theirs:
             assert mine[k] == pytest.approx(theirs[k]), k
     run_wire(lower(s, "batched"), c, blocking=True)  # batched never deadlocks
+
+
+@pytest.mark.parametrize("name", ["1f1b", "gpipe", "interleaved-1f1b", "zb-h1"])
+def test_a_boundary_rule_of_ones_own_gives_the_named_orderings_it_restates(name):
+    """``lower(..., recv_first=rule)``: a rule that never receives first is ``naive``, one
+    that receives first on odd ranks is ``parity`` (the same steps, in the same order)."""
+    s = get_schedule(name, ranks=4, microbatches=6)
+    never = lower(s, "mine", recv_first=lambda r, before, after: False)
+    odd = lower(s, "mine", recv_first=lambda r, before, after: r % 2 == 1)
+    assert never.orders == lower(s, "naive").orders
+    assert odd.orders == lower(s, "parity").orders
+    assert never.ordering == "mine"

@@ -459,8 +459,8 @@ def deepspeed_lowering(schedule):
     0F0 0SEND_F0 0F1 0RECV_B0 0SEND_F1 0B0 0RECV_B1 0B1
     1RECV_F0 1F0 1B0 1SEND_B0 1RECV_F1 1F1 1B1 1SEND_B1
     """
-    from ..ir.schedule import Kind, step_actions
-    from ..sim.wire import WireSchedule, inputs_of, outputs_of
+    from ..ir.schedule import Kind
+    from ..sim.wire import lower
 
     p = schedule.num_ranks
     if schedule.num_stages != p:
@@ -471,22 +471,11 @@ def deepspeed_lowering(schedule):
         s, kind, m = a
         return 2 * m + s if kind == Kind.F else 2 * m + 2 * p - 1 - s
 
-    orders = []
-    for r in range(p):
-        comps = schedule.orders[r]
-        out: list = []
-        for k in range(len(comps) + 1):
-            before = step_actions(comps[k - 1]) if k > 0 else ()
-            after = step_actions(comps[k]) if k < len(comps) else ()
-            sends = [c for a in before for c in outputs_of(a, schedule)]
-            recvs = [c for a in after for c in inputs_of(a, schedule)]
-            f_then_b = bool(before) and bool(after) and before[-1][1] == Kind.F \
-                and after[0][1] != Kind.F and step(after[0]) == step(before[-1]) + 1
-            out.extend(recvs + sends if f_then_b else sends + recvs)
-            if k < len(comps):
-                out.append(comps[k])
-        orders.append(tuple(out))
-    return WireSchedule(schedule, "deepspeed", tuple(orders))
+    def recv_first(rank: int, before: tuple, after: tuple) -> bool:  # a forward's step
+        return bool(before) and bool(after) and before[-1][1] == Kind.F \
+            and after[0][1] != Kind.F and step(after[0]) == step(before[-1]) + 1  # then B's
+
+    return lower(schedule, "deepspeed", recv_first=recv_first)
 
 
 def deepspeed_step(run: Run, plan, efficiency: float) -> float:

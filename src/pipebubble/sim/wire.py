@@ -40,7 +40,7 @@ given when both sides were posted) that replaces the constant ``comm`` lag.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -151,13 +151,20 @@ def outputs_of(action: Action, topo: Topology) -> list[Comm]:
             for h in handovers(action, topo) if h.crosses]
 
 
-def lower(schedule: Schedule, ordering: str = "batched") -> WireSchedule:
+def lower(schedule: Schedule, ordering: str = "batched",
+          recv_first: Callable[[int, tuple, tuple], bool] | None = None) -> WireSchedule:
     """Insert each rank's SEND/RECV operations, posted in ``ordering`` (see module doc).
 
     An overlapped pair (DualPipe's F&B) stays one step: both parts' receives come before
     it and both parts' sends after it; the runtime runs its two parts in sequence.
+
+    ``recv_first``: a boundary rule of one's own (an engine's order, e.g.
+    ``plan/published.deepspeed_lowering``): ``recv_first(rank, before, after)`` (the
+    actions of the compute steps either side) says whether the rank posts its receives
+    before its sends there, one blocking operation at a time; ``ordering`` then only names
+    the rule.
     """
-    if ordering not in ORDERINGS:
+    if recv_first is None and ordering not in ORDERINGS:
         raise ScheduleError(f"unknown p2p ordering {ordering!r}; valid are {', '.join(ORDERINGS)}")
     orders = []
     for r in range(schedule.num_ranks):
@@ -168,7 +175,9 @@ def lower(schedule: Schedule, ordering: str = "batched") -> WireSchedule:
             after = step_actions(comps[k]) if k < len(comps) else ()
             sends = [c for a in before for c in outputs_of(a, schedule)]
             recvs = [c for a in after for c in inputs_of(a, schedule)]
-            if ordering == "batched":
+            if recv_first is not None:
+                out.extend(recvs + sends if recv_first(r, before, after) else sends + recvs)
+            elif ordering == "batched":
                 if sends or recvs:
                     out.append(Batch(tuple(sends + recvs)))
             elif ordering == "naive" or r % 2 == 0:
