@@ -105,7 +105,8 @@ def run_distributed(args: argparse.Namespace) -> int:
     cfg = config_from_args(args, setup.schedule)
     check_processes(cfg.world_size, getattr(args, "allow_oversubscribe", False),
                     f"-p {cfg.ranks} x --dp {cfg.dp}")  # bounded before any process starts
-    plan_training(args, setup)  # and the training flags, a --resume checkpoint
+    for note in plan_training(args, setup).notes:  # the training flags, a --resume checkpoint
+        sys.stderr.write(f"pipebubble: warning: {note}\n")
     check_engine_flags(args, setup.schedule)
     try:  # (torch's engine posts its own sends and receives: --p2p does not apply)
         if getattr(args, "engine", "pipebubble") != "torch":
@@ -144,6 +145,9 @@ def worker_main(args: argparse.Namespace, schedule: Schedule | None = None) -> i
         cfg = config_from_args(args, setup.schedule)
         plan = plan_training(args, setup)
         check_engine_flags(args, setup.schedule)
+        if schedule is None and env.rank == 0:  # under torchrun: no launcher said it
+            for note in plan.notes:
+                sys.stderr.write(f"pipebubble: warning: {note}\n")
     except UserError as exc:
         sys.stderr.write(f"pipebubble: error: rank {env.rank}: {exc}\n")
         return 2  # (the other ranks' heartbeat watchdogs see this one gone)
@@ -205,6 +209,10 @@ def worker_main(args: argparse.Namespace, schedule: Schedule | None = None) -> i
                 report.reference_losses = list(ref.losses)
                 report.param_max_abs_diff = param_diffs(final, _stages_of(setup))
             _print(args, report, extra)
+            if plan.save_error:  # the results above stand; the checkpoint was not written
+                sys.stderr.write(f"pipebubble: error: {plan.save_error}\n")
+                cluster.close()
+                return 1
         cluster.close()
         return 0
     except Exception as exc:  # noqa: BLE001 - every failure must reach the other ranks

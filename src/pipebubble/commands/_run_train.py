@@ -43,6 +43,9 @@ class TrainPlan:
     save: str | None = None
     resume: str | None = None
     prior_losses: list[float] = field(default_factory=list)  # the checkpoint's losses
+    resume_meta: dict | None = None  # the checkpoint's pipebubble.json, checked
+    notes: list[str] = field(default_factory=list)  # warnings to print once, before training
+    save_error: str | None = None  # why --save failed (the run's results still stand)
 
     @property
     def steps_range(self) -> range:
@@ -50,20 +53,36 @@ class TrainPlan:
 
 
 def plan_training(args: argparse.Namespace, setup) -> TrainPlan:
-    """Check the training flags against the model of ``setup``; UserError on bad input."""
+    """Check the training flags against the model of ``setup``; UserError on bad input.
+
+    ``--save DIR`` is checked here, before the first step (:func:`ckpt.check_save_dir`);
+    ``--resume DIR`` is read and checked whole (:func:`ckpt.read_meta`) and matched to the
+    model. Resuming without ``--lr`` continues at the checkpoint's learning rate; an ``--lr``
+    that differs from it is used, with a warning in ``plan.notes`` (the losses then differ
+    from an uninterrupted run's)."""
     lr = check_training(args.steps, args.optimizer, args.lr)
     layers = list(setup.spec.layers)
     names = layer_names(setup.spec, len(layers))
     shapes = model_parameter_shapes(layers, names)
     plan = TrainPlan(args.steps, args.optimizer, lr, 0, names, shapes)
-    if args.save_dir:  # not args.save: that name is an output file for check_outputs
-        ckpt.check_save_dir(args.save_dir)
-        plan.save = args.save_dir
-    if args.resume:
+    save_dir = getattr(args, "save_dir", None)  # not args.save: an output file of check_outputs
+    if save_dir is not None:
+        ckpt.check_save_dir(save_dir, overwrite=getattr(args, "overwrite", False))
+        plan.save = save_dir
+    if args.resume is not None:
         meta = ckpt.read_meta(args.resume)
         ckpt.check_compatible(args.resume, meta, shapes, args.optimizer, args.seed)
-        plan.resume, plan.start = args.resume, meta["steps_done"]
-        plan.prior_losses = [float(v) for v in meta.get("losses", [])]
+        plan.resume, plan.start, plan.resume_meta = args.resume, meta["steps_done"], meta
+        plan.prior_losses = [float("nan") if v is None else float(v)
+                             for v in meta.get("losses", [])]
+        theirs = meta.get("lr")
+        if theirs is not None and args.lr is None:
+            plan.lr = float(theirs)
+        elif theirs is not None and float(theirs) != plan.lr:
+            plan.notes.append(f"--resume {args.resume}: the checkpoint was trained with --lr "
+                              f"{theirs:g}; this run steps with --lr {plan.lr:g} (the "
+                              "optimizer state is kept; the losses will differ from an "
+                              "uninterrupted run's)")
     return plan
 
 
@@ -114,24 +133,29 @@ def load_into(plan: TrainPlan, named: list[tuple[str, nn.Parameter]],
               opt: torch.optim.Optimizer) -> None:
     """Load the checkpoint's values of ``named`` (and their optimizer state) in place.
     Each process reads only its own keys (no collective): ``no_dist`` DCP loading."""
-    import torch.distributed.checkpoint as dcp
-
     state = ckpt.rank_state(named, opt, plan.optimizer, for_load=True)
-    ckpt._quiet(dcp.load, state, checkpoint_id=str(plan.resume), no_dist=True)
+    ckpt.load(str(plan.resume), state, meta=plan.resume_meta, no_dist=True)
     ckpt.install_optimizer_state(named, opt, plan.optimizer, state)
 
 
 def save_from(plan: TrainPlan, setup, named: list[tuple[str, nn.Parameter]],
               opt: torch.optim.Optimizer, losses: list[float], *, coordinator: bool = True,
               barrier=lambda: None) -> None:
-    """Write the checkpoint after the last step (collective over the default group)."""
+    """Write the checkpoint after the last step (collective over the default group).
+
+    A save that fails does not end the run: ``plan.save_error`` says why (the previous
+    checkpoint is unchanged), ``saved_to`` becomes null, and the run still reports the
+    losses it computed, then exits 1."""
     meta = ckpt.checkpoint_meta(
         model=setup.spec.name, description=setup.description, shapes=plan.shapes,
         steps_done=plan.start + plan.steps, seed=setup.seed, optimizer=plan.optimizer,
         lr=plan.lr, schedule=setup.schedule.name, boundaries=setup.boundaries,
         batch=setup.batch_size, losses=[*plan.prior_losses, *losses])
-    ckpt.save(plan.save, ckpt.rank_state(named, opt, plan.optimizer), meta,
-              coordinator=coordinator, barrier=barrier)
+    try:
+        ckpt.save(plan.save, ckpt.rank_state(named, opt, plan.optimizer), meta,
+                  coordinator=coordinator, barrier=barrier)
+    except ckpt.SaveError as exc:
+        plan.save_error = str(exc)
 
 
 def param_diff(named: list[tuple[str, nn.Parameter]], ref: list[tuple[str, nn.Parameter]]
@@ -149,7 +173,9 @@ def optimizer_for(plan: TrainPlan, named: list[tuple[str, nn.Parameter]]
 def train_summary(plan: TrainPlan) -> dict:
     """The ``train`` object of ``--json``."""
     return {"steps": plan.steps, "first_step": plan.start, "optimizer": plan.optimizer,
-            "lr": plan.lr, "saved_to": plan.save, "resumed_from": plan.resume}
+            "lr": plan.lr, "saved_to": None if plan.save_error else plan.save,
+            "resumed_from": plan.resume,
+            **({"save_error": plan.save_error} if plan.save_error else {})}
 
 
 def grad_and_loss_diff(named: list[tuple[str, nn.Parameter]],

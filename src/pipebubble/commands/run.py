@@ -8,6 +8,7 @@ and the report (``_run_setup.py``). Importing this module loads no torch: only r
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -100,7 +101,11 @@ def add_training_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--save", dest="save_dir", metavar="DIR", default=None,
                    help="after the last step write a sharded checkpoint to DIR "
                    "(torch.distributed.checkpoint: each rank its own stages, keyed by the "
-                   "model's parameter names; plus pipebubble.json)")
+                   "model's parameter names; plus pipebubble.json), atomically; DIR is "
+                   "checked before the first step")
+    g.add_argument("--overwrite", action="store_true",
+                   help="let --save replace an existing checkpoint (only once the new one "
+                   "is written whole)")
     g.add_argument("--resume", metavar="DIR", default=None,
                    help="start from the checkpoint in DIR (any cut or schedule of the same "
                    "model): weights, optimizer state, and the data stream's position")
@@ -294,6 +299,8 @@ def _run(args: argparse.Namespace) -> int:
     torch.set_num_threads(check_threads(args.threads))
     setup = build_setup(args, reference=args.check)
     plan = plan_training(args, setup)  # checkpoint checks before any work
+    for note in plan.notes:
+        sys.stderr.write(f"pipebubble: warning: {note}\n")
     variants = [False, True] if args.recompute else [False]
     times: list[list[float]] = []
     best, train = train_local(setup, plan, args, variants, times)
@@ -319,6 +326,9 @@ def _run(args: argparse.Namespace) -> int:
         from rich.console import Console
 
         print_report(report, Console(), args.chart_width)
+    if plan.save_error:  # the results above stand; the checkpoint did not get written
+        sys.stderr.write(f"pipebubble: error: {plan.save_error}\n")
+        return 1
     return 0
 
 
@@ -367,11 +377,11 @@ def train_local(setup: RunSetup, plan, args: argparse.Namespace, variants: list[
                                                       got[-1].loss, ref_loss)
             ref.step()
         opt.step()
+    if plan.save:  # a failure is plan.save_error: the figures below are still reported
+        save_from(plan, setup, named, opt, losses)
     train = {"losses": losses, "summary": train_summary(plan), "grad_diff": grad_diff,
              "loss_diff": loss_diff}
     if ref is not None:
         train["reference_losses"] = list(ref.losses)
         train["param_diff"] = param_diff(named, reference_named(setup))
-    if plan.save:
-        save_from(plan, setup, named, opt, losses)
     return best, train
