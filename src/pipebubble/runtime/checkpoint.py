@@ -50,6 +50,7 @@ import contextlib
 import ctypes
 import errno
 import functools
+import hashlib
 import io
 import json
 import math
@@ -108,7 +109,12 @@ def write_json_atomic(path: Path, data: dict) -> None:
 
 
 def _why(exc: BaseException) -> str:
-    """An exception as a short phrase: its type and the first line of its text."""
+    """An exception as a short phrase: its type and the first line of its text (for DCP's
+    CheckpointException, of the first rank's own exception)."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        rank, (inner, _) = sorted(failures.items(), key=lambda kv: kv[0])[0]
+        return f"rank {rank}: {_why(inner)}"
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror
     text = str(exc).strip().splitlines()
@@ -141,7 +147,8 @@ def _ours(folder: Path) -> bool:
         names = os.listdir(folder)
     except OSError:
         return False
-    return all(n in (META, DCP_META) or SHARD_NAME.fullmatch(n) or n.startswith(f".{META}.tmp-")
+    return all(n in (META, DCP_META, DCP_META + ".tmp") or SHARD_NAME.fullmatch(n)
+               or n.startswith(f".{META}.tmp-")
                for n in names)
 
 
@@ -206,7 +213,8 @@ def check_save_dir(path: str, *, overwrite: bool = False) -> Path:
                                 "checkpoint)")
         parent = final.absolute().parent
         if not parent.is_dir():
-            raise UserError(f"--save {path}: the parent folder {parent} does not exist")
+            raise UserError(f"--save {path}: the parent folder {parent} "
+                            + ("is a file" if parent.exists() else "does not exist"))
         for side in _siblings(final):
             if side.is_symlink() or (side.exists() and not side.is_dir()):
                 kind = "a symbolic link" if side.is_symlink() else "a file"
@@ -484,7 +492,15 @@ def read_meta(path: str) -> dict:
             text = text.split(": ", 1)[0] + " is unreadable (not valid JSON)"
         raise CheckpointError(f"--resume {path}: {text}; the checkpoint is damaged") from None
     _check_fields(path, p / META, meta)
-    read_dcp_metadata(path, meta)
+    md = read_dcp_metadata(path, meta)
+    files = meta.get("files")
+    if files is not None:
+        for rel in {info.relative_path for info in md.storage_data.values()} | {DCP_META}:
+            if rel not in files:
+                raise CheckpointError(f"--resume {path}: {p / META} records no digest of "
+                                      f"{rel}, which the index uses; the checkpoint is "
+                                      "damaged")
+    _check_digests(path, meta)
     return meta
 
 
@@ -536,6 +552,12 @@ def _check_fields(path: str, f: Path, meta: Any) -> None:
     if "boundaries" in meta and not (isinstance(meta["boundaries"], list) and all(
             _int(b, 1, 2**40) for b in meta["boundaries"])):
         raise bad("boundaries", "it must be a list of layer indices")
+    files = meta.get("files")
+    if files is not None and not (isinstance(files, dict) and len(files) <= 100_000 and all(
+            (n == DCP_META or SHARD_NAME.fullmatch(n)) and isinstance(v, dict)
+            and _int(v.get("bytes"), 0, 2**62) and isinstance(v.get("sha256"), str)
+            and re.fullmatch(r"[0-9a-f]{64}", v["sha256"]) for n, v in files.items())):
+        raise bad("files", "it must map each shard file to its bytes and sha256")
     losses = meta.get("losses", [])
     if not isinstance(losses, list) or len(losses) != steps:
         raise bad("losses", f"it must list one loss per step done ({steps})")
@@ -630,6 +652,42 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(code, os.strerror(code), str(b))
 
 
+def _digest(f: Path) -> dict:
+    """A file's size and SHA-256 (``pipebubble.json``'s ``files``): DCP's shards carry no
+    checksum, and ``torch.load`` does not check the zip's CRC, so without it a flipped byte
+    inside a tensor would load as a wrong weight."""
+    h = hashlib.sha256()
+    size = 0
+    with open(f, "rb") as fh:
+        while block := fh.read(1 << 20):
+            h.update(block)
+            size += len(block)
+    return {"bytes": size, "sha256": h.hexdigest()}
+
+
+def _check_digests(path: str, meta: dict) -> None:
+    """Every file ``pipebubble.json`` lists has its recorded size and SHA-256 (checkpoints
+    written before digests were recorded have no ``files``: nothing to check)."""
+    files = meta.get("files")
+    if files is None:
+        return
+    folder = Path(path)
+    for name, want in files.items():
+        f = folder / name
+        try:
+            got = _digest(f)
+        except OSError as exc:
+            raise CheckpointError(f"--resume {path}: {f}: {_why(exc)}; the checkpoint is "
+                                  "damaged") from None
+        if got["bytes"] != want["bytes"]:
+            raise CheckpointError(f"--resume {path}: {f} has {got['bytes']:,} bytes, "
+                                  f"{META} records {want['bytes']:,}; the checkpoint is "
+                                  "damaged")
+        if got["sha256"] != want["sha256"]:
+            raise CheckpointError(f"--resume {path}: {f} is damaged: its SHA-256 differs from "
+                                  f"the one {META} records")
+
+
 def _fsync_dir(folder: Path) -> None:
     with contextlib.suppress(OSError):
         fd = os.open(folder, os.O_RDONLY)
@@ -642,7 +700,10 @@ def _fsync_dir(folder: Path) -> None:
 def _publish(partial: Path, final: Path, meta: dict) -> None:
     """Write ``pipebubble.json`` into the finished ``partial`` folder and put the folder at
     ``final`` in one atomic step (see the module docstring); then drop the old one."""
-    write_json_atomic(partial / META, {**meta, "format": FORMAT, "version": VERSION})
+    files = {n: _digest(partial / n) for n in sorted(os.listdir(partial))
+             if n == DCP_META or SHARD_NAME.fullmatch(n)}
+    write_json_atomic(partial / META, {**meta, "files": files, "format": FORMAT,
+                                       "version": VERSION})
     _fsync_dir(partial)
     if not os.path.lexists(final):
         os.rename(partial, final)
@@ -670,6 +731,7 @@ def save(path: str, state: dict[str, torch.Tensor], meta: dict, *, coordinator: 
     one :class:`SaveError` (on the coordinator, for its own phases) naming the folder.
     """
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
 
     final = Path(path)
     partial, _ = _siblings(final)
@@ -683,7 +745,7 @@ def save(path: str, state: dict[str, torch.Tensor], meta: dict, *, coordinator: 
     barrier()
     try:
         _quiet(dcp.save, state, checkpoint_id=str(partial))
-    except Exception as exc:  # noqa: BLE001 - DCP raises the same on every rank
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - the same on every rank
         raise SaveError(f"--save {path}: writing the shards failed ({_why(exc)}); the "
                         "previous checkpoint there, if any, is unchanged") from None
     barrier()
@@ -753,11 +815,12 @@ def load(path: str, state: dict[str, torch.Tensor], *, meta: dict | None = None,
     :func:`read_dcp_metadata`, never unpickled by DCP; any failure is one
     :class:`CheckpointError` naming the file."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
 
     reader = checked_reader(path, meta)
     try:
         _quiet(dcp.load, state, storage_reader=reader, no_dist=no_dist)
-    except Exception as exc:  # noqa: BLE001
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001
         if reader.error is not None:
             raise reader.error from None
         raise CheckpointError(f"--resume {path}: the checkpoint does not load into this "
