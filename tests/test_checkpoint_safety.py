@@ -285,6 +285,12 @@ def save_refused(capsys, target: str, *needles: str, extra=()) -> None:
 
 
 def test_save_targets_refused_before_any_step(capsys, tmp_path, base, monkeypatch):
+    from pipebubble.commands import run as run_command
+
+    def no_training(*a, **k):
+        raise AssertionError("training started before --save was checked")
+
+    monkeypatch.setattr(run_command, "train_local", no_training)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "file").write_text("x")
     (tmp_path / "link").symlink_to(tmp_path / "real")
@@ -371,6 +377,27 @@ def test_a_failed_publish_leaves_the_previous_checkpoint_and_reports_the_run(
     assert (ck / ckpt.META).read_text() == before
     monkeypatch.undo()
     assert main([*RUN, "--resume", str(ck), "--json"]) == 0  # and it still resumes
+
+
+def test_a_shard_write_failing_inside_dcp_is_one_line_and_keeps_the_checkpoint(
+        capsys, ck, monkeypatch):
+    """A write error deep in DCP's writer reaches us wrapped in its CheckpointException (a
+    BaseException): it is still one line with the cause, and the run's losses are kept."""
+    import torch.distributed.checkpoint.filesystem as fs
+
+    before = (ck / ckpt.META).read_text()
+
+    def enospc(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(fs._FileSystemWriter, "write_data", enospc)
+    assert main([*RUN, "--resume", str(ck), "--save", str(ck), "--overwrite",
+                 "--json"]) == 1
+    out, err = capsys.readouterr()
+    assert len(json.loads(out)["losses"]) == 1
+    assert err.count("\n") == 1
+    assert "writing the shards failed (rank 0: No space left on device)" in err
+    assert (ck / ckpt.META).read_text() == before
 
 
 def test_recover_puts_back_a_checkpoint_moved_aside(ck):
