@@ -320,18 +320,24 @@ def test_save_targets_refused_before_any_step(capsys, tmp_path, base, monkeypatc
     assert sorted(os.listdir(tmp_path)) == ["file", "link", "p.partial", "q.partial"]
 
 
-def test_save_into_a_read_only_folder_is_refused_before_training(capsys, tmp_path):
+def test_save_into_a_read_only_folder_is_refused_before_training(capsys, tmp_path,
+                                                                 monkeypatch):
+    """A folder where nothing can be created: a 0o555 one, or, as root (who writes there
+    anyway), a read-only file system, simulated at the probe's mkdtemp (EROFS)."""
     ro = tmp_path / "ro"
     ro.mkdir()
     ro.chmod(0o555)
     try:
-        try:  # root writes anywhere: then this machine cannot show the case
-            os.rmdir(os.path.join(ro, os.path.basename(__import__("tempfile").mkdtemp(
-                dir=ro))))
-            pytest.skip("running as root: a 0o555 folder is writable")
-        except PermissionError:
-            pass
-        save_refused(capsys, str(ro / "ck"), "cannot create a folder in", "permission denied")
+        if os.geteuid() == 0:
+            def read_only(*a, **k):
+                raise OSError(30, "Read-only file system")
+
+            monkeypatch.setattr(ckpt.tempfile, "mkdtemp", read_only)
+            needle = "Read-only file system"
+        else:
+            needle = "Permission denied"
+        save_refused(capsys, str(ro / "ck"), f"cannot create a folder in {ro} ({needle})")
+        assert os.listdir(ro) == []
     finally:
         ro.chmod(0o755)
 
@@ -400,13 +406,19 @@ def test_a_shard_write_failing_inside_dcp_is_one_line_and_keeps_the_checkpoint(
     assert (ck / ckpt.META).read_text() == before
 
 
-def test_recover_puts_back_a_checkpoint_moved_aside(ck):
-    """Where renameat2 is missing the swap is two renames; a crash between them leaves
-    DIR.old, which the next --resume or --save puts back."""
-    old = ck.with_name("ck.old")
+def test_recover_completes_a_swap_cut_between_its_renames(ck, base):
+    """Where renameat2 is missing the swap is two renames; a crash between them leaves no
+    DIR, the previous checkpoint at DIR.old and the new one whole at DIR.partial: the next
+    --resume or --save puts the new one in place. A DIR.old alone (the user's own) stays."""
+    old, partial = ck.with_name("ck.old"), ck.with_name("ck.partial")
     os.rename(ck, old)
     ckpt.recover(ck)
-    assert ckpt.read_meta(str(ck))["steps_done"] == 1 and not old.exists()
+    assert not ck.exists() and old.exists()  # nothing to finish: untouched
+    shutil.copytree(base, partial)
+    edit_meta(partial, description="the new one")
+    ckpt.recover(ck)
+    assert json.loads((ck / ckpt.META).read_text())["description"] == "the new one"
+    assert not old.exists() and not partial.exists()
 
 
 def test_save_without_renameat2_is_still_whole(capsys, ck, monkeypatch):

@@ -21,7 +21,7 @@ folder inside ``/proc``, ``/sys`` or ``/dev``, a parent where no folder can be c
 last, through a temporary file and a rename), then puts the folder in place in one step:
 on Linux ``renameat2(RENAME_EXCHANGE)`` swaps ``DIR.partial`` and ``DIR`` atomically and
 the old checkpoint, now at ``DIR.partial``, is removed; elsewhere ``DIR`` is moved to
-``DIR.old`` first and :func:`recover` puts it back if a crash came between the two
+``DIR.old`` first and :func:`recover` completes the swap if a crash came between the two
 renames. So at every instant ``DIR`` is the old checkpoint or the new one, whole: ``kill
 -9`` at any moment loses at most the save in progress. A save that fails raises
 :class:`SaveError` (one line) and leaves ``DIR`` as it was.
@@ -132,13 +132,16 @@ def _is_checkpoint(p: Path) -> bool:
 
 
 def recover(path: str | os.PathLike) -> None:
-    """Finish what a save killed between its two renames left (only where ``renameat2`` is
-    missing): ``DIR`` gone and the previous checkpoint at ``DIR.old`` -> put it back."""
+    """Finish a save killed between the two renames of the swap used where ``renameat2`` is
+    missing: ``DIR`` gone, the previous checkpoint at ``DIR.old`` and the new one whole at
+    ``DIR.partial`` (its ``pipebubble.json`` is written last) -> the new one becomes ``DIR``.
+    Nothing else is touched (a folder the user renamed to ``DIR.old`` stays where it is)."""
     final = Path(path)
-    _, old = _siblings(final)
-    if not os.path.lexists(final) and _is_checkpoint(old):
+    partial, old = _siblings(final)
+    if not os.path.lexists(final) and _is_checkpoint(old) and _is_checkpoint(partial):
         with contextlib.suppress(OSError):
-            os.rename(old, final)
+            os.rename(partial, final)
+            shutil.rmtree(old)
 
 
 def _ours(folder: Path) -> bool:
