@@ -503,8 +503,34 @@ def read_meta(path: str) -> dict:
                 raise CheckpointError(f"--resume {path}: {p / META} records no digest of "
                                       f"{rel}, which the index uses; the checkpoint is "
                                       "damaged")
+    if files is None:  # written before digests: load every record once, here, instead
+        _check_loadable(p, f"--resume {path}", md)
     _check_digests(path, meta)
     return meta
+
+
+def _check_loadable(folder: Path, where: str, md: Any) -> None:
+    """Each record loads (``torch.load(weights_only=True)``, as DCP will) as a tensor of its
+    indexed shape: for a checkpoint without digests, the only way to find a damaged record
+    before any process group exists (in a distributed run, a failure later ends every rank)."""
+    by_file: dict[str, list] = {}
+    for idx, info in md.storage_data.items():
+        by_file.setdefault(info.relative_path, []).append((idx.fqn, info))
+    for rel, items in sorted(by_file.items()):
+        shard = folder / rel
+        with open(shard, "rb") as fh:
+            for fqn, info in items:
+                fh.seek(info.offset)
+                raw = fh.read(info.length)
+                try:
+                    t = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+                except Exception as exc:  # noqa: BLE001 - one line naming the shard
+                    raise CheckpointError(f"{where}: shard {shard} is damaged: the record of "
+                                          f"{fqn!r} does not load ({_why(exc)})") from None
+                want = tuple(md.state_dict_metadata[fqn].size)
+                if not isinstance(t, torch.Tensor) or tuple(t.shape) != want:
+                    raise CheckpointError(f"{where}: shard {shard} is damaged: the record of "
+                                          f"{fqn!r} is not a tensor of shape {list(want)}")
 
 
 def _check_fields(path: str, f: Path, meta: Any) -> None:
