@@ -76,6 +76,22 @@ class _Handler(logging.Handler):
             self.kept.add(f"(transformers) {record.getMessage()}")
 
 
+_ACTIVE: list[tuple[logging.Handler, list[logging.Handler]]] = []
+"""The handler of each open :func:`held` block and the logger's own handlers it replaced."""
+
+
+def refresh() -> None:
+    """Route the ``transformers`` logger to the open :func:`held` block again. Call it
+    right after importing transformers: the import adds its own stderr handler."""
+    if not _ACTIVE:
+        return
+    logger = logging.getLogger("transformers")
+    handler, saved = _ACTIVE[-1]
+    saved.extend(h for h in logger.handlers if h is not handler and h not in saved)
+    logger.handlers = [handler]
+    logger.propagate = False
+
+
 @contextlib.contextmanager
 def held() -> Iterator[Kept]:
     """Hold the libraries' warnings for the block; see the module docstring."""
@@ -83,6 +99,7 @@ def held() -> Iterator[Kept]:
     logger = logging.getLogger("transformers")
     handlers, propagate = logger.handlers[:], logger.propagate
     handler = _Handler(kept)
+    _ACTIVE.append((handler, handlers))
     logger.handlers = [handler]
     logger.propagate = False
     others: list[warnings.WarningMessage] = []
@@ -98,6 +115,8 @@ def held() -> Iterator[Kept]:
                     else:
                         kept.add(f"({lib}) {w.category.__name__}: {w.message}")
     finally:
+        _ACTIVE.pop()
+        handlers.extend(h for h in logger.handlers if h is not handler and h not in handlers)
         logger.handlers = handlers
         logger.propagate = propagate
         for w in others:  # pipebubble's own warnings: as they would have been

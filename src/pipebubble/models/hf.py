@@ -51,6 +51,9 @@ def _transformers():
     except ImportError:
         raise UserError("HuggingFace models need the 'transformers' package: "
                         "pip install 'pipebubble[hf]'") from None
+    from ..libwarnings import refresh
+
+    refresh()  # its import adds a stderr handler: its warnings wait for the result instead
     return transformers
 
 
@@ -252,13 +255,28 @@ def check_build(data: dict, where: str) -> int:
     return params
 
 
-def _check_activation(tf: Any, data: dict, where: str) -> None:
+def _check_names(data: dict, where: str) -> None:
+    """The activation and the rotary embedding's kind are names transformers knows (else
+    a bare KeyError comes out of the model's constructor)."""
     from transformers.activations import ACT2FN
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     for key in ("hidden_act", "activation_function"):
         if key in data and data[key] not in ACT2FN:
             raise UserError(f"{where}: {key!r} {_short(data[key])} is not an activation "
                             f"transformers knows; valid are {', '.join(sorted(ACT2FN))}")
+    kinds = ("default", *ROPE_INIT_FUNCTIONS)
+    for key in ("rope_parameters", "rope_scaling"):
+        rope = data.get(key)
+        if rope is None:
+            continue
+        if not isinstance(rope, dict):
+            raise UserError(f"{where}: {key!r} must be an object (e.g. {{\"rope_type\": "
+                            f"\"default\"}}) or null, got {_short(rope)}")
+        kind = rope.get("rope_type", rope.get("type", "default"))
+        if kind not in kinds:
+            raise UserError(f"{where}: {key}.rope_type {_short(kind)} is not one transformers "
+                            f"knows; valid are {', '.join(kinds)}")
 
 
 def load_hf(path: str | Path, seq: int = 32, seed: int = 0,
@@ -278,7 +296,7 @@ def load_hf(path: str | Path, seq: int = 32, seed: int = 0,
     check_build(merged, f"{where} with --model-arg" if overrides else where)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     tf = _transformers()
-    _check_activation(tf, merged, where)
+    _check_names(merged, where)
     skip = ("model_type", "architectures", "transformers_version")
     fields = {k: v for k, v in data.items() if k not in skip}
     try:
