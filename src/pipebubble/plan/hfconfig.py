@@ -23,7 +23,7 @@ before anything is computed or allocated: each size is an integer within its
 :mod:`pipebubble.limits` bound (``MAX_HF_*``; 10^7 layers or a vocabulary of 10^12 are
 refused at once), positions and a sliding window are >= 1 (a window may be null), the
 heads divide the hidden size (unless ``head_dim`` is given) and the key/value heads divide
-the heads, epsilons are in (0, 1), dropouts in [0, 1], flags are true or false. Every error
+the heads, epsilons are in (0, 1], dropouts in [0, 1], flags are true or false. Every error
 is one line naming the key, the value and what is valid.
 
 >>> shape, used = shape_from_hf({"model_type": "llama", "num_hidden_layers": 32,
