@@ -55,13 +55,11 @@ def test_a_fifo_is_refused_at_once_not_waited_on(tmp_path, kind):
     assert "not a regular file" in line and "config.json" in line
 
 
-def test_dev_zero_is_refused_not_read(tmp_path, kind, monkeypatch):
-    if kind == "analytic":
-        rc, out, err, escaped = _main(["profile", "--analytic", "--hf-config", "/dev/zero",
-                                       "--seq", "8"])
-    else:
-        rc, out, err, escaped = _main(command("run", tmp_path)[:3] + ["hf:/dev/zero"]
-                                      + command("run", tmp_path)[4:])
+def test_dev_zero_is_refused_not_read(tmp_path, kind):
+    argv = command(kind, tmp_path)
+    at = argv.index("--hf-config" if kind == "analytic" else "--model") + 1
+    argv[at] = "/dev/zero" if kind == "analytic" else "hf:/dev/zero"
+    rc, out, err, escaped = _main(argv)
     assert escaped is None and rc == 2 and err.count("\n") == 1
     assert "'/dev/zero'" in err and "not a regular file" in err
 
@@ -203,6 +201,8 @@ def test_model_arg_overrides_are_checked_like_the_file(tmp_path):
     rc, out, err, _ = _main(argv)
     assert rc == 2 and err.count("\n") == 1
     assert f"hf:{tmp_path} with --model-arg: 'num_hidden_layers' must be an integer" in err
+    rc, out, err, _ = _main(command("run", tmp_path) + ["--model-arg", "model_type=gpt2"])
+    assert rc == 2 and "--model-arg model_type: the model type is the config's own" in err
 
 
 # ---- 4. the keys line and library warnings come after the result -------------------------

@@ -292,7 +292,12 @@ def load_hf(path: str | Path, seq: int = 32, seed: int = 0,
     where = f"hf:{path}"
     data, folder = read_config(path)
     overrides = dict(overrides or {})
-    merged = {**data, **overrides}
+    if "model_type" in overrides:
+        raise UserError(f"--model-arg model_type: the model type is the config's own "
+                        f"({data['model_type']}); give another config instead")
+    # the file's values and --model-arg's, checked together (floats made floats)
+    merged = check_hf_config({**data, **overrides}, f"{where} with --model-arg"
+                             if overrides else where)
     check_build(merged, f"{where} with --model-arg" if overrides else where)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     tf = _transformers()
