@@ -103,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
 
     ``--help`` and ``--version`` return 0 and bad flags return 2 instead of raising
     ``SystemExit``, so tests and other programs can call ``main([...])`` in-process.
+    Warnings of torch and transformers are held while the command runs and written after
+    its result, or dropped when it fails (:mod:`pipebubble.libwarnings`).
     """
     parser = build_parser()
     try:

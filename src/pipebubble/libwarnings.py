@@ -9,8 +9,8 @@ the error is three lines. ``pipebubble.cli.main`` runs every command inside :fun
   of the ``transformers`` logger at WARNING or above, is kept;
 - when the command succeeds, the kept lines are written to stderr *after* the result, one
   line each, ``pipebubble: warning: (torch) ...``; when it fails, they are dropped and the
-  error stays one line (pipebubble's own ``--verbose`` flags do not exist for these
-  commands; run the library directly to see them as they come);
+  error stays one line (no command has a ``--verbose`` flag for them; calling the library
+  from Python shows them as they come);
 - any other warning (pipebubble's own) is issued again when the block ends, through the
   ordinary ``warnings`` machinery, so filters and ``pytest.warns`` still see it.
 
