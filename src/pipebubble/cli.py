@@ -26,6 +26,7 @@ import sys
 from . import __version__, commands
 from .errors import UserError
 from .files import flush_stdout, stdout_failed
+from .libwarnings import held
 
 # What counts as the user's mistake (exit 2). Not ValueError, KeyError or TypeError: those
 # are bugs unless library code wrapped them in a UserError that names the bad value.
@@ -102,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
 
     ``--help`` and ``--version`` return 0 and bad flags return 2 instead of raising
     ``SystemExit``, so tests and other programs can call ``main([...])`` in-process.
+    Warnings of torch and transformers are held while the command runs and written after
+    its result, or dropped when it fails (:mod:`pipebubble.libwarnings`).
     """
     parser = build_parser()
     try:
@@ -119,8 +122,10 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"pipebubble: error: {error_line(exc)}\n")
         return 2
     try:
-        rc = int(args.func(args) or 0)
-        flush_stdout()  # a full disk on stdout: one line, not "Exception ignored" at exit
+        with held() as kept:  # torch/transformers warnings: shown after a result only
+            rc = int(args.func(args) or 0)
+            flush_stdout()  # a full disk on stdout: one line, not "Exception ignored" at exit
+        kept.write()  # (on an error they are dropped: the error stays one line)
         return rc
     except USER_ERRORS as exc:
         sys.stderr.write(f"pipebubble: error: {error_line(exc)}\n")

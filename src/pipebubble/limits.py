@@ -28,7 +28,14 @@ die; it is refused up front with one line naming the limit and the flag that rai
 - processes of one machine's run: at most :data:`PROCESSES_PER_CORE` per CPU core
   (``--allow-oversubscribe`` lifts that), and never more than the free memory holds at
   :data:`BYTES_PER_PROCESS` each;
-- a comma list flag: at most :data:`MAX_LIST_ITEMS` items, none of them empty.
+- a comma list flag: at most :data:`MAX_LIST_ITEMS` items, none of them empty;
+- a HuggingFace ``config.json`` (``--hf-config``, ``hf:PATH``), every size key before
+  anything is built: layers at most :data:`MAX_LAYERS` - 2 (the embedding and the head are
+  layers of the profile too), hidden size and head size at most :data:`MAX_HF_HIDDEN`,
+  MLP size at most :data:`MAX_HF_FFN`, vocabulary at most :data:`MAX_HF_VOCAB`, heads at
+  most :data:`MAX_HF_HEADS`, positions and sliding window at most
+  :data:`MAX_HF_POSITIONS`; a model built from one must fit the free memory at
+  :data:`BYTES_PER_PARAM_RUN` per parameter (:func:`check_params_fit`).
 
 A bounded search never does work linear in an unbounded input: every count above is checked
 before it is used as a loop bound, and integer flags have at most 30 digits (``int_flag``).
@@ -77,6 +84,18 @@ MAX_REQUEST_ACTIONS = 200_000
 answers in well under a second at this size, and one client cannot hold the server."""
 MAX_REQUEST_BYTES = 8 * 2**20
 """Bytes of one POSTed CSV or timeline JSON to the explorer."""
+MAX_HF_HIDDEN = 1 << 18
+"""Largest hidden (or head) size of a HuggingFace config: 262,144, 16x the largest public
+dense model's (Llama-3.1-405B: 16,384)."""
+MAX_HF_FFN = 1 << 20
+"""Largest MLP inner size of a HuggingFace config (Llama-3.1-405B: 53,248)."""
+MAX_HF_VOCAB = 1 << 22
+"""Largest vocabulary of a HuggingFace config: 4,194,304 (Gemma: 262,144)."""
+MAX_HF_HEADS = 1 << 14
+"""Most attention heads of a HuggingFace config (Llama-3.1-405B: 128)."""
+MAX_HF_POSITIONS = 1 << 24
+"""Most positions (and the widest sliding window) of a HuggingFace config: 16,777,216
+(Llama 4 Scout: 10 million)."""
 MIN_TIME, MAX_TIME = 1e-12, 1e12
 """A time (a flag, a profile's field) is 0 or in [MIN_TIME, MAX_TIME]: below, sums and ratios
 underflow (5e-324 becomes 0 in a division and NaN in a chart); above, m x (F + B) overflows."""
@@ -225,6 +244,24 @@ def check_model_size(model: str, layers: int, width: int | None = None, vocab: i
                          f"for this {model}, more than the {free / 2**30:.1f} GiB free here; "
                          "use a smaller --batch")
     return weights + acts
+
+
+def check_params_fit(params: int, what: str, bytes_per_param: int = BYTES_PER_PARAM_RUN) -> int:
+    """Refuse building a model of ``params`` parameters whose weights and gradients
+    (``bytes_per_param`` each) exceed the machine's free memory, before anything is
+    allocated; return the bytes. ``what`` names the model (``hf:PATH``) in the message.
+
+    >>> check_params_fit(10, "hf:tiny")
+    160
+    """
+    need = params * bytes_per_param
+    free = free_memory_bytes()
+    if free is not None and need > free:
+        raise LimitError(f"{what}: {params:,} parameters need about {need / 2**30:,.1f} GiB "
+                         f"for weights and gradients, more than the {free / 2**30:.1f} GiB "
+                         "free here; make the model smaller (fewer layers, a smaller hidden "
+                         "size or vocabulary)")
+    return need
 
 
 # ---- the bounds added in round 3 (one place for the CLI, the explorer and the library) ----

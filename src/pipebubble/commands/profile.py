@@ -122,11 +122,10 @@ def run_analytic(args: argparse.Namespace) -> int:
 
 
 def run_hf_config(args: argparse.Namespace) -> int:
-    """``--analytic --hf-config PATH``: the shape from the config's keys (named on stderr)."""
-    import sys
-
+    """``--analytic --hf-config PATH``: the shape from the config's keys. Every check comes
+    first; the keys used are named on stderr after the result, so an error is one line."""
     from ..plan.analytic import shape_profile
-    from ..plan.hfconfig import read_hf_config
+    from ..plan.hfconfig import positions_of, read_hf_config
 
     shape_flags = [f"--{n.replace('_', '-')}" for n in ("layers", "hidden", "ffn", "heads",
                                                          "vocab", "kv_heads")
@@ -135,13 +134,21 @@ def run_hf_config(args: argparse.Namespace) -> int:
         raise UserError(f"--hf-config gives the shape; drop {', '.join(shape_flags) or '--gelu'}")
     if args.seq is None:
         raise UserError("--hf-config needs --seq (tokens per sequence)")
+    if args.out is not None:  # an empty or bad --out fails before any work
+        check_output_path(args.out, "--out")
     shape, used = read_hf_config(args.hf_config)
+    limit = positions_of(used)
+    if limit is not None and args.seq > limit:
+        key = "n_positions" if "n_positions" in used else "max_position_embeddings"
+        raise UserError(f"--seq {args.seq} is longer than the model's {key} {limit:,} "
+                         f"(--hf-config {args.hf_config}); use --seq 1..{limit:,}")
     prof = shape_profile(shape, args.seq, args.batch or 1, args.tflops, args.mfu, args.dtype,
                          args.attention, source={"path": args.hf_config, "keys": used})
+    rc = _output(args, prof)
     if not args.json:
-        print("from " + args.hf_config + ": " + ", ".join(f"{k}={v}" for k, v in used.items()),
-              file=sys.stderr)
-    return _output(args, prof)
+        sys.stderr.write("from " + args.hf_config + ": "
+                         + ", ".join(f"{k}={v}" for k, v in used.items()) + "\n")
+    return rc
 
 
 def run(args: argparse.Namespace) -> int:

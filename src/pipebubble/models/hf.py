@@ -28,7 +28,6 @@ its safetensors weights when present).
 from __future__ import annotations
 
 import inspect
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,9 @@ import torch
 from torch import nn
 
 from ..errors import UserError
+from ..files import read_json_file
+from ..limits import check_params_fit
+from ..plan.hfconfig import MAX_CONFIG_BYTES, check_hf_config, shape_from_hf
 from .spec import ModelSpec
 
 KNOWN_TYPES = ("gpt2", "llama", "mistral", "qwen2")
@@ -49,6 +51,9 @@ def _transformers():
     except ImportError:
         raise UserError("HuggingFace models need the 'transformers' package: "
                         "pip install 'pipebubble[hf]'") from None
+    from ..libwarnings import refresh
+
+    refresh()  # its import adds a stderr handler: its warnings wait for the result instead
     return transformers
 
 
@@ -207,53 +212,113 @@ def hf_spec(model: nn.Module, seq: int = 32, name: str | None = None) -> ModelSp
 
 def read_config(path: str | Path) -> tuple[dict, Path | None]:
     """The config dictionary at ``path`` (a JSON file, or a folder holding ``config.json``)
-    and the folder to load weights from (None for a file)."""
+    and the folder to load weights from (None for a file).
+
+    The file is read by :func:`pipebubble.files.read_json_file` (a FIFO or a device is
+    refused, the size and the JSON's depth and integers are bounded) and every key is
+    checked by :func:`pipebubble.plan.hfconfig.check_hf_config`; errors name ``hf:PATH``.
+    """
     p = Path(path)
     if p.is_dir():
         folder, p = p, p / "config.json"
-        if not p.is_file():
+        if not p.exists():
             raise UserError(f"hf:{path}: the folder has no config.json")
-    elif p.is_file():
+    elif os.path.lexists(p):
         folder = None
     else:
         raise UserError(f"hf:{path}: no such file or folder (give a config.json or a folder "
                         "holding one; nothing is downloaded)")
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UserError(f"hf:{path}: cannot read {p.name} as JSON ({exc})") from None
+    data = read_json_file(p, f"hf:{path}", limit=MAX_CONFIG_BYTES)
     if not isinstance(data, dict):
-        raise UserError(f"hf:{path}: {p.name} must hold a JSON object")
+        raise UserError(f"hf:{path}: {p.name} must hold a JSON object, got "
+                        f"{type(data).__name__}")
     kind = data.get("model_type")
     if kind not in KNOWN_TYPES:
-        raise UserError(f"hf:{path}: model type {kind!r} is not one the adapter knows; known "
-                        f"are {', '.join(KNOWN_TYPES)} (decoder-only causal LMs)")
-    return data, folder
+        raise UserError(f"hf:{path}: model type {_short(kind)} is not one the adapter knows; "
+                        f"known are {', '.join(KNOWN_TYPES)} (decoder-only causal LMs)")
+    return check_hf_config(data, f"hf:{path}"), folder
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def check_build(data: dict, where: str) -> int:
+    """Refuse, before anything is allocated, a config whose sizes are out of range (every
+    key: :func:`~pipebubble.plan.hfconfig.check_hf_config`), whose required size keys are
+    missing, or whose model would not fit the free memory (its parameter count from the
+    shape, :func:`pipebubble.limits.check_params_fit`); return the parameter count."""
+    shape, _ = shape_from_hf(check_hf_config(data, where), where=where)
+    params = shape.total_params()
+    check_params_fit(params, where)
+    return params
+
+
+def _check_names(data: dict, where: str) -> None:
+    """The activation and the rotary embedding's kind are names transformers knows (else
+    a bare KeyError comes out of the model's constructor)."""
+    from transformers.activations import ACT2FN
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    for key in ("hidden_act", "activation_function"):
+        if key in data and data[key] not in ACT2FN:
+            raise UserError(f"{where}: {key!r} {_short(data[key])} is not an activation "
+                            f"transformers knows; valid are {', '.join(sorted(ACT2FN))}")
+    kinds = ("default", *ROPE_INIT_FUNCTIONS)
+    for key in ("rope_parameters", "rope_scaling"):
+        rope = data.get(key)
+        if rope is None:
+            continue
+        if not isinstance(rope, dict):
+            raise UserError(f"{where}: {key!r} must be an object (e.g. {{\"rope_type\": "
+                            f"\"default\"}}) or null, got {_short(rope)}")
+        kind = rope.get("rope_type", rope.get("type", "default"))
+        if kind not in kinds:
+            raise UserError(f"{where}: {key}.rope_type {_short(kind)} is not one transformers "
+                            f"knows; valid are {', '.join(kinds)}")
 
 
 def load_hf(path: str | Path, seq: int = 32, seed: int = 0,
             overrides: dict[str, Any] | None = None) -> ModelSpec:
     """``hf:PATH``: a causal LM from a local config (weights loaded from the folder's
     ``*.safetensors`` when present, else initialised from ``seed``); never downloads.
-    ``overrides`` replace config fields (``{"num_hidden_layers": 8}``)."""
+    ``overrides`` replace config fields (``{"num_hidden_layers": 8}``).
+
+    Every check comes before the model is built (:func:`read_config`, :func:`check_build`),
+    and an error transformers raises for a config that passed them (a TypeError,
+    KeyError, ZeroDivisionError, AssertionError, its own validation errors) is one
+    :class:`UserError` naming the config and the library's first line."""
+    where = f"hf:{path}"
     data, folder = read_config(path)
+    overrides = dict(overrides or {})
+    if "model_type" in overrides:
+        raise UserError(f"--model-arg model_type: the model type is the config's own "
+                        f"({data['model_type']}); give another config instead")
+    # the file's values and --model-arg's, checked together (floats made floats)
+    merged = check_hf_config({**data, **overrides}, f"{where} with --model-arg"
+                             if overrides else where)
+    check_build(merged, f"{where} with --model-arg" if overrides else where)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     tf = _transformers()
-    fields = {k: v for k, v in data.items() if k not in ("model_type", "architectures",
-                                                         "transformers_version")}
+    _check_names(merged, where)
+    skip = ("model_type", "architectures", "transformers_version")
+    fields = {k: v for k, v in data.items() if k not in skip}
     try:
         config = tf.AutoConfig.for_model(data["model_type"], **fields)
-        for key in overrides or {}:
+        for key in overrides:
             if key not in data and not hasattr(config, key):
                 known = sorted(k for k in config.to_dict() if not k.startswith("_"))
                 raise UserError(f"--model-arg {key}: not a field of the {data['model_type']} "
                                 f"config; valid are {', '.join(known)}")
         if overrides:
-            config = tf.AutoConfig.for_model(data["model_type"], **{**fields, **overrides})
-    except (TypeError, ValueError) as exc:
-        if isinstance(exc, UserError):
-            raise
-        raise UserError(f"hf:{path}: bad config ({_first_line(exc)})") from None
+            config = tf.AutoConfig.for_model(data["model_type"], **{
+                k: v for k, v in merged.items() if k not in skip})
+    except UserError:
+        raise
+    except Exception as exc:  # transformers' own validation of a config: the user's input
+        raise UserError(f"{where}: transformers refuses the config ({_first_line(exc)})") \
+            from None
     weights = sorted(folder.glob("*.safetensors")) if folder is not None else []
     torch.manual_seed(seed)
     try:
@@ -262,15 +327,21 @@ def load_hf(path: str | Path, seq: int = 32, seed: int = 0,
                                                             local_files_only=True)
         else:
             model = tf.AutoModelForCausalLM.from_config(config)
-    except (OSError, ValueError) as exc:
-        raise UserError(f"hf:{path}: cannot build the model ({_first_line(exc)})") from None
+    except UserError:
+        raise
+    except Exception as exc:  # an error of the config's values while building the layers
+        raise UserError(f"{where}: cannot build the model ({_first_line(exc)})") from None
     model = model.float()
-    spec = hf_spec(model, seq, name=f"hf:{path}")
+    spec = hf_spec(model, seq, name=where)
     spec.metadata = {"hf_weights": [w.name for w in weights] or "random (seed "
                      f"{seed})"}
     return spec
 
 
 def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__
+    """``Type: first line`` of an exception's message, at most 200 characters."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].endswith(":"):  # "Validation error for field 'x':"
+        lines[0] = f"{lines[0]} {lines[1]}"
+    text = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
