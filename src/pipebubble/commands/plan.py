@@ -289,6 +289,10 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("this analytic profile is hardware free (no --tflops): give --gpu "
                         "NAME to price its layers (a100-40gb, a100-80gb, h100-sxm, h200, b200, "
                         "mi300x)")
+    if hw is not None and profiles.metadata().get("moe") and profiles.metadata().get(
+            "hardware_free"):  # no shape the compute model knows (issue 28: the EP axis)
+        raise UserError("plan --gpu cannot price an MoE profile's layers yet: write the "
+                        "profile with --tflops and --mfu, and plan from its times")
     shape, seq, _ = model_of(profiles)
     memory = args.gpu_memory or (hw.memory if hw is not None else 80 * 2**30)
     budget = memory - parse_reserve(args.reserve, memory)

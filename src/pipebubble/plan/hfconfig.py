@@ -29,13 +29,14 @@ import json
 
 from ..errors import UserError
 from .analytic import TransformerShape
+from .moe import MOE_TYPES, MoEShape, moe_shape_from_hf
 
 LLAMA_LIKE = ("llama", "mistral", "qwen2")
 GPT2_LIKE = ("gpt2",)
-SUPPORTED = LLAMA_LIKE + GPT2_LIKE
+SUPPORTED = LLAMA_LIKE + GPT2_LIKE + MOE_TYPES  # MoE: pipebubble.plan.moe
 
 
-def read_hf_config(path: str) -> tuple[TransformerShape, dict]:
+def read_hf_config(path: str) -> tuple[TransformerShape | MoEShape, dict]:
     """The shape and ``{key: value}`` of what was used, from a ``config.json`` file."""
     try:
         with open(path, encoding="utf-8") as f:
@@ -50,8 +51,11 @@ def read_hf_config(path: str) -> tuple[TransformerShape, dict]:
     return shape_from_hf(data, path)
 
 
-def shape_from_hf(data: dict, path: str = "config.json") -> tuple[TransformerShape, dict]:
+def shape_from_hf(data: dict, path: str = "config.json"
+                  ) -> tuple[TransformerShape | MoEShape, dict]:
     kind = data.get("model_type")
+    if kind in MOE_TYPES:  # mixtral, qwen2_moe, qwen3_moe, deepseek_v3: an MoEShape
+        return moe_shape_from_hf(data, path)
     if kind not in SUPPORTED:
         raise UserError(f"--hf-config {path}: model_type {kind!r} is not supported; valid are "
                          f"{', '.join(SUPPORTED)}")
