@@ -17,7 +17,7 @@ from .common import int_flag, parse_device, positive_int, print_json, wrote
 if TYPE_CHECKING:
     from rich.table import Table
 
-MODEL_FLAGS = ("layers", "dim", "heads", "vocab", "seq", "width")
+MODEL_FLAGS = ("layers", "dim", "heads", "vocab", "seq", "width")  # moe: as transformer
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -184,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
                              f"package.module:NAME or hf:PATH, not the built-in {args.model}")
         check_model_size(args.model, args.layers or 8, args.width or args.dim,
                          args.vocab or 4096, args.seq or 32, batch=args.batch or 8)
-        if args.model == "transformer" and (args.layers or 0) + 2 > MAX_LAYERS:  # + E, head
+        if args.model in ("transformer", "moe") and (args.layers or 0) + 2 > MAX_LAYERS:
             raise UserError(f"--layers {args.layers} builds {args.layers + 2:,} layers "
                              f"(embedding and head included), over the {MAX_LAYERS:,} a "
                              "profile may hold")
