@@ -203,3 +203,20 @@ def test_plan_refuses_a_hardware_free_moe_profile(tmp_path, capsys):
     assert main(["plan", "--profile", str(out), "--gpus", "8", "--gpu", "h100-sxm",
                  "--global-batch", "16"]) == 2
     assert "MoE profile" in capsys.readouterr().err
+
+
+def test_the_readme_moe_command_runs(tmp_path, capsys, monkeypatch):
+    """README's ``profile --analytic --hf-config DeepSeek-V3/config.json`` (a text block:
+    the config is not shipped), run on DeepSeek-V3's released config."""
+    import shlex
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    start = text.index("pipebubble profile --analytic --hf-config DeepSeek-V3/config.json")
+    line = text[start:text.index("\n```", start)].replace("\\\n", " ")
+    argv = shlex.split(line)[1:]
+    (tmp_path / "DeepSeek-V3").mkdir()
+    (tmp_path / "DeepSeek-V3" / "config.json").write_text(json.dumps(DEEPSEEK_V3))
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 0
+    assert json.loads((tmp_path / "dsv3.json").read_text())["active_params"] == 37_552_297_472
