@@ -153,10 +153,13 @@ def test_training_equals_plain_pytorch(float64):
 
 
 @pytest.mark.slow
-def test_run_local_check_float64_cli(capsys):
-    assert main(["run", "--local", "--schedule", "dualpipev", "-p", "2", "-m", "4",
+@pytest.mark.parametrize("name", ["interleaved-1f1b", "zb-h2", "dualpipe", "dualpipev"])
+def test_run_local_check_float64_cli(name, capsys):
+    """``run --local --model moe --check``: one chunked, one split, both DualPipes (every
+    family runs through the same executor above), two AdamW steps against plain PyTorch."""
+    assert main(["run", "--local", "--schedule", name, "-p", "2", "-m", "4",
                  "--model", "moe", "--check", "--dtype", "float64", "--steps", "2",
-                 "--warmup", "0", "--json"]) == 0
+                 "--warmup", "0", "--repeat", "1", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["grad_max_abs_diff"] < 1e-12 and out["loss_abs_diff"] < 1e-12
     assert out["losses"] == pytest.approx(out["reference_losses"], rel=1e-12)

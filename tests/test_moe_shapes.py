@@ -47,8 +47,8 @@ def _floor(x: float, digits: int) -> float:
 
 # (config, published total, published active, how the active figure is written: "round"ed,
 # or "cut" to its digits). Sources: Mistral AI, "Mixtral of experts" (blog, 2023); DeepSeek-V3
-# technical report (arXiv 2412.19437); Qwen3 technical report (arXiv 2505.09388) and model
-# card; Qwen, "Qwen1.5-MoE: matching 7B model performance with 1/3 activated parameters".
+# technical report (arXiv 2412.19437, abstract); the Qwen3-30B-A3B model card; Qwen,
+# "Qwen1.5-MoE: matching 7B model performance with 1/3 activated parameters" (blog, 2024).
 PUBLISHED = [
     pytest.param(MIXTRAL_8X7B, 46.7e9, 12.9e9, "round", id="mixtral-8x7b"),
     pytest.param(DEEPSEEK_V3, 671e9, 37e9, "cut", id="deepseek-v3"),

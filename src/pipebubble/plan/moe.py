@@ -40,19 +40,20 @@ the HF ``config.json`` of each model, in ``tests/test_moe_shapes.py``):
 =================  ===================  ====================  ==========================
  Mixtral-8x7B       46.70B / 46.7B       12.88B / 12.9B        Mistral AI, "Mixtral of
                                                                experts" (blog, Dec 2023)
- DeepSeek-V3        671.03B / 671B       37.55B / 37B          DeepSeek-V3 technical report,
-                                                               arXiv 2412.19437, sec. 1, 4.2
- Qwen3-30B-A3B      30.53B / 30.5B       3.35B / 3.3B          Qwen3 technical report,
-                                                               arXiv 2505.09388, table 2;
-                                                               model card (non-embedding
+ DeepSeek-V3        671.03B / 671B       37.55B / 37B          DeepSeek-V3 technical report
+                                                               (arXiv 2412.19437), abstract
+ Qwen3-30B-A3B      30.53B / 30.5B       3.35B / 3.3B          Qwen3-30B-A3B model card
+                                                               (Hugging Face; non-embedding
                                                                29.9B)
+ Qwen1.5-MoE-A2.7B  14.32B / 14.3B       2.69B / 2.7B          Qwen blog, "Qwen1.5-MoE"
+                                                               (Mar 2024)
 =================  ===================  ====================  ==========================
 
-Totals agree within 0.02 %, Mixtral's active count within 0.2 %. DeepSeek's and Qwen's
-active figures are ours *cut* to their stated digits (37.55 -> "37", 3.35 -> "3.3"), 1.5 %
-and 1.6 % below ours: they are the same count, written short. Active counts include the
-embedding and the head, as Mistral's 12.9B does (without the embedding row a token looks up,
-Mixtral would be 12.75B). DeepSeek-V3's multi-token-prediction module
+Totals agree within 0.12 %, Mixtral's and Qwen1.5's active counts within 0.4 %.
+DeepSeek's and Qwen3's active figures are ours *cut* to their stated digits (37.55 -> "37",
+3.35 -> "3.3"), 1.5 % and 1.6 % below ours: they are the same count, written short. Active
+counts include the embedding and the head, as Mistral's 12.9B does (without the embedding row
+a token looks up, Mixtral would be 12.75B). DeepSeek-V3's multi-token-prediction module
 (``num_nextn_predict_layers``, 14B more in the released 685B checkpoint) is a training-time
 extra head and is excluded, as the 671B figure excludes it.
 
