@@ -200,3 +200,20 @@ def test_gloo_1f1b_gradients_equal_the_unsplit_model():
     out = json.loads(proc.stdout)
     assert out["world_size"] == 2
     assert out["grad_max_abs_diff"] < 1e-12 and out["loss_abs_diff"] < 1e-12
+
+
+@pytest.mark.slow
+def test_a_checkpoint_resumes_under_another_schedule(tmp_path, capsys):
+    """Two steps, saved, one more under ZB-H1: the same losses as three steps in one run."""
+    common = ["-p", "2", "-m", "4", "--model", "moe", "--warmup", "0", "--repeat", "1",
+              "--dtype", "float64", "--json"]
+    ck = str(tmp_path / "ck")
+    assert main(["run", "--local", "--schedule", "1f1b", "--steps", "2", "--save", ck,
+                 *common]) == 0
+    first = json.loads(capsys.readouterr().out)["losses"]
+    assert main(["run", "--local", "--schedule", "zb-h1", "--steps", "1", "--resume", ck,
+                 *common]) == 0
+    resumed = json.loads(capsys.readouterr().out)["losses"]
+    assert main(["run", "--local", "--schedule", "1f1b", "--steps", "3", *common]) == 0
+    whole = json.loads(capsys.readouterr().out)["losses"]
+    assert first + resumed == pytest.approx(whole, rel=1e-12)

@@ -220,3 +220,27 @@ def test_the_readme_moe_command_runs(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main(argv) == 0
     assert json.loads((tmp_path / "dsv3.json").read_text())["active_params"] == 37_552_297_472
+
+
+def test_latent_attention_costs_by_hand():
+    """MLA: Q from a rank-6 latent, K and V from a rank-4 latent plus a shared rotary key."""
+    mla = LatentAttention(q_rank=6, kv_rank=4, nope_dim=3, rope_dim=2, v_dim=5)
+    shape = MoEShape(layers=1, hidden=16, heads=2, vocab=10, experts=4, top_k=2,
+                     expert_ffn=8, mla=mla)
+    t, h, a = 4, 16, 2
+    qk, v = a * (3 + 2), a * 5
+    params = (h * 6 + 6 * qk) + (h * (4 + 2) + 4 * a * (3 + 5)) + v * h
+    assert shape.attention_matmul_params() == params
+    assert shape.attention_other_params() == 6 + 4  # the two latent norms
+    c = layer_cost(shape, 0, s=4, b=1)
+    assert c.scores == 2 * 1 * 4 * 4 * a * ((3 + 2) + 5)  # Q K^T over 5 dims, x V over 5
+    assert c.attention_flops == 2 * t * params + c.scores
+    # kept: norm inputs and the attention input (6th), c_q and its normed copy, c_kv + k_rope
+    # and the normed c_kv, Q and K (qk each), V, the output projection's input
+    attn = 6 * t * h + 2 * t * (6 + 6) + 2 * t * (4 + 2 + 4) + 2 * t * (2 * qk + v) + 2 * t * v
+    moe_part = 2 * t * h + 4 * t * 4 + 2 * 8 * h + 6 * 8 * 8 + 2 * 8 * h
+    assert c.activation_bytes == attn + moe_part
+    # W needs the inputs of every matrix multiply: the attention input, both normed latents,
+    # the output projection's input; the MLP input (router), dispatched copies, down inputs
+    assert c.weight_activation_bytes == (2 * t * h + 2 * t * (6 + 4) + 2 * t * v
+                                         + 2 * t * h + 2 * 8 * h + 2 * 8 * 8)
