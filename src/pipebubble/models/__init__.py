@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from ..errors import UserError
+from . import moe as _moe
 from . import sleep as _sleep
 from .spec import ModelSpec
 
@@ -118,8 +119,6 @@ def transformer(
 
     return ModelSpec("transformer", parts, make_batch, lm_loss)
 
-
-from . import moe as _moe  # noqa: E402  (its blocks build on Embedding and Head above)
 
 MODELS = {"mlp": mlp, "transformer": transformer, "moe": _moe.moe, "sleep": _sleep.sleep}
 
