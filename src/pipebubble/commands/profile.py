@@ -17,7 +17,7 @@ from .common import int_flag, parse_device, positive_int, print_json, wrote
 if TYPE_CHECKING:
     from rich.table import Table
 
-MODEL_FLAGS = ("layers", "dim", "heads", "vocab", "seq", "width")  # moe: as transformer
+MODEL_FLAGS = ("layers", "dim", "heads", "vocab", "seq", "width")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -250,7 +250,8 @@ def profile_table(prof) -> Table:
         title = (f"analytic profile: {meta['params'] / 1e9:.3g} B parameters{active}, batch "
                  f"{meta['batch']} x seq {meta['seq']}, {meta['dtype']}, "
                  + (f"{meta['tflops']:g} TFLOP/s x MFU {meta['mfu']:g}" if meta.get("tflops")
-                    else "hardware free (times: plan --gpu NAME)"))
+                    else "hardware free (times: plan --gpu NAME)" if not active
+                    else "hardware free (no times: give --tflops and --mfu to plan)"))
     else:
         title = (f"profile: {meta.get('model', '?')} on {meta.get('device', '?')}, batch "
                  f"{meta.get('batch_shape', '?')}, median of {meta.get('repeats', '?')}")
