@@ -244,3 +244,20 @@ def test_latent_attention_costs_by_hand():
     # the output projection's input; the MLP input (router), dispatched copies, down inputs
     assert c.weight_activation_bytes == (2 * t * h + 2 * t * (6 + 4) + 2 * t * v
                                          + 2 * t * h + 2 * 8 * h + 2 * 8 * 8)
+
+
+def test_plan_holds_every_expert_and_runs_on_the_active_flops(tmp_path, capsys):
+    """A 4-layer Qwen3-MoE profile with times: ``plan`` keeps the weights of all the experts
+    (2 bytes a parameter of the total, not of the active), its compute follows the profile."""
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(dict(QWEN3_30B_A3B, num_hidden_layers=4)))
+    out = tmp_path / "q.json"
+    assert main(["profile", "--analytic", "--hf-config", str(cfg), "--seq", "1024",
+                 "--tflops", "989", "--mfu", "0.4", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["plan", "--profile", str(out), "--gpus", "4", "--global-batch", "8",
+                 "--pp", "1", "--sharding", "ddp", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)["plans"][0]
+    shape, _ = shape_from_hf(dict(QWEN3_30B_A3B, num_hidden_layers=4))
+    assert plan["memory"][0]["weights"] == 2 * shape.total_params()
+    assert shape.total_params() > 3 * shape.active_params()  # the difference is real
