@@ -204,6 +204,9 @@ def model_params(model: str, layers: int, width: int | None = None, vocab: int =
     if model == "transformer":
         d = width or 64
         return vocab * d + seq * d + layers * (12 * d * d + 13 * d) + 2 * d + d * vocab + vocab
+    if model == "moe":  # as transformer, the MLP 4 experts + 1 shared of 3·d·2d, router 4·d
+        d = width or 32
+        return vocab * d + seq * d + layers * (34 * d * d + 12 * d) + 2 * d + d * vocab + vocab
     w = width or (256 if model == "mlp" else 8)
     return layers * (w * w + w)
 
@@ -217,9 +220,10 @@ def activation_bytes(model: str, layers: int, width: int | None = None, vocab: i
     >>> activation_bytes("mlp", 2, 4, batch=8)
     512
     """
-    if model == "transformer":
-        d = width or 64
-        return 4 * batch * seq * (16 * d * layers + 2 * vocab)
+    if model in ("transformer", "moe"):
+        d = width or (64 if model == "transformer" else 32)
+        return 4 * batch * seq * ((16 if model == "transformer" else 40) * d * layers
+                                  + 2 * vocab)
     w = width or (256 if model == "mlp" else 8)
     return 4 * batch * w * 2 * max(1, layers)
 
@@ -234,7 +238,7 @@ def check_model_size(model: str, layers: int, width: int | None = None, vocab: i
     free = free_memory_bytes()
     if free is not None and weights > free:
         flags = f"--layers {layers}" + (f", --width {width}" if width else "")
-        if model == "transformer":
+        if model in ("transformer", "moe"):
             flags += f", --vocab {vocab}, --seq {seq}"
         raise LimitError(f"the {model} of {flags} needs about {weights / 2**30:.1f} GiB for "
                          f"weights and gradients, more than the {free / 2**30:.1f} GiB free "

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import argparse
 
-MODEL_HELP = ("mlp, transformer, sleep (built-in); path/to/file.py:NAME or package.module:NAME "
-              "(a function or object giving a ModelSpec, an nn.Sequential or a HuggingFace "
-              "causal LM); hf:PATH (a local config.json or a folder with one)")
+MODEL_HELP = ("mlp, transformer, moe, sleep (built-in); path/to/file.py:NAME or "
+              "package.module:NAME (a function or object giving a ModelSpec, an nn.Sequential "
+              "or a HuggingFace causal LM); hf:PATH (a local config.json or a folder with one)")
 
 
 def add_spec_flags(p: argparse._ActionsContainer) -> None:

@@ -87,6 +87,11 @@ def build_setup(args: argparse.Namespace, reference: bool = False,
         layers = args.layers or 2 * S
         spec = build_model("mlp", layers=layers, width=args.width or 256, seed=args.seed)
         what = f"mlp ({layers} blocks, width {args.width or 256})"
+    elif args.model == "moe":
+        layers = args.layers or max(1, 2 * S - 2)
+        spec = build_model("moe", layers=layers, dim=args.width or 32, heads=args.heads,
+                           vocab=args.vocab, seq=args.seq, seed=args.seed)
+        what = spec.description
     else:
         layers = args.layers or max(1, 2 * S - 2)
         spec = build_model("transformer", layers=layers, dim=args.width or 64, heads=args.heads,
@@ -104,7 +109,8 @@ def build_setup(args: argparse.Namespace, reference: bool = False,
         cuts = check_boundaries(cuts, n, S)
     else:
         if n % S:
-            extra = " (embedding + blocks + head)" if args.model == "transformer" else ""
+            extra = (" (embedding + blocks + head)" if args.model in ("transformer", "moe")
+                     else "")
             raise UserError(
                 f"{n} layers{extra} do not split evenly into {S} stages (ranks x chunks); "
                 f"pick --layers so the count is a multiple of {S}, or give --boundaries"

@@ -163,7 +163,7 @@ def profile_of(args: argparse.Namespace) -> Profile:
     from ..plan.profile import profile_model
 
     args_ = parse_model_args(args.model_arg)
-    if is_builtin(args.model) and args.seq is not None and args.model == "transformer":
+    if is_builtin(args.model) and args.seq is not None and args.model in ("transformer", "moe"):
         args_.setdefault("seq", str(args.seq))
     spec = load_model(args.model, args_, seed=args.seed, seq=args.seq,
                       input_shape=args.input_shape, input_dtype=args.input_dtype)

@@ -285,6 +285,11 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--model is the model --validate runs; give --validate K too")
     hw = hardware_of(args)
     profiles = ProfileSet([Profile.load(p) for p in args.profile])
+    if profiles.metadata().get("moe") and profiles.metadata().get("hardware_free"):
+        # no shape the compute model knows (issue 28: the EP axis)
+        raise UserError("plan cannot price a hardware-free MoE profile's layers yet (plan "
+                        "--gpu prices dense shapes only): write the profile with --tflops and "
+                        "--mfu, and plan from its times")
     if hw is None and profiles.metadata().get("hardware_free"):
         raise UserError("this analytic profile is hardware free (no --tflops): give --gpu "
                         "NAME to price its layers (a100-40gb, a100-80gb, h100-sxm, h200, b200, "

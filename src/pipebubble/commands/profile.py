@@ -68,7 +68,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a 2-matrix GELU MLP instead of LLaMA's 3-matrix SwiGLU")
     g.add_argument("--hf-config", metavar="PATH", default=None,
                    help="--analytic: take the shape from a HuggingFace config.json (llama, "
-                   "mistral, qwen2, gpt2); needs --seq")
+                   "mistral, qwen2, gpt2; MoE: mixtral, qwen2_moe, qwen3_moe, deepseek_v3); "
+                   "needs --seq")
     g.add_argument("--attention", default="flash", choices=("flash", "unfused"),
                    help="--analytic: FlashAttention keeps no s^2 scores (default) or unfused")
     p.set_defaults(func=run)
@@ -136,14 +137,17 @@ def run_hf_config(args: argparse.Namespace) -> int:
         raise UserError("--hf-config needs --seq (tokens per sequence)")
     if args.out is not None:  # an empty or bad --out fails before any work
         check_output_path(args.out, "--out")
+    from ..plan.moe import MoEShape, moe_profile
+
     shape, used = read_hf_config(args.hf_config)
     limit = positions_of(used)
     if limit is not None and args.seq > limit:
         key = "n_positions" if "n_positions" in used else "max_position_embeddings"
         raise UserError(f"--seq {args.seq} is longer than the model's {key} {limit:,} "
                          f"(--hf-config {args.hf_config}); use --seq 1..{limit:,}")
-    prof = shape_profile(shape, args.seq, args.batch or 1, args.tflops, args.mfu, args.dtype,
-                         args.attention, source={"path": args.hf_config, "keys": used})
+    build = moe_profile if isinstance(shape, MoEShape) else shape_profile
+    prof = build(shape, args.seq, args.batch or 1, args.tflops, args.mfu, args.dtype,
+                 args.attention, source={"path": args.hf_config, "keys": used})
     rc = _output(args, prof)
     if not args.json:
         sys.stderr.write("from " + args.hf_config + ": "
@@ -187,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
                              f"package.module:NAME or hf:PATH, not the built-in {args.model}")
         check_model_size(args.model, args.layers or 8, args.width or args.dim,
                          args.vocab or 4096, args.seq or 32, batch=args.batch or 8)
-        if args.model == "transformer" and (args.layers or 0) + 2 > MAX_LAYERS:  # + E, head
+        if args.model in ("transformer", "moe") and (args.layers or 0) + 2 > MAX_LAYERS:
             raise UserError(f"--layers {args.layers} builds {args.layers + 2:,} layers "
                              f"(embedding and head included), over the {MAX_LAYERS:,} a "
                              "profile may hold")
@@ -233,6 +237,8 @@ def _output(args: argparse.Namespace, prof) -> int:
     from ..render.table import fit
 
     console.print(fit(profile_table(prof), console.width, keys=2))  # values never cut
+    if "moe" in prof.metadata:
+        console.print(fit(moe_table(prof), console.width, keys=1))
     if args.out:
         console.print(f"next: pipebubble partition --profile {args.out} --ranks P, or "
                       f"pipebubble plan --profile {args.out} --gpus N ...")
@@ -246,10 +252,13 @@ def profile_table(prof) -> Table:
 
     meta = prof.metadata
     if meta.get("source") == "analytic":
-        title = (f"analytic profile: {meta['params'] / 1e9:.3g} B parameters, batch "
+        active = (f" ({meta['active_params'] / 1e9:.3g} B active)" if "active_params" in meta
+                  else "")
+        title = (f"analytic profile: {meta['params'] / 1e9:.3g} B parameters{active}, batch "
                  f"{meta['batch']} x seq {meta['seq']}, {meta['dtype']}, "
                  + (f"{meta['tflops']:g} TFLOP/s x MFU {meta['mfu']:g}" if meta.get("tflops")
-                    else "hardware free (times: plan --gpu NAME)"))
+                    else "hardware free (times: plan --gpu NAME)" if not active
+                    else "hardware free (no times: give --tflops and --mfu to plan)"))
     else:
         title = (f"profile: {meta.get('model', '?')} on {meta.get('device', '?')}, batch "
                  f"{meta.get('batch_shape', '?')}, median of {meta.get('repeats', '?')}")
@@ -265,4 +274,29 @@ def profile_table(prof) -> Table:
               fmt_time(sum(prof.column("backward"))), fmt_count(sum(prof.column("params"))),
               fmt_bytes(sum(prof.column("activation_bytes"))),
               fmt_count(sum(prof.column("flops"))), style="bold")
+    return t
+
+
+def moe_table(prof) -> Table:
+    """An MoE profile's blocks, runs of equal layers in one row: forward FLOPs by part, total
+    and active parameters, activations, and what each all-to-all moves (plan/moe.py)."""
+    from rich.table import Table
+
+    from ..plan.moe import layer_groups
+    from .partition import fmt_bytes, fmt_count
+
+    t = Table(title="per block, one microbatch (forward FLOPs; 4 all-to-alls a microbatch "
+              "with expert parallelism, each moving the dispatched tokens)")
+    for col in ("blocks", "type", "attention", "router", "experts|MLP", "shared", "params",
+                "active", "activations", "tokens x k", "all-to-all"):
+        t.add_column(col, justify="left" if col in ("blocks", "type") else "right")
+    for first, last, layer in layer_groups(prof):
+        e = layer.extra
+        t.add_row(f"{first}" if first == last else f"{first}-{last}", layer.type or "",
+                  fmt_count(e["attention_flops"]), fmt_count(e["router_flops"]),
+                  fmt_count(e["expert_flops"] + e["dense_mlp_flops"]),
+                  fmt_count(e["shared_expert_flops"]),
+                  fmt_count(layer.params), fmt_count(e["active_params"]),
+                  fmt_bytes(layer.activation_bytes), fmt_count(e["dispatched_tokens"]),
+                  fmt_bytes(e["all_to_all_bytes"]))
     return t

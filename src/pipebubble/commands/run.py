@@ -160,7 +160,8 @@ def fault_flag(text: str) -> str:
 def add_model_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model (cut evenly into ranks x chunks stages, or at --boundaries)")
     g.add_argument("--model", default="mlp", metavar="SPEC",
-                   help="mlp (default), transformer, or sleep (layers sleep --sleep-f/-b/-w); "
+                   help="mlp (default), transformer, moe (mixture-of-experts blocks), or sleep "
+                   "(layers sleep --sleep-f/-b/-w); "
                    "path/to/file.py:NAME or package.module:NAME (a ModelSpec, nn.Sequential "
                    "or HuggingFace causal LM); hf:PATH (a local config.json or folder)")
     from ._model import add_spec_flags

@@ -4,6 +4,8 @@
 - :func:`transformer`: a small causal language model: a token embedding with many parameters
   and almost no compute, ``layers`` transformer blocks, and a large output head. It makes the
   lesson's point: balancing by parameter count is not balancing by compute.
+- :func:`pipebubble.models.moe.moe`: the same with mixture-of-experts blocks (top-k routed
+  SwiGLU experts and a shared one, no capacity drop: the pipeline's gradients are exact).
 
 Each builder returns a :class:`ModelSpec` with the layer list, a sample input/target maker and
 the loss, so the runtime, the profiler and the partitioner treat every model alike. Your own
@@ -16,6 +18,7 @@ import torch
 from torch import nn
 
 from ..errors import UserError
+from . import moe as _moe
 from . import sleep as _sleep
 from .spec import ModelSpec
 
@@ -117,7 +120,7 @@ def transformer(
     return ModelSpec("transformer", parts, make_batch, lm_loss)
 
 
-MODELS = {"mlp": mlp, "transformer": transformer, "sleep": _sleep.sleep}
+MODELS = {"mlp": mlp, "transformer": transformer, "moe": _moe.moe, "sleep": _sleep.sleep}
 
 
 def build_model(name: str, **kwargs: int) -> ModelSpec:

@@ -41,8 +41,8 @@ from torch import nn
 from ..errors import UserError
 from .spec import ModelSpec
 
-BUILTIN = ("mlp", "transformer", "sleep")
-FORMS = "mlp, transformer, sleep, path/to/file.py:NAME, package.module:NAME or hf:PATH"
+BUILTIN = ("mlp", "transformer", "moe", "sleep")
+FORMS = "mlp, transformer, moe, sleep, path/to/file.py:NAME, package.module:NAME or hf:PATH"
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
           "bfloat16": torch.bfloat16, "int64": torch.int64, "long": torch.int64}
 

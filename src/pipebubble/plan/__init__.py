@@ -9,6 +9,8 @@
 - ``sweep.py``: step time and bubble over microbatches for several schedules.
 - ``analytic.py``: per-layer parameters, FLOPs, time and activation bytes of a transformer
   from its shape (Korthikanti et al. 2022), no tensors.
+- ``moe.py``: the same for mixtures of experts (router, active and shared experts, total and
+  active parameters, dispatched tokens, all-to-all bytes; MLA attention), from HF configs.
 - ``layercosts.py``: per-layer costs at any microbatch size and recomputation mode.
 - ``planner.py`` (with ``plans.py``, ``families.py``): choose pp, dp, microbatch size,
   schedule, chunks and recomputation under a memory budget, scored by the simulator;

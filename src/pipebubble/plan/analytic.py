@@ -173,6 +173,39 @@ def shape_profile(shape: TransformerShape, seq: int, batch: int, tflops: float |
     from .memory import block_activation_bytes, block_weight_grad_bytes
 
     layers, hidden, vocab = shape.layers, shape.hidden, shape.vocab
+    free = tflops is None and mfu is None
+    rate = profile_rate(seq, batch, tflops, mfu, dtype, attention)
+    k = DTYPE_BYTES[dtype] / 2  # Korthikanti's byte counts assume 2-byte activations
+    s, b, h, V = seq, batch, hidden, vocab
+    t = s * b
+    pmm = shape.block_matmul_params()
+    scores = 4 * b * s * s * shape.heads * shape.head_dim
+    flash = attention == "flash"
+    out = [embedding_layer(shape.embedding_params(), t, h, k, rate)]
+    block_act = block_activation_bytes(shape, s, b, flash=flash) * k
+    for n in range(layers):
+        out.append(_layer(
+            f"layers.{n}", "TransformerBlock", params=shape.block_params(),
+            fwd=2 * t * pmm + scores, i=2 * t * pmm + 2 * scores, w=2 * t * pmm, rate=rate,
+            act=block_act, act_w=block_weight_grad_bytes(shape, s, b) * k,
+            out_bytes=2 * t * h * k,
+            full=(2 * t * h * k, (2 * t * pmm + scores) / rate),
+            selective=(block_activation_bytes(shape, s, b, recompute="selective",
+                                              flash=flash) * k, scores / rate)))
+    out.append(head_layer(shape.head_params(), t, h, V, k, rate))
+    meta = {"format": FORMAT, "source": "analytic", "method": SOURCE, "device": "analytic",
+            "dtype": dtype, "batch": batch, "seq": seq, "tflops": tflops, "mfu": mfu,
+            "attention": attention, "hardware_free": free,
+            "model": asdict(shape), "params": shape.total_params()}
+    if source is not None:
+        meta["hf_config"] = source
+    return Profile(out, meta)
+
+
+def profile_rate(seq: int, batch: int, tflops: float | None, mfu: float | None, dtype: str,
+                 attention: str) -> float:
+    """Check an analytic profile's settings; the FLOP/s its times are at (inf: hardware
+    free, every time 0)."""
     if attention not in ("flash", "unfused"):
         raise UserError(f"unknown --attention {attention!r}; valid are flash, unfused")
     for name, value in (("seq", seq), ("batch", batch)):
@@ -190,39 +223,25 @@ def shape_profile(shape: TransformerShape, seq: int, batch: int, tflops: float |
     rate = float("inf") if free else tflops * 1e12 * mfu
     if not (rate > 0 and (free or math.isfinite(rate))):  # 1e-300 x 1e-300 underflows to 0
         raise UserError(f"--tflops {tflops:g} x --mfu {mfu:g} is not a usable rate of FLOP/s")
-    k = DTYPE_BYTES[dtype] / 2  # Korthikanti's byte counts assume 2-byte activations
-    s, b, h, V = seq, batch, hidden, vocab
-    t = s * b
-    pmm = shape.block_matmul_params()
-    scores = 4 * b * s * s * shape.heads * shape.head_dim
-    flash = attention == "flash"
-    out = [_layer("tok_embeddings", "Embedding", params=shape.embedding_params(), fwd=0.0,
-                  i=0.0, w=0.0,
+    return rate
+
+
+def embedding_layer(params: int, t: int, h: int, k: float, rate: float) -> LayerProfile:
+    """The token embedding of ``t`` tokens: no FLOPs, keeps the int64 ids (``8 t`` bytes),
+    sends ``2 t h`` (times ``k`` = dtype bytes / 2)."""
+    return _layer("tok_embeddings", "Embedding", params=params, fwd=0.0, i=0.0, w=0.0,
                   rate=rate, act=8.0 * t, act_w=0.0, out_bytes=2 * t * h * k,
-                  full=(8.0 * t, 0.0), selective=(8.0 * t, 0.0))]
-    block_act = block_activation_bytes(shape, s, b, flash=flash) * k
-    for n in range(layers):
-        out.append(_layer(
-            f"layers.{n}", "TransformerBlock", params=shape.block_params(),
-            fwd=2 * t * pmm + scores, i=2 * t * pmm + 2 * scores, w=2 * t * pmm, rate=rate,
-            act=block_act, act_w=block_weight_grad_bytes(shape, s, b) * k,
-            out_bytes=2 * t * h * k,
-            full=(2 * t * h * k, (2 * t * pmm + scores) / rate),
-            selective=(block_activation_bytes(shape, s, b, recompute="selective",
-                                              flash=flash) * k, scores / rate)))
-    head_params = shape.head_params()
+                  full=(8.0 * t, 0.0), selective=(8.0 * t, 0.0))
+
+
+def head_layer(params: int, t: int, h: int, V: int, k: float, rate: float) -> LayerProfile:
+    """Final norm + output projection: ``2 t h V`` FLOPs each for F, I and W; keeps the norm's
+    and projection's inputs and the fp32 logits."""
     head_act = 4 * t * h * k + 4 * t * V
-    out.append(_layer("output", "NormHead", params=head_params, fwd=2 * t * h * V,
-                      i=2 * t * h * V, w=2 * t * h * V, rate=rate, act=head_act,
-                      act_w=2 * t * h * k, out_bytes=0.0, full=(head_act, 0.0),
-                      selective=(head_act, 0.0), modules=["norm", "output"]))
-    meta = {"format": FORMAT, "source": "analytic", "method": SOURCE, "device": "analytic",
-            "dtype": dtype, "batch": batch, "seq": seq, "tflops": tflops, "mfu": mfu,
-            "attention": attention, "hardware_free": free,
-            "model": asdict(shape), "params": shape.total_params()}
-    if source is not None:
-        meta["hf_config"] = source
-    return Profile(out, meta)
+    return _layer("output", "NormHead", params=params, fwd=2 * t * h * V, i=2 * t * h * V,
+                  w=2 * t * h * V, rate=rate, act=head_act, act_w=2 * t * h * k,
+                  out_bytes=0.0, full=(head_act, 0.0), selective=(head_act, 0.0),
+                  modules=["norm", "output"])
 
 
 def _layer(name: str, kind: str, *, params: int, fwd: float, i: float, w: float, rate: float,

@@ -49,10 +49,11 @@ from ..limits import (
     MAX_LAYERS,
 )
 from .analytic import TransformerShape
+from .moe import MOE_TYPES, MoEShape, moe_shape_from_hf
 
 LLAMA_LIKE = ("llama", "mistral", "qwen2")
 GPT2_LIKE = ("gpt2",)
-SUPPORTED = LLAMA_LIKE + GPT2_LIKE
+SUPPORTED = LLAMA_LIKE + GPT2_LIKE + MOE_TYPES  # MoE: pipebubble.plan.moe
 
 MAX_CONFIG_BYTES = 4 * 2**20
 """Largest config.json read: a decoder's config is a few KiB."""
@@ -82,7 +83,8 @@ _BOOLS = ("tie_word_embeddings", "use_sliding_window", "attention_bias", "mlp_bi
 _TEXTS = ("hidden_act", "activation_function")
 
 
-def read_hf_config(path: str, what: str = "--hf-config") -> tuple[TransformerShape, dict]:
+def read_hf_config(path: str, what: str = "--hf-config"
+                   ) -> tuple[TransformerShape | MoEShape, dict]:
     """The shape and ``{key: value}`` of what was used, from a ``config.json`` file (read
     with every check of :func:`pipebubble.files.read_json_file`)."""
     data = read_json_file(path, what, limit=MAX_CONFIG_BYTES)
@@ -115,7 +117,7 @@ integer in 1..99,998, got -1
         raise UserError(f"{where}: model_type {_shown(kind)} is not supported; valid are "
                          f"{', '.join(SUPPORTED)}")
     out = dict(data)
-    for key, (lo, hi) in (_LLAMA_INTS if kind in LLAMA_LIKE else _GPT2_INTS).items():
+    for key, (lo, hi) in (_GPT2_INTS if kind in GPT2_LIKE else _LLAMA_INTS).items():
         value = data.get(key)
         if value is None:
             continue
@@ -154,13 +156,15 @@ integer in 1..99,998, got -1
 
 
 def shape_from_hf(data: dict, path: str = "config.json",
-                  where: str | None = None) -> tuple[TransformerShape, dict]:
+                  where: str | None = None) -> tuple[TransformerShape | MoEShape, dict]:
     """The :class:`TransformerShape` of a config dictionary and the keys it read, every key
     checked first (:func:`check_hf_config`). ``where`` starts every message (default
     ``--hf-config PATH``)."""
     where = where if where is not None else f"--hf-config {path}"
     data = check_hf_config(data, where)
     kind = data["model_type"]
+    if kind in MOE_TYPES:  # mixtral, qwen2_moe, qwen3_moe, deepseek_v3: an MoEShape
+        return moe_shape_from_hf(data, path)
     used: dict = {"model_type": kind}
 
     def get(key: str, default=None, kind_=int):
