@@ -170,13 +170,15 @@ def _tokenizer(folder: str | os.PathLike | None, name: str):
                         ) from None
 
 
-def lm_shape(spec, label: str) -> tuple[int, int]:
-    """(seq, vocabulary) of a causal-LM ``spec``, or DataError saying why it is not one."""
+def lm_shape(spec, label: str, path: str = "") -> tuple[int, int]:
+    """(seq, vocabulary) of a causal-LM ``spec``, or DataError saying why it is not one
+    (naming ``path``, the ``--data`` file, when given)."""
+    what = f"--data {path}" if path else "--data"
     x, y = spec.make_batch(1, torch.Generator().manual_seed(0))
     ints = not x.is_floating_point() and not x.is_complex() and x.dtype != torch.bool
     if not (ints and x.dim() == 2 and tuple(y.shape) == tuple(x.shape)
             and not y.is_floating_point()):
-        raise DataError(f"--data needs a causal LM whose batches are token ids (inputs and "
+        raise DataError(f"{what} needs a causal LM whose batches are token ids (inputs and "
                         f"targets of shape (n, seq)); --model {label} gives {x.dtype} inputs "
                         f"of shape {tuple(x.shape)} and {y.dtype} targets of shape "
                         f"{tuple(y.shape)}")
@@ -184,7 +186,7 @@ def lm_shape(spec, label: str) -> tuple[int, int]:
     if vocab is None:
         emb = next((m for m in spec.layers[0].modules() if isinstance(m, nn.Embedding)), None)
         if emb is None:
-            raise DataError(f"--data: cannot tell the vocabulary of --model {label}: its first "
+            raise DataError(f"{what}: cannot tell the vocabulary of --model {label}: its first "
                             "layer has no nn.Embedding; set metadata={'vocab': V} on its "
                             "ModelSpec")
         vocab = emb.num_embeddings
@@ -199,12 +201,12 @@ def use_data(spec, path: str, global_batch: int, model: str = "",
     ``--dp``): the file must hold at least one step's windows. ``model``: the ``--model``
     value (an ``hf:FOLDER`` gives the tokenizer for a text file)."""
     label = model or spec.name
-    seq, vocab = lm_shape(spec, label)
+    name = _show(path)
+    seq, vocab = lm_shape(spec, label, name)
     folder = None
     if model.startswith("hf:") and Path(model[3:]).is_dir():
         folder = model[3:]
     ids = read_tokens(path, bin_dtype, folder)
-    name = _show(path)
     need = global_batch * (seq + 1)
     if len(ids) < need:
         raise DataError(f"--data {name}: {len(ids):,} tokens, too few for one step: "
