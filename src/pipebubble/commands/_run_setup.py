@@ -118,7 +118,7 @@ def build_setup(args: argparse.Namespace, reference: bool = False,
     if getattr(args, "data", None):  # run --data FILE: the batches are the file's tokens
         from ..runtime.data import use_data
 
-        spec = use_data(spec, args.data, batch * getattr(args, "dp", 1), args.model,
+        spec = use_data(spec, args.data, batch, getattr(args, "dp", 1), args.model,
                         getattr(args, "data_dtype", "uint16"))
         what += f", data {args.data}"
     ref = copy.deepcopy(nn.Sequential(*spec.layers)).to(device) if reference else None

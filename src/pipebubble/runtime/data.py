@@ -193,13 +193,14 @@ def lm_shape(spec, label: str, path: str = "") -> tuple[int, int]:
     return int(x.shape[1]), int(vocab)
 
 
-def use_data(spec, path: str, global_batch: int, model: str = "",
+def use_data(spec, path: str, batch: int, dp: int = 1, model: str = "",
              bin_dtype: str = "uint16"):
     """``spec`` with its ``make_batch`` replaced by ``path``'s tokens in order.
 
-    ``global_batch``: samples of one step over every replica (the pipeline's batch times
-    ``--dp``): the file must hold at least one step's windows. ``model``: the ``--model``
-    value (an ``hf:FOLDER`` gives the tokenizer for a text file)."""
+    ``batch`` x ``dp``: the samples of one step over every replica (the pipeline's batch
+    times ``--dp``): the file must hold at least one step's windows. ``model``: the
+    ``--model`` value (an ``hf:FOLDER`` gives the tokenizer for a text file)."""
+    global_batch = batch * dp
     label = model or spec.name
     name = _show(path)
     seq, vocab = lm_shape(spec, label, name)
@@ -210,7 +211,9 @@ def use_data(spec, path: str, global_batch: int, model: str = "",
     need = global_batch * (seq + 1)
     if len(ids) < need:
         raise DataError(f"--data {name}: {len(ids):,} tokens, too few for one step: "
-                        f"{global_batch} samples x (seq {seq} + 1) = {need:,} tokens are "
+                        f"{global_batch} samples"
+                        + (f" (--batch {batch} x --dp {dp})" if dp > 1 else "")
+                        + f" x (seq {seq} + 1) = {need:,} tokens are "
                         "needed (a smaller --batch or --seq needs fewer)")
     top = int(ids.max())
     if top >= vocab:
