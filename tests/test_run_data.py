@@ -220,3 +220,22 @@ def test_bad_files_are_one_line_naming_the_file(run_cli, tmp_path):
     assert "not a regular file" in _bad(run_cli, tmp_path, "fifo.bin", None)
     msg = _bad(run_cli, tmp_path, "ok.npy", np.arange(100) % 8, model=["--width", "8"])
     assert "causal LM" in msg and "mlp" in msg
+
+
+def test_a_resumed_run_reads_on_from_the_checkpoints_step(run_cli, tmp_path):
+    """3 steps in one run, or 2 saved and 1 resumed: the same third batch and loss."""
+    repeating(tmp_path / "t.npy")
+    common = [*TINY, "--schedule", "1f1b", "-p", "2", "-m", "2", "--batch", "4",
+              "--data", tmp_path / "t.npy", "--optimizer", "sgd", "--lr", "0.05"]
+    whole = run_json(run_cli, *common, "--steps", "3")["losses"]
+    first = run_json(run_cli, *common, "--steps", "2", "--save", tmp_path / "ck")["losses"]
+    rest = run_json(run_cli, *common, "--steps", "1", "--resume", tmp_path / "ck")["losses"]
+    assert first + rest == pytest.approx(whole, abs=1e-5)
+    assert len(set(np.round(whole, 4))) == 3
+
+
+def test_dualpipe_two_chains_read_one_batch_as_the_unsplit_model(run_cli, tmp_path):
+    repeating(tmp_path / "t.npy")
+    out = run_json(run_cli, *TINY, "--schedule", "dualpipe", "-p", "2", "-m", "4",
+                   "--batch", "8", "--data", tmp_path / "t.npy", "--steps", "2", "--check")
+    assert out["losses"] == pytest.approx(out["reference_losses"], abs=1e-5)
