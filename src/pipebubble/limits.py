@@ -80,6 +80,7 @@ PROCESSES_PER_CORE = 4
 BYTES_PER_PROCESS = 70 * 2**20  # one worker: interpreter, torch, gloo (measured: ~70 MB RSS)
 MAX_LIST_ITEMS = 64
 MAX_REQUEST_ACTIONS = 200_000
+MAX_DATA_BYTES = 256 * 2**20  # a run --data token file (.npy/.bin): 128 M uint16 tokens
 """Actions one explorer request may simulate (a sweep: summed over its points): the page
 answers in well under a second at this size, and one client cannot hold the server."""
 MAX_REQUEST_BYTES = 8 * 2**20

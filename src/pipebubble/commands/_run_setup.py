@@ -121,6 +121,12 @@ def build_setup(args: argparse.Namespace, reference: bool = False,
     batch = args.batch or 8 * M
     if batch < M:
         raise UserError(f"--batch {batch} is smaller than --microbatches {M}; use at least {M}")
+    if getattr(args, "data", None):  # run --data FILE: the batches are the file's tokens
+        from ..runtime.data import use_data
+
+        spec = use_data(spec, args.data, batch, getattr(args, "dp", 1), args.model,
+                        getattr(args, "data_dtype", "uint16"))
+        what += f", data {args.data}"
     ref = copy.deepcopy(nn.Sequential(*spec.layers)).to(device) if reference else None
     stages = [s.to(device) for s in split_stages(spec.layers, S, cuts)]
     gen = torch.Generator().manual_seed(args.seed + 1)

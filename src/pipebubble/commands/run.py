@@ -94,6 +94,13 @@ def add_training_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--steps", type=positive_int("--steps", 10**6), default=1, metavar="N",
                    help="training steps, a fresh batch each (from the model's make_batch, "
                    "seeded by --seed and the step) and an optimizer step after each (1)")
+    g.add_argument("--data", metavar="FILE", default=None,
+                   help="train on FILE's tokens, in order (windows of --seq + 1 tokens): a "
+                   ".npy of integer token ids, a raw .bin (--data-dtype), or text tokenized "
+                   "with the hf:FOLDER's own tokenizer; a causal LM only")
+    g.add_argument("--data-dtype", choices=("uint16", "uint32", "int32", "int64"),
+                   default="uint16", help="token dtype of a raw .bin --data file (uint16, "
+                   "as nanoGPT writes them)")
     g.add_argument("--optimizer", choices=("sgd", "adamw"), default="adamw",
                    help="each rank steps its own stages' parameters (adamw)")
     g.add_argument("--lr", type=float_flag("--lr", 0, 1000), default=None, metavar="LR",

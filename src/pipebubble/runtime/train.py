@@ -77,8 +77,12 @@ def step_generator(seed: int, step: int) -> torch.Generator:
 
 def step_batch(make_batch, size: int, seed: int, step: int,
                device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``size`` samples for step ``step`` (see :func:`step_generator`), on ``device``."""
-    x, y = make_batch(size, step_generator(seed, step))
+    """``size`` samples for step ``step`` (see :func:`step_generator`), on ``device``.
+    A ``make_batch`` with an ``at_step(step, size)`` method (``run --data``'s
+    :class:`~pipebubble.runtime.data.TokenStream`) is asked for that step's data instead."""
+    at_step = getattr(make_batch, "at_step", None)
+    x, y = (at_step(step, size) if at_step is not None
+            else make_batch(size, step_generator(seed, step)))
     return (x, y) if device is None else (x.to(device), y.to(device))
 
 
