@@ -262,8 +262,8 @@ def make_worker(args: argparse.Namespace, cfg: DistConfig, cluster: Cluster, set
     if getattr(args, "engine", "pipebubble") == "torch":
         from ..runtime.torch_engine import TorchWorker
 
-        return TorchWorker(cfg, cluster, built)
-    return Worker(cfg, cluster, built, recompute=args.recompute)
+        return TorchWorker(cfg, cluster, built, ties=setup.ties)
+    return Worker(cfg, cluster, built, recompute=args.recompute, ties=setup.ties)
 
 
 def param_diffs(results: list, ref_stages: list) -> float:

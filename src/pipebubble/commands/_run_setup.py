@@ -45,6 +45,7 @@ class RunSetup:
     description: str = ""
     batch_size: int = 0  # samples per pipeline step (one replica)
     seed: int = 0  # weights and data seed (step k's batch: runtime.train.step_generator)
+    ties: list = field(default_factory=list)  # tied weights' copies (runtime.tied.StageTie)
 
 
 def build_setup(args: argparse.Namespace, reference: bool = False,
@@ -52,7 +53,7 @@ def build_setup(args: argparse.Namespace, reference: bool = False,
     """Flags -> schedule, model stages, batch. Raises UserError naming a bad value.
     ``schedule``: one already built from these flags (a forked worker has the launcher's;
     an ``auto`` order need not be searched again on every rank)."""
-    from ..runtime.stages import check_boundaries, even_boundaries, split_stages
+    from ..runtime.stages import check_boundaries, even_boundaries
 
     if schedule is None:
         schedule = load_schedule(args)  # --csv FILE, or --schedule/--ranks/--microbatches
@@ -115,12 +116,33 @@ def build_setup(args: argparse.Namespace, reference: bool = False,
     batch = args.batch or 8 * M
     if batch < M:
         raise UserError(f"--batch {batch} is smaller than --microbatches {M}; use at least {M}")
-    ref = copy.deepcopy(nn.Sequential(*spec.layers)).to(device) if reference else None
-    stages = [s.to(device) for s in split_stages(spec.layers, S, cuts)]
+    ties, ref, stages = _cut_tied(spec, S, cuts, reference)
+    ref = ref.to(device) if ref is not None else None
+    stages = [s.to(device) for s in stages]
     gen = torch.Generator().manual_seed(args.seed + 1)
     x, y = spec.make_batch(batch, gen)
     return RunSetup(schedule, spec, stages, cuts, x.to(device), y.to(device), device, ref,
-                    f"{what}, batch {batch}", batch, args.seed)
+                    f"{what}, batch {batch}", batch, args.seed, ties)
+
+
+def _cut_tied(spec: ModelSpec, num_stages: int, cuts: list[int], reference: bool):
+    """(tied weights after the cut, the unsplit reference or None, the stages).
+
+    The reference is the model as the user has it, tied weights one parameter; the stages
+    each get their own copy of a tied weight they use (:mod:`pipebubble.runtime.tied`; the
+    run sums the copies' gradients before every optimizer step)."""
+    from ..runtime.stages import split_stages
+    from ..runtime.tied import find_ties, tie_modules, untie_stages
+    from ..runtime.train import layer_names
+
+    names = layer_names(spec, len(spec.layers))
+    ties = find_ties(spec.layers, names, getattr(spec, "ties", ()))  # copies start equal
+    ref = None
+    if reference:
+        ref = copy.deepcopy(nn.Sequential(*spec.layers))
+        tie_modules(list(ref), names, ties)
+    stages = split_stages(spec.layers, num_stages, cuts)
+    return untie_stages(stages, [0, *cuts], names, ties), ref, stages
 
 
 # ---- analysis ------------------------------------------------------------------------------

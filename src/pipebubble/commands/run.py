@@ -193,10 +193,12 @@ def run_local_steps(setup: RunSetup, recompute: list[bool], warmup: int = 1,
     The variants take turns (warm-up steps first), so that a busy spell on a shared
     machine slows them alike. Gradients are zeroed before each step, so afterwards they are
     those of one step of the last variant (every step computes the same gradients: the
-    weights do not change). ``step_times``, if given, receives every measured step time of
-    each variant (for the run-to-run spread, ``noise_note``).
+    weights do not change; a tied weight's copies hold their sum). ``step_times``, if
+    given, receives every measured step time of each variant (for the run-to-run spread,
+    ``noise_note``).
     """
     from ..runtime.local import run_local
+    from ..runtime.tied import sum_tied_gradients
 
     best: list = [None] * len(recompute)
     if step_times is not None:
@@ -207,6 +209,8 @@ def run_local_steps(setup: RunSetup, recompute: list[bool], warmup: int = 1,
                 st.zero_grad(set_to_none=True)
             result = run_local(setup.schedule, setup.stages, setup.inputs, setup.targets,
                                setup.spec.loss_fn, recompute=rec, device=setup.device)
+            if setup.ties:  # tied weights: each copy gets the sum over the copies
+                sum_tied_gradients(dict(enumerate(setup.stages)), setup.ties)
             if i >= warmup and step_times is not None:
                 step_times[k].append(result.timeline.step_time)
             if i >= warmup and (best[k] is None

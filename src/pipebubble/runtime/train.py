@@ -55,7 +55,8 @@ def make_optimizer(name: str, params: Iterable[nn.Parameter], lr: float) -> torc
     """``sgd``: plain SGD; ``adamw``: AdamW with torch's defaults (betas 0.9/0.999, eps 1e-8,
     weight decay 0.01). ``foreach=False``: the per-parameter loop, whose arithmetic does not
     depend on how the parameters are grouped (one optimizer per rank or one for all)."""
-    params = [p for p in params if p.requires_grad]
+    seen: set[int] = set()  # a weight used under two names (tied, on one stage) steps once
+    params = [p for p in params if p.requires_grad and not (id(p) in seen or seen.add(id(p)))]
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, foreach=False)
     if name == "adamw":
