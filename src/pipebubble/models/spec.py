@@ -11,7 +11,8 @@ it: one ``nn.Parameter`` reached from both layers (``head.weight = emb.weight``)
 finds it, gives each stage that uses it a copy and sums the copies' gradients before every
 optimizer step (:mod:`pipebubble.runtime.tied`), so it trains as one weight. Distinct
 parameters meant to be one weight can be declared in ``ties``: groups of model-wide names
-(``[("0.weight", "2.weight")]``: layer name, then the parameter's path in the layer).
+(``[("layers.0.weight", "layers.2.weight")]``: the names a checkpoint uses, the layer's
+name, or ``layers.I`` without ``names``, then the parameter's path in the layer).
 
 >>> import torch
 >>> from torch import nn
