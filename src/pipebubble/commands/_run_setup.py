@@ -138,7 +138,7 @@ def _check_random_layers(args: argparse.Namespace, spec: ModelSpec) -> str:
     from ..runtime.train import layer_names
 
     n = dropout_off(spec.layers) if off else 0
-    sample = spec.make_batch(1, torch.Generator().manual_seed(0))[0]
+    sample = spec.make_batch(2, torch.Generator().manual_seed(0))[0]  # 2: BatchNorm needs 2
     refuse_random(random_layers(spec.layers, layer_names(spec, len(spec.layers)), sample))
     return f", {n} dropout rate{'s' if n != 1 else ''} set to 0 (--check-dropout off)" if n \
         else ""
