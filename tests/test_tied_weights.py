@@ -306,7 +306,8 @@ def _dist(*args, timeout=240):
     ["--schedule", "1f1b", "--dp", "2"],  # a tie group per replica, after the dp sum
     ["--schedule", "zbv"],  # V placement: both copies on rank 0
     ["--schedule", "zb-h1", "--engine", "torch"],  # torch's runtime, our sum
-], ids=["1f1b-dp2", "zbv", "torch-engine"])
+    ["--schedule", "dualpipe"],  # two model copies: each rank holds an embedding and a head
+], ids=["1f1b-dp2", "zbv", "torch-engine", "dualpipe"])
 def test_over_gloo_the_tied_model_trains_as_torch_does(model_file, extra):
     out = _dist("--model", f"{model_file}:build", "-p", "2", "-m", "4", "--batch", "16",
                 "--steps", "3", "--dtype", "float64", "--check", *extra)
