@@ -163,6 +163,23 @@ def test_the_gradient_sum_over_copies_is_the_tied_models_gradient(model_file, fl
         torch.testing.assert_close(p.grad, ref[0].weight.grad, rtol=1e-12, atol=1e-14)
 
 
+def test_copies_stay_bitwise_equal_over_training(model_file):
+    spec = load_model(f"{model_file}:build", {})
+    names = layer_names(spec, 8)
+    stages = split_stages(spec.layers, 4, [2, 4, 6])
+    copies = untie_stages(stages, [0, 2, 4, 6], names, find_ties(spec.layers, names))
+    opt = torch.optim.AdamW([p for st in stages for p in st.parameters()], lr=0.01)
+    sched = get_schedule("zbv", 2, 4)  # V placement: both copies on rank 0, split backward
+    for k in range(3):
+        opt.zero_grad()
+        x, y = spec.make_batch(8, step_generator(0, k))
+        run_local(sched, stages, x, y, spec.loss_fn)
+        sum_tied_gradients(dict(enumerate(stages)), copies)
+        opt.step()
+    emb, head = stages[0].layers[0].weight, stages[3].layers[1].proj.weight
+    assert emb is not head and torch.equal(emb, head)
+
+
 def test_a_declared_tie_of_two_shapes_is_one_line_naming_it(model_file, capsys):
     spec = load_model(f"{model_file}:build_mismatched", {})
     with pytest.raises(UserError, match=r"tied weight 'layers.0.weight': its copies differ in "
