@@ -76,6 +76,11 @@ MODEL = textwrap.dedent('''
             ties = [("layers.0.weight", "layers.7.proj.weight")]
         return ModelSpec("tied", layers, _batch, _loss, ties=ties)
 
+    def build_reused():   # one block applied as layer 1 and as layer 6 (ALBERT-style)
+        spec = build()
+        spec.layers[6] = spec.layers[1]
+        return spec
+
     def build_declared():
         return build(declared=True)
 
@@ -209,6 +214,21 @@ def test_every_schedule_trains_the_tied_model_as_torch_does(model_file, capsys, 
     assert out["losses"] == pytest.approx(ref, rel=1e-12, abs=0)
     assert out["reference_losses"] == pytest.approx(ref, rel=1e-12, abs=0)
     assert out["grad_max_abs_diff"] < 1e-13 and out["param_max_abs_diff"] < 1e-13
+
+
+@pytest.mark.slow
+def test_a_layer_applied_on_two_stages_trains_as_one_layer(model_file, capsys):
+    out = run_json(capsys, "--local", "--model", f"{model_file}:build_reused", "--schedule",
+                   "zbv", "-p", "2", "-m", "4", "--batch", "16", "--steps", "3", "--dtype",
+                   "float64", "--check", "--warmup", "0")
+    torch.set_default_dtype(torch.float64)
+    try:
+        spec = load_model(f"{model_file}:build_reused", {})
+        ref = torch_reference(nn.Sequential(*spec.layers), spec.make_batch, spec.loss_fn, 3, 16)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert out["losses"] == pytest.approx(ref, rel=1e-12, abs=0)
+    assert out["check"]["passed"]
 
 
 @pytest.mark.slow

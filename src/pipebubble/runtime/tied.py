@@ -145,10 +145,13 @@ def untie_stages(stages: Sequence[nn.Module], first_layers: Sequence[int],
     ``stages[s]`` is a :class:`~pipebubble.runtime.pipeline.PipelineStage` whose first layer
     is ``first_layers[s]`` of the model. The first stage using a weight keeps the model's
     parameter; every later stage's uses are pointed at one clone of it (same value, its own
-    storage and gradient). Uses on one stage stay one parameter.
+    storage and gradient). Uses on one stage stay one parameter. A module used on several
+    stages (one layer applied twice, ALBERT-style) is copied whole for each later stage
+    first, so that pointing one stage's use at its copy leaves the others' alone.
     """
     from .train import stage_layers
 
+    _copy_shared_modules(stages)
     where: dict[str, tuple[int, str, nn.Module, str]] = {}
     for s, stage in enumerate(stages):
         for i, layer in enumerate(stage_layers(stage)):
@@ -160,6 +163,8 @@ def untie_stages(stages: Sequence[nn.Module], first_layers: Sequence[int],
     out = []
     for tie in ties:
         uses = [where[n] for n in tie.names if n in where]
+        if not uses:
+            continue
         copies: list[Copy] = []
         first, origin = uses[0][0], getattr(uses[0][2], uses[0][3])
         clones: dict[int, nn.Parameter] = {}  # later stage -> its copy of ``origin``
@@ -177,6 +182,24 @@ def untie_stages(stages: Sequence[nn.Module], first_layers: Sequence[int],
                 copies.append(Copy(s, path))
         out.append(StageTie(tie, tuple(copies)))
     return out
+
+
+def _copy_shared_modules(stages: Sequence[nn.Module]) -> None:
+    """Replace each layer holding a module an earlier stage holds by a deep copy (in place)."""
+    import copy
+
+    held: set[int] = set()
+    for stage in stages:
+        inner = getattr(stage, "layers", None)
+        mine: set[int] = set()
+        if isinstance(inner, nn.Sequential):
+            for i, layer in enumerate(list(inner)):
+                if any(id(m) in held for m in layer.modules()):
+                    inner[i] = layer = copy.deepcopy(layer)
+                mine.update(id(m) for m in layer.modules())
+        else:
+            mine.update(id(m) for m in stage.modules())
+        held |= mine
 
 
 def tie_modules(layers: Sequence[nn.Module], names: Sequence[str],

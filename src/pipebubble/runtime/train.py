@@ -7,7 +7,8 @@ step's batch, exactly the unsplit model's. Training is then what it is without a
 1. the batch of step ``k`` comes from the model spec's ``make_batch`` with a generator seeded
    by ``(seed, k)`` (:func:`step_generator`), so any process, any cut, any schedule and a
    resumed run all see the same batches;
-2. the pipeline step computes the gradients (with ``--dp``, then summed over replicas);
+2. the pipeline step computes the gradients (with ``--dp``, then summed over replicas; a
+   tied weight's copies then summed over the stages that hold one: ``runtime.tied``);
 3. each rank's optimizer steps *its own stages' parameters* (SGD and AdamW update every
    parameter from its own gradient and state only, so one optimizer per rank is the same as
    one optimizer over the whole model).
