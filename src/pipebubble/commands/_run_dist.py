@@ -14,8 +14,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 import traceback
 from dataclasses import replace
+from pathlib import Path
 from statistics import median
 
 import torch
@@ -25,6 +27,7 @@ from rich.console import Console
 from ..errors import UserError
 from ..ir.schedule import Schedule
 from ..limits import check_processes, check_threads
+from ..runtime.check import max_abs
 from ..runtime.dist.launch import launch, pin_sockets, under_launcher
 from ..runtime.dist.report import grad_diffs, measured_comm, measured_timeline, step_span
 from ..runtime.dist.watchdog import default_action_timeout
@@ -33,7 +36,7 @@ from ..runtime.stages import split_stages
 from ..sim.dataparallel import step_time_with_allreduce
 from ..sim.kernel import simulate
 from ..sim.wire import WireDeadlock, lower, run_wire
-from ._run_setup import analyse, build_setup, noise_note, print_report, report_json
+from ._run_setup import analyse, build_setup, judge_check, noise_note, print_report, report_json
 from ._run_train import (
     batch_of,
     load_into,
@@ -117,9 +120,36 @@ def run_distributed(args: argparse.Namespace) -> int:
             f"{exc}; running anyway: the watchdog stops it after {cfg.stall_timeout:g} s\n"
         )
     # no command: each worker is this process, forked, running worker_main with these flags
-    # and the schedule built here
-    return launch((), cfg.world_size, p2p=cfg.p2p,
-                  worker=lambda: worker_main(args, setup.schedule))
+    # and the schedule built here; rank 0 leaves a failed --check's verdict in a file
+    fd, verdict_file = tempfile.mkstemp(prefix="pipebubble-check-")
+    os.close(fd)
+    os.environ[CHECK_FILE] = verdict_file
+    try:
+        rc = launch((), cfg.world_size, p2p=cfg.p2p,
+                    worker=lambda: worker_main(args, setup.schedule))
+        failed = Path(verdict_file).read_text(encoding="utf-8") == "fail"
+    finally:
+        os.environ.pop(CHECK_FILE, None)
+        os.unlink(verdict_file)
+    return 1 if rc == 0 and failed else rc
+
+
+CHECK_FILE = "PIPEBUBBLE_CHECK_VERDICT"
+"""The environment variable naming the file where rank 0 writes ``fail`` when ``--check``'s
+verdict fails: every rank then ends normally (exit 0, no rank is reported as crashed) and
+the launcher exits 1."""
+
+
+def check_exit(failed: bool) -> int:
+    """A worker's exit code once the run is complete: 0, or on rank 0 for a failed
+    ``--check`` 1 (under torchrun) or 0 with the verdict left to our launcher."""
+    if not failed:
+        return 0
+    path = os.environ.get(CHECK_FILE)
+    if path and os.environ.get("PIPEBUBBLE_LAUNCHER") == "1":
+        Path(path).write_text("fail", encoding="utf-8")
+        return 0
+    return 1
 
 
 def worker_main(args: argparse.Namespace, schedule: Schedule | None = None) -> int:
@@ -163,6 +193,7 @@ def worker_main(args: argparse.Namespace, schedule: Schedule | None = None) -> i
             load_into(plan, named, opt)
         ref = make_reference(setup, plan)  # rank 0 with --check
         results, best, spans, losses, last_ref, final = None, float("inf"), [], [], None, None
+        failed = False
         i = 0
         for k in plan.steps_range:
             if k != plan.start:
@@ -193,6 +224,7 @@ def worker_main(args: argparse.Namespace, schedule: Schedule | None = None) -> i
             worker.watchdog.at(f"saving the checkpoint to {plan.save}", True)
             save_from(plan, setup, named, opt, losses, coordinator=env.rank == 0,
                       barrier=dist.barrier)
+        failed = False  # rank 0's verdict of --check
         if env.rank == 0:
             worker.watchdog.at("rank 0: reference gradients and report", False)
             report, extra = summarize(args, cfg, setup, results, x, y, last_ref, final)
@@ -208,13 +240,16 @@ def worker_main(args: argparse.Namespace, schedule: Schedule | None = None) -> i
                 report.loss_abs_diff = abs(losses[-1] - last_ref[0])
                 report.reference_losses = list(ref.losses)
                 report.param_max_abs_diff = param_diffs(final, _stages_of(setup))
+                judge_check(report, args, max_abs(g for gs in last_ref[1].values() for g in gs),
+                            max_abs(setup.reference.parameters()))
             _print(args, report, extra)
             if plan.save_error:  # the results above stand; the checkpoint was not written
                 sys.stderr.write(f"pipebubble: error: {plan.save_error}\n")
                 cluster.close()
                 return 1
+            failed = report.verdict is not None and not report.verdict.passed
         cluster.close()
-        return 0
+        return check_exit(env.rank == 0 and failed)
     except Exception as exc:  # noqa: BLE001 - every failure must reach the other ranks
         msg = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         if cluster is None and isinstance(exc, UserError):  # bad input, e.g. a model whose
@@ -270,8 +305,8 @@ def make_worker(args: argparse.Namespace, cfg: DistConfig, cluster: Cluster, set
     if getattr(args, "engine", "pipebubble") == "torch":
         from ..runtime.torch_engine import TorchWorker
 
-        return TorchWorker(cfg, cluster, built)
-    return Worker(cfg, cluster, built, recompute=args.recompute)
+        return TorchWorker(cfg, cluster, built, ties=setup.ties)
+    return Worker(cfg, cluster, built, recompute=args.recompute, ties=setup.ties)
 
 
 def param_diffs(results: list, ref_stages: list) -> float:

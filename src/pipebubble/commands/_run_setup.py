@@ -45,6 +45,7 @@ class RunSetup:
     description: str = ""
     batch_size: int = 0  # samples per pipeline step (one replica)
     seed: int = 0  # weights and data seed (step k's batch: runtime.train.step_generator)
+    ties: list = field(default_factory=list)  # tied weights' copies (runtime.tied.StageTie)
 
 
 def build_setup(args: argparse.Namespace, reference: bool = False,
@@ -52,7 +53,7 @@ def build_setup(args: argparse.Namespace, reference: bool = False,
     """Flags -> schedule, model stages, batch. Raises UserError naming a bad value.
     ``schedule``: one already built from these flags (a forked worker has the launcher's;
     an ``auto`` order need not be searched again on every rank)."""
-    from ..runtime.stages import check_boundaries, even_boundaries, split_stages
+    from ..runtime.stages import check_boundaries, even_boundaries
 
     if schedule is None:
         schedule = load_schedule(args)  # --csv FILE, or --schedule/--ranks/--microbatches
@@ -118,6 +119,7 @@ def build_setup(args: argparse.Namespace, reference: bool = False,
         cuts = even_boundaries(n, S)
     if user:  # one forward of a tiny batch: a layer that cannot take the last one's output
         check_layers(spec, cuts)
+    what += _check_random_layers(args, spec)
     batch = args.batch or 8 * M
     if batch < M:
         raise UserError(f"--batch {batch} is smaller than --microbatches {M}; use at least {M}")
@@ -127,12 +129,65 @@ def build_setup(args: argparse.Namespace, reference: bool = False,
         spec = use_data(spec, args.data, batch, getattr(args, "dp", 1), args.model,
                         getattr(args, "data_dtype", "uint16"))
         what += f", data {args.data}"
-    ref = copy.deepcopy(nn.Sequential(*spec.layers)).to(device) if reference else None
-    stages = [s.to(device) for s in split_stages(spec.layers, S, cuts)]
+    ties, ref, stages = _cut_tied(spec, S, cuts, reference)
+    ref = ref.to(device) if ref is not None else None
+    stages = [s.to(device) for s in stages]
     gen = torch.Generator().manual_seed(args.seed + 1)
     x, y = spec.make_batch(batch, gen)
     return RunSetup(schedule, spec, stages, cuts, x.to(device), y.to(device), device, ref,
-                    f"{what}, batch {batch}", batch, args.seed)
+                    f"{what}, batch {batch}", batch, args.seed, ties)
+
+
+def _check_random_layers(args: argparse.Namespace, spec: ModelSpec) -> str:
+    """``--check``: a layer drawing random numbers (dropout) is one line naming it, or with
+    ``--check-dropout off`` every dropout rate is set to 0 (the text says so)."""
+    off = getattr(args, "check_dropout", "keep") == "off"
+    if not getattr(args, "check", False):
+        if off:
+            raise UserError("--check-dropout applies to --check only; drop it or add --check")
+        return ""
+    from ..runtime.check import dropout_off, random_layers, refuse_random
+    from ..runtime.train import layer_names
+
+    n = dropout_off(spec.layers) if off else 0
+    sample = spec.make_batch(2, torch.Generator().manual_seed(0))[0]  # 2: BatchNorm needs 2
+    refuse_random(random_layers(spec.layers, layer_names(spec, len(spec.layers)), sample))
+    return f", {n} dropout rate{'s' if n != 1 else ''} set to 0 (--check-dropout off)" if n \
+        else ""
+
+
+def judge_check(report: RunReport, args: argparse.Namespace, grad_scale: float | None,
+                param_scale: float | None) -> None:
+    """``--check``'s verdict on ``report`` (relative differences: runtime.check)."""
+    from ..runtime.check import loss_relative, relative, verdict
+
+    ref = report.reference_losses
+    loss = (loss_relative(report.losses, ref) if ref and report.losses
+            else report.loss_abs_diff)
+    report.verdict = verdict({"gradients": relative(report.grad_max_abs_diff, grad_scale),
+                              "loss": loss,
+                              "parameters": relative(report.param_max_abs_diff, param_scale)},
+                             getattr(args, "dtype", "float32"), getattr(args, "check_tol", None))
+
+
+def _cut_tied(spec: ModelSpec, num_stages: int, cuts: list[int], reference: bool):
+    """(tied weights after the cut, the unsplit reference or None, the stages).
+
+    The reference is the model as the user has it, tied weights one parameter; the stages
+    each get their own copy of a tied weight they use (:mod:`pipebubble.runtime.tied`; the
+    run sums the copies' gradients before every optimizer step)."""
+    from ..runtime.stages import split_stages
+    from ..runtime.tied import find_ties, tie_modules, untie_stages
+    from ..runtime.train import layer_names
+
+    names = layer_names(spec, len(spec.layers))
+    ties = find_ties(spec.layers, names, getattr(spec, "ties", ()))  # copies start equal
+    ref = None
+    if reference:
+        ref = copy.deepcopy(nn.Sequential(*spec.layers))
+        tie_modules(list(ref), names, ties)
+    stages = split_stages(spec.layers, num_stages, cuts)
+    return untie_stages(stages, [0, *cuts], names, ties), ref, stages
 
 
 # ---- analysis ------------------------------------------------------------------------------
@@ -161,6 +216,7 @@ class RunReport:
     param_max_abs_diff: float | None = None
     train: dict | None = None
     engine: str = "pipebubble"
+    verdict: object | None = None  # --check's (runtime.check.Verdict)
 
 
 def analyse(setup: RunSetup, measured: Timeline, loss: float, peak_bytes: list[int],
@@ -227,6 +283,8 @@ def report_json(report: RunReport) -> dict:
         out["reference_losses"] = list(report.reference_losses)
         out["param_max_abs_diff"] = report.param_max_abs_diff
     out["engine"] = report.engine
+    if report.verdict is not None:
+        out["check"] = report.verdict.as_dict()
     return out
 
 
@@ -284,6 +342,8 @@ def print_report(report: RunReport, console: Console, width: int | None = None) 
         console.print(f"check against the unsplit model on the whole batch: largest gradient "
                       f"difference {report.grad_max_abs_diff:.3g}, loss difference "
                       f"{report.loss_abs_diff:.3g}")
+    if report.verdict is not None:
+        console.print(report.verdict.line())
     if report.trade is not None:
         tr = report.trade
         rt = Table(title="activation recomputation: what it saves and what it costs",

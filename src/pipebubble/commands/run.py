@@ -65,8 +65,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="recompute activations in the backward (F keeps only its input); also "
                    "runs without it and prints the memory saved and the time added")
     p.add_argument("--check", action="store_true",
-                   help="also run the unsplit model on the whole batch; print the largest "
-                   "gradient and loss differences")
+                   help="also train the unsplit model (tied weights tied) on the same "
+                   "batches; print the largest gradient, loss and parameter differences and "
+                   "a verdict (exit 1 when one exceeds --check-tol)")
+    p.add_argument("--check-tol", type=float_flag("--check-tol", 0, 1, lo_open=True),
+                   default=None, metavar="X",
+                   help="--check's tolerance on relative differences (float32 1e-5, "
+                   "float64 1e-10)")
+    p.add_argument("--check-dropout", choices=("keep", "off"), default="keep",
+                   help="keep (default): --check refuses a model with dropout or another "
+                   "random layer, naming it; off: set every dropout rate to 0 for the run")
     p.add_argument("--warmup", type=int_flag("--warmup", 0, 1000), default=1, metavar="N",
                    help="unmeasured steps before the measured ones (1)")
     p.add_argument("--repeat", type=positive_int("--repeat", 1000), default=None, metavar="N",
@@ -206,10 +214,12 @@ def run_local_steps(setup: RunSetup, recompute: list[bool], warmup: int = 1,
     The variants take turns (warm-up steps first), so that a busy spell on a shared
     machine slows them alike. Gradients are zeroed before each step, so afterwards they are
     those of one step of the last variant (every step computes the same gradients: the
-    weights do not change). ``step_times``, if given, receives every measured step time of
-    each variant (for the run-to-run spread, ``noise_note``).
+    weights do not change; a tied weight's copies hold their sum). ``step_times``, if
+    given, receives every measured step time of each variant (for the run-to-run spread,
+    ``noise_note``).
     """
     from ..runtime.local import run_local
+    from ..runtime.tied import sum_tied_gradients
 
     best: list = [None] * len(recompute)
     if step_times is not None:
@@ -220,6 +230,8 @@ def run_local_steps(setup: RunSetup, recompute: list[bool], warmup: int = 1,
                 st.zero_grad(set_to_none=True)
             result = run_local(setup.schedule, setup.stages, setup.inputs, setup.targets,
                                setup.spec.loss_fn, recompute=rec, device=setup.device)
+            if setup.ties:  # tied weights: each copy gets the sum over the copies
+                sum_tied_gradients(dict(enumerate(setup.stages)), setup.ties)
             if i >= warmup and step_times is not None:
                 step_times[k].append(result.timeline.step_time)
             if i >= warmup and (best[k] is None
@@ -298,6 +310,7 @@ def _run(args: argparse.Namespace) -> int:
     from ._run_setup import (
         analyse,
         build_setup,
+        judge_check,
         noise_note,
         print_report,
         report_json,
@@ -321,6 +334,7 @@ def _run(args: argparse.Namespace) -> int:
         report.grad_max_abs_diff, report.loss_abs_diff = train["grad_diff"], train["loss_diff"]
         report.reference_losses = train["reference_losses"]
         report.param_max_abs_diff = train["param_diff"]
+        judge_check(report, args, train["grad_scale"], train["param_scale"])
     if plain is not None:
         report.trade = recompute_trade(setup, plain, result, report)
     report.step_times = list(times[-1])
@@ -337,7 +351,7 @@ def _run(args: argparse.Namespace) -> int:
     if plan.save_error:  # the results above stand; the checkpoint did not get written
         sys.stderr.write(f"pipebubble: error: {plan.save_error}\n")
         return 1
-    return 0
+    return 1 if report.verdict is not None and not report.verdict.passed else 0
 
 
 def train_local(setup: RunSetup, plan, args: argparse.Namespace, variants: list[bool],
@@ -347,6 +361,7 @@ def train_local(setup: RunSetup, plan, args: argparse.Namespace, variants: list[
     with ``--check`` the unsplit model trained alongside on the same batches.
 
     Returns the fastest measured pass of each variant over all steps, and the figures."""
+    from ..runtime.check import max_abs
     from ._run_train import (
         batch_of,
         grad_and_loss_diff,
@@ -368,7 +383,7 @@ def train_local(setup: RunSetup, plan, args: argparse.Namespace, variants: list[
     best: list = [None] * len(variants)
     times[:] = [[] for _ in variants]
     losses: list[float] = []
-    grad_diff = loss_diff = None
+    grad_diff = loss_diff = grad_scale = None
     for k in plan.steps_range:
         setup.inputs, setup.targets = batch_of(setup, args, k)
         per: list[list[float]] = []
@@ -383,6 +398,7 @@ def train_local(setup: RunSetup, plan, args: argparse.Namespace, variants: list[
             ref_loss = ref.gradients(setup.inputs, setup.targets)
             grad_diff, loss_diff = grad_and_loss_diff(named, reference_named(setup),
                                                       got[-1].loss, ref_loss)
+            grad_scale = max_abs(p.grad for p in setup.reference.parameters())
             ref.step()
         opt.step()
     if plan.save:  # a failure is plan.save_error: the figures below are still reported
@@ -392,4 +408,6 @@ def train_local(setup: RunSetup, plan, args: argparse.Namespace, variants: list[
     if ref is not None:
         train["reference_losses"] = list(ref.losses)
         train["param_diff"] = param_diff(named, reference_named(setup))
+        train["grad_scale"] = grad_scale
+        train["param_scale"] = max_abs(setup.reference.parameters())
     return best, train

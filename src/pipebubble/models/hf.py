@@ -17,9 +17,11 @@ tests compare them with the HF model's, exactly in float64).
 Model types it knows (:data:`KNOWN_TYPES`): the LLaMA family (``llama``, ``mistral``,
 ``qwen2``: rotary positions) and ``gpt2`` (learned positions). Layer names are the HF module
 names (``model.layers.3``, ``transformer.h.3``); the embedding and the head carry the roles
-``embedding`` and ``head``. A head tied to the embedding (GPT-2 ties them) is untied into a
-copy: the two usually live on different ranks, and each stage owns its weights (the values
-start equal, so logits are unchanged; the gradients are each copy's own).
+``embedding`` and ``head``. A head tied to the embedding (``tie_word_embeddings``: GPT-2,
+Qwen2-0.5B, Llama-3.2-1B) stays tied: the head's projection is the model's own ``lm_head``,
+whose weight *is* the token table. Cut into stages, the runtime gives the head's stage a copy
+and sums the two copies' gradients before every optimizer step
+(:mod:`pipebubble.runtime.tied`), so the model trains as the tied model it is.
 
 Nothing is ever downloaded: :func:`load_hf` reads a local ``config.json`` (and, in a folder,
 its safetensors weights when present).
@@ -146,7 +148,7 @@ def hf_layers(model: nn.Module) -> tuple[list[nn.Module], list[str], list[str]]:
         raise UserError(f"HuggingFace model type {kind!r} is not one the adapter knows; known "
                         f"are {', '.join(KNOWN_TYPES)} (decoder-only causal LMs)")
     config = model.config
-    head = _untied(model.lm_head, model)
+    head = model.lm_head  # tied to the token table when the config says so
     if kind == "gpt2":
         base = model.transformer
         emb = TokenEmbedding(base.wte, base.wpe, base.drop)
@@ -169,18 +171,6 @@ def hf_layers(model: nn.Module) -> tuple[list[nn.Module], list[str], list[str]]:
     layers: list[nn.Module] = [emb, *blocks, Head(norm, head)]
     roles = ["embedding", *(["layer"] * len(blocks)), "head"]
     return layers, names, roles
-
-
-def _untied(head: nn.Module, model: nn.Module) -> nn.Module:
-    emb = model.get_input_embeddings()
-    if getattr(head, "weight", None) is not None and head.weight is emb.weight:
-        head = nn.Linear(head.in_features, head.out_features, bias=head.bias is not None,
-                         device=head.weight.device, dtype=head.weight.dtype)
-        with torch.no_grad():
-            head.weight.copy_(emb.weight)
-            if head.bias is not None:
-                head.bias.copy_(model.lm_head.bias)
-    return head
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -331,7 +321,7 @@ def load_hf(path: str | Path, seq: int = 32, seed: int = 0,
         raise
     except Exception as exc:  # an error of the config's values while building the layers
         raise UserError(f"{where}: cannot build the model ({_first_line(exc)})") from None
-    model = model.float()
+    model = model.to(torch.get_default_dtype())  # float32, or float64 under --dtype float64
     spec = hf_spec(model, seq, name=where)
     spec.metadata = {"hf_weights": [w.name for w in weights] or "random (seed "
                      f"{seed})"}

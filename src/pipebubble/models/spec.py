@@ -6,6 +6,14 @@ partition's torchtitan block and a checkpoint's keys say) and *role*: ``embeddin
 token lookup on the first stage), ``layer`` or ``head`` (the output projection the loss
 reads). Roles, not class names, decide the Megatron layout's ``E`` and ``L``.
 
+A weight used by several layers (a head tied to the embedding) is written as the model has
+it: one ``nn.Parameter`` reached from both layers (``head.weight = emb.weight``). The runtime
+finds it, gives each stage that uses it a copy and sums the copies' gradients before every
+optimizer step (:mod:`pipebubble.runtime.tied`), so it trains as one weight. Distinct
+parameters meant to be one weight can be declared in ``ties``: groups of model-wide names
+(``[("layers.0.weight", "layers.2.weight")]``: the names a checkpoint uses, the layer's
+name, or ``layers.I`` without ``names``, then the parameter's path in the layer).
+
 >>> import torch
 >>> from torch import nn
 >>> spec = ModelSpec("toy", [nn.Linear(2, 2), nn.Linear(2, 2)],
@@ -41,6 +49,7 @@ class ModelSpec:
     roles: list[str] | None = None
     description: str = ""
     metadata: dict = field(default_factory=dict)
+    ties: list[tuple[str, ...]] = field(default_factory=list)  # declared tied weights
 
     def layer_names(self) -> list[str]:
         """One unique name per layer: ``names``, else the layer indices."""

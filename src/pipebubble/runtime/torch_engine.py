@@ -120,12 +120,13 @@ class TorchWorker(Worker):
     """``run --engine torch`` on one rank: the :class:`Worker`'s model, batch, groups,
     all-reduce and report, with torch's runtime running the pipeline pass."""
 
-    def __init__(self, cfg, cluster, built: tuple, measure: bool = True):
+    def __init__(self, cfg, cluster, built: tuple, measure: bool = True, ties: Sequence = ()):
         """``measure=False`` leaves torch's stages unwrapped (no events: for benchmarks of
-        what the timing itself costs)."""
+        what the timing itself costs). ``ties``: as :class:`Worker`'s (tied weights' copies
+        are summed after torch's pass, before the optimizer step, as with our engine)."""
         from torch.distributed.pipelining import PipelineStage
 
-        super().__init__(cfg, cluster, built)
+        super().__init__(cfg, cluster, built, ties=ties)
         check_engine(self.schedule)
         group = None
         if cfg.dp > 1:  # one pipeline group per replica; every process creates every group

@@ -7,7 +7,8 @@ step's batch, exactly the unsplit model's. Training is then what it is without a
 1. the batch of step ``k`` comes from the model spec's ``make_batch`` with a generator seeded
    by ``(seed, k)`` (:func:`step_generator`), so any process, any cut, any schedule and a
    resumed run all see the same batches;
-2. the pipeline step computes the gradients (with ``--dp``, then summed over replicas);
+2. the pipeline step computes the gradients (with ``--dp``, then summed over replicas; a
+   tied weight's copies then summed over the stages that hold one: ``runtime.tied``);
 3. each rank's optimizer steps *its own stages' parameters* (SGD and AdamW update every
    parameter from its own gradient and state only, so one optimizer per rank is the same as
    one optimizer over the whole model).
@@ -55,7 +56,8 @@ def make_optimizer(name: str, params: Iterable[nn.Parameter], lr: float) -> torc
     """``sgd``: plain SGD; ``adamw``: AdamW with torch's defaults (betas 0.9/0.999, eps 1e-8,
     weight decay 0.01). ``foreach=False``: the per-parameter loop, whose arithmetic does not
     depend on how the parameters are grouped (one optimizer per rank or one for all)."""
-    params = [p for p in params if p.requires_grad]
+    seen: set[int] = set()  # a weight used under two names (tied, on one stage) steps once
+    params = [p for p in params if p.requires_grad and not (id(p) in seen or seen.add(id(p)))]
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, foreach=False)
     if name == "adamw":

@@ -14,7 +14,9 @@ One step on one rank:
 3. the sends still in flight are waited for;
 4. with ``D > 1``, each stage's gradients are all-reduced (summed) across its
    data-parallel group: every replica weights its microbatch losses by their share of the
-   *global* batch, so the sum equals the unsplit model's gradient on the global batch.
+   *global* batch, so the sum equals the unsplit model's gradient on the global batch;
+5. a tied weight's copies (a head tied to the embedding, on another rank) are summed over
+   the group of the ranks holding one (:mod:`pipebubble.runtime.tied`).
 
 Rank 0 then gathers every rank's events and figures (:mod:`~pipebubble.runtime.dist.report`).
 """
@@ -25,6 +27,7 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -41,6 +44,7 @@ from ..clock import WallClock
 from ..interpreter import StageInterpreter
 from ..local import _with_copies
 from ..stages import balanced_boundaries, split_stages
+from ..tied import StageTie, sum_tied_gradients
 from .launch import is_loopback, loopback_store
 from .p2p import P2PTransport
 from .watchdog import Watchdog, collective_timeout
@@ -204,9 +208,10 @@ class Worker:
     """This process's part of one pipeline run: its stages, transport and groups."""
 
     def __init__(self, cfg: DistConfig, cluster: Cluster, built: tuple | None = None,
-                 recompute: bool = False):
+                 recompute: bool = False, ties: Sequence[StageTie] = ()):
         """``built``: (schedule, spec, stages, global inputs, global targets) made by the
-        caller (the run command's ``build_setup``); by default built from ``cfg``."""
+        caller (the run command's ``build_setup``); by default built from ``cfg``.
+        ``ties``: the tied weights' copies on the stages (``runtime.tied.untie_stages``)."""
         self.cfg, self.cluster, self.env = cfg, cluster, cluster.env
         self.recompute = recompute
         if self.env.world_size != cfg.world_size:
@@ -247,6 +252,8 @@ class Worker:
                 if r == self.rank:
                     self.dp_group = grp
         self.copy_groups = self._copy_groups(cfg)
+        self.ties = list(ties)
+        self.tie_groups = self._tie_groups(cfg)
         self.watchdog = cluster.watchdog
         self.watchdog.p2p = cfg.p2p
         self.transport = P2PTransport(
@@ -323,6 +330,7 @@ class Worker:
         wd = self.watchdog
         self._sync_copies()
         allreduce = self._allreduce()
+        self._sum_ties()
         check = self.cfg.check and self.replica == 0
         grads = self._grads() if gather and check else None
         if update is not None:
@@ -370,6 +378,42 @@ class Worker:
                                 key=lambda s: (s % per, s))
                 mine.append((grp, stages))
         return mine
+
+    def _tie_groups(self, cfg: DistConfig) -> dict[int, object]:
+        """Tied weights (Megatron's embedding group): for each tied weight and each replica,
+        the global ranks holding a copy sum their gradients; one group per such set of
+        two or more ranks (every process creates every group, in the same order). Returns
+        tie index -> this rank's group, where it needs one."""
+        S, chains = self.schedule.num_stages, self.schedule.chains
+        per, where = S // chains, self.schedule.stage_to_rank
+        mine: dict[int, object] = {}
+        for t, tie in enumerate(self.ties):
+            held = set(tie.stages)
+            for replica in range(cfg.dp):
+                ranks = sorted({replica * cfg.ranks + where[s] for s in range(S)
+                                if s % per in held})
+                if len(ranks) < 2:
+                    continue
+                grp = dist.new_group(ranks)
+                if self.g in ranks:
+                    mine[t] = grp
+        return mine
+
+    def _sum_ties(self) -> None:
+        """Each copy of a tied weight gets the sum of the copies' gradients (after the
+        data-parallel sum: the result is the whole global batch's, over every use)."""
+        if not self.ties:
+            return
+        per = self.schedule.num_stages // self.schedule.chains
+
+        def reduce(t: int, total: torch.Tensor) -> None:
+            if t in self.tie_groups:
+                self.watchdog.at(f"sum of tied-weight gradients ({self.ties[t].weight.name})",
+                                 True)
+                dist.all_reduce(total, group=self.tie_groups[t])
+                self.watchdog.advance()
+
+        sum_tied_gradients(self.modules, self.ties, per, reduce)
 
     def _sync_copies(self) -> None:
         """Sum the gradients of each model stage over its copies (one all-reduce per group),
