@@ -329,6 +329,7 @@ def train_local(setup: RunSetup, plan, args: argparse.Namespace, variants: list[
     with ``--check`` the unsplit model trained alongside on the same batches.
 
     Returns the fastest measured pass of each variant over all steps, and the figures."""
+    from ._run_errors import reference_code, training_step
     from ._run_train import (
         batch_of,
         grad_and_loss_diff,
@@ -352,17 +353,19 @@ def train_local(setup: RunSetup, plan, args: argparse.Namespace, variants: list[
     losses: list[float] = []
     grad_diff = loss_diff = None
     for k in plan.steps_range:
-        setup.inputs, setup.targets = batch_of(setup, args, k)
-        per: list[list[float]] = []
-        got = run_local_steps(setup, variants, args.warmup if k == plan.start else 0,
-                              args.repeat, per)
+        with training_step(setup, k):  # the model's failure: its layer, stage, rank, step
+            setup.inputs, setup.targets = batch_of(setup, args, k)
+            per: list[list[float]] = []
+            got = run_local_steps(setup, variants, args.warmup if k == plan.start else 0,
+                                  args.repeat, per)
         for v, res in enumerate(got):
             times[v] += per[v]
             if best[v] is None or res.timeline.step_time < best[v].timeline.step_time:
                 best[v] = res
         losses.append(got[-1].loss)
         if ref is not None:  # the gradients of this step, on both sides, before updating
-            ref_loss = ref.gradients(setup.inputs, setup.targets)
+            with reference_code(setup, k):
+                ref_loss = ref.gradients(setup.inputs, setup.targets)
             grad_diff, loss_diff = grad_and_loss_diff(named, reference_named(setup),
                                                       got[-1].loss, ref_loss)
             ref.step()
