@@ -159,7 +159,8 @@ _results: list[TextIO] = []
 def user_prints_to_stderr() -> Iterator[None]:
     """Inside, ``print()`` (``sys.stdout``) writes to standard error; the standard output of
     the moment is kept for :func:`results_to_stdout`."""
-    _results.append(sys.stdout)
+    # nested (a torchrun worker inside the command): the real one is the outer one's
+    _results.append(_results[-1] if _results and sys.stdout is sys.stderr else sys.stdout)
     try:
         with redirect_stdout(sys.stderr):
             yield

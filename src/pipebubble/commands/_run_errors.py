@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from ..errors import UserError
 from ..usercode import UserCodeError, user_code
 
 
@@ -43,3 +44,41 @@ def reference_code(setup, step: int):
     """The unsplit model of ``--check`` runs the user's layers too."""
     return user_code("the unsplit model (the --check reference)", step=step,
                      model=setup.spec.name)
+
+
+@contextmanager
+def preflight_timeout(seconds: float, where: str = "in the launcher") -> Iterator[None]:
+    """Bound the pre-flight check (building the model, its one 2-sample forward, the first
+    batch) by ``seconds`` (``--action-timeout``, default at least 300 s): a model whose code
+    never returns is one line, not a launcher that hangs before any rank starts.
+
+    A ``SIGALRM`` timer interrupts the Python code of the model (a loop, a ``sleep``); a
+    call into C that never returns is not interruptible this way. Only in the main thread
+    (elsewhere, and where there is no ``SIGALRM``, it does nothing)."""
+    import signal
+    import threading
+
+    if (not hasattr(signal, "setitimer") or threading.current_thread()
+            is not threading.main_thread()):
+        yield
+        return
+
+    def expired(signum, frame):  # noqa: ARG001
+        raise _PreflightExpired
+
+    old = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    except _PreflightExpired:
+        raise UserError(f"the model did not finish its pre-flight check {where} (build it, "
+                        f"make a batch, one forward of 2 samples) within {seconds:g} s "
+                        "(--action-timeout); is a forward stuck in a loop?") from None
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+class _PreflightExpired(BaseException):
+    """Raised by the pre-flight timer; a BaseException so the model's own ``except
+    Exception`` cannot swallow it."""

@@ -250,6 +250,15 @@ def _backward_total(t: dict) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
+    """``pipebubble run``. The model's own ``print()`` goes to standard error, in this
+    process and in every worker: standard output is the report's (``--json``)."""
+    from ..usercode import user_prints_to_stderr
+
+    with user_prints_to_stderr():
+        return _checked_run(args)
+
+
+def _checked_run(args: argparse.Namespace) -> int:
     check_outputs(args)
     if args.warmup < 0:
         raise UserError(f"--warmup must be >= 0, got {args.warmup}")
@@ -312,13 +321,16 @@ def _run(args: argparse.Namespace) -> int:
     note = noise_note(times[-1], report.measured.step_time, report.predicted.step_time)
     if note:
         report.notes.append(note)
-    write_figures(args, [report.measured, report.predicted], report.title)
-    if args.json:
-        print_json(report_json(report))
-    else:
-        from rich.console import Console
+    from ..usercode import results_to_stdout
 
-        print_report(report, Console(), args.chart_width)
+    with results_to_stdout():
+        write_figures(args, [report.measured, report.predicted], report.title)
+        if args.json:
+            print_json(report_json(report))
+        else:
+            from rich.console import Console
+
+            print_report(report, Console(), args.chart_width)
     return 0
 
 
