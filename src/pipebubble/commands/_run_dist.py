@@ -27,7 +27,7 @@ from ..ir.schedule import Schedule
 from ..limits import check_processes, check_threads
 from ..runtime.dist.launch import launch, pin_sockets, under_launcher
 from ..runtime.dist.report import grad_diffs, measured_comm, measured_timeline, step_span
-from ..runtime.dist.watchdog import default_action_timeout
+from ..runtime.dist.watchdog import DIVERGED, default_action_timeout, publish_failure
 from ..runtime.dist.worker import Cluster, DistConfig, Env, Worker, unsplit_gradients
 from ..runtime.stages import split_stages
 from ..sim.dataparallel import step_time_with_allreduce
@@ -47,6 +47,7 @@ from ._run_train import (
     train_summary,
 )
 from .common import print_json, write_figures
+from .run import diverged_exit
 
 
 def check_backend(backend: str) -> None:
@@ -170,6 +171,7 @@ def _worker_main(args: argparse.Namespace, schedule: Schedule | None = None) -> 
             load_into(plan, named, opt)
         ref = make_reference(setup, plan)  # rank 0 with --check
         results, best, spans, losses, last_ref, final = None, float("inf"), [], [], None, None
+        rc = 0
         i = 0
         for k in plan.steps_range:
             if k != plan.start:
@@ -219,8 +221,11 @@ def _worker_main(args: argparse.Namespace, schedule: Schedule | None = None) -> 
                 report.reference_losses = list(ref.losses)
                 report.param_max_abs_diff = param_diffs(final, _stages_of(setup))
             _print(args, report, extra)
+            rc = diverged_exit(report)  # 1: the loss diverged (said once, on stderr)
         cluster.close()
-        return 0
+        if rc:  # the launcher exits 1 too, without a line of its own
+            publish_failure(cluster.store, DIVERGED + "rank 0: the training diverged")
+        return rc
     except Exception as exc:  # noqa: BLE001 - every failure must reach the other ranks
         msg = describe(exc)  # one line, never empty ("RuntimeError", not "RuntimeError: ")
         if cluster is None and isinstance(exc, UserError):  # bad input, e.g. a model whose

@@ -8,6 +8,7 @@ and the report (``_run_setup.py``). Importing this module loads no torch: only r
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -331,7 +332,19 @@ def _run(args: argparse.Namespace) -> int:
             from rich.console import Console
 
             print_report(report, Console(), args.chart_width)
-    return 0
+    return diverged_exit(report)
+
+
+def diverged_exit(report: RunReport) -> int:
+    """The exit code of a run whose report is printed: 1 when the training diverged (a
+    failed run, with one line on stderr saying where), else 0."""
+    from ._run_setup import diverged_line
+
+    line = diverged_line(report)
+    if line is None:
+        return 0
+    sys.stderr.write(f"pipebubble: error: {line}\n")
+    return 1
 
 
 def train_local(setup: RunSetup, plan, args: argparse.Namespace, variants: list[bool],

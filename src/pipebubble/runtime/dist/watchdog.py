@@ -58,6 +58,10 @@ USER_FAILURE = "user error: "
 that published it prints the one line and exits 2; the others and the launcher stop quietly
 (so the run says it once)."""
 EXIT_USER = 2
+DIVERGED = "diverged: "
+"""Prefix of the ``failed`` value rank 0 publishes after a finished run whose training
+diverged: the launcher exits 1 without a line (rank 0 printed the report and the line);
+watchdogs ignore it (every rank has finished)."""
 
 
 def is_user_failure(message: str | None) -> bool:
@@ -334,6 +338,8 @@ class Watchdog:
         while not self._stop.wait(self.interval):
             self._beat()
             failed = read_failure(self.store)
+            if failed and failed.startswith(DIVERGED):  # a finished run's verdict
+                failed = None
             if failed and not self._stop.is_set():
                 if is_user_failure(failed):  # its rank has said it, in one line
                     self.exit_fn(EXIT_USER)
