@@ -438,3 +438,35 @@ def check_time(value: object, flag: str) -> float:
     if not (v == 0 or MIN_TIME <= v <= MAX_TIME):
         raise LimitError(f"{flag} must be 0 or between {MIN_TIME:g} and {MAX_TIME:g}, got {v:g}")
     return v
+
+
+# ---- a model's input (``--input-shape``) ----------------------------------------------------
+MAX_SAMPLE_ELEMENTS = 1 << 24
+"""Elements of one input sample of an ``nn.Sequential`` (``--input-shape``): 16 Mi (64 MiB in
+float32); a batch holds 8 per microbatch of them, so a typo such as ``100000,100000`` is refused
+before torch tries to allocate terabytes."""
+
+
+def check_input_shape(dims: Iterable[int], flag: str = "--input-shape") -> tuple[int, ...]:
+    """One sample's shape: at most :data:`MAX_SAMPLE_ELEMENTS` elements and 8 dimensions.
+
+    >>> check_input_shape((3, 32, 32))
+    (3, 32, 32)
+    >>> check_input_shape((100000, 100000))
+    Traceback (most recent call last):
+    ...
+    pipebubble.limits.LimitError: --input-shape 100000,100000 is 10,000,000,000 elements per \
+sample, over the limit of 16,777,216; use a smaller shape
+    """
+    dims = tuple(dims)
+    if len(dims) > 8:
+        raise LimitError(f"{flag} has {len(dims)} dimensions; at most 8")
+    total = 1
+    for d in dims:
+        total *= d
+    if total > MAX_SAMPLE_ELEMENTS:
+        shown = ",".join(str(d) if d < 10**18 else "(huge)" for d in dims)
+        count = f"{total:,}" if total < 10**30 else "over 10^30"
+        raise LimitError(f"{flag} {shown[:80]} is {count} elements per sample, over the "
+                         f"limit of {MAX_SAMPLE_ELEMENTS:,}; use a smaller shape")
+    return dims

@@ -20,8 +20,9 @@ def add_spec_flags(p: argparse._ActionsContainer) -> None:
                    "values parsed as int, float, true/false or text")
     p.add_argument("--input-shape", default=None, metavar="D[,D..]",
                    help="an nn.Sequential model: one input sample's shape, e.g. 64 or 3,32,32")
-    p.add_argument("--input-dtype", default="float32", metavar="DTYPE",
-                   help="an nn.Sequential model: the input dtype (float32; int64 for token ids)")
+    p.add_argument("--input-dtype", default=None, metavar="DTYPE",
+                   help="an nn.Sequential model: the input dtype (float32; int64 for token "
+                   "ids); refused for a model that makes its own batches (a ModelSpec, hf:)")
 
 
 def user_spec_flags_given(args: argparse.Namespace) -> list[str]:
@@ -31,7 +32,7 @@ def user_spec_flags_given(args: argparse.Namespace) -> list[str]:
         out.append("--model-arg")
     if getattr(args, "input_shape", None) is not None:
         out.append("--input-shape")
-    if getattr(args, "input_dtype", "float32") != "float32":
+    if getattr(args, "input_dtype", None) is not None:
         out.append("--input-dtype")
     return out
 
@@ -44,7 +45,7 @@ def load_from_args(args: argparse.Namespace, seq: int | None = None,
     return load_model(args.model, parse_model_args(getattr(args, "model_arg", None)),
                       seed=getattr(args, "seed", 0), seq=seq,
                       input_shape=getattr(args, "input_shape", None),
-                      input_dtype=getattr(args, "input_dtype", "float32"), check=check)
+                      input_dtype=getattr(args, "input_dtype", None), check=check)
 
 
 def check_builtin_flags(args: argparse.Namespace, builtin_only: tuple[str, ...]) -> None:

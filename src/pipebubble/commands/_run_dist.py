@@ -30,12 +30,14 @@ from ..limits import check_processes, check_threads
 from ..runtime.check import max_abs
 from ..runtime.dist.launch import launch, pin_sockets, under_launcher
 from ..runtime.dist.report import grad_diffs, measured_comm, measured_timeline, step_span
-from ..runtime.dist.watchdog import default_action_timeout
+from ..runtime.dist.watchdog import DIVERGED, default_action_timeout, publish_failure
 from ..runtime.dist.worker import Cluster, DistConfig, Env, Worker, unsplit_gradients
 from ..runtime.stages import split_stages
 from ..sim.dataparallel import step_time_with_allreduce
 from ..sim.kernel import simulate
 from ..sim.wire import WireDeadlock, lower, run_wire
+from ..usercode import describe, results_to_stdout, user_prints_to_stderr
+from ._run_errors import preflight_timeout, reference_code, training_step
 from ._run_setup import analyse, build_setup, judge_check, noise_note, print_report, report_json
 from ._run_train import (
     batch_of,
@@ -48,6 +50,7 @@ from ._run_train import (
     train_summary,
 )
 from .common import print_json, write_figures
+from .run import diverged_exit
 
 
 def check_backend(backend: str) -> None:
@@ -104,7 +107,8 @@ def run_distributed(args: argparse.Namespace) -> int:
     # torch's thread pool first, since a forked child would inherit the pool but none of
     # its threads. The launcher's own work (checking the flags) is small.
     torch.set_num_threads(1)
-    setup = build_setup(args)  # every flag checked before any process starts
+    with preflight_timeout(action_timeout_of(args)):  # a model that never returns: 1 line
+        setup = build_setup(args)  # every flag checked before any process starts
     cfg = config_from_args(args, setup.schedule)
     check_processes(cfg.world_size, getattr(args, "allow_oversubscribe", False),
                     f"-p {cfg.ranks} x --dp {cfg.dp}")  # bounded before any process starts
@@ -154,7 +158,13 @@ def check_exit(failed: bool) -> int:
 
 def worker_main(args: argparse.Namespace, schedule: Schedule | None = None) -> int:
     """One rank: build the model (and, under torchrun, the schedule) from the flags, train
-    the steps, and on rank 0 report."""
+    the steps, and on rank 0 report. The model's ``print()`` goes to stderr in every rank
+    (standard output is rank 0's report)."""
+    with user_prints_to_stderr():
+        return _worker_main(args, schedule)
+
+
+def _worker_main(args: argparse.Namespace, schedule: Schedule | None = None) -> int:
     env = Env.from_environ()
     cluster = None
     torch.set_num_threads(args.threads)
@@ -171,7 +181,9 @@ def worker_main(args: argparse.Namespace, schedule: Schedule | None = None) -> i
     # ends every rank alike, before any process group: one line, exit 2 (the launcher then
     # stops the other ranks). Under our launcher the flags were checked before the fork.
     try:
-        setup = build_setup(args, reference=args.check and env.rank == 0, schedule=schedule)
+        with preflight_timeout(action_timeout_of(args), "on this rank"):
+            setup = build_setup(args, reference=args.check and env.rank == 0,
+                                schedule=schedule)
         cfg = config_from_args(args, setup.schedule)
         plan = plan_training(args, setup)
         check_engine_flags(args, setup.schedule)
@@ -194,16 +206,19 @@ def worker_main(args: argparse.Namespace, schedule: Schedule | None = None) -> i
         ref = make_reference(setup, plan)  # rank 0 with --check
         results, best, spans, losses, last_ref, final = None, float("inf"), [], [], None, None
         failed = False
+        rc = 0
         i = 0
         for k in plan.steps_range:
             if k != plan.start:
-                worker.set_batch(*batch_of(setup, args, k, cfg.dp))
+                with training_step(setup, k):  # make_batch of step k
+                    worker.set_batch(*batch_of(setup, args, k, cfg.dp))
             passes = (cfg.warmup if k == plan.start else 0) + cfg.repeat
             for j in range(passes):
                 last = j == passes - 1
-                got = worker.step(i, gather=j >= passes - cfg.repeat,
-                                  update=opt.step if last else None,
-                                  params=last and k == plan.steps_range[-1])
+                with training_step(setup, k):  # the model's failure: layer, stage, rank, step
+                    got = worker.step(i, gather=j >= passes - cfg.repeat,
+                                      update=opt.step if last else None,
+                                      params=last and k == plan.steps_range[-1])
                 i += 1
                 if got is not None:  # rank 0: keep the fastest measured step, and every span
                     t = step_span(got)
@@ -217,14 +232,14 @@ def worker_main(args: argparse.Namespace, schedule: Schedule | None = None) -> i
             if ref is not None:  # the unsplit model, same batch, same optimizer
                 worker.watchdog.at(f"rank 0: reference step {k}", False)
                 xg, yg = batch_of(setup, args, k, cfg.dp)
-                last_ref = unsplit_gradients(_stages_of(setup), setup.spec.loss_fn, xg, yg)
+                with reference_code(setup, k):
+                    last_ref = unsplit_gradients(_stages_of(setup), setup.spec.loss_fn, xg, yg)
                 ref.losses.append(last_ref[0])
                 ref.step()
         if plan.save:
             worker.watchdog.at(f"saving the checkpoint to {plan.save}", True)
             save_from(plan, setup, named, opt, losses, coordinator=env.rank == 0,
                       barrier=dist.barrier)
-        failed = False  # rank 0's verdict of --check
         if env.rank == 0:
             worker.watchdog.at("rank 0: reference gradients and report", False)
             report, extra = summarize(args, cfg, setup, results, x, y, last_ref, final)
@@ -248,20 +263,35 @@ def worker_main(args: argparse.Namespace, schedule: Schedule | None = None) -> i
                 cluster.close()
                 return 1
             failed = report.verdict is not None and not report.verdict.passed
+            rc = diverged_exit(report)  # 1: the loss diverged (said once, on stderr)
         cluster.close()
+        if rc:  # the launcher exits 1 too, without a line of its own
+            publish_failure(cluster.store, DIVERGED + "rank 0: the training diverged")
+            return rc
         return check_exit(env.rank == 0 and failed)
     except Exception as exc:  # noqa: BLE001 - every failure must reach the other ranks
-        msg = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        msg = describe(exc)  # one line, never empty ("RuntimeError", not "RuntimeError: ")
         if cluster is None and isinstance(exc, UserError):  # bad input, e.g. a model whose
             # first call fails on this rank: one line; the launcher stops the other ranks
-            sys.stderr.write(f"pipebubble: error: rank {env.rank}: {exc}\n")
+            sys.stderr.write(f"pipebubble: error: rank {env.rank}: {error_line(exc)}\n")
             return 2
         if cluster is None:
             sys.stderr.write(f"pipebubble: rank {env.rank}: {msg}\n")
             traceback.print_exc(limit=3)
             return 1
+        if isinstance(exc, UserError):  # the model's code failed, or bad input: one line,
+            # said by the first rank that met it; every rank exits 2
+            line = error_line(exc)
+            cluster.watchdog.fail_user(line if "rank " in line else f"rank {env.rank}: {line}")
+            return 2
         cluster.watchdog.fail(msg, peer_error=_looks_like_peer(exc))
         return 1
+
+
+def error_line(exc: BaseException) -> str:
+    """A user error's message, first line (as ``pipebubble.cli`` prints it)."""
+    text = str(exc)
+    return text.splitlines()[0] if text.strip() else type(exc).__name__
 
 
 def action_timeout_of(args: argparse.Namespace) -> float:
@@ -414,6 +444,11 @@ def _stages_of(setup) -> list:
 
 
 def _print(args, report, extra: dict) -> None:
+    with results_to_stdout():  # the report owns standard output, not the model's print()
+        _print_report(args, report, extra)
+
+
+def _print_report(args, report, extra: dict) -> None:
     write_figures(args, [report.measured, report.predicted], report.title)
 
     if args.json:

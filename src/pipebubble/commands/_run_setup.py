@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -257,11 +258,45 @@ def check_against_unsplit(setup: RunSetup, loss: float) -> tuple[float, float]:
 
 
 # ---- output --------------------------------------------------------------------------------
+def diverged_at(report: RunReport) -> int | None:
+    """The first training step whose loss is not a finite number (nan, inf), or None.
+
+    A diverging run (``--lr 1000``) is a failed run, not bad input: its report is still
+    printed, every figure kept, the losses that are not numbers shown as ``null`` in
+    ``--json`` with ``diverged_at_step``, and the command exits 1.
+    """
+    first = report.train.get("first_step", 0) if report.train else 0
+    for k, value in enumerate(report.losses or [report.loss]):
+        if not math.isfinite(value):
+            return first + k
+    return None
+
+
+def _number(value: float | None) -> float | None:
+    """A figure for ``--json``: a non-finite one (a diverged loss) is ``null``."""
+    return value if value is None or math.isfinite(value) else None
+
+
+def diverged_line(report: RunReport) -> str | None:
+    """One line saying where the run diverged (for the table and for stderr), or None."""
+    step = diverged_at(report)
+    if step is None:
+        return None
+    first = report.train.get("first_step", 0) if report.train else 0
+    losses = report.losses or [report.loss]
+    return (f"training diverged: the loss is {losses[step - first]} at step {step} (a "
+            "learning rate too large for the model? try a smaller --lr); the run's other "
+            "figures are kept")
+
+
 def report_json(report: RunReport) -> dict:
-    """The simulate contract for the measured timeline, plus the prediction and extras."""
+    """The simulate contract for the measured timeline, plus the prediction and extras.
+    A loss that is not a finite number is ``null``, and ``diverged_at_step`` names the first
+    such step (:func:`diverged_at`; null when every loss is a number)."""
     out = timeline_json(report.measured, report.closed_form)
     out["source"] = "measured"
-    out["loss"] = report.loss
+    out["loss"] = _number(report.loss)
+    out["diverged_at_step"] = diverged_at(report)
     out["predicted"] = {
         "step_time": report.predicted.step_time,
         "bubble_fraction": report.predicted.bubble_fraction,
@@ -272,16 +307,16 @@ def report_json(report: RunReport) -> dict:
     if report.step_times:  # every measured step (--repeat); step_time is the fastest
         out["step_times"] = list(report.step_times)
     if report.grad_max_abs_diff is not None:
-        out["grad_max_abs_diff"] = report.grad_max_abs_diff
-        out["loss_abs_diff"] = report.loss_abs_diff
+        out["grad_max_abs_diff"] = _number(report.grad_max_abs_diff)
+        out["loss_abs_diff"] = _number(report.loss_abs_diff)
     if report.trade is not None:
         out["recompute_trade"] = report.trade
     if report.losses:
-        out["losses"] = list(report.losses)
+        out["losses"] = [_number(v) for v in report.losses]
         out["train"] = report.train
     if report.reference_losses is not None:
-        out["reference_losses"] = list(report.reference_losses)
-        out["param_max_abs_diff"] = report.param_max_abs_diff
+        out["reference_losses"] = [_number(v) for v in report.reference_losses]
+        out["param_max_abs_diff"] = _number(report.param_max_abs_diff)
     out["engine"] = report.engine
     if report.verdict is not None:
         out["check"] = report.verdict.as_dict()
@@ -338,6 +373,9 @@ def print_report(report: RunReport, console: Console, width: int | None = None) 
                       f"unsplit model trained the same way: {report.param_max_abs_diff:.3g}")
     for note in report.notes:
         console.print(note)
+    diverged = diverged_line(report)
+    if diverged:
+        console.print(diverged)
     if report.grad_max_abs_diff is not None:
         console.print(f"check against the unsplit model on the whole batch: largest gradient "
                       f"difference {report.grad_max_abs_diff:.3g}, loss difference "

@@ -275,6 +275,15 @@ def _backward_total(t: dict) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
+    """``pipebubble run``. The model's own ``print()`` goes to standard error, in this
+    process and in every worker: standard output is the report's (``--json``)."""
+    from ..usercode import user_prints_to_stderr
+
+    with user_prints_to_stderr():
+        return _checked_run(args)
+
+
+def _checked_run(args: argparse.Namespace) -> int:
     check_outputs(args)
     if args.warmup < 0:
         raise UserError(f"--warmup must be >= 0, got {args.warmup}")
@@ -341,17 +350,35 @@ def _run(args: argparse.Namespace) -> int:
     note = noise_note(times[-1], report.measured.step_time, report.predicted.step_time)
     if note:
         report.notes.append(note)
-    write_figures(args, [report.measured, report.predicted], report.title)
-    if args.json:
-        print_json(report_json(report))
-    else:
-        from rich.console import Console
+    from ..usercode import results_to_stdout
 
-        print_report(report, Console(), args.chart_width)
+    with results_to_stdout():
+        write_figures(args, [report.measured, report.predicted], report.title)
+        if args.json:
+            print_json(report_json(report))
+        else:
+            from rich.console import Console
+
+            print_report(report, Console(), args.chart_width)
     if plan.save_error:  # the results above stand; the checkpoint did not get written
         sys.stderr.write(f"pipebubble: error: {plan.save_error}\n")
         return 1
+    rc = diverged_exit(report)
+    if rc:
+        return rc
     return 1 if report.verdict is not None and not report.verdict.passed else 0
+
+
+def diverged_exit(report: RunReport) -> int:
+    """The exit code of a run whose report is printed: 1 when the training diverged (a
+    failed run, with one line on stderr saying where), else 0."""
+    from ._run_setup import diverged_line
+
+    line = diverged_line(report)
+    if line is None:
+        return 0
+    sys.stderr.write(f"pipebubble: error: {line}\n")
+    return 1
 
 
 def train_local(setup: RunSetup, plan, args: argparse.Namespace, variants: list[bool],
@@ -362,6 +389,7 @@ def train_local(setup: RunSetup, plan, args: argparse.Namespace, variants: list[
 
     Returns the fastest measured pass of each variant over all steps, and the figures."""
     from ..runtime.check import max_abs
+    from ._run_errors import reference_code, training_step
     from ._run_train import (
         batch_of,
         grad_and_loss_diff,
@@ -385,17 +413,19 @@ def train_local(setup: RunSetup, plan, args: argparse.Namespace, variants: list[
     losses: list[float] = []
     grad_diff = loss_diff = grad_scale = None
     for k in plan.steps_range:
-        setup.inputs, setup.targets = batch_of(setup, args, k)
-        per: list[list[float]] = []
-        got = run_local_steps(setup, variants, args.warmup if k == plan.start else 0,
-                              args.repeat, per)
+        with training_step(setup, k):  # the model's failure: its layer, stage, rank, step
+            setup.inputs, setup.targets = batch_of(setup, args, k)
+            per: list[list[float]] = []
+            got = run_local_steps(setup, variants, args.warmup if k == plan.start else 0,
+                                  args.repeat, per)
         for v, res in enumerate(got):
             times[v] += per[v]
             if best[v] is None or res.timeline.step_time < best[v].timeline.step_time:
                 best[v] = res
         losses.append(got[-1].loss)
         if ref is not None:  # the gradients of this step, on both sides, before updating
-            ref_loss = ref.gradients(setup.inputs, setup.targets)
+            with reference_code(setup, k):
+                ref_loss = ref.gradients(setup.inputs, setup.targets)
             grad_diff, loss_diff = grad_and_loss_diff(named, reference_named(setup),
                                                       got[-1].loss, ref_loss)
             grad_scale = max_abs(p.grad for p in setup.reference.parameters())

@@ -26,12 +26,15 @@ what is valid (the CLI prints it and exits 2).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import importlib
 import importlib.util
 import inspect
+import os
 import sys
 from collections.abc import Mapping, Sequence
+from contextlib import redirect_stdout
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +42,8 @@ import torch
 from torch import nn
 
 from ..errors import UserError
-from .spec import ModelSpec
+from ..usercode import USER_FAILURES, UserCodeError, describe, user_code
+from .spec import ModelSpec, check_spec, guard_spec
 
 BUILTIN = ("mlp", "transformer", "moe", "sleep")
 FORMS = "mlp, transformer, moe, sleep, path/to/file.py:NAME, package.module:NAME or hf:PATH"
@@ -84,7 +88,7 @@ def load_model(
     seed: int = 0,
     seq: int | None = None,
     input_shape: Sequence[int] | str | None = None,
-    input_dtype: str = "float32",
+    input_dtype: str | None = None,
     check: bool | None = None,
 ) -> ModelSpec:
     """The :class:`ModelSpec` that ``spec`` names (see the module docstring).
@@ -93,8 +97,9 @@ def load_model(
     :func:`parse_value`; for ``hf:`` they override config fields). ``seed`` seeds the
     weights (torch's global generator is seeded before the builder runs). ``seq``: tokens
     per sample of a HuggingFace model (32). ``input_shape``/``input_dtype``: one sample of
-    an ``nn.Sequential``. With ``check`` (default: for every model but the built-ins), one
-    forward of a 2-sample batch checks that each layer's output feeds the next and the loss
+    an ``nn.Sequential`` (float32 by default); given for any other kind of model, they are
+    an error (they would be ignored). With ``check`` (default: for every model but the
+    built-ins), one forward of a 2-sample batch checks the ModelSpec contract
     (:func:`check_layers`).
     """
     if not isinstance(spec, str) or not spec.strip():
@@ -108,13 +113,51 @@ def load_model(
     elif spec.startswith("hf:"):
         from .hf import load_hf
 
+        _refuse_input_flags(spec, "a HuggingFace model", input_shape, input_dtype)
+        check_path_name(spec[3:], "hf:PATH")
         out = load_hf(spec[3:], seq=seq or 32, seed=seed, overrides=args)
     else:
-        obj, label = _resolve(spec)
-        out = _as_spec(obj, label, args, seed, seq, input_shape, input_dtype)
+        with redirect_stdout(sys.stderr):  # the model's print() is not the command's output
+            obj, label = _resolve(spec)
+            out = guard_spec(_as_spec(obj, label, args, seed, seq, input_shape, input_dtype))
     if check or (check is None and not is_builtin(spec)):
         check_layers(out)
     return out
+
+
+def _refuse_input_flags(label: str, kind: str, input_shape, input_dtype) -> None:
+    """``--input-shape``/``--input-dtype`` describe an nn.Sequential's sample; for a model that
+    makes its own batches they would be silently ignored, so they are an error."""
+    given = [f for f, v in (("--input-shape", input_shape), ("--input-dtype", input_dtype))
+             if v is not None]
+    if given:
+        raise UserError(f"{' and '.join(given)} {'apply' if len(given) > 1 else 'applies'} to "
+                        f"an nn.Sequential model only; {label} "
+                        f"is {kind}, which makes its own batches (drop the flag)")
+
+
+def check_path_name(path: str, what: str) -> None:
+    """A path whose name (or one of its folders' names) is longer than the file system
+    allows is one line, not an OSError from deep inside a stat (other problems are left to
+    the reader, which names them)."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ENAMETOOLONG:
+            longest = max((len(part) for part in path.split(os.sep)), default=0)
+            raise UserError(f"{what} {path[:60]!r}...: name too long for the file system "
+                            f"({len(path)} characters, the longest part {longest}; at most "
+                            f"{_name_max(path)} per name)") from None
+    except ValueError:  # an embedded NUL byte
+        raise UserError(f"{what} {path[:60]!r}: not a valid path (it contains a NUL "
+                        "byte)") from None
+
+
+def _name_max(path: str) -> int:
+    try:
+        return os.pathconf(os.path.dirname(os.path.abspath(path)) or "/", "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return 255
 
 
 def _resolve(spec: str) -> tuple[Any, str]:
@@ -157,6 +200,7 @@ def _callables_in_file(path: str) -> list[str]:
 
 
 def _import_file(path: str):
+    check_path_name(path, "model file")
     p = Path(path)
     if not p.is_file():
         raise UserError(f"model file {path!r} does not exist (give path/to/file.py:NAME)")
@@ -171,10 +215,11 @@ def _import_file(path: str):
     folder = str(p.resolve().parent)  # as `python file.py` would: its neighbours import
     sys.path.insert(0, folder)
     try:
-        loader_spec.loader.exec_module(module)
-    except Exception as exc:  # the user's code: its error, in one line
+        with user_code(f"importing {path}"):  # its top level is the user's code
+            loader_spec.loader.exec_module(module)
+    except UserError:
         del sys.modules[key]
-        raise UserError(f"importing {path} raised {_one_line(exc)}") from None
+        raise
     finally:
         sys.path.remove(folder)
     return module
@@ -186,13 +231,13 @@ def _import_module(name: str):
     except ModuleNotFoundError as exc:
         raise UserError(f"no module {name!r} ({_one_line(exc)}); give path/to/file.py:NAME or "
                         "an importable package.module:NAME") from None
-    except Exception as exc:
-        raise UserError(f"importing {name} raised {_one_line(exc)}") from None
+    except UserError:
+        raise
+    except USER_FAILURES as exc:
+        raise UserCodeError(exc, f"importing {name}") from None
 
 
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+_one_line = describe  # the cause of a user error in one line (never empty)
 
 
 def _check_params(fn: Any, args: Mapping[str, Any], label: str) -> None:
@@ -219,23 +264,21 @@ def _as_spec(obj: Any, label: str, args: dict, seed: int, seq: int | None,
     if callable(obj) and not isinstance(obj, nn.Module):
         _check_params(obj, args, label)
         torch.manual_seed(seed)
-        try:
+        with user_code(f"the model builder {label}"):  # sys.exit() in it included
             obj = obj(**args)
-        except UserError:
-            raise
-        except Exception as exc:  # the user's code: its error, in one line
-            raise UserError(f"{label} raised {_one_line(exc)}") from None
     elif args:
         raise UserError(f"--model-arg needs a function to call; {label} is a "
                         f"{type(obj).__name__}")
     if isinstance(obj, ModelSpec):
+        _refuse_input_flags(label, "a ModelSpec", input_shape, input_dtype)
         return obj
     if _is_hf(obj):
         from .hf import hf_spec
 
+        _refuse_input_flags(label, "a HuggingFace model", input_shape, input_dtype)
         return hf_spec(obj, seq or 32, name=label)
     if isinstance(obj, nn.Sequential):
-        return sequential_spec(obj, input_shape, input_dtype, name=label)
+        return sequential_spec(obj, input_shape, input_dtype or "float32", name=label)
     what = type(obj).__name__
     extra = (" (an nn.Module other than nn.Sequential cannot be cut between layers; wrap "
              "its layers in nn.Sequential or return a ModelSpec)") if isinstance(obj, nn.Module) \
@@ -259,8 +302,10 @@ def parse_shape(shape: Sequence[int] | str | None) -> tuple[int, ...] | None:
         dims = ()
     if not dims or any(d < 1 for d in dims):
         raise UserError(f"--input-shape must be positive integers like 64 or 3,32,32 (one "
-                        f"sample, without the batch), got {shape!r}")
-    return dims
+                        f"sample, without the batch), got {str(shape)[:80]!r}")
+    from ..limits import check_input_shape
+
+    return check_input_shape(dims)
 
 
 def default_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -335,41 +380,53 @@ def _sample(n, shape, dtype, high, gen) -> torch.Tensor:
 
 def check_layers(spec: ModelSpec, boundaries: Sequence[int] | None = None,
                  samples: int = 2) -> None:
-    """One forward of a ``samples``-sample batch, layer by layer, then the loss: a layer
-    that cannot take the previous one's output is a UserError naming both layers, the
-    shape, and (with ``boundaries``, the first layer of every stage after the first) the
-    two stages it lies between."""
-    if not isinstance(spec, ModelSpec):
-        raise UserError(f"expected a ModelSpec, got {type(spec).__name__}")
-    if not spec.layers or not all(isinstance(m, nn.Module) for m in spec.layers):
-        raise UserError(f"model {spec.name!r}: layers must be a non-empty list of nn.Module")
+    """The ModelSpec contract, checked up front, one line per breach (a UserError):
+
+    - the fields (:func:`~pipebubble.models.spec.check_spec`): layers are ``nn.Module`` s,
+      names and roles fit them;
+    - ``make_batch(samples, generator)`` gives two tensors of ``samples`` rows;
+    - one forward of that batch, layer by layer: a layer that cannot take the previous one's
+      output is named with both layers, the shape, and (with ``boundaries``, the first layer
+      of every stage after the first) the two stages it lies between;
+    - the loss of the last layer's output is one number *with a gradient* (a ``.detach()``
+      or ``.item()`` inside ``loss_fn`` would leave the backward nothing to do);
+    - some parameter is trainable. A *stage* without trainable parameters is fine (its
+      backward only passes the gradient on, or, on the first stage, does nothing).
+    """
+    check_spec(spec)
     names = spec.layer_names()
-    if len(names) != len(spec.layers) or len(set(names)) != len(names):
-        raise UserError(f"model {spec.name!r}: names must be {len(spec.layers)} unique strings")
     device = next((p.device for m in spec.layers for p in m.parameters()), torch.device("cpu"))
-    inputs = getattr(spec.make_batch, "inputs", None)  # an nn.Sequential's: layers first
-    if inputs is not None:
-        _run_layers(spec.name, spec.layers, names,
-                    inputs(samples, torch.Generator().manual_seed(0)).to(device), boundaries)
-    try:
-        x, y = spec.make_batch(samples, torch.Generator().manual_seed(0))
-    except UserError:
-        raise
-    except Exception as exc:
-        raise UserError(f"model {spec.name!r}: make_batch({samples}, generator) raised "
-                        f"{_one_line(exc)}") from None
-    x = _run_layers(spec.name, spec.layers, names, x.to(device), boundaries)
-    y = y.to(device)
-    with torch.no_grad():
+    with redirect_stdout(sys.stderr):  # the model's print() is not the command's output
+        inputs = getattr(spec.make_batch, "inputs", None)  # an nn.Sequential's: layers first
+        if inputs is not None:
+            _run_layers(spec.name, spec.layers, names,
+                        inputs(samples, torch.Generator().manual_seed(0)).to(device), boundaries)
+        batch = guard_spec(spec).make_batch  # the user's errors, and what it returns, checked
+        x, y = batch(samples, torch.Generator().manual_seed(0))
+        x = _run_layers(spec.name, spec.layers, names, x.to(device), boundaries)
+        y = y.to(device)
+        out = x.detach().requires_grad_(x.is_floating_point())
         try:
-            loss = spec.loss_fn(x, y)
-        except Exception as exc:
-            raise UserError(f"model {spec.name!r}: the loss cannot take the last layer's output "
-                            f"{tuple(x.shape)} and the target {tuple(y.shape)}: "
+            with torch.enable_grad():
+                loss = spec.loss_fn(out, y)
+        except UserError:
+            raise
+        except USER_FAILURES as exc:
+            raise UserError(f"model {spec.name!r}: the loss cannot take the last layer's "
+                            f"output {tuple(x.shape)} and the target {tuple(y.shape)}: "
                             f"{_one_line(exc)}") from None
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         raise UserError(f"model {spec.name!r}: loss_fn must return one number (a 1-element "
                         f"tensor), got {type(loss).__name__}")
+    if out.requires_grad and not loss.requires_grad:
+        raise UserError(f"model {spec.name!r}: loss_fn returned a loss without a gradient "
+                        "(requires_grad is False: a .detach(), .item(), torch.tensor(...) or "
+                        "torch.no_grad() inside it?); the backward needs the loss as a function "
+                        "of the model's output")
+    if not any(p.requires_grad for m in spec.layers for p in m.parameters()):
+        raise UserError(f"model {spec.name!r} has no trainable parameter (none with "
+                        "requires_grad=True): there is nothing to train or to time a backward "
+                        "of")
 
 
 def _run_layers(model: str, layers: Sequence[nn.Module], names: Sequence[str], x: torch.Tensor,
@@ -381,7 +438,9 @@ def _run_layers(model: str, layers: Sequence[nn.Module], names: Sequence[str], x
         for i, layer in enumerate(layers):
             try:
                 x = layer(x)
-            except Exception as exc:
+            except UserError:
+                raise
+            except USER_FAILURES as exc:
                 shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
                 if i == 0:
                     raise UserError(f"model {model!r}: layer 0 ({names[0]!r}) cannot take "

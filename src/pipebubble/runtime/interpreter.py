@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from ..errors import UserError
 from ..ir.deps import (
     Dep,
     Signal,
@@ -55,6 +56,7 @@ from ..ir.deps import (
 )
 from ..ir.schedule import Action, Kind, Overlap, Step, step_actions
 from ..timeline import Event
+from ..usercode import USER_FAILURES, UserCodeError, is_ours, layer_in
 from .clock import Clock
 from .memory import AllocatorPeaks, SavedTensors, param_storages
 from .split import WeightWork, backward_input
@@ -191,9 +193,33 @@ class StageInterpreter:
             return [self._exec(step, x, earliest, False)]
 
     def _exec(self, a: Action, x: torch.Tensor | None, earliest: float, ov: bool) -> Event:
-        ev = self._handlers[a.kind](a, x, earliest, ov)
+        try:
+            ev = self._handlers[a.kind](a, x, earliest, ov)
+        except UserCodeError as exc:  # the layers' or the loss's: where it happened
+            raise exc.at(stage=a.stage, rank=self.rank) from exc.__cause__
+        except UserError:
+            raise
+        except USER_FAILURES as exc:
+            if is_ours(exc):  # a bug of ours: its traceback
+                raise
+            raise self._blame(a, exc) from exc
         self.events.append(ev)
         return ev
+
+    def _blame(self, a: Action, exc: BaseException) -> UserCodeError:
+        """The user's code failed in ``a`` (a layer's forward, or the backward through the
+        stage): name the layer when its code is on the traceback."""
+        s, kind, m = a
+        layers = _layers_of(self.modules[s])
+        i = layer_in(exc, layers)
+        what = (f"layer {i} of stage {s} ({type(layers[i]).__name__})" if i is not None
+                else f"the layers of stage {s}")
+        phase = {Kind.F: "the forward", Kind.B: "the backward", Kind.I: "the input-gradient "
+                 "backward (I)", Kind.W: "the weight-gradient backward (W)"}[kind]
+        err = UserCodeError(exc, what, during=f"{phase} of microbatch {m}",
+                            stage=s, rank=self.rank)
+        err.layer = i  # the caller may name it by the model's own names
+        return err
 
     def _take(self, a: Action) -> tuple[torch.Tensor | None, float]:
         """The tensor ``a`` consumes and the earliest time it may start: the message its
@@ -232,6 +258,9 @@ class StageInterpreter:
 
     def _forward(self, s: int, m: int, x: torch.Tensor) -> torch.Tensor:
         y = self.modules[s](x)
+        if not isinstance(y, torch.Tensor):
+            raise UserError(f"stage {s} returned a {type(y).__name__} for microbatch {m}; each "
+                            "layer must return one tensor (what the next stage receives)")
         if self._last[s]:
             if self.loss_fn is None:
                 raise ValueError("the last stage needs a loss_fn")
@@ -282,7 +311,8 @@ class StageInterpreter:
             y, saved = self._graph(s, m, sv)
             if saved is not None:
                 total[0] = saved.nbytes
-            torch.autograd.backward(y, grad_tensors=grad)
+            if y.requires_grad:  # else no graph: a first stage without trainable parameters
+                torch.autograd.backward(y, grad_tensors=grad)
             if saved is not None:
                 saved.free()
             return sv.inputs.grad if sv.inputs.requires_grad else None
@@ -321,6 +351,12 @@ class StageInterpreter:
         start, end, _r = self.clock.time(self.rank, a, earliest, kept.run, overlapped=ov)
         self._hold(-kept.nbytes)
         return Event(self.rank, s, "W", m, start, end, 0.0, -float(kept.nbytes), ov)
+
+
+def _layers_of(stage: nn.Module) -> list[nn.Module]:
+    """The layers of a stage (a PipelineStage's, or the stage itself)."""
+    inner = getattr(stage, "layers", None)
+    return list(inner) if isinstance(inner, nn.Sequential) else [stage]
 
 
 def _cuda(device: torch.device | str | None) -> torch.device | None:

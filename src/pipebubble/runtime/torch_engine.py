@@ -27,8 +27,10 @@ W (``stage_backward_input`` retains it), so here I frees nothing and W frees all
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -37,8 +39,10 @@ from ..errors import UserError
 from ..interop.torch_csv import cell_text
 from ..ir.schedule import Overlap, Schedule, step_actions
 from ..timeline import Event
+from ..usercode import USER_FAILURES, UserCodeError, is_ours, layer_in
 from .dist.worker import Worker
 from .memory import param_storages
+from .train import stage_layers
 
 
 def check_engine(schedule: Schedule, recompute: bool = False) -> None:
@@ -179,7 +183,7 @@ class TorchWorker(Worker):
             self.watchdog.at(f"{s}F{mb} (compute, torch's runtime)", False)
             saved = _SavedBytes(self._exclude)
             t0 = time.perf_counter()
-            with saved:
+            with saved, self._user(s, "the forward", mb):
                 out = fwd(mb, *args, **kwargs)
             self._held[s, mb] = saved.nbytes
             self._record(s, "F", mb, t0, time.perf_counter(), float(saved.nbytes), 0.0)
@@ -189,7 +193,9 @@ class TorchWorker(Worker):
             kind = "B" if full_backward else "I"
             self.watchdog.at(f"{s}{kind}{mb} (compute, torch's runtime)", False)
             t0 = time.perf_counter()
-            out = bwd(mb, *args, full_backward=full_backward, **kwargs)
+            with self._user(s, "the backward" if full_backward else
+                            "the input-gradient backward (I)", mb):
+                out = bwd(mb, *args, full_backward=full_backward, **kwargs)
             free = -float(self._held.pop((s, mb), 0)) if full_backward else 0.0
             self._record(s, kind, mb, t0, time.perf_counter(), 0.0, free)
             return out
@@ -197,7 +203,8 @@ class TorchWorker(Worker):
         def backward_weight_one_chunk(mb, *args, **kwargs):
             self.watchdog.at(f"{s}W{mb} (compute, torch's runtime)", False)
             t0 = time.perf_counter()
-            out = wgt(mb, *args, **kwargs)
+            with self._user(s, "the weight-gradient backward (W)", mb):
+                out = wgt(mb, *args, **kwargs)
             self._record(s, "W", mb, t0, time.perf_counter(), 0.0,
                          -float(self._held.pop((s, mb), 0)))
             return out
@@ -219,6 +226,34 @@ class TorchWorker(Worker):
 
         self.runtime._maybe_compute_loss = _maybe_compute_loss
 
+    @contextmanager
+    def _user(self, s: int, phase: str, mb: int) -> Iterator[None]:
+        """A failure of the model's code inside torch's stage call, as our interpreter names
+        it (torch wraps it in ``RuntimeError("[Stage s] failed to run forward ...")``: the
+        cause is the model's exception, the layer is found on its traceback)."""
+        try:
+            yield
+        except UserCodeError as exc:
+            raise exc.at(stage=s, rank=self.rank) from exc.__cause__
+        except UserError:
+            raise
+        except USER_FAILURES as exc:
+            root = exc
+            while root.__cause__ is not None:
+                root = root.__cause__
+            if isinstance(root, UserCodeError):
+                raise root.at(stage=s, rank=self.rank) from None
+            if is_ours(root):
+                raise
+            layers = stage_layers(self.modules[s])
+            i = layer_in(root, layers)
+            what = (f"layer {i} of stage {s} ({type(layers[i]).__name__})" if i is not None
+                    else f"the layers of stage {s}")
+            err = UserCodeError(root, what, during=f"{phase} of microbatch {mb}", stage=s,
+                                rank=self.rank)
+            err.layer = i
+            raise err from root
+
     # ---- one step ------------------------------------------------------------------------
     def step(self, index: int, gather: bool = True, update=None, params: bool = False):
         """One pipeline pass through torch's runtime, then the Worker's gradient
@@ -239,7 +274,14 @@ class TorchWorker(Worker):
         if self._last:
             kwargs = {"target": torch.cat(self.ys), "losses": losses}
         wd.at(f"step {index}: torch's runtime (sends and receives)", True)
-        self.runtime.step(*args, **kwargs)
+        quiet = logging.getLogger("torch.distributed.pipelining.schedules")
+        level, quiet.level = quiet.level, logging.CRITICAL  # its failure table: ours is 1 line
+        try:
+            self.runtime.step(*args, **kwargs)
+        except UserCodeError as exc:  # the loss (its stage is the last)
+            raise exc.at(stage=self.schedule.num_stages - 1, rank=self.rank) from exc.__cause__
+        finally:
+            quiet.level = level
         by_mb = {m: float(v.detach()) for m, v in enumerate(losses)}
         return self._finish_step(index, gather, update, params, origin, list(self._events),
                                  by_mb, 0, _peak(self._events), {})

@@ -58,10 +58,12 @@ def make_optimizer(name: str, params: Iterable[nn.Parameter], lr: float) -> torc
     depend on how the parameters are grouped (one optimizer per rank or one for all)."""
     seen: set[int] = set()  # a weight used under two names (tied, on one stage) steps once
     params = [p for p in params if p.requires_grad and not (id(p) in seen or seen.add(id(p)))]
+    # a rank whose stages have no trainable parameter (a frozen embedding) steps nothing
+    groups = [{"params": params}]
     if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, foreach=False)
+        return torch.optim.SGD(groups, lr=lr, foreach=False)
     if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr, foreach=False)
+        return torch.optim.AdamW(groups, lr=lr, foreach=False)
     raise UserError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {name!r}")
 
 

@@ -34,7 +34,14 @@ import traceback
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 
-from .watchdog import EXIT_DEADLOCK, collect_stuck, deadlock_message, publish_failure
+from .watchdog import (
+    DIVERGED,
+    EXIT_DEADLOCK,
+    collect_stuck,
+    deadlock_message,
+    is_user_failure,
+    publish_failure,
+)
 
 _PR_SET_PDEATHSIG = 1
 
@@ -337,6 +344,10 @@ def _watch(procs: list[subprocess.Popen | Forked], store, grace: float, p2p: str
         stuck = collect_stuck(store, len(procs), wait=0.5)
         sys.stderr.write(f"pipebubble: error: {deadlock_message(stuck, len(procs), p2p)}\n")
         return EXIT_DEADLOCK
+    if is_user_failure(first):  # bad input or the model's failure: its rank said it
+        return 2
+    if first is not None and first.startswith(DIVERGED):  # rank 0 reported it
+        return 1
     sys.stderr.write(f"pipebubble: error: {first}; all {len(procs)} ranks stopped\n")
     # a rank that stopped on bad input (exit 2, its one-line error above) makes the run's
     # exit code 2 too, as for bad input checked before the launch

@@ -28,7 +28,8 @@ seconds, read from ``/proc/<pid>/stat``. Either ends this rank (exit 1) within t
 instead of the run freezing until someone resumes the launcher. Each rank publishes ``stuck/<rank>`` with the operation it is stuck at, prints
   it, and exits 3. The coordinator (the launcher, or rank 0 under torchrun) prints them all.
 
-Exit codes: 1 failure elsewhere or here, 3 deadlock.
+Exit codes: 1 failure elsewhere or here, 2 bad input or the model's own code failed (one
+rank prints the line: :meth:`Watchdog.fail_user`), 3 deadlock.
 """
 
 from __future__ import annotations
@@ -50,6 +51,21 @@ def publish_failure(store, message: str) -> str:
         return got.decode() if isinstance(got, bytes) else str(got)
     except Exception:  # noqa: BLE001 - the store itself may be gone with the failed rank
         return message
+
+
+USER_FAILURE = "user error: "
+"""Prefix of a ``failed`` value published for bad input or the model's own failure: the rank
+that published it prints the one line and exits 2; the others and the launcher stop quietly
+(so the run says it once)."""
+EXIT_USER = 2
+DIVERGED = "diverged: "
+"""Prefix of the ``failed`` value rank 0 publishes after a finished run whose training
+diverged: the launcher exits 1 without a line (rank 0 printed the report and the line);
+watchdogs ignore it (every rank has finished)."""
+
+
+def is_user_failure(message: str | None) -> bool:
+    return bool(message) and message.startswith(USER_FAILURE)
 
 
 def read_failure(store) -> str | None:
@@ -227,9 +243,26 @@ class Watchdog:
                          "actions are expected, raise --action-timeout")
         self._stop.set()
         first = publish_failure(self.store, blame)
+        if is_user_failure(first):  # a rank named the model's failure: it says it
+            self.exit_fn(EXIT_USER)
+            return
         _say(f"rank {self.rank}: {message}" if first.startswith(f"rank {self.rank} failed")
              else f"rank {self.rank}: stopping because {first}")
         self.exit_fn(EXIT_FAILED)
+
+    def fail_user(self, line: str) -> None:
+        """The main thread hit bad input or the model's own failure (``line``: one line
+        that names it): the first rank to publish one prints it, every rank exits 2."""
+        self._stop.set()
+        mine = USER_FAILURE + line
+        first = publish_failure(self.store, mine)
+        if first == mine:
+            _say(f"error: {line}")
+        elif not is_user_failure(first):
+            _say(f"rank {self.rank}: stopping because {first}")
+            self.exit_fn(EXIT_FAILED)
+            return
+        self.exit_fn(EXIT_USER)
 
     def _slow_peer(self) -> tuple[int, str] | None:
         """A peer whose heartbeat says it is computing (the rank this one waits for)."""
@@ -305,7 +338,12 @@ class Watchdog:
         while not self._stop.wait(self.interval):
             self._beat()
             failed = read_failure(self.store)
+            if failed and failed.startswith(DIVERGED):  # a finished run's verdict
+                failed = None
             if failed and not self._stop.is_set():
+                if is_user_failure(failed):  # its rank has said it, in one line
+                    self.exit_fn(EXIT_USER)
+                    return
                 _say(f"rank {self.rank}: stopping because {failed} (this rank was at "
                      f"{self.where})")
                 self.exit_fn(EXIT_FAILED)
