@@ -68,8 +68,8 @@ def test_always_every_term_by_hand(gpus, link):
     (last layer first) the first gather, what each gather plus the previous layer's
     reduce-scatter exceeds of that layer's backward, and the last reduce-scatter. Nothing is
     left for after the step; the step is 2 x (F + B) + the optimizer step; memory is the
-    sharded 16 / N bytes a parameter plus the two largest-layer copies of weights and
-    gradients, 2 x (2 + 2) x max P_l."""
+    sharded 16 / N bytes a parameter plus the weights and gradients of the layer computing
+    and the one prefetched, (2 + 2) x max_l (P_l + P_{l+1})."""
     s = searcher(gpus, 2 * gpus)
     c = config(s, 1)
     assert c.microbatches == 2 and c.dp == gpus
@@ -93,8 +93,9 @@ def test_always_every_term_by_hand(gpus, link):
     assert mem["weights"] == pytest.approx(2 * sum(P) / gpus)
     assert mem["gradients"] == pytest.approx(2 * sum(P) / gpus)
     assert mem["optimizer"] == pytest.approx(12 * sum(P) / gpus)
-    assert mem["gathered_layers"] == pytest.approx(2 * (2 + 2) * max(P))
-    assert pr.static[0] == pytest.approx(16 * sum(P) / gpus + 8 * max(P)
+    pair = max(P[l] + P[l + 1] for l in range(L - 1))
+    assert mem["gathered_layers"] == pytest.approx((2 + 2) * pair)
+    assert pr.static[0] == pytest.approx(16 * sum(P) / gpus + 4 * pair
                                          + float(lc.transient.max()))
 
 

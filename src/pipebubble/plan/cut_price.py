@@ -123,8 +123,8 @@ class Pricing:
     def _gathered(self, c: Config, lc: LayerCosts, sched: Schedule, ranges: Ranges
                   ) -> list[float] | None:
         """Per rank, the gathered layers FSDP resharded ``always`` holds at once (the
-        largest layer of the rank's stages, :func:`~pipebubble.plan.sharding.gathered_bytes`);
-        None when there is no such transient."""
+        largest of its stages', :func:`~pipebubble.plan.sharding.gathered_bytes`); None when
+        there is no such transient."""
         if not self.axes.sync(c.dp, c.pp).per_microbatch:
             return None
         w, g, _ = self.axes.state_bytes
@@ -132,7 +132,7 @@ class Pricing:
         out = [0.0] * c.pp
         for s, r in enumerate(sched.stage_to_rank):
             a, b = ranges[s % S_c]
-            out[r] = max(out[r], gathered_bytes(float(lc.params[a:b + 1].max()), w, g))
+            out[r] = max(out[r], gathered_bytes(lc.params[a:b + 1], w, g))
         return out
 
     def stage_costs(self, c: Config, sched: Schedule, lc: LayerCosts, ranges: Ranges,

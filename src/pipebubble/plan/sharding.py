@@ -35,7 +35,7 @@ parameters (this rank's stages, after TP), ``g`` gradient bytes on the wire (4: 
   at least the traffic it does not hide, so a rank's work is at least ``m x (2 AG + RS)`` of
   its parameters. Memory: the states sharded ``(w + g + o) / N``, plus the gathered layers
   in flight: the layer computing and the one prefetched, weights and unsharded gradients,
-  ``2 (w + g) max_l P_l`` (:func:`gathered_bytes`).
+  ``(w + g) max_l (P_l + P_{l+1})`` (:func:`gathered_bytes`).
 - ``never`` (torchtitan under PP: "do not reshard after forward to avoid per-microbatch
   all-gathers"; PyTorch's pipelining defers the gradient reduction to the last backward):
   one gather a step before the first forward, one reduce-scatter after the last backward;
@@ -105,10 +105,13 @@ def prefetch_exposed(comm, compute) -> float:
     return total
 
 
-def gathered_bytes(layer_params: float, weight: float, grad: float) -> float:
-    """Under ``always``: what the gathered layers hold at once, the computing and the
-    prefetched layer's unsharded weights and gradients, ``2 (w + g) P_l``."""
-    return 2 * (weight + grad) * layer_params
+def gathered_bytes(layer_params, weight: float, grad: float) -> float:
+    """Under ``always``: the most that the gathered layers of a stage (``layer_params``, in
+    order) hold at once, the computing and the prefetched layer's unsharded weights and
+    gradients, ``(w + g) max_l (P_l + P_{l+1})`` (``(w + g) P`` for a stage of one layer)."""
+    P = [float(p) for p in layer_params]
+    pair = max((a + b for a, b in zip(P[:-1], P[1:], strict=True)), default=P[0] if P else 0.0)
+    return (weight + grad) * pair
 
 
 @dataclass(frozen=True)
