@@ -75,7 +75,7 @@ def rank_steps(tl, costs, params, sched, c: Config, req: Request) -> list[float]
     """Each rank's end plus the data-parallel traffic of its stages that does not hide
     behind one microbatch's F and B on it (stated from plan/sharding.py's rule)."""
     axes = legacy_axes(req, Point(sharding=c.sharding))
-    sync: Sync = axes.sync(c.dp)
+    sync: Sync = axes.sync(c.dp, c.pp)
     out = []
     for r in range(c.pp):
         mine = [s for s in range(sched.num_stages) if sched.stage_to_rank[s] == r]
@@ -102,12 +102,13 @@ def _cut_step(pricing: Searcher, req: Request, c: Config, sched, lc, ranges):
     """(step, fits) of one cut, priced by the planner's cost model, timed by simulate."""
     costs, params, transient = pricing.stage_costs(c, sched, lc, ranges)
     tl = simulate(sched, costs)
-    bpp = pricing.axes.bytes_per_param(c.dp)
+    bpp = pricing.axes.bytes_per_param(c.dp, c.pp)
+    gathered = pricing._gathered(c, lc, sched, ranges) or [0.0] * c.pp  # fsdp resharding
     peaks = []
     for r, stats in enumerate(tl.rank_stats()):
         mine = [s for s in range(sched.num_stages) if sched.stage_to_rank[s] == r]
         peaks.append(sum(bpp * params[s] for s in mine)
-                     + max(transient[s] for s in mine) + stats.peak_memory)
+                     + max(transient[s] for s in mine) + gathered[r] + stats.peak_memory)
     return max(rank_steps(tl, costs, params, sched, c, req)), max(peaks) <= req.gpu_memory
 
 

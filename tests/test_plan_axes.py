@@ -40,8 +40,10 @@ def test_a_group_that_leaves_the_node_uses_the_slower_link():
     net = Network(8, (300e9, 0.0), (25e9, 0.0))
     n = 1e9
     inside = allreduce(n, 8, net.link(1, 8))
-    across = allreduce(n, 8, net.link(2, 8))  # DP of 8 over TP 2: 16 GPUs, two nodes
+    across = allreduce(n, 8, net.link(8, 8))  # DP of 8 over TP 8: one member a node
     assert across == pytest.approx(inside * 12)
+    # DP of 8 over TP 2: 4 members a node drive 4 NICs, 100 of NVLink's 300 GB/s
+    assert allreduce(n, 8, net.link(2, 8)) == pytest.approx(inside * 3)
 
 
 def test_overlap_hides_all_but_one_bucket():

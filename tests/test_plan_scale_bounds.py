@@ -152,7 +152,7 @@ def test_the_capped_cut_counts_the_tied_copy_and_fits():
     assert found
 
 
-@pytest.mark.parametrize("top", [2, 3, 5])
+@pytest.mark.parametrize("top", [3, 4, 5])  # 2: FSDP at pp 1 alone leads
 def test_pruning_keeps_the_very_plans_of_no_pruning_ties_included(top):
     """Shardings often tie on the step (the same pipeline, traffic all hidden): the K plans
     of the pruned search are those of scoring everything, the ties at the K-th step sorted

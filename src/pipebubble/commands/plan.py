@@ -111,7 +111,7 @@ def add_axes_flags(p: argparse.ArgumentParser) -> None:
     for flag, unit, what in (("peak-tflops", "T", "dense bf16 TFLOP/s"),
                              ("hbm-bandwidth", "BYTES/s", "HBM bandwidth"),
                              ("nvlink-bandwidth", "BYTES/s", "in-node link per GPU"),
-                             ("inter-node-bandwidth", "BYTES/s", "scale-out per GPU")):
+                             ("inter-node-bandwidth", "BYTES/s", "rate of one scale-out NIC")):
         g.add_argument(f"--{flag}", type=size_value(f"--{flag}"), default=None, metavar=unit,
                        help=f"override the preset's {what}")
     g.add_argument("--nvlink-latency", type=float, default=None, metavar="S",
@@ -120,6 +120,9 @@ def add_axes_flags(p: argparse.ArgumentParser) -> None:
                    help="override the preset's scale-out latency per message")
     g.add_argument("--gpus-per-node", type=positive_int("--gpus-per-node"), default=None,
                    metavar="N", help="override the preset's GPUs per node (8)")
+    g.add_argument("--nics-per-node", type=positive_int("--nics-per-node"), default=None,
+                   metavar="N", help="override the preset's scale-out NICs per node (8: one "
+                   "per GPU); a group crossing nodes drives as many as it has members there")
     for axis, what in (("tp", "tensor-parallel degrees (divisors of the heads up to a node)"),
                        ("cp", "context-parallel degrees (1,2,4,8 dividing the sequence)"),
                        ("pp", "pipeline depths (every divisor)"),
@@ -130,6 +133,11 @@ def add_axes_flags(p: argparse.ArgumentParser) -> None:
                    help="sequence parallelism off (0), on (1) or both (with tp > 1)")
     g.add_argument("--sharding", default=None, metavar="LIST",
                    help="ddp, zero1, zero2, fsdp, hsdp (all; hsdp needs --gpu)")
+    g.add_argument("--fsdp-reshard", default="auto", metavar="POLICY",
+                   help="fsdp/hsdp under gradient accumulation: always (gather the weights "
+                   "every microbatch, forward and backward), never (keep them gathered, and the "
+                   "gradients unsharded, across microbatches) or auto (torchtitan's default: "
+                   "never with pp > 1, always without)")
     g.add_argument("--reserve", default="5%", metavar="BYTES|P%",
                    help="memory kept free on every GPU (5%%)")
     g.add_argument("--config", default=None, metavar="K=V,...",
@@ -232,6 +240,8 @@ def build_request(args: argparse.Namespace, profiles, memory: float | None = Non
             sp = ()
         if not sp or any(x.strip() not in ("0", "1") for x in args.sp.split(",")):
             raise UserError(f"--sp must be 0, 1 or 0,1; got {args.sp!r}")
+    from ..plan.sharding import check_reshard
+
     shardings = None
     if args.sharding is not None:
         from ..plan.memory import SHARDINGS
@@ -246,7 +256,7 @@ def build_request(args: argparse.Namespace, profiles, memory: float | None = Non
                    global_batch=args.global_batch,
                    tp=tuple(args.tp) if args.tp else None, cp=tuple(args.cp) if args.cp else None,
                    pp=tuple(args.pp) if args.pp else None, dp=tuple(args.dp) if args.dp else None,
-                   sp=sp, shardings=shardings,
+                   sp=sp, shardings=shardings, fsdp_reshard=check_reshard(args.fsdp_reshard),
                    microbatch_sizes=tuple(args.microbatch_size), schedules=names,
                    max_chunks=args.max_chunks, recompute=modes,
                    bytes_per_param=args.bytes_per_param, grad_bytes=args.grad_bytes,
@@ -264,7 +274,7 @@ def hardware_of(args: argparse.Namespace):
             "nvlink_latency": args.nvlink_latency,
             "inter_node_bandwidth": args.inter_node_bandwidth,
             "inter_node_latency": args.inter_node_latency, "gpus_per_node": args.gpus_per_node,
-            "efficiency": args.efficiency}
+            "nics_per_node": args.nics_per_node, "efficiency": args.efficiency}
     if args.gpu is None:
         given = [f"--{k.replace('_', '-')}" for k, v in over.items() if v is not None]
         if given:
@@ -529,8 +539,10 @@ def print_plans(console, result, out: dict, validations) -> None:
         name = str(k + 1) if p is not None else f"cfg (#{item['rank'] or '>' + str(k)})"
         sched = item["schedule"] + (f" v={item['chunks']}" if item["chunks"] > 1 else "") + (
             "" if item["runnable_in"] else " (no framework)")
+        shard = item["sharding"] + (f" ({item['fsdp_reshard']})" if item.get("fsdp_reshard")
+                                    else "")  # fsdp (always) / fsdp (never)
         t.add_row(name, f"{item['tp']}{'s' if item['sp'] else ''}.{item['cp']}.{item['pp']}."
-                  f"{item['dp']}", item["sharding"], sched,
+                  f"{item['dp']}", shard, sched,
                   f"{item['microbatch_size']}x{item['microbatches']}", item["recompute"],
                   _t(item["predicted_step_time"]),
                   f"{tok:,.0f}" if tok else f"{item['samples_per_second']:.1f} sm/s",

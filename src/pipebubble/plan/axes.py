@@ -5,7 +5,8 @@ A :class:`Point` is (tp, sp, cp, sharding); the pipeline search
 the microbatch size, schedule, chunks and recompute. What it needs from the point:
 
 - :meth:`Axes.bytes_per_param`: model-state bytes per local parameter
-  (:func:`~pipebubble.plan.memory.model_state_bytes`, over ``dp x cp`` ranks);
+  (:func:`~pipebubble.plan.memory.model_state_bytes`, over ``dp x cp`` ranks; FSDP's under
+  its reshard policy at the plan's pp, :attr:`Axes.reshard`);
 - :meth:`Axes.sync`: the data-parallel traffic and its overlap (:mod:`~pipebubble.plan.sharding`);
 - :meth:`Axes.hop`: the link between consecutive pipeline stages, ``tp x cp x dp`` ranks apart
   (:mod:`~pipebubble.plan.network`: TP innermost, then CP, DP, PP outermost);
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from .memory import model_state_bytes
 from .network import Link, Network, allreduce
 from .optimizer import step_time
-from .sharding import Sync, hsdp_shard
+from .sharding import Sync, hsdp_shard, resolve_reshard
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,12 @@ class Axes:
     grad_bytes: float = 4.0
     p2p: Link | None = None  # one link for every hop (no --gpu); None: the network's
     hbm: float = 0.0  # HBM bytes/s for the optimizer step; 0: not priced
+    reshard: str = "auto"  # fsdp / hsdp: always, never or auto (plan --fsdp-reshard)
+
+    def keeps_weights(self, pp: int) -> bool:
+        """Whether fsdp / hsdp hold the gathered weights across microbatches at ``pp``."""
+        return (self.point.sharding in ("fsdp", "hsdp")
+                and resolve_reshard(self.reshard, pp) == "never")
 
     def shard(self, dp: int) -> int:
         """Ranks sharing the model states: ``dp x cp`` (hsdp: its shard group, 0 if none)."""
@@ -53,14 +60,16 @@ class Axes:
             return hsdp_shard(dp, pt.cp, pt.tp, self.net.gpus_per_node)
         return dp * pt.cp
 
-    def bytes_per_param(self, dp: int) -> float:
+    def bytes_per_param(self, dp: int, pp: int = 1) -> float:
         n = self.shard(dp)
-        return model_state_bytes(self.point.sharding, max(n, 1), *self.state_bytes)
+        return model_state_bytes(self.point.sharding, max(n, 1), *self.state_bytes,
+                                 keep=self.keeps_weights(pp))
 
-    def sync(self, dp: int) -> Sync:
+    def sync(self, dp: int, pp: int = 1) -> Sync:
         pt = self.point
         return Sync(pt.sharding, self.net, dp * pt.cp, self.grad_bytes, stride=pt.tp,
-                    shard=self.shard(dp) if pt.sharding == "hsdp" else 0)
+                    shard=self.shard(dp) if pt.sharding == "hsdp" else 0,
+                    reshard=resolve_reshard(self.reshard, pp))
 
     def hop(self, dp: int) -> Link:
         if self.p2p is not None:

@@ -5,7 +5,10 @@ activation bytes M_B and M_W, parameters and recomputation transient per stage, 
 the hop between stages (the largest boundary activation on the link between consecutive
 pipeline ranks, :func:`~pipebubble.plan.network.p2p`) and each stage's data-parallel
 traffic (:mod:`~pipebubble.plan.sharding`). The sums depend on the layers and the cut only:
-they are computed once per cut and shared by every sharding and microbatch count.
+they are computed once per cut and shared by every sharding and microbatch count. FSDP
+resharded ``always`` moves its traffic every microbatch: each stage's F and B carry what the
+per-layer prefetch does not hide of it (:meth:`Pricing._traffic_extra`), and each rank's
+static memory the gathered layers in flight (:func:`~pipebubble.plan.sharding.gathered_bytes`).
 
 :meth:`Pricing._price` adds each rank's static memory (model states under the sharding,
 the largest recomputation transient) and a **lower bound** on the step that holds for
@@ -31,6 +34,7 @@ from .layercosts import LayerCosts
 from .network import p2p
 from .partition import Ranges
 from .plans import Config, Priced
+from .sharding import gathered_bytes
 
 OPT_MARGIN = 1 - 1e-12  # the optimizer term, linear here, rounds apart from the scored one
 
@@ -79,8 +83,57 @@ class Pricing:
         key = (c.dp, c.pp, params)
         got = self._sync_times.get(key)
         if got is None:
-            got = self._sync_times[key] = self.axes.sync(c.dp).times(params, c.pp)
+            got = self._sync_times[key] = self.axes.sync(c.dp, c.pp).times(params, c.pp)
         return got
+
+    def _layer_traffic(self, c: Config, lc: LayerCosts) -> tuple | None:
+        """Under FSDP resharded ``always`` (:mod:`~pipebubble.plan.sharding`), per layer
+        ``l``: one gather ``AG_l`` and one reduce-scatter ``RS_l`` of its parameters, and
+        the prefix sums of what the prefetch does not hide, ``max(0, AG_l - F_{l-1})``
+        (forward) and ``max(0, AG_l + RS_{l+1} - B_{l+1})`` (backward); None otherwise."""
+        sync = self.axes.sync(c.dp, c.pp)
+        if not sync.per_microbatch:
+            return None
+        memo = self.__dict__.setdefault("_fsdp_layers", {})
+        key = (id(lc), c.dp, c.pp)
+        got = memo.get(key)
+        if got is None or got[0] is not lc:
+            traffic = [sync.layer_traffic(float(P)) for P in lc.params]
+            ag = np.array([t[0] for t in traffic])
+            rs = np.array([t[1] for t in traffic])
+            f, b = lc.f, lc.i + lc.w
+            qf = np.concatenate(([0.0], np.cumsum(np.maximum(0.0, ag[1:] - f[:-1]))))
+            qb = np.concatenate(([0.0], np.cumsum(np.maximum(0.0, ag[:-1] + rs[1:] - b[1:]))))
+            got = memo[key] = (lc, (ag.tolist(), rs.tolist(), qf.tolist(), qb.tolist()))
+        return got[1]
+
+    def _traffic_extra(self, c: Config, lc: LayerCosts, idx: list) -> tuple | None:
+        """Per stage (layers ``a..b`` each), the seconds one microbatch's forward and
+        backward expose of FSDP's per-microbatch traffic (:mod:`~pipebubble.plan.sharding`):
+        ``AG_a + sum_{l=a+1..b} max(0, AG_l - F_{l-1})`` and ``AG_b + sum_{l=a..b-1}
+        max(0, AG_l + RS_{l+1} - B_{l+1}) + RS_a``; None when there is none."""
+        t = self._layer_traffic(c, lc)
+        if t is None:
+            return None
+        ag, rs, qf, qb = t
+        fe = [ag[a] + qf[b] - qf[a] for a, b in idx]
+        be = [ag[b] + qb[b] - qb[a] + rs[a] for a, b in idx]
+        return fe, be
+
+    def _gathered(self, c: Config, lc: LayerCosts, sched: Schedule, ranges: Ranges
+                  ) -> list[float] | None:
+        """Per rank, the gathered layers FSDP resharded ``always`` holds at once (the
+        largest of its stages', :func:`~pipebubble.plan.sharding.gathered_bytes`); None when
+        there is no such transient."""
+        if not self.axes.sync(c.dp, c.pp).per_microbatch:
+            return None
+        w, g, _ = self.axes.state_bytes
+        S_c = len(ranges)
+        out = [0.0] * c.pp
+        for s, r in enumerate(sched.stage_to_rank):
+            a, b = ranges[s % S_c]
+            out[r] = max(out[r], gathered_bytes(lc.params[a:b + 1], w, g))
+        return out
 
     def stage_costs(self, c: Config, sched: Schedule, lc: LayerCosts, ranges: Ranges,
                     split: bool | None = None, rkey: tuple | None = None
@@ -97,6 +150,11 @@ class Pricing:
         if got is not None and got[0] is lc:
             return got[1]
         params, f, b, w, act, act_w, transient, sent = self._cut_sums(lc, S, ranges, rkey)
+        S_c = len(ranges)
+        extra_fb = self._traffic_extra(c, lc, [ranges[s % S_c] for s in range(S)])
+        if extra_fb is not None:  # FSDP's per-microbatch traffic, what prefetch leaves
+            f = [x + e for x, e in zip(f, extra_fb[0], strict=True)]
+            b = [x + e for x, e in zip(b, extra_fb[1], strict=True)]
         comm = p2p(sent, self.axes.hop(c.dp)) if S > 1 else 0.0
         ar = [sum(self._sync_time(c, p)) for p in params]
         if split:
@@ -120,8 +178,10 @@ class Pricing:
         if split is None:
             split = self.split(sched)
         costs, params, transient = self.stage_costs(c, sched, lc, ranges, split, rkey)
+        traffic = ((tuple(costs.f), tuple(costs.b)) if self.axes.sync(c.dp, c.pp).per_microbatch
+                   else None)  # F and B then carry FSDP's per-microbatch traffic
         head, tail, busy, late, rank_params, trans, fwd, bwd = self._rank_sums(
-            sched, lc, ranges, costs, split, rkey, split_only)
+            sched, lc, ranges, costs, split, rkey, split_only, traffic)
         # What follows the work (exposed traffic, optimizer, static memory) depends on the
         # costs and the placement only, not on the order or m: once per (costs, placement).
         tkey = (id(costs), sched.stage_to_rank)
@@ -162,11 +222,14 @@ class Pricing:
         k = self._optimizer_rate(c)
         done = [a + k * P for a, P in zip(ar, rank_params, strict=True)]
         first = min(done)  # the rank the gradient reaches last still exposes and steps
-        bpp = self.axes.bytes_per_param(c.dp)
+        bpp = self.axes.bytes_per_param(c.dp, c.pp)
         # bincount adds in stage order, as ``static[r] += bpp x params[s]`` would
         static = np.bincount(where, weights=bpp * params, minlength=c.pp).tolist()
         for r in copies:
             static[r] += bpp * lc.tied
+        gathered = self._gathered(c, lc, sched, ranges)
+        if gathered is not None:  # FSDP resharded always: the layers in flight
+            static = [x + y for x, y in zip(static, gathered, strict=True)]
         return (ar, done, first, [x + t for x, t in zip(static, trans, strict=True)],
                 rank_params)
 
@@ -180,13 +243,15 @@ class Pricing:
         return got
 
     def _rank_sums(self, sched: Schedule, lc: LayerCosts, ranges: Ranges, costs: CostModel,
-                   split: bool, rkey: tuple | None = None, split_only: bool = False) -> tuple:
+                   split: bool, rkey: tuple | None = None, split_only: bool = False,
+                   traffic: tuple | None = None) -> tuple:
         """Per rank: ``head``, ``tail``, ``busy``, ``late`` of the bound (module doc), its
         parameters, largest transient, and one microbatch's forward and backward. They do
         not depend on the sharding: computed once per (schedule, cut, hop time).
-        ``split_only``: for orders whose every backward is split (see :meth:`_price`)."""
+        ``split_only``: for orders whose every backward is split (see :meth:`_price`);
+        ``traffic``: a key for F and B when they carry FSDP's per-microbatch traffic."""
         rkey = tuple(ranges) if rkey is None else rkey
-        key = (id(sched), id(lc), rkey, costs.comm, split, split_only)
+        key = (id(sched), id(lc), rkey, costs.comm, split, split_only, traffic)
         got = self._ranks.get(key)
         if got is not None and got[0] is sched and got[1] is lc:
             return got[2]
@@ -232,7 +297,7 @@ class Pricing:
         key = (c.dp, c.pp, params, fwd, bwd)
         got = self._exposures.get(key)
         if got is None:
-            got = self._exposures[key] = self.axes.sync(c.dp).exposed(
+            got = self._exposures[key] = self.axes.sync(c.dp, c.pp).exposed(
                 self._sync_time(c, params), fwd, bwd, params)
         return got
 

@@ -66,7 +66,7 @@ class Cuts:
         """Per stage of one copy, each layer's memory bound in that stage (the worst of the
         copies): ``static + held_s x act`` (module doc), stages x layers."""
         S_c = sched.num_stages // sched.chains
-        bpp = self.axes.bytes_per_param(c.dp)
+        bpp = self.axes.bytes_per_param(c.dp, c.pp)
         static = bpp * lc.params + lc.transient
         h = np.asarray(held, dtype=np.float64)
         rows = static[None, :] + h[:, None] * lc.act[None, :]

@@ -2,8 +2,10 @@
 
 Each preset is a vendor data sheet's dense (no sparsity) bf16 peak, memory and HBM bandwidth,
 the usual node (8 GPUs), the in-node link per GPU and one direction (NVLink / Infinity
-Fabric) and the usual scale-out per GPU (one NIC per GPU), plus latencies and two fractions
-that real collectives and GEMMs reach:
+Fabric) and the usual scale-out: ``nics_per_node`` NICs a node (8 on DGX/HGX nodes: one per
+GPU) of ``inter_node_bandwidth`` each (one NIC's rate; a group that crosses nodes drives as
+many of a node's NICs as it has members there, :mod:`pipebubble.plan.network`), plus
+latencies and two fractions that real collectives and GEMMs reach:
 
 - ``bus_fraction``: the share of the link rate a ring collective's "bus bandwidth" reaches
   (nccl-tests report ~75-85 % on NVLink and InfiniBand; 0.8 assumed);
@@ -30,13 +32,17 @@ read 2 and write 4 bytes for the copy, read 4 + 4 and write 4 for the add, 18 by
 Every numeric field but ``grad_accumulation_bytes`` (a library field, like ``tp_overlap``)
 can be overridden from the command line (``--peak-tflops``, ``--gpu-memory``,
 ``--hbm-bandwidth``, ``--gpus-per-node``, ``--nvlink-bandwidth``, ``--nvlink-latency``,
-``--inter-node-bandwidth``, ``--inter-node-latency``).
+``--inter-node-bandwidth``, ``--inter-node-latency``, ``--nics-per-node``; overriding
+``--gpus-per-node`` alone keeps the preset's NICs per GPU).
 
 >>> h = get_hardware("h100-sxm")
 >>> h.peak_flops / 1e12, round(h.memory / 2**30, 2), h.gpus_per_node
 (989.0, 79.65, 8)
->>> get_hardware("a100-80gb", gpus_per_node=4).gpus_per_node
-4
+>>> h.nics_per_node, h.inter_node_bandwidth / 1e9  # 8 x 400 Gb/s NDR a node
+(8, 50.0)
+>>> a = get_hardware("a100-80gb", gpus_per_node=4)
+>>> a.gpus_per_node, a.nics_per_node
+(4, 4)
 """
 
 from __future__ import annotations
@@ -68,6 +74,7 @@ class Hardware:
     bus_fraction: float = 0.8  # fraction of the link rate ring collectives reach
     tp_overlap: bool = True  # backward TP collectives behind weight gradients (tensor.py)
     grad_accumulation_bytes: float = 0.0  # HBM bytes per local parameter per backward
+    nics_per_node: int = 8  # scale-out NICs a node, each at inter_node_bandwidth
 
     def check(self) -> None:
         for f in fields(self):
@@ -78,9 +85,10 @@ class Hardware:
                 if not isinstance(v, bool):
                     raise UserError(f"tp_overlap must be true or false, got {v!r}")
                 continue
-            if f.name == "gpus_per_node":
+            if f.name in ("gpus_per_node", "nics_per_node"):
                 if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                    raise UserError(f"--gpus-per-node must be an integer >= 1, got {v!r}")
+                    raise UserError(f"--{f.name.replace('_', '-')} must be an integer >= 1, "
+                                     f"got {v!r}")
                 continue
             zero_ok = f.name.endswith("latency") or f.name == "grad_accumulation_bytes"
             lo_ok = v >= 0 if zero_ok else v > 0
@@ -119,6 +127,12 @@ def get_hardware(name: str, **overrides) -> Hardware:
     key = name.strip().lower()
     if key not in PRESETS:
         raise UserError(f"unknown --gpu {name!r}; valid are {', '.join(PRESETS)}")
-    hw = replace(PRESETS[key], **{k: v for k, v in overrides.items() if v is not None})
+    given = {k: v for k, v in overrides.items() if v is not None}
+    base = PRESETS[key]
+    if "gpus_per_node" in given and "nics_per_node" not in given:
+        g = given["gpus_per_node"]  # the preset's NICs per GPU, on a node of g GPUs
+        if isinstance(g, int) and not isinstance(g, bool) and g >= 1:
+            given["nics_per_node"] = max(1, round(base.nics_per_node * g / base.gpus_per_node))
+    hw = replace(base, **given)
     hw.check()
     return hw

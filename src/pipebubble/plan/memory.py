@@ -16,6 +16,12 @@ group; with context parallelism ``dp x cp``, whose ranks hold the same weights):
                                             replicated across (torchtitan shard x replicate)
 ============  ==========================  ==============================================
 
+FSDP and HSDP resharded ``never`` (``plan --fsdp-reshard``, :mod:`pipebubble.plan.sharding`:
+torchtitan under PP) hold the gathered weights and the unsharded gradients across the
+microbatches: ``w + g + o / N`` (``keep``); resharded ``always`` they hold the sharded states
+and, for the layers in flight, the gathered transient of
+:func:`~pipebubble.plan.sharding.gathered_bytes`.
+
 Defaults ``w = 2, g = 2, o = 12`` are the ZeRO paper's 16 bytes for DDP (``plan
 --bytes-per-param`` scales the three together, 1/8 : 1/8 : 3/4). Frameworks that keep fp32
 gradients (Megatron-LM's main gradients, Llama 3's fp32 accumulation over microbatches,
@@ -73,9 +79,12 @@ SHARDINGS = ("ddp", "zero1", "zero2", "fsdp", "hsdp")
 
 
 def model_state_bytes(sharding: str, n: int, weight: float = 2.0, grad: float = 2.0,
-                      optimizer: float = 12.0) -> float:
+                      optimizer: float = 12.0, keep: bool = False) -> float:
     """Bytes per (local) parameter under ``sharding`` over ``n`` ranks (table above; for
-    ``hsdp`` pass the shard group's size)."""
+    ``hsdp`` pass the shard group's size; ``keep``: fsdp / hsdp with the weights and
+    gradients kept unsharded across microbatches)."""
+    if keep and sharding in ("fsdp", "hsdp"):
+        return weight + grad + optimizer / n
     if sharding == "ddp":
         return weight + grad + optimizer
     if sharding == "zero1":

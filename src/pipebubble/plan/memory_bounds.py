@@ -58,7 +58,7 @@ class MemoryBounds:
         """No cut holds less than its weights spread evenly (two copies for DualPipe)."""
         lc = self.p.at(c.microbatch_size, c.recompute)
         copies = 2 if c.schedule == "dualpipe" else 1
-        return copies * self.axes.bytes_per_param(c.dp) * float(lc.params.sum()) / c.pp
+        return copies * self.axes.bytes_per_param(c.dp, c.pp) * float(lc.params.sum()) / c.pp
 
     def memory_bound(self, c: Config, sched: Schedule) -> float:
         """No cut's busiest rank holds less: ``(weights of every stage + sum over stages of
@@ -72,7 +72,7 @@ class MemoryBounds:
             lc = self.p.at(c.microbatch_size, c.recompute)
             held = min(self.held(sched, ("B", "I")))
             per_rank = sched.num_stages // c.pp
-            weights = sched.chains * self.axes.bytes_per_param(c.dp) * float(lc.params.sum())
+            weights = sched.chains * self.axes.bytes_per_param(c.dp, c.pp) * float(lc.params.sum())
             got = memo[key] = (sched, (weights + held * sched.chains * float(lc.act.sum())
                                        / per_rank) / c.pp)
         return got[1]

@@ -165,7 +165,7 @@ def hardware_axes(req: Request, pt: Point, hw: Hardware, hbm: bool = True) -> Ax
     ``--bytes-per-param``, the optimizer step on its HBM (not with ``hbm`` off: ``--mfu``)."""
     bpp = req.bytes_per_param
     return Axes(pt, Network.of(hw), (bpp / 8, bpp / 8, bpp * 3 / 4), req.grad_bytes,
-                hbm=hw.hbm_bandwidth if hbm else 0.0)
+                hbm=hw.hbm_bandwidth if hbm else 0.0, reshard=req.fsdp_reshard)
 
 
 def model_of(profiles) -> tuple[TransformerShape | None, int | None, bool]:

@@ -71,6 +71,7 @@ class Request:
     cp: tuple[int, ...] | None = None
     sp: tuple[bool, ...] | None = None
     shardings: tuple[str, ...] | None = None  # None: ddp, zero1, zero2, fsdp (+ hsdp)
+    fsdp_reshard: str = "auto"  # always, never, auto (plan.sharding: torchtitan's default)
     chunks: tuple[int, ...] | None = None  # None: every count up to max_chunks
 
     def pp1_schedules(self, names: list[str]) -> list[str]:
@@ -96,6 +97,9 @@ class Request:
         if not (self.latency >= 0 and math.isfinite(self.latency)):
             raise UserError(f"--latency must be a finite number >= 0 seconds, got "
                              f"{self.latency!r}")
+        from .sharding import check_reshard
+
+        check_reshard(self.fsdp_reshard)
         if not (self.grad_bytes >= 0 and math.isfinite(self.grad_bytes)):
             raise UserError(f"--grad-bytes must be >= 0, got {self.grad_bytes!r}")
         if not self.microbatch_sizes or any(
@@ -143,6 +147,7 @@ class Plan:
     optimizer_time: float = 0.0  # the optimizer step (plan/optimizer.py; largest rank)
     static: list[float] = field(default_factory=list)  # per rank: model states + transient
     memory: list[dict] = field(default_factory=list)  # per rank: the peak's breakdown (bytes)
+    fsdp_reshard: str = ""  # fsdp / hsdp: always or never, as priced (plan.sharding)
 
     @property
     def needs(self) -> float:
@@ -191,7 +196,8 @@ class Plan:
                 "p2p_time": self.comm,
                 "samples_per_second": self.samples_per_second,
                 "bubble_fraction": self.bubble_fraction, "peak_memory": self.peak_memory,
-                "memory": self.memory, "cut_search": self.cut_search}
+                "memory": self.memory, "cut_search": self.cut_search,
+                **({"fsdp_reshard": self.fsdp_reshard} if self.fsdp_reshard else {})}
 
 
 @dataclass

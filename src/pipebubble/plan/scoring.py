@@ -287,11 +287,18 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
         w, g, o = self.axes.state_bytes
         n = max(self.axes.shard(c.dp), 1)
         sh = c.sharding
+        fsdp = sh in ("fsdp", "hsdp") and not self.axes.keeps_weights(c.pp)
+        if sh in ("fsdp", "hsdp"):
+            plan.fsdp_reshard = "never" if self.axes.keeps_weights(c.pp) else "always"
+        gathered = self._gathered(c, self.p.at(c.microbatch_size, c.recompute), sched,
+                                  pr.ranges) if fsdp else None
         for r in range(c.pp):
             P = pr.rank_params[r]
-            states = {"weights": w * P / (n if sh in ("fsdp", "hsdp") else 1),
-                      "gradients": g * P / (n if sh in ("zero2", "fsdp", "hsdp") else 1),
+            states = {"weights": w * P / (n if fsdp else 1),
+                      "gradients": g * P / (n if fsdp or sh == "zero2" else 1),
                       "optimizer": o * P / (n if sh != "ddp" else 1)}
+            if gathered is not None:  # FSDP resharded always: the layers in flight
+                states["gathered_layers"] = gathered[r]
             states["recompute_transient"] = pr.static[r] - sum(states.values())
             states["activations"] = run.peak_activations[r]
             plan.memory.append({k: float(v) for k, v in states.items()})
@@ -304,4 +311,4 @@ def legacy_axes(req: Request, point: Point) -> Axes:
     bpp = req.bytes_per_param
     return Axes(point, Network.flat(req.allreduce_bandwidth, req.latency),
                 (bpp / 8, bpp / 8, bpp * 3 / 4), req.grad_bytes,
-                p2p=(req.p2p_bandwidth, req.latency))
+                p2p=(req.p2p_bandwidth, req.latency), reshard=req.fsdp_reshard)
