@@ -640,7 +640,8 @@ def print_pastes(console, pastes: dict, which: str) -> None:
     if tt.get("runnable") is False:
         alt = tt.get("instead")
         say(f"torchtitan: not runnable in torchtitan: {tt['reason']}" + (
-            "; no plan torchtitan runs fits" if alt is None else
+            "; no plan it runs was found (among the --schedules and --sharding asked for)"
+            if alt is None else
             f"; the best plan it runs instead: {alt['plan']} ({_t(alt['predicted_step_time'])}"
             f" per step, {alt['vs_plan']:+.1%}, peak {_gib(alt['peak_memory'])}):"))
         tt = alt
@@ -652,7 +653,8 @@ def print_pastes(console, pastes: dict, which: str) -> None:
     if mg["flags"] is None:
         alt = mg.get("instead")
         say(f"Megatron-LM: not runnable in Megatron-LM: {mg.get('reason')}" + (
-            "; no plan it runs fits" if alt is None else
+            "; no plan it runs was found (among the --schedules and --sharding asked for)"
+            if alt is None else
             f"; the best plan it runs instead: {alt['plan']} ({_t(alt['predicted_step_time'])}"
             f" per step, {alt['vs_plan']:+.1%}, peak {_gib(alt['peak_memory'])}):"))
         mg = alt
