@@ -528,7 +528,11 @@ def pastes(plan, item: dict, profiles, ctx: dict, stem: str, runnable=None) -> d
             wrote(csv_name(stem, fw, alt))
         paste = alt_item["torchtitan"] if fw == "torchtitan" else {
             "version": settings.MEGATRON, "flags": alt_item["megatron"]}
-        out[fw]["instead"] = {"plan": _label(alt), "predicted_step_time": alt.step_time,
+        out[fw]["instead"] = {"plan": _label(alt), "config": {k: alt_item[k] for k in (
+                                  "tp", "sp", "cp", "pp", "dp", "sharding", "schedule",
+                                  "chunks", "placement", "microbatch_size", "microbatches",
+                                  "recompute", "stages")},
+                              "predicted_step_time": alt.step_time,
                               "vs_plan": alt.step_time / plan.step_time - 1
                               if plan.step_time > 0 else None,
                               "peak_memory": max(alt.peak_memory), **paste}
