@@ -433,6 +433,7 @@ def plan_item(plan, profiles, ctx: dict, csv: str | None = None) -> dict:
     item["torchtitan"] = settings.torchtitan(plan, profiles, csv, node, ctx.get("seq"))
     item["megatron"] = settings.megatron(plan, profiles, ctx.get("seq"))
     item["megatron_version"] = settings.MEGATRON
+    item["megatron_env"] = settings.megatron_env(plan) if item["megatron"] else ""
     if item["megatron"] is None:
         item["megatron_reason"] = settings.megatron_blocker(plan)
     item["fits"] = True
@@ -511,7 +512,8 @@ def pastes(plan, item: dict, profiles, ctx: dict, stem: str, runnable=None) -> d
     from ..plan import settings
 
     out = {"plan": _label(plan), "torchtitan": item["torchtitan"],
-           "megatron": {"version": settings.MEGATRON, "flags": item["megatron"]}}
+           "megatron": {"version": settings.MEGATRON, "flags": item["megatron"],
+                        "env": item["megatron_env"]}}
     if item["megatron"] is None:
         out["megatron"]["reason"] = item.get("megatron_reason")
     for fw in ("torchtitan", "megatron"):
@@ -527,7 +529,8 @@ def pastes(plan, item: dict, profiles, ctx: dict, stem: str, runnable=None) -> d
         if csv_name(stem, fw, alt):
             wrote(csv_name(stem, fw, alt))
         paste = alt_item["torchtitan"] if fw == "torchtitan" else {
-            "version": settings.MEGATRON, "flags": alt_item["megatron"]}
+            "version": settings.MEGATRON, "flags": alt_item["megatron"],
+            "env": alt_item["megatron_env"]}
         out[fw]["instead"] = {"plan": _label(alt), "config": {k: alt_item[k] for k in (
                                   "tp", "sp", "cp", "pp", "dp", "sharding", "schedule",
                                   "chunks", "placement", "microbatch_size", "microbatches",
@@ -663,7 +666,8 @@ def print_pastes(console, pastes: dict, which: str) -> None:
             f" per step, {alt['vs_plan']:+.1%}, peak {_gib(alt['peak_memory'])}):"))
         mg = alt
     if mg is not None:
-        say(f"Megatron-LM, for {mg['version']}: {mg['flags']}")
+        env = f"{mg['env']} " if mg.get("env") else ""
+        say(f"Megatron-LM, for {mg['version']}: {env}{mg['flags']}")
 
 
 def print_validations(console, result, validations) -> None:

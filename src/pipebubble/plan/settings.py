@@ -70,7 +70,9 @@ pipeline, so they are pasted for pp = 1 only; ``--use-torch-fsdp2`` is never wri
 (Megatron refuses it with pipelining and with tied embeddings). The planner prices the
 gradient reduction overlapped with the last backward, and the weight all-gather with the
 next forward: ``--overlap-grad-reduce`` whenever gradients are reduced, and
-``--overlap-param-gather`` with the sharded optimizers. Megatron pipelines 1F1B and
+``--overlap-param-gather`` with the sharded optimizers. With tensor or context parallelism
+Megatron also asks for ``CUDA_DEVICE_MAX_CONNECTIONS=1`` in the environment
+(:func:`megatron_env`). Megatron pipelines 1F1B and
 interleaved 1F1B (whose microbatches go in groups of pp: m must be a multiple of pp).
 
 >>> torch_class("interleaved-1f1b"), torch_class("zb-h1")
@@ -326,6 +328,15 @@ def megatron(plan: Plan, profiles: ProfileSet, seq: int | None = None) -> str | 
         if c.sharding != "ddp":
             flags.append("--overlap-param-gather")
     return " ".join(flags)
+
+
+def megatron_env(plan: Plan) -> str:
+    """The environment Megatron-LM's ``validate_args`` asks for with these flags:
+    ``CUDA_DEVICE_MAX_CONNECTIONS=1`` with tensor or context parallelism (before Blackwell;
+    Megatron-FSDP wants it unset, and only warns then), else nothing."""
+    c = plan.config
+    fsdp = c.sharding in ("zero2", "fsdp")
+    return "CUDA_DEVICE_MAX_CONNECTIONS=1" if (c.tp > 1 or c.cp > 1) and not fsdp else ""
 
 
 def toml_text(paste: dict) -> str:
