@@ -36,11 +36,8 @@ try:
 except importlib.metadata.PackageNotFoundError:
     VERSION = None
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(VERSION is None, reason="torchtitan is not installed (pip install "
-                       "-e '.[test]' installs it)"),
-]
+needs_torchtitan = pytest.mark.skipif(VERSION is None, reason="torchtitan is not installed "
+                                      "(pip install -e '.[test]' installs it)")
 
 # tp.cp.pp.dp, sharding, schedule, chunks, mbs, recompute; 8 GPUs, global batch 32.
 CONFIGS = {
@@ -161,13 +158,58 @@ def check_split(split, build, model, item: dict, parts: list[list[str]]) -> None
     assert held == {n: 1 for n in everything}  # every module once, none dropped
 
 
+# ---- without torchtitan: what the pastes say --------------------------------------------
+
+def test_partition_names_every_module_of_an_analytic_llama(profile, capsys):
+    """The analytic head is the final norm and the output projection: both are listed (a
+    list without norm makes torchtitan skip the final norm without an error)."""
+    assert main(["partition", "--profile", profile, "--ranks", "2"]) == 0
+    text = capsys.readouterr().out
+    line = next(x for x in text.splitlines() if "torchtitan 0.2 [parallelism]" in x)
+    parts = json.loads(line.split("module_fqns_per_model_part = ", 1)[1])
+    assert [n for part in parts for n in part] == [
+        "tok_embeddings", *[f"layers.{i}" for i in range(6)], "norm", "output"]
+    v03 = next(x for x in text.splitlines() if "torchtitan 0.3" in x)
+    assert v03.endswith('"norm", "lm_head"]]')
+
+
+def test_config_pastes_its_own_plan_and_writes_its_csv_without_out(profile, tmp_path,
+                                                                   monkeypatch, capsys):
+    from pipebubble.interop.torch_csv import read_torch_csv
+    from pipebubble.schedules import get_schedule
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["plan", "--profile", profile, "--gpus", "8", "--global-batch", "32",
+                 "--config", CONFIGS["zb-h1-csv"]]) == 0
+    out, err = capsys.readouterr()
+    assert "pastes for --config (tp=1 cp=1 pp=4 dp=2 ddp zb-h1 v=1 mbs=1 m=16" in out
+    assert 'pipeline_parallel_schedule_csv = "plan.config.zb-h1.csv"' in out
+    assert "wrote plan.config.zb-h1.csv" in err
+    assert read_torch_csv("plan.config.zb-h1.csv").orders == get_schedule("zb-h1", 4, 16).orders
+    assert "local_batch_size = 16" in out and "seq_len = 256" in out
+    assert "Megatron-LM: not runnable in Megatron-LM: Megatron-LM pipelines 1F1B" in out
+
+
+def test_zero1_is_said_not_runnable_in_torchtitan_never_pasted_as_ddp(profile, capsys):
+    assert main(["plan", "--profile", profile, "--gpus", "8", "--global-batch", "32",
+                 "--config", CONFIGS["zero1"], "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    tt = out["pastes"]["torchtitan"]
+    assert tt["runnable"] is False and "no ZERO1" in tt["reason"]
+    assert "parallelism" not in tt and tt["instead"]["config"]["sharding"] in ("ddp", "fsdp")
+    mg = out["pastes"]["megatron"]["flags"]
+    assert "--use-distributed-optimizer" in mg and "--overlap-param-gather" in mg
+
+
 # ---- torchtitan 0.2: the TOML job file ---------------------------------------------------
 
-needs_02 = pytest.mark.skipif(not (VERSION or "").startswith("0.2."),
+needs_02 = pytest.mark.skipif(VERSION is None or not VERSION.startswith("0.2."),
                               reason=f"the TOML paste is for torchtitan 0.2.x; installed: "
                               f"{VERSION} (pip install 'torchtitan>=0.2,<0.3' to test it)")
 
 
+@pytest.mark.slow
+@needs_torchtitan
 @needs_02
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_the_toml_loads_into_torchtitan_02(profile, name, tmp_path, capsys):
@@ -198,11 +240,13 @@ def test_the_toml_loads_into_torchtitan_02(profile, name, tmp_path, capsys):
 
 # ---- torchtitan 0.3: config_registry + CLI overrides -------------------------------------
 
-needs_03 = pytest.mark.skipif(not (VERSION or "").startswith("0.3."),
+needs_03 = pytest.mark.skipif(VERSION is None or not VERSION.startswith("0.3."),
                               reason=f"the CLI paste is for torchtitan 0.3.x; installed: "
                               f"{VERSION}")
 
 
+@pytest.mark.slow
+@needs_torchtitan
 @needs_03
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_the_cli_overrides_load_into_torchtitan_03(profile, name, tmp_path, capsys):

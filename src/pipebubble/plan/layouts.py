@@ -30,7 +30,7 @@
 '--decoder-first-pipeline-num-layers 1 --decoder-last-pipeline-num-layers 1'
 >>> torchtitan_fqns(prof, [(0, 1), (2, 4)])
 'module_fqns_per_model_part = [["tok_embeddings", "layers.0"], ["layers.1", "layers.2", "output"]]'
->>> torchtitan_fqns(prof, [(0, 1), (2, 4)], head="lm_head")[-30:]
+>>> torchtitan_fqns(prof, [(0, 1), (2, 4)], head="lm_head")[-36:]
 '["layers.1", "layers.2", "lm_head"]]'
 """
 
