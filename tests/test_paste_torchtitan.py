@@ -203,7 +203,7 @@ def test_zero1_is_said_not_runnable_in_torchtitan_never_pasted_as_ddp(profile, c
 
 # ---- torchtitan 0.2: the TOML job file ---------------------------------------------------
 
-needs_02 = pytest.mark.skipif(VERSION is None or not VERSION.startswith("0.2."),
+needs_02 = pytest.mark.skipif(VERSION is not None and not VERSION.startswith("0.2."),
                               reason=f"the TOML paste is for torchtitan 0.2.x; installed: "
                               f"{VERSION} (pip install 'torchtitan>=0.2,<0.3' to test it)")
 
@@ -240,7 +240,7 @@ def test_the_toml_loads_into_torchtitan_02(profile, name, tmp_path, capsys):
 
 # ---- torchtitan 0.3: config_registry + CLI overrides -------------------------------------
 
-needs_03 = pytest.mark.skipif(VERSION is None or not VERSION.startswith("0.3."),
+needs_03 = pytest.mark.skipif(VERSION is not None and not VERSION.startswith("0.3."),
                               reason=f"the CLI paste is for torchtitan 0.3.x; installed: "
                               f"{VERSION}")
 
