@@ -173,6 +173,23 @@ def test_partition_names_every_module_of_an_analytic_llama(profile, capsys):
     assert v03.endswith('"norm", "lm_head"]]')
 
 
+def test_a_profiled_models_roles_become_torchtitans_module_names():
+    """torchtitan splits its own decoder: a model profiled with roles (an HF LLaMA's
+    ``model.embed_tokens``, ``model.layers.i``, ``model.norm+lm_head``) is pasted with
+    torchtitan's names, the head as each version names it."""
+    from pipebubble.plan.layercosts import ProfileSet
+    from pipebubble.plan.profile import LayerProfile, Profile
+    from pipebubble.plan.settings import torchtitan_modules
+
+    layers = [("model.embed_tokens", "embedding"), ("model.layers.0", "layer"),
+              ("model.layers.1", "layer"), ("model.norm+lm_head", "head")]
+    prof = ProfileSet([Profile([LayerProfile(n, 1, 1, 1, 0, 0, "", {"role": r})
+                                for n, r in layers], metadata={"batch": 1})])
+    body = [["tok_embeddings"], ["layers.0"], ["layers.1"]]
+    assert torchtitan_modules(prof) == [*body, ["norm", "output"]]
+    assert torchtitan_modules(prof, "lm_head") == [*body, ["norm", "lm_head"]]
+
+
 def test_config_pastes_its_own_plan_and_writes_its_csv_without_out(profile, tmp_path,
                                                                    monkeypatch, capsys):
     from pipebubble.interop.torch_csv import read_torch_csv
