@@ -76,7 +76,7 @@ CONFIGS = {
                        "recompute=none",
     "dualpipe": "tp=1,cp=1,pp=2,dp=4,sharding=ddp,schedule=dualpipe,mbs=1,recompute=none",
 }
-BLOCKED = {"zero2-pipelined": "ZERO2", "dualpipe": "1F1B and interleaved 1F1B only"}
+BLOCKED = {"zero2-pipelined": "ZeRO-2", "dualpipe": "1F1B and interleaved 1F1B only"}
 
 
 @pytest.fixture(scope="module")

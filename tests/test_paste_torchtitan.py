@@ -70,7 +70,7 @@ def paste_of(profile, name, tmp_path, capsys):
     paste = out["pastes"]["torchtitan"]
     item = out["config"]
     if paste.get("runnable") is False:  # said, and the best plan it runs pasted instead
-        assert name == "zero1" and "ZERO1" in paste["reason"]
+        assert name == "zero1" and "ZeRO-1" in paste["reason"]
         paste = paste["instead"]
         runs = [p["predicted_step_time"] for p in out["plans"] if "torchtitan" in
                 p["runnable_in"]]  # the best plan torchtitan runs: none shown is faster
@@ -212,7 +212,7 @@ def test_zero1_is_said_not_runnable_in_torchtitan_never_pasted_as_ddp(profile, c
                  "--config", CONFIGS["zero1"], "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     tt = out["pastes"]["torchtitan"]
-    assert tt["runnable"] is False and "no ZERO1" in tt["reason"]
+    assert tt["runnable"] is False and "no ZeRO-1" in tt["reason"]
     assert "parallelism" not in tt and tt["instead"]["config"]["sharding"] in ("ddp", "fsdp")
     mg = out["pastes"]["megatron"]["flags"]
     assert "--use-distributed-optimizer" in mg and "--overlap-param-gather" in mg

@@ -99,6 +99,7 @@ MEGATRON_FAMILIES = ("1f1b", "interleaved-1f1b")
 TORCHTITAN_SHARDINGS = ("ddp", "fsdp", "hsdp")
 MEGATRON_SHARDINGS = ("ddp", "zero1", "zero2", "fsdp")  # zero2 and fsdp at pp = 1 only
 TABLES = ("training", "parallelism", "activation_checkpoint")
+NAMES = {"zero1": "ZeRO-1", "zero2": "ZeRO-2", "fsdp": "FSDP", "hsdp": "HSDP", "ddp": "DDP"}
 
 
 def torch_class(schedule: str) -> str | None:
@@ -137,7 +138,7 @@ def torchtitan_blocker(plan: Plan) -> str | None:
     """Why torchtitan cannot run this plan (one sentence), or None when it can."""
     c = plan.config
     if c.sharding not in TORCHTITAN_SHARDINGS:
-        return (f"torchtitan has no {c.sharding.upper()} (DDP, FSDP and HSDP only: its "
+        return (f"torchtitan has no {NAMES[c.sharding]} (DDP, FSDP and HSDP only: its "
                 "degrees would run it as DDP, every replica holding the whole optimizer "
                 "state)")
     if c.pp > 1 and plan.schedule_obj.chains > 1:
@@ -158,7 +159,7 @@ def megatron_blocker(plan: Plan) -> str | None:
         return "these flags have no HSDP form for Megatron-LM"
     if c.sharding in ("zero2", "fsdp") and c.pp > 1:
         return (f"Megatron-LM shards gradients{' and weights' if c.sharding == 'fsdp' else ''}"
-                f" ({c.sharding.upper()}) only with Megatron-FSDP or torch FSDP2, neither of "
+                f" ({NAMES[c.sharding]}) only with Megatron-FSDP or torch FSDP2, neither of "
                 "which pipelines (its --use-distributed-optimizer is ZeRO-1)")
     if c.pp > 1 and c.chunks > 1 and c.microbatches % c.pp:
         return (f"Megatron-LM's interleaved schedule runs microbatches in groups of pp = "
