@@ -166,7 +166,7 @@ def test_a_v_placed_csv_order_names_a_class_that_places_stages_v_wise(tiny, caps
     name ZBVZeroBubble (V, two stages per rank), never a loop-placing class."""
     out = plan(capsys, "--profile", tiny[0], "--gpus", "4", "--global-batch", "16", "--gpu",
                "h100-sxm", "--schedules", "v-half,zb-h1", "--pp", "2", "--tp", "1", "--cp",
-               "1", "--mbs", "1", "--top", "10")
+               "1", "--mbs", "1", "--top", "10", "--sharding", "ddp,fsdp")
     seen = set()
     for p in out["plans"]:
         par = p["torchtitan"]["parallelism"]

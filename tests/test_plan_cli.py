@@ -42,6 +42,10 @@ def test_json_contract(small_profile, capsys):
         assert len(p["peak_memory"]) == p["pp"] and max(p["peak_memory"]) <= 12 * 2**30
         assert p["samples_per_second"] == pytest.approx(64 / p["predicted_step_time"])
         assert {s["rank"] for s in p["stages"]} == set(range(p["pp"]))
+        if p["torchtitan"].get("runnable") is False:  # ZeRO-1/2, DualPipe: said, not pasted
+            assert p["torchtitan"]["reason"] and "torchtitan" not in p["runnable_in"]
+            assert p["sharding"] in ("zero1", "zero2") or p["schedule"] == "dualpipe"
+            continue
         par = p["torchtitan"]["parallelism"]
         assert par["pipeline_parallel_degree"] == p["pp"]
         assert par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"] == p["dp"]
@@ -72,10 +76,13 @@ def test_settings_for_1f1b_and_a_csv_for_zero_bubble(small_profile, tmp_path, ca
         return ("E" if first == 0 else "") + run + ("L" if last == 9 else "")
 
     layout = "|".join(symbols(s["first_layer"], s["last_layer"]) for s in one["stages"])
-    assert one["megatron"] == ("--tensor-model-parallel-size 1 "
+    assert one["megatron"] == ("--num-layers 8 --hidden-size 1024 --ffn-hidden-size 2816 "
+                               "--num-attention-heads 8 --swiglu "
+                               "--untie-embeddings-and-output-weights --seq-length 1024 "
+                               "--max-position-embeddings 1024 --tensor-model-parallel-size 1 "
                                "--pipeline-model-parallel-size 4 --micro-batch-size 1 "
                                f'--global-batch-size 16 --pipeline-model-parallel-layout '
-                               f'"{layout}"')
+                               f'"{layout}"')  # dp = 1: no gradient reduction to overlap
     zb = by["zb-h1", 4]
     par = zb["torchtitan"]["parallelism"]
     assert zb["megatron"] is None
@@ -191,6 +198,7 @@ def test_dualpipe_has_no_torch_csv(small_profile, tmp_path, capsys):
     out = plan_json(capsys, "--profile", small_profile, "--gpus", "4", "--global-batch", "16",
                     "--schedules", "dualpipe", "--recompute", "none", "--top", "1",
                     "--out", str(tmp_path / "p.json"))
-    par = out["plans"][0]["torchtitan"]["parallelism"]
-    assert par["pipeline_parallel_schedule_csv"] is None and "two" in par["note"]
+    tt = out["plans"][0]["torchtitan"]
+    assert tt["runnable"] is False and "two copies" in tt["reason"]
+    assert out["pastes"]["torchtitan"]["instead"] is None  # --schedules dualpipe: no other
     assert not list(tmp_path.glob("*.csv"))

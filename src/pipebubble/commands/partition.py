@@ -340,8 +340,11 @@ def layouts_text(profile: Profile, plans: list[Plan]) -> list[str]:
         out.append(f"  megatron: --pipeline-model-parallel-layout "
                    f"\"{megatron_layout(profile, p.ranges)}\"")
         if flags:
-            out.append(f"  megatron: {flags}")
-        out.append(f"  torchtitan [parallelism]: {torchtitan_fqns(profile, p.ranges)}")
+            out.append(f"  megatron (or, instead of the layout): {flags}")
+        out.append(f"  torchtitan 0.2 [parallelism]: {torchtitan_fqns(profile, p.ranges)}")
+        head = torchtitan_fqns(profile, p.ranges, head="lm_head")
+        if head != torchtitan_fqns(profile, p.ranges):
+            out.append(f"  torchtitan 0.3 (head lm_head): {head}")
     return out
 
 

@@ -368,7 +368,8 @@ def run(args: argparse.Namespace) -> int:
             validations = validate(runnable, target=args.target_step)
     ctx = {"hw": hw, "shape": shape, "seq": seq, "memory": memory,
            "efficiency": hw.efficiency if hw is not None and args.mfu is None else None}
-    out = result_json(result, profiles, validations, args.out, ctx, mine)
+    out = result_json(result, profiles, validations, args.out, ctx, mine,
+                      runnable_finder(result, profiles, req, hw, efficiency, args.mfu))
     if mine is not None and not mine_fits:
         out["config"].update(fits=False, rank=None,
                              rank_note=f"does not fit the {fmt_gib(budget)} budget")
@@ -382,6 +383,41 @@ def run(args: argparse.Namespace) -> int:
 
     print_plans(Console(), result, out, validations)
     return 0
+
+
+def runnable_finder(result, profiles, req, hw, efficiency, mfu):
+    """``find(framework)``: the fastest plan that framework runs: among the plans found, else
+    from a search narrowed to its shardings and schedules; None when none fits."""
+    from dataclasses import replace
+
+    from ..plan import settings
+    from ..plan.families import schedule_list
+    from ..plan.memory import SHARDINGS
+    from ..plan.planner import NoPlanFits, search
+
+    def find(framework: str):
+        blocker = (settings.torchtitan_blocker if framework == "torchtitan"
+                   else settings.megatron_blocker)
+        for p in result.plans:
+            if blocker(p) is None:
+                return p
+        ok = settings.TORCHTITAN_SHARDINGS if framework == "torchtitan" else \
+            settings.MEGATRON_SHARDINGS
+        every = SHARDINGS if hw is not None else SHARDINGS[:4]  # hsdp needs --gpu
+        shardings = tuple(s for s in (req.shardings or every) if s in ok)
+        names = [n for n in schedule_list(req.schedules) if n != "dualpipe" and (
+            framework == "torchtitan" or n in settings.MEGATRON_FAMILIES)]
+        if not shardings or not names:
+            return None
+        narrowed = replace(req, shardings=shardings, schedules=tuple(names),
+                           top=max(req.top, 20))
+        try:
+            found = search(profiles, narrowed, hw, efficiency, mfu).plans
+        except (NoPlanFits, UserError):
+            return None
+        return next((p for p in found if blocker(p) is None), None)
+
+    return find
 
 
 def throughput(plan, ctx: dict) -> dict:
@@ -405,29 +441,45 @@ def plan_item(plan, profiles, ctx: dict, csv: str | None = None) -> dict:
 
     item = plan.as_json()
     item.update(throughput(plan, ctx))
-    item["runnable_in"] = ([] if plan.schedule in RUNNABLE_NOWHERE else
-                           ["torchtitan"] + (["megatron"] if settings.megatron(plan, profiles)
-                                             else []))
+    item["runnable_in"] = [] if plan.schedule in RUNNABLE_NOWHERE else (
+        (["torchtitan"] if settings.torchtitan_blocker(plan) is None else [])
+        + (["megatron"] if settings.megatron_blocker(plan) is None else []))
     node = ctx["hw"].gpus_per_node if ctx.get("hw") is not None else 8
-    item["torchtitan"] = settings.torchtitan(plan, profiles, csv, node)
-    item["megatron"] = settings.megatron(plan, profiles)
+    item["torchtitan"] = settings.torchtitan(plan, profiles, csv, node, ctx.get("seq"))
+    item["megatron"] = settings.megatron(plan, profiles, ctx.get("seq"))
+    item["megatron_version"] = settings.MEGATRON
+    item["megatron_env"] = settings.megatron_env(plan) if item["megatron"] else ""
+    if item["megatron"] is None:
+        item["megatron_reason"] = settings.megatron_blocker(plan)
     item["fits"] = True
     return item
 
 
-def result_json(result, profiles, validations, out_path: str | None, ctx: dict | None = None,
-                mine=None) -> dict:
+def csv_name(stem: str, what: str, plan) -> str | None:
+    """Where a paste's CSV order goes (``STEM.WHAT.SCHEDULE.csv``), or None when the plan's
+    torchtitan paste names no CSV (a class runs it, or torchtitan cannot)."""
     from ..plan import settings
 
+    if plan.pp == 1 or settings.torch_class(plan.schedule) is not None or \
+            settings.torchtitan_blocker(plan) is not None:
+        return None
+    return f"{stem}.{what}.{plan.schedule}.csv"
+
+
+def result_json(result, profiles, validations, out_path: str | None, ctx: dict | None = None,
+                mine=None, runnable=None) -> dict:
+    """The JSON of ``plan``. CSV orders go next to ``out_path`` (``plan.*.csv`` in the
+    current directory without it: then for the pasted plan only, the one printed). The
+    pastes printed are those of the --config plan (``mine``) when given, else the best's;
+    ``runnable(framework)`` finds the best plan a framework runs for a plan it cannot."""
     ctx = ctx or {}
     plans = []
     measured = {id(v.plan): v for v in validations}
     shown = result.plans[:result.request.top]
+    stem = os.path.splitext(out_path)[0] if out_path else "plan"
     for k, plan in enumerate(shown):
-        csv = None
-        if out_path and settings.torch_class(plan.schedule) is None:
-            stem = os.path.splitext(out_path)[0]
-            csv = f"{stem}.plan{k + 1}.{plan.schedule}.csv"
+        csv = csv_name(stem, f"plan{k + 1}", plan) if out_path or (k == 0 and mine is None) \
+            else None
         item = plan_item(plan, profiles, ctx, csv)
         item["rank"] = k + 1
         item["why"] = why_beats(plan, shown[k + 1]) if k + 1 < len(shown) else None
@@ -437,6 +489,8 @@ def result_json(result, profiles, validations, out_path: str | None, ctx: dict |
             item["measured_step_time_min"] = v.measured_step_time_min
             item["validation"] = v.as_json()
         plans.append(item)
+        if csv:
+            wrote(csv)
     hw = ctx.get("hw")
     out = {"searched": result.searched, "simulated": result.simulated,
            "seconds": result.seconds,
@@ -450,7 +504,10 @@ def result_json(result, profiles, validations, out_path: str | None, ctx: dict |
            "axis_order": "tp (innermost, NVLink), cp, dp, pp (outermost)",
            "plans": plans}
     if mine is not None:
-        item = plan_item(mine, profiles, ctx)
+        csv = csv_name(stem, "config", mine)
+        item = plan_item(mine, profiles, ctx, csv)
+        if csv:
+            wrote(csv)
         faster = sum(1 for p in result.plans if p.step_time < mine.step_time * (1 - 1e-12))
         item["rank"] = faster + 1 if faster < len(result.plans) else None
         item["rank_note"] = (None if item["rank"] else
@@ -458,6 +515,45 @@ def result_json(result, profiles, validations, out_path: str | None, ctx: dict |
         best = result.plans[0].step_time
         item["vs_best"] = mine.step_time / best - 1 if best > 0 else None
         out["config"] = item
+    target, item = (mine, out["config"]) if mine is not None else (shown[0], plans[0])
+    out["pastes"] = pastes(target, item, profiles, ctx, stem, runnable)
+    return out
+
+
+def pastes(plan, item: dict, profiles, ctx: dict, stem: str, runnable=None) -> dict:
+    """The pastes printed for ``plan`` (its JSON ``item``): each framework's own when it
+    runs the plan, else the reason and, under ``instead``, the paste of the best plan it
+    runs (``runnable(framework)``, None when no plan it runs fits)."""
+    from ..plan import settings
+
+    out = {"plan": _label(plan), "torchtitan": item["torchtitan"],
+           "megatron": {"version": settings.MEGATRON, "flags": item["megatron"],
+                        "env": item["megatron_env"]}}
+    if item["megatron"] is None:
+        out["megatron"]["reason"] = item.get("megatron_reason")
+    for fw in ("torchtitan", "megatron"):
+        blocked = (settings.torchtitan_blocker if fw == "torchtitan"
+                   else settings.megatron_blocker)(plan)
+        if blocked is None:
+            continue
+        alt = runnable(fw) if runnable is not None else None
+        if alt is None:
+            out[fw]["instead"] = None
+            continue
+        alt_item = plan_item(alt, profiles, ctx, csv_name(stem, fw, alt))
+        if csv_name(stem, fw, alt):
+            wrote(csv_name(stem, fw, alt))
+        paste = alt_item["torchtitan"] if fw == "torchtitan" else {
+            "version": settings.MEGATRON, "flags": alt_item["megatron"],
+            "env": alt_item["megatron_env"]}
+        out[fw]["instead"] = {"plan": _label(alt), "config": {k: alt_item[k] for k in (
+                                  "tp", "sp", "cp", "pp", "dp", "sharding", "schedule",
+                                  "chunks", "placement", "microbatch_size", "microbatches",
+                                  "recompute", "stages")},
+                              "predicted_step_time": alt.step_time,
+                              "vs_plan": alt.step_time / plan.step_time - 1
+                              if plan.step_time > 0 else None,
+                              "peak_memory": max(alt.peak_memory), **paste}
     return out
 
 
@@ -551,16 +647,44 @@ def print_plans(console, result, out: dict, validations) -> None:
     console.print(fit(t, console.width))  # headers give way at 80 columns, values never
     for line in why_best(result, out):
         console.print(line, highlight=False)
-    best = out["plans"][0]
-    from ..plan.settings import toml_text
-
-    console.print("\n[bold]torchtitan[/bold] (job TOML):", highlight=False)
-    console.print(toml_text(best["torchtitan"]), highlight=False, markup=False, soft_wrap=True)
-    console.print("[bold]Megatron-LM[/bold]: " + (best["megatron"] or "pipelines 1F1B and "
-                  "interleaved 1F1B only; no flags for this schedule"), highlight=False,
-                  soft_wrap=True)
+    print_pastes(console, out["pastes"], "--config" if out.get("config") else "the best plan")
     if validations:
         print_validations(console, result, validations)
+
+
+def print_pastes(console, pastes: dict, which: str) -> None:
+    """Each framework's paste for the plan (or the best plan it runs instead, said so)."""
+    from ..plan.settings import TORCHTITAN_CLI, toml_text
+
+    def say(text: str) -> None:
+        console.print(text, highlight=False, markup=False, soft_wrap=True)
+
+    console.print(f"\n[bold]pastes for {which}[/bold] ({pastes['plan']}):", highlight=False)
+    tt = pastes["torchtitan"]
+    if tt.get("runnable") is False:
+        alt = tt.get("instead")
+        say(f"torchtitan: not runnable in torchtitan: {tt['reason']}" + (
+            "; no plan it runs was found (among the --schedules and --sharding asked for)"
+            if alt is None else
+            f"; the best plan it runs instead: {alt['plan']} ({_t(alt['predicted_step_time'])}"
+            f" per step, {alt['vs_plan']:+.1%}, peak {_gib(alt['peak_memory'])}):"))
+        tt = alt
+    if tt is not None:
+        say(toml_text(tt))
+        say(f"torchtitan, {TORCHTITAN_CLI}: --module MODEL --config CONFIG_FUNCTION "
+            f"{tt['cli']}")
+    mg = pastes["megatron"]
+    if mg["flags"] is None:
+        alt = mg.get("instead")
+        say(f"Megatron-LM: not runnable in Megatron-LM: {mg.get('reason')}" + (
+            "; no plan it runs was found (among the --schedules and --sharding asked for)"
+            if alt is None else
+            f"; the best plan it runs instead: {alt['plan']} ({_t(alt['predicted_step_time'])}"
+            f" per step, {alt['vs_plan']:+.1%}, peak {_gib(alt['peak_memory'])}):"))
+        mg = alt
+    if mg is not None:
+        env = f"{mg['env']} " if mg.get("env") else ""
+        say(f"Megatron-LM, for {mg['version']}: {env}{mg['flags']}")
 
 
 def print_validations(console, result, validations) -> None:

@@ -15,8 +15,10 @@
   hold equal numbers of them, every stage holds at least one, and there is one chunk per
   rank; otherwise None (the layout string still says it).
 - :func:`torchtitan_fqns`: torchtitan's ``module_fqns_per_model_part``, the layer (module)
-  names of each stage, as a TOML line for the ``[parallelism]`` table (a layer made of
-  several modules, named ``model.norm+lm_head``, lists each of them).
+  names of each stage, as a TOML line for the ``[parallelism]`` table: every top-level
+  module, for torchtitan drops one that no part names without an error. A layer made of
+  several modules lists each of them: one named ``model.norm+lm_head``, or one whose profile
+  entry lists its ``modules`` (the analytic head ``output`` is ``norm`` and ``output``).
 
 >>> from pipebubble.plan.profile import LayerProfile, Profile
 >>> prof = Profile([LayerProfile(n, 1, 1, 1, 0, 0, t) for n, t in
@@ -28,6 +30,8 @@
 '--decoder-first-pipeline-num-layers 1 --decoder-last-pipeline-num-layers 1'
 >>> torchtitan_fqns(prof, [(0, 1), (2, 4)])
 'module_fqns_per_model_part = [["tok_embeddings", "layers.0"], ["layers.1", "layers.2", "output"]]'
+>>> torchtitan_fqns(prof, [(0, 1), (2, 4)], head="lm_head")[-36:]
+'["layers.1", "layers.2", "lm_head"]]'
 """
 
 from __future__ import annotations
@@ -95,7 +99,10 @@ def megatron_flags(profile: Profile, ranges: Ranges, chunks: int = 1) -> str | N
             f"--decoder-last-pipeline-num-layers {counts[-1]}")
 
 
-def torchtitan_fqns(profile: Profile, ranges: Ranges) -> str:
-    names = [[fqn for i in range(a, b + 1) for fqn in profile.layers[i].name.split("+")]
-             for a, b in ranges]
+def torchtitan_fqns(profile: Profile, ranges: Ranges, head: str = "output") -> str:
+    """The TOML line (``head``: the name of the output module, ``output`` in torchtitan 0.2,
+    ``lm_head`` in 0.3, which renames a top-level ``output``)."""
+    mods = [[head if m == "output" else m for m in
+             (layer.extra.get("modules") or layer.name.split("+"))] for layer in profile.layers]
+    names = [[fqn for i in range(a, b + 1) for fqn in mods[i]] for a, b in ranges]
     return "module_fqns_per_model_part = " + json.dumps(names)

@@ -1,30 +1,79 @@
-"""A plan as settings to paste into torchtitan and Megatron-LM.
+"""A plan as settings to paste into torchtitan and Megatron-LM, for named versions.
 
-- torchtitan (``[parallelism]`` and ``[activation_checkpoint]`` of its TOML job file):
-  ``tensor_parallel_degree``, ``context_parallel_degree``, ``pipeline_parallel_degree``,
-  ``data_parallel_shard_degree`` (FSDP) and ``data_parallel_replicate_degree`` (plain
-  replicas; both > 1 is HSDP), ``pipeline_parallel_microbatch_size``,
-  ``module_fqns_per_model_part`` (the layer names of each stage, in stage order) and
-  ``pipeline_parallel_schedule``: the class of torch.distributed.pipelining that runs the
-  same family (``1F1B``, ``Interleaved1F1B``, ``GPipe``, ``LoopedBFS``, ``ZBVZeroBubble``,
-  ``DualPipeV``). Families torch has no class for (ZB-H1, ZB-H2, V-Half, V-Min, auto) get
-  ``pipeline_parallel_schedule_csv`` (the order as torch's CSV,
-  :mod:`pipebubble.interop.torch_csv`) **and a class that places the stages as the order
-  does**: torchtitan assigns stages to ranks from the class alone (``ZBVZeroBubble`` and
-  ``DualPipeV`` V-wise, two per rank; every other class loop-wise), so a V-placed order is
-  paired with ``ZBVZeroBubble``, a loop-placed one with ``1F1B`` (one stage per rank) or
-  ``Interleaved1F1B``. (Pairing a V-placed CSV with a loop-placing class makes ranks wait for
-  stages they do not hold: the run hangs.) A placement no class produces is marked in
-  ``note``. torchtitan has no ZeRO-1/2: such plans say to use ``fsdp`` there. DualPipe (two
-  model copies) has no torch form; ``note`` says so.
-- Megatron-LM flags: ``--tensor-model-parallel-size``, ``--sequence-parallel``,
-  ``--context-parallel-size``, ``--pipeline-model-parallel-size``,
-  ``--num-virtual-stages-per-pipeline-rank`` (interleaved), ``--micro-batch-size``,
-  ``--global-batch-size``, ``--use-distributed-optimizer`` (ZeRO-1/2) or
-  ``--use-torch-fsdp2`` (FSDP), ``--pipeline-model-parallel-layout``
-  (:func:`~pipebubble.plan.layouts.megatron_layout`) and the recomputation flags. Megatron
-  pipelines 1F1B and interleaved 1F1B only; other families get None (a pp = 1 plan runs there
-  whatever its family).
+Each paste launches the plan it is printed for, or says it cannot: a plan that a framework
+cannot run (a sharding or a schedule it lacks) has a **blocker**, one sentence why
+(:func:`torchtitan_blocker`, :func:`megatron_blocker`); ``pipebubble plan`` then pastes the
+best plan that framework does run, and says so. The versions the pastes are written for,
+and checked against by the frameworks' own parsers (tests/test_paste_torchtitan.py,
+tests/test_paste_megatron.py), are :data:`TORCHTITAN_TOML`, :data:`TORCHTITAN_CLI` and
+:data:`MEGATRON`.
+
+**torchtitan 0.2** (a TOML job file, ``--job.config_file``): three tables.
+
+- ``[training]``: ``local_batch_size`` is the batch of one data-parallel rank per
+  gradient-accumulation step, which torchtitan's pipeline cuts into
+  ``local_batch_size / pipeline_parallel_microbatch_size`` microbatches, so with pp > 1 it
+  is ``mbs x m`` (the plan's m microbatches, no accumulation) and with pp = 1 it is ``mbs``
+  (torchtitan then accumulates ``global_batch_size / (mbs x dp)`` = m steps);
+  ``global_batch_size`` is the plan's; ``seq_len`` the profile's sequence length. Left out,
+  torchtitan runs its defaults (8 samples of 2,048 tokens).
+- ``[parallelism]``: ``tensor_parallel_degree``, ``context_parallel_degree``,
+  ``pipeline_parallel_degree``, ``data_parallel_shard_degree`` (FSDP) and
+  ``data_parallel_replicate_degree`` (plain replicas; both > 1 is HSDP),
+  ``pipeline_parallel_microbatch_size``, ``module_fqns_per_model_part`` (the modules of each
+  stage, in stage order, every top-level module named: torchtitan drops a module no part
+  names, without an error) and ``pipeline_parallel_schedule``: the class of
+  torch.distributed.pipelining that runs the same family (``1F1B``, ``Interleaved1F1B``,
+  ``GPipe``, ``LoopedBFS``, ``ZBVZeroBubble``, ``DualPipeV``). Families torch has no class
+  for (ZB-H1, ZB-H2, V-Half, V-Min, auto) get ``pipeline_parallel_schedule_csv`` (the order
+  as torch's CSV, :mod:`pipebubble.interop.torch_csv`) **and a class that places the stages
+  as the order does**: torchtitan assigns stages to ranks from the class alone
+  (``ZBVZeroBubble`` and ``DualPipeV`` V-wise, two per rank; every other class loop-wise),
+  so a V-placed order is paired with ``ZBVZeroBubble``, a loop-placed one with ``1F1B`` (one
+  stage per rank) or ``Interleaved1F1B``. (Pairing a V-placed CSV with a loop-placing class
+  makes ranks wait for stages they do not hold: the run hangs.)
+- ``[activation_checkpoint]``: ``mode``. The plan's ``full`` is torchtitan's ``full`` (each
+  block re-run in backward). The plan's ``selective`` is Korthikanti et al.'s (the
+  attention core, softmax(QK^T)V, recomputed, nothing else): torchtitan's attention is
+  SDPA/FlashAttention, which keeps no score matrix and recomputes it in its own backward,
+  so that plan runs there as ``none``. torchtitan's own ``selective`` (its default) is
+  another policy (per op: every second matmul recomputed; or every n-th block) that the
+  plan did not price, so ``none`` is always written, never left to the default.
+
+**torchtitan 0.3** (the current release) reads no TOML: a ``config_registry`` function
+(``--module llama3 --config llama3_8b``) and CLI overrides of its fields, the same values as
+above (``--training.local_batch_size 32``, ``--parallelism.module_fqns_per_model_part
+tok_embeddings,layers.0 layers.1,norm,lm_head``, ``activation_checkpoint:none``), plus
+``--training.disable_cuda_graphs`` with pp > 1 (its validation refuses CUDA graphs with a
+pipeline). Its decoder names the head ``lm_head`` (0.2: ``output``); module lists of a
+torchtitan-named profile are renamed to match.
+
+torchtitan cannot run ZeRO-1/2 (it has DDP, FSDP and HSDP only: ZeRO-1/2's degrees would run
+as DDP, with every replica holding the whole optimizer state), DualPipe (two model copies;
+DualPipeV is its one-copy form) or a stage placement no class produces.
+
+**Megatron-LM** (``pretrain_gpt.py``'s flags, :data:`MEGATRON`): the model's shape when the
+profile has one (``--num-layers`` counts transformer layers only), ``--seq-length``,
+``--micro-batch-size``, ``--global-batch-size``, the parallel sizes, and the cut: an even
+cut needs no flag; an uneven one with one chunk per rank is
+``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers`` when the
+middle stages are equal, else ``--pipeline-model-parallel-layout``
+(:func:`~pipebubble.plan.layouts.megatron_layout`), which also carries the virtual stages of
+an interleaved plan (Megatron refuses ``--num-virtual-stages-per-pipeline-rank`` together
+with a layout). Recomputation: ``full`` is ``--recompute-granularity full
+--recompute-method uniform --recompute-num-layers 1``, ``selective`` is
+``--recompute-granularity selective`` (its default module, ``core_attn``, is the plan's
+meaning). Data parallelism: ZeRO-1 is ``--use-distributed-optimizer``; ZeRO-2 and FSDP
+(ZeRO-3) exist in Megatron only as Megatron-FSDP (``--use-megatron-fsdp
+--data-parallel-sharding-strategy optim_grads`` / ``optim_grads_params``), which does not
+pipeline, so they are pasted for pp = 1 only; ``--use-torch-fsdp2`` is never written
+(Megatron refuses it with pipelining and with tied embeddings). The planner prices the
+gradient reduction overlapped with the last backward, and the weight all-gather with the
+next forward: ``--overlap-grad-reduce`` whenever gradients are reduced, and
+``--overlap-param-gather`` with the sharded optimizers. With tensor or context parallelism
+Megatron also asks for ``CUDA_DEVICE_MAX_CONNECTIONS=1`` in the environment
+(:func:`megatron_env`). Megatron pipelines 1F1B and
+interleaved 1F1B (whose microbatches go in groups of pp: m must be a multiple of pp).
 
 >>> torch_class("interleaved-1f1b"), torch_class("zb-h1")
 ('Interleaved1F1B', None)
@@ -32,15 +81,25 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from .layercosts import ProfileSet
-from .layouts import megatron_layout
+from .layouts import megatron_flags, megatron_layout, megatron_symbols
 from .planner import Plan
+
+TORCHTITAN_TOML = "torchtitan 0.2.x (0.2.0 to 0.2.2; the TOML job file, --job.config_file)"
+TORCHTITAN_CLI = "torchtitan 0.3.0 (config_registry function + CLI overrides)"
+MEGATRON = ("Megatron-LM core_v0.16.1 (pretrain_gpt.py; megatron/training/arguments.py with "
+            "megatron-core 0.16.1)")
 
 TORCH_CLASSES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B",
                  "looped-bfs": "LoopedBFS", "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV"}
 MEGATRON_FAMILIES = ("1f1b", "interleaved-1f1b")
+TORCHTITAN_SHARDINGS = ("ddp", "fsdp", "hsdp")
+MEGATRON_SHARDINGS = ("ddp", "zero1", "zero2", "fsdp")  # zero2 and fsdp at pp = 1 only
+TABLES = ("training", "parallelism", "activation_checkpoint")
+NAMES = {"zero1": "ZeRO-1", "zero2": "ZeRO-2", "fsdp": "FSDP", "hsdp": "HSDP", "ddp": "DDP"}
 
 
 def torch_class(schedule: str) -> str | None:
@@ -75,97 +134,225 @@ def csv_class(plan: Plan) -> str | None:
     return None
 
 
-def torchtitan(plan: Plan, profiles: ProfileSet, csv_path: str | Path | None = None,
-               gpus_per_node: int = 8) -> dict:
-    """``{"parallelism": {...}, "activation_checkpoint": {...}}``; writes the CSV when the
-    family needs one and ``csv_path`` is given (else the key says null)."""
+def torchtitan_blocker(plan: Plan) -> str | None:
+    """Why torchtitan cannot run this plan (one sentence), or None when it can."""
     c = plan.config
-    modules = profiles.modules
+    if c.sharding not in TORCHTITAN_SHARDINGS:
+        return (f"torchtitan has no {NAMES[c.sharding]} (DDP, FSDP and HSDP only: its "
+                "degrees would run it as DDP, every replica holding the whole optimizer "
+                "state)")
+    if c.pp > 1 and plan.schedule_obj.chains > 1:
+        return ("torch.distributed.pipelining runs one model copy; DualPipe's two copies "
+                "have no torch form (dualpipev is its one-copy variant)")
+    if c.pp > 1 and torch_class(c.schedule) is None and csv_class(plan) is None:
+        return ("no torchtitan schedule class places the stages as this order does (stage "
+                f"-> rank {list(plan.stage_to_rank)})")
+    return None
+
+
+def megatron_blocker(plan: Plan) -> str | None:
+    """Why Megatron-LM cannot run this plan (one sentence), or None when it can."""
+    c = plan.config
+    if c.pp > 1 and c.schedule not in MEGATRON_FAMILIES:
+        return f"Megatron-LM pipelines 1F1B and interleaved 1F1B only, not {c.schedule}"
+    if c.sharding == "hsdp":
+        return "these flags have no HSDP form for Megatron-LM"
+    if c.sharding in ("zero2", "fsdp") and c.pp > 1:
+        return (f"Megatron-LM shards gradients{' and weights' if c.sharding == 'fsdp' else ''}"
+                f" ({NAMES[c.sharding]}) only with Megatron-FSDP or torch FSDP2, neither of "
+                "which pipelines (its --use-distributed-optimizer is ZeRO-1)")
+    if c.pp > 1 and c.chunks > 1 and c.microbatches % c.pp:
+        return (f"Megatron-LM's interleaved schedule runs microbatches in groups of pp = "
+                f"{c.pp}; m = {c.microbatches} is not a multiple of it")
+    return None
+
+
+def module_parts(plan: Plan, profiles: ProfileSet, head: str = "output") -> list[list[str]]:
+    """torchtitan's ``module_fqns_per_model_part``: every stage's top-level modules, in
+    stage order. Layers with roles (a model the profiler saw: embedding, layer, head) are
+    named as torchtitan's decoders name them (``tok_embeddings``, ``layers.i``, ``norm``
+    and ``head``); other profiles keep their modules (a layer of several, such as the
+    analytic head ``norm+output``, lists each), with ``output`` renamed to ``head``."""
+    names = torchtitan_modules(profiles, head)
     n = len(plan.ranges)
     stages = [plan.ranges[s % n] for s in range(len(plan.stage_to_rank))]
-    parts = [[name for i in range(a, b + 1) for name in modules[i]] for a, b in stages]
+    return [[name for i in range(a, b + 1) for name in names[i]] for a, b in stages]
+
+
+def torchtitan_modules(profiles: ProfileSet, head: str = "output") -> list[list[str]]:
+    """The torchtitan modules of each profiled layer (see :func:`module_parts`)."""
+    layers = profiles.profile.layers
+    roles = [layer.extra.get("role") for layer in layers]
+    if all(r in ("embedding", "layer", "head") for r in roles):
+        out, k = [], 0
+        for r in roles:
+            if r == "embedding":
+                out.append(["tok_embeddings"])
+            elif r == "head":
+                out.append(["norm", head])
+            else:
+                out.append([f"layers.{k}"])
+                k += 1
+        return out
+    return [[head if m == "output" else m for m in mods] for mods in profiles.modules]
+
+
+def torchtitan(plan: Plan, profiles: ProfileSet, csv_path: str | Path | None = None,
+               gpus_per_node: int = 8, seq: int | None = None) -> dict:
+    """The plan's torchtitan paste: ``training``, ``parallelism`` and
+    ``activation_checkpoint`` (the TOML tables of :data:`TORCHTITAN_TOML`), ``cli`` (the
+    same as :data:`TORCHTITAN_CLI`'s overrides), ``version``/``cli_version`` and ``note``.
+    Writes the CSV when the family needs one and ``csv_path`` is given (else the key says
+    null). A plan torchtitan cannot run gets ``{"runnable": False, "reason": ...}``."""
+    reason = torchtitan_blocker(plan)
+    if reason is not None:
+        return {"runnable": False, "reason": reason, "version": TORCHTITAN_TOML}
+    c = plan.config
     shard, replicate = data_parallel_degrees(plan, gpus_per_node)
+    seq = seq if seq is not None else profiles.metadata().get("seq")
+    training: dict = {"local_batch_size": c.microbatch_size * (c.microbatches if c.pp > 1
+                                                                  else 1),
+                      "global_batch_size": plan.global_batch}
+    notes = []
+    if isinstance(seq, int) and seq > 0:
+        training["seq_len"] = seq
+    else:
+        notes.append("the profile has no sequence length: set training.seq_len to the "
+                     "profiled one")
     par: dict = {"tensor_parallel_degree": c.tp, "context_parallel_degree": c.cp,
                  "pipeline_parallel_degree": c.pp, "data_parallel_replicate_degree": replicate,
-                 "data_parallel_shard_degree": shard,
-                 "pipeline_parallel_microbatch_size": c.microbatch_size,
-                 "module_fqns_per_model_part": parts}
-    notes = []
-    if c.sharding in ("zero1", "zero2"):
-        notes.append(f"torchtitan has no {c.sharding.upper()}: these degrees run it as DDP "
-                     "(every replica holds the optimizer state); plan with --sharding fsdp "
-                     "for torchtitan's sharded form")
+                 "data_parallel_shard_degree": shard}
     if c.tp > 1 and not c.sp:
         notes.append("torchtitan's tensor parallelism always splits the norms' sequence "
                      "(sequence parallel): it runs this plan with sp")
-    cls = torch_class(c.schedule)
-    if c.pp == 1:  # not pipelined: no schedule, no split
-        for k in ("pipeline_parallel_microbatch_size", "module_fqns_per_model_part"):
-            del par[k]
-    elif cls is not None:
-        par["pipeline_parallel_schedule"] = cls
-    else:
-        par["pipeline_parallel_schedule"] = csv_class(plan)
-        par["pipeline_parallel_schedule_csv"] = None
-        if plan.schedule_obj.chains > 1:  # torch's CSV has no second model copy
-            par["pipeline_parallel_schedule"] = None
-            notes.append("torch.distributed.pipelining runs one model copy; DualPipe's two "
-                         "copies have no torch form (dualpipev is its one-copy variant)")
-        elif par["pipeline_parallel_schedule"] is None:
-            notes.append("no torchtitan schedule class places stages as this order does "
-                         f"(stage -> rank {list(plan.stage_to_rank)}); place them yourself "
-                         "to match the CSV")
-        if plan.schedule_obj.chains == 1 and csv_path is not None:
-            from ..interop.torch_csv import write_torch_csv
+    if c.pp > 1:
+        par["pipeline_parallel_microbatch_size"] = c.microbatch_size
+        par["module_fqns_per_model_part"] = module_parts(plan, profiles)
+        cls = torch_class(c.schedule)
+        par["pipeline_parallel_schedule"] = cls or csv_class(plan)
+        if cls is None:
+            par["pipeline_parallel_schedule_csv"] = None
+            if csv_path is not None:
+                from ..interop.torch_csv import write_torch_csv
 
-            write_torch_csv(plan.schedule_obj, csv_path)
-            par["pipeline_parallel_schedule_csv"] = str(csv_path)
+                write_torch_csv(plan.schedule_obj, csv_path)
+                par["pipeline_parallel_schedule_csv"] = str(csv_path)
+    mode = "full" if c.recompute == "full" else "none"
+    if c.recompute == "selective":
+        notes.append("the plan's selective recomputation (the attention core) is what "
+                     "torchtitan's SDPA/FlashAttention does itself: mode none; torchtitan's "
+                     "own 'selective' is another policy")
+    out = {"version": TORCHTITAN_TOML, "training": training, "parallelism": par,
+           "activation_checkpoint": {"mode": mode}}
+    out["cli_version"] = TORCHTITAN_CLI
+    out["cli"] = torchtitan_cli(out, module_parts(plan, profiles, "lm_head")
+                                if c.pp > 1 else None)
     if notes:
-        par["note"] = "; ".join(notes)
-    return {"parallelism": par, "activation_checkpoint": {"mode": c.recompute}}
+        out["note"] = "; ".join(notes)
+    return out
 
 
-def megatron(plan: Plan, profiles: ProfileSet) -> str | None:
-    """Megatron-LM command-line flags for the plan (None when Megatron has no such
-    schedule)."""
-    c = plan.config
-    if c.schedule not in MEGATRON_FAMILIES and c.pp > 1:
+def torchtitan_cli(paste: dict, parts: list[list[str]] | None = None) -> str:
+    """torchtitan 0.3's CLI overrides for a paste's tables (``parts``: its module lists
+    with 0.3's names), to follow ``--module M --config F``."""
+    flags = []
+    for table in ("training", "parallelism"):
+        for k, v in paste[table].items():
+            if v is None:
+                continue
+            if k == "module_fqns_per_model_part":
+                v = " ".join(",".join(p) for p in (parts if parts is not None else v))
+            flags.append(f"--{table}.{k} {v}")
+    if paste["parallelism"]["pipeline_parallel_degree"] > 1:
+        flags.append("--training.disable_cuda_graphs")
+    flags.append(f"activation_checkpoint:{paste['activation_checkpoint']['mode']}")
+    return " ".join(flags)
+
+
+def megatron(plan: Plan, profiles: ProfileSet, seq: int | None = None) -> str | None:
+    """Megatron-LM's command-line flags for the plan (:data:`MEGATRON`), or None when
+    Megatron cannot run it (:func:`megatron_blocker` says why)."""
+    if megatron_blocker(plan) is not None:
         return None
-    stages = [plan.ranges[s % len(plan.ranges)] for s in range(len(plan.stage_to_rank))]
-    flags = [f"--tensor-model-parallel-size {c.tp}"]
+    from .planner import model_of
+
+    c = plan.config
+    shape, shape_seq, _ = model_of(profiles)
+    seq = seq or shape_seq or profiles.metadata().get("seq")
+    sym = megatron_symbols(profiles.profile)
+    flags = [f"--num-layers {sym.count('t')}"]
+    if shape is not None:
+        flags += [f"--hidden-size {shape.hidden}", f"--ffn-hidden-size {shape.ffn}",
+                  f"--num-attention-heads {shape.heads}"]
+        if shape.kv_heads and shape.kv_heads != shape.heads:
+            flags.append(f"--group-query-attention --num-query-groups {shape.kv_heads}")
+        if shape.swiglu:
+            flags.append("--swiglu")
+        if not shape.tied_embeddings:
+            flags.append("--untie-embeddings-and-output-weights")
+    if isinstance(seq, int) and seq > 0:
+        flags.append(f"--seq-length {seq} --max-position-embeddings {seq}")
+    flags.append(f"--tensor-model-parallel-size {c.tp}")
     if c.sp:
         flags.append("--sequence-parallel")
     if c.cp > 1:
         flags.append(f"--context-parallel-size {c.cp}")
     flags += [f"--pipeline-model-parallel-size {c.pp}", f"--micro-batch-size {c.microbatch_size}",
               f"--global-batch-size {plan.global_batch}"]
-    if c.sharding in ("zero1", "zero2"):
-        flags.append("--use-distributed-optimizer")
-    elif c.sharding in ("fsdp", "hsdp"):
-        flags.append("--use-torch-fsdp2")
-    if c.chunks > 1:
-        flags.append(f"--num-virtual-stages-per-pipeline-rank {c.chunks}")
     if c.pp > 1:
-        flags.append(f'--pipeline-model-parallel-layout '
-                     f'"{megatron_layout(profiles.profile, stages)}"')
+        n = len(plan.ranges)
+        stages = [plan.ranges[s % n] for s in range(len(plan.stage_to_rank))]
+        counts = [sym[a:b + 1].count("t") for a, b in stages]
+        first_last = megatron_flags(profiles.profile, stages, c.chunks)
+        if c.chunks == 1 and len(set(counts)) == 1 and sym[0] == "E" and sym[-1] == "L":
+            pass  # an even cut is Megatron's default one
+        elif first_last is not None:
+            flags.append(first_last)
+        else:
+            flags.append(f'--pipeline-model-parallel-layout '
+                         f'"{megatron_layout(profiles.profile, stages)}"')
     if c.recompute == "full":
         flags.append("--recompute-granularity full --recompute-method uniform "
                      "--recompute-num-layers 1")
     elif c.recompute == "selective":
         flags.append("--recompute-granularity selective")
+    reduced = c.dp * c.cp > 1
+    if c.sharding == "zero1":
+        flags.append("--use-distributed-optimizer")
+    elif c.sharding in ("zero2", "fsdp"):
+        strategy = "optim_grads" if c.sharding == "zero2" else "optim_grads_params"
+        flags.append(f"--use-megatron-fsdp --data-parallel-sharding-strategy {strategy} "
+                     "--use-distributed-optimizer --no-gradient-accumulation-fusion "
+                     "--ckpt-format fsdp_dtensor")
+    if reduced:
+        flags.append("--overlap-grad-reduce")
+        if c.sharding != "ddp":
+            flags.append("--overlap-param-gather")
     return " ".join(flags)
 
 
-def toml_text(settings: dict) -> str:
-    """The torchtitan tables as TOML lines (values are ints, strings and lists of strings)."""
-    import json
+def megatron_env(plan: Plan) -> str:
+    """The environment Megatron-LM's ``validate_args`` asks for with these flags:
+    ``CUDA_DEVICE_MAX_CONNECTIONS=1`` with tensor or context parallelism (before Blackwell;
+    Megatron-FSDP wants it unset, and only warns then), else nothing."""
+    c = plan.config
+    fsdp = c.sharding in ("zero2", "fsdp")
+    return "CUDA_DEVICE_MAX_CONNECTIONS=1" if (c.tp > 1 or c.cp > 1) and not fsdp else ""
 
+
+def toml_text(paste: dict) -> str:
+    """A torchtitan paste as TOML lines: its tables, its version and note as comments
+    (values are ints, strings and lists of lists of strings)."""
     out = []
-    for table, values in settings.items():
+    if paste.get("version"):
+        out.append(f"# for {paste['version']}")
+    if paste.get("note"):
+        out.append(f"# {paste['note']}")
+    for table in TABLES:
+        if table not in paste:
+            continue
         out.append(f"[{table}]")
-        for k, v in values.items():
-            if k == "note":
-                out.append(f"# {v}")
-            elif v is not None:
+        for k, v in paste[table].items():
+            if v is not None:
                 out.append(f"{k} = {json.dumps(v)}")
     return "\n".join(out)
