@@ -3,7 +3,6 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-MEGATRON_LM ?= $(VENV)/megatron-lm
 
 .PHONY: demo test lint bench figures clean
 
@@ -20,17 +19,9 @@ demo: $(STAMP)
 # on one worker, in order); the 10 slowest tests are listed so a slow one is noticed.
 # Quick local loop: $(PY) -m pytest -m "not slow and not distributed"
 WORKERS ?= auto
-test: $(STAMP) $(MEGATRON_LM)
+test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	MEGATRON_LM=$(MEGATRON_LM) $(PY) -m pytest -n $(WORKERS) --dist loadfile --durations=10
-
-# Megatron-LM's argument parser (megatron/training; megatron-core's wheel has megatron.core
-# only) at the tag of the megatron-core the test extra pins, for tests/test_paste_megatron.py.
-# Offline, the clone fails and those tests skip, saying why.
-$(MEGATRON_LM):
-	-git clone -q --depth 1 --branch core_v0.16.1 --filter=blob:none --sparse \
-		https://github.com/NVIDIA/Megatron-LM $(MEGATRON_LM) && git -C $(MEGATRON_LM) \
-		sparse-checkout set megatron/training megatron/legacy megatron/post_training megatron/rl
+	$(PY) -m pytest -n $(WORKERS) --dist loadfile --durations=10
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -13,8 +13,8 @@ otherwise), recomputation, the optimizer and the overlap flags; ``--use-torch-fs
 
 megatron-core's wheel ships ``megatron.core`` only: ``parse_args`` and ``validate_args`` are
 Megatron-LM's ``megatron/training`` (with ``megatron/legacy``), from a checkout of the tag
-matching megatron-core (core_v0.16.1), found on the path or at ``$MEGATRON_LM``; ``make
-test`` fetches one. Without either the tests skip, saying so.
+matching megatron-core (core_v0.16.1), found on the path or at ``$MEGATRON_LM``; no package
+ships it, so without either the tests skip, saying so.
 """
 
 from __future__ import annotations
