@@ -72,6 +72,7 @@ class Request:
     sp: tuple[bool, ...] | None = None
     shardings: tuple[str, ...] | None = None  # None: ddp, zero1, zero2, fsdp (+ hsdp)
     chunks: tuple[int, ...] | None = None  # None: every count up to max_chunks
+    config: tuple[str, ...] = ()  # the axes --config gave (errors name it, not --tp ...)
 
     def pp1_schedules(self, names: list[str]) -> list[str]:
         """The schedules tried at pp = 1, where every family is the same plan (one rank runs
