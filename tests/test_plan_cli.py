@@ -117,7 +117,7 @@ def test_errors_are_one_line(small_profile, capsys, args, message):
 
 @pytest.mark.parametrize("args, message", [
     (["--gpus", "4", "--global-batch", "16", "--gpu-memory", "lots"],
-     "--gpu-memory must be a number > 0 with an optional unit"),
+     "--gpu-memory must be a number in [1, 1e+18] bytes, with an optional unit"),
     (["--gpus", "0", "--global-batch", "16"], "--gpus must be >= 1, got 0"),
 ])
 def test_flag_errors_exit_2(small_profile, capsys, args, message):

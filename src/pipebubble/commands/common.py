@@ -18,7 +18,7 @@ from ..interop.timeline_json import (  # noqa: F401  re-exported: the JSON contr
 )
 from ..ir.schedule import Schedule, ScheduleError
 from ..limits import MAX_INT_DIGITS, MAX_TIME, MIN_TIME  # noqa: F401  (re-exported)
-from ..params import BY_FLAG, as_arg_type, parse_float, parse_int, parse_times
+from ..params import BY_FLAG, as_arg_type, parse_float, parse_int, parse_real, parse_times
 from ..schedules import get_schedule, lookup, schedule_names
 from ..timeline import Timeline
 
@@ -42,6 +42,13 @@ def float_flag(name: str, lo: float | None = None, hi: float | None = None,
     :func:`pipebubble.params.parse_float`. ``--overlap must be a number in (0, 1], got 'nan'``.
     """
     return as_arg_type(lambda text: parse_float(text, name, lo, hi, lo_open, hi_open))
+
+
+def real_flag(name: str):
+    """An argparse ``type`` for a real number the planner prices with, in the range
+    :data:`pipebubble.params.REALS` gives ``name`` (:func:`pipebubble.params.parse_real`):
+    ``--efficiency must be a number in [0.001, 1], got '1e-320'``."""
+    return as_arg_type(lambda text: parse_real(text, name))
 
 
 def time_value(name: str):

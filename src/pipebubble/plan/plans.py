@@ -13,6 +13,7 @@ from .. import limits
 from ..costs import CostModel
 from ..errors import UserError
 from ..ir.schedule import Schedule
+from ..params import check_real
 from .partition import Ranges
 
 AUTO = "auto"
@@ -89,14 +90,11 @@ class Request:
         limits.check_count(self.max_chunks, "--max-chunks", 1, limits.MAX_CHUNKS)
         limits.check_count(self.exhaustive_cuts, "--exhaustive-cuts", 0,
                            limits.MAX_EXHAUSTIVE_CUTS)
-        for name in ("gpu_memory", "p2p_bandwidth", "allreduce_bandwidth", "bytes_per_param"):
-            v = getattr(self, name)
-            if not (v > 0 and math.isfinite(v)):
-                raise UserError(f"--{name.replace('_', '-')} must be a finite number > 0, "
-                                 f"got {v!r}")
-        if not (self.latency >= 0 and math.isfinite(self.latency)):
-            raise UserError(f"--latency must be a finite number >= 0 seconds, got "
-                             f"{self.latency!r}")
+        for name in ("p2p_bandwidth", "allreduce_bandwidth", "bytes_per_param", "latency"):
+            check_real(getattr(self, name), f"--{name.replace('_', '-')}")  # params.REALS
+        if not (self.gpu_memory > 0 and math.isfinite(self.gpu_memory)):  # after --reserve
+            raise UserError(f"--gpu-memory must be a finite number > 0, got "
+                             f"{self.gpu_memory!r}")
         if not (self.grad_bytes >= 0 and math.isfinite(self.grad_bytes)):
             raise UserError(f"--grad-bytes must be >= 0, got {self.grad_bytes!r}")
         if not self.microbatch_sizes or any(
