@@ -151,7 +151,13 @@ def add_memory_flags(p: argparse.ArgumentParser, limit: bool = True) -> None:
     g.add_argument("--search-seconds", type=float_flag("--search-seconds", 0, 3600,
                                                        lo_open=True),
                    default=None, metavar="S",
-                   help="auto: stop searching after about S seconds (default: auto's own)")
+                   help="auto: a budget of S seconds of counted work (default: auto's own); "
+                   "the same order on any machine, a busy one only takes longer")
+    g.add_argument("--search-deadline", type=float_flag("--search-deadline", 0, 86400,
+                                                        lo_open=True),
+                   default=None, metavar="S",
+                   help="auto: also stop after S seconds of wall clock (default: no clock; "
+                   "with it the order may depend on the machine's load)")
 
 
 def costs_from_args(args: argparse.Namespace) -> CostModel:
@@ -176,9 +182,21 @@ def schedule_from_args(args: argparse.Namespace) -> Schedule:
     """The schedule the flags name; ``auto`` searches one for the cost flags (when the
     command has them) under ``--memory-limit``: ``--chunks 1`` loop placement, ``2`` V."""
     check_size(args)  # over --max-actions: refused before any work
-    costs = costs_from_args(args) if lookup(args.schedule).searched and hasattr(args, "f") \
-        else None  # a search (auto) reads the cost flags; a family's order needs none
-    return get_schedule(args.schedule, args.ranks, args.microbatches, args.chunks, costs=costs)
+    if not lookup(args.schedule).searched:  # a family's order needs no costs
+        return get_schedule(args.schedule, args.ranks, args.microbatches, args.chunks)
+    return get_schedule(args.schedule, args.ranks, args.microbatches, args.chunks,
+                        **search_options(args))
+
+
+def search_options(args: argparse.Namespace) -> dict:
+    """What a search (``auto``) takes from the flags: the costs (when the command has the
+    cost flags), ``--search-seconds`` (its budget of counted work) and ``--search-deadline``
+    (a wall-clock limit, only when given)."""
+    out: dict = {"costs": costs_from_args(args) if hasattr(args, "f") else None}
+    for name in ("search_seconds", "search_deadline"):
+        if getattr(args, name, None) is not None:
+            out[name] = getattr(args, name)
+    return out
 
 
 def load_schedule(args: argparse.Namespace) -> Schedule:
@@ -213,9 +231,9 @@ def load_schedule(args: argparse.Namespace) -> Schedule:
 
 def auto_from_args(args: argparse.Namespace) -> Schedule:
     """``auto`` for the command's flags (the registry's request, as any schedule)."""
-    costs = costs_from_args(args) if hasattr(args, "f") else CostModel()
-    return get_schedule("auto", args.ranks, args.microbatches, args.chunks, costs=costs,
-                        search_seconds=getattr(args, "search_seconds", None))
+    options = search_options(args)
+    options["costs"] = options["costs"] or CostModel()
+    return get_schedule("auto", args.ranks, args.microbatches, args.chunks, **options)
 
 
 def fit_line(timeline: Timeline, costs: CostModel) -> str | None:

@@ -13,9 +13,9 @@ chunks, recompute). The loop:
    found; ``auto`` (an order search, seconds each) comes after the families, in order of its
    cut's bound, so it runs only where it can still beat the K-th best plan of every family
    (and a bound for every order it can return, :meth:`~.auto_plans.AutoPlans.auto_ruled_out`,
-   does too); its search is bounded by counted work, not the clock (its safety net is far:
-   :data:`~pipebubble.schedules.auto.budget.PLANNER_NET`), so a plan run twice gives the
-   same plans on any machine;
+   does too); its search is bounded by counted work, never the clock
+   (:mod:`~pipebubble.schedules.auto.budget`), so a plan run twice gives the same plans on
+   any machine;
    families whose schedule would take long to generate (:meth:`Searcher.costly`, learnt from
    the family's largest schedule so far) wait until after ``auto``, for its tighter
    threshold (only the order changes, never what is found);
