@@ -110,6 +110,9 @@ def test_given_axes_filter_the_others(tiny, capsys, gpus, config):
     (["--gpus", "16", "--config", "tp=16"], "--config tp=16 does not divide the model's 8 "
      "attention heads"),
     (["--gpus", "1", "--sharding", "zero1"], "every split of --gpus 1 has one"),
+    (["--gpus", "1", "--sp", "1"], "--sp 1 needs tp > 1, but --gpus 1 leaves only tp 1"),
+    (["--gpus", "4", "--sp", "1", "--pp", "4"], "--gpus 4, --pp 4 leave only tp 1"),
+    (["--gpus", "4", "--sp", "1"], None),  # tp 2 and 4 with sequence parallelism
 ])
 def test_examples(tiny, capsys, argv, message):
     rc = main(["plan", "--profile", tiny, *BASE, *argv])

@@ -148,6 +148,11 @@ def build_points(profiles, req: Request, hardware: Hardware | None = None,
             for s in shardings:
                 pt = Point(tp, sp, cp, s)
                 out.append((pt, costs, hardware_axes(req, pt, hardware, mfu is None)))
+    if not out:  # only --sp 1 empties it: every tp the split leaves is 1
+        given = "".join(f", {axis_flag(req, a, getattr(req, a))}"
+                        for a in ("tp", "cp", "pp", "dp") if getattr(req, a))
+        raise UserError(f"--sp 1 needs tp > 1, but --gpus {req.gpus}{given} "
+                        f"leave{'' if given else 's'} only tp 1")
     return out
 
 
@@ -163,9 +168,9 @@ def check_degrees(req: Request, heads: int, kv: int, seq: int) -> None:
         if heads % tp or not _kv_even(kv, tp):
             valid = [d for d in range(1, heads + 1)
                      if heads % d == 0 and _kv_even(kv, d) and req.gpus % d == 0]
-            what = (f"the model's {heads} attention heads" if heads % tp else
-                    f"the model's {kv} K/V heads (it neither divides nor is a multiple of them)")
-            raise UserError(f"{axis_flag(req, 'tp', [tp])} does not divide {what}; valid are "
+            what = (f"does not divide the model's {heads} attention heads" if heads % tp else
+                    f"neither divides nor is a multiple of the model's {kv} K/V heads")
+            raise UserError(f"{axis_flag(req, 'tp', [tp])} {what}; valid are "
                             f"{', '.join(map(str, valid))}")
     for cp in req.cp or ():
         if seq % cp:
