@@ -38,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="samples in the profiled batch: one microbatch (8; --analytic: 1)")
     p.add_argument("--warmup", type=int_flag("--warmup", 0, 1000), default=2,
                    help="untimed passes first (2)")
-    p.add_argument("--repeats", type=positive_int("--repeats"), default=5,
+    p.add_argument("--repeats", type=int_flag("--repeats", 1, 1000), default=5,
                    help="timed passes; the median is kept (5)")
     p.add_argument("--device", default="cpu", help="torch device to measure on (cpu)")
     p.add_argument("--threads", type=positive_int("--threads"), default=None,
