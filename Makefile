@@ -16,12 +16,12 @@ demo: $(STAMP)
 	$(PY) code/main.py
 
 # Everything, as CI runs it, one pytest worker per core (pytest-xdist; each test file stays
-# on one worker, in order); the 10 slowest tests are listed so a slow one is noticed.
+# on one worker, in order); the 20 slowest tests are listed so a slow one is noticed.
 # Quick local loop: $(PY) -m pytest -m "not slow and not distributed"
 WORKERS ?= auto
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -n $(WORKERS) --dist loadfile --durations=10
+	$(PY) -m pytest -n $(WORKERS) --dist loadfile --durations=20
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -1,11 +1,8 @@
-"""Shared test set-up: one torch thread, hypothesis profiles, no wall clock in ``auto``'s
-search, and ``run_cli``.
+"""Shared test set-up: one torch thread, hypothesis profiles, and ``run_cli``.
 
-``auto``'s search is bounded by a ledger of counted work, deterministic; its one wall-clock
-part, the safety net (``schedules/auto/budget.py``), is turned off for the whole session
-(``PIPEBUBBLE_AUTO_SAFETY_NET=0``, set when this file is imported, so before any test module
-or fixture runs and in every subprocess a test starts), so that no test's result depends on
-how loaded the machine is (CI: two cores, ``pytest -n 2``).
+``auto``'s search is bounded by a ledger of counted work and reads no clock unless a
+deadline is asked for (``schedules/auto/budget.py``), so no test's result depends on how
+loaded the machine is (CI: two cores, ``pytest -n 2``) without any setting here.
 
 Markers (registered in pyproject.toml, ``--strict-markers``): ``slow`` (a test that takes
 seconds: a real process, a launch, a real model step) and ``distributed`` (launches several
@@ -21,21 +18,12 @@ import torch
 from hypothesis import settings
 
 from pipebubble.cli import main
-from pipebubble.schedules.auto.budget import SAFETY_NET_ENV
-
-os.environ[SAFETY_NET_ENV] = "0"  # counts only (module doc); xdist workers import this too
 
 # CI has 2 cores: keep torch to one thread per process, and hypothesis quick but thorough.
 torch.set_num_threads(1)
 settings.register_profile("ci", max_examples=60, deadline=None)
 settings.register_profile("dev", max_examples=30, deadline=None)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
-
-
-@pytest.fixture(autouse=True)
-def _counts_only(monkeypatch):
-    """Every test: the safety net off, even if a test before it turned it on."""
-    monkeypatch.setenv(SAFETY_NET_ENV, "0")
 
 
 @pytest.fixture

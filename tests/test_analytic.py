@@ -119,7 +119,7 @@ def test_cli_writes_the_profile(tmp_path, capsys):
 
 @pytest.mark.parametrize("extra, message", [
     (["--kv-heads", "3"], "--kv-heads must divide --heads 4 (valid: 1, 2, 4)"),
-    (["--mfu", "1.5"], "--mfu must be in (0, 1]"),
+    (["--mfu", "1.5"], "--mfu must be a number in [0.001, 1]"),
     (["--dtype", "int4"], "unknown --dtype 'int4'"),
 ])
 def test_cli_errors_are_one_line(extra, message, capsys):

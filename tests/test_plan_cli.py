@@ -111,7 +111,7 @@ def test_table_output(small_profile, capsys):
      "--gpus 1048576 leaves a pipeline of at least 16384 stages: --global-batch 64 allows at "
      "most dp = 64"),
     (["--gpus", "1048576", "--global-batch", "64"], "use at most 640 GPUs"),
-    (["--gpus", "64", "--global-batch", "64", "--pp", "16"], "(--pp 16, --dp any"),
+    (["--gpus", "64", "--global-batch", "64", "--pp", "16"], "passes --pp 16: pp x chunks"),
     (["--gpus", "4", "--global-batch", "16", "--schedules", "nope"], "unknown schedule 'nope'"),
     (["--gpus", "4", "--global-batch", "16", "--recompute", "sometimes"],
      "unknown --recompute 'sometimes'; valid are none, selective, full"),
@@ -124,7 +124,7 @@ def test_errors_are_one_line(small_profile, capsys, args, message):
 
 @pytest.mark.parametrize("args, message", [
     (["--gpus", "4", "--global-batch", "16", "--gpu-memory", "lots"],
-     "--gpu-memory must be a number > 0 with an optional unit"),
+     "--gpu-memory must be a number in [1, 1e+18] bytes, with an optional unit"),
     (["--gpus", "0", "--global-batch", "16"], "--gpus must be >= 1, got 0"),
 ])
 def test_flag_errors_exit_2(small_profile, capsys, args, message):

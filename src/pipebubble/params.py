@@ -17,7 +17,13 @@ Rules, for every parameter:
 - a time (and a memory amount, which follows the same rules) is a number or a comma list of
   numbers (one per stage), each 0 or in [``MIN_TIME``, ``MAX_TIME``]; ``nan``, ``inf`` and an
   empty item are refused;
-- a real number such as ``overlap`` is finite and in its range;
+- a real number such as ``overlap`` is finite, not denormal (below 2.2e-308 a division by
+  it overflows to infinity) and in its range;
+- a real number the planner prices with (``--efficiency``, ``--mfu``, a bandwidth, a
+  latency, TFLOP/s, a memory size) is in the range :data:`REALS` gives it, read by
+  :func:`parse_real` (a plain number) or :func:`parse_size` (a number with a unit, ``80GiB``):
+  one table, so ``--efficiency 1e-320`` and ``--nvlink-latency 1e308`` are one line naming
+  the range, never an overflow deep in the pricing;
 - empty text is a bad value, never "use the default" (``--ranks ''`` and ``ranks=`` alike).
 
 >>> read({"ranks": "4"}, "ranks")
@@ -36,12 +42,14 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from .errors import UserError
-from .limits import MAX_INT_DIGITS, MAX_TIME_VALUES, LimitError, check_time
+from .limits import MAX_INT_DIGITS, MAX_TIME, MAX_TIME_VALUES, MIN_TIME, LimitError, check_time
 
 
 class ParamError(UserError):
@@ -112,6 +120,129 @@ def parse_float(text: str, name: str, lo: float | None = None, hi: float | None 
     bad = bad or (hi is not None and (value >= hi if hi_open else value > hi))
     if bad:
         raise ParamError(f"{name} must be {valid}, got {_plain(text)!r}")
+    if value != 0 and abs(value) < sys.float_info.min:
+        raise ParamError(f"{name} must be {valid} and not denormal (0 or at least "
+                         f"{sys.float_info.min:.3g} in size), got {_plain(text)!r}")
+    return value
+
+
+# ---- the real numbers the planner prices with -------------------------------------------------
+@dataclass(frozen=True)
+class Real:
+    """The valid range of a real-valued parameter: ``lo <= x <= hi`` (and 0 when ``zero``),
+    in ``unit``. Bounds are where the pricing still computes: a step is a sum of
+    ``flops / (peak x efficiency)``, ``bytes / bandwidth`` and latencies over every layer,
+    microbatch and message, so a rate below ``lo`` or a time above ``hi`` would overflow it."""
+
+    lo: float
+    hi: float
+    zero: bool = False
+    unit: str = ""
+
+    def valid(self) -> str:
+        unit = f" {self.unit}" if self.unit else ""
+        return f"{'0 or ' if self.zero else ''}a number in [{self.lo:g}, {self.hi:g}]{unit}"
+
+    def check(self, value: float, name: str, text: str | None = None) -> float:
+        """``value`` if it lies in the range, else :class:`ParamError` naming the range."""
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and (
+            (self.zero and value == 0) or self.lo <= value <= self.hi)
+        if not ok:
+            got = _plain(text) if text is not None else value
+            raise ParamError(f"{name} must be {self.valid()}, got {got!r}")
+        return float(value)
+
+
+_BANDWIDTH = Real(1.0, 1e18, unit="bytes/s")
+_LATENCY = Real(MIN_TIME, MAX_TIME, zero=True, unit="s")
+_FRACTION = Real(1e-3, 1.0)
+_MEMORY = Real(1.0, 1e18, unit="bytes")
+REALS: dict[str, Real] = {
+    "--efficiency": _FRACTION,  # the fraction of peak large GEMMs reach
+    "--mfu": _FRACTION,
+    "--bus-fraction": _FRACTION,
+    "--peak-tflops": Real(1e-3, 1e6, unit="TFLOP/s"),
+    "--tflops": Real(1e-3, 1e6, unit="TFLOP/s"),
+    "--hbm-bandwidth": _BANDWIDTH,
+    "--nvlink-bandwidth": _BANDWIDTH,
+    "--inter-node-bandwidth": _BANDWIDTH,
+    "--p2p-bandwidth": _BANDWIDTH,
+    "--allreduce-bandwidth": _BANDWIDTH,
+    "--latency": _LATENCY,
+    "--nvlink-latency": _LATENCY,
+    "--inter-node-latency": _LATENCY,
+    "--measured-step": Real(MIN_TIME, MAX_TIME, unit="s"),
+    "--gpu-memory": _MEMORY,
+    "--reserve": _MEMORY,
+    "--bytes-per-param": Real(1e-3, 1e3, unit="bytes"),
+    "--grad-bytes": Real(1e-3, 1e3, unit="bytes"),
+}
+"""The range of every real-valued planner parameter, by flag (library checks use the same
+entries: :meth:`pipebubble.plan.hardware.Hardware.check`, the planner's ``Request.check``).
+A flag missing here gets :data:`DEFAULT_REAL`."""
+
+DEFAULT_REAL = Real(1e-3, 1e18)
+"""The range of a real parameter with no entry in :data:`REALS`: positive, normal, finite."""
+
+UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9,
+         "t": 1e12, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+"""The units :func:`parse_size` reads (case-insensitive; ``/s`` may follow)."""
+
+
+def real_range(name: str) -> Real:
+    """The range of parameter ``name`` (:data:`REALS`, else :data:`DEFAULT_REAL`)."""
+    return REALS.get(name, DEFAULT_REAL)
+
+
+def check_real(value: float, name: str) -> float:
+    """``value`` checked against the range of ``name`` (library callers: a number already).
+
+    >>> check_real(1e-320, "--efficiency")
+    Traceback (most recent call last):
+    ...
+    pipebubble.params.ParamError: --efficiency must be a number in [0.001, 1], got 1e-320
+    """
+    return real_range(name).check(value, name)
+
+
+def parse_real(text: str, name: str) -> float:
+    """A plain real number in the range of ``name`` (``nan``, ``inf``, ``1e308`` and denormals
+    fall outside every range).
+
+    >>> for text in ("2e-6", "1e308"):
+    ...     try:
+    ...         print(parse_real(text, "--nvlink-latency"))
+    ...     except ParamError as exc:
+    ...         print(exc)
+    2e-06
+    --nvlink-latency must be 0 or a number in [1e-12, 1e+12] s, got '1e308'
+    """
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        value = math.nan
+    return real_range(name).check(value, name, text)
+
+
+def parse_size(text: str, name: str) -> float:
+    """A number with an optional unit (``80GiB``, ``512MiB``, ``24e9``, ``50GB/s``) in the range
+    of ``name``.
+
+    >>> parse_size("80GiB", "--gpu-memory") == 80 * 2**30
+    True
+    """
+    m = re.fullmatch(r"\s*([0-9.eE+-]+)\s*([a-zA-Z]*)\s*(?:/s)?\s*", text)
+    unit = m.group(2).lower() if m else None
+    value = math.nan
+    if m and unit in UNITS:
+        try:
+            value = float(m.group(1)) * UNITS[unit]
+        except ValueError:
+            pass
+    r = real_range(name)
+    if not (r.zero and value == 0 or r.lo <= value <= r.hi):
+        raise ParamError(f"{name} must be {r.valid()}, with an optional unit (80GiB, 512MiB, "
+                         f"24e9, 50GB), got {_plain(text)!r}")
     return value
 
 

@@ -18,7 +18,7 @@ from ..interop.timeline_json import (  # noqa: F401  re-exported: the JSON contr
 )
 from ..ir.schedule import Schedule, ScheduleError
 from ..limits import MAX_INT_DIGITS, MAX_TIME, MIN_TIME  # noqa: F401  (re-exported)
-from ..params import BY_FLAG, as_arg_type, parse_float, parse_int, parse_times
+from ..params import BY_FLAG, as_arg_type, parse_float, parse_int, parse_real, parse_times
 from ..schedules import get_schedule, lookup, schedule_names
 from ..timeline import Timeline
 
@@ -42,6 +42,13 @@ def float_flag(name: str, lo: float | None = None, hi: float | None = None,
     :func:`pipebubble.params.parse_float`. ``--overlap must be a number in (0, 1], got 'nan'``.
     """
     return as_arg_type(lambda text: parse_float(text, name, lo, hi, lo_open, hi_open))
+
+
+def real_flag(name: str):
+    """An argparse ``type`` for a real number the planner prices with, in the range
+    :data:`pipebubble.params.REALS` gives ``name`` (:func:`pipebubble.params.parse_real`):
+    ``--efficiency must be a number in [0.001, 1], got '1e-320'``."""
+    return as_arg_type(lambda text: parse_real(text, name))
 
 
 def time_value(name: str):
@@ -144,7 +151,13 @@ def add_memory_flags(p: argparse.ArgumentParser, limit: bool = True) -> None:
     g.add_argument("--search-seconds", type=float_flag("--search-seconds", 0, 3600,
                                                        lo_open=True),
                    default=None, metavar="S",
-                   help="auto: stop searching after about S seconds (default: auto's own)")
+                   help="auto: a budget of S seconds of counted work (default: auto's own); "
+                   "the same order on any machine, a busy one only takes longer")
+    g.add_argument("--search-deadline", type=float_flag("--search-deadline", 0, 86400,
+                                                        lo_open=True),
+                   default=None, metavar="S",
+                   help="auto: also stop after S seconds of wall clock (default: no clock; "
+                   "with it the order may depend on the machine's load)")
 
 
 def costs_from_args(args: argparse.Namespace) -> CostModel:
@@ -169,9 +182,21 @@ def schedule_from_args(args: argparse.Namespace) -> Schedule:
     """The schedule the flags name; ``auto`` searches one for the cost flags (when the
     command has them) under ``--memory-limit``: ``--chunks 1`` loop placement, ``2`` V."""
     check_size(args)  # over --max-actions: refused before any work
-    costs = costs_from_args(args) if lookup(args.schedule).searched and hasattr(args, "f") \
-        else None  # a search (auto) reads the cost flags; a family's order needs none
-    return get_schedule(args.schedule, args.ranks, args.microbatches, args.chunks, costs=costs)
+    if not lookup(args.schedule).searched:  # a family's order needs no costs
+        return get_schedule(args.schedule, args.ranks, args.microbatches, args.chunks)
+    return get_schedule(args.schedule, args.ranks, args.microbatches, args.chunks,
+                        **search_options(args))
+
+
+def search_options(args: argparse.Namespace) -> dict:
+    """What a search (``auto``) takes from the flags: the costs (when the command has the
+    cost flags), ``--search-seconds`` (its budget of counted work) and ``--search-deadline``
+    (a wall-clock limit, only when given)."""
+    out: dict = {"costs": costs_from_args(args) if hasattr(args, "f") else None}
+    for name in ("search_seconds", "search_deadline"):
+        if getattr(args, name, None) is not None:
+            out[name] = getattr(args, name)
+    return out
 
 
 def load_schedule(args: argparse.Namespace) -> Schedule:
@@ -206,9 +231,9 @@ def load_schedule(args: argparse.Namespace) -> Schedule:
 
 def auto_from_args(args: argparse.Namespace) -> Schedule:
     """``auto`` for the command's flags (the registry's request, as any schedule)."""
-    costs = costs_from_args(args) if hasattr(args, "f") else CostModel()
-    return get_schedule("auto", args.ranks, args.microbatches, args.chunks, costs=costs,
-                        search_seconds=getattr(args, "search_seconds", None))
+    options = search_options(args)
+    options["costs"] = options["costs"] or CostModel()
+    return get_schedule("auto", args.ranks, args.microbatches, args.chunks, **options)
 
 
 def fit_line(timeline: Timeline, costs: CostModel) -> str | None:

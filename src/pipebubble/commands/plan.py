@@ -10,17 +10,22 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 
 from .. import limits as L
 from ..errors import UserError
 from ..files import json_text, write_text
 from ..interop.timeline_json import clean_floats
+from ..params import as_arg_type, parse_size
 from ..plan.config import parse_config, restrict
-from .common import check_outputs, float_flag, int_flag, positive_int, print_json, wrote
-
-_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9,
-          "t": 1e12, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+from .common import (
+    check_outputs,
+    float_flag,
+    int_flag,
+    positive_int,
+    print_json,
+    real_flag,
+    wrote,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -63,7 +68,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    metavar="BYTES/s", help="between pipeline ranks (50e9)")
     p.add_argument("--allreduce-bandwidth", type=size_value("--allreduce-bandwidth"),
                    default=50e9, metavar="BYTES/s", help="per link in the ring (50e9)")
-    p.add_argument("--latency", type=float, default=1e-5, metavar="S",
+    p.add_argument("--latency", type=real_flag("--latency"), default=1e-5, metavar="S",
                    help="per message (1e-5)")
     p.add_argument("--top", type=positive_int("--top"), default=5, metavar="K",
                    help="plans to show (5)")
@@ -104,19 +109,21 @@ def add_axes_flags(p: argparse.ArgumentParser) -> None:
         "per op; ranks are ordered TP innermost, then CP, DP, PP outermost)")
     g.add_argument("--gpu", default=None, metavar="NAME",
                    help=f"GPU preset: {', '.join(PRESETS)}")
-    g.add_argument("--efficiency", type=float, default=None, metavar="X",
+    g.add_argument("--efficiency", type=real_flag("--efficiency"), default=None, metavar="X",
                    help="fraction of peak large GEMMs reach (the preset's default)")
-    g.add_argument("--mfu", type=float, default=None, metavar="X",
+    g.add_argument("--mfu", type=real_flag("--mfu"), default=None, metavar="X",
                    help="instead of the compute model: every FLOP at X of peak")
-    for flag, unit, what in (("peak-tflops", "T", "dense bf16 TFLOP/s"),
-                             ("hbm-bandwidth", "BYTES/s", "HBM bandwidth"),
+    g.add_argument("--peak-tflops", type=real_flag("--peak-tflops"), default=None,
+                   metavar="T", help="override the preset's dense bf16 TFLOP/s")
+    for flag, unit, what in (("hbm-bandwidth", "BYTES/s", "HBM bandwidth"),
                              ("nvlink-bandwidth", "BYTES/s", "in-node link per GPU"),
                              ("inter-node-bandwidth", "BYTES/s", "rate of one scale-out NIC")):
         g.add_argument(f"--{flag}", type=size_value(f"--{flag}"), default=None, metavar=unit,
                        help=f"override the preset's {what}")
-    g.add_argument("--nvlink-latency", type=float, default=None, metavar="S",
-                   help="override the preset's in-node latency per message")
-    g.add_argument("--inter-node-latency", type=float, default=None, metavar="S",
+    g.add_argument("--nvlink-latency", type=real_flag("--nvlink-latency"), default=None,
+                   metavar="S", help="override the preset's in-node latency per message")
+    g.add_argument("--inter-node-latency", type=real_flag("--inter-node-latency"), default=None,
+                   metavar="S",
                    help="override the preset's scale-out latency per message")
     g.add_argument("--gpus-per-node", type=positive_int("--gpus-per-node"), default=None,
                    metavar="N", help="override the preset's GPUs per node (8)")
@@ -143,27 +150,15 @@ def add_axes_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--config", default=None, metavar="K=V,...",
                    help="evaluate this configuration (keys tp, sp, cp, pp, dp, sharding, mbs, "
                    "schedule, v, recompute; the rest searched) and rank it against the best")
-    g.add_argument("--measured-step", type=float, default=None, metavar="S",
+    g.add_argument("--measured-step", type=real_flag("--measured-step"), default=None,
+                   metavar="S",
                    help="with --config and --gpu: fit --efficiency to this measured step")
 
 
 def size_value(flag: str):
-    """A positive number with an optional unit: 80GiB, 24e9, 50GB."""
-
-    def parse(text: str) -> float:
-        m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([a-zA-Z]*)\s*(?:/s)?\s*", text)
-        unit = m.group(2).lower() if m else None
-        try:
-            value = float(m.group(1)) * _UNITS[unit] if m and unit in _UNITS else None
-        except ValueError:
-            value = None
-        if value is None or not value > 0 or value == float("inf"):
-            raise argparse.ArgumentTypeError(
-                f"{flag} must be a number > 0 with an optional unit (80GiB, 512MiB, 24e9, "
-                f"50GB), got {text!r}")
-        return value
-
-    return parse
+    """A number with an optional unit (80GiB, 24e9, 50GB) in the range the flag has in
+    :data:`pipebubble.params.REALS` (:func:`pipebubble.params.parse_size`)."""
+    return as_arg_type(lambda text: parse_size(text, flag))
 
 
 def int_list(flag: str):

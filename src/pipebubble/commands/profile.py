@@ -12,7 +12,7 @@ from ..files import check_output_path
 from ..limits import MAX_LAYERS, check_layers, check_model_size, check_threads
 from ..plan.profile import noisy_layers
 from ._model import MODEL_HELP, add_spec_flags, load_from_args, user_spec_flags_given
-from .common import int_flag, parse_device, positive_int, print_json, wrote
+from .common import int_flag, parse_device, positive_int, print_json, real_flag, wrote
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -38,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="samples in the profiled batch: one microbatch (8; --analytic: 1)")
     p.add_argument("--warmup", type=int_flag("--warmup", 0, 1000), default=2,
                    help="untimed passes first (2)")
-    p.add_argument("--repeats", type=positive_int("--repeats"), default=5,
+    p.add_argument("--repeats", type=int_flag("--repeats", 1, 1000), default=5,
                    help="timed passes; the median is kept (5)")
     p.add_argument("--device", default="cpu", help="torch device to measure on (cpu)")
     p.add_argument("--threads", type=positive_int("--threads"), default=None,
@@ -57,9 +57,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="MLP inner size")
     g.add_argument("--kv-heads", type=positive_int("--kv-heads"), default=None, metavar="K",
                    help="key/value heads (grouped-query attention; default --heads)")
-    g.add_argument("--tflops", type=float, default=None, metavar="T",
+    g.add_argument("--tflops", type=real_flag("--tflops"), default=None, metavar="T",
                    help="peak TFLOP/s of one GPU in --dtype (e.g. 989 for an H100 in bf16)")
-    g.add_argument("--mfu", type=float, default=None, metavar="U",
+    g.add_argument("--mfu", type=real_flag("--mfu"), default=None, metavar="U",
                    help="model FLOPs utilisation, in (0, 1] (e.g. 0.4)")
     g.add_argument("--dtype", default="bf16", help="bf16 (default), fp16 or fp32")
     g.add_argument("--tied-embeddings", action="store_true",

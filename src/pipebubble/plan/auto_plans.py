@@ -17,10 +17,9 @@ beats the K-th plan. (On the LLaMA-3 405B bench, 3 searches instead of 44; only 
 so the plans found are the same.)
 
 The search runs at auto's default budget (:data:`~pipebubble.schedules.auto.SEARCH_SECONDS`
-of counted work, the same as ``pipebubble schedule auto``), bounded by the work ledger alone:
-the wall-clock safety net sits at :data:`~pipebubble.schedules.auto.budget.PLANNER_NET`
-times the budget, a last resort for a machine several times slower than the counts assume,
-so that the planner's ranking does not depend on the clock or the load.
+of counted work, the same as ``pipebubble schedule auto``), bounded by the work ledger alone
+(no wall clock, :mod:`pipebubble.schedules.auto.budget`), so that the planner's ranking does
+not depend on the clock or the load.
 
 When nothing fits, the least budget at which auto finds an order is known without running
 it (:meth:`AutoPlans.least_auto_budget`).
@@ -160,14 +159,11 @@ class AutoPlans:
             return None
         if self.auto_ruled_out(c, lc, pr, threshold):
             return None  # no order auto can return beats threshold: not searched
-        from ..schedules.auto.budget import PLANNER_NET
-
         placement = "loop" if c.chunks == 1 else "v"
         left = [budget - x for x in pr.static]
         t0 = time.perf_counter()
         try:
-            sched = fn(c.pp, c.microbatches, pr.costs, memory_limit=left, placement=placement,
-                       safety_net=PLANNER_NET)
+            sched = fn(c.pp, c.microbatches, pr.costs, memory_limit=left, placement=placement)
         except (ScheduleError, ValueError):
             return None  # no order fits the memory left
         finally:

@@ -18,12 +18,32 @@ the microbatch size, schedule, chunks and recompute. What it needs from the poin
 Without ``--gpu`` (a measured profile, or an analytic one at a fixed rate) the point is
 tp = cp = 1 and the network one level: ``--allreduce-bandwidth`` for the data-parallel
 collectives, ``--p2p-bandwidth`` between stages.
+
+**The four degrees are chosen together** (:func:`splits`): tp x cp x pp x dp must equal the
+GPUs, so the default list of every axis not given is what ``--gpus`` and the given axes leave
+(``--gpus 2 --tp 1`` tries cp 1 and 2, never 4); a request that leaves nothing is one line
+naming the flags given (``--tp``, ``--config tp=``), never a default value nobody asked for.
+
+>>> class Req:  # the fields of a planner Request that splits reads
+...     gpus, tp, cp, pp, dp, config = 2, (1,), None, None, None, ()
+>>> sorted({(tp, cp) for tp, cp, _, _ in splits(Req(), tp=(1, 2, 4, 8), cp=(1, 2, 4, 8))})
+[(1, 1), (1, 2)]
+>>> Req.pp = (4,)
+>>> try:
+...     splits(Req(), tp=(1, 2), cp=(1, 2))
+... except UserError as exc:
+...     print(exc)
+--tp 1 x --pp 4 = 4 GPUs does not divide --gpus 2; tp x cp x pp x dp must equal --gpus
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 from dataclasses import dataclass
 
+from ..errors import UserError
+from ..limits import divisors
 from .memory import model_state_bytes
 from .network import Link, Network, allreduce
 from .optimizer import step_time
@@ -93,3 +113,61 @@ class Axes:
         pt = self.point
         link = self.p2p or self.net.hop(pt.tp * pt.cp * dp * (pp - 1))
         return allreduce(self.grad_bytes * params, 2, link)
+
+
+# ---- the degrees, chosen together -------------------------------------------------------------
+AXIS_NAMES = ("tp", "cp", "pp", "dp")
+
+
+def axis_flag(req, axis: str, values) -> str:
+    """How the user gave ``axis``: ``--tp 1,2``, or ``--config tp=2`` when it came from
+    ``--config`` (``req.config`` names the axes that did)."""
+    text = ",".join(map(str, values))
+    return f"--config {axis}={text}" if axis in getattr(req, "config", ()) else f"--{axis} {text}"
+
+
+def splits(req, tp: tuple[int, ...], cp: tuple[int, ...]) -> list[tuple[int, int, int, int]]:
+    """Every ``(tp, cp, pp, dp)`` whose product is ``req.gpus``, each degree from its list:
+    the given one (``req.tp`` ... ``req.dp``), else the default (``tp``, ``cp`` here: the
+    degrees the model allows; pp and dp: every divisor). Raises one line naming only the
+    given axes when none is left (see :func:`_nothing_left`)."""
+    gpus = req.gpus
+    lists = {"tp": req.tp or tp, "cp": req.cp or cp, "pp": req.pp, "dp": req.dp}
+    every = divisors(gpus)
+    out = []
+    for a, b, c in itertools.product(lists["tp"], lists["cp"], lists["pp"] or every):
+        if gpus % (a * b * c):
+            continue
+        d = gpus // (a * b * c)
+        if lists["dp"] is None or d in lists["dp"]:
+            out.append((a, b, c, d))
+    if not out:
+        raise UserError(_nothing_left(req, lists))
+    return out
+
+
+def _nothing_left(req, lists: dict) -> str:
+    """Why no split is left: the given degrees alone do not divide the GPUs, or (pp and dp
+    both given) what they leave for tp x cp is no product of the model's degrees."""
+    given = [a for a in AXIS_NAMES if getattr(req, a)]
+    shown = " x ".join(axis_flag(req, a, lists[a]) for a in given)
+    single = all(len(lists[a]) == 1 for a in given)
+    if not any(req.gpus % math.prod(c) == 0 for c in itertools.product(*(lists[a]
+                                                                          for a in given))):
+        if single:
+            prod = math.prod(lists[a][0] for a in given)
+            what = (f"{shown} does not divide --gpus {req.gpus}" if len(given) == 1 else
+                    f"{shown} = {prod} GPUs does not divide --gpus {req.gpus}")
+        else:
+            what = f"no {shown} divides --gpus {req.gpus}"
+        return f"{what}; tp x cp x pp x dp must equal --gpus"
+    free = [a for a in ("tp", "cp") if a not in given]
+    left = sorted({req.gpus // math.prod(c) for c in itertools.product(*(lists[a] for a in given))
+                   if req.gpus % math.prod(c) == 0})
+    if not free:
+        return (f"{shown} leave{'s' if len(given) == 1 else ''} {','.join(map(str, left))} "
+                f"of --gpus {req.gpus} unused; tp x cp x pp x dp must equal --gpus")
+    made = ", ".join(f"{a} {','.join(map(str, lists[a]))}" for a in free)
+    return (f"{shown} leave{'s' if len(given) == 1 else ''} {','.join(map(str, left))} of "
+            f"--gpus {req.gpus} for {' x '.join(free)}, which the model's degrees ({made}) "
+            f"cannot make; tp x cp x pp x dp must equal --gpus")

@@ -66,4 +66,5 @@ def restrict(req, config: dict):  # -> Request (plan/planner.py)
         ch["recompute"] = (config["recompute"],)
     if "v" in config:
         ch["max_chunks"] = max(req.max_chunks, config["v"])
+    ch["config"] = tuple(k for k in ("tp", "cp", "pp", "dp") if k in config)
     return replace(req, **ch)

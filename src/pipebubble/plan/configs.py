@@ -28,6 +28,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from .. import limits
+from .axes import axis_flag
 from .cut_price import OPT_MARGIN
 from .families import chunk_options
 from .network import p2p
@@ -149,10 +150,10 @@ def _why_no_split(r, G: int, L: int, splits: list, pt) -> str:
         return (f"--global-batch {B} over these GPUs gives more than "
                 f"{limits.MAX_PLAN_MICROBATCHES:,} microbatches per pipeline for every split: "
                 "use larger --microbatch-size values or more GPUs")
-    return (f"no configuration of {ranks} and --global-batch {B} passes the restrictions "
-            f"(--pp {_list(r.pp)}, --dp {_list(r.dp)}, --max-chunks {r.max_chunks}, "
-            f"at most {L} layers over pp x chunks stages)")
-
-
-def _list(values) -> str:
-    return ",".join(map(str, values)) if values else "any"
+    if pt.sharding != "ddp" and all(d * pt.cp == 1 for _, d, _ in splits):
+        return (f"--sharding {pt.sharding} shards the model states over dp x cp ranks, but "
+                f"every split of {ranks} has one; use --sharding ddp or more GPUs")
+    given = [axis_flag(r, a, v) for a, v in (("pp", r.pp), ("dp", r.dp)) if v]
+    return (f"no configuration of {ranks} and --global-batch {B} passes "
+            f"{' and '.join(given) or 'the limits'}: pp x chunks stages must be at most the "
+            f"profile's {L} layers")

@@ -51,6 +51,7 @@ import math
 from dataclasses import dataclass, fields, replace
 
 from ..errors import UserError
+from ..params import check_real
 
 GB = 1e9
 GIB = 2**30
@@ -90,16 +91,24 @@ class Hardware:
                     raise UserError(f"--{f.name.replace('_', '-')} must be an integer >= 1, "
                                      f"got {v!r}")
                 continue
-            zero_ok = f.name.endswith("latency") or f.name == "grad_accumulation_bytes"
-            lo_ok = v >= 0 if zero_ok else v > 0
-            if not (lo_ok and math.isfinite(v)):
-                raise UserError(f"--{f.name.replace('_', '-')} must be a finite number "
-                                 f"{'>= 0' if zero_ok else '> 0'}, got {v!r}")
-        if not 0 < self.efficiency <= 1:
-            raise UserError(f"--efficiency must be in (0, 1] (the fraction of peak large "
-                             f"GEMMs reach), got {self.efficiency!r}")
-        if not 0 < self.bus_fraction <= 1:
-            raise UserError(f"--bus-fraction must be in (0, 1], got {self.bus_fraction!r}")
+            if f.name in _FLAGS:  # the ranges the flags have (params.REALS)
+                flag, scale = _FLAGS[f.name]
+                check_real(v * scale if isinstance(v, int | float) else v, flag)
+                continue
+            if not (v >= 0 and math.isfinite(v)):
+                raise UserError(f"--{f.name.replace('_', '-')} must be a finite number >= 0, "
+                                 f"got {v!r}")
+
+
+_FLAGS = {"peak_flops": ("--peak-tflops", 1e-12), "memory": ("--gpu-memory", 1.0),
+          "hbm_bandwidth": ("--hbm-bandwidth", 1.0),
+          "nvlink_bandwidth": ("--nvlink-bandwidth", 1.0),
+          "nvlink_latency": ("--nvlink-latency", 1.0),
+          "inter_node_bandwidth": ("--inter-node-bandwidth", 1.0),
+          "inter_node_latency": ("--inter-node-latency", 1.0),
+          "efficiency": ("--efficiency", 1.0), "bus_fraction": ("--bus-fraction", 1.0)}
+"""Each numeric field's flag (and the field's value in that flag's unit: FLOP/s x 1e-12 is
+TFLOP/s), whose range in :data:`pipebubble.params.REALS` the field must lie in."""
 
 
 def _gpu(name, tflops, mem_gb, hbm_tbs, nvlink_gbs, net_gbs, eff, mem_unit=GIB):

@@ -72,7 +72,7 @@ from __future__ import annotations
 
 from ..errors import UserError
 from .analytic import TransformerShape
-from .axes import Axes, Point
+from .axes import Axes, Point, axis_flag, splits
 from .compute import Rates
 from .families import _auto_function, chunk_options, held_per_stage, schedule_list
 from .hardware import Hardware
@@ -82,7 +82,7 @@ from .network import Network
 from .parallel_costs import ParallelCosts
 from .plans import AUTO, Config, NoPlanFits, Plan, Request, Result, fmt_gib
 from .scoring import Searcher, legacy_axes
-from .search import check_points, plan_order, search_points
+from .search import plan_order, search_points
 
 __all__ = ["AUTO", "Config", "NoPlanFits", "Plan", "Request", "Result", "Searcher",
            "chunk_options", "fmt_gib", "held_per_stage", "plan_order", "schedule_list",
@@ -110,7 +110,7 @@ def build_points(profiles, req: Request, hardware: Hardware | None = None,
         if s not in SHARDINGS:
             raise UserError(f"unknown --sharding {s!r}; valid are {', '.join(SHARDINGS)}")
     if hardware is None or shape is None:
-        asked = [f"--{k} {','.join(map(str, v))}" for k, v in (("tp", req.tp), ("cp", req.cp))
+        asked = [axis_flag(req, k, v) for k, v in (("tp", req.tp), ("cp", req.cp))
                  if v is not None and tuple(v) != (1,)]
         if asked:
             why = ("needs --gpu (the compute model prices TP and CP)" if hardware is None
@@ -119,6 +119,7 @@ def build_points(profiles, req: Request, hardware: Hardware | None = None,
         if req.sp and True in req.sp:
             raise UserError("--sp 1 needs --tp > 1 (sequence parallelism splits TP's "
                             "replicated activations)")
+        splits(req, (1,), (1,))  # --pp and --dp together with --gpus
         out = []
         for s in shardings:
             pt = Point(1, False, 1, s)
@@ -129,35 +130,52 @@ def build_points(profiles, req: Request, hardware: Hardware | None = None,
     rates = Rates.of(hardware, efficiency) if mfu is None else Rates(
         hardware.peak_flops * mfu, hardware.hbm_bandwidth, flat=True)
     net = Network.of(hardware)
-    node = hardware.gpus_per_node
-    check = check_points(req, shape.heads, seq)
-    tps = req.tp or tuple(d for d in range(1, node + 1)
-                          if shape.heads % d == 0 and req.gpus % d == 0 and d & (d - 1) == 0)
-    cps = req.cp or tuple(d for d in (1, 2, 4, 8) if seq % d == 0)
+    check_degrees(req, shape.heads, shape.kv, seq)
+    tps = tuple(d for d in range(1, hardware.gpus_per_node + 1)  # powers of two in a node
+                if shape.heads % d == 0 and d & (d - 1) == 0 and _kv_even(shape.kv, d))
+    cps = tuple(d for d in (1, 2, 4, 8) if seq % d == 0)
     out = []
-    for tp in tps:
-        for cp in cps:
-            check(tp, cp) if (req.tp or req.cp) else None
-            if req.gpus % (tp * cp) or shape.heads % tp or seq % cp:
+    for tp, cp in sorted({(tp, cp) for tp, cp, _, _ in splits(req, tps, cps)}):
+        sps = req.sp or ((False, True) if tp > 1 else (False,))
+        for sp in sps:
+            if sp and tp == 1:
+                if req.sp == (True,) and req.tp is not None and req.tp == (1,):
+                    raise UserError(f"--sp 1 needs tp > 1 ({axis_flag(req, 'tp', req.tp)})")
                 continue
-            if shape.kv % tp and tp % shape.kv:
-                continue  # K/V heads neither split nor replicate evenly
-            sps = req.sp or ((False, True) if tp > 1 else (False,))
-            for sp in sps:
-                if sp and tp == 1:
-                    if req.sp == (True,) and req.tp is not None and req.tp == (1,):
-                        raise UserError("--sp 1 needs --tp > 1")
-                    continue
-                costs = ParallelCosts(shape, seq, rates, net, tp, sp, cp, flash,
-                                      names=profiles.names, modules=profiles.modules,
-                                      profile=profiles.profile)
-                for s in shardings:
-                    pt = Point(tp, sp, cp, s)
-                    out.append((pt, costs, hardware_axes(req, pt, hardware, mfu is None)))
-    if not out:
-        raise UserError(f"no --tp x --cp divides --gpus {req.gpus} with the model's "
-                        f"{shape.heads} heads and sequence {seq}")
+            costs = ParallelCosts(shape, seq, rates, net, tp, sp, cp, flash,
+                                  names=profiles.names, modules=profiles.modules,
+                                  profile=profiles.profile)
+            for s in shardings:
+                pt = Point(tp, sp, cp, s)
+                out.append((pt, costs, hardware_axes(req, pt, hardware, mfu is None)))
+    if not out:  # only --sp 1 empties it: every tp the split leaves is 1
+        given = "".join(f", {axis_flag(req, a, getattr(req, a))}"
+                        for a in ("tp", "cp", "pp", "dp") if getattr(req, a))
+        raise UserError(f"--sp 1 needs tp > 1, but --gpus {req.gpus}{given} "
+                        f"leave{'' if given else 's'} only tp 1")
     return out
+
+
+def _kv_even(kv: int, tp: int) -> bool:
+    """K/V heads split evenly over ``tp`` ranks, or each replicated on a whole number."""
+    return kv % tp == 0 or tp % kv == 0
+
+
+def check_degrees(req: Request, heads: int, kv: int, seq: int) -> None:
+    """Every given tp divides the attention heads (and splits or replicates the K/V heads
+    evenly), every given cp the sequence: one line naming the value and what is valid."""
+    for tp in req.tp or ():
+        if heads % tp or not _kv_even(kv, tp):
+            valid = [d for d in range(1, heads + 1)
+                     if heads % d == 0 and _kv_even(kv, d) and req.gpus % d == 0]
+            what = (f"does not divide the model's {heads} attention heads" if heads % tp else
+                    f"neither divides nor is a multiple of the model's {kv} K/V heads")
+            raise UserError(f"{axis_flag(req, 'tp', [tp])} {what}; valid are "
+                            f"{', '.join(map(str, valid))}")
+    for cp in req.cp or ():
+        if seq % cp:
+            raise UserError(f"{axis_flag(req, 'cp', [cp])} does not divide the sequence length "
+                            f"{seq}; valid are divisors of {seq} (1, 2, 4, ...)")
 
 
 def hardware_axes(req: Request, pt: Point, hw: Hardware, hbm: bool = True) -> Axes:

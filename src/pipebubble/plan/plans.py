@@ -13,6 +13,7 @@ from .. import limits
 from ..costs import CostModel
 from ..errors import UserError
 from ..ir.schedule import Schedule
+from ..params import check_real
 from .partition import Ranges
 
 AUTO = "auto"
@@ -73,6 +74,7 @@ class Request:
     shardings: tuple[str, ...] | None = None  # None: ddp, zero1, zero2, fsdp (+ hsdp)
     fsdp_reshard: str = "auto"  # always, never, auto (plan.sharding: torchtitan's default)
     chunks: tuple[int, ...] | None = None  # None: every count up to max_chunks
+    config: tuple[str, ...] = ()  # the axes --config gave (errors name it, not --tp ...)
 
     def pp1_schedules(self, names: list[str]) -> list[str]:
         """The schedules tried at pp = 1, where every family is the same plan (one rank runs
@@ -89,14 +91,11 @@ class Request:
         limits.check_count(self.max_chunks, "--max-chunks", 1, limits.MAX_CHUNKS)
         limits.check_count(self.exhaustive_cuts, "--exhaustive-cuts", 0,
                            limits.MAX_EXHAUSTIVE_CUTS)
-        for name in ("gpu_memory", "p2p_bandwidth", "allreduce_bandwidth", "bytes_per_param"):
-            v = getattr(self, name)
-            if not (v > 0 and math.isfinite(v)):
-                raise UserError(f"--{name.replace('_', '-')} must be a finite number > 0, "
-                                 f"got {v!r}")
-        if not (self.latency >= 0 and math.isfinite(self.latency)):
-            raise UserError(f"--latency must be a finite number >= 0 seconds, got "
-                             f"{self.latency!r}")
+        for name in ("p2p_bandwidth", "allreduce_bandwidth", "bytes_per_param", "latency"):
+            check_real(getattr(self, name), f"--{name.replace('_', '-')}")  # params.REALS
+        if not (self.gpu_memory > 0 and math.isfinite(self.gpu_memory)):  # after --reserve
+            raise UserError(f"--gpu-memory must be a finite number > 0, got "
+                             f"{self.gpu_memory!r}")
         from .sharding import check_reshard
 
         check_reshard(self.fsdp_reshard)

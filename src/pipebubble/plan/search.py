@@ -13,9 +13,9 @@ chunks, recompute). The loop:
    found; ``auto`` (an order search, seconds each) comes after the families, in order of its
    cut's bound, so it runs only where it can still beat the K-th best plan of every family
    (and a bound for every order it can return, :meth:`~.auto_plans.AutoPlans.auto_ruled_out`,
-   does too); its search is bounded by counted work, not the clock (its safety net is far:
-   :data:`~pipebubble.schedules.auto.budget.PLANNER_NET`), so a plan run twice gives the
-   same plans on any machine;
+   does too); its search is bounded by counted work, never the clock
+   (:mod:`~pipebubble.schedules.auto.budget`), so a plan run twice gives the same plans on
+   any machine;
    families whose schedule would take long to generate (:meth:`Searcher.costly`, learnt from
    the family's largest schedule so far) wait until after ``auto``, for its tighter
    threshold (only the order changes, never what is found);
@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
 
 from ..errors import UserError
 from .axes import Axes, Point
@@ -128,19 +127,3 @@ def least_memory(searchers: list[Searcher], work: list[tuple[Config, Searcher]])
     errors = [s.no_fit(by[id(s)]) for s in searchers if id(s) in by]
     return min(errors, key=lambda e: e.smallest)
 
-
-def check_points(req: Request, heads: int | None, seq: int | None,
-                 kv_heads: int | None = None) -> Callable[[int, int], None]:
-    """Raise for a ``--tp`` or ``--cp`` that cannot divide (one line, naming the value)."""
-    def check(tp: int, cp: int) -> None:
-        if heads is not None and heads % tp:
-            valid = [d for d in range(1, heads + 1) if heads % d == 0 and req.gpus % d == 0]
-            raise UserError(f"--tp {tp} does not divide the model's {heads} attention heads; "
-                            f"valid are {', '.join(map(str, valid))}")
-        if seq is not None and seq % cp:
-            raise UserError(f"--cp {cp} does not divide the sequence length {seq}; valid are "
-                            f"divisors of {seq} (1, 2, 4, ...)")
-        if req.gpus % (tp * cp):
-            raise UserError(f"--tp {tp} x --cp {cp} = {tp * cp} does not divide --gpus "
-                            f"{req.gpus}")
-    return check

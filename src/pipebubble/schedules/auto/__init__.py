@@ -50,6 +50,7 @@ microbatches, costs=..., memory_limit=...)`` builds it like any schedule.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
@@ -137,7 +138,7 @@ def auto_schedule(
     placement: str = "any",
     mip_windows: bool = True,
     search_seconds: float | None = None,
-    safety_net: float = 1.0,
+    search_deadline: float | None = None,
 ) -> Schedule:
     """The fastest order found for ``costs`` within ``memory_limit`` (per rank, or one value
     for all; default ``costs.memory_limit``) in ``placement`` ``any``, ``loop`` or ``v``.
@@ -148,12 +149,10 @@ def auto_schedule(
     after the registered schedules (they always run: auto is never slower than them),
     one ledger (:class:`~.budget.Budget`) that the greedy passes, the adaptive V stage,
     the local search, the MIP windows and the tail windows charge in turn; it counts
-    work, not time, so the result is the same on every machine, except when its safety
-    net (a wall-clock deadline just past the budget, :mod:`.budget`) stops a search that
-    a slow machine ran past it (``options["auto"].budget_hit``). ``safety_net`` puts that
-    deadline at this multiple of the budget (the planner's :data:`~.budget.PLANNER_NET`:
-    its search is bounded by the ledger alone unless the machine is several times slower
-    than the counts assume); ``PIPEBUBBLE_AUTO_SAFETY_NET=0`` removes it.
+    work, not time, so the result is the same on every machine and under any load.
+    ``search_deadline`` (seconds; default None: no clock) adds a wall-clock limit only
+    when asked: past it every stage stops at its next check (:mod:`.budget`), and
+    ``options["auto"].budget_hit`` says so; only then may the order depend on the machine.
 
     The answer is deterministic, so the last :data:`REMEMBER` answers are kept: an
     identical request (same ranks, microbatches, costs, limit, placement, windows and
@@ -163,13 +162,17 @@ def auto_schedule(
     Raises ScheduleError naming the smallest feasible limit when ``memory_limit`` is below it.
     """
     seconds = SEARCH_SECONDS if search_seconds is None else search_seconds
+    if search_deadline is not None and not (search_deadline > 0
+                                            and math.isfinite(search_deadline)):
+        raise ScheduleError(f"search_deadline must be a finite number of seconds > 0 (or "
+                            f"None: no clock), got {search_deadline!r}")
     request = _request_key(ranks, microbatches, costs, memory_limit, placement, mip_windows,
-                           seconds, safety_net)
+                           seconds, search_deadline)
     if request is not None and request in _REMEMBERED:
         _REMEMBERED.move_to_end(request)
         return _copy(_REMEMBERED[request])
     out = _search(ranks, microbatches, costs, memory_limit, placement, mip_windows, seconds,
-                  safety_net)
+                  search_deadline)
     if request is not None:
         _REMEMBERED[request] = out
         while len(_REMEMBERED) > REMEMBER:
@@ -203,7 +206,7 @@ def _copy(sched: Schedule) -> Schedule:
 
 def _search(ranks: int, microbatches: int, costs: CostModel | None,
             memory_limit: float | Sequence[float] | None, placement: str,
-            mip_windows: bool, seconds: float, net: float = 1.0) -> Schedule:
+            mip_windows: bool, seconds: float, deadline: float | None = None) -> Schedule:
     """:func:`auto_schedule` itself, without the memory of earlier answers."""
     started = time.perf_counter()
     check_counts(ranks, microbatches)
@@ -280,7 +283,7 @@ def _search(ranks: int, microbatches: int, costs: CostModel | None,
              _adaptive: "adaptive V", _greedy_rest: "greedy (more knobs)"}
     for phase in names:
         if phase is not _registered and budget is None:
-            budget = Budget(seconds, net=net)
+            budget = Budget(seconds, deadline)
         for kind in sorted(resolved, key=lambda k: bounds[k]):
             if best is not None and bounds[kind] > best[0][0] + _TOL:
                 continue  # this placement cannot beat what we have
@@ -575,7 +578,7 @@ class Provenance(Mapping):
     memory_limit: float | Sequence[float] | None = None
     budget_seconds: float = 0.0  # the search's budget (``search_seconds``)
     work: float = 0.0  # work units the search charged to it, all stages together
-    budget_hit: bool = False  # the budget's safety net (a wall-clock deadline) stopped it
+    budget_hit: bool = False  # an asked-for deadline (search_deadline) stopped it
 
     @property
     def gap(self) -> float:
@@ -607,7 +610,7 @@ class Provenance(Mapping):
                 f"{self.generator}; searched in {self.seconds:.2f} s: {ran}; "
                 f"{self.work / max(1.0, self.budget_seconds * WORK_PER_SECOND):.0%} of a "
                 f"{self.budget_seconds:g} s budget of work"
-                + (" (stopped by its safety net)" if self.budget_hit else ""))
+                + (" (stopped by its --search-deadline)" if self.budget_hit else ""))
 
     def __getitem__(self, key: str):
         return self.as_dict()[key]
@@ -636,7 +639,8 @@ class _Stages:
 
 def _generate(ranks: int, microbatches: int, chunks: int | None = None,
               costs: CostModel | None = None, memory_limit=None, placement: str | None = None,
-              mip_windows: bool = True, search_seconds: float | None = None) -> Schedule:
+              mip_windows: bool = True, search_seconds: float | None = None,
+              search_deadline: float | None = None) -> Schedule:
     """The registry's entry: ``chunks`` 1 is the loop placement, 2 the V one, None either."""
     if placement is None:
         placement = {None: "any", 1: "loop", 2: "v"}.get(chunks)
@@ -644,7 +648,7 @@ def _generate(ranks: int, microbatches: int, chunks: int | None = None,
             raise ScheduleError(f"auto takes chunks 1 (loop placement) or 2 (V placement), "
                                 f"got {chunks}")
     return auto_schedule(ranks, microbatches, costs, memory_limit, placement, mip_windows,
-                         search_seconds)
+                         search_seconds, search_deadline)
 
 
 # chunks: at most 2 (the V placement), what the size checks (limits.py) count

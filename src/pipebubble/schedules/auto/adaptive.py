@@ -239,7 +239,7 @@ def _built(p: int, m: int, small: int, offsets: tuple[int, ...],
                       True, targets, 1))
     for label, base, c, c_i, fill, targets, deep in tries:
         if budget is not None and budget.late():
-            return  # the safety net: the block is charged already, its rest not built
+            return  # past an asked-for deadline: the block is charged already, its rest not built
         got = reorder(p, small, base, c, c_i, fill=fill, warmup=targets, deep=deep)
         if got is None:
             continue

@@ -20,21 +20,18 @@ An item the ledger cannot afford is refused and not charged (:meth:`Budget.spend
 is only known after the fact (a solve's iterations) is charged then
 (:meth:`Budget.charge`), which :func:`.mip.check_cap` keeps within what was left.
 
-The one exception is the **safety net**: a wall-clock deadline ``net x S`` seconds after
-the ledger is made (after the registered schedules; ``net`` is 1 for ``pipebubble schedule
-auto --search-seconds S``, :data:`PLANNER_NET` in the planner, where the ledger alone bounds
-the search and the net is a far last resort, so that the planner's ranking does not depend
-on the clock). Past it every stage stops at its next
-check (and a running solve at its time limit, the seconds left to the deadline), and
-``Budget.hit`` is set; what runs past the deadline is the one step in flight (a greedy
-pass, one order grown and scored, one solver check), meant to stay within :func:`slack`
-(measured: up to 0.3 s at p = 32, m = 256 on the reference machine, 0.55 s for one
-greedy pass when the two cores run five processes). That is the one case in which the
-result may depend on the machine: the counts are calibrated so that a normal run stays
-inside it. (In a distributed run one rank searches
-and sends the order, so the ranks still agree.) The environment variable
-``PIPEBUBBLE_AUTO_SAFETY_NET=0`` turns the net off altogether (read when a ledger is made):
-the test suite sets it (tests/conftest.py), so no test depends on the machine's load.
+**No clock by default.** Nothing in a search reads the time unless asked: the same
+command gives the same order on any machine and under any load (a busy machine only takes
+longer). A wall-clock limit is an explicit request, ``search_deadline=S`` in the library
+(``auto_schedule``, ``get_schedule("auto", ...)``) and ``--search-deadline S`` on the
+commands that take auto's budget: ``S`` seconds after the ledger is made (after the
+registered schedules) every stage stops at its next check (and a running solve at its time
+limit, the seconds left), and ``Budget.hit`` is set (``safety_net_hit`` in the JSON). What
+runs past it is the one step in flight (a greedy pass, one order grown and scored, one
+solver check), meant to stay within :func:`slack`. Only then may the result depend on the
+machine. (In a distributed run one rank searches and sends the order, so the ranks agree
+either way.) The environment variable ``PIPEBUBBLE_AUTO_SAFETY_NET`` of earlier versions
+(which turned a default deadline off) is no longer read: there is no default deadline.
 
 >>> b = Budget(0.0)
 >>> b.spend(1.0, "greedy"), b.spent, b.by_stage
@@ -45,23 +42,15 @@ the test suite sets it (tests/conftest.py), so no test depends on the machine's 
 
 from __future__ import annotations
 
-import os
 import time
 
 WORK_PER_SECOND = 200_000  # work units a second on the reference machine (2 loaded cores)
 SLACK_SECONDS = 0.25  # what the step in flight may run past the deadline, at most
 SLACK_SHARE = 0.1  # or this share of the budget, whichever is more
-SAFETY_NET_ENV = "PIPEBUBBLE_AUTO_SAFETY_NET"  # "0": no wall-clock deadline (the tests)
-PLANNER_NET = 5.0  # the planner's net: at 5 x its budget (the ledger bounds its search)
-
-
-def safety_net_on() -> bool:
-    """Whether ledgers made now have the wall-clock safety net (:data:`SAFETY_NET_ENV`)."""
-    return os.environ.get(SAFETY_NET_ENV, "1").strip() != "0"
 
 
 def slack(seconds: float) -> float:
-    """How far past its budget a search may run: the step in flight at the deadline."""
+    """How far past a deadline of ``seconds`` a search may run: the step in flight."""
     return max(SLACK_SECONDS, SLACK_SHARE * seconds)
 
 
@@ -69,17 +58,17 @@ class Budget:
     """Work a search may do, in work units (see the module docstring), shared by every
     stage: ``spend(work, stage)`` charges it (kept per stage in ``by_stage``) if the
     ledger has that much left, else refuses it; ``charge(work, stage)`` charges work
-    already done; ``afford(work)`` asks without charging. ``clock``: the safety net on or
-    off (None: :func:`safety_net_on`); ``net``: its deadline, a multiple of ``seconds``."""
+    already done; ``afford(work)`` asks without charging. ``deadline``: seconds of wall
+    clock from now after which every stage stops (None, the default: no clock at all)."""
 
-    def __init__(self, seconds: float, clock: bool | None = None, net: float = 1.0):
+    def __init__(self, seconds: float, deadline: float | None = None):
         self.seconds = float(seconds)
         self.total = self.seconds * WORK_PER_SECOND
         self.left = self.total
         self.by_stage: dict[str, float] = {}
         self.hit = False
-        on = safety_net_on() if clock is None else clock
-        self.deadline = time.perf_counter() + net * self.seconds if on else float("inf")
+        self.deadline = (float("inf") if deadline is None
+                         else time.perf_counter() + float(deadline))
 
     @property
     def spent(self) -> float:
@@ -87,8 +76,8 @@ class Budget:
         return self.total - self.left
 
     def spend(self, work: float, stage: str = "search") -> bool:
-        """Charge ``work`` and say True if it fits in what is left (and the safety net's
-        deadline is not past); else charge nothing and say False."""
+        """Charge ``work`` and say True if it fits in what is left (and the deadline, if
+        one was asked for, is not past); else charge nothing and say False."""
         if not self.afford(work):
             return False
         self.charge(work, stage)
@@ -105,11 +94,16 @@ class Budget:
         return self.left >= work and not self.late()
 
     def late(self) -> bool:
-        """Whether the safety net's deadline is past (it sets ``hit``)."""
+        """Whether the asked-for deadline is past (it sets ``hit``); never without one,
+        and then the clock is not read."""
+        if self.deadline == float("inf"):
+            return False
         if not self.hit and time.perf_counter() > self.deadline:
             self.hit = True
         return self.hit
 
     def seconds_left(self) -> float:
-        """Seconds to the safety net's deadline (a solver's time limit); inf without it."""
+        """Seconds to the deadline (a solver's time limit); inf without one."""
+        if self.deadline == float("inf"):
+            return float("inf")
         return max(0.0, self.deadline - time.perf_counter())

@@ -22,8 +22,8 @@ clock; one solver thread and a node limit per window). HiGHS's root (presolve, c
 rounds, heuristics) ignores the node limit, so each solve is also given a cap on its
 checks, what is left of the ledger (:func:`.mip.check_cap`): a fruitless root stops there
 instead of running past the budget. So the result is the same on every machine, it is
-never slower than its start and never over the limit. (The ledger's safety net, a
-wall-clock deadline, is the solver's time limit too: see :mod:`.budget`.)
+never slower than its start and never over the limit. (A wall-clock deadline, when one
+is asked for, is the solver's time limit too: see :mod:`.budget`.)
 
 Under unit costs (F = I = W = 1 a chunk) at p = 4, m = 16 and a limit of 5 chunk
 activations, the adaptive V stage's best order takes 105 passes; one window of 16
