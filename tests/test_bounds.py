@@ -190,9 +190,12 @@ def test_a_measured_profile_over_the_layer_limit_is_refused_before_building(run_
 
 
 @pytest.mark.parametrize("tflops, mfu, needle", [
-    ("1e-300", "1e-300", "is not a usable rate of FLOP/s"),  # underflows to 0 (ZeroDivision)
-    ("1e300", "1", "is not a usable rate of FLOP/s"),  # overflows to inf
-    ("1e9", "1", "the profile: layer 1"),  # sub-picosecond layers: refused as partition would
+    # refused by the flag's range (params.REALS) before any FLOP count: a product that
+    # underflows to 0, one that overflows to inf, sub-picosecond layers
+    ("1e-300", "1e-300", "--tflops must be a number in [0.001, 1e+06] TFLOP/s, got '1e-300'"),
+    ("1e300", "1", "--tflops must be a number in [0.001, 1e+06] TFLOP/s, got '1e300'"),
+    ("1e9", "1", "--tflops must be a number in [0.001, 1e+06] TFLOP/s, got '1e9'"),
+    ("1", "1e-300", "--mfu must be"),
 ])
 def test_analytic_rates_that_underflow_or_overflow_are_one_line(run_cli, tflops, mfu, needle):
     args = ["profile", "--analytic", "--layers", "2", *A[:10], "--tflops", tflops, "--mfu", mfu,

@@ -38,7 +38,15 @@ from ..sim.kernel import simulate
 from ..sim.wire import WireDeadlock, lower, run_wire
 from ..usercode import describe, results_to_stdout, user_prints_to_stderr
 from ._run_errors import preflight_timeout, reference_code, training_step
-from ._run_setup import analyse, build_setup, judge_check, noise_note, print_report, report_json
+from ._run_setup import (
+    analyse,
+    build_setup,
+    diverged_exit,
+    judge_check,
+    noise_note,
+    print_report,
+    report_json,
+)
 from ._run_train import (
     batch_of,
     load_into,
@@ -50,7 +58,6 @@ from ._run_train import (
     train_summary,
 )
 from .common import print_json, write_figures
-from .run import diverged_exit
 
 
 def check_backend(backend: str) -> None:

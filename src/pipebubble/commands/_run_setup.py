@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import copy
 import math
+import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -444,3 +445,13 @@ def _bytes(n: float) -> str:
         if abs(n) >= scale:
             return f"{n / scale:.2f} {unit}"
     return f"{n:.0f} B"
+
+
+def diverged_exit(report: RunReport) -> int:
+    """The exit code of a run whose report is printed: 1 when the training diverged (a
+    failed run, with one line on stderr saying where), else 0."""
+    line = diverged_line(report)
+    if line is None:
+        return 0
+    sys.stderr.write(f"pipebubble: error: {line}\n")
+    return 1

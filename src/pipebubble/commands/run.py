@@ -363,22 +363,12 @@ def _run(args: argparse.Namespace) -> int:
     if plan.save_error:  # the results above stand; the checkpoint did not get written
         sys.stderr.write(f"pipebubble: error: {plan.save_error}\n")
         return 1
+    from ._run_setup import diverged_exit
+
     rc = diverged_exit(report)
     if rc:
         return rc
     return 1 if report.verdict is not None and not report.verdict.passed else 0
-
-
-def diverged_exit(report: RunReport) -> int:
-    """The exit code of a run whose report is printed: 1 when the training diverged (a
-    failed run, with one line on stderr saying where), else 0."""
-    from ._run_setup import diverged_line
-
-    line = diverged_line(report)
-    if line is None:
-        return 0
-    sys.stderr.write(f"pipebubble: error: {line}\n")
-    return 1
 
 
 def train_local(setup: RunSetup, plan, args: argparse.Namespace, variants: list[bool],

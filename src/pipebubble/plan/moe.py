@@ -69,10 +69,9 @@ from dataclasses import asdict, dataclass, field
 
 from ..errors import UserError
 from ..limits import check_layers
+from ..models.hfconfig import MOE_TYPES
 from .analytic import DTYPE_BYTES, FORMAT, SOURCE, _layer, embedding_layer, head_layer, profile_rate
 from .profile import Profile
-
-MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
 
 
 @dataclass(frozen=True)
