@@ -1,30 +1,10 @@
-"""A HuggingFace ``config.json`` as a :class:`~pipebubble.plan.analytic.TransformerShape`.
+"""A HuggingFace ``config.json`` as the shape the analytic profile reads.
 
-Read without transformers (the file is plain JSON). Supported ``model_type`` values and the
-keys read from each:
-
-- ``llama``, ``mistral``, ``qwen2`` (SwiGLU MLP, RMSNorm, rotary positions, grouped-query
-  attention): ``num_hidden_layers``, ``hidden_size``, ``intermediate_size``,
-  ``num_attention_heads``, ``num_key_value_heads`` (default: the heads), ``vocab_size``,
-  ``tie_word_embeddings`` (default false), ``head_dim`` (default hidden / heads);
-- ``gpt2`` (GPT-2 and Megatron-GPT checkpoints converted to it: learned positions, 4h GELU
-  MLP, LayerNorm and biases, dropout): ``n_layer``, ``n_embd``, ``n_inner`` (default
-  ``4 n_embd``), ``n_head``, ``vocab_size``, ``n_positions``, ``tie_word_embeddings``
-  (default true).
-
-Anything else is rejected with the list of what is supported; a missing key, or one that is
-not a positive integer, is rejected by name. :func:`read_hf_config` also returns the keys it
-used, so the profile can say where each number came from.
-
-The file is read by :func:`pipebubble.files.read_json_file` (a FIFO, ``/dev/zero``, deep
-nesting or a 5,000-digit integer is one line of error), and :func:`check_hf_config` checks
-every key this module or the model builder (:mod:`pipebubble.models.hf`, ``hf:PATH``) reads
-before anything is computed or allocated: each size is an integer within its
-:mod:`pipebubble.limits` bound (``MAX_HF_*``; 10^7 layers or a vocabulary of 10^12 are
-refused at once), positions and a sliding window are >= 1 (a window may be null), the
-heads divide the hidden size (unless ``head_dim`` is given) and the key/value heads divide
-the heads, epsilons are in (0, 1], dropouts in [0, 1], flags are true or false. Every error
-is one line naming the key, the value and what is valid.
+Dense decoders (``llama``, ``mistral``, ``qwen2``, ``gpt2``) are read as
+:mod:`pipebubble.models.hfconfig` reads them (every key it uses and every check are listed
+there: the HF adapter ``--model hf:PATH`` shares them); the mixture-of-experts types
+(``mixtral``, ``qwen2_moe``, ``qwen3_moe``, ``deepseek_v3``) are checked the same way, then
+shaped by :mod:`pipebubble.plan.moe`.
 
 >>> shape, used = shape_from_hf({"model_type": "llama", "num_hidden_layers": 32,
 ...     "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
