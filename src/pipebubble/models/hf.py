@@ -39,8 +39,8 @@ from torch import nn
 
 from ..errors import UserError
 from ..files import read_json_file
+from ..hf_keys import MAX_CONFIG_BYTES, check_hf_config, shape_from_hf
 from ..limits import check_params_fit
-from .hfconfig import MAX_CONFIG_BYTES, check_hf_config, shape_from_hf
 from .spec import ModelSpec
 
 KNOWN_TYPES = ("gpt2", "llama", "mistral", "qwen2")
@@ -206,7 +206,7 @@ def read_config(path: str | Path) -> tuple[dict, Path | None]:
 
     The file is read by :func:`pipebubble.files.read_json_file` (a FIFO or a device is
     refused, the size and the JSON's depth and integers are bounded) and every key is
-    checked by :func:`pipebubble.models.hfconfig.check_hf_config`; errors name ``hf:PATH``.
+    checked by :func:`pipebubble.hf_keys.check_hf_config`; errors name ``hf:PATH``.
     """
     p = Path(path)
     if p.is_dir():
@@ -236,7 +236,7 @@ def _short(value: Any) -> str:
 
 def check_build(data: dict, where: str) -> int:
     """Refuse, before anything is allocated, a config whose sizes are out of range (every
-    key: :func:`~pipebubble.models.hfconfig.check_hf_config`), whose required size keys are
+    key: :func:`~pipebubble.hf_keys.check_hf_config`), whose required size keys are
     missing, or whose model would not fit the free memory (its parameter count from the
     shape, :func:`pipebubble.limits.check_params_fit`); return the parameter count."""
     shape, _ = shape_from_hf(check_hf_config(data, where), where=where)

@@ -70,7 +70,7 @@ from dataclasses import asdict
 
 from ..errors import UserError
 from ..limits import check_layers
-from ..models.shape import TransformerShape
+from ..transformer_shape import TransformerShape
 from .profile import FORMAT, LayerProfile, Profile
 
 __all__ = ["TransformerShape", "analytic_profile", "shape_profile"]

@@ -1,7 +1,7 @@
 """A HuggingFace ``config.json`` as the shape the analytic profile reads.
 
 Dense decoders (``llama``, ``mistral``, ``qwen2``, ``gpt2``) are read as
-:mod:`pipebubble.models.hfconfig` reads them (every key it uses and every check are listed
+:mod:`pipebubble.hf_keys` reads them (every key it uses and every check are listed
 there: the HF adapter ``--model hf:PATH`` shares them); the mixture-of-experts types
 (``mixtral``, ``qwen2_moe``, ``qwen3_moe``, ``deepseek_v3``) are checked the same way, then
 shaped by :mod:`pipebubble.plan.moe`.
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from ..errors import UserError
 from ..files import read_json_file
-from ..models.hfconfig import (  # noqa: F401 - the checker's names, as before
+from ..hf_keys import (  # noqa: F401 - the checker's names, as before
     GPT2_LIKE,
     LLAMA_LIKE,
     MAX_CONFIG_BYTES,
@@ -27,8 +27,8 @@ from ..models.hfconfig import (  # noqa: F401 - the checker's names, as before
     check_hf_config,
     positions_of,
 )
-from ..models.hfconfig import shape_from_hf as dense_shape_from_hf
-from ..models.shape import TransformerShape
+from ..hf_keys import shape_from_hf as dense_shape_from_hf
+from ..transformer_shape import TransformerShape
 from .moe import MoEShape, moe_shape_from_hf
 
 
@@ -46,7 +46,7 @@ def read_hf_config(path: str, what: str = "--hf-config"
 def shape_from_hf(data: dict, path: str = "config.json", where: str | None = None
                   ) -> tuple[TransformerShape | MoEShape, dict]:
     """The shape of a config dictionary and the keys it read, every key checked first
-    (:func:`~pipebubble.models.hfconfig.check_hf_config`): a dense decoder's
+    (:func:`~pipebubble.hf_keys.check_hf_config`): a dense decoder's
     :class:`TransformerShape`, or for mixtral, qwen2_moe, qwen3_moe and deepseek_v3 an
     :class:`~pipebubble.plan.moe.MoEShape`."""
     where = where if where is not None else f"--hf-config {path}"

@@ -68,8 +68,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from ..errors import UserError
+from ..hf_keys import MOE_TYPES
 from ..limits import check_layers
-from ..models.hfconfig import MOE_TYPES
 from .analytic import DTYPE_BYTES, FORMAT, SOURCE, _layer, embedding_layer, head_layer, profile_rate
 from .profile import Profile
 

@@ -1,6 +1,6 @@
 """A HuggingFace ``config.json`` checked key by key, and a dense decoder's
-:class:`~pipebubble.models.shape.TransformerShape` (the HF adapter and the analytic profile both
-read it; :mod:`pipebubble.plan.hfconfig` adds the MoE types and reads the file).
+:class:`~pipebubble.transformer_shape.TransformerShape` (the HF adapter and the analytic
+profile both read it; :mod:`pipebubble.plan.hfconfig` adds the MoE types and reads the file).
 
 Read without transformers (the file is plain JSON). Supported ``model_type`` values and the
 keys read from each:
@@ -40,8 +40,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..errors import UserError
-from ..limits import (
+from .errors import UserError
+from .limits import (
     MAX_HF_FFN,
     MAX_HF_HEADS,
     MAX_HF_HIDDEN,
@@ -49,7 +49,7 @@ from ..limits import (
     MAX_HF_VOCAB,
     MAX_LAYERS,
 )
-from .shape import TransformerShape
+from .transformer_shape import TransformerShape
 
 LLAMA_LIKE = ("llama", "mistral", "qwen2")
 GPT2_LIKE = ("gpt2",)

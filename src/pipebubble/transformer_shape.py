@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import UserError
+from .errors import UserError
 
 
 def _divisors(n: int) -> list[int]:
