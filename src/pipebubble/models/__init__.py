@@ -20,6 +20,7 @@ from torch import nn
 from ..errors import UserError
 from . import moe as _moe
 from . import sleep as _sleep
+from .lm_parts import Head, lm_loss  # noqa: F401 - pipebubble.models.Head, .lm_loss as before
 from .spec import ModelSpec
 
 __all__ = ["MODELS", "ModelSpec", "build_model", "mlp", "transformer"]
@@ -78,24 +79,6 @@ class Block(nn.Module):
         h = self.ln1(x)
         x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
         return x + self.mlp(self.ln2(x))
-
-
-class Head(nn.Module):
-    """Final norm and the projection to the vocabulary: large in parameters and compute."""
-
-    role = "head"
-
-    def __init__(self, dim: int, vocab: int):
-        super().__init__()
-        self.ln = nn.LayerNorm(dim)
-        self.proj = nn.Linear(dim, vocab)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(self.ln(x))
-
-
-def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
 def transformer(

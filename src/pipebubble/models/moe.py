@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 from ..errors import UserError
+from .lm_parts import Head, lm_loss
 from .spec import ModelSpec
 
 
@@ -55,25 +56,6 @@ class Embedding(nn.Module):
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.tokens(idx) + self.positions[: idx.shape[1]]
-
-
-class Head(nn.Module):
-    """Final norm and the projection to the vocabulary."""
-
-    role = "head"
-
-    def __init__(self, dim: int, vocab: int):
-        super().__init__()
-        self.ln = nn.LayerNorm(dim)
-        self.proj = nn.Linear(dim, vocab)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(self.ln(x))
-
-
-def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Next-token cross-entropy, the mean over every position of the batch."""
-    return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
 class SwiGLU(nn.Module):
