@@ -296,6 +296,20 @@ def test_sweep_reports_the_counts_a_schedule_refuses(url):
     assert "error" in odd and "bubble_fraction" in even
 
 
+def test_an_auto_sweep_shares_one_search_budget_and_never_loses_to_a_family():
+    from pipebubble.schedules.auto import SEARCH_SECONDS
+    from pipebubble.web import api
+
+    params = {"schedule": "auto", "ranks": "4", "microbatches": "8", "memory_limit": "3"}
+    costs = api.costs_from_params(params)
+    share = api.schedule_from_params(params, costs, search_share=0.5).options["auto"]
+    assert share.budget_seconds == pytest.approx(SEARCH_SECONDS / 2)
+    del params["memory_limit"]  # no limit: every family fits, and auto scores them first
+    for point in api.sweep({**params, "ms": "2,8"})["points"]:
+        family = api.sweep({**params, "schedule": "zb-h1", "ms": str(point["microbatches"])})
+        assert point["step_time"] <= family["points"][0]["step_time"]
+
+
 def test_csv_and_trace_downloads(url):
     status, body = call(url, "/api/csv?schedule=zbv&ranks=2&microbatches=4")
     assert status == 200

@@ -53,11 +53,11 @@ def browser_page():
     server.server_close()
 
 
-def wait_ready(page, renders_before: int | None = None) -> None:
+def wait_ready(page, renders_before: int | None = None, seconds: float = 30) -> None:
     """Wait until the page has drawn an answer newer than ``renders_before``."""
     page.wait_for_function(
         "n => document.body.dataset.state === 'ready' && Number(document.body.dataset.renders)"
-        " > n", arg=-1 if renders_before is None else renders_before, timeout=30_000)
+        " > n", arg=-1 if renders_before is None else renders_before, timeout=seconds * 1000)
 
 
 def renders(page) -> int:
@@ -258,7 +258,7 @@ def test_auto_searches_under_the_memory_limit(page):
     set_value(page, "#memory_limit", "3")
     before = renders(page)
     page.select_option("#schedule", "auto")
-    wait_ready(page, before)
+    wait_ready(page, before, seconds=120)  # a search and a sweep of 12 (about 6 s of CPU)
     assert page.input_value("#chunks") == ""  # the search picks the placement
     peaks = [float(x) for x in page.text_content("#peak-memory").split(" · ")]
     assert max(peaks) <= 3

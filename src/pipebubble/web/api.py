@@ -73,11 +73,14 @@ def _name(params: Mapping[str, str]) -> str:
     return str(params.get("schedule", DEFAULTS["schedule"]))
 
 
-def schedule_from_params(params: Mapping[str, str], costs: CostModel | None = None) -> Schedule:
+def schedule_from_params(params: Mapping[str, str], costs: CostModel | None = None,
+                         search_share: float = 1.0) -> Schedule:
     """Generate the schedule the parameters name, refusing ones over :data:`MAX_ACTIONS`.
 
     ``auto`` (like ``simulate --schedule auto``) searches the fastest order for ``costs``
-    within their memory limit: chunks 1 loop placement, 2 V, none either.
+    within their memory limit: chunks 1 loop placement, 2 V, none either; with
+    ``search_share`` of the command line's search budget (a sweep splits one budget over
+    its points, so it costs about one search rather than one per point).
     """
     name = _name(params)
     ranks, microbatches = read(params, "ranks"), read(params, "microbatches")
@@ -86,7 +89,12 @@ def schedule_from_params(params: Mapping[str, str], costs: CostModel | None = No
     # a search (auto) may pick the V placement and splits every backward: 6 actions a rank
     chunks_at_most = 2 if spec.searched else chunks or spec.chunks
     _check_size(estimate_actions(ranks, microbatches, chunks_at_most), ranks)
-    schedule = get_schedule(spec.name, ranks, microbatches, chunks, costs=costs or CostModel())
+    options: dict = {"costs": costs or CostModel()}
+    if spec.searched and search_share != 1.0:
+        from ..schedules.auto import SEARCH_SECONDS
+
+        options["search_seconds"] = SEARCH_SECONDS * search_share
+    schedule = get_schedule(spec.name, ranks, microbatches, chunks, **options)
     _check_size(sum(map(len, schedule.orders)))
     return schedule
 
@@ -208,6 +216,8 @@ def sweep(params: Mapping[str, str]) -> dict:
     ``ms`` (a comma list) picks the microbatch counts; default :data:`SWEEP_MS` plus the
     current ``microbatches``. A count the schedule refuses (e.g. zb-h2 needs m >= 2p-1) gets
     ``error`` instead of numbers; when every count is refused, the request is bad (400).
+    ``auto``'s points share one search budget (:func:`schedule_from_params`), so a point
+    may be a little slower than the order ``/api/simulate`` finds at the same count.
     """
     costs = costs_from_params(params)
     current = read(params, "microbatches")
@@ -228,7 +238,8 @@ def sweep(params: Mapping[str, str]) -> dict:
     for m in ms:
         point: dict = {"microbatches": m}
         try:
-            schedule = schedule_from_params({**params, "microbatches": str(m)}, costs)
+            schedule = schedule_from_params({**params, "microbatches": str(m)}, costs,
+                                            search_share=1 / len(ms))
             timeline = simulate_checked(schedule, costs)
         except TooLarge:
             raise
