@@ -1,5 +1,5 @@
-"""What a newcomer sees: short reprs, exact JSON numbers, units, 80-column output, help on
-every flag, warnings on noisy measurements (issue 14, part 6)."""
+"""Output format: short reprs, exact JSON numbers, units, 80-column output, help on every
+flag, warnings on noisy measurements."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Round 3's small ones, each a one-line error (exit 2) or a correct answer instead of a
-traceback, a silent skip or exit 0."""
+"""CLI refusals at the edges: a markers-only CSV, a zero-length timeline, inputs that once
+exited 0, a full standard output and all-zero costs — each a one-line error (exit 2) or a
+correct answer, never a traceback, a silent skip or exit 0."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What a new user tripped over (issue 22): each output says what its numbers are.
+"""Output words: each output says what its numbers are.
 
 - ``simulate`` names its time unit (the cost flags' own);
 - ``sweep`` lists the (schedule, m) pairs it left out with the rule that excluded them,
