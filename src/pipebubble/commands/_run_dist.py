@@ -90,7 +90,7 @@ def config_from_args(args: argparse.Namespace, schedule: Schedule) -> DistConfig
         warmup=args.warmup,
         repeat=args.repeat, check=args.check, seed=args.seed, threads=args.threads,
         stall_timeout=args.timeout, heartbeat_timeout=args.heartbeat_timeout,
-        fault=args.inject_fault, csv=getattr(args, "csv", None),
+        fault=args.inject_fault, csv=getattr(args, "csv", None), ep=getattr(args, "ep", 1),
     )
 
 
@@ -354,7 +354,7 @@ def param_diffs(results: list, ref_stages: list) -> float:
     for r in results:
         for s, params in (r.params or {}).items():
             for a, b in zip(params, ref_stages[s % per].parameters(), strict=True):
-                if a.numel():
+                if a is not None and a.numel():  # None: another rank's expert (--ep)
                     worst = max(worst, float((a - b.detach().cpu()).abs().max()))
     return worst
 
