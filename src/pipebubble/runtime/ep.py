@@ -37,6 +37,7 @@ float64`` prints the difference: ~1e-16).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -109,31 +110,48 @@ def expert_rows(received: torch.Tensor) -> list[torch.Tensor]:
     return out
 
 
+Exchange = Callable[..., None]
+"""``exchange(out, x, recv_splits, send_splits)``: ``all_to_all_single``'s signature (splits
+None: equal); :func:`group_exchange` over a process group, or a test's in-memory one."""
+
+
+def group_exchange(group) -> Exchange:
+    """The exchange over a process group: ``all_to_all_single`` along dim 0."""
+
+    def exchange(out: torch.Tensor, x: torch.Tensor, recv: list[int] | None = None,
+                 send: list[int] | None = None) -> None:
+        dist.all_to_all_single(out, x, recv, send, group=group)
+
+    return exchange
+
+
 class AllToAll(torch.autograd.Function):
-    """``all_to_all_single`` along dim 0 with uneven splits; its backward is the reverse
-    all-to-all (the gradient of each row goes back to the rank it came from)."""
+    """An all-to-all along dim 0 with uneven splits; its backward is the reverse all-to-all
+    (the gradient of each row goes back to the rank it came from)."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, send: list[int], recv: list[int], group) -> torch.Tensor:
-        ctx.send, ctx.recv, ctx.group = send, recv, group
+    def forward(ctx, x: torch.Tensor, send: list[int], recv: list[int],
+                exchange: Exchange) -> torch.Tensor:
+        ctx.send, ctx.recv, ctx.exchange = send, recv, exchange
         out = x.new_empty((sum(recv), *x.shape[1:]))
-        dist.all_to_all_single(out, x.contiguous(), recv, send, group=group)
+        exchange(out, x.contiguous(), recv, send)
         return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         out = grad.new_empty((sum(ctx.send), *grad.shape[1:]))
-        dist.all_to_all_single(out, grad.contiguous(), ctx.send, ctx.recv, group=ctx.group)
+        ctx.exchange(out, grad.contiguous(), ctx.send, ctx.recv)
         return out, None, None, None
 
 
 class ExpertParallelMoE(nn.Module):
     """One member's part of an :class:`~pipebubble.models.moe.MoE` layer: the router and the
-    shared expert (replicated, as every non-expert weight), and its own experts only."""
+    shared expert (replicated, as every non-expert weight), and its own experts only.
+    ``exchange`` moves rows between the members (:func:`group_exchange`)."""
 
-    def __init__(self, moe: nn.Module, members: int, member: int, group):
+    def __init__(self, moe: nn.Module, members: int, member: int, exchange: Exchange):
         super().__init__()
-        self.top_k, self.members, self.group = moe.top_k, members, group
+        self.top_k, self.members, self.exchange = moe.top_k, members, exchange
         self.num_experts = len(moe.experts)
         self.router = moe.router
         self.own = owned_experts(self.num_experts, members, member)
@@ -146,15 +164,14 @@ class ExpertParallelMoE(nn.Module):
         weights, chosen = probs.topk(self.top_k, dim=-1)
         weights = weights / weights.sum(dim=-1, keepdim=True)
         plan = plan_dispatch(chosen, self.num_experts, self.members)
-        got = torch.empty_like(plan.counts)
-        dist.all_to_all_single(got.reshape(-1), plan.counts.reshape(-1), group=self.group)
-        send = plan.counts.sum(1).tolist()
-        recv = got.sum(1).tolist()
-        rows = AllToAll.apply(tokens[plan.rows], send, recv, self.group)
+        got = torch.empty_like(plan.counts)  # got[i, e]: rows member i sends my expert e
+        self.exchange(got.reshape(-1), plan.counts.reshape(-1), None, None)
+        send, recv = plan.counts.sum(1).tolist(), got.sum(1).tolist()
+        rows = AllToAll.apply(tokens[plan.rows], send, recv, self.exchange)  # dispatch
         done = torch.zeros_like(rows)
         for e, where in zip(self.own, expert_rows(got), strict=True):
             done = done.index_add(0, where, self.experts[str(e)](rows[where]))
-        back = AllToAll.apply(done, recv, send, self.group)
+        back = AllToAll.apply(done, recv, send, self.exchange)  # combine
         out = torch.zeros_like(tokens).index_add(
             0, plan.rows, back * weights[plan.rows, plan.slots, None])
         if self.shared is not None:
@@ -188,12 +205,12 @@ def check_ep(ep: int, dp: int, layers: list[nn.Module], model: str) -> None:
                             f"{len(moe.experts)}")
 
 
-def shard_experts(module: nn.Module, members: int, member: int, group) -> int:
+def shard_experts(module: nn.Module, members: int, member: int, exchange: Exchange) -> int:
     """Replace every MoE layer of ``module`` by its :class:`ExpertParallelMoE`, in place;
     returns how many. The experts this member does not own are dropped (freed)."""
     found = moe_layers(module)
     for parent, name, moe in found:
-        setattr(parent, name, ExpertParallelMoE(moe, members, member, group))
+        setattr(parent, name, ExpertParallelMoE(moe, members, member, exchange))
     return len(found)
 
 

@@ -459,7 +459,7 @@ class Worker:
         is one rank, stage -> the unsharded stage's parameter names, for the check)."""
         if cfg.ep <= 1:
             return None, None, {}
-        from ..ep import expert_layout, shard_experts
+        from ..ep import expert_layout, group_exchange, shard_experts
 
         ep_groups, edp_groups = expert_layout(cfg.ranks, cfg.dp, cfg.ep)
         mine = [None, None]
@@ -472,7 +472,7 @@ class Worker:
                     mine[k] = grp
         names = {s: [n for n, _ in mod.named_parameters()] for s, mod in self.modules.items()}
         for mod in self.modules.values():
-            shard_experts(mod, cfg.ep, self.replica % cfg.ep, mine[0])
+            shard_experts(mod, cfg.ep, self.replica % cfg.ep, group_exchange(mine[0]))
         return mine[0], mine[1], names
 
     def _reduce_groups(self, mod: nn.Module, params: list) -> list[tuple[object, list]]:
