@@ -32,7 +32,7 @@ the whole global batch's, exactly as the all-reduce over ``dp`` does for every o
 The routing weights multiply on the token's own rank, so the router's gradient stays local.
 Since nothing is dropped (no capacity), a token's output is the unsplit model's function of
 that token, and the gradients equal the unsplit model's (``run --ep 2 --check --dtype
-float64`` prints the difference: ~1e-16).
+float64`` prints the difference: ~1e-17).
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ One step on one rank:
 3. the sends still in flight are waited for;
 4. with ``D > 1``, each stage's gradients are all-reduced (summed) across its
    data-parallel group: every replica weights its microbatch losses by their share of the
-   *global* batch, so the sum equals the unsplit model's gradient on the global batch;
+   *global* batch, so the sum equals the unsplit model's gradient on the global batch
+   (with ``--ep``, the experts' over the expert-data-parallel group: :mod:`pipebubble.runtime.ep`);
 5. a tied weight's copies (a head tied to the embedding, on another rank) are summed over
    the group of the ranks holding one (:mod:`pipebubble.runtime.tied`).
 
