@@ -192,16 +192,25 @@ def test_bad_ep_is_one_line_and_exit_2(flags, says, run_cli):
 
 # ---- one gloo run ---------------------------------------------------------------------------
 @pytest.mark.distributed
-def test_gloo_ep2_gradients_equal_the_unsplit_model():
+def test_gloo_ep2_gradients_equal_the_unsplit_model_and_the_checkpoint_is_whole(tmp_path,
+                                                                                  run_cli):
     """dp 2, EP 2: each replica holds 2 of the 4 experts of each layer (pp 1: half the
-    processes of pp 2, which README's command runs; both pass)."""
+    processes of README's pp 2 command; both pass). Two AdamW steps, saved: every expert is
+    in the checkpoint (a rank-local load of the whole model from it succeeds)."""
+    ck = tmp_path / "ck"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "pipebubble", "run", "--schedule", "1f1b",
                            "-p", "1", "-m", "2", "--dp", "2", "--ep", "2", "--model", "moe",
                            "--check", "--dtype", "float64", "--warmup", "0", "--repeat", "1",
-                           "--json"], capture_output=True, text=True, timeout=170, env=env)
+                           "--steps", "2", "--save", str(ck), "--json"],
+                          capture_output=True, text=True, timeout=170, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout)
     assert out["world_size"] == 2 and out["dp"] == 2
     assert out["grad_max_abs_diff"] < 1e-12 and out["loss_abs_diff"] < 1e-12
-    assert out["check"]["passed"]
+    assert out["param_max_abs_diff"] < 1e-12 and out["check"]["passed"]
+    rc, text, err = run_cli("run", "--local", "--schedule", "1f1b", "-p", "1", "-m", "2",
+                            "--model", "moe", "--dtype", "float64", "--resume", str(ck),
+                            "--warmup", "0", "--repeat", "1", "--json")
+    assert rc == 0, err
+    assert json.loads(text)["train"]["first_step"] == 2
