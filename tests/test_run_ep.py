@@ -206,7 +206,7 @@ def test_gloo_ep2_gradients_equal_the_unsplit_model_and_the_checkpoint_is_whole(
                           capture_output=True, text=True, timeout=170, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout)
-    assert out["world_size"] == 2 and out["dp"] == 2
+    assert out["world_size"] == 2 and out["dp"] == 2 and out["ep"] == 2
     assert out["grad_max_abs_diff"] < 1e-12 and out["loss_abs_diff"] < 1e-12
     assert out["param_max_abs_diff"] < 1e-12 and out["check"]["passed"]
     rc, text, err = run_cli("run", "--local", "--schedule", "1f1b", "-p", "1", "-m", "2",

@@ -423,7 +423,8 @@ def summarize(args, cfg: DistConfig, setup, results: list, x, y, ref_last=None,
     via = ("torch's _PipelineScheduleRuntime" if engine == "torch"
            else f"--p2p {cfg.p2p}")
     report.title += (f"  —  {cfg.world_size} processes ({cfg.backend}, {via}"
-                     f"{f', dp={cfg.dp}' if cfg.dp > 1 else ''})")
+                     f"{f', dp={cfg.dp}' if cfg.dp > 1 else ''}"
+                     f"{f', ep={cfg.ep}' if cfg.ep > 1 else ''})")
     if args.check and setup.reference is not None:
         # the last step's gradients against the unsplit model's on the same batch
         ref_loss, ref = ref_last if ref_last is not None else unsplit_gradients(
@@ -432,7 +433,7 @@ def summarize(args, cfg: DistConfig, setup, results: list, x, y, ref_last=None,
         report.grad_max_abs_diff = diffs["grad_max_abs_diff"]
         report.loss_abs_diff = diffs["loss_abs_diff"]
     extra = {
-        "dp": cfg.dp, "world_size": cfg.world_size,
+        "dp": cfg.dp, "ep": cfg.ep, "world_size": cfg.world_size,
         "p2p": None if engine == "torch" else cfg.p2p, "backend": cfg.backend,
         "clock_alignment": align.as_dict(), "comm": comm,
         "allreduce_time": sum(allreduce.values()) if cfg.dp > 1 else 0.0,

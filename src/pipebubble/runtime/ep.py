@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 import torch.distributed as dist
@@ -101,12 +102,13 @@ def expert_rows(received: torch.Tensor) -> list[torch.Tensor]:
     [[0, 1], [2, 3]]
     """
     members, per = received.shape
-    starts = torch.cumsum(received.reshape(-1), 0) - received.reshape(-1)
+    counts = received.reshape(-1).tolist()  # one device-to-host copy, then plain integers
+    starts = [0, *accumulate(counts)]
     out = []
     for e in range(per):
-        parts = [torch.arange(int(starts[i * per + e]), int(starts[i * per + e])
-                              + int(received[i, e])) for i in range(members)]
-        out.append(torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long))
+        parts = [torch.arange(starts[i * per + e], starts[i * per + e] + counts[i * per + e],
+                              device=received.device) for i in range(members)]
+        out.append(torch.cat(parts))
     return out
 
 
