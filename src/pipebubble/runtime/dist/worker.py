@@ -460,6 +460,8 @@ class Worker:
         is one rank, stage -> the unsharded stage's parameter names, for the check)."""
         if cfg.ep <= 1:
             return None, None, {}
+        if cfg.dp % cfg.ep:  # (the run command says so earlier, naming the flags)
+            raise UserError(f"ep={cfg.ep} must divide dp={cfg.dp}")
         from ..ep import expert_layout, group_exchange, shard_experts
 
         ep_groups, edp_groups = expert_layout(cfg.ranks, cfg.dp, cfg.ep)
