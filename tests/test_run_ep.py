@@ -159,6 +159,17 @@ def test_ep_layer_equals_the_unsplit_moe_forward_and_backward(members, experts, 
         _close(total, p.grad)
 
 
+def test_an_expert_no_token_chose_gets_a_zero_gradient_on_its_owner():
+    torch.manual_seed(0)
+    moe = MoE(4, 8, 1, ffn=4, shared=0).double()  # 8 experts, 2 tokens in all: 6+ unused
+    gen = torch.Generator().manual_seed(2)
+    xs = [torch.randn(1, 1, 4, generator=gen, dtype=torch.float64) for _ in range(2)]
+    layers, _ = _run_members(moe, xs, [torch.ones(1, 1, 4, dtype=torch.float64)] * 2)
+    grads = [p.grad for layer in layers for p in layer.experts.parameters()]
+    assert all(g is not None for g in grads)
+    assert sum(bool(g.abs().max() == 0) for g in grads) >= 6 * 3  # 3 weights per expert
+
+
 def test_sharding_keeps_the_unsplit_names_of_the_own_experts():
     from pipebubble.models import build_model
 
