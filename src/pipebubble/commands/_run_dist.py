@@ -90,7 +90,7 @@ def config_from_args(args: argparse.Namespace, schedule: Schedule) -> DistConfig
         warmup=args.warmup,
         repeat=args.repeat, check=args.check, seed=args.seed, threads=args.threads,
         stall_timeout=args.timeout, heartbeat_timeout=args.heartbeat_timeout,
-        fault=args.inject_fault, csv=getattr(args, "csv", None),
+        fault=args.inject_fault, csv=getattr(args, "csv", None), ep=getattr(args, "ep", 1),
     )
 
 
@@ -354,7 +354,7 @@ def param_diffs(results: list, ref_stages: list) -> float:
     for r in results:
         for s, params in (r.params or {}).items():
             for a, b in zip(params, ref_stages[s % per].parameters(), strict=True):
-                if a.numel():
+                if a is not None and a.numel():  # None: another rank's expert (--ep)
                     worst = max(worst, float((a - b.detach().cpu()).abs().max()))
     return worst
 
@@ -423,7 +423,8 @@ def summarize(args, cfg: DistConfig, setup, results: list, x, y, ref_last=None,
     via = ("torch's _PipelineScheduleRuntime" if engine == "torch"
            else f"--p2p {cfg.p2p}")
     report.title += (f"  —  {cfg.world_size} processes ({cfg.backend}, {via}"
-                     f"{f', dp={cfg.dp}' if cfg.dp > 1 else ''})")
+                     f"{f', dp={cfg.dp}' if cfg.dp > 1 else ''}"
+                     f"{f', ep={cfg.ep}' if cfg.ep > 1 else ''})")
     if args.check and setup.reference is not None:
         # the last step's gradients against the unsplit model's on the same batch
         ref_loss, ref = ref_last if ref_last is not None else unsplit_gradients(
@@ -432,7 +433,7 @@ def summarize(args, cfg: DistConfig, setup, results: list, x, y, ref_last=None,
         report.grad_max_abs_diff = diffs["grad_max_abs_diff"]
         report.loss_abs_diff = diffs["loss_abs_diff"]
     extra = {
-        "dp": cfg.dp, "world_size": cfg.world_size,
+        "dp": cfg.dp, "ep": cfg.ep, "world_size": cfg.world_size,
         "p2p": None if engine == "torch" else cfg.p2p, "backend": cfg.backend,
         "clock_alignment": align.as_dict(), "comm": comm,
         "allreduce_time": sum(allreduce.values()) if cfg.dp > 1 else 0.0,

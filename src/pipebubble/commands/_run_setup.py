@@ -131,6 +131,7 @@ def build_setup(args: argparse.Namespace, reference: bool = False,
         spec = use_data(spec, args.data, batch, getattr(args, "dp", 1), args.model,
                         getattr(args, "data_dtype", "uint16"))
         what += f", data {args.data}"
+    _check_ep_flags(args, spec)
     ties, ref, stages = _cut_tied(spec, S, cuts, reference)
     ref = ref.to(device) if ref is not None else None
     stages = [s.to(device) for s in stages]
@@ -138,6 +139,23 @@ def build_setup(args: argparse.Namespace, reference: bool = False,
     x, y = spec.make_batch(batch, gen)
     return RunSetup(schedule, spec, stages, cuts, x.to(device), y.to(device), device, ref,
                     f"{what}, batch {batch}", batch, args.seed, ties)
+
+
+def _check_ep_flags(args: argparse.Namespace, spec: ModelSpec) -> None:
+    """``--ep N`` (:mod:`pipebubble.runtime.ep`): one process per rank, our engine, a model
+    with MoE layers, N dividing ``--dp`` and the experts."""
+    ep = getattr(args, "ep", 1)
+    if ep == 1:
+        return
+    if getattr(args, "local", False):
+        raise UserError(f"--ep {ep} spreads experts over --dp replicas, one process per rank; "
+                        "drop --local")
+    if getattr(args, "engine", "pipebubble") == "torch":
+        raise UserError(f"--ep {ep} runs with --engine pipebubble only (torch's "
+                        "PipelineStage has no expert all-to-all); drop --engine torch")
+    from ..runtime.ep import check_ep
+
+    check_ep(ep, getattr(args, "dp", 1), list(spec.layers), args.model)
 
 
 def _check_random_layers(args: argparse.Namespace, spec: ModelSpec) -> str:

@@ -138,6 +138,10 @@ def add_distributed_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("distributed (without --local: one process per rank)")
     g.add_argument("--dp", type=positive_int("--dp"), default=1, metavar="D",
                    help="data-parallel replicas of the pipeline: ranks x D processes (1)")
+    g.add_argument("--ep", type=positive_int("--ep"), default=1, metavar="N",
+                   help="expert parallelism: each MoE layer's experts spread over groups of N "
+                   "of a stage's --dp replicas, tokens sent to them by all-to-all (1: every "
+                   "replica holds every expert); N divides --dp and the experts")
     g.add_argument("--backend", choices=("gloo", "nccl"), default="gloo",
                    help="torch.distributed backend (gloo: CPU; nccl: one GPU per process)")
     g.add_argument("--p2p", choices=ORDERINGS, default="batched",

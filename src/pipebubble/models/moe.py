@@ -19,6 +19,10 @@ whole batch's (in float64 to ~1e-15; ``run --check --dtype float64`` prints the 
 Every expert runs on every microbatch, on the tokens routed to it, possibly none: its
 gradient is then a tensor of zeros, never missing, on every stage and every copy.
 
+**Expert parallelism** (``run --ep N``) spreads each layer's experts over N data-parallel
+replicas and sends the tokens to them and back by all-to-all: :mod:`pipebubble.runtime.ep`
+(the same function, so the same gradients).
+
 **The router's auxiliary (load-balancing) loss is refused** (``aux_loss`` other than 0 is a
 one-line error). Switch Transformer's loss ``E sum_i f_i P_i`` multiplies two averages over
 the *whole batch* (``f_i`` the fraction of tokens routed to expert ``i``, ``P_i`` its mean

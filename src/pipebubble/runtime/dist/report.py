@@ -101,6 +101,7 @@ def grad_diffs(results: list, ref_loss: float, ref: dict[int, list[torch.Tensor]
     total = [(s % per, grads) for r in results for s, grads in (r.grads or {}).items()]
     diff = 0.0
     for s, grads in total:
-        for a, b in zip(grads, ref[s], strict=True):
-            diff = max(diff, float((a - b).abs().max()) if a.numel() else 0.0)
+        for a, b in zip(grads, ref[s], strict=True):  # None: another rank's expert (--ep)
+            if a is not None and a.numel():
+                diff = max(diff, float((a - b).abs().max()))
     return {"grad_max_abs_diff": diff, "loss_abs_diff": abs(loss - ref_loss)}

@@ -14,7 +14,8 @@ One step on one rank:
 3. the sends still in flight are waited for;
 4. with ``D > 1``, each stage's gradients are all-reduced (summed) across its
    data-parallel group: every replica weights its microbatch losses by their share of the
-   *global* batch, so the sum equals the unsplit model's gradient on the global batch;
+   *global* batch, so the sum equals the unsplit model's gradient on the global batch
+   (with ``--ep``, the experts' over the expert-data-parallel group: :mod:`pipebubble.runtime.ep`);
 5. a tied weight's copies (a head tied to the embedding, on another rank) are summed over
    the group of the ranks holding one (:mod:`pipebubble.runtime.tied`).
 
@@ -74,6 +75,7 @@ class DistConfig:
     heartbeat_timeout: float = 10.0
     fault: str | None = None  # tests: "kill:RANK:N" or "raise:RANK:N" before compute N
     csv: str | None = None  # a torch compute-only CSV: the order, instead of ``schedule``
+    ep: int = 1  # expert parallelism: experts over groups of ``ep`` replicas (runtime.ep)
 
     @property
     def world_size(self) -> int:
@@ -251,6 +253,7 @@ class Worker:
                 grp = dist.new_group([d * cfg.ranks + r for d in range(cfg.dp)])
                 if r == self.rank:
                     self.dp_group = grp
+        self.ep_group, self.edp_group, self.full_names = self._expert_parallel(cfg)
         self.copy_groups = self._copy_groups(cfg)
         self.ties = list(ties)
         self.tie_groups = self._tie_groups(cfg)
@@ -331,7 +334,7 @@ class Worker:
         self._sync_copies()
         allreduce = self._allreduce()
         self._sum_ties()
-        check = self.cfg.check and self.replica == 0
+        check = self.cfg.check and self.replica < self.cfg.ep  # EP: the first group's experts
         grads = self._grads() if gather and check else None
         if update is not None:
             wd.at(f"step {index}: optimizer step", False)
@@ -444,27 +447,82 @@ class Worker:
                     p.grad = torch.zeros_like(p)
             self.watchdog.at(f"all-reduce of stage {s} gradients (replica group)", True)
             t0 = time.perf_counter()
-            flat = torch.cat([p.grad.reshape(-1) for p in params]) if params else None
-            if flat is not None:
-                dist.all_reduce(flat, group=self.dp_group)
-                i = 0
-                for p in params:
-                    p.grad.copy_(flat[i : i + p.numel()].view_as(p))
-                    i += p.numel()
+            for group, part in self._reduce_groups(mod, params):
+                _sum_gradients(part, group)
             times[s] = time.perf_counter() - t0
             self.watchdog.advance()
         return times
 
+    def _expert_parallel(self, cfg: DistConfig) -> tuple[object, object, dict]:
+        """``run --ep N`` (:mod:`pipebubble.runtime.ep`): create the EP and expert-data-
+        parallel groups (every process all of them, in the same order) and keep only this
+        rank's own experts in its MoE layers. Returns (EP group, EDP group or None when it
+        is one rank, stage -> the unsharded stage's parameter names, for the check)."""
+        if cfg.ep <= 1:
+            return None, None, {}
+        if cfg.dp % cfg.ep:  # (the run command says so earlier, naming the flags)
+            raise UserError(f"ep={cfg.ep} must divide dp={cfg.dp}")
+        from ..ep import expert_layout, group_exchange, shard_experts
+
+        ep_groups, edp_groups = expert_layout(cfg.ranks, cfg.dp, cfg.ep)
+        mine = [None, None]
+        for k, sets in enumerate((ep_groups, edp_groups)):
+            for ranks in sets:
+                if len(ranks) < 2:
+                    continue
+                grp = dist.new_group(ranks)
+                if self.g in ranks:
+                    mine[k] = grp
+        names = {s: [n for n, _ in mod.named_parameters()] for s, mod in self.modules.items()}
+        for mod in self.modules.values():
+            shard_experts(mod, cfg.ep, self.replica % cfg.ep, group_exchange(mine[0]))
+        return mine[0], mine[1], names
+
+    def _reduce_groups(self, mod: nn.Module, params: list) -> list[tuple[object, list]]:
+        """(group, parameters) to sum the gradients of: every parameter over the data-
+        parallel group, except, with ``--ep``, the experts over the expert-data-parallel
+        group (none when it is this rank alone: its EP group saw the whole batch)."""
+        if self.ep_group is None:
+            return [(self.dp_group, params)]
+        from ..ep import expert_parameter_ids
+
+        experts = expert_parameter_ids(mod)
+        out = [(self.dp_group, [p for p in params if id(p) not in experts])]
+        if self.edp_group is not None:
+            out.append((self.edp_group, [p for p in params if id(p) in experts]))
+        return out
+
     def _params(self) -> dict[int, list[torch.Tensor]]:
-        return {s: [p.detach().cpu().clone() for p in mod.parameters()]
-                for s, mod in self.modules.items()}
+        return self._by_full_name(lambda p: p.detach().cpu().clone())
 
     def _grads(self) -> dict[int, list[torch.Tensor]]:
-        return {
-            s: [p.grad.detach().cpu() if p.grad is not None else torch.zeros_like(p, device="cpu")
-                for p in mod.parameters()]
-            for s, mod in self.modules.items()
-        }
+        return self._by_full_name(
+            lambda p: p.grad.detach().cpu() if p.grad is not None
+            else torch.zeros_like(p, device="cpu"))
+
+    def _by_full_name(self, value) -> dict[int, list]:
+        """``value(p)`` of each stage parameter, in the unsplit stage's order; with ``--ep``
+        None for another member's experts (the check takes them from their owner)."""
+        out = {}
+        for s, mod in self.modules.items():
+            if s not in self.full_names:
+                out[s] = [value(p) for p in mod.parameters()]
+                continue
+            have = dict(mod.named_parameters())
+            out[s] = [value(have[n]) if n in have else None for n in self.full_names[s]]
+        return out
+
+
+def _sum_gradients(params: list, group) -> None:
+    """All-reduce (sum) the gradients of ``params`` over ``group``, as one flat tensor."""
+    if not params:
+        return
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    dist.all_reduce(flat, group=group)
+    i = 0
+    for p in params:
+        p.grad.copy_(flat[i : i + p.numel()].view_as(p))
+        i += p.numel()
 
 
 def reference_gradients(cfg: DistConfig) -> tuple[float, dict[int, list[torch.Tensor]]]:
