@@ -26,6 +26,10 @@ One block on one rank, ``T = s b / cp`` tokens, ``t`` = TP degree, ``q`` = heads
 
 Recomputation adds to I the forward it re-runs: all of F (``full``) or the attention
 (``selective``).
+
+Precision (``plan --precision fp8``, :mod:`~pipebubble.plan.compute`): the four GEMMs of a
+block, forward and both gradients, at the FP8 rate when ``rates`` has one; attention, the
+memory-bound work and the head's GEMM in 16-bit.
 """
 
 from __future__ import annotations
@@ -88,9 +92,9 @@ class ParallelCosts:
         q, kv = sh.heads * sh.head_dim, sh.kv * sh.head_dim
         up = (2 if sh.swiglu else 1) * f / t
         gemms = [(T, (q + 2 * kv) / t, h), (T, h, q / t), (T, up, h), (T, h, f / t)]
-        fwd = sum(gemm_time(m, n, k, r) for m, n, k in gemms)
-        dgrad = sum(gemm_time(m, k, n, r) for m, n, k in gemms)
-        wgrads = [gemm_time(k, n, m, r) for m, n, k in gemms]
+        fwd = sum(gemm_time(m, n, k, r, fp8=True) for m, n, k in gemms)  # FP8 if r has it
+        dgrad = sum(gemm_time(m, k, n, r, fp8=True) for m, n, k in gemms)
+        wgrads = [gemm_time(k, n, m, r, fp8=True) for m, n, k in gemms]
         wgrad = sum(wgrads)
         attn = attention_time(T, self.seq, q / t, r, flash=self.flash, sequences=b,
                               head_dim=sh.head_dim)
