@@ -22,14 +22,17 @@ unfused attention):
   and ``sp=0``; the column "full, SP" is the same with ``sp=1``.
 
 What moved the ratio. Before, the full-vs-selective ratio of Table 5 came out 2-10 % high
-(+10.1 / +6.2 / +5.2 / +2.2 % at efficiency 0.8; the issue's "5-9 % too expensive"), while
+(22B / 175B / 530B / 1T: +9.4 / +5.7 / +4.8 / +1.9 % at the fitted efficiency 0.739, +10.1 /
++6.2 / +5.2 / +2.2 % at 0.8; the issue's "5-9 % too expensive"), while
 the same ratio at equal SP (Table 4's full / selective, and Table 5 with ``sp=1`` on both)
 was within 1 %: the recomputation was priced right, and sequence parallelism's backward was
 priced too cheap (Table 4's SP row 7.6 % fast: the backward saved 1.3 ms where the paper
 saves 0.1). The SP backward now has the collectives Megatron-LM runs (``plan/tensor.py``): the
 all-gather of each row-parallel output's gradient (exposed) and the re-gather of each
 column-parallel input for its weight gradient (behind the data gradient). After: Table 5's
-ratio +6.0 / +3.6 / +3.5 / +0.9 % at efficiency 0.8, the SP row 3.6 % fast.
+ratio +5.6 / +3.3 / +3.3 / +0.7 % at 0.739 (+6.0 / +3.6 / +3.5 / +0.9 % at 0.8), Table 4's
+SP row 3.6 % fast and full / (selective + SP) +3.6 % (was +7.9 %) at 0.8. What is left is
+the SP forward, which saves 0.65 ms of the 22B block where the paper saves 0.5.
 
     python bench/bench_recompute.py [--efficiency E]
 
