@@ -19,9 +19,9 @@ Megatron-LM before September 2021). That overlap needs the weight gradient in th
 pass: a schedule that splits the backward into I and a later W (the zero-bubble family,
 DualPipe's split actions, ``auto`` with split backward) runs the data gradient, then the
 norm's backward that needs the collective's result, with no GEMM left to hide it behind, so
-each I carries both collectives in full. :func:`block_tp_comm` gives, as ``hidden``, what a
-fused B hides (``2 x collective - exposed``); the planner adds it to every I of a split
-schedule (``CostModel.i_extra``) and leaves B as it is. The GEMMs get ``t``
+each I carries both collectives in full. :func:`block_tp_hidden` gives, as ``hidden``, what a
+fused B hides (the backward with the overlap off, less with it on); the planner adds it to
+every I of a split schedule (``CostModel.i_extra``) and leaves B as it is. The GEMMs get ``t``
 times thinner, which :mod:`pipebubble.plan.compute` prices as a lower efficiency. The TP
 group is innermost (stride 1): it runs on NVLink when ``t <= gpus_per_node``.
 
