@@ -81,7 +81,7 @@ def test_sp_backward_collectives_by_hand():
     assert block_tp_comm(T, H, 1, NET, sp=True) == (0.0, 0.0)
 
 
-def test_sp_forward_unchanged_and_backward_dearer_than_its_gemms_alone():
+def test_sp_overlap_moves_only_the_backward_and_a_split_i_gets_it_back():
     hw = get_hardware("a100-80gb")
     shape = TransformerShape(layers=2, hidden=6144, ffn=4 * 6144, heads=64, vocab=51200,
                              swiglu=False, dropout=True)
