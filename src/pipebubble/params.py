@@ -162,6 +162,7 @@ REALS: dict[str, Real] = {
     "--mfu": _FRACTION,
     "--bus-fraction": _FRACTION,
     "--peak-tflops": Real(1e-3, 1e6, unit="TFLOP/s"),
+    "--fp8-peak-tflops": Real(1e-3, 1e6, unit="TFLOP/s"),
     "--tflops": Real(1e-3, 1e6, unit="TFLOP/s"),
     "--hbm-bandwidth": _BANDWIDTH,
     "--nvlink-bandwidth": _BANDWIDTH,
@@ -176,6 +177,9 @@ REALS: dict[str, Real] = {
     "--reserve": _MEMORY,
     "--bytes-per-param": Real(1e-3, 1e3, unit="bytes"),
     "--grad-bytes": Real(1e-3, 1e3, unit="bytes"),
+    "--param-bytes": Real(1e-3, 1e3, unit="bytes"),
+    "--optimizer-bytes": Real(1e-3, 1e3, unit="bytes"),
+    "--grad-wire-bytes": Real(1e-3, 1e3, unit="bytes"),
 }
 """The range of every real-valued planner parameter, by flag (library checks use the same
 entries: :meth:`pipebubble.plan.hardware.Hardware.check`, the planner's ``Request.check``).

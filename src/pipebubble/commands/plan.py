@@ -59,11 +59,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--recompute", default=None, metavar="LIST",
                    help="recomputation modes: none, selective, full (none,full when the "
                    "profile allows it, else none)")
-    p.add_argument("--bytes-per-param", type=size_value("--bytes-per-param"), default=16.0,
-                   metavar="N", help="weights + gradients + optimizer bytes per parameter "
-                   "(16: bf16 weights and gradients, fp32 master weights and Adam moments)")
-    p.add_argument("--grad-bytes", type=size_value("--grad-bytes"), default=4.0, metavar="N",
-                   help="bytes per gradient in the data-parallel all-reduce (4: fp32)")
+    p.add_argument("--param-bytes", type=size_value("--param-bytes"), default=None,
+                   metavar="N", help="bytes of each weight the forward reads (2: bf16)")
+    p.add_argument("--grad-bytes", type=size_value("--grad-bytes"), default=None, metavar="N",
+                   help="bytes of each gradient held (2: bf16; 4: fp32 main gradients) and, "
+                   "unless --grad-wire-bytes, reduced")
+    p.add_argument("--optimizer-bytes", type=size_value("--optimizer-bytes"), default=None,
+                   metavar="N", help="optimizer bytes per parameter: master copy + Adam m + v "
+                   "(12: all fp32; 8: bf16 moments; 6: bf16 master and moments)")
+    p.add_argument("--grad-wire-bytes", type=size_value("--grad-wire-bytes"), default=None,
+                   metavar="N", help="bytes per gradient in the data-parallel reduction (4: "
+                   "fp32; the --grad-bytes given, if any)")
+    p.add_argument("--bytes-per-param", type=size_value("--bytes-per-param"), default=None,
+                   metavar="N", help="older form: weights + gradients + optimizer bytes per "
+                   "parameter, split 1/8 : 1/8 : 3/4 (16)")
+    p.add_argument("--precision", default="bf16", metavar="bf16|fp8",
+                   help="bf16 (default), or fp8: the blocks' GEMMs at the --gpu preset's FP8 "
+                   "peak (attention, element-wise work and the head in bf16) and an FP8 copy "
+                   "of every weight in memory")
     p.add_argument("--p2p-bandwidth", type=size_value("--p2p-bandwidth"), default=50e9,
                    metavar="BYTES/s", help="between pipeline ranks (50e9)")
     p.add_argument("--allreduce-bandwidth", type=size_value("--allreduce-bandwidth"),
@@ -115,6 +128,8 @@ def add_axes_flags(p: argparse.ArgumentParser) -> None:
                    help="instead of the compute model: every FLOP at X of peak")
     g.add_argument("--peak-tflops", type=real_flag("--peak-tflops"), default=None,
                    metavar="T", help="override the preset's dense bf16 TFLOP/s")
+    g.add_argument("--fp8-peak-tflops", type=real_flag("--fp8-peak-tflops"), default=None,
+                   metavar="T", help="override the preset's dense FP8 TFLOP/s (--precision fp8)")
     for flag, unit, what in (("hbm-bandwidth", "BYTES/s", "HBM bandwidth"),
                              ("nvlink-bandwidth", "BYTES/s", "in-node link per GPU"),
                              ("inter-node-bandwidth", "BYTES/s", "rate of one scale-out NIC")):
@@ -254,10 +269,37 @@ def build_request(args: argparse.Namespace, profiles, memory: float | None = Non
                    sp=sp, shardings=shardings, fsdp_reshard=check_reshard(args.fsdp_reshard),
                    microbatch_sizes=tuple(args.microbatch_size), schedules=names,
                    max_chunks=args.max_chunks, recompute=modes,
-                   bytes_per_param=args.bytes_per_param, grad_bytes=args.grad_bytes,
+                   **state_fields(args),
                    p2p_bandwidth=args.p2p_bandwidth,
                    allreduce_bandwidth=args.allreduce_bandwidth, latency=args.latency,
                    top=max(args.top, 3 * args.validate), exhaustive_cuts=args.exhaustive_cuts)
+
+
+def state_fields(args: argparse.Namespace) -> dict:
+    """The Request's model-state and precision fields from the flags (memory.py):
+    ``--param-bytes``, ``--grad-bytes`` and ``--optimizer-bytes`` (2, 2, 12 where not given),
+    or the older ``--bytes-per-param`` (split 1/8 : 1/8 : 3/4), never both; the wire bytes of
+    the gradient reduction ``--grad-wire-bytes``, else the ``--grad-bytes`` given (its
+    meaning before it also counted the held gradients), else 4."""
+    from ..plan.compute import check_precision
+
+    given = {"--param-bytes": args.param_bytes, "--grad-bytes": args.grad_bytes,
+             "--optimizer-bytes": args.optimizer_bytes}
+    named = [k for k, v in given.items() if v is not None]
+    if args.bytes_per_param is not None and named:
+        raise UserError(f"--bytes-per-param (one total, split 1/8 : 1/8 : 3/4) and "
+                         f"{', '.join(named)} both set the model states: give --param-bytes, "
+                         "--grad-bytes and --optimizer-bytes alone (--grad-wire-bytes for the "
+                         "reduction)")
+    wire = args.grad_wire_bytes if args.grad_wire_bytes is not None else (
+        args.grad_bytes if args.grad_bytes is not None else 4.0)
+    states = None
+    if named:
+        states = tuple(v if v is not None else d for v, d in zip(given.values(), (2.0, 2.0, 12.0),
+                                                                  strict=True))
+    return {"bytes_per_param": args.bytes_per_param if args.bytes_per_param is not None
+            else 16.0, "state_bytes": states, "grad_bytes": wire,
+            "precision": check_precision(args.precision.strip().lower())}
 
 
 def hardware_of(args: argparse.Namespace):
@@ -265,6 +307,7 @@ def hardware_of(args: argparse.Namespace):
     from ..plan.hardware import get_hardware
 
     over = {"peak_flops": args.peak_tflops * 1e12 if args.peak_tflops else None,
+            "fp8_peak_flops": args.fp8_peak_tflops * 1e12 if args.fp8_peak_tflops else None,
             "hbm_bandwidth": args.hbm_bandwidth, "nvlink_bandwidth": args.nvlink_bandwidth,
             "nvlink_latency": args.nvlink_latency,
             "inter_node_bandwidth": args.inter_node_bandwidth,
@@ -497,6 +540,10 @@ def result_json(result, profiles, validations, out_path: str | None, ctx: dict |
            "global_batch": result.request.global_batch,
            "gpu": hw.name if hw is not None else None, "efficiency": ctx.get("efficiency"),
            "axis_order": "tp (innermost, NVLink), cp, dp, pp (outermost)",
+           "precision": result.request.precision,
+           "model_states": dict(zip(("weights", "gradients", "optimizer"),
+                                    result.request.model_states(), strict=True),
+                                gradient_wire=result.request.grad_bytes),
            "plans": plans}
     if mine is not None:
         csv = csv_name(stem, "config", mine)
@@ -616,6 +663,10 @@ def print_plans(console, result, out: dict, validations) -> None:
                   f"{req.gpus} GPUs{gpu} x {_gib(out['gpu_memory'])} ({_gib(req.gpu_memory)} "
                   f"after --reserve), global batch {req.global_batch}; ranks ordered tp "
                   "(innermost), cp, dp, pp (outermost)", highlight=False)
+    w, g, o = req.model_states()
+    console.print(f"{req.precision}; model states {w:g} + {g:g} + {o:g} bytes a parameter "
+                  f"(weights + gradients + optimizer), gradients reduced in {req.grad_bytes:g}",
+                  highlight=False)
     t = Table(title="fastest plans that fit (predicted by simulation; tp 's': sequence "
               "parallel)")
     for col in ("#", "tp.cp.pp.dp", "sharding", "schedule", "mbs x m", "recomp.", "step",

@@ -29,8 +29,15 @@ gradient to fp32 and adds it to the fp32 accumulator after every backward
 read 2 and write 4 bytes for the copy, read 4 + 4 and write 4 for the add, 18 bytes
 (:mod:`pipebubble.plan.parallel_costs` adds it to each layer's W).
 
+``fp8_peak_flops`` is the dense FP8 tensor-core peak (``plan --precision fp8`` runs the
+GEMMs of the blocks there, :mod:`pipebubble.plan.compute`): twice the bf16 peak on Hopper
+(H100 and H200 SXM: 1,979 TFLOP/s, NVIDIA's H100 data sheet, without sparsity), 4,500 on
+B200 (NVIDIA's HGX B200 figure: 36 PFLOP/s FP8 dense for 8 GPUs), 2,615 on MI300X (AMD's
+data sheet: 2,614.9 TFLOP/s dense FP8); 0 where the tensor cores have no FP8 (A100), and
+``--precision fp8`` is refused there.
+
 Every numeric field but ``grad_accumulation_bytes`` (a library field, like ``tp_overlap``)
-can be overridden from the command line (``--peak-tflops``, ``--gpu-memory``,
+can be overridden from the command line (``--peak-tflops``, ``--fp8-peak-tflops``, ``--gpu-memory``,
 ``--hbm-bandwidth``, ``--gpus-per-node``, ``--nvlink-bandwidth``, ``--nvlink-latency``,
 ``--inter-node-bandwidth``, ``--inter-node-latency``, ``--nics-per-node``; overriding
 ``--gpus-per-node`` alone keeps the preset's NICs per GPU).
@@ -40,6 +47,8 @@ can be overridden from the command line (``--peak-tflops``, ``--gpu-memory``,
 (989.0, 79.65, 8)
 >>> h.nics_per_node, h.inter_node_bandwidth / 1e9  # 8 x 400 Gb/s NDR a node
 (8, 50.0)
+>>> round(h.fp8_peak_flops / h.peak_flops, 3), get_hardware("a100-80gb").fp8_peak_flops
+(2.001, 0.0)
 >>> a = get_hardware("a100-80gb", gpus_per_node=4)
 >>> a.gpus_per_node, a.nics_per_node
 (4, 4)
@@ -76,6 +85,7 @@ class Hardware:
     tp_overlap: bool = True  # backward TP collectives behind weight gradients (tensor.py)
     grad_accumulation_bytes: float = 0.0  # HBM bytes per local parameter per backward
     nics_per_node: int = 8  # scale-out NICs a node, each at inter_node_bandwidth
+    fp8_peak_flops: float = 0.0  # dense FP8 FLOP/s; 0: no FP8 tensor cores
 
     def check(self) -> None:
         for f in fields(self):
@@ -91,6 +101,8 @@ class Hardware:
                     raise UserError(f"--{f.name.replace('_', '-')} must be an integer >= 1, "
                                      f"got {v!r}")
                 continue
+            if f.name == "fp8_peak_flops" and v == 0:
+                continue  # no FP8 tensor cores
             if f.name in _FLAGS:  # the ranges the flags have (params.REALS)
                 flag, scale = _FLAGS[f.name]
                 check_real(v * scale if isinstance(v, int | float) else v, flag)
@@ -101,6 +113,7 @@ class Hardware:
 
 
 _FLAGS = {"peak_flops": ("--peak-tflops", 1e-12), "memory": ("--gpu-memory", 1.0),
+          "fp8_peak_flops": ("--fp8-peak-tflops", 1e-12),
           "hbm_bandwidth": ("--hbm-bandwidth", 1.0),
           "nvlink_bandwidth": ("--nvlink-bandwidth", 1.0),
           "nvlink_latency": ("--nvlink-latency", 1.0),
@@ -111,19 +124,19 @@ _FLAGS = {"peak_flops": ("--peak-tflops", 1e-12), "memory": ("--gpu-memory", 1.0
 TFLOP/s), whose range in :data:`pipebubble.params.REALS` the field must lie in."""
 
 
-def _gpu(name, tflops, mem_gb, hbm_tbs, nvlink_gbs, net_gbs, eff, mem_unit=GIB):
+def _gpu(name, tflops, mem_gb, hbm_tbs, nvlink_gbs, net_gbs, eff, mem_unit=GIB, fp8=0.0):
     return Hardware(name, tflops * 1e12, mem_gb * mem_unit, hbm_tbs * 1e12, 8,
-                    nvlink_gbs * GB, 2e-6, net_gbs * GB, 5e-6, eff)
+                    nvlink_gbs * GB, 2e-6, net_gbs * GB, 5e-6, eff, fp8_peak_flops=fp8 * 1e12)
 
 
 PRESETS: dict[str, Hardware] = {h.name: h for h in (
-    # name          TFLOP/s  mem  HBM TB/s  NVLink GB/s  per-GPU NIC GB/s  GEMM eff.
-    _gpu("a100-40gb", 312, 40, 1.555, 300, 25, 0.80),   # NVLink3, 200 Gb/s HDR
+    # name          TFLOP/s  mem  HBM TB/s  NVLink GB/s  per-GPU NIC GB/s  GEMM eff.  (FP8)
+    _gpu("a100-40gb", 312, 40, 1.555, 300, 25, 0.80),   # NVLink3, 200 Gb/s HDR; no FP8
     _gpu("a100-80gb", 312, 80, 2.039, 300, 25, 0.80),
-    _gpu("h100-sxm", 989, 81559, 3.35, 450, 50, 0.70, MIB),  # NVLink4, 400 Gb/s NDR
-    _gpu("h200", 989, 143771, 4.8, 450, 50, 0.70, MIB),
-    _gpu("b200", 2250, 180, 8.0, 900, 50, 0.70, GB),    # NVLink5, 400 Gb/s
-    _gpu("mi300x", 1307, 192, 5.3, 448, 50, 0.60, GB),  # Infinity Fabric
+    _gpu("h100-sxm", 989, 81559, 3.35, 450, 50, 0.70, MIB, fp8=1979),  # NVLink4, 400 Gb/s NDR
+    _gpu("h200", 989, 143771, 4.8, 450, 50, 0.70, MIB, fp8=1979),
+    _gpu("b200", 2250, 180, 8.0, 900, 50, 0.70, GB, fp8=4500),    # NVLink5, 400 Gb/s
+    _gpu("mi300x", 1307, 192, 5.3, 448, 50, 0.60, GB, fp8=2615),  # Infinity Fabric
 )}
 """The presets. Memory is what the driver reports (NVML, ``nvidia-smi``) where known: A100
 80 GB and 40 GB 81,920 and 40,960 MiB (80 and 40 GiB), H100 80 GB 81,559 MiB (79.65 GiB, not

@@ -22,11 +22,28 @@ microbatches: ``w + g + o / N`` (``keep``); resharded ``always`` they hold the s
 and, for the layers in flight, the gathered transient of
 :func:`~pipebubble.plan.sharding.gathered_bytes`.
 
-Defaults ``w = 2, g = 2, o = 12`` are the ZeRO paper's 16 bytes for DDP (``plan
---bytes-per-param`` scales the three together, 1/8 : 1/8 : 3/4). Frameworks that keep fp32
-gradients (Megatron-LM's main gradients, Llama 3's fp32 accumulation over microbatches,
-torchtitan's FSDP) hold ``g = 4``: 2 bytes a parameter more than counted here (``2 / N``
-sharded), so the count is low for them, never high.
+Defaults ``w = 2, g = 2, o = 12`` are the ZeRO paper's 16 bytes for DDP. Each is a flag of
+``plan`` (:func:`model_states`):
+
+- ``--param-bytes w`` (2): the weights the forward and backward read (bf16; 4 for fp32);
+- ``--grad-bytes g`` (2): the gradient each parameter accumulates over the microbatches.
+  Frameworks that keep fp32 gradients (Megatron-LM's main gradients, Llama 3's fp32
+  accumulation, torchtitan's FSDP reduced in fp32) hold ``g = 4``; at the default the count
+  is 2 bytes a parameter low for them (``2 / N`` sharded), never high;
+- ``--optimizer-bytes o`` (12): what the optimizer keeps per parameter, **master copy and
+  both Adam moments together**: 12 = fp32 master + fp32 ``m`` + fp32 ``v`` (mixed-precision
+  Adam, ZeRO's ``K``); 8 = fp32 master + bf16 moments (Megatron-LM
+  ``--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16``); 6 =
+  bf16 master + bf16 moments; 8 for plain fp32 Adam whose weights are their own master
+  (``w = 4``, ``o = m + v``).
+
+``--bytes-per-param B`` (the older form, still read) splits one total as ``B/8 : B/8 :
+3B/4``. With ``--precision fp8`` every weight also has an FP8 copy, ``FP8_COPY_BYTES`` (1)
+more in ``w`` (Transformer Engine casts each weight to FP8 once and keeps it across the
+microbatches; with FP8 primary weights it is the weight itself, the 16-bit and fp32 copies
+then living in ``o``); it is held and sharded as the weights are, and counted for every
+parameter, the embedding and head too, which FP8 recipes keep in 16-bit (so the count is
+high by their parameters' byte, never low).
 
 **Activations of one block, one microbatch** (bytes; ``T = s b / cp`` tokens on the rank,
 ``t`` the TP degree). Korthikanti et al. 2022 count a GPT block as ``34 s b h + 5 a s^2 b``:
@@ -69,13 +86,36 @@ True
 True
 >>> model_state_bytes("zero1", 8)  # 2 + 2 + 12 / 8
 5.5
+>>> model_state_bytes("zero1", 8, *model_states(optimizer=6))  # bf16 master and moments
+4.75
+>>> model_states(precision="fp8")  # the FP8 copy beside the bf16 weights
+(3.0, 2.0, 12.0)
 """
 
 from __future__ import annotations
 
+import math
+
 from ..errors import UserError
 
 SHARDINGS = ("ddp", "zero1", "zero2", "fsdp", "hsdp")
+FP8_COPY_BYTES = 1.0  # an FP8 copy of each weight (--precision fp8)
+STATE_FLAGS = ("--param-bytes", "--grad-bytes", "--optimizer-bytes")
+
+
+def model_states(param: float = 2.0, grad: float = 2.0, optimizer: float = 12.0,
+                 precision: str = "bf16") -> tuple[float, float, float]:
+    """``(w, g, o)``, the bytes per parameter the count above uses: ``param`` (the weights),
+    ``grad`` and ``optimizer`` (master copy + Adam moments), each a finite number > 0, and
+    the FP8 copy in ``w`` under ``precision`` ``fp8``. Raises one line naming the flag."""
+    from .compute import check_precision
+
+    for flag, v in zip(STATE_FLAGS, (param, grad, optimizer), strict=True):
+        if isinstance(v, bool) or not isinstance(v, int | float) or not (
+                v > 0 and math.isfinite(v)):
+            raise UserError(f"{flag} must be a finite number of bytes > 0, got {v!r}")
+    copy = FP8_COPY_BYTES if check_precision(precision) == "fp8" else 0.0
+    return float(param) + copy, float(grad), float(optimizer)
 
 
 def model_state_bytes(sharding: str, n: int, weight: float = 2.0, grad: float = 2.0,

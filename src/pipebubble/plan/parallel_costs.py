@@ -26,6 +26,10 @@ One block on one rank, ``T = s b / cp`` tokens, ``t`` = TP degree, ``q`` = heads
 
 Recomputation adds to I the forward it re-runs: all of F (``full``) or the attention
 (``selective``).
+
+Precision (``plan --precision fp8``, :mod:`~pipebubble.plan.compute`): the four GEMMs of a
+block, forward and both gradients, at the FP8 rate when ``rates`` has one; attention, the
+memory-bound work and the head's GEMM in 16-bit.
 """
 
 from __future__ import annotations
@@ -88,10 +92,10 @@ class ParallelCosts:
         q, kv = sh.heads * sh.head_dim, sh.kv * sh.head_dim
         up = (2 if sh.swiglu else 1) * f / t
         gemms = [(T, (q + 2 * kv) / t, h), (T, h, q / t), (T, up, h), (T, h, f / t)]
-        fwd = sum(gemm_time(m, n, k, r) for m, n, k in gemms)
-        dgrad = sum(gemm_time(m, k, n, r) for m, n, k in gemms)
-        wgrads = [gemm_time(k, n, m, r) for m, n, k in gemms]
-        wgrad = sum(wgrads)
+        fwd = sum(gemm_time(m, n, k, r, fp8=True) for m, n, k in gemms)  # FP8 if r has it
+        dgrads = [gemm_time(m, k, n, r, fp8=True) for m, n, k in gemms]
+        wgrads = [gemm_time(k, n, m, r, fp8=True) for m, n, k in gemms]
+        dgrad, wgrad = sum(dgrads), sum(wgrads)
         attn = attention_time(T, self.seq, q / t, r, flash=self.flash, sequences=b,
                               head_dim=sh.head_dim)
         attn_b = attention_backward_time(attn, self.flash)
@@ -104,8 +108,10 @@ class ParallelCosts:
         elementwise += (6 if sh.swiglu else 4) * T * f / t  # the MLP's activation
         mem = memory_time(elementwise, r)
         hide = (wgrads[0], wgrads[2])
-        tp_f, tp_b = block_tp_comm(T, h, t, self.net, self.sp, hide=hide)
-        tp_hidden = block_tp_hidden(T, h, t, self.net, self.sp, hide=hide)
+        tp_f, tp_b = block_tp_comm(T, h, t, self.net, self.sp, hide=hide,
+                                   hide_dgrad=(dgrads[0], dgrads[2]))
+        tp_hidden = block_tp_hidden(T, h, t, self.net, self.sp, hide=hide,
+                                    hide_dgrad=(dgrads[0], dgrads[2]))
         cp_f, cp_b = block_cp_comm(T, kv / t, cp, t, self.net, (attn, attn_b))
         F = fwd + attn + mem + tp_f + cp_f
         return {"f": F, "i": dgrad + attn_b + 2 * mem + tp_b + cp_b, "w": wgrad,

@@ -73,7 +73,7 @@ from __future__ import annotations
 from ..errors import UserError
 from .analytic import TransformerShape
 from .axes import Axes, Point, axis_flag, splits
-from .compute import Rates
+from .compute import Rates, fp8_peak
 from .families import _auto_function, chunk_options, held_per_stage, schedule_list
 from .hardware import Hardware
 from .layercosts import ProfileSet
@@ -109,6 +109,10 @@ def build_points(profiles, req: Request, hardware: Hardware | None = None,
     for s in shardings:
         if s not in SHARDINGS:
             raise UserError(f"unknown --sharding {s!r}; valid are {', '.join(SHARDINGS)}")
+    if req.precision != "bf16" and (hardware is None or shape is None):
+        raise UserError(f"--precision {req.precision} prices the GEMMs from the model's shape: "
+                         "it needs --gpu NAME and an analytic or --hf-config profile (a "
+                         "measured profile's times are already in its precision)")
     if hardware is None or shape is None:
         asked = [axis_flag(req, k, v) for k, v in (("tp", req.tp), ("cp", req.cp))
                  if v is not None and tuple(v) != (1,)]
@@ -127,8 +131,9 @@ def build_points(profiles, req: Request, hardware: Hardware | None = None,
                                                                                hardware)
             out.append((pt, profiles, axes))
         return out
-    rates = Rates.of(hardware, efficiency) if mfu is None else Rates(
-        hardware.peak_flops * mfu, hardware.hbm_bandwidth, flat=True)
+    rates = Rates.of(hardware, efficiency, req.precision) if mfu is None else Rates(
+        hardware.peak_flops * mfu, hardware.hbm_bandwidth, flat=True,
+        fp8_flops=fp8_peak(hardware, req.precision) * mfu)
     net = Network.of(hardware)
     check_degrees(req, shape.heads, shape.kv, seq)
     tps = tuple(d for d in range(1, hardware.gpus_per_node + 1)  # powers of two in a node
@@ -179,10 +184,10 @@ def check_degrees(req: Request, heads: int, kv: int, seq: int) -> None:
 
 
 def hardware_axes(req: Request, pt: Point, hw: Hardware, hbm: bool = True) -> Axes:
-    """The axes on a GPU preset: the two-level network, states 2 : 2 : 12 of
-    ``--bytes-per-param``, the optimizer step on its HBM (not with ``hbm`` off: ``--mfu``)."""
-    bpp = req.bytes_per_param
-    return Axes(pt, Network.of(hw), (bpp / 8, bpp / 8, bpp * 3 / 4), req.grad_bytes,
+    """The axes on a GPU preset: the two-level network, the model states
+    ``req.model_states()`` (memory.py), the optimizer step on its HBM (not with ``hbm`` off:
+    ``--mfu``)."""
+    return Axes(pt, Network.of(hw), req.model_states(), req.grad_bytes,
                 hbm=hw.hbm_bandwidth if hbm else 0.0, reshard=req.fsdp_reshard)
 
 

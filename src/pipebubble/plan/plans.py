@@ -57,8 +57,12 @@ class Request:
     schedules: tuple[str, ...] | None = None  # None: every registered one (and auto)
     max_chunks: int = 4
     recompute: tuple[str, ...] | None = None  # None: none and full, if the profile has full
-    bytes_per_param: float = 16.0
-    grad_bytes: float = 4.0
+    bytes_per_param: float = 16.0  # weights + gradients + optimizer, split 1/8 : 1/8 : 3/4
+    grad_bytes: float = 4.0  # bytes of a gradient ON THE WIRE (plan --grad-wire-bytes)
+    # (weights, gradients, optimizer: master + moments) bytes per parameter, instead of the
+    # bytes_per_param split (plan --param-bytes, --grad-bytes, --optimizer-bytes; memory.py)
+    state_bytes: tuple[float, float, float] | None = None
+    precision: str = "bf16"  # bf16 or fp8: the blocks' GEMMs, and an FP8 weight copy
     p2p_bandwidth: float = 50e9
     allreduce_bandwidth: float = 50e9
     latency: float = 1e-5
@@ -82,6 +86,17 @@ class Request:
         one = [n for n in names if n != "dualpipe"]
         return ["1f1b"] if "1f1b" in one else one[:1]
 
+    def model_states(self) -> tuple[float, float, float]:
+        """``(w, g, o)`` bytes per parameter (:func:`~pipebubble.plan.memory.model_states`):
+        ``state_bytes``, else ``bytes_per_param`` split 1/8 : 1/8 : 3/4; the FP8 weight copy
+        in ``w`` under ``precision`` fp8."""
+        from .memory import model_states
+
+        b = self.bytes_per_param
+        w, g, o = self.state_bytes if self.state_bytes is not None else (b / 8, b / 8,
+                                                                          b * 3 / 4)
+        return model_states(w, g, o, self.precision)
+
     def check(self) -> None:
         for name in ("gpus", "global_batch", "max_chunks", "top"):
             v = getattr(self, name)
@@ -100,7 +115,8 @@ class Request:
 
         check_reshard(self.fsdp_reshard)
         if not (self.grad_bytes >= 0 and math.isfinite(self.grad_bytes)):
-            raise UserError(f"--grad-bytes must be >= 0, got {self.grad_bytes!r}")
+            raise UserError(f"--grad-wire-bytes must be >= 0, got {self.grad_bytes!r}")
+        self.model_states()  # each state's bytes > 0 and finite, the precision known
         if not self.microbatch_sizes or any(
                 isinstance(s, bool) or not isinstance(s, int) or s < 1
                 for s in self.microbatch_sizes):

@@ -307,8 +307,7 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
 
 def legacy_axes(req: Request, point: Point) -> Axes:
     """The axes without ``--gpu``: one-level network (``--allreduce-bandwidth``), every hop on
-    ``--p2p-bandwidth``; model states split as 2 : 2 : 12 of ``--bytes-per-param``."""
-    bpp = req.bytes_per_param
+    ``--p2p-bandwidth``; model states ``req.model_states()`` (memory.py)."""
     return Axes(point, Network.flat(req.allreduce_bandwidth, req.latency),
-                (bpp / 8, bpp / 8, bpp * 3 / 4), req.grad_bytes,
+                req.model_states(), req.grad_bytes,
                 p2p=(req.p2p_bandwidth, req.latency), reshard=req.fsdp_reshard)

@@ -19,11 +19,26 @@ Megatron-LM before September 2021). That overlap needs the weight gradient in th
 pass: a schedule that splits the backward into I and a later W (the zero-bubble family,
 DualPipe's split actions, ``auto`` with split backward) runs the data gradient, then the
 norm's backward that needs the collective's result, with no GEMM left to hide it behind, so
-each I carries both collectives in full. :func:`block_tp_comm` gives, as ``hidden``, what a
-fused B hides (``2 x collective - exposed``); the planner adds it to every I of a split
-schedule (``CostModel.i_extra``) and leaves B as it is. The GEMMs get ``t``
+each I carries both collectives in full. :func:`block_tp_hidden` gives, as ``hidden``, what a
+fused B hides (the backward with the overlap off, less with it on); the planner adds it to
+every I of a split schedule (``CostModel.i_extra``) and leaves B as it is. The GEMMs get ``t``
 times thinner, which :mod:`pipebubble.plan.compute` prices as a lower efficiency. The TP
 group is innermost (stride 1): it runs on NVLink when ``t <= gpus_per_node``.
+
+**The backward with sequence parallelism is not the backward without it.** Without SP each
+row-parallel GEMM's forward all-reduce has an identity backward, and each column-parallel
+GEMM's identity forward an all-reduce backward: the two collectives above. With SP
+(Megatron-LM's ``LinearWithGradAccumulationAndAsyncCommunication`` and
+``_ReduceScatterToSequenceParallelRegion``) the backward has three kinds, per block two of
+each: the all-gather of the gradient of each row-parallel output (the backward of the
+forward's reduce-scatter; O's and the MLP down-projection's data gradient need it, so it is
+exposed), the reduce-scatter of each column-parallel input gradient (behind that GEMM's
+weight gradient, as above) and the all-gather of each column-parallel input again (SP keeps
+only its ``1 / t`` shard; the weight gradient needs all of it), which Megatron-LM launches
+before the data gradient and runs behind it. So SP's backward adds ``2 x all-gather -
+what the data gradients hide`` to the no-SP form: on Korthikanti et al.'s 22B block (TP 8,
+A100) their Table 4 has SP saving 0.5 ms of the forward and 0.1 of the backward, where
+pricing SP's backward as the no-SP one saves 1.3 (``bench/bench_recompute.py``).
 
 The vocabulary-parallel embedding all-reduces (SP: reduce-scatters) its output once in the
 forward; the head's input gradient is all-reduced once in the backward.
@@ -32,8 +47,12 @@ forward; the head's input gradient is all-reduced once in the backward.
 >>> net = Network(8, (100e9, 0.0), (10e9, 0.0))
 >>> block_tp_comm(tokens=1000, hidden=1000, tp=4, net=net)  # 2 x AR of 2 MB on 4 ranks
 (6e-05, 6e-05)
->>> block_tp_comm(1000, 1000, 4, net, sp=True) == block_tp_comm(1000, 1000, 4, net)
-True
+>>> f, b = block_tp_comm(1000, 1000, 4, net, sp=True)  # RS, AG 1.5e-5 each: nothing hidden
+>>> f, round(b, 12)                            # the same forward; the backward 2 AG + 2 RS + 2 AG
+(6e-05, 9e-05)
+>>> f, b = block_tp_comm(1000, 1000, 4, net, sp=True, hide=(1.0, 1.0), hide_dgrad=(1.0, 1.0))
+>>> round(b, 12)                               # the gradient all-gathers are never hidden
+3e-05
 >>> f, b = block_tp_comm(1000, 1000, 4, net, hide=(2e-5, 1.0))  # 3e-5 each, 2e-5 hidden
 >>> round(b, 12)                                                 # 1e-5 + 0 exposed
 1e-05
@@ -60,23 +79,45 @@ def tp_collective(tokens: float, hidden: int, tp: int, net: Network, sp: bool = 
     return allreduce(n, tp, link)
 
 
+def _sp_parts(tokens: float, hidden: int, tp: int, net: Network) -> tuple[float, float]:
+    """(one reduce-scatter, one all-gather) of ``tokens x hidden`` over the TP group."""
+    link = net.link(1, tp)
+    n = ACT_BYTES * tokens * hidden
+    return reduce_scatter(n, tp, link), all_gather(n, tp, link)
+
+
 def block_tp_comm(tokens: float, hidden: int, tp: int, net: Network, sp: bool = False,
-                  hide: tuple[float, float] = (0.0, 0.0)) -> tuple[float, float]:
-    """(forward, backward) exposed seconds of one block's TP collectives: two each way;
-    ``hide`` = the weight-gradient seconds of the QKV and MLP up-projection GEMMs, behind
-    which the backward's two collectives run (module doc)."""
+                  hide: tuple[float, float] = (0.0, 0.0),
+                  hide_dgrad: tuple[float, float] = (0.0, 0.0)) -> tuple[float, float]:
+    """(forward, backward) exposed seconds of one block's TP collectives: two each way
+    without SP; ``hide`` = the weight-gradient seconds of the QKV and MLP up-projection GEMMs,
+    behind which the backward's input-gradient collectives run, ``hide_dgrad`` their
+    data-gradient seconds, behind which SP's re-gather of their inputs runs (module doc)."""
     one = tp_collective(tokens, hidden, tp, net, sp)
+    if tp <= 1:
+        return 0.0, 0.0
+    if not sp:
+        if not net.tp_overlap:
+            return 2 * one, 2 * one
+        return 2 * one, sum(max(0.0, one - w) for w in hide)
+    rs, ag = _sp_parts(tokens, hidden, tp, net)
     if not net.tp_overlap:
-        return 2 * one, 2 * one
-    return 2 * one, sum(max(0.0, one - w) for w in hide)
+        return 2 * one, 2 * ag + 2 * rs + 2 * ag
+    return 2 * one, (2 * ag + sum(max(0.0, rs - w) for w in hide)
+                     + sum(max(0.0, ag - d) for d in hide_dgrad))
 
 
 def block_tp_hidden(tokens: float, hidden: int, tp: int, net: Network, sp: bool = False,
-                    hide: tuple[float, float] = (0.0, 0.0)) -> float:
-    """Seconds of the backward's two TP collectives that a fused B hides behind the weight
-    gradients ``hide`` and an I without its W exposes (module doc); 0 with
-    ``tp_overlap`` off (both are exposed in B too)."""
-    if not net.tp_overlap:
+                    hide: tuple[float, float] = (0.0, 0.0),
+                    hide_dgrad: tuple[float, float] = (0.0, 0.0)) -> float:
+    """Seconds of the backward's TP collectives that a fused B hides (behind the weight
+    gradients ``hide``; SP's input re-gather behind the data gradients ``hide_dgrad``) and an
+    I without its W exposes, as every collective of a split backward is (module doc): B's
+    exposed part plus this is the backward with ``tp_overlap`` off; 0 with it off."""
+    if not net.tp_overlap or tp <= 1:
         return 0.0
-    one = tp_collective(tokens, hidden, tp, net, sp)
-    return 2 * one - block_tp_comm(tokens, hidden, tp, net, sp, hide)[1]
+    if not sp:
+        one = tp_collective(tokens, hidden, tp, net)
+        return sum(min(one, w) for w in hide)
+    rs, ag = _sp_parts(tokens, hidden, tp, net)
+    return sum(min(rs, w) for w in hide) + sum(min(ag, d) for d in hide_dgrad)
