@@ -26,8 +26,7 @@ from rich.console import Console
 
 from ..errors import UserError
 from ..ir.schedule import Schedule
-from ..limits import check_processes, check_threads
-from ..plan.validate import machine_load
+from ..limits import check_processes, check_threads, machine_load
 from ..runtime.check import max_abs
 from ..runtime.dist.launch import launch, pin_sockets, under_launcher
 from ..runtime.dist.report import grad_diffs, measured_comm, measured_timeline, step_span

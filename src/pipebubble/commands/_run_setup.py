@@ -424,8 +424,7 @@ def noise_note(step_times: list[float], measured: float, predicted: float,
     """
     if len(step_times) < 2 or measured <= 0 or min(step_times) <= 0:
         return None
-    from ..limits import available_cores
-    from ..plan.validate import load_words
+    from ..limits import available_cores, load_words
 
     spread = (max(step_times) - min(step_times)) / min(step_times)
     gap = abs(predicted - measured) / measured

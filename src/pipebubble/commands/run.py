@@ -347,7 +347,7 @@ def _run(args: argparse.Namespace) -> int:
     if plain is not None:
         report.trade = recompute_trade(setup, plain, result, report)
     report.step_times = list(times[-1])
-    from ..plan.validate import machine_load
+    from ..limits import machine_load
 
     note = noise_note(times[-1], report.measured.step_time, report.predicted.step_time,
                       warmup=args.warmup, load=machine_load(), processes=1)
