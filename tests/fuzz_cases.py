@@ -69,6 +69,8 @@ BASES: dict[str, list[str]] = {
                 "0", "--repeats", "1"],
     "demo": ["demo", "--stages", "2", "-m", "2"],
     "explore": ["explore", "--port", "0", "--no-browser"],
+    # no checkpoint in {d}: every case is refused (one line); tests/test_export_hf.py exports
+    "export-hf": ["export-hf", "{d}/ckpt", "{d}/hf-out"],
 }
 
 # Flags whose valid values launch processes or runs: fuzzed only with values that cannot

@@ -241,6 +241,60 @@ def test_span_published_forms_show_the_span_bubble(page):
     assert page.text_content("#bubble") != "0.00 %"
 
 
+def key_items(page) -> list[tuple[str, str]]:
+    """(data-kind, swatch colour) of every entry of the colour key, in order."""
+    return page.eval_on_selector_all(
+        "#legend .key", "ks => ks.map(k => [k.dataset.kind, "
+        "k.querySelector('.swatch').style.background])")
+
+
+def test_the_colour_key_names_what_is_drawn_in_its_colours(page):
+    from pipebubble.render.style import IDLE_COLOR, kind_color
+
+    def rgb(kind, chunk=0, chunks=1):
+        return "rgb(" + ", ".join(str(round(255 * c)) for c in kind_color(kind, chunk, chunks)) \
+            + ")"
+
+    items = key_items(page)  # gpipe: F and B only
+    assert [k for k, _ in items] == ["F", "B", "idle", "memory"]
+    assert dict(items)["F"] == rgb("F") and dict(items)["B"] == rgb("B")
+    idle = tuple(int(IDLE_COLOR[i:i + 2], 16) for i in (1, 3, 5))
+    assert dict(items)["idle"] == "rgb({}, {}, {})".format(*idle)
+    assert "F: forward" in page.text_content("#legend")
+    # the key's colours are the Gantt chart's: a B box is filled with the key's B colour
+    box = page.locator(".gantt .action").filter(has=page.locator("title", has_text="0B0:"))
+    assert box.first.locator("rect").get_attribute("fill").replace(",", ", ") == rgb("B")
+    before = renders(page)
+    page.select_option("#schedule", "zbv")  # split backward, two chunks per rank
+    wait_ready(page, before)
+    items = dict(key_items(page))
+    assert list(items) == ["F", "I", "W", "idle", "chunk", "memory"]
+    assert items["chunk"] == rgb("F", 1, 2)  # a later chunk is drawn darker
+    set_value(page, "#memory_limit", "3")
+    assert "limit" in dict(key_items(page))
+
+
+def test_the_first_paint_shows_a_schedule_without_any_request(browser_page):
+    """The page draws the default view from what the server inlined: with every /api
+    request held unanswered, the Gantt chart, the numbers and the key are there."""
+    page, _, url = browser_page
+    fresh = page.context.new_page()
+    held = []
+    fresh.route("**/api/**", lambda route: held.append(route))  # never answered
+    try:
+        fresh.goto(url, wait_until="load")
+        fresh.wait_for_selector(".gantt .action", timeout=30_000)
+        assert fresh.evaluate("document.body.dataset.firstPaint") == "inline"
+        assert fresh.locator(".gantt .action").count() == 64  # gpipe 4 x 8, F and B
+        assert fresh.text_content("#bubble") == "27.27 %"
+        assert fresh.text_content("#step-time") == "33"
+        assert [k for k, _ in key_items(fresh)] == ["F", "B", "idle", "memory"]
+        assert fresh.locator("#sweep-svg circle").count() > 0
+        assert held  # the page did ask (its usual update), and drew before any answer
+    finally:
+        fresh.close()  # the held requests go with the page
+
+
 def test_the_view_is_kept_in_the_address(page):
     set_value(page, "#microbatches", "64")
     before = renders(page)

@@ -178,6 +178,33 @@ def available_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def machine_load() -> float | None:
+    """This machine's 1-minute load average (runnable processes), or None where the system
+    has none (``os.getloadavg`` is POSIX)."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+def load_words(load: float | None, cores: int, processes: int, real: bool) -> tuple[str, bool]:
+    """(the machine's load in words, whether it explains a miss). The load explains it when
+    the 1-minute load average is above the cores (other work held them), or, for a real model
+    (its ranks compute; sleeping ranks do not), when the run had more processes than cores.
+
+    >>> load_words(5.2, 2, 4, True)
+    ('load average 5.2 on 2 cores (2.6 per core), 4 processes (2 per core)', True)
+    >>> load_words(0.5, 4, 2, True)[1], load_words(0.5, 2, 8, False)[1]
+    (False, False)
+    """
+    per = processes / max(cores, 1)
+    text = (f"load average {load:.2g} on {cores} cores ({load / max(cores, 1):.2g} per core)"
+            if load is not None else f"no load average on {cores} cores")
+    text += f", {processes} process{'' if processes == 1 else 'es'} ({per:.2g} per core)"
+    busy = (load is not None and load > cores) or (real and processes > cores)
+    return text, busy
+
+
 def free_memory_bytes() -> int | None:
     """Memory the machine can still give (``MemAvailable`` in /proc/meminfo), or None."""
     try:

@@ -26,7 +26,7 @@ from rich.console import Console
 
 from ..errors import UserError
 from ..ir.schedule import Schedule
-from ..limits import check_processes, check_threads
+from ..limits import check_processes, check_threads, machine_load
 from ..runtime.check import max_abs
 from ..runtime.dist.launch import launch, pin_sockets, under_launcher
 from ..runtime.dist.report import grad_diffs, measured_comm, measured_timeline, step_span
@@ -251,8 +251,10 @@ def _worker_main(args: argparse.Namespace, schedule: Schedule | None = None) -> 
             worker.watchdog.at("rank 0: reference gradients and report", False)
             report, extra = summarize(args, cfg, setup, results, x, y, last_ref, final)
             report.step_times = spans
+            here = local_processes(cfg.world_size)
             note = noise_note(spans, report.measured.step_time, report.predicted.step_time,
-                              oversubscribed(local_processes(cfg.world_size), args.threads))
+                              oversubscribed(here, args.threads), warmup=cfg.warmup,
+                              load=machine_load(), processes=here)
             if note:  # as run --local says it
                 report.notes.append(note)
             report.losses, report.train = losses, train_summary(plan)

@@ -426,28 +426,46 @@ def print_report(report: RunReport, console: Console, width: int | None = None) 
 
 
 def noise_note(step_times: list[float], measured: float, predicted: float,
-               cause: str | None = None) -> str | None:
+               cause: str | None = None, *, warmup: int | None = None,
+               load: float | None = None, processes: int | None = None) -> str | None:
     """Set the measured-vs-predicted gap against the run's own spread over its repeats.
 
-    spread = (slowest - fastest) / fastest of the measured steps. A gap within the spread is
-    noise (the machine, not the model); a larger one is something the cost model misses, or
-    ``cause`` when the caller knows one (a distributed run with more processes than cores).
+    spread = (slowest - fastest) / fastest of the measured steps (the ``warmup`` cold steps
+    are not among them). A gap within the spread is noise (the machine, not the model); a
+    larger one is ``cause`` when the caller knows one (a distributed run with more processes
+    than cores), else the machine when it was loaded (``load``, the 1-minute load average,
+    above the cores, or more ``processes`` than cores), and only then something the cost
+    model misses. With ``warmup``, ``load`` or ``processes`` the note states them.
 
     >>> noise_note([1.0, 1.5], 1.0, 1.2)[:72]  # spread 50%, gap 20%
     'measured vs predicted differ by 20.0%, within the run-to-run spread of 5'
     """
     if len(step_times) < 2 or measured <= 0 or min(step_times) <= 0:
         return None
+    from ..limits import available_cores, load_words
+
     spread = (max(step_times) - min(step_times)) / min(step_times)
     gap = abs(predicted - measured) / measured
+    state, busy = "", False
+    if warmup is not None or load is not None or processes is not None:
+        words = []
+        if warmup is not None:
+            words.append(f"{warmup} warm-up step(s) excluded")
+        if load is not None or processes is not None:
+            text, busy = load_words(load, available_cores(), processes or 1, True)
+            words.append(text)
+        state = f" ({'; '.join(words)})"
     if gap <= spread:
         return (f"measured vs predicted differ by {gap:.1%}, within the run-to-run spread of "
-                f"{spread:.1%} over {len(step_times)} steps: noise, not a model error (more "
-                "--repeat, --threads 1 or a quieter machine narrow it)"
+                f"{spread:.1%} over {len(step_times)} steps{state}: noise, not a model error "
+                "(more --repeat, --threads 1 or a quieter machine narrow it)"
                 + (f"; likely cause: {cause}" if cause else ""))
+    blame = (f"likely cause: {cause}" if cause else
+             "likely cause: the machine was loaded (see its load above), which the "
+             "prediction does not include; rerun on a quieter machine before blaming the "
+             "cost model" if busy else "the cost model misses something here")
     return (f"measured vs predicted differ by {gap:.1%}, more than the run-to-run spread of "
-            f"{spread:.1%} over {len(step_times)} steps: "
-            + (f"likely cause: {cause}" if cause else "the cost model misses something here"))
+            f"{spread:.1%} over {len(step_times)} steps{state}: " + blame)
 
 
 def _ms(seconds: float) -> str:

@@ -151,6 +151,9 @@ def save_from(plan: TrainPlan, setup, named: list[tuple[str, nn.Parameter]],
         steps_done=plan.start + plan.steps, seed=setup.seed, optimizer=plan.optimizer,
         lr=plan.lr, schedule=setup.schedule.name, boundaries=setup.boundaries,
         batch=setup.batch_size, losses=[*plan.prior_losses, *losses])
+    hf_config = (setup.spec.metadata or {}).get("hf_config")
+    if hf_config is not None:  # an hf: model: export-hf rebuilds it from this
+        meta["hf_config"] = hf_config
     try:
         ckpt.save(plan.save, ckpt.rank_state(named, opt, plan.optimizer), meta,
                   coordinator=coordinator, barrier=barrier)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from .. import limits as L
 from ..errors import UserError
@@ -106,6 +107,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    type=float_flag("--target-step", 0, L.MAX_TARGET_STEP, lo_open=True),
                    help="--validate: scale the profile so the first plan's step sleeps about "
                    "S seconds (1.0)")
+    p.add_argument("--validate-tol", default=0.15, metavar="X",
+                   type=float_flag("--validate-tol", 0, 10, lo_open=True),
+                   help="--validate: a plan passes when its measured median step is within "
+                   "this fraction of its prediction, and the ranking holds when no two plans "
+                   "swap by more (0.15); exit 1 when one fails")
     p.add_argument("--out", metavar="FILE", help="also write the JSON here; schedules torch "
                    "has no class for are written next to it as CSV")
     p.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
@@ -408,19 +414,54 @@ def run(args: argparse.Namespace) -> int:
            "efficiency": hw.efficiency if hw is not None and args.mfu is None else None}
     out = result_json(result, profiles, validations, args.out, ctx, mine,
                       runnable_finder(result, profiles, req, hw, efficiency, args.mfu))
+    judged = judge_validations(result, validations, args.validate_tol, out)
     if mine is not None and not mine_fits:
         out["config"].update(fits=False, rank=None,
                              rank_note=f"does not fit the {fmt_gib(budget)} budget")
     if args.out:  # the same numbers as --json prints
         write_text(args.out, json_text(clean_floats(out), "--out", indent=1) + "\n", "--out")
         wrote(args.out)
+    failed = judged is not None and not judged["passed"]
     if args.json:
         print_json(out)
-        return 0
+        return 1 if failed else 0
     from rich.console import Console
 
     print_plans(Console(), result, out, validations)
-    return 0
+    if failed:
+        sys.stderr.write(f"pipebubble: --validate failed: {judged['summary']}\n")
+    return 1 if failed else 0
+
+
+def judge_validations(result, validations, tolerance: float, out: dict) -> dict | None:
+    """Each validated plan's PASS/FAIL and the ranking (plan/validate.py), into ``out``: the
+    plan items get ``validation.verdict``, ``out["validation"]`` the ranking and the whole
+    verdict (``passed``: every plan passed and the ranking held). None without --validate."""
+    if not validations:
+        return None
+    from ..plan.validate import ranking, verdict
+
+    numbers = [result.plans.index(v.plan) + 1 for v in validations]
+    verdicts = [verdict(v, tolerance) for v in validations]
+    for n, item in enumerate(out["plans"], 1):
+        if n in numbers and "validation" in item:
+            item["validation"].update(verdicts[numbers.index(n)].as_json())
+    order = ranking(validations, numbers, tolerance)
+    failed = [n for n, x in zip(numbers, verdicts, strict=True) if not x.passed]
+    why = []
+    if failed:
+        why.append(f"plan{'s' if len(failed) > 1 else ''} "
+                   f"{', '.join(f'#{n}' for n in failed)} outside the {tolerance:.0%} "
+                   "tolerance")
+    if order is not None and not order.held:
+        why.append("the ranking did not hold (" + ", ".join(
+            f"#{a} predicted faster than #{b} measured over {tolerance:.0%} slower"
+            for a, b in order.swapped) + ")")
+    judged = {"passed": not why, "tolerance": tolerance, "plans": numbers,
+              "ranking": order.as_json() if order is not None else None,
+              "summary": "; ".join(why) or f"every plan within {tolerance:.0%}, ranking held"}
+    out["validation"] = judged
+    return judged
 
 
 def runnable_finder(result, profiles, req, hw, efficiency, mfu):
@@ -695,7 +736,7 @@ def print_plans(console, result, out: dict, validations) -> None:
         console.print(line, highlight=False)
     print_pastes(console, out["pastes"], "--config" if out.get("config") else "the best plan")
     if validations:
-        print_validations(console, result, validations)
+        print_validations(console, result, validations, out.get("validation"))
 
 
 def print_pastes(console, pastes: dict, which: str) -> None:
@@ -733,49 +774,86 @@ def print_pastes(console, pastes: dict, which: str) -> None:
         say(f"Megatron-LM, for {mg['version']}: {env}{mg['flags']}")
 
 
-def print_validations(console, result, validations) -> None:
+def print_validations(console, result, validations, judged: dict | None = None) -> None:
+    """The validation table (with each plan's verdict), what was measured, each plan's note
+    (its miss against the spread and the machine's load) and whether the ranking held."""
+    if validations:
+        _print_table(console, result, validations, judged)
+    if validations and judged is not None:
+        for item in judged_items(judged, validations, result):
+            console.print(item, highlight=False, markup=False, soft_wrap=True)
+
+
+def judged_items(judged: dict, validations, result) -> list[str]:
+    """The lines under the validation table: each plan's verdict note, the ranking, the
+    overall verdict."""
+    from ..plan.validate import verdict
+
+    lines = []
+    for v in validations:
+        n = result.plans.index(v.plan) + 1
+        x = verdict(v, judged["tolerance"])
+        lines.append(f"#{n} {'PASS' if x.passed else 'FAIL'}: {x.note}")
+    r = judged.get("ranking")
+    if r is not None and len(r["predicted_order"]) > 1:
+        tau = "—" if r["kendall_tau"] is None else f"{r['kendall_tau']:+.2f}"
+        order = lambda xs: " < ".join(f"#{n}" for n in xs)  # noqa: E731
+        lines.append(f"ranking {'held' if r['held'] else 'did NOT hold'}: predicted "
+                     f"{order(r['predicted_order'])}, measured {order(r['measured_order'])} "
+                     f"(Kendall tau {tau}; the predicted best "
+                     f"{'measured fastest' if r['top_plan_fastest'] else 'did not measure fastest'}"
+                     f"; a swap counts beyond {judged['tolerance']:.0%})")
+    lines.append(f"validation {'PASS' if judged['passed'] else 'FAIL'}: {judged['summary']}"
+                 + ("" if judged["passed"] else " (exit 1)"))
+    return lines
+
+
+def _print_table(console, result, validations, judged: dict | None) -> None:
     from rich.table import Table
 
     from ..render.table import fit
 
-    if validations:
-        real = validations[0].model
-        what = f"model {real}" if real else "sleeping the scaled profile"
-        v = Table(title=f"validation: run for real ({what}, one process per rank, gloo)")
-        for col in ("#", "plan", "processes", "predicted", "measured (median)", "error",
-                    "vs best measured", "fastest step"):
-            v.add_column(col, justify="right")
-        done = [x.measured for x in validations if x.measured is not None]
-        best_m = min(done) if done else None
-        for x in validations:
-            k = result.plans.index(x.plan) + 1
-            p = x.plan
-            name = f"pp={p.pp} dp={p.dp} {p.schedule} v={p.chunks} m={p.microbatches}"
-            if x.measured is None:
-                v.add_row(str(k), name, str(p.pp * p.dp), _t(x.predicted), "failed",
-                          x.error or "", "")
-                continue
-            v.add_row(str(k), name, str(p.pp * p.dp), _t(x.predicted), _t(x.measured),
-                      f"{x.measured / x.predicted - 1:+.1%}",
-                      f"{x.measured / best_m - 1:+.1%}", _t(x.measured_min))
-        console.print(fit(v, console.width))
-        m = validations[0].machine
-        if real:
-            console.print(f"(each plan ran --model {real} at its cut; predicted = the simulated "
-                          "pipeline step of the profile's own times, with no cost for the "
-                          "processes' messages or the all-reduce, so it compares with a "
-                          "profile taken on this machine; measured = the median of "
-                          f"{len(validations[0].steps) or 'the'} steps after a warm-up)",
-                          highlight=False)
-            return
-        console.print(f"(profile times scaled by {validations[0].scale:.3g} so the first plan "
-                      f"sleeps about --target-step; predictions add this machine's "
-                      f"{m.overhead * 1e3:.2f} ms per action and {m.hop * 1e3:.2f} ms per "
-                      "message, fitted to a run of plan 1 at 1/50 of its times, instead of the "
-                      "GPUs' P2P "
-                      f"and all-reduce times; measured = the median of "
-                      f"{len(validations[0].steps) or 'the'} steps after a warm-up; auto "
-                      "orders run from their CSV)", highlight=False)
+    tol = judged["tolerance"] if judged is not None else None
+    real = validations[0].model
+    what = f"model {real}" if real else "sleeping the scaled profile"
+    v = Table(title=f"validation: run for real ({what}, one process per rank, gloo)")
+    for col in ("#", "plan", "processes", "predicted", "measured (median)", "error",
+                "verdict", "vs best measured", "fastest step", "spread"):
+        v.add_column(col, justify="right")
+    done = [x.measured for x in validations if x.measured is not None]
+    best_m = min(done) if done else None
+    for x in validations:
+        k = result.plans.index(x.plan) + 1
+        p = x.plan
+        name = f"pp={p.pp} dp={p.dp} {p.schedule} v={p.chunks} m={p.microbatches}"
+        if x.measured is None:
+            v.add_row(str(k), name, str(p.pp * p.dp), _t(x.predicted), "failed",
+                      x.error or "", "FAIL", "", "", "")
+            continue
+        err = x.relative_error
+        ok = err is not None and tol is not None and abs(err) <= tol
+        v.add_row(str(k), name, str(p.pp * p.dp), _t(x.predicted), _t(x.measured),
+                  "—" if err is None else f"{err:+.1%}",
+                  "" if tol is None else ("PASS" if ok else "FAIL"),
+                  f"{x.measured / best_m - 1:+.1%}", _t(x.measured_min),
+                  "—" if x.spread is None else f"{x.spread:.1%}")
+    console.print(fit(v, console.width))
+    m = validations[0].machine
+    steps = f"{len(validations[0].steps) or 'the'} steps after {validations[0].warmup} " \
+        "unmeasured warm-up step(s); spread = (slowest - fastest) / fastest of those steps"
+    if real:
+        console.print(f"(each plan ran --model {real} at its cut; predicted = the simulated "
+                      "pipeline step of the profile's own times, with no cost for the "
+                      "processes' messages or the all-reduce, so it compares with a "
+                      f"profile taken on this machine; measured = the median of {steps})",
+                      highlight=False)
+        return
+    console.print(f"(profile times scaled by {validations[0].scale:.3g} so the first plan "
+                  f"sleeps about --target-step; predictions add this machine's "
+                  f"{m.overhead * 1e3:.2f} ms per action and {m.hop * 1e3:.2f} ms per "
+                  "message, fitted to a run of plan 1 at 1/50 of its times, instead of the "
+                  f"GPUs' P2P and all-reduce times; measured = the median of {steps}; auto "
+                  "orders run from their CSV)", highlight=False)
 
 
 def why_best(result, out: dict) -> list[str]:

@@ -351,7 +351,10 @@ def _run(args: argparse.Namespace) -> int:
     if plain is not None:
         report.trade = recompute_trade(setup, plain, result, report)
     report.step_times = list(times[-1])
-    note = noise_note(times[-1], report.measured.step_time, report.predicted.step_time)
+    from ..limits import machine_load
+
+    note = noise_note(times[-1], report.measured.step_time, report.predicted.step_time,
+                      warmup=args.warmup, load=machine_load(), processes=1)
     if note:
         report.notes.append(note)
     from ..usercode import results_to_stdout

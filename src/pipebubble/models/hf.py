@@ -30,6 +30,7 @@ its safetensors weights when present).
 from __future__ import annotations
 
 import inspect
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -279,6 +280,20 @@ def load_hf(path: str | Path, seq: int = 32, seed: int = 0,
     and an error transformers raises for a config that passed them (a TypeError,
     KeyError, ZeroDivisionError, AssertionError, its own validation errors) is one
     :class:`UserError` naming the config and the library's first line."""
+    model, weights = build_hf_model(path, seed, overrides)
+    spec = hf_spec(model, seq, name=f"hf:{path}")
+    spec.metadata = {"hf_weights": [w.name for w in weights] or "random (seed "
+                     f"{seed})",
+                     # the config as built (--model-arg included): run --save records it,
+                     # export-hf rebuilds the model from it
+                     "hf_config": json.loads(model.config.to_json_string(use_diff=True))}
+    return spec
+
+
+def build_hf_model(path: str | Path, seed: int = 0, overrides: dict[str, Any] | None = None
+                   ) -> tuple[nn.Module, list[Path]]:
+    """(the transformers model, the weight files it loaded) of :func:`load_hf`, checked the
+    same way, in the default dtype."""
     where = f"hf:{path}"
     data, folder = read_config(path)
     overrides = dict(overrides or {})
@@ -322,10 +337,7 @@ def load_hf(path: str | Path, seq: int = 32, seed: int = 0,
     except Exception as exc:  # an error of the config's values while building the layers
         raise UserError(f"{where}: cannot build the model ({_first_line(exc)})") from None
     model = model.to(torch.get_default_dtype())  # float32, or float64 under --dtype float64
-    spec = hf_spec(model, seq, name=where)
-    spec.metadata = {"hf_weights": [w.name for w in weights] or "random (seed "
-                     f"{seed})"}
-    return spec
+    return model, weights
 
 
 def _first_line(exc: BaseException) -> str:

@@ -25,6 +25,7 @@ with it. Requests bigger than :data:`MAX_ACTIONS` actions raise :class:`TooLarge
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 
 from .. import __version__
@@ -309,3 +310,33 @@ def meta() -> dict:
         "kind_names": style.KIND_NAMES,
         "limits": {"max_actions": MAX_ACTIONS, "max_body_bytes": MAX_BODY_BYTES},
     }
+
+
+# ---- the first paint -----------------------------------------------------------------------
+FIRST_VIEW = {"schedule": DEFAULTS["schedule"], "ranks": DEFAULTS["ranks"],
+              "microbatches": DEFAULTS["microbatches"], "f": "1", "b": "2", "w": "1",
+              "comm": "0", "overlap": "1", "mem_b": "1", "mem_w": "0"}
+"""The view the page opens on: app.js's defaults (its PARAMS), in its query's order."""
+INITIAL_SLOT = b'<script id="initial" type="application/json"></script>'
+
+
+def initial_view() -> dict:
+    """What the page draws before it has asked for anything: the metadata, and the first
+    view's simulation and sweep, each exactly as ``/api/meta``, ``/api/simulate`` and
+    ``/api/sweep`` answer them. ``query`` is that view's query string; app.js draws these
+    only when its own first query is the same (a link with another view in its ``#...`` waits
+    for its own answer)."""
+    from urllib.parse import urlencode
+
+    return {"query": urlencode(FIRST_VIEW), "name": FIRST_VIEW["schedule"], "meta": meta(),
+            "simulation": simulate_get(FIRST_VIEW), "sweep": sweep(FIRST_VIEW)}
+
+
+def index_page(html: bytes) -> bytes:
+    """The page with :func:`initial_view` inlined in its ``<script id="initial">`` slot, so
+    its first paint shows a schedule instead of an empty frame waiting for two requests.
+    ``</`` is escaped so that no value can close the script element."""
+    if INITIAL_SLOT not in html:
+        return html
+    data = json.dumps(initial_view(), allow_nan=False).replace("</", "<\\/")
+    return html.replace(INITIAL_SLOT, INITIAL_SLOT.replace(b"></", b">" + data.encode() + b"</"))

@@ -165,7 +165,7 @@ class Handler(DeadlineHandler):
         params = dict(parse_qsl(url.query, keep_blank_values=True))
         path = url.path
         if path in ("/", "/index.html"):
-            self._send(200, _static("index.html"), STATIC["index.html"])
+            self._send(200, api.index_page(_static("index.html")), STATIC["index.html"])
         elif path.startswith("/static/") and path[len("/static/"):] in STATIC:
             name = path[len("/static/"):]
             self._send(200, _static(name), STATIC[name])

@@ -160,6 +160,7 @@ function render(results, sweeps) {
     .map((x) => x.data.step_time));  // a run and its prediction share one time scale
   for (const r of results) panels.append(panel(r, r.file ? fileSpan(r) : scale));
   $("clear-files").hidden = state.files.length === 0;
+  $("legend").replaceChildren(...legend(results, limit()));
   $("sweep").replaceChildren(sweepChart(sweeps, Number($("microbatches").value)));
 }
 
@@ -248,9 +249,24 @@ function loadHash() {
   for (const box of document.querySelectorAll(".compare")) box.checked = others.includes(box.value);
 }
 
-fetch("/api/meta").then((r) => r.json()).then((meta) => {
+// First paint: the server inlines the first view (api.initial_view: the metadata and the
+// default schedule's simulation and sweep), so the page draws a schedule before any request;
+// then it asks as usual. A link with another view (#...) waits for its own answer.
+function start(meta, initial) {
   state.meta = meta;
   buildControls();
   loadHash();
+  if (initial && query($("schedule").value).toString() === initial.query
+      && !document.querySelector(".compare:checked")) {
+    render([{ name: initial.name, data: initial.simulation }], initial.sweep ? [initial.sweep] : []);
+    document.body.dataset.state = "ready";
+    document.body.dataset.firstPaint = "inline";
+  }
   update();
-});
+}
+
+const inlined = (() => {
+  try { return JSON.parse($("initial").textContent || "null"); } catch (e) { return null; }
+})();
+if (inlined && inlined.meta) start(inlined.meta, inlined);
+else fetch("/api/meta").then((r) => r.json()).then((meta) => start(meta, null));

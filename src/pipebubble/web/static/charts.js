@@ -67,6 +67,36 @@ function gantt(d, span) {
   return svg;
 }
 
+// ---- the colour key: what the charts above draw, in the charts' own colours -----------------
+function keyItem(color, label, kind, extra = {}) {
+  const item = el("span", { class: "key", "data-kind": kind });
+  item.append(el("span", { class: "swatch", style: "background:" + color, ...extra }), label);
+  return item;
+}
+function legend(results, lim) {
+  const c = state.meta.colors, names = state.meta.kind_names;
+  const shown = results.filter((r) => r.data && r.data.events);
+  const kinds = new Set(shown.flatMap((r) => r.data.events.map((e) => e.kind)));
+  const order = ["F", "I", "W", "B", ...[...kinds].filter((k) => !"FIWB".includes(k)).sort()];
+  const items = [el("span", { class: "label" }, "key")];
+  for (const k of order.filter((k) => kinds.has(k))) {
+    items.push(keyItem(css(kindColor(k, 0, 1)), k + ": " + (names[k] || k), k));
+  }
+  items.push(keyItem(c.idle, "idle (the bubble)", "idle"));
+  const chunked = shown.some((r) => {  // a rank holding more than one stage (v > 1)
+    const per = {};
+    for (const e of r.data.events) (per[e.rank] = per[e.rank] || new Set()).add(e.stage);
+    return Object.values(per).some((st) => st.size > 1);
+  });
+  if (chunked) items.push(keyItem(css(kindColor(order.find((k) => kinds.has(k)) || "F", 1, 2)),
+    "darker: a later chunk of the rank (v > 1)", "chunk"));
+  items.push(keyItem("#6699CC", "activation memory held (mem rows)", "memory"));
+  if (lim !== null) items.push(keyItem("#CC3311", "over the memory limit (dashed: the limit)", "limit"));
+  items.push(el("span", { class: "note" }, "numbers in a bar: the microbatch; a bar's tooltip " +
+    "names the action (stage, kind, microbatch)"));
+  return items;
+}
+
 function axis(svg, span, x, y) {
   svg.append(el("svg:line", { x1: LEFT, x2: x(span), y1: y, y2: y, stroke: "#999" }));
   const step = niceStep(span / 6);
