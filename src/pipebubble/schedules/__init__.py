@@ -6,13 +6,16 @@ with :func:`get_schedule`.
 """
 
 from .registry import (
+    FIRST,
     SCHEDULES,
+    STANDARD,
     ScheduleSpec,
     closed_form_bubble,
     get_schedule,
     lookup,
     register,
     schedule_names,
+    search_info,
 )
 
 # Importing the family modules registers them.
@@ -21,16 +24,20 @@ from . import interleaved, looped_bfs, zero_bubble, zbv, dualpipe  # noqa: E402,
 from . import v_half, v_min  # noqa: E402,F401  isort: skip
 
 __all__ = [
+    "FIRST",
     "SCHEDULES",
+    "STANDARD",
     "ScheduleSpec",
     "closed_form_bubble",
     "get_schedule",
     "lookup",
     "register",
     "schedule_names",
+    "search_info",
 ]
 
-# The automatic scheduler is not a family (it needs costs): ``schedules.auto``.
+# The automatic scheduler (``schedules.auto``) registers the spec ``auto``: a search over
+# orders for given costs, not a family, and registered last.
 from .auto import auto_schedule  # noqa: E402  isort: skip
 
 __all__ += ["auto_schedule"]
