@@ -18,10 +18,27 @@ from .registry import (
     search_info,
 )
 
-# Importing the family modules registers them.
+# Importing the family modules registers them: the built-in ones in this order (the order
+# every listing shows), then any other module of this package, by name, so that a new
+# family is one file here and nothing else (docs/new_family.md).
 from . import gpipe, one_f_one_b  # noqa: E402,F401  isort: skip
 from . import interleaved, looped_bfs, zero_bubble, zbv, dualpipe  # noqa: E402,F401  isort: skip
 from . import v_half, v_min  # noqa: E402,F401  isort: skip
+
+
+def _import_the_rest() -> None:
+    """Import every other module of this package (a family registers on import)."""
+    import importlib
+    import pkgutil
+    import sys
+
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
+        name = f"{__name__}.{info.name}"
+        if not info.ispkg and name not in sys.modules:
+            importlib.import_module(name)
+
+
+_import_the_rest()
 
 __all__ = [
     "FIRST",

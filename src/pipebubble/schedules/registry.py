@@ -167,9 +167,31 @@ _cached_actions = 0
 
 
 def register(spec: ScheduleSpec) -> ScheduleSpec:
+    """Make ``spec`` known by its name and aliases (case-insensitive); returns it. A name
+    or alias another spec already has is refused (one line naming both)."""
+    for key in (spec.name, *spec.aliases):
+        have = _ALIASES.get(key.lower())
+        if have is not None and have != spec.name:
+            raise ScheduleError(f"schedule name {key!r} is already {have!r}'s")
+    if spec.placement is not None and spec.placement not in PLACEMENTS:
+        raise ScheduleError(f"{spec.name}: placement {spec.placement!r}; valid are "
+                            f"{', '.join(PLACEMENTS)} or None")
     SCHEDULES[spec.name] = spec
     for key in (spec.name, *spec.aliases):
         _ALIASES[key.lower()] = spec.name
+    return spec
+
+
+def unregister(name: str) -> ScheduleSpec:
+    """Remove a registered spec (and its aliases and kept schedules); returns it. For a
+    family registered for a while (a test, a notebook): the built-in ones stay."""
+    global _cached_actions
+    spec = lookup(name)
+    del SCHEDULES[spec.name]
+    for key in [k for k, v in _ALIASES.items() if v == spec.name]:
+        del _ALIASES[key]
+    for key in [k for k in _cache if k[0] == spec.name]:
+        _cached_actions -= sum(len(o) for o in _cache.pop(key).orders)
     return spec
 
 
