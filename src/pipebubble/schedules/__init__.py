@@ -40,6 +40,31 @@ def _import_the_rest() -> None:
 
 _import_the_rest()
 
+PLUGINS = "PIPEBUBBLE_SCHEDULES"
+"""The environment variable naming modules (comma-separated import paths) that register
+families kept outside this package; imported after the built-in ones, in every process a
+run starts (the variable is inherited)."""
+
+
+def _import_plugins() -> None:
+    """Import the modules :data:`PLUGINS` names. One that cannot be imported is one line on
+    stderr, and its families are then unknown names (a clear error where they are used)."""
+    import importlib
+    import os
+    import sys
+
+    for name in (n.strip() for n in os.environ.get(PLUGINS, "").split(",")):
+        if not name:
+            continue
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001  any failure of the user's module
+            print(f"pipebubble: {PLUGINS} names {name!r}, which does not import: "
+                  f"{type(exc).__name__}: {exc}", file=sys.stderr)
+
+
+_import_plugins()
+
 __all__ = [
     "FIRST",
     "SCHEDULES",
