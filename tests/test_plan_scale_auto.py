@@ -17,7 +17,6 @@ from pipebubble.plan.scoring import Searcher
 from pipebubble.schedules import get_schedule
 from pipebubble.schedules.registry import lookup, schedule_names
 
-
 SPLIT_ONLY = [n for n in schedule_names() if lookup(n).split_only]  # the specs say
 
 

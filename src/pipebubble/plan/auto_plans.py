@@ -32,7 +32,6 @@ import time
 
 from ..ir.schedule import ScheduleError, loop_placement, make_schedule, v_placement
 from ..schedules.registry import get_schedule, lookup, schedule_names
-from .families import _auto_function
 from .layercosts import LayerCosts
 from .plans import Config, Plan, Priced
 
@@ -48,7 +47,7 @@ class AutoPlans:
     def _auto_cut(self, c: Config, lc: LayerCosts) -> Priced | None:
         """The cut ``auto`` is searched on (the min-max cut into ``pp x chunks`` stages of its
         placement), priced; None when there are too few layers or no automatic scheduler."""
-        if _auto_function() is None or c.pp * c.chunks > self.L:
+        if c.pp * c.chunks > self.L:
             return None
         key = (id(lc), c)
         got = self._auto_cuts.get(key)
@@ -150,17 +149,17 @@ class AutoPlans:
 
     def _evaluate_auto(self, c, lc, threshold, budget) -> Plan | None:
         """The auto plan of ``c`` if it fits ``budget`` and beats ``threshold`` (module doc)."""
-        fn = _auto_function()
         pr = self._auto_cut(c, lc)
-        if fn is None or pr is None or pr.bound >= threshold or max(pr.static) > budget:
+        if pr is None or pr.bound >= threshold or max(pr.static) > budget:
             return None
         if self.auto_ruled_out(c, lc, pr, threshold):
             return None  # no order auto can return beats threshold: not searched
-        placement = lookup(c.schedule).placement_at(c.chunks)
         left = [budget - x for x in pr.static]
         t0 = time.perf_counter()
         try:
-            sched = fn(c.pp, c.microbatches, pr.costs, memory_limit=left, placement=placement)
+            # the spec's one entry: chunks 1 is the loop placement, 2 the V one
+            sched = lookup(c.schedule).build(c.pp, c.microbatches, c.chunks, costs=pr.costs,
+                                             memory_limit=left)
         except (ScheduleError, ValueError):
             return None  # no order fits the memory left
         finally:
