@@ -23,7 +23,7 @@ from .interop.timeline_json import closed_form_basis, closed_form_for, span_bubb
 from .plan.calibrate import costs_from_timeline
 from .render.terminal import gantt
 from .runtime.pipeline import Pipeline, PipelineStage
-from .schedules import get_schedule
+from .schedules import FIRST, get_schedule, lookup
 from .sim.kernel import simulate
 
 
@@ -39,17 +39,15 @@ def build_stages(num_stages: int = 4, width: int = 256, seed: int = 0) -> list[P
 def run_demo(
     num_stages: int = 4,
     num_microbatches: int = 8,
-    schedule: str = "gpipe",
+    schedule: str = FIRST,
     console: Console | None = None,
 ) -> dict:
     """Run the demo, print it, return the figures."""
     console = console or Console()
     # ``num_stages`` devices (ranks); a schedule with chunks holds several stages per rank
     cost = CostModel(f=1, b=2)
-    if str(schedule).lower() == "auto":
-        from .schedules.auto import auto_schedule
-
-        plan = auto_schedule(num_stages, num_microbatches, cost, placement="loop")
+    if lookup(schedule).searched:  # auto: searched for these costs, in the loop placement
+        plan = get_schedule(schedule, num_stages, num_microbatches, 1, costs=cost)
     else:
         plan = get_schedule(schedule, num_stages, num_microbatches)
     closed = closed_form_for(plan, cost)

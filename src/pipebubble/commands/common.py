@@ -229,13 +229,6 @@ def load_schedule(args: argparse.Namespace) -> Schedule:
     return schedule
 
 
-def auto_from_args(args: argparse.Namespace) -> Schedule:
-    """``auto`` for the command's flags (the registry's request, as any schedule)."""
-    options = search_options(args)
-    options["costs"] = options["costs"] or CostModel()
-    return get_schedule("auto", args.ranks, args.microbatches, args.chunks, **options)
-
-
 def fit_line(timeline: Timeline, costs: CostModel) -> str | None:
     """One line saying whether the timeline fits ``--memory-limit`` (None without one)."""
     if costs.memory_limit is None:

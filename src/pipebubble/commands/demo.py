@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..schedules import FIRST
 from .common import positive_int
 
 
@@ -15,7 +16,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--microbatches", "-m", type=positive_int("--microbatches", 1024),
                    default=8,
                    help="microbatches per step (8; at most 1024: the demo runs real tensors)")
-    p.add_argument("--schedule", default="gpipe",
+    p.add_argument("--schedule", default=FIRST,
                    help="a registered schedule name: gpipe (default), 1f1b, ..., or auto")
     p.set_defaults(func=run)
 

@@ -19,7 +19,7 @@ from ..plan.balance import METHODS, SIM_METHOD, Options, Plan, balance, rebalanc
 from ..plan.layouts import layer_lists, megatron_flags, megatron_layout, torchtitan_fqns
 from ..plan.partition import PartitionError, Ranges
 from ..plan.profile import Profile
-from ..schedules import lookup, schedule_names
+from ..schedules import STANDARD, lookup, schedule_names
 from ..timeline import Timeline
 from ._model import MODEL_HELP, add_spec_flags
 from .common import float_flag, int_flag, positive_int, print_json, time_value
@@ -191,12 +191,13 @@ def run(args: argparse.Namespace) -> int:
                                                                       schedule_names()):
             args.schedule = timeline.schedule
     args.microbatches = args.microbatches or 8
-    args.schedule = args.schedule or "1f1b"
-    if args.schedule.lower() == "auto":  # the cut is searched for a fixed order
+    args.schedule = args.schedule or STANDARD
+    if lookup(args.schedule).searched:  # the cut is searched for a fixed order
         from ..ir.schedule import ScheduleError
 
-        raise ScheduleError("partition --schedule auto: the cut is chosen for a fixed order; "
-                            f"valid are {', '.join(schedule_names())}")
+        raise ScheduleError(f"partition --schedule {args.schedule}: the cut is chosen for a "
+                            "fixed order; valid are "
+                            f"{', '.join(schedule_names(searched=False))}")
     if not 0 <= args.w_fraction <= 1:
         raise UserError(f"--w-fraction must be in [0, 1], got {args.w_fraction}")
     if isinstance(args.comm, list):

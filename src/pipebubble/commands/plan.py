@@ -473,6 +473,7 @@ def runnable_finder(result, profiles, req, hw, efficiency, mfu):
     from ..plan.families import schedule_list
     from ..plan.memory import SHARDINGS
     from ..plan.planner import NoPlanFits, search
+    from ..plan.search import runnable_nowhere
 
     def find(framework: str):
         blocker = (settings.torchtitan_blocker if framework == "torchtitan"
@@ -484,8 +485,8 @@ def runnable_finder(result, profiles, req, hw, efficiency, mfu):
             settings.MEGATRON_SHARDINGS
         every = SHARDINGS if hw is not None else SHARDINGS[:4]  # hsdp needs --gpu
         shardings = tuple(s for s in (req.shardings or every) if s in ok)
-        names = [n for n in schedule_list(req.schedules) if n != "dualpipe" and (
-            framework == "torchtitan" or n in settings.MEGATRON_FAMILIES)]
+        names = [n for n in schedule_list(req.schedules) if not runnable_nowhere(n) and (
+            framework == "torchtitan" or n in settings.megatron_families())]
         if not shardings or not names:
             return None
         narrowed = replace(req, shardings=shardings, schedules=tuple(names),
@@ -516,11 +517,11 @@ def throughput(plan, ctx: dict) -> dict:
 
 def plan_item(plan, profiles, ctx: dict, csv: str | None = None) -> dict:
     from ..plan import settings
-    from ..plan.search import RUNNABLE_NOWHERE
+    from ..plan.search import runnable_nowhere
 
     item = plan.as_json()
     item.update(throughput(plan, ctx))
-    item["runnable_in"] = [] if plan.schedule in RUNNABLE_NOWHERE else (
+    item["runnable_in"] = [] if runnable_nowhere(plan.schedule) else (
         (["torchtitan"] if settings.torchtitan_blocker(plan) is None else [])
         + (["megatron"] if settings.megatron_blocker(plan) is None else []))
     node = ctx["hw"].gpus_per_node if ctx.get("hw") is not None else 8

@@ -20,6 +20,7 @@ from ..interop.timeline_json import (
     write_simulate_json,
 )
 from ..limits import MAX_WIDTH
+from ..schedules import search_info
 from .common import (
     add_cost_flags,
     add_figure_flags,
@@ -80,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         axis = max(1, args.width - len(f"rank {timeline.num_ranks - 1}") - 2)
     console.print(gantt(timeline, width=axis, title=title))
     console.print(summary_table(timeline))
-    info = schedule.options.get("auto")
+    info = search_info(schedule)
     bound = (info.lower_bound.value, info.lower_bound.kind) if info else None
     for line in summary_lines(timeline, closed, bound, unit=TIME_UNIT):
         console.print(line)

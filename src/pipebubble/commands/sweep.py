@@ -141,14 +141,14 @@ def skipped_lines(names: list[str], ranks: int, ms: list[int], points: list[Swee
     done = {(p.schedule, p.microbatches) for p in points}
     out = []
     for name in names:
-        spec = None if name == "auto" else lookup(name)
-        left = [m for m in ms if (spec.name if spec else name, m) not in done]
+        spec = lookup(name)
+        left = [m for m in ms if (spec.name, m) not in done]
         if not left:
             continue
         rules: dict[str, list[int]] = {}
         for m in left:
             try:
-                if spec is None:  # auto: the search found no order
+                if spec.searched:  # auto: the search found no order
                     raise UserError("no order found within --memory-limit")
                 get_schedule(name, ranks, m, chunks if chunks and not spec.fixed_chunks
                              else None)
@@ -157,9 +157,9 @@ def skipped_lines(names: list[str], ranks: int, ms: list[int], points: list[Swee
                 rule = str(exc).splitlines()[0]
                 for tail in (f", got {m}", f" got {m}"):
                     rule = rule.removesuffix(tail)
-                rule = rule.removeprefix(f"{spec.name if spec else name} ")
+                rule = rule.removeprefix(f"{spec.name} ")
             rules.setdefault(rule, []).append(m)
-        label = spec.name if spec else name
+        label = spec.name
         if len(rules) > 2:  # the rule depends on m (interleaved: m // p rounds): one example
             rule, group = next(iter(rules.items()))
             out.append(f"{label}: m = {_ranges(left)} (for example m={group[0]}: {rule})")
@@ -304,7 +304,7 @@ def run_memory(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from ..plan.sweep import MEMORY_SCHEDULES, memory_sweep, parse_limits, write_memory_csv
+    from ..plan.sweep import memory_schedules, memory_sweep, parse_limits, write_memory_csv
 
     if args.trace:
         raise UserError("--trace draws a sweep over m; with --memory-limit use --csv, --png or "
@@ -315,7 +315,7 @@ def run_memory(args: argparse.Namespace) -> int:
                          f"got {args.microbatches!r}")
     limits = parse_limits(args.memory_limit)
     names = ([n.strip() for n in args.schedules.split(",")] if args.schedules is not None
-             else list(MEMORY_SCHEDULES))
+             else memory_schedules())
     if not all(names):
         raise UserError(f"--schedules: empty name in {args.schedules!r}; use e.g. auto,zbv")
     names = list(dict.fromkeys(lookup(n).name for n in names))

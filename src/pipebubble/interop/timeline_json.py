@@ -32,7 +32,8 @@ from typing import TextIO
 
 from ..costs import CostModel, StageCosts
 from ..ir.schedule import Schedule, ScheduleError
-from ..schedules import closed_form_bubble, lookup
+from ..schedules import closed_form_bubble, lookup, search_info
+from ..schedules.registry import SEARCH_INFO
 from ..sim.kernel import Deadlock, simulate
 from ..timeline import Timeline
 
@@ -113,11 +114,11 @@ def auto_fields(schedule: Schedule) -> dict:
     """``{"auto": {placement, chunks, lower_bound, gap, stages, ...}}`` for an auto schedule
     (its provenance, ``schedules.auto.Provenance``), and its provable lower bound as the
     one top-level ``lower_bound`` (with ``lower_bound_kind``)."""
-    info = schedule.options.get("auto")
+    info = search_info(schedule)
     if not info:
         return {}
     out = dict(info)
-    return {"auto": out, "lower_bound": out["lower_bound"],
+    return {SEARCH_INFO: out, "lower_bound": out["lower_bound"],
             "lower_bound_kind": out["lower_bound_kind"]}
 
 

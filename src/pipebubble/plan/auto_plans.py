@@ -32,15 +32,13 @@ import time
 
 from ..ir.schedule import ScheduleError, loop_placement, make_schedule, v_placement
 from ..schedules.registry import get_schedule, lookup, schedule_names
-from .families import _auto_function
 from .layercosts import LayerCosts
 from .plans import Config, Plan, Priced
 
-# Families whose every backward is split (an I and a W: no B) at every size, so that the
-# split-only bound holds for them and auto_ruled_out need not generate them (V-Half and
-# V-Min take seconds at p = 64); tests/test_plan_scale_auto.py checks the list against
-# every registered family's schedules. A family not listed is generated and looked at.
-SPLIT_ONLY = ("zb-h1", "zb-h2", "zbv", "v-half", "v-min")
+# A family whose every backward is split (an I and a W: no B) at every size (its spec's
+# ``split_only``) meets the split-only bound, so auto_ruled_out need not generate it (V-Half
+# and V-Min take seconds at p = 64); tests/test_plan_scale_auto.py checks the specs against
+# every registered family's schedules. Any other family is generated and looked at.
 
 
 class AutoPlans:
@@ -49,7 +47,7 @@ class AutoPlans:
     def _auto_cut(self, c: Config, lc: LayerCosts) -> Priced | None:
         """The cut ``auto`` is searched on (the min-max cut into ``pp x chunks`` stages of its
         placement), priced; None when there are too few layers or no automatic scheduler."""
-        if _auto_function() is None or c.pp * c.chunks > self.L:
+        if c.pp * c.chunks > self.L:
             return None
         key = (id(lc), c)
         got = self._auto_cuts.get(key)
@@ -117,22 +115,20 @@ class AutoPlans:
         got = self._shapes.get(key)
         if got is None:
             got = self._shapes[key] = make_schedule(
-                "auto", [()] * c.pp, c.pp * c.chunks, c.microbatches,
-                placement="loop" if c.chunks == 1 else "v")
+                c.schedule, [()] * c.pp, c.pp * c.chunks, c.microbatches,
+                placement=lookup(c.schedule).placement_at(c.chunks))
         return got
 
     def _fused_registered(self, c: Config):
         """The registered schedules auto scores in ``c``'s placement (the same filter and
         the same registry keys as ``schedules.auto._registered``, so one generation serves
         both) whose orders have a fused backward (B)."""
-        where = _auto_where(c)
+        where, kind = _auto_where(c), lookup(c.schedule).placement_at(c.chunks)
         for name in schedule_names():
             try:
                 spec = lookup(name)
-                if spec.searched or spec.chunks != c.chunks or name in SPLIT_ONLY:
-                    continue
-                probe = get_schedule(name, c.pp, 2 * c.pp)
-                if probe.chains != 1 or probe.stage_to_rank != where:
+                if (spec.searched or spec.chunks != c.chunks or spec.split_only
+                        or spec.chains != 1 or spec.placement != kind):
                     continue
                 sched = get_schedule(name, c.pp, c.microbatches)
             except ScheduleError:
@@ -153,17 +149,17 @@ class AutoPlans:
 
     def _evaluate_auto(self, c, lc, threshold, budget) -> Plan | None:
         """The auto plan of ``c`` if it fits ``budget`` and beats ``threshold`` (module doc)."""
-        fn = _auto_function()
         pr = self._auto_cut(c, lc)
-        if fn is None or pr is None or pr.bound >= threshold or max(pr.static) > budget:
+        if pr is None or pr.bound >= threshold or max(pr.static) > budget:
             return None
         if self.auto_ruled_out(c, lc, pr, threshold):
             return None  # no order auto can return beats threshold: not searched
-        placement = "loop" if c.chunks == 1 else "v"
         left = [budget - x for x in pr.static]
         t0 = time.perf_counter()
         try:
-            sched = fn(c.pp, c.microbatches, pr.costs, memory_limit=left, placement=placement)
+            # the spec's one entry: chunks 1 is the loop placement, 2 the V one
+            sched = lookup(c.schedule).build(c.pp, c.microbatches, c.chunks, costs=pr.costs,
+                                             memory_limit=left)
         except (ScheduleError, ValueError):
             return None  # no order fits the memory left
         finally:

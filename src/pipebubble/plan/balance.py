@@ -42,7 +42,7 @@ from statistics import median
 
 from ..costs import CostModel
 from ..ir.schedule import Schedule, step_actions
-from ..schedules import get_schedule
+from ..schedules import STANDARD, get_schedule
 from ..sim.kernel import simulate
 from ..timeline import Timeline
 from .calibrate import stage_times
@@ -59,7 +59,7 @@ class Options:
 
     ranks: int
     chunks: int = 1
-    schedule: str = "1f1b"
+    schedule: str = STANDARD
     microbatches: int = 8
     memory_cap: float | Sequence[float] | None = None
     bytes_per_param: float = 16.0

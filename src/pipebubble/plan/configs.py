@@ -36,10 +36,12 @@ from .plans import Config
 
 
 def chains_of(name: str) -> int:
-    """Independent stage chains of a family's schedules (``Schedule.chains``): DualPipe runs
-    two model copies, every other family one (tests/test_plan_scale_bounds.py checks it
-    against every registered family)."""
-    return 2 if name == "dualpipe" else 1
+    """Independent stage chains of a family's schedules (``Schedule.chains``), from its spec:
+    DualPipe runs two model copies, every other family one (tests/test_plan_scale_bounds.py
+    checks it against every registered family)."""
+    from ..schedules import lookup
+
+    return lookup(name).chains
 
 
 class Configs:
@@ -71,9 +73,7 @@ class Configs:
                         for v in chunk_options(name, req.max_chunks):
                             if req.chunks is not None and v not in req.chunks:
                                 continue
-                            if pp * v > L and name not in ("dualpipe",):
-                                continue
-                            if name == "dualpipe" and pp > L:
+                            if pp * v > L:  # stages per chain (DualPipe: pp per copy)
                                 continue
                             if pp == 1 and v > 1:
                                 continue

@@ -5,50 +5,34 @@ each stage at once (a bound on its activation memory that needs no simulation).
 
 from __future__ import annotations
 
-from ..errors import UserError
-from ..ir.schedule import Overlap, Schedule
+from ..ir.schedule import Overlap, Schedule, ScheduleError
 from ..schedules import get_schedule, lookup, schedule_names  # noqa: F401  (doctest)
-from .plans import AUTO
 
 
 def chunk_options(name: str, max_chunks: int) -> list[int]:
-    """The chunks (stages per rank) a family accepts, up to ``max_chunks``."""
-    if name == AUTO:
-        return [1, 2] if max_chunks >= 2 else [1]
-    spec = lookup(name)
-    if spec.fixed_chunks:
-        return [spec.chunks] if spec.chunks <= max(max_chunks, 1) or spec.chunks == 1 else []
-    return list(range(spec.min_chunks, max_chunks + 1))
+    """The chunks (stages per rank) a family accepts, up to ``max_chunks``
+    (:meth:`~pipebubble.schedules.registry.ScheduleSpec.chunk_options`)."""
+    return lookup(name).chunk_options(max_chunks)
 
 
 def schedule_list(names: tuple[str, ...] | None) -> list[str]:
-    """Registered names (``auto`` when importable) or the given ones, checked."""
-    have_auto = AUTO in schedule_names() or _auto_function() is not None
+    """Every registered name (the families, then the searched ``auto``) or the given ones,
+    checked and in their registered spelling."""
     if names is None:
-        out = [n for n in schedule_names() if n != AUTO]
-        return out + ([AUTO] if have_auto else [])
-    out = []
-    for n in names:
-        if n.lower() == AUTO:
-            if not have_auto:
-                raise UserError("--schedules auto: the automatic scheduler is not available "
-                                 f"in this version; valid are {', '.join(schedule_names())}")
-            out.append(AUTO)
-        else:
-            out.append(lookup(n).name)
-    return list(dict.fromkeys(out))
-
-
-V_FAMILIES = ("zbv", "dualpipev", "v-half", "v-min")  # rank r: stages r and 2p - 1 - r
-LOOP_FAMILIES = ("gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zb-h1", "zb-h2")
+        return schedule_names()
+    return list(dict.fromkeys(lookup(n).name for n in names))
 
 
 def placement_of(name: str) -> str | None:
     """The placement of a family's schedules (``Schedule.placement``: ``loop`` puts stage s
-    on rank s mod p, ``v`` rank r on stages r and 2p - 1 - r), known before generating one;
-    None for DualPipe (two chains) and any family not listed. tests/test_plan_scale_bounds.py
-    checks it against every registered family's generated schedules."""
-    return "v" if name in V_FAMILIES else "loop" if name in LOOP_FAMILIES else None
+    on rank s mod p, ``v`` rank r on stages r and 2p - 1 - r), known before generating one:
+    the spec's ``placement``; None for DualPipe (two chains), for ``auto`` (it picks) and for
+    a name not registered. tests/test_plan_scale_bounds.py checks it against every
+    registered family's generated schedules."""
+    try:
+        return lookup(name).placement
+    except ScheduleError:
+        return None
 
 
 def held_per_stage(schedule: Schedule, until: tuple[str, ...] = ("B", "W")) -> list[int]:

@@ -16,8 +16,9 @@ from __future__ import annotations
 import math
 from itertools import combinations
 
+from ..schedules import lookup
 from .partition import ranges_from_ends
-from .plans import AUTO, Config, NoPlanFits, Plan, fmt_gib
+from .plans import Config, NoPlanFits, Plan, fmt_gib
 
 
 class LeastMemory:
@@ -79,7 +80,7 @@ class LeastMemory:
                     break  # no configuration from here on needs less
                 if c in skip:
                     continue
-                if c.schedule == AUTO:  # cheap: the order is searched for the winner only
+                if lookup(c.schedule).searched:  # cheap: searched for the winner only
                     least = self.least_auto_budget(c)
                     if least is not None and least < need:
                         need, best, plan = least, c, None
@@ -100,7 +101,7 @@ class LeastMemory:
                               f"--global-batch {r.global_batch} and {self.L} layers"
                               + (f" ({why})" if why else ""), math.inf, None)
         c = plan.config
-        what = f"{c.schedule} v={c.chunks}" if c.schedule == AUTO else c.schedule
+        what = f"{c.schedule} v={c.chunks}" if lookup(c.schedule).searched else c.schedule
         return NoPlanFits(
             f"nothing fits in --gpu-memory {fmt_gib(r.gpu_memory)} per GPU: the least memory "
             f"any plan needs is {fmt_gib(need, up=True)} (pp={c.pp}, dp={c.dp}, {what}, "

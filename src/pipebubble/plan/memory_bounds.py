@@ -55,9 +55,12 @@ class MemoryBounds:
         return all(fits_limit(x + a, budget) for x, a in zip(pr.static, peaks, strict=True))
 
     def _memory_bound(self, c: Config) -> float:
-        """No cut holds less than its weights spread evenly (two copies for DualPipe)."""
+        """No cut holds less than its weights spread evenly (a copy per chain: two for
+        DualPipe)."""
+        from ..schedules import lookup
+
         lc = self.p.at(c.microbatch_size, c.recompute)
-        copies = 2 if c.schedule == "dualpipe" else 1
+        copies = lookup(c.schedule).chains
         return copies * self.axes.bytes_per_param(c.dp, c.pp) * float(lc.params.sum()) / c.pp
 
     def memory_bound(self, c: Config, sched: Schedule) -> float:

@@ -80,11 +80,11 @@ from .layercosts import ProfileSet
 from .memory import SHARDINGS
 from .network import Network
 from .parallel_costs import ParallelCosts
-from .plans import AUTO, Config, NoPlanFits, Plan, Request, Result, fmt_gib
+from .plans import Config, NoPlanFits, Plan, Request, Result, fmt_gib
 from .scoring import Searcher, legacy_axes
 from .search import plan_order, search_points
 
-__all__ = ["AUTO", "Config", "NoPlanFits", "Plan", "Request", "Result", "Searcher",
+__all__ = ["Config", "NoPlanFits", "Plan", "Request", "Result", "Searcher",
            "chunk_options", "fmt_gib", "held_per_stage", "plan_order", "schedule_list",
            "search", "_auto_function"]
 

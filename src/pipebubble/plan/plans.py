@@ -16,7 +16,6 @@ from ..ir.schedule import Schedule
 from ..params import check_real
 from .partition import Ranges
 
-AUTO = "auto"
 CUT_SEARCH = {
     "exhaustive": "every cut scored: the fastest cut that fits (exact)",
     "min-max": "the min-max cut of the per-rank work, or its rank-balanced refinement "
@@ -82,9 +81,12 @@ class Request:
 
     def pp1_schedules(self, names: list[str]) -> list[str]:
         """The schedules tried at pp = 1, where every family is the same plan (one rank runs
-        every microbatch's F and B in turn): 1F1B, or the first one asked for."""
-        one = [n for n in names if n != "dualpipe"]
-        return ["1f1b"] if "1f1b" in one else one[:1]
+        every microbatch's F and B in turn): the standard family (1F1B) if asked for, or
+        the first one-chain one asked for."""
+        from ..schedules import STANDARD, lookup
+
+        one = [n for n in names if lookup(n).chains == 1]
+        return [STANDARD] if STANDARD in one else one[:1]
 
     def model_states(self) -> tuple[float, float, float]:
         """``(w, g, o)`` bytes per parameter (:func:`~pipebubble.plan.memory.model_states`):

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from ..schedules import lookup
 from .analytic import TransformerShape, shape_profile
 from .fit import fit_efficiency
 from .hardware import get_hardware
@@ -105,10 +106,18 @@ def shape_of(row: Row) -> TransformerShape:
                             positions=SEQ, dropout=True, biases=True)
 
 
+def _megatron() -> tuple[str, ...]:
+    """The families Megatron-LM pipelines (1F1B and interleaved 1F1B): what its published
+    runs chose among."""
+    from .settings import megatron_families
+
+    return tuple(megatron_families())
+
+
 def request_of(row: Row, gpu_memory: float) -> Request:
     """The published configuration; microbatch size and chunks searched."""
     return Request(gpus=row.gpus, gpu_memory=gpu_memory, global_batch=row.batch,
-                   microbatch_sizes=(1, 2, 4, 8), schedules=("interleaved-1f1b", "1f1b"),
+                   microbatch_sizes=(1, 2, 4, 8), schedules=_megatron(),
                    max_chunks=4, recompute=("full",), tp=(row.tp,), pp=(row.pp,), cp=(1,),
                    sp=(False,), shardings=("ddp",), grad_bytes=4.0, top=1)
 
@@ -365,7 +374,7 @@ def published_runs() -> tuple[Run, ...]:
                         seq, gpus, batch,
                         "h100-sxm", f"tp=8,cp={cp},pp=16,dp={dp},sharding=zero2{rec}",
                         "TFLOP/s", tflops, step,
-                        search=(("schedules", ("interleaved-1f1b", "1f1b")),
+                        search=(("schedules", _megatron()),
                                 ("max_chunks", 8)),
                         note="mbs, v (up to 8: the paper's layout)" + (
                             ", recompute" if not rec else "") + ", sp searched"))
@@ -401,13 +410,13 @@ def _setup(run: Run, efficiency: float, top: int = 1, reserve: float = 0.0):
     """(profiles, the request as ``plan`` builds it, the hardware): the model at the run's
     sequence, the GPU preset with the run's overrides, the budget the GPU's memory less
     ``reserve`` (a fraction; 0: the physical memory)."""
-    from .planner import schedule_list
+    from ..schedules import schedule_names
 
     hw = replace(get_hardware(run.gpu), **dict(run.hardware), efficiency=efficiency)
     prof = ProfileSet([shape_profile(run.shape, run.seq, 1,
                                      attention="flash" if run.flash else "unfused")])
     fields = dict(microbatch_sizes=(1, 2, 4), max_chunks=4, recompute=None,
-                  schedules=tuple(n for n in schedule_list(None) if n != "auto"))
+                  schedules=tuple(schedule_names(searched=False)))
     fields.update(run.search)
     req = Request(gpus=run.gpus, gpu_memory=hw.memory * (1 - reserve), global_batch=run.batch,
                   grad_bytes=4.0, top=top, **fields)
@@ -529,10 +538,11 @@ def rank_config(run: Run, efficiency: float, top: int = 30, reserve: float = 0.0
     but ``auto``, chunks, recompute). Both under the same budget, the GPU's memory less
     ``reserve`` (0 by default: the physical memory the published configuration is priced
     at), so that the published configuration competes with plans given the same memory."""
-    from .planner import schedule_list, search
+    from ..schedules import schedule_names
+    from .planner import search
 
     prof, req, hw = _setup(run, efficiency, top, reserve)
-    req = replace(req, schedules=tuple(n for n in schedule_list(None) if n != "auto"))
+    req = replace(req, schedules=tuple(schedule_names(searched=False)))
     plans = search(prof, req, hw, efficiency).plans
     mine = predict_config(run, efficiency, reserve)
     faster = sum(1 for p in plans if p.step_time < mine.step_time * (1 - 1e-12))
@@ -638,7 +648,7 @@ def memory_breakdown(run: Run, efficiency: float, config: str = "") -> tuple:
                "budget": hw.memory * (1 - RESERVE),
                "block_activation": block,
                "in_flight_blocks": plan.memory[r]["activations"] / block}
-        if plan.schedule == "interleaved-1f1b":
+        if plan.chunks > 1 and lookup(plan.schedule).megatron:  # Megatron's interleaved
             row["megatron_in_flight"] = interleaved_in_flight(plan.pp, plan.chunks,
                                                               plan.microbatches, r)
         rows.append(row)
@@ -681,9 +691,10 @@ def explain_pick(run: Run, efficiency: float) -> list[dict]:
     (every axis, every family but ``auto``) with the backward's TP collectives overlapped and
     not, and within the families the source had (``run.search``), each beside the published
     configuration priced the same way."""
-    from .planner import schedule_list, search
+    from ..schedules import schedule_names
+    from .planner import search
 
-    every = tuple(n for n in schedule_list(None) if n != "auto")
+    every = tuple(schedule_names(searched=False))
     out = []
     for what, overlap, families in (("every family", True, every),
                                     ("every family, TP not overlapped", False, every),

@@ -35,7 +35,7 @@ from itertools import combinations
 from ..costs import fits_limit
 from ..errors import UserError
 from ..ir.schedule import Schedule, ScheduleError, make_schedule
-from ..schedules import get_schedule
+from ..schedules import get_schedule, lookup
 from .auto_plans import AutoPlans
 from .axes import Axes, Point
 from .configs import Configs
@@ -48,7 +48,7 @@ from .memory_bounds import MemoryBounds
 from .network import Network
 from .partition import min_max_partition, ranges_from_ends
 from .pipeline_axis import run_pipeline
-from .plans import AUTO, Config, Plan, Priced, Request
+from .plans import Config, Plan, Priced, Request
 
 SHAPE_CUTS = 16  # the most cuts priced to rule a configuration out before generating it
 COSTLY = 0.05  # seconds: a schedule slower to generate is visited late (Searcher.costly)
@@ -125,7 +125,8 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
         (at the rate per microbatch-stage of its family's largest schedule generated in this
         search): the search then visits ``c`` late, when its threshold is tighter. Only an
         order."""
-        if c.schedule == AUTO or (c.schedule, c.pp, c.microbatches, c.chunks) in self._schedules:
+        if lookup(c.schedule).searched or (c.schedule, c.pp, c.microbatches,
+                                           c.chunks) in self._schedules:
             return False
         rate = self._rates.get(c.schedule, (0, 0.0))[1]
         return rate * c.pp * c.microbatches * c.chunks > COSTLY
@@ -136,7 +137,7 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
         """The fastest fitting plan of ``c`` below ``threshold`` (None if none). With
         ``min_memory``: the plan that fits the least budget, whatever ``budget`` is."""
         lc = self.p.at(c.microbatch_size, c.recompute)
-        if c.schedule == AUTO:
+        if lookup(c.schedule).searched:
             if min_memory:
                 least = self.least_auto_budget(c)
                 return None if least is None else self.auto_plan_at(c, least)

@@ -35,11 +35,17 @@ import math
 import time
 
 from ..errors import UserError
+from ..schedules import lookup
 from .axes import Axes, Point
-from .plans import AUTO, Config, Plan, Request, Result
+from .plans import Config, Plan, Request, Result
 from .scoring import Searcher
 
-RUNNABLE_NOWHERE = ("dualpipe",)  # two model copies: no torch class, no Megatron flag
+
+def runnable_nowhere(name: str) -> bool:
+    """Whether no framework runs the family: more than one chain (DualPipe's two model
+    copies: torch.distributed.pipelining runs one, Megatron-LM pipelines neither)."""
+    return lookup(name).chains > 1
+
 TIE = 5e-4  # a margin that prints as 0.0 %
 
 
@@ -53,7 +59,7 @@ def search_points(points: list[tuple[Point, object, Axes]], req: Request) -> Res
     autos: list[tuple[Config, Searcher]] = []
     for s in searchers:
         for c in s.configs():
-            if c.schedule == AUTO:
+            if lookup(c.schedule).searched:
                 autos.append((c, s))
             else:
                 work.append((s.estimate(c), c, s))
@@ -102,7 +108,7 @@ def search_points(points: list[tuple[Point, object, Axes]], req: Request) -> Res
         raise least_memory(searchers, [(c, s) for _, c, s in work])
     for k in range(len(best) - 1):  # no 0.0 % win for a schedule no framework runs
         a, b = best[k], best[k + 1]
-        if (a.schedule in RUNNABLE_NOWHERE and b.schedule not in RUNNABLE_NOWHERE
+        if (runnable_nowhere(a.schedule) and not runnable_nowhere(b.schedule)
                 and b.step_time <= a.step_time * (1 + TIE)):
             best[k], best[k + 1] = b, a
     simulated = sum(s.simulated for s in searchers)
@@ -114,7 +120,7 @@ def plan_order(p: Plan) -> tuple:
     """Fastest first; on a tie the lighter plan, then one some framework runs, then the
     least model parallelism."""
     c = p.config
-    return (p.step_time, max(p.peak_memory), c.schedule in RUNNABLE_NOWHERE, c.tp * c.cp,
+    return (p.step_time, max(p.peak_memory), runnable_nowhere(c.schedule), c.tp * c.cp,
             c.pp, c.schedule, c.chunks, c.microbatch_size, c.recompute, c.sharding, c.sp)
 
 

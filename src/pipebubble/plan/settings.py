@@ -93,9 +93,6 @@ TORCHTITAN_CLI = "torchtitan 0.3.0 (config_registry function + CLI overrides)"
 MEGATRON = ("Megatron-LM core_v0.16.1 (pretrain_gpt.py; megatron/training/arguments.py with "
             "megatron-core 0.16.1)")
 
-TORCH_CLASSES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B",
-                 "looped-bfs": "LoopedBFS", "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV"}
-MEGATRON_FAMILIES = ("1f1b", "interleaved-1f1b")
 TORCHTITAN_SHARDINGS = ("ddp", "fsdp", "hsdp")
 MEGATRON_SHARDINGS = ("ddp", "zero1", "zero2", "fsdp")  # zero2 and fsdp at pp = 1 only
 TABLES = ("training", "parallelism", "activation_checkpoint")
@@ -103,8 +100,18 @@ NAMES = {"zero1": "ZeRO-1", "zero2": "ZeRO-2", "fsdp": "FSDP", "hsdp": "HSDP", "
 
 
 def torch_class(schedule: str) -> str | None:
-    """torchtitan's ``pipeline_parallel_schedule`` for a family, or None if torch has none."""
-    return TORCH_CLASSES.get(schedule)
+    """torchtitan's ``pipeline_parallel_schedule`` for a family, or None if torch has none
+    (the spec's :attr:`~pipebubble.schedules.registry.ScheduleSpec.torchtitan`)."""
+    from ..schedules import lookup
+
+    return lookup(schedule).torchtitan
+
+
+def megatron_families() -> list[str]:
+    """The families Megatron-LM pipelines (a spec with a ``megatron`` name)."""
+    from ..schedules import lookup, schedule_names
+
+    return [n for n in schedule_names() if lookup(n).megatron is not None]
 
 
 def data_parallel_degrees(plan: Plan, gpus_per_node: int = 8) -> tuple[int, int]:
@@ -122,16 +129,17 @@ def data_parallel_degrees(plan: Plan, gpus_per_node: int = 8) -> tuple[int, int]
 
 def csv_class(plan: Plan) -> str | None:
     """The torchtitan class to name beside a CSV order: one that places the stages as the
-    order does (module doc), or None when none does."""
+    order does (module doc), or None when none does: the standard family's (1F1B) if it
+    places them so, else the first registered family with a torch class that does."""
+    from ..schedules import STANDARD, lookup, schedule_names
     from .plans import placement_name
 
     where = placement_name(plan.stage_to_rank, plan.pp)
     per_rank = len(plan.stage_to_rank) // plan.pp
-    if where == "v" and per_rank == 2:
-        return "ZBVZeroBubble"
-    if where == "loop":
-        return "1F1B" if per_rank == 1 else "Interleaved1F1B"
-    return None
+    fits = [spec for spec in map(lookup, [STANDARD, *schedule_names()])
+            if spec.torchtitan is not None and spec.chains == 1 and spec.placement == where
+            and per_rank in spec.chunk_options(per_rank)]
+    return fits[0].torchtitan if fits else None
 
 
 def torchtitan_blocker(plan: Plan) -> str | None:
@@ -153,8 +161,11 @@ def torchtitan_blocker(plan: Plan) -> str | None:
 def megatron_blocker(plan: Plan) -> str | None:
     """Why Megatron-LM cannot run this plan (one sentence), or None when it can."""
     c = plan.config
-    if c.pp > 1 and c.schedule not in MEGATRON_FAMILIES:
-        return f"Megatron-LM pipelines 1F1B and interleaved 1F1B only, not {c.schedule}"
+    if c.pp > 1 and c.schedule not in megatron_families():
+        from ..schedules import lookup
+
+        names = " and ".join(lookup(n).megatron for n in megatron_families())
+        return f"Megatron-LM pipelines {names} only, not {c.schedule}"
     if c.sharding == "hsdp":
         return "these flags have no HSDP form for Megatron-LM"
     if c.sharding in ("zero2", "fsdp") and c.pp > 1:

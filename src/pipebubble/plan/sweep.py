@@ -25,21 +25,11 @@ from typing import TextIO
 from ..costs import CostModel
 from ..errors import UserError
 from ..ir.schedule import ScheduleError
-from ..schedules import closed_form_bubble, get_schedule, lookup
+from ..schedules import SCHEDULES, closed_form_bubble, get_schedule, lookup
 from ..sim.kernel import simulate
 
 MAX_POINTS = 100_000  # microbatch counts in one sweep
 MAX_LIMITS = 10_000  # memory limits in one sweep
-
-
-class _Auto:
-    """Stands for ``auto`` among the schedule specs of a sweep (it needs costs)."""
-
-    name = "auto"
-    fixed_chunks = True
-
-
-_AUTO = _Auto()
 
 
 @dataclass(frozen=True)
@@ -133,17 +123,15 @@ def sweep(
     each point (progress bars).
     """
     costs = costs or CostModel()
-    specs = [_AUTO if str(name).lower() == "auto" else lookup(name) for name in schedules]
+    specs = [lookup(name) for name in schedules]
     ms = list(microbatches)
     out = []
     for spec in specs:
         v = chunks if (chunks and not spec.fixed_chunks) else None
         for m in ms:
             try:
-                if spec is _AUTO:  # searched again at every m, within costs.memory_limit
-                    from ..schedules.auto import auto_schedule
-
-                    schedule = auto_schedule(ranks, m, costs)
+                if spec.searched:  # searched again at every m, within costs.memory_limit
+                    schedule = spec.build(ranks, m, None, costs=costs)
                 else:
                     schedule = get_schedule(spec.name, ranks, m, v)
                 timeline = simulate(schedule, costs)
@@ -153,8 +141,7 @@ def sweep(
                 continue
             try:
                 sc = costs.resolve(schedule.num_stages, schedule.chunks)
-                closed = (None if spec is _AUTO else
-                          closed_form_bubble(spec.name, ranks, m, schedule.chunks, sc))
+                closed = closed_form_bubble(spec.name, ranks, m, schedule.chunks, sc)
             except ScheduleError:
                 closed = None
             stats = timeline.rank_stats()
@@ -183,7 +170,11 @@ def write_csv(points: Sequence[SweepPoint], out: TextIO) -> None:
 
 # ---- step time against the memory limit ---------------------------------------------------
 
-MEMORY_SCHEDULES = ("auto", "v-min", "v-half", "zbv", "1f1b", "zb-h1", "zb-h2")
+def memory_schedules() -> list[str]:
+    """What ``sweep --memory-limit`` compares by default: the specs with a
+    ``memory_sweep`` place, in that order (``auto``, then the families of least memory)."""
+    ranked = [(s.memory_sweep, n) for n, s in SCHEDULES.items() if s.memory_sweep is not None]
+    return [n for _, n in sorted(ranked)]
 
 
 @dataclass(frozen=True)
@@ -233,15 +224,19 @@ def memory_sweep(
     >>> [(p.schedule, p.fits, p.step_time) for p in pts]
     [('1f1b', False, 33.0), ('1f1b', True, 33.0), ('auto', True, 29.5), ('auto', True, 25.5)]
     """
-    from ..schedules.auto import auto_schedule
-
     costs = costs or CostModel()
     out = []
     for name in schedules:
-        if name == "auto":
+        try:
+            spec = lookup(name)
+        except ScheduleError:
+            continue
+        if spec.searched:
+            name = spec.name
             for limit in limits:
                 try:
-                    sched = auto_schedule(ranks, microbatches, costs, memory_limit=limit)
+                    sched = spec.build(ranks, microbatches, None, costs=costs,
+                                       memory_limit=limit)
                 except ScheduleError:
                     out.append(MemoryPoint(name, ranks, microbatches, 0, limit, False, None,
                                            None, None))

@@ -237,8 +237,11 @@ def _run(cmd: list[str], timeout: float) -> tuple[list[float], list[dict]] | str
 
 
 def needs_csv(plan: Plan) -> bool:
-    """Whether the plan's order must be run from a file: ``auto`` (searched for its costs)."""
-    return plan.schedule == "auto"
+    """Whether the plan's order must be run from a file: a searched one (``auto``: found
+    for its costs, no generator makes it again)."""
+    from ..schedules import lookup
+
+    return lookup(plan.schedule).searched
 
 
 def command(plan: Plan, scale: float, warmup: int = WARMUP, repeat: int = 5,

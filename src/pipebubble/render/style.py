@@ -29,18 +29,7 @@ OVERLAP_EDGE = "#000000"
 MEMORY_CMAP = "viridis"
 CHUNK_DARKENING = 0.45  # a rank's last chunk is drawn at 1 - 0.45 of its kind's colour
 
-# Schedules known to the project (and those other branches are adding) keep fixed colours.
-SCHEDULE_COLORS = {
-    "gpipe": "#0077BB",
-    "1f1b": "#EE7733",
-    "interleaved": "#009988",
-    "interleaved-1f1b": "#009988",
-    "zb-h1": "#CC3311",
-    "zb-h2": "#EE3377",
-    "zbv": "#33BBEE",
-    "dualpipe": "#AA3377",
-    "dualpipev": "#882255",
-}
+# A registered schedule keeps its spec's colour (ScheduleSpec.color); others, one of these.
 _SPARE = ["#555555", "#997700", "#6699CC", "#117733", "#999933", "#44AA99", "#DDAA33"]
 
 
@@ -66,10 +55,18 @@ def text_color(rgb: Sequence[float]) -> str:
 
 
 def schedule_color(name: str) -> str:
-    """A stable colour per schedule name, the same in every figure."""
+    """A stable colour per schedule name, the same in every figure: the registered spec's
+    ``color``, else a spare one chosen by the name."""
+    from ..ir.schedule import ScheduleError
+    from ..schedules import lookup
+
     key = name.lower()
-    if key in SCHEDULE_COLORS:
-        return SCHEDULE_COLORS[key]
+    try:
+        spec = lookup(key)
+    except ScheduleError:
+        spec = None
+    if spec is not None and spec.color:
+        return spec.color
     return _SPARE[sum(map(ord, key)) % len(_SPARE)]
 
 

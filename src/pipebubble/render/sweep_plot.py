@@ -107,9 +107,10 @@ def memory_figure(points: Sequence[MemoryPoint], title: str | None = None) -> Fi
         pts = sorted((p for p in fitting if p.schedule == name), key=lambda p: p.memory_limit)
         if not pts:
             continue
-        color = "#111111" if name == "auto" else schedule_color(name)
+        searched = _searched(name)  # auto: drawn darker and wider
+        color = "#111111" if searched else schedule_color(name)
         marker = MARKERS[k % len(MARKERS)]
-        width = 2.2 if name == "auto" else 1.2
+        width = 2.2 if searched else 1.2
         x = [p.memory_limit for p in pts]
         style = dict(color=color, linewidth=width, drawstyle="steps-post")
         step_ax.plot(x, [p.step_time for p in pts], **style)
@@ -145,3 +146,14 @@ def _plain_axes(ax, xlabel: str) -> None:
     ax.grid(color="#e3e3e3", linewidth=0.6)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
+
+
+def _searched(name: str) -> bool:
+    """Whether ``name`` is a registered search over orders (``auto``)."""
+    from ..ir.schedule import ScheduleError
+    from ..schedules import lookup
+
+    try:
+        return lookup(name).searched
+    except ScheduleError:
+        return False

@@ -32,7 +32,7 @@ from torch import nn
 from ..costs import CostModel
 from ..errors import UserError
 from ..ir.schedule import Schedule
-from ..schedules import get_schedule
+from ..schedules import FIRST, get_schedule
 from .clock import VirtualClock
 from .interpreter import LossFn
 from .local import LocalResult, run_local
@@ -63,7 +63,7 @@ class Pipeline:
         self,
         stages: Sequence[nn.Module],
         num_microbatches: int,
-        schedule: str | Schedule = "gpipe",
+        schedule: str | Schedule = FIRST,
         loss_fn: LossFn | None = None,
         costs: CostModel | None = None,
         chunks: int | None = None,

@@ -202,6 +202,9 @@ register(
         aliases=("dualpipe-v", "dual-pipe-v"),
         closed_form=dualpipev_closed_form,
         formula="bubble (PP/2−1)(F&B+B−3W), PP = 2p stages",
+        placement="v",
+        torch_class="ScheduleDualPipeV",
+        color="#882255",
     )
 )
 
@@ -218,5 +221,8 @@ register(
         aliases=("dual-pipe",),
         closed_form=dualpipe_closed_form,
         formula="bubble (PP/2−1)(F&B+B−3W), PP = p",
+        placement=None,  # two chains: each rank holds a stage of each model copy
+        chains=2,
+        color="#AA3377",
     )
 )

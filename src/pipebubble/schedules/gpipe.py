@@ -29,5 +29,7 @@ register(
         "all forwards, then all backwards (Huang et al. 2019)",
         closed_form=gpipe_closed_form,
         formula="bubble (p−1)(F+B): fraction (p−1)/(m+p−1)",
+        torch_class="ScheduleGPipe",
+        color="#0077BB",
     )
 )

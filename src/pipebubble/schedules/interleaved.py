@@ -99,5 +99,8 @@ register(
         aliases=("interleaved", "interleaved1f1b", "vpp"),
         closed_form=interleaved_closed_form,
         formula="bubble (p−1)(F+B)/v: fraction (p−1)/(v·m+p−1)",
+        torch_class="ScheduleInterleaved1F1B",
+        megatron="interleaved 1F1B",
+        color="#009988",
     )
 )

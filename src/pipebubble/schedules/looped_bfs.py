@@ -51,5 +51,6 @@ register(
         aliases=("loopedbfs", "bfs", "breadth-first"),
         closed_form=interleaved_closed_form,
         formula="bubble (p−1)(F+B)/v: fraction (p−1)/(v·m+p−1)",
+        torch_class="ScheduleLoopedBFS",
     )
 )

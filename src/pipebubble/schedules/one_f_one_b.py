@@ -39,5 +39,9 @@ register(
         aliases=("one-f-one-b", "pipedream-flush"),
         closed_form=gpipe_closed_form,
         formula="bubble (p−1)(F+B): fraction (p−1)/(m+p−1)",
+        torch_class="Schedule1F1B",
+        megatron="1F1B",
+        color="#EE7733",
+        memory_sweep=5,
     )
 )

@@ -95,5 +95,8 @@ register(
         aliases=("vhalf",),
         closed_form=v_half_closed_form,
         closed_form_basis="step",
+        placement="v",
+        split_only=True,
+        memory_sweep=3,
     )
 )

@@ -91,5 +91,8 @@ register(
         aliases=("vmin",),
         closed_form=v_min_closed_form,
         closed_form_basis="step",
+        placement="v",
+        split_only=True,
+        memory_sweep=2,
     )
 )

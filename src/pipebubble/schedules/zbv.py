@@ -88,5 +88,10 @@ register(
         closed_form=zbv_closed_form,
         formula="bubble 0 within every rank's span (F = I = W)",
         closed_form_basis="span",
+        placement="v",
+        split_only=True,
+        torch_class="ScheduleZBVZeroBubble",
+        color="#33BBEE",
+        memory_sweep=4,
     )
 )

@@ -86,6 +86,9 @@ register(
         aliases=("zbh1", "zb1p"),
         closed_form=zb_h1_closed_form,
         formula="bubble (p−1)(F+I−W) per rank",
+        split_only=True,
+        color="#CC3311",
+        memory_sweep=6,
     )
 )
 register(
@@ -99,5 +102,8 @@ register(
         closed_form=zb_h2_closed_form,
         formula="bubble (p−1)(F+I−2W) within rank 0's span",
         closed_form_basis="span",
+        split_only=True,
+        color="#EE3377",
+        memory_sweep=7,
     )
 )

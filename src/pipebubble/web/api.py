@@ -43,15 +43,14 @@ from ..interop.timeline_json import (
 from ..ir.schedule import Schedule
 from ..limits import MAX_RANKS, MAX_REQUEST_ACTIONS, MAX_REQUEST_BYTES, estimate_actions
 from ..params import parse_int, read
-from ..schedules import SCHEDULES, get_schedule, lookup
+from ..schedules import FIRST, get_schedule, lookup, schedule_names
 from ..timeline import Timeline
 
 MAX_ACTIONS = MAX_REQUEST_ACTIONS  # actions per request (a sweep: summed over its points)
 MAX_BODY_BYTES = MAX_REQUEST_BYTES  # bytes of a POSTed CSV or timeline JSON
 MAX_SWEEP_POINTS = 64  # microbatch counts in one sweep
 SWEEP_MS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
-DEFAULTS = {"schedule": "gpipe", "ranks": "4", "microbatches": "8"}
-AUTO = "auto"  # the registered search over orders (schedules/auto), listed after the families
+DEFAULTS = {"schedule": FIRST, "ranks": "4", "microbatches": "8"}
 
 
 class TooLarge(UserError):
@@ -286,22 +285,14 @@ def meta() -> dict:
     from ..render import style
 
     schedules = []
-    for spec in (s for s in SCHEDULES.values() if not s.searched):  # auto: below
+    for spec in map(lookup, schedule_names()):  # the families, then auto
         schedules.append({
-            "name": spec.name, "summary": spec.summary,
-            "formula": getattr(spec, "formula", "") or None,
-            "chunks": spec.chunks, "min_chunks": spec.min_chunks,
+            "name": spec.name, "summary": spec.summary, "formula": spec.formula or None,
+            "chunks": None if spec.searched else spec.chunks, "min_chunks": spec.min_chunks,
             "fixed_chunks": spec.fixed_chunks, "split_backward": spec.split_backward,
             "closed_form": spec.closed_form is not None, "basis": spec.closed_form_basis,
             "color": style.schedule_color(spec.name),
         })
-    schedules.append({
-        "name": AUTO, "summary": "the fastest order found for these costs within the memory "
-        "limit (a list scheduler, schedules/auto); v: 1 loop placement, 2 V, empty either",
-        "formula": None, "chunks": None, "min_chunks": 1, "fixed_chunks": False,
-        "split_backward": True, "closed_form": False, "basis": "step",
-        "color": style.schedule_color(AUTO),
-    })
     return {
         "version": __version__, "defaults": DEFAULTS, "schedules": schedules,
         "colors": {"kinds": style.KIND_COLORS, "fallback": style.FALLBACK_KIND,

@@ -425,10 +425,8 @@ def _registered(kind: str, p: int, m: int, sc: StageCosts, where: tuple[int, ...
     for name in schedule_names():
         try:
             spec = lookup(name)
-            if spec.searched or spec.chunks != _CHUNKS[kind]:
-                continue
-            probe = get_schedule(name, p, 2 * p)  # placement and chains, cheaply
-            if probe.chains != 1 or probe.stage_to_rank != where:
+            if (spec.searched or spec.chunks != _CHUNKS[kind] or spec.chains != 1
+                    or spec.placement != kind):  # the spec says, nothing generated
                 continue
             sched = get_schedule(name, p, m)
         except ScheduleError:
@@ -651,8 +649,11 @@ def _generate(ranks: int, microbatches: int, chunks: int | None = None,
                          search_seconds, search_deadline)
 
 
-# chunks: at most 2 (the V placement), what the size checks (limits.py) count
+# chunks: at most 2 (the V placement), what the size checks (limits.py) count; one chunk is
+# the loop placement, two the V one, None lets the search pick (ScheduleSpec.placement_at)
 register(ScheduleSpec(
-    name="auto", generate=_generate, chunks=2, fixed_chunks=False, split_backward=True,
-    searched=True,
-    summary="the fastest order found for the costs within the memory limit (a search)"))
+    name="auto", generate=_generate, chunks=2, min_chunks=1, max_chunks=2, fixed_chunks=False,
+    split_backward=True, placement=None, searched=True, needs_costs=True,
+    needs_memory_limit=True, color="#555555", memory_sweep=1,
+    summary="the fastest order found for these costs within the memory limit (a list "
+            "scheduler, schedules/auto); v: 1 loop placement, 2 V, empty either"))
