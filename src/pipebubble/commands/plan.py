@@ -439,8 +439,7 @@ def plan_item(plan, profiles, ctx: dict, csv: str | None = None) -> dict:
     item["runnable_in"] = [] if plan.schedule in RUNNABLE_NOWHERE else (
         (["torchtitan"] if settings.torchtitan_blocker(plan) is None else [])
         + (["megatron"] if settings.megatron_blocker(plan) is None else []))
-    node = ctx["hw"].gpus_per_node if ctx.get("hw") is not None else 8
-    item["torchtitan"] = settings.torchtitan(plan, profiles, csv, node, ctx.get("seq"))
+    item["torchtitan"] = settings.torchtitan(plan, profiles, csv, ctx.get("seq"))
     item["megatron"] = settings.megatron(plan, profiles, ctx.get("seq"))
     item["megatron_version"] = settings.MEGATRON
     item["megatron_env"] = settings.megatron_env(plan) if item["megatron"] else ""
@@ -701,10 +700,10 @@ def print_validations(console, result, validations) -> None:
             p = x.plan
             name = f"pp={p.pp} dp={p.dp} {p.schedule} v={p.chunks} m={p.microbatches}"
             if x.measured is None:
-                v.add_row(str(k), name, str(p.pp * p.dp), _t(x.predicted), "failed",
+                v.add_row(str(k), name, str(p.gpus), _t(x.predicted), "failed",
                           x.error or "", "")
                 continue
-            v.add_row(str(k), name, str(p.pp * p.dp), _t(x.predicted), _t(x.measured),
+            v.add_row(str(k), name, str(p.gpus), _t(x.predicted), _t(x.measured),
                       f"{x.measured / x.predicted - 1:+.1%}",
                       f"{x.measured / best_m - 1:+.1%}", _t(x.measured_min))
         console.print(fit(v, console.width))

@@ -74,6 +74,7 @@ from ..errors import UserError
 from .analytic import TransformerShape
 from .axes import Axes, Point, axis_flag, splits
 from .compute import Rates
+from .dims import ParallelDims
 from .families import _auto_function, chunk_options, held_per_stage, schedule_list
 from .hardware import Hardware
 from .layercosts import ProfileSet
@@ -122,7 +123,7 @@ def build_points(profiles, req: Request, hardware: Hardware | None = None,
         splits(req, (1,), (1,))  # --pp and --dp together with --gpus
         out = []
         for s in shardings:
-            pt = Point(1, False, 1, s)
+            pt = Point(ParallelDims(), s)
             axes = legacy_axes(req, pt) if hardware is None else hardware_axes(req, pt,
                                                                                hardware)
             out.append((pt, profiles, axes))
@@ -146,7 +147,7 @@ def build_points(profiles, req: Request, hardware: Hardware | None = None,
                                   names=profiles.names, modules=profiles.modules,
                                   profile=profiles.profile)
             for s in shardings:
-                pt = Point(tp, sp, cp, s)
+                pt = Point(ParallelDims(tp=tp, cp=cp, sp=sp), s)
                 out.append((pt, costs, hardware_axes(req, pt, hardware, mfu is None)))
     if not out:  # only --sp 1 empties it: every tp the split leaves is 1
         given = "".join(f", {axis_flag(req, a, getattr(req, a))}"

@@ -502,13 +502,13 @@ def deepspeed_step(run: Run, plan, efficiency: float) -> float:
     end = [max((e.end for e in tl.events(r)), default=0.0) - min(tl.start) for r in
            range(plan.pp)]
     dp = [0.0] * plan.pp
-    if c.dp * c.cp > 1:
+    if c.dims.data_context > 1:
         for s, r in enumerate(plan.stage_to_rank):
             dp[r] += plan.costs.allreduce[s]
     tied = 0.0
     if run.shape.tied_embeddings and plan.pp > 1:
         hw = replace(get_hardware(run.gpu), **dict(run.hardware), efficiency=efficiency)
-        link = Network.of(hw).hop(c.tp * c.cp * c.dp * (plan.pp - 1))
+        link = Network.of(hw).hop(c.dims.stage_distance(plan.pp - 1))
         tied = allreduce(4.0 * run.shape.vocab * run.shape.hidden / c.tp, 2, link)
     return max(e + x for e, x in zip(end, dp, strict=True)) + tied + plan.optimizer_time
 

@@ -62,7 +62,7 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
         self.p, self.req = profiles, req
         self.axes = axes or legacy_axes(req, Point())
         self.point = self.axes.point
-        self.gpus = req.gpus // (self.point.tp * self.point.cp)  # pipeline x data parallel
+        self.gpus = req.gpus // self.point.dims.model_parallel  # pipeline x data parallel
         self.L = len(profiles)
         self.names = schedule_list(req.schedules)
         modes = profiles.recompute_modes()
@@ -278,7 +278,7 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
             return None
         where = sched.stage_to_rank
         ar = max((sum(pr.costs.allreduce[s] for s, r in enumerate(where) if r == k)
-                  for k in range(c.pp)), default=0.0) if c.dp * c.cp > 1 else 0.0
+                  for k in range(c.pp)), default=0.0) if c.dims.data_context > 1 else 0.0
         plan = Plan(c, pr.ranges, tuple(where), step, run.step_time, run.bubble_fraction,
                     peaks, ar, pr.costs.comm, pr.costs, sched, self.req.global_batch)
         plan.dp_exposed = max(pr.exposed, default=0.0)

@@ -114,7 +114,7 @@ def plan_order(p: Plan) -> tuple:
     """Fastest first; on a tie the lighter plan, then one some framework runs, then the
     least model parallelism."""
     c = p.config
-    return (p.step_time, max(p.peak_memory), c.schedule in RUNNABLE_NOWHERE, c.tp * c.cp,
+    return (p.step_time, max(p.peak_memory), c.schedule in RUNNABLE_NOWHERE, c.dims.model_parallel,
             c.pp, c.schedule, c.chunks, c.microbatch_size, c.recompute, c.sharding, c.sp)
 
 

@@ -107,16 +107,12 @@ def torch_class(schedule: str) -> str | None:
     return TORCH_CLASSES.get(schedule)
 
 
-def data_parallel_degrees(plan: Plan, gpus_per_node: int = 8) -> tuple[int, int]:
-    """torchtitan's (shard, replicate) degrees for the plan's data parallelism."""
+def data_parallel_degrees(plan: Plan) -> tuple[int, int]:
+    """torchtitan's (shard, replicate) degrees for the plan's data parallelism: its dims'
+    as priced for fsdp and hsdp; the rest torchtitan runs replicated."""
     c = plan.config
-    if c.sharding == "fsdp":
-        return c.dp, 1
-    if c.sharding == "hsdp":
-        from .sharding import hsdp_shard
-
-        s = hsdp_shard(c.dp, c.cp, c.tp, gpus_per_node) or c.dp
-        return s, c.dp // s
+    if c.sharding in ("fsdp", "hsdp"):
+        return c.dims.dp_shard, c.dims.dp_replicate
     return 1, c.dp
 
 
@@ -198,7 +194,7 @@ def torchtitan_modules(profiles: ProfileSet, head: str = "output") -> list[list[
 
 
 def torchtitan(plan: Plan, profiles: ProfileSet, csv_path: str | Path | None = None,
-               gpus_per_node: int = 8, seq: int | None = None) -> dict:
+               seq: int | None = None) -> dict:
     """The plan's torchtitan paste: ``training``, ``parallelism`` and
     ``activation_checkpoint`` (the TOML tables of :data:`TORCHTITAN_TOML`), ``cli`` (the
     same as :data:`TORCHTITAN_CLI`'s overrides), ``version``/``cli_version`` and ``note``.
@@ -208,7 +204,7 @@ def torchtitan(plan: Plan, profiles: ProfileSet, csv_path: str | Path | None = N
     if reason is not None:
         return {"runnable": False, "reason": reason, "version": TORCHTITAN_TOML}
     c = plan.config
-    shard, replicate = data_parallel_degrees(plan, gpus_per_node)
+    shard, replicate = data_parallel_degrees(plan)
     seq = seq if seq is not None else profiles.metadata().get("seq")
     training: dict = {"local_batch_size": c.microbatch_size * (c.microbatches if c.pp > 1
                                                                   else 1),
@@ -316,7 +312,7 @@ def megatron(plan: Plan, profiles: ProfileSet, seq: int | None = None) -> str | 
                      "--recompute-num-layers 1")
     elif c.recompute == "selective":
         flags.append("--recompute-granularity selective")
-    reduced = c.dp * c.cp > 1
+    reduced = c.dims.data_context > 1
     if c.sharding == "zero1":
         flags.append("--use-distributed-optimizer")
     elif c.sharding in ("zero2", "fsdp"):

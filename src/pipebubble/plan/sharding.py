@@ -74,6 +74,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import UserError
+from .dims import ParallelDims
 from .network import Network, all_gather, allreduce, reduce_scatter
 
 BUCKET = 40e6  # parameters per gradient bucket (Megatron-LM's default bucket size)
@@ -170,10 +171,24 @@ class Sync:
                 + max(before * share, before - forward))
 
 
-def hsdp_shard(dp: int, cp: int, tp: int, gpus_per_node: int) -> int:
+def hsdp_shard(dp: int, model_parallel: int, gpus_per_node: int) -> int:
     """HSDP's shard group: the most data-parallel ranks that fit in one node with their TP
-    and CP groups (a divisor of ``dp``); 0 when that is 1 or all of ``dp`` (then it is
-    plain DDP or FSDP)."""
-    room = max(gpus_per_node // (tp * cp), 1)
+    and CP groups (``model_parallel = tp x cp`` ranks each; a divisor of ``dp``); 0 when
+    that is 1 or all of ``dp`` (then it is plain DDP or FSDP)."""
+    room = max(gpus_per_node // model_parallel, 1)
     s = max(d for d in range(1, min(dp, room) + 1) if dp % d == 0)
     return s if 1 < s < dp else 0
+
+
+def split_dp(sharding: str, dp: int, dims: ParallelDims, gpus_per_node: int
+             ) -> tuple[int, int]:
+    """``(dp_replicate, dp_shard)`` of ``dp`` data-parallel ranks under ``sharding``
+    (:class:`~pipebubble.plan.dims.ParallelDims`): ddp replicates, zero1/2 and fsdp shard
+    over all of ``dp``, hsdp shards over :func:`hsdp_shard` and replicates the rest (no such
+    group: replicated, as ddp)."""
+    if sharding == "ddp":
+        return dp, 1
+    if sharding == "hsdp":
+        s = hsdp_shard(dp, dims.model_parallel, gpus_per_node)
+        return (dp // s, s) if s else (dp, 1)
+    return 1, dp
