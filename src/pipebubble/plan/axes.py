@@ -48,7 +48,8 @@ from .dims import ParallelDims
 from .memory import model_state_bytes
 from .network import Link, Network, allreduce
 from .optimizer import step_time
-from .sharding import Sync, resolve_reshard, split_dp
+from .sharding import Sync, resolve_reshard
+from .shardings import Sharding
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,10 @@ class Point:
     pipeline search's, 1 here) and the sharding."""
 
     dims: ParallelDims = ParallelDims()
-    sharding: str = "ddp"
+    sharding: Sharding = Sharding.DDP  # or its name
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sharding", Sharding.of(self.sharding))
 
     tp = property(lambda self: self.dims.tp)
     sp = property(lambda self: self.dims.sp)
@@ -77,24 +81,25 @@ class Axes:
 
     def keeps_weights(self, pp: int) -> bool:
         """Whether fsdp / hsdp hold the gathered weights across microbatches at ``pp``."""
-        return (self.point.sharding in ("fsdp", "hsdp")
+        return (self.point.sharding.shards_params
                 and resolve_reshard(self.reshard, pp) == "never")
 
     def dims(self, dp: int, pp: int = 1) -> ParallelDims:
         """The plan's degrees at ``dp`` and ``pp``: the point's, with ``dp`` split into
-        replicas x shards as the sharding splits it (:func:`~pipebubble.plan.sharding.
-        split_dp`)."""
+        replicas x shards as the sharding splits it (:meth:`~pipebubble.plan.shardings.
+        Sharding.split_dp`)."""
         got = self._dims.get((dp, pp))
         if got is None:  # asked for in the hot loop: made (and validated) once
             pt = self.point
-            replicate, shard = split_dp(pt.sharding, dp, pt.dims, self.net.gpus_per_node)
+            replicate, shard = pt.sharding.split_dp(dp, pt.dims.model_parallel,
+                                                    self.net.gpus_per_node)
             got = self._dims[(dp, pp)] = pt.dims.with_split(pp, replicate, shard)
         return got
 
     def shard(self, dp: int) -> int:
         """Ranks sharing the model states: ``dp x cp`` (hsdp: its shard group, 0 if none)."""
         d = self.dims(dp)
-        if self.point.sharding == "hsdp":
+        if self.point.sharding.hybrid:
             return d.dp_shard if d.dp_replicate > 1 and d.dp_shard > 1 else 0
         return d.data_context
 
@@ -107,7 +112,7 @@ class Axes:
         pt = self.point
         stride, n = self.dims(dp).group("dp_cp")
         return Sync(pt.sharding, self.net, n, self.grad_bytes, stride=stride,
-                    shard=self.shard(dp) if pt.sharding == "hsdp" else 0,
+                    shard=self.shard(dp) if pt.sharding.hybrid else 0,
                     reshard=resolve_reshard(self.reshard, pp))
 
     def hop(self, dp: int) -> Link:
@@ -119,7 +124,7 @@ class Axes:
         """Seconds of the optimizer step of a rank with ``params`` local parameters."""
         pt = self.point
         n = self.shard(dp)
-        return step_time(params, "ddp" if pt.sharding == "hsdp" and n == 0 else pt.sharding,
+        return step_time(params, Sharding.DDP if pt.sharding.hybrid and n == 0 else pt.sharding,
                          n, self.state_bytes, self.hbm)
 
     def tied_allreduce(self, dp: int, pp: int, params: float) -> float:

@@ -54,9 +54,9 @@ class Configs:
                     req.dp is not None and dp not in req.dp):
                 continue
             dims = self.axes.dims(dp, pp)
-            if pt.sharding != "ddp" and dims.data_context == 1:
+            if pt.sharding.shards_optimizer and dims.data_context == 1:
                 continue  # nothing to shard: the same plan as ddp, shown once
-            if pt.sharding == "hsdp" and not self.axes.shard(dp):
+            if pt.sharding.hybrid and not self.axes.shard(dp):
                 continue  # the shard group would be 1 or all of dp: ddp or fsdp
             for size in req.microbatch_sizes:
                 if req.global_batch % (dp * size):
@@ -153,7 +153,7 @@ def _why_no_split(r, G: int, L: int, splits: list, pt) -> str:
         return (f"--global-batch {B} over these GPUs gives more than "
                 f"{limits.MAX_PLAN_MICROBATCHES:,} microbatches per pipeline for every split: "
                 "use larger --microbatch-size values or more GPUs")
-    if pt.sharding != "ddp" and all(pt.dims.with_split(1, d, 1).data_context == 1
+    if pt.sharding.shards_optimizer and all(pt.dims.with_split(1, d, 1).data_context == 1
                                     for _, d, _ in splits):
         return (f"--sharding {pt.sharding} shards the model states over dp x cp ranks, but "
                 f"every split of {ranks} has one; use --sharding ddp or more GPUs")

@@ -73,9 +73,9 @@ True
 
 from __future__ import annotations
 
-from ..errors import UserError
+from .shardings import SHARDINGS, Sharding
 
-SHARDINGS = ("ddp", "zero1", "zero2", "fsdp", "hsdp")
+__all__ = ["SHARDINGS"]
 
 
 def model_state_bytes(sharding: str, n: int, weight: float = 2.0, grad: float = 2.0,
@@ -83,17 +83,7 @@ def model_state_bytes(sharding: str, n: int, weight: float = 2.0, grad: float = 
     """Bytes per (local) parameter under ``sharding`` over ``n`` ranks (table above; for
     ``hsdp`` pass the shard group's size; ``keep``: fsdp / hsdp with the weights and
     gradients kept unsharded across microbatches)."""
-    if keep and sharding in ("fsdp", "hsdp"):
-        return weight + grad + optimizer / n
-    if sharding == "ddp":
-        return weight + grad + optimizer
-    if sharding == "zero1":
-        return weight + grad + optimizer / n
-    if sharding == "zero2":
-        return weight + (grad + optimizer) / n
-    if sharding in ("fsdp", "hsdp"):
-        return (weight + grad + optimizer) / n
-    raise UserError(f"unknown --sharding {sharding!r}; valid are {', '.join(SHARDINGS)}")
+    return Sharding.of(sharding).state_bytes(n, weight, grad, optimizer, keep)
 
 
 def block_activation_bytes(shape, s: int, b: int, tp: int = 1, sp: bool = False, cp: int = 1,

@@ -78,12 +78,12 @@ from .dims import ParallelDims
 from .families import _auto_function, chunk_options, held_per_stage, schedule_list
 from .hardware import Hardware
 from .layercosts import ProfileSet
-from .memory import SHARDINGS
 from .network import Network
 from .parallel_costs import ParallelCosts
 from .plans import AUTO, Config, NoPlanFits, Plan, Request, Result, fmt_gib
 from .scoring import Searcher, legacy_axes
 from .search import plan_order, search_points
+from .shardings import SHARDINGS, Sharding
 
 __all__ = ["AUTO", "Config", "NoPlanFits", "Plan", "Request", "Result", "Searcher",
            "chunk_options", "fmt_gib", "held_per_stage", "plan_order", "schedule_list",
@@ -106,10 +106,8 @@ def build_points(profiles, req: Request, hardware: Hardware | None = None,
                  efficiency: float | None = None, mfu: float | None = None) -> list:
     """``(point, layer costs, axes)`` for every (tp, sp, cp, sharding) the request allows."""
     shape, seq, flash = model_of(profiles)
-    shardings = req.shardings or (SHARDINGS if hardware is not None else SHARDINGS[:4])
-    for s in shardings:
-        if s not in SHARDINGS:
-            raise UserError(f"unknown --sharding {s!r}; valid are {', '.join(SHARDINGS)}")
+    shardings = [Sharding.of(s) for s in  # one line for an unknown name
+                 req.shardings or (SHARDINGS if hardware is not None else SHARDINGS[:4])]
     if hardware is None or shape is None:
         asked = [axis_flag(req, k, v) for k, v in (("tp", req.tp), ("cp", req.cp))
                  if v is not None and tuple(v) != (1,)]

@@ -16,6 +16,7 @@ from ..ir.schedule import Schedule
 from ..params import check_real
 from .dims import ParallelDims
 from .partition import Ranges
+from .shardings import Sharding
 
 AUTO = "auto"
 CUT_SEARCH = {
@@ -122,7 +123,10 @@ class Config:
     chunks: int
     recompute: str
     bound: float  # no cut of this configuration takes less (seconds)
-    sharding: str = "ddp"
+    sharding: Sharding = Sharding.DDP  # or its name
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sharding", Sharding.of(self.sharding))
 
     # The degrees, read through the dims.
     pp = property(lambda self: self.dims.pp)
@@ -191,7 +195,7 @@ class Plan:
 
     def as_json(self) -> dict:
         c = self.config
-        return {**c.dims.as_json(), "sharding": c.sharding, "chunks": c.chunks,
+        return {**c.dims.as_json(), "sharding": str(c.sharding), "chunks": c.chunks,
                 "placement": placement_name(self.stage_to_rank, c.pp),
                 "schedule": c.schedule, "microbatch_size": c.microbatch_size,
                 "microbatches": c.microbatches, "recompute": c.recompute,

@@ -286,17 +286,18 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
         plan.static = list(pr.static)
         w, g, o = self.axes.state_bytes
         n = max(self.axes.shard(c.dp), 1)
-        sh = c.sharding
-        fsdp = sh in ("fsdp", "hsdp") and not self.axes.keeps_weights(c.pp)
-        if sh in ("fsdp", "hsdp"):
-            plan.fsdp_reshard = "never" if self.axes.keeps_weights(c.pp) else "always"
+        keep = self.axes.keeps_weights(c.pp)
+        sh_w, sh_g, sh_o = c.sharding.sharded(keep)  # shardings.Sharding: 1 / n of these
+        fsdp = sh_w  # weights sharded: gathered per microbatch, the layers in flight
+        if c.sharding.shards_params:
+            plan.fsdp_reshard = "never" if keep else "always"
         gathered = self._gathered(c, self.p.at(c.microbatch_size, c.recompute), sched,
                                   pr.ranges) if fsdp else None
         for r in range(c.pp):
             P = pr.rank_params[r]
-            states = {"weights": w * P / (n if fsdp else 1),
-                      "gradients": g * P / (n if fsdp or sh == "zero2" else 1),
-                      "optimizer": o * P / (n if sh != "ddp" else 1)}
+            states = {"weights": w * P / (n if sh_w else 1),
+                      "gradients": g * P / (n if sh_g else 1),
+                      "optimizer": o * P / (n if sh_o else 1)}
             if gathered is not None:  # FSDP resharded always: the layers in flight
                 states["gathered_layers"] = gathered[r]
             states["recompute_transient"] = pr.static[r] - sum(states.values())
