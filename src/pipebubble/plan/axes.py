@@ -78,6 +78,7 @@ class Axes:
     hbm: float = 0.0  # HBM bytes/s for the optimizer step; 0: not priced
     reshard: str = "auto"  # fsdp / hsdp: always, never or auto (plan --fsdp-reshard)
     _dims: dict = field(default_factory=dict, init=False, compare=False, repr=False)
+    _syncs: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def keeps_weights(self, pp: int) -> bool:
         """Whether fsdp / hsdp hold the gathered weights across microbatches at ``pp``."""
@@ -109,11 +110,15 @@ class Axes:
                                  keep=self.keeps_weights(pp))
 
     def sync(self, dp: int, pp: int = 1) -> Sync:
-        pt = self.point
-        stride, n = self.dims(dp).group("dp_cp")
-        return Sync(pt.sharding, self.net, n, self.grad_bytes, stride=stride,
-                    shard=self.shard(dp) if pt.sharding.hybrid else 0,
-                    reshard=resolve_reshard(self.reshard, pp))
+        got = self._syncs.get((dp, pp))
+        if got is None:  # asked for per cut priced: made once
+            pt = self.point
+            stride, n = self.dims(dp).group("dp_cp")
+            got = self._syncs[(dp, pp)] = Sync(
+                pt.sharding, self.net, n, self.grad_bytes, stride=stride,
+                shard=self.shard(dp) if pt.sharding.hybrid else 0,
+                reshard=resolve_reshard(self.reshard, pp))
+        return got
 
     def hop(self, dp: int) -> Link:
         if self.p2p is not None:

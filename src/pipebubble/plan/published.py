@@ -11,8 +11,9 @@ per GPU fitted once (A100 on Table 1's 18.4B row, also for the A100 40 GB; H100 
 Engines. The planner prices any plan one way: P2P batched and buffered, data-parallel
 traffic behind the last backward (Megatron-LM's ``--overlap-grad-reduce``). A run on
 DeepSpeed's pipeline engine (BLOOM, MT-NLG, GPT-NeoX-20B: ``Run.engine = "deepspeed"``) is
-priced as that engine runs its plan (:func:`deepspeed_step`): blocking P2P in its
-``TrainSchedule`` order (:func:`deepspeed_lowering`, simulated by
+priced as that engine runs its plan (:func:`~pipebubble.plan.deepspeed.deepspeed_step`):
+blocking P2P in its ``TrainSchedule`` order
+(:func:`~pipebubble.plan.deepspeed.deepspeed_lowering`, simulated by
 :func:`pipebubble.sim.wire.run_wire`) and the reduction after the flush. Every other row is
 priced as the planner prices it, so neither efficiency moves.
 

@@ -37,7 +37,7 @@ import time
 from ..errors import UserError
 from .axes import Axes, Point
 from .plans import AUTO, Config, Plan, Request, Result
-from .scoring import Searcher
+from .scoring import SearchCache, Searcher
 
 RUNNABLE_NOWHERE = ("dualpipe",)  # two model copies: no torch class, no Megatron flag
 TIE = 5e-4  # a margin that prints as 0.0 %
@@ -47,7 +47,7 @@ def search_points(points: list[tuple[Point, object, Axes]], req: Request) -> Res
     """The ``req.top`` fastest plans over ``points`` (``(point, layer costs, axes)``)."""
     req.check()
     t0 = time.perf_counter()
-    shared: dict = {}
+    shared = SearchCache()
     searchers = [Searcher(costs, req, axes, shared) for _, costs, axes in points]
     work: list[tuple[float, Config, Searcher]] = []
     autos: list[tuple[Config, Searcher]] = []
