@@ -8,13 +8,14 @@
   written only in :mod:`pipebubble.plan.shardings`; everywhere else asks the member
   (``shards_params``, ``hybrid``, ``state_bytes`` ...).
 
-The scan covers every module of the package; ``ALLOWED`` names the few formulas that take a
+The scan covers the planner (``plan/`` and ``commands/plan.py``); ``ALLOWED`` names the few formulas that take a
 degree as a plain number, each with why.
 """
 
 from __future__ import annotations
 
 import ast
+from functools import cache
 from pathlib import Path
 
 import pipebubble
@@ -62,9 +63,10 @@ def _findings(source: str) -> tuple[list[str], list[str]]:
     return products, switches
 
 
+@cache
 def _scan() -> tuple[list, list]:
     products, switches = [], []
-    for path in sorted(ROOT.rglob("*.py")):
+    for path in sorted([*(ROOT / "plan").rglob("*.py"), ROOT / "commands" / "plan.py"]):
         rel = path.relative_to(ROOT).as_posix()
         found_p, found_s = _findings(path.read_text(encoding="utf-8"))
         if rel != "plan/dims.py":
