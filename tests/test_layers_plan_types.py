@@ -8,8 +8,8 @@
   written only in :mod:`pipebubble.plan.shardings`; everywhere else asks the member
   (``shards_params``, ``hybrid``, ``state_bytes`` ...).
 
-The scan covers the planner (``plan/`` and ``commands/plan.py``); ``ALLOWED`` names the few formulas that take a
-degree as a plain number, each with why.
+The scan covers the planner (``plan/`` and ``commands/plan.py``); ``ALLOWED`` names the few
+formulas that take a degree as a plain number, each with why.
 """
 
 from __future__ import annotations
