@@ -14,7 +14,7 @@ and the physical memory, and the next what the planner prices for the configurat
 reserve. Then it is ranked among the planner's own plans at the same physical memory (a full
 search: every axis, every schedule family but auto), with the planner's pick and how much
 faster it predicts its pick to be. Runs made on DeepSpeed's pipeline engine (MT-NLG,
-GPT-NeoX-20B, BLOOM) are priced as that engine runs the plan (``published.deepspeed_step``:
+GPT-NeoX-20B, BLOOM) are priced as that engine runs the plan (``plan.deepspeed.deepspeed_step``:
 blocking P2P in its TrainSchedule order, simulated by ``sim/wire.py``, and the data-parallel
 reduction after the flush); the *engine* column gives beside it the error as the planner
 prices the plan (the rank and the pick are the planner's pricing).
@@ -73,7 +73,7 @@ def main() -> None:
           f"{eff['h100-sxm']:.3f} (Llama 3, 16,384 GPUs, 8K; marked *) "
           f"({time.perf_counter() - t0:.0f} s)\n")
     print("Rows run on DeepSpeed's pipeline engine are priced as it runs "
-          "(published.deepspeed_step: blocking P2P in its instruction order, the "
+          "(plan.deepspeed.deepspeed_step: blocking P2P in its instruction order, the "
           "data-parallel reduction after the flush); "
           "the engine column gives the error as the planner prices the plan.\n")
     print("Each configuration is priced at the GPU's physical memory (it ran), and ranked among "

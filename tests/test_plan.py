@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from pipebubble.ir.schedule import ScheduleError
 from pipebubble.plan.analytic import analytic_profile
 from pipebubble.plan.axes import Point
+from pipebubble.plan.dims import ParallelDims
 from pipebubble.plan.layercosts import ProfileSet
 from pipebubble.plan.partition import ranges_from_ends
 from pipebubble.plan.planner import (
@@ -67,7 +68,10 @@ def every_configuration(profiles: ProfileSet, req: Request):
                             except ScheduleError:
                                 continue
                             if sched.num_stages // sched.chains <= len(profiles):
-                                yield (Config(pp, dp, size, m, name, v, rec, 0.0,
+                                dims = (ParallelDims(pp=pp, dp_replicate=dp)
+                                        if sharding == "ddp" else
+                                        ParallelDims(pp=pp, dp_shard=dp))  # dims.py
+                                yield (Config(dims, size, m, name, v, rec, 0.0,
                                               sharding=sharding), sched, lc)
 
 
@@ -684,7 +688,7 @@ def test_no_capped_cut_is_only_claimed_when_none_exists():
         pp = 2 if v == 2 else rng.choice([2, 4])
         if pp * v > len(layers):
             continue
-        c = Config(pp, 4 // pp, 1, 2 * pp, name, v, "none", 0.0)
+        c = Config(ParallelDims(pp=pp, dp_replicate=4 // pp), 1, 2 * pp, name, v, "none", 0.0)
         sched = s.schedule(c)
         held = s.held(sched)
         for budget in (rng.uniform(10, 400) for _ in range(5)):

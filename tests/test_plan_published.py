@@ -41,6 +41,7 @@ from dataclasses import replace
 import pytest
 
 from pipebubble.costs import CostModel
+from pipebubble.plan.deepspeed import deepspeed_lowering
 from pipebubble.plan.fit import fit_efficiency
 from pipebubble.plan.hardware import get_hardware
 from pipebubble.plan.published import (
@@ -50,7 +51,6 @@ from pipebubble.plan.published import (
     RESERVE,
     TABLE1,
     Row,
-    deepspeed_lowering,
     engine_step,
     korthikanti_flops,
     layer_times,

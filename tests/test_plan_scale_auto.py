@@ -13,7 +13,7 @@ from pipebubble.plan.analytic import TransformerShape, shape_profile
 from pipebubble.plan.hardware import get_hardware
 from pipebubble.plan.layercosts import ProfileSet
 from pipebubble.plan.planner import Request, build_points
-from pipebubble.plan.scoring import Searcher
+from pipebubble.plan.scoring import SearchCache, Searcher
 from pipebubble.schedules import get_schedule
 from pipebubble.schedules.registry import lookup, schedule_names
 
@@ -83,7 +83,7 @@ def _searchers(gpus: int, batch: int, budget: float):
     req = Request(gpus=gpus, gpu_memory=budget, global_batch=batch, microbatch_sizes=(1,),
                   recompute=("none",), tp=(2,), cp=(1,), shardings=("ddp", "fsdp"),
                   max_chunks=2)
-    shared: dict = {}
+    shared = SearchCache()
     return [Searcher(costs, req, axes, shared)
             for _, costs, axes in build_points(prof, req, get_hardware("a100-80gb"))]
 

@@ -17,7 +17,7 @@ from pipebubble.plan.hardware import get_hardware
 from pipebubble.plan.layercosts import ProfileSet
 from pipebubble.plan.partition import min_max_partition, ranges_from_ends
 from pipebubble.plan.planner import Request, build_points, schedule_list
-from pipebubble.plan.scoring import Searcher
+from pipebubble.plan.scoring import SearchCache, Searcher
 from pipebubble.schedules import get_schedule
 from pipebubble.sim.program import schedule_peaks
 
@@ -54,7 +54,7 @@ def _searchers(shape, gpus, batch, sharding, budget=1e15):
     req = Request(gpus=gpus, gpu_memory=budget, global_batch=batch, microbatch_sizes=(1,),
                   recompute=("none",), tp=(1,), cp=(1,), shardings=(sharding,), max_chunks=2,
                   exhaustive_cuts=10**6)
-    shared: dict = {}
+    shared = SearchCache()
     return prof, req, [Searcher(costs, req, axes, shared)
                        for _, costs, axes in build_points(prof, req, get_hardware("a100-80gb"))]
 

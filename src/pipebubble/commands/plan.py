@@ -524,8 +524,7 @@ def plan_item(plan, profiles, ctx: dict, csv: str | None = None) -> dict:
     item["runnable_in"] = [] if runnable_nowhere(plan.schedule) else (
         (["torchtitan"] if settings.torchtitan_blocker(plan) is None else [])
         + (["megatron"] if settings.megatron_blocker(plan) is None else []))
-    node = ctx["hw"].gpus_per_node if ctx.get("hw") is not None else 8
-    item["torchtitan"] = settings.torchtitan(plan, profiles, csv, node, ctx.get("seq"))
+    item["torchtitan"] = settings.torchtitan(plan, profiles, csv, ctx.get("seq"))
     item["megatron"] = settings.megatron(plan, profiles, ctx.get("seq"))
     item["megatron_version"] = settings.MEGATRON
     item["megatron_env"] = settings.megatron_env(plan) if item["megatron"] else ""
@@ -828,12 +827,12 @@ def _print_table(console, result, validations, judged: dict | None) -> None:
         p = x.plan
         name = f"pp={p.pp} dp={p.dp} {p.schedule} v={p.chunks} m={p.microbatches}"
         if x.measured is None:
-            v.add_row(str(k), name, str(p.pp * p.dp), _t(x.predicted), "failed",
+            v.add_row(str(k), name, str(p.gpus), _t(x.predicted), "failed",
                       x.error or "", "FAIL", "", "", "")
             continue
         err = x.relative_error
         ok = err is not None and tol is not None and abs(err) <= tol
-        v.add_row(str(k), name, str(p.pp * p.dp), _t(x.predicted), _t(x.measured),
+        v.add_row(str(k), name, str(p.gpus), _t(x.predicted), _t(x.measured),
                   "—" if err is None else f"{err:+.1%}",
                   "" if tol is None else ("PASS" if ok else "FAIL"),
                   f"{x.measured / best_m - 1:+.1%}", _t(x.measured_min),

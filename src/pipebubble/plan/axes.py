@@ -40,22 +40,32 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import UserError
 from ..limits import divisors
+from .dims import ParallelDims
 from .memory import model_state_bytes
 from .network import Link, Network, allreduce
 from .optimizer import step_time
-from .sharding import Sync, hsdp_shard, resolve_reshard
+from .sharding import Sync, resolve_reshard
+from .shardings import Sharding
 
 
 @dataclass(frozen=True)
 class Point:
-    tp: int = 1
-    sp: bool = False
-    cp: int = 1
-    sharding: str = "ddp"
+    """The degrees inside a pipeline stage (``dims``: tp, sp, cp; its pp and dp are the
+    pipeline search's, 1 here) and the sharding."""
+
+    dims: ParallelDims = ParallelDims()
+    sharding: Sharding = Sharding.DDP  # or its name
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sharding", Sharding.of(self.sharding))
+
+    tp = property(lambda self: self.dims.tp)
+    sp = property(lambda self: self.dims.sp)
+    cp = property(lambda self: self.dims.cp)
 
 
 @dataclass(frozen=True)
@@ -67,18 +77,32 @@ class Axes:
     p2p: Link | None = None  # one link for every hop (no --gpu); None: the network's
     hbm: float = 0.0  # HBM bytes/s for the optimizer step; 0: not priced
     reshard: str = "auto"  # fsdp / hsdp: always, never or auto (plan --fsdp-reshard)
+    _dims: dict = field(default_factory=dict, init=False, compare=False, repr=False)
+    _syncs: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def keeps_weights(self, pp: int) -> bool:
         """Whether fsdp / hsdp hold the gathered weights across microbatches at ``pp``."""
-        return (self.point.sharding in ("fsdp", "hsdp")
+        return (self.point.sharding.shards_params
                 and resolve_reshard(self.reshard, pp) == "never")
+
+    def dims(self, dp: int, pp: int = 1) -> ParallelDims:
+        """The plan's degrees at ``dp`` and ``pp``: the point's, with ``dp`` split into
+        replicas x shards as the sharding splits it (:meth:`~pipebubble.plan.shardings.
+        Sharding.split_dp`)."""
+        got = self._dims.get((dp, pp))
+        if got is None:  # asked for in the hot loop: made (and validated) once
+            pt = self.point
+            replicate, shard = pt.sharding.split_dp(dp, pt.dims.model_parallel,
+                                                    self.net.gpus_per_node)
+            got = self._dims[(dp, pp)] = pt.dims.with_split(pp, replicate, shard)
+        return got
 
     def shard(self, dp: int) -> int:
         """Ranks sharing the model states: ``dp x cp`` (hsdp: its shard group, 0 if none)."""
-        pt = self.point
-        if pt.sharding == "hsdp":
-            return hsdp_shard(dp, pt.cp, pt.tp, self.net.gpus_per_node)
-        return dp * pt.cp
+        d = self.dims(dp)
+        if self.point.sharding.hybrid:
+            return d.dp_shard if d.dp_replicate > 1 and d.dp_shard > 1 else 0
+        return d.data_context
 
     def bytes_per_param(self, dp: int, pp: int = 1) -> float:
         n = self.shard(dp)
@@ -86,22 +110,26 @@ class Axes:
                                  keep=self.keeps_weights(pp))
 
     def sync(self, dp: int, pp: int = 1) -> Sync:
-        pt = self.point
-        return Sync(pt.sharding, self.net, dp * pt.cp, self.grad_bytes, stride=pt.tp,
-                    shard=self.shard(dp) if pt.sharding == "hsdp" else 0,
-                    reshard=resolve_reshard(self.reshard, pp))
+        got = self._syncs.get((dp, pp))
+        if got is None:  # asked for per cut priced: made once
+            pt = self.point
+            stride, n = self.dims(dp).group("dp_cp")
+            got = self._syncs[(dp, pp)] = Sync(
+                pt.sharding, self.net, n, self.grad_bytes, stride=stride,
+                shard=self.shard(dp) if pt.sharding.hybrid else 0,
+                reshard=resolve_reshard(self.reshard, pp))
+        return got
 
     def hop(self, dp: int) -> Link:
         if self.p2p is not None:
             return self.p2p
-        pt = self.point
-        return self.net.hop(pt.tp * pt.cp * dp)
+        return self.net.hop(self.dims(dp).stage_distance(1))
 
     def optimizer_time(self, dp: int, params: float) -> float:
         """Seconds of the optimizer step of a rank with ``params`` local parameters."""
         pt = self.point
         n = self.shard(dp)
-        return step_time(params, "ddp" if pt.sharding == "hsdp" and n == 0 else pt.sharding,
+        return step_time(params, Sharding.DDP if pt.sharding.hybrid and n == 0 else pt.sharding,
                          n, self.state_bytes, self.hbm)
 
     def tied_allreduce(self, dp: int, pp: int, params: float) -> float:
@@ -110,8 +138,7 @@ class Axes:
         reduction and not overlapped), ``tp x cp x dp x (pp - 1)`` ranks apart."""
         if params <= 0 or pp <= 1:
             return 0.0
-        pt = self.point
-        link = self.p2p or self.net.hop(pt.tp * pt.cp * dp * (pp - 1))
+        link = self.p2p or self.net.hop(self.dims(dp, pp).stage_distance(pp - 1))
         return allreduce(self.grad_bytes * params, 2, link)
 
 

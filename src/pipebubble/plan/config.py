@@ -11,9 +11,8 @@ Request to it.
 
 from __future__ import annotations
 
-import math
-
 from ..errors import UserError
+from .dims import ParallelDims
 
 CONFIG_KEYS = ("tp", "sp", "cp", "pp", "dp", "sharding", "mbs", "schedule", "v", "recompute")
 
@@ -37,12 +36,14 @@ def parse_config(text: str, gpus: int) -> dict:
                                  + ("0 or 1" if key == "sp" else "an integer >= 1"))
         else:
             out[key] = value.lower()
-    degrees = [out[k] for k in ("tp", "cp", "pp", "dp") if k in out]
-    prod = math.prod(degrees)
-    if gpus % prod or (len(degrees) == 4 and prod != gpus):
+    given = [k for k in ("tp", "cp", "pp", "dp") if k in out]
+    dims = ParallelDims(**{k: out[k] for k in ("tp", "cp", "pp") if k in out},
+                        dp_replicate=out.get("dp", 1))  # the degrees given, 1 for the rest
+    prod = dims.world
+    if gpus % prod or (len(given) == 4 and prod != gpus):
         shown = " x ".join(f"{k}={out[k]}" for k in ("tp", "cp", "pp", "dp") if k in out)
         raise UserError(f"--config {shown} = {prod} GPUs "
-                         + ("!= " if len(degrees) == 4 else "does not divide ")
+                         + ("!= " if len(given) == 4 else "does not divide ")
                          + f"--gpus {gpus}; tp x cp x pp x dp must equal --gpus")
     return out
 

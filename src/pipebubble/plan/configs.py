@@ -55,9 +55,10 @@ class Configs:
             if (req.pp is not None and pp not in req.pp) or (
                     req.dp is not None and dp not in req.dp):
                 continue
-            if pt.sharding != "ddp" and dp * pt.cp == 1:
+            dims = self.axes.dims(dp, pp)
+            if pt.sharding.shards_optimizer and dims.data_context == 1:
                 continue  # nothing to shard: the same plan as ddp, shown once
-            if pt.sharding == "hsdp" and not self.axes.shard(dp):
+            if pt.sharding.hybrid and not self.axes.shard(dp):
                 continue  # the shard group would be 1 or all of dp: ddp or fsdp
             for size in req.microbatch_sizes:
                 if req.global_batch % (dp * size):
@@ -80,8 +81,8 @@ class Configs:
                             ch = chains_of(name)
                             if ch not in bounds:
                                 bounds[ch] = self.config_bound(pp, dp, size, m, rec, ch)
-                            yield Config(pp, dp, size, m, name, v, rec, bounds[ch],
-                                         pt.tp, pt.sp, pt.cp, pt.sharding)
+                            yield Config(dims, size, m, name, v, rec, bounds[ch],
+                                         pt.sharding)
 
     def config_bound(self, pp: int, dp: int, size: int, m: int, rec: str, chains: int
                      ) -> float:
@@ -136,21 +137,24 @@ class Configs:
 def _why_no_split(r, G: int, L: int, splits: list, pt) -> str:
     """The batch splits (``splits``: (pp, dp, microbatch size)), but each split is ruled
     out: name the first limit every one of them breaks."""
-    B, ranks = r.global_batch, f"--gpus {r.gpus}" + (f" / (tp x cp = {pt.tp * pt.cp})"
-                                                     if pt.tp * pt.cp > 1 else "")
+    mp = pt.dims.model_parallel
+    B, ranks = r.global_batch, f"--gpus {r.gpus}" + (f" / (tp x cp = {mp})" if mp > 1
+                                                     else "")
     if all(pp > L for pp, _, _ in splits):
         dp = max(d for _, d, _ in splits)
         need = min(d for d in limits.divisors(G) if G // d <= L)
         return (f"{ranks} leaves a pipeline of at least {G // dp} stages: --global-batch {B} "
                 f"allows at most dp = {dp} (dp x microbatch size must divide it), and pp = "
                 f"GPUs / dp must be at most the profile's {L} layers; use at most "
-                f"{L * dp * pt.tp * pt.cp} GPUs or a --global-batch that is a multiple of "
+                f"{pt.dims.with_split(L, dp, 1).world} GPUs or a --global-batch that is a "
+                f"multiple of "
                 f"{need} x microbatch size (dp >= {need})")
     if all(not limits.plan_microbatches_ok(B // (d * s)) for _, d, s in splits):
         return (f"--global-batch {B} over these GPUs gives more than "
                 f"{limits.MAX_PLAN_MICROBATCHES:,} microbatches per pipeline for every split: "
                 "use larger --microbatch-size values or more GPUs")
-    if pt.sharding != "ddp" and all(d * pt.cp == 1 for _, d, _ in splits):
+    if pt.sharding.shards_optimizer and all(pt.dims.with_split(1, d, 1).data_context == 1
+                                    for _, d, _ in splits):
         return (f"--sharding {pt.sharding} shards the model states over dp x cp ranks, but "
                 f"every split of {ranks} has one; use --sharding ddp or more GPUs")
     given = [axis_flag(r, a, v) for a, v in (("pp", r.pp), ("dp", r.dp)) if v]

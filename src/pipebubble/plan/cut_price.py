@@ -206,7 +206,7 @@ class Pricing:
         copies = [b for a, b in ends if a != b] if lc.tied else []  # tied embedding copies
         if copies:  # on the head's rank (layercosts.LayerCosts.tied); Axes.tied_allreduce
             rank_params = [P + lc.tied * copies.count(r) for r, P in enumerate(rank_params)]
-        if c.dp * c.cp == 1:
+        if c.dims.data_context == 1:
             ar = [0.0] * c.pp
         else:
             seen: dict = {}  # ranks alike: asked once

@@ -97,8 +97,9 @@ from __future__ import annotations
 import math
 
 from ..errors import UserError
+from .shardings import SHARDINGS, Sharding
 
-SHARDINGS = ("ddp", "zero1", "zero2", "fsdp", "hsdp")
+__all__ = ["SHARDINGS"]
 FP8_COPY_BYTES = 1.0  # an FP8 copy of each weight (--precision fp8)
 STATE_FLAGS = ("--param-bytes", "--grad-bytes", "--optimizer-bytes")
 
@@ -123,17 +124,7 @@ def model_state_bytes(sharding: str, n: int, weight: float = 2.0, grad: float = 
     """Bytes per (local) parameter under ``sharding`` over ``n`` ranks (table above; for
     ``hsdp`` pass the shard group's size; ``keep``: fsdp / hsdp with the weights and
     gradients kept unsharded across microbatches)."""
-    if keep and sharding in ("fsdp", "hsdp"):
-        return weight + grad + optimizer / n
-    if sharding == "ddp":
-        return weight + grad + optimizer
-    if sharding == "zero1":
-        return weight + grad + optimizer / n
-    if sharding == "zero2":
-        return weight + (grad + optimizer) / n
-    if sharding in ("fsdp", "hsdp"):
-        return (weight + grad + optimizer) / n
-    raise UserError(f"unknown --sharding {sharding!r}; valid are {', '.join(SHARDINGS)}")
+    return Sharding.of(sharding).state_bytes(n, weight, grad, optimizer, keep)
 
 
 def block_activation_bytes(shape, s: int, b: int, tp: int = 1, sp: bool = False, cp: int = 1,

@@ -26,6 +26,8 @@ True
 
 from __future__ import annotations
 
+from .shardings import Sharding
+
 
 def step_bytes(weight: float = 2.0, grad: float = 2.0, optimizer: float = 12.0) -> float:
     """HBM bytes one parameter's Adam step moves (module doc): ``2 g + 2 o + w``."""
@@ -34,7 +36,7 @@ def step_bytes(weight: float = 2.0, grad: float = 2.0, optimizer: float = 12.0) 
 
 def updated_share(sharding: str, shard: int) -> float:
     """The fraction of a rank's local parameters its optimizer updates."""
-    return 1.0 if sharding == "ddp" else 1.0 / max(shard, 1)
+    return Sharding.of(sharding).updated_share(shard)
 
 
 def step_time(params: float, sharding: str, shard: int,

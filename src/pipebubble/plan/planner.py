@@ -74,15 +74,16 @@ from ..errors import UserError
 from .analytic import TransformerShape
 from .axes import Axes, Point, axis_flag, splits
 from .compute import Rates, fp8_peak
+from .dims import ParallelDims
 from .families import _auto_function, chunk_options, held_per_stage, schedule_list
 from .hardware import Hardware
 from .layercosts import ProfileSet
-from .memory import SHARDINGS
 from .network import Network
 from .parallel_costs import ParallelCosts
 from .plans import Config, NoPlanFits, Plan, Request, Result, fmt_gib
 from .scoring import Searcher, legacy_axes
 from .search import plan_order, search_points
+from .shardings import SHARDINGS, Sharding
 
 __all__ = ["Config", "NoPlanFits", "Plan", "Request", "Result", "Searcher",
            "chunk_options", "fmt_gib", "held_per_stage", "plan_order", "schedule_list",
@@ -105,10 +106,8 @@ def build_points(profiles, req: Request, hardware: Hardware | None = None,
                  efficiency: float | None = None, mfu: float | None = None) -> list:
     """``(point, layer costs, axes)`` for every (tp, sp, cp, sharding) the request allows."""
     shape, seq, flash = model_of(profiles)
-    shardings = req.shardings or (SHARDINGS if hardware is not None else SHARDINGS[:4])
-    for s in shardings:
-        if s not in SHARDINGS:
-            raise UserError(f"unknown --sharding {s!r}; valid are {', '.join(SHARDINGS)}")
+    shardings = [Sharding.of(s) for s in  # one line for an unknown name
+                 req.shardings or (SHARDINGS if hardware is not None else SHARDINGS[:4])]
     if req.precision != "bf16" and (hardware is None or shape is None):
         raise UserError(f"--precision {req.precision} prices the GEMMs from the model's shape: "
                          "it needs --gpu NAME and an analytic or --hf-config profile (a "
@@ -126,7 +125,7 @@ def build_points(profiles, req: Request, hardware: Hardware | None = None,
         splits(req, (1,), (1,))  # --pp and --dp together with --gpus
         out = []
         for s in shardings:
-            pt = Point(1, False, 1, s)
+            pt = Point(ParallelDims(), s)
             axes = legacy_axes(req, pt) if hardware is None else hardware_axes(req, pt,
                                                                                hardware)
             out.append((pt, profiles, axes))
@@ -151,7 +150,7 @@ def build_points(profiles, req: Request, hardware: Hardware | None = None,
                                   names=profiles.names, modules=profiles.modules,
                                   profile=profiles.profile)
             for s in shardings:
-                pt = Point(tp, sp, cp, s)
+                pt = Point(ParallelDims(tp=tp, cp=cp, sp=sp), s)
                 out.append((pt, costs, hardware_axes(req, pt, hardware, mfu is None)))
     if not out:  # only --sp 1 empties it: every tp the split leaves is 1
         given = "".join(f", {axis_flag(req, a, getattr(req, a))}"

@@ -14,7 +14,9 @@ from ..costs import CostModel
 from ..errors import UserError
 from ..ir.schedule import Schedule
 from ..params import check_real
+from .dims import ParallelDims
 from .partition import Ranges
+from .shardings import Sharding
 
 CUT_SEARCH = {
     "exhaustive": "every cut scored: the fastest cut that fits (exact)",
@@ -128,18 +130,28 @@ class Request:
 
 @dataclass(frozen=True)
 class Config:
-    pp: int
-    dp: int
+    """One configuration the search tries: its degrees (:class:`~pipebubble.plan.dims.
+    ParallelDims`: tp, sp, cp, pp and dp split into replicas x shards by the sharding), the
+    sharding, and the pipeline's microbatching, schedule and recomputation."""
+
+    dims: ParallelDims
     microbatch_size: int
     microbatches: int
     schedule: str
     chunks: int
     recompute: str
     bound: float  # no cut of this configuration takes less (seconds)
-    tp: int = 1
-    sp: bool = False
-    cp: int = 1
-    sharding: str = "ddp"
+    sharding: Sharding = Sharding.DDP  # or its name
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sharding", Sharding.of(self.sharding))
+
+    # The degrees, read through the dims.
+    pp = property(lambda self: self.dims.pp)
+    dp = property(lambda self: self.dims.dp)
+    tp = property(lambda self: self.dims.tp)
+    sp = property(lambda self: self.dims.sp)
+    cp = property(lambda self: self.dims.cp)
 
 
 @dataclass
@@ -183,11 +195,11 @@ class Plan:
     sp = property(lambda self: self.config.sp)
     cp = property(lambda self: self.config.cp)
     sharding = property(lambda self: self.config.sharding)
+    dims = property(lambda self: self.config.dims)
 
     @property
     def gpus(self) -> int:
-        c = self.config
-        return c.tp * c.cp * c.pp * c.dp
+        return self.config.dims.world
 
     @property
     def samples_per_second(self) -> float:
@@ -201,8 +213,7 @@ class Plan:
 
     def as_json(self) -> dict:
         c = self.config
-        return {"tp": c.tp, "sp": c.sp, "cp": c.cp, "pp": c.pp, "dp": c.dp,
-                "sharding": c.sharding, "chunks": c.chunks,
+        return {**c.dims.as_json(), "sharding": str(c.sharding), "chunks": c.chunks,
                 "placement": placement_name(self.stage_to_rank, c.pp),
                 "schedule": c.schedule, "microbatch_size": c.microbatch_size,
                 "microbatches": c.microbatches, "recompute": c.recompute,

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from itertools import combinations
 
 from ..costs import fits_limit
@@ -50,6 +50,43 @@ from .partition import min_max_partition, ranges_from_ends
 from .pipeline_axis import run_pipeline
 from .plans import Config, Plan, Priced, Request
 
+
+@dataclass
+class SearchCache:
+    """What the searchers of one search (one per point) share: what depends on the schedule
+    or the layer costs only, not on the point's sharding. One object, passed to each
+    :class:`Searcher`; entries keyed by a schedule or layer-cost object's ``id`` keep that
+    object beside the value and are checked against it (an id is reused once its object
+    dies)."""
+
+    schedules: dict = field(default_factory=dict)  # (family, pp, m, v) -> Schedule | None
+    held: dict = field(default_factory=dict)  # per schedule: microbatches held per stage
+    split: dict = field(default_factory=dict)  # per schedule: split / fused backward
+    firsts: dict = field(default_factory=dict)  # per schedule: each rank's first stage
+    peaks: dict = field(default_factory=dict)  # per order and stage memory: simulated peaks
+    ranks: dict = field(default_factory=dict)
+    prefixes: dict = field(default_factory=dict)  # per layer costs: prefix sums
+    sums: dict = field(default_factory=dict)
+    why_not: dict = field(default_factory=dict)  # "family pp=N" -> why it has no schedule
+    # The pipeline's timeline depends on the schedule and the stage costs only: points that
+    # differ in sharding alone (same layers, same cut) share their simulations.
+    runs: dict = field(default_factory=dict)
+    # Orders-free schedules of a placement (pp, m, stages): bounds before generating.
+    shapes: dict = field(default_factory=dict)
+    # per family: (p m v, seconds / (p m v)) of its largest schedule generated
+    rates: dict = field(default_factory=dict)
+    # Cuts (a) depend on the layer costs only: per layer-cost object (the shardings of one
+    # (tp, sp, cp) share it), the object and its cuts.
+    cuts: dict = field(default_factory=dict)
+
+    def cuts_of(self, profiles) -> dict:
+        """The cut cache of ``profiles`` (kept beside it: never another object's)."""
+        got = self.cuts.get(id(profiles))
+        if got is None or got[0] is not profiles:
+            got = self.cuts[id(profiles)] = (profiles, {})
+        return got[1]
+
+
 SHAPE_CUTS = 16  # the most cuts priced to rule a configuration out before generating it
 COSTLY = 0.05  # seconds: a schedule slower to generate is visited late (Searcher.costly)
 
@@ -58,11 +95,11 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
     """One search: the configurations of a request, and the plan of each (module doc)."""
 
     def __init__(self, profiles: ProfileSet, req: Request, axes: Axes | None = None,
-                 shared: dict | None = None):
+                 shared: SearchCache | None = None):
         self.p, self.req = profiles, req
         self.axes = axes or legacy_axes(req, Point())
         self.point = self.axes.point
-        self.gpus = req.gpus // (self.point.tp * self.point.cp)  # pipeline x data parallel
+        self.gpus = req.gpus // self.point.dims.model_parallel  # pipeline x data parallel
         self.L = len(profiles)
         self.names = schedule_list(req.schedules)
         modes = profiles.recompute_modes()
@@ -76,28 +113,17 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
                 profiles.at(1, r)  # raises the profile's message
         self.simulated = 0
         self.auto_runs, self.auto_seconds = 0, 0.0  # the automatic scheduler's searches
-        # Shared by the searchers of one search (one per point): what depends on the
-        # schedule or the layer costs only, not on the point's sharding.
-        shared = {} if shared is None else shared
-        self._schedules: dict[tuple, Schedule | None] = shared.setdefault("schedules", {})
-        self._held: dict = shared.setdefault("held", {})
-        self._split: dict = shared.setdefault("split", {})
-        self._firsts: dict = shared.setdefault("firsts", {})
-        self._peaks: dict = shared.setdefault("peaks", {})
-        self._ranks: dict = shared.setdefault("ranks", {})
-        self._prefixes: dict = shared.setdefault("prefixes", {})
-        self._sums: dict = shared.setdefault("sums", {})
-        self.why_not: dict[str, str] = shared.setdefault("why_not", {})
-        # The pipeline's timeline depends on the schedule and the stage costs only: points
-        # that differ in sharding alone (same layers, same cut) share their simulations.
-        self._runs: dict[tuple, tuple[Schedule, object]] = shared.setdefault("runs", {})
-        # Orders-free schedules of a placement (pp, m, stages): bounds before generating.
-        self._shapes: dict[tuple, Schedule] = shared.setdefault("shapes", {})
-        # per family: (p m v, seconds / (p m v)) of its largest schedule generated
-        self._rates: dict[str, tuple] = shared.setdefault("rates", {})
-        # Cuts (a) depend on the layer costs only: shared by the shardings of one (tp, sp, cp).
-        self._cuts: dict[tuple, list] = shared.setdefault("cuts", {}).setdefault(
-            id(profiles), {})
+        # Shared by the searchers of one search (one per point): SearchCache.
+        cache = self.cache = SearchCache() if shared is None else shared
+        self._schedules: dict[tuple, Schedule | None] = cache.schedules
+        self._held, self._split, self._firsts = cache.held, cache.split, cache.firsts
+        self._peaks, self._ranks = cache.peaks, cache.ranks
+        self._prefixes, self._sums = cache.prefixes, cache.sums
+        self.why_not: dict[str, str] = cache.why_not
+        self._runs: dict[tuple, tuple[Schedule, object]] = cache.runs
+        self._shapes: dict[tuple, Schedule] = cache.shapes
+        self._rates: dict[str, tuple] = cache.rates
+        self._cuts: dict[tuple, list] = cache.cuts_of(profiles)
         # This point's sharding: the data-parallel traffic and the costs that carry it.
         self._sync_times: dict[tuple, tuple[float, float]] = {}
         self._exposures: dict[tuple, float] = {}
@@ -279,7 +305,7 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
             return None
         where = sched.stage_to_rank
         ar = max((sum(pr.costs.allreduce[s] for s, r in enumerate(where) if r == k)
-                  for k in range(c.pp)), default=0.0) if c.dp * c.cp > 1 else 0.0
+                  for k in range(c.pp)), default=0.0) if c.dims.data_context > 1 else 0.0
         plan = Plan(c, pr.ranges, tuple(where), step, run.step_time, run.bubble_fraction,
                     peaks, ar, pr.costs.comm, pr.costs, sched, self.req.global_batch)
         plan.dp_exposed = max(pr.exposed, default=0.0)
@@ -287,17 +313,18 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
         plan.static = list(pr.static)
         w, g, o = self.axes.state_bytes
         n = max(self.axes.shard(c.dp), 1)
-        sh = c.sharding
-        fsdp = sh in ("fsdp", "hsdp") and not self.axes.keeps_weights(c.pp)
-        if sh in ("fsdp", "hsdp"):
-            plan.fsdp_reshard = "never" if self.axes.keeps_weights(c.pp) else "always"
+        keep = self.axes.keeps_weights(c.pp)
+        sh_w, sh_g, sh_o = c.sharding.sharded(keep)  # shardings.Sharding: 1 / n of these
+        fsdp = sh_w  # weights sharded: gathered per microbatch, the layers in flight
+        if c.sharding.shards_params:
+            plan.fsdp_reshard = "never" if keep else "always"
         gathered = self._gathered(c, self.p.at(c.microbatch_size, c.recompute), sched,
                                   pr.ranges) if fsdp else None
         for r in range(c.pp):
             P = pr.rank_params[r]
-            states = {"weights": w * P / (n if fsdp else 1),
-                      "gradients": g * P / (n if fsdp or sh == "zero2" else 1),
-                      "optimizer": o * P / (n if sh != "ddp" else 1)}
+            states = {"weights": w * P / (n if sh_w else 1),
+                      "gradients": g * P / (n if sh_g else 1),
+                      "optimizer": o * P / (n if sh_o else 1)}
             if gathered is not None:  # FSDP resharded always: the layers in flight
                 states["gathered_layers"] = gathered[r]
             states["recompute_transient"] = pr.static[r] - sum(states.values())

@@ -38,7 +38,7 @@ from ..errors import UserError
 from ..schedules import lookup
 from .axes import Axes, Point
 from .plans import Config, Plan, Request, Result
-from .scoring import Searcher
+from .scoring import SearchCache, Searcher
 
 
 def runnable_nowhere(name: str) -> bool:
@@ -53,7 +53,7 @@ def search_points(points: list[tuple[Point, object, Axes]], req: Request) -> Res
     """The ``req.top`` fastest plans over ``points`` (``(point, layer costs, axes)``)."""
     req.check()
     t0 = time.perf_counter()
-    shared: dict = {}
+    shared = SearchCache()
     searchers = [Searcher(costs, req, axes, shared) for _, costs, axes in points]
     work: list[tuple[float, Config, Searcher]] = []
     autos: list[tuple[Config, Searcher]] = []
@@ -120,7 +120,7 @@ def plan_order(p: Plan) -> tuple:
     """Fastest first; on a tie the lighter plan, then one some framework runs, then the
     least model parallelism."""
     c = p.config
-    return (p.step_time, max(p.peak_memory), runnable_nowhere(c.schedule), c.tp * c.cp,
+    return (p.step_time, max(p.peak_memory), runnable_nowhere(c.schedule), c.dims.model_parallel,
             c.pp, c.schedule, c.chunks, c.microbatch_size, c.recompute, c.sharding, c.sp)
 
 

@@ -87,16 +87,17 @@ from pathlib import Path
 from .layercosts import ProfileSet
 from .layouts import megatron_flags, megatron_layout, megatron_symbols
 from .planner import Plan
+from .shardings import Sharding
 
 TORCHTITAN_TOML = "torchtitan 0.2.x (0.2.0 to 0.2.2; the TOML job file, --job.config_file)"
 TORCHTITAN_CLI = "torchtitan 0.3.0 (config_registry function + CLI overrides)"
 MEGATRON = ("Megatron-LM core_v0.16.1 (pretrain_gpt.py; megatron/training/arguments.py with "
             "megatron-core 0.16.1)")
 
-TORCHTITAN_SHARDINGS = ("ddp", "fsdp", "hsdp")
-MEGATRON_SHARDINGS = ("ddp", "zero1", "zero2", "fsdp")  # zero2 and fsdp at pp = 1 only
+TORCHTITAN_SHARDINGS = (Sharding.DDP, Sharding.FSDP, Sharding.HSDP)
+MEGATRON_SHARDINGS = (Sharding.DDP, Sharding.ZERO1, Sharding.ZERO2,  # zero2, fsdp: pp = 1 only
+                      Sharding.FSDP)
 TABLES = ("training", "parallelism", "activation_checkpoint")
-NAMES = {"zero1": "ZeRO-1", "zero2": "ZeRO-2", "fsdp": "FSDP", "hsdp": "HSDP", "ddp": "DDP"}
 
 
 def torch_class(schedule: str) -> str | None:
@@ -114,16 +115,12 @@ def megatron_families() -> list[str]:
     return [n for n in schedule_names() if lookup(n).megatron is not None]
 
 
-def data_parallel_degrees(plan: Plan, gpus_per_node: int = 8) -> tuple[int, int]:
-    """torchtitan's (shard, replicate) degrees for the plan's data parallelism."""
+def data_parallel_degrees(plan: Plan) -> tuple[int, int]:
+    """torchtitan's (shard, replicate) degrees for the plan's data parallelism: its dims'
+    as priced for fsdp and hsdp; the rest torchtitan runs replicated."""
     c = plan.config
-    if c.sharding == "fsdp":
-        return c.dp, 1
-    if c.sharding == "hsdp":
-        from .sharding import hsdp_shard
-
-        s = hsdp_shard(c.dp, c.cp, c.tp, gpus_per_node) or c.dp
-        return s, c.dp // s
+    if c.sharding.shards_params:
+        return c.dims.dp_shard, c.dims.dp_replicate
     return 1, c.dp
 
 
@@ -146,7 +143,7 @@ def torchtitan_blocker(plan: Plan) -> str | None:
     """Why torchtitan cannot run this plan (one sentence), or None when it can."""
     c = plan.config
     if c.sharding not in TORCHTITAN_SHARDINGS:
-        return (f"torchtitan has no {NAMES[c.sharding]} (DDP, FSDP and HSDP only: its "
+        return (f"torchtitan has no {c.sharding.label} (DDP, FSDP and HSDP only: its "
                 "degrees would run it as DDP, every replica holding the whole optimizer "
                 "state)")
     if c.pp > 1 and plan.schedule_obj.chains > 1:
@@ -166,11 +163,11 @@ def megatron_blocker(plan: Plan) -> str | None:
 
         names = " and ".join(lookup(n).megatron for n in megatron_families())
         return f"Megatron-LM pipelines {names} only, not {c.schedule}"
-    if c.sharding == "hsdp":
+    if c.sharding.hybrid:
         return "these flags have no HSDP form for Megatron-LM"
-    if c.sharding in ("zero2", "fsdp") and c.pp > 1:
-        return (f"Megatron-LM shards gradients{' and weights' if c.sharding == 'fsdp' else ''}"
-                f" ({NAMES[c.sharding]}) only with Megatron-FSDP or torch FSDP2, neither of "
+    if c.sharding.shards_grads and c.pp > 1:
+        return (f"Megatron-LM shards gradients{' and weights' if c.sharding.shards_params else ''}"
+                f" ({c.sharding.label}) only with Megatron-FSDP or torch FSDP2, neither of "
                 "which pipelines (its --use-distributed-optimizer is ZeRO-1)")
     if c.pp > 1 and c.chunks > 1 and c.microbatches % c.pp:
         return (f"Megatron-LM's interleaved schedule runs microbatches in groups of pp = "
@@ -209,7 +206,7 @@ def torchtitan_modules(profiles: ProfileSet, head: str = "output") -> list[list[
 
 
 def torchtitan(plan: Plan, profiles: ProfileSet, csv_path: str | Path | None = None,
-               gpus_per_node: int = 8, seq: int | None = None) -> dict:
+               seq: int | None = None) -> dict:
     """The plan's torchtitan paste: ``training``, ``parallelism`` and
     ``activation_checkpoint`` (the TOML tables of :data:`TORCHTITAN_TOML`), ``cli`` (the
     same as :data:`TORCHTITAN_CLI`'s overrides), ``version``/``cli_version`` and ``note``.
@@ -219,7 +216,7 @@ def torchtitan(plan: Plan, profiles: ProfileSet, csv_path: str | Path | None = N
     if reason is not None:
         return {"runnable": False, "reason": reason, "version": TORCHTITAN_TOML}
     c = plan.config
-    shard, replicate = data_parallel_degrees(plan, gpus_per_node)
+    shard, replicate = data_parallel_degrees(plan)
     seq = seq if seq is not None else profiles.metadata().get("seq")
     training: dict = {"local_batch_size": c.microbatch_size * (c.microbatches if c.pp > 1
                                                                   else 1),
@@ -327,17 +324,17 @@ def megatron(plan: Plan, profiles: ProfileSet, seq: int | None = None) -> str | 
                      "--recompute-num-layers 1")
     elif c.recompute == "selective":
         flags.append("--recompute-granularity selective")
-    reduced = c.dp * c.cp > 1
-    if c.sharding == "zero1":
+    reduced = c.dims.data_context > 1
+    strategy = c.sharding.megatron_fsdp_strategy  # shardings.Sharding
+    if c.sharding.shards_optimizer and not c.sharding.shards_grads:  # ZeRO-1
         flags.append("--use-distributed-optimizer")
-    elif c.sharding in ("zero2", "fsdp"):
-        strategy = "optim_grads" if c.sharding == "zero2" else "optim_grads_params"
+    elif strategy is not None:
         flags.append(f"--use-megatron-fsdp --data-parallel-sharding-strategy {strategy} "
                      "--use-distributed-optimizer --no-gradient-accumulation-fusion "
                      "--ckpt-format fsdp_dtensor")
     if reduced:
         flags.append("--overlap-grad-reduce")
-        if c.sharding != "ddp":
+        if c.sharding.gathers:
             flags.append("--overlap-param-gather")
     return " ".join(flags)
 
@@ -347,7 +344,7 @@ def megatron_env(plan: Plan) -> str:
     ``CUDA_DEVICE_MAX_CONNECTIONS=1`` with tensor or context parallelism (before Blackwell;
     Megatron-FSDP wants it unset, and only warns then), else nothing."""
     c = plan.config
-    fsdp = c.sharding in ("zero2", "fsdp")
+    fsdp = c.sharding.megatron_fsdp_strategy is not None  # Megatron-FSDP
     return "CUDA_DEVICE_MAX_CONNECTIONS=1" if (c.tp > 1 or c.cp > 1) and not fsdp else ""
 
 

@@ -75,6 +75,7 @@ from dataclasses import dataclass
 
 from ..errors import UserError
 from .network import Network, all_gather, allreduce, reduce_scatter
+from .shardings import Sharding
 
 BUCKET = 40e6  # parameters per gradient bucket (Megatron-LM's default bucket size)
 RESHARDS = ("always", "never", "auto")  # plan --fsdp-reshard
@@ -118,7 +119,7 @@ def gathered_bytes(layer_params, weight: float, grad: float) -> float:
 class Sync:
     """The data-parallel traffic of one sharding over ``n`` ranks (``shard`` for hsdp)."""
 
-    sharding: str
+    sharding: Sharding  # or its name
     net: Network
     n: int
     grad_bytes: float = 4.0
@@ -126,10 +127,13 @@ class Sync:
     shard: int = 0  # hsdp: ranks per shard group (inside a node)
     reshard: str = "never"  # fsdp / hsdp: always or never (resolved, module doc)
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sharding", Sharding.of(self.sharding))
+
     @property
     def per_microbatch(self) -> bool:
         """Whether the traffic runs every microbatch (fsdp / hsdp resharded ``always``)."""
-        return self.sharding in ("fsdp", "hsdp") and self.reshard == "always" and self.n > 1
+        return self.sharding.per_microbatch(self.reshard) and self.n > 1
 
     def layer_traffic(self, params: float) -> tuple[float, float]:
         """(one all-gather of the weights, one reduce-scatter of the gradients) seconds for
@@ -138,7 +142,7 @@ class Sync:
         n, g = self.n, self.grad_bytes
         if n <= 1:
             return 0.0, 0.0
-        if self.sharding == "hsdp":
+        if self.sharding.hybrid:
             s = self.shard
             inner = self.net.link(self.stride, s)
             across = self.net.link(self.stride * s, n // s)  # one member a shard group apart
@@ -154,9 +158,9 @@ class Sync:
         if n <= 1 or self.per_microbatch:
             return 0.0, 0.0
         link = self.net.link(self.stride, n)
-        if self.sharding == "ddp":
+        if not self.sharding.gathers:
             return 0.0, allreduce(g * params, n, link)
-        if self.sharding in ("zero1", "zero2", "fsdp"):
+        if not self.sharding.hybrid:
             return all_gather(2 * params, n, link), reduce_scatter(g * params, n, link)
         return self.layer_traffic(params)  # hsdp kept: once, over its shard group
 
@@ -168,12 +172,3 @@ class Sync:
         share = min(1.0, BUCKET / params) if params > 0 else 1.0
         return (max(after * share, after - backward)
                 + max(before * share, before - forward))
-
-
-def hsdp_shard(dp: int, cp: int, tp: int, gpus_per_node: int) -> int:
-    """HSDP's shard group: the most data-parallel ranks that fit in one node with their TP
-    and CP groups (a divisor of ``dp``); 0 when that is 1 or all of ``dp`` (then it is
-    plain DDP or FSDP)."""
-    room = max(gpus_per_node // (tp * cp), 1)
-    s = max(d for d in range(1, min(dp, room) + 1) if dp % d == 0)
-    return s if 1 < s < dp else 0

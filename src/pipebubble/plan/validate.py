@@ -157,7 +157,8 @@ class Validation:
 def fits_here(plan: Plan, max_processes: int) -> bool:
     """Whether the plan's ``pp x dp`` processes fit this machine (an ``auto`` order runs
     from its CSV, every other schedule by name)."""
-    return plan.tp * plan.cp == 1 and plan.pp * plan.dp <= max_processes  # no TP/CP runtime
+    d = plan.dims  # no TP/CP runtime: one process per pipeline x data-parallel rank
+    return d.model_parallel == 1 and d.world <= max_processes
 
 
 def sleep_times(plan: Plan, scale: float) -> tuple[list[float], list[float], list[float]]:

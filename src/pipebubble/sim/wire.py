@@ -159,7 +159,7 @@ def lower(schedule: Schedule, ordering: str = "batched",
     it and both parts' sends after it; the runtime runs its two parts in sequence.
 
     ``recv_first``: a boundary rule of one's own (an engine's order, e.g.
-    ``plan/published.deepspeed_lowering``): ``recv_first(rank, before, after)`` (the
+    ``plan/deepspeed.deepspeed_lowering``): ``recv_first(rank, before, after)`` (the
     actions of the compute steps either side) says whether the rank posts its receives
     before its sends there, one blocking operation at a time; ``ordering`` then only names
     the rule.

@@ -1,0 +1,168 @@
+"""The parallel degrees of one plan, in one value: :class:`ParallelDims`.
+
+A plan splits ``world`` GPUs over five axes (torchtitan's ``ParallelDims``, Megatron-Core's
+process groups):
+
+- ``tp``: tensor parallel (``sp``: with sequence parallelism over the same ranks);
+- ``cp``: context parallel (ring attention over the sequence);
+- ``pp``: pipeline parallel (the stages);
+- ``dp_replicate`` x ``dp_shard``: data parallel, ``dp`` ranks in all. ``dp_shard`` ranks
+  share (shard) the model states, ``dp_replicate`` groups of them hold copies: DDP is
+  ``dp_replicate = dp``, ZeRO and FSDP ``dp_shard = dp``, HSDP both above 1 (torchtitan's
+  ``data_parallel_replicate_degree`` and ``data_parallel_shard_degree``);
+- ``ep``: expert parallel, carved out of the ``dp_shard x cp`` ranks (torchtitan: the EP
+  mesh borrows from ``dp_shard`` and ``cp``; Megatron-Core: ``--expert-model-parallel-size``
+  inside data x context parallel). Validated here, not yet searched.
+
+``world = tp x cp x pp x dp``. The ranks are numbered as both frameworks build their grid:
+TP innermost (neighbouring ranks), then CP, then DP, PP outermost. So a group of an axis is
+``size`` ranks ``stride`` apart (:meth:`ParallelDims.group`), which is what the network
+needs to price it (:meth:`~pipebubble.plan.network.Network.link`), and consecutive pipeline
+stages are ``stage_ranks = tp x cp x dp`` ranks apart.
+
+Every product of degrees the planner needs is a property here, so a new axis is one field:
+
+>>> d = ParallelDims(tp=8, cp=2, pp=4, dp_shard=16)
+>>> d.world, d.dp, d.non_data_parallel, d.model_parallel, d.data_context, d.stage_ranks
+(1024, 16, 64, 16, 32, 256)
+>>> d.group("dp"), d.members_per_node("dp", 8), d.groups_per_node("tp", 8)
+((16, 16), 1, 1)
+>>> ParallelDims(tp=2, cp=2, dp_replicate=2).groups_per_node("tp", 8)  # 4 TP pairs a node
+4
+>>> try:
+...     ParallelDims(tp=0)
+... except UserError as exc:
+...     print(exc)
+tp must be an integer >= 1, got 0
+>>> try:
+...     ParallelDims(cp=2, dp_shard=3, ep=4)
+... except UserError as exc:
+...     print(exc)  # doctest: +ELLIPSIS
+ep 4 must divide dp_shard x cp = 6 (expert parallelism is carved out of ...); valid are 1, 2, 3, 6
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..errors import UserError
+
+DEGREES = ("tp", "cp", "pp", "dp_replicate", "dp_shard", "ep")
+AXES = ("tp", "cp", "dp", "pp")  # innermost first: the order of the process grid
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    """The degrees of a plan (module doc); validated when made, one line per bad degree."""
+
+    tp: int = 1
+    cp: int = 1
+    pp: int = 1
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    ep: int = 1  # expert parallel: inside dp_shard x cp (not yet searched)
+    sp: bool = False  # sequence parallelism over the tp ranks
+
+    def __post_init__(self) -> None:
+        for name in DEGREES:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise UserError(f"{name} must be an integer >= 1, got {v!r}")
+        if not isinstance(self.sp, bool):
+            raise UserError(f"sp must be a bool (sequence parallelism on or off), got "
+                            f"{self.sp!r}")
+        if self.sp and self.tp == 1:
+            raise UserError("sp needs tp > 1 (sequence parallelism splits TP's replicated "
+                            "activations)")
+        room = self.dp_shard * self.cp
+        if room % self.ep:
+            valid = ", ".join(str(d) for d in range(1, room + 1) if room % d == 0)
+            raise UserError(f"ep {self.ep} must divide dp_shard x cp = {room} (expert "
+                            f"parallelism is carved out of the sharded data x context "
+                            f"parallel ranks); valid are {valid}")
+
+    # ---- derived sizes ---------------------------------------------------------------------
+    @property
+    def dp(self) -> int:
+        """Data-parallel ranks: replicas x shards."""
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def world(self) -> int:
+        """GPUs of the plan: ``tp x cp x pp x dp``."""
+        return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def model_parallel(self) -> int:
+        """Ranks that hold one copy of one stage together: ``tp x cp``."""
+        return self.tp * self.cp
+
+    @property
+    def non_data_parallel(self) -> int:
+        """Ranks of one model copy: ``tp x cp x pp`` (torchtitan's
+        ``non_data_parallel_size``)."""
+        return self.model_parallel * self.pp
+
+    @property
+    def data_context(self) -> int:
+        """Ranks that hold the same weights and reduce gradients together: ``dp x cp``
+        (context-parallel ranks hold the same weights, as in Megatron-LM)."""
+        return self.dp * self.cp
+
+    @property
+    def stage_ranks(self) -> int:
+        """Ranks of one pipeline stage: ``tp x cp x dp``, how far apart consecutive stages
+        are in the grid."""
+        return self.model_parallel * self.dp
+
+    def stage_distance(self, k: int) -> int:
+        """Ranks between a rank and the rank holding its stage ``k`` stages later:
+        ``k x stage_ranks`` (the last stage is ``pp - 1`` stages after the first)."""
+        return k * self.stage_ranks
+
+    @property
+    def expert_data_parallel(self) -> int:
+        """The expert-data-parallel ranks: ``dp x cp / ep`` (expert weights are replicated
+        or sharded over them)."""
+        return self.data_context // self.ep
+
+    def group(self, axis: str) -> tuple[int, int]:
+        """``(stride, size)`` of a group of ``axis`` (``tp``, ``cp``, ``dp``, ``dp_cp``,
+        ``pp``) in the grid (module doc): ``dp_cp`` is the data x context group of the
+        gradient reduction, ``tp`` ranks apart."""
+        sizes = {"tp": self.tp, "cp": self.cp, "dp": self.dp, "pp": self.pp}
+        if axis == "dp_cp":
+            return self.tp, self.data_context
+        if axis not in sizes:
+            raise UserError(f"unknown axis {axis!r}; valid are {', '.join(AXES)}, dp_cp")
+        stride = 1
+        for inner in AXES[:AXES.index(axis)]:
+            stride *= sizes[inner]
+        return stride, sizes[axis]
+
+    def members_per_node(self, axis: str, gpus_per_node: int) -> int:
+        """Members a group of ``axis`` has in each node it spans (1 when its stride is a
+        node or more)."""
+        stride, size = self.group(axis)
+        return 1 if stride >= gpus_per_node else max(1, min(size, gpus_per_node // stride))
+
+    def groups_per_node(self, axis: str, gpus_per_node: int) -> int:
+        """Groups of ``axis`` that have members in one node (every GPU of the node is in
+        exactly one group of each axis)."""
+        return max(1, min(gpus_per_node, self.world) // self.members_per_node(
+            axis, gpus_per_node))
+
+    def with_split(self, pp: int, dp_replicate: int, dp_shard: int) -> ParallelDims:
+        """These model-parallel degrees with a pipeline and data-parallel split."""
+        return replace(self, pp=pp, dp_replicate=dp_replicate, dp_shard=dp_shard)
+
+    def check_world(self, gpus: int, flag: str = "--gpus") -> None:
+        """One line unless the degrees use exactly ``gpus`` GPUs."""
+        if self.world != gpus:
+            raise UserError(f"tp {self.tp} x cp {self.cp} x pp {self.pp} x dp {self.dp} = "
+                            f"{self.world} GPUs, but {flag} is {gpus}; tp x cp x pp x dp must "
+                            f"equal {flag}")
+
+    def as_json(self) -> dict:
+        return {"tp": self.tp, "sp": self.sp, "cp": self.cp, "pp": self.pp, "dp": self.dp,
+                "dp_replicate": self.dp_replicate, "dp_shard": self.dp_shard, "ep": self.ep}
