@@ -108,8 +108,9 @@ class Validation:
 
     @property
     def processes(self) -> int:
-        """Processes the run started: one per pipeline rank and data-parallel replica."""
-        return self.plan.pp * self.plan.dp
+        """Processes the run started: one per pipeline rank and data-parallel replica (a
+        validated plan has no tensor or context parallelism: every GPU is one process)."""
+        return self.plan.gpus
 
     @property
     def relative_error(self) -> float | None:
