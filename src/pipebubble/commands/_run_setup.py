@@ -48,6 +48,14 @@ class RunSetup:
     batch_size: int = 0  # samples per pipeline step (one replica)
     seed: int = 0  # weights and data seed (step k's batch: runtime.train.step_generator)
     ties: list = field(default_factory=list)  # tied weights' copies (runtime.tied.StageTie)
+    cut_by: str = "given"  # what chose ``boundaries`` (runtime.cut.BY)
+
+    @property
+    def cut(self) -> str:
+        """``cut --boundaries 4 (balanced by FLOPs)``: the cut and what chose it."""
+        from ..runtime.cut import Cut
+
+        return Cut(list(self.boundaries), self.cut_by).describe()
 
 
 def build_setup(args: argparse.Namespace, reference: bool = False,
@@ -55,7 +63,7 @@ def build_setup(args: argparse.Namespace, reference: bool = False,
     """Flags -> schedule, model stages, batch. Raises UserError naming a bad value.
     ``schedule``: one already built from these flags (a forked worker has the launcher's;
     an ``auto`` order need not be searched again on every rank)."""
-    from ..runtime.stages import check_boundaries, even_boundaries
+    from ..runtime.cut import choose_cut
 
     if schedule is None:
         schedule = load_schedule(args)  # --csv FILE, or --schedule/--ranks/--microbatches
@@ -101,24 +109,8 @@ def build_setup(args: argparse.Namespace, reference: bool = False,
                            vocab=args.vocab, seq=args.seq, seed=args.seed)
         what = (f"transformer (embedding, {layers} blocks, head; dim {args.width or 64}, "
                 f"vocab {args.vocab}, seq {args.seq})")
-    n = len(spec.layers)
-    if args.boundaries:
-        try:
-            cuts = [int(x) for x in args.boundaries.split(",")]
-        except ValueError:
-            raise UserError(
-                f"--boundaries must be a comma list of layer indices, got {args.boundaries!r}"
-            ) from None
-        cuts = check_boundaries(cuts, n, S)
-    else:
-        if n % S:
-            extra = (" (embedding + blocks + head)" if args.model in ("transformer", "moe")
-                     else "")
-            raise UserError(
-                f"{n} layers{extra} do not split evenly into {S} stages (ranks x chunks); "
-                f"pick --layers so the count is a multiple of {S}, or give --boundaries"
-            )
-        cuts = even_boundaries(n, S)
+    cut = choose_cut(spec.layers, S, _boundaries_flag(args.boundaries), spec.make_batch)
+    cuts = cut.boundaries
     if user:  # one forward of a tiny batch: a layer that cannot take the last one's output
         check_layers(spec, cuts)
     what += _check_random_layers(args, spec)
@@ -137,7 +129,18 @@ def build_setup(args: argparse.Namespace, reference: bool = False,
     gen = torch.Generator().manual_seed(args.seed + 1)
     x, y = spec.make_batch(batch, gen)
     return RunSetup(schedule, spec, stages, cuts, x.to(device), y.to(device), device, ref,
-                    f"{what}, batch {batch}", batch, args.seed, ties)
+                    f"{what}, batch {batch}", batch, args.seed, ties, cut.by)
+
+
+def _boundaries_flag(text: str | None) -> list[int] | None:
+    """``--boundaries I,J,..`` as layer indices (None: the default cut)."""
+    if not text:
+        return None
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise UserError(
+            f"--boundaries must be a comma list of layer indices, got {text!r}") from None
 
 
 def _check_random_layers(args: argparse.Namespace, spec: ModelSpec) -> str:
@@ -219,6 +222,8 @@ class RunReport:
     train: dict | None = None
     engine: str = "pipebubble"
     verdict: object | None = None  # --check's (runtime.check.Verdict)
+    boundaries: list[int] = field(default_factory=list)  # the cut (--boundaries reproduces it)
+    cut_by: str = "given"  # what chose it (runtime.cut.BY)
 
 
 def analyse(setup: RunSetup, measured: Timeline, loss: float, peak_bytes: list[int],
@@ -233,11 +238,12 @@ def analyse(setup: RunSetup, measured: Timeline, loss: float, peak_bytes: list[i
     equal = CostModel(f=[sum(sc.f) / S] * S, b=[sum(sc.b) / S] * S, w=[sum(sc.w) / S] * S)
     sched = setup.schedule
     title = (f"{sched.name}  p={sched.num_ranks} m={sched.total_microbatches} v={sched.chunks}"
-             f"{'  recompute' if recompute else ''}  —  {setup.description}")
+             f"{'  recompute' if recompute else ''}  —  {setup.description}  —  {setup.cut}")
     # A CSV order is not its file name's family: no closed form for it.
     closed = None if "csv_columns" in sched.options else closed_form_for(sched, equal)
     return RunReport(sched, measured, pred.predicted, pred.costs, loss, list(peak_bytes),
-                     allocator_peak, closed, title=title)
+                     allocator_peak, closed, title=title, boundaries=list(setup.boundaries),
+                     cut_by=setup.cut_by)
 
 
 def check_against_unsplit(setup: RunSetup, loss: float) -> tuple[float, float]:
@@ -319,6 +325,7 @@ def report_json(report: RunReport) -> dict:
         out["reference_losses"] = [_number(v) for v in report.reference_losses]
         out["param_max_abs_diff"] = _number(report.param_max_abs_diff)
     out["engine"] = report.engine
+    out["boundaries"], out["cut_by"] = list(report.boundaries), report.cut_by
     if report.verdict is not None:
         out["check"] = report.verdict.as_dict()
     return out

@@ -173,7 +173,8 @@ def fault_flag(text: str) -> str:
 
 
 def add_model_flags(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("model (cut evenly into ranks x chunks stages, or at --boundaries)")
+    g = p.add_argument_group("model (cut into ranks x chunks stages balanced by the layers' "
+                             "cost, or at --boundaries)")
     g.add_argument("--model", default="mlp", metavar="SPEC",
                    help="mlp (default), transformer, moe (mixture-of-experts blocks), or sleep "
                    "(layers sleep --sleep-f/-b/-w); "
@@ -195,7 +196,8 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--batch", type=positive_int("--batch"), default=None, metavar="B",
                    help="samples per step (default 8 per microbatch)")
     g.add_argument("--boundaries", default=None, metavar="I,J,..",
-                   help="first layer of each stage after the first (default: even split)")
+                   help="first layer of each stage after the first (default: balanced by "
+                   "the layers' FLOPs, or the sleep model's seconds; the run prints it)")
     g.add_argument("--seed", type=int_flag("--seed", 0, 2**32 - 1), default=0,
                    help="weights and batch seed, 0..2^32-1 (0)")
     g.add_argument("--sleep-f", type=time_value("--sleep-f"), default=0.01, metavar="S",
