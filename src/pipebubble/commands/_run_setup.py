@@ -1,6 +1,8 @@
-"""What both executors of ``pipebubble run`` share: set-up from flags, analysis, report.
+"""What both executors of ``pipebubble run`` share: flags to a run, analysis, report.
 
-- :func:`build_setup` turns the flags into a model cut into stages, a schedule and a batch;
+- :func:`run_config` turns the flags into a :class:`~pipebubble.runtime.setup.RunConfig`
+  and :func:`make_run` into a :class:`~pipebubble.runtime.run.Run` (the runtime owns the
+  set-up, the cut, the batches and the training loop);
 - the executor (``run --local`` in this process, or one process per rank: ``_run_dist.py``)
   produces a measured Timeline, the loss, per-rank activation peaks;
 - :func:`analyse` calibrates a CostModel from the measurement and simulates it again
@@ -11,7 +13,6 @@
 from __future__ import annotations
 
 import argparse
-import copy
 import math
 import sys
 from dataclasses import dataclass, field
@@ -19,117 +20,80 @@ from dataclasses import dataclass, field
 import torch
 from rich.console import Console
 from rich.table import Table
-from torch import nn
 
 from ..costs import CostModel
 from ..errors import UserError
-from ..ir.schedule import Schedule, validate
+from ..ir.schedule import Schedule
 from ..limits import check_model_size
-from ..models import ModelSpec, build_model
 from ..render.terminal import gantt, summary_table
+from ..runtime.run import Run
+from ..runtime.setup import RunConfig, RunSetup, set_up
 from ..timeline import Timeline
 from .common import closed_form_for, load_schedule, parse_device, timeline_json
 
 
-# ---- set-up ----------------------------------------------------------------------------------
-@dataclass
-class RunSetup:
-    """What a run needs: the schedule, the model cut into stages, one batch."""
+# ---- set-up: flags -> RunConfig -> runtime.run ------------------------------------------
+def run_config(args: argparse.Namespace, schedule: Schedule) -> RunConfig:
+    """The :class:`~pipebubble.runtime.setup.RunConfig` of ``run``'s flags (checked here:
+    a flag that would be silently ignored is an error)."""
+    from ..models.loader import is_builtin, parse_model_args
+    from ._model import check_builtin_flags
 
-    schedule: Schedule
-    spec: ModelSpec
-    stages: list[nn.Module]
-    boundaries: list[int]
-    inputs: torch.Tensor
-    targets: torch.Tensor
-    device: torch.device
-    reference: nn.Module | None = None  # the unsplit model, same weights (for --check)
-    description: str = ""
-    batch_size: int = 0  # samples per pipeline step (one replica)
-    seed: int = 0  # weights and data seed (step k's batch: runtime.train.step_generator)
-    ties: list = field(default_factory=list)  # tied weights' copies (runtime.tied.StageTie)
-    cut_by: str = "given"  # what chose ``boundaries`` (runtime.cut.BY)
-
-    @property
-    def cut(self) -> str:
-        """``cut --boundaries 4 (balanced by FLOPs)``: the cut and what chose it."""
-        from ..runtime.cut import Cut
-
-        return Cut(list(self.boundaries), self.cut_by).describe()
-
-
-def build_setup(args: argparse.Namespace, reference: bool = False,
-                schedule: Schedule | None = None) -> RunSetup:
-    """Flags -> schedule, model stages, batch. Raises UserError naming a bad value.
-    ``schedule``: one already built from these flags (a forked worker has the launcher's;
-    an ``auto`` order need not be searched again on every rank)."""
-    from ..runtime.cut import choose_cut
-
-    if schedule is None:
-        schedule = load_schedule(args)  # --csv FILE, or --schedule/--ranks/--microbatches
-    validate(schedule)
-    # Stages of one model copy (DualPipe's second chain runs a copy; see run_local) and the
-    # microbatches of the whole step.
     S, M = schedule.num_stages // schedule.chains, schedule.total_microbatches
-    from ..models.loader import check_layers, is_builtin
-    from ._model import check_builtin_flags, load_from_args
-
     user = not is_builtin(args.model)  # --model file.py:NAME, package.module:NAME, hf:PATH
     check_builtin_flags(args, ("layers", "width"))
+    seq, heads, vocab = getattr(args, "seq", 32), getattr(args, "heads", 4), \
+        getattr(args, "vocab", 4096)
     if not user:
-        check_model_size(args.model, args.layers or 2 * S, args.width, args.vocab, args.seq,
+        check_model_size(args.model, args.layers or 2 * S, args.width, vocab, seq,
                          batch=args.batch or 8 * M)
-    device = parse_device(args.device)
-    if args.model != "sleep":  # a flag that would be silently ignored is an error
+    parse_device(args.device)
+    if args.model != "sleep":
         for flag, default in (("sleep_f", 0.01), ("sleep_b", 0.02), ("sleep_w", 0.01)):
             if getattr(args, flag, default) != default:
                 raise UserError(f"--{flag.replace('_', '-')} applies to --model sleep only, "
                                  f"not {args.model}")
     if user:
-        spec = load_from_args(args, seq=args.seq, check=False)  # checked once cut, below
-        what = spec.description or spec.name
+        model_args: dict = parse_model_args(getattr(args, "model_arg", None))
     elif args.model == "sleep":
-        layers = args.layers or S
-        spec = build_model("sleep", layers=layers, width=args.width or 8, f=args.sleep_f,
-                           b=args.sleep_b, w=args.sleep_w, seed=args.seed)
-        what = (f"sleep ({layers} layers: F {args.sleep_f} s, B {args.sleep_b} s, "
-                f"W {args.sleep_w} s)")
-    elif args.model == "mlp":
-        layers = args.layers or 2 * S
-        spec = build_model("mlp", layers=layers, width=args.width or 256, seed=args.seed)
-        what = f"mlp ({layers} blocks, width {args.width or 256})"
-    elif args.model == "moe":
-        layers = args.layers or max(1, 2 * S - 2)
-        spec = build_model("moe", layers=layers, dim=args.width or 32, heads=args.heads,
-                           vocab=args.vocab, seq=args.seq, seed=args.seed)
-        what = spec.description
+        model_args = {"layers": args.layers, "width": args.width, "f": args.sleep_f,
+                      "b": args.sleep_b, "w": args.sleep_w}
     else:
-        layers = args.layers or max(1, 2 * S - 2)
-        spec = build_model("transformer", layers=layers, dim=args.width or 64, heads=args.heads,
-                           vocab=args.vocab, seq=args.seq, seed=args.seed)
-        what = (f"transformer (embedding, {layers} blocks, head; dim {args.width or 64}, "
-                f"vocab {args.vocab}, seq {args.seq})")
-    cut = choose_cut(spec.layers, S, _boundaries_flag(args.boundaries), spec.make_batch)
-    cuts = cut.boundaries
-    if user:  # one forward of a tiny batch: a layer that cannot take the last one's output
-        check_layers(spec, cuts)
-    what += _check_random_layers(args, spec)
-    batch = args.batch or 8 * M
-    if batch < M:
-        raise UserError(f"--batch {batch} is smaller than --microbatches {M}; use at least {M}")
-    if getattr(args, "data", None):  # run --data FILE: the batches are the file's tokens
-        from ..runtime.data import use_data
+        model_args = {"layers": args.layers, "width": args.width, "heads": heads,
+                      "vocab": vocab}
 
-        spec = use_data(spec, args.data, batch, getattr(args, "dp", 1), args.model,
-                        getattr(args, "data_dtype", "uint16"))
-        what += f", data {args.data}"
-    ties, ref, stages = _cut_tied(spec, S, cuts, reference)
-    ref = ref.to(device) if ref is not None else None
-    stages = [s.to(device) for s in stages]
-    gen = torch.Generator().manual_seed(args.seed + 1)
-    x, y = spec.make_batch(batch, gen)
-    return RunSetup(schedule, spec, stages, cuts, x.to(device), y.to(device), device, ref,
-                    f"{what}, batch {batch}", batch, args.seed, ties, cut.by)
+    def g(name: str, default: object = None):  # a flag this Namespace may lack (tests)
+        return getattr(args, name, default)
+
+    return RunConfig(
+        schedule, args.model, model_args, seq=seq, input_shape=g("input_shape"),
+        input_dtype=g("input_dtype"), boundaries=_boundaries_flag(args.boundaries),
+        batch=args.batch, seed=args.seed, data=g("data"), data_dtype=g("data_dtype", "uint16"),
+        steps=g("steps", 1), optimizer=g("optimizer", "adamw"), lr=g("lr"),
+        save=g("save_dir"),  # not args.save: an output file of check_outputs
+        overwrite=g("overwrite", False), resume=g("resume"), dp=g("dp", 1),
+        engine=g("engine", "pipebubble"), device=args.device, dtype=g("dtype", "float32"),
+        threads=g("threads", 1), warmup=g("warmup", 1), repeat=g("repeat") or 1,
+        recompute=g("recompute", False), check=g("check", False), check_tol=g("check_tol"),
+        check_dropout=g("check_dropout", "keep"))
+
+
+def make_run(args: argparse.Namespace, reference: bool | None = None,
+             schedule: Schedule | None = None) -> Run:
+    """Flags -> a :class:`~pipebubble.runtime.run.Run` (set-up and training plan checked).
+    ``schedule``: one already built from these flags (a forked worker has the launcher's;
+    an ``auto`` order need not be searched again on every rank)."""
+    if schedule is None:
+        schedule = load_schedule(args)  # --csv FILE, or --schedule/--ranks/--microbatches
+    return Run(run_config(args, schedule), reference)
+
+
+def build_setup(args: argparse.Namespace, reference: bool = False,
+                schedule: Schedule | None = None) -> RunSetup:
+    """Flags -> schedule, model stages, batch (:func:`pipebubble.runtime.setup.set_up`)."""
+    if schedule is None:
+        schedule = load_schedule(args)
+    return set_up(run_config(args, schedule), reference)
 
 
 def _boundaries_flag(text: str | None) -> list[int] | None:
@@ -141,24 +105,6 @@ def _boundaries_flag(text: str | None) -> list[int] | None:
     except ValueError:
         raise UserError(
             f"--boundaries must be a comma list of layer indices, got {text!r}") from None
-
-
-def _check_random_layers(args: argparse.Namespace, spec: ModelSpec) -> str:
-    """``--check``: a layer drawing random numbers (dropout) is one line naming it, or with
-    ``--check-dropout off`` every dropout rate is set to 0 (the text says so)."""
-    off = getattr(args, "check_dropout", "keep") == "off"
-    if not getattr(args, "check", False):
-        if off:
-            raise UserError("--check-dropout applies to --check only; drop it or add --check")
-        return ""
-    from ..runtime.check import dropout_off, random_layers, refuse_random
-    from ..runtime.train import layer_names
-
-    n = dropout_off(spec.layers) if off else 0
-    sample = spec.make_batch(2, torch.Generator().manual_seed(0))[0]  # 2: BatchNorm needs 2
-    refuse_random(random_layers(spec.layers, layer_names(spec, len(spec.layers)), sample))
-    return f", {n} dropout rate{'s' if n != 1 else ''} set to 0 (--check-dropout off)" if n \
-        else ""
 
 
 def judge_check(report: RunReport, args: argparse.Namespace, grad_scale: float | None,
@@ -173,26 +119,6 @@ def judge_check(report: RunReport, args: argparse.Namespace, grad_scale: float |
                               "loss": loss,
                               "parameters": relative(report.param_max_abs_diff, param_scale)},
                              getattr(args, "dtype", "float32"), getattr(args, "check_tol", None))
-
-
-def _cut_tied(spec: ModelSpec, num_stages: int, cuts: list[int], reference: bool):
-    """(tied weights after the cut, the unsplit reference or None, the stages).
-
-    The reference is the model as the user has it, tied weights one parameter; the stages
-    each get their own copy of a tied weight they use (:mod:`pipebubble.runtime.tied`; the
-    run sums the copies' gradients before every optimizer step)."""
-    from ..runtime.stages import split_stages
-    from ..runtime.tied import find_ties, tie_modules, untie_stages
-    from ..runtime.train import layer_names
-
-    names = layer_names(spec, len(spec.layers))
-    ties = find_ties(spec.layers, names, getattr(spec, "ties", ()))  # copies start equal
-    ref = None
-    if reference:
-        ref = copy.deepcopy(nn.Sequential(*spec.layers))
-        tie_modules(list(ref), names, ties)
-    stages = split_stages(spec.layers, num_stages, cuts)
-    return untie_stages(stages, [0, *cuts], names, ties), ref, stages
 
 
 # ---- analysis ------------------------------------------------------------------------------

@@ -46,6 +46,7 @@ from ..local import _with_copies
 from ..cut import choose_cut
 from ..stages import split_stages
 from ..tied import StageTie, sum_tied_gradients
+from ..train import step_batch
 from .launch import is_loopback, loopback_store
 from .p2p import P2PTransport
 from .watchdog import Watchdog, collective_timeout
@@ -126,10 +127,11 @@ def schedule_name(cfg: DistConfig) -> str:
 
 
 def global_batch(cfg: DistConfig, spec: ModelSpec) -> tuple[torch.Tensor, torch.Tensor]:
-    """The step's global batch: the same on every process (same seed)."""
-    gen = torch.Generator().manual_seed(cfg.seed + 1)
+    """Step 0's global batch: the same on every process (the one seeding,
+    :func:`~pipebubble.runtime.train.step_batch`)."""
     chains = make_schedule_for(cfg).chains
-    return spec.make_batch(cfg.microbatch_size * cfg.microbatches * chains * cfg.dp, gen)
+    return step_batch(spec.make_batch, cfg.microbatch_size * cfg.microbatches * chains * cfg.dp,
+                      cfg.seed, 0)
 
 
 def build(cfg: DistConfig) -> tuple[Schedule, ModelSpec, list[nn.Module]]:
@@ -200,16 +202,20 @@ class Cluster:
         dist.destroy_process_group()
 
 
-class Worker:
-    """This process's part of one pipeline run: its stages, transport and groups."""
+class RankRun:
+    """This process's part of one pipeline run, whichever engine runs the pass: its stages,
+    its slice of the batch, its groups (data-parallel replicas, DualPipe's model copies,
+    tied weights) and what follows a pass (:meth:`_finish_step`: complete the gradients,
+    update, gather on rank 0). :class:`Worker` adds our wire program and transport;
+    :class:`~pipebubble.runtime.torch_engine.TorchWorker` torch's runtime instead."""
 
     def __init__(self, cfg: DistConfig, cluster: Cluster, built: tuple | None = None,
-                 recompute: bool = False, ties: Sequence[StageTie] = ()):
+                 ties: Sequence[StageTie] = ()):
         """``built``: (schedule, spec, stages, global inputs, global targets) made by the
-        caller (the run command's ``build_setup``); by default built from ``cfg``.
-        ``ties``: the tied weights' copies on the stages (``runtime.tied.untie_stages``)."""
+        caller (the run's set-up, :mod:`pipebubble.runtime.run`); by default built from
+        ``cfg``. ``ties``: the tied weights' copies on the stages
+        (``runtime.tied.untie_stages``)."""
         self.cfg, self.cluster, self.env = cfg, cluster, cluster.env
-        self.recompute = recompute
         if self.env.world_size != cfg.world_size:
             raise UserError(
                 f"WORLD_SIZE is {self.env.world_size} but --ranks {cfg.ranks} x --dp {cfg.dp} "
@@ -223,21 +229,11 @@ class Worker:
             x, y = global_batch(cfg, self.spec)
         else:
             self.schedule, self.spec, stages, x, y = built
-        self.wired = lower(self.schedule, cfg.p2p)
-        self._next_batch: dict[int, Batch] = {}  # batch index -> the rank's next batch
-        batches = [i for i, op in enumerate(self.wired.orders[self.rank])
-                   if isinstance(op, Batch)]
-        for a, b in zip(batches, batches[1:], strict=False):
-            self._next_batch[a] = self.wired.orders[self.rank][b]
         where = self.schedule.stage_to_rank
         self.device = torch.device("cpu")
-        if cfg.backend == "nccl":  # one GPU per process; NCCL matches messages in order
+        if cfg.backend == "nccl":  # one GPU per process
             self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
             torch.cuda.set_device(self.device)
-            bad = pair_order_mismatches(self.wired)
-            if bad:
-                raise UserError(f"--backend nccl needs messages in the same order at both "
-                                 f"ends; {schedule_name(cfg)} with --p2p {cfg.p2p}: {bad[0]}")
         stages, _ = _with_copies(self.schedule, stages)  # DualPipe: the chains' copies
         self.modules = {s: m.to(self.device) for s, m in enumerate(stages)
                         if where[s] == self.rank}
@@ -252,13 +248,8 @@ class Worker:
         self.tie_groups = self._tie_groups(cfg)
         self.watchdog = cluster.watchdog
         self.watchdog.p2p = cfg.p2p
-        self.transport = P2PTransport(
-            rank=self.rank, stage_to_rank=where, num_microbatches=cfg.microbatches,
-            peer_rank=lambda r: self.replica * cfg.ranks + r,
-            on_wait=lambda what: self.watchdog.at(what, True), device=self.device,
-        )
         self.set_batch(x, y)
-        self.fault = _parse_fault(cfg.fault)
+
 
     def set_batch(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """The global batch of the next steps (every process passes the same): this
@@ -273,50 +264,6 @@ class Worker:
         self.xs = list(torch.tensor_split(x[mine].to(self.device), total))
         self.ys = list(torch.tensor_split(y[mine].to(self.device), total))
         self.weights = [xm.shape[0] / x.shape[0] for xm in self.xs]
-
-    def step(self, index: int, gather: bool = True, update=None,
-             params: bool = False) -> list[RankResult] | None:
-        """Run one training step; rank 0 gets every rank's result when ``gather``.
-
-        A gathered (measured) step starts with a barrier that sets the ranks' common time
-        origin; an unmeasured one (warm-up, benchmarks) has no barrier of its own.
-        ``update``, when given, runs once the gradients are complete (after the data-
-        parallel all-reduce): the optimizer step. ``params``: send the updated parameters
-        to rank 0 as well (the training check).
-        """
-        for mod in self.modules.values():
-            mod.zero_grad(set_to_none=True)
-        self.transport.new_step()
-        wd = self.watchdog
-        if gather:  # a measured step: common time origin (see report.py)
-            wd.at(f"step {index} start barrier", True)
-            dist.barrier()
-        origin = time.perf_counter()
-        interp = StageInterpreter(
-            rank=self.rank, modules=self.modules, num_stages=self.schedule.num_stages,
-            stage_to_rank=self.schedule.stage_to_rank, transport=self.transport,
-            clock=WallClock(origin, self.device), inputs=self.xs, targets=self.ys,
-            loss_fn=self.spec.loss_fn, loss_weights=self.weights, recompute=self.recompute,
-            chain_starts=self.schedule.chain_starts,
-            num_microbatches=self.schedule.num_microbatches,
-        )
-        computes = 0
-        order = self.wired.orders[self.rank]
-        for i, op in enumerate(order):
-            if isinstance(op, Action | Overlap):
-                if self.fault and index == self.cfg.warmup and self.fault[1] == self.g \
-                        and computes == self.fault[2]:
-                    _inject(self.fault[0], self.g, op)
-                wd.at(f"{op} (compute)", False)
-                interp.run_step(op)  # an Overlap's two parts run in sequence
-                computes += 1
-            else:
-                self.transport.run(op, self._next_batch.get(i))
-            wd.advance()
-        self.transport.finish()
-        return self._finish_step(index, gather, update, params, origin, interp.events,
-                                 dict(interp.losses), self.transport.messages,
-                                 interp.peak_bytes, dict(interp.input_bytes))
 
     def _finish_step(self, index: int, gather: bool, update, params: bool, origin: float,
                      events: list, losses: dict, messages: int, peak_bytes: int,
@@ -463,11 +410,76 @@ class Worker:
         }
 
 
-def reference_gradients(cfg: DistConfig) -> tuple[float, dict[int, list[torch.Tensor]]]:
-    """The unsplit model on the whole global batch: its loss and each stage's gradients."""
-    schedule, spec, stages = build(cfg)
-    x, y = global_batch(cfg, spec)
-    return unsplit_gradients(stages, spec.loss_fn, x, y)
+class Worker(RankRun):
+    """A :class:`RankRun` whose pass is our stage interpreter walking the rank's wire
+    program (``sim.wire.lower``), its sends and receives over :class:`P2PTransport`."""
+
+    def __init__(self, cfg: DistConfig, cluster: Cluster, built: tuple | None = None,
+                 recompute: bool = False, ties: Sequence[StageTie] = ()):
+        super().__init__(cfg, cluster, built, ties)
+        self.recompute = recompute
+        self.wired = lower(self.schedule, cfg.p2p)
+        if cfg.backend == "nccl":  # NCCL matches messages in order
+            bad = pair_order_mismatches(self.wired)
+            if bad:
+                raise UserError(f"--backend nccl needs messages in the same order at both "
+                                 f"ends; {schedule_name(cfg)} with --p2p {cfg.p2p}: {bad[0]}")
+        self._next_batch: dict[int, Batch] = {}  # batch index -> the rank's next batch
+        batches = [i for i, op in enumerate(self.wired.orders[self.rank])
+                   if isinstance(op, Batch)]
+        for a, b in zip(batches, batches[1:], strict=False):
+            self._next_batch[a] = self.wired.orders[self.rank][b]
+        self.transport = P2PTransport(
+            rank=self.rank, stage_to_rank=self.schedule.stage_to_rank,
+            num_microbatches=cfg.microbatches,
+            peer_rank=lambda r: self.replica * cfg.ranks + r,
+            on_wait=lambda what: self.watchdog.at(what, True), device=self.device,
+        )
+        self.fault = _parse_fault(cfg.fault)
+
+    def step(self, index: int, gather: bool = True, update=None,
+             params: bool = False) -> list[RankResult] | None:
+        """Run one training step; rank 0 gets every rank's result when ``gather``.
+
+        A gathered (measured) step starts with a barrier that sets the ranks' common time
+        origin; an unmeasured one (warm-up, benchmarks) has no barrier of its own.
+        ``update``, when given, runs once the gradients are complete (after the data-
+        parallel all-reduce): the optimizer step. ``params``: send the updated parameters
+        to rank 0 as well (the training check).
+        """
+        for mod in self.modules.values():
+            mod.zero_grad(set_to_none=True)
+        self.transport.new_step()
+        wd = self.watchdog
+        if gather:  # a measured step: common time origin (see report.py)
+            wd.at(f"step {index} start barrier", True)
+            dist.barrier()
+        origin = time.perf_counter()
+        interp = StageInterpreter(
+            rank=self.rank, modules=self.modules, num_stages=self.schedule.num_stages,
+            stage_to_rank=self.schedule.stage_to_rank, transport=self.transport,
+            clock=WallClock(origin, self.device), inputs=self.xs, targets=self.ys,
+            loss_fn=self.spec.loss_fn, loss_weights=self.weights, recompute=self.recompute,
+            chain_starts=self.schedule.chain_starts,
+            num_microbatches=self.schedule.num_microbatches,
+        )
+        computes = 0
+        order = self.wired.orders[self.rank]
+        for i, op in enumerate(order):
+            if isinstance(op, Action | Overlap):
+                if self.fault and index == self.cfg.warmup and self.fault[1] == self.g \
+                        and computes == self.fault[2]:
+                    _inject(self.fault[0], self.g, op)
+                wd.at(f"{op} (compute)", False)
+                interp.run_step(op)  # an Overlap's two parts run in sequence
+                computes += 1
+            else:
+                self.transport.run(op, self._next_batch.get(i))
+            wd.advance()
+        self.transport.finish()
+        return self._finish_step(index, gather, update, params, origin, interp.events,
+                                 dict(interp.losses), self.transport.messages,
+                                 interp.peak_bytes, dict(interp.input_bytes))
 
 
 def unsplit_gradients(stages: list[nn.Module], loss_fn, x: torch.Tensor, y: torch.Tensor
