@@ -102,7 +102,7 @@ def set_up(cfg: RunConfig, reference: bool = False) -> RunSetup:
     """``cfg`` -> the model built, cut into stages, step 0's batch (see the module
     docstring). ``reference``: keep the unsplit model, same weights, for the check.
     Raises UserError naming a bad value."""
-    from ..models.loader import check_layers, is_builtin, load_model
+    from ..models.loader import is_builtin, load_model
     from .cut import choose_cut
     from .train import step_batch
 
@@ -117,9 +117,10 @@ def set_up(cfg: RunConfig, reference: bool = False) -> RunSetup:
         what = spec.description or spec.name
     else:
         spec, what = _builtin(cfg.model, a, S, cfg.seed, cfg.seq)
-    cut = choose_cut(spec.layers, S, cfg.boundaries, spec.make_batch)
-    if user:  # one forward of a tiny batch: a layer that cannot take the last one's output
-        check_layers(spec, cut.boundaries)
+    if user:  # one forward of a tiny batch checks the model and counts its FLOPs
+        cut = _checked_cut(spec, S, cfg.boundaries)
+    else:
+        cut = choose_cut(spec.layers, S, cfg.boundaries, spec.make_batch)
     what += _check_random_layers(cfg, spec)
     batch = cfg.batch or 8 * M
     if batch < M:
@@ -136,6 +137,28 @@ def set_up(cfg: RunConfig, reference: bool = False) -> RunSetup:
     x, y = step_batch(spec.make_batch, batch, cfg.seed, 0, device)  # the one seeding
     return RunSetup(schedule, spec, stages, cut.boundaries, x, y, device, ref,
                     f"{what}, batch {batch}", batch, cfg.seed, ties, cut.by)
+
+
+def _checked_cut(spec: ModelSpec, S: int, boundaries: list[int] | None):
+    """A user model's cut: its up-front check (:func:`~pipebubble.models.loader.check_layers`,
+    one forward of 2 samples) counts each layer's FLOPs on the way, so the model's code runs
+    no extra time; a layer that fails is named with the stages of the cut it would have."""
+    from ..models.loader import check_layers
+    from .cut import CountFlops, check_stage_count, choose_cut
+
+    check_stage_count(len(spec.layers), S)
+    counter = CountFlops(spec.layers)
+    try:
+        with counter:
+            check_layers(spec)
+    except UserError as exc:
+        try:  # again, with the stages: the message says which two the layer lies between
+            check_layers(spec, choose_cut(spec.layers, S, boundaries, flops=[1.0] *
+                                          len(spec.layers)).boundaries)
+        except UserError:
+            raise
+        raise exc from None
+    return choose_cut(spec.layers, S, boundaries, flops=counter.flops)
 
 
 def _builtin(model: str, a: dict, S: int, seed: int, seq: int) -> tuple[ModelSpec, str]:
