@@ -109,16 +109,13 @@ def _boundaries_flag(text: str | None) -> list[int] | None:
 
 def judge_check(report: RunReport, args: argparse.Namespace, grad_scale: float | None,
                 param_scale: float | None) -> None:
-    """``--check``'s verdict on ``report`` (relative differences: runtime.check)."""
-    from ..runtime.check import loss_relative, relative, verdict
+    """``--check``'s verdict on ``report`` (:func:`pipebubble.runtime.run.check_verdict`)."""
+    from ..runtime.run import check_verdict
 
-    ref = report.reference_losses
-    loss = (loss_relative(report.losses, ref) if ref and report.losses
-            else report.loss_abs_diff)
-    report.verdict = verdict({"gradients": relative(report.grad_max_abs_diff, grad_scale),
-                              "loss": loss,
-                              "parameters": relative(report.param_max_abs_diff, param_scale)},
-                             getattr(args, "dtype", "float32"), getattr(args, "check_tol", None))
+    report.verdict = check_verdict(
+        getattr(args, "dtype", "float32"), getattr(args, "check_tol", None), report.losses,
+        report.reference_losses, report.loss_abs_diff, report.grad_max_abs_diff, grad_scale,
+        report.param_max_abs_diff, param_scale)
 
 
 # ---- analysis ------------------------------------------------------------------------------

@@ -301,15 +301,25 @@ class Run:
         """The check's verdict (:func:`pipebubble.runtime.check.verdict`: relative
         differences against a tolerance by dtype, or ``cfg.check_tol``), from ``trained``
         or from the figures a distributed run gathered."""
-        from .check import loss_relative, relative, verdict
-
         if trained is not None:
             losses, reference_losses = trained.losses, trained.reference_losses
             loss_diff, grad_diff, grad_scale = (trained.loss_diff, trained.grad_diff,
                                                 trained.grad_scale)
             param_diff, param_scale = trained.param_diff, trained.param_scale
-        loss = (loss_relative(list(losses), list(reference_losses))
-                if reference_losses and losses else loss_diff)
-        return verdict({"gradients": relative(grad_diff, grad_scale), "loss": loss,
-                        "parameters": relative(param_diff, param_scale)},
-                       self.cfg.dtype, self.cfg.check_tol)
+        return check_verdict(self.cfg.dtype, self.cfg.check_tol, losses, reference_losses,
+                             loss_diff, grad_diff, grad_scale, param_diff, param_scale)
+
+
+def check_verdict(dtype: str, tol: float | None, losses: Sequence[float],
+                  reference_losses: Sequence[float] | None, loss_diff: float | None,
+                  grad_diff: float | None, grad_scale: float | None,
+                  param_diff: float | None, param_scale: float | None):
+    """The check's verdict from its figures: the losses relative to the reference's (or
+    the last loss difference), gradients and parameters relative to their scales, each
+    against the dtype's tolerance or ``tol`` (:func:`pipebubble.runtime.check.verdict`)."""
+    from .check import loss_relative, relative, verdict
+
+    loss = (loss_relative(list(losses), list(reference_losses))
+            if reference_losses and losses else loss_diff)
+    return verdict({"gradients": relative(grad_diff, grad_scale), "loss": loss,
+                    "parameters": relative(param_diff, param_scale)}, dtype, tol)
