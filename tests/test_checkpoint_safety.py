@@ -305,12 +305,12 @@ def save_refused(capsys, target: str, *needles: str, extra=()) -> None:
 
 
 def test_save_targets_refused_before_any_step(capsys, tmp_path, base, monkeypatch):
-    from pipebubble.commands import run as run_command
+    from pipebubble.runtime.run import Run
 
     def no_training(*a, **k):
         raise AssertionError("training started before --save was checked")
 
-    monkeypatch.setattr(run_command, "train_local", no_training)
+    monkeypatch.setattr(Run, "train", no_training)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "file").write_text("x")
     (tmp_path / "link").symlink_to(tmp_path / "real")

@@ -62,10 +62,8 @@ def test_text_output(capsys):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--schedule", "1f1b", "-p", "3", "-m", "2", "--layers", "4"],
-     "4 layers do not split evenly into 3 stages"),
-    (["--schedule", "1f1b", "-p", "2", "-m", "4", "--model", "transformer", "--layers", "3"],
-     "5 layers (embedding + blocks + head) do not split evenly into 2 stages"),
+    (["--schedule", "1f1b", "-p", "4", "-m", "2", "--layers", "3"],
+     "the model has 3 layers, fewer than the 4 stages (ranks x chunks); at most 3 stages"),
     (["--schedule", "1f1b", "-p", "2", "-m", "8", "--batch", "4"],
      "--batch 4 is smaller than --microbatches 8"),
     (["--schedule", "1f1b", "-p", "2", "-m", "2", "--model", "resnet"],

@@ -7,8 +7,9 @@ import torch
 import pipebubble.models.sleep as sleep_mod
 from pipebubble import CostModel, Event, get_schedule, simulate
 from pipebubble.models import build_model
+from pipebubble.runtime.cut import Cut, choose_cut
 from pipebubble.runtime.dist.report import measured_comm, measured_timeline, step_span
-from pipebubble.runtime.dist.worker import RankResult, cut_evenly
+from pipebubble.runtime.dist.worker import RankResult
 from pipebubble.sim.dataparallel import ring_allreduce_time, step_time_with_allreduce
 
 
@@ -73,15 +74,17 @@ def test_allreduce_only_counts_with_replicas():
     assert step_time_with_allreduce(tl, c, dp=2) == 34
 
 
-def test_cut_evenly_sizes_differ_by_at_most_one():
+def test_cut_by_layer_count_sizes_differ_by_at_most_one():
+    # layers with no counted operation: the default cut balances the layer count
     layers = [torch.nn.Identity() for _ in range(7)]
-    assert [len(s.layers) for s in cut_evenly(layers, 3)] == [3, 2, 2]
+    assert choose_cut(layers, 3) == Cut([2, 5], "layer count")
     for n in range(1, 12):
         for k in range(1, n + 1):
-            sizes = [len(s.layers) for s in cut_evenly([torch.nn.Identity()] * n, k)]
+            edges = [0, *choose_cut([torch.nn.Identity()] * n, k).boundaries, n]
+            sizes = [b - a for a, b in zip(edges, edges[1:], strict=False)]
             assert sum(sizes) == n and max(sizes) - min(sizes) <= 1
-    with pytest.raises(ValueError, match="fewer than the 8 stages"):
-        cut_evenly(layers, 8)
+    with pytest.raises(ValueError, match="7 layers, fewer than the 8 stages"):
+        choose_cut(layers, 8)
 
 
 def _result(rank, origin, events, replica=0, host="h"):

@@ -29,40 +29,28 @@ from ..ir.schedule import Schedule
 from ..limits import check_processes, check_threads, machine_load
 from ..runtime.check import max_abs
 from ..runtime.dist.launch import launch, pin_sockets, under_launcher
-from ..runtime.dist.report import grad_diffs, measured_comm, measured_timeline, step_span
+from ..runtime.dist.report import grad_diffs, measured_comm, measured_timeline
 from ..runtime.dist.watchdog import DIVERGED, default_action_timeout, publish_failure
-from ..runtime.dist.worker import Cluster, DistConfig, Env, Worker, unsplit_gradients
-from ..runtime.stages import split_stages
+from ..runtime.dist.worker import Cluster, DistConfig, Env
+from ..runtime.failures import preflight_timeout
 from ..sim.dataparallel import step_time_with_allreduce
 from ..sim.kernel import simulate
 from ..sim.wire import WireDeadlock, lower, run_wire
 from ..usercode import describe, results_to_stdout, user_prints_to_stderr
-from ._run_errors import preflight_timeout, reference_code, training_step
 from ._run_setup import (
     analyse,
-    build_setup,
     diverged_exit,
     judge_check,
+    make_run,
     noise_note,
     print_report,
     report_json,
-)
-from ._run_train import (
-    batch_of,
-    load_into,
-    make_reference,
-    named_parameters_of,
-    optimizer_for,
-    plan_training,
-    save_from,
-    train_summary,
 )
 from .common import print_json, write_figures
 
 
 def check_backend(backend: str) -> None:
     """Refuse, once and before any worker starts, a backend this torch cannot run."""
-    import torch.distributed as dist
 
     if backend == "nccl":
         if not dist.is_nccl_available():
@@ -115,11 +103,12 @@ def run_distributed(args: argparse.Namespace) -> int:
     # its threads. The launcher's own work (checking the flags) is small.
     torch.set_num_threads(1)
     with preflight_timeout(action_timeout_of(args)):  # a model that never returns: 1 line
-        setup = build_setup(args)  # every flag checked before any process starts
+        run = make_run(args, reference=False)  # every flag checked before any process starts
+    setup = run.setup
     cfg = config_from_args(args, setup.schedule)
     check_processes(cfg.world_size, getattr(args, "allow_oversubscribe", False),
                     f"-p {cfg.ranks} x --dp {cfg.dp}")  # bounded before any process starts
-    for note in plan_training(args, setup).notes:  # the training flags, a --resume checkpoint
+    for note in run.plan.notes:  # the training flags, a --resume checkpoint
         sys.stderr.write(f"pipebubble: warning: {note}\n")
     check_engine_flags(args, setup.schedule)
     try:  # (torch's engine posts its own sends and receives: --p2p does not apply)
@@ -189,10 +178,9 @@ def _worker_main(args: argparse.Namespace, schedule: Schedule | None = None) -> 
     # stops the other ranks). Under our launcher the flags were checked before the fork.
     try:
         with preflight_timeout(action_timeout_of(args), "on this rank"):
-            setup = build_setup(args, reference=args.check and env.rank == 0,
-                                schedule=schedule)
+            run = make_run(args, reference=args.check and env.rank == 0, schedule=schedule)
+        setup, plan = run.setup, run.plan
         cfg = config_from_args(args, setup.schedule)
-        plan = plan_training(args, setup)
         check_engine_flags(args, setup.schedule)
         if schedule is None and env.rank == 0:  # under torchrun: no launcher said it
             for note in plan.notes:
@@ -201,69 +189,32 @@ def _worker_main(args: argparse.Namespace, schedule: Schedule | None = None) -> 
         sys.stderr.write(f"pipebubble: error: rank {env.rank}: {exc}\n")
         return 2  # (the other ranks' heartbeat watchdogs see this one gone)
     try:
-        x, y = batch_of(setup, args, plan.start, cfg.dp)
+        x, y = run.batch(plan.start, cfg.dp)
         if cluster is None:
             cluster = Cluster(env, cfg.backend, cfg.stall_timeout, cfg.heartbeat_timeout,
                               cfg.p2p, action_timeout=action_timeout_of(args))
-        worker = make_worker(args, cfg, cluster, setup, x, y)
-        named = named_parameters_of(setup, worker.modules)
-        opt = optimizer_for(plan, named)
-        if plan.resume:
-            load_into(plan, named, opt)
-        ref = make_reference(setup, plan)  # rank 0 with --check
-        results, best, spans, losses, last_ref, final = None, float("inf"), [], [], None, None
-        failed = False
-        rc = 0
-        i = 0
-        for k in plan.steps_range:
-            if k != plan.start:
-                with training_step(setup, k):  # make_batch of step k
-                    worker.set_batch(*batch_of(setup, args, k, cfg.dp))
-            passes = (cfg.warmup if k == plan.start else 0) + cfg.repeat
-            for j in range(passes):
-                last = j == passes - 1
-                with training_step(setup, k):  # the model's failure: layer, stage, rank, step
-                    got = worker.step(i, gather=j >= passes - cfg.repeat,
-                                      update=opt.step if last else None,
-                                      params=last and k == plan.steps_range[-1])
-                i += 1
-                if got is not None:  # rank 0: keep the fastest measured step, and every span
-                    t = step_span(got)
-                    spans.append(t)
-                    if t < best:
-                        results, best = got, t
-                    if last:
-                        losses.append(sum(v for r in got if r is not None
-                                          for v in r.losses.values()))
-                        final = got
-            if ref is not None:  # the unsplit model, same batch, same optimizer
-                worker.watchdog.at(f"rank 0: reference step {k}", False)
-                xg, yg = batch_of(setup, args, k, cfg.dp)
-                with reference_code(setup, k):
-                    last_ref = unsplit_gradients(_stages_of(setup), setup.spec.loss_fn, xg, yg)
-                ref.losses.append(last_ref[0])
-                ref.step()
-        if plan.save:
-            worker.watchdog.at(f"saving the checkpoint to {plan.save}", True)
-            save_from(plan, setup, named, opt, losses, coordinator=env.rank == 0,
-                      barrier=dist.barrier)
+        worker = run.worker(cfg, cluster, x, y)
+        trained = run.train_ranks(worker, cfg.dp, coordinator=env.rank == 0)
+        failed, rc = False, 0
         if env.rank == 0:
             worker.watchdog.at("rank 0: reference gradients and report", False)
-            report, extra = summarize(args, cfg, setup, results, x, y, last_ref, final)
-            report.step_times = spans
+            losses, last_ref, final = trained.losses, trained.last_reference, trained.final
+            report, extra = summarize(args, cfg, run, trained.results, x, y, last_ref, final)
+            report.step_times = trained.spans
             here = local_processes(cfg.world_size)
-            note = noise_note(spans, report.measured.step_time, report.predicted.step_time,
+            note = noise_note(trained.spans, report.measured.step_time,
+                              report.predicted.step_time,
                               oversubscribed(here, args.threads), warmup=cfg.warmup,
                               load=machine_load(), processes=here)
             if note:  # as run --local says it
                 report.notes.append(note)
-            report.losses, report.train = losses, train_summary(plan)
+            report.losses, report.train = losses, trained.summary
             report.loss = losses[-1]
             report.engine = getattr(args, "engine", "pipebubble")
-            if ref is not None:
+            if trained.reference_losses is not None:
                 report.loss_abs_diff = abs(losses[-1] - last_ref[0])
-                report.reference_losses = list(ref.losses)
-                report.param_max_abs_diff = param_diffs(final, _stages_of(setup))
+                report.reference_losses = trained.reference_losses
+                report.param_max_abs_diff = param_diffs(final, run.reference_stages())
                 judge_check(report, args, max_abs(g for gs in last_ref[1].values() for g in gs),
                             max_abs(setup.reference.parameters()))
             _print(args, report, extra)
@@ -338,16 +289,6 @@ def check_engine_flags(args: argparse.Namespace, schedule: Schedule) -> None:
         check_engine(schedule, args.recompute)
 
 
-def make_worker(args: argparse.Namespace, cfg: DistConfig, cluster: Cluster, setup, x, y):
-    """The rank's driver for ``--engine``: our stage interpreter, or torch's runtime."""
-    built = (setup.schedule, setup.spec, setup.stages, x, y)
-    if getattr(args, "engine", "pipebubble") == "torch":
-        from ..runtime.torch_engine import TorchWorker
-
-        return TorchWorker(cfg, cluster, built, ties=setup.ties)
-    return Worker(cfg, cluster, built, recompute=args.recompute, ties=setup.ties)
-
-
 def param_diffs(results: list, ref_stages: list) -> float:
     """Largest |parameter - reference| after the last step; stage s of a later chain
     (DualPipe's copy) is compared with model stage ``s mod len(ref_stages)``."""
@@ -359,16 +300,6 @@ def param_diffs(results: list, ref_stages: list) -> float:
                 if a is not None and a.numel():  # None: another rank's expert (--ep)
                     worst = max(worst, float((a - b.detach().cpu()).abs().max()))
     return worst
-
-
-def global_batch_of(setup, args: argparse.Namespace, dp: int):
-    """The step's global batch: ``dp`` times the pipeline's batch, from the same generator
-    as ``build_setup`` (with ``dp`` = 1 it is exactly the batch of ``run --local``)."""
-    if dp == 1:
-        return setup.inputs, setup.targets
-    gen = torch.Generator().manual_seed(args.seed + 1)
-    x, y = setup.spec.make_batch(dp * setup.inputs.shape[0], gen)
-    return x.to(setup.device), y.to(setup.device)
 
 
 def local_processes(world_size: int) -> int:
@@ -397,10 +328,11 @@ def _looks_like_peer(exc: BaseException) -> bool:
                                    "Broken pipe", "Timed out", "timed out"))
 
 
-def summarize(args, cfg: DistConfig, setup, results: list, x, y, ref_last=None,
+def summarize(args, cfg: DistConfig, run, results: list, x, y, ref_last=None,
               final: list | None = None):
     """Rank 0: the measured timeline, the calibrated prediction (comm and all-reduce
     included), the check; the same report as ``run --local`` plus the distributed extras."""
+    setup = run.setup
     schedule = setup.schedule
     timeline, align = measured_timeline(schedule, results)
     mine = [r for r in results if r.replica == 0]
@@ -429,8 +361,7 @@ def summarize(args, cfg: DistConfig, setup, results: list, x, y, ref_last=None,
                      f"{f', ep={cfg.ep}' if cfg.ep > 1 else ''})")
     if args.check and setup.reference is not None:
         # the last step's gradients against the unsplit model's on the same batch
-        ref_loss, ref = ref_last if ref_last is not None else unsplit_gradients(
-            list(_stages_of(setup)), setup.spec.loss_fn, x, y)
+        ref_loss, ref = ref_last if ref_last is not None else run.reference_gradients(x, y)
         diffs = grad_diffs(final if final is not None else results, ref_loss, ref, loss)
         report.grad_max_abs_diff = diffs["grad_max_abs_diff"]
         report.loss_abs_diff = diffs["loss_abs_diff"]
@@ -444,13 +375,6 @@ def summarize(args, cfg: DistConfig, setup, results: list, x, y, ref_last=None,
         extra["step_time_with_allreduce"] = step_time_with_allreduce(
             report.predicted, report.costs, cfg.dp)
     return report, extra
-
-
-def _stages_of(setup) -> list:
-    """The reference model cut as the pipeline is (its stages share the reference's weights)."""
-    sched = setup.schedule
-    return split_stages(list(setup.reference), sched.num_stages // sched.chains,
-                        setup.boundaries)
 
 
 def _print(args, report, extra: dict) -> None:

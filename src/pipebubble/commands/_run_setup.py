@@ -1,6 +1,8 @@
-"""What both executors of ``pipebubble run`` share: set-up from flags, analysis, report.
+"""What both executors of ``pipebubble run`` share: flags to a run, analysis, report.
 
-- :func:`build_setup` turns the flags into a model cut into stages, a schedule and a batch;
+- :func:`run_config` turns the flags into a :class:`~pipebubble.runtime.setup.RunConfig`
+  and :func:`make_run` into a :class:`~pipebubble.runtime.run.Run` (the runtime owns the
+  set-up, the cut, the batches and the training loop);
 - the executor (``run --local`` in this process, or one process per rank: ``_run_dist.py``)
   produces a measured Timeline, the loss, per-rank activation peaks;
 - :func:`analyse` calibrates a CostModel from the measurement and simulates it again
@@ -11,7 +13,6 @@
 from __future__ import annotations
 
 import argparse
-import copy
 import math
 import sys
 from dataclasses import dataclass, field
@@ -19,195 +20,112 @@ from dataclasses import dataclass, field
 import torch
 from rich.console import Console
 from rich.table import Table
-from torch import nn
 
 from ..costs import CostModel
 from ..errors import UserError
-from ..ir.schedule import Schedule, validate
+from ..ir.schedule import Schedule
 from ..limits import check_model_size
-from ..models import ModelSpec, build_model
 from ..render.terminal import gantt, summary_table
+from ..runtime.run import Run
+from ..runtime.setup import RunConfig, RunSetup, set_up
 from ..timeline import Timeline
 from .common import closed_form_for, load_schedule, parse_device, timeline_json
 
 
-# ---- set-up ----------------------------------------------------------------------------------
-@dataclass
-class RunSetup:
-    """What a run needs: the schedule, the model cut into stages, one batch."""
+# ---- set-up: flags -> RunConfig -> runtime.run ------------------------------------------
+def run_config(args: argparse.Namespace, schedule: Schedule) -> RunConfig:
+    """The :class:`~pipebubble.runtime.setup.RunConfig` of ``run``'s flags (checked here:
+    a flag that would be silently ignored is an error)."""
+    from ..models.loader import is_builtin, parse_model_args
+    from ._model import check_builtin_flags
 
-    schedule: Schedule
-    spec: ModelSpec
-    stages: list[nn.Module]
-    boundaries: list[int]
-    inputs: torch.Tensor
-    targets: torch.Tensor
-    device: torch.device
-    reference: nn.Module | None = None  # the unsplit model, same weights (for --check)
-    description: str = ""
-    batch_size: int = 0  # samples per pipeline step (one replica)
-    seed: int = 0  # weights and data seed (step k's batch: runtime.train.step_generator)
-    ties: list = field(default_factory=list)  # tied weights' copies (runtime.tied.StageTie)
-
-
-def build_setup(args: argparse.Namespace, reference: bool = False,
-                schedule: Schedule | None = None) -> RunSetup:
-    """Flags -> schedule, model stages, batch. Raises UserError naming a bad value.
-    ``schedule``: one already built from these flags (a forked worker has the launcher's;
-    an ``auto`` order need not be searched again on every rank)."""
-    from ..runtime.stages import check_boundaries, even_boundaries
-
-    if schedule is None:
-        schedule = load_schedule(args)  # --csv FILE, or --schedule/--ranks/--microbatches
-    validate(schedule)
-    # Stages of one model copy (DualPipe's second chain runs a copy; see run_local) and the
-    # microbatches of the whole step.
     S, M = schedule.num_stages // schedule.chains, schedule.total_microbatches
-    from ..models.loader import check_layers, is_builtin
-    from ._model import check_builtin_flags, load_from_args
-
     user = not is_builtin(args.model)  # --model file.py:NAME, package.module:NAME, hf:PATH
     check_builtin_flags(args, ("layers", "width"))
+    seq, heads, vocab = getattr(args, "seq", 32), getattr(args, "heads", 4), \
+        getattr(args, "vocab", 4096)
     if not user:
-        check_model_size(args.model, args.layers or 2 * S, args.width, args.vocab, args.seq,
+        check_model_size(args.model, args.layers or 2 * S, args.width, vocab, seq,
                          batch=args.batch or 8 * M)
-    device = parse_device(args.device)
-    if args.model != "sleep":  # a flag that would be silently ignored is an error
+    parse_device(args.device)
+    if args.model != "sleep":
         for flag, default in (("sleep_f", 0.01), ("sleep_b", 0.02), ("sleep_w", 0.01)):
             if getattr(args, flag, default) != default:
                 raise UserError(f"--{flag.replace('_', '-')} applies to --model sleep only, "
                                  f"not {args.model}")
     if user:
-        spec = load_from_args(args, seq=args.seq, check=False)  # checked once cut, below
-        what = spec.description or spec.name
+        model_args: dict = parse_model_args(getattr(args, "model_arg", None))
     elif args.model == "sleep":
-        layers = args.layers or S
-        spec = build_model("sleep", layers=layers, width=args.width or 8, f=args.sleep_f,
-                           b=args.sleep_b, w=args.sleep_w, seed=args.seed)
-        what = (f"sleep ({layers} layers: F {args.sleep_f} s, B {args.sleep_b} s, "
-                f"W {args.sleep_w} s)")
-    elif args.model == "mlp":
-        layers = args.layers or 2 * S
-        spec = build_model("mlp", layers=layers, width=args.width or 256, seed=args.seed)
-        what = f"mlp ({layers} blocks, width {args.width or 256})"
-    elif args.model == "moe":
-        layers = args.layers or max(1, 2 * S - 2)
-        spec = build_model("moe", layers=layers, dim=args.width or 32, heads=args.heads,
-                           vocab=args.vocab, seq=args.seq, seed=args.seed)
-        what = spec.description
+        model_args = {"layers": args.layers, "width": args.width, "f": args.sleep_f,
+                      "b": args.sleep_b, "w": args.sleep_w}
     else:
-        layers = args.layers or max(1, 2 * S - 2)
-        spec = build_model("transformer", layers=layers, dim=args.width or 64, heads=args.heads,
-                           vocab=args.vocab, seq=args.seq, seed=args.seed)
-        what = (f"transformer (embedding, {layers} blocks, head; dim {args.width or 64}, "
-                f"vocab {args.vocab}, seq {args.seq})")
-    n = len(spec.layers)
-    if args.boundaries:
-        try:
-            cuts = [int(x) for x in args.boundaries.split(",")]
-        except ValueError:
-            raise UserError(
-                f"--boundaries must be a comma list of layer indices, got {args.boundaries!r}"
-            ) from None
-        cuts = check_boundaries(cuts, n, S)
-    else:
-        if n % S:
-            extra = (" (embedding + blocks + head)" if args.model in ("transformer", "moe")
-                     else "")
-            raise UserError(
-                f"{n} layers{extra} do not split evenly into {S} stages (ranks x chunks); "
-                f"pick --layers so the count is a multiple of {S}, or give --boundaries"
-            )
-        cuts = even_boundaries(n, S)
-    if user:  # one forward of a tiny batch: a layer that cannot take the last one's output
-        check_layers(spec, cuts)
-    what += _check_random_layers(args, spec)
-    batch = args.batch or 8 * M
-    if batch < M:
-        raise UserError(f"--batch {batch} is smaller than --microbatches {M}; use at least {M}")
-    if getattr(args, "data", None):  # run --data FILE: the batches are the file's tokens
-        from ..runtime.data import use_data
+        model_args = {"layers": args.layers, "width": args.width, "heads": heads,
+                      "vocab": vocab}
 
-        spec = use_data(spec, args.data, batch, getattr(args, "dp", 1), args.model,
-                        getattr(args, "data_dtype", "uint16"))
-        what += f", data {args.data}"
-    _check_ep_flags(args, spec)
-    ties, ref, stages = _cut_tied(spec, S, cuts, reference)
-    ref = ref.to(device) if ref is not None else None
-    stages = [s.to(device) for s in stages]
-    gen = torch.Generator().manual_seed(args.seed + 1)
-    x, y = spec.make_batch(batch, gen)
-    return RunSetup(schedule, spec, stages, cuts, x.to(device), y.to(device), device, ref,
-                    f"{what}, batch {batch}", batch, args.seed, ties)
+    def g(name: str, default: object = None):  # a flag this Namespace may lack (tests)
+        return getattr(args, name, default)
+
+    return RunConfig(
+        schedule, args.model, model_args, seq=seq, input_shape=g("input_shape"),
+        input_dtype=g("input_dtype"), boundaries=_boundaries_flag(args.boundaries),
+        batch=args.batch, seed=args.seed, data=g("data"), data_dtype=g("data_dtype", "uint16"),
+        steps=g("steps", 1), optimizer=g("optimizer", "adamw"), lr=g("lr"),
+        save=g("save_dir"),  # not args.save: an output file of check_outputs
+        overwrite=g("overwrite", False), resume=g("resume"), dp=g("dp", 1), ep=_ep_flag(args),
+        engine=g("engine", "pipebubble"), device=args.device, dtype=g("dtype", "float32"),
+        threads=g("threads", 1), warmup=g("warmup", 1), repeat=g("repeat") or 1,
+        recompute=g("recompute", False), check=g("check", False), check_tol=g("check_tol"),
+        check_dropout=g("check_dropout", "keep"))
 
 
-def _check_ep_flags(args: argparse.Namespace, spec: ModelSpec) -> None:
-    """``--ep N`` (:mod:`pipebubble.runtime.ep`): one process per rank, our engine, a model
-    with MoE layers, N dividing ``--dp`` and the experts."""
+def _ep_flag(args: argparse.Namespace) -> int:
+    """``--ep N`` spreads experts over ``--dp`` replicas, one process per rank: not
+    ``--local``."""
     ep = getattr(args, "ep", 1)
-    if ep == 1:
-        return
-    if getattr(args, "local", False):
+    if ep != 1 and getattr(args, "local", False):
         raise UserError(f"--ep {ep} spreads experts over --dp replicas, one process per rank; "
                         "drop --local")
-    if getattr(args, "engine", "pipebubble") == "torch":
-        raise UserError(f"--ep {ep} runs with --engine pipebubble only (torch's "
-                        "PipelineStage has no expert all-to-all); drop --engine torch")
-    from ..runtime.ep import check_ep
-
-    check_ep(ep, getattr(args, "dp", 1), list(spec.layers), args.model)
+    return ep
 
 
-def _check_random_layers(args: argparse.Namespace, spec: ModelSpec) -> str:
-    """``--check``: a layer drawing random numbers (dropout) is one line naming it, or with
-    ``--check-dropout off`` every dropout rate is set to 0 (the text says so)."""
-    off = getattr(args, "check_dropout", "keep") == "off"
-    if not getattr(args, "check", False):
-        if off:
-            raise UserError("--check-dropout applies to --check only; drop it or add --check")
-        return ""
-    from ..runtime.check import dropout_off, random_layers, refuse_random
-    from ..runtime.train import layer_names
+def make_run(args: argparse.Namespace, reference: bool | None = None,
+             schedule: Schedule | None = None) -> Run:
+    """Flags -> a :class:`~pipebubble.runtime.run.Run` (set-up and training plan checked).
+    ``schedule``: one already built from these flags (a forked worker has the launcher's;
+    an ``auto`` order need not be searched again on every rank)."""
+    if schedule is None:
+        schedule = load_schedule(args)  # --csv FILE, or --schedule/--ranks/--microbatches
+    return Run(run_config(args, schedule), reference)
 
-    n = dropout_off(spec.layers) if off else 0
-    sample = spec.make_batch(2, torch.Generator().manual_seed(0))[0]  # 2: BatchNorm needs 2
-    refuse_random(random_layers(spec.layers, layer_names(spec, len(spec.layers)), sample))
-    return f", {n} dropout rate{'s' if n != 1 else ''} set to 0 (--check-dropout off)" if n \
-        else ""
+
+def build_setup(args: argparse.Namespace, reference: bool = False,
+                schedule: Schedule | None = None) -> RunSetup:
+    """Flags -> schedule, model stages, batch (:func:`pipebubble.runtime.setup.set_up`)."""
+    if schedule is None:
+        schedule = load_schedule(args)
+    return set_up(run_config(args, schedule), reference)
+
+
+def _boundaries_flag(text: str | None) -> list[int] | None:
+    """``--boundaries I,J,..`` as layer indices (None: the default cut)."""
+    if not text:
+        return None
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise UserError(
+            f"--boundaries must be a comma list of layer indices, got {text!r}") from None
 
 
 def judge_check(report: RunReport, args: argparse.Namespace, grad_scale: float | None,
                 param_scale: float | None) -> None:
-    """``--check``'s verdict on ``report`` (relative differences: runtime.check)."""
-    from ..runtime.check import loss_relative, relative, verdict
+    """``--check``'s verdict on ``report`` (:func:`pipebubble.runtime.run.check_verdict`)."""
+    from ..runtime.run import check_verdict
 
-    ref = report.reference_losses
-    loss = (loss_relative(report.losses, ref) if ref and report.losses
-            else report.loss_abs_diff)
-    report.verdict = verdict({"gradients": relative(report.grad_max_abs_diff, grad_scale),
-                              "loss": loss,
-                              "parameters": relative(report.param_max_abs_diff, param_scale)},
-                             getattr(args, "dtype", "float32"), getattr(args, "check_tol", None))
-
-
-def _cut_tied(spec: ModelSpec, num_stages: int, cuts: list[int], reference: bool):
-    """(tied weights after the cut, the unsplit reference or None, the stages).
-
-    The reference is the model as the user has it, tied weights one parameter; the stages
-    each get their own copy of a tied weight they use (:mod:`pipebubble.runtime.tied`; the
-    run sums the copies' gradients before every optimizer step)."""
-    from ..runtime.stages import split_stages
-    from ..runtime.tied import find_ties, tie_modules, untie_stages
-    from ..runtime.train import layer_names
-
-    names = layer_names(spec, len(spec.layers))
-    ties = find_ties(spec.layers, names, getattr(spec, "ties", ()))  # copies start equal
-    ref = None
-    if reference:
-        ref = copy.deepcopy(nn.Sequential(*spec.layers))
-        tie_modules(list(ref), names, ties)
-    stages = split_stages(spec.layers, num_stages, cuts)
-    return untie_stages(stages, [0, *cuts], names, ties), ref, stages
+    report.verdict = check_verdict(
+        getattr(args, "dtype", "float32"), getattr(args, "check_tol", None), report.losses,
+        report.reference_losses, report.loss_abs_diff, report.grad_max_abs_diff, grad_scale,
+        report.param_max_abs_diff, param_scale)
 
 
 # ---- analysis ------------------------------------------------------------------------------
@@ -237,6 +155,8 @@ class RunReport:
     train: dict | None = None
     engine: str = "pipebubble"
     verdict: object | None = None  # --check's (runtime.check.Verdict)
+    boundaries: list[int] = field(default_factory=list)  # the cut (--boundaries reproduces it)
+    cut_by: str = "given"  # what chose it (runtime.cut.BY)
 
 
 def analyse(setup: RunSetup, measured: Timeline, loss: float, peak_bytes: list[int],
@@ -251,11 +171,12 @@ def analyse(setup: RunSetup, measured: Timeline, loss: float, peak_bytes: list[i
     equal = CostModel(f=[sum(sc.f) / S] * S, b=[sum(sc.b) / S] * S, w=[sum(sc.w) / S] * S)
     sched = setup.schedule
     title = (f"{sched.name}  p={sched.num_ranks} m={sched.total_microbatches} v={sched.chunks}"
-             f"{'  recompute' if recompute else ''}  —  {setup.description}")
+             f"{'  recompute' if recompute else ''}  —  {setup.description}  —  {setup.cut}")
     # A CSV order is not its file name's family: no closed form for it.
     closed = None if "csv_columns" in sched.options else closed_form_for(sched, equal)
     return RunReport(sched, measured, pred.predicted, pred.costs, loss, list(peak_bytes),
-                     allocator_peak, closed, title=title)
+                     allocator_peak, closed, title=title, boundaries=list(setup.boundaries),
+                     cut_by=setup.cut_by)
 
 
 def check_against_unsplit(setup: RunSetup, loss: float) -> tuple[float, float]:
@@ -337,6 +258,7 @@ def report_json(report: RunReport) -> dict:
         out["reference_losses"] = [_number(v) for v in report.reference_losses]
         out["param_max_abs_diff"] = _number(report.param_max_abs_diff)
     out["engine"] = report.engine
+    out["boundaries"], out["cut_by"] = list(report.boundaries), report.cut_by
     if report.verdict is not None:
         out["check"] = report.verdict.as_dict()
     return out

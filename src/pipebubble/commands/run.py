@@ -177,7 +177,8 @@ def fault_flag(text: str) -> str:
 
 
 def add_model_flags(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("model (cut evenly into ranks x chunks stages, or at --boundaries)")
+    g = p.add_argument_group("model (cut into ranks x chunks stages balanced by the layers' "
+                             "cost, or at --boundaries)")
     g.add_argument("--model", default="mlp", metavar="SPEC",
                    help="mlp (default), transformer, moe (mixture-of-experts blocks), or sleep "
                    "(layers sleep --sleep-f/-b/-w); "
@@ -199,7 +200,8 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--batch", type=positive_int("--batch"), default=None, metavar="B",
                    help="samples per step (default 8 per microbatch)")
     g.add_argument("--boundaries", default=None, metavar="I,J,..",
-                   help="first layer of each stage after the first (default: even split)")
+                   help="first layer of each stage after the first (default: balanced by "
+                   "the layers' FLOPs, or the sleep model's seconds; the run prints it)")
     g.add_argument("--seed", type=int_flag("--seed", 0, 2**32 - 1), default=0,
                    help="weights and batch seed, 0..2^32-1 (0)")
     g.add_argument("--sleep-f", type=time_value("--sleep-f"), default=0.01, metavar="S",
@@ -210,40 +212,7 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                    help="sleep model: weight-gradient seconds per layer")
 
 
-# ---- the local path --------------------------------------------------------------------
-def run_local_steps(setup: RunSetup, recompute: list[bool], warmup: int = 1,
-                    repeat: int = 1, step_times: list[list[float]] | None = None) -> list:
-    """One measured step per entry of ``recompute``: the fastest of ``repeat``.
-
-    The variants take turns (warm-up steps first), so that a busy spell on a shared
-    machine slows them alike. Gradients are zeroed before each step, so afterwards they are
-    those of one step of the last variant (every step computes the same gradients: the
-    weights do not change; a tied weight's copies hold their sum). ``step_times``, if
-    given, receives every measured step time of each variant (for the run-to-run spread,
-    ``noise_note``).
-    """
-    from ..runtime.local import run_local
-    from ..runtime.tied import sum_tied_gradients
-
-    best: list = [None] * len(recompute)
-    if step_times is not None:
-        step_times[:] = [[] for _ in recompute]
-    for i in range(warmup + repeat):
-        for k, rec in enumerate(recompute):
-            for st in setup.stages:
-                st.zero_grad(set_to_none=True)
-            result = run_local(setup.schedule, setup.stages, setup.inputs, setup.targets,
-                               setup.spec.loss_fn, recompute=rec, device=setup.device)
-            if setup.ties:  # tied weights: each copy gets the sum over the copies
-                sum_tied_gradients(dict(enumerate(setup.stages)), setup.ties)
-            if i >= warmup and step_times is not None:
-                step_times[k].append(result.timeline.step_time)
-            if i >= warmup and (best[k] is None
-                                or result.timeline.step_time < best[k].timeline.step_time):
-                best[k] = result
-    return best
-
-
+# ---- the local path ------------------------------------------------------------------
 def recompute_trade(setup: RunSetup, plain, rec, rec_report: RunReport) -> dict:
     """Memory saved and time added by recomputation: measured, and predicted by the cost model
     (the plain run's calibrated costs with ``recompute=True``)."""
@@ -320,34 +289,25 @@ def _run(args: argparse.Namespace) -> int:
                         "sends over torch.distributed); drop --local")
     import torch
 
-    from ._run_setup import (
-        analyse,
-        build_setup,
-        judge_check,
-        noise_note,
-        print_report,
-        report_json,
-    )
-    from ._run_train import plan_training
+    from ._run_setup import analyse, judge_check, make_run, noise_note, print_report, report_json
 
     torch.set_num_threads(check_threads(args.threads))
-    setup = build_setup(args, reference=args.check)
-    plan = plan_training(args, setup)  # checkpoint checks before any work
+    run = make_run(args)  # set-up and training plan: checkpoint checks before any work
+    setup, plan = run.setup, run.plan
     for note in plan.notes:
         sys.stderr.write(f"pipebubble: warning: {note}\n")
-    variants = [False, True] if args.recompute else [False]
-    times: list[list[float]] = []
-    best, train = train_local(setup, plan, args, variants, times)
-    *rest, result = best
+    trained = run.train([False, True] if args.recompute else [False])
+    *rest, result = trained.best
     plain = rest[0] if rest else None
-    report = analyse(setup, result.timeline, train["losses"][-1], result.peak_bytes,
+    report = analyse(setup, result.timeline, trained.losses[-1], result.peak_bytes,
                      args.recompute, result.input_bytes, result.allocator_peak)
-    report.losses, report.train = train["losses"], train["summary"]
+    report.losses, report.train = trained.losses, trained.summary
     if args.check:
-        report.grad_max_abs_diff, report.loss_abs_diff = train["grad_diff"], train["loss_diff"]
-        report.reference_losses = train["reference_losses"]
-        report.param_max_abs_diff = train["param_diff"]
-        judge_check(report, args, train["grad_scale"], train["param_scale"])
+        report.grad_max_abs_diff, report.loss_abs_diff = trained.grad_diff, trained.loss_diff
+        report.reference_losses = trained.reference_losses
+        report.param_max_abs_diff = trained.param_diff
+        judge_check(report, args, trained.grad_scale, trained.param_scale)
+    times = trained.step_times
     if plain is not None:
         report.trade = recompute_trade(setup, plain, result, report)
     report.step_times = list(times[-1])
@@ -376,65 +336,3 @@ def _run(args: argparse.Namespace) -> int:
     if rc:
         return rc
     return 1 if report.verdict is not None and not report.verdict.passed else 0
-
-
-def train_local(setup: RunSetup, plan, args: argparse.Namespace, variants: list[bool],
-                times: list[list[float]]) -> tuple[list, dict]:
-    """The training loop of ``run --local``: for each step its batch, ``--repeat`` measured
-    pipeline passes (``--warmup`` unmeasured ones before the first), the optimizer step;
-    with ``--check`` the unsplit model trained alongside on the same batches.
-
-    Returns the fastest measured pass of each variant over all steps, and the figures."""
-    from ..runtime.check import max_abs
-    from ._run_errors import reference_code, training_step
-    from ._run_train import (
-        batch_of,
-        grad_and_loss_diff,
-        load_into,
-        make_reference,
-        named_parameters_of,
-        optimizer_for,
-        param_diff,
-        reference_named,
-        save_from,
-        train_summary,
-    )
-
-    named = named_parameters_of(setup, dict(enumerate(setup.stages)))
-    opt = optimizer_for(plan, named)
-    if plan.resume:
-        load_into(plan, named, opt)
-    ref = make_reference(setup, plan)
-    best: list = [None] * len(variants)
-    times[:] = [[] for _ in variants]
-    losses: list[float] = []
-    grad_diff = loss_diff = grad_scale = None
-    for k in plan.steps_range:
-        with training_step(setup, k):  # the model's failure: its layer, stage, rank, step
-            setup.inputs, setup.targets = batch_of(setup, args, k)
-            per: list[list[float]] = []
-            got = run_local_steps(setup, variants, args.warmup if k == plan.start else 0,
-                                  args.repeat, per)
-        for v, res in enumerate(got):
-            times[v] += per[v]
-            if best[v] is None or res.timeline.step_time < best[v].timeline.step_time:
-                best[v] = res
-        losses.append(got[-1].loss)
-        if ref is not None:  # the gradients of this step, on both sides, before updating
-            with reference_code(setup, k):
-                ref_loss = ref.gradients(setup.inputs, setup.targets)
-            grad_diff, loss_diff = grad_and_loss_diff(named, reference_named(setup),
-                                                      got[-1].loss, ref_loss)
-            grad_scale = max_abs(p.grad for p in setup.reference.parameters())
-            ref.step()
-        opt.step()
-    if plan.save:  # a failure is plan.save_error: the figures below are still reported
-        save_from(plan, setup, named, opt, losses)
-    train = {"losses": losses, "summary": train_summary(plan), "grad_diff": grad_diff,
-             "loss_diff": loss_diff}
-    if ref is not None:
-        train["reference_losses"] = list(ref.losses)
-        train["param_diff"] = param_diff(named, reference_named(setup))
-        train["grad_scale"] = grad_scale
-        train["param_scale"] = max_abs(setup.reference.parameters())
-    return best, train

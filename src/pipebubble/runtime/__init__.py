@@ -8,7 +8,11 @@
 - ``transport.py``: how activations and gradients reach the next stage (in process here).
 - ``local.py``: every rank in one process, taking turns (``run_local``).
 - ``pipeline.py``: the lesson's ``Pipeline`` and ``PipelineStage``.
-- ``stages.py``: cut a layer list into stages (the one stage-cutting function).
+- ``stages.py``: cut a layer list into stages (the one stage-cutting function);
+  ``cut.py``: where a run cuts (its one rule: balanced by the layers' FLOPs).
+- ``setup.py``, ``run.py``: a run's owner: ``RunConfig`` (what to run, plain values) and
+  ``Run`` (set-up, batches, step, train, the check's verdict); ``trainplan.py`` its
+  training plan (steps, optimizer, checkpoint), ``failures.py`` the model's failures named.
 
 One process per rank (torch.distributed; ``pipebubble run`` without ``--local``) lives in
 ``dist/``; the sleep workload in ``pipebubble.models.sleep``; calibrating a CostModel from a

@@ -40,7 +40,7 @@ from ..interop.torch_csv import cell_text
 from ..ir.schedule import Overlap, Schedule, step_actions
 from ..timeline import Event
 from ..usercode import USER_FAILURES, UserCodeError, is_ours, layer_in
-from .dist.worker import Worker
+from .dist.worker import RankRun
 from .memory import param_storages
 from .train import stage_layers
 
@@ -120,9 +120,11 @@ class _SavedBytes(torch.autograd.graph.saved_tensors_hooks):
         return t
 
 
-class TorchWorker(Worker):
-    """``run --engine torch`` on one rank: the :class:`Worker`'s model, batch, groups,
-    all-reduce and report, with torch's runtime running the pipeline pass."""
+class TorchWorker(RankRun):
+    """``run --engine torch`` on one rank: the run's set-up shared with our engine
+    (:class:`~pipebubble.runtime.dist.worker.RankRun`: model, batch, groups, all-reduce,
+    report), with torch's runtime running the pipeline pass (no wire program, no transport
+    of ours: torch posts its own sends and receives)."""
 
     def __init__(self, cfg, cluster, built: tuple, measure: bool = True, ties: Sequence = ()):
         """``measure=False`` leaves torch's stages unwrapped (no events: for benchmarks of
@@ -256,8 +258,8 @@ class TorchWorker(Worker):
 
     # ---- one step ------------------------------------------------------------------------
     def step(self, index: int, gather: bool = True, update=None, params: bool = False):
-        """One pipeline pass through torch's runtime, then the Worker's gradient
-        completion, update and gathering (see :meth:`Worker.step`)."""
+        """One pipeline pass through torch's runtime, then the shared gradient completion,
+        update and gathering (``RankRun._finish_step``; see ``Worker.step``)."""
         for mod in self.modules.values():
             mod.zero_grad(set_to_none=True)
         wd = self.watchdog

@@ -19,7 +19,7 @@ import sys
 from ...ir.schedule import ScheduleError
 from ...schedules import get_schedule, schedule_names
 from ...sim.wire import ORDERINGS, WireDeadlock, lower, run_wire
-from .worker import Cluster, DistConfig, Env, Worker, reference_gradients
+from .worker import Cluster, DistConfig, Env, make_schedule_for
 from .launch import launch, under_launcher
 from .report import grad_diffs
 
@@ -55,6 +55,9 @@ def plan(layouts: list[tuple[int, int]], orderings: list[str], names: list[str])
 def worker(args: argparse.Namespace) -> int:
     import torch
 
+    from ..run import Run
+    from ..setup import RunConfig
+
     torch.set_num_threads(1)  # tiny models; several ranks share the cores
     env = Env.from_environ()
     cluster = Cluster(env, "gloo", stall_timeout=20.0, heartbeat_timeout=args.heartbeat)
@@ -65,10 +68,14 @@ def worker(args: argparse.Namespace) -> int:
                 if env.rank == 0:
                     print(json.dumps(row), flush=True)
                 continue
-            w = Worker(cfg, cluster)
-            results = w.step(0)
+            sched = make_schedule_for(cfg)  # the run, as ``pipebubble run`` sets it up
+            run = Run(RunConfig(sched, "mlp", dict(cfg.model_args), seed=cfg.seed,
+                                batch=cfg.microbatch_size * sched.total_microbatches,
+                                dp=cfg.dp), reference=env.rank == 0)
+            x, y = run.batch(0, cfg.dp)
+            results = run.worker(cfg, cluster, x, y).step(0)
             if env.rank == 0:
-                ref_loss, ref = reference_gradients(cfg)
+                ref_loss, ref = run.reference_gradients(x, y)
                 loss = sum(v for r in results for v in r.losses.values())
                 row.update(grad_diffs(results, ref_loss, ref, loss))
                 bad += row["grad_max_abs_diff"] > args.tol or row["loss_abs_diff"] > args.tol

@@ -20,7 +20,7 @@ from ..usercode import UserCodeError, user_code
 
 def name_failure(exc: UserCodeError, setup, step: int | None = None) -> UserCodeError:
     """Name the failing layer by its index in the model and the model's own name for it
-    (``setup``: the run's :class:`~pipebubble.commands._run_setup.RunSetup`); add the step."""
+    (``setup``: the run's :class:`~pipebubble.runtime.setup.RunSetup`); add the step."""
     stage, i = exc.where.get("stage"), exc.layer
     if stage is not None and i is not None:
         starts = [0, *setup.boundaries]  # stage s of a later chain (DualPipe) is s mod len

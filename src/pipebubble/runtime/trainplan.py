@@ -1,24 +1,23 @@
-"""The training side of ``pipebubble run``: ``--steps``, ``--optimizer``, ``--lr``, ``--save``,
-``--resume``, checked once before any work and shared by both executors.
+"""A run's training plan: steps, optimizer, learning rate, checkpoint to save or resume,
+checked once before any work and shared by every engine.
 
-:func:`plan_training` validates the flags (and a ``--resume`` checkpoint against the model)
-in the launcher, in ``run --local`` and in every torchrun worker alike, before any process
-group exists, so bad input is one line and exit 2 everywhere. The loops themselves are in
-``run.py`` (local) and ``_run_dist.py`` (one process per rank); the pieces they call
-(optimizers, batches, names, the reference) are :mod:`pipebubble.runtime.train` and
-:mod:`pipebubble.runtime.checkpoint`.
+:func:`plan_training` validates a :class:`~pipebubble.runtime.setup.RunConfig`'s training
+fields (and a checkpoint to resume, against the model) in the launcher, in a local run and
+in every torchrun worker alike, before any process group exists, so bad input is one line
+and exit 2 everywhere. The loops are :class:`~pipebubble.runtime.run.Run`'s (local) and the
+distributed workers'; the pieces they call (optimizers, batches, names, the reference) are
+:mod:`pipebubble.runtime.train` and :mod:`pipebubble.runtime.checkpoint`.
 """
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from ..runtime import checkpoint as ckpt
-from ..runtime.train import (
+from . import checkpoint as ckpt
+from .train import (
     ReferenceTrainer,
     check_training,
     layer_names,
@@ -52,34 +51,34 @@ class TrainPlan:
         return range(self.start, self.start + self.steps)
 
 
-def plan_training(args: argparse.Namespace, setup) -> TrainPlan:
-    """Check the training flags against the model of ``setup``; UserError on bad input.
+def plan_training(cfg, setup) -> TrainPlan:
+    """Check ``cfg``'s training fields (a :class:`~pipebubble.runtime.setup.RunConfig`)
+    against the model of ``setup``; UserError on bad input.
 
     ``--save DIR`` is checked here, before the first step (:func:`ckpt.check_save_dir`);
     ``--resume DIR`` is read and checked whole (:func:`ckpt.read_meta`) and matched to the
     model. Resuming without ``--lr`` continues at the checkpoint's learning rate; an ``--lr``
     that differs from it is used, with a warning in ``plan.notes`` (the losses then differ
     from an uninterrupted run's)."""
-    lr = check_training(args.steps, args.optimizer, args.lr)
+    lr = check_training(cfg.steps, cfg.optimizer, cfg.lr)
     layers = list(setup.spec.layers)
     names = layer_names(setup.spec, len(layers))
     shapes = model_parameter_shapes(layers, names)
-    plan = TrainPlan(args.steps, args.optimizer, lr, 0, names, shapes)
-    save_dir = getattr(args, "save_dir", None)  # not args.save: an output file of check_outputs
-    if save_dir is not None:
-        ckpt.check_save_dir(save_dir, overwrite=getattr(args, "overwrite", False))
-        plan.save = save_dir
-    if args.resume is not None:
-        meta = ckpt.read_meta(args.resume)
-        ckpt.check_compatible(args.resume, meta, shapes, args.optimizer, args.seed)
-        plan.resume, plan.start, plan.resume_meta = args.resume, meta["steps_done"], meta
+    plan = TrainPlan(cfg.steps, cfg.optimizer, lr, 0, names, shapes)
+    if cfg.save is not None:
+        ckpt.check_save_dir(cfg.save, overwrite=cfg.overwrite)
+        plan.save = cfg.save
+    if cfg.resume is not None:
+        meta = ckpt.read_meta(cfg.resume)
+        ckpt.check_compatible(cfg.resume, meta, shapes, cfg.optimizer, cfg.seed)
+        plan.resume, plan.start, plan.resume_meta = cfg.resume, meta["steps_done"], meta
         plan.prior_losses = [float("nan") if v is None else float(v)
                              for v in meta.get("losses", [])]
         theirs = meta.get("lr")
-        if theirs is not None and args.lr is None:
+        if theirs is not None and cfg.lr is None:
             plan.lr = float(theirs)
         elif theirs is not None and float(theirs) != plan.lr:
-            plan.notes.append(f"--resume {args.resume}: the checkpoint was trained with --lr "
+            plan.notes.append(f"--resume {cfg.resume}: the checkpoint was trained with --lr "
                               f"{theirs:g}; this run steps with --lr {plan.lr:g} (the "
                               "optimizer state is kept; the losses will differ from an "
                               "uninterrupted run's)")
@@ -113,10 +112,10 @@ def reference_named(setup) -> list[tuple[str, nn.Parameter]]:
             for pn, p in layer.named_parameters()]
 
 
-def batch_of(setup, args: argparse.Namespace, step: int, dp: int = 1
-             ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Step ``step``'s global batch (``dp`` x the pipeline batch), the same in every process."""
-    return step_batch(setup.spec.make_batch, dp * setup.batch_size, args.seed, step,
+def batch_of(setup, step: int, dp: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step ``step``'s global batch (``dp`` x the pipeline batch), the same in every process:
+    the run's one seeding (:func:`~pipebubble.runtime.train.step_batch`)."""
+    return step_batch(setup.spec.make_batch, dp * setup.batch_size, setup.seed, step,
                       setup.device)
 
 
