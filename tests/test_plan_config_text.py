@@ -37,3 +37,11 @@ def test_a_huge_degree_is_one_line_not_a_conversion_error():
 def test_valid_text_still_parses():
     assert parse_config(" TP = 08 , pp=2, sp=0, sharding=FSDP", gpus=64) == {
         "tp": 8, "pp": 2, "sp": 0, "sharding": "fsdp"}
+
+
+@pytest.mark.parametrize("text", ["", ",", " , "])
+def test_an_empty_config_is_refused_not_ignored(text):
+    """``plan --config ''`` ran the plain search as if no --config were given."""
+    with pytest.raises(UserError, match=re.escape(f"--config {text!r} is empty; give "
+                                                  "KEY=VALUE items")):
+        parse_config(text, gpus=8)

@@ -35,8 +35,13 @@ class Fails(nn.Module):
         return self.lin(x)
 
 
-def build(at: int = 3, exit: bool = False):
+def build(at: int = 3, exit: bool = False, talk: bool = False):
+    if talk:
+        print("the builder talks")
+
     def batch(n, g):
+        if talk:
+            print("so does make_batch")
         return torch.randn(n, 4, generator=g), torch.randn(n, 4, generator=g)
     return ModelSpec("pf", [nn.Linear(4, 4), Fails(at, exit), nn.Linear(4, 4)], batch,
                      nn.functional.mse_loss)
@@ -66,3 +71,14 @@ def test_a_layer_that_does_not_fail_is_profiled(run_cli, model):
     rc, out, err = run_cli(*PROFILE, "--model", model, "--model-arg", "at=1000", "--json")
     assert rc == 0, err
     assert '"name": "1"' in out
+
+
+def test_the_model_prints_to_stderr_while_json_owns_stdout(run_cli, model):
+    """A model's print() went into profile --json's standard output."""
+    import json
+
+    rc, out, err = run_cli(*PROFILE, "--model", model, "--model-arg", "at=1000",
+                           "--model-arg", "talk=true", "--json")
+    assert rc == 0, err
+    assert json.loads(out)["format"] == "pipebubble-profile"
+    assert "the builder talks" in err and "so does make_batch" in err

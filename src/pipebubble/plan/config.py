@@ -21,6 +21,9 @@ CONFIG_KEYS = ("tp", "sp", "cp", "pp", "dp", "sharding", "mbs", "schedule", "v",
 def parse_config(text: str, gpus: int) -> dict:
     """``tp=8,pp=8,...`` as a dict of restrictions; the degrees must multiply into --gpus."""
     out: dict = {}
+    if not text.strip(", \t"):
+        raise UserError(f"--config {text!r} is empty; give KEY=VALUE items, e.g. tp=8,pp=2 "
+                         f"(keys {', '.join(CONFIG_KEYS)})")
     for item in (x.strip() for x in text.split(",") if x.strip()):
         key, eq, value = item.partition("=")
         key, value = key.strip().lower(), value.strip()
