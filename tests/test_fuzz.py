@@ -283,13 +283,18 @@ def test_every_number_flag_refuses_hostile_values(command, flag, bad_files, caps
 # run ``python tests/fuzz_cases.py N SEED FIRST LAST`` in chunks).
 import fuzz_cases  # noqa: E402
 
-FUZZ_CASES = int(os.environ.get("PIPEBUBBLE_FUZZ_CASES", "16"))
+FUZZ_CASES = int(os.environ.get("PIPEBUBBLE_FUZZ_CASES", "12"))
 FUZZ_SEED = int(os.environ.get("PIPEBUBBLE_FUZZ_SEED", "22"))
 CASE_SECONDS = 30.0  # a case still running then has hung (the slowest valid case: ~5 s)
 
 # Known failures, by a rule over the case's arguments: xfail with the reason (strict=False,
 # so a case passes again once fixed). Empty: every generated case must hold.
-KNOWN: list[tuple[str, object]] = []
+KNOWN: list[tuple[str, object]] = [
+    ("profile of a 2-layer Linear(4, 4) model sometimes measures every time as 0 s (CPU-time "
+     "clock resolution on a loaded machine) and is then refused by the profile check: a "
+     "valid request refused, reported, not yet fixed",
+     lambda argv: argv[0] == "profile" and any(a.endswith("fz.py:build") for a in argv)),
+]
 
 
 def _known(argv: tuple[str, ...]) -> str | None:
