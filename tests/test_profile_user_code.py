@@ -29,13 +29,15 @@ class Fails(nn.Module):
     def forward(self, x):
         self.calls += 1
         if self.calls == self.at:
+            if self.exit == "none":
+                return None
             if self.exit:
                 sys.exit(7)
             raise ValueError("bad\\nwidth")
         return self.lin(x)
 
 
-def build(at: int = 3, exit: bool = False, talk: bool = False):
+def build(at: int = 3, exit: bool | str = False, talk: bool = False):
     if talk:
         print("the builder talks")
 
@@ -82,3 +84,12 @@ def test_the_model_prints_to_stderr_while_json_owns_stdout(run_cli, model):
     assert rc == 0, err
     assert json.loads(out)["format"] == "pipebubble-profile"
     assert "the builder talks" in err and "so does make_batch" in err
+
+
+def test_a_layer_returning_no_tensor_is_one_line(run_cli, model):
+    """Layer 1 returning None on its 3rd call was a TypeError traceback in profile's own code."""
+    rc, out, err = run_cli(*PROFILE, "--model", model, "--model-arg", "exit=none")
+    assert rc == 2 and out == ""
+    assert err.splitlines() == [
+        "pipebubble: error: layer 1 returned a NoneType, not a tensor; every layer but the "
+        "last must return the next layer's input tensor"]
