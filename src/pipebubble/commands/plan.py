@@ -352,7 +352,7 @@ def run(args: argparse.Namespace) -> int:
     memory = args.gpu_memory or (hw.memory if hw is not None else 80 * 2**30)
     budget = memory - parse_reserve(args.reserve, memory)
     req = build_request(args, profiles, budget, hardware=hw is not None and shape is not None)
-    config = parse_config(args.config, args.gpus) if args.config else None
+    config = parse_config(args.config, args.gpus) if args.config is not None else None
     efficiency = args.efficiency
     if args.measured_step is not None:
         if config is None or hw is None or shape is None:

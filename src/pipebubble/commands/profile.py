@@ -11,6 +11,14 @@ from ..errors import UserError
 from ..files import check_output_path
 from ..limits import MAX_LAYERS, check_layers, check_model_size, check_threads
 from ..plan.profile import noisy_layers
+from ..usercode import (
+    USER_FAILURES,
+    UserCodeError,
+    is_ours,
+    layer_in,
+    results_to_stdout,
+    user_prints_to_stderr,
+)
 from ._model import MODEL_HELP, add_spec_flags, load_from_args, user_spec_flags_given
 from .common import int_flag, parse_device, positive_int, print_json, real_flag, wrote
 
@@ -158,6 +166,11 @@ def run_hf_config(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     if args.analytic:
         return run_analytic(args)
+    with user_prints_to_stderr():  # the model's own print(): stderr, --json owns stdout
+        return _run_measured(args)
+
+
+def _run_measured(args: argparse.Namespace) -> int:
     if args.model is None:
         raise UserError("--model is required (mlp, transformer, file.py:NAME, "
                          "package.module:NAME or hf:PATH), or --analytic with the model's shape")
@@ -212,11 +225,22 @@ def run(args: argparse.Namespace) -> int:
     gen = torch.Generator().manual_seed(args.seed)
     x, y = spec.make_batch(args.batch or 8, gen)
     layers = [m.to(device) for m in spec.layers]
-    prof = profile_layers(layers, x.to(device), target=y.to(device), loss_fn=spec.loss_fn,
-                          warmup=args.warmup, repeats=args.repeats, names=spec.layer_names(),
-                          roles=spec.layer_roles(), threads=None, warn=False,
-                          metadata={"model": spec.name, "model_args": kwargs})
-    return _output(args, prof)
+    try:
+        prof = profile_layers(layers, x.to(device), target=y.to(device), loss_fn=spec.loss_fn,
+                              warmup=args.warmup, repeats=args.repeats,
+                              names=spec.layer_names(), roles=spec.layer_roles(), threads=None,
+                              warn=False, metadata={"model": spec.name, "model_args": kwargs})
+    except UserError:
+        raise
+    except USER_FAILURES as exc:  # a layer's own code: one line naming it (usercode)
+        if is_ours(exc):
+            raise
+        i = layer_in(exc, layers)
+        what = (f"layer {i} ({spec.layer_names()[i]!r}, {type(layers[i]).__name__})"
+                if i is not None else "the model's layers")
+        raise UserCodeError(exc, what, during="profiling", model=spec.name) from exc
+    with results_to_stdout():  # the profile owns standard output, not the model's print()
+        return _output(args, prof)
 
 
 def _output(args: argparse.Namespace, prof) -> int:

@@ -80,7 +80,15 @@ must be an nn.Module (wrap a function in one)
 
     if not isinstance(spec, ModelSpec):
         raise UserError(f"expected a pipebubble.ModelSpec, got a {type(spec).__name__}")
+    if not isinstance(spec.name, str) or not spec.name.strip():
+        got = repr(spec.name) if isinstance(spec.name, str) else f"a {type(spec.name).__name__}"
+        raise UserError(f"a ModelSpec's name must be a non-empty string (the model's name in "
+                        f"reports), got {got}")
     where = f"model {spec.name!r}"
+    for field_name, kind in (("description", str), ("metadata", dict)):
+        if not isinstance(getattr(spec, field_name), kind):
+            raise UserError(f"{where}: {field_name} must be a {kind.__name__}, got a "
+                            f"{type(getattr(spec, field_name)).__name__}")
     if not isinstance(spec.layers, list | tuple) or not spec.layers:
         got = (f"an empty {type(spec.layers).__name__}" if isinstance(spec.layers, list | tuple)
                else f"a {type(spec.layers).__name__}")

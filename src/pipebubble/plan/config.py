@@ -20,17 +20,25 @@ CONFIG_KEYS = ("tp", "sp", "cp", "pp", "dp", "sharding", "mbs", "schedule", "v",
 def parse_config(text: str, gpus: int) -> dict:
     """``tp=8,pp=8,...`` as a dict of restrictions; the degrees must multiply into --gpus."""
     out: dict = {}
+    if not text.strip(", \t"):
+        raise UserError(f"--config {text!r} is empty; give KEY=VALUE items, e.g. tp=8,pp=2 "
+                         f"(keys {', '.join(CONFIG_KEYS)})")
     for item in (x.strip() for x in text.split(",") if x.strip()):
         key, eq, value = item.partition("=")
         key, value = key.strip().lower(), value.strip()
         if not eq or key not in CONFIG_KEYS or not value:
             raise UserError(f"--config item {item!r} must be KEY=VALUE with KEY one of "
                              f"{', '.join(CONFIG_KEYS)}")
+        if key in out:
+            raise UserError(f"--config gives {key} twice; give each key once")
         if key in ("tp", "cp", "pp", "dp", "mbs", "v", "sp"):
-            try:
-                out[key] = int(value)
-            except ValueError:
-                raise UserError(f"--config {key}={value!r} must be an integer") from None
+            if not value.isascii() or not value.isdigit():  # no "+2", "1_0", "٢"
+                raise UserError(f"--config {key}={value[:40]!r} must be "
+                                + ("0 or 1" if key == "sp" else "an integer >= 1"))
+            if len(value.lstrip("0")) > 18:
+                raise UserError(f"--config {key}: a {len(value)}-digit number is too large "
+                                "(the degrees multiply into --gpus)")
+            out[key] = int(value)
             if out[key] < (0 if key == "sp" else 1) or (key == "sp" and out[key] > 1):
                 raise UserError(f"--config {key}={value} must be "
                                  + ("0 or 1" if key == "sp" else "an integer >= 1"))

@@ -51,5 +51,8 @@ def shape_from_hf(data: dict, path: str = "config.json", where: str | None = Non
     :class:`~pipebubble.plan.moe.MoEShape`."""
     where = where if where is not None else f"--hf-config {path}"
     if data.get("model_type") in MOE_TYPES:
-        return moe_shape_from_hf(check_hf_config(data, where), path)
+        shape, used = moe_shape_from_hf(check_hf_config(data, where), path)
+        if data.get("max_position_embeddings") is not None:  # --seq is checked against it
+            used["max_position_embeddings"] = data["max_position_embeddings"]
+        return shape, used
     return dense_shape_from_hf(data, path, where)

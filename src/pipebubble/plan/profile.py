@@ -367,9 +367,15 @@ def resolve_timer(timer: str, device: torch.device | str = "cpu") -> str:
     return timer
 
 
-def _layer_input(x: torch.Tensor, first: bool) -> torch.Tensor:
+def _layer_input(x: torch.Tensor, first: bool, i: int = 0) -> torch.Tensor:
     """Detached; a leaf that wants a gradient except for the first layer (as in the runtime:
-    nothing consumes the gradient of the model's input) and for token ids."""
+    nothing consumes the gradient of the model's input) and for token ids. ``i``: the layer
+    it is the input of (a previous layer that returned no tensor is named)."""
+    import torch
+
+    if not isinstance(x, torch.Tensor):
+        raise ProfileError(f"layer {i - 1} returned a {type(x).__name__}, not a tensor; every "
+                           "layer but the last must return the next layer's input tensor")
     return x.detach().requires_grad_(not first and (x.is_floating_point() or x.is_complex()))
 
 
@@ -394,7 +400,7 @@ def _timed_pass(mods, sample, target, loss_fn, sync, clock) -> tuple[list[float]
     xs, ys, f = [], [], []
     x = sample
     for i in range(len(mods)):
-        xi = _layer_input(x, i == 0)
+        xi = _layer_input(x, i == 0, i)
         sync()
         t0 = clock()
         y = _forward(mods, i, xi, target, loss_fn)
@@ -425,7 +431,7 @@ def _count_pass(mods, sample, target, loss_fn) -> tuple[list[int], list[int]]:
     xs, ys = [], []
     x = sample
     for i in range(len(mods)):
-        xi = _layer_input(x, i == 0)
+        xi = _layer_input(x, i == 0, i)
         seen: dict[tuple[int, int], int] = {}
 
         def pack(t: torch.Tensor, seen=seen) -> torch.Tensor:

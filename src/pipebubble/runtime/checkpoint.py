@@ -180,7 +180,6 @@ def check_save_dir(path: str, *, overwrite: bool = False) -> Path:
     if final.name in ("", ".", ".."):
         raise UserError(f"--save {path}: give the name of a new folder for the checkpoint, "
                         "not '.', '..' or '/'")
-    recover(final)
     try:
         parent_real = os.path.realpath(final.absolute().parent)
         top = _kernel_folder(os.path.join(parent_real, final.name))
@@ -198,6 +197,7 @@ def check_save_dir(path: str, *, overwrite: bool = False) -> Path:
             raise UserError(f"--save {path}: the name is {len(os.fsencode(final.name))} bytes;"
                             f" at most {name_max - len('.partial')} fit this file system "
                             "(with '.partial')")
+        recover(final)  # after the name check: a name over NAME_MAX cannot be looked up
         if final.is_symlink():
             raise UserError(f"--save {path}: is a symbolic link (to {os.readlink(final)!r}); "
                             "give the real folder (a save replaces DIR by a rename)")

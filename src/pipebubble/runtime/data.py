@@ -43,6 +43,7 @@ device (refused by :func:`pipebubble.files.read_bytes_file`).
 from __future__ import annotations
 
 import io
+import math
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -127,6 +128,7 @@ def read_tokens(path: str | os.PathLike, bin_dtype: str = "uint16",
 
 def _npy(data: bytes, name: str) -> np.ndarray:
     try:
+        _npy_fits(data)  # before np.load allocates what the header says
         arr = np.load(io.BytesIO(data), allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -138,6 +140,27 @@ def _npy(data: bytes, name: str) -> np.ndarray:
     if arr.size == 0:
         raise DataError(f"--data {name}: the array is empty; give token ids")
     return arr.reshape(-1)
+
+
+def _npy_fits(data: bytes) -> None:
+    """The .npy header's shape and dtype against the bytes that follow it: a header claiming
+    10^12 tokens in a 100-byte file is refused here, before anything is allocated (np.load
+    would try to allocate it first). ValueError for a header that cannot be read."""
+    from numpy.lib import format as npy_format
+
+    buf = io.BytesIO(data)
+    version = npy_format.read_magic(buf)
+    readers = {(1, 0): npy_format.read_array_header_1_0,
+               (2, 0): npy_format.read_array_header_2_0}
+    if version not in readers:
+        raise ValueError(f"version {version[0]}.{version[1]}, not 1.0 or 2.0")
+    shape, _, dtype = readers[version](buf)
+    if dtype.hasobject:
+        raise ValueError("an object array (a pickle), not numbers")
+    needed = math.prod(shape) * dtype.itemsize
+    if needed > len(data) - buf.tell():
+        raise ValueError(f"the header says shape {shape}, {needed:,} bytes, but only "
+                         f"{len(data) - buf.tell():,} follow it: truncated or damaged")
 
 
 def _bin(data: bytes, name: str, dtype: str) -> np.ndarray:
