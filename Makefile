@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench figures clean
+.PHONY: demo test test-heavy test-all lint bench figures clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "pipebubble needs Python >= 3.11"'
@@ -15,13 +15,22 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(PY) code/main.py
 
-# Everything, as CI runs it, one pytest worker per core (pytest-xdist; each test file stays
-# on one worker, in order); the 20 slowest tests are listed so a slow one is noticed.
-# Quick local loop: $(PY) -m pytest -m "not slow and not distributed"
+# Two tiers, one pytest worker per core (pytest-xdist; each test file stays on one worker, in
+# order); the 20 slowest tests are listed so a slow one is noticed.
+#   make test        ruff, then every test not marked slow or distributed (under 5 minutes)
+#   make test-heavy  the tests marked slow or distributed: gloo launches, long searches,
+#                    brute-force oracles, real model steps (about 6 minutes on 2 cores)
+#   make test-all    both; CI (.ci/run) runs both
 WORKERS ?= auto
+PYTEST  := $(PY) -m pytest -n $(WORKERS) --dist loadfile --durations=20
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -n $(WORKERS) --dist loadfile --durations=20
+	$(PYTEST) -m "not slow and not distributed"
+
+test-heavy: $(STAMP)
+	$(PYTEST) -m "slow or distributed"
+
+test-all: test test-heavy
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -6,9 +6,10 @@ loaded the machine is (CI: two cores, ``pytest -n 2``) without any setting here.
 
 Markers (registered in pyproject.toml, ``--strict-markers``): ``slow`` (a test that takes
 seconds: a real process, a launch, a real model step) and ``distributed`` (launches several
-processes over torch.distributed). ``make test`` runs everything; for a quick local loop::
+processes over torch.distributed). ``make test`` runs the tests with neither marker,
+``make test-heavy`` the rest, and CI (``.ci/run``) both::
 
-    .venv/bin/python -m pytest -m "not slow and not distributed"
+    .venv/bin/python -m pytest -m "not slow and not distributed"   # what make test runs
 """
 
 import os

@@ -54,6 +54,7 @@ def test_lower_bound_by_hand_and_min_limits():
     assert min_limits(sc, (0, 1, 1, 0)) == [5, 5]
 
 
+@pytest.mark.slow
 @given(p=st.integers(1, 4), m=st.integers(1, 6), f=st.floats(0.1, 3), i=st.floats(0.1, 3),
        w=st.floats(0, 3), comm=st.floats(0, 1), limit=st.sampled_from([None, 1, 2, 3.5]))
 def test_auto_is_valid_fits_and_respects_its_lower_bound(p, m, f, i, w, comm, limit):

@@ -65,6 +65,7 @@ def test_within_2_percent_of_the_exact_optimum(seed):
     check_within_2_percent(*random_instance(seed))
 
 
+@pytest.mark.slow
 def test_the_mip_windows_close_a_gap_the_local_search_leaves():
     """V placement under a tight limit (bench_auto_gap.py's seed 1: p = 2, m = 5, limit
     1.5, comm 0.3): the local search alone stops 5.3 % above the optimum, which the MIP
@@ -81,6 +82,7 @@ def test_the_mip_windows_close_a_gap_the_local_search_leaves():
 # bench/bench_auto_gap.py measures them (README, "How close to optimal").
 
 
+@pytest.mark.slow
 def test_polish_never_worse_fits_and_is_deterministic():
     """From the local search's order, the MIP windows give an order no slower, within the
     limit on every rank, and the same one each time (every torchrun worker must find the
@@ -104,6 +106,7 @@ def test_polish_never_worse_fits_and_is_deterministic():
     assert max(peaks(t)) <= 2 + 1e-9
 
 
+@pytest.mark.slow
 @settings(max_examples=20, deadline=None)
 @given(p=st.integers(1, 3), m=st.integers(1, 4), f=st.floats(0.1, 3), i=st.floats(0.1, 3),
        w=st.floats(0, 3), comm=st.floats(0, 1), limit=st.sampled_from([None, 1, 2, 3.5]),

@@ -7,6 +7,8 @@ import pytest
 from auto_cases import COSTS, peaks, same_placement_rivals
 from pipebubble import CostModel, ScheduleError, auto_schedule, simulate, validate
 
+pytestmark = pytest.mark.slow  # long searches and fits: `make test-heavy`
+
 
 @pytest.mark.parametrize("costs", COSTS)
 @pytest.mark.parametrize("p,m", [(2, 3), (3, 6), (4, 8)])

@@ -77,6 +77,7 @@ def rank_orders(stage: int, m: int):
     yield from grow(0, 0, 0, [])
 
 
+@pytest.mark.slow
 @settings(max_examples=8, deadline=None)
 @given(f=st.lists(st.floats(0.2, 2), min_size=2, max_size=2),
        i=st.lists(st.floats(0.2, 2), min_size=2, max_size=2),

@@ -111,6 +111,7 @@ def test_parse_limits():
             parse_limits(bad)
 
 
+@pytest.mark.slow
 def test_memory_sweep_auto_is_the_lower_envelope():
     costs = CostModel(f=1, b=2, w=1, weight_memory=0.5)
     limits = [1, 1.5, 2, 3, 4, 8]

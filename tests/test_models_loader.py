@@ -271,7 +271,8 @@ def test_plan_validate_runs_the_plan_on_your_model(run_cli, model_file, tmp_path
     rc, out, err = run_cli("plan", "--profile", prof, "--gpus", "2", "--global-batch", "8",
                            "--microbatch-size", "2", "--schedules", "1f1b", "--validate", "1",
                            *model, "--max-processes", "2", "--json")
-    assert rc == 0, err
+    assert rc in (0, 1), err  # 1: the verdict FAIL (a loaded machine may miss the prediction)
+    assert rc == (0 if json.loads(out)["validation"]["passed"] else 1)
     v = json.loads(out)["plans"][0]["validation"]
     assert v["error"] is None and v["measured_scaled"] > 0 and v["scale"] == 1.0, v
     rc, _, err = run_cli("plan", "--profile", prof, "--gpus", "2", "--global-batch", "8",

@@ -226,6 +226,7 @@ def brute_force_candidates(profiles: ProfileSet, req: Request) -> list[float]:
     return sorted(found)
 
 
+@pytest.mark.slow
 @settings(max_examples=8, deadline=None)
 @given(layers=st.lists(layer, min_size=9, max_size=10), budget=st.integers(200, 3000),
        batch=st.sampled_from([4, 8]))

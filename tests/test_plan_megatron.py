@@ -5,6 +5,8 @@ import pytest
 
 from pipebubble.plan.published import TABLE1, predict_table1
 
+pytestmark = pytest.mark.slow  # long searches and fits: `make test-heavy`
+
 TOLERANCE = 0.08  # every row's predicted TFLOP/s within 8 % of the published one
 
 

@@ -64,6 +64,8 @@ from pipebubble.plan.published import (
 from pipebubble.schedules import get_schedule
 from pipebubble.sim.wire import lower, pair_order_mismatches, run_wire
 
+pytestmark = pytest.mark.slow  # long searches and fits: `make test-heavy`
+
 RUNS = {r.name: r for r in published_runs()}
 
 

@@ -104,6 +104,7 @@ def same(core, want) -> bool:
                     for g, w in zip(got[1], want[1], strict=True)))
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(schedules_and_costs(), st.randoms(use_true_random=False))
 def test_incremental_equals_the_reference_and_the_kernel(case, rnd):
@@ -235,6 +236,7 @@ def tails_are_fresh(core: Compiled) -> None:
             assert core._tails.reach(q) == fresh.reach(q)
 
 
+@pytest.mark.slow
 @settings(max_examples=120, deadline=None)
 @given(schedules_and_costs(), st.randoms(use_true_random=False))
 def test_answers_from_the_tails_equal_a_full_run(case, rnd):
