@@ -370,12 +370,7 @@ class RankRun:
             for p in params:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
-            flat = torch.cat([p.grad.reshape(-1) for p in params])
-            dist.all_reduce(flat, group=grp)
-            i = 0
-            for p in params:
-                p.grad.copy_(flat[i : i + p.numel()].view_as(p))
-                i += p.numel()
+            _sum_gradients(params, grp)
             self.watchdog.advance()
 
     def _allreduce(self) -> dict[int, float]:
