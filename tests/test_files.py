@@ -326,6 +326,7 @@ def test_watchdog_survives_a_malformed_heartbeat(bad):
     assert exits == [EXIT_DEADLOCK]
 
 
+@pytest.mark.slow
 def test_a_worker_found_through_the_environment_says_so(tmp_path):
     """RANK/WORLD_SIZE set (as torchrun sets them): the command acts as that worker and says
     so; with one rank it hosts the store itself (on loopback) and completes the step."""

@@ -100,7 +100,7 @@ GREEDY_WORK = 1.0  # work units of one greedy pass and its scoring, per action (
 # 0.4-1.0 from 2 to 4 processes on the 2 cores)
 EVAL_WORK = 0.1  # work units of one local-search evaluation, per action (measured: the
 # full local search, about 600 000 action evaluations, took 0.07-0.3 s at p <= 3)
-REMEMBER = 8  # answers kept for identical requests (the planner asks the same ones again)
+REMEMBER = 64  # answers kept for identical requests (one plan asks ~10: 8 thrashed)
 _REMEMBERED: OrderedDict[tuple, Schedule] = OrderedDict()  # request -> answer, oldest first
 
 
