@@ -17,9 +17,9 @@ demo: $(STAMP)
 
 # Two tiers, one pytest worker per core (pytest-xdist; each test file stays on one worker, in
 # order); the 20 slowest tests are listed so a slow one is noticed.
-#   make test        ruff, then every test not marked slow or distributed (under 5 minutes)
+#   make test        ruff, then every test not marked slow or distributed (target 5 min, 2 cores)
 #   make test-heavy  the tests marked slow or distributed: gloo launches, long searches,
-#                    brute-force oracles, real model steps (about 6 minutes on 2 cores)
+#                    brute-force oracles, real model steps (about 8 minutes on 2 cores)
 #   make test-all    both; CI (.ci/run) runs both
 WORKERS ?= auto
 PYTEST  := $(PY) -m pytest -n $(WORKERS) --dist loadfile --durations=20
