@@ -20,7 +20,7 @@ from torch import nn
 from ..errors import UserError
 from . import moe as _moe
 from . import sleep as _sleep
-from .lm_parts import Head, lm_loss  # noqa: F401 - pipebubble.models.Head, .lm_loss as before
+from .lm_parts import Embedding, Head, lm_loss  # noqa: F401 - pipebubble.models.Head, … as before
 from .spec import ModelSpec
 
 __all__ = ["MODELS", "ModelSpec", "build_model", "mlp", "transformer"]
@@ -47,20 +47,6 @@ def mlp(layers: int = 8, width: int = 64, seed: int = 0) -> ModelSpec:
         return torch.randn(batch, width, generator=gen), torch.randn(batch, width, generator=gen)
 
     return ModelSpec("mlp", blocks, make_batch, nn.functional.mse_loss)
-
-
-class Embedding(nn.Module):
-    """Token + position embedding: many parameters, a table lookup of compute."""
-
-    role = "embedding"
-
-    def __init__(self, vocab: int, dim: int, seq: int):
-        super().__init__()
-        self.tokens = nn.Embedding(vocab, dim)
-        self.positions = nn.Parameter(torch.zeros(seq, dim))
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        return self.tokens(idx) + self.positions[: idx.shape[1]]
 
 
 class Block(nn.Module):

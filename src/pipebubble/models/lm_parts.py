@@ -1,12 +1,27 @@
 """What the built-in language models share (the small transformer of
 :mod:`pipebubble.models` and the MoE transformer of :mod:`pipebubble.models.moe`): the head and
-the next-token loss. A module of its own so that neither model imports the other.
+the embedding, the head and the next-token loss. A module of its own so that neither model
+imports the other.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+
+class Embedding(nn.Module):
+    """Token + learned position embedding: many parameters, a table lookup of compute."""
+
+    role = "embedding"
+
+    def __init__(self, vocab: int, dim: int, seq: int):
+        super().__init__()
+        self.tokens = nn.Embedding(vocab, dim)
+        self.positions = nn.Parameter(torch.zeros(seq, dim))
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.tokens(idx) + self.positions[: idx.shape[1]]
 
 
 class Head(nn.Module):

@@ -43,23 +43,8 @@ import torch
 from torch import nn
 
 from ..errors import UserError
-from .lm_parts import Head, lm_loss
+from .lm_parts import Embedding, Head, lm_loss
 from .spec import ModelSpec
-
-
-class Embedding(nn.Module):
-    """Token + learned position embedding (the transformer's; kept here, not imported from
-    ``models/__init__``, which imports this module: no import cycle)."""
-
-    role = "embedding"
-
-    def __init__(self, vocab: int, dim: int, seq: int):
-        super().__init__()
-        self.tokens = nn.Embedding(vocab, dim)
-        self.positions = nn.Parameter(torch.zeros(seq, dim))
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        return self.tokens(idx) + self.positions[: idx.shape[1]]
 
 
 class SwiGLU(nn.Module):
