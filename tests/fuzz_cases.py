@@ -34,6 +34,8 @@ import time
 import traceback
 from dataclasses import dataclass
 
+from hf_config_cases import BASES as DENSE_HF_BASES
+
 BIG_DIGITS = "1" + "0" * 400  # 10**400
 HUGE_DIGITS = "9" * 4400  # over Python's int-conversion limit
 NUMBERS = [
@@ -469,23 +471,7 @@ def spec_case(rng: random.Random) -> Case:
 
 # ---- HuggingFace configs: dense and MoE shapes, one or two keys hostile -----------------------
 HF_BASES: dict[str, dict] = {
-    "llama": {"model_type": "llama", "vocab_size": 40, "hidden_size": 16,
-              "intermediate_size": 24, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "num_key_value_heads": 2, "max_position_embeddings": 64, "head_dim": 4,
-              "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": False,
-              "hidden_act": "silu"},
-    "qwen2": {"model_type": "qwen2", "vocab_size": 40, "hidden_size": 16,
-              "intermediate_size": 24, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "num_key_value_heads": 2, "max_position_embeddings": 64,
-              "sliding_window": 8, "use_sliding_window": False, "max_window_layers": 1,
-              "attention_dropout": 0.0, "tie_word_embeddings": True},
-    "mistral": {"model_type": "mistral", "vocab_size": 40, "hidden_size": 16,
-                "intermediate_size": 24, "num_hidden_layers": 2, "num_attention_heads": 4,
-                "num_key_value_heads": 1, "max_position_embeddings": 64, "sliding_window": 3},
-    "gpt2": {"model_type": "gpt2", "vocab_size": 40, "n_embd": 16, "n_layer": 2, "n_head": 4,
-             "n_positions": 64, "n_inner": 32, "layer_norm_epsilon": 1e-5,
-             "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
-             "activation_function": "gelu_new", "tie_word_embeddings": True},
+    **DENSE_HF_BASES,  # the dense families of hf_config_cases
     "mixtral": {"model_type": "mixtral", "vocab_size": 40, "hidden_size": 16,
                 "intermediate_size": 24, "num_hidden_layers": 2, "num_attention_heads": 4,
                 "num_key_value_heads": 2, "max_position_embeddings": 64,
