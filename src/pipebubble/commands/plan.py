@@ -739,6 +739,16 @@ def print_plans(console, result, out: dict, validations) -> None:
         print_validations(console, result, validations, out.get("validation"))
 
 
+def _not_runnable(framework: str, reason: str | None, alt: dict | None) -> str:
+    """The line saying ``framework`` cannot run the plan, and the best plan it runs instead
+    (``alt``, a paste's ``instead``), or that none was found."""
+    return f"{framework}: not runnable in {framework}: {reason}" + (
+        "; no plan it runs was found (among the --schedules and --sharding asked for)"
+        if alt is None else
+        f"; the best plan it runs instead: {alt['plan']} ({_t(alt['predicted_step_time'])}"
+        f" per step, {alt['vs_plan']:+.1%}, peak {_gib(alt['peak_memory'])}):")
+
+
 def print_pastes(console, pastes: dict, which: str) -> None:
     """Each framework's paste for the plan (or the best plan it runs instead, said so)."""
     from ..plan.settings import TORCHTITAN_CLI, toml_text
@@ -750,11 +760,7 @@ def print_pastes(console, pastes: dict, which: str) -> None:
     tt = pastes["torchtitan"]
     if tt.get("runnable") is False:
         alt = tt.get("instead")
-        say(f"torchtitan: not runnable in torchtitan: {tt['reason']}" + (
-            "; no plan it runs was found (among the --schedules and --sharding asked for)"
-            if alt is None else
-            f"; the best plan it runs instead: {alt['plan']} ({_t(alt['predicted_step_time'])}"
-            f" per step, {alt['vs_plan']:+.1%}, peak {_gib(alt['peak_memory'])}):"))
+        say(_not_runnable("torchtitan", tt["reason"], alt))
         tt = alt
     if tt is not None:
         say(toml_text(tt))
@@ -763,11 +769,7 @@ def print_pastes(console, pastes: dict, which: str) -> None:
     mg = pastes["megatron"]
     if mg["flags"] is None:
         alt = mg.get("instead")
-        say(f"Megatron-LM: not runnable in Megatron-LM: {mg.get('reason')}" + (
-            "; no plan it runs was found (among the --schedules and --sharding asked for)"
-            if alt is None else
-            f"; the best plan it runs instead: {alt['plan']} ({_t(alt['predicted_step_time'])}"
-            f" per step, {alt['vs_plan']:+.1%}, peak {_gib(alt['peak_memory'])}):"))
+        say(_not_runnable("Megatron-LM", mg.get("reason"), alt))
         mg = alt
     if mg is not None:
         env = f"{mg['env']} " if mg.get("env") else ""
