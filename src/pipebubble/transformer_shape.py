@@ -14,8 +14,27 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+class Heads:
+    """The attention-head sizes a shape derives from its ``hidden``, ``heads``, ``kv_heads``
+    (None: as many as ``heads``) and ``head_size`` (None: hidden / heads) fields; shared by
+    :class:`TransformerShape` and the MoE shape of :mod:`pipebubble.plan.moe`."""
+
+    hidden: int
+    heads: int
+    kv_heads: int | None
+    head_size: int | None
+
+    @property
+    def kv(self) -> int:
+        return self.heads if self.kv_heads is None else self.kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.head_size or self.hidden // self.heads
+
+
 @dataclass(frozen=True)
-class TransformerShape:
+class TransformerShape(Heads):
     """A decoder-only transformer's shape; ``kv_heads`` None means ``heads``."""
 
     layers: int
@@ -43,14 +62,6 @@ class TransformerShape:
         if not isinstance(kv, int) or kv < 1 or self.heads % kv:
             raise UserError(f"--kv-heads must divide --heads {self.heads} (valid: "
                              f"{', '.join(str(d) for d in _divisors(self.heads))}), got {kv!r}")
-
-    @property
-    def kv(self) -> int:
-        return self.heads if self.kv_heads is None else self.kv_heads
-
-    @property
-    def head_dim(self) -> int:
-        return self.head_size or self.hidden // self.heads
 
     def block_matmul_params(self) -> int:
         """Parameters in the block's matrices: Q, K, V, O and the MLP."""

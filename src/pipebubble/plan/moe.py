@@ -70,6 +70,7 @@ from dataclasses import asdict, dataclass, field
 from ..errors import UserError
 from ..hf_keys import MOE_TYPES
 from ..limits import check_layers
+from ..transformer_shape import Heads
 from .analytic import DTYPE_BYTES, FORMAT, SOURCE, _layer, embedding_layer, head_layer, profile_rate
 from .profile import Profile
 
@@ -87,7 +88,7 @@ class LatentAttention:
 
 
 @dataclass(frozen=True)
-class MoEShape:
+class MoEShape(Heads):
     """A decoder-only MoE transformer (module doc). Layers listed in ``dense_layers`` have a
     dense SwiGLU MLP of inner size ``dense_ffn``; every other layer is an MoE layer."""
 
@@ -127,14 +128,6 @@ class MoEShape:
         bad = [i for i in self.dense_layers if not 0 <= i < self.layers]
         if bad:
             raise UserError(f"dense layer {bad[0]} is not a layer (valid 0..{self.layers - 1})")
-
-    @property
-    def kv(self) -> int:
-        return self.heads if self.kv_heads is None else self.kv_heads
-
-    @property
-    def head_dim(self) -> int:
-        return self.head_size or self.hidden // self.heads
 
     def is_moe(self, n: int) -> bool:
         return n not in self.dense_layers
