@@ -52,6 +52,10 @@ class CostModel:
     of its parts (1.0: no gain from overlapping; DualPipe hopes for less).
     ``allreduce`` is the time of one stage's data-parallel gradient all-reduce (scalar per
     rank-share, or per stage), added at the end of the step on the stage's rank.
+    ``a2a_f`` and ``a2a_b`` are the parts of F's and of the backward's time (B, or I when the
+    backward is split; W has none) spent in expert parallelism's all-to-all (dispatch and
+    combine). Run alone an action takes its whole time; an overlapped pair hides one half's
+    all-to-all behind the other half's compute (:meth:`StageCosts.pair_duration`).
     """
 
     f: Value = 1.0
@@ -66,6 +70,8 @@ class CostModel:
     allreduce: Value = 0.0
     memory_limit: Value | None = None
     i_extra: Value = 0.0  # seconds an I takes beyond B - W (module doc)
+    a2a_f: Value = 0.0  # all-to-all seconds inside one F (class doc)
+    a2a_b: Value = 0.0  # all-to-all seconds inside one B or I (class doc)
 
     @property
     def mem_b(self) -> Value:
@@ -136,6 +142,11 @@ class CostModel:
         b = per_stage("b", self.b)
         w = per_stage("w", self.w)
         _part_of(w, b, "w", "b (W is part of the backward)")
+        a2a_f = per_stage("a2a_f", self.a2a_f)
+        a2a_b = per_stage("a2a_b", self.a2a_b)
+        _part_of(a2a_f, f, "a2a_f", "f (the all-to-all is part of the forward)")
+        _part_of(a2a_b, [x - y for x, y in zip(b, w, strict=True)], "a2a_b",
+                 "b - w (the backward's all-to-all is part of I, not of W)")
         if not self.comm >= 0:
             raise ScheduleError(f"comm must be >= 0, got {self.comm}")
         if not 0 < self.overlap <= 1:
@@ -155,6 +166,7 @@ class CostModel:
             input_memory=mem_in, recompute=rec, overlap=float(self.overlap),
             allreduce=per_stage("allreduce", self.allreduce),
             i_extra=per_stage("i_extra", self.i_extra),
+            a2a_f=a2a_f if any(a2a_f) else None, a2a_b=a2a_b if any(a2a_b) else None,
         )
 
 
@@ -179,6 +191,28 @@ class StageCosts:
     overlap: float
     allreduce: list[float]
     i_extra: list[float] | None = None  # None: 0 on every stage
+    a2a_f: list[float] | None = None  # None: 0 on every stage
+    a2a_b: list[float] | None = None
+
+    def pair_duration(self, fwd_stage: int, bwd_stage: int, bwd_kind: str = "B"
+                      ) -> tuple[float, float]:
+        """(time, hidden all-to-all) of an overlapped pair: F of ``fwd_stage`` with the
+        backward (``bwd_kind`` B or I) of ``bwd_stage``, as DualPipe runs it.
+
+        The pair's compute ``C`` (both halves less their all-to-all) and its all-to-all ``A``
+        run on two streams, each half's communication behind the other's compute, so the pair
+        takes ``overlap x max(C, A)``; ``min(C, A)`` of the all-to-all is hidden. Without
+        all-to-all this is ``overlap x (F + B)``, the constant factor of :class:`CostModel`.
+
+        >>> sc = CostModel(f=2, b=4, w=0, a2a_f=1, a2a_b=1).resolve(1)
+        >>> sc.pair_duration(0, 0), sc.duration(0, "F") + sc.duration(0, "B")
+        ((4.0, 2.0), 6.0)
+        """
+        total = self.duration(fwd_stage, "F") + self.duration(bwd_stage, bwd_kind)
+        comm = ((self.a2a_f[fwd_stage] if self.a2a_f else 0.0)
+                + (self.a2a_b[bwd_stage] if self.a2a_b else 0.0))
+        compute = total - comm
+        return self.overlap * max(compute, comm), min(compute, comm)
 
     def duration(self, stage: int, kind: str) -> float:
         """Time of one action; with recomputation the backward re-runs the forward first."""
