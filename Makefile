@@ -3,6 +3,11 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# The test extra installs torchtitan's current line (0.3); its 0.2 line (the TOML job file) is a
+# second oracle for the pastes, pure Python, kept in a folder of its own beside it and put on
+# the path only for tests/test_paste_torchtitan.py (make test-heavy).
+TITAN02     := $(VENV)/torchtitan-0.2
+TITAN02_PIN := torchtitan==0.2.2
 
 .PHONY: demo test test-heavy test-all lint bench figures clean
 
@@ -10,6 +15,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "pipebubble needs Python >= 3.11"'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -c constraints.txt -e '.[dev,hf,test]'
+	$(PY) -m pip install -q --no-deps --upgrade --target $(TITAN02) $(TITAN02_PIN)
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -29,6 +35,7 @@ test: $(STAMP)
 
 test-heavy: $(STAMP)
 	$(PYTEST) -m "slow or distributed"
+	PYTHONPATH=$(TITAN02) $(PY) -m pytest -n 0 -m slow tests/test_paste_torchtitan.py
 
 test-all: test test-heavy
 

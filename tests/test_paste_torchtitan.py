@@ -16,8 +16,11 @@ does run) the paste goes through the installed torchtitan:
   put it in, on the rank the plan put that stage on, and the schedule has the plan's m
   microbatches (a CSV order loaded into ``_PipelineScheduleRuntime``).
 
-The ``test`` extra installs torchtitan (``make test`` does); without it these tests skip.
-Only one torchtitan line is installed at a time, so the other line's tests skip, saying so.
+The ``test`` extra installs torchtitan 0.3 (``make test`` does); without it these tests skip.
+One torchtitan line is imported at a time, so the other line's tests skip, saying so: the
+Makefile also keeps torchtitan 0.2.2 in ``.venv/torchtitan-0.2`` (pure Python, no
+dependencies of its own), and ``make test-heavy`` runs this file a second time with that
+folder first on ``PYTHONPATH``, so CI loads the TOML into 0.2 and the overrides into 0.3.
 """
 
 from __future__ import annotations
