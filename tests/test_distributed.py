@@ -36,18 +36,23 @@ def launch(args, timeout=90, entry=ENTRY):
     return proc, time.monotonic() - t0, _processes_tagged(tag)
 
 
-def _processes_tagged(tag: str) -> list[int]:
-    time.sleep(0.2)
-    found = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit() or int(d.name) == os.getpid():
-            continue
-        try:
-            if f"PIPEBUBBLE_TEST_TAG={tag}".encode() in (d / "environ").read_bytes():
-                found.append(int(d.name))
-        except OSError:
-            continue
-    return found
+def _processes_tagged(tag: str, grace: float = 2.0) -> list[int]:
+    """The processes still carrying ``tag`` once ``grace`` seconds have passed with some left
+    (polled: a clean run's children are usually gone at the first look)."""
+    deadline = time.monotonic() + grace
+    while True:
+        found = []
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit() or int(d.name) == os.getpid():
+                continue
+            try:
+                if f"PIPEBUBBLE_TEST_TAG={tag}".encode() in (d / "environ").read_bytes():
+                    found.append(int(d.name))
+            except OSError:
+                continue
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
 
 
 TORCHRUN_2 = [sys.executable, "-m", "torch.distributed.run", "--standalone",

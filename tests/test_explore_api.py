@@ -408,14 +408,18 @@ def test_the_server_path_loads_neither_torch_nor_matplotlib():
 
 
 def test_explore_opens_the_browser_unless_told_not_to(capsys, monkeypatch):
-    import time
+    import threading
     import webbrowser
     from http.server import ThreadingHTTPServer
 
     opened: list[str] = []
 
     def interrupted(self, poll_interval=0.5):
-        time.sleep(0.5)  # the browser is opened from a thread while the server starts
+        # the browser is opened from a thread while the server starts: wait for every other
+        # thread explore started (none with --no-browser), with a deadline, then stop
+        for t in threading.enumerate():
+            if t is not threading.current_thread() and t.daemon:
+                t.join(timeout=30)
         raise KeyboardInterrupt
 
     monkeypatch.setattr(ThreadingHTTPServer, "serve_forever", interrupted)

@@ -257,7 +257,10 @@ def test_busy_connections_beyond_the_cap_get_503_then_408():
     try:
         for sock in busy:
             sock.sendall(b"GET /api/meta HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # no blank line
-        time.sleep(0.2)  # both are mid-request now
+        deadline = time.monotonic() + 10
+        while server.busy_connections() < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)  # until both are mid-request
+        assert server.busy_connections() == 2
         extra = _raw(port)
         extra.sendall(b"GET /api/meta HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         status, data = _answer(extra)

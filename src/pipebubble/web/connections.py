@@ -185,3 +185,8 @@ class BoundedServer(ThreadingHTTPServer):
         """Connections being served now (closing ones not counted)."""
         with self._lock:
             return len(self._open) - len(self._closing)
+
+    def busy_connections(self) -> int:
+        """Connections in the middle of a request (its first byte read, its answer not sent)."""
+        with self._lock:
+            return sum(1 for h in self._open.values() if h is not None and not h.idle)
