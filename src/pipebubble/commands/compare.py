@@ -102,8 +102,10 @@ def run(args: argparse.Namespace) -> int:
                   box=box.SIMPLE_HEAD, caption_justify="left")
     dp_col = (f"step+AR\ndp={args.dp}",) if args.dp > 1 else ()
     fit_col = ("fits",) if costs.memory_limit is not None else ()
+    comm = any(t.has_a2a for _, t, _, _ in rows)
+    a2a_col = ("a2a\nhidden", "a2a\nexposed") if comm else ()
     for col in ("schedule", "v", "step\ntime", *dp_col, "bubble", "span\nbubble",
-                "closed\nform", "act\nr0", "mem\nr0", "mem\nmax", *fit_col):
+                "closed\nform", *a2a_col, "act\nr0", "mem\nr0", "mem\nmax", *fit_col):
         table.add_column(col, justify="right", no_wrap=True)
     for schedule, t, closed, basis in rows:
         stats = t.rank_stats()
@@ -112,17 +114,37 @@ def run(args: argparse.Namespace) -> int:
               if dp_col else ())
         table.add_row(
             schedule.name, str(schedule.chunks), f"{t.step_time:.4g}", *ar,
-            f"{t.bubble_fraction:.2%}", f"{span_bubble(t):.2%}", form,
+            f"{t.bubble_fraction:.2%}", f"{span_bubble(t):.2%}", form, *_a2a_cells(t, comm),
             str(stats[0].peak_activations), f"{stats[0].peak_memory:.4g}",
             f"{max(s.peak_memory for s in stats):.4g}",
             *(("yes" if memory_fields(t, costs)["fits"] else "[red]no[/red]",) if fit_col else ()),
         )
     console = Console()
+    if comm and console.width < 100:  # two more columns: wider than 80, not truncated
+        console = Console(width=100)
     console.print(table)
+    if comm:
+        console.print(_A2A_CAPTION)
     for name, why in skipped:
         console.print(f"[dim]skipped {name}: {why}[/dim]")
     return 0
 
+
+def _a2a_cells(t, comm: bool) -> tuple[str, ...]:
+    """The all-to-all hidden and exposed per rank (the mean over the ranks)."""
+    if not comm:
+        return ()
+    stats = t.rank_stats()
+    hidden = sum(s.a2a_hidden or 0.0 for s in stats) / len(stats)
+    exposed = sum(s.a2a_exposed or 0.0 for s in stats) / len(stats)
+    return f"{hidden:.4g}", f"{exposed:.4g}"
+
+
+_A2A_CAPTION = (
+    "a2a hidden / exposed: expert parallelism's all-to-all per rank (mean over the ranks), "
+    "hidden behind the other half's compute in DualPipe's overlapped F&B pairs, or exposed "
+    "(every lone F, B or I waits for its own; a pair exposes what outlasts its compute)."
+)
 
 _CAPTION = (
     "bubble: idle / (ranks x step). span bubble: the idlest rank's idle time within its own "
