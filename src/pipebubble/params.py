@@ -169,6 +169,7 @@ REALS: dict[str, Real] = {
     "--inter-node-bandwidth": _BANDWIDTH,
     "--p2p-bandwidth": _BANDWIDTH,
     "--allreduce-bandwidth": _BANDWIDTH,
+    "--ep-bandwidth": _BANDWIDTH,
     "--latency": _LATENCY,
     "--nvlink-latency": _LATENCY,
     "--inter-node-latency": _LATENCY,
