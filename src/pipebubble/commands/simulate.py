@@ -21,7 +21,6 @@ from ..interop.timeline_json import (
 )
 from ..limits import MAX_WIDTH
 from ..schedules import search_info
-from .compare import add_profile_flags, costs_with_profile
 from .common import (
     add_cost_flags,
     add_figure_flags,
@@ -33,6 +32,7 @@ from .common import (
     load_schedule,
     write_figures,
 )
+from .compare import add_profile_flags, costs_with_profile
 
 TIME_UNIT = "in the time unit of --f/--b/--w/--comm; seconds with --profile"
 """What a simulated time means: the cost flags have no unit of their own, so the step time
