@@ -439,7 +439,15 @@ def _run_blocks_uniform(blocks: Blocks, lag: float) -> array:
 def _pair_durations(sc: StageCosts, flat: FlatActions, fwd: np.ndarray
                     ) -> tuple[np.ndarray, np.ndarray]:
     """The recorded durations of each pair's forward and backward part (``fwd``: the
-    pairs' forward parts, flat order): :meth:`StageCosts.pair_parts`, the same doubles."""
+    pairs' forward parts, flat order): :meth:`StageCosts.pair_parts`, the same doubles
+    (without all-to-all each part's time x ``overlap``, gathered without a sort)."""
+    if not sc.has_a2a:
+        import numpy as np
+
+        S = len(sc.f)
+        cost = np.array([sc.duration(s, k) for s in range(S) for k in KINDS])
+        row = flat.stage * 4 + flat.kind
+        return cost[row[fwd]] * sc.overlap, cost[row[fwd + 1]] * sc.overlap
     parts = _pair_parts(sc, flat, fwd)
     return parts[0], parts[1]
 
