@@ -63,7 +63,8 @@ def random_valid_schedule(seed: int, ranks: int, chunks: int, microbatches: int,
 @st.composite
 def schedules_and_costs(draw):
     """A random valid schedule (Overlap pairs and several chains included) and per-stage
-    costs: durations, communication, an overlap factor, memory and recomputation."""
+    costs: durations, communication, an overlap factor, memory, recomputation and (half the
+    time) an all-to-all part of F and of the backward."""
     ranks = draw(st.integers(1, 5))
     chunks = draw(st.integers(1, 3))
     m = draw(st.integers(1, 6))
@@ -83,6 +84,11 @@ def schedules_and_costs(draw):
     mem = draw(st.lists(st.floats(0.0, 4.0), min_size=S, max_size=S))
     mem_w = [x * draw(st.floats(0.0, 1.0)) for x in mem]
     recompute = draw(st.lists(st.booleans(), min_size=S, max_size=S))
+    # the all-to-all inside F and inside B or I (expert parallelism): none, or a random part
+    a2a = draw(st.booleans())
+    part = st.floats(0.0, 1.0)
+    a2a_f = [x * draw(part) for x in f] if a2a else 0.0
+    a2a_b = [(x - y) * draw(part) for x, y in zip(b, w, strict=True)] if a2a else 0.0
     return schedule, CostModel(f=f, b=b, w=w, comm=comm, overlap=fold, activation_memory=mem,
                                weight_memory=mem_w, input_memory=[x / 4 for x in mem],
-                               recompute=recompute)
+                               recompute=recompute, a2a_f=a2a_f, a2a_b=a2a_b)

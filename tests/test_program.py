@@ -84,7 +84,8 @@ def core_outcome(core: Compiled):
             step = core.steps[i]
             if isinstance(step, Overlap):  # its parts back to back: the timeline's two events
                 a, b = step_actions(step)
-                mid = core.end_of(i) - core.costs.duration(b.stage, b.kind) * core.costs.overlap
+                back = core.costs.pair_parts(a.stage, b.stage, b.kind)[1]
+                mid = core.end_of(i) - back.duration
                 rows += [(r, core.start_of(i), mid), (r, mid, core.end_of(i))]
             else:
                 rows.append((r, core.start_of(i), core.end_of(i)))

@@ -170,9 +170,22 @@ def test_invariants_hold_for_random_schedules(case):
         evs = list(t.events(r))
         for a, b in zip(evs, evs[1:], strict=False):
             assert b.start >= a.end - 1e-9, "two events overlap on a rank"
+    pairs = {}  # each pair's part -> its (duration, hidden, exposed), by StageCosts.pair_parts
+    for order in schedule.orders:
+        for step in order:
+            if isinstance(step, Overlap):
+                parts = sc.pair_parts(step.forward.stage, step.backward.stage,
+                                      step.backward.kind)
+                pairs.update(zip((tuple(step.forward), tuple(step.backward)), parts,
+                                 strict=True))
     for (s, k, m), e in ev.items():
-        scale = sc.overlap if e.overlapped else 1.0
-        assert e.end - e.start == pytest.approx(sc.duration(s, k) * scale)
+        if e.overlapped:
+            part = pairs[s, k, m]
+            assert e.end - e.start == pytest.approx(part.duration)
+            assert (e.a2a_hidden, e.a2a_exposed) == (part.hidden, part.exposed)
+        else:  # a lone action takes its whole time and exposes its all-to-all
+            assert e.end - e.start == pytest.approx(sc.duration(s, k))
+            assert (e.a2a_hidden, e.a2a_exposed) == (0.0, sc.a2a(s, k))
         for dep in producers(Action(s, k, m), schedule):  # every dependency is respected
             sig = dep.signal
             d = ev.get((sig.stage, sig.kind, sig.microbatch)) or ev[sig.stage, "B", sig.microbatch]

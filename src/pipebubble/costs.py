@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .ir.schedule import ScheduleError
 
@@ -176,6 +177,15 @@ def _part_of(part: list[float], whole: list[float], name: str, of: str) -> None:
             raise ScheduleError(f"{name} must be <= {of}, got {x} > {y} for stage {s}")
 
 
+class Part(NamedTuple):
+    """One action as the Timeline records it: its duration, and the all-to-all inside it
+    hidden behind another action's compute (an overlapped pair's) or exposed."""
+
+    duration: float
+    hidden: float
+    exposed: float
+
+
 @dataclass(frozen=True)
 class StageCosts:
     """CostModel expanded to one value per stage; what the simulator reads."""
@@ -194,6 +204,26 @@ class StageCosts:
     a2a_f: list[float] | None = None  # None: 0 on every stage
     a2a_b: list[float] | None = None
 
+    def a2a(self, stage: int, kind: str) -> float:
+        """The all-to-all seconds inside one action: F's ``a2a_f``, B's or I's ``a2a_b``
+        (with recomputation also the re-run forward's ``a2a_f``: it dispatches again), W's 0.
+
+        >>> CostModel(f=2, b=4, w=1, a2a_f=1, a2a_b=1, recompute=True).resolve(1).a2a(0, "B")
+        2.0
+        """
+        if kind == "W":
+            return 0.0
+        fwd = self.a2a_f[stage] if self.a2a_f else 0.0
+        if kind == "F":
+            return fwd
+        return (self.a2a_b[stage] if self.a2a_b else 0.0) + (fwd if self.recompute[stage]
+                                                            else 0.0)
+
+    @property
+    def has_a2a(self) -> bool:
+        """Whether any stage has all-to-all time (what the Timeline then records)."""
+        return self.a2a_f is not None or self.a2a_b is not None
+
     def pair_duration(self, fwd_stage: int, bwd_stage: int, bwd_kind: str = "B"
                       ) -> tuple[float, float]:
         """(time, hidden all-to-all) of an overlapped pair: F of ``fwd_stage`` with the
@@ -209,10 +239,39 @@ class StageCosts:
         ((4.0, 2.0), 6.0)
         """
         total = self.duration(fwd_stage, "F") + self.duration(bwd_stage, bwd_kind)
-        comm = ((self.a2a_f[fwd_stage] if self.a2a_f else 0.0)
-                + (self.a2a_b[bwd_stage] if self.a2a_b else 0.0))
+        comm = self.a2a(fwd_stage, "F") + self.a2a(bwd_stage, bwd_kind)
         compute = total - comm
         return self.overlap * max(compute, comm), min(compute, comm)
+
+    def pair_parts(self, fwd_stage: int, bwd_stage: int, bwd_kind: str = "B"
+                   ) -> tuple[Part, Part]:
+        """The two parts of an overlapped pair as the Timeline records them, back to back:
+        each a :class:`Part` (duration, hidden and exposed all-to-all). The pair's time
+        (:meth:`pair_duration`) is shared in proportion to the parts' own times (without
+        all-to-all: each part ``overlap x`` its time); each part's all-to-all is hidden in
+        the pair's proportion ``hidden / A``, the rest is exposed (the all-to-all that
+        outlasts the pair's compute, ``max(0, A - C)``).
+
+        >>> sc = CostModel(f=2, b=4, w=0, a2a_f=1, a2a_b=1).resolve(1)
+        >>> sc.pair_parts(0, 0)
+        (Part(duration=1.3333333333333333, hidden=1.0, exposed=0.0), \
+Part(duration=2.6666666666666665, hidden=1.0, exposed=0.0))
+        """
+        fwd = self.duration(fwd_stage, "F")
+        bwd = self.duration(bwd_stage, bwd_kind)
+        if not self.has_a2a:
+            return Part(fwd * self.overlap, 0.0, 0.0), Part(bwd * self.overlap, 0.0, 0.0)
+        time, hidden = self.pair_duration(fwd_stage, bwd_stage, bwd_kind)
+        total = fwd + bwd
+        scale = time / total if total > 0 else 0.0
+        a_f, a_b = self.a2a(fwd_stage, "F"), self.a2a(bwd_stage, bwd_kind)
+        share = hidden / (a_f + a_b) if a_f + a_b > 0 else 0.0
+        return (Part(fwd * scale, a_f * share, a_f - a_f * share),
+                Part(bwd * scale, a_b * share, a_b - a_b * share))
+
+    def lone_part(self, stage: int, kind: str) -> Part:
+        """An action run alone: its whole time, its all-to-all all exposed."""
+        return Part(self.duration(stage, kind), 0.0, self.a2a(stage, kind))
 
     def duration(self, stage: int, kind: str) -> float:
         """Time of one action; with recomputation the backward re-runs the forward first."""

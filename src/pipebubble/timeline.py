@@ -35,10 +35,16 @@ class Event(NamedTuple):
     mem_start: float = 0.0
     mem_end: float = 0.0
     overlapped: bool = False
+    a2a_hidden: float = 0.0  # all-to-all inside the action hidden behind a pair's compute
+    a2a_exposed: float = 0.0  # all-to-all inside the action that the rank waits for
 
 
 @dataclass
 class RankStats:
+    """One rank's figures. ``a2a_hidden`` / ``a2a_exposed``: the rank's all-to-all time
+    hidden in overlapped pairs / exposed (lone actions, and what outlasts a pair's compute),
+    None when the timeline records no all-to-all."""
+
     rank: int
     busy: float
     idle: float
@@ -46,9 +52,11 @@ class RankStats:
     span: float
     peak_activations: int
     peak_memory: float
+    a2a_hidden: float | None = None
+    a2a_exposed: float | None = None
 
     def as_dict(self) -> dict:
-        return {
+        out = {
             "rank": self.rank,
             "busy": self.busy,
             "idle": self.idle,
@@ -57,6 +65,10 @@ class RankStats:
             "peak_activations": self.peak_activations,
             "peak_memory": self.peak_memory,
         }
+        if self.a2a_hidden is not None:
+            out["a2a_hidden"] = self.a2a_hidden
+            out["a2a_exposed"] = self.a2a_exposed
+        return out
 
 
 @dataclass
@@ -88,6 +100,10 @@ class Timeline:
     _np: dict | None = field(default=None, repr=False)
     # First stage of each chain, as ``Schedule.chain_starts`` (DualPipe p=4: ``(0, 4)``).
     chain_starts: tuple[int, ...] = ()
+    # Per event, the all-to-all inside it hidden behind an overlapped pair's compute and
+    # exposed (``StageCosts.pair_parts``); None when nothing records all-to-all.
+    a2a_hidden: Sequence[float] | None = None
+    a2a_exposed: Sequence[float] | None = None
 
     def __post_init__(self) -> None:
         if not self.offsets:
@@ -117,6 +133,7 @@ class Timeline:
         independent stage chains begin, as ``Schedule.chain_starts``."""
         evs = sorted(events, key=lambda e: (e.rank, e.start, e.end))
         t0 = min((e.start for e in evs), default=0.0) if shift_to_zero else 0.0
+        a2a = any(e.a2a_hidden or e.a2a_exposed for e in evs)
         return cls(
             schedule=schedule,
             num_ranks=num_ranks,
@@ -135,6 +152,8 @@ class Timeline:
             source=source,
             chains=chains,
             chain_starts=tuple(chain_starts),
+            a2a_hidden=[e.a2a_hidden for e in evs] if a2a else None,
+            a2a_exposed=[e.a2a_exposed for e in evs] if a2a else None,
         )
 
     def __len__(self) -> int:
@@ -150,11 +169,19 @@ class Timeline:
 
     def events(self, rank: int | None = None) -> Iterator[Event]:
         lo, hi = (0, len(self)) if rank is None else (self.offsets[rank], self.offsets[rank + 1])
+        hidden, exposed = self.a2a_hidden, self.a2a_exposed
         for i in range(lo, hi):
             yield Event(
                 self.rank[i], self.stage[i], self.kind[i], self.microbatch[i], self.start[i],
                 self.end[i], self.mem_start[i], self.mem_end[i], self.overlapped[i],
+                hidden[i] if hidden is not None else 0.0,
+                exposed[i] if exposed is not None else 0.0,
             )
+
+    @property
+    def has_a2a(self) -> bool:
+        """Whether the events record all-to-all (hidden and exposed) time."""
+        return self.a2a_hidden is not None and self.a2a_exposed is not None
 
     # ---- metrics --------------------------------------------------------------------
     @property
@@ -204,6 +231,10 @@ class Timeline:
         deltas[1::2] = a["m1"][lo:hi]
         peak = max(0.0, float(np.cumsum(deltas).max())) if hi > lo else 0.0
         top = max(0, int(np.cumsum(a["inflight"][lo:hi]).max())) if hi > lo else 0
+        hidden = exposed = None
+        if self.has_a2a:
+            hidden = float(np.asarray(self.a2a_hidden[lo:hi], dtype=np.float64).sum())
+            exposed = float(np.asarray(self.a2a_exposed[lo:hi], dtype=np.float64).sum())
         return RankStats(
             rank=r,
             busy=busy,
@@ -212,6 +243,8 @@ class Timeline:
             span=span,
             peak_activations=top,
             peak_memory=peak,
+            a2a_hidden=hidden,
+            a2a_exposed=exposed,
         )
 
     @property
@@ -241,8 +274,9 @@ class Timeline:
         return times, values
 
     def summary(self) -> dict:
-        """The JSON contract (without ``events``): see README, "JSON output"."""
-        return {
+        """The JSON contract (without ``events``): see README, "JSON output". With
+        all-to-all, also ``a2a_hidden`` and ``a2a_exposed``: their sums over the ranks."""
+        out = {
             "schedule": self.schedule,
             "ranks": self.num_ranks,
             "stages": self.num_stages,
@@ -252,19 +286,23 @@ class Timeline:
             "lower_bound": self.lower_bound,
             "per_rank": [s.as_dict() for s in self.rank_stats()],
         }
+        if self.has_a2a:
+            stats = self.rank_stats()
+            out["a2a_hidden"] = sum(s.a2a_hidden or 0.0 for s in stats)
+            out["a2a_exposed"] = sum(s.a2a_exposed or 0.0 for s in stats)
+        return out
 
     def events_json(self) -> list[dict]:
-        return [
-            {
-                "rank": e.rank,
-                "stage": e.stage,
-                "kind": e.kind,
-                "microbatch": e.microbatch,
-                "start": e.start,
-                "end": e.end,
-            }
-            for e in self.events()
-        ]
+        comm = self.has_a2a
+        out = []
+        for e in self.events():
+            row = {"rank": e.rank, "stage": e.stage, "kind": e.kind,
+                   "microbatch": e.microbatch, "start": e.start, "end": e.end}
+            if comm:
+                row["a2a_hidden"] = e.a2a_hidden
+                row["a2a_exposed"] = e.a2a_exposed
+            out.append(row)
+        return out
 
 
 def _chain_starts(starts: Sequence[int], chains: int, num_stages: int) -> tuple[int, ...]:

@@ -132,6 +132,12 @@ def add_cost_flags(p: argparse.ArgumentParser, limit: bool = True) -> None:
     g.add_argument("--overlap", type=param_type("--overlap"), default=1.0,
                    metavar="X",
                    help="overlapped F&B pair time as a fraction of F + B (1.0)")
+    g.add_argument("--a2a-f", type=param_type("--a2a-f"), default=0.0, metavar="T",
+                   help="the all-to-all (expert parallelism's dispatch and combine) inside one "
+                   "F, part of --f: a lone F exposes it, an overlapped F&B pair hides it "
+                   "behind the other half's compute (0)")
+    g.add_argument("--a2a-b", type=param_type("--a2a-b"), default=0.0, metavar="T",
+                   help="the all-to-all inside one B or I, part of --b minus --w (0)")
     add_memory_flags(p, limit)
 
 
@@ -165,6 +171,7 @@ def costs_from_args(args: argparse.Namespace) -> CostModel:
         raise ScheduleError("--comm takes one value (time per hop), got a list")
     return CostModel(f=args.f, b=args.b, w=args.w, comm=args.comm,
                      overlap=getattr(args, "overlap", 1.0),
+                     a2a_f=getattr(args, "a2a_f", 0.0), a2a_b=getattr(args, "a2a_b", 0.0),
                      activation_memory=getattr(args, "mem_b", 1.0),
                      weight_memory=getattr(args, "mem_w", 0.0),
                      memory_limit=getattr(args, "memory_limit", None))

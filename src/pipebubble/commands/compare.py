@@ -6,8 +6,11 @@ import argparse
 import sys
 from dataclasses import replace
 
+from ..costs import CostModel
+from ..errors import UserError
 from ..ir.schedule import ScheduleError
 from ..limits import check_actions
+from ..params import as_arg_type, parse_size
 from ..schedules import get_schedule, lookup, schedule_names
 from ..sim.dataparallel import dp_fields
 from ..sim.kernel import simulate
@@ -39,10 +42,50 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="chunks for schedules that take a variable number (default: their own)")
     add_limit_flag(p)
     add_cost_flags(p)
+    add_profile_flags(p)
     add_dp_flags(p)
     add_figure_flags(p)
     p.add_argument("--json", action="store_true", help="print a JSON list and nothing else")
     p.set_defaults(func=run)
+
+
+def add_profile_flags(p: argparse.ArgumentParser) -> None:
+    """``--profile`` and expert parallelism's ``--ep``/``--ep-bandwidth``: the cost flags
+    from a profile (:mod:`pipebubble.plan.moe_costs`)."""
+    g = p.add_argument_group("costs from a profile (instead of --f/--b/--w/--a2a-f/--a2a-b)")
+    g.add_argument("--profile", default=None, metavar="FILE",
+                   help="take the times from a profile (pipebubble profile --out): each "
+                   "rank's share is 1/P of its layers' sums, in seconds")
+    g.add_argument("--ep", type=positive_int("--ep"), default=1, metavar="N",
+                   help="with --profile: expert parallelism over N ranks; each MoE layer's "
+                   "four all-to-alls (all_to_all_bytes in an analytic MoE profile) become "
+                   "--a2a-f and --a2a-b (1: none)")
+    g.add_argument("--ep-bandwidth", type=as_arg_type(lambda t: parse_size(t, "--ep-bandwidth")),
+                   default=None,
+                   metavar="BYTES/S", help="with --ep > 1: the bytes/s each rank sends its "
+                   "all-to-all at (e.g. 50GB for one 400 Gb/s NIC per GPU)")
+
+
+def costs_with_profile(args: argparse.Namespace, costs: CostModel, ranks: int) -> CostModel:
+    """``costs`` with the times of ``--profile`` (none given: unchanged; ``--ep`` without
+    it is refused)."""
+    if args.profile is None:
+        if args.ep != 1 or args.ep_bandwidth is not None:
+            raise UserError("--ep and --ep-bandwidth apply with --profile FILE (an MoE profile "
+                            "with all_to_all_bytes); without it give --a2a-f and --a2a-b")
+        return costs
+    given = [flag for flag, key, default in _PROFILE_TIMES if getattr(args, key) != default]
+    if given:
+        raise UserError(f"--profile gives the times; drop {', '.join(given)} (or the profile)")
+    from ..plan.moe_costs import profile_costs
+    from ..plan.profile import Profile
+
+    times = profile_costs(Profile.load(args.profile), ranks, args.ep, args.ep_bandwidth)
+    return replace(costs, **times)
+
+
+_PROFILE_TIMES = (("--f", "f", 1.0), ("--b", "b", 2.0), ("--w", "w", 1.0),
+                  ("--a2a-f", "a2a_f", 0.0), ("--a2a-b", "a2a_b", 0.0))
 
 
 def add_dp_flags(p: argparse.ArgumentParser) -> None:
@@ -58,7 +101,8 @@ def add_dp_flags(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_outputs(args)
-    costs = replace(costs_from_args(args), allreduce=args.allreduce)
+    costs = replace(costs_with_profile(args, costs_from_args(args), args.ranks),
+                    allreduce=args.allreduce)
     rows, skipped = [], []
     from ..schedules.auto import LimitTooSmall  # auto's limit below any feasible one
 
@@ -102,8 +146,10 @@ def run(args: argparse.Namespace) -> int:
                   box=box.SIMPLE_HEAD, caption_justify="left")
     dp_col = (f"step+AR\ndp={args.dp}",) if args.dp > 1 else ()
     fit_col = ("fits",) if costs.memory_limit is not None else ()
+    comm = any(t.has_a2a for _, t, _, _ in rows)
+    a2a_col = ("a2a\nhidden", "a2a\nexposed") if comm else ()
     for col in ("schedule", "v", "step\ntime", *dp_col, "bubble", "span\nbubble",
-                "closed\nform", "act\nr0", "mem\nr0", "mem\nmax", *fit_col):
+                "closed\nform", *a2a_col, "act\nr0", "mem\nr0", "mem\nmax", *fit_col):
         table.add_column(col, justify="right", no_wrap=True)
     for schedule, t, closed, basis in rows:
         stats = t.rank_stats()
@@ -112,17 +158,37 @@ def run(args: argparse.Namespace) -> int:
               if dp_col else ())
         table.add_row(
             schedule.name, str(schedule.chunks), f"{t.step_time:.4g}", *ar,
-            f"{t.bubble_fraction:.2%}", f"{span_bubble(t):.2%}", form,
+            f"{t.bubble_fraction:.2%}", f"{span_bubble(t):.2%}", form, *_a2a_cells(t, comm),
             str(stats[0].peak_activations), f"{stats[0].peak_memory:.4g}",
             f"{max(s.peak_memory for s in stats):.4g}",
             *(("yes" if memory_fields(t, costs)["fits"] else "[red]no[/red]",) if fit_col else ()),
         )
     console = Console()
+    if comm and console.width < 100:  # two more columns: wider than 80, not truncated
+        console = Console(width=100)
     console.print(table)
+    if comm:
+        console.print(_A2A_CAPTION)
     for name, why in skipped:
         console.print(f"[dim]skipped {name}: {why}[/dim]")
     return 0
 
+
+def _a2a_cells(t, comm: bool) -> tuple[str, ...]:
+    """The all-to-all hidden and exposed per rank (the mean over the ranks)."""
+    if not comm:
+        return ()
+    stats = t.rank_stats()
+    hidden = sum(s.a2a_hidden or 0.0 for s in stats) / len(stats)
+    exposed = sum(s.a2a_exposed or 0.0 for s in stats) / len(stats)
+    return f"{hidden:.4g}", f"{exposed:.4g}"
+
+
+_A2A_CAPTION = (
+    "a2a hidden / exposed: expert parallelism's all-to-all per rank (mean over the ranks), "
+    "hidden behind the other half's compute in DualPipe's overlapped F&B pairs, or exposed "
+    "(every lone F, B or I waits for its own; a pair exposes what outlasts its compute)."
+)
 
 _CAPTION = (
     "bubble: idle / (ranks x step). span bubble: the idlest rank's idle time within its own "

@@ -32,8 +32,9 @@ from .common import (
     load_schedule,
     write_figures,
 )
+from .compare import add_profile_flags, costs_with_profile
 
-TIME_UNIT = "in the time unit of --f/--b/--w/--comm"
+TIME_UNIT = "in the time unit of --f/--b/--w/--comm; seconds with --profile"
 """What a simulated time means: the cost flags have no unit of their own, so the step time
 is in theirs (seconds when they are seconds)."""
 
@@ -46,6 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--csv", metavar="FILE", help="read the schedule from a torch.distributed."
                    "pipelining compute-only CSV file instead of --schedule")
     add_cost_flags(p)
+    add_profile_flags(p)
     add_figure_flags(p)
     p.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
     p.add_argument("--width", type=int_flag("--width", 1, MAX_WIDTH), default=None,
@@ -57,7 +59,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     check_outputs(args)
     schedule = load_schedule(args)
-    costs = costs_from_args(args)
+    costs = costs_with_profile(args, costs_from_args(args), schedule.num_ranks)
     timeline = simulate_checked(schedule, costs)
     closed = None if args.csv else closed_form_for(schedule, costs)
     title = (f"{schedule.name}  p={schedule.num_ranks} m={schedule.total_microbatches} "

@@ -208,7 +208,8 @@ def write_simulate_json(stream: TextIO, schedule: Schedule, costs: CostModel,
     head = _head(schedule, costs, timeline, closed_form)
     finite = not len(timeline) or all(math.isfinite(x) for x in (
         min(timeline.start), max(timeline.end)))
-    if not finite:  # json spells inf and nan its own way
+    if not finite or timeline.has_a2a:  # json spells inf and nan its own way; events with
+        # their all-to-all (a2a_hidden, a2a_exposed) are the dicts of events_json
         from ..files import json_text  # refuses inf and nan, naming the event
 
         stream.write(json_text(clean_floats({**head, "events": timeline.events_json()}))

@@ -79,7 +79,8 @@ OVERLAP_TAG = "OVERLAP_F_B"  # what torch writes after an overlapped pair
 class Overlap(NamedTuple):
     """A forward and a backward that one rank runs as one overlapped block (DualPipe's F&B).
 
-    The block costs ``CostModel.overlap`` (by default the sum of its parts). Text form
+    The block costs ``CostModel.overlap`` times the larger of its compute and its
+    all-to-all (``StageCosts.pair_duration``; without all-to-all, the sum of its parts). Text form
     ``(0F7;7B3)``; torch's CSV cell adds ``OVERLAP_F_B`` (:func:`step_text` with
     ``tagged=True``). :func:`parse_step` reads both.
     """

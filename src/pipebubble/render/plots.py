@@ -8,6 +8,10 @@ The Gantt chart has one row per rank, rank 0 on top, time to the right. Each act
 coloured by kind (F, I, W, B; see ``style.py``), later chunks of a rank in darker shades,
 labelled with its microbatch when the label fits inside the box. Grey lanes are idle time.
 An overlapped F&B pair (DualPipe) is drawn as its two halves inside one black outline.
+With all-to-all (``--a2a-f``/``--a2a-b``), a strip along the bottom of each box shows it:
+hatched light red where an overlapped pair hides it behind the other half's compute, solid
+dark red where the rank waits for it (every lone action's, and what outlasts a pair's
+compute).
 
 Sizes are laid out in inches, not left to the layout engine, so the chart reads the same at
 p=2 and p=32: rows get shorter as ranks are added (0.42 in down to 0.16 in) and the label
@@ -33,11 +37,14 @@ from matplotlib.ticker import MaxNLocator
 from ..errors import UserError
 from ..timeline import Timeline
 from .style import (
+    A2A_EXPOSED,
+    A2A_HIDDEN,
     IDLE_COLOR,
     KIND_NAMES,
     KIND_ORDER,
     MEMORY_CMAP,
     OVERLAP_EDGE,
+    a2a_spans,
     describe,
     headline,
     kind_color,
@@ -133,7 +140,31 @@ def draw_gantt(ax, timeline: Timeline, *, factor: float, xmax: float, row_in: fl
     ax.add_collection(PolyCollection(boxes, facecolors=colors, edgecolors="white",
                                      linewidths=edge))
     _outline_overlaps(ax, timeline, x0, x1)
+    _draw_a2a(ax, timeline, x0, x1)
     return _label_boxes(ax, timeline, x0, x1, colors, pt_per_unit, row_pt)
+
+
+def _draw_a2a(ax, timeline: Timeline, x0: list[float], x1: list[float]) -> None:
+    """The all-to-all strip along the bottom of each box (module doc)."""
+    if not timeline.has_a2a:
+        return
+    hidden, exposed = [], []
+    for i, r in enumerate(timeline.rank):
+        h, e = timeline.a2a_hidden[i], timeline.a2a_exposed[i]
+        if not (h or e):
+            continue
+        dur = timeline.end[i] - timeline.start[i]
+        scale = (x1[i] - x0[i]) / dur if dur > 0 else 0.0
+        h_span, e_span = a2a_spans(x0[i], x1[i], h * scale, e * scale)
+        for span, out in ((h_span, hidden), (e_span, exposed)):
+            if span is not None:
+                a, b = span
+                out.append([(a, r + 0.18), (b, r + 0.18), (b, r + 0.4), (a, r + 0.4)])
+    if hidden:
+        ax.add_collection(PolyCollection(hidden, facecolors=A2A_HIDDEN, edgecolors=A2A_EXPOSED,
+                                         linewidths=0.0, hatch="////"))
+    if exposed:
+        ax.add_collection(PolyCollection(exposed, facecolors=A2A_EXPOSED, edgecolors="none"))
 
 
 def _outline_overlaps(ax, timeline: Timeline, x0: list[float], x1: list[float]) -> None:
@@ -233,6 +264,10 @@ def _legend_handles(timelines: Sequence[Timeline]) -> list:
     if any(any(t.overlapped) for t in timelines):
         handles.append(Patch(facecolor="white", edgecolor=OVERLAP_EDGE, linewidth=1.3,
                              label="overlapped F&B pair"))
+    if any(t.has_a2a for t in timelines):
+        handles.append(Patch(facecolor=A2A_HIDDEN, edgecolor=A2A_EXPOSED, hatch="////",
+                             linewidth=0.0, label="all-to-all hidden"))
+        handles.append(Patch(facecolor=A2A_EXPOSED, label="all-to-all exposed"))
     return handles
 
 

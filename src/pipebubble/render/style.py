@@ -27,6 +27,8 @@ FALLBACK_KIND = "#AA3377"
 IDLE_COLOR = "#EDEDED"
 OVERLAP_EDGE = "#000000"
 MEMORY_CMAP = "viridis"
+A2A_HIDDEN = "#F4C2C2"  # all-to-all hidden behind a pair's compute (light, hatched)
+A2A_EXPOSED = "#B2182B"  # all-to-all the rank waits for (dark red)
 CHUNK_DARKENING = 0.45  # a rank's last chunk is drawn at 1 - 0.45 of its kind's colour
 
 # A registered schedule keeps its spec's colour (ScheduleSpec.color); others, one of these.
@@ -111,3 +113,19 @@ def headline(timeline: Timeline, factor: float, unit: str) -> str:
     """``step time 33 units · bubble 27.27%``: the figures a title carries."""
     return (f"step time {timeline.step_time * factor:.4g} {unit} · "
             f"bubble {timeline.bubble_fraction:.2%}")
+
+
+def a2a_spans(start: float, end: float, hidden: float, exposed: float
+              ) -> tuple[tuple[float, float] | None, tuple[float, float] | None]:
+    """Where an action's all-to-all is drawn inside its box: the hidden part from its start,
+    the exposed part up to its end (what the rank waits for comes last, after the compute),
+    both shrunk in proportion when together they outlast the box (``--overlap`` < 1 scales
+    a pair's time but not its all-to-all). None where there is none.
+
+    >>> a2a_spans(0.0, 4.0, 1.0, 0.5)
+    ((0.0, 1.0), (3.5, 4.0))
+    """
+    total = hidden + exposed
+    k = min(1.0, (end - start) / total) if total > 0 else 0.0
+    return ((start, start + hidden * k) if hidden > 0 else None,
+            (end - exposed * k, end) if exposed > 0 else None)

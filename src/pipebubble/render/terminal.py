@@ -171,14 +171,18 @@ def summary_table(timeline: Timeline, closed_form: float | None = None) -> Table
     A measured timeline's times are seconds and its memory bytes: shown as ms and KiB/MiB.
     """
     measured = timeline.source == "measured"
+    comm = timeline.has_a2a
     table = Table(title=None, show_edge=False)
-    for col in ("rank", "busy", "idle", "bubble", "span", "peak act.", "peak mem"):
+    for col in ("rank", "busy", "idle", "bubble", "span", "peak act.", "peak mem",
+                *(("a2a hidden", "a2a exposed") if comm else ())):
         table.add_column(col, justify="right")
     for s in timeline.rank_stats():
         table.add_row(
             str(s.rank), _time(s.busy, measured), _time(s.idle, measured),
             f"{s.bubble_fraction:.2%}", _time(s.span, measured), str(s.peak_activations),
             _memory(s.peak_memory, measured),
+            *((_time(s.a2a_hidden or 0.0, measured), _time(s.a2a_exposed or 0.0, measured))
+              if comm else ()),
         )
     return table
 
@@ -217,4 +221,13 @@ def summary_lines(timeline: Timeline, closed_form: float | None = None,
         f"bubble {timeline.bubble_fraction:.2%}"
         + (f" (closed form {closed_form:.2%})" if closed_form is not None else ""),
     ]
+    if timeline.has_a2a:
+        stats = timeline.rank_stats()
+        hidden = sum(s.a2a_hidden or 0.0 for s in stats)
+        exposed = sum(s.a2a_exposed or 0.0 for s in stats)
+        whole = hidden + exposed
+        lines.append(f"all-to-all {_time(whole, measured)} over the ranks: "
+                     f"{_time(hidden, measured)} hidden in overlapped F&B pairs "
+                     f"({hidden / whole if whole > 0 else 0.0:.0%}), "
+                     f"{_time(exposed, measured)} exposed")
     return lines

@@ -12,7 +12,12 @@ Open the file in https://ui.perfetto.dev or chrome://tracing. Layout:
   F(s, m) to F(s+1, m) (the activation) and from the backward I/B(s, m) to I/B(s-1, m)
   (the gradient). A flow starts just inside the end of its producer and binds to the
   slice enclosing its consumer's start (``bp: "e"``);
-- a counter (``ph: "C"``) per rank, ``activation memory``, set at time 0 and at every change.
+- a counter (``ph: "C"``) per rank, ``activation memory``, set at time 0 and at every change;
+- with all-to-all (``--a2a-f``/``--a2a-b``), one more track per rank, ``all-to-all``, with a
+  slice ``a2a hidden`` (category ``a2a_hidden``) where an overlapped F&B pair hides it behind
+  the other half's compute and ``a2a exposed`` (``a2a_exposed``) where the rank waits for it,
+  laid inside each action as the Gantt chart draws them (:func:`~.style.a2a_spans`); each
+  action's slice also carries ``a2a_hidden`` and ``a2a_exposed`` in its ``args``.
 
 Times: the format counts microseconds. Measured timelines are in seconds (1 s = 1e6 µs). The
 simulator's abstract units are written as **1 unit = 1 ms**, so F=1, B=2 reads as 1 ms and
@@ -33,7 +38,7 @@ from pathlib import Path
 from ..ir.deps import Signal, producers, produces
 from ..ir.schedule import Action
 from ..timeline import Timeline
-from .style import is_measured
+from .style import a2a_spans, is_measured
 from .terminal import chunk_of_stage
 
 US_PER_SECOND = 1e6
@@ -53,6 +58,8 @@ def trace_events(
     label = label or timeline.schedule
     chunk = chunk_of_stage(timeline)
     t0 = min(timeline.start, default=0.0)
+    comm = timeline.has_a2a
+    comm_tid = max(chunk, default=0) + 2  # the all-to-all track, under the stages'
     events: list[dict] = []
     for r in range(timeline.num_ranks):
         pid = pid_base + r
@@ -67,10 +74,16 @@ def trace_events(
                                "args": {"name": f"stage {s} (chunk {chunk[s]})"}})
                 events.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid,
                                "args": {"sort_index": tid}})
+        if comm:
+            events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": comm_tid,
+                           "args": {"name": "all-to-all"}})
+            events.append({"name": "thread_sort_index", "ph": "M", "pid": pid,
+                           "tid": comm_tid, "args": {"sort_index": comm_tid}})
 
     # Slices, and which slice produced each signal (ir.deps: F output, input gradient, W).
     made: dict[Signal, int] = {}
     slices: list[dict] = []
+    comm_slices: list[dict] = []
     for i, e in enumerate(timeline.events()):
         # Round the ends, not the duration, so back-to-back actions stay back to back.
         ts = _us((e.start - t0) * us_per_unit)
@@ -82,7 +95,20 @@ def trace_events(
                      "action": f"{e.stage}{e.kind}{e.microbatch}", "overlapped": e.overlapped},
         })
         made[produces(Action(e.stage, e.kind, e.microbatch))] = i
+        if comm and (e.a2a_hidden or e.a2a_exposed):
+            slices[-1]["args"].update(a2a_hidden=e.a2a_hidden, a2a_exposed=e.a2a_exposed)
+            spans = a2a_spans(e.start, e.end, e.a2a_hidden, e.a2a_exposed)
+            for span, what in zip(spans, ("hidden", "exposed"), strict=True):
+                if span is None:
+                    continue
+                a = _us((span[0] - t0) * us_per_unit)
+                comm_slices.append({
+                    "name": f"a2a {what}", "cat": f"a2a_{what}", "ph": "X", "ts": a,
+                    "dur": _us(_us((span[1] - t0) * us_per_unit) - a),
+                    "pid": pid_base + e.rank, "tid": comm_tid,
+                    "args": {"action": f"{e.stage}{e.kind}{e.microbatch}"}})
     events.extend(slices)
+    events.extend(comm_slices)
 
     # Flows: each message between stages (ir.deps: an activation F(s) -> F(s+1), a gradient
     # I/B(s) -> I/B(s-1), within a chain), from its producer's slice to its consumer's.

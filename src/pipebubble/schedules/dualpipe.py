@@ -5,8 +5,10 @@ DualPipeV is its "cut in half" form: one copy, 2p stages in the ``v`` placement 
 holds stage r, chunk 0, and stage 2p - 1 - r, chunk 1), every microbatch going down and back
 up the V. Its steady state runs a forward of one chunk and a full backward of the other as
 one *overlapped* pair (an :class:`~pipebubble.ir.schedule.Overlap`), so communication of one
-hides behind computation of the other. ``CostModel.overlap`` is the pair's time as a
-fraction of F + B (1.0: no gain). Rank r, with F0/F1 and B0/B1 the chunk-0/1 work:
+hides behind computation of the other: the pair takes ``overlap x max(compute,
+all-to-all)`` of its two halves (``CostModel.a2a_f``/``a2a_b``: expert parallelism's
+all-to-all; ``StageCosts.pair_duration``), ``overlap x (F + B)`` without all-to-all (1.0: no
+gain). Rank r, with F0/F1 and B0/B1 the chunk-0/1 work:
 
 1. 2(p - r - 1) x F0;
 2. r + 1 x (F0, F1);

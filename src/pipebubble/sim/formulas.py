@@ -172,9 +172,10 @@ def dualpipev_closed_form(
     """DualPipeV on p ranks (PP = 2p stages, chunk times F/2, B/2, W/2): every rank idles
     (p - 1)(F&B + B - 3W) when F = I, W <= I, m >= 2p and overlap = 1 (with overlap < 1
     the ranks do different numbers of overlapped pairs, so only the idlest rank matches, and
-    only while F&B >= B: see ``tests/test_dualpipe.py``, DualPipe is two DualPipeVs)."""
+    only while F&B >= B: see ``tests/test_dualpipe.py``, DualPipe is two DualPipeVs). With
+    all-to-all hidden in the pairs, F&B < F + B likewise: no fraction then."""
     share = _rank_share(costs, chunks)
-    if share is None or costs.overlap != 1.0:
+    if share is None or costs.overlap != 1.0 or costs.has_a2a:
         return None
     f, i, w = costs.f[0], costs.b[0] - costs.w[0], costs.w[0]  # one chunk
     if microbatches < 2 * ranks or not (_eq(f, i) and _le(w, i)):
@@ -193,8 +194,9 @@ def dualpipe_closed_form(
     times of one stage (one of a rank's two stages, one per model copy). Found by simulation
     (``tests/test_dualpipe.py``): holds on every rank when F = I, W <= I, M >= 2p and
     overlap = 1, and for p = 2 always (no bubble). With overlap < 1 it holds only on the
-    idlest rank, and only while F&B >= B, so no fraction is given then."""
-    if _rank_share(costs, chunks) is None or costs.overlap != 1.0:
+    idlest rank, and only while F&B >= B, so no fraction is given then, nor with all-to-all
+    (a pair then hides some of it: F&B < F + B, as with overlap < 1)."""
+    if _rank_share(costs, chunks) is None or costs.overlap != 1.0 or costs.has_a2a:
         return None
     p, total = ranks, microbatches
     if p % 2 or total % 2 or total < 2 * p:

@@ -45,7 +45,9 @@ error names the action each unfinished rank is stuck at and what it waits for
 (:func:`~pipebubble.ir.deps.describe_wait`). The simulator never hangs.
 
 An Overlap (DualPipe's F&B pair) is one block: it starts when both parts may start, runs
-the forward and backward parts back to back, each scaled by ``overlap``, and all its outputs
+the forward and backward parts back to back (:meth:`~pipebubble.costs.StageCosts.pair_parts`:
+the pair takes ``overlap x max(compute, all-to-all)``, shared between its parts in
+proportion; without all-to-all each part is ``overlap x`` its time), and all its outputs
 are ready when it ends (real DualPipe runs the two parts at once on overlapped streams, so
 the forward output does not exist before the block ends). Two programs say this:
 
@@ -227,8 +229,7 @@ def _compile_program(schedule: Schedule, flat: FlatActions, sc: StageCosts,
         bwd = fwd + 1
         if (kind[fwd] != F).any() or ((kind[bwd] != I) & (kind[bwd] != B)).any():
             raise ScheduleError("an Overlap pairs a forward with a backward (F then B or I)")
-        duration[step[fwd]] *= sc.overlap
-        duration[step[bwd]] *= sc.overlap
+        duration[step[fwd]], duration[step[bwd]] = _pair_durations(sc, flat, fwd)
         wait, bwd_step = step[fwd] - 1, step[bwd]
         producer[wait], lag[wait] = producer[bwd_step], lag[bwd_step]
         producer[bwd_step], lag[bwd_step] = size if spare else 0, 0.0  # met by the wait
@@ -322,10 +323,9 @@ def compile_blocks(schedule: Schedule, flat: FlatActions, sc: StageCosts,
     lag2, v_lag2 = _filled("d", size, 0.0)
     duration2, v_duration2 = _filled("d", size, 0.0)
     at, row_bwd = step[bwd], row[bwd]
-    v_duration[at] *= sc.overlap  # the forward part (same step)
+    v_duration[at], v_duration2[at] = _pair_durations(sc, flat, fwd)  # (the same step)
     v_producer2[at] = ready[needs[row_bwd] + mb[bwd]]
     v_lag2[at] = comm[row_bwd]
-    v_duration2[at] = cost[row_bwd] * sc.overlap
     initial, v_initial = _filled("d", size, _INF)
     v_initial[boundary] = 0.0
     v_initial[size - 2 - spare] = 0.0
@@ -434,6 +434,40 @@ def _run_blocks_uniform(blocks: Blocks, lag: float) -> array:
                     push(woken)
             i += 1
     return end
+
+
+def _pair_durations(sc: StageCosts, flat: FlatActions, fwd: np.ndarray
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """The recorded durations of each pair's forward and backward part (``fwd``: the
+    pairs' forward parts, flat order): :meth:`StageCosts.pair_parts`, the same doubles
+    (without all-to-all each part's time x ``overlap``, gathered without a sort)."""
+    if not sc.has_a2a:
+        import numpy as np
+
+        S = len(sc.f)
+        cost = np.array([sc.duration(s, k) for s in range(S) for k in KINDS])
+        row = flat.stage * 4 + flat.kind
+        return cost[row[fwd]] * sc.overlap, cost[row[fwd + 1]] * sc.overlap
+    parts = _pair_parts(sc, flat, fwd)
+    return parts[0], parts[1]
+
+
+def _pair_parts(sc: StageCosts, flat: FlatActions, fwd: np.ndarray) -> np.ndarray:
+    """:meth:`StageCosts.pair_parts` of every pair, as 6 rows (forward part's duration,
+    backward part's duration, forward's hidden and exposed all-to-all, backward's): one
+    call per distinct (forward stage, backward stage, backward kind), gathered."""
+    import numpy as np
+
+    S = len(sc.f)
+    bwd = fwd + 1
+    key = (flat.stage[fwd].astype(np.int64) * S + flat.stage[bwd]) * 4 + flat.kind[bwd]
+    uniq, inverse = np.unique(key, return_inverse=True)
+    table = np.empty((6, len(uniq)))
+    for j, k in enumerate(uniq.tolist()):
+        f_part, b_part = sc.pair_parts(k // 4 // S, k // 4 % S, KINDS[k % 4])
+        table[:, j] = (f_part.duration, b_part.duration, f_part.hidden, f_part.exposed,
+                       b_part.hidden, b_part.exposed)
+    return table[:, inverse.ravel()]
 
 
 class _Topology(NamedTuple):
@@ -668,6 +702,17 @@ def _columns(schedule: Schedule, flat: FlatActions, sc: StageCosts, start: array
     # one-letter strings (no object per action).
     letters = flat.kind.astype(np.uint8, copy=False).tobytes().translate(_LETTERS)
     pairs = bool(flat.pair.any())
+    hidden = exposed = None
+    if sc.has_a2a:  # each action's all-to-all: hidden in a pair, or exposed
+        alone = np.array([sc.lone_part(s, k).exposed for s in range(S) for k in KINDS])
+        v_exposed = alone[row] if n else np.zeros(0)
+        v_hidden = np.zeros(n)
+        fwd = np.flatnonzero(flat.pair == 1)
+        if len(fwd):
+            parts = _pair_parts(sc, flat, fwd)
+            v_hidden[fwd], v_exposed[fwd] = parts[2], parts[3]
+            v_hidden[fwd + 1], v_exposed[fwd + 1] = parts[4], parts[5]
+        hidden, exposed = _doubles(v_hidden), _doubles(v_exposed)
     return Timeline(
         schedule=schedule.name,
         num_ranks=schedule.num_ranks,
@@ -687,6 +732,8 @@ def _columns(schedule: Schedule, flat: FlatActions, sc: StageCosts, start: array
         overlapped=(flat.pair > 0).tolist() if pairs else [False] * n,
         source="simulated",
         offsets=list(flat.offsets),
+        a2a_hidden=hidden,
+        a2a_exposed=exposed,
     )
 
 

@@ -10,9 +10,12 @@
    another rank (``Dep.crosses``).
 3. An action takes ``costs.duration(stage, kind)`` and, when it ends, produces its signal.
 4. An Overlap (DualPipe's F&B pair) is one block: it waits for what both parts need and
-   takes ``overlap x (F + B)``, recorded as its two parts back to back. Both its outputs
-   (the forward's activation, the backward's gradient) are ready when the block ends: real
-   DualPipe runs the two parts at once on overlapped streams.
+   takes ``overlap x max(C, A)`` (``StageCosts.pair_duration``: ``A`` the two halves'
+   all-to-all, ``C`` the rest of their time; without all-to-all ``overlap x (F + B)``),
+   recorded as its two parts back to back (``StageCosts.pair_parts``), each with the
+   all-to-all it hides and exposes. Both its outputs (the forward's activation, the
+   backward's gradient) are ready when the block ends: real DualPipe runs the two parts at
+   once on overlapped streams. A lone action exposes its all-to-all.
 5. Memory (DESIGN.md, "Memory model"): each action adds ``memory_deltas(stage, kind)``, the
    first at its start (F: + M_B) and the second at its end (B: - M_B; I: - (M_B - M_W);
    W: - M_W). The Timeline sums them over time per rank.
@@ -60,13 +63,16 @@ def simulate_reference(schedule: Schedule,
                     break  # this rank waits; try the next one
                 start = max([free[r]] + [ready[dep.signal] + (sc.comm if dep.crosses else 0.0)
                                          for dep in deps])
-                scale = sc.overlap if isinstance(step, Overlap) else 1.0
-                for action in step_actions(step):  # an Overlap's parts run back to back
-                    s, k, m = action
-                    end = start + sc.duration(s, k) * scale
+                pair = isinstance(step, Overlap)
+                parts = (sc.pair_parts(step.forward.stage, step.backward.stage,
+                                       step.backward.kind) if pair
+                         else (sc.lone_part(step.stage, step.kind),))
+                for action, part in zip(step_actions(step), parts, strict=True):
+                    s, k, m = action  # an Overlap's parts run back to back
+                    end = start + part.duration
                     grow, shrink = sc.memory_deltas(s, k)
-                    events.append(Event(r, s, str(k), m, start, end, grow, shrink,
-                                        isinstance(step, Overlap)))
+                    events.append(Event(r, s, str(k), m, start, end, grow, shrink, pair,
+                                        part.hidden, part.exposed))
                     start = end
                 for action in step_actions(step):  # all of a step's outputs: at its end
                     ready[produces(action)] = start

@@ -366,14 +366,17 @@ def _carried(c: Comm, topo: Topology) -> Signal:
 def _compute(step: Action | Overlap, r: int, t: float, sc: StageCosts,
              arrived: dict[Signal, float], events: list[Event]) -> float:
     """Run ``step`` from ``t``; record its Events and the signals it produces on rank r.
-    An Overlap's parts run back to back, each scaled by ``overlap``, and both its outputs
-    are ready when the pair ends, as in simulate."""
-    scale, ov = (sc.overlap, True) if isinstance(step, Overlap) else (1.0, False)
-    for a in step_actions(step):
+    An Overlap's parts run back to back (:meth:`StageCosts.pair_parts`: the pair's time
+    from its compute and all-to-all), and both its outputs are ready when the pair ends, as
+    in simulate."""
+    ov = isinstance(step, Overlap)
+    parts = (sc.pair_parts(step.forward.stage, step.backward.stage, step.backward.kind)
+             if ov else (sc.lone_part(step.stage, step.kind),))
+    for a, part in zip(step_actions(step), parts, strict=True):
         s, k, m = a
-        end = t + sc.duration(s, k) * scale
+        end = t + part.duration
         lo, hi = sc.memory_deltas(s, k)
-        events.append(Event(r, s, k, m, t, end, lo, hi, ov))
+        events.append(Event(r, s, k, m, t, end, lo, hi, ov, part.hidden, part.exposed))
         t = end
     for a in step_actions(step):
         arrived[produces(a)] = t
