@@ -94,6 +94,8 @@ def test_m64_and_1f1b_memory(url):
       "--w", "1", "--comm", "0.25"]),
     ("schedule=dualpipev&ranks=2&microbatches=4&overlap=0.8&f=1,1,1,1",
      ["--schedule", "dualpipev", "-p", "2", "-m", "4", "--overlap", "0.8", "--f", "1,1,1,1"]),
+    ("schedule=dualpipe&ranks=2&microbatches=8&a2a_f=0.5&a2a_b=0.5",
+     ["--schedule", "dualpipe", "-p", "2", "-m", "8", "--a2a-f", "0.5", "--a2a-b", "0.5"]),
 ])
 def test_api_returns_exactly_the_cli_object(url, capsys, query, flags):
     _, out = get_json(url, "/api/simulate?" + query)

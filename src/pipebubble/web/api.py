@@ -58,13 +58,15 @@ class TooLarge(UserError):
 
 
 def costs_from_params(params: Mapping[str, str]) -> CostModel:
-    """The CostModel the parameters describe (the CLI's --f/--b/--w/--comm/--overlap and
-    M_B, M_W, --memory-limit), each read and checked by :mod:`pipebubble.params`, the table
-    the CLI's flags are read with. ``memory_limit``: one value for every rank, or one per
-    rank; the page marks the ranks whose ``peak_memory`` exceeds it."""
+    """The CostModel the parameters describe (the CLI's --f/--b/--w/--comm/--overlap,
+    --a2a-f/--a2a-b and M_B, M_W, --memory-limit), each read and checked by
+    :mod:`pipebubble.params`, the table the CLI's flags are read with. ``memory_limit``: one
+    value for every rank, or one per rank; the page marks the ranks whose ``peak_memory``
+    exceeds it."""
     return CostModel(
         f=read(params, "f"), b=read(params, "b"), w=read(params, "w"),
         comm=read(params, "comm"), overlap=read(params, "overlap"),
+        a2a_f=read(params, "a2a_f"), a2a_b=read(params, "a2a_b"),
         activation_memory=read(params, "mem_b"), weight_memory=read(params, "mem_w"),
         memory_limit=read(params, "memory_limit"))
 
