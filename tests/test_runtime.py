@@ -141,10 +141,13 @@ def test_random_valid_schedules(seed, ranks, chunks, m, split, placement, recomp
     check_run(schedule, mlp_problem(ranks * chunks, m + 1), recompute)
 
 
-def test_cost_model_clock_reproduces_the_simulator_for_split_and_overlap():
+@pytest.mark.parametrize("costs", [
+    CostModel(f=1, b=3, w=1, comm=0.25, overlap=0.5),
+    # an all-to-all in F and the backward: a pair hides one half's behind the other's compute
+    CostModel(f=1, b=3, w=1, comm=0.25, a2a_f=0.75, a2a_b=1.5)], ids=["overlap", "a2a"])
+def test_cost_model_clock_reproduces_the_simulator_for_split_and_overlap(costs):
     from pipebubble.runtime.clock import VirtualClock
 
-    costs = CostModel(f=1, b=3, w=1, comm=0.25, overlap=0.5)
     for kw in HAND_BUILT.values():
         schedule = greedy_schedule(**kw)
         stages, _, x, y, loss_fn = mlp_problem(schedule.num_stages, kw["microbatches"])

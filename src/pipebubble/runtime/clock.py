@@ -4,7 +4,8 @@
   another for real, but each rank keeps its own clock, and an action starts at
   ``max(rank's clock, arrival of its inputs)``. Its duration is measured (``costs=None``) or
   taken from a cost model, in which case the timeline equals ``simulate``'s (an overlapped
-  F&B pair takes ``costs.overlap`` of the sum of its parts, as in the simulator). On CUDA
+  F&B pair's parts take what :meth:`~pipebubble.costs.StageCosts.pair_parts` gives them:
+  ``overlap`` of their sum, with one half's all-to-all hidden behind the other's compute). On CUDA
   (``device``) it synchronises before and after each action so the measured time is the
   kernels', not the launch's.
 - :class:`WallClock` records real start and end times (one process per rank), relative to
@@ -20,15 +21,16 @@ from typing import Any, Protocol
 import torch
 
 from ..costs import StageCosts
-from ..ir.schedule import Action
+from ..ir.schedule import Action, Overlap
 
 
 class Clock(Protocol):
     def time(
         self, rank: int, action: Action, earliest: float, work: Callable[[], Any],
-        overlapped: bool = False,
+        overlapped: Overlap | None = None,
     ) -> tuple[float, float, Any]:
-        """Run ``work``; return (start, end, its result). ``overlapped``: part of an Overlap."""
+        """Run ``work``; return (start, end, its result). ``overlapped``: the Overlap pair
+        ``action`` is a part of, or None."""
 
     def arrival(self, t: float, cross_rank: bool) -> float:
         """When a message produced at ``t`` can be consumed."""
@@ -54,7 +56,7 @@ class VirtualClock:
         self._sync = synchronizer(device)
 
     def time(self, rank: int, action: Action, earliest: float, work: Callable[[], Any],
-             overlapped: bool = False):
+             overlapped: Overlap | None = None):
         self._sync()
         t0 = self.timer()
         out = work()
@@ -65,8 +67,10 @@ class VirtualClock:
             dur = measured
         else:
             dur = self.costs.duration(action.stage, action.kind)
-            if overlapped:
-                dur *= self.costs.overlap
+            if overlapped is not None:
+                fwd, bwd = overlapped.forward, overlapped.backward
+                parts = self.costs.pair_parts(fwd.stage, bwd.stage, bwd.kind)
+                dur = parts[0 if action == fwd else 1].duration
         start = max(self.now[rank], earliest)
         end = start + dur
         self.now[rank] = end
@@ -88,7 +92,7 @@ class WallClock:
         self._sync = synchronizer(device)
 
     def time(self, rank: int, action: Action, earliest: float, work: Callable[[], Any],
-             overlapped: bool = False):
+             overlapped: Overlap | None = None):
         self._sync()
         start = time.perf_counter() - self.origin
         out = work()

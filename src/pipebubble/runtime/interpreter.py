@@ -182,17 +182,18 @@ class StageInterpreter:
                 t = max(fe, be)
                 self._outbox = []  # both parts' outputs leave when the pair ends
                 try:
-                    events = [self._exec(step.forward, fx, t, True),
-                              self._exec(step.backward, bx, t, True)]
+                    events = [self._exec(step.forward, fx, t, step),
+                              self._exec(step.backward, bx, t, step)]
                 finally:
                     held, self._outbox = self._outbox, None
                 for a, tensor in held:
                     self._send(a, tensor, events[-1].end)
                 return events
             x, earliest = self._take(step)
-            return [self._exec(step, x, earliest, False)]
+            return [self._exec(step, x, earliest, None)]
 
-    def _exec(self, a: Action, x: torch.Tensor | None, earliest: float, ov: bool) -> Event:
+    def _exec(self, a: Action, x: torch.Tensor | None, earliest: float,
+              ov: Overlap | None) -> Event:
         try:
             ev = self._handlers[a.kind](a, x, earliest, ov)
         except UserCodeError as exc:  # the layers' or the loss's: where it happened
@@ -268,7 +269,7 @@ class StageInterpreter:
             y = self.loss_fn(y, self.targets[g]) * self.loss_weights[g]
         return y
 
-    def _do_forward(self, a: Action, x: torch.Tensor, earliest: float, ov: bool) -> Event:
+    def _do_forward(self, a: Action, x: torch.Tensor, earliest: float, ov: Overlap | None) -> Event:
         s, _, m = a
         x = x.detach().requires_grad_(not self._first[s] and x.is_floating_point())
         self.input_bytes[s, m] = x.nbytes
@@ -290,7 +291,7 @@ class StageInterpreter:
         if self._last[s]:
             self.losses[self._mb(s, m)] = float(y.detach())
         self._send(a, y.detach(), end)
-        return Event(self.rank, s, "F", m, start, end, float(nbytes), 0.0, ov)
+        return Event(self.rank, s, "F", m, start, end, float(nbytes), 0.0, ov is not None)
 
     def _graph(self, s: int, m: int, sv: _Saved) -> tuple[torch.Tensor, SavedTensors | None]:
         """The graph to backpropagate through; with recomputation, run the forward again."""
@@ -302,7 +303,7 @@ class StageInterpreter:
         return y, saved
 
     def _do_backward(self, a: Action, grad: torch.Tensor | None, earliest: float,
-                     ov: bool) -> Event:
+                     ov: Overlap | None) -> Event:
         s, _, m = a
         sv = self.saved.pop((s, m))
         total = [sv.nbytes]
@@ -322,10 +323,11 @@ class StageInterpreter:
         self._hold(extra)
         self._hold(-(sv.nbytes + extra))
         self._send(a, gin, end)
-        return Event(self.rank, s, "B", m, start, end, float(extra), -float(sv.nbytes + extra), ov)
+        return Event(self.rank, s, "B", m, start, end, float(extra), -float(sv.nbytes + extra),
+                     ov is not None)
 
     def _do_input_grad(self, a: Action, grad: torch.Tensor | None, earliest: float,
-                       ov: bool) -> Event:
+                       ov: Overlap | None) -> Event:
         s, _, m = a
         sv = self.saved.pop((s, m))
         total = [sv.nbytes]
@@ -343,14 +345,14 @@ class StageInterpreter:
         freed = sv.nbytes + extra - kept.nbytes
         self._hold(-freed)
         self._send(a, gin, end)
-        return Event(self.rank, s, "I", m, start, end, float(extra), -float(freed), ov)
+        return Event(self.rank, s, "I", m, start, end, float(extra), -float(freed), ov is not None)
 
-    def _do_weight_grad(self, a: Action, _: object, earliest: float, ov: bool) -> Event:
+    def _do_weight_grad(self, a: Action, _: object, earliest: float, ov: Overlap | None) -> Event:
         s, _k, m = a
         kept = self.kept.pop((s, m))
         start, end, _r = self.clock.time(self.rank, a, earliest, kept.run, overlapped=ov)
         self._hold(-kept.nbytes)
-        return Event(self.rank, s, "W", m, start, end, 0.0, -float(kept.nbytes), ov)
+        return Event(self.rank, s, "W", m, start, end, 0.0, -float(kept.nbytes), ov is not None)
 
 
 def _layers_of(stage: nn.Module) -> list[nn.Module]:
