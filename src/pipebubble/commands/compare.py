@@ -11,6 +11,7 @@ from ..limits import check_actions
 from ..schedules import get_schedule, lookup, schedule_names
 from ..sim.dataparallel import dp_fields
 from ..sim.kernel import simulate
+from ._flags import render
 from .common import (
     add_cost_flags,
     add_figure_flags,
@@ -74,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         except LimitTooSmall:
             raise  # a limit nothing fits: bad input
         except ScheduleError as exc:
-            skipped.append((name, str(exc)))
+            skipped.append((name, render(exc)))
             continue
         rows.append((schedule, timeline, closed_form_for(schedule, costs),
                      closed_form_basis(schedule)))
