@@ -401,7 +401,7 @@ def json_text(obj: Any, what: str = _JSON, indent: int | None = None,
     >>> json_text({"plans": [{"step": float("inf")}]})
     Traceback (most recent call last):
     ...
-    pipebubble.files.FileError: --json: plans[0].step is inf, not a finite number; \
+    pipebubble.files.FileError: json: plans[0].step is inf, not a finite number; \
 the inputs overflow (check the profile and flags for huge or zero values)
     """
     try:

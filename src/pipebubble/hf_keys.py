@@ -102,7 +102,7 @@ def check_hf_config(data: dict, where: str = f"{_HF_CONFIG} config.json") -> dic
     >>> check_hf_config({"model_type": "llama", "num_hidden_layers": -1})
     Traceback (most recent call last):
     ...
-    pipebubble.errors.UserError: --hf-config config.json: 'num_hidden_layers' must be an \
+    pipebubble.errors.UserError: hf_config config.json: 'num_hidden_layers' must be an \
 integer in 1..99,998, got -1
     """
     kind = data.get("model_type")
