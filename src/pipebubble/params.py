@@ -51,10 +51,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ParamError, marked, param
+from .errors import ParamError, marked, param  # ParamError: also pipebubble.params.ParamError
 from .limits import MAX_INT_DIGITS, MAX_TIME, MAX_TIME_VALUES, MIN_TIME, LimitError, check_time
-
-__all__ = ["ParamError"]  # re-exported: a parameter's text is not a valid value (errors.py)
 
 
 def _plain(text: str) -> str:
