@@ -40,7 +40,7 @@ def test_divisors_match_brute_force(n):
 
 def test_divisors_refuse_above_the_gpu_limit():
     assert L.divisors(L.MAX_GPUS)[-1] == L.MAX_GPUS
-    with pytest.raises(LimitError, match=r"--gpus must be an integer in 1\.\.1048576"):
+    with pytest.raises(LimitError, match=r"^gpus must be an integer in 1\.\.1048576"):
         L.divisors(L.MAX_GPUS + 1)
 
 
@@ -76,9 +76,9 @@ def test_the_library_planner_checks_the_same_bounds(profile):
     from pipebubble.plan.profile import Profile
 
     ps = ProfileSet([Profile.load(profile)])
-    for req, needle in [(Request(gpus=10**17, gpu_memory=1e12, global_batch=64), "--gpus"),
+    for req, needle in [(Request(gpus=10**17, gpu_memory=1e12, global_batch=64), "gpus"),
                         (Request(gpus=8, gpu_memory=1e12, global_batch=10**17),
-                         "--global-batch"),
+                         "global_batch"),
                         (Request(gpus=8, gpu_memory=1e12, global_batch=64, max_chunks=10**9),
                          "--max-chunks")]:
         with pytest.raises(LimitError, match=needle):
@@ -108,7 +108,7 @@ def test_profile_layers_bound_at_the_flag_and_the_library(run_cli):
     assert rc == 2 and "--layers must be an integer" in err and err.count("\n") == 1
     rc, _, err = run_cli("profile", "--analytic", "--layers", str(10**6), *A)
     assert rc == 2 and "--layers must be an integer in 1..100000, got 1000000" in err
-    with pytest.raises(LimitError, match="--layers must be an integer in 1..100000"):
+    with pytest.raises(LimitError, match="^layers must be an integer in 1..100000"):
         analytic_profile(layers=10**18, hidden=64, ffn=256, heads=4, vocab=100, seq=16, batch=1,
                          tflops=1, mfu=1)
 
@@ -171,7 +171,7 @@ def test_split_list_refuses_every_empty_item(items):
 def test_check_validation_estimate():
     assert L.check_validation(2, 1.0, steps_per_plan=6) == 12.0
     for bad in (0.0, -1.0, math.nan, math.inf, 61.0):
-        with pytest.raises(LimitError, match="--target-step"):
+        with pytest.raises(LimitError, match="^target_step"):
             L.check_validation(1, bad)
 
 

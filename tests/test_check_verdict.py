@@ -78,7 +78,7 @@ def test_the_tolerance_follows_the_dtype_unless_given():
     assert check_tolerance(None, "float64") == 1e-10
     assert check_tolerance(1e-3, "float64") == 1e-3
     for bad in (0.0, -1.0, math.nan, math.inf):
-        with pytest.raises(UserError, match="--check-tol must be a finite number > 0"):
+        with pytest.raises(UserError, match="^check_tol must be a finite number > 0"):
             check_tolerance(bad, "float32")
 
 
@@ -110,7 +110,7 @@ def test_dropout_is_named_with_its_rate_and_a_random_layer_by_its_draws(models):
     found = random_layers(layers, names, torch.randn(2, 4))
     assert [(r.layer, r.p) for r in found] == [("layers.1", 0.1)]
     with pytest.raises(UserError, match=r"^dropout p=0.1 in layer layers.1: the check cannot be "
-                                        r"exact; set it to 0 or pass --check-dropout off$"):
+                                        r"exact; set it to 0 or pass check_dropout off$"):
         refuse_random(found)
     assert dropout_off(layers) == 1 and layers[1].p == 0.0
     assert random_layers(layers, names, torch.randn(2, 4)) == []

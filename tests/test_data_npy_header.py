@@ -46,7 +46,7 @@ def test_a_header_that_does_not_match_the_file_is_one_line(tmp_path, capsys, dat
     path.write_bytes(data)
     with pytest.raises(UserError) as err:
         read_tokens(path)
-    assert str(err.value).startswith(f"--data {str(path)!r}: not a .npy array ("), err.value
+    assert str(err.value).startswith(f"data {str(path)!r}: not a .npy array ("), err.value
     assert words in str(err.value)
     assert "pwned" not in capsys.readouterr().out  # nothing unpickled
 

@@ -169,7 +169,7 @@ def test_action_estimate_bounds_every_schedule(name, p, m, v):
 def test_check_actions_at_the_limit():
     assert check_actions(4, 8, 1, limit=96) == 96  # 3 x 4 x 1 x 8
     with pytest.raises(LimitError, match="makes about 96 actions, over the limit of 95; use "
-                       "fewer or raise --max-actions"):
+                       "fewer or raise max_actions"):
         check_actions(4, 8, 1, limit=95)
 
 

@@ -203,6 +203,6 @@ def test_model_args_override_config_fields_and_unknown_ones_are_named(tmp_path):
     tiny("llama", layers=3).config.save_pretrained(tmp_path)
     spec = load_model(f"hf:{tmp_path}", {"num_hidden_layers": "1"}, seq=4)
     assert spec.layer_names() == ["model.embed_tokens", "model.layers.0", "model.norm+lm_head"]
-    with pytest.raises(UserError, match=r"--model-arg depth: not a field of the llama config; "
+    with pytest.raises(UserError, match=r"model_args depth: not a field of the llama config; "
                                         r"valid are .*num_hidden_layers"):
         load_model(f"hf:{tmp_path}", {"depth": "2"})

@@ -92,7 +92,7 @@ def test_parse_value_and_model_args():
                                                                           "no"]
     assert parse_model_args(["a=1", "b=x=y"]) == {"a": "1", "b": "x=y"}
     for bad in (["a"], ["1a=2"], ["a=1", "a=2"]):
-        with pytest.raises(UserError, match="--model-arg"):
+        with pytest.raises(UserError, match="^model_args"):
             parse_model_args(bad)
 
 
@@ -117,7 +117,7 @@ def test_an_nn_sequential_takes_its_input_from_the_flags(model_file):
     x, y = spec.make_batch(5, torch.Generator().manual_seed(0))
     assert x.shape == (5, 6) and y.shape == (5, 4)  # targets shaped like the output
     assert "mean squared error" in spec.description
-    with pytest.raises(UserError, match="--input-shape"):
+    with pytest.raises(UserError, match="give input_shape"):
         load_model(f"{model_file}:seq")
     obj = load_model(f"{model_file}:sequential_object", input_shape=[6])
     assert len(obj.layers) == 1
@@ -154,12 +154,12 @@ def test_a_function_returning_a_huggingface_model(tmp_path):
 
 @pytest.mark.parametrize("spec_tail, args, pattern", [
     (":missing", {}, r"has no 'missing'; it defines build, gpt, .*seq"),
-    (":build", {"depth": "3"}, r"--model-arg depth: not a parameter of .*valid are layers, "
+    (":build", {"depth": "3"}, r"model_args depth: not a parameter of .*valid are layers, "
                                "width, relu"),
     (":raises", {}, r"raised ValueError: no GPU found here$"),
     (":wrong", {}, r"gave a int; it must give a pipebubble.ModelSpec, an nn.Sequential"),
     (":module", {}, r"gave a GPT; .*other than nn.Sequential"),
-    (":sequential_object", {"a": "1"}, r"--model-arg needs a function"),
+    (":sequential_object", {"a": "1"}, r"model_args needs a function"),
 ])
 def test_bad_specs_name_the_value_and_what_is_valid(model_file, spec_tail, args, pattern):
     with pytest.raises(UserError, match=pattern) as err:

@@ -97,7 +97,7 @@ def test_a_modelspec_lm_without_an_embedding_must_say_its_vocab(tmp_path):
         use_data(spec, str(tmp_path / "t.npy"), 2)
     spec.metadata = {"vocab": 10}
     with pytest.raises(DataError, match=r"60 tokens, too few for one step: 12 samples "
-                       r"\(--batch 6 x --dp 2\) x \(seq 5 \+ 1\) = 72 tokens are needed"):
+                       r"\(batch 6 x dp 2\) x \(seq 5 \+ 1\) = 72 tokens are needed"):
         use_data(spec, str(tmp_path / "t.npy"), 6, dp=2)
     x, y = use_data(spec, str(tmp_path / "t.npy"), 2).make_batch(2, None)
     assert x.tolist() == [[0, 1, 2, 3, 4], [6, 7, 8, 9, 0]]

@@ -24,6 +24,7 @@ import pkgutil
 import sys
 
 from . import __version__, commands
+from .commands._flags import render
 from .errors import UserError
 from .files import flush_stdout, stdout_failed
 from .libwarnings import held
@@ -86,13 +87,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def error_line(exc: BaseException) -> str:
     """The one line printed for a user error: its message's first line, or its type's name.
+    Parameter names the library marked in it are written as their flags
+    (:mod:`pipebubble.commands._flags`).
 
-    >>> error_line(UserError("--microbatches must be >= 1, got 0\\nmore detail"))
+    >>> from pipebubble.errors import ParamError, param
+    >>> error_line(ParamError(f"{param('microbatches')} must be >= 1, got 0\\nmore detail"))
     '--microbatches must be >= 1, got 0'
     >>> error_line(FileNotFoundError(2, "No such file or directory", "x.csv"))
     "No such file or directory: 'x.csv'"
     """
-    text = str(exc)
+    text = render(exc) if isinstance(exc, UserError) else str(exc)
     if isinstance(exc, OSError) and exc.strerror:
         text = exc.strerror + (f": {exc.filename!r}" if exc.filename is not None else "")
     return text.splitlines()[0] if text.strip() else type(exc).__name__

@@ -51,7 +51,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from .errors import param
 from .ir.schedule import ScheduleError
+
+# parameter names, marked in messages (errors.param): the CLI writes them as flags
+_JSON = param("json")
 
 MAX_INPUT_BYTES = 64 * 2**20
 """Largest input file read (bytes). A timeline of a million events is about 80 MiB as JSON
@@ -384,7 +388,7 @@ def _reason(exc: OSError, path: str | os.PathLike) -> str:
 
 
 # ---- JSON out ------------------------------------------------------------------------------
-def json_text(obj: Any, what: str = "--json", indent: int | None = None,
+def json_text(obj: Any, what: str = _JSON, indent: int | None = None,
               separators: tuple[str, str] | None = None) -> str:
     """``obj`` as strict JSON text: the one serialiser for what the CLI prints or saves.
 
@@ -397,7 +401,7 @@ def json_text(obj: Any, what: str = "--json", indent: int | None = None,
     >>> json_text({"plans": [{"step": float("inf")}]})
     Traceback (most recent call last):
     ...
-    pipebubble.files.FileError: --json: plans[0].step is inf, not a finite number; \
+    pipebubble.files.FileError: json: plans[0].step is inf, not a finite number; \
 the inputs overflow (check the profile and flags for huge or zero values)
     """
     try:

@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .errors import UserError
+from .errors import UserError, param
 from .limits import (
     MAX_HF_FFN,
     MAX_HF_HEADS,
@@ -50,6 +50,9 @@ from .limits import (
     MAX_LAYERS,
 )
 from .transformer_shape import TransformerShape
+
+# parameter names, marked in messages (errors.param): the CLI writes them as flags
+_HF_CONFIG = param("hf_config")
 
 LLAMA_LIKE = ("llama", "mistral", "qwen2")
 GPT2_LIKE = ("gpt2",)
@@ -89,7 +92,7 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def check_hf_config(data: dict, where: str = "--hf-config config.json") -> dict:
+def check_hf_config(data: dict, where: str = f"{_HF_CONFIG} config.json") -> dict:
     """Range-check every key of a HuggingFace config this project reads, before any of it
     is used; return a copy with the float keys as floats (``"rms_norm_eps": 0`` is 0.0).
 
@@ -99,7 +102,7 @@ def check_hf_config(data: dict, where: str = "--hf-config config.json") -> dict:
     >>> check_hf_config({"model_type": "llama", "num_hidden_layers": -1})
     Traceback (most recent call last):
     ...
-    pipebubble.errors.UserError: --hf-config config.json: 'num_hidden_layers' must be an \
+    pipebubble.errors.UserError: hf_config config.json: 'num_hidden_layers' must be an \
 integer in 1..99,998, got -1
     """
     kind = data.get("model_type")
@@ -150,7 +153,7 @@ def shape_from_hf(data: dict, path: str = "config.json",
     """The :class:`TransformerShape` of a config dictionary and the keys it read, every key
     checked first (:func:`check_hf_config`). ``where`` starts every message (default
     ``--hf-config PATH``)."""
-    where = where if where is not None else f"--hf-config {path}"
+    where = where if where is not None else f"{_HF_CONFIG} {path}"
     data = check_hf_config(data, where)
     kind = data["model_type"]
     if kind in MOE_TYPES:  # a mixture of experts: pipebubble.plan.hfconfig.shape_from_hf

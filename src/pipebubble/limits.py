@@ -50,7 +50,7 @@ timelines are small and freed one by one, so its limit bounds time, not memory.
 Traceback (most recent call last):
 ...
 pipebubble.limits.LimitError: -p 1000000000 x -m 1 x -v 1 makes about 3,000,000,000 actions, \
-over the limit of 2,000,000; use fewer or raise --max-actions
+over the limit of 2,000,000; use fewer or raise max_actions
 """
 
 from __future__ import annotations
@@ -58,7 +58,23 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
+from .errors import param
 from .ir.schedule import ScheduleError
+
+# parameter names, marked in messages (errors.param): the CLI writes them as flags
+_ALLOW_OVERSUBSCRIBE = param("allow_oversubscribe")
+_BATCH = param("batch")
+_GLOBAL_BATCH = param("global_batch")
+_GPUS = param("gpus")
+_LAYERS = param("layers")
+_LOCAL = param("local")
+_MAX_ACTIONS = param("max_actions")
+_MICROBATCH_SIZE = param("microbatch_size")
+_SEQ = param("seq")
+_TARGET_STEP = param("target_step")
+_VALIDATE = param("validate")
+_VOCAB = param("vocab")
+_WIDTH = param("width")
 
 MAX_ACTIONS = 2_000_000
 MAX_SWEEP_ACTIONS = 20_000_000
@@ -103,7 +119,7 @@ underflow (5e-324 becomes 0 in a division and NaN in a chart); above, m x (F + B
 
 
 class LimitError(ScheduleError):
-    """A request above a documented limit; the message names the limit and the flag."""
+    """A request above a documented limit; the message names the limit and the parameter."""
 
 
 def estimate_actions(ranks: int, microbatches: int, chunks: int | None = 1,
@@ -131,10 +147,10 @@ def check_actions(ranks: int, microbatches: int, chunks: int | None = 1,
     v = chunks if chunks is not None else n // (3 * ranks * microbatches)
     if n > limit:
         raise LimitError(f"-p {ranks} x -m {microbatches} x -v {v} makes about {n:,} actions, "
-                         f"over the limit of {limit:,}; use fewer or raise --max-actions")
+                         f"over the limit of {limit:,}; use fewer or raise {_MAX_ACTIONS}")
     if ranks > MAX_RANKS and limit <= MAX_ACTIONS:
         raise LimitError(f"-p {ranks} is over the limit of {MAX_RANKS:,} ranks; use fewer or "
-                         "raise --max-actions")
+                         f"raise {_MAX_ACTIONS}")
     return n
 
 
@@ -149,23 +165,23 @@ def check_sweep(names: Iterable[str], ranks: int, microbatches: Iterable[int],
     if total > limit:
         raise LimitError(f"this sweep simulates about {total:,} actions in all, over the limit "
                          f"of {limit:,}; sweep fewer microbatch counts (e.g. -m 1..256:8) or "
-                         "raise --max-actions")
+                         f"raise {_MAX_ACTIONS}")
     return total
 
 
-def check_width(value: int, flag: str = "--width") -> int:
+def check_width(value: int, name: str = "width") -> int:
     """A chart width in columns: 1..:data:`MAX_WIDTH`."""
     if not 1 <= value <= MAX_WIDTH:
-        raise LimitError(f"{flag} must be between 1 and {MAX_WIDTH} columns, got {value}")
+        raise LimitError(f"{param(name)} must be between 1 and {MAX_WIDTH} columns, got {value}")
     return value
 
 
-def check_threads(threads: int, flag: str = "--threads") -> int:
+def check_threads(threads: int, name: str = "threads") -> int:
     """At most one thread per CPU core this process may use (more only slows torch down,
     and tens of thousands crash its thread pool)."""
     cores = available_cores()
     if threads > cores:
-        raise LimitError(f"{flag} {threads} is more than the {cores} CPU cores this machine "
+        raise LimitError(f"{param(name)} {threads} is more than the {cores} CPU cores this "
                          f"has; use at most {cores}")
     return threads
 
@@ -265,16 +281,16 @@ def check_model_size(model: str, layers: int, width: int | None = None, vocab: i
     acts = activation_bytes(model, layers, width, vocab, seq, batch) if batch else 0
     free = free_memory_bytes()
     if free is not None and weights > free:
-        flags = f"--layers {layers}" + (f", --width {width}" if width else "")
+        flags = f"{_LAYERS} {layers}" + (f", {_WIDTH} {width}" if width else "")
         if model in ("transformer", "moe"):
-            flags += f", --vocab {vocab}, --seq {seq}"
+            flags += f", {_VOCAB} {vocab}, {_SEQ} {seq}"
         raise LimitError(f"the {model} of {flags} needs about {weights / 2**30:.1f} GiB for "
                          f"weights and gradients, more than the {free / 2**30:.1f} GiB free "
                          "here; make it smaller")
     if free is not None and weights + acts > free:
-        raise LimitError(f"--batch {batch} needs about {acts / 2**30:.1f} GiB of activations "
+        raise LimitError(f"{_BATCH} {batch} needs about {acts / 2**30:.1f} GiB of activations "
                          f"for this {model}, more than the {free / 2**30:.1f} GiB free here; "
-                         "use a smaller --batch")
+                         f"use a smaller {_BATCH}")
     return weights + acts
 
 
@@ -297,8 +313,8 @@ def check_params_fit(params: int, what: str, bytes_per_param: int = BYTES_PER_PA
 
 
 # ---- the bounds added in round 3 (one place for the CLI, the explorer and the library) ----
-def check_count(value: int, flag: str, lo: int = 1, hi: int | None = None) -> int:
-    """An integer count in ``lo..hi``: the message names the flag and the range.
+def check_count(value: int, name: str, lo: int = 1, hi: int | None = None) -> int:
+    """An integer count in ``lo..hi``: the message names the parameter and the range.
 
     >>> check_count(3, "--validate", 0, 16)
     3
@@ -308,30 +324,30 @@ def check_count(value: int, flag: str, lo: int = 1, hi: int | None = None) -> in
     pipebubble.limits.LimitError: --validate must be an integer in 0..16, got a 401-digit number
     """
     if isinstance(value, bool) or not isinstance(value, int):
-        raise LimitError(f"{flag} must be an integer, got {value!r}")
+        raise LimitError(f"{param(name)} must be an integer, got {value!r}")
     if value < lo or (hi is not None and value > hi):
         shown = f"a {len(str(abs(value)))}-digit number" if abs(value) >= 10**30 else value
         where = f"in {lo}..{hi}" if hi is not None else f">= {lo}"
-        raise LimitError(f"{flag} must be an integer {where}, got {shown}")
+        raise LimitError(f"{param(name)} must be an integer {where}, got {shown}")
     return value
 
 
-def check_max_actions(limit: int, flag: str = "--max-actions") -> int:
+def check_max_actions(limit: int, name: str = "max_actions") -> int:
     """A raised action limit: at most :data:`HARD_MAX_ACTIONS`, and what free memory holds
     at :data:`BYTES_PER_ACTION` per action (a 3e12-action request never reaches numpy)."""
-    check_count(limit, flag, 1, HARD_MAX_ACTIONS)
+    check_count(limit, name, 1, HARD_MAX_ACTIONS)
     free = free_memory_bytes()
     if free is not None and limit > max(MAX_ACTIONS, free // BYTES_PER_ACTION):
-        raise LimitError(f"{flag} {limit:,} would need about "
+        raise LimitError(f"{param(name)} {limit:,} would need about "
                          f"{limit * BYTES_PER_ACTION / 2**30:.1f} GiB, more than the "
                          f"{free / 2**30:.1f} GiB free here; use at most "
                          f"{max(MAX_ACTIONS, free // BYTES_PER_ACTION):,}")
     return limit
 
 
-def check_layers(layers: int, flag: str = "--layers") -> int:
+def check_layers(layers: int, name: str = "layers") -> int:
     """At most :data:`MAX_LAYERS` layers (a model built, profiled or partitioned)."""
-    return check_count(layers, flag, 1, MAX_LAYERS)
+    return check_count(layers, name, 1, MAX_LAYERS)
 
 
 def divisors(n: int) -> list[int]:
@@ -340,7 +356,7 @@ def divisors(n: int) -> list[int]:
     >>> divisors(12)
     [1, 2, 3, 4, 6, 12]
     """
-    check_count(n, "--gpus", 1, MAX_GPUS)
+    check_count(n, "gpus", 1, MAX_GPUS)
     small, large = [], []
     d = 1
     while d * d <= n:
@@ -356,19 +372,19 @@ def check_plan(gpus: int, global_batch: int, microbatch_sizes: Iterable[int]) ->
     """The planner's request: ``--gpus`` and ``--global-batch`` within their limits, and at
     least one (dp, microbatch size) that gives a pipeline of at most
     :data:`MAX_PLAN_MICROBATCHES` microbatches (the planner skips the others)."""
-    check_count(gpus, "--gpus", 1, MAX_GPUS)
-    check_count(global_batch, "--global-batch", 1, MAX_GLOBAL_BATCH)
+    check_count(gpus, "gpus", 1, MAX_GPUS)
+    check_count(global_batch, "global_batch", 1, MAX_GLOBAL_BATCH)
     sizes = list(microbatch_sizes)
     if len(sizes) > MAX_LIST_ITEMS:
-        raise LimitError(f"--microbatch-size lists {len(sizes)} sizes, over the limit of "
+        raise LimitError(f"{_MICROBATCH_SIZE} lists {len(sizes)} sizes, over the limit of "
                          f"{MAX_LIST_ITEMS}")
     for s in sizes:
-        check_count(s, "--microbatch-size", 1, MAX_GLOBAL_BATCH)
+        check_count(s, "microbatch_size", 1, MAX_GLOBAL_BATCH)
     fewest = min((global_batch // (dp * s) for dp in divisors(gpus) for s in sizes
                   if global_batch % (dp * s) == 0), default=None)
     if fewest is not None and fewest > MAX_PLAN_MICROBATCHES:
-        raise LimitError(f"--global-batch {global_batch} makes at least {fewest:,} microbatches "
-                         f"per pipeline with --gpus {gpus} and --microbatch-size "
+        raise LimitError(f"{_GLOBAL_BATCH} {global_batch} makes at least {fewest:,} microbatches "
+                         f"per pipeline with {_GPUS} {gpus} and {_MICROBATCH_SIZE} "
                          f"{','.join(map(str, sizes))}; the planner simulates at most "
                          f"{MAX_PLAN_MICROBATCHES:,}: use larger microbatch sizes")
 
@@ -383,40 +399,41 @@ def check_validation(plans: int, target_step: float, steps_per_plan: int = 6) ->
     :data:`MAX_TARGET_STEP`, and K runs of ``steps_per_plan`` steps (warm-up included) of
     about S seconds each at most :data:`MAX_VALIDATION_SECONDS` in all; returns that
     estimate in seconds."""
-    check_count(plans, "--validate", 0, MAX_VALIDATE)
+    check_count(plans, "validate", 0, MAX_VALIDATE)
     if not (0 < target_step <= MAX_TARGET_STEP):  # also refuses nan
-        raise LimitError(f"--target-step must be > 0 and at most {MAX_TARGET_STEP:g} seconds, "
+        raise LimitError(f"{_TARGET_STEP} must be > 0 and at most {MAX_TARGET_STEP:g} seconds, "
                          f"got {target_step!r}")
     total = plans * steps_per_plan * target_step
     if total > MAX_VALIDATION_SECONDS:
-        raise LimitError(f"--validate {plans} x --target-step {target_step:g} s runs about "
+        raise LimitError(f"{_VALIDATE} {plans} x {_TARGET_STEP} {target_step:g} s runs about "
                          f"{total:,.0f} s of steps, over the limit of "
                          f"{MAX_VALIDATION_SECONDS:,.0f} s; validate fewer plans or use a "
-                         "shorter --target-step")
+                         f"shorter {_TARGET_STEP}")
     return total
 
 
 def check_processes(processes: int, allow_oversubscribe: bool = False,
-                    flag: str = "-p x --dp") -> int:
+                    name: str | None = None) -> int:
     """Processes one machine's run starts: at most :data:`PROCESSES_PER_CORE` per core
     (unless ``allow_oversubscribe``), and never more than free memory holds at
-    :data:`BYTES_PER_PROCESS` each."""
+    :data:`BYTES_PER_PROCESS` each. ``name``: what set the count (default: ranks x dp)."""
+    name = f"-p x {param('dp')}" if name is None else name
     cores = available_cores()
     if processes > PROCESSES_PER_CORE * cores and not allow_oversubscribe:
-        raise LimitError(f"{flag} starts {processes:,} processes, over "
+        raise LimitError(f"{name} starts {processes:,} processes, over "
                          f"{PROCESSES_PER_CORE} per CPU core ({PROCESSES_PER_CORE * cores} "
-                         f"on the {cores} cores here); use fewer, --local, or "
-                         "--allow-oversubscribe")
+                         f"on the {cores} cores here); use fewer, {_LOCAL}, or "
+                         f"{_ALLOW_OVERSUBSCRIBE}")
     free = free_memory_bytes()
     if free is not None and processes * BYTES_PER_PROCESS > free:
-        raise LimitError(f"{flag} starts {processes:,} processes of about "
+        raise LimitError(f"{name} starts {processes:,} processes of about "
                          f"{BYTES_PER_PROCESS // 2**20} MiB each, more than the "
                          f"{free / 2**30:.1f} GiB free here; use at most "
-                         f"{max(1, free // BYTES_PER_PROCESS):,} (or --local)")
+                         f"{max(1, free // BYTES_PER_PROCESS):,} (or {_LOCAL})")
     return processes
 
 
-def split_list(text: str, flag: str, max_items: int = MAX_LIST_ITEMS) -> list[str]:
+def split_list(text: str, name: str, max_items: int = MAX_LIST_ITEMS) -> list[str]:
     """The items of a comma list flag, stripped: an empty item (``1,,2``, a trailing comma)
     is an error, not skipped, and there are at most ``max_items``.
 
@@ -430,11 +447,11 @@ list without empty items, like a,b
     """
     items = [t.strip() for t in text.split(",")]
     if len(items) > max_items:
-        raise LimitError(f"{flag} lists {len(items):,} items, over the limit of {max_items}")
+        raise LimitError(f"{param(name)} lists {len(items):,} items, over the limit of {max_items}")
     for k, item in enumerate(items):
         if not item:
-            raise LimitError(f"{flag} {text[:60]!r}: item {k + 1} is empty; give a comma list "
-                             "without empty items, like a,b")
+            raise LimitError(f"{param(name)} {text[:60]!r}: item {k + 1} is empty; give a comma "
+                             "list without empty items, like a,b")
     return items
 
 # ---- numbers in flags and in the explorer's query (read by pipebubble.params) ----------------
@@ -446,7 +463,7 @@ MAX_TIME_VALUES = 1_000_000
 """Most values in one comma list of per-stage times."""
 
 
-def check_time(value: object, flag: str) -> float:
+def check_time(value: object, name: str) -> float:
     """A time (a cost flag, an explorer parameter, a profile's field): a finite number, 0 or
     in [:data:`MIN_TIME`, :data:`MAX_TIME`]. The same rule for the CLI and the explorer.
 
@@ -458,12 +475,13 @@ def check_time(value: object, flag: str) -> float:
     pipebubble.limits.LimitError: f must be 0 or between 1e-12 and 1e+12, got 1e-300
     """
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise LimitError(f"{flag} must be a number, got {value!r}")
+        raise LimitError(f"{param(name)} must be a number, got {value!r}")
     v = float(value)
     if not v >= 0 or v == float("inf"):
-        raise LimitError(f"{flag} must be finite and >= 0, got {v:g}")
+        raise LimitError(f"{param(name)} must be finite and >= 0, got {v:g}")
     if not (v == 0 or MIN_TIME <= v <= MAX_TIME):
-        raise LimitError(f"{flag} must be 0 or between {MIN_TIME:g} and {MAX_TIME:g}, got {v:g}")
+        raise LimitError(f"{param(name)} must be 0 or between {MIN_TIME:g} and {MAX_TIME:g}, "
+                         f"got {v:g}")
     return v
 
 
@@ -474,7 +492,7 @@ float32); a batch holds 8 per microbatch of them, so a typo such as ``100000,100
 before torch tries to allocate terabytes."""
 
 
-def check_input_shape(dims: Iterable[int], flag: str = "--input-shape") -> tuple[int, ...]:
+def check_input_shape(dims: Iterable[int], name: str = "input_shape") -> tuple[int, ...]:
     """One sample's shape: at most :data:`MAX_SAMPLE_ELEMENTS` elements and 8 dimensions.
 
     >>> check_input_shape((3, 32, 32))
@@ -482,18 +500,18 @@ def check_input_shape(dims: Iterable[int], flag: str = "--input-shape") -> tuple
     >>> check_input_shape((100000, 100000))
     Traceback (most recent call last):
     ...
-    pipebubble.limits.LimitError: --input-shape 100000,100000 is 10,000,000,000 elements per \
+    pipebubble.limits.LimitError: input_shape 100000,100000 is 10,000,000,000 elements per \
 sample, over the limit of 16,777,216; use a smaller shape
     """
     dims = tuple(dims)
     if len(dims) > 8:
-        raise LimitError(f"{flag} has {len(dims)} dimensions; at most 8")
+        raise LimitError(f"{param(name)} has {len(dims)} dimensions; at most 8")
     total = 1
     for d in dims:
         total *= d
     if total > MAX_SAMPLE_ELEMENTS:
         shown = ",".join(str(d) if d < 10**18 else "(huge)" for d in dims)
         count = f"{total:,}" if total < 10**30 else "over 10^30"
-        raise LimitError(f"{flag} {shown[:80]} is {count} elements per sample, over the "
+        raise LimitError(f"{param(name)} {shown[:80]} is {count} elements per sample, over the "
                          f"limit of {MAX_SAMPLE_ELEMENTS:,}; use a smaller shape")
     return dims

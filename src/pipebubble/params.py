@@ -3,11 +3,15 @@
 ``pipebubble simulate --f 1 --ranks 4`` and ``GET /api/simulate?f=1&ranks=4`` ask the same
 question, so they are checked by the same code and refused with the same words: each
 parameter is a :class:`Param` (its query key, its flag, how its text is read and what is
-valid) and each way of reading text is one function here. The CLI wraps them as argparse
-types (:meth:`Param.arg_type`, and ``commands/common.py``'s ``int_flag``, ``float_flag``,
-``time_value`` for its other flags); the explorer calls :func:`read` on its query. The
-bounds themselves (digits of an integer, the shortest and longest time) live in
-:mod:`pipebubble.limits`.
+valid) and each way of reading text is one function here. Nothing here knows argparse: the
+CLI wraps these readers as argparse types (``commands/_flags.py``'s ``arg_type``, used by
+``commands/common.py``'s ``param_type``, ``int_flag``, ``float_flag``, ``time_value``); the
+explorer calls :func:`read` on its query. The bounds themselves (digits of an integer, the
+shortest and longest time) live in :mod:`pipebubble.limits`.
+
+A reader names its parameter in the library's words: ``name`` is the parameter's name
+(``ranks``, ``mem_b``), marked in the message (:func:`pipebubble.errors.param`), and each
+front end writes it its way: the CLI and the explorer as the flag (:attr:`Param.flag`).
 
 Rules, for every parameter:
 
@@ -35,12 +39,11 @@ Rules, for every parameter:
 >>> read({"ranks": "0"}, "ranks")
 Traceback (most recent call last):
 ...
-pipebubble.params.ParamError: --ranks must be >= 1, got 0
+pipebubble.errors.ParamError: ranks must be >= 1, got 0
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 import re
 import sys
@@ -48,12 +51,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import UserError
+from .errors import ParamError, marked, param  # ParamError: also pipebubble.params.ParamError
 from .limits import MAX_INT_DIGITS, MAX_TIME, MAX_TIME_VALUES, MIN_TIME, LimitError, check_time
-
-
-class ParamError(UserError):
-    """A parameter's text is not a valid value; the message names the flag and what is valid."""
 
 
 def _plain(text: str) -> str:
@@ -64,12 +63,12 @@ def _plain(text: str) -> str:
 def parse_int(text: str, name: str, lo: int | None = 1, hi: int | None = None) -> int:
     """An integer in ``lo..hi`` (either end open when None).
 
-    >>> parse_int("7", "--width")
+    >>> parse_int("7", "width")
     7
-    >>> parse_int("1" * 400, "--width")
+    >>> parse_int("1" * 400, "width")
     Traceback (most recent call last):
     ...
-    pipebubble.params.ParamError: --width must be an integer >= 1, got a 400-digit number
+    pipebubble.errors.ParamError: width must be an integer >= 1, got a 400-digit number
     """
     if lo is not None and hi is not None:
         valid = f"an integer in {lo}..{hi}"
@@ -81,14 +80,14 @@ def parse_int(text: str, name: str, lo: int | None = 1, hi: int | None = None) -
         valid = "an integer"
     body = text.strip().lstrip("+-")
     if not body.isdigit() or not body.isascii():
-        raise ParamError(f"{name} must be {valid}, got {_plain(text)!r}")
+        raise ParamError(f"{param(name)} must be {valid}, got {_plain(text)!r}")
     if len(body.lstrip("0")) > MAX_INT_DIGITS:
-        raise ParamError(f"{name} must be {valid}, got a {len(body)}-digit number")
+        raise ParamError(f"{param(name)} must be {valid}, got a {len(body)}-digit number")
     value = int(text)
     if lo is not None and value < lo:
-        raise ParamError(f"{name} must be >= {lo}, got {value}")
+        raise ParamError(f"{param(name)} must be >= {lo}, got {value}")
     if hi is not None and value > hi:
-        raise ParamError(f"{name} must be <= {hi}, got {value}")
+        raise ParamError(f"{param(name)} must be <= {hi}, got {value}")
     return value
 
 
@@ -97,10 +96,10 @@ def parse_float(text: str, name: str, lo: float | None = None, hi: float | None 
     """A finite real number in a range (``lo_open``: ``> lo``). ``nan`` and ``inf`` are
     refused (nan compares false with everything, so it would turn a check off).
 
-    >>> parse_float("nan", "--overlap", 0, 1, lo_open=True)
+    >>> parse_float("nan", "overlap", 0, 1, lo_open=True)
     Traceback (most recent call last):
     ...
-    pipebubble.params.ParamError: --overlap must be a number in (0, 1], got 'nan'
+    pipebubble.errors.ParamError: overlap must be a number in (0, 1], got 'nan'
     """
     left, right = "(" if lo_open else "[", ")" if hi_open else "]"
     if lo is not None and hi is not None:
@@ -114,14 +113,14 @@ def parse_float(text: str, name: str, lo: float | None = None, hi: float | None 
     try:
         value = float(text)
     except ValueError:
-        raise ParamError(f"{name} must be {valid}, got {_plain(text)!r}") from None
+        raise ParamError(f"{param(name)} must be {valid}, got {_plain(text)!r}") from None
     bad = not math.isfinite(value)
     bad = bad or (lo is not None and (value <= lo if lo_open else value < lo))
     bad = bad or (hi is not None and (value >= hi if hi_open else value > hi))
     if bad:
-        raise ParamError(f"{name} must be {valid}, got {_plain(text)!r}")
+        raise ParamError(f"{param(name)} must be {valid}, got {_plain(text)!r}")
     if value != 0 and abs(value) < sys.float_info.min:
-        raise ParamError(f"{name} must be {valid} and not denormal (0 or at least "
+        raise ParamError(f"{param(name)} must be {valid} and not denormal (0 or at least "
                          f"{sys.float_info.min:.3g} in size), got {_plain(text)!r}")
     return value
 
@@ -149,7 +148,7 @@ class Real:
             (self.zero and value == 0) or self.lo <= value <= self.hi)
         if not ok:
             got = _plain(text) if text is not None else value
-            raise ParamError(f"{name} must be {self.valid()}, got {got!r}")
+            raise ParamError(f"{param(name)} must be {self.valid()}, got {got!r}")
         return float(value)
 
 
@@ -158,33 +157,33 @@ _LATENCY = Real(MIN_TIME, MAX_TIME, zero=True, unit="s")
 _FRACTION = Real(1e-3, 1.0)
 _MEMORY = Real(1.0, 1e18, unit="bytes")
 REALS: dict[str, Real] = {
-    "--efficiency": _FRACTION,  # the fraction of peak large GEMMs reach
-    "--mfu": _FRACTION,
-    "--bus-fraction": _FRACTION,
-    "--peak-tflops": Real(1e-3, 1e6, unit="TFLOP/s"),
-    "--fp8-peak-tflops": Real(1e-3, 1e6, unit="TFLOP/s"),
-    "--tflops": Real(1e-3, 1e6, unit="TFLOP/s"),
-    "--hbm-bandwidth": _BANDWIDTH,
-    "--nvlink-bandwidth": _BANDWIDTH,
-    "--inter-node-bandwidth": _BANDWIDTH,
-    "--p2p-bandwidth": _BANDWIDTH,
-    "--allreduce-bandwidth": _BANDWIDTH,
-    "--ep-bandwidth": _BANDWIDTH,
-    "--latency": _LATENCY,
-    "--nvlink-latency": _LATENCY,
-    "--inter-node-latency": _LATENCY,
-    "--measured-step": Real(MIN_TIME, MAX_TIME, unit="s"),
-    "--gpu-memory": _MEMORY,
-    "--reserve": _MEMORY,
-    "--bytes-per-param": Real(1e-3, 1e3, unit="bytes"),
-    "--grad-bytes": Real(1e-3, 1e3, unit="bytes"),
-    "--param-bytes": Real(1e-3, 1e3, unit="bytes"),
-    "--optimizer-bytes": Real(1e-3, 1e3, unit="bytes"),
-    "--grad-wire-bytes": Real(1e-3, 1e3, unit="bytes"),
+    "efficiency": _FRACTION,  # the fraction of peak large GEMMs reach
+    "mfu": _FRACTION,
+    "bus_fraction": _FRACTION,
+    "peak_tflops": Real(1e-3, 1e6, unit="TFLOP/s"),
+    "fp8_peak_tflops": Real(1e-3, 1e6, unit="TFLOP/s"),
+    "tflops": Real(1e-3, 1e6, unit="TFLOP/s"),
+    "hbm_bandwidth": _BANDWIDTH,
+    "nvlink_bandwidth": _BANDWIDTH,
+    "inter_node_bandwidth": _BANDWIDTH,
+    "p2p_bandwidth": _BANDWIDTH,
+    "allreduce_bandwidth": _BANDWIDTH,
+    "ep_bandwidth": _BANDWIDTH,
+    "latency": _LATENCY,
+    "nvlink_latency": _LATENCY,
+    "inter_node_latency": _LATENCY,
+    "measured_step": Real(MIN_TIME, MAX_TIME, unit="s"),
+    "gpu_memory": _MEMORY,
+    "reserve": _MEMORY,
+    "bytes_per_param": Real(1e-3, 1e3, unit="bytes"),
+    "grad_bytes": Real(1e-3, 1e3, unit="bytes"),
+    "param_bytes": Real(1e-3, 1e3, unit="bytes"),
+    "optimizer_bytes": Real(1e-3, 1e3, unit="bytes"),
+    "grad_wire_bytes": Real(1e-3, 1e3, unit="bytes"),
 }
-"""The range of every real-valued planner parameter, by flag (library checks use the same
+"""The range of every real-valued planner parameter, by name (library checks use the same
 entries: :meth:`pipebubble.plan.hardware.Hardware.check`, the planner's ``Request.check``).
-A flag missing here gets :data:`DEFAULT_REAL`."""
+A name missing here gets :data:`DEFAULT_REAL`."""
 
 DEFAULT_REAL = Real(1e-3, 1e18)
 """The range of a real parameter with no entry in :data:`REALS`: positive, normal, finite."""
@@ -195,17 +194,18 @@ UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb"
 
 
 def real_range(name: str) -> Real:
-    """The range of parameter ``name`` (:data:`REALS`, else :data:`DEFAULT_REAL`)."""
-    return REALS.get(name, DEFAULT_REAL)
+    """The range of parameter ``name`` (:data:`REALS`, else :data:`DEFAULT_REAL`); a flag
+    (``--gpu-memory``, as callers that still pass flags do) finds its name's entry."""
+    return REALS.get(name.lstrip("-").replace("-", "_"), DEFAULT_REAL)
 
 
 def check_real(value: float, name: str) -> float:
     """``value`` checked against the range of ``name`` (library callers: a number already).
 
-    >>> check_real(1e-320, "--efficiency")
+    >>> check_real(1e-320, "efficiency")
     Traceback (most recent call last):
     ...
-    pipebubble.params.ParamError: --efficiency must be a number in [0.001, 1], got 1e-320
+    pipebubble.errors.ParamError: efficiency must be a number in [0.001, 1], got 1e-320
     """
     return real_range(name).check(value, name)
 
@@ -216,11 +216,11 @@ def parse_real(text: str, name: str) -> float:
 
     >>> for text in ("2e-6", "1e308"):
     ...     try:
-    ...         print(parse_real(text, "--nvlink-latency"))
+    ...         print(parse_real(text, "nvlink_latency"))
     ...     except ParamError as exc:
     ...         print(exc)
     2e-06
-    --nvlink-latency must be 0 or a number in [1e-12, 1e+12] s, got '1e308'
+    nvlink_latency must be 0 or a number in [1e-12, 1e+12] s, got '1e308'
     """
     try:
         value = float(text)
@@ -233,7 +233,7 @@ def parse_size(text: str, name: str) -> float:
     """A number with an optional unit (``80GiB``, ``512MiB``, ``24e9``, ``50GB/s``) in the range
     of ``name``.
 
-    >>> parse_size("80GiB", "--gpu-memory") == 80 * 2**30
+    >>> parse_size("80GiB", "gpu_memory") == 80 * 2**30
     True
     """
     m = re.fullmatch(r"\s*([0-9.eE+-]+)\s*([a-zA-Z]*)\s*(?:/s)?\s*", text)
@@ -246,8 +246,8 @@ def parse_size(text: str, name: str) -> float:
             pass
     r = real_range(name)
     if not (r.zero and value == 0 or r.lo <= value <= r.hi):
-        raise ParamError(f"{name} must be {r.valid()}, with an optional unit (80GiB, 512MiB, "
-                         f"24e9, 50GB), got {_plain(text)!r}")
+        raise ParamError(f"{param(name)} must be {r.valid()}, with an optional unit (80GiB, "
+                         f"512MiB, 24e9, 50GB), got {_plain(text)!r}")
     return value
 
 
@@ -256,44 +256,33 @@ def parse_times(text: str, name: str) -> float | list[float]:
     [``MIN_TIME``, ``MAX_TIME``] (below, sums and ratios underflow; above, m x (F + B)
     overflows to infinity).
 
-    >>> parse_times("1e308", "--f")
+    >>> parse_times("1e308", "f")
     Traceback (most recent call last):
     ...
-    pipebubble.params.ParamError: --f must be 0 or between 1e-12 and 1e+12, got 1e+308
+    pipebubble.errors.ParamError: f must be 0 or between 1e-12 and 1e+12, got 1e+308
     """
     if text.count(",") >= MAX_TIME_VALUES:
-        raise ParamError(f"{name}: at most {MAX_TIME_VALUES:,} values")
+        raise ParamError(f"{param(name)}: at most {MAX_TIME_VALUES:,} values")
     parts = [p.strip() for p in text.split(",")]
     try:
         values = [float(p) for p in parts]
     except ValueError:
-        raise ParamError(f"{name} must be a number or a comma list of numbers, got "
+        raise ParamError(f"{param(name)} must be a number or a comma list of numbers, got "
                          f"{_plain(text)!r}") from None
     for v in values:  # the one rule for times (limits.check_time)
         try:
             check_time(v, name)
         except LimitError as exc:
-            raise ParamError(str(exc)) from None
+            raise ParamError(marked(exc)) from None
     return values[0] if len(values) == 1 else values
-
-
-def as_arg_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
-    """``parse`` as an argparse ``type``: a :class:`ParamError` becomes argparse's error."""
-
-    def arg_type(text: str) -> Any:
-        try:
-            return parse(text)
-        except ParamError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    return arg_type
 
 
 # ---- the table --------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Param:
-    """One parameter: ``key`` in the explorer's query, ``flag`` on the command line, how its
-    text is read (``parse(text, flag)``), its default, and a line of help."""
+    """One parameter: ``key``, its name (in the explorer's query too), ``flag`` on the
+    command line, how its text is read (``parse(text, key)``, whose error marks ``key``),
+    its default, and a line of help."""
 
     key: str
     flag: str
@@ -302,12 +291,7 @@ class Param:
     help: str = ""
 
     def __call__(self, text: str) -> Any:
-        return self.parse(text, self.flag)
-
-    @property
-    def arg_type(self) -> Callable[[str], Any]:
-        """The argparse ``type`` of this flag (same checks, same message)."""
-        return as_arg_type(self)
+        return self.parse(text, self.key)
 
 
 def _positive(text: str, name: str) -> int:
@@ -321,7 +305,7 @@ def _overlap(text: str, name: str) -> float:
 def _one_time(text: str, name: str) -> float:
     value = parse_times(text, name)
     if isinstance(value, list):
-        raise ParamError(f"{name} takes one value (time per hop), got a list")
+        raise ParamError(f"{param(name)} takes one value (time per hop), got a list")
     return value
 
 

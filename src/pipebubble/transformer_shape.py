@@ -7,7 +7,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import UserError
+from .errors import ParamError, UserError, param
+
+# parameter names, marked in messages (errors.param): the CLI writes them as flags
+_HEADS = param("heads")
+_HIDDEN = param("hidden")
+_KV_HEADS = param("kv_heads")
 
 
 def _divisors(n: int) -> list[int]:
@@ -56,11 +61,11 @@ class TransformerShape(Heads):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise UserError(f"--{name} must be an integer >= 1, got {value!r}")
         if self.head_size is None and self.hidden % self.heads:
-            raise UserError(f"--hidden {self.hidden} must be a multiple of --heads "
+            raise ParamError(f"{_HIDDEN} {self.hidden} must be a multiple of {_HEADS} "
                              f"{self.heads} (head size = hidden / heads)")
         kv = self.kv
         if not isinstance(kv, int) or kv < 1 or self.heads % kv:
-            raise UserError(f"--kv-heads must divide --heads {self.heads} (valid: "
+            raise ParamError(f"{_KV_HEADS} must divide {_HEADS} {self.heads} (valid: "
                              f"{', '.join(str(d) for d in _divisors(self.heads))}), got {kv!r}")
 
     def block_matmul_params(self) -> int:

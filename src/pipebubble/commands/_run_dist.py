@@ -37,6 +37,7 @@ from ..sim.dataparallel import step_time_with_allreduce
 from ..sim.kernel import simulate
 from ..sim.wire import WireDeadlock, lower, run_wire
 from ..usercode import describe, results_to_stdout, user_prints_to_stderr
+from ._flags import render
 from ._run_setup import (
     analyse,
     diverged_exit,
@@ -186,7 +187,7 @@ def _worker_main(args: argparse.Namespace, schedule: Schedule | None = None) -> 
             for note in plan.notes:
                 sys.stderr.write(f"pipebubble: warning: {note}\n")
     except UserError as exc:
-        sys.stderr.write(f"pipebubble: error: rank {env.rank}: {exc}\n")
+        sys.stderr.write(f"pipebubble: error: rank {env.rank}: {render(exc)}\n")
         return 2  # (the other ranks' heartbeat watchdogs see this one gone)
     try:
         x, y = run.batch(plan.start, cfg.dp)
@@ -219,7 +220,7 @@ def _worker_main(args: argparse.Namespace, schedule: Schedule | None = None) -> 
                             max_abs(setup.reference.parameters()))
             _print(args, report, extra)
             if plan.save_error:  # the results above stand; the checkpoint was not written
-                sys.stderr.write(f"pipebubble: error: {plan.save_error}\n")
+                sys.stderr.write(f"pipebubble: error: {render(plan.save_error)}\n")
                 cluster.close()
                 return 1
             failed = report.verdict is not None and not report.verdict.passed
@@ -250,7 +251,7 @@ def _worker_main(args: argparse.Namespace, schedule: Schedule | None = None) -> 
 
 def error_line(exc: BaseException) -> str:
     """A user error's message, first line (as ``pipebubble.cli`` prints it)."""
-    text = str(exc)
+    text = render(exc) if isinstance(exc, UserError) else str(exc)
     return text.splitlines()[0] if text.strip() else type(exc).__name__
 
 

@@ -18,9 +18,10 @@ from ..interop.timeline_json import (  # noqa: F401  re-exported: the JSON contr
 )
 from ..ir.schedule import Schedule, ScheduleError
 from ..limits import MAX_INT_DIGITS, MAX_TIME, MIN_TIME  # noqa: F401  (re-exported)
-from ..params import BY_FLAG, as_arg_type, parse_float, parse_int, parse_real, parse_times
+from ..params import BY_FLAG, parse_float, parse_int, parse_real, parse_times
 from ..schedules import get_schedule, lookup, schedule_names
 from ..timeline import Timeline
+from ._flags import arg_type as as_arg_type
 
 
 def int_flag(name: str, lo: int | None = 1, hi: int | None = None):
@@ -60,7 +61,7 @@ def time_value(name: str):
 def param_type(flag: str):
     """The argparse ``type`` of a flag in the shared table :data:`pipebubble.params.PARAMS`
     (the explorer reads the same parameter with the same check)."""
-    return BY_FLAG[flag].arg_type
+    return as_arg_type(BY_FLAG[flag])
 
 
 def add_schedule_flags(p: argparse.ArgumentParser, schedule_required: bool = True,

@@ -10,10 +10,12 @@ from ..costs import CostModel
 from ..errors import UserError
 from ..ir.schedule import ScheduleError
 from ..limits import check_actions
-from ..params import as_arg_type, parse_size
+from ..params import parse_size
 from ..schedules import get_schedule, lookup, schedule_names
 from ..sim.dataparallel import dp_fields
 from ..sim.kernel import simulate
+from ._flags import arg_type as as_arg_type
+from ._flags import render
 from .common import (
     add_cost_flags,
     add_figure_flags,
@@ -118,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
         except LimitTooSmall:
             raise  # a limit nothing fits: bad input
         except ScheduleError as exc:
-            skipped.append((name, str(exc)))
+            skipped.append((name, render(exc)))
             continue
         rows.append((schedule, timeline, closed_form_for(schedule, costs),
                      closed_form_basis(schedule)))

@@ -30,6 +30,7 @@ import tempfile
 from pathlib import Path
 
 from ..errors import UserError
+from ._flags import render
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -51,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _as_export(exc: UserError, path: str) -> UserError:
     """A checkpoint reader's error, worded for export-hf instead of --resume."""
-    return UserError(str(exc).replace(f"--resume {path}", f"export-hf {path}", 1))
+    return UserError(render(exc).replace(f"--resume {path}", f"export-hf {path}", 1))
 
 
 def check_out_dir(out: str, overwrite: bool) -> Path:
@@ -132,7 +133,7 @@ def export_model(path: str, meta: dict, hf_config: str | None = None):
                 try:
                     model, _ = build_hf_model(tmp)
                 except UserError as exc:
-                    raise UserError(str(exc).replace(
+                    raise UserError(render(exc).replace(
                         f"hf:{tmp}", f"export-hf {path}: the recorded hf_config")) from None
     finally:
         torch.set_default_dtype(old)
@@ -144,7 +145,7 @@ def export_model(path: str, meta: dict, hf_config: str | None = None):
     try:
         ckpt.check_compatible(path, meta, shapes, meta["optimizer"], meta["seed"])
     except UserError as exc:
-        raise UserError(str(exc).replace(f"--resume {path}", f"export-hf {path}", 1)
+        raise UserError(render(exc).replace(f"--resume {path}", f"export-hf {path}", 1)
                         + ("" if hf_config is None else f" (--hf-config {hf_config})")) \
             from None
     state = {f"model.{n}": torch.empty(p.shape, dtype=dtype) for n, p in named}

@@ -16,8 +16,10 @@ from .. import limits as L
 from ..errors import UserError
 from ..files import json_text, write_text
 from ..interop.timeline_json import clean_floats
-from ..params import as_arg_type, parse_size
+from ..params import parse_size
 from ..plan.config import parse_config, restrict
+from ._flags import arg_type as as_arg_type
+from ._flags import render
 from .common import (
     check_outputs,
     float_flag,
@@ -378,7 +380,7 @@ def run(args: argparse.Namespace) -> int:
         if budget < memory:  # name the --gpu-memory that leaves that much after --reserve
             need = exc.smallest + (memory - budget) if not args.reserve.strip().endswith("%") \
                 else exc.smallest * memory / budget
-            raise NoPlanFits(f"{exc} (the budget is --gpu-memory minus --reserve "
+            raise NoPlanFits(f"{render(exc)} (the budget is --gpu-memory minus --reserve "
                              f"{args.reserve}: --gpu-memory {fmt_gib(need, up=True)} with it, "
                              "or --reserve 0)", exc.smallest, exc.plan) from None
         raise

@@ -16,6 +16,7 @@ from ..errors import UserError
 from ..limits import MAX_WIDTH, check_threads
 from ..sim.kernel import simulate
 from ..sim.wire import ORDERINGS
+from ._flags import render
 from .common import (
     add_cost_flags,
     add_figure_flags,
@@ -328,7 +329,7 @@ def _run(args: argparse.Namespace) -> int:
 
             print_report(report, Console(), args.chart_width)
     if plan.save_error:  # the results above stand; the checkpoint did not get written
-        sys.stderr.write(f"pipebubble: error: {plan.save_error}\n")
+        sys.stderr.write(f"pipebubble: error: {render(plan.save_error)}\n")
         return 1
     from ._run_setup import diverged_exit
 

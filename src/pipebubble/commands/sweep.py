@@ -21,6 +21,7 @@ from ..files import flush_stdout, open_output
 from ..limits import check_sweep
 from ..plan.sweep import SweepPoint, parse_range, sweep, write_csv
 from ..schedules import lookup, schedule_names
+from ._flags import render
 from .common import (
     add_cost_flags,
     add_limit_flag,
@@ -154,7 +155,7 @@ def skipped_lines(names: list[str], ranks: int, ms: list[int], points: list[Swee
                              else None)
                 rule = "generated, but could not be simulated"
             except UserError as exc:
-                rule = str(exc).splitlines()[0]
+                rule = render(exc).splitlines()[0]
                 for tail in (f", got {m}", f" got {m}"):
                     rule = rule.removesuffix(tail)
                 rule = rule.removeprefix(f"{spec.name} ")

@@ -40,6 +40,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
+from ..errors import param
 from ..ir.deps import describe_wait
 from ..ir.schedule import (
     Action,
@@ -53,6 +54,9 @@ from ..ir.schedule import (
     validate,
 )
 from ..sim.kernel import Deadlock
+
+# parameter names, marked in messages (errors.param): the CLI writes them as flags
+_CSV = param("csv")
 
 _MARKER = re.compile(r"^(\d+)(UNSHARD|RESHARD|REDUCE_GRAD)(\d*)$")
 _COMM = re.compile(r"^(\d+)(SEND_F|RECV_F|SEND_B|RECV_B)(\d*)$")
@@ -226,7 +230,7 @@ def read_torch_csv(
     from ..files import read_text_file
 
     path = Path(path)
-    text = read_text_file(path, "--csv")  # regular UTF-8 file (a BOM allowed), size-limited
+    text = read_text_file(path, _CSV)  # regular UTF-8 file (a BOM allowed), size-limited
     return parse_torch_csv(text, source=str(path), name=name or path.stem, ranks=ranks,
                            microbatches=microbatches, chain_starts=chain_starts)
 
@@ -255,7 +259,7 @@ def write_torch_csv(schedule: Schedule, dest: str | Path | TextIO) -> None:
     else:
         from ..files import write_text
 
-        write_text(dest, text, "--csv")
+        write_text(dest, text, _CSV)
 
 
 def explain_deadlock(schedule: Schedule, exc: Deadlock) -> ScheduleError:

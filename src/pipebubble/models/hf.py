@@ -38,11 +38,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import UserError
+from ..errors import ParamError, UserError, param
 from ..files import read_json_file
 from ..hf_keys import MAX_CONFIG_BYTES, check_hf_config, shape_from_hf
 from ..limits import check_params_fit
 from .spec import ModelSpec
+
+# parameter names, marked in messages (errors.param): the CLI writes them as flags
+_MODEL_ARGS = param("model_args")
+_SEQ = param("seq")
 
 KNOWN_TYPES = ("gpt2", "llama", "mistral", "qwen2")
 _ROTARY = ("llama", "mistral", "qwen2")
@@ -188,8 +192,8 @@ def hf_spec(model: nn.Module, seq: int = 32, name: str | None = None) -> ModelSp
     limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions",
                                                                          None)
     if not isinstance(seq, int) or seq < 1 or (limit and seq > limit):
-        raise UserError(f"--seq must be an integer in 1..{limit or 'inf'} for this model, "
-                        f"got {seq!r}")
+        raise ParamError(f"{_SEQ} must be an integer in 1..{limit or 'inf'} for this model, "
+                         f"got {seq!r}")
 
     def make_batch(n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         idx = torch.randint(0, vocab, (n, seq + 1), generator=gen)
@@ -298,12 +302,12 @@ def build_hf_model(path: str | Path, seed: int = 0, overrides: dict[str, Any] | 
     data, folder = read_config(path)
     overrides = dict(overrides or {})
     if "model_type" in overrides:
-        raise UserError(f"--model-arg model_type: the model type is the config's own "
-                        f"({data['model_type']}); give another config instead")
+        raise ParamError(f"{_MODEL_ARGS} model_type: the model type is the config's own "
+                         f"({data['model_type']}); give another config instead")
     # the file's values and --model-arg's, checked together (floats made floats)
-    merged = check_hf_config({**data, **overrides}, f"{where} with --model-arg"
+    merged = check_hf_config({**data, **overrides}, f"{where} with {_MODEL_ARGS}"
                              if overrides else where)
-    check_build(merged, f"{where} with --model-arg" if overrides else where)
+    check_build(merged, f"{where} with {_MODEL_ARGS}" if overrides else where)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     tf = _transformers()
     _check_names(merged, where)
@@ -314,8 +318,8 @@ def build_hf_model(path: str | Path, seed: int = 0, overrides: dict[str, Any] | 
         for key in overrides:
             if key not in data and not hasattr(config, key):
                 known = sorted(k for k in config.to_dict() if not k.startswith("_"))
-                raise UserError(f"--model-arg {key}: not a field of the {data['model_type']} "
-                                f"config; valid are {', '.join(known)}")
+                raise ParamError(f"{_MODEL_ARGS} {key}: not a field of the {data['model_type']} "
+                                 f"config; valid are {', '.join(known)}")
         if overrides:
             config = tf.AutoConfig.for_model(data["model_type"], **{
                 k: v for k, v in merged.items() if k not in skip})

@@ -41,9 +41,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import UserError
+from ..errors import ParamError, UserError, param
 from ..usercode import USER_FAILURES, UserCodeError, describe, user_code
 from .spec import ModelSpec, check_spec, guard_spec
+
+# parameter names, marked in messages (errors.param): the CLI writes them as flags
+_INPUT_DTYPE = param("input_dtype")
+_INPUT_SHAPE = param("input_shape")
+_MODEL = param("model")
+_MODEL_ARGS = param("model_args")
 
 BUILTIN = ("mlp", "transformer", "moe", "sleep")
 FORMS = "mlp, transformer, moe, sleep, path/to/file.py:NAME, package.module:NAME or hf:PATH"
@@ -74,9 +80,10 @@ def parse_model_args(pairs: Sequence[str] | None) -> dict[str, str]:
     for pair in pairs or ():
         key, sep, value = pair.partition("=")
         if not sep or not key.strip().isidentifier():
-            raise UserError(f"--model-arg must be KEY=VALUE with KEY a Python name, got {pair!r}")
+            raise ParamError(f"{_MODEL_ARGS} must be KEY=VALUE with KEY a Python name, "
+                             f"got {pair!r}")
         if key.strip() in out:
-            raise UserError(f"--model-arg {key.strip()} is given twice")
+            raise ParamError(f"{_MODEL_ARGS} {key.strip()} is given twice")
         out[key.strip()] = value
     return out
 
@@ -103,7 +110,7 @@ def load_model(
     (:func:`check_layers`).
     """
     if not isinstance(spec, str) or not spec.strip():
-        raise UserError(f"--model must name a model ({FORMS}), got {spec!r}")
+        raise ParamError(f"{_MODEL} must name a model ({FORMS}), got {spec!r}")
     args = {k: parse_value(v) if isinstance(v, str) else v for k, v in (model_args or {}).items()}
     if is_builtin(spec):
         from . import MODELS
@@ -128,7 +135,7 @@ def load_model(
 def _refuse_input_flags(label: str, kind: str, input_shape, input_dtype) -> None:
     """``--input-shape``/``--input-dtype`` describe an nn.Sequential's sample; for a model that
     makes its own batches they would be silently ignored, so they are an error."""
-    given = [f for f, v in (("--input-shape", input_shape), ("--input-dtype", input_dtype))
+    given = [f for f, v in ((_INPUT_SHAPE, input_shape), (_INPUT_DTYPE, input_dtype))
              if v is not None]
     if given:
         raise UserError(f"{' and '.join(given)} {'apply' if len(given) > 1 else 'applies'} to "
@@ -250,12 +257,12 @@ def _check_params(fn: Any, args: Mapping[str, Any], label: str) -> None:
     valid = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     for key in args:
         if key not in valid:
-            raise UserError(f"--model-arg {key}: not a parameter of {label}; valid are "
-                            f"{', '.join(valid) or 'none (it takes no arguments)'}")
+            raise ParamError(f"{_MODEL_ARGS} {key}: not a parameter of {label}; valid are "
+                             f"{', '.join(valid) or 'none (it takes no arguments)'}")
     missing = [n for n, p in params.items() if p.default is p.empty and n not in args
                and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     if missing:
-        raise UserError(f"{label} needs {', '.join(missing)}: give --model-arg "
+        raise UserError(f"{label} needs {', '.join(missing)}: give {_MODEL_ARGS} "
                         f"{missing[0]}=VALUE")
 
 
@@ -267,8 +274,8 @@ def _as_spec(obj: Any, label: str, args: dict, seed: int, seq: int | None,
         with user_code(f"the model builder {label}"):  # sys.exit() in it included
             obj = obj(**args)
     elif args:
-        raise UserError(f"--model-arg needs a function to call; {label} is a "
-                        f"{type(obj).__name__}")
+        raise ParamError(f"{_MODEL_ARGS} needs a function to call; {label} is a "
+                         f"{type(obj).__name__}")
     if isinstance(obj, ModelSpec):
         _refuse_input_flags(label, "a ModelSpec", input_shape, input_dtype)
         return obj
@@ -301,8 +308,8 @@ def parse_shape(shape: Sequence[int] | str | None) -> tuple[int, ...] | None:
     except (TypeError, ValueError):
         dims = ()
     if not dims or any(d < 1 for d in dims):
-        raise UserError(f"--input-shape must be positive integers like 64 or 3,32,32 (one "
-                        f"sample, without the batch), got {str(shape)[:80]!r}")
+        raise ParamError(f"{_INPUT_SHAPE} must be positive integers like 64 or 3,32,32 (one "
+                         f"sample, without the batch), got {str(shape)[:80]!r}")
     from ..limits import check_input_shape
 
     return check_input_shape(dims)
@@ -322,10 +329,10 @@ def sequential_spec(model: nn.Sequential, input_shape, input_dtype: str = "float
     :func:`default_loss` (MSE)."""
     shape = parse_shape(input_shape)
     if shape is None:
-        raise UserError(f"{name} is an nn.Sequential: give --input-shape (one sample, e.g. "
-                        "64 or 3,32,32) and optionally --input-dtype")
+        raise UserError(f"{name} is an nn.Sequential: give {_INPUT_SHAPE} (one sample, e.g. "
+                        f"64 or 3,32,32) and optionally {_INPUT_DTYPE}")
     if input_dtype not in DTYPES:
-        raise UserError(f"--input-dtype must be one of {', '.join(DTYPES)}, got {input_dtype!r}")
+        raise ParamError(f"{_INPUT_DTYPE} must be one of {', '.join(DTYPES)}, got {input_dtype!r}")
     dtype = DTYPES[input_dtype]
     named = list(model.named_children())
     if not named:
@@ -336,8 +343,8 @@ def sequential_spec(model: nn.Sequential, input_shape, input_dtype: str = "float
     if not dtype.is_floating_point:
         emb = next((m for m in layers[0].modules() if isinstance(m, nn.Embedding)), None)
         if emb is None:
-            raise UserError(f"--input-dtype {input_dtype}: the first layer of {name} has no "
-                            "nn.Embedding to take token ids; use a float dtype")
+            raise ParamError(f"{_INPUT_DTYPE} {input_dtype}: the first layer of {name} has no "
+                             "nn.Embedding to take token ids; use a float dtype")
         high = emb.num_embeddings
     make_batch = _SequentialBatch(name, layers, names, shape, dtype, high)
     roles = ["layer"] * len(layers)

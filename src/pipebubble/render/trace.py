@@ -35,11 +35,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..errors import param
 from ..ir.deps import Signal, producers, produces
 from ..ir.schedule import Action
 from ..timeline import Timeline
 from .style import a2a_spans, is_measured
 from .terminal import chunk_of_stage
+
+# parameter names, marked in messages (errors.param): the CLI writes them as flags
+_TRACE = param("trace")
 
 US_PER_SECOND = 1e6
 US_PER_UNIT = 1e3  # simulated: 1 unit = 1 ms
@@ -180,4 +184,4 @@ def write_trace(path: str | Path, timelines: Sequence[Timeline],
     from ..files import json_text, write_text
 
     doc = trace_document(timelines, labels)
-    return write_text(path, json_text(doc, "--trace", separators=(",", ":")), "--trace")
+    return write_text(path, json_text(doc, _TRACE, separators=(",", ":")), _TRACE)

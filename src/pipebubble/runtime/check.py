@@ -43,7 +43,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..errors import UserError
+from ..errors import ParamError, UserError, param
+
+# parameter names, marked in messages (errors.param): the CLI writes them as flags
+_CHECK_DROPOUT = param("check_dropout")
+_CHECK_TOL = param("check_tol")
 
 DEFAULT_TOLERANCE = {"float32": 1e-5, "float64": 1e-10}
 # float attributes that hold a dropout rate used functionally (HF attention: attention_dropout)
@@ -55,7 +59,7 @@ def check_tolerance(given: float | None, dtype: str) -> float:
     if given is None:
         return DEFAULT_TOLERANCE.get(dtype, 1e-5)
     if not (isinstance(given, int | float) and math.isfinite(given) and given > 0):
-        raise UserError(f"--check-tol must be a finite number > 0, got {given!r}")
+        raise ParamError(f"{_CHECK_TOL} must be a finite number > 0, got {given!r}")
     return float(given)
 
 
@@ -187,7 +191,7 @@ def refuse_random(found: Sequence[RandomLayer]) -> None:
         return
     more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
     first = found[0]
-    fix = ("set it to 0 or pass --check-dropout off" if first.p is not None else
-           "make it deterministic for the check (--check-dropout off sets dropout rates to 0 "
+    fix = (f"set it to 0 or pass {_CHECK_DROPOUT} off" if first.p is not None else
+           f"make it deterministic for the check ({_CHECK_DROPOUT} off sets dropout rates to 0 "
            "only)")
     raise UserError(f"{first.describe()}{more}: the check cannot be exact; {fix}")

@@ -68,8 +68,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import UserError
+from ..errors import ParamError, UserError, param
 from ..files import MAX_INPUT_BYTES, FileError, MissingFileError, read_bytes_file, read_json_file
+
+# parameter names, marked in messages (errors.param): the CLI writes them as flags
+_OPTIMIZER = param("optimizer")
+_OVERWRITE = param("overwrite")
+_RESUME = param("resume")
+_SAVE = param("save")
+_SEED = param("seed")
 
 META = "pipebubble.json"
 DCP_META = ".metadata"
@@ -174,66 +181,66 @@ def check_save_dir(path: str, *, overwrite: bool = False) -> Path:
     / ``DIR.old`` being anything but a leftover of an earlier save.
     """
     if path == "":
-        raise UserError("--save '': empty folder name; give the folder to write the "
-                        "checkpoint to, e.g. --save ckpt")
+        raise ParamError(f"{_SAVE} '': empty folder name; give the folder to write the "
+                         f"checkpoint to, e.g. {_SAVE} ckpt")
     final = Path(path)
     if final.name in ("", ".", ".."):
-        raise UserError(f"--save {path}: give the name of a new folder for the checkpoint, "
-                        "not '.', '..' or '/'")
+        raise ParamError(f"{_SAVE} {path}: give the name of a new folder for the checkpoint, "
+                         "not '.', '..' or '/'")
     try:
         parent_real = os.path.realpath(final.absolute().parent)
         top = _kernel_folder(os.path.join(parent_real, final.name))
         if top is not None:
-            raise UserError(f"--save {path}: inside {top}, a kernel file system; give a "
-                            "folder on disk")
+            raise ParamError(f"{_SAVE} {path}: inside {top}, a kernel file system; give a "
+                             "folder on disk")
         if os.path.realpath(final) == os.path.realpath(os.getcwd()):
-            raise UserError(f"--save {path}: is the current folder; give a new folder's name")
+            raise ParamError(f"{_SAVE} {path}: is the current folder; give a new folder's name")
         try:
             name_max = os.pathconf(parent_real if os.path.isdir(parent_real) else ".",
                                    "PC_NAME_MAX")
         except (OSError, ValueError):
             name_max = 255
         if len(os.fsencode(final.name)) + len(".partial") > name_max:
-            raise UserError(f"--save {path}: the name is {len(os.fsencode(final.name))} bytes;"
-                            f" at most {name_max - len('.partial')} fit this file system "
-                            "(with '.partial')")
+            raise ParamError(f"{_SAVE} {path}: the name is {len(os.fsencode(final.name))} bytes;"
+                             f" at most {name_max - len('.partial')} fit this file system "
+                             "(with '.partial')")
         recover(final)  # after the name check: a name over NAME_MAX cannot be looked up
         if final.is_symlink():
-            raise UserError(f"--save {path}: is a symbolic link (to {os.readlink(final)!r}); "
-                            "give the real folder (a save replaces DIR by a rename)")
+            raise ParamError(f"{_SAVE} {path}: is a symbolic link (to {os.readlink(final)!r}); "
+                             "give the real folder (a save replaces DIR by a rename)")
         if final.exists() and not final.is_dir():
-            raise UserError(f"--save {path}: exists and is not a folder; give a new folder "
-                            "name")
+            raise ParamError(f"{_SAVE} {path}: exists and is not a folder; give a new folder "
+                             "name")
         if final.is_dir():
             if (final / META).is_file():
                 if not overwrite:
-                    raise UserError(f"--save {path}: is a checkpoint already; add --overwrite "
-                                    "to replace it (it is replaced only once the new one is "
-                                    "written whole) or give a new folder")
+                    raise ParamError(f"{_SAVE} {path}: is a checkpoint already; add {_OVERWRITE} "
+                                     "to replace it (it is replaced only once the new one is "
+                                     "written whole) or give a new folder")
             elif any(final.iterdir()):
-                raise UserError(f"--save {path}: a non-empty folder that is not a pipebubble "
-                                "checkpoint; give a new or empty folder (or an earlier "
-                                "checkpoint)")
+                raise ParamError(f"{_SAVE} {path}: a non-empty folder that is not a pipebubble "
+                                 "checkpoint; give a new or empty folder (or an earlier "
+                                 "checkpoint)")
         parent = final.absolute().parent
         if not parent.is_dir():
-            raise UserError(f"--save {path}: the parent folder {parent} "
-                            + ("is a file" if parent.exists() else "does not exist"))
+            raise ParamError(f"{_SAVE} {path}: the parent folder {parent} "
+                             + ("is a file" if parent.exists() else "does not exist"))
         for side in _siblings(final):
             if side.is_symlink() or (side.exists() and not side.is_dir()):
                 kind = "a symbolic link" if side.is_symlink() else "a file"
-                raise UserError(f"--save {path}: {side} exists and is {kind}; remove it (a "
-                                "save writes its folder there first)")
+                raise ParamError(f"{_SAVE} {path}: {side} exists and is {kind}; remove it (a "
+                                 "save writes its folder there first)")
             if side.is_dir() and not _ours(side):
-                raise UserError(f"--save {path}: {side} is a folder that an interrupted save "
-                                "did not leave (it holds other files); remove or rename it")
+                raise ParamError(f"{_SAVE} {path}: {side} is a folder that an interrupted save "
+                                 "did not leave (it holds other files); remove or rename it")
         try:  # can a folder be created there? (as root, os.access says yes to a 0o555 one)
             os.rmdir(tempfile.mkdtemp(prefix=f".{final.name[:200]}.", suffix=".probe",
                                       dir=parent))
         except OSError as exc:
-            raise UserError(f"--save {path}: cannot create a folder in {parent} "
-                            f"({_why(exc)}); give a writable place") from None
+            raise ParamError(f"{_SAVE} {path}: cannot create a folder in {parent} "
+                             f"({_why(exc)}); give a writable place") from None
     except OSError as exc:  # e.g. a path too long to stat
-        raise UserError(f"--save {path}: {_why(exc)}") from None
+        raise ParamError(f"{_SAVE} {path}: {_why(exc)}") from None
     return final
 
 
@@ -356,7 +363,7 @@ def read_dcp_metadata(path: str | os.PathLike, meta: dict | None = None) -> Any:
     )
 
     folder = Path(path)
-    where = f"--resume {path}"
+    where = f"{_RESUME} {path}"
     f = folder / DCP_META
     try:
         data = read_bytes_file(f, "DCP index", MAX_INPUT_BYTES)
@@ -479,32 +486,32 @@ def read_meta(path: str) -> dict:
     """The metadata of the checkpoint at ``path``, every field checked, and its shards'
     index (:func:`read_dcp_metadata`); :class:`CheckpointError` when it is not one."""
     if path == "":
-        raise UserError("--resume '': empty folder name; give a folder written by run --save")
+        raise ParamError(f"{_RESUME} '': empty folder name; give a folder written by run {_SAVE}")
     recover(path)
     p = Path(path)
     if not p.is_dir():
-        raise UserError(f"--resume {path}: not a folder; give a folder written by run --save")
+        raise ParamError(f"{_RESUME} {path}: not a folder; give a folder written by run {_SAVE}")
     try:
         meta = read_json_file(p / META, "checkpoint file", 16 * 2**20)
     except MissingFileError:
-        raise CheckpointError(f"--resume {path}: not a pipebubble checkpoint (no {META}); "
-                              "give a folder written by run --save") from None
+        raise CheckpointError(f"{_RESUME} {path}: not a pipebubble checkpoint (no {META}); "
+                              f"give a folder written by run {_SAVE}") from None
     except FileError as exc:
         text = str(exc)
         if "not valid JSON" in text:
             text = text.split(": ", 1)[0] + " is unreadable (not valid JSON)"
-        raise CheckpointError(f"--resume {path}: {text}; the checkpoint is damaged") from None
+        raise CheckpointError(f"{_RESUME} {path}: {text}; the checkpoint is damaged") from None
     _check_fields(path, p / META, meta)
     md = read_dcp_metadata(path, meta)
     files = meta.get("files")
     if files is not None:
         for rel in {info.relative_path for info in md.storage_data.values()} | {DCP_META}:
             if rel not in files:
-                raise CheckpointError(f"--resume {path}: {p / META} records no digest of "
+                raise CheckpointError(f"{_RESUME} {path}: {p / META} records no digest of "
                                       f"{rel}, which the index uses; the checkpoint is "
                                       "damaged")
     if files is None:  # written before digests: load every record once, here, instead
-        _check_loadable(p, f"--resume {path}", md)
+        _check_loadable(p, f"{_RESUME} {path}", md)
     _check_digests(path, meta)
     return meta
 
@@ -535,7 +542,7 @@ def _check_loadable(folder: Path, where: str, md: Any) -> None:
 
 def _check_fields(path: str, f: Path, meta: Any) -> None:
     """Every field of ``pipebubble.json`` of the right type and in range."""
-    where = f"--resume {path}"
+    where = f"{_RESUME} {path}"
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise CheckpointError(f"{where}: {META} is not a pipebubble checkpoint's metadata")
     if meta.get("version") != VERSION:
@@ -601,7 +608,7 @@ def check_compatible(path: str, meta: dict, shapes: dict[str, tuple[int, ...]],
     """The checkpoint holds exactly this model's parameters (names and shapes), for this
     optimizer and data seed; else one UserError naming the first difference."""
     theirs = {k: tuple(v) for k, v in meta["parameters"].items()}
-    what = f"--resume {path}: the checkpoint belongs to another model ({meta.get('model')!r})"
+    what = f"{_RESUME} {path}: the checkpoint belongs to another model ({meta.get('model')!r})"
     missing = [k for k in shapes if k not in theirs]
     extra = [k for k in theirs if k not in shapes]
     if missing or extra:
@@ -613,13 +620,13 @@ def check_compatible(path: str, meta: dict, shapes: dict[str, tuple[int, ...]],
             raise UserError(f"{what}: {k!r} has shape {list(theirs[k])} there, "
                             f"{list(shape)} here")
     if meta["optimizer"] != optimizer:
-        raise UserError(f"--resume {path}: the checkpoint was trained with --optimizer "
-                        f"{meta['optimizer']}, not {optimizer}; use --optimizer "
-                        f"{meta['optimizer']}")
+        raise ParamError(f"{_RESUME} {path}: the checkpoint was trained with {_OPTIMIZER} "
+                         f"{meta['optimizer']}, not {optimizer}; use {_OPTIMIZER} "
+                         f"{meta['optimizer']}")
     if meta["seed"] != seed:
-        raise UserError(f"--resume {path}: the checkpoint's data stream has --seed "
-                        f"{meta['seed']}, not {seed}; use --seed {meta['seed']} (step k's "
-                        "batch depends on both)")
+        raise ParamError(f"{_RESUME} {path}: the checkpoint's data stream has {_SEED} "
+                         f"{meta['seed']}, not {seed}; use {_SEED} {meta['seed']} (step k's "
+                         "batch depends on both)")
 
 
 # ---- the state of one rank ----------------------------------------------------------------
@@ -706,14 +713,14 @@ def _check_digests(path: str, meta: dict) -> None:
         try:
             got = _digest(f)
         except OSError as exc:
-            raise CheckpointError(f"--resume {path}: {f}: {_why(exc)}; the checkpoint is "
+            raise CheckpointError(f"{_RESUME} {path}: {f}: {_why(exc)}; the checkpoint is "
                                   "damaged") from None
         if got["bytes"] != want["bytes"]:
-            raise CheckpointError(f"--resume {path}: {f} has {got['bytes']:,} bytes, "
+            raise CheckpointError(f"{_RESUME} {path}: {f} has {got['bytes']:,} bytes, "
                                   f"{META} records {want['bytes']:,}; the checkpoint is "
                                   "damaged")
         if got["sha256"] != want["sha256"]:
-            raise CheckpointError(f"--resume {path}: {f} is damaged: its SHA-256 differs from "
+            raise CheckpointError(f"{_RESUME} {path}: {f} is damaged: its SHA-256 differs from "
                                   f"the one {META} records")
 
 
@@ -775,7 +782,7 @@ def save(path: str, state: dict[str, torch.Tensor], meta: dict, *, coordinator: 
     try:
         _quiet(dcp.save, state, checkpoint_id=str(partial))
     except (Exception, CheckpointException) as exc:  # noqa: BLE001 - the same on every rank
-        raise SaveError(f"--save {path}: writing the shards failed ({_why(exc)}); the "
+        raise SaveError(f"{_SAVE} {path}: writing the shards failed ({_why(exc)}); the "
                         "previous checkpoint there, if any, is unchanged") from None
     barrier()
     if coordinator and problem is None:
@@ -785,7 +792,7 @@ def save(path: str, state: dict[str, torch.Tensor], meta: dict, *, coordinator: 
             problem = f"cannot put the checkpoint in place ({_why(exc)})"
     barrier()
     if problem is not None:
-        raise SaveError(f"--save {path}: {problem}; the previous checkpoint there, if any, is "
+        raise SaveError(f"{_SAVE} {path}: {problem}; the previous checkpoint there, if any, is "
                         "unchanged")
 
 
@@ -821,7 +828,7 @@ def _reader_class() -> type:
                     fut = super().read_data(LoadPlan(items), planner)
                     fut.wait()
                 except Exception as exc:  # noqa: BLE001 - one line naming the shard
-                    self.error = CheckpointError(f"--resume {self.where}: shard "
+                    self.error = CheckpointError(f"{_RESUME} {self.where}: shard "
                                                  f"{Path(self.where) / rel} is damaged "
                                                  f"({_why(exc)})")
                     raise self.error from None
@@ -852,7 +859,7 @@ def load(path: str, state: dict[str, torch.Tensor], *, meta: dict | None = None,
     except (Exception, CheckpointException) as exc:  # noqa: BLE001
         if reader.error is not None:
             raise reader.error from None
-        raise CheckpointError(f"--resume {path}: the checkpoint does not load into this "
+        raise CheckpointError(f"{_RESUME} {path}: the checkpoint does not load into this "
                               f"model ({_why(exc)})") from None
 
 

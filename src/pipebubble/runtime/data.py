@@ -52,9 +52,17 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..errors import UserError
+from ..errors import UserError, param
 from ..files import MAX_INPUT_BYTES, read_bytes_file, read_text_file
 from ..limits import MAX_DATA_BYTES
+
+# parameter names, marked in messages (errors.param): the CLI writes them as flags
+_BATCH = param("batch")
+_DATA = param("data")
+_DATA_DTYPE = param("data_dtype")
+_DP = param("dp")
+_MODEL = param("model")
+_SEQ = param("seq")
 
 BIN_DTYPES = ("uint16", "uint32", "int32", "int64")
 """Token dtypes of a raw ``.bin`` file (``--data-dtype``; little-endian, no header)."""
@@ -79,7 +87,7 @@ class TokenStream:
         self.name = name
         self.windows = len(tokens) // (seq + 1)
         if self.windows < 1:
-            raise DataError(f"--data {name}: {len(tokens)} tokens, fewer than one window of "
+            raise DataError(f"{_DATA} {name}: {len(tokens)} tokens, fewer than one window of "
                             f"seq + 1 = {seq + 1}")
 
     def at_step(self, step: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -105,21 +113,21 @@ def read_tokens(path: str | os.PathLike, bin_dtype: str = "uint16",
     name = _show(path)
     suffix = Path(path).suffix.lower()
     if suffix in (".npy", ".bin"):
-        data = read_bytes_file(path, "--data", MAX_DATA_BYTES)
+        data = read_bytes_file(path, _DATA, MAX_DATA_BYTES)
         if not data:
-            raise DataError(f"--data {name}: the file is empty; give token ids "
+            raise DataError(f"{_DATA} {name}: the file is empty; give token ids "
                             f"({'a .npy array' if suffix == '.npy' else 'raw ' + bin_dtype})")
         if suffix == ".npy":
             ids = _npy(data, name)
         else:
             ids = _bin(data, name, bin_dtype)
         if ids.size and int(ids.min()) < 0:
-            raise DataError(f"--data {name}: token id {int(ids.min())} is negative; token ids "
+            raise DataError(f"{_DATA} {name}: token id {int(ids.min())} is negative; token ids "
                             "are 0..vocabulary-1")
         return ids
-    text = read_text_file(path, "--data", MAX_INPUT_BYTES)
+    text = read_text_file(path, _DATA, MAX_INPUT_BYTES)
     if not text.strip():
-        raise DataError(f"--data {name}: the file is empty (no text to tokenize)")
+        raise DataError(f"{_DATA} {name}: the file is empty (no text to tokenize)")
     tok = _tokenizer(tokenizer_dir, name)
     tok.model_max_length = 1 << 62  # a whole file at once: no "longer than the model" warning
     ids = tok.encode(text, add_special_tokens=False)
@@ -132,13 +140,13 @@ def _npy(data: bytes, name: str) -> np.ndarray:
         arr = np.load(io.BytesIO(data), allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise DataError(f"--data {name}: not a .npy array ({first}); write one with "
+        raise DataError(f"{_DATA} {name}: not a .npy array ({first}); write one with "
                         "np.save(path, ids) of integer token ids") from None
     if arr.dtype.kind not in "iu":
-        raise DataError(f"--data {name}: holds {arr.dtype} values; token ids must be integers "
+        raise DataError(f"{_DATA} {name}: holds {arr.dtype} values; token ids must be integers "
                         "(a .npy of an int or uint dtype, e.g. ids.astype(np.uint16))")
     if arr.size == 0:
-        raise DataError(f"--data {name}: the array is empty; give token ids")
+        raise DataError(f"{_DATA} {name}: the array is empty; give token ids")
     return arr.reshape(-1)
 
 
@@ -165,11 +173,11 @@ def _npy_fits(data: bytes) -> None:
 
 def _bin(data: bytes, name: str, dtype: str) -> np.ndarray:
     if dtype not in BIN_DTYPES:
-        raise DataError(f"--data-dtype must be one of {', '.join(BIN_DTYPES)}, got {dtype!r}")
+        raise DataError(f"{_DATA_DTYPE} must be one of {', '.join(BIN_DTYPES)}, got {dtype!r}")
     dt = np.dtype(dtype).newbyteorder("<")
     if len(data) % dt.itemsize:
-        raise DataError(f"--data {name}: {len(data):,} bytes is not a whole number of {dtype} "
-                        f"tokens ({dt.itemsize} bytes each); --data-dtype sets the dtype "
+        raise DataError(f"{_DATA} {name}: {len(data):,} bytes is not a whole number of {dtype} "
+                        f"tokens ({dt.itemsize} bytes each); {_DATA_DTYPE} sets the dtype "
                         f"({', '.join(BIN_DTYPES)})")
     return np.frombuffer(data, dtype=dt)
 
@@ -177,7 +185,7 @@ def _bin(data: bytes, name: str, dtype: str) -> np.ndarray:
 def _tokenizer(folder: str | os.PathLike | None, name: str):
     where = f"the model folder {_show(folder)}" if folder is not None else "the model"
     if folder is None or not any((Path(folder) / f).is_file() for f in TOKENIZER_FILES):
-        raise DataError(f"--data {name}: a text file is tokenized with the model's tokenizer, "
+        raise DataError(f"{_DATA} {name}: a text file is tokenized with the model's tokenizer, "
                         f"and {where} has none ({', '.join(TOKENIZER_FILES)}); give token ids "
                         f"as .npy or .bin ({', '.join(BIN_DTYPES)})")
     try:
@@ -185,31 +193,31 @@ def _tokenizer(folder: str | os.PathLike | None, name: str):
 
         return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     except ImportError:
-        raise DataError(f"--data {name}: tokenizing text needs the 'transformers' package: "
+        raise DataError(f"{_DATA} {name}: tokenizing text needs the 'transformers' package: "
                         "pip install 'pipebubble[hf]'") from None
     except (OSError, ValueError, TypeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise DataError(f"--data {name}: cannot load the tokenizer of {where} ({first})"
+        raise DataError(f"{_DATA} {name}: cannot load the tokenizer of {where} ({first})"
                         ) from None
 
 
 def lm_shape(spec, label: str, path: str = "") -> tuple[int, int]:
     """(seq, vocabulary) of a causal-LM ``spec``, or DataError saying why it is not one
     (naming ``path``, the ``--data`` file, when given)."""
-    what = f"--data {path}" if path else "--data"
+    what = f"{_DATA} {path}" if path else _DATA
     x, y = spec.make_batch(1, torch.Generator().manual_seed(0))
     ints = not x.is_floating_point() and not x.is_complex() and x.dtype != torch.bool
     if not (ints and x.dim() == 2 and tuple(y.shape) == tuple(x.shape)
             and not y.is_floating_point()):
         raise DataError(f"{what} needs a causal LM whose batches are token ids (inputs and "
-                        f"targets of shape (n, seq)); --model {label} gives {x.dtype} inputs "
+                        f"targets of shape (n, seq)); {_MODEL} {label} gives {x.dtype} inputs "
                         f"of shape {tuple(x.shape)} and {y.dtype} targets of shape "
                         f"{tuple(y.shape)}")
     vocab = (spec.metadata or {}).get("vocab")
     if vocab is None:
         emb = next((m for m in spec.layers[0].modules() if isinstance(m, nn.Embedding)), None)
         if emb is None:
-            raise DataError(f"{what}: cannot tell the vocabulary of --model {label}: its first "
+            raise DataError(f"{what}: cannot tell the vocabulary of {_MODEL} {label}: its first "
                             "layer has no nn.Embedding; set metadata={'vocab': V} on its "
                             "ModelSpec")
         vocab = emb.num_embeddings
@@ -233,14 +241,14 @@ def use_data(spec, path: str, batch: int, dp: int = 1, model: str = "",
     ids = read_tokens(path, bin_dtype, folder)
     need = global_batch * (seq + 1)
     if len(ids) < need:
-        raise DataError(f"--data {name}: {len(ids):,} tokens, too few for one step: "
+        raise DataError(f"{_DATA} {name}: {len(ids):,} tokens, too few for one step: "
                         f"{global_batch} samples"
-                        + (f" (--batch {batch} x --dp {dp})" if dp > 1 else "")
+                        + (f" ({_BATCH} {batch} x {_DP} {dp})" if dp > 1 else "")
                         + f" x (seq {seq} + 1) = {need:,} tokens are "
-                        "needed (a smaller --batch or --seq needs fewer)")
+                        f"needed (a smaller {_BATCH} or {_SEQ} needs fewer)")
     top = int(ids.max())
     if top >= vocab:
-        raise DataError(f"--data {name}: the largest token id, {top:,}, is outside the "
+        raise DataError(f"{_DATA} {name}: the largest token id, {top:,}, is outside the "
                         f"model's vocabulary of {vocab:,} (valid ids are 0..{vocab - 1:,})")
     stream = TokenStream(ids, seq, name)
     desc = (f"{spec.description or spec.name}; data {path}: {len(ids):,} tokens, "

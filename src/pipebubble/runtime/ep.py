@@ -45,7 +45,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..errors import UserError
+from ..errors import ParamError, param
+
+# parameter names, marked in messages (errors.param): the CLI writes them as flags
+_DP = param("dp")
+_EP = param("ep")
+_MODEL = param("model")
 
 
 def expert_layout(ranks: int, dp: int, ep: int) -> tuple[list[list[int]], list[list[int]]]:
@@ -195,16 +200,16 @@ def check_ep(ep: int, dp: int, layers: list[nn.Module], model: str) -> None:
         return
     found = [moe for layer in layers for _, _, moe in moe_layers(layer)]
     if not found:
-        raise UserError(f"--ep {ep}: --model {model} has no mixture-of-experts layers "
-                        "(models/moe.py's MoE, as in --model moe); use --ep 1")
+        raise ParamError(f"{_EP} {ep}: {_MODEL} {model} has no mixture-of-experts layers "
+                         f"(models/moe.py's MoE, as in {_MODEL} moe); use {_EP} 1")
     if dp % ep:
-        raise UserError(f"--ep {ep} must divide --dp {dp} (an EP group is --ep of a stage's "
-                        f"data-parallel replicas); valid: a divisor of {dp}")
+        raise ParamError(f"{_EP} {ep} must divide {_DP} {dp} (an EP group is {_EP} of a stage's "
+                         f"data-parallel replicas); valid: a divisor of {dp}")
     for moe in found:
         if len(moe.experts) % ep:
-            raise UserError(f"--ep {ep} must divide the experts of every MoE layer, got "
-                            f"{len(moe.experts)} experts; valid: a divisor of "
-                            f"{len(moe.experts)}")
+            raise ParamError(f"{_EP} {ep} must divide the experts of every MoE layer, got "
+                             f"{len(moe.experts)} experts; valid: a divisor of "
+                             f"{len(moe.experts)}")
 
 
 def shard_experts(module: nn.Module, members: int, member: int, exchange: Exchange) -> int:

@@ -14,8 +14,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from ..errors import UserError
+from ..errors import UserError, param
 from ..usercode import UserCodeError, user_code
+
+# parameter names, marked in messages (errors.param): the CLI writes them as flags
+_ACTION_TIMEOUT = param("action_timeout")
+_CHECK = param("check")
 
 
 def name_failure(exc: UserCodeError, setup, step: int | None = None) -> UserCodeError:
@@ -42,7 +46,7 @@ def training_step(setup, step: int) -> Iterator[None]:
 
 def reference_code(setup, step: int):
     """The unsplit model of ``--check`` runs the user's layers too."""
-    return user_code("the unsplit model (the --check reference)", step=step,
+    return user_code(f"the unsplit model (the {_CHECK} reference)", step=step,
                      model=setup.spec.name)
 
 
@@ -73,7 +77,7 @@ def preflight_timeout(seconds: float, where: str = "in the launcher") -> Iterato
     except _PreflightExpired:
         raise UserError(f"the model did not finish its pre-flight check {where} (build it, "
                         f"make a batch, one forward of 2 samples) within {seconds:g} s "
-                        "(--action-timeout); is a forward stuck in a loop?") from None
+                        f"({_ACTION_TIMEOUT}); is a forward stuck in a loop?") from None
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)

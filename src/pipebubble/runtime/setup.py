@@ -17,9 +17,17 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..errors import UserError
+from ..errors import ParamError, UserError, param
 from ..ir.schedule import Schedule, validate
 from ..models import ModelSpec, build_model
+
+# parameter names, marked in messages (errors.param): the CLI writes them as flags
+_BATCH = param("batch")
+_CHECK = param("check")
+_CHECK_DROPOUT = param("check_dropout")
+_ENGINE = param("engine")
+_EP = param("ep")
+_MICROBATCHES = param("microbatches")
 
 
 @dataclass
@@ -125,7 +133,7 @@ def set_up(cfg: RunConfig, reference: bool = False) -> RunSetup:
     what += _check_random_layers(cfg, spec)
     batch = cfg.batch or 8 * M
     if batch < M:
-        raise UserError(f"--batch {batch} is smaller than --microbatches {M}; use at least {M}")
+        raise ParamError(f"{_BATCH} {batch} is smaller than {_MICROBATCHES} {M}; use at least {M}")
     _check_ep(cfg, spec)
     if cfg.data:  # the batches are the file's tokens
         from .data import use_data
@@ -195,7 +203,7 @@ def _check_random_layers(cfg: RunConfig, spec: ModelSpec) -> str:
     off = cfg.check_dropout == "off"
     if not cfg.check:
         if off:
-            raise UserError("--check-dropout applies to --check only; drop it or add --check")
+            raise ParamError(f"{_CHECK_DROPOUT} applies to {_CHECK} only; drop it or add {_CHECK}")
         return ""
     from .check import dropout_off, random_layers, refuse_random
     from .train import layer_names
@@ -233,8 +241,8 @@ def _check_ep(cfg: RunConfig, spec) -> None:
     if cfg.ep == 1:
         return
     if cfg.engine == "torch":
-        raise UserError(f"--ep {cfg.ep} runs with --engine pipebubble only (torch's "
-                        "PipelineStage has no expert all-to-all); drop --engine torch")
+        raise ParamError(f"{_EP} {cfg.ep} runs with {_ENGINE} pipebubble only (torch's "
+                         f"PipelineStage has no expert all-to-all); drop {_ENGINE} torch")
     from .ep import check_ep
 
     check_ep(cfg.ep, cfg.dp, list(spec.layers), cfg.model)

@@ -35,7 +35,7 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
-from ..errors import UserError
+from ..errors import ParamError, UserError, param
 from ..interop.torch_csv import cell_text
 from ..ir.schedule import Overlap, Schedule, step_actions
 from ..timeline import Event
@@ -44,17 +44,21 @@ from .dist.worker import RankRun
 from .memory import param_storages
 from .train import stage_layers
 
+# parameter names, marked in messages (errors.param): the CLI writes them as flags
+_ENGINE = param("engine")
+_RECOMPUTE = param("recompute")
+
 
 def check_engine(schedule: Schedule, recompute: bool = False) -> None:
     """Refuse, before any process starts, what torch's runtime cannot run."""
     if schedule.chains > 1:
-        raise UserError(f"--engine torch: {schedule.name} runs {schedule.chains} chains of "
-                        "stages (two model copies), which torch's runtime does not know (it "
-                        "makes each stage wait for the one before); use dualpipev, or "
-                        "--engine pipebubble")
+        raise ParamError(f"{_ENGINE} torch: {schedule.name} runs {schedule.chains} chains of "
+                         "stages (two model copies), which torch's runtime does not know (it "
+                         "makes each stage wait for the one before); use dualpipev, or "
+                         f"{_ENGINE} pipebubble")
     if recompute:
-        raise UserError("--engine torch does not recompute activations; drop --recompute or "
-                        "use --engine pipebubble")
+        raise ParamError(f"{_ENGINE} torch does not recompute activations; drop {_RECOMPUTE} or "
+                         f"use {_ENGINE} pipebubble")
 
 
 def torch_actions(schedule: Schedule) -> dict[int, list]:

@@ -28,7 +28,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..errors import UserError
+from ..errors import ParamError, param
+
+# parameter names, marked in messages (errors.param): the CLI writes them as flags
+_LR = param("lr")
+_OPTIMIZER = param("optimizer")
+_STEPS = param("steps")
 
 OPTIMIZERS = ("sgd", "adamw")
 _DEFAULT_LR = {"sgd": 0.01, "adamw": 1e-3}
@@ -42,13 +47,13 @@ def opt_defaults(name: str) -> float:
 def check_training(steps: int, optimizer: str, lr: float | None) -> float:
     """Validate ``--steps``/``--optimizer``/``--lr``; return the learning rate to use."""
     if not isinstance(steps, int) or steps < 1:
-        raise UserError(f"--steps must be an integer >= 1, got {steps!r}")
+        raise ParamError(f"{_STEPS} must be an integer >= 1, got {steps!r}")
     if optimizer not in OPTIMIZERS:
-        raise UserError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
+        raise ParamError(f"{_OPTIMIZER} must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
     if lr is None:
         return _DEFAULT_LR[optimizer]
     if not lr >= 0 or lr != lr or lr == float("inf"):
-        raise UserError(f"--lr must be a finite number >= 0, got {lr!r}")
+        raise ParamError(f"{_LR} must be a finite number >= 0, got {lr!r}")
     return float(lr)
 
 
@@ -64,7 +69,7 @@ def make_optimizer(name: str, params: Iterable[nn.Parameter], lr: float) -> torc
         return torch.optim.SGD(groups, lr=lr, foreach=False)
     if name == "adamw":
         return torch.optim.AdamW(groups, lr=lr, foreach=False)
-    raise UserError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {name!r}")
+    raise ParamError(f"{_OPTIMIZER} must be one of {', '.join(OPTIMIZERS)}, got {name!r}")
 
 
 def step_generator(seed: int, step: int) -> torch.Generator:

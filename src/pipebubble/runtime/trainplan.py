@@ -44,7 +44,7 @@ class TrainPlan:
     prior_losses: list[float] = field(default_factory=list)  # the checkpoint's losses
     resume_meta: dict | None = None  # the checkpoint's pipebubble.json, checked
     notes: list[str] = field(default_factory=list)  # warnings to print once, before training
-    save_error: str | None = None  # why --save failed (the run's results still stand)
+    save_error: ckpt.SaveError | None = None  # why the save failed (the results still stand)
 
     @property
     def steps_range(self) -> range:
@@ -157,7 +157,7 @@ def save_from(plan: TrainPlan, setup, named: list[tuple[str, nn.Parameter]],
         ckpt.save(plan.save, ckpt.rank_state(named, opt, plan.optimizer), meta,
                   coordinator=coordinator, barrier=barrier)
     except ckpt.SaveError as exc:
-        plan.save_error = str(exc)
+        plan.save_error = exc
 
 
 def param_diff(named: list[tuple[str, nn.Parameter]], ref: list[tuple[str, nn.Parameter]]
@@ -177,7 +177,7 @@ def train_summary(plan: TrainPlan) -> dict:
     return {"steps": plan.steps, "first_step": plan.start, "optimizer": plan.optimizer,
             "lr": plan.lr, "saved_to": None if plan.save_error else plan.save,
             "resumed_from": plan.resume,
-            **({"save_error": plan.save_error} if plan.save_error else {})}
+            **({"save_error": str(plan.save_error)} if plan.save_error else {})}
 
 
 def grad_and_loss_diff(named: list[tuple[str, nn.Parameter]],

@@ -16,7 +16,8 @@ per stage, like the CLI), ``comm`` (0), ``overlap`` (1), ``mem_b`` (M_B, 1), ``m
 (M_W, 0), ``memory_limit`` (none; one value, or one per rank). ``schedule=auto`` searches
 an order under the memory limit, like ``simulate --schedule auto``. Bad values raise
 ``UserError`` with one line naming the value and what is valid; the server answers 400
-with it. Requests bigger than :data:`MAX_ACTIONS` actions raise :class:`TooLarge` (413).
+with it, each parameter named by its flag as the CLI would (:func:`error_text`). Requests
+bigger than :data:`MAX_ACTIONS` actions raise :class:`TooLarge` (413).
 
 >>> out = simulate_get({"schedule": "gpipe", "ranks": "4", "microbatches": "8"})
 >>> round(out["bubble_fraction"] * 100, 2)
@@ -42,7 +43,7 @@ from ..interop.timeline_json import (
 )
 from ..ir.schedule import Schedule
 from ..limits import MAX_RANKS, MAX_REQUEST_ACTIONS, MAX_REQUEST_BYTES, estimate_actions
-from ..params import parse_int, read
+from ..params import PARAMS, parse_int, read
 from ..schedules import FIRST, get_schedule, lookup, schedule_names
 from ..timeline import Timeline
 
@@ -51,6 +52,12 @@ MAX_BODY_BYTES = MAX_REQUEST_BYTES  # bytes of a POSTed CSV or timeline JSON
 MAX_SWEEP_POINTS = 64  # microbatch counts in one sweep
 SWEEP_MS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 DEFAULTS = {"schedule": FIRST, "ranks": "4", "microbatches": "8"}
+
+
+def error_text(exc: UserError) -> str:
+    """The answer's words for ``exc``: a parameter named by its flag (``--ranks must be >= 1,
+    got 0``, the CLI's words for the same mistake), any other marked name as it is."""
+    return exc.render(lambda name: PARAMS[name].flag if name in PARAMS else name)
 
 
 class TooLarge(UserError):
@@ -246,7 +253,7 @@ def sweep(params: Mapping[str, str]) -> dict:
         except TooLarge:
             raise
         except UserError as exc:
-            point["error"] = str(exc)
+            point["error"] = error_text(exc)
         else:
             point.update(step_time=timeline.step_time, bubble_fraction=timeline.bubble_fraction,
                          closed_form_bubble=closed_form_for(schedule, costs))

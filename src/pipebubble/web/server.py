@@ -35,7 +35,7 @@ from http.server import ThreadingHTTPServer
 from importlib import resources
 from urllib.parse import parse_qsl, urlsplit
 
-from ..errors import UserError
+from ..errors import ParamError, UserError, param
 from . import api
 from .connections import (  # noqa: F401  (MAX_CONNECTIONS, REQUEST_TIMEOUT: explore's flags)
     IDLE_TIMEOUT,
@@ -147,9 +147,10 @@ class Handler(DeadlineHandler):
                 return
             work()
         except api.TooLarge as exc:
-            self._error(413, str(exc))
+            self._error(413, api.error_text(exc))
         except UserError as exc:  # the user's input (ScheduleError too); any other error is a bug
-            self._error(400, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            text = api.error_text(exc)
+            self._error(400, text.splitlines()[0] if text else type(exc).__name__)
         except (BrokenPipeError, ConnectionResetError, TimeoutError):
             self.close_connection = True
         except Exception as exc:  # a bug: say so, log it, keep serving
@@ -238,13 +239,13 @@ def make_server(host: str = "127.0.0.1", port: int = 8765, *, verbose: bool = Fa
     ``request_timeout`` and ``idle_timeout``: see the module doc.
     """
     if not 0 <= port <= 65535:
-        raise UserError(f"--port must be in 0..65535 (0: any free port), got {port}")
+        raise ParamError(f"{param('port')} must be in 0..65535 (0: any free port), got {port}")
     cls = ExplorerServer6 if ":" in host else ExplorerServer  # an IPv6 address
     try:
         server = cls((host, port), max_connections, request_timeout, idle_timeout)
     except OSError as exc:
-        raise UserError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; pick another "
-                         "--port (0: any free port) or --host") from None
+        raise ParamError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; pick another "
+                         f"{param('port')} (0: any free port) or {param('host')}") from None
     server.verbose = verbose
     server.any_host = host not in LOOPBACK
     return server

@@ -51,7 +51,13 @@ from ..train import step_batch
 from .launch import is_loopback, loopback_store
 from .p2p import P2PTransport
 from .watchdog import Watchdog, collective_timeout
-from ...errors import UserError
+from ...errors import ParamError, UserError, param
+
+# parameter names, marked in messages (errors.param): the CLI writes them as flags
+_BACKEND = param("backend")
+_DP = param("dp")
+_P2P = param("p2p")
+_RANKS = param("ranks")
 
 
 @dataclass
@@ -220,7 +226,7 @@ class RankRun:
         self.cfg, self.cluster, self.env = cfg, cluster, cluster.env
         if self.env.world_size != cfg.world_size:
             raise UserError(
-                f"WORLD_SIZE is {self.env.world_size} but --ranks {cfg.ranks} x --dp {cfg.dp} "
+                f"WORLD_SIZE is {self.env.world_size} but {_RANKS} {cfg.ranks} x {_DP} {cfg.dp} "
                 f"needs {cfg.world_size} processes"
             )
         torch.set_num_threads(cfg.threads)
@@ -475,8 +481,8 @@ class Worker(RankRun):
         if cfg.backend == "nccl":  # NCCL matches messages in order
             bad = pair_order_mismatches(self.wired)
             if bad:
-                raise UserError(f"--backend nccl needs messages in the same order at both "
-                                 f"ends; {schedule_name(cfg)} with --p2p {cfg.p2p}: {bad[0]}")
+                raise ParamError(f"{_BACKEND} nccl needs messages in the same order at both "
+                                 f"ends; {schedule_name(cfg)} with {_P2P} {cfg.p2p}: {bad[0]}")
         self._next_batch: dict[int, Batch] = {}  # batch index -> the rank's next batch
         batches = [i for i, op in enumerate(self.wired.orders[self.rank])
                    if isinstance(op, Batch)]

@@ -1,0 +1,49 @@
+"""Library parameter names as the command line spells them: the one table of flags.
+
+Library errors name parameters in the library's words, marked
+(:func:`pipebubble.errors.param`): ``steps must be >= 1, got 0``. The command line writes
+each marked name as its flag, ``--steps must be >= 1, got 0``: by default ``--`` and the
+name with ``-`` for ``_`` (``memory_limit`` -> ``--memory-limit``); :data:`FLAGS` lists the
+names whose flag differs.
+
+>>> flag("memory_limit"), flag("model_args"), flag("--gpu")
+('--memory-limit', '--model-arg', '--gpu')
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import ParamError, UserError
+
+FLAGS: dict[str, str] = {
+    "model_args": "--model-arg",  # RunConfig.model_args: one --model-arg KEY=VALUE each
+}
+"""Library names whose flag is not ``--`` + the name with ``-`` for ``_``."""
+
+
+def flag(name: str) -> str:
+    """The flag of library parameter ``name`` (a flag already, ``-p``, as it is)."""
+    if name.startswith("-"):
+        return name
+    return FLAGS.get(name) or "--" + name.replace("_", "-")
+
+
+def render(exc: UserError) -> str:
+    """The message of ``exc`` with every parameter named by its flag."""
+    return exc.render(flag)
+
+
+def arg_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``parse`` as an argparse ``type``: a :class:`ParamError` becomes argparse's error, its
+    parameter names written as flags (the argparse adapter of :mod:`pipebubble.params`)."""
+
+    def adapted(text: str) -> Any:
+        try:
+            return parse(text)
+        except ParamError as exc:
+            raise argparse.ArgumentTypeError(render(exc)) from None
+
+    return adapted
