@@ -173,7 +173,7 @@ def moe_shape_of(profiles) -> MoEShape | None:
     return shape
 
 
-def ep_options(req, shape: MoEShape | None, tps, dense_flag: bool) -> tuple[int, ...]:
+def ep_options(req, shape: MoEShape | None, hardware: bool) -> tuple[int, ...]:
     """The EP degrees to search: ``--ep`` (``ep=`` of ``--config``) checked against the
     model's experts and the GPUs, else every power of two dividing the experts and the GPUs
     (1 for a dense model). One line for ``--ep`` on a dense profile."""
@@ -182,7 +182,7 @@ def ep_options(req, shape: MoEShape | None, tps, dense_flag: bool) -> tuple[int,
         map(str, given or ()))
     if shape is None:
         if given and tuple(given) != (1,):
-            why = "needs --gpu and" if dense_flag else "needs"
+            why = "needs" if hardware else "needs --gpu and"
             raise UserError(f"{flag} {why} an MoE profile (profile --analytic --hf-config of "
                              "a mixtral, qwen2_moe, qwen3_moe or deepseek_v3 config); this "
                              "profile has no experts")
@@ -206,19 +206,33 @@ def ep_options(req, shape: MoEShape | None, tps, dense_flag: bool) -> tuple[int,
     return tuple(out)
 
 
-def check_ep_splits(req, ep_list, splits) -> None:
-    """One line unless some ``(tp, cp, pp, dp)`` split has ``dp x cp`` divisible by a given
-    ep (only when ``--ep`` or ``ep=`` is given)."""
+def check_ep_splits(req, ep_list, splits, shardings=(), gpus_per_node: int = 8) -> None:
+    """One line unless some ``(tp, cp, pp, dp)`` split and sharding leave ``dp_shard x cp``
+    divisible by a given ep (only when ``--ep`` or ``ep=`` is given): ddp has no
+    ``dp_shard`` ranks to borrow, so under ddp ep must divide cp."""
     given = getattr(req, "ep", None)
     if not given:
         return
+    flag = ("--config ep=" if "ep" in getattr(req, "config", ()) else "--ep ") + ",".join(
+        map(str, given))
     rooms = sorted({ParallelDims(cp=cp, dp_shard=dp).data_context for _, cp, _, dp in splits})
     if not any(room % ep == 0 for room in rooms for ep in ep_list):
-        flag = ("--config ep=" if "ep" in getattr(req, "config", ()) else "--ep ") + ",".join(
-            map(str, given))
         raise UserError(f"{flag} must divide dp x cp (expert parallelism is carved out of the "
                          f"data x context parallel ranks); these degrees leave dp x cp in "
                          f"{', '.join(map(str, rooms))}")
+    shard_rooms = set()
+    for tp, cp, _, dp in splits:
+        mp = ParallelDims(tp=tp, cp=cp).model_parallel
+        for s in shardings:
+            _, shard = s.split_dp(dp, mp, gpus_per_node)
+            shard_rooms.add(ParallelDims(cp=cp, dp_shard=shard).data_context)
+    if shardings and not any(room % ep == 0 for room in shard_rooms for ep in ep_list):
+        names = ", ".join(str(s) for s in shardings)
+        raise UserError(f"{flag} must divide dp_shard x cp (EP borrows the sharded data-"
+                         f"parallel ranks, as torchtitan's mesh does), but --sharding {names} "
+                         f"leaves dp_shard x cp in {', '.join(map(str, sorted(shard_rooms)))} "
+                         "(ddp shards nothing: dp_shard 1); use --sharding zero1, zero2 or "
+                         "fsdp, or a cp that ep divides")
 
 
 # ---- one point's layer costs -----------------------------------------------------------------

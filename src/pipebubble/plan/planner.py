@@ -110,7 +110,7 @@ def build_points(profiles, req: Request, hardware: Hardware | None = None,
     if moe is not None:
         shape, seq, flash = moe, int(profiles.metadata()["seq"]), profiles.metadata().get(
             "attention", "flash") == "flash"
-    ep_list = ep_options(req, moe, (), hardware is not None)
+    ep_list = ep_options(req, moe, hardware is not None)
     check_imbalance(req.moe_imbalance)
     shardings = [Sharding.of(s) for s in  # one line for an unknown name
                  req.shardings or (SHARDINGS if hardware is not None else SHARDINGS[:4])]
@@ -146,7 +146,7 @@ def build_points(profiles, req: Request, hardware: Hardware | None = None,
                 if shape.heads % d == 0 and d & (d - 1) == 0 and _kv_even(shape.kv, d))
     cps = tuple(d for d in (1, 2, 4, 8) if seq % d == 0)
     out = []
-    check_ep_splits(req, ep_list, splits(req, tps, cps))
+    check_ep_splits(req, ep_list, splits(req, tps, cps), shardings, hardware.gpus_per_node)
     for tp, cp in sorted({(tp, cp) for tp, cp, _, _ in splits(req, tps, cps)}):
         sps = req.sp or ((False, True) if tp > 1 else (False,))
         for sp in sps:
