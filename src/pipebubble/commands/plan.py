@@ -353,6 +353,12 @@ def run(args: argparse.Namespace) -> int:
                         "NAME to price its layers (a100-40gb, a100-80gb, h100-sxm, h200, h800, "
                         "b200, mi300x)")
     shape, seq, _ = model_of(profiles)
+    if shape is None:  # an MoE profile: priced per op by plan/expert.py
+        from ..plan.expert import moe_shape_of
+
+        moe = moe_shape_of(profiles)
+        if moe is not None:
+            shape, seq = moe, int(profiles.metadata()["seq"])
     memory = args.gpu_memory or (hw.memory if hw is not None else 80 * 2**30)
     budget = memory - parse_reserve(args.reserve, memory)
     req = build_request(args, profiles, budget, hardware=hw is not None and shape is not None)
@@ -414,12 +420,6 @@ def run(args: argparse.Namespace) -> int:
             validations = validate_on_model(runnable, args.model, args.model_arg, args.seq)
         else:
             validations = validate(runnable, target=args.target_step)
-    if shape is None:  # an MoE profile: its shape for MFU (plan/expert.py)
-        from ..plan.expert import moe_shape_of
-
-        moe = moe_shape_of(profiles)
-        if moe is not None:
-            shape, seq = moe, int(profiles.metadata()["seq"])
     ctx = {"hw": hw, "shape": shape, "seq": seq, "memory": memory,
            "imbalance": req.moe_imbalance,
            "efficiency": hw.efficiency if hw is not None and args.mfu is None else None}
@@ -650,7 +650,7 @@ def pastes(plan, item: dict, profiles, ctx: dict, stem: str, runnable=None) -> d
             "version": settings.MEGATRON, "flags": alt_item["megatron"],
             "env": alt_item["megatron_env"]}
         out[fw]["instead"] = {"plan": _label(alt), "config": {k: alt_item[k] for k in (
-                                  "tp", "sp", "cp", "pp", "dp", "sharding", "schedule",
+                                  "tp", "sp", "cp", "pp", "dp", "ep", "sharding", "schedule",
                                   "chunks", "placement", "microbatch_size", "microbatches",
                                   "recompute", "stages")},
                               "predicted_step_time": alt.step_time,
