@@ -104,18 +104,22 @@ class Axes:
         pt = self.point
         if pt.ep == 1:
             return True
+        if pt.sharding.hybrid:
+            return False  # hsdp's shard group and the expert-data-parallel group: not priced
         _, shard = pt.sharding.split_dp(dp, pt.dims.model_parallel, self.net.gpus_per_node)
         return pt.dims.ep_fits(pt.ep, shard)
 
     # -- the experts (MoE): sharded over EP, their states over the expert-data-parallel group
     def _expert_sharding(self) -> Sharding:
-        """hsdp's experts are priced as fsdp over their expert-data-parallel group."""
-        s = self.point.sharding
-        return Sharding.FSDP if s.hybrid else s
+        """The sharding of the experts' states (hsdp is never asked: at ep 1, the only ep
+        it is searched with (:meth:`ep_fits`), its experts are priced as its other states)."""
+        return self.point.sharding
 
     def expert_bytes_per_param(self, dp: int, pp: int = 1) -> float:
         """Model-state bytes per local expert parameter: the sharding over the
         expert-data-parallel group (``dp x cp / ep`` ranks), not ``dp x cp``."""
+        if self.point.sharding.hybrid:
+            return self.bytes_per_param(dp, pp)
         n = self.dims(dp, pp).expert_data_parallel
         return model_state_bytes(self._expert_sharding(), max(n, 1), *self.state_bytes,
                                  keep=self.keeps_weights(pp))
@@ -123,6 +127,8 @@ class Axes:
     def expert_sync(self, dp: int, pp: int = 1) -> Sync:
         """The experts' gradient reduction (and gather) over their expert-data-parallel
         group, ``tp x ep`` ranks apart (``ParallelDims.group("edp")``)."""
+        if self.point.sharding.hybrid:
+            return self.sync(dp, pp)
         key = ("experts", dp, pp)
         got = self._syncs.get(key)
         if got is None:
@@ -135,6 +141,8 @@ class Axes:
     def expert_optimizer_time(self, dp: int, params: float) -> float:
         """Seconds of the optimizer step of ``params`` local expert parameters (their shard
         of the expert-data-parallel group)."""
+        if self.point.sharding.hybrid:
+            return self.optimizer_time(dp, params)
         n = self.dims(dp).expert_data_parallel
         return step_time(params, self._expert_sharding(), max(n, 1), self.state_bytes,
                          self.hbm)

@@ -41,7 +41,8 @@ grid (``tp`` apart), carved out of ``dp_shard x cp``
 ep`` apart holding the same experts form the expert-data-parallel group of ``dp x cp / ep``
 ranks: the experts' weights, gradients and optimizer states are ``1 / (t ep)`` per rank and
 sharded over that group as the sharding shards dense states over ``dp x cp``
-(:meth:`~pipebubble.plan.axes.Axes.expert_bytes_per_param`; hsdp's experts as fsdp), their
+(:meth:`~pipebubble.plan.axes.Axes.expert_bytes_per_param`; hsdp is searched at ep 1 only,
+its experts sharded as its other states), their
 gradients reduced over it (:meth:`~pipebubble.plan.axes.Axes.expert_sync`), behind the
 same last backward as the dense gradients.
 

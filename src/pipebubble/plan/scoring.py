@@ -323,7 +323,7 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
             plan.fsdp_reshard = "never" if keep else "always"
         gathered = self._gathered(c, self.p.at(c.microbatch_size, c.recompute), sched,
                                   pr.ranges) if fsdp else None
-        n_e = max(c.dims.expert_data_parallel, 1)  # the experts' states (plan/expert.py)
+        n_e = n if c.sharding.hybrid else max(c.dims.expert_data_parallel, 1)  # plan/expert
         for r in range(c.pp):
             E = pr.rank_expert[r] if pr.rank_expert else 0.0
             P = pr.rank_params[r] - E
