@@ -231,3 +231,15 @@ def test_imbalance_slows_the_experts():
                   for u in (1.0, 2.0))
     assert skew.step_time > even.step_time
     assert math.isfinite(skew.step_time)
+
+
+def test_pruning_keeps_the_plans_simulating_everything_finds():
+    """The bounds stay bounds with the experts' own states and traffic: the pruned search
+    returns the plans of the search that simulates every configuration."""
+    hw = get_hardware("h100-sxm")
+    req = _request(top=8, schedules=("1f1b", "dualpipe"), ep=(2, 4),
+                   shardings=("zero1", "fsdp"), recompute=("none", "full"))
+    fast = search(_profiles(), req, hw).plans
+    slow = search(_profiles(), Request(**{**req.__dict__, "prune": False}), hw).plans
+    assert [p.step_time for p in fast] == pytest.approx([p.step_time for p in slow], rel=1e-12)
+    assert {p.dims.ep for p in slow} == {2, 4}  # EP is among what is compared
