@@ -305,17 +305,20 @@ class ExpertCosts(ParallelCosts):
             local = sh.experts // ep
             rows = routed_rows / local  # per local expert
             experts = [(rows, 2 * sh.expert_ffn / t, h), (rows, h, sh.expert_ffn / t)]
-            mlp = shared + experts * local
+            mlp = shared + experts
             inner = (fs + routed_rows / T * sh.expert_ffn) / t  # SwiGLU width per token
             router = [(T, sh.experts, h)]
         else:
             mlp = [(T, 2 * sh.dense_ffn / t, h), (T, h, sh.dense_ffn / t)]
-            inner, router, routed_rows = sh.dense_ffn / t, [], 0.0
+            inner, router, routed_rows, local = sh.dense_ffn / t, [], 0.0, 1
         gemms = attn_gemms + mlp
-        fwd = sum(gemm_time(m, n, k, r, fp8=True) for m, n, k in gemms)
+        # the last two GEMMs of an MoE block run once per local expert (all alike)
+        times = [local if moe and j >= len(gemms) - 2 else 1 for j in range(len(gemms))]
+        each = list(zip(times, gemms, strict=True))
+        fwd = sum(x * gemm_time(m, n, k, r, fp8=True) for x, (m, n, k) in each)
         fwd += sum(gemm_time(m, n, k, r) for m, n, k in router)
-        dgrads = [gemm_time(m, k, n, r, fp8=True) for m, n, k in gemms]
-        wgrads = [gemm_time(k, n, m, r, fp8=True) for m, n, k in gemms]
+        dgrads = [x * gemm_time(m, k, n, r, fp8=True) for x, (m, n, k) in each]
+        wgrads = [x * gemm_time(k, n, m, r, fp8=True) for x, (m, n, k) in each]
         dgrad = sum(dgrads) + sum(gemm_time(m, k, n, r) for m, n, k in router)
         wgrad = sum(wgrads) + sum(gemm_time(k, n, m, r) for m, n, k in router)
         attn = attention_time(T, self.seq, width, r, flash=self.flash, sequences=b,
@@ -346,6 +349,10 @@ class ExpertCosts(ParallelCosts):
         with the norm, attention and MLP inputs replicated over TP (split with SP), the rest
         split over TP, every token tensor over CP, the dispatched tokens times the
         imbalance."""
+        key = ("act", self.shape.is_moe(n), b, recompute)
+        got = self._blocks.get(key)
+        if got is not None:
+            return got
         sh, s, t, cp = self.shape, self.seq, self.tp, self.cp
         c = layer_cost(sh, n, s, b, ACT_BYTES, self.flash)
         tokens = s * b
@@ -358,7 +365,8 @@ class ExpertCosts(ParallelCosts):
             kept = 2 * tokens * sh.hidden / cp / (t if self.sp else 1)
         else:  # FlashAttention keeps no scores: selective keeps what none keeps
             kept = none
-        return kept, min(w, kept), none
+        got = self._blocks[key] = (kept, min(w, kept), none)
+        return got
 
     def at(self, size: int, recompute: str = "none") -> LayerCosts:
         key = (size, recompute)
