@@ -175,6 +175,7 @@ def test_config_ep_and_the_pastes_carry_ep(tmp_path, capsys, monkeypatch):
     for f in ("--expert-model-parallel-size", "--num-experts 8", "--moe-router-topk 2"):
         assert f in flags
     assert "--expert-model-parallel-size 4" in (paste["megatron"]["flags"] or "")
+    assert '--moe-layer-freq "[0,1,1,1]"' in flags  # the first layer is dense
 
 
 def test_the_table_shows_ep(tmp_path, capsys, monkeypatch):
@@ -243,3 +244,21 @@ def test_pruning_keeps_the_plans_simulating_everything_finds():
     slow = search(_profiles(), Request(**{**req.__dict__, "prune": False}), hw).plans
     assert [p.step_time for p in fast] == pytest.approx([p.step_time for p in slow], rel=1e-12)
     assert {p.dims.ep for p in slow} == {2, 4}  # EP is among what is compared
+
+
+def test_group_limited_routing_keys_are_read_and_checked():
+    from pipebubble.errors import UserError
+    from pipebubble.plan.moe import moe_shape_from_hf
+
+    cfg = {"model_type": "deepseek_v3", "hidden_size": 64, "intermediate_size": 128,
+           "moe_intermediate_size": 32, "n_routed_experts": 16, "n_shared_experts": 1,
+           "num_experts_per_tok": 4, "first_k_dense_replace": 1, "num_attention_heads": 4,
+           "num_hidden_layers": 2, "q_lora_rank": 16, "kv_lora_rank": 16,
+           "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 8, "vocab_size": 100,
+           "n_group": 4, "topk_group": 2}
+    shape, used = moe_shape_from_hf(cfg)
+    assert (shape.expert_groups, shape.group_top_k) == (4, 2) and used["n_group"] == 4
+    with pytest.raises(UserError, match="'n_group' 5 must divide 'n_routed_experts' 16"):
+        moe_shape_from_hf(dict(cfg, n_group=5))
+    with pytest.raises(UserError, match="'topk_group' 6 be in 1..4"):
+        moe_shape_from_hf(dict(cfg, topk_group=6))
