@@ -262,3 +262,21 @@ def test_group_limited_routing_keys_are_read_and_checked():
         moe_shape_from_hf(dict(cfg, n_group=5))
     with pytest.raises(UserError, match="'topk_group' 6 be in 1..4"):
         moe_shape_from_hf(dict(cfg, topk_group=6))
+
+
+def test_the_default_imbalance_is_the_capacity_factor():
+    from pipebubble.plan.expert import default_imbalance
+    from pipebubble.plan.moe import moe_shape_from_hf
+
+    assert default_imbalance(TINY) == 1.0  # no capacity factor: even routing
+    cfg = {"model_type": "mixtral", "hidden_size": 64, "intermediate_size": 128,
+           "num_attention_heads": 4, "num_hidden_layers": 2, "num_local_experts": 4,
+           "num_experts_per_tok": 2, "vocab_size": 100, "capacity_factor": 1.25}
+    shape, used = moe_shape_from_hf(cfg)
+    assert default_imbalance(shape) == 1.25 and used["capacity_factor"] == 1.25
+    hw = get_hardware("h100-sxm")
+    prof = ProfileSet([moe_profile(shape, seq=SEQ, batch=1)])
+    at_default = search(prof, _request(pp=(1,), ep=(4,), shardings=("zero1",)), hw).plans[0]
+    given = search(prof, _request(pp=(1,), ep=(4,), shardings=("zero1",),
+                                  moe_imbalance=1.25), hw).plans[0]
+    assert at_default.step_time == given.step_time

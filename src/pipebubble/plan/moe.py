@@ -379,7 +379,26 @@ class _Keys:
         return UserError(f"--hf-config {self.path}: {message}")
 
 
+CAPACITY_KEYS = ("capacity_factor", "moe_capacity_factor", "expert_capacity_factor")
+"""Keys an HF config may name its router's capacity factor by (none of the four types'
+released configs has one); recorded in the shape's ``extra`` (plan/expert.py's default
+``--moe-imbalance``)."""
+
+
 def moe_shape_from_hf(data: dict, path: str = "config.json") -> tuple[MoEShape, dict]:
+    """:func:`_moe_shape_from_hf`, and a capacity factor (:data:`CAPACITY_KEYS`, a number
+    >= 1) when the config names one."""
+    shape, used = _moe_shape_from_hf(data, path)
+    for key in CAPACITY_KEYS:
+        v = data.get(key)
+        if isinstance(v, int | float) and not isinstance(v, bool) and v >= 1:
+            shape.extra["capacity_factor"] = float(v)
+            used[key] = v
+            break
+    return shape, used
+
+
+def _moe_shape_from_hf(data: dict, path: str = "config.json") -> tuple[MoEShape, dict]:
     """The :class:`MoEShape` of an HF ``config.json`` of ``model_type`` mixtral, qwen2_moe,
     qwen3_moe or deepseek_v3, and ``{key: value}`` of the keys used.
 
