@@ -280,3 +280,12 @@ def test_the_default_imbalance_is_the_capacity_factor():
     given = search(prof, _request(pp=(1,), ep=(4,), shardings=("zero1",),
                                   moe_imbalance=1.25), hw).plans[0]
     assert at_default.step_time == given.step_time
+
+
+def test_torchtitan_gets_the_expert_tensor_degree_and_its_ep_rule():
+    from pipebubble.plan.expert import torchtitan_moe
+
+    assert torchtitan_moe(ParallelDims(tp=2, dp_shard=8, ep=4)) == (
+        {"expert_parallel_degree": 4, "expert_tensor_parallel_degree": 2}, None)
+    entries, note = torchtitan_moe(ParallelDims(cp=4, dp_shard=2, ep=2))  # ep % cp != 0
+    assert entries == {"expert_parallel_degree": 2} and "multiple of cp" in note

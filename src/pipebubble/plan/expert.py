@@ -428,6 +428,21 @@ def point_costs(shape, seq: int, rates: Rates, net: Network, tp: int, sp: bool, 
 
 
 # ---- pastes ------------------------------------------------------------------------------------
+def torchtitan_moe(dims) -> tuple[dict, str | None]:
+    """torchtitan's ``[parallelism]`` entries for an MoE plan: ``expert_parallel_degree``
+    and, with TP, ``expert_tensor_parallel_degree`` = tp (the experts split over TP as
+    priced here); and a note when torchtitan's rule for that (``ep`` a multiple of ``cp``:
+    its EP mesh takes all of CP first) does not hold."""
+    out = {"expert_parallel_degree": dims.ep}
+    if dims.tp > 1 and dims.ep > 1:
+        out["expert_tensor_parallel_degree"] = dims.tp
+    note = None
+    if dims.ep > 1 and dims.ep % dims.cp:
+        note = (f"torchtitan's EP mesh needs ep a multiple of cp (ep {dims.ep}, cp {dims.cp}); "
+                "its parallel_dims will refuse this layout")
+    return out, note
+
+
 def megatron_moe_flags(shape: MoEShape, ep: int) -> list[str]:
     """Megatron-Core's MoE flags for the shape at ``ep``: ``--num-experts``,
     ``--moe-router-topk``, ``--moe-ffn-hidden-size``, ``--expert-model-parallel-size``, the

@@ -230,8 +230,13 @@ def torchtitan(plan: Plan, profiles: ProfileSet, csv_path: str | Path | None = N
     par: dict = {"tensor_parallel_degree": c.tp, "context_parallel_degree": c.cp,
                  "pipeline_parallel_degree": c.pp, "data_parallel_replicate_degree": replicate,
                  "data_parallel_shard_degree": shard}
-    if c.dims.ep > 1 or profiles.metadata().get("moe"):  # MoE: plan/expert.py
-        par["expert_parallel_degree"] = c.dims.ep
+    if profiles.metadata().get("moe"):  # MoE: plan/expert.py
+        from .expert import torchtitan_moe
+
+        more, note = torchtitan_moe(c.dims)
+        par.update(more)
+        if note:
+            notes.append(note)
     if c.tp > 1 and not c.sp:
         notes.append("torchtitan's tensor parallelism always splits the norms' sequence "
                      "(sequence parallel): it runs this plan with sp")
