@@ -282,10 +282,12 @@ def test_the_default_imbalance_is_the_capacity_factor():
     assert at_default.step_time == given.step_time
 
 
-def test_torchtitan_gets_the_expert_tensor_degree_and_its_ep_rule():
+def test_torchtitan_gets_ep_and_a_note_where_it_lays_the_experts_out_otherwise():
     from pipebubble.plan.expert import torchtitan_moe
 
-    assert torchtitan_moe(ParallelDims(tp=2, dp_shard=8, ep=4)) == (
-        {"expert_parallel_degree": 4, "expert_tensor_parallel_degree": 2}, None)
-    entries, note = torchtitan_moe(ParallelDims(cp=4, dp_shard=2, ep=2))  # ep % cp != 0
-    assert entries == {"expert_parallel_degree": 2} and "multiple of cp" in note
+    assert torchtitan_moe(ParallelDims(dp_shard=8, ep=4)) == (
+        {"expert_parallel_degree": 4}, None)
+    entries, note = torchtitan_moe(ParallelDims(tp=2, cp=4, dp_shard=2, ep=2))
+    assert entries == {"expert_parallel_degree": 2}
+    assert "expert_tensor_parallel_degree = 2 only if ep is a multiple of cp 4" in note
+    assert "torchtitan 0.3" in note

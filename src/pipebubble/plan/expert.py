@@ -429,17 +429,20 @@ def point_costs(shape, seq: int, rates: Rates, net: Network, tp: int, sp: bool, 
 
 # ---- pastes ------------------------------------------------------------------------------------
 def torchtitan_moe(dims) -> tuple[dict, str | None]:
-    """torchtitan's ``[parallelism]`` entries for an MoE plan: ``expert_parallel_degree``
-    and, with TP, ``expert_tensor_parallel_degree`` = tp (the experts split over TP as
-    priced here); and a note when torchtitan's rule for that (``ep`` a multiple of ``cp``:
-    its EP mesh takes all of CP first) does not hold."""
+    """torchtitan's ``[parallelism]`` entry for an MoE plan, ``expert_parallel_degree``, and
+    a note where torchtitan lays the experts out otherwise than priced here: with TP, the
+    experts are priced split over TP (Megatron-Core's default), which torchtitan 0.2 runs as
+    ``expert_tensor_parallel_degree = tp`` (its EP mesh then needs ep a multiple of cp) and
+    torchtitan 0.3 not at all (its EP borrows ranks from ``dp_shard x cp x tp``, experts
+    whole: ``expert_parallel_degree = ep x tp`` is its nearest layout)."""
     out = {"expert_parallel_degree": dims.ep}
-    if dims.tp > 1 and dims.ep > 1:
-        out["expert_tensor_parallel_degree"] = dims.tp
     note = None
-    if dims.ep > 1 and dims.ep % dims.cp:
-        note = (f"torchtitan's EP mesh needs ep a multiple of cp (ep {dims.ep}, cp {dims.cp}); "
-                "its parallel_dims will refuse this layout")
+    if dims.ep > 1 and dims.tp > 1:
+        note = (f"the plan splits the experts over tp {dims.tp} (Megatron-Core's layout): "
+                f"torchtitan 0.2 runs it with expert_tensor_parallel_degree = {dims.tp}"
+                + (f" only if ep is a multiple of cp {dims.cp}" if dims.ep % dims.cp else "")
+                + "; torchtitan 0.3's EP borrows the TP ranks instead, experts whole "
+                  "(expert_parallel_degree = ep x tp is its nearest layout, not this plan)")
     return out, note
 
 
