@@ -104,7 +104,9 @@ def search(profiles: ProfileSet, req: Request, hardware: Hardware | None = None,
 
 def build_points(profiles, req: Request, hardware: Hardware | None = None,
                  efficiency: float | None = None, mfu: float | None = None) -> list:
-    """``(point, layer costs, axes)`` for every (tp, sp, cp, sharding) the request allows."""
+    """``(point, layer costs, axes)`` for every (tp, sp, cp, sharding) the request allows,
+    and for an MoE profile every ep (:mod:`pipebubble.plan.expert`: its layers, the
+    all-to-all and the experts' states at each (tp, sp, cp, ep); docs/moe.md)."""
     shape, seq, flash = model_of(profiles)
     moe = moe_shape_of(profiles)  # an MoE profile: priced by plan/expert.py
     if moe is not None:
