@@ -193,16 +193,20 @@ def test_profile_cli_names_the_keys_and_prints_the_moe_table(tmp_path, capsys, m
     assert saved["hf_config"]["keys"]["first_k_dense_replace"] == 3
 
 
-def test_plan_refuses_a_hardware_free_moe_profile(tmp_path, capsys):
+def test_plan_prices_a_hardware_free_moe_profile(tmp_path, capsys, monkeypatch):
+    """``plan --gpu`` prices an MoE profile's layers per op (plan/expert.py), EP searched."""
+    monkeypatch.chdir(tmp_path)
     path = tmp_path / "config.json"
-    path.write_text(json.dumps(QWEN15_MOE_A27B))
+    path.write_text(json.dumps(dict(QWEN15_MOE_A27B, num_hidden_layers=4)))
     out = tmp_path / "q.json"
     assert main(["profile", "--analytic", "--hf-config", str(path), "--seq", "512",
                  "--out", str(out)]) == 0
     capsys.readouterr()
     assert main(["plan", "--profile", str(out), "--gpus", "8", "--gpu", "h100-sxm",
-                 "--global-batch", "16"]) == 2
-    assert "MoE profile" in capsys.readouterr().err
+                 "--global-batch", "16", "--schedules", "1f1b", "--microbatch-size", "1",
+                 "--json"]) == 0
+    plans = json.loads(capsys.readouterr().out)["plans"]
+    assert plans and all(p["mfu"] > 0 and "ep" in p for p in plans)
 
 
 def test_the_readme_moe_command_runs(tmp_path, capsys, monkeypatch):

@@ -32,8 +32,12 @@ def test_groups_follow_the_grid_order():
     assert d.group("dp") == (8, 3)
     assert d.group("dp_cp") == (2, 12)
     assert d.group("pp") == (24, 2)
-    with pytest.raises(UserError, match="unknown axis 'ep'"):
-        d.group("ep")
+    assert d.group("ep") == (2, 1)  # ep 1: one rank
+    e = ParallelDims(tp=2, cp=2, dp_shard=8, ep=4)  # EP: 4 consecutive ranks of cp x dp
+    assert e.group("ep") == (2, 4) and e.group("edp") == (8, 4)
+    assert e.expert_data_parallel * e.ep == e.data_context
+    with pytest.raises(UserError, match="unknown axis 'xp'"):
+        d.group("xp")
 
 
 def test_members_and_groups_per_node_match_the_network():

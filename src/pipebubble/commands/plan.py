@@ -159,6 +159,12 @@ def add_axes_flags(p: argparse.ArgumentParser) -> None:
                        ("dp", "data-parallel degrees (every divisor)")):
         g.add_argument(f"--{axis}", type=int_list(f"--{axis}"), default=None, metavar="LIST",
                        help=what)
+    g.add_argument("--ep", type=int_list("--ep"), default=None, metavar="LIST",
+                   help="expert-parallel degrees (MoE profiles: inside dp_shard x cp, dividing "
+                   "the experts; default every power of two that does)")
+    g.add_argument("--moe-imbalance", type=real_flag("--moe-imbalance"), default=None,
+                   metavar="X", help="MoE: the busiest expert rank's tokens over the mean, "
+                   ">= 1 (default the router's capacity factor, else 1.0: even routing)")
     g.add_argument("--sp", default=None, metavar="0,1",
                    help="sequence parallelism off (0), on (1) or both (with tp > 1)")
     g.add_argument("--sharding", default=None, metavar="LIST",
@@ -171,7 +177,7 @@ def add_axes_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--reserve", default="5%", metavar="BYTES|P%",
                    help="memory kept free on every GPU (5%%)")
     g.add_argument("--config", default=None, metavar="K=V,...",
-                   help="evaluate this configuration (keys tp, sp, cp, pp, dp, sharding, mbs, "
+                   help="evaluate this configuration (keys tp, sp, cp, pp, dp, ep, sharding, mbs, "
                    "schedule, v, recompute; the rest searched) and rank it against the best")
     g.add_argument("--measured-step", type=real_flag("--measured-step"), default=None,
                    metavar="S",
@@ -222,6 +228,7 @@ def parse_reserve(text: str, memory: float) -> float:
 
 def build_request(args: argparse.Namespace, profiles, memory: float | None = None,
                   hardware: bool = False):
+    from ..plan.expert import check_imbalance
     from ..plan.planner import Request
 
     if args.schedules.strip().lower() == "all":
@@ -274,6 +281,8 @@ def build_request(args: argparse.Namespace, profiles, memory: float | None = Non
                    global_batch=args.global_batch,
                    tp=tuple(args.tp) if args.tp else None, cp=tuple(args.cp) if args.cp else None,
                    pp=tuple(args.pp) if args.pp else None, dp=tuple(args.dp) if args.dp else None,
+                   ep=tuple(args.ep) if args.ep else None,
+                   moe_imbalance=check_imbalance(args.moe_imbalance),
                    sp=sp, shardings=shardings, fsdp_reshard=check_reshard(args.fsdp_reshard),
                    microbatch_sizes=tuple(args.microbatch_size), schedules=names,
                    max_chunks=args.max_chunks, recompute=modes,
@@ -341,16 +350,17 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--model is the model --validate runs; give --validate K too")
     hw = hardware_of(args)
     profiles = ProfileSet([Profile.load(p) for p in args.profile])
-    if profiles.metadata().get("moe") and profiles.metadata().get("hardware_free"):
-        # no shape the compute model knows (issue 28: the EP axis)
-        raise UserError("plan cannot price a hardware-free MoE profile's layers yet (plan "
-                        "--gpu prices dense shapes only): write the profile with --tflops and "
-                        "--mfu, and plan from its times")
     if hw is None and profiles.metadata().get("hardware_free"):
         raise UserError("this analytic profile is hardware free (no --tflops): give --gpu "
-                        "NAME to price its layers (a100-40gb, a100-80gb, h100-sxm, h200, b200, "
-                        "mi300x)")
+                        "NAME to price its layers (a100-40gb, a100-80gb, h100-sxm, h200, h800, "
+                        "b200, mi300x)")
     shape, seq, _ = model_of(profiles)
+    if shape is None:  # an MoE profile: priced per op by plan/expert.py
+        from ..plan.expert import moe_shape_of
+
+        moe = moe_shape_of(profiles)
+        if moe is not None:
+            shape, seq = moe, int(profiles.metadata()["seq"])
     memory = args.gpu_memory or (hw.memory if hw is not None else 80 * 2**30)
     budget = memory - parse_reserve(args.reserve, memory)
     req = build_request(args, profiles, budget, hardware=hw is not None and shape is not None)
@@ -413,6 +423,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             validations = validate(runnable, target=args.target_step)
     ctx = {"hw": hw, "shape": shape, "seq": seq, "memory": memory,
+           "imbalance": req.moe_imbalance,
            "efficiency": hw.efficiency if hw is not None and args.mfu is None else None}
     out = result_json(result, profiles, validations, args.out, ctx, mine,
                       runnable_finder(result, profiles, req, hw, efficiency, args.mfu))
@@ -504,6 +515,7 @@ def runnable_finder(result, profiles, req, hw, efficiency, mfu):
 
 def throughput(plan, ctx: dict) -> dict:
     """tokens/s per GPU and MFU (model FLOPs, Narayanan et al. eq. 3's attention count)."""
+    from ..plan.expert import moe_model_flops_per_sequence
     from ..plan.parallel_costs import model_flops_per_sequence
 
     seq, shape, hw = ctx.get("seq"), ctx.get("shape"), ctx.get("hw")
@@ -512,7 +524,10 @@ def throughput(plan, ctx: dict) -> dict:
     if seq and plan.step_time > 0:
         out["tokens_per_second_per_gpu"] = plan.global_batch * seq / plan.step_time / gpus
         if shape is not None and hw is not None:
-            flops = model_flops_per_sequence(shape, seq) * plan.global_batch
+            from ..plan.moe import MoEShape
+
+            flops = (model_flops_per_sequence(shape, seq) if not isinstance(shape, MoEShape)
+                     else moe_model_flops_per_sequence(shape, seq)) * plan.global_batch
             out["mfu"] = flops / (plan.step_time * gpus * hw.peak_flops)
     return out
 
@@ -523,6 +538,11 @@ def plan_item(plan, profiles, ctx: dict, csv: str | None = None) -> dict:
 
     item = plan.as_json()
     item.update(throughput(plan, ctx))
+    from ..plan.expert import all_to_all_summary
+
+    a2a = all_to_all_summary(plan, profiles, ctx.get("hw"), ctx.get("imbalance"))
+    if a2a is not None:
+        item["all_to_all"] = a2a
     item["runnable_in"] = [] if runnable_nowhere(plan.schedule) else (
         (["torchtitan"] if settings.torchtitan_blocker(plan) is None else [])
         + (["megatron"] if settings.megatron_blocker(plan) is None else []))
@@ -632,7 +652,7 @@ def pastes(plan, item: dict, profiles, ctx: dict, stem: str, runnable=None) -> d
             "version": settings.MEGATRON, "flags": alt_item["megatron"],
             "env": alt_item["megatron_env"]}
         out[fw]["instead"] = {"plan": _label(alt), "config": {k: alt_item[k] for k in (
-                                  "tp", "sp", "cp", "pp", "dp", "sharding", "schedule",
+                                  "tp", "sp", "cp", "pp", "dp", "ep", "sharding", "schedule",
                                   "chunks", "placement", "microbatch_size", "microbatches",
                                   "recompute", "stages")},
                               "predicted_step_time": alt.step_time,
@@ -686,7 +706,8 @@ def _margin(a, b) -> tuple[float, str]:
 
 def _label(p) -> str:
     c = p.config
-    return (f"tp={c.tp}{' sp' if c.sp else ''} cp={c.cp} pp={c.pp} dp={c.dp} {c.sharding} "
+    return (f"tp={c.tp}{' sp' if c.sp else ''} cp={c.cp} pp={c.pp} dp={c.dp}"
+            f"{f' ep={c.dims.ep}' if c.dims.ep > 1 else ''} {c.sharding} "
             f"{c.schedule} v={c.chunks} mbs={c.microbatch_size} m={c.microbatches} "
             f"recompute {c.recompute}")
 
@@ -727,7 +748,8 @@ def print_plans(console, result, out: dict, validations) -> None:
         shard = item["sharding"] + (f" ({item['fsdp_reshard']})" if item.get("fsdp_reshard")
                                     else "")  # fsdp (always) / fsdp (never)
         t.add_row(name, f"{item['tp']}{'s' if item['sp'] else ''}.{item['cp']}.{item['pp']}."
-                  f"{item['dp']}", shard, sched,
+                  f"{item['dp']}" + (f" ep{item['ep']}" if item.get("ep", 1) > 1 else ""),
+                  shard, sched,
                   f"{item['microbatch_size']}x{item['microbatches']}", item["recompute"],
                   _t(item["predicted_step_time"]),
                   f"{tok:,.0f}" if tok else f"{item['samples_per_second']:.1f} sm/s",
@@ -875,6 +897,12 @@ def why_best(result, out: dict) -> list[str]:
              f"{_gib(result.request.gpu_memory)} budget ({parts})"]
     if b.pp == 1:
         lines.append("  (pp = 1: do not pipeline)")
+    a2a = out["plans"][0].get("all_to_all") if out.get("plans") else None
+    if a2a:  # MoE: plan/expert.py
+        lines.append(f"  expert parallel ep={b.dims.ep} over {a2a['nodes']} node(s), expert-"
+                     f"data-parallel {b.dims.expert_data_parallel}: all-to-all "
+                     f"{_t(a2a['forward'])} in F and {_t(a2a['backward'])} in the backward "
+                     f"of the slowest stage, a microbatch (imbalance {a2a['imbalance']:g})")
     if len(plans) > 1:
         gain, reasons = _margin(b, plans[1])
         lines.append(f"it beats #2 ({_label(plans[1])}) by {gain:.1%}: {reasons}")

@@ -59,6 +59,7 @@ class Point:
 
     dims: ParallelDims = ParallelDims()
     sharding: Sharding = Sharding.DDP  # or its name
+    ep: int = 1  # expert parallel (MoE): set in dims once dp is known (plan/expert.py)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sharding", Sharding.of(self.sharding))
@@ -94,8 +95,57 @@ class Axes:
             pt = self.point
             replicate, shard = pt.sharding.split_dp(dp, pt.dims.model_parallel,
                                                     self.net.gpus_per_node)
-            got = self._dims[(dp, pp)] = pt.dims.with_split(pp, replicate, shard)
+            got = self._dims[(dp, pp)] = pt.dims.with_split(pp, replicate, shard, pt.ep)
         return got
+
+    def ep_fits(self, dp: int) -> bool:
+        """Whether the point's ``ep`` fits ``dp`` data-parallel ranks split by its sharding
+        (EP is carved out of ``dp_shard x cp``: :class:`~pipebubble.plan.dims.ParallelDims`)."""
+        pt = self.point
+        if pt.ep == 1:
+            return True
+        if pt.sharding.hybrid:
+            return False  # hsdp's shard group and the expert-data-parallel group: not priced
+        _, shard = pt.sharding.split_dp(dp, pt.dims.model_parallel, self.net.gpus_per_node)
+        return pt.dims.ep_fits(pt.ep, shard)
+
+    # -- the experts (MoE): sharded over EP, their states over the expert-data-parallel group
+    def _expert_sharding(self) -> Sharding:
+        """The sharding of the experts' states (hsdp is never asked: at ep 1, the only ep
+        it is searched with (:meth:`ep_fits`), its experts are priced as its other states)."""
+        return self.point.sharding
+
+    def expert_bytes_per_param(self, dp: int, pp: int = 1) -> float:
+        """Model-state bytes per local expert parameter: the sharding over the
+        expert-data-parallel group (``dp x cp / ep`` ranks), not ``dp x cp``."""
+        if self.point.sharding.hybrid:
+            return self.bytes_per_param(dp, pp)
+        n = self.dims(dp, pp).expert_data_parallel
+        return model_state_bytes(self._expert_sharding(), max(n, 1), *self.state_bytes,
+                                 keep=self.keeps_weights(pp))
+
+    def expert_sync(self, dp: int, pp: int = 1) -> Sync:
+        """The experts' gradient reduction (and gather) over their expert-data-parallel
+        group, ``tp x ep`` ranks apart (``ParallelDims.group("edp")``)."""
+        if self.point.sharding.hybrid:
+            return self.sync(dp, pp)
+        key = ("experts", dp, pp)
+        got = self._syncs.get(key)
+        if got is None:
+            stride, n = self.dims(dp, pp).group("edp")
+            got = self._syncs[key] = Sync(self._expert_sharding(), self.net, n,
+                                          self.grad_bytes, stride=stride,
+                                          reshard=resolve_reshard(self.reshard, pp))
+        return got
+
+    def expert_optimizer_time(self, dp: int, params: float) -> float:
+        """Seconds of the optimizer step of ``params`` local expert parameters (their shard
+        of the expert-data-parallel group)."""
+        if self.point.sharding.hybrid:
+            return self.optimizer_time(dp, params)
+        n = self.dims(dp).expert_data_parallel
+        return step_time(params, self._expert_sharding(), max(n, 1), self.state_bytes,
+                         self.hbm)
 
     def shard(self, dp: int) -> int:
         """Ranks sharing the model states: ``dp x cp`` (hsdp: its shard group, 0 if none)."""

@@ -55,6 +55,8 @@ class Configs:
             if (req.pp is not None and pp not in req.pp) or (
                     req.dp is not None and dp not in req.dp):
                 continue
+            if not self.axes.ep_fits(dp):
+                continue  # expert parallelism is carved out of dp_shard x cp (plan/expert.py)
             dims = self.axes.dims(dp, pp)
             if pt.sharding.shards_optimizer and dims.data_context == 1:
                 continue  # nothing to shard: the same plan as ddp, shown once

@@ -48,7 +48,8 @@ class Pricing:
         if got is None or got[0] is not lc:
             sums = {k: np.concatenate(([0.0], np.cumsum(getattr(lc, k))))
                     for k in ("params", "f", "i", "w", "act", "act_w")
-                    + (("hidden",) if lc.hidden is not None else ())}
+                    + tuple(k for k in ("hidden", "expert", "a2a_f", "a2a_b")
+                            if getattr(lc, k) is not None)}
             got = self._prefixes[id(lc)] = (lc, sums)
         return got[1]
 
@@ -85,6 +86,33 @@ class Pricing:
         if got is None:
             got = self._sync_times[key] = self.axes.sync(c.dp, c.pp).times(params, c.pp)
         return got
+
+    def _expert_sync_time(self, c: Config, params: float) -> tuple[float, float]:
+        """Both parts of the experts' traffic over their expert-data-parallel group."""
+        if params <= 0:
+            return 0.0, 0.0
+        key = ("experts", c.dp, c.pp, params)
+        got = self._sync_times.get(key)
+        if got is None:
+            got = self._sync_times[key] = self.axes.expert_sync(c.dp, c.pp).times(params, c.pp)
+        return got
+
+    def _stage_column(self, lc: LayerCosts, name: str, ranges: Ranges, S: int
+                      ) -> list[float] | None:
+        """Per stage, the sum of the optional column ``name`` (None when absent)."""
+        if getattr(lc, name) is None:
+            return None
+        q = self._prefix(lc)[name]
+        S_c = len(ranges)
+        return [float(q[ranges[s % S_c][1] + 1] - q[ranges[s % S_c][0]]) for s in range(S)]
+
+    def _rank_optimizer(self, c: Config, params: float, expert: float = 0.0) -> float:
+        """The optimizer step of a rank's ``params`` local parameters, ``expert`` of them
+        experts' (sharded over the expert-data-parallel group)."""
+        if expert <= 0:
+            return self.axes.optimizer_time(c.dp, params)
+        return (self.axes.optimizer_time(c.dp, params - expert)
+                + self.axes.expert_optimizer_time(c.dp, expert))
 
     def _layer_traffic(self, c: Config, lc: LayerCosts) -> tuple | None:
         """Under FSDP resharded ``always`` (:mod:`~pipebubble.plan.sharding`), per layer
@@ -156,15 +184,23 @@ class Pricing:
             f = [x + e for x, e in zip(f, extra_fb[0], strict=True)]
             b = [x + e for x, e in zip(b, extra_fb[1], strict=True)]
         comm = p2p(sent, self.axes.hop(c.dp)) if S > 1 else 0.0
-        ar = [sum(self._sync_time(c, p)) for p in params]
+        experts = self._stage_column(lc, "expert", ranges, S)
+        if experts is None:
+            ar = [sum(self._sync_time(c, p)) for p in params]
+        else:  # the experts' gradients reduce over their own group (plan/expert.py)
+            ar = [sum(self._sync_time(c, p - e)) + sum(self._expert_sync_time(c, e))
+                  for p, e in zip(params, experts, strict=True)]
         if split:
             q = self._prefix(lc)["hidden"].tolist()
             S_c = len(ranges)
             extra = [q[ranges[s % S_c][1] + 1] - q[ranges[s % S_c][0]] for s in range(S)]
         else:
             extra = 0.0
+        a2a_f = self._stage_column(lc, "a2a_f", ranges, S) or 0.0
+        a2a_b = self._stage_column(lc, "a2a_b", ranges, S) or 0.0
         costs = CostModel(f=f, b=b, w=w, comm=comm, activation_memory=act,
-                          weight_memory=act_w, allreduce=ar, i_extra=extra)
+                          weight_memory=act_w, allreduce=ar, i_extra=extra,
+                          a2a_f=a2a_f, a2a_b=a2a_b)
         self._stage_costs[key] = (lc, (costs, params, transient))
         return costs, params, transient
 
@@ -189,10 +225,10 @@ class Pricing:
         if got is None or got[0] is not costs:
             got = self._tails[tkey] = (costs, *self._rank_tails(
                 c, sched, lc, ranges, params, rank_params, trans, fwd, bwd))
-        _, ar, done, first, static, rank_params = got
+        _, ar, done, first, static, rank_params, rank_expert = got
         bound = max(max(h + b + d, h + b - w + t + first) for h, b, d, w, t in
                     zip(head, busy, done, late, tail, strict=True))
-        return Priced(ranges, costs, bound, static, ar, rank_params)
+        return Priced(ranges, costs, bound, static, ar, rank_params, rank_expert)
 
     def _rank_tails(self, c, sched, lc, ranges, params, rank_params, trans, fwd, bwd
                     ) -> tuple:
@@ -206,12 +242,15 @@ class Pricing:
         copies = [b for a, b in ends if a != b] if lc.tied else []  # tied embedding copies
         if copies:  # on the head's rank (layercosts.LayerCosts.tied); Axes.tied_allreduce
             rank_params = [P + lc.tied * copies.count(r) for r, P in enumerate(rank_params)]
+        experts = self._stage_column(lc, "expert", ranges, len(where))
+        rank_expert = (np.bincount(where, weights=experts, minlength=c.pp).tolist()
+                       if experts is not None else None)
         if c.dims.data_context == 1:
             ar = [0.0] * c.pp
         else:
             seen: dict = {}  # ranks alike: asked once
             ar = []
-            for key in zip(rank_params, fwd, bwd, strict=True):
+            for key in zip(rank_params, fwd, bwd, rank_expert or [0.0] * c.pp, strict=True):
                 x = seen.get(key)
                 if x is None:
                     x = seen[key] = self._exposed(c, *key)
@@ -221,17 +260,23 @@ class Pricing:
             ar = [x + t * ((r == a) + (r == b)) for r, x in enumerate(ar)]
         k = self._optimizer_rate(c)
         done = [a + k * P for a, P in zip(ar, rank_params, strict=True)]
+        if rank_expert is not None:  # experts: their shard of the expert-data-parallel group
+            ke = self.axes.expert_optimizer_time(c.dp, 1.0) * OPT_MARGIN - k
+            done = [d + ke * E for d, E in zip(done, rank_expert, strict=True)]
         first = min(done)  # the rank the gradient reaches last still exposes and steps
         bpp = self.axes.bytes_per_param(c.dp, c.pp)
         # bincount adds in stage order, as ``static[r] += bpp x params[s]`` would
         static = np.bincount(where, weights=bpp * params, minlength=c.pp).tolist()
+        if experts is not None:  # experts' states over the expert-data-parallel group
+            more = self.axes.expert_bytes_per_param(c.dp, c.pp) - bpp
+            static = [x + more * E for x, E in zip(static, rank_expert, strict=True)]
         for r in copies:
             static[r] += bpp * lc.tied
         gathered = self._gathered(c, lc, sched, ranges)
         if gathered is not None:  # FSDP resharded always: the layers in flight
             static = [x + y for x, y in zip(static, gathered, strict=True)]
         return (ar, done, first, [x + t for x, t in zip(static, trans, strict=True)],
-                rank_params)
+                rank_params, rank_expert)
 
     def _optimizer_rate(self, c: Config) -> float:
         """Seconds of optimizer step per local parameter at ``c``'s dp (the step is linear in
@@ -292,13 +337,20 @@ class Pricing:
         self._ranks[key] = (sched, lc, out)
         return out
 
-    def _exposed(self, c: Config, params: float, fwd: float, bwd: float) -> float:
-        """:meth:`~pipebubble.plan.sharding.Sync.exposed` of a rank (ranks alike: once)."""
-        key = (c.dp, c.pp, params, fwd, bwd)
+    def _exposed(self, c: Config, params: float, fwd: float, bwd: float,
+                 expert: float = 0.0) -> float:
+        """:meth:`~pipebubble.plan.sharding.Sync.exposed` of a rank (ranks alike: once);
+        ``expert`` of its ``params`` reduce over the expert-data-parallel group, behind the
+        same backward (their times added)."""
+        key = (c.dp, c.pp, params, fwd, bwd, expert)
         got = self._exposures.get(key)
         if got is None:
+            times = self._sync_time(c, params - expert)
+            if expert > 0:
+                more = self._expert_sync_time(c, expert)
+                times = (times[0] + more[0], times[1] + more[1])
             got = self._exposures[key] = self.axes.sync(c.dp, c.pp).exposed(
-                self._sync_time(c, params), fwd, bwd, params)
+                times, fwd, bwd, params)
         return got
 
     def _first_stages(self, sched: Schedule) -> frozenset[int]:

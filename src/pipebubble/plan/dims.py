@@ -12,7 +12,9 @@ process groups):
   ``data_parallel_replicate_degree`` and ``data_parallel_shard_degree``);
 - ``ep``: expert parallel, carved out of the ``dp_shard x cp`` ranks (torchtitan: the EP
   mesh borrows from ``dp_shard`` and ``cp``; Megatron-Core: ``--expert-model-parallel-size``
-  inside data x context parallel). Validated here, not yet searched.
+  inside data x context parallel). An EP group is ``ep`` consecutive ranks of the
+  ``cp x dp`` grid (stride ``tp``), the expert-data-parallel group the ranks ``tp x ep``
+  apart that hold the same experts (:mod:`pipebubble.plan.expert`).
 
 ``world = tp x cp x pp x dp``. The ranks are numbered as both frameworks build their grid:
 TP innermost (neighbouring ranks), then CP, then DP, PP outermost. So a group of an axis is
@@ -60,7 +62,7 @@ class ParallelDims:
     pp: int = 1
     dp_replicate: int = 1
     dp_shard: int = 1
-    ep: int = 1  # expert parallel: inside dp_shard x cp (not yet searched)
+    ep: int = 1  # expert parallel: inside dp_shard x cp (plan/expert.py)
     sp: bool = False  # sequence parallelism over the tp ranks
 
     def __post_init__(self) -> None:
@@ -128,13 +130,20 @@ class ParallelDims:
 
     def group(self, axis: str) -> tuple[int, int]:
         """``(stride, size)`` of a group of ``axis`` (``tp``, ``cp``, ``dp``, ``dp_cp``,
-        ``pp``) in the grid (module doc): ``dp_cp`` is the data x context group of the
-        gradient reduction, ``tp`` ranks apart."""
+        ``ep``, ``edp``, ``pp``) in the grid (module doc): ``dp_cp`` is the data x context
+        group of the gradient reduction, ``tp`` ranks apart; ``ep`` the expert-parallel group
+        (``ep`` consecutive ranks of ``cp x dp``), ``edp`` the expert-data-parallel group
+        that reduces the experts' gradients (``tp x ep`` apart)."""
         sizes = {"tp": self.tp, "cp": self.cp, "dp": self.dp, "pp": self.pp}
         if axis == "dp_cp":
             return self.tp, self.data_context
+        if axis == "ep":
+            return self.tp, self.ep
+        if axis == "edp":
+            return self.tp * self.ep, self.expert_data_parallel
         if axis not in sizes:
-            raise UserError(f"unknown axis {axis!r}; valid are {', '.join(AXES)}, dp_cp")
+            raise UserError(f"unknown axis {axis!r}; valid are {', '.join(AXES)}, dp_cp, ep, "
+                            "edp")
         stride = 1
         for inner in AXES[:AXES.index(axis)]:
             stride *= sizes[inner]
@@ -152,9 +161,16 @@ class ParallelDims:
         return max(1, min(gpus_per_node, self.world) // self.members_per_node(
             axis, gpus_per_node))
 
-    def with_split(self, pp: int, dp_replicate: int, dp_shard: int) -> ParallelDims:
-        """These model-parallel degrees with a pipeline and data-parallel split."""
-        return replace(self, pp=pp, dp_replicate=dp_replicate, dp_shard=dp_shard)
+    def with_split(self, pp: int, dp_replicate: int, dp_shard: int, ep: int | None = None
+                   ) -> ParallelDims:
+        """These model-parallel degrees with a pipeline and data-parallel split (and
+        ``ep``, when given: it must divide the split's ``dp_shard x cp``)."""
+        return replace(self, pp=pp, dp_replicate=dp_replicate, dp_shard=dp_shard,
+                       ep=self.ep if ep is None else ep)
+
+    def ep_fits(self, ep: int, dp_shard: int) -> bool:
+        """Whether ``ep`` divides ``dp_shard x cp`` (these degrees with that shard split)."""
+        return (dp_shard * self.cp) % ep == 0
 
     def check_world(self, gpus: int, flag: str = "--gpus") -> None:
         """One line unless the degrees use exactly ``gpus`` GPUs."""

@@ -135,13 +135,20 @@ PRESETS: dict[str, Hardware] = {h.name: h for h in (
     _gpu("a100-80gb", 312, 80, 2.039, 300, 25, 0.80),
     _gpu("h100-sxm", 989, 81559, 3.35, 450, 50, 0.70, MIB, fp8=1979),  # NVLink4, 400 Gb/s NDR
     _gpu("h200", 989, 143771, 4.8, 450, 50, 0.70, MIB, fp8=1979),
+    _gpu("h800", 989, 81559, 3.35, 200, 50, 0.70, MIB, fp8=1979),  # H100, NVLink cut to 400 bidir.
     _gpu("b200", 2250, 180, 8.0, 900, 50, 0.70, GB, fp8=4500),    # NVLink5, 400 Gb/s
     _gpu("mi300x", 1307, 192, 5.3, 448, 50, 0.60, GB, fp8=2615),  # Infinity Fabric
 )}
 """The presets. Memory is what the driver reports (NVML, ``nvidia-smi``) where known: A100
 80 GB and 40 GB 81,920 and 40,960 MiB (80 and 40 GiB), H100 80 GB 81,559 MiB (79.65 GiB, not
 80), H200 143,771 MiB (140.4 GiB, not 141 GB) (Modal, "Why does an NVIDIA H100 80GB card offer
-85.52 GB?", their table of NVML totals); the vendor's GB for B200 and MI300X."""
+85.52 GB?", their table of NVML totals); the vendor's GB for B200 and MI300X.
+
+H800 (SXM) is the H100 SXM's die, compute, HBM and memory with NVLink cut from 900 to 400
+GB/s, both directions together (NVIDIA's H800 product brief): 200 GB/s one way, and one 400
+Gb/s InfiniBand NIC a GPU. DeepSeek-V3's report (arXiv 2412.19437, section 3.2.2) measures
+"NVLink ... 160 GB/s, roughly 3.2 times that of IB (50 GB/s)" on its H800 cluster: 200 GB/s x
+the 0.8 bus fraction is that 160."""
 
 
 def get_hardware(name: str, **overrides) -> Hardware:

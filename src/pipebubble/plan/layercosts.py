@@ -55,7 +55,10 @@ class LayerCosts:
     stage); 0 when the embedding is not tied. ``hidden``: per layer, the seconds of work a
     fused backward (B) runs behind its weight gradients and an I without its W does not
     (the backward's TP collectives, :mod:`~pipebubble.plan.tensor`); None (measured
-    profiles): none known.
+    profiles): none known. ``expert``: per layer, the local parameters of its routed
+    experts (part of ``params``; their states are sharded over the expert-data-parallel
+    group, :mod:`~pipebubble.plan.expert`), ``a2a_f`` / ``a2a_b``: the seconds of
+    expert parallelism's all-to-all inside ``f`` and inside ``i``; None for dense layers.
     """
 
     f: np.ndarray
@@ -68,6 +71,9 @@ class LayerCosts:
     transient: np.ndarray
     tied: float = 0.0
     hidden: np.ndarray | None = None
+    expert: np.ndarray | None = None
+    a2a_f: np.ndarray | None = None
+    a2a_b: np.ndarray | None = None
 
     @property
     def work(self) -> np.ndarray:

@@ -105,6 +105,10 @@ class MoEShape(Heads):
     shared_ffn: int = 0  # inner size of each shared expert
     shared_gate: bool = False  # Qwen2-MoE: sigmoid(x w) scales the shared expert
     router_bias: bool = False  # DeepSeek-V3: e_score_correction_bias, E values
+    # DeepSeek's group-limited routing (n_group, topk_group): the experts in ``expert_groups``
+    # groups, each token's top-k within its ``group_top_k`` best groups (0: no limit)
+    expert_groups: int = 0
+    group_top_k: int = 0
     dense_layers: tuple[int, ...] = ()
     dense_ffn: int = 0
     qk_norm: bool = False  # Qwen3: RMSNorm over each head's Q and K (d values each)
@@ -375,7 +379,26 @@ class _Keys:
         return UserError(f"--hf-config {self.path}: {message}")
 
 
+CAPACITY_KEYS = ("capacity_factor", "moe_capacity_factor", "expert_capacity_factor")
+"""Keys an HF config may name its router's capacity factor by (none of the four types'
+released configs has one); recorded in the shape's ``extra`` (plan/expert.py's default
+``--moe-imbalance``)."""
+
+
 def moe_shape_from_hf(data: dict, path: str = "config.json") -> tuple[MoEShape, dict]:
+    """:func:`_moe_shape_from_hf`, and a capacity factor (:data:`CAPACITY_KEYS`, a number
+    >= 1) when the config names one."""
+    shape, used = _moe_shape_from_hf(data, path)
+    for key in CAPACITY_KEYS:
+        v = data.get(key)
+        if isinstance(v, int | float) and not isinstance(v, bool) and v >= 1:
+            shape.extra["capacity_factor"] = float(v)
+            used[key] = v
+            break
+    return shape, used
+
+
+def _moe_shape_from_hf(data: dict, path: str = "config.json") -> tuple[MoEShape, dict]:
     """The :class:`MoEShape` of an HF ``config.json`` of ``model_type`` mixtral, qwen2_moe,
     qwen3_moe or deepseek_v3, and ``{key: value}`` of the keys used.
 
@@ -390,7 +413,8 @@ def moe_shape_from_hf(data: dict, path: str = "config.json") -> tuple[MoEShape, 
     biases, qwen3_moe per-head Q/K norms. ``deepseek_v3``: ``n_routed_experts``,
     ``n_shared_experts``, ``moe_intermediate_size``, ``intermediate_size`` (dense layers),
     ``first_k_dense_replace``, ``moe_layer_freq`` (1), ``q_lora_rank``, ``kv_lora_rank``,
-    ``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``; ``num_nextn_predict_layers``
+    ``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``, ``n_group`` and
+    ``topk_group`` (group-limited routing, 0: none); ``num_nextn_predict_layers``
     (the MTP module) is recorded and left out.
     """
     kind = data.get("model_type")
@@ -422,9 +446,15 @@ def moe_shape_from_hf(data: dict, path: str = "config.json") -> tuple[MoEShape, 
         mla = LatentAttention(q_rank, g.int("kv_lora_rank"), g.int("qk_nope_head_dim"),
                               g.int("qk_rope_head_dim"), g.int("v_head_dim"))
         shared = g.int("n_shared_experts", 0, lo=0)
+        groups = g.int("n_group", 0, lo=0)
+        group_top = g.int("topk_group", 0, lo=0) if groups else 0
+        if groups and (experts % groups or not 1 <= group_top <= groups):
+            raise g.fail(f"'n_group' {groups} must divide {experts_key!r} {experts} and "
+                         f"'topk_group' {group_top} be in 1..{groups}")
         mtp = g.int("num_nextn_predict_layers", 0, lo=0)
         shape = MoEShape(**common, expert_ffn=fe, shared_experts=shared,
                          shared_ffn=fe if shared else 0, router_bias=True,
+                         expert_groups=groups, group_top_k=group_top,
                          dense_layers=dense,
                          dense_ffn=g.int("intermediate_size") if dense else 0, mla=mla,
                          extra={"mtp_layers_excluded": mtp} if mtp else {})

@@ -75,11 +75,11 @@ from .analytic import TransformerShape
 from .axes import Axes, Point, axis_flag, splits
 from .compute import Rates, fp8_peak
 from .dims import ParallelDims
+from .expert import check_ep_splits, check_imbalance, ep_options, moe_shape_of, point_costs
 from .families import _auto_function, chunk_options, held_per_stage, schedule_list
 from .hardware import Hardware
 from .layercosts import ProfileSet
 from .network import Network
-from .parallel_costs import ParallelCosts
 from .plans import Config, NoPlanFits, Plan, Request, Result, fmt_gib
 from .scoring import Searcher, legacy_axes
 from .search import plan_order, search_points
@@ -104,8 +104,16 @@ def search(profiles: ProfileSet, req: Request, hardware: Hardware | None = None,
 
 def build_points(profiles, req: Request, hardware: Hardware | None = None,
                  efficiency: float | None = None, mfu: float | None = None) -> list:
-    """``(point, layer costs, axes)`` for every (tp, sp, cp, sharding) the request allows."""
+    """``(point, layer costs, axes)`` for every (tp, sp, cp, sharding) the request allows,
+    and for an MoE profile every ep (:mod:`pipebubble.plan.expert`: its layers, the
+    all-to-all and the experts' states at each (tp, sp, cp, ep); docs/moe.md)."""
     shape, seq, flash = model_of(profiles)
+    moe = moe_shape_of(profiles)  # an MoE profile: priced by plan/expert.py
+    if moe is not None:
+        shape, seq, flash = moe, int(profiles.metadata()["seq"]), profiles.metadata().get(
+            "attention", "flash") == "flash"
+    ep_list = ep_options(req, moe, hardware is not None)
+    check_imbalance(req.moe_imbalance)
     shardings = [Sharding.of(s) for s in  # one line for an unknown name
                  req.shardings or (SHARDINGS if hardware is not None else SHARDINGS[:4])]
     if req.precision != "bf16" and (hardware is None or shape is None):
@@ -113,7 +121,8 @@ def build_points(profiles, req: Request, hardware: Hardware | None = None,
                          "it needs --gpu NAME and an analytic or --hf-config profile (a "
                          "measured profile's times are already in its precision)")
     if hardware is None or shape is None:
-        asked = [axis_flag(req, k, v) for k, v in (("tp", req.tp), ("cp", req.cp))
+        asked = [axis_flag(req, k, v) for k, v in (("tp", req.tp), ("cp", req.cp),
+                                                    ("ep", req.ep))
                  if v is not None and tuple(v) != (1,)]
         if asked:
             why = ("needs --gpu (the compute model prices TP and CP)" if hardware is None
@@ -139,6 +148,7 @@ def build_points(profiles, req: Request, hardware: Hardware | None = None,
                 if shape.heads % d == 0 and d & (d - 1) == 0 and _kv_even(shape.kv, d))
     cps = tuple(d for d in (1, 2, 4, 8) if seq % d == 0)
     out = []
+    check_ep_splits(req, ep_list, splits(req, tps, cps), shardings, hardware.gpus_per_node)
     for tp, cp in sorted({(tp, cp) for tp, cp, _, _ in splits(req, tps, cps)}):
         sps = req.sp or ((False, True) if tp > 1 else (False,))
         for sp in sps:
@@ -146,12 +156,11 @@ def build_points(profiles, req: Request, hardware: Hardware | None = None,
                 if req.sp == (True,) and req.tp is not None and req.tp == (1,):
                     raise UserError(f"--sp 1 needs tp > 1 ({axis_flag(req, 'tp', req.tp)})")
                 continue
-            costs = ParallelCosts(shape, seq, rates, net, tp, sp, cp, flash,
-                                  names=profiles.names, modules=profiles.modules,
-                                  profile=profiles.profile)
-            for s in shardings:
-                pt = Point(ParallelDims(tp=tp, cp=cp, sp=sp), s)
-                out.append((pt, costs, hardware_axes(req, pt, hardware, mfu is None)))
+            for ep, costs in point_costs(shape, seq, rates, net, tp, sp, cp, flash, profiles,
+                                         ep_list, req.moe_imbalance):
+                for s in shardings:
+                    pt = Point(ParallelDims(tp=tp, cp=cp, sp=sp), s, ep=ep)
+                    out.append((pt, costs, hardware_axes(req, pt, hardware, mfu is None)))
     if not out:  # only --sp 1 empties it: every tp the split leaves is 1
         given = "".join(f", {axis_flag(req, a, getattr(req, a))}"
                         for a in ("tp", "cp", "pp", "dp") if getattr(req, a))

@@ -36,6 +36,7 @@ class Priced:
     static: list[float]  # per rank: weights, gradients, optimizer state, transient bytes
     exposed: list[float]  # per rank: data-parallel traffic that does not hide (seconds)
     rank_params: list[float]  # per rank: parameters of its stages (local, after TP)
+    rank_expert: list[float] | None = None  # per rank: of those, routed experts' (MoE)
 
 
 class NoPlanFits(UserError):
@@ -79,6 +80,8 @@ class Request:
     shardings: tuple[str, ...] | None = None  # None: ddp, zero1, zero2, fsdp (+ hsdp)
     fsdp_reshard: str = "auto"  # always, never, auto (plan.sharding: torchtitan's default)
     chunks: tuple[int, ...] | None = None  # None: every count up to max_chunks
+    ep: tuple[int, ...] | None = None  # expert parallel (MoE; None: powers of 2, plan/expert)
+    moe_imbalance: float | None = None  # busiest EP rank's tokens / mean (None: router's)
     config: tuple[str, ...] = ()  # the axes --config gave (errors name it, not --tp ...)
 
     def pp1_schedules(self, names: list[str]) -> list[str]:

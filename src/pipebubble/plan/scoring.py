@@ -282,13 +282,16 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
         co = pr.costs
         key = (id(sched), tuple(co.f), tuple(co.b), tuple(co.w), co.comm,
                tuple(co.activation_memory), tuple(co.weight_memory),
-               tuple(co.i_extra) if isinstance(co.i_extra, list) else co.i_extra)
+               tuple(co.i_extra) if isinstance(co.i_extra, list) else co.i_extra,
+               tuple(co.a2a_f) if isinstance(co.a2a_f, list) else co.a2a_f,
+               tuple(co.a2a_b) if isinstance(co.a2a_b, list) else co.a2a_b)
         got = self._runs.get(key)
         if got is None or got[0] is not sched:
             self.simulated += 1
             got = self._runs[key] = (sched, run_pipeline(sched, co))
         run = got[1]
-        opt = [self.axes.optimizer_time(c.dp, P) for P in pr.rank_params]  # optimizer.py
+        opt = [self._rank_optimizer(c, P, E) for P, E in zip(  # optimizer.py
+            pr.rank_params, pr.rank_expert or [0.0] * len(pr.rank_params), strict=True)]
         step = float(max(e + x + o for e, x, o in zip(run.rank_end, pr.exposed, opt,
                                                        strict=True)))
         return run, opt, step
@@ -320,11 +323,13 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
             plan.fsdp_reshard = "never" if keep else "always"
         gathered = self._gathered(c, self.p.at(c.microbatch_size, c.recompute), sched,
                                   pr.ranges) if fsdp else None
+        n_e = n if c.sharding.hybrid else max(c.dims.expert_data_parallel, 1)  # plan/expert
         for r in range(c.pp):
-            P = pr.rank_params[r]
-            states = {"weights": w * P / (n if sh_w else 1),
-                      "gradients": g * P / (n if sh_g else 1),
-                      "optimizer": o * P / (n if sh_o else 1)}
+            E = pr.rank_expert[r] if pr.rank_expert else 0.0
+            P = pr.rank_params[r] - E
+            states = {"weights": w * P / (n if sh_w else 1) + w * E / (n_e if sh_w else 1),
+                      "gradients": g * P / (n if sh_g else 1) + g * E / (n_e if sh_g else 1),
+                      "optimizer": o * P / (n if sh_o else 1) + o * E / (n_e if sh_o else 1)}
             if gathered is not None:  # FSDP resharded always: the layers in flight
                 states["gathered_layers"] = gathered[r]
             states["recompute_transient"] = pr.static[r] - sum(states.values())

@@ -230,6 +230,13 @@ def torchtitan(plan: Plan, profiles: ProfileSet, csv_path: str | Path | None = N
     par: dict = {"tensor_parallel_degree": c.tp, "context_parallel_degree": c.cp,
                  "pipeline_parallel_degree": c.pp, "data_parallel_replicate_degree": replicate,
                  "data_parallel_shard_degree": shard}
+    if profiles.metadata().get("moe"):  # MoE: plan/expert.py
+        from .expert import torchtitan_moe
+
+        more, note = torchtitan_moe(c.dims)
+        par.update(more)
+        if note:
+            notes.append(note)
     if c.tp > 1 and not c.sp:
         notes.append("torchtitan's tensor parallelism always splits the norms' sequence "
                      "(sequence parallel): it runs this plan with sp")
@@ -298,6 +305,11 @@ def megatron(plan: Plan, profiles: ProfileSet, seq: int | None = None) -> str | 
             flags.append("--swiglu")
         if not shape.tied_embeddings:
             flags.append("--untie-embeddings-and-output-weights")
+    from .expert import megatron_moe_flags, moe_shape_of
+
+    moe = moe_shape_of(profiles)
+    if moe is not None:  # --num-experts, --moe-router-topk, --expert-model-parallel-size ...
+        flags += megatron_moe_flags(moe, c.dims.ep)
     if isinstance(seq, int) and seq > 0:
         flags.append(f"--seq-length {seq} --max-position-embeddings {seq}")
     flags.append(f"--tensor-model-parallel-size {c.tp}")

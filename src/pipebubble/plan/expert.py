@@ -1,0 +1,507 @@
+"""Mixture-of-experts layers on the planner's axes: compute, the expert-parallel axis and
+its all-to-all.
+
+How ``plan --gpu NAME`` prices an MoE profile (``profile --analytic --hf-config`` of a
+mixtral, qwen2_moe, qwen3_moe or deepseek_v3 config; the shape is
+:class:`~pipebubble.plan.moe.MoEShape`). One block on one rank, ``T = s b / cp`` tokens,
+``t`` the TP degree, ``ep`` the EP degree, ``E`` routed experts of inner size ``f_e``, top
+``k``, ``u`` the load-imbalance factor (``--moe-imbalance``); GEMMs ``(m, n, k)`` priced by
+:mod:`~pipebubble.plan.compute` (FP8 under ``--precision fp8``, the router in 16-bit):
+
+- **attention**: grouped-query (QKV ``(T, (q + 2 kv)/t, h)``, O ``(T, h, q/t)``) or
+  DeepSeek's latent attention (Q down ``(T, r_q, h)``, Q up ``(T, a d_qk / t, r_q)``, KV
+  down ``(T, r_kv + d_rope, h)``, KV up ``(T, a (d_nope + d_v) / t, r_kv)``, O
+  ``(T, h, a d_v / t)``), FlashAttention over ``a (d_qk + d_v) / 2`` per head-pair width,
+  TP's two collectives each way (:mod:`~pipebubble.plan.tensor`) and CP's ring
+  (:mod:`~pipebubble.plan.context`) as for a dense block;
+- **router** ``(T, E, h)``; **shared experts** as a dense SwiGLU MLP of ``n_s f_s``;
+- **routed experts**: each EP rank holds ``E / ep`` experts and computes the tokens routed to
+  them, on average the ``T k`` its own tokens send out, ``u`` times that on the busiest rank
+  (the step waits for it): per local expert a grouped GEMM of ``T k u ep / E`` rows,
+  ``(rows, 2 f_e / t, h)`` and ``(rows, h, f_e / t)`` (expert tensor parallelism = TP,
+  Megatron-Core's default). Without EP one rank runs all ``E`` experts on ``T k / E``
+  rows each, which the shape curve prices as thin GEMMs;
+- **all-to-all** (:func:`all_to_all_time`): dispatch and combine in the forward, their
+  gradients in the backward, four per MoE layer and microbatch, each moving ``T k u h``
+  16-bit values per rank, ``(ep - 1) / ep`` of them off the rank;
+- **dense layers** (DeepSeek-V3's first three): a SwiGLU MLP of ``dense_ffn``.
+
+F holds the attention, the MLP and its two all-to-alls, I (the input gradient) the data
+gradients, the backward all-to-alls and twice the memory-bound work, W the weight gradients;
+full recomputation re-runs F (its all-to-alls too). The planner's :class:`~pipebubble.costs.
+CostModel` gets the all-to-all part of F and of the backward as ``a2a_f`` and ``a2a_b``:
+``f`` and ``b`` stay the whole action times, the all-to-all exposed; DualPipe's overlapped
+F&B pairs hide one half's all-to-all behind the other's compute
+(:meth:`~pipebubble.costs.StageCosts.pair_duration`).
+
+**The EP axis** (Megatron-Core ``--expert-model-parallel-size``, torchtitan
+``expert_parallel_degree``): an EP group is ``ep`` consecutive ranks of the ``cp x dp``
+grid (``tp`` apart), carved out of ``dp_shard x cp``
+(:class:`~pipebubble.plan.dims.ParallelDims`); ``ep`` must divide ``E``. The ranks ``tp x
+ep`` apart holding the same experts form the expert-data-parallel group of ``dp x cp / ep``
+ranks: the experts' weights, gradients and optimizer states are ``1 / (t ep)`` per rank and
+sharded over that group as the sharding shards dense states over ``dp x cp``
+(:meth:`~pipebubble.plan.axes.Axes.expert_bytes_per_param`; hsdp is searched at ep 1 only,
+its experts sharded as its other states), their
+gradients reduced over it (:meth:`~pipebubble.plan.axes.Axes.expert_sync`), behind the
+same last backward as the dense gradients.
+
+**The load-imbalance factor** ``u`` (``--moe-imbalance``, >= 1): the busiest EP rank's
+tokens over the mean. A router with a capacity factor ``C`` drops what exceeds ``C`` times
+the mean, so ``u = C`` is its worst case and the default when the profile names one
+(``capacity_factor`` in the shape's ``extra``); the HF configs of the four models name none
+(their routers drop nothing), and the default is then 1.0, perfectly even routing, which
+auxiliary-loss or bias balancing approaches but never reaches: give ``--moe-imbalance
+1.1`` or more for a margin. It scales the routed experts' compute, their dispatched
+activations and the all-to-all bytes.
+
+**Group-limited routing** (DeepSeek-V3's ``n_group`` / ``topk_group``: each token to at most
+4 of 8 nodes) is priced as DeepSeek dispatches it, each token crossing once to each remote
+node it reaches and forwarded over NVLink there (:func:`routed_shares`); without it every
+routed copy travels alone, as Megatron-Core's and torchtitan's all-to-all dispatchers send it.
+
+**What is not priced**: the permutation kernels' exact traffic (counted as four reads and
+writes of the dispatched tokens), FP8 dispatch (DeepSeek-V3 sends the dispatched tokens in
+FP8; here 16-bit both ways), the aux-loss FLOPs, and per-microbatch FSDP traffic of the
+experts (priced as the dense group's).
+
+>>> from pipebubble.plan.network import Network
+>>> net = Network(8, (100e9, 0.0), (10e9, 0.0))
+>>> all_to_all_time(16e6, ep=8, tp=1, net=net)    # one node: 7/8 of 16 MB over NVLink
+0.00014
+>>> all_to_all_time(16e6, ep=16, tp=1, net=net)   # two nodes: 8/16 of it over the NIC
+0.0008
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import UserError
+from .compute import Rates, attention_backward_time, attention_time, gemm_time, memory_time
+from .context import block_cp_comm
+from .dims import ParallelDims
+from .layercosts import LayerCosts
+from .memory import embedding_activation_bytes, head_activation_bytes
+from .moe import LatentAttention, MoEShape, layer_cost
+from .network import Network
+from .parallel_costs import MODES, ParallelCosts
+from .tensor import block_tp_comm, block_tp_hidden
+
+ACT_BYTES = 2  # 16-bit activations on the wire
+DEFAULT_IMBALANCE = 1.0
+
+
+# ---- the all-to-all ------------------------------------------------------------------------
+def all_to_all_time(nbytes: float, ep: int, tp: int, net: Network,
+                    shares: tuple[float, float] | None = None) -> float:
+    """Seconds of one all-to-all in which each of ``ep`` ranks (``tp`` apart) sends
+    ``nbytes``, ``1 / ep`` of it to each member (its own share stays): the ``m - 1`` other
+    members in its node (``m`` = members a node, :meth:`~pipebubble.plan.network.Network.
+    members_per_node`) get ``(m - 1) / ep`` of it over NVLink, the ``ep - m`` in other nodes
+    ``(ep - m) / ep`` through the rank's share of its node's NICs (every GPU sends at once:
+    :meth:`~pipebubble.plan.network.Network.hop`); both run at once, so the slower one plus
+    one message latency. ``shares``: other (NVLink, NIC) fractions of ``nbytes``
+    (:func:`routed_shares`)."""
+    if ep <= 1 or nbytes <= 0:
+        return 0.0
+    m = net.members_per_node(tp, ep)
+    on, off = shares if shares is not None else ((m - 1) / ep, (ep - m) / ep)
+    intra = nbytes * on / net.intra[0]
+    if ep <= m:
+        return intra + net.intra[1]
+    bw, lat = net.hop(net.gpus_per_node)  # across nodes: the GPU's share of the NICs
+    return max(intra, nbytes * off / bw) + lat
+
+
+def routed_shares(shape: MoEShape, ep: int, members: int) -> tuple[float, float] | None:
+    """(NVLink, NIC) fractions of a rank's ``T k`` dispatched copies under DeepSeek's
+    group-limited routing, None without it (every copy then travels alone,
+    :func:`all_to_all_time`'s default). With ``G`` expert groups spread evenly over the ``N``
+    nodes of an EP group (``G`` a multiple of ``N``: ``G / N`` groups a node) and each token
+    routed within its ``g`` best groups, a token reaches a given node with probability
+    ``1 - C(G - G/N, g) / C(G, g)``; DeepSeek's dispatch sends it once to each remote node
+    it reaches and forwards it over NVLink there (arXiv 2412.19437, section 3.2.2), so the
+    NIC carries ``(N - 1) x`` that probability over ``k`` of the copies, and NVLink the
+    ``(m - 1) / m`` of the copies that land on another GPU of their node. DeepSeek-V3 on 8
+    nodes (``G = 8``, ``g = 4``): 3.5 crossings a token, not the 7 of its 8 copies."""
+    G, g = shape.expert_groups, shape.group_top_k
+    nodes = ep // members if ep > members else 1
+    if not G or not g or nodes <= 1 or G % nodes:
+        return None
+    reach = 1 - math.comb(G - G // nodes, g) / math.comb(G, g)
+    k = shape.top_k
+    return (members - 1) / members, min((nodes - 1) * reach / k, (ep - members) / ep)
+
+
+# ---- the request's checks ------------------------------------------------------------------
+def check_imbalance(value: float | None) -> float | None:
+    """``--moe-imbalance``: None (the default) or a finite number >= 1."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (
+            math.isfinite(value) and value >= 1):
+        raise UserError(f"--moe-imbalance must be a finite number >= 1 (the busiest expert "
+                         f"rank's tokens over the mean; 1: even routing), got {value!r}")
+    return float(value)
+
+
+def default_imbalance(shape: MoEShape) -> float:
+    """The router's capacity factor when the shape names one, else 1.0 (module doc)."""
+    cf = shape.extra.get("capacity_factor") if isinstance(shape.extra, dict) else None
+    return float(cf) if isinstance(cf, int | float) and cf >= 1 else DEFAULT_IMBALANCE
+
+
+def moe_shape_of(profiles) -> MoEShape | None:
+    """The :class:`MoEShape` of an analytic MoE profile (``metadata["moe"]``), None for any
+    other profile."""
+    meta = profiles.metadata()
+    d = meta.get("moe")
+    if meta.get("source") != "analytic" or not isinstance(d, dict):
+        return None
+    d = dict(d)
+    d["dense_layers"] = tuple(d.get("dense_layers") or ())
+    if isinstance(d.get("mla"), dict):
+        d["mla"] = LatentAttention(**d["mla"])
+    try:
+        shape = MoEShape(**d)
+    except TypeError as exc:
+        raise UserError(f"the profile's 'moe' entry is not an MoE shape ({exc})") from None
+    if len(profiles) != shape.layers + 2:
+        return None
+    return shape
+
+
+def ep_options(req, shape: MoEShape | None, hardware: bool) -> tuple[int, ...]:
+    """The EP degrees to search: ``--ep`` (``ep=`` of ``--config``) checked against the
+    model's experts and the GPUs, else every power of two dividing the experts and the GPUs
+    (1 for a dense model). One line for ``--ep`` on a dense profile."""
+    given = getattr(req, "ep", None)
+    flag = ("--config ep=" if "ep" in getattr(req, "config", ()) else "--ep ") + ",".join(
+        map(str, given or ()))
+    if shape is None:
+        if given and tuple(given) != (1,):
+            why = "needs" if hardware else "needs --gpu and"
+            raise UserError(f"{flag} {why} an MoE profile (profile --analytic --hf-config of "
+                             "a mixtral, qwen2_moe, qwen3_moe or deepseek_v3 config); this "
+                             "profile has no experts")
+        return (1,)
+    E = shape.experts
+    if given:
+        for ep in given:
+            if E % ep:
+                valid = ", ".join(str(d) for d in range(1, E + 1) if E % d == 0)
+                raise UserError(f"{flag}: ep {ep} must divide the model's {E} experts (each "
+                                 f"EP rank holds experts / ep of them); valid are {valid}")
+        if not any(req.gpus % ep == 0 for ep in given):
+            raise UserError(f"{flag} must divide dp x cp (expert parallelism is carved out of "
+                             f"the data x context parallel ranks), but no ep given divides "
+                             f"--gpus {req.gpus}")
+        return tuple(given)
+    out, d = [], 1
+    while d <= E and req.gpus % d == 0 and E % d == 0:
+        out.append(d)
+        d *= 2
+    return tuple(out)
+
+
+def check_ep_splits(req, ep_list, splits, shardings=(), gpus_per_node: int = 8) -> None:
+    """One line unless some ``(tp, cp, pp, dp)`` split and sharding leave ``dp_shard x cp``
+    divisible by a given ep (only when ``--ep`` or ``ep=`` is given): ddp has no
+    ``dp_shard`` ranks to borrow, so under ddp ep must divide cp."""
+    given = getattr(req, "ep", None)
+    if not given:
+        return
+    flag = ("--config ep=" if "ep" in getattr(req, "config", ()) else "--ep ") + ",".join(
+        map(str, given))
+    rooms = sorted({ParallelDims(cp=cp, dp_shard=dp).data_context for _, cp, _, dp in splits})
+    if not any(room % ep == 0 for room in rooms for ep in ep_list):
+        raise UserError(f"{flag} must divide dp x cp (expert parallelism is carved out of the "
+                         f"data x context parallel ranks); these degrees leave dp x cp in "
+                         f"{', '.join(map(str, rooms))}")
+    shard_rooms = set()
+    for tp, cp, _, dp in splits:
+        mp = ParallelDims(tp=tp, cp=cp).model_parallel
+        for s in shardings:
+            _, shard = s.split_dp(dp, mp, gpus_per_node)
+            shard_rooms.add(ParallelDims(cp=cp, dp_shard=shard).data_context)
+    if shardings and not any(room % ep == 0 for room in shard_rooms for ep in ep_list):
+        names = ", ".join(str(s) for s in shardings)
+        raise UserError(f"{flag} must divide dp_shard x cp (EP borrows the sharded data-"
+                         f"parallel ranks, as torchtitan's mesh does), but --sharding {names} "
+                         f"leaves dp_shard x cp in {', '.join(map(str, sorted(shard_rooms)))} "
+                         "(ddp shards nothing: dp_shard 1); use --sharding zero1, zero2 or "
+                         "fsdp, or a cp that ep divides")
+
+
+# ---- one point's layer costs -----------------------------------------------------------------
+class ExpertCosts(ParallelCosts):
+    """The layers (embedding, blocks, head) of an :class:`MoEShape` at one point of (tp, sp,
+    cp, ep) on ``rates`` and ``net`` (module doc); answers :meth:`at` as
+    :class:`~pipebubble.plan.parallel_costs.ParallelCosts` does, with the ``expert``,
+    ``a2a_f`` and ``a2a_b`` columns."""
+
+    def __init__(self, shape: MoEShape, seq: int, rates: Rates, net: Network, tp: int = 1,
+                 sp: bool = False, cp: int = 1, ep: int = 1, flash: bool = True,
+                 imbalance: float = DEFAULT_IMBALANCE, names=None, modules=None,
+                 profile=None):
+        self.shape, self.seq, self.rates, self.net = shape, seq, rates, net
+        self.tp, self.sp, self.cp, self.ep, self.flash = tp, sp, cp, ep, flash
+        self.imbalance = imbalance
+        L = shape.layers
+        self.names = names or ["tok_embeddings", *(f"layers.{i}" for i in range(L)), "output"]
+        self.modules = modules or [[n] for n in self.names]
+        self.profile = profile
+        h, V = shape.hidden, shape.vocab
+        emb = V * h / tp
+        head = h + (0.0 if shape.tied_embeddings else V * h / tp)
+        blocks, experts = [], []
+        for n in range(L):
+            routed = shape.experts * shape.expert_params() / tp / ep if shape.is_moe(n) else 0.0
+            split = shape.attention_matmul_params() + (
+                shape.shared_params() if shape.is_moe(n) else 3 * h * shape.dense_ffn)
+            kept = (shape.attention_other_params() + 2 * h
+                    + (shape.router_params() if shape.is_moe(n) else 0))
+            blocks.append(split / tp + kept + routed)
+            experts.append(routed)
+        self.params = np.array([emb, *blocks, head], dtype=np.float64)
+        self.experts = np.array([0.0, *experts, 0.0], dtype=np.float64)
+        self.tied = V * h / tp if shape.tied_embeddings else 0.0
+        self._cache: dict[tuple[int, str], LayerCosts] = {}
+        self._blocks: dict[tuple[bool, int], dict] = {}
+
+    # -- one block --
+    def _attention(self, T: float) -> tuple[list, float, float, float]:
+        """(GEMMs, the attention's local width for FlashAttention, its head dim, the K/V
+        width CP's ring moves) of one block's attention."""
+        sh, t, h, a = self.shape, self.tp, self.shape.hidden, self.shape.heads
+        m = sh.mla
+        if m is None:
+            q, kv = a * sh.head_dim, sh.kv * sh.head_dim
+            return ([(T, (q + 2 * kv) / t, h), (T, h, q / t)], q / t, sh.head_dim, kv / t)
+        dqk = m.nope_dim + m.rope_dim
+        q = [(T, m.q_rank, h), (T, a * dqk / t, m.q_rank)] if m.q_rank else [
+            (T, a * dqk / t, h)]
+        gemms = [*q, (T, m.kv_rank + m.rope_dim, h), (T, a * (m.nope_dim + m.v_dim) / t,
+                                                       m.kv_rank), (T, h, a * m.v_dim / t)]
+        return gemms, a * (dqk + m.v_dim) / 2 / t, dqk, a * (dqk + m.v_dim) / 2 / t
+
+    def block_of(self, moe: bool, b: int) -> dict[str, float]:
+        """Seconds of one block's F, I, W (a dense or an MoE block), the all-to-all part of
+        F (``a2a``, the same in the backward), the selective recompute and TP's hidden part."""
+        key = (moe, b)
+        if key in self._blocks:
+            return self._blocks[key]
+        sh, r, t, cp, ep, u = self.shape, self.rates, self.tp, self.cp, self.ep, self.imbalance
+        T = self.seq * b / cp
+        h = sh.hidden
+        attn_gemms, width, head_dim, kv_width = self._attention(T)
+        if moe:
+            fs = sh.shared_experts * sh.shared_ffn
+            shared = [(T, 2 * fs / t, h), (T, h, fs / t)] if fs else []
+            routed_rows = T * sh.top_k * u
+            local = sh.experts // ep
+            rows = routed_rows / local  # per local expert
+            experts = [(rows, 2 * sh.expert_ffn / t, h), (rows, h, sh.expert_ffn / t)]
+            mlp = shared + experts
+            inner = (fs + routed_rows / T * sh.expert_ffn) / t  # SwiGLU width per token
+            router = [(T, sh.experts, h)]
+        else:
+            mlp = [(T, 2 * sh.dense_ffn / t, h), (T, h, sh.dense_ffn / t)]
+            inner, router, routed_rows, local = sh.dense_ffn / t, [], 0.0, 1
+        gemms = attn_gemms + mlp
+        # the last two GEMMs of an MoE block run once per local expert (all alike)
+        times = [local if moe and j >= len(gemms) - 2 else 1 for j in range(len(gemms))]
+        each = list(zip(times, gemms, strict=True))
+        fwd = sum(x * gemm_time(m, n, k, r, fp8=True) for x, (m, n, k) in each)
+        fwd += sum(gemm_time(m, n, k, r) for m, n, k in router)
+        dgrads = [x * gemm_time(m, k, n, r, fp8=True) for x, (m, n, k) in each]
+        wgrads = [x * gemm_time(k, n, m, r, fp8=True) for x, (m, n, k) in each]
+        dgrad = sum(dgrads) + sum(gemm_time(m, k, n, r) for m, n, k in router)
+        wgrad = sum(wgrads) + sum(gemm_time(k, n, m, r) for m, n, k in router)
+        attn = attention_time(T, self.seq, width, r, flash=self.flash, sequences=b,
+                              head_dim=head_dim)
+        attn_b = attention_backward_time(attn, self.flash)
+        rows_sp = T / (t if self.sp else 1)
+        elementwise = (2 * 4 + 2 * 6) * rows_sp * h + 4 * T * kv_width + 6 * T * inner
+        if moe:  # router softmax / top-k (fp32), permute and unpermute the dispatched tokens
+            elementwise += 12 * T * sh.experts + 8 * ACT_BYTES * routed_rows * h
+        mem = memory_time(elementwise, r)
+        hide = (wgrads[0], wgrads[len(attn_gemms)])
+        dhide = (dgrads[0], dgrads[len(attn_gemms)])
+        tp_f, tp_b = block_tp_comm(T, h, t, self.net, self.sp, hide=hide, hide_dgrad=dhide)
+        tp_hidden = block_tp_hidden(T, h, t, self.net, self.sp, hide=hide, hide_dgrad=dhide)
+        cp_f, cp_b = block_cp_comm(T, kv_width, cp, t, self.net, (attn, attn_b))
+        shares = routed_shares(sh, ep, self.net.members_per_node(t, ep))
+        a2a = 2 * all_to_all_time(ACT_BYTES * routed_rows * h, ep, t, self.net,
+                                  shares) if moe else 0.0
+        got = self._blocks[key] = {
+            "f": fwd + attn + mem + tp_f + cp_f + a2a,
+            "i": dgrad + attn_b + 2 * mem + tp_b + cp_b + a2a, "w": wgrad, "a2a": a2a,
+            "selective": attn + cp_f, "hidden": tp_hidden}
+        return got
+
+    def _activations(self, n: int, b: int, recompute: str) -> tuple[float, float, float]:
+        """(kept by F under ``recompute``, of it what W needs, kept without recomputation)
+        bytes of block ``n`` on this rank: :func:`~pipebubble.plan.moe.layer_cost`'s count
+        with the norm, attention and MLP inputs replicated over TP (split with SP), the rest
+        split over TP, every token tensor over CP, the dispatched tokens times the
+        imbalance."""
+        key = ("act", self.shape.is_moe(n), b, recompute)
+        got = self._blocks.get(key)
+        if got is not None:
+            return got
+        sh, s, t, cp = self.shape, self.seq, self.tp, self.cp
+        c = layer_cost(sh, n, s, b, ACT_BYTES, self.flash)
+        tokens = s * b
+        repl = 8 * tokens * sh.hidden
+        routed = c.dispatched_tokens * (4 * sh.hidden + 6 * sh.expert_ffn)
+        rest = c.activation_bytes - repl - routed
+        none = (repl / (t if self.sp else 1) + (rest + routed * self.imbalance) / t) / cp
+        w = min(c.weight_activation_bytes / t / cp, none)
+        if recompute == "full":
+            kept = 2 * tokens * sh.hidden / cp / (t if self.sp else 1)
+        else:  # FlashAttention keeps no scores: selective keeps what none keeps
+            kept = none
+        got = self._blocks[key] = (kept, min(w, kept), none)
+        return got
+
+    def at(self, size: int, recompute: str = "none") -> LayerCosts:
+        key = (size, recompute)
+        got = self._cache.get(key)
+        if got is not None:
+            return got
+        if recompute not in MODES:
+            raise UserError(f"unknown recompute mode {recompute!r}; valid are "
+                             f"{', '.join(MODES)}")
+        sh, s, b, t, cp = self.shape, self.seq, size, self.tp, self.cp
+        emb, head = self.ends(b)
+        cols: dict[str, list[float]] = {k: [] for k in (
+            "f", "i", "w", "act", "act_w", "transient", "hidden", "a2a_f", "a2a_b")}
+        for n in range(sh.layers):
+            blk = self.block_of(sh.is_moe(n), b)
+            kept, w, none = self._activations(n, b, recompute)
+            extra = {"none": 0.0, "selective": blk["selective"], "full": blk["f"]}[recompute]
+            cols["f"].append(blk["f"])
+            cols["i"].append(blk["i"] + extra)
+            cols["w"].append(blk["w"] + memory_time(self.rates.grad_accumulation
+                                                    * self.params[n + 1], self.rates))
+            cols["act"].append(kept)
+            cols["act_w"].append(w)
+            cols["transient"].append(none - kept)
+            cols["hidden"].append(blk["hidden"])
+            cols["a2a_f"].append(blk["a2a"])
+            cols["a2a_b"].append(blk["a2a"] * (2 if recompute == "full" else 1))
+        acc = [memory_time(self.rates.grad_accumulation * P, self.rates)
+               for P in (self.params[0], self.params[-1])]
+        a_head = head_activation_bytes(sh, s, b, t, self.sp, cp)
+        out = 2 * s * b / cp * sh.hidden / t
+        col = lambda e, xs, hd: np.array([e, *xs, hd], dtype=np.float64)  # noqa: E731
+        lc = LayerCosts(
+            f=col(emb["f"], cols["f"], head["f"]),
+            i=col(emb["i"], cols["i"], head["i"]),
+            w=col(emb["w"] + acc[0], cols["w"], head["w"] + acc[1]),
+            act=col(embedding_activation_bytes(s, b, cp), cols["act"], a_head),
+            act_w=col(0.0, cols["act_w"], min(a_head, 2 * s * b / cp * sh.hidden)),
+            out=col(out, [out] * sh.layers, 0.0), params=self.params,
+            transient=col(0.0, cols["transient"], 0.0), tied=self.tied,
+            hidden=col(0.0, cols["hidden"], 0.0), expert=self.experts,
+            a2a_f=col(0.0, cols["a2a_f"], 0.0), a2a_b=col(0.0, cols["a2a_b"], 0.0))
+        self._cache[key] = lc
+        return lc
+
+
+def point_costs(shape, seq: int, rates: Rates, net: Network, tp: int, sp: bool, cp: int,
+                flash: bool, profiles, ep_list: tuple[int, ...], imbalance: float | None
+                ) -> list[tuple[int, object]]:
+    """``(ep, layer costs)`` at one (tp, sp, cp): a dense shape's
+    :class:`~pipebubble.plan.parallel_costs.ParallelCosts` (ep 1), an MoE shape's
+    :class:`ExpertCosts` at every ep of ``ep_list``."""
+    kw = dict(names=profiles.names, modules=profiles.modules, profile=profiles.profile)
+    if not isinstance(shape, MoEShape):
+        return [(1, ParallelCosts(shape, seq, rates, net, tp, sp, cp, flash, **kw))]
+    u = imbalance if imbalance is not None else default_imbalance(shape)
+    return [(ep, ExpertCosts(shape, seq, rates, net, tp, sp, cp, ep, flash, u, **kw))
+            for ep in ep_list]
+
+
+# ---- pastes ------------------------------------------------------------------------------------
+def torchtitan_moe(dims) -> tuple[dict, str | None]:
+    """torchtitan's ``[parallelism]`` entry for an MoE plan, ``expert_parallel_degree``, and
+    a note where torchtitan lays the experts out otherwise than priced here: with TP, the
+    experts are priced split over TP (Megatron-Core's default), which torchtitan 0.2 runs as
+    ``expert_tensor_parallel_degree = tp`` (its EP mesh then needs ep a multiple of cp) and
+    torchtitan 0.3 not at all (its EP borrows ranks from ``dp_shard x cp x tp``, experts
+    whole: ``expert_parallel_degree = ep x tp`` is its nearest layout)."""
+    out = {"expert_parallel_degree": dims.ep}
+    note = None
+    if dims.ep > 1 and dims.tp > 1:
+        note = (f"the plan splits the experts over tp {dims.tp} (Megatron-Core's layout): "
+                f"torchtitan 0.2 runs it with expert_tensor_parallel_degree = {dims.tp}"
+                + (f" only if ep is a multiple of cp {dims.cp}" if dims.ep % dims.cp else "")
+                + "; torchtitan 0.3's EP borrows the TP ranks instead, experts whole "
+                  "(expert_parallel_degree = ep x tp is its nearest layout, not this plan)")
+    return out, note
+
+
+def megatron_moe_flags(shape: MoEShape, ep: int) -> list[str]:
+    """Megatron-Core's MoE flags for the shape at ``ep``: ``--num-experts``,
+    ``--moe-router-topk``, ``--moe-ffn-hidden-size``, ``--expert-model-parallel-size``, the
+    shared experts, the dense layers (``--moe-layer-freq``) and MLA."""
+    flags = [f"--hidden-size {shape.hidden}", f"--num-attention-heads {shape.heads}",
+             f"--num-experts {shape.experts}", f"--moe-router-topk {shape.top_k}",
+             f"--moe-ffn-hidden-size {shape.expert_ffn}",
+             f"--expert-model-parallel-size {ep}", "--moe-token-dispatcher-type alltoall",
+             "--swiglu"]
+    if shape.shared_experts:
+        flags.append(f"--moe-shared-expert-intermediate-size "
+                     f"{shape.shared_experts * shape.shared_ffn}")
+    if shape.dense_layers:
+        pattern = "".join("0" if not shape.is_moe(n) else "1" for n in range(shape.layers))
+        flags.append(f"--ffn-hidden-size {shape.dense_ffn} --moe-layer-freq "
+                     f"\"[{','.join(pattern)}]\"")
+    if shape.mla is not None:
+        m = shape.mla
+        flags.append(f"--multi-latent-attention --kv-lora-rank {m.kv_rank} "
+                     + (f"--q-lora-rank {m.q_rank} " if m.q_rank else "")
+                     + f"--qk-head-dim {m.nope_dim} --qk-pos-emb-head-dim {m.rope_dim} "
+                       f"--v-head-dim {m.v_dim}")
+    elif shape.kv != shape.heads:
+        flags.append(f"--group-query-attention --num-query-groups {shape.kv}")
+    if not shape.tied_embeddings:
+        flags.append("--untie-embeddings-and-output-weights")
+    return flags
+
+
+# ---- what the output says ----------------------------------------------------------------------
+def moe_model_flops_per_sequence(shape: MoEShape, seq: int) -> float:
+    """Model FLOPs of one sequence's forward and backward (3 forwards, no recomputation) on
+    the *active* path: each layer's attention (scores in full, as Narayanan et al. count
+    them), router, top-k experts, shared experts or dense MLP, and the head ``2 s h V``:
+    what MFU divides by for an MoE model."""
+    layers = sum(layer_cost(shape, n, seq, 1).forward_flops for n in range(shape.layers))
+    return 3 * (layers + 2 * seq * shape.hidden * shape.vocab)
+
+
+def all_to_all_summary(plan, profiles, hardware, imbalance: float | None = None
+                       ) -> dict | None:
+    """For an MoE plan: the all-to-all seconds in one microbatch's F and backward of its
+    slowest stage (``a2a_f``, ``a2a_b`` of its CostModel), the nodes an EP group spans and
+    the imbalance priced; None for a dense plan."""
+    shape = moe_shape_of(profiles)
+    if shape is None:
+        return None
+    costs = plan.costs
+    S = len(plan.stage_to_rank)
+    f = costs.a2a_f if isinstance(costs.a2a_f, list) else [float(costs.a2a_f)] * S
+    b = costs.a2a_b if isinstance(costs.a2a_b, list) else [float(costs.a2a_b)] * S
+    slow = max(range(len(costs.f)), key=lambda s: costs.f[s] + costs.b[s])
+    gpn = hardware.gpus_per_node if hardware is not None else 1
+    stride, size = plan.dims.group("ep")
+    span = max(1, -(-(stride * size) // gpn)) if size > 1 else 1
+    return {"ep": plan.dims.ep, "nodes": span, "forward": float(f[slow]),
+            "backward": float(b[slow]), "experts": shape.experts, "top_k": shape.top_k,
+            "expert_data_parallel": plan.dims.expert_data_parallel,
+            "imbalance": imbalance if imbalance is not None else default_imbalance(shape)}
