@@ -284,8 +284,10 @@ def profile_table(prof) -> Table:
                     else "hardware free (times: plan --gpu NAME)" if not active
                     else "hardware free (no times: give --tflops and --mfu to plan)"))
     else:
+        how = (f"mean of {meta.get('passes', '?')} passes (every median was 0 s)"
+               if meta.get("statistic") == "mean" else f"median of {meta.get('repeats', '?')}")
         title = (f"profile: {meta.get('model', '?')} on {meta.get('device', '?')}, batch "
-                 f"{meta.get('batch_shape', '?')}, median of {meta.get('repeats', '?')}")
+                 f"{meta.get('batch_shape', '?')}, {how}")
     t = Table(title=title)
     for col in ("layer", "name", "type", "forward", "backward", "params", "activations",
                 "FLOPs"):

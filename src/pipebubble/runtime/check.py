@@ -44,6 +44,7 @@ import torch
 from torch import nn
 
 from ..errors import UserError
+from ..usercode import call_layer
 
 DEFAULT_TOLERANCE = {"float32": 1e-5, "float64": 1e-10}
 # float attributes that hold a dropout rate used functionally (HF attention: attention_dropout)
@@ -164,7 +165,7 @@ def random_layers(layers: Sequence[nn.Module], names: Sequence[str],
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         for i, layer in enumerate(layers):
             before = torch.get_rng_state()
-            h = layer(h)
+            h = call_layer(layer, h, i, names[i], "the check's scan for random layers")
             if names[i] not in flagged and not torch.equal(before, torch.get_rng_state()):
                 found.append(RandomLayer(names[i], ""))
     return found
