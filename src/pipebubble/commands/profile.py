@@ -303,8 +303,12 @@ def _output(args: argparse.Namespace, prof) -> int:
 def cut_note(cut, args: argparse.Namespace) -> str:
     """``the default cut into 3 stages (3 ranks x 1 chunk): cut --boundaries 2,5 (...)``."""
     chunks = args.chunks or 1
-    return (f"the default cut into {args.ranks * chunks} stages ({args.ranks} ranks x {chunks} "
-            f"chunk{'s' if chunks > 1 else ''}): {cut.describe()}")
+
+    def n(k: int, word: str) -> str:
+        return f"{k} {word}{'s' if k != 1 else ''}"
+
+    return (f"the default cut into {n(args.ranks * chunks, 'stage')} ({n(args.ranks, 'rank')} "
+            f"x {n(chunks, 'chunk')}): {cut.describe()}")
 
 
 def profile_table(prof) -> Table:
