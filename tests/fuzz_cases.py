@@ -442,8 +442,8 @@ def spec_case(rng: random.Random) -> Case:
                 argv += ["--boundaries", "1"]
         if rng.random() < 0.5 and "--json" not in argv:
             argv.append("--json")
-    uneven = argv[0] == "run" and n_layers % 2 and "--boundaries" not in argv  # -p 2
-    bad = (uneven or top in ("raise", "exit") or ref != "build"
+    # any layer count runs on -p 2 (the balanced cut, runtime/cut.py): 3 layers are valid
+    bad = (top in ("raise", "exit") or ref != "build"
            or build not in ("good", "print")
            or batch not in ("good", "print", "list") or loss not in ("good", "nan")
            or (hostile == "frozen" and len(frozen) == n_layers) or hang)
@@ -562,8 +562,9 @@ def hf_case(rng: random.Random) -> Case:
         argv = ["run", "--local", "--model", rng.choice(["hf:{d}/hf", "hf:{d}/hf/config.json"]),
                 "--schedule", "gpipe", "-p", rng.choice(["1", "2"]), "-m", "2", "--seq", "8",
                 "--batch", "2", "--warmup", "0", "--repeat", "1", "--json"]
-    refused = any(k == "file" and v != "none" for k, v in changed) or any(
-        (k in HF_SIZE_KEYS and v in HF_REFUSED) or k == "model_type" for k, v in changed)
+    final = dict(changed)  # a key changed twice keeps its last value
+    refused = any(k == "file" and v != "none" for k, v in final.items()) or any(
+        (k in HF_SIZE_KEYS and v in HF_REFUSED) or k == "model_type" for k, v in final.items())
     if "--seq" in argv and argv[argv.index("--seq") + 1] in ("65", "0"):
         refused = True  # beyond max_position_embeddings (64), or no tokens
     if argv[0] == "run" and base in ("mixtral", "qwen2_moe", "deepseek_v3"):

@@ -289,12 +289,7 @@ CASE_SECONDS = 30.0  # a case still running then has hung (the slowest valid cas
 
 # Known failures, by a rule over the case's arguments: xfail with the reason (strict=False,
 # so a case passes again once fixed). Empty: every generated case must hold.
-KNOWN: list[tuple[str, object]] = [
-    ("profile of a 2-layer Linear(4, 4) model sometimes measures every time as 0 s (CPU-time "
-     "clock resolution on a loaded machine) and is then refused by the profile check: a "
-     "valid request refused, reported, not yet fixed",
-     lambda argv: argv[0] == "profile" and any(a.endswith("fz.py:build") for a in argv)),
-]
+KNOWN: list[tuple[str, object]] = []
 
 
 def _known(argv: tuple[str, ...]) -> str | None:

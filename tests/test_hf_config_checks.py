@@ -253,9 +253,15 @@ def test_held_keeps_library_warnings_and_reissues_pipebubbles_own():
     with pytest.warns(UserWarning, match="our own"):
         with libwarnings.held() as kept:
             warnings.warn_explicit("zero-element", UserWarning, "/v/torch/nn/init.py", 3)
-            warnings.warn_explicit("our own", UserWarning, "/v/pipebubble/x.py", 3)
+            warnings.warn_explicit("our own", libwarnings.PipebubbleWarning,
+                                   "/v/pipebubble/x.py", 3)
+            # torch's stacklevel=2 names the caller: the user's file, or pipebubble's
+            warnings.warn_explicit("target size", UserWarning, "/home/u/fz.py", 90)
+            warnings.warn_explicit("via a mode", UserWarning, "/v/pipebubble/runtime/cut.py", 9)
             logging.getLogger("transformers.models.x").warning("a\nrecord")
-    assert sorted(kept.lines()) == ["(torch) UserWarning: zero-element",
+    assert sorted(kept.lines()) == ["(cut.py) UserWarning: via a mode",
+                                    "(fz.py) UserWarning: target size",
+                                    "(torch) UserWarning: zero-element",
                                     "(transformers) a record"]
     assert (logger.handlers, logger.propagate) == before  # put back as it was
 

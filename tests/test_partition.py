@@ -254,7 +254,7 @@ def test_chunks_make_ranks_times_chunks_stages():
     assert plan.peak_memory == [2 * 20 * 16 + plan.timeline.rank_stats()[r].peak_memory
                                 for r in range(2)]
     assert megatron_flags(prof, plan.ranges, chunks=2) is None
-    with pytest.raises(PartitionError, match="cannot cut 8 layers into 10 stages"):
+    with pytest.raises(PartitionError, match="the model has 8 layers, fewer than the 10 stages"):
         balance(prof, Options(ranks=5, chunks=2))
 
 
@@ -406,7 +406,7 @@ GOOD = {"name": "a", "forward": 1, "backward": 2, "params": 3, "activation_bytes
     ({"layers": [{k: v for k, v in GOOD.items() if k != "flops"}]}, [],
      "layer 0 ('a') is missing 'flops'"),
     ({"layers": [GOOD, {**GOOD, "name": "b"}]}, ["-p", "3"],
-     "cannot cut 2 layers into 3 stages"),
+     "the model has 2 layers, fewer than the 3 stages (ranks x chunks); at most 2"),
     ({"layers": [GOOD, {**GOOD, "name": "b"}]}, ["--method", "speed"],
      "unknown --method 'speed'"),
     ({"layers": [GOOD, {**GOOD, "name": "b"}]}, ["--memory-cap", "12 parsecs"],

@@ -65,12 +65,22 @@ MAX_CONFIG_BYTES = 4 * 2**20
 MAX_HF_LAYERS = MAX_LAYERS - 2
 """Decoder layers of a config: a profile also holds the embedding and the head."""
 
+MAX_HF_EXPERTS = 1 << 16
+"""Routed (or shared) experts of an MoE config: DeepSeek-V3 has 256, Kimi K2 384."""
+
 _LLAMA_INTS: dict[str, tuple[int, int]] = {
     "num_hidden_layers": (1, MAX_HF_LAYERS), "hidden_size": (1, MAX_HF_HIDDEN),
     "intermediate_size": (1, MAX_HF_FFN), "num_attention_heads": (1, MAX_HF_HEADS),
     "num_key_value_heads": (1, MAX_HF_HEADS), "head_dim": (1, MAX_HF_HIDDEN),
     "vocab_size": (1, MAX_HF_VOCAB), "max_position_embeddings": (1, MAX_HF_POSITIONS),
-    "sliding_window": (1, MAX_HF_POSITIONS), "max_window_layers": (0, MAX_HF_LAYERS)}
+    "sliding_window": (1, MAX_HF_POSITIONS), "max_window_layers": (0, MAX_HF_LAYERS),
+    # the MoE families' (pipebubble.plan.moe reads them): widths and expert counts
+    "moe_intermediate_size": (1, MAX_HF_FFN), "shared_expert_intermediate_size": (1, MAX_HF_FFN),
+    "num_local_experts": (1, MAX_HF_EXPERTS), "num_experts": (1, MAX_HF_EXPERTS),
+    "n_routed_experts": (1, MAX_HF_EXPERTS), "num_experts_per_tok": (1, MAX_HF_EXPERTS),
+    "n_shared_experts": (0, MAX_HF_EXPERTS), "q_lora_rank": (0, MAX_HF_HIDDEN),
+    "kv_lora_rank": (1, MAX_HF_HIDDEN), "qk_nope_head_dim": (1, MAX_HF_HIDDEN),
+    "qk_rope_head_dim": (1, MAX_HF_HIDDEN), "v_head_dim": (1, MAX_HF_HIDDEN)}
 _GPT2_INTS: dict[str, tuple[int, int]] = {
     "n_layer": (1, MAX_HF_LAYERS), "n_embd": (1, MAX_HF_HIDDEN), "n_inner": (1, MAX_HF_FFN),
     "n_head": (1, MAX_HF_HEADS), "vocab_size": (1, MAX_HF_VOCAB),

@@ -1,24 +1,29 @@
-"""Warnings of the libraries under pipebubble (torch, transformers), held until the result.
+"""Warnings of the libraries and of the user's code, held until the result.
 
 A bad input must be exactly one line of error. torch and transformers warn on their own
 (``UserWarning: Initializing zero-element tensors is a no-op``, a transformers logger
 record), and printed as they come those lines land *before* pipebubble's error line, so
-the error is three lines. ``pipebubble.cli.main`` runs every command inside :func:`held`:
+the error is three lines. Where a warning says it comes from is no guide: torch's
+``mse_loss`` warns with ``stacklevel=2``, so its warning names the *caller's* file, the
+user's ``loss_fn`` or pipebubble's FLOP counter. ``pipebubble.cli.main`` runs every command
+inside :func:`held`:
 
-- a Python warning raised from a file of ``torch`` or ``transformers``, and every record
+- every Python warning but pipebubble's own (:class:`PipebubbleWarning`), and every record
   of the ``transformers`` logger at WARNING or above, is kept;
 - when the command succeeds, the kept lines are written to stderr *after* the result, one
-  line each, ``pipebubble: warning: (torch) ...``; when it fails, they are dropped and the
-  error stays one line (no command has a ``--verbose`` flag for them; calling the library
-  from Python shows them as they come);
-- any other warning (pipebubble's own) is issued again when the block ends, through the
-  ordinary ``warnings`` machinery, so filters and ``pytest.warns`` still see it.
+  line each, ``pipebubble: warning: (torch) ...`` (the library, or the file the warning
+  names: ``(my_model.py) UserWarning: ...``); when it fails, they are dropped and the error
+  stays one line (no command has a ``--verbose`` flag for them; calling the library from
+  Python shows them as they come);
+- pipebubble's own warnings are issued again when the block ends, through the ordinary
+  ``warnings`` machinery, so filters and ``pytest.warns`` still see them.
 
 >>> import warnings
 >>> with held() as kept:
 ...     warnings.warn_explicit("zero-element tensors", UserWarning, "/x/torch/nn/init.py", 1)
+...     warnings.warn_explicit("target size", UserWarning, "/home/me/my_model.py", 9)
 >>> kept.lines()
-['(torch) UserWarning: zero-element tensors']
+['(torch) UserWarning: zero-element tensors', '(my_model.py) UserWarning: target size']
 """
 
 from __future__ import annotations
@@ -36,9 +41,15 @@ MAX_KEPT = 100
 """Most distinct lines kept (a warning repeated every step is kept once)."""
 
 
-def _library(filename: str) -> str | None:
+class PipebubbleWarning(UserWarning):
+    """A warning of pipebubble's own (a noisy profile): issued again after :func:`held`,
+    not held with the libraries'."""
+
+
+def _library(filename: str) -> str:
+    """The library a warning's file belongs to, else the file's name."""
     parts = os.path.normpath(filename or "").split(os.sep)
-    return next((p for p in reversed(parts) if p in LIBRARIES), None)
+    return next((p for p in reversed(parts) if p in LIBRARIES), parts[-1] or "python")
 
 
 class Kept:
@@ -109,11 +120,11 @@ def held() -> Iterator[Kept]:
                 yield kept
             finally:
                 for w in caught:
-                    lib = _library(w.filename)
-                    if lib is None:
+                    if issubclass(w.category, PipebubbleWarning):
                         others.append(w)
                     else:
-                        kept.add(f"({lib}) {w.category.__name__}: {w.message}")
+                        kept.add(f"({_library(w.filename)}) {w.category.__name__}: "
+                                 f"{w.message}")
     finally:
         _ACTIVE.pop()
         handlers.extend(h for h in logger.handlers if h is not handler and h not in handlers)

@@ -88,6 +88,16 @@ def ranges_from_ends(ends: Sequence[int]) -> Ranges:
     return out
 
 
+def check_stage_count(num_layers: int, num_stages: int) -> None:
+    """More stages than layers: one line naming both and the largest stage count (every
+    command that cuts a model says it in these words)."""
+    n = num_layers
+    if num_stages > n:
+        raise PartitionError(f"the model has {n} layer{'s' if n != 1 else ''}, fewer than the "
+                             f"{num_stages} stages (ranks x chunks); at most {n} stages can "
+                             "run it (every stage needs a layer)")
+
+
 def check_counts(num_layers: int, stages: int) -> None:
     if not isinstance(stages, int) or stages < 1:
         raise PartitionError(f"stages must be an integer >= 1, got {stages!r}")

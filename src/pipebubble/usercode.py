@@ -151,6 +151,21 @@ def layer_in(exc: BaseException, layers: Any) -> int | None:
     return None
 
 
+def call_layer(layer: Any, x: Any, index: int, name: str, during: str) -> Any:
+    """``layer(x)`` for a pass of pipebubble's own (the check's scan for random layers): an
+    exception or ``sys.exit`` in it, or anything but one tensor returned, is one line naming
+    the layer (a :class:`UserCodeError` or a UserError), never a traceback."""
+    import torch
+
+    with user_code(f"layer {index} ({name!r}, {type(layer).__name__})", during=during):
+        y = layer(x)
+    if not isinstance(y, torch.Tensor):
+        raise UserError(f"layer {index} ({name!r}) returned a {type(y).__name__} during "
+                        f"{during}; each layer must return one tensor (what the next stage "
+                        "receives)")
+    return y
+
+
 # ---- standard output: the results', not the model's ---------------------------------------
 _results: list[TextIO] = []
 
@@ -178,5 +193,5 @@ def results_to_stdout() -> Iterator[None]:
         yield
 
 
-__all__ = ["USER_FAILURES", "UserCodeError", "describe", "is_ours", "layer_in",
+__all__ = ["USER_FAILURES", "UserCodeError", "call_layer", "describe", "is_ours", "layer_in",
            "results_to_stdout", "user_code", "user_prints_to_stderr"]

@@ -13,6 +13,7 @@ import argparse
 import re
 from typing import TYPE_CHECKING
 
+from ..cut_rule import Cut
 from ..errors import UserError
 from ..limits import split_list
 from ..plan.balance import METHODS, SIM_METHOD, Options, Plan, balance, rebalance
@@ -240,9 +241,20 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"rebalanced from {args.measured}: predicted step "
                       f"{fmt_time(before.predicted_step_time)} -> "
                       f"{fmt_time(after.predicted_step_time)} ({gain:.1%} faster)")
+    console.print(default_cut_line(profile, o.stages), highlight=False, soft_wrap=True,
+                  markup=False)
     for line in layouts_text(profile, plans):
         console.print(line, highlight=False, soft_wrap=True, markup=False)
     return 0
+
+
+def default_cut_line(profile: Profile, stages: int) -> str:
+    """The cut every command takes by default (:mod:`pipebubble.cut_rule`), as a flag."""
+    from ..cut_rule import profile_cut
+
+    return (f"default cut (pipebubble.cut_rule, as profile --ranks prints it): "
+            f"{profile_cut(profile, stages).describe()}; run --boundaries VALUE runs any "
+            "cut below")
 
 
 def _scalar(value: float | list[float], flag: str) -> float:
@@ -337,6 +349,9 @@ def layouts_text(profile: Profile, plans: list[Plan]) -> list[str]:
     for p in plans:
         out.append(f"{p.method}")
         out.append(f"  layers per stage: {layer_lists(p.ranges)}")
+        flag = Cut.of_ranges(p.ranges, p.method).flag
+        out.append(f"  pipebubble run: --boundaries {flag}" if flag else
+                   "  pipebubble run: one stage (no --boundaries)")
         flags = megatron_flags(profile, p.ranges, p.options.chunks)
         out.append(f"  megatron: --pipeline-model-parallel-layout "
                    f"\"{megatron_layout(profile, p.ranges)}\"")

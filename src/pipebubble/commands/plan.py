@@ -837,14 +837,16 @@ def judged_items(judged: dict, validations, result) -> list[str]:
 def _print_table(console, result, validations, judged: dict | None) -> None:
     from rich.table import Table
 
+    from ..plan.validate import plan_cut
     from ..render.table import fit
 
     tol = judged["tolerance"] if judged is not None else None
     real = validations[0].model
     what = f"model {real}" if real else "sleeping the scaled profile"
     v = Table(title=f"validation: run for real ({what}, one process per rank, gloo)")
-    for col in ("#", "plan", "processes", "predicted", "measured (median)", "error",
-                "verdict", "vs best measured", "fastest step", "spread"):
+    for col in ("#", "plan", *(["--boundaries"] if real else []), "processes", "predicted",
+                "measured (median)", "error", "verdict", "vs best measured", "fastest step",
+                "spread"):
         v.add_column(col, justify="right")
     done = [x.measured for x in validations if x.measured is not None]
     best_m = min(done) if done else None
@@ -852,13 +854,14 @@ def _print_table(console, result, validations, judged: dict | None) -> None:
         k = result.plans.index(x.plan) + 1
         p = x.plan
         name = f"pp={p.pp} dp={p.dp} {p.schedule} v={p.chunks} m={p.microbatches}"
+        cut = [plan_cut(p).flag or "(one stage)"] if real else []
         if x.measured is None:
-            v.add_row(str(k), name, str(p.gpus), _t(x.predicted), "failed",
+            v.add_row(str(k), name, *cut, str(p.gpus), _t(x.predicted), "failed",
                       x.error or "", "FAIL", "", "", "")
             continue
         err = x.relative_error
         ok = err is not None and tol is not None and abs(err) <= tol
-        v.add_row(str(k), name, str(p.gpus), _t(x.predicted), _t(x.measured),
+        v.add_row(str(k), name, *cut, str(p.gpus), _t(x.predicted), _t(x.measured),
                   "—" if err is None else f"{err:+.1%}",
                   "" if tol is None else ("PASS" if ok else "FAIL"),
                   f"{x.measured / best_m - 1:+.1%}", _t(x.measured_min),
@@ -868,7 +871,8 @@ def _print_table(console, result, validations, judged: dict | None) -> None:
     steps = f"{len(validations[0].steps) or 'the'} steps after {validations[0].warmup} " \
         "unmeasured warm-up step(s); spread = (slowest - fastest) / fastest of those steps"
     if real:
-        console.print(f"(each plan ran --model {real} at its cut; predicted = the simulated "
+        console.print(f"(each plan ran --model {real} at its cut, the planner's (pricing the "
+                      "profile's times), given to run as --boundaries; predicted = the simulated "
                       "pipeline step of the profile's own times, with no cost for the "
                       "processes' messages or the all-reduce, so it compares with a "
                       f"profile taken on this machine; measured = the median of {steps})",

@@ -51,6 +51,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="cpu", help="torch device to measure on (cpu)")
     p.add_argument("--threads", type=positive_int("--threads"), default=None,
                    help="torch CPU threads (default: torch's own)")
+    p.add_argument("--ranks", "-p", type=positive_int("--ranks"), default=None, metavar="P",
+                   help="also print the default cut into P x --chunks stages, balanced by "
+                   "this profile's time, as the run --boundaries value that reproduces it")
+    p.add_argument("--chunks", "-v", type=positive_int("--chunks"), default=None, metavar="V",
+                   help="--ranks: stages per rank (1)")
     p.add_argument("--out", metavar="FILE", help="write the profile here (JSON)")
     p.add_argument("--json", action="store_true", help="print the profile JSON and nothing else")
     g = p.add_argument_group(
@@ -163,7 +168,18 @@ def run_hf_config(args: argparse.Namespace) -> int:
     return rc
 
 
+def stages_of(args: argparse.Namespace) -> int | None:
+    """``--ranks`` x ``--chunks``: the stages to print the default cut for (None: no cut)."""
+    if args.ranks is None:
+        if args.chunks is not None:
+            raise UserError("--chunks applies with --ranks P (the cut to print); add --ranks "
+                            "or drop --chunks")
+        return None
+    return args.ranks * (args.chunks or 1)
+
+
 def run(args: argparse.Namespace) -> int:
+    stages_of(args)  # before any work
     if args.analytic:
         return run_analytic(args)
     with user_prints_to_stderr():  # the model's own print(): stderr, --json owns stdout
@@ -222,6 +238,11 @@ def _run_measured(args: argparse.Namespace) -> int:
     if len(spec.layers) > MAX_LAYERS:  # refuse before measuring what could not be written
         raise UserError(f"--model {args.model} builds {len(spec.layers):,} layers, over the "
                          f"{MAX_LAYERS:,} a profile may hold")
+    stages = stages_of(args)
+    if stages is not None:  # more stages than layers: one line, before measuring
+        from ..cut_rule import check_stage_count
+
+        check_stage_count(len(spec.layers), stages)
     gen = torch.Generator().manual_seed(args.seed)
     x, y = spec.make_batch(args.batch or 8, gen)
     layers = [m.to(device) for m in spec.layers]
@@ -247,6 +268,12 @@ def _output(args: argparse.Namespace, prof) -> int:
     from ..plan.profile_reader import check_document
 
     check_document(prof.as_dict(), "the profile")  # --json or the table: what partition reads
+    stages = stages_of(args)
+    cut = None
+    if stages is not None:  # before --out is written: too many stages is one line
+        from ..cut_rule import profile_cut
+
+        cut = profile_cut(prof, stages)
     if args.out is not None:
         prof.save(args.out)
         wrote(args.out)
@@ -254,6 +281,8 @@ def _output(args: argparse.Namespace, prof) -> int:
         sys.stderr.write(f"pipebubble: warning: {line}\n")
     if args.json:
         print_json(prof.as_dict())
+        if cut is not None:  # stdout is the profile's; the cut is a note
+            sys.stderr.write(f"pipebubble: {cut_note(cut, args)}\n")
         return 0
     from rich.console import Console
 
@@ -263,10 +292,23 @@ def _output(args: argparse.Namespace, prof) -> int:
     console.print(fit(profile_table(prof), console.width, keys=2))  # values never cut
     if "moe" in prof.metadata:
         console.print(fit(moe_table(prof), console.width, keys=1))
+    if cut is not None:
+        console.print(cut_note(cut, args), highlight=False, soft_wrap=True, markup=False)
     if args.out:
         console.print(f"next: pipebubble partition --profile {args.out} --ranks P, or "
                       f"pipebubble plan --profile {args.out} --gpus N ...")
     return 0
+
+
+def cut_note(cut, args: argparse.Namespace) -> str:
+    """``the default cut into 3 stages (3 ranks x 1 chunk): cut --boundaries 2,5 (...)``."""
+    chunks = args.chunks or 1
+
+    def n(k: int, word: str) -> str:
+        return f"{k} {word}{'s' if k != 1 else ''}"
+
+    return (f"the default cut into {n(args.ranks * chunks, 'stage')} ({n(args.ranks, 'rank')} "
+            f"x {n(chunks, 'chunk')}): {cut.describe()}")
 
 
 def profile_table(prof) -> Table:
@@ -284,8 +326,10 @@ def profile_table(prof) -> Table:
                     else "hardware free (times: plan --gpu NAME)" if not active
                     else "hardware free (no times: give --tflops and --mfu to plan)"))
     else:
+        how = (f"mean of {meta.get('passes', '?')} passes (every median was 0 s)"
+               if meta.get("statistic") == "mean" else f"median of {meta.get('repeats', '?')}")
         title = (f"profile: {meta.get('model', '?')} on {meta.get('device', '?')}, batch "
-                 f"{meta.get('batch_shape', '?')}, median of {meta.get('repeats', '?')}")
+                 f"{meta.get('batch_shape', '?')}, {how}")
     t = Table(title=title)
     for col in ("layer", "name", "type", "forward", "backward", "params", "activations",
                 "FLOPs"):

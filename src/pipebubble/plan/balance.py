@@ -41,12 +41,13 @@ from dataclasses import dataclass, field, replace
 from statistics import median
 
 from ..costs import CostModel
+from ..cut_rule import Cut
 from ..ir.schedule import Schedule, step_actions
 from ..schedules import STANDARD, get_schedule
 from ..sim.kernel import simulate
 from ..timeline import Timeline
 from .calibrate import stage_times
-from .partition import PartitionError, Ranges, min_max_partition
+from .partition import PartitionError, Ranges, check_stage_count, min_max_partition
 from .profile import LayerProfile, Profile
 
 METHODS = ("uniform", "params", "flops", "time")
@@ -145,6 +146,7 @@ class Plan:
         o = self.options
         return {
             "method": self.method,
+            "boundaries": Cut.of_ranges(self.ranges, self.method).boundaries,  # run's flag
             "stages": [s.as_json() for s in self.stages],
             "bottleneck": self.bottleneck,
             "predicted_step_time": self.predicted_step_time,
@@ -264,12 +266,7 @@ def balance(profile: Profile, options: Options, methods: Sequence[str] = METHODS
     """
     for m in methods:
         layer_weights(profile, m)  # reject unknown methods before any work
-    if options.stages > len(profile):
-        raise PartitionError(
-            f"cannot cut {len(profile)} layers into {options.stages} stages "
-            f"({options.ranks} ranks x {options.chunks} chunks): every stage needs at least one "
-            f"layer (use at most {len(profile)} stages)"
-        )
+    check_stage_count(len(profile), options.stages)  # the one line of every command
     schedule = schedule or make_schedule(options)
     plans = [make_plan(profile, cut(profile, m, options, schedule), m, options, schedule)
              for m in methods if m != SIM_METHOD]

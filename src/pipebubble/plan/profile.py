@@ -58,7 +58,7 @@ from .profile_reader import FIELDS, ProfileError, check_document  # the one chec
 FORMAT = "pipebubble-profile"
 
 
-from ..limits import MAX_LAYERS  # noqa: E402  layers in a profile file (O(layers x stages))
+from ..limits import MAX_LAYERS, MIN_TIME  # noqa: E402  (layers in a file; least time)
 
 
 @dataclass(frozen=True)
@@ -212,8 +212,10 @@ def profile_layers(
     if warn:
         import warnings
 
+        from ..libwarnings import PipebubbleWarning
+
         for line in noisy_layers(prof):
-            warnings.warn(line, stacklevel=2)
+            warnings.warn(line, PipebubbleWarning, stacklevel=2)
     return prof
 
 
@@ -251,16 +253,21 @@ def _profile_layers(layers, sample, target, loss_fn, names, warmup, repeats, tim
         _timed_pass(mods, sample, target, loss_fn, sync, clock)
     fwd: list[list[float]] = [[] for _ in mods]
     bwd: list[list[float]] = [[] for _ in mods]
-    for _ in range(repeats):
-        f, b = _timed_pass(mods, sample, target, loss_fn, sync, clock)
-        for i in range(len(mods)):
-            fwd[i].append(f[i])
-            bwd[i].append(b[i])
+
+    def timed(passes: int) -> None:
+        for _ in range(passes):
+            f, b = _timed_pass(mods, sample, target, loss_fn, sync, clock)
+            for i in range(len(mods)):
+                fwd[i].append(f[i])
+                bwd[i].append(b[i])
+
+    timed(repeats)
+    statistic, floor = _resolve(fwd, bwd, timed, clock)
     for mod in mods:
         for p in mod.parameters():
             p.grad = None
     out = [
-        LayerProfile(names[i], median(fwd[i]), median(bwd[i]),
+        LayerProfile(names[i], max(statistic(fwd[i]), floor), max(statistic(bwd[i]), floor),
                      sum(p.numel() for p in mods[i].parameters()), float(act_bytes[i]),
                      float(flops[i]), type(mods[i]).__name__,
                      _extra(names[i], roles[i]))
@@ -277,9 +284,68 @@ def _profile_layers(layers, sample, target, loss_fn, names, warmup, repeats, tim
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "timer": timer,
+        **({} if statistic is median else {"statistic": "mean", "passes": len(fwd[0])}),
+        **({"time_floor": floor} if floor else {}),
         **(metadata or {}),
     }
     return Profile(out, meta)
+
+
+UNRESOLVED_PASSES = 256
+"""Most timed passes a profile adds when every median is 0 s (the clock did not advance)."""
+
+
+def _resolve(fwd: list[list[float]], bwd: list[list[float]], timed: Callable[[int], None],
+             clock: Callable[[], float]) -> tuple[Callable[[list[float]], float], float]:
+    """(the statistic of each layer's times, the least time a layer is given).
+
+    A layer faster than the clock's tick measures 0 in most passes (a CPU-time clock that
+    advances in ticks on a loaded machine), and when every median is 0 the profile would
+    say the model takes no time, which nothing can balance. Then more passes are timed
+    (doubling, at most :data:`UNRESOLVED_PASSES`) and each layer's **mean** is kept: a
+    reading is the tick with probability (time / tick), so the mean estimates the time
+    without the median's rounding to 0. If the clock never advanced at all, every time is
+    the clock's resolution (:func:`clock_resolution`), the most it can have been; the
+    profile says so (``time_floor``) and the warning line names it (:func:`noisy_layers`)."""
+    from statistics import fmean
+
+    def total(stat) -> float:
+        return sum(stat(t) for t in fwd) + sum(stat(t) for t in bwd)
+
+    if total(median) > 0:
+        return median, 0.0
+    more = len(fwd[0])
+    while total(fmean) == 0 and len(fwd[0]) < UNRESOLVED_PASSES:
+        n = min(more, UNRESOLVED_PASSES - len(fwd[0]))
+        timed(n)
+        more *= 2
+    if total(fmean) > 0:
+        return _mean, 0.0
+    return _mean, clock_resolution(clock)
+
+
+def _mean(times: list[float]) -> float:
+    """The mean, 0 or at least MIN_TIME (one tick over many passes may be less)."""
+    from statistics import fmean
+
+    m = fmean(times)
+    return max(m, MIN_TIME) if m > 0 else 0.0
+
+
+def clock_resolution(clock: Callable[[], float], reads: int = 100_000) -> float:
+    """The first step of ``clock`` seen in up to ``reads`` reads (the clock's real tick),
+    else the resolution the clock states (``time.get_clock_info``); at least MIN_TIME."""
+    last = clock()
+    for _ in range(reads):
+        now = clock()
+        if now != last:
+            return max(now - last, MIN_TIME)
+    name = getattr(clock, "__name__", "perf_counter")
+    try:
+        stated = time.get_clock_info(name).resolution
+    except ValueError:  # not a clock of the time module
+        stated = time.get_clock_info("perf_counter").resolution
+    return max(stated, MIN_TIME)
 
 
 def profile_model(
@@ -328,11 +394,16 @@ def noisy_layers(prof: Profile) -> list[str]:
     """Warnings for identical layers (same type, parameters, activation bytes and FLOPs)
     whose forward or backward times differ by more than :data:`NOISE_RATIO` x: the same
     work measured that differently is noise (other processes, frequency scaling)."""
+    out = []
+    floor = prof.metadata.get("time_floor")
+    if floor:
+        out.append(f"every layer measured 0 s, below the clock's resolution: each forward and "
+                   f"backward is given {floor:.3g} s, the most it can have taken; use a "
+                   "larger --batch or a finer clock (a GPU's or --threads > 1: wall time)")
     groups: dict[tuple, list] = {}
     for layer in prof.layers:
         key = (layer.type, layer.params, layer.activation_bytes, layer.flops)
         groups.setdefault(key, []).append(layer)
-    out = []
     for (kind, *_), layers in groups.items():
         if len(layers) < 2:
             continue

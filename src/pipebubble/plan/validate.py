@@ -67,6 +67,7 @@ import tempfile
 from dataclasses import dataclass, field, replace
 from statistics import median
 
+from ..cut_rule import Cut
 from ..errors import UserError
 from ..limits import available_cores, load_words, machine_load
 from ..sim.kernel import simulate
@@ -152,7 +153,8 @@ class Validation:
                 "warmup_steps": self.warmup, "load_average": self.load, "cores": self.cores,
                 "processes": self.processes,
                 "processes_per_core": self.processes / max(self.cores, 1),
-                "error": self.error, "model": self.model}
+                "error": self.error, "model": self.model,
+                "boundaries": plan_cut(self.plan).boundaries}
 
 
 def fits_here(plan: Plan, max_processes: int) -> bool:
@@ -311,7 +313,7 @@ def model_command(plan: Plan, model: str, model_args: list[str] | tuple[str, ...
         raise ValueError(f"an {plan.schedule} plan runs from its CSV: pass csv=")
     which = (["--csv", csv] if csv is not None
              else ["--schedule", plan.schedule, "--chunks", str(plan.chunks)])
-    cuts = ",".join(str(a) for a, _ in plan.ranges[1:])
+    cuts = plan_cut(plan).flag
     extra = [x for a in model_args for x in ("--model-arg", a)]
     extra += ["--seq", str(seq)] if seq is not None else []
     return [sys.executable, "-m", "pipebubble", "run", "--model", model, *extra, *which,
@@ -320,6 +322,11 @@ def model_command(plan: Plan, model: str, model_args: list[str] | tuple[str, ...
             "--batch", str(plan.microbatch_size * plan.schedule_obj.total_microbatches),
             *(["--boundaries", cuts] if cuts else []),
             "--warmup", str(warmup), "--repeat", str(repeat), "--json"]
+
+
+def plan_cut(plan: Plan) -> Cut:
+    """The plan's cut of one model copy, as the ``run --boundaries`` value that runs it."""
+    return Cut.of_ranges(plan.ranges, "the plan's cut")
 
 
 def validate_on_model(plans: list[Plan], model: str, model_args: list[str] | tuple[str, ...] = (),

@@ -44,6 +44,7 @@ import torch
 from torch import nn
 
 from ..errors import ParamError, UserError, param
+from ..usercode import call_layer
 
 # parameter names, marked in messages (errors.param): the CLI writes them as flags
 _CHECK_DROPOUT = param("check_dropout")
@@ -168,7 +169,7 @@ def random_layers(layers: Sequence[nn.Module], names: Sequence[str],
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         for i, layer in enumerate(layers):
             before = torch.get_rng_state()
-            h = layer(h)
+            h = call_layer(layer, h, i, names[i], "the check's scan for random layers")
             if names[i] not in flagged and not torch.equal(before, torch.get_rng_state()):
                 found.append(RandomLayer(names[i], ""))
     return found

@@ -1,13 +1,14 @@
-"""Where a run cuts its model: the one rule of every run path.
+"""Where a run cuts its model: the default cut's rule (:mod:`pipebubble.cut_rule`) for a
+model that has no profile.
 
 ``run --local``, the gloo workers, torchrun, ``--engine torch``, the self-check and a
 checkpoint resumed into another cut all call :func:`choose_cut`:
 
 1. ``--boundaries`` given: that cut, checked (``by = "given"``);
 2. else the layers' cost, balanced by the exact min-max partitioner
-   (:func:`pipebubble.partition.min_max_partition`, Pinar & Aykanat 2004): the slowest
-   stage is as light as any contiguous cut can make it, ties broken towards even stages.
-   The cost of a layer is
+   (:func:`pipebubble.cut_rule.balanced_cut`, the rule ``profile``, ``partition`` and
+   ``plan --validate`` use too): the slowest stage is as light as any contiguous cut can
+   make it, ties broken towards even stages. The cost of a layer is
 
    - the sleep model's stated seconds (F + B per layer: ``"sleep times"``);
    - else its forward FLOPs (the matrix products, :func:`layer_flops`) on one forward of a
@@ -36,36 +37,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from ..errors import UserError
+from ..cut_rule import BY, Cut, balanced_cut, check_stage_count
 from .stages import check_boundaries
-
-BY = ("given", "sleep times", "FLOPs", "layer count")
-
-
-@dataclass(frozen=True)
-class Cut:
-    """A cut of ``num_layers`` layers: the first layer of every stage after the first, and
-    what chose it (one of :data:`BY`)."""
-
-    boundaries: list[int]
-    by: str
-
-    @property
-    def flag(self) -> str:
-        """The ``--boundaries`` value that reproduces this cut ('' for one stage)."""
-        return ",".join(str(b) for b in self.boundaries)
-
-    def describe(self) -> str:
-        """``cut --boundaries 4 (balanced by FLOPs)``, for the run's header."""
-        how = "given" if self.by == "given" else f"balanced by {self.by}"
-        return (f"cut --boundaries {self.flag} ({how})" if self.boundaries
-                else "one stage")
 
 
 def choose_cut(layers: Sequence[nn.Module], num_stages: int,
@@ -84,25 +62,11 @@ def choose_cut(layers: Sequence[nn.Module], num_stages: int,
         return Cut(check_boundaries(boundaries, n, num_stages), "given")
     if num_stages == 1:
         return Cut([], "layer count")
-    from ..partition import min_max_partition
-
     if flops is not None:
         costs, by = list(flops), "FLOPs"
     else:
         costs, by = layer_costs(layers, make_batch)
-    if costs is None or not any(costs):
-        costs, by = [1.0] * n, "layer count"
-    ranges = min_max_partition(costs, num_stages)
-    return Cut([a for a, _ in ranges[1:]], by)
-
-
-def check_stage_count(num_layers: int, num_stages: int) -> None:
-    """More stages than layers: one line naming both and the largest stage count."""
-    n = num_layers
-    if num_stages > n:
-        raise UserError(f"the model has {n} layer{'s' if n != 1 else ''}, fewer than the "
-                        f"{num_stages} stages (ranks x chunks); at most {n} stages can run it "
-                        "(every stage needs a layer)")
+    return balanced_cut(costs if costs is not None else [0.0] * n, num_stages, by)
 
 
 def layer_costs(layers: Sequence[nn.Module], make_batch: Callable | None = None
@@ -255,3 +219,7 @@ def _sample(layers: Sequence[nn.Module], make_batch: Callable | None) -> torch.T
     if width is None:
         raise ValueError("no batch maker and no in_features: the layer count decides")
     return torch.randn(2, width, generator=gen)
+
+
+__all__ = ["BY", "CountFlops", "Cut", "check_stage_count", "choose_cut", "layer_costs",
+           "layer_flops"]
