@@ -50,6 +50,7 @@ microbatches, costs=..., memory_limit=...)`` builds it like any schedule.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from collections import OrderedDict
@@ -456,32 +457,81 @@ def _registered(kind: str, p: int, m: int, sc: StageCosts, where: tuple[int, ...
 def _stretched(p: int, m: int, sc: StageCosts, where: tuple[int, ...], limits: list[float]):
     """When V-Min does not fit: V-Min's and V-Half's building blocks repeated every T > 6
     units (a microbatch every T, fewer in flight), at the smallest T whose order fits (and
-    the next two), with their own offsets or the shortest turns that do not collide."""
-    from ..building_block import block, repeat
-    from ..v_half import v_half_published_offsets
-    from ..v_min import v_min_published_offsets
+    the next two), with their own offsets or the shortest turns that do not collide. The
+    blocks depend on ``p`` and ``T`` only (:func:`_stretched_blocks`, kept), and whether a
+    repeated block fits is counted from its times (:func:`_repeat_peaks`) before its order
+    is made: only the orders that fit are built and scored."""
+    from ..building_block import repeat
 
-    for name, offsets in (("v-min", v_min_published_offsets(p)),
-                          ("v-half", v_half_published_offsets(p))):
+    for name, steps in _stretched_names(p):
         found = None
         for period in range(7, 6 * (2 * p + 2)):
             if found is not None and period > found + 2:
                 break
-            blocks = [_turned_block(p, offsets[:4], period)]
-            try:
-                blocks.append(block(p, offsets, period))
-            except ScheduleError:
-                pass
-            for times in blocks:
-                if times is None:
+            for times in _stretched_blocks(p, steps, period):
+                if limits is not None and not all(
+                        fits_limit(x, cap) for x, cap in
+                        zip(_repeat_peaks(p, m, times, period, sc), limits, strict=True)):
                     continue
+                found = period if found is None else found
                 sched = make_schedule("auto", repeat(p, m, times, period), 2 * p, m,
                                       placement="v")
-                if _fits(sched, sc, limits):
-                    found = period if found is None else found
-                    scored = _score(sched, sc, limits)
-                    if scored is not None:
-                        yield scored[0], sched.orders, f"{name} block every {period} units"
+                scored = _score(sched, sc, limits)
+                if scored is not None:
+                    yield scored[0], sched.orders, f"{name} block every {period} units"
+
+
+@functools.lru_cache(maxsize=64)
+def _stretched_names(p: int) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """(name, offsets) of the blocks :func:`_stretched` repeats: V-Min's and V-Half's."""
+    from ..v_half import v_half_published_offsets
+    from ..v_min import v_min_published_offsets
+
+    return (("v-min", tuple(v_min_published_offsets(p))),
+            ("v-half", tuple(v_half_published_offsets(p))))
+
+
+@functools.lru_cache(maxsize=4096)
+def _stretched_blocks(p: int, offsets: tuple[int, ...], period: int) -> tuple:
+    """The blocks repeated every ``period`` units for these offsets: the shortest turns
+    that collide with nothing (:func:`_turned_block`), then the offsets' own turns, each
+    that exists (cost-free: kept for every request)."""
+    from ..building_block import block
+
+    blocks = [_turned_block(p, offsets[:4], period)]
+    try:
+        blocks.append(block(p, offsets, period))
+    except ScheduleError:
+        pass
+    return tuple(b for b in blocks if b is not None)
+
+
+def _repeat_peaks(p: int, m: int, times: tuple[list[int], ...], period: int,
+                  sc: StageCosts) -> list[float]:
+    """Each rank's activation peak of ``building_block.repeat(p, m, times, period)``
+    without making its orders: every rank's passes sorted by time (no two of a rank share
+    a time: the block collides with nothing modulo ``period``), each pass's start and end
+    delta in that order, the highest running sum: what ``sim.program.schedule_peaks``
+    sums for the repeated orders, in the same order (the same floats)."""
+    import numpy as np
+
+    S = 2 * p
+    j = np.arange(m, dtype=np.int64) * period
+    out = []
+    for r in range(p):
+        starts, d0, d1 = [], [], []
+        for s in (r, S - 1 - r):
+            for kind, t in zip("FIW", (times[0][s], times[1][s], times[2][s]), strict=True):
+                a, b = sc.memory_deltas(s, kind)
+                starts.append(t + j)
+                d0.append(np.full(m, a))
+                d1.append(np.full(m, b))
+        order = np.argsort(np.concatenate(starts), kind="stable")
+        deltas = np.empty(2 * len(order))
+        deltas[0::2] = np.concatenate(d0)[order]
+        deltas[1::2] = np.concatenate(d1)[order]
+        out.append(max(0.0, float(np.cumsum(deltas).max())) if len(deltas) else 0.0)
+    return out
 
 
 def _greedy(kind: str, p: int, m: int, sc: StageCosts, where: tuple[int, ...],
