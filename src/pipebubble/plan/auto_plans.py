@@ -109,6 +109,46 @@ class AutoPlans:
             got = self._auto_cuts[key] = (lc, got[1], fused)
         return got[2] >= threshold
 
+    def _split_order_floor(self, c: Config, pr: Priced, left: list[float]) -> float:
+        """A step no plan of ``c`` with one of auto's searched orders (every backward split)
+        beats with ``left`` bytes per rank for activations: the automatic scheduler's own
+        bound (:func:`~pipebubble.schedules.auto.bounds.bound`, its memory kind included:
+        with k microbatches in flight a stage's forwards are round trips apart) on the
+        pipeline's end, plus the least a rank adds after it (its exposed data-parallel
+        traffic and optimizer step: the plan's step is ``max_r (end_r + those_r)``)."""
+        from ..schedules.auto.bounds import bound
+
+        key = (id(pr), c, tuple(left))
+        got = self._auto_cuts.get(key)
+        if got is not None and got[0] is pr:
+            return got[1]
+        where = _auto_where(c)
+        try:
+            sc = pr.costs.resolve(len(where), c.chunks)
+            lb = bound(sc, where, c.microbatches, left).value
+        except ScheduleError:
+            return -math.inf
+        after = min(x + self.axes.optimizer_time(c.dp, P)
+                    for x, P in zip(pr.exposed, pr.rank_params, strict=True))
+        floor = (lb + after) * (1 - 1e-9)  # a true bound, rounding aside
+        self._auto_cuts[key] = (pr, floor)
+        return floor
+
+    def _fused_floor(self, c: Config, lc: LayerCosts, pr: Priced) -> float:
+        """The fastest plan of the registered fused-backward schedules on auto's cut (the
+        one kind of order auto returns that its split-order bound does not cover), memory
+        aside (:meth:`auto_ruled_out` keeps it)."""
+        key = (id(lc), c, "split only")
+        got = self._auto_cuts.get(key)
+        if got is None or got[0] is not lc or got[2] is None:
+            self.auto_ruled_out(c, lc, pr, -math.inf)  # fills the entry, fused included
+            got = self._auto_cuts[key]
+            if got[2] is None:
+                fused = min((self._step(c, sched, pr)[2]
+                             for sched in self._fused_registered(c)), default=math.inf)
+                got = self._auto_cuts[key] = (lc, got[1], fused)
+        return got[2]
+
     def _auto_shape(self, c: Config):
         """An order-free schedule of auto's placement for ``c`` (what a price needs)."""
         key = ("auto shape", c.pp, c.chunks, c.microbatches)
@@ -155,6 +195,9 @@ class AutoPlans:
         if self.auto_ruled_out(c, lc, pr, threshold):
             return None  # no order auto can return beats threshold: not searched
         left = [budget - x for x in pr.static]
+        if (self._split_order_floor(c, pr, left) >= threshold
+                and self._fused_floor(c, lc, pr) >= threshold):
+            return None  # nor under the memory left: not searched
         t0 = time.perf_counter()
         try:
             # the spec's one entry: chunks 1 is the loop placement, 2 the V one
