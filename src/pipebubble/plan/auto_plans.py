@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import time
 
+from ..costs import fits_limit
 from ..ir.schedule import ScheduleError, loop_placement, make_schedule, v_placement
 from ..schedules.registry import get_schedule, lookup, schedule_names
 from .layercosts import LayerCosts
@@ -134,20 +135,25 @@ class AutoPlans:
         self._auto_cuts[key] = (pr, floor)
         return floor
 
-    def _fused_floor(self, c: Config, lc: LayerCosts, pr: Priced) -> float:
-        """The fastest plan of the registered fused-backward schedules on auto's cut (the
-        one kind of order auto returns that its split-order bound does not cover), memory
-        aside (:meth:`auto_ruled_out` keeps it)."""
-        key = (id(lc), c, "split only")
+    def _fused_floor(self, c: Config, pr: Priced, left: list[float]) -> float:
+        """The fastest plan on auto's cut of the registered fused-backward schedules that
+        fit ``left`` (the one kind of order auto returns that its split-order bound does not
+        cover; auto returns a registered schedule only when its peak fits): inf if none."""
+        from ..sim.program import schedule_peaks
+
+        key = (id(pr), c, tuple(left), "fused")
         got = self._auto_cuts.get(key)
-        if got is None or got[0] is not lc or got[2] is None:
-            self.auto_ruled_out(c, lc, pr, -math.inf)  # fills the entry, fused included
-            got = self._auto_cuts[key]
-            if got[2] is None:
-                fused = min((self._step(c, sched, pr)[2]
-                             for sched in self._fused_registered(c)), default=math.inf)
-                got = self._auto_cuts[key] = (lc, got[1], fused)
-        return got[2]
+        if got is not None and got[0] is pr:
+            return got[1]
+        where = _auto_where(c)
+        sc = pr.costs.resolve(len(where), c.chunks)
+        best = math.inf
+        for sched in self._fused_registered(c):
+            if all(fits_limit(x, cap) for x, cap in
+                   zip(schedule_peaks(sched, sc), left, strict=True)):
+                best = min(best, self._step(c, sched, pr)[2])
+        self._auto_cuts[key] = (pr, best)
+        return best
 
     def _auto_shape(self, c: Config):
         """An order-free schedule of auto's placement for ``c`` (what a price needs)."""
@@ -196,7 +202,7 @@ class AutoPlans:
             return None  # no order auto can return beats threshold: not searched
         left = [budget - x for x in pr.static]
         if (self._split_order_floor(c, pr, left) >= threshold
-                and self._fused_floor(c, lc, pr) >= threshold):
+                and self._fused_floor(c, pr, left) >= threshold):
             return None  # nor under the memory left: not searched
         t0 = time.perf_counter()
         try:
