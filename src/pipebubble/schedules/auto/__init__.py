@@ -516,22 +516,17 @@ def _repeat_peaks(p: int, m: int, times: tuple[list[int], ...], period: int,
     import numpy as np
 
     S = 2 * p
-    j = np.arange(m, dtype=np.int64) * period
-    out = []
-    for r in range(p):
-        starts, d0, d1 = [], [], []
-        for s in (r, S - 1 - r):
-            for kind, t in zip("FIW", (times[0][s], times[1][s], times[2][s]), strict=True):
-                a, b = sc.memory_deltas(s, kind)
-                starts.append(t + j)
-                d0.append(np.full(m, a))
-                d1.append(np.full(m, b))
-        order = np.argsort(np.concatenate(starts), kind="stable")
-        deltas = np.empty(2 * len(order))
-        deltas[0::2] = np.concatenate(d0)[order]
-        deltas[1::2] = np.concatenate(d1)[order]
-        out.append(max(0.0, float(np.cumsum(deltas).max())) if len(deltas) else 0.0)
-    return out
+    if m == 0:
+        return [0.0] * p
+    rows = [(s, kind) for r in range(p) for s in (r, S - 1 - r) for kind in range(3)]
+    t0 = np.array([times[k][s] for s, k in rows], dtype=np.int64).reshape(p, 6, 1)
+    starts = (t0 + np.arange(m, dtype=np.int64) * period).reshape(p, 6 * m)
+    deltas = np.array([sc.memory_deltas(s, "FIW"[k]) for s, k in rows]).reshape(p, 6, 1, 2)
+    deltas = np.broadcast_to(deltas, (p, 6, m, 2)).reshape(p, 6 * m, 2)
+    order = np.argsort(starts, axis=1, kind="stable")
+    ordered = np.take_along_axis(deltas, order[:, :, None], axis=1).reshape(p, 12 * m)
+    peaks = np.cumsum(ordered, axis=1).max(axis=1)
+    return [max(0.0, float(x)) for x in peaks]
 
 
 def _greedy(kind: str, p: int, m: int, sc: StageCosts, where: tuple[int, ...],
