@@ -59,7 +59,7 @@ def cold() -> None:
     auto._stretched_blocks.cache_clear()  # and what it keeps of blocks and their orders
     auto.adaptive._KEPT.clear()
     auto.adaptive._kept_actions = 0
-    auto.adaptive._groups.cache_clear()
+    auto.adaptive._group.cache_clear()
 
 
 def best_of(repeats: int, fn, reset=None):

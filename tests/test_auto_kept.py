@@ -39,7 +39,7 @@ def _cold() -> None:
     auto._REMEMBERED.clear()
     adaptive._KEPT.clear()
     adaptive._kept_actions = 0
-    adaptive._groups.cache_clear()
+    adaptive._group.cache_clear()
     auto._stretched_blocks.cache_clear()
 
 

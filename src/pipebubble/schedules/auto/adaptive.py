@@ -119,55 +119,55 @@ def candidate_blocks(p: int, budget: Budget | None = None, family: str = "all"
 def _candidates(p: int, budget: Budget | None, family: str
                 ) -> list[tuple[tuple[int, ...], tuple[list[int], ...], tuple[int, ...]]]:
     """:func:`candidate_blocks` with each block's :func:`steady_peaks`. The blocks depend
-    on ``p`` alone, so they are enumerated once (:func:`_groups`) and kept; the ledger is
-    charged per group as if they were enumerated again (the same charges, so the same
+    on ``p`` alone, so each group is enumerated once (:func:`_group`) and kept; the ledger
+    is charged per group as if it were enumerated again (the same charges, so the same
     search, whether or not an earlier request made them)."""
     out = []
     for fam, work in (("uniform", ENUMERATE_WORK[0]), ("switched", ENUMERATE_WORK[1])):
         if family not in ("all", fam):
             continue
-        for group in _groups(p, fam):
+        for n in range(_group_count(p, fam)):
             if budget is not None and not budget.spend(work * p * len(_TURNS), "adaptive V"):
                 return out
-            out += group
+            out += _group(p, fam, n)
     return out
 
 
 _TURNS = [(tf, ti, top) for tf in range(1, 7) for ti in range(1, 7) for top in range(1, 7)]
+_SWITCHED = [(near, far) for near in range(2, 6) for far in range(1, near)]
 
 
-@lru_cache(maxsize=16)
-def _groups(p: int, family: str) -> tuple[tuple, ...]:
-    """The blocks of ``family`` in groups of one (a, b) (uniform) or one (near, far,
-    switch) (switched) over every turn, each as (offsets, times, steady peaks); made once
-    per ``p`` (they depend on nothing else)."""
-    groups = []
+def _group_count(p: int, family: str) -> int:
+    """How many groups :func:`_group` has: one per (a, b) in 1..5 (uniform), one per
+    (near, far, switch) (switched)."""
+    return 25 if family == "uniform" else len(_SWITCHED) * max(0, p - 2)
+
+
+@lru_cache(maxsize=16384)
+def _group(p: int, family: str, n: int) -> tuple:
+    """Group ``n`` of ``family``'s blocks (uniform: (a, b) = divmod(n, 5) + 1; switched:
+    (near, far) = _SWITCHED[n // (p - 2)], switch n % (p - 2) + 1) over every turn, each
+    as (offsets, times, steady peaks); made once (they depend on nothing else)."""
+    group = []
     if family == "uniform":
-        for a in range(1, 6):
-            for b in range(1, 6):
-                group = []
-                for turn in _TURNS:
-                    if _collides(p, a, b, *turn):
-                        continue
-                    offsets = (a, b, b, a, *turn)
-                    try:
-                        times = block(p, offsets)
-                    except ScheduleError:
-                        continue
-                    group.append((offsets, times, tuple(steady_peaks(p, times))))
-                groups.append(tuple(group))
+        a, b = n // 5 + 1, n % 5 + 1
+        for turn in _TURNS:
+            if _collides(p, a, b, *turn):
+                continue
+            offsets = (a, b, b, a, *turn)
+            try:
+                times = block(p, offsets)
+            except ScheduleError:
+                continue
+            group.append((offsets, times, tuple(steady_peaks(p, times))))
     else:
-        for near in range(2, 6):
-            for far in range(1, near):
-                for switch in range(1, p - 1):
-                    group = []
-                    for turn in _TURNS:
-                        times = switched_block(p, near, far, switch, *turn)
-                        if times is not None:
-                            group.append(((near, far, switch, *turn), times,
-                                          tuple(steady_peaks(p, times))))
-                    groups.append(tuple(group))
-    return tuple(groups)
+        (near, far), switch = _SWITCHED[n // (p - 2)], n % (p - 2) + 1
+        for turn in _TURNS:
+            times = switched_block(p, near, far, switch, *turn)
+            if times is not None:
+                group.append(((near, far, switch, *turn), times,
+                              tuple(steady_peaks(p, times))))
+    return tuple(group)
 
 
 def steady_peaks(p: int, times: tuple[list[int], ...]) -> list[int]:
