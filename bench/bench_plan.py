@@ -56,10 +56,14 @@ def cold() -> None:
     except ImportError:
         return
     auto._REMEMBERED.clear()
-    auto._stretched_blocks.cache_clear()  # and what it keeps of blocks and their orders
-    auto.adaptive._KEPT.clear()
-    auto.adaptive._kept_actions = 0
-    auto.adaptive._group.cache_clear()
+    # and what it keeps of blocks and their orders (where this version keeps them)
+    for cached in (getattr(auto, "_stretched_blocks", None),
+                   getattr(auto.adaptive, "_group", None)):
+        if cached is not None:
+            cached.cache_clear()
+    if hasattr(auto.adaptive, "_KEPT"):
+        auto.adaptive._KEPT.clear()
+        auto.adaptive._kept_actions = 0
 
 
 def best_of(repeats: int, fn, reset=None):
