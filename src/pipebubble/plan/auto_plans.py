@@ -14,7 +14,12 @@ part (``split_only``) holds for them; the only others it returns are registered 
 unchanged, and of those only the ones with a fused backward (1F1B, GPipe, DualPipeV) can
 beat that bound: their plans on the cut are simulated. Auto runs only when one of the two
 beats the K-th plan. (On the LLaMA-3 405B bench, 3 searches instead of 44; only true bounds,
-so the plans found are the same.)
+so the plans found are the same.) Then, under the memory each rank has left, the same two
+again: the scheduler's own bound (:func:`~pipebubble.schedules.auto.bounds.bound`, whose
+memory kind counts the round trips a stage's forwards wait when only k microbatches fit)
+plus the least a rank adds after the pipeline, and the fused registered schedules whose
+peak fits what is left (auto returns no other): when neither beats the K-th plan, auto is
+not searched (GPT-1T on 512 A100s: 77 searches instead of 295).
 
 The search runs at auto's default budget (:data:`~pipebubble.schedules.auto.SEARCH_SECONDS`
 of counted work, the same as ``pipebubble schedule auto``), bounded by the work ledger alone
