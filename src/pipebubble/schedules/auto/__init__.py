@@ -546,23 +546,33 @@ def _greedy(kind: str, p: int, m: int, sc: StageCosts, where: tuple[int, ...],
             yield scored[0], orders, name
 
 
+_TURNS = sorted(((tf, ti, top) for tf in range(1, 7) for ti in range(1, 7)
+                 for top in range(1, 7)), key=sum)  # by their sum (stable: loop order kept)
+_TURN_INDEX = {t: 36 * (t[0] - 1) + 6 * (t[1] - 1) + t[2] - 1 for t in _TURNS}
+
+
 def _turned_block(p: int, steps: tuple[int, ...], period: int):
     """The building block with these offsets between stages and the shortest turns (of
-    the V, and at its top) that collide with nothing modulo ``period``; None if none."""
+    the V, and at its top) that collide with nothing modulo ``period``; None if none (of
+    equal lengths the first turns in (turn_f, turn_i, top) order). Stage 0's input
+    gradient comes ``(p - 1)(dF0 + dF1 + dI0 + dI1) + turn_f + turn_i + top`` units after
+    its forward and its W at least one later, so turns are tried by their sum and the
+    search stops once that floor is past the shortest block found."""
     from ..building_block import block
 
-    best = None
-    for turn_f in range(1, 7):
-        for turn_i in range(1, 7):
-            for top in range(1, 7):
-                try:
-                    times = block(p, (*steps, turn_f, turn_i, top), period)
-                except ScheduleError:
-                    continue
-                length = times[2][0] - times[0][0]
-                if best is None or length < best[0]:
-                    best = (length, times)
-    return None if best is None else best[1]
+    base = (p - 1) * sum(steps[:4]) + 1
+    best = None  # (length, loop index, times)
+    for turns in _TURNS:
+        if best is not None and base + sum(turns) > best[0]:
+            break
+        try:
+            times = block(p, (*steps, *turns), period)
+        except ScheduleError:
+            continue
+        got = (times[2][0] - times[0][0], _TURN_INDEX[turns])
+        if best is None or got < best[:2]:
+            best = (*got, times)
+    return None if best is None else best[2]
 
 
 def _fits(sched: Schedule, sc: StageCosts, limits: list[float] | None) -> bool:
