@@ -26,6 +26,11 @@ them against a file another version wrote (pruning must never change them).
     python bench/bench_plan.py [--repeats 3] [--validate [--target-step 1.0]] [--cut-gap N]
     python bench/bench_plan.py --scale [--no-auto] [--gpus 16384] [--repeats 1]
                                [--save-top FILE | --compare-top FILE]
+    python bench/bench_plan.py --table [all | gpt-1t:512:unfused,llama-7b:64,...]
+
+With ``--table``: a full search (every axis, auto included) per dense shape and scale
+(LLaMA-7B on 64 A100s up to a 2T GPT shape on 16,384 H100s, flash and unfused attention):
+wall and CPU seconds, configurations priced, simulations run and auto's searches.
 """
 
 from __future__ import annotations
@@ -51,6 +56,14 @@ def cold() -> None:
     except ImportError:
         return
     auto._REMEMBERED.clear()
+    # and what it keeps of blocks and their orders (where this version keeps them)
+    for cached in (getattr(auto, "_stretched_blocks", None),
+                   getattr(auto.adaptive, "_group", None)):
+        if cached is not None:
+            cached.cache_clear()
+    if hasattr(auto.adaptive, "_KEPT"):
+        auto.adaptive._KEPT.clear()
+        auto.adaptive._kept_actions = 0
 
 
 def best_of(repeats: int, fn, reset=None):
@@ -134,6 +147,49 @@ def bench_scale(gpus: int, auto: bool, repeats: int = 1, save_top: str | None = 
         print(f"  the same top {len(lines)} plans as {compare_top}: {same}")
         if not same:
             raise SystemExit("the top plans changed")
+
+
+SHAPES = {  # name: (layers, hidden, ffn, heads, kv heads, vocab, sequence, GPU preset)
+    "llama-7b": (32, 4096, 11008, 32, 32, 32000, 4096, "a100-80gb"),
+    "gpt-175b": (96, 12288, 4 * 12288, 96, 96, 51200, 2048, "a100-80gb"),
+    "gpt-1t": (128, 25600, 4 * 25600, 160, 160, 51200, 2048, "a100-80gb"),
+    "llama3-405b": (126, 16384, 53248, 128, 8, 128256, 8192, "h100-sxm"),
+    "gpt-2t": (160, 32768, 4 * 32768, 256, 256, 51200, 2048, "h100-sxm"),
+}
+TABLE = [  # (shape, GPUs, attention): the --table rows
+    ("llama-7b", 64, "flash"), ("gpt-175b", 1024, "flash"), ("gpt-1t", 512, "flash"),
+    ("gpt-1t", 512, "unfused"), ("llama3-405b", 16384, "flash"), ("gpt-2t", 16384, "flash"),
+]
+
+
+def bench_table(rows: list[tuple[str, int, str]], repeats: int = 1) -> None:
+    """One full search per row (a dense shape of :data:`SHAPES` on that many GPUs of its
+    preset, global batch 2048, recompute none and full, every axis, auto included), each
+    cold: wall and CPU seconds, configurations priced, simulations run, auto's searches
+    and their seconds; target under 10 s."""
+    from pipebubble.plan.analytic import TransformerShape, shape_profile
+    from pipebubble.plan.hardware import get_hardware
+
+    print(f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; each row cold, best of "
+          f"{repeats}")
+    print(f"{'shape':<12} {'GPUs':>6} {'attention':<8} {'wall s':>7} {'CPU s':>7} "
+          f"{'configs':>8} {'simulated':>9} {'auto':>5} {'auto s':>7}  best")
+    for name, gpus, attention in rows:
+        layers, hidden, ffn, heads, kv, vocab, seq, gpu = SHAPES[name]
+        shape = TransformerShape(layers=layers, hidden=hidden, ffn=ffn, heads=heads,
+                                 vocab=vocab, kv_heads=kv)
+        prof = ProfileSet([shape_profile(shape, seq, 1, attention=attention)])
+        hw = get_hardware(gpu)
+        req = Request(gpus=gpus, gpu_memory=hw.memory * 0.95, global_batch=2048,
+                      recompute=("none", "full"), top=5)
+        wall, cpu, res = best_of(repeats, lambda prof=prof, req=req, hw=hw: search(prof, req, hw),
+                                 cold)
+        b = res.plans[0]
+        print(f"{name:<12} {gpus:>6} {attention:<8} {wall:>7.1f} {cpu:>7.1f} "
+              f"{res.searched:>8} {res.simulated:>9} {res.auto_runs:>5} "
+              f"{res.auto_seconds:>7.1f}  tp={b.tp}{' sp' if b.sp else ''} cp={b.cp} "
+              f"pp={b.pp} dp={b.dp} {b.sharding} {b.schedule} v={b.chunks} "
+              f"mbs={b.microbatch_size} {b.recompute} {b.step_time:.3f} s", flush=True)
 
 
 def top_lines(plans) -> list[str]:
@@ -239,7 +295,16 @@ def main() -> None:
     ap.add_argument("--cut-gap", type=int, default=0, metavar="N",
                     help="also compare the min-max cut rule with every cut on N random "
                     "small instances")
+    ap.add_argument("--table", nargs="?", const="all", default=None, metavar="ROWS",
+                    help="a full search per shape and scale (all, or a comma list of "
+                    "SHAPE:GPUS[:unfused], shapes " + ", ".join(SHAPES) + ")")
     args = ap.parse_args()
+    if args.table:
+        rows = TABLE if args.table == "all" else [
+            (x.split(":")[0], int(x.split(":")[1]),
+             x.split(":")[2] if x.count(":") > 1 else "flash") for x in args.table.split(",")]
+        bench_table(rows, args.repeats or 1)
+        return
     if args.scale:
         bench_scale(args.gpus, not args.no_auto, args.repeats or 1, args.save_top,
                     args.compare_top)

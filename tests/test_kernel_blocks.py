@@ -10,6 +10,7 @@ from hypothesis import given, settings
 
 from pipebubble.costs import CostModel
 from pipebubble.ir.check import flat_actions
+from pipebubble.ir.deps import Layout
 from pipebubble.ir.schedule import Overlap
 from pipebubble.schedules import get_schedule
 from pipebubble.sim.kernel import (
@@ -18,7 +19,6 @@ from pipebubble.sim.kernel import (
     _rule,
     _simulate_blocks,
     _timeline,
-    _Topology,
     compile_blocks,
     compile_program,
     run,
@@ -51,8 +51,8 @@ def by_blocks(schedule, costs, uniform=True):
 
 
 def uniform_lag(schedule, comm):
-    topo = _Topology(schedule.num_stages, tuple(schedule.stage_to_rank),
-                     tuple(schedule.chain_starts))
+    topo = Layout(schedule.num_stages, tuple(schedule.stage_to_rank),
+                  tuple(schedule.chain_starts))
     return _rule(topo).uniform(comm)
 
 

@@ -115,3 +115,33 @@ def test_the_rule_never_rules_out_a_plan_auto_gives(gpus, batch, budget):
             if "B" not in _kinds(plan.schedule_obj):
                 assert split <= plan.step_time * (1 + 1e-12), c
     assert checked and tighter
+
+
+@pytest.mark.parametrize("gpus,batch,budget", [(4, 8, 1e15), (8, 8, 2.5e8), (4, 8, 1.6e8)])
+def test_the_memory_floor_never_passes_over_a_plan_auto_gives(gpus, batch, budget):
+    """The floors that skip auto under the memory left hold for what auto returns: a plan
+    whose order splits every backward is no faster than the scheduler's own bound plus the
+    least a rank adds after the pipeline, one with a fused backward no faster than the
+    fused registered schedules that fit; and the memory kind binds somewhere (the floor
+    above the price's bound), so the rule is tested where it prunes."""
+    checked, binding = 0, 0
+    for s in _searchers(gpus, batch, budget):
+        for c in s.configs():
+            if c.schedule != "auto":
+                continue
+            lc = s.p.at(c.microbatch_size, c.recompute)
+            pr = s._auto_cut(c, lc)
+            if pr is None or max(pr.static) > budget:
+                continue
+            left = [budget - x for x in pr.static]
+            floor = s._split_order_floor(c, pr, left)
+            binding += floor > pr.bound * (1 + 1e-6)
+            plan = s._evaluate_auto(c, lc, math.inf, budget)
+            if plan is None:
+                continue
+            checked += 1
+            if "B" in _kinds(plan.schedule_obj):
+                assert s._fused_floor(c, pr, left) <= plan.step_time * (1 + 1e-12), c
+            else:
+                assert floor <= plan.step_time, c
+    assert checked and binding

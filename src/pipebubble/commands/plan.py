@@ -502,13 +502,13 @@ def runnable_finder(result, profiles, req, hw, efficiency, mfu):
             framework == "torchtitan" or n in settings.megatron_families())]
         if not shardings or not names:
             return None
-        narrowed = replace(req, shardings=shardings, schedules=tuple(names),
-                           top=max(req.top, 20))
-        try:
-            found = search(profiles, narrowed, hw, efficiency, mfu).plans
+        narrowed = replace(req, shardings=shardings, schedules=tuple(names), top=1)
+        try:  # the fastest plan it runs: the search keeps those only
+            found = search(profiles, narrowed, hw, efficiency, mfu,
+                           keep=lambda p: blocker(p) is None).plans
         except (NoPlanFits, UserError):
             return None
-        return next((p for p in found if blocker(p) is None), None)
+        return found[0] if found else None
 
     return find
 

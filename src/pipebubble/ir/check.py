@@ -47,21 +47,39 @@ class FlatActions(NamedTuple):
     rank: np.ndarray  # the rank of each action
 
 
-_last: tuple[weakref.ref, FlatActions] | None = None  # validate() then simulate(): one pass
+KEEP_FLAT = 32  # schedules whose checked flat actions are kept (a planner simulates one
+# schedule under many costs; validate() then simulate() reads one twice)
+_kept: dict[int, tuple[weakref.ref, FlatActions]] = {}  # id -> (the schedule, its arrays)
 
 
 def flat_actions(schedule: Schedule) -> FlatActions:
-    """The schedule's actions as checked flat arrays; raise ScheduleError like validate()."""
-    global _last
-    last = _last  # one read: another thread may replace it
-    if last is not None and last[0]() is schedule:
-        return last[1]
+    """The schedule's actions as checked flat arrays; raise ScheduleError like validate().
+    The last :data:`KEEP_FLAT` schedules' arrays are kept (a schedule's orders are
+    immutable), each while the schedule lives."""
+    key = id(schedule)
+    got = _kept.get(key)
+    if got is not None and got[0]() is schedule:
+        return got[1]
     flat = _flatten(schedule)
     if flat is None or not _valid(schedule, flat):
         _scan(schedule)  # names the first bad action
         raise ScheduleError(f"schedule {schedule.name!r} is invalid")  # _scan always raises
-    _last = (weakref.ref(schedule), flat)
+    try:
+        ref = weakref.ref(schedule, lambda _r, key=key: _forget(key, _r))
+    except TypeError:
+        return flat
+    _kept.pop(key, None)
+    _kept[key] = (ref, flat)
+    while len(_kept) > KEEP_FLAT:
+        _kept.pop(next(iter(_kept)), None)
     return flat
+
+
+def _forget(key: int, ref: weakref.ref) -> None:
+    """A kept schedule is gone: drop its arrays (unless its id went to a newer one)."""
+    got = _kept.get(key)
+    if got is not None and got[0] is ref:
+        _kept.pop(key, None)
 
 
 def _flatten(schedule: Schedule) -> FlatActions | None:

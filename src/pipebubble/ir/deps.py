@@ -58,6 +58,19 @@ class Topology(Protocol):
     chain_starts: tuple[int, ...]
 
 
+class Layout(NamedTuple):
+    """A :class:`Topology` of its own (a search's or the simulator's, without a Schedule):
+    hashable, so a rule built from it can be cached.
+
+    >>> Layout(2, (0, 1), (0,)).stage_to_rank
+    (0, 1)
+    """
+
+    num_stages: int
+    stage_to_rank: tuple[int, ...]
+    chain_starts: tuple[int, ...] = (0,)
+
+
 class Signal(NamedTuple):
     """A fact an action produces: ``F`` output ready, ``I`` input gradient ready, ``W`` done."""
 

@@ -14,7 +14,12 @@ part (``split_only``) holds for them; the only others it returns are registered 
 unchanged, and of those only the ones with a fused backward (1F1B, GPipe, DualPipeV) can
 beat that bound: their plans on the cut are simulated. Auto runs only when one of the two
 beats the K-th plan. (On the LLaMA-3 405B bench, 3 searches instead of 44; only true bounds,
-so the plans found are the same.)
+so the plans found are the same.) Then, under the memory each rank has left, the same two
+again: the scheduler's own bound (:func:`~pipebubble.schedules.auto.bounds.bound`, whose
+memory kind counts the round trips a stage's forwards wait when only k microbatches fit)
+plus the least a rank adds after the pipeline, and the fused registered schedules whose
+peak fits what is left (auto returns no other): when neither beats the K-th plan, auto is
+not searched (GPT-1T on 512 A100s: 77 searches instead of 295).
 
 The search runs at auto's default budget (:data:`~pipebubble.schedules.auto.SEARCH_SECONDS`
 of counted work, the same as ``pipebubble schedule auto``), bounded by the work ledger alone
@@ -30,6 +35,7 @@ from __future__ import annotations
 import math
 import time
 
+from ..costs import fits_limit
 from ..ir.schedule import ScheduleError, loop_placement, make_schedule, v_placement
 from ..schedules.registry import get_schedule, lookup, schedule_names
 from .layercosts import LayerCosts
@@ -109,6 +115,51 @@ class AutoPlans:
             got = self._auto_cuts[key] = (lc, got[1], fused)
         return got[2] >= threshold
 
+    def _split_order_floor(self, c: Config, pr: Priced, left: list[float]) -> float:
+        """A step no plan of ``c`` with one of auto's searched orders (every backward split)
+        beats with ``left`` bytes per rank for activations: the automatic scheduler's own
+        bound (:func:`~pipebubble.schedules.auto.bounds.bound`, its memory kind included:
+        with k microbatches in flight a stage's forwards are round trips apart) on the
+        pipeline's end, plus the least a rank adds after it (its exposed data-parallel
+        traffic and optimizer step: the plan's step is ``max_r (end_r + those_r)``)."""
+        from ..schedules.auto.bounds import bound
+
+        key = (id(pr), c, tuple(left))
+        got = self._auto_cuts.get(key)
+        if got is not None and got[0] is pr:
+            return got[1]
+        where = _auto_where(c)
+        try:
+            sc = pr.costs.resolve(len(where), c.chunks)
+            lb = bound(sc, where, c.microbatches, left).value
+        except ScheduleError:
+            return -math.inf
+        after = min(x + self.axes.optimizer_time(c.dp, P)
+                    for x, P in zip(pr.exposed, pr.rank_params, strict=True))
+        floor = (lb + after) * (1 - 1e-9)  # a true bound, rounding aside
+        self._auto_cuts[key] = (pr, floor)
+        return floor
+
+    def _fused_floor(self, c: Config, pr: Priced, left: list[float]) -> float:
+        """The fastest plan on auto's cut of the registered fused-backward schedules that
+        fit ``left`` (the one kind of order auto returns that its split-order bound does not
+        cover; auto returns a registered schedule only when its peak fits): inf if none."""
+        from ..sim.program import schedule_peaks
+
+        key = (id(pr), c, tuple(left), "fused")
+        got = self._auto_cuts.get(key)
+        if got is not None and got[0] is pr:
+            return got[1]
+        where = _auto_where(c)
+        sc = pr.costs.resolve(len(where), c.chunks)
+        best = math.inf
+        for sched in self._fused_registered(c):
+            if all(fits_limit(x, cap) for x, cap in
+                   zip(schedule_peaks(sched, sc), left, strict=True)):
+                best = min(best, self._step(c, sched, pr)[2])
+        self._auto_cuts[key] = (pr, best)
+        return best
+
     def _auto_shape(self, c: Config):
         """An order-free schedule of auto's placement for ``c`` (what a price needs)."""
         key = ("auto shape", c.pp, c.chunks, c.microbatches)
@@ -155,6 +206,9 @@ class AutoPlans:
         if self.auto_ruled_out(c, lc, pr, threshold):
             return None  # no order auto can return beats threshold: not searched
         left = [budget - x for x in pr.static]
+        if (self._split_order_floor(c, pr, left) >= threshold
+                and self._fused_floor(c, pr, left) >= threshold):
+            return None  # nor under the memory left: not searched
         t0 = time.perf_counter()
         try:
             # the spec's one entry: chunks 1 is the loop placement, 2 the V one

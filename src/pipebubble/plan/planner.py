@@ -70,6 +70,8 @@ stage, m = 4) takes (m + p - 1)(F + B) = 5 x 6 = 30 s.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..errors import UserError
 from .analytic import TransformerShape
 from .axes import Axes, Point, axis_flag, splits
@@ -93,13 +95,15 @@ __all__ = ["Config", "NoPlanFits", "Plan", "Request", "Result", "Searcher",
 # ---- the search ----------------------------------------------------------------------------
 
 def search(profiles: ProfileSet, req: Request, hardware: Hardware | None = None,
-           efficiency: float | None = None, mfu: float | None = None) -> Result:
+           efficiency: float | None = None, mfu: float | None = None,
+           keep: Callable[[Plan], bool] | None = None) -> Result:
     """The ``req.top`` fastest plans that fit, fastest first (see the module doc and
     :mod:`pipebubble.plan.search`). With ``hardware``, an analytic or HF profile is priced
     by the compute model at every (tp, sp, cp); without, the profile's own times are used
-    (tp = cp = 1)."""
+    (tp = cp = 1). With ``keep``, the fastest of the plans it keeps (e.g. those a
+    framework runs)."""
     req.check()
-    return search_points(build_points(profiles, req, hardware, efficiency, mfu), req)
+    return search_points(build_points(profiles, req, hardware, efficiency, mfu), req, keep)
 
 
 def build_points(profiles, req: Request, hardware: Hardware | None = None,

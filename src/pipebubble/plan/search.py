@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 
 from ..errors import UserError
 from ..schedules import lookup
@@ -49,8 +50,11 @@ def runnable_nowhere(name: str) -> bool:
 TIE = 5e-4  # a margin that prints as 0.0 %
 
 
-def search_points(points: list[tuple[Point, object, Axes]], req: Request) -> Result:
-    """The ``req.top`` fastest plans over ``points`` (``(point, layer costs, axes)``)."""
+def search_points(points: list[tuple[Point, object, Axes]], req: Request,
+                  keep: Callable[[Plan], bool] | None = None) -> Result:
+    """The ``req.top`` fastest plans over ``points`` (``(point, layer costs, axes)``); with
+    ``keep``, of the plans it keeps only (a framework's runnable plans: the threshold is set
+    by those, so the search stays as tight as for the top ``req.top`` of all)."""
     req.check()
     t0 = time.perf_counter()
     shared = SearchCache()
@@ -87,7 +91,7 @@ def search_points(points: list[tuple[Point, object, Axes]], req: Request) -> Res
             late.append((0.0, c, s))
             return
         plan = s.evaluate(c, limit, req.gpu_memory)
-        if plan is not None:
+        if plan is not None and (keep is None or keep(plan)):
             best.append(plan)
             best.sort(key=plan_order)
             del best[req.top:]

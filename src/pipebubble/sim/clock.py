@@ -63,20 +63,13 @@ from dataclasses import replace
 from functools import lru_cache
 from itertools import accumulate
 from math import floor
-from typing import NamedTuple
 
 from ..costs import FIT_TOLERANCE, StageCosts, fits_limit
-from ..ir.deps import precedences
+from ..ir.deps import Layout, precedences
 from ..ir.schedule import Action
 
 _INF = float("inf")
 KINDS = "FIW"
-
-
-class _Topology(NamedTuple):
-    num_stages: int
-    stage_to_rank: tuple[int, ...]
-    chain_starts: tuple[int, ...]
 
 
 @lru_cache(maxsize=64)
@@ -90,7 +83,7 @@ def _rule_rows(stage_to_rank: tuple[int, ...], chain_starts: tuple[int, ...]
     return tuple((KINDS.index(e.before.kind) * S + e.before.stage,
                   KINDS.index(e.after.kind) * S + e.after.stage, e.crosses,
                   e.before.stage != e.after.stage)
-                 for e in precedences(one, _Topology(S, stage_to_rank, chain_starts)))
+                 for e in precedences(one, Layout(S, stage_to_rank, chain_starts)))
 
 
 def _table(sc: StageCosts, stage_to_rank: tuple[int, ...], chain_starts: tuple[int, ...],

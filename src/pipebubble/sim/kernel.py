@@ -80,7 +80,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from ..costs import CostModel, StageCosts
 from ..ir.check import B, F, FlatActions, I, flat_actions
-from ..ir.deps import describe_wait, needs, produces
+from ..ir.deps import Layout, describe_wait, needs, produces
 from ..ir.schedule import KINDS, Action, Schedule, ScheduleError
 from ..timeline import Timeline
 
@@ -120,8 +120,8 @@ def simulate(schedule: Schedule, costs: CostModel | StageCosts | None = None) ->
         )
     flat = flat_actions(schedule)
     pairs = bool(flat.pair.any())
-    rule = _rule(_Topology(schedule.num_stages, tuple(schedule.stage_to_rank),
-                           tuple(schedule.chain_starts)))
+    rule = _rule(Layout(schedule.num_stages, tuple(schedule.stage_to_rank),
+                        tuple(schedule.chain_starts)))
     lag = rule.uniform(sc.comm)
     if pairs and len(flat.stage) >= BLOCKS_FROM:  # Overlap pairs, many actions
         timeline = _simulate_blocks(schedule, flat, sc, lag)
@@ -192,7 +192,7 @@ def _compile_program(schedule: Schedule, flat: FlatActions, sc: StageCosts,
 
     S, M, p = schedule.num_stages, schedule.num_microbatches, schedule.num_ranks
     n = len(flat.stage)
-    rule = _rule(_Topology(S, tuple(schedule.stage_to_rank), tuple(schedule.chain_starts)))
+    rule = _rule(Layout(S, tuple(schedule.stage_to_rank), tuple(schedule.chain_starts)))
     row = flat.stage * 4 + flat.kind  # (stage, kind) of each action
     kind, mb = flat.kind, flat.microbatch
 
@@ -279,7 +279,7 @@ def compile_blocks(schedule: Schedule, flat: FlatActions, sc: StageCosts,
 
     S, M, p = schedule.num_stages, schedule.num_microbatches, schedule.num_ranks
     n = len(flat.stage)
-    rule = _rule(_Topology(S, tuple(schedule.stage_to_rank), tuple(schedule.chain_starts)))
+    rule = _rule(Layout(S, tuple(schedule.stage_to_rank), tuple(schedule.chain_starts)))
     row = flat.stage * 4 + flat.kind
     kind, mb = flat.kind, flat.microbatch
     fwd = np.flatnonzero(flat.pair == 1)
@@ -470,14 +470,6 @@ def _pair_parts(sc: StageCosts, flat: FlatActions, fwd: np.ndarray) -> np.ndarra
     return table[:, inverse.ravel()]
 
 
-class _Topology(NamedTuple):
-    """A schedule's shape as ``ir/deps.py`` reads it, hashable (the rule is cached)."""
-
-    num_stages: int
-    stage_to_rank: tuple[int, ...]
-    chain_starts: tuple[int, ...]
-
-
 class _Rule(NamedTuple):
     """The rule of ``ir/deps.py`` per (stage, kind), at row stage x 4 + kind code: the
     neighbour stage's signal the action needs, as ``signal x S + stage`` (see
@@ -501,7 +493,7 @@ _SIGNAL = {"F": 0, "I": 1, "W": 2}  # the signal kinds of ir/deps.py, numbered f
 
 
 @lru_cache(maxsize=64)
-def _rule(topo: _Topology) -> _Rule:
+def _rule(topo: Layout) -> _Rule:
     S, where = topo.num_stages, topo.stage_to_rank
     rule = _Rule([], [])
     for s in range(S):

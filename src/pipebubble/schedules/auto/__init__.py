@@ -50,6 +50,7 @@ microbatches, costs=..., memory_limit=...)`` builds it like any schedule.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from collections import OrderedDict
@@ -456,32 +457,76 @@ def _registered(kind: str, p: int, m: int, sc: StageCosts, where: tuple[int, ...
 def _stretched(p: int, m: int, sc: StageCosts, where: tuple[int, ...], limits: list[float]):
     """When V-Min does not fit: V-Min's and V-Half's building blocks repeated every T > 6
     units (a microbatch every T, fewer in flight), at the smallest T whose order fits (and
-    the next two), with their own offsets or the shortest turns that do not collide."""
-    from ..building_block import block, repeat
-    from ..v_half import v_half_published_offsets
-    from ..v_min import v_min_published_offsets
+    the next two), with their own offsets or the shortest turns that do not collide. The
+    blocks depend on ``p`` and ``T`` only (:func:`_stretched_blocks`, kept), and whether a
+    repeated block fits is counted from its times (:func:`_repeat_peaks`) before its order
+    is made: only the orders that fit are built and scored."""
+    from ..building_block import repeat
 
-    for name, offsets in (("v-min", v_min_published_offsets(p)),
-                          ("v-half", v_half_published_offsets(p))):
+    for name, steps in _stretched_names(p):
         found = None
         for period in range(7, 6 * (2 * p + 2)):
             if found is not None and period > found + 2:
                 break
-            blocks = [_turned_block(p, offsets[:4], period)]
-            try:
-                blocks.append(block(p, offsets, period))
-            except ScheduleError:
-                pass
-            for times in blocks:
-                if times is None:
+            for times in _stretched_blocks(p, steps, period):
+                if limits is not None and not all(
+                        fits_limit(x, cap) for x, cap in
+                        zip(_repeat_peaks(p, m, times, period, sc), limits, strict=True)):
                     continue
+                found = period if found is None else found
                 sched = make_schedule("auto", repeat(p, m, times, period), 2 * p, m,
                                       placement="v")
-                if _fits(sched, sc, limits):
-                    found = period if found is None else found
-                    scored = _score(sched, sc, limits)
-                    if scored is not None:
-                        yield scored[0], sched.orders, f"{name} block every {period} units"
+                scored = _score(sched, sc, limits)
+                if scored is not None:
+                    yield scored[0], sched.orders, f"{name} block every {period} units"
+
+
+@functools.lru_cache(maxsize=64)
+def _stretched_names(p: int) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """(name, offsets) of the blocks :func:`_stretched` repeats: V-Min's and V-Half's."""
+    from ..v_half import v_half_published_offsets
+    from ..v_min import v_min_published_offsets
+
+    return (("v-min", tuple(v_min_published_offsets(p))),
+            ("v-half", tuple(v_half_published_offsets(p))))
+
+
+@functools.lru_cache(maxsize=4096)
+def _stretched_blocks(p: int, offsets: tuple[int, ...], period: int) -> tuple:
+    """The blocks repeated every ``period`` units for these offsets: the shortest turns
+    that collide with nothing (:func:`_turned_block`), then the offsets' own turns, each
+    that exists (cost-free: kept for every request)."""
+    from ..building_block import block
+
+    blocks = [_turned_block(p, offsets[:4], period)]
+    try:
+        blocks.append(block(p, offsets, period))
+    except ScheduleError:
+        pass
+    return tuple(b for b in blocks if b is not None)
+
+
+def _repeat_peaks(p: int, m: int, times: tuple[list[int], ...], period: int,
+                  sc: StageCosts) -> list[float]:
+    """Each rank's activation peak of ``building_block.repeat(p, m, times, period)``
+    without making its orders: every rank's passes sorted by time (no two of a rank share
+    a time: the block collides with nothing modulo ``period``), each pass's start and end
+    delta in that order, the highest running sum: what ``sim.program.schedule_peaks``
+    sums for the repeated orders, in the same order (the same floats)."""
+    import numpy as np
+
+    S = 2 * p
+    if m == 0:
+        return [0.0] * p
+    rows = [(s, kind) for r in range(p) for s in (r, S - 1 - r) for kind in range(3)]
+    t0 = np.array([times[k][s] for s, k in rows], dtype=np.int64).reshape(p, 6, 1)
+    starts = (t0 + np.arange(m, dtype=np.int64) * period).reshape(p, 6 * m)
+    deltas = np.array([sc.memory_deltas(s, "FIW"[k]) for s, k in rows]).reshape(p, 6, 1, 2)
+    deltas = np.broadcast_to(deltas, (p, 6, m, 2)).reshape(p, 6 * m, 2)
+    order = np.argsort(starts, axis=1, kind="stable")
+    ordered = np.take_along_axis(deltas, order[:, :, None], axis=1).reshape(p, 12 * m)
+    peaks = np.cumsum(ordered, axis=1).max(axis=1)
+    return [max(0.0, float(x)) for x in peaks]
 
 
 def _greedy(kind: str, p: int, m: int, sc: StageCosts, where: tuple[int, ...],
@@ -501,23 +546,33 @@ def _greedy(kind: str, p: int, m: int, sc: StageCosts, where: tuple[int, ...],
             yield scored[0], orders, name
 
 
+_TURNS = sorted(((tf, ti, top) for tf in range(1, 7) for ti in range(1, 7)
+                 for top in range(1, 7)), key=sum)  # by their sum (stable: loop order kept)
+_TURN_INDEX = {t: 36 * (t[0] - 1) + 6 * (t[1] - 1) + t[2] - 1 for t in _TURNS}
+
+
 def _turned_block(p: int, steps: tuple[int, ...], period: int):
     """The building block with these offsets between stages and the shortest turns (of
-    the V, and at its top) that collide with nothing modulo ``period``; None if none."""
+    the V, and at its top) that collide with nothing modulo ``period``; None if none (of
+    equal lengths the first turns in (turn_f, turn_i, top) order). Stage 0's input
+    gradient comes ``(p - 1)(dF0 + dF1 + dI0 + dI1) + turn_f + turn_i + top`` units after
+    its forward and its W at least one later, so turns are tried by their sum and the
+    search stops once that floor is past the shortest block found."""
     from ..building_block import block
 
-    best = None
-    for turn_f in range(1, 7):
-        for turn_i in range(1, 7):
-            for top in range(1, 7):
-                try:
-                    times = block(p, (*steps, turn_f, turn_i, top), period)
-                except ScheduleError:
-                    continue
-                length = times[2][0] - times[0][0]
-                if best is None or length < best[0]:
-                    best = (length, times)
-    return None if best is None else best[1]
+    base = (p - 1) * sum(steps[:4]) + 1
+    best = None  # (length, loop index, times)
+    for turns in _TURNS:
+        if best is not None and base + sum(turns) > best[0]:
+            break
+        try:
+            times = block(p, (*steps, *turns), period)
+        except ScheduleError:
+            continue
+        got = (times[2][0] - times[0][0], _TURN_INDEX[turns])
+        if best is None or got < best[:2]:
+            best = (*got, times)
+    return None if best is None else best[2]
 
 
 def _fits(sched: Schedule, sc: StageCosts, limits: list[float] | None) -> bool:

@@ -27,11 +27,17 @@ It stops when its :class:`~.budget.Budget` is spent; every pass of a block is ch
 (:func:`_build_cost`: its list schedules, the deep warm-up, the cool-down wave) and the
 caller charges the scoring of each order (:func:`score_cost`). Deterministic: the
 enumeration's order is fixed, nothing is random, and the budget counts work, not time.
+What depends on neither the costs nor the limit is kept between requests (the blocks of a
+``p`` with their steady peaks, and the orders built from a block): a planner or a memory
+sweep asks for the same blocks many times. The ledger is charged as for a cold request,
+so a warm one finds the same orders, only sooner.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterator
+from functools import lru_cache
 
 from ...costs import StageCosts
 from ...ir.schedule import Action, ScheduleError, v_placement
@@ -107,34 +113,61 @@ def candidate_blocks(p: int, budget: Budget | None = None, family: str = "all"
     """The collision-free blocks of ``family`` (``uniform``: a, b in 1..5; ``switched``:
     near/far offsets that switch at a rank; ``all``: both, in that order) while
     ``budget`` lasts (charged per group of turns tried)."""
+    return [(offsets, times) for offsets, times, _ in _candidates(p, budget, family)]
+
+
+def _candidates(p: int, budget: Budget | None, family: str
+                ) -> list[tuple[tuple[int, ...], tuple[list[int], ...], tuple[int, ...]]]:
+    """:func:`candidate_blocks` with each block's :func:`steady_peaks`. The blocks depend
+    on ``p`` alone, so each group is enumerated once (:func:`_group`) and kept; the ledger
+    is charged per group as if it were enumerated again (the same charges, so the same
+    search, whether or not an earlier request made them)."""
     out = []
-    turns = [(tf, ti, top) for tf in range(1, 7) for ti in range(1, 7) for top in range(1, 7)]
-    if family in ("all", "uniform"):
-        for a in range(1, 6):
-            for b in range(1, 6):
-                if budget is not None and not budget.spend(
-                        ENUMERATE_WORK[0] * p * len(turns), "adaptive V"):
-                    return out
-                for turn in turns:
-                    if _collides(p, a, b, *turn):
-                        continue
-                    offsets = (a, b, b, a, *turn)
-                    try:
-                        out.append((offsets, block(p, offsets)))
-                    except ScheduleError:
-                        continue
-    if family in ("all", "switched"):
-        for near in range(2, 6):
-            for far in range(1, near):
-                for switch in range(1, p - 1):
-                    if budget is not None and not budget.spend(
-                            ENUMERATE_WORK[1] * p * len(turns), "adaptive V"):
-                        return out
-                    for turn in turns:
-                        times = switched_block(p, near, far, switch, *turn)
-                        if times is not None:
-                            out.append(((near, far, switch, *turn), times))
+    for fam, work in (("uniform", ENUMERATE_WORK[0]), ("switched", ENUMERATE_WORK[1])):
+        if family not in ("all", fam):
+            continue
+        for n in range(_group_count(p, fam)):
+            if budget is not None and not budget.spend(work * p * len(_TURNS), "adaptive V"):
+                return out
+            out += _group(p, fam, n)
     return out
+
+
+_TURNS = [(tf, ti, top) for tf in range(1, 7) for ti in range(1, 7) for top in range(1, 7)]
+_SWITCHED = [(near, far) for near in range(2, 6) for far in range(1, near)]
+
+
+def _group_count(p: int, family: str) -> int:
+    """How many groups :func:`_group` has: one per (a, b) in 1..5 (uniform), one per
+    (near, far, switch) (switched)."""
+    return 25 if family == "uniform" else len(_SWITCHED) * max(0, p - 2)
+
+
+@lru_cache(maxsize=16384)
+def _group(p: int, family: str, n: int) -> tuple:
+    """Group ``n`` of ``family``'s blocks (uniform: (a, b) = divmod(n, 5) + 1; switched:
+    (near, far) = _SWITCHED[n // (p - 2)], switch n % (p - 2) + 1) over every turn, each
+    as (offsets, times, steady peaks); made once (they depend on nothing else)."""
+    group = []
+    if family == "uniform":
+        a, b = n // 5 + 1, n % 5 + 1
+        for turn in _TURNS:
+            if _collides(p, a, b, *turn):
+                continue
+            offsets = (a, b, b, a, *turn)
+            try:
+                times = block(p, offsets)
+            except ScheduleError:
+                continue
+            group.append((offsets, times, tuple(steady_peaks(p, times))))
+    else:
+        (near, far), switch = _SWITCHED[n // (p - 2)], n % (p - 2) + 1
+        for turn in _TURNS:
+            times = switched_block(p, near, far, switch, *turn)
+            if times is not None:
+                group.append(((near, far, switch, *turn), times,
+                              tuple(steady_peaks(p, times))))
+    return tuple(group)
 
 
 def steady_peaks(p: int, times: tuple[list[int], ...]) -> list[int]:
@@ -189,10 +222,9 @@ def adaptive_orders(p: int, m: int, sc: StageCosts, limits: list[float] | None,
         yield from _built(p, m, small, offsets, times, None, budget)
     for family in ("uniform", "switched"):  # each enumerated, ranked and built in turn
         ranked = []
-        for offsets, times in candidate_blocks(p, budget, family):
+        for offsets, times, held in _candidates(p, budget, family):
             if not budget.spend(RANK_WORK * p, "adaptive V"):
                 return
-            held = steady_peaks(p, times)
             if limits is not None and any(h * c > lim + 1e-9 for h, c, lim
                                           in zip(held, chunk_mb, limits, strict=True)):
                 continue
@@ -213,7 +245,42 @@ def adaptive_orders(p: int, m: int, sc: StageCosts, limits: list[float] | None,
             yield from _built(p, m, small, offsets, times, k, budget)
 
 
+KEEP_ACTIONS = 4_000_000  # actions of built orders kept for later requests (_built), at most
+_KEPT: OrderedDict[tuple, tuple] = OrderedDict()  # (p, m, small, offsets, times, k) -> built orders
+_kept_actions = 0
+
+
 def _built(p: int, m: int, small: int, offsets: tuple[int, ...],
+           times: tuple[list[int], ...], k: int | None, budget: Budget | None = None
+           ) -> Iterator[tuple[str, list[list[Action]]]]:
+    """:func:`_build`'s orders, which depend on the block, ``p``, ``m`` and ``k`` alone (no
+    cost, no limit): kept for later requests (a planner or a memory sweep asks for the
+    same blocks under other costs), the least recently used dropped past
+    :data:`KEEP_ACTIONS` actions. The caller charges the ledger the same either way."""
+    global _kept_actions
+    key = (p, m, small, offsets, tuple(map(tuple, times)), k)
+    got = _KEPT.get(key)
+    if got is not None:
+        _KEPT.move_to_end(key)
+        for name, orders in got:
+            if budget is not None and budget.late():
+                return
+            yield name, [list(o) for o in orders]
+        return
+    made = []
+    for name, orders in _build(p, m, small, offsets, times, k, budget):
+        made.append((name, tuple(map(tuple, orders))))
+        yield name, orders
+    if budget is not None and budget.late():
+        return  # cut short: not kept
+    _KEPT[key] = tuple(made)
+    _kept_actions += sum(len(o) for _, orders in made for o in orders)
+    while _kept_actions > KEEP_ACTIONS and len(_KEPT) > 1:
+        _, old = _KEPT.popitem(last=False)
+        _kept_actions -= sum(len(o) for _, orders in old for o in orders)
+
+
+def _build(p: int, m: int, small: int, offsets: tuple[int, ...],
            times: tuple[list[int], ...], k: int | None, budget: Budget | None = None
            ) -> Iterator[tuple[str, list[list[Action]]]]:
     """The block's orders, built on ``small`` microbatches and extended to ``m``: ends

@@ -40,10 +40,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 from ...costs import StageCosts, fits_limit
-from ...ir.deps import precedences
+from ...ir.deps import Layout, precedences
 from ...ir.schedule import Action
 
 KINDS = ("busiest rank", "fill and drain", "memory")
@@ -61,12 +60,6 @@ class LowerBound:
         return {"value": self.value, "kind": self.kind, "by_kind": dict(self.by_kind)}
 
 
-class _Topology(NamedTuple):
-    num_stages: int
-    stage_to_rank: tuple[int, ...]
-    chain_starts: tuple[int, ...]
-
-
 def _stages_of(stage_to_rank: tuple[int, ...]) -> list[list[int]]:
     p = max(stage_to_rank) + 1
     return [[s for s, r in enumerate(stage_to_rank) if r == q] for q in range(p)]
@@ -80,7 +73,7 @@ def _paths(sc: StageCosts, where: tuple[int, ...]):
     dur = {a: sc.duration(a.stage, a.kind) for a in acts}
     succ: dict[Action, list[tuple[Action, float]]] = {a: [] for a in acts}
     count = dict.fromkeys(acts, 0)
-    for e in precedences(acts, _Topology(S, tuple(where), (0,))):
+    for e in precedences(acts, Layout(S, tuple(where), (0,))):
         succ[e.before].append((e.after, sc.comm if e.crosses else 0.0))
         count[e.after] += 1
     order = [a for a in acts if not count[a]]

@@ -34,6 +34,7 @@ from __future__ import annotations
 import random
 
 from ...costs import FIT_TOLERANCE, StageCosts, fits_limit
+from ...ir.deps import Layout, precedences
 from ...ir.schedule import Action, Kind, make_schedule
 from ...sim.program import memory_peak
 
@@ -58,31 +59,29 @@ class _Problem:
         self.net = [0.0] * n
         self.rank = [0] * n
         self.local_pre: list[list[int]] = [[] for _ in range(n)]  # on the same rank, before
+        # The rule (ir/deps.precedences) over one microbatch's F, I and W: each action's
+        # edges in, the same for every microbatch. ``dep`` is the one the clock waits on
+        # with a lag: the neighbour stage's edge (crossing ranks: comm), else the same
+        # stage's (F before I, I before W); the other edge only orders the rank.
+        one = [Action(s, kind, 0) for kind in _KINDS for s in range(S)]
+        into: dict[tuple[int, int], list] = {}
+        for e in precedences(one, Layout(S, tuple(where))):
+            into.setdefault((_CODE[e.after.kind], e.after.stage), []).append(e)
         for k in range(3):
             kind = _KINDS[k]
             for s in range(S):
                 d = sc.duration(s, kind)
                 a0, a1 = sc.memory_deltas(s, kind)
+                edges = sorted(into.get((k, s), ()), key=lambda e: e.before.stage == s)
                 for j in range(m):
                     x = (k * S + s) * m + j
                     self.dur[x], self.d0[x], self.net[x] = d, a0, a0 + a1
                     self.rank[x] = where[s]
-                    if k == 0 and s:
-                        dep, hop = self.id(0, s - 1, j), where[s - 1] != where[s]
-                    elif k == 1 and s < S - 1:
-                        dep, hop = self.id(1, s + 1, j), where[s + 1] != where[s]
-                    elif k == 1:
-                        dep, hop = self.id(0, s, j), False
-                    elif k == 2:
-                        dep, hop = self.id(1, s, j), False
-                    else:
-                        dep, hop = -1, False
+                    ids = [self.id(_CODE[e.before.kind], e.before.stage, j) for e in edges]
+                    dep, hop = (ids[0], edges[0].crosses) if edges else (-1, False)
                     self.dep[x], self.lag[x] = dep, comm if hop else 0.0
-                    pre = [self.id(k, s, j - 1)] if j else []
-                    if k:
-                        pre.append(self.id(k - 1, s, j))  # F before I before W, one stage
-                    if dep >= 0 and not hop:
-                        pre.append(dep)
+                    pre = [self.id(k, s, j - 1)] if j else []  # microbatches in order
+                    pre += [y for y, e in zip(ids, edges, strict=True) if not e.crosses]
                     self.local_pre[x] = [y for y in set(pre) if where[y // m % S] == where[s]]
         self.local_post: list[list[int]] = [[] for _ in range(n)]
         for x in range(n):

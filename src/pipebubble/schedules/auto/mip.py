@@ -16,10 +16,9 @@ under a tight limit comes out optimal. HiGHS (``highspy``) is imported when a so
 from __future__ import annotations
 
 from itertools import pairwise
-from typing import NamedTuple
 
 from ...costs import FIT_TOLERANCE, StageCosts, fits_limit
-from ...ir.deps import precedences
+from ...ir.deps import Layout, precedences
 from ...ir.schedule import Action, ScheduleError, make_schedule
 from .bounds import lower_bound
 
@@ -178,7 +177,7 @@ def _edges(sc: StageCosts, where: tuple[int, ...], m: int) -> list[tuple[Action,
     (:func:`~pipebubble.ir.deps.precedences`, with comm on hops) and, per stage and kind,
     microbatch order (as every schedule here runs). Listed per stage and microbatch: into
     I from its F, into W, into F, into I from the next stage, then microbatch order."""
-    topo = _Topology(len(where), tuple(where), (0,))
+    topo = Layout(len(where), tuple(where), (0,))
     S, comm = len(where), sc.comm
     acts = [Action(s, k, j) for s in range(S) for j in range(m) for k in "FIW"]
     into: dict[Action, list[tuple[Action, Action, float]]] = {a: [] for a in acts}
@@ -192,12 +191,6 @@ def _edges(sc: StageCosts, where: tuple[int, ...], m: int) -> list[tuple[Action,
             if j:
                 edges += [(Action(s, k, j - 1), Action(s, k, j), 0.0) for k in "FIW"]
     return edges
-
-
-class _Topology(NamedTuple):
-    num_stages: int
-    stage_to_rank: tuple[int, ...]
-    chain_starts: tuple[int, ...]
 
 
 def solve(highspy, sc: StageCosts, where: tuple[int, ...], m: int,
