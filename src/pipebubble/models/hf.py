@@ -436,6 +436,10 @@ def load_hf(path: str | Path, seq: int = 32, seed: int = 0,
                      # the config as built (--model-arg included): run --save records it,
                      # export-hf rebuilds the model from it
                      "hf_config": json.loads(model.config.to_json_string(use_diff=True))}
+    kind = model_type(model)
+    if kind in MOE_TYPES:  # run --ep names the key (runtime/setup.py)
+        key = _EXPERTS_KEY[kind]
+        spec.metadata["moe_experts"] = {"key": key, "count": int(getattr(model.config, key))}
     return spec
 
 

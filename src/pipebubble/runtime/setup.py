@@ -235,6 +235,16 @@ def _check_ep(cfg: RunConfig, spec) -> None:
     if cfg.engine == "torch":
         raise UserError(f"--ep {cfg.ep} runs with --engine pipebubble only (torch's "
                         "PipelineStage has no expert all-to-all); drop --engine torch")
+    experts = (spec.metadata or {}).get("moe_experts")  # an HF mixture of experts (models/hf.py)
+    if experts:
+        key, count = experts["key"], experts["count"]
+        if count % cfg.ep:
+            raise UserError(f"--ep {cfg.ep} must divide {key!r} {count} (the experts of every "
+                            f"MoE layer of --model {cfg.model}); valid: a divisor of {count}")
+        raise UserError(f"--ep {cfg.ep}: --model {cfg.model} holds each layer's {count} experts "
+                        "in transformers' fused tensors, which run --ep does not shard; use "
+                        "--ep 1 (every replica holds every expert), or --model moe for expert "
+                        "parallelism")
     from .ep import check_ep
 
     check_ep(cfg.ep, cfg.dp, list(spec.layers), cfg.model)
