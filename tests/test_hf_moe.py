@@ -20,10 +20,11 @@ tf = pytest.importorskip("transformers")
 
 from pipebubble.cli import main  # noqa: E402
 from pipebubble.errors import UserError  # noqa: E402
-from pipebubble.models.hf import MOE_TYPES, check_build, hf_spec, lm_loss  # noqa: E402
+from pipebubble.ir.schedule import ScheduleError  # noqa: E402
+from pipebubble.models.hf import MOE_TYPES, check_build, check_moe, hf_spec, lm_loss  # noqa: E402
 from pipebubble.runtime.local import run_local  # noqa: E402
 from pipebubble.runtime.stages import split_stages  # noqa: E402
-from pipebubble.schedules import get_schedule  # noqa: E402
+from pipebubble.schedules import get_schedule, lookup, schedule_names  # noqa: E402
 
 BASE = dict(vocab_size=40, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=64, intermediate_size=24)
@@ -113,6 +114,39 @@ def test_pipeline_gradients_equal_the_unsplit_hf_model(kind, name, ranks, m):
         assert {"I", "W"} <= {e.kind for e in result.timeline.events()}
 
 
+def _first_schedule(name: str):
+    spec = lookup(name)
+    v = spec.chunks if spec.fixed_chunks else max(spec.min_chunks, 2)
+    for p, m in ((2, 4), (2, 3), (4, 8)):
+        try:
+            return get_schedule(name, p, m, v)
+        except ScheduleError:
+            continue
+    pytest.fail(f"{name} accepts none of the (p, m) tried")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", schedule_names(searched=False))
+def test_every_registered_schedule_matches_the_unsplit_deepseek_v3(name):
+    """Every registered schedule (chunked, split backward, both DualPipes) on DeepSeek-V3,
+    cut into its stages two layers apiece: the HF model's gradients."""
+    sched = _first_schedule(name)
+    stages = sched.num_stages // sched.chains
+    model = tiny("deepseek_v3", num_hidden_layers=2 * stages - 2)
+    spec = hf_spec(model, seq=SEQ)
+    ref = copy.deepcopy(model)
+    x, y = spec.make_batch(2 * sched.total_microbatches, torch.Generator().manual_seed(3))
+    mods = split_stages(spec.layers, stages, None)
+    result = run_local(sched, mods, x, y, spec.loss_fn)
+    ref_loss = _hf_loss(ref, x, y)
+    ref_loss.backward()
+    assert result.loss == pytest.approx(ref_loss.item(), rel=1e-13)
+    got = dict(p for mod in mods for p in _hf_named(mod))
+    scale = max(float(q.grad.abs().max()) for q in ref.parameters())
+    for n, q in ref.named_parameters():
+        torch.testing.assert_close(got[n].grad, q.grad, rtol=0, atol=1e-13 * scale, msg=n)
+
+
 def _hf_named(mod: nn.Module):
     """(HF parameter name, parameter) of a stage: its layers wrap the HF modules."""
     for layer in mod.layers:
@@ -146,7 +180,6 @@ def test_deepseek_router_in_float64_is_transformers_formula():
     assert set(wide.state_dict()) == set(orig.state_dict())  # names kept: checkpoints agree
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["mixtral", "deepseek_v3"])
 def test_two_training_steps_equal_plain_hf_training(kind):
     """Two AdamW steps of ZB-H1 against the HF model trained by plain PyTorch."""
@@ -242,9 +275,9 @@ def test_bad_moe_configs_are_one_line_naming_the_key(tmp_path, run_cli, kind, ex
     assert message in err
 
 
-def test_the_router_logits_flag_adds_no_loss_in_deepseek_so_it_is_accepted(tmp_path):
-    data = {"model_type": "deepseek_v3", **CONFIGS["deepseek_v3"], "output_router_logits": True}
-    assert check_build(data, "hf:x") > 0
+def test_the_router_logits_flag_adds_no_loss_in_deepseek_so_it_is_accepted():
+    model = tiny("deepseek_v3", output_router_logits=True)
+    assert check_moe(model.config.to_dict(), "hf:x") > 0
 
 
 def test_ep_names_the_experts_key_and_is_refused_for_hf_models(tmp_path, run_cli):
@@ -258,13 +291,26 @@ def test_ep_names_the_experts_key_and_is_refused_for_hf_models(tmp_path, run_cli
     assert rc == 2 and err.count("\n") == 1 and "use --ep 1" in err
 
 
-@pytest.mark.parametrize("kind", MOE_TYPES)
-def test_the_size_check_counts_the_stored_tensors(kind):
-    data = {"model_type": kind, **CONFIGS[kind]}
-    model = tiny(kind)
+VARIANTS = [(kind, {}) for kind in MOE_TYPES] + [
+    ("mixtral", {"tie_word_embeddings": True, "head_dim": 16}),
+    ("qwen2_moe", {"qkv_bias": False, "decoder_sparse_step": 2}),
+    ("qwen3_moe", {"attention_bias": True, "mlp_only_layers": [1]}),
+    ("deepseek_v3", {"q_lora_rank": None, "attention_bias": True, "n_shared_experts": 2,
+                     "first_k_dense_replace": 0}),
+]
+
+
+@pytest.mark.parametrize("kind,extra", VARIANTS)
+def test_the_size_check_counts_the_stored_tensors(kind, extra):
+    """check_build's count (the memory check's) against the model transformers builds, from
+    the config with its defaults filled in, as load_hf passes it."""
+    model = tiny(kind, **extra)
+    data = model.config.to_dict()
     stored = sum(p.numel() for p in model.parameters())
-    # plan/moe.py counts DeepSeek-V3's routing bias, a buffer in transformers
+    # the routing bias is a buffer in transformers, stored all the same
     stored += sum(b.numel() for n, b in model.named_buffers() if "e_score_correction" in n)
-    assert check_build(data, "hf:x") == stored
+    assert check_moe(data, "hf:x") == stored
     with pytest.raises(UserError, match="^hf:x: 'num_experts_per_tok' 9 must be at most"):
-        check_build({**data, "num_experts_per_tok": 9}, "hf:x")
+        check_moe({**data, "num_experts_per_tok": 9}, "hf:x")
+    if kind != "qwen2_moe":  # (its config's sliding_window is 0 when unused: not a size)
+        assert check_build({k: v for k, v in data.items() if v is not None}, "hf:x") == stored

@@ -333,57 +333,124 @@ def check_build(data: dict, where: str) -> int:
     key: :func:`~pipebubble.hf_keys.check_hf_config`), whose required size keys are
     missing, whose expert keys disagree (:func:`check_moe`), or whose model would not fit the
     free memory (its parameter count from the shape, :func:`pipebubble.limits.check_params_fit`);
-    return the parameter count."""
+    return the parameter count. An MoE config is counted from every key its model reads
+    (:func:`load_hf` passes the config with transformers' defaults filled in)."""
     data = check_hf_config(data, where)
     if data.get("model_type") in MOE_TYPES:
-        shape = check_moe(data, where)
+        params = check_moe(data, where)
     else:
         shape, _ = shape_from_hf(data, where=where)
-    params = shape.total_params()
+        params = shape.total_params()
     check_params_fit(params, where)
     return params
 
 
-def check_moe(data: dict, where: str):
-    """The :class:`~pipebubble.plan.moe.MoEShape` of an MoE config (the keys it reads are
-    listed in :func:`pipebubble.plan.moe.moe_shape_from_hf`: top-k at most the experts, ...),
-    with what the model's own forward needs besides: no load-balancing loss (module
-    docstring), and for DeepSeek-V3 whole expert groups and latent attention's one key/value
-    head per query head. Errors are one line naming the key."""
-    from ..plan.moe import moe_shape_from_hf
+def check_moe(data: dict, where: str) -> int:
+    """Check an MoE config's expert keys and count the tensors its model stores (parameters,
+    and DeepSeek-V3's routing bias). Refused, in one line naming the key: a missing or
+    non-positive size, top-k (``num_experts_per_tok``) above the experts, the load-balancing
+    loss (module docstring), and for DeepSeek-V3 expert groups that do not split the experts
+    or the top-k, or key/value heads other than the heads (latent attention expands its keys
+    and values to every head).
 
+    Per layer, as transformers builds it: two RMSNorms; attention (Q, K, V, O; Qwen2-MoE's
+    Q/K/V biases, Qwen3-MoE's Q/K norms; DeepSeek-V3's latent Q and KV projections and their
+    norms); then either a dense SwiGLU MLP (``3 h f``) or the router (``E h``), ``E`` experts
+    of ``3 h f_e`` and the shared experts (Qwen2-MoE's with its ``h x 1`` gate)."""
     kind = data["model_type"]
-    try:
-        shape, _ = moe_shape_from_hf(data, where)
-    except UserError as exc:  # its messages start "--hf-config PATH: "
-        raise UserError(str(exc).removeprefix("--hf-config ")) from None
+
+    def key(name: str, lo: int = 1, default: int | None = None) -> int:
+        value = data.get(name)
+        if value is None:
+            if default is not None:
+                return default
+            raise UserError(f"{where}: missing key {name!r} (needed for model_type {kind})")
+        if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+            raise UserError(f"{where}: {name!r} must be an integer >= {lo}, got "
+                            f"{_short(value)}")
+        return value
+
+    experts_key = _EXPERTS_KEY[kind]
+    if data.get(experts_key) is None and data.get("num_local_experts") is not None:
+        experts_key = "num_local_experts"  # qwen3_moe's own name in transformers 5
+    h, vocab, layers = key("hidden_size"), key("vocab_size"), key("num_hidden_layers")
+    heads, experts, top_k = key("num_attention_heads"), key(experts_key), \
+        key("num_experts_per_tok")
+    if top_k > experts:
+        raise UserError(f"{where}: 'num_experts_per_tok' {top_k} must be at most "
+                        f"{experts_key!r} {experts} (valid: 1..{experts})")
     if kind in _AUX_LOSS_TYPES and data.get("output_router_logits") is True:
         raise UserError(f"{where}: 'output_router_logits' true adds the router's load-balancing "
                         "loss, a product of averages over the whole batch and every layer "
                         "(not a sum over microbatches or stages), which no pipeline adds as the "
                         "unsplit model does; set it to false (--model-arg "
                         "output_router_logits=false)")
+    kv = key("num_key_value_heads", default=heads)
+    dense_ffn = key("intermediate_size")
+    total = vocab * h * (1 if data.get("tie_word_embeddings") else 2) + h + 2 * h * layers
     if kind == "deepseek_v3":
-        experts = shape.experts
-        groups = _int_key(data, "n_group", 8, where)
+        groups, chosen = key("n_group", default=8), key("topk_group", default=4)
         if experts % groups or experts // groups < 2:
             raise UserError(f"{where}: 'n_group' {groups} must divide 'n_routed_experts' "
                             f"{experts} into groups of at least 2 experts (a group's score is "
                             f"its two best); valid: a divisor of {experts} up to {experts // 2}")
-        chosen = _int_key(data, "topk_group", 4, where)
         if chosen > groups:
             raise UserError(f"{where}: 'topk_group' {chosen} must be in 1..{groups} "
                             f"('n_group')")
-        if shape.top_k > chosen * (experts // groups):
-            raise UserError(f"{where}: 'num_experts_per_tok' {shape.top_k} must be at most "
+        if top_k > chosen * (experts // groups):
+            raise UserError(f"{where}: 'num_experts_per_tok' {top_k} must be at most "
                             f"{chosen * (experts // groups)} (the experts of 'topk_group' "
                             f"{chosen} groups of {experts // groups})")
-        kv = data.get("num_key_value_heads")
-        if kv is not None and kv != shape.heads:
+        if kv != heads:
             raise UserError(f"{where}: 'num_key_value_heads' {kv} must equal "
-                            f"'num_attention_heads' {shape.heads} (latent attention expands "
+                            f"'num_attention_heads' {heads} (latent attention expands "
                             "its keys and values to every head)")
-    return shape
+        bias = bool(data.get("attention_bias"))
+        q_rank = data.get("q_lora_rank")
+        kv_rank, rope = key("kv_lora_rank"), key("qk_rope_head_dim")
+        nope, v = key("qk_nope_head_dim"), key("v_head_dim")
+        qk = heads * (nope + rope)
+        if q_rank is None:
+            q = h * qk
+        else:
+            q_rank = key("q_lora_rank")
+            q = h * q_rank + bias * q_rank + q_rank + q_rank * qk
+        attention = (q + (h + bias) * (kv_rank + rope) + kv_rank + kv_rank * heads * (nope + v)
+                     + heads * v * h + bias * h)
+        fe, shared = key("moe_intermediate_size"), key("n_shared_experts", lo=0, default=0)
+        first = key("first_k_dense_replace", lo=0, default=0)
+        moe_layer = experts * h + experts + 3 * experts * fe * h + 3 * h * fe * shared
+        for i in range(layers):
+            total += attention + (3 * h * dense_ffn if i < first else moe_layer)
+        return total
+    if heads % kv:
+        raise UserError(f"{where}: 'num_key_value_heads' {kv} must divide "
+                        f"'num_attention_heads' {heads}")
+    if data.get("head_dim") is None and h % heads:
+        raise UserError(f"{where}: 'hidden_size' {h} is not a multiple of "
+                        f"'num_attention_heads' {heads} and there is no 'head_dim'")
+    hd = key("head_dim", default=h // heads)
+    q_out, kv_out = heads * hd, kv * hd
+    attention = 2 * h * q_out + 2 * h * kv_out
+    if kind == "qwen2_moe" and data.get("qkv_bias", True):
+        attention += q_out + 2 * kv_out
+    if kind == "qwen3_moe":
+        attention += 2 * hd + (q_out + 2 * kv_out + h if data.get("attention_bias") else 0)
+    if kind == "mixtral":
+        return total + layers * (attention + experts * h + 3 * experts * dense_ffn * h)
+    fe, step = key("moe_intermediate_size"), key("decoder_sparse_step", default=1)
+    only = data.get("mlp_only_layers") or []
+    if not isinstance(only, list) or any(isinstance(i, bool) or not isinstance(i, int)
+                                         for i in only):
+        raise UserError(f"{where}: 'mlp_only_layers' must be a list of layer indices in "
+                        f"0..{layers - 1}, got {_short(only)}")
+    moe_layer = experts * h + 3 * experts * fe * h
+    if kind == "qwen2_moe":
+        moe_layer += 3 * h * key("shared_expert_intermediate_size") + h
+    for i in range(layers):
+        sparse = i not in only and (i + 1) % step == 0
+        total += attention + (moe_layer if sparse else 3 * h * dense_ffn)
+    return total
 
 
 def _int_key(data: dict, key: str, default: int, where: str) -> int:
@@ -456,7 +523,8 @@ def build_hf_model(path: str | Path, seed: int = 0, overrides: dict[str, Any] | 
     # the file's values and --model-arg's, checked together (floats made floats)
     merged = check_hf_config({**data, **overrides}, f"{where} with --model-arg"
                              if overrides else where)
-    check_build(merged, f"{where} with --model-arg" if overrides else where)
+    if merged["model_type"] not in MOE_TYPES:
+        check_build(merged, f"{where} with --model-arg" if overrides else where)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     tf = _transformers()
     _check_names(merged, where)
@@ -477,6 +545,9 @@ def build_hf_model(path: str | Path, seed: int = 0, overrides: dict[str, Any] | 
     except Exception as exc:  # transformers' own validation of a config: the user's input
         raise UserError(f"{where}: transformers refuses the config ({_first_line(exc)})") \
             from None
+    if merged["model_type"] in MOE_TYPES:  # counted with transformers' defaults filled in
+        named = f"{where} with --model-arg" if overrides else where
+        check_params_fit(check_moe({**config.to_dict(), **merged}, named), named)
     weights = sorted(folder.glob("*.safetensors")) if folder is not None else []
     torch.manual_seed(seed)
     try:
