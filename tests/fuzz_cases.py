@@ -567,8 +567,6 @@ def hf_case(rng: random.Random) -> Case:
         (k in HF_SIZE_KEYS and v in HF_REFUSED) or k == "model_type" for k, v in final.items())
     if "--seq" in argv and argv[argv.index("--seq") + 1] in ("65", "0"):
         refused = True  # beyond max_position_embeddings (64), or no tokens
-    if argv[0] == "run" and base in ("mixtral", "qwen2_moe", "deepseek_v3"):
-        refused = True  # hf: runs the dense families only (README); MoE: --analytic
     allowed = {2} if refused else {0} if not changed else {0, 2}
     return Case(tuple(argv), "hf", frozenset(allowed), (("hf/config.json", text),),
                 note=f"{base} {changed}")

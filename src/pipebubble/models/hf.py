@@ -15,13 +15,37 @@ weights only, and the flat list computes the model's logits operation for operat
 tests compare them with the HF model's, exactly in float64).
 
 Model types it knows (:data:`KNOWN_TYPES`): the LLaMA family (``llama``, ``mistral``,
-``qwen2``: rotary positions) and ``gpt2`` (learned positions). Layer names are the HF module
+``qwen2``: rotary positions), ``gpt2`` (learned positions), and the mixtures of experts
+(:data:`MOE_TYPES`) ``mixtral``, ``qwen2_moe``, ``qwen3_moe`` and ``deepseek_v3``, whose
+decoder layers take the same inputs (DeepSeek-V3's multi-head latent attention, its first
+dense layers, shared experts and routing bias all live inside its decoder layers, so the
+adapter wraps them as it wraps LLaMA's). Layer names are the HF module
 names (``model.layers.3``, ``transformer.h.3``); the embedding and the head carry the roles
 ``embedding`` and ``head``. A head tied to the embedding (``tie_word_embeddings``: GPT-2,
 Qwen2-0.5B, Llama-3.2-1B) stays tied: the head's projection is the model's own ``lm_head``,
 whose weight *is* the token table. Cut into stages, the runtime gives the head's stage a copy
 and sums the two copies' gradients before every optimizer step
 (:mod:`pipebubble.runtime.tied`), so the model trains as the tied model it is.
+
+**Mixtures of experts.** Routing is per token and transformers' MoE blocks drop nothing (no
+expert capacity), so a token's output does not depend on the other tokens of its microbatch,
+and a pipeline's gradients equal the unsplit model's (``run --check --dtype float64``: ~1e-16
+relative). Two things are set for float64, where that check runs: the experts run as
+transformers' ``eager`` loop (its default ``grouped_mm`` takes no float64), and DeepSeek-V3's
+router, which transformers computes in float32 whatever the model's dtype, is computed in the
+model's float64 (the same formula, :func:`_wide_router`), so the check is exact rather than
+float32-close (~4e-10). Other dtypes run transformers' own paths unchanged.
+
+**The router's auxiliary (load-balancing) loss is refused**: a config with
+``output_router_logits: true`` (Mixtral, Qwen-MoE: the model then adds
+``router_aux_loss_coef * aux`` to its loss) is one line of error. transformers'
+``load_balancing_loss_func`` computes ``aux = E * sum_i f_i P_i`` with ``f_i`` the fraction of
+top-k assignments to expert ``i`` and ``P_i`` its mean router probability, both averaged over
+every token of the batch *and every layer together*: a product of two whole-batch averages,
+not a sum over microbatches or stages, so no pipeline adds it as the unsplit model does (a
+microbatch's backward would need every other microbatch's and every stage's routing first).
+Set ``output_router_logits`` to false (its default) to train on the next-token loss alone, as
+DeepSeek-V3 does (its config's flag adds no loss, so it is accepted).
 
 Nothing is ever downloaded: :func:`load_hf` reads a local ``config.json`` (and, in a folder,
 its safetensors weights when present).
@@ -48,8 +72,15 @@ from .spec import ModelSpec
 _MODEL_ARGS = param("model_args")
 _SEQ = param("seq")
 
-KNOWN_TYPES = ("gpt2", "llama", "mistral", "qwen2")
-_ROTARY = ("llama", "mistral", "qwen2")
+MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
+KNOWN_TYPES = ("gpt2", "llama", "mistral", "qwen2", *MOE_TYPES)
+# sliding-window attention on every layer when the config's sliding_window is set (qwen2 and
+# qwen2_moe name each layer's kind in layer_types instead)
+_WINDOW_TYPES = ("mistral", "mixtral", "qwen3_moe")
+# the model types whose forward adds the router's load-balancing loss (module docstring)
+_AUX_LOSS_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe")
+_EXPERTS_KEY = {"mixtral": "num_local_experts", "deepseek_v3": "n_routed_experts",
+                "qwen2_moe": "num_experts", "qwen3_moe": "num_experts"}
 
 
 def _transformers():
@@ -146,6 +177,65 @@ def model_type(model: nn.Module) -> str:
     return str(getattr(config, "model_type", type(model).__name__))
 
 
+def _float64_paths(model: nn.Module) -> None:
+    """A float64 MoE model computes in float64 throughout (module docstring): transformers'
+    eager experts (``grouped_mm`` takes no float64) and DeepSeek-V3's router in float64. Other
+    dtypes are left as transformers runs them."""
+    if not any(p.dtype == torch.float64 for p in model.parameters()):
+        return
+    config = model.config
+    if getattr(config, "_experts_implementation", None) not in (None, "eager"):
+        if hasattr(model, "set_experts_implementation"):
+            model.set_experts_implementation("eager")
+        else:
+            config._experts_implementation = "eager"
+    for module in model.modules():
+        if type(module).__name__ == "DeepseekV3TopkRouter" and all(
+                hasattr(module, a) for a in _ROUTER_FIELDS):
+            module.__class__ = _wide_router(type(module))
+
+
+_ROUTER_FIELDS = ("weight", "e_score_correction_bias", "num_group", "topk_group", "top_k",
+                  "num_experts", "hidden_dim", "norm_topk_prob", "routed_scaling_factor")
+_WIDE: dict[type, type] = {}
+
+
+def _wide_router(cls: type) -> type:
+    """transformers' DeepSeek-V3 router (``DeepseekV3TopkRouter``, transformers 5) computing
+    in its weight's dtype: the same formula without its casts to float32.
+
+    Scores ``s = sigmoid(x W^T)``; experts chosen by ``s + bias`` (the routing bias, a buffer
+    the load balancer moves, no gradient), first the ``topk_group`` best of ``n_group`` groups
+    (a group's score: its two best), then the ``top_k`` best experts in those groups; the
+    weights are the chosen ``s``, normalised to sum to 1 when ``norm_topk_prob``, times
+    ``routed_scaling_factor``. Its parameters and buffer keep their names and shapes (the
+    class changes, not the state), so checkpoints and ``export-hf`` are unaffected."""
+    if cls in _WIDE:
+        return _WIDE[cls]
+
+    def forward(self, hidden_states: torch.Tensor):
+        x = hidden_states.view(-1, self.hidden_dim)
+        logits = nn.functional.linear(x.to(self.weight.dtype), self.weight)
+        scores = logits.sigmoid()
+        choice = scores + self.e_score_correction_bias.to(scores.dtype)
+        per_group = self.num_experts // self.num_group
+        group_scores = choice.view(-1, self.num_group, per_group).topk(2, dim=-1)[0].sum(-1)
+        groups = torch.topk(group_scores, k=self.topk_group, dim=-1, sorted=False)[1]
+        group_mask = torch.zeros_like(group_scores).scatter_(1, groups, 1)
+        keep = group_mask.unsqueeze(-1).expand(-1, self.num_group, per_group).reshape(
+            -1, self.num_experts)
+        choice = choice.masked_fill(~keep.bool(), float("-inf"))
+        indices = torch.topk(choice, k=self.top_k, dim=-1, sorted=False)[1]
+        weights = scores.gather(1, indices)
+        if self.norm_topk_prob:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return logits, weights * self.routed_scaling_factor, indices
+
+    _WIDE[cls] = type(cls.__name__, (cls,), {"forward": forward, "__module__": __name__,
+                                             "__doc__": _wide_router.__doc__})
+    return _WIDE[cls]
+
+
 def hf_layers(model: nn.Module) -> tuple[list[nn.Module], list[str], list[str]]:
     """(layers, names, roles) of a HuggingFace causal LM; see the module docstring."""
     kind = model_type(model)
@@ -153,6 +243,8 @@ def hf_layers(model: nn.Module) -> tuple[list[nn.Module], list[str], list[str]]:
         raise UserError(f"HuggingFace model type {kind!r} is not one the adapter knows; known "
                         f"are {', '.join(KNOWN_TYPES)} (decoder-only causal LMs)")
     config = model.config
+    if kind in MOE_TYPES:
+        _float64_paths(model)
     head = model.lm_head  # tied to the token table when the config says so
     if kind == "gpt2":
         base = model.transformer
@@ -165,7 +257,8 @@ def hf_layers(model: nn.Module) -> tuple[list[nn.Module], list[str], list[str]]:
         base = model.model
         emb = TokenEmbedding(base.embed_tokens)
         types = getattr(config, "layer_types", None)
-        sliding = getattr(config, "sliding_window", None) is not None and kind == "mistral"
+        sliding = getattr(config, "sliding_window", None) is not None and \
+            kind in _WINDOW_TYPES
         blocks = []
         for i, layer in enumerate(base.layers[: config.num_hidden_layers]):
             lk = types[i] if types else ("sliding_attention" if sliding else "full_attention")
@@ -242,12 +335,135 @@ def _short(value: Any) -> str:
 def check_build(data: dict, where: str) -> int:
     """Refuse, before anything is allocated, a config whose sizes are out of range (every
     key: :func:`~pipebubble.hf_keys.check_hf_config`), whose required size keys are
-    missing, or whose model would not fit the free memory (its parameter count from the
-    shape, :func:`pipebubble.limits.check_params_fit`); return the parameter count."""
-    shape, _ = shape_from_hf(check_hf_config(data, where), where=where)
-    params = shape.total_params()
+    missing, whose expert keys disagree (:func:`check_moe`), or whose model would not fit the
+    free memory (its parameter count from the shape, :func:`pipebubble.limits.check_params_fit`);
+    return the parameter count. An MoE config is counted from every key its model reads
+    (:func:`load_hf` passes the config with transformers' defaults filled in)."""
+    data = check_hf_config(data, where)
+    if data.get("model_type") in MOE_TYPES:
+        params = check_moe(data, where)
+    else:
+        shape, _ = shape_from_hf(data, where=where)
+        params = shape.total_params()
     check_params_fit(params, where)
     return params
+
+
+def check_moe(data: dict, where: str) -> int:
+    """Check an MoE config's expert keys and count the tensors its model stores (parameters,
+    and DeepSeek-V3's routing bias). Refused, in one line naming the key: a missing or
+    non-positive size, top-k (``num_experts_per_tok``) above the experts, the load-balancing
+    loss (module docstring), and for DeepSeek-V3 expert groups that do not split the experts
+    or the top-k, or key/value heads other than the heads (latent attention expands its keys
+    and values to every head).
+
+    Per layer, as transformers builds it: two RMSNorms; attention (Q, K, V, O; Qwen2-MoE's
+    Q/K/V biases, Qwen3-MoE's Q/K norms; DeepSeek-V3's latent Q and KV projections and their
+    norms); then either a dense SwiGLU MLP (``3 h f``) or the router (``E h``), ``E`` experts
+    of ``3 h f_e`` and the shared experts (Qwen2-MoE's with its ``h x 1`` gate)."""
+    kind = data["model_type"]
+
+    def key(name: str, lo: int = 1, default: int | None = None) -> int:
+        value = data.get(name)
+        if value is None:
+            if default is not None:
+                return default
+            raise UserError(f"{where}: missing key {name!r} (needed for model_type {kind})")
+        if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+            raise UserError(f"{where}: {name!r} must be an integer >= {lo}, got "
+                            f"{_short(value)}")
+        return value
+
+    experts_key = _EXPERTS_KEY[kind]
+    if data.get(experts_key) is None and data.get("num_local_experts") is not None:
+        experts_key = "num_local_experts"  # qwen3_moe's own name in transformers 5
+    h, vocab, layers = key("hidden_size"), key("vocab_size"), key("num_hidden_layers")
+    heads, experts, top_k = key("num_attention_heads"), key(experts_key), \
+        key("num_experts_per_tok")
+    if top_k > experts:
+        raise UserError(f"{where}: 'num_experts_per_tok' {top_k} must be at most "
+                        f"{experts_key!r} {experts} (valid: 1..{experts})")
+    if kind in _AUX_LOSS_TYPES and data.get("output_router_logits") is True:
+        raise ParamError(f"{where}: 'output_router_logits' true adds the router's load-balancing "
+                        "loss, a product of averages over the whole batch and every layer "
+                        "(not a sum over microbatches or stages), which no pipeline adds as the "
+                        f"unsplit model does; set it to false ({_MODEL_ARGS} "
+                        "output_router_logits=false)")
+    kv = key("num_key_value_heads", default=heads)
+    dense_ffn = key("intermediate_size")
+    total = vocab * h * (1 if data.get("tie_word_embeddings") else 2) + h + 2 * h * layers
+    if kind == "deepseek_v3":
+        groups, chosen = key("n_group", default=8), key("topk_group", default=4)
+        if experts % groups or experts // groups < 2:
+            raise UserError(f"{where}: 'n_group' {groups} must divide 'n_routed_experts' "
+                            f"{experts} into groups of at least 2 experts (a group's score is "
+                            f"its two best); valid: a divisor of {experts} up to {experts // 2}")
+        if chosen > groups:
+            raise UserError(f"{where}: 'topk_group' {chosen} must be in 1..{groups} "
+                            f"('n_group')")
+        if top_k > chosen * (experts // groups):
+            raise UserError(f"{where}: 'num_experts_per_tok' {top_k} must be at most "
+                            f"{chosen * (experts // groups)} (the experts of 'topk_group' "
+                            f"{chosen} groups of {experts // groups})")
+        if kv != heads:
+            raise UserError(f"{where}: 'num_key_value_heads' {kv} must equal "
+                            f"'num_attention_heads' {heads} (latent attention expands "
+                            "its keys and values to every head)")
+        bias = bool(data.get("attention_bias"))
+        q_rank = data.get("q_lora_rank")
+        kv_rank, rope = key("kv_lora_rank"), key("qk_rope_head_dim")
+        nope, v = key("qk_nope_head_dim"), key("v_head_dim")
+        qk = heads * (nope + rope)
+        if q_rank is None:
+            q = h * qk
+        else:
+            q_rank = key("q_lora_rank")
+            q = h * q_rank + bias * q_rank + q_rank + q_rank * qk
+        attention = (q + (h + bias) * (kv_rank + rope) + kv_rank + kv_rank * heads * (nope + v)
+                     + heads * v * h + bias * h)
+        fe, shared = key("moe_intermediate_size"), key("n_shared_experts", lo=0, default=0)
+        first = key("first_k_dense_replace", lo=0, default=0)
+        moe_layer = experts * h + experts + 3 * experts * fe * h + 3 * h * fe * shared
+        for i in range(layers):
+            total += attention + (3 * h * dense_ffn if i < first else moe_layer)
+        return total
+    if heads % kv:
+        raise UserError(f"{where}: 'num_key_value_heads' {kv} must divide "
+                        f"'num_attention_heads' {heads}")
+    if data.get("head_dim") is None and h % heads:
+        raise UserError(f"{where}: 'hidden_size' {h} is not a multiple of "
+                        f"'num_attention_heads' {heads} and there is no 'head_dim'")
+    hd = key("head_dim", default=h // heads)
+    q_out, kv_out = heads * hd, kv * hd
+    attention = 2 * h * q_out + 2 * h * kv_out
+    if kind == "qwen2_moe" and data.get("qkv_bias", True):
+        attention += q_out + 2 * kv_out
+    if kind == "qwen3_moe":
+        attention += 2 * hd + (q_out + 2 * kv_out + h if data.get("attention_bias") else 0)
+    if kind == "mixtral":
+        return total + layers * (attention + experts * h + 3 * experts * dense_ffn * h)
+    fe, step = key("moe_intermediate_size"), key("decoder_sparse_step", default=1)
+    only = data.get("mlp_only_layers") or []
+    if not isinstance(only, list) or any(isinstance(i, bool) or not isinstance(i, int)
+                                         for i in only):
+        raise UserError(f"{where}: 'mlp_only_layers' must be a list of layer indices in "
+                        f"0..{layers - 1}, got {_short(only)}")
+    moe_layer = experts * h + 3 * experts * fe * h
+    if kind == "qwen2_moe":
+        moe_layer += 3 * h * key("shared_expert_intermediate_size") + h
+    for i in range(layers):
+        sparse = i not in only and (i + 1) % step == 0
+        total += attention + (moe_layer if sparse else 3 * h * dense_ffn)
+    return total
+
+
+def _int_key(data: dict, key: str, default: int, where: str) -> int:
+    value = data.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UserError(f"{where}: {key!r} must be an integer >= 1, got {_short(value)}")
+    return value
 
 
 def _check_names(data: dict, where: str) -> None:
@@ -291,6 +507,10 @@ def load_hf(path: str | Path, seq: int = 32, seed: int = 0,
                      # the config as built (--model-arg included): run --save records it,
                      # export-hf rebuilds the model from it
                      "hf_config": json.loads(model.config.to_json_string(use_diff=True))}
+    kind = model_type(model)
+    if kind in MOE_TYPES:  # run --ep names the key (runtime/setup.py)
+        key = _EXPERTS_KEY[kind]
+        spec.metadata["moe_experts"] = {"key": key, "count": int(getattr(model.config, key))}
     return spec
 
 
@@ -307,7 +527,8 @@ def build_hf_model(path: str | Path, seed: int = 0, overrides: dict[str, Any] | 
     # the file's values and --model-arg's, checked together (floats made floats)
     merged = check_hf_config({**data, **overrides}, f"{where} with {_MODEL_ARGS}"
                              if overrides else where)
-    check_build(merged, f"{where} with {_MODEL_ARGS}" if overrides else where)
+    if merged["model_type"] not in MOE_TYPES:
+        check_build(merged, f"{where} with {_MODEL_ARGS}" if overrides else where)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     tf = _transformers()
     _check_names(merged, where)
@@ -328,6 +549,9 @@ def build_hf_model(path: str | Path, seed: int = 0, overrides: dict[str, Any] | 
     except Exception as exc:  # transformers' own validation of a config: the user's input
         raise UserError(f"{where}: transformers refuses the config ({_first_line(exc)})") \
             from None
+    if merged["model_type"] in MOE_TYPES:  # counted with transformers' defaults filled in
+        named = f"{where} with --model-arg" if overrides else where
+        check_params_fit(check_moe({**config.to_dict(), **merged}, named), named)
     weights = sorted(folder.glob("*.safetensors")) if folder is not None else []
     torch.manual_seed(seed)
     try:
