@@ -78,6 +78,7 @@ class Request:
     sp: tuple[bool, ...] | None = None
     shardings: tuple[str, ...] | None = None  # None: ddp, zero1, zero2, fsdp (+ hsdp)
     fsdp_reshard: str = "auto"  # always, never, auto (plan.sharding: torchtitan's default)
+    dp_overlap: bool = True  # data-parallel traffic behind compute (plan --dp-overlap)
     chunks: tuple[int, ...] | None = None  # None: every count up to max_chunks
     config: tuple[str, ...] = ()  # the axes --config gave (errors name it, not --tp ...)
 
