@@ -236,3 +236,32 @@ def test_calibration_lookup_through_the_same_chip():
         assert F.calibration("a100-40gb", "nemo") is F.CALIBRATIONS["a100-80gb", "megatron"]
     with pytest.raises(UserError):
         F.calibration("h100-sxm", "jax")
+
+
+# ---- the pricing and pastes follow the settings ------------------------------------------------
+
+def test_dp_overlap_off_in_a_plan(free_profile, capsys):
+    cfg = ["--config", "tp=1,cp=1,pp=1,dp=16,sharding=ddp,mbs=1", "--efficiency", "0.5",
+           "--pp", "1", "--tp", "1", "--cp", "1", "--sharding", "ddp", "--mbs", "1",
+           "--recompute", "none"]
+    on = plan_json(capsys, "--profile", free_profile, *SMALL[:-4], *cfg)["config"]
+    off = plan_json(capsys, "--profile", free_profile, *SMALL[:-4], *cfg,
+                    "--dp-overlap", "off")["config"]
+    assert off["dp_exposed_time"] == pytest.approx(off["allreduce_time"])  # all of it shows
+    assert on["dp_exposed_time"] < on["allreduce_time"]
+    assert off["predicted_step_time"] == pytest.approx(
+        on["predicted_step_time"] - on["dp_exposed_time"] + off["allreduce_time"])
+
+
+def test_megatron_paste_follows_the_overlaps():
+    from types import SimpleNamespace
+
+    plan = SimpleNamespace(config=SimpleNamespace(sp=True, tp=2))
+    flags = "--tensor-model-parallel-size 2 --overlap-grad-reduce --overlap-param-gather"
+    on = F.megatron_flags(F.settings("megatron", tp_overlap="on"), plan, flags)
+    assert on == flags + " --tp-comm-overlap"
+    off = F.megatron_flags(F.settings("megatron", dp_overlap="off"), plan, flags)
+    assert off == "--tensor-model-parallel-size 2"
+    no_sp = SimpleNamespace(config=SimpleNamespace(sp=False, tp=2))
+    assert F.megatron_flags(F.settings("nemo"), no_sp, flags) == flags  # needs SP
+    assert F.megatron_flags(F.settings("megatron"), plan, None) is None

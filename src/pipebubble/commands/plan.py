@@ -610,6 +610,12 @@ def plan_item(plan, profiles, ctx: dict, csv: str | None = None) -> dict:
         from ..plan.frameworks import blocker, megatron_flags
 
         item["megatron"] = megatron_flags(fws, plan, item["megatron"])
+        tt = item["torchtitan"]
+        if fws.tp_overlap == "on" and plan.tp > 1 and "parallelism" in tt:  # runnable
+            tt["note"] = "; ".join(x for x in (tt.get("note"), (
+                "priced with AsyncTP (--tp-overlap on): set "
+                "parallelism.enable_async_tensor_parallel = true, which torchtitan applies "
+                "only with torch.compile")) if x)
         item["framework"] = fws.framework.name
         item["not_runnable"] = blocker(fws.framework, plan)
     item["megatron_version"] = settings.MEGATRON
@@ -677,10 +683,16 @@ def result_json(result, profiles, validations, out_path: str | None, ctx: dict |
         item = plan_item(mine, profiles, ctx, csv)
         if csv:
             wrote(csv)
-        faster = sum(1 for p in result.plans if p.step_time < mine.step_time * (1 - 1e-12))
-        item["rank"] = faster + 1 if faster < len(result.plans) else None
+        pool = result.plans
+        fws = ctx.get("framework")
+        if fws is not None and fws.framework.name != "none":  # ranked among those it runs
+            from ..plan.frameworks import blocker
+
+            pool = [p for p in pool if blocker(fws.framework, p) is None] or pool
+        faster = sum(1 for p in pool if p.step_time < mine.step_time * (1 - 1e-12))
+        item["rank"] = faster + 1 if faster < len(pool) else None
         item["rank_note"] = (None if item["rank"] else
-                             f"slower than all {len(result.plans)} plans shown")
+                             f"slower than all {len(pool)} plans shown")
         best = result.plans[0].step_time
         item["vs_best"] = mine.step_time / best - 1 if best > 0 else None
         out["config"] = item

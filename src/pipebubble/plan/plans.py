@@ -119,6 +119,8 @@ class Request:
         from .sharding import check_reshard
 
         check_reshard(self.fsdp_reshard)
+        if not isinstance(self.dp_overlap, bool):
+            raise UserError(f"--dp-overlap must be on or off, got {self.dp_overlap!r}")
         if not (self.grad_bytes >= 0 and math.isfinite(self.grad_bytes)):
             raise UserError(f"--grad-wire-bytes must be >= 0, got {self.grad_bytes!r}")
         self.model_states()  # each state's bytes > 0 and finite, the precision known
