@@ -22,7 +22,11 @@ predicted at it, and the spread is the least and most of predicted / published s
   priced), MT-NLG 530B on 2,240 / 2,800 / 3,360 GPUs and GPT-NeoX-20B (predicted), each on
   DeepSpeed's pipeline engine (``plan.deepspeed.deepspeed_step``).
 
-    python bench/bench_frameworks.py [--torchtitan-why]
+    python bench/bench_frameworks.py [--torchtitan-why] [--picks]
+
+``--picks`` adds, per run, the planner's own pick under the run's framework (a full search:
+every axis, every family but auto, the plans the framework runs first, at the physical
+memory) beside the published configuration, both priced the same way at the fit.
 
 ``--torchtitan-why`` adds what moves the torchtitan rows at the Llama 3 H100 efficiency: the
 planner's selective recomputation against full (torchtitan's op-level SAC recomputes every
@@ -76,6 +80,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--torchtitan-why", action="store_true",
                     help="what moves the torchtitan rows (recompute, peak), at the H100 fit")
+    ap.add_argument("--picks", action="store_true",
+                    help="the planner's pick under each run's framework (full searches)")
     args = ap.parse_args()
     t0 = time.perf_counter()
     runs = P.published_runs()
@@ -114,6 +120,45 @@ def main() -> None:
     print(f"\n({time.perf_counter() - t0:.0f} s)")
     if args.torchtitan_why:
         torchtitan_why(runs, fitted["h100-sxm", "megatron"])
+    if args.picks:
+        picks(runs, fitted)
+
+
+def picks(runs, fitted: dict) -> None:
+    """Each run's published configuration beside the planner's pick under its framework."""
+    from pipebubble.plan.frameworks import rank
+    from pipebubble.schedules import schedule_names
+
+    print("\nthe planner's pick under each run's framework (physical memory, every family "
+          "but auto), both at the fit:\n")
+    print("| run | framework | published config, predicted (s) | pick | pick (s) | "
+          "published / pick - 1 | pick's peak GiB | searched in |")
+    print("|---|---|---|---|---|---|---|---|")
+    for run in runs:
+        fw = FRAMEWORK_OF[run.source]
+        e = fitted[P.SAME_CHIP.get(run.gpu, run.gpu), fw]
+        t0 = time.perf_counter()
+        prof, req, hw = P._setup(run, e, top=30)
+        s = replace(settings(fw), state_bytes=None, grad_wire=None,
+                    grad_accumulation_bytes=None)
+        req, hw = apply(s, req, hw)
+        req = replace(req, schedules=tuple(schedule_names(searched=False)))
+        found = search(prof, req, hw, e).plans
+        ok = [p for p, why in rank(fw, found) if why is None]
+        _, mine = priced(run, fw, e)
+        if not ok:
+            print(f"| {run.source} {run.name} | {fw} | {mine:.3f} | none of the {len(found)} "
+                  f"runnable | | | | {time.perf_counter() - t0:.0f} s |")
+            continue
+        best = ok[0]
+        step = P.engine_step(run, best, e)
+        c = best.config
+        label = (f"tp={c.tp}{' sp' if c.sp else ''} cp={c.cp} pp={c.pp} dp={c.dp} "
+                 f"{c.sharding} {c.schedule} v={c.chunks} mbs={c.microbatch_size} "
+                 f"{c.recompute}")
+        print(f"| {run.source} {run.name} | {fw} | {mine:.3f} | {label} | {step:.3f} | "
+              f"{mine / step - 1:+.1%} | {max(best.peak_memory) / 2**30:.1f} | "
+              f"{time.perf_counter() - t0:.0f} s |", flush=True)
 
 
 def torchtitan_why(runs, efficiency: float) -> None:
