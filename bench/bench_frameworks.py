@@ -25,8 +25,9 @@ predicted at it, and the spread is the least and most of predicted / published s
     python bench/bench_frameworks.py [--torchtitan-why] [--picks]
 
 ``--picks`` adds, per run, the planner's own pick under the run's framework (a full search:
-every axis, every family but auto, the plans the framework runs first, at the physical
-memory) beside the published configuration, both priced the same way at the fit.
+every axis, every family but auto, every recompute mode, the plans the framework runs first,
+at the physical memory) beside the published configuration, both priced the same way at the
+fit.
 
 ``--torchtitan-why`` adds what moves the torchtitan rows at the Llama 3 H100 efficiency: the
 planner's selective recomputation against full (torchtitan's op-level SAC recomputes every
@@ -130,7 +131,7 @@ def picks(runs, fitted: dict) -> None:
     from pipebubble.schedules import schedule_names
 
     print("\nthe planner's pick under each run's framework (physical memory, every family "
-          "but auto), both at the fit:\n")
+          "but auto, every recompute mode), both at the fit:\n")
     print("| run | framework | published config, predicted (s) | pick | pick (s) | "
           "published / pick - 1 | pick's peak GiB | searched in |")
     print("|---|---|---|---|---|---|---|---|")
@@ -142,7 +143,8 @@ def picks(runs, fitted: dict) -> None:
         s = replace(settings(fw), state_bytes=None, grad_wire=None,
                     grad_accumulation_bytes=None)
         req, hw = apply(s, req, hw)
-        req = replace(req, schedules=tuple(schedule_names(searched=False)))
+        req = replace(req, schedules=tuple(schedule_names(searched=False)),
+                      recompute=("none", "selective", "full"))
         found = search(prof, req, hw, e).plans
         ok = [p for p, why in rank(fw, found) if why is None]
         _, mine = priced(run, fw, e)
