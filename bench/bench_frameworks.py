@@ -83,6 +83,8 @@ def main() -> None:
                     help="what moves the torchtitan rows (recompute, peak), at the H100 fit")
     ap.add_argument("--picks", action="store_true",
                     help="the planner's pick under each run's framework (full searches)")
+    ap.add_argument("--only", default="", metavar="TEXT",
+                    help="--picks: only the runs whose source contains TEXT")
     args = ap.parse_args()
     t0 = time.perf_counter()
     runs = P.published_runs()
@@ -122,12 +124,12 @@ def main() -> None:
     if args.torchtitan_why:
         torchtitan_why(runs, fitted["h100-sxm", "megatron"])
     if args.picks:
-        picks(runs, fitted)
+        picks([r for r in runs if args.only in r.source], fitted)
 
 
 def picks(runs, fitted: dict) -> None:
     """Each run's published configuration beside the planner's pick under its framework."""
-    from pipebubble.plan.frameworks import rank
+    from pipebubble.plan.frameworks import narrowed, rank
     from pipebubble.schedules import schedule_names
 
     print("\nthe planner's pick under each run's framework (physical memory, every family "
@@ -146,7 +148,10 @@ def picks(runs, fitted: dict) -> None:
         req = replace(req, schedules=tuple(schedule_names(searched=False)),
                       recompute=("none", "selective", "full"))
         found = search(prof, req, hw, e).plans
-        ok = [p for p, why in rank(fw, found) if why is None]
+        more = []
+        if not any(why is None for _, why in rank(fw, found)):  # as plan --framework does
+            more = search(prof, narrowed(fw, req), hw, e).plans
+        ok = [p for p, why in rank(fw, found, more) if why is None]
         _, mine = priced(run, fw, e)
         if not ok:
             print(f"| {run.source} {run.name} | {fw} | {mine:.3f} | none of the {len(found)} "

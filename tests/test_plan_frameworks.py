@@ -265,3 +265,15 @@ def test_megatron_paste_follows_the_overlaps():
     no_sp = SimpleNamespace(config=SimpleNamespace(sp=False, tp=2))
     assert F.megatron_flags(F.settings("nemo"), no_sp, flags) == flags  # needs SP
     assert F.megatron_flags(F.settings("megatron"), plan, None) is None
+
+
+def test_narrowed_search_space():
+    req = Request(gpus=8, gpu_memory=1e10, global_batch=8)
+    dsp = F.narrowed("deepspeed", req)
+    assert [lookup(n).deepspeed for n in dsp.schedules] == ["TrainSchedule"]
+    assert dsp.cp == (1,) and "hsdp" not in dsp.shardings and "zero1" in dsp.shardings
+    tt = F.narrowed("torchtitan", req)
+    assert set(tt.shardings) == {"ddp", "fsdp", "hsdp"}
+    assert all(lookup(n).chains == 1 for n in tt.schedules) and tt.cp is None
+    assert F.narrowed("megatron", Request(gpus=8, gpu_memory=1e10, global_batch=8,
+                                          schedules=("zb-h1",))) is None

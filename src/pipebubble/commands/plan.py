@@ -488,18 +488,16 @@ def framework_ranking(fws, result, profiles, req, hw, efficiency, mfu):
     hold fewer), then those of the plans found it cannot run."""
     from dataclasses import replace
 
-    from ..plan.families import schedule_list
-    from ..plan.frameworks import blocker, rank
+    from ..plan.frameworks import blocker, narrowed, rank
     from ..plan.planner import NoPlanFits, search
 
     fw = fws.framework
     more = []
     if sum(blocker(fw, p) is None for p in result.plans) < req.top:
-        names = [n for n in schedule_list(req.schedules) if fw.runs_schedule(n)]
-        if names:
+        narrow = narrowed(fw, req, hw is not None)
+        if narrow is not None:
             try:
-                more = search(profiles, replace(req, schedules=tuple(names),
-                                                top=max(3 * req.top, 20)),
+                more = search(profiles, replace(narrow, top=max(3 * req.top, 20)),
                               hw, efficiency, mfu).plans
             except (NoPlanFits, UserError):
                 more = []

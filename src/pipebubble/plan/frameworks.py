@@ -269,6 +269,38 @@ def megatron_flags(s: Settings, plan, flags: str | None) -> str | None:
     return flags
 
 
+def may_run(framework: str | Framework, sharding) -> bool:
+    """Whether the framework runs ``sharding`` at some pipeline depth (:func:`blocker` says
+    at which)."""
+    fw = get_framework(framework)
+    from . import settings as pastes
+    from .shardings import Sharding
+
+    sh = Sharding.of(sharding)
+    if fw.name == "torchtitan":
+        return sh in pastes.TORCHTITAN_SHARDINGS
+    return fw.name == "none" or not sh.hybrid
+
+
+def narrowed(framework: str | Framework, req, hardware: bool = True):
+    """``req`` restricted to what the framework can run (its schedules, the shardings it runs
+    at some depth, DeepSpeed's cp 1), for a search that finds its plans when the plans of a
+    full one are all plans it cannot run; None when nothing is left."""
+    from .families import schedule_list
+    from .shardings import SHARDINGS
+
+    fw = get_framework(framework)
+    names = tuple(n for n in schedule_list(req.schedules) if fw.runs_schedule(n))
+    every = SHARDINGS if hardware else SHARDINGS[:4]  # hsdp needs --gpu
+    shardings = tuple(x for x in (req.shardings or every) if may_run(fw, x))
+    if not names or not shardings:
+        return None
+    ch: dict = {"schedules": names, "shardings": shardings}
+    if fw.name == "deepspeed" and req.cp is None:
+        ch["cp"] = (1,)
+    return replace(req, **ch)
+
+
 def runnable_in(plan) -> list[str]:
     """The frameworks (but ``none``) that run ``plan``."""
     return [n for n in FRAMEWORKS if n != "none" and blocker(n, plan) is None]
