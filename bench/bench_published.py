@@ -5,7 +5,8 @@ recomputation), MT-NLG 530B as trained (A100, DeepSpeed's 1F1B pipeline, TP 8 PP
 2,800 / 3,360 GPUs), GPT-NeoX-20B (96 A100 40 GB, TP 2 PP 4 DP 12, ZeRO-1), BLOOM-176B (A100,
 TP 4 PP 12 DP 8, ZeRO-1), Llama 3 405B (H100, 8,192 and 16,384 GPUs, TP 8, CP 1 or 16, PP 16)
 and torchtitan's Llama 3.1 8B FSDP runs, every number stored with its source in
-``pipebubble.plan.published``. One efficiency per GPU, fitted once: A100 (80 and 40 GB) on
+``bench/published/`` (read by ``pipebubble.plan.published``). One efficiency per GPU, fitted
+once: A100 (80 and 40 GB) on
 Megatron-LM's 18.4B Table 1 row (bench/bench_megatron.py), H100 on the Llama 3 16,384-GPU 8K
 row; every other row is predicted. Each row is planned at its published configuration (``plan
 --config``: what the source does not give is searched) at the GPU's physical memory, since the

@@ -173,7 +173,21 @@ def add_axes_flags(p: argparse.ArgumentParser) -> None:
                    help="fsdp/hsdp under gradient accumulation: always (gather the weights "
                    "every microbatch, forward and backward), never (keep them gathered, and the "
                    "gradients unsharded, across microbatches) or auto (torchtitan's default: "
-                   "never with pp > 1, always without)")
+                   "never with pp > 1, always without; with --framework, that framework's "
+                   "default)")
+    g.add_argument("--framework", default="none", metavar="NAME",
+                   help="price and rank the plans as this framework runs them: megatron, "
+                   "torchtitan, deepspeed, nemo, or none (the planner's own defaults; "
+                   "plan/frameworks.py): its overlaps, reshard policy, schedules, model-state "
+                   "bytes, shardings and published efficiency fit, each overridable")
+    g.add_argument("--dp-overlap", default=None, metavar="on|off",
+                   help="data-parallel traffic behind the last backward and the next forward "
+                   "(the --framework's default: off for deepspeed's pipeline engine)")
+    g.add_argument("--tp-overlap", default=None, metavar="off|backward|on",
+                   help="TP collectives: off (all exposed), backward (the backward's behind "
+                   "the weight gradients: Megatron-LM's default) or on (also pipelined with "
+                   "their GEMMs, with sp: --tp-comm-overlap / AsyncTP); the --framework's "
+                   "default")
     g.add_argument("--reserve", default="5%", metavar="BYTES|P%",
                    help="memory kept free on every GPU (5%%)")
     g.add_argument("--config", default=None, metavar="K=V,...",
@@ -364,6 +378,7 @@ def run(args: argparse.Namespace) -> int:
     memory = args.gpu_memory or (hw.memory if hw is not None else 80 * 2**30)
     budget = memory - parse_reserve(args.reserve, memory)
     req = build_request(args, profiles, budget, hardware=hw is not None and shape is not None)
+    fws, req, hw, cal_source = framework_of(args, req, hw)
     config = parse_config(args.config, args.gpus) if args.config is not None else None
     efficiency = args.efficiency
     if args.measured_step is not None:
@@ -384,6 +399,7 @@ def run(args: argparse.Namespace) -> int:
             lambda e: search(profiles, one, replace(hw, efficiency=e), e).plans[0].step_time,
             args.measured_step)
         hw = replace(hw, efficiency=efficiency)
+        cal_source = "measured"
     try:
         result = search(profiles, req, hw, efficiency, args.mfu)
     except NoPlanFits as exc:
@@ -394,6 +410,8 @@ def run(args: argparse.Namespace) -> int:
                              f"{args.reserve}: --gpu-memory {fmt_gib(need, up=True)} with it, "
                              "or --reserve 0)", exc.smallest, exc.plan) from None
         raise
+    if fws.framework.name != "none":
+        result = framework_ranking(fws, result, profiles, req, hw, efficiency, args.mfu)
     mine, mine_fits = None, True
     if config is not None:
         from dataclasses import replace
@@ -424,9 +442,18 @@ def run(args: argparse.Namespace) -> int:
             validations = validate(runnable, target=args.target_step)
     ctx = {"hw": hw, "shape": shape, "seq": seq, "memory": memory,
            "imbalance": req.moe_imbalance,
-           "efficiency": hw.efficiency if hw is not None and args.mfu is None else None}
+           "efficiency": hw.efficiency if hw is not None and args.mfu is None else None,
+           "framework": fws}
     out = result_json(result, profiles, validations, args.out, ctx, mine,
                       runnable_finder(result, profiles, req, hw, efficiency, args.mfu))
+    from ..plan.frameworks import calibration_note
+
+    measured = f"{args.measured_step:g} s at --config {args.config}" if (
+        args.measured_step is not None) else ""
+    out["framework"] = fws.as_json()
+    note = calibration_note(hw.name if hw is not None else None, fws.framework,
+                            ctx["efficiency"], cal_source, measured)
+    out["calibration"] = {"source": cal_source, "efficiency": ctx["efficiency"], "note": note}
     judged = judge_validations(result, validations, args.validate_tol, out)
     if mine is not None and not mine_fits:
         out["config"].update(fits=False, rank=None,
@@ -444,6 +471,56 @@ def run(args: argparse.Namespace) -> int:
     if failed:
         sys.stderr.write(f"pipebubble: --validate failed: {judged['summary']}\n")
     return 1 if failed else 0
+
+
+def framework_of(args: argparse.Namespace, req, hw):
+    """(the framework settings, the request and hardware priced under them, where the
+    efficiency comes from: ``published``, ``given``, ``mfu`` or ``preset``;
+    plan/frameworks.py). ``--framework none`` with no overlap flag changes nothing."""
+    from ..plan import frameworks as F
+
+    states = (args.param_bytes, args.grad_bytes, args.optimizer_bytes)
+    fws = F.settings(args.framework, args.dp_overlap, args.tp_overlap, args.fsdp_reshard,
+                     states, total_given=args.bytes_per_param is not None,
+                     wire_given=args.grad_wire_bytes is not None or args.grad_bytes is not None)
+    req, hw = F.apply(fws, req, hw)
+    source = "given" if args.efficiency is not None else "mfu" if args.mfu is not None \
+        else "preset"
+    if hw is not None and source == "preset" and args.measured_step is None:
+        cal = F.calibration(hw.name, fws.framework) if fws.framework.name != "none" else None
+        if cal is not None:
+            from dataclasses import replace
+
+            hw, source = replace(hw, efficiency=cal.efficiency), "published"
+    return fws, req, hw, source
+
+
+def framework_ranking(fws, result, profiles, req, hw, efficiency, mfu):
+    """The result with the plans the framework runs first (plan/frameworks.py ``rank``): the
+    top ``--top`` of them (a search narrowed to its schedules adds more when the plans found
+    hold fewer), then those of the plans found it cannot run."""
+    from dataclasses import replace
+
+    from ..plan.frameworks import blocker, narrowed, rank
+    from ..plan.planner import NoPlanFits, search
+
+    fw = fws.framework
+    more = []
+    if sum(blocker(fw, p) is None for p in result.plans) < req.top:
+        narrow = narrowed(fw, req, hw is not None)
+        if narrow is not None:
+            try:
+                more = search(profiles, replace(narrow, top=max(3 * req.top, 20)),
+                              hw, efficiency, mfu).plans
+            except (NoPlanFits, UserError):
+                more = []
+    ranked = rank(fw, result.plans[:req.top], more)
+    ok = [p for p, why in ranked if why is None][:req.top]
+    rest = [p for p, why in ranked if why is not None]
+    if not ok:  # nothing it runs fits: the plans found, as found, each marked
+        return result
+    plans = ok + rest
+    return replace(result, plans=plans, request=replace(result.request, top=len(plans)))
 
 
 def judge_validations(result, validations, tolerance: float, out: dict) -> dict | None:
@@ -548,6 +625,19 @@ def plan_item(plan, profiles, ctx: dict, csv: str | None = None) -> dict:
         + (["megatron"] if settings.megatron_blocker(plan) is None else []))
     item["torchtitan"] = settings.torchtitan(plan, profiles, csv, ctx.get("seq"))
     item["megatron"] = settings.megatron(plan, profiles, ctx.get("seq"))
+    fws = ctx.get("framework")
+    if fws is not None and fws.framework.name != "none":
+        from ..plan.frameworks import blocker, megatron_flags
+
+        item["megatron"] = megatron_flags(fws, plan, item["megatron"])
+        tt = item["torchtitan"]
+        if fws.tp_overlap == "on" and plan.tp > 1 and "parallelism" in tt:  # runnable
+            tt["note"] = "; ".join(x for x in (tt.get("note"), (
+                "priced with AsyncTP (--tp-overlap on): set "
+                "parallelism.enable_async_tensor_parallel = true, which torchtitan applies "
+                "only with torch.compile")) if x)
+        item["framework"] = fws.framework.name
+        item["not_runnable"] = blocker(fws.framework, plan)
     item["megatron_version"] = settings.MEGATRON
     item["megatron_env"] = settings.megatron_env(plan) if item["megatron"] else ""
     if item["megatron"] is None:
@@ -613,10 +703,16 @@ def result_json(result, profiles, validations, out_path: str | None, ctx: dict |
         item = plan_item(mine, profiles, ctx, csv)
         if csv:
             wrote(csv)
-        faster = sum(1 for p in result.plans if p.step_time < mine.step_time * (1 - 1e-12))
-        item["rank"] = faster + 1 if faster < len(result.plans) else None
+        pool = result.plans
+        fws = ctx.get("framework")
+        if fws is not None and fws.framework.name != "none":  # ranked among those it runs
+            from ..plan.frameworks import blocker
+
+            pool = [p for p in pool if blocker(fws.framework, p) is None] or pool
+        faster = sum(1 for p in pool if p.step_time < mine.step_time * (1 - 1e-12))
+        item["rank"] = faster + 1 if faster < len(pool) else None
         item["rank_note"] = (None if item["rank"] else
-                             f"slower than all {len(result.plans)} plans shown")
+                             f"slower than all {len(pool)} plans shown")
         best = result.plans[0].step_time
         item["vs_best"] = mine.step_time / best - 1 if best > 0 else None
         out["config"] = item
@@ -744,7 +840,8 @@ def print_plans(console, result, out: dict, validations) -> None:
         tok, mfu = item.get("tokens_per_second_per_gpu"), item.get("mfu")
         name = str(k + 1) if p is not None else f"cfg (#{item['rank'] or '>' + str(k)})"
         sched = item["schedule"] + (f" v={item['chunks']}" if item["chunks"] > 1 else "") + (
-            "" if item["runnable_in"] else " (no framework)")
+            f" (not in {item['framework']})" if item.get("not_runnable") else
+            "" if item["runnable_in"] or item.get("framework") else " (no framework)")
         shard = item["sharding"] + (f" ({item['fsdp_reshard']})" if item.get("fsdp_reshard")
                                     else "")  # fsdp (always) / fsdp (never)
         t.add_row(name, f"{item['tp']}{'s' if item['sp'] else ''}.{item['cp']}.{item['pp']}."
@@ -756,11 +853,35 @@ def print_plans(console, result, out: dict, validations) -> None:
                   f"{mfu:.1%}" if mfu else "—", f"{item['bubble_fraction']:.1%}",
                   _gib(max(item["peak_memory"])))
     console.print(fit(t, console.width))  # headers give way at 80 columns, values never
+    for line in framework_lines(out, rows):
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
     for line in why_best(result, out):
         console.print(line, highlight=False)
-    print_pastes(console, out["pastes"], "--config" if out.get("config") else "the best plan")
+    print_pastes(console, out["pastes"], "--config" if out.get("config") else "the best plan",
+                 (out.get("framework") or {}).get("framework", "none"))
     if validations:
         print_validations(console, result, validations, out.get("validation"))
+
+
+def framework_lines(out: dict, rows) -> list[str]:
+    """The framework the plans are priced for, each shown plan it cannot run with the reason,
+    and the calibration the absolute numbers rest on."""
+    lines = []
+    fw = out.get("framework")
+    if fw and fw["framework"] != "none":
+        over = f"; set by flag: {', '.join(fw['overridden'])}" if fw["overridden"] else ""
+        lines.append(f"priced as {fw['version']} runs it: data-parallel overlap "
+                     f"{'on' if fw['dp_overlap'] else 'off'}, TP overlap {fw['tp_overlap']}, "
+                     f"FSDP reshard {fw['fsdp_reshard']}{over}; plans it runs ranked first")
+        for k, (p, item) in enumerate(rows):
+            if item.get("not_runnable"):
+                name = f"#{k + 1}" if p is not None else "--config"
+                lines.append(f"{name}: not runnable in {fw['framework']}: "
+                             f"{item['not_runnable']}")
+    cal = out.get("calibration")
+    if cal and cal.get("note"):
+        lines.append(cal["note"])
+    return lines
 
 
 def _not_runnable(framework: str, reason: str | None, alt: dict | None) -> str:
@@ -773,16 +894,27 @@ def _not_runnable(framework: str, reason: str | None, alt: dict | None) -> str:
         f" per step, {alt['vs_plan']:+.1%}, peak {_gib(alt['peak_memory'])}):")
 
 
-def print_pastes(console, pastes: dict, which: str) -> None:
-    """Each framework's paste for the plan (or the best plan it runs instead, said so)."""
+def print_pastes(console, pastes: dict, which: str, framework: str = "none") -> None:
+    """Each framework's paste for the plan (or the best plan it runs instead, said so); under
+    ``--framework`` only that framework's (NeMo: Megatron-LM's flags, the fields its recipes
+    set; DeepSpeed: none is written)."""
     from ..plan.settings import TORCHTITAN_CLI, toml_text
 
     def say(text: str) -> None:
         console.print(text, highlight=False, markup=False, soft_wrap=True)
 
     console.print(f"\n[bold]pastes for {which}[/bold] ({pastes['plan']}):", highlight=False)
-    tt = pastes["torchtitan"]
-    if tt.get("runnable") is False:
+    if framework == "deepspeed":
+        say("DeepSpeed: no paste is written (its JSON config and Megatron-DeepSpeed flags are "
+            "not generated yet): the plan above is what to set")
+        return
+    if framework == "nemo":
+        say("NeMo runs Megatron-Core: the Megatron-LM flags below are the fields of its recipe "
+            "(trainer.strategy's parallel sizes, model config, ddp config)")
+    tt = pastes["torchtitan"] if framework in ("none", "torchtitan") else None
+    if tt is None:
+        pass
+    elif tt.get("runnable") is False:
         alt = tt.get("instead")
         say(_not_runnable("torchtitan", tt["reason"], alt))
         tt = alt
@@ -790,6 +922,8 @@ def print_pastes(console, pastes: dict, which: str) -> None:
         say(toml_text(tt))
         say(f"torchtitan, {TORCHTITAN_CLI}: --module MODEL --config CONFIG_FUNCTION "
             f"{tt['cli']}")
+    if framework == "torchtitan":
+        return
     mg = pastes["megatron"]
     if mg["flags"] is None:
         alt = mg.get("instead")

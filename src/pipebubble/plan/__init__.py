@@ -24,7 +24,11 @@
   ``memory.py`` (model states, activations), ``axes.py`` (one point), ``parallel_costs.py``
   (a transformer's layers at one point), ``pipeline_axis.py`` (the simulator, called once).
 - ``hfconfig.py``: a HuggingFace config.json as a shape; ``fit.py``: the efficiency from one
-  measured step; ``published.py``: Megatron-LM SC'21 Table 1, the planner's check.
+  measured step; ``published.py``: the published runs (data in ``bench/published/``) priced,
+  the planner's check.
 - ``settings.py``: a plan as torchtitan and Megatron-LM settings.
+- ``frameworks.py``: framework profiles (Megatron-LM, torchtitan, DeepSpeed, NeMo): what each
+  overlaps, how it reshards, which schedules and shardings it runs, the model states it
+  keeps, its published efficiency fit per GPU; the ranking that puts its plans first.
 - ``validate.py``: run plans for real (sleeping the profiled times) and compare.
 """

@@ -78,6 +78,7 @@ class Axes:
     p2p: Link | None = None  # one link for every hop (no --gpu); None: the network's
     hbm: float = 0.0  # HBM bytes/s for the optimizer step; 0: not priced
     reshard: str = "auto"  # fsdp / hsdp: always, never or auto (plan --fsdp-reshard)
+    dp_overlap: bool = True  # the once-a-step traffic behind compute (plan --dp-overlap)
     _dims: dict = field(default_factory=dict, init=False, compare=False, repr=False)
     _syncs: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
@@ -167,7 +168,7 @@ class Axes:
             got = self._syncs[(dp, pp)] = Sync(
                 pt.sharding, self.net, n, self.grad_bytes, stride=stride,
                 shard=self.shard(dp) if pt.sharding.hybrid else 0,
-                reshard=resolve_reshard(self.reshard, pp))
+                reshard=resolve_reshard(self.reshard, pp), overlap=self.dp_overlap)
         return got
 
     def hop(self, dp: int) -> Link:

@@ -86,15 +86,17 @@ class Hardware:
     grad_accumulation_bytes: float = 0.0  # HBM bytes per local parameter per backward
     nics_per_node: int = 8  # scale-out NICs a node, each at inter_node_bandwidth
     fp8_peak_flops: float = 0.0  # dense FP8 FLOP/s; 0: no FP8 tensor cores
+    tp_comm_overlap: bool = False  # TP collectives pipelined with their GEMMs (tensor.py:
+    # Megatron-LM's --tp-comm-overlap, torchtitan's AsyncTP; plan --tp-overlap on)
 
     def check(self) -> None:
         for f in fields(self):
             v = getattr(self, f.name)
             if f.name == "name":
                 continue
-            if f.name == "tp_overlap":
+            if f.name in ("tp_overlap", "tp_comm_overlap"):
                 if not isinstance(v, bool):
-                    raise UserError(f"tp_overlap must be true or false, got {v!r}")
+                    raise UserError(f"{f.name} must be true or false, got {v!r}")
                 continue
             if f.name in ("gpus_per_node", "nics_per_node"):
                 if isinstance(v, bool) or not isinstance(v, int) or v < 1:

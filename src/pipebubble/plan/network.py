@@ -60,6 +60,7 @@ class Network:
     inter: Link
     tp_overlap: bool = True  # backward TP collectives behind weight gradients (tensor.py)
     nics_per_node: int = 0
+    tp_comm_overlap: bool = False  # TP collectives pipelined with their GEMMs (tensor.py)
 
     def members_per_node(self, stride: int, size: int) -> int:
         """Members a group of ``size`` ranks ``stride`` apart has in each node it spans."""
@@ -92,7 +93,7 @@ class Network:
         f = hw.bus_fraction
         return cls(hw.gpus_per_node, (hw.nvlink_bandwidth * f, hw.nvlink_latency),
                    (hw.inter_node_bandwidth * f, hw.inter_node_latency), hw.tp_overlap,
-                   hw.nics_per_node)
+                   hw.nics_per_node, hw.tp_comm_overlap)
 
     @classmethod
     def flat(cls, bandwidth: float, latency: float) -> Network:

@@ -92,7 +92,8 @@ class ParallelCosts:
         q, kv = sh.heads * sh.head_dim, sh.kv * sh.head_dim
         up = (2 if sh.swiglu else 1) * f / t
         gemms = [(T, (q + 2 * kv) / t, h), (T, h, q / t), (T, up, h), (T, h, f / t)]
-        fwd = sum(gemm_time(m, n, k, r, fp8=True) for m, n, k in gemms)  # FP8 if r has it
+        fwds = [gemm_time(m, n, k, r, fp8=True) for m, n, k in gemms]  # FP8 if r has it
+        fwd = sum(fwds)
         dgrads = [gemm_time(m, k, n, r, fp8=True) for m, n, k in gemms]
         wgrads = [gemm_time(k, n, m, r, fp8=True) for m, n, k in gemms]
         dgrad, wgrad = sum(dgrads), sum(wgrads)
@@ -109,7 +110,8 @@ class ParallelCosts:
         mem = memory_time(elementwise, r)
         hide = (wgrads[0], wgrads[2])
         tp_f, tp_b = block_tp_comm(T, h, t, self.net, self.sp, hide=hide,
-                                   hide_dgrad=(dgrads[0], dgrads[2]))
+                                   hide_dgrad=(dgrads[0], dgrads[2]), fwd_gemms=tuple(fwds),
+                                   dgrad_rows=(dgrads[1], dgrads[3]))
         tp_hidden = block_tp_hidden(T, h, t, self.net, self.sp, hide=hide,
                                     hide_dgrad=(dgrads[0], dgrads[2]))
         cp_f, cp_b = block_cp_comm(T, kv / t, cp, t, self.net, (attn, attn_b))

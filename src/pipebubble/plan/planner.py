@@ -200,7 +200,8 @@ def hardware_axes(req: Request, pt: Point, hw: Hardware, hbm: bool = True) -> Ax
     ``req.model_states()`` (memory.py), the optimizer step on its HBM (not with ``hbm`` off:
     ``--mfu``)."""
     return Axes(pt, Network.of(hw), req.model_states(), req.grad_bytes,
-                hbm=hw.hbm_bandwidth if hbm else 0.0, reshard=req.fsdp_reshard)
+                hbm=hw.hbm_bandwidth if hbm else 0.0, reshard=req.fsdp_reshard,
+                dp_overlap=req.dp_overlap)
 
 
 def model_of(profiles) -> tuple[TransformerShape | None, int | None, bool]:

@@ -79,6 +79,7 @@ class Request:
     sp: tuple[bool, ...] | None = None
     shardings: tuple[str, ...] | None = None  # None: ddp, zero1, zero2, fsdp (+ hsdp)
     fsdp_reshard: str = "auto"  # always, never, auto (plan.sharding: torchtitan's default)
+    dp_overlap: bool = True  # data-parallel traffic behind compute (plan --dp-overlap)
     chunks: tuple[int, ...] | None = None  # None: every count up to max_chunks
     ep: tuple[int, ...] | None = None  # expert parallel (MoE; None: powers of 2, plan/expert)
     moe_imbalance: float | None = None  # busiest EP rank's tokens / mean (None: router's)
@@ -121,6 +122,8 @@ class Request:
         from .sharding import check_reshard
 
         check_reshard(self.fsdp_reshard)
+        if not isinstance(self.dp_overlap, bool):
+            raise UserError(f"--dp-overlap must be on or off, got {self.dp_overlap!r}")
         if not (self.grad_bytes >= 0 and math.isfinite(self.grad_bytes)):
             raise UserError(f"--grad-wire-bytes must be >= 0, got {self.grad_bytes!r}")
         self.model_states()  # each state's bytes > 0 and finite, the precision known

@@ -1,5 +1,9 @@
 """Published runs the planner is checked against, each number with its source.
 
+The numbers are data files beside the bench, one per source (``bench/published/*.toml``: the
+source's text above, each number's place in it beside the number; :func:`load_runs`,
+:func:`load_table1`); this module turns each into the step it implies and prices it.
+
 Two parts: Megatron-LM's SC'21 Table 1 (below, :func:`predict_table1`, which fits the A100
 efficiency), and the other runs (:func:`published_runs`: Korthikanti et al. 2022, MT-NLG
 530B, GPT-NeoX-20B, BLOOM, Llama 3 405B, torchtitan), each planned at its published
@@ -48,7 +52,9 @@ with the published TP, PP and data parallelism, searching what the paper does no
 
 from __future__ import annotations
 
+import tomllib
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from ..schedules import lookup
 from .analytic import TransformerShape, shape_profile
@@ -86,20 +92,6 @@ class Row:
     def step_time(self) -> float:
         """The published step: eq. 3 FLOPs / (GPUs x TFLOP/s)."""
         return self.flops() / (self.gpus * self.tflops * 1e12)
-
-
-TABLE1 = (
-    Row("1.7B", 24, 2304, 24, 1, 1, 32, 512, 137),
-    Row("3.6B", 32, 3072, 30, 2, 1, 64, 512, 138),
-    Row("7.5B", 32, 4096, 36, 4, 1, 128, 512, 142),
-    Row("18.4B", 48, 6144, 40, 8, 1, 256, 1024, 135),
-    Row("39.1B", 64, 8192, 48, 8, 2, 512, 1536, 138),
-    Row("76.1B", 80, 10240, 60, 8, 4, 1024, 1792, 140),
-    Row("145.6B", 96, 12288, 80, 8, 8, 1536, 2304, 148),
-    Row("310.1B", 128, 16384, 96, 8, 16, 1920, 2160, 155),
-    Row("529.6B", 128, 20480, 105, 8, 35, 2520, 2520, 163),
-    Row("1008B", 160, 25600, 128, 8, 64, 3072, 3072, 163),
-)
 
 
 def shape_of(row: Row) -> TransformerShape:
@@ -219,182 +211,86 @@ def llama_flops(shape: TransformerShape, seq: int, batch: int) -> float:
     return per_seq * batch
 
 
-LLAMA3_405B = TransformerShape(layers=126, hidden=16384, ffn=53248, heads=128, vocab=128256,
-                               kv_heads=8)
-LLAMA3_8B = TransformerShape(layers=32, hidden=4096, ffn=14336, heads=32, vocab=128256,
-                             kv_heads=8)
+
+
+DATA = Path(__file__).resolve().parents[3] / "bench" / "published"
+"""The published runs as data files beside the bench, one per source (TOML: each number with
+its source in a comment beside it, the source's text above): :data:`RUN_FILES` in their
+order, and Table 1 (:data:`TABLE1_FILE`)."""
+RUN_FILES = ("korthikanti_2022", "mt_nlg_530b", "gpt_neox_20b", "bloom_176b", "llama3_405b",
+             "torchtitan_llama31_8b")
+TABLE1_FILE = "megatron_sc21_table1"
+
+
+def _read(name: str, directory: Path | None = None) -> dict:
+    path = (directory or DATA) / f"{name}.toml"
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: the published runs are data files in the "
+                                "repository's bench/published/ (run from a checkout)") from None
+
+
+def _shape(fields: dict) -> TransformerShape:
+    """A TransformerShape from a file's ``shape`` table (``ffn_factor``: ffn = factor x h)."""
+    f = dict(fields)
+    if "ffn_factor" in f:
+        f["ffn"] = f.pop("ffn_factor") * f["hidden"]
+    return TransformerShape(**f)
+
+
+def _step(r: dict, shape: TransformerShape) -> float:
+    """The published step in seconds from the run's metric (its ``step_from``)."""
+    how, B, s, n, x = r["step_from"], r["batch"], r["seq"], r["gpus"], r["published"]
+    if how == "seconds":
+        return float(r["seconds"])
+    if how == "korthikanti-eq7":
+        return korthikanti_flops(shape, s, B) / (x * n * r["mfu_peak"])
+    if how == "megatron-eq3":
+        L, h, V = shape.layers, shape.hidden, shape.vocab
+        return 96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h)) / (n * x * 1e12)
+    if how == "llama":
+        return llama_flops(shape, s, B) / (x * 1e12 * n)
+    if how == "tokens":
+        return B * s / (x * n)
+    raise ValueError(f"run {r['name']!r}: unknown step_from {how!r}; valid are seconds, "
+                     "korthikanti-eq7, megatron-eq3, llama, tokens")
+
+
+def load_runs(directory: Path | None = None) -> tuple[Run, ...]:
+    """Every run of :data:`RUN_FILES` (each file's ``defaults`` under each ``run``)."""
+    runs = []
+    for name in RUN_FILES:
+        data = _read(name, directory)
+        base = data.get("defaults", {})
+        for item in data["run"]:
+            r = {"source": data.get("source"), **base, **item,
+                 "shape": {**base.get("shape", {}), **item.get("shape", {})}}
+            shape = _shape(r["shape"])
+            search = tuple((k, _megatron() if v == "megatron" else
+                            tuple(v) if isinstance(v, list) else v)
+                           for k, v in r.get("search", {}).items())
+            runs.append(Run(r["source"], r["name"], shape, r["seq"], r["gpus"], r["batch"],
+                            r["gpu"], r["config"], r["metric"], r["published"], _step(r, shape),
+                            flash=r.get("flash", True), search=search,
+                            hardware=tuple(r.get("hardware", {}).items()),
+                            note=r.get("note", ""), engine=r.get("engine", "")))
+    return tuple(runs)
+
+
+def load_table1(directory: Path | None = None) -> tuple[Row, ...]:
+    """Megatron-LM's SC'21 Table 1 rows (:data:`TABLE1_FILE`)."""
+    return tuple(Row(*row) for row in _read(TABLE1_FILE, directory)["rows"])
 
 
 def published_runs() -> tuple[Run, ...]:
-    """The runs, each number from its source (the comments give it)."""
-    runs = []
-    # Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models"
-    # (arXiv 2205.05198): Table 3 (configurations: heads, hidden, layers, TP, PP, GPUs, global
-    # batch, microbatch; s = 2048, V = 51,200, A100 80 GB, interleaving 3 for 175B and 530B)
-    # and Table 5 (model FLOPs utilisation with sequence parallelism + selective recompute, no
-    # data parallelism). The MFU column is also in Megatron-LM's README (commit 2e90a342f5,
-    # "22B 41.5 % / 175B 51.4 % / 530B 56.0 % / 1T 56.3 %"). MFU = eq. 7 / (time x GPUs x
-    # 312 TFLOP/s); the step follows from it (Table 5's times, 1.10 / 13.75 / 37.83 /
-    # 71.49 s, agree within 1 %).
-    for name, heads, hidden, layers, pp, gpus, batch, mbs, v, mfu in (
-            ("22B", 64, 6144, 48, 1, 8, 4, 4, 1, 0.415),
-            ("175B", 96, 12288, 96, 8, 64, 64, 1, 3, 0.514),
-            ("530B", 128, 20480, 105, 35, 280, 280, 1, 3, 0.560),
-            ("1T", 160, 25600, 128, 64, 512, 512, 1, 0, 0.563)):
-        shape = _gpt(layers, hidden, heads)
-        step = korthikanti_flops(shape, SEQ, batch) / (mfu * gpus * A100_PEAK)
-        sched = "" if pp == 1 else ",schedule=interleaved-1f1b" + (f",v={v}" if v else "")
-        runs.append(Run("Korthikanti'22 T5", name, shape, SEQ, gpus, batch, "a100-80gb",
-                        f"tp=8,sp=1,cp=1,pp={pp},dp=1,sharding=ddp,mbs={mbs},"
-                        f"recompute=selective{sched}", "MFU", mfu, step, flash=False,
-                        note="" if v or pp == 1 else "chunks searched (not published)"))
-    # Megatron-Turing NLG 530B (Smith et al. 2022, "Using DeepSpeed and Megatron to Train
-    # Megatron-Turing NLG 530B", arXiv 2201.11990): 105 layers, h 20480, 128 heads, sequence
-    # 2048, global batch 1920 (section 4); 8-way tensor slicing inside a DGX A100 node and
-    # 35-way pipeline across nodes, data parallelism over the rest (section 2.3); A100 80 GB
-    # on Selene (8 x 200 Gb/s HDR a node: the preset). Section 2.4: on 280, 350 and 420 DGX
-    # A100 servers (2,240 / 2,800 / 3,360 GPUs: DP 8 / 10 / 12) the iteration took 60.1, 50.2
-    # and 44.4 s, "126, 121, and 113 teraFLOP/s per GPU". Those are Megatron-LM's eq. 3
-    # counts (with recomputation; tests/test_plan_published.py checks that they agree with the
-    # times within 1 %), and the step is the published time itself. Vocabulary: GPT-2's
-    # 50,257 padded to a multiple of 128 x TP, 51,200, as Megatron-LM pads it. DeepSpeed's
-    # pipeline engine runs 1F1B (no interleaving) and its Megatron fork of 2021 had no
-    # sequence parallelism and no FlashAttention. Full recomputation is inferred, not printed:
-    # eq. 3 counts the recomputed forward (its factor 4 = 3 + 1), and 126 TFLOP/s at 60.1 s is
-    # that count; without recomputation the same step would be 94.5 TFLOP/s of model FLOPs.
-    # (Left to search at the physical memory, the planner would pick no recomputation: 78.6
-    # GiB of the 80, over the 5 % reserve.) Not published, so searched: the microbatch size
-    # (1, 2, 4), ZeRO-1 or none. Priced as DeepSpeed's pipeline engine runs it
-    # (engine="deepspeed", deepspeed_step), like every run on that engine here.
-    # The miss (+22 / +23 / +27 % after that pricing, +23 / +24 / +28 % before) is not
-    # explained; what was tested, each against DeepSpeed's source (microsoft/DeepSpeed at
-    # 38327e0, the parts that predate the run):
-    # (a) the data-parallel reduction after the flush, not behind the backward (engine.py
-    #     turns the gradient hooks off, "We schedule the all-reduces", since 2f62697,
-    #     2020-12; ReduceGrads is the last step's command): priced, -0.5 points (1.9 B
-    #     local parameters reduce in 0.5 s of a 60 s step);
-    # (b) blocking P2P in the engine's instruction order (p2p.py: dist.send / dist.recv, or
-    #     before e2fdd25, 2021-09, a broadcast on a two-rank group; async refused): priced
-    #     by the wire simulation of that order (deepspeed_lowering), -0.6 points: with the
-    #     activation split over the 8 TP ranks (pipe_partitioned, on by default) a hop is
-    #     0.5 ms against 170 ms of compute a microbatch, and the lock-step order itself
-    #     costs nothing without message time (tests/test_plan_published.py); were the split
-    #     off (every TP rank sending the whole activation, 8x the hop), +17 / +22 % at 2,240
-    #     / 3,360 GPUs: not closed either, and no source says it was off;
-    # (c) BLOOM's fp32 accumulation of every microbatch's gradients: that is DeepSpeed's
-    #     BF16_Optimizer, added in 56c5223 (2022-04-19, "bf16+pipeline parallelism"), after
-    #     this run; the paper does not say bf16. Not priced (it would give +11 / +13 / +16 %);
-    # (d) the network: Selene's 8 HDR HCAs a node are the preset. Only an eighth of the
-    #     inter-node bandwidth would close it (+8 / +7 / +9 % with this pricing), which no
-    #     source supports;
-    # left: the same model on the same machine ran at 163 TFLOP/s under Megatron-LM (Table 1,
-    # predicted within 1 %); the planner's per-microbatch compute, not the bubble, is what is
-    # short (a fit of the three published steps to (m + k) t gives t 15 % over the planned
-    # microbatch and k 51 against the bubble's 34), and the paper prints no breakdown.
-    for nodes, seconds, tflops in ((280, 60.1, 126), (350, 50.2, 121), (420, 44.4, 113)):
-        gpus = 8 * nodes
-        runs.append(Run("MT-NLG \u00a72.4", f"530B {gpus}", _gpt(105, 20480, 128), SEQ, gpus,
-                        1920, "a100-80gb",
-                        f"tp=8,sp=0,cp=1,pp=35,dp={gpus // 280},recompute=full,schedule=1f1b",
-                        "TFLOP/s", tflops, seconds, flash=False,
-                        search=(("shardings", ("ddp", "zero1")),), engine="deepspeed",
-                        note="mbs, ddp/zero1 searched; recompute inferred from the FLOP count"))
-    # GPT-NeoX-20B (Black et al. 2022, arXiv 2204.06745): the configuration it was trained
-    # with is github.com/EleutherAI/gpt-neox configs/20B.yml (at 252ddc5, "as it was trained
-    # on 96x 40GB A100 GPUs"): PP 4, TP 2 (so DP 12), 44 layers, h 6144, 64 heads, sequence
-    # 2048, rotary positions on 25 % of each head (no position table), untied embeddings,
-    # GPT-J's parallel attention and MLP, no dropout, fp16, DeepSpeed ZeRO stage 1,
-    # microbatch 4 per GPU and 32 accumulation steps (1536 sequences a step; the paper's
-    # section 3 says 1538 contexts, about 3.15M tokens), checkpoint-activations (full
-    # recomputation), DeepSpeed's pipeline (1F1B). The model card gives the vocabulary padded
-    # to 50,432 and 20,556,201,984 parameters. Throughput: 117 TFLOP/s per GPU (the paper's
-    # section 3; the PDF is not in the store this was checked with, the figure is from a
-    # quotation of it), counted here by eq. 3 with its recomputation factor, the count
-    # gpt-neox logs (megatron/logging.py, get_flops, "from Megatron-DeepSpeed"): the step is
-    # that over 96 x 117 TFLOP/s. The 12 servers have four ConnectX-6 HCAs for eight GPUs
-    # (section 3) on HDR switches (MQM8700-HS2R): 4 x 200 Gb/s for 8 GPUs, 12.5 GB/s a GPU,
-    # half the preset's (the hardware override; -1.3 points). Priced as DeepSpeed's
-    # pipeline engine runs it (engine="deepspeed"): the reduction after the flush (-3.3
-    # points: 2.6 B local parameters over 12.5 GB/s) and blocking P2P (-0.9). Left: +20 %,
-    # unexplained. Ruled out: BLOOM's fp32 accumulation (fp16 here: the fp16 gradients
-    # accumulate in .grad as any autograd run's do); the config's synchronize-each-layer (a
-    # device synchronisation per layer: the host stops running ahead, about 0.3 ms of
-    # launches a layer against 17 ms of forward, not priced); the FLOP count (the factor 4
-    # is get_flops' with checkpoint-activations; with 3 the step would be 25 % shorter and
-    # the row -10 %, but the paper's count is not in the store to check).
-    neox = TransformerShape(layers=44, hidden=6144, ffn=4 * 6144, heads=64, vocab=50432,
-                            swiglu=False, biases=True)
-    runs.append(Run("GPT-NeoX-20B \u00a73", "20B", neox, SEQ, 96, 1536, "a100-40gb",
-                    "tp=2,sp=0,cp=1,pp=4,dp=12,sharding=zero1,mbs=4,recompute=full,"
-                    "schedule=1f1b", "TFLOP/s", 117,
-                    96 * 1536 * SEQ * 44 * 6144**2 * (1 + SEQ / (6 * 6144)
-                                                      + 50432 / (16 * 44 * 6144))
-                    / (96 * 117e12), flash=False, engine="deepspeed",
-                    hardware=(("inter_node_bandwidth", 12.5e9),),
-                    note="parallel attention + MLP priced as sequential"))
-    # BLOOM-176B (BigScience tr11-176B-ml, github.com/bigscience-workshop/bigscience,
-    # train/tr11-176B-ml/README.md and tr11-176B-ml.slurm at 9e64ede): 384 A100 80 GB (48
-    # nodes of 8), TP 4, PP 12, DP 8, MBS 2, GBS 2048, seq 2048, 70 layers, h 14336, 112
-    # heads, vocabulary padded to 250,880, ALiBi (no position table), GeLU, bf16 with
-    # DeepSpeed's BF16 optimizer ("implements its own ZeRO stage 1"), --checkpoint-activations
-    # (full recomputation), DeepSpeed's pipeline (1F1B); the README's log line at the end of
-    # the first epoch: 104.70 s per iteration at GBS 2048, "TFLOPs: 149.77" (hardware FLOPs:
-    # 4 x 2 x params x tokens). Network: 4 Omni-Path 100 Gb/s links per node (BLOOM paper,
-    # arXiv 2211.05100, section 3.4.1): 6.25 GB/s per GPU, not the preset's 25. DeepSpeed's
-    # BF16 optimizer under its pipeline engine adds each microbatch's bf16 gradients into fp32
-    # after every backward (deepspeed/runtime/pipe/engine.py, _exec_backward_pass ->
-    # optimizer.update_hp_grads; runtime/bf16_optimizer.py: hp_grad.add_(lp.grad.to(fp32))):
-    # 18 bytes of HBM traffic per local parameter and microbatch (hardware.py). On
-    # DeepSpeed's pipeline engine (engine="deepspeed"): the reduction after the flush and
-    # blocking P2P take it from +4.4 % to +2.1 %.
-    bloom = TransformerShape(layers=70, hidden=14336, ffn=4 * 14336, heads=112, vocab=250880,
-                             tied_embeddings=True, swiglu=False, dropout=True, biases=True)
-    runs.append(Run("BLOOM tr11", "176B", bloom, 2048, 384, 2048, "a100-80gb",
-                    "tp=4,sp=0,cp=1,pp=12,dp=8,sharding=zero1,mbs=2,recompute=full,"
-                    "schedule=1f1b", "TFLOP/s", 149.77, 104.70, flash=False,
-                    hardware=(("inter_node_bandwidth", 6.25e9),
-                              ("grad_accumulation_bytes", 18.0)), engine="deepspeed"))
-    # Llama 3 405B (Llama Team, "The Llama 3 Herd of Models", arXiv 2407.21783, section
-    # 3.3.2, Table 4): GPUs, TP, CP, PP, DP, sequence, batch size per DP group, TFLOP/s per
-    # GPU (430 / 400 / 380; "BF16 MFU" 43 / 41 / 38 %). The PDF prints DP = 4 for the 131,072
-    # row, which contradicts its 16,384 GPUs (8 x 16 x 16 x 4 = 8,192) and its 16M tokens
-    # per batch (4 x 16 x 131,072 = 8M): DP = 8 is the only value consistent with both.
-    # Section 3.3.2 also gives: FSDP sharding optimizer states and gradients, weights not
-    # resharded after forward (zero2 here); the interleaved schedule; 8K sequences trained
-    # without activation checkpointing; CP by all-gathering K and V (not a ring). H100 80 GB,
-    # 400 Gb/s per GPU (section 3.3.1). The layout (section 3.3.2, "memory imbalance"): one
-    # block fewer on the first and the last stage, so that the first chunk of the first rank
-    # holds the embedding alone and the last chunk of the last rank the head and loss alone.
-    # With chunks of equal size that is one unit a chunk: 126 blocks + 2 = 128 = PP 16 x 8
-    # chunks, so v up to 8 is searched (the paper does not print V; v = 8 is inferred).
-    for gpus, cp, dp, seq, per_dp, tflops, rec in (
-            (8192, 1, 64, 8192, 32, 430, ",recompute=none"),
-            (16384, 1, 128, 8192, 16, 400, ",recompute=none"),
-            (16384, 16, 8, 131072, 16, 380, "")):
-        batch = dp * per_dp
-        step = llama_flops(LLAMA3_405B, seq, batch) / (tflops * 1e12 * gpus)
-        runs.append(Run("Llama 3 T4", f"405B {seq // 1024}K {gpus // 1024}k", LLAMA3_405B,
-                        seq, gpus, batch,
-                        "h100-sxm", f"tp=8,cp={cp},pp=16,dp={dp},sharding=zero2{rec}",
-                        "TFLOP/s", tflops, step,
-                        search=(("schedules", _megatron()),
-                                ("max_chunks", 8)),
-                        note="mbs, v (up to 8: the paper's layout)" + (
-                            ", recompute" if not rec else "") + ", sp searched"))
-    # torchtitan docs/performance.md (github.com/pytorch/torchtitan, last at 820504e20^):
-    # Llama 3.1 8B, FSDP (1D), local batch 2, selective activation checkpointing, bf16 (no
-    # Float8, no torch.compile), seq 8192 (train_configs/llama3_8b.toml at the commit the
-    # page names, 9dec370): Table 1 (8 GPUs) 5,762 and Table 3 (128 GPUs) 5,605 tokens/s
-    # per GPU. The GPUs are H100 with 96 GB HBM2e at 2.4 TB/s and a 500 W limit ("peak
-    # between SXM and NVL"), so the 989 TFLOP/s preset is optimistic for them.
-    for gpus, tps, table in ((8, 5762, "T1"), (128, 5605, "T3")):
-        batch = 2 * gpus
-        runs.append(Run(f"torchtitan {table}", f"8B FSDP {gpus}", LLAMA3_8B, 8192, gpus, batch,
-                        "h100-sxm", f"tp=1,cp=1,pp=1,dp={gpus},sharding=fsdp,mbs=2,"
-                        "recompute=selective", "tokens/s", tps, batch * 8192 / (tps * gpus),
-                        hardware=(("memory", 96e9), ("hbm_bandwidth", 2.4e12)),
-                        note="500 W HBM2e H100; its op-level SAC priced as selective"))
-    return tuple(runs)
+    """The runs, each number from its source (bench/published/*.toml: :func:`load_runs`)."""
+    return load_runs()
+
+
+TABLE1 = load_table1()
+LLAMA3_405B = _shape(_read("llama3_405b")["defaults"]["shape"])  # Llama 3's Table 3 shape
 
 
 H100_CALIBRATION = "405B 8K 16k"  # the Llama 3 row the H100 efficiency is fitted on: 16,384

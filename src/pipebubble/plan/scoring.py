@@ -343,4 +343,5 @@ def legacy_axes(req: Request, point: Point) -> Axes:
     ``--p2p-bandwidth``; model states ``req.model_states()`` (memory.py)."""
     return Axes(point, Network.flat(req.allreduce_bandwidth, req.latency),
                 req.model_states(), req.grad_bytes,
-                p2p=(req.p2p_bandwidth, req.latency), reshard=req.fsdp_reshard)
+                p2p=(req.p2p_bandwidth, req.latency), reshard=req.fsdp_reshard,
+                dp_overlap=req.dp_overlap)

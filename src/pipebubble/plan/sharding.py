@@ -55,6 +55,11 @@ rank (``B_r``), the gathers behind one microbatch's forward (``F_r``); one bucke
 
     exposed_r = max(bucket_r, after_r - B_r) + max(bucket_r', before_r - F_r)
 
+Without that overlap (``overlap`` off, ``plan --dp-overlap off``: DeepSpeed's pipeline
+engine reduces after the flush, ``enable_backward_allreduce = False``, and gathers the
+updated weights inside its optimizer step) all of it shows: ``exposed_r = before_r +
+after_r``. The per-microbatch traffic of ``always`` keeps its per-layer prefetch either way.
+
 >>> from pipebubble.plan.network import Network
 >>> net = Network.flat(1e9, 0.0)
 >>> sync = Sync("ddp", net, n=2, grad_bytes=4)
@@ -126,6 +131,7 @@ class Sync:
     stride: int = 1  # tp: the DP x CP group is ``stride`` ranks apart
     shard: int = 0  # hsdp: ranks per shard group (inside a node)
     reshard: str = "never"  # fsdp / hsdp: always or never (resolved, module doc)
+    overlap: bool = True  # the once-a-step traffic behind the last backward / first forward
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sharding", Sharding.of(self.sharding))
@@ -169,6 +175,8 @@ class Sync:
         """What shows in the step of a rank whose one-microbatch forward and backward take
         ``forward`` and ``backward`` seconds (module doc)."""
         before, after = times
+        if not self.overlap:
+            return before + after
         share = min(1.0, BUCKET / params) if params > 0 else 1.0
         return (max(after * share, after - backward)
                 + max(before * share, before - forward))

@@ -40,6 +40,18 @@ what the data gradients hide`` to the no-SP form: on Korthikanti et al.'s 22B bl
 A100) their Table 4 has SP saving 0.5 ms of the forward and 0.1 of the backward, where
 pricing SP's backward as the no-SP one saves 1.3 (``bench/bench_recompute.py``).
 
+**Communication pipelined with the GEMMs** (``Network.tp_comm_overlap``, ``plan --tp-overlap
+on``: Megatron-LM's ``--tp-comm-overlap``, TransformerEngine's userbuffers; torchtitan's
+AsyncTP, ``enable_async_tensor_parallel``; both need sequence parallelism). Each all-gather
+before a column-parallel GEMM and each reduce-scatter after a row-parallel one is split into
+``t`` chunks that run while the GEMM computes the others, so of a collective ``c`` next to a
+GEMM ``g`` only ``max(c / t, c - g)`` shows: one chunk, or what the GEMM cannot cover. In the
+forward these are the four collectives of the block (QKV and up-projection after their
+all-gathers, O and down-projection before their reduce-scatters, ``fwd_gemms``); in the
+backward the two gradient all-gathers, each before the data gradient of O or the
+down-projection (``dgrad_rows``). Without SP (or with ``tp_comm_overlap`` off) nothing
+changes.
+
 The vocabulary-parallel embedding all-reduces (SP: reduce-scatters) its output once in the
 forward; the head's input gradient is all-reduced once in the backward.
 
@@ -86,16 +98,39 @@ def _sp_parts(tokens: float, hidden: int, tp: int, net: Network) -> tuple[float,
     return reduce_scatter(n, tp, link), all_gather(n, tp, link)
 
 
+def pipelined(comm: float, gemm: float, tp: int) -> float:
+    """Exposed seconds of a collective split into ``tp`` chunks behind a GEMM of ``gemm``
+    seconds (module doc): ``max(comm / tp, comm - gemm)``.
+
+    >>> pipelined(8.0, 4.0, 4), pipelined(8.0, 100.0, 4)
+    (4.0, 2.0)
+    """
+    return max(comm / tp, comm - gemm)
+
+
 def block_tp_comm(tokens: float, hidden: int, tp: int, net: Network, sp: bool = False,
                   hide: tuple[float, float] = (0.0, 0.0),
-                  hide_dgrad: tuple[float, float] = (0.0, 0.0)) -> tuple[float, float]:
+                  hide_dgrad: tuple[float, float] = (0.0, 0.0),
+                  fwd_gemms: tuple[float, ...] = (), dgrad_rows: tuple[float, ...] = (),
+                  ) -> tuple[float, float]:
     """(forward, backward) exposed seconds of one block's TP collectives: two each way
     without SP; ``hide`` = the weight-gradient seconds of the QKV and MLP up-projection GEMMs,
     behind which the backward's input-gradient collectives run, ``hide_dgrad`` their
-    data-gradient seconds, behind which SP's re-gather of their inputs runs (module doc)."""
+    data-gradient seconds, behind which SP's re-gather of their inputs runs; with
+    ``net.tp_comm_overlap`` and SP, ``fwd_gemms`` (QKV, O, up, down forward seconds) and
+    ``dgrad_rows`` (O's and the down-projection's data gradient) the GEMMs the collectives
+    are pipelined with (module doc)."""
     one = tp_collective(tokens, hidden, tp, net, sp)
     if tp <= 1:
         return 0.0, 0.0
+    if sp and net.tp_comm_overlap and len(fwd_gemms) == 4 and len(dgrad_rows) == 2:
+        rs, ag = _sp_parts(tokens, hidden, tp, net)
+        fwd = sum(pipelined(c, g, tp) for c, g in zip((ag, rs, ag, rs), fwd_gemms,
+                                                        strict=True))
+        grad_ag = sum(pipelined(ag, d, tp) for d in dgrad_rows)
+        rest = (sum(max(0.0, rs - w) for w in hide) + sum(max(0.0, ag - d) for d in hide_dgrad)
+                if net.tp_overlap else 2 * rs + 2 * ag)
+        return fwd, grad_ag + rest
     if not sp:
         if not net.tp_overlap:
             return 2 * one, 2 * one

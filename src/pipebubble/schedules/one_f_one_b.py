@@ -41,6 +41,7 @@ register(
         formula="bubble (p−1)(F+B): fraction (p−1)/(m+p−1)",
         torch_class="Schedule1F1B",
         megatron="1F1B",
+        deepspeed="TrainSchedule",
         color="#EE7733",
         memory_sweep=5,
     )

@@ -50,6 +50,9 @@ class ScheduleSpec:
     there from its CSV when it has one chain); :attr:`torchtitan` is the name torchtitan's
     ``pipeline_parallel_schedule`` takes for it. ``megatron`` is Megatron-LM's name for the
     family where Megatron pipelines it (``1F1B``, ``interleaved 1F1B``), else None.
+    ``deepspeed`` is the class of DeepSpeed's pipeline engine that runs it
+    (``TrainSchedule``, ``deepspeed/runtime/pipe/schedule.py``: 1F1B, one stage a rank), else
+    None.
 
     Searched orders. ``searched`` marks a generator that searches orders for given costs
     (``auto``): ``needs_costs`` and ``needs_memory_limit`` say it takes ``costs=`` and
@@ -88,6 +91,7 @@ class ScheduleSpec:
     chains: int = 1
     torch_class: str | None = None
     megatron: str | None = None
+    deepspeed: str | None = None
     searched: bool = False  # a search over orders (``auto``): takes costs and memory_limit
     needs_costs: bool = False
     needs_memory_limit: bool = False
