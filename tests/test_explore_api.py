@@ -416,11 +416,13 @@ def test_explore_opens_the_browser_unless_told_not_to(capsys, monkeypatch):
 
     opened: list[str] = []
 
+    before = set(threading.enumerate())  # pytest's and xdist's own threads never end
+
     def interrupted(self, poll_interval=0.5):
-        # the browser is opened from a thread while the server starts: wait for every other
-        # thread explore started (none with --no-browser), with a deadline, then stop
-        for t in threading.enumerate():
-            if t is not threading.current_thread() and t.daemon:
+        # the browser is opened from a thread while the server starts: wait for the threads
+        # explore started (none with --no-browser), with a deadline, then stop
+        for t in set(threading.enumerate()) - before:
+            if t is not threading.current_thread():
                 t.join(timeout=30)
         raise KeyboardInterrupt
 

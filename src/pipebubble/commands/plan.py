@@ -853,8 +853,8 @@ def print_plans(console, result, out: dict, validations) -> None:
                   f"{mfu:.1%}" if mfu else "—", f"{item['bubble_fraction']:.1%}",
                   _gib(max(item["peak_memory"])))
     console.print(fit(t, console.width))  # headers give way at 80 columns, values never
-    for line in framework_lines(out, rows):
-        console.print(line, highlight=False, markup=False, soft_wrap=True)
+    for line in framework_lines(out, rows):  # wrapped at the console's width, as why_best's
+        console.print(line, highlight=False, markup=False)
     for line in why_best(result, out):
         console.print(line, highlight=False)
     print_pastes(console, out["pastes"], "--config" if out.get("config") else "the best plan",
