@@ -157,3 +157,22 @@ def assert_timeline_invariants(timeline, schedule):
         if k == "W":
             assert e.start >= ev[s, "I", m].end
     assert len(ev) == schedule.num_actions()
+
+
+def first_schedule(name: str):
+    """Registered schedule ``name`` at the smallest (ranks, microbatches) it accepts among
+    (2, 4), (2, 3), (4, 8), with 2 chunks where the chunk count is free; fails the test if
+    none."""
+    import pytest
+
+    from pipebubble.ir.schedule import ScheduleError
+    from pipebubble.schedules import get_schedule, lookup
+
+    spec = lookup(name)
+    v = spec.chunks if spec.fixed_chunks else max(spec.min_chunks, 2)
+    for p, m in ((2, 4), (2, 3), (4, 8)):
+        try:
+            return get_schedule(name, p, m, v)
+        except ScheduleError:
+            continue
+    pytest.fail(f"{name} accepts none of the (p, m) tried")

@@ -20,11 +20,11 @@ tf = pytest.importorskip("transformers")
 
 from pipebubble.cli import main  # noqa: E402
 from pipebubble.errors import UserError  # noqa: E402
-from pipebubble.ir.schedule import ScheduleError  # noqa: E402
 from pipebubble.models.hf import MOE_TYPES, check_build, check_moe, hf_spec, lm_loss  # noqa: E402
 from pipebubble.runtime.local import run_local  # noqa: E402
 from pipebubble.runtime.stages import split_stages  # noqa: E402
-from pipebubble.schedules import get_schedule, lookup, schedule_names  # noqa: E402
+from pipebubble.schedules import get_schedule, schedule_names  # noqa: E402
+from runtime_helpers import first_schedule  # noqa: E402
 
 BASE = dict(vocab_size=40, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=64, intermediate_size=24)
@@ -103,26 +103,9 @@ def test_pipeline_gradients_equal_the_unsplit_hf_model(kind, name, ranks, m):
     ref_loss = _hf_loss(ref, x, y)
     ref_loss.backward()
     assert result.loss == pytest.approx(ref_loss.item(), rel=1e-13)
-    got = dict(p for mod in mods for p in _hf_named(mod))
-    want = dict(ref.named_parameters())
-    assert got.keys() == want.keys()
-    scale = max(float(q.grad.abs().max()) for q in want.values())
-    for n, q in want.items():
-        assert got[n].grad is not None, n
-        torch.testing.assert_close(got[n].grad, q.grad, rtol=0, atol=1e-13 * scale, msg=n)
+    _assert_hf_grads(mods, ref)
     if name != "1f1b":
         assert {"I", "W"} <= {e.kind for e in result.timeline.events()}
-
-
-def _first_schedule(name: str):
-    spec = lookup(name)
-    v = spec.chunks if spec.fixed_chunks else max(spec.min_chunks, 2)
-    for p, m in ((2, 4), (2, 3), (4, 8)):
-        try:
-            return get_schedule(name, p, m, v)
-        except ScheduleError:
-            continue
-    pytest.fail(f"{name} accepts none of the (p, m) tried")
 
 
 @pytest.mark.slow
@@ -130,7 +113,7 @@ def _first_schedule(name: str):
 def test_every_registered_schedule_matches_the_unsplit_deepseek_v3(name):
     """Every registered schedule (chunked, split backward, both DualPipes) on DeepSeek-V3,
     cut into its stages two layers apiece: the HF model's gradients."""
-    sched = _first_schedule(name)
+    sched = first_schedule(name)
     stages = sched.num_stages // sched.chains
     model = tiny("deepseek_v3", num_hidden_layers=2 * stages - 2)
     spec = hf_spec(model, seq=SEQ)
@@ -141,9 +124,18 @@ def test_every_registered_schedule_matches_the_unsplit_deepseek_v3(name):
     ref_loss = _hf_loss(ref, x, y)
     ref_loss.backward()
     assert result.loss == pytest.approx(ref_loss.item(), rel=1e-13)
+    _assert_hf_grads(mods, ref)
+
+
+def _assert_hf_grads(mods: list[nn.Module], ref: nn.Module) -> None:
+    """Every stage parameter's gradient equals the HF model's, by HF parameter name, to
+    1e-13 of the largest gradient (float64)."""
     got = dict(p for mod in mods for p in _hf_named(mod))
-    scale = max(float(q.grad.abs().max()) for q in ref.parameters())
-    for n, q in ref.named_parameters():
+    want = dict(ref.named_parameters())
+    assert got.keys() == want.keys()
+    scale = max(float(q.grad.abs().max()) for q in want.values())
+    for n, q in want.items():
+        assert got[n].grad is not None, n
         torch.testing.assert_close(got[n].grad, q.grad, rtol=0, atol=1e-13 * scale, msg=n)
 
 

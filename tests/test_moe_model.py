@@ -16,13 +16,13 @@ from torch import nn
 
 from pipebubble.cli import main
 from pipebubble.errors import UserError
-from pipebubble.ir.schedule import ScheduleError
 from pipebubble.limits import model_params
 from pipebubble.models import build_model
 from pipebubble.models.moe import MoE, moe
 from pipebubble.runtime.local import run_local
 from pipebubble.runtime.stages import split_stages
-from pipebubble.schedules import get_schedule, lookup, schedule_names
+from pipebubble.schedules import get_schedule, schedule_names
+from runtime_helpers import first_schedule
 
 TINY = dict(dim=8, heads=2, experts=4, top_k=2, vocab=32, seq=5)
 
@@ -105,20 +105,9 @@ def _check_step(schedule, recompute=False):
         torch.testing.assert_close(p.grad, r.grad, rtol=1e-10, atol=1e-12)
 
 
-def _first_schedule(name):
-    spec = lookup(name)
-    v = spec.chunks if spec.fixed_chunks else max(spec.min_chunks, 2)
-    for p, m in ((2, 4), (2, 3), (4, 8)):
-        try:
-            return get_schedule(name, p, m, v)
-        except ScheduleError:
-            continue
-    pytest.fail(f"{name} accepts none of the (p, m) tried")
-
-
 @pytest.mark.parametrize("name", schedule_names(searched=False))
 def test_every_registered_schedule_matches_the_unsplit_moe(name, float64):
-    _check_step(_first_schedule(name))
+    _check_step(first_schedule(name))
 
 
 def test_recomputation_is_exact_too(float64):
