@@ -103,9 +103,14 @@ def auto_row(p, m, costs, limit, placement, seconds):
     return s.options["auto"], secs, span_bubble
 
 
+TALLY: list[tuple[str, bool]] = []  # (setting, auto no slower than the authors) per row
+
+
 def line(label, ours, theirs, bound, unit=1.0, extra=""):
     """ours = (step, secs, span bubble); theirs = (step, secs, span bubble, name) or None."""
     step, secs, sb = ours
+    if theirs is not None:
+        TALLY.append((label.strip(), step <= theirs[0] * (1 + 1e-9)))
     if theirs is None:
         their = f"{'-':>9} {'':>6} {'':>6}"
         ratio = "      -"
@@ -294,6 +299,11 @@ def main() -> None:
         speed(args.search_seconds)
     if "budget" in sections:
         budget(args.search_seconds)
+    if TALLY:
+        behind = [name for name, ok in TALLY if not ok]
+        print(f"\nauto no slower than the authors in {len(TALLY) - len(behind)} of "
+              f"{len(TALLY)} settings" + (f"; behind in: {', '.join(behind)}" if behind
+                                         else ""))
 
 
 if __name__ == "__main__":
