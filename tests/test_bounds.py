@@ -80,7 +80,7 @@ def test_the_library_planner_checks_the_same_bounds(profile):
                         (Request(gpus=8, gpu_memory=1e12, global_batch=10**17),
                          "global_batch"),
                         (Request(gpus=8, gpu_memory=1e12, global_batch=64, max_chunks=10**9),
-                         "--max-chunks")]:
+                         "max_chunks")]:
         with pytest.raises(LimitError, match=needle):
             search(ps, req)
 

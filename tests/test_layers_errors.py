@@ -11,9 +11,12 @@ Text built elsewhere and passed in (``where = ...``) is not seen: review catches
 
 from __future__ import annotations
 
+import argparse
 import ast
 import re
 from pathlib import Path
+
+import pytest
 
 import pipebubble
 from pipebubble.commands._flags import FLAGS, flag
@@ -25,8 +28,6 @@ FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 
 ALLOWED: dict[str, str] = {
     # module (under src/pipebubble) -> why its error messages may still name flags
-    "plan/": "the planner is being reworked by other changes right now; its ~37 messages "
-             "are converted once those land (each edit is one message)",
 }
 
 
@@ -127,3 +128,81 @@ def test_the_flag_table_agrees_with_the_parameter_table():
         assert flag(key) == p.flag, key
     for name, f in FLAGS.items():
         assert f != "--" + name.replace("_", "-"), f"{name}: the default rule gives {f} already"
+
+
+def _options(parser: argparse.ArgumentParser, out: set[str]) -> set[str]:
+    for action in parser._actions:
+        out.update(action.option_strings)
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _options(sub, out)
+    return out
+
+
+def test_every_name_a_library_error_marks_is_some_command_flag():
+    """A name marked with ``param("...")`` in library code is written by the CLI as a flag
+    that exists (``hardware`` -> ``--gpu``, ``grad_bytes`` -> ``--grad-wire-bytes``): a
+    missing entry in the flag table would print a flag no command takes."""
+    from pipebubble.cli import build_parser
+
+    options = _options(build_parser(), set())
+    missing = []
+    for rel, path in _library_modules():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Call) and node.args
+                    and isinstance(node.args[0], ast.Constant)
+                    and (getattr(node.func, "id", None) == "param"
+                         or getattr(node.func, "attr", None) == "param")
+                    and flag(node.args[0].value) not in options):
+                missing.append(f"{rel}:{node.lineno}: {node.args[0].value} -> "
+                               f"{flag(node.args[0].value)}")
+    assert not missing, "no command has these flags:\n" + "\n".join(missing)
+
+
+def _refusal(call) -> UserError:
+    with pytest.raises(UserError) as info:
+        call()
+    return info.value
+
+
+def test_the_planner_library_names_its_parameters_and_the_cli_its_flags():
+    """A caller of the planner's functions reads the names it passed; the CLI reads flags."""
+    from pipebubble.plan.analytic import profile_rate
+    from pipebubble.plan.config import parse_config
+    from pipebubble.plan.fit import fit_efficiency
+    from pipebubble.plan.hardware import get_hardware
+    from pipebubble.plan.layercosts import ProfileSet
+    from pipebubble.plan.plans import Request
+    from pipebubble.plan.sharding import check_reshard
+
+    def req(**kw):
+        return Request(gpus=8, gpu_memory=2**34, global_batch=8, **kw).check()
+
+    cases = [  # (call, the library's message, the CLI's message)
+        (lambda: parse_config("tp=2,pp=4", 12),
+         "config tp=2 x pp=4 = 8 GPUs does not divide gpus 12; tp x cp x pp x dp must "
+         "equal gpus",
+         "--config tp=2 x pp=4 = 8 GPUs does not divide --gpus 12; tp x cp x pp x dp must "
+         "equal --gpus"),
+        (lambda: req(grad_bytes=-1.0), "grad_bytes must be >= 0, got -1.0",
+         "--grad-wire-bytes must be >= 0, got -1.0"),
+        (lambda: req(dp_overlap="yes"), "dp_overlap must be on or off, got 'yes'",
+         "--dp-overlap must be on or off, got 'yes'"),
+        (lambda: req(max_chunks=10**9), "max_chunks must be", "--max-chunks must be"),
+        (lambda: get_hardware("h1000"), "unknown gpu 'h1000'; valid are",
+         "unknown --gpu 'h1000'; valid are"),
+        (lambda: ProfileSet([]), "profiles: give at least one profile",
+         "--profile: give at least one profile"),
+        (lambda: fit_efficiency(lambda e: 1 / e, -1.0),
+         "measured must be a finite number of seconds > 0, got -1.0",
+         "--measured-step must be a finite number of seconds > 0, got -1.0"),
+        (lambda: check_reshard("sometimes"), "unknown fsdp_reshard 'sometimes'",
+         "unknown --fsdp-reshard 'sometimes'"),
+        (lambda: profile_rate(0, 1, None, None, "bf16", "flash"),
+         "seq must be an integer >= 1, got 0", "--seq must be an integer >= 1, got 0"),
+    ]
+    for call, library, cli in cases:
+        exc = _refusal(call)
+        assert str(exc).startswith(library), (str(exc), library)
+        assert "--" not in str(exc), str(exc)
+        assert exc.render(flag).startswith(cli), (exc.render(flag), cli)

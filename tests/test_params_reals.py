@@ -117,7 +117,7 @@ def test_the_library_checks_the_same_ranges():
                          ("peak_flops", float("inf")), ("hbm_bandwidth", float("nan"))):
         with pytest.raises(UserError, match="must be"):
             get_hardware("h100-sxm", **{field: value})
-    with pytest.raises(UserError, match="--latency must be 0 or a number"):
+    with pytest.raises(UserError, match="^latency must be 0 or a number"):
         Request(gpus=2, gpu_memory=2**30, global_batch=4, latency=1e308).check()
-    with pytest.raises(UserError, match="--p2p-bandwidth must be a number"):
+    with pytest.raises(UserError, match="^p2p_bandwidth must be a number"):
         Request(gpus=2, gpu_memory=2**30, global_batch=4, p2p_bandwidth=1e-320).check()

@@ -310,7 +310,7 @@ def test_nothing_fits_names_the_budget_that_does(exhaustive):
     with pytest.raises(NoPlanFits) as info:
         search(prof, req)
     need = info.value.smallest
-    assert "nothing fits in --gpu-memory 0.00GiB" in str(info.value)
+    assert "nothing fits in gpu_memory 0.00GiB" in str(info.value)
     assert 2**20 < need < math.inf and "\n" not in str(info.value)
     assert search(prof, Request(**{**req.__dict__, "gpu_memory": need})).plans
     with pytest.raises(NoPlanFits):  # auto's own orders may fit lower: families only here
@@ -433,7 +433,7 @@ def test_auto_is_searched_when_available():
 
 def test_a_schedule_that_cannot_be_built_says_why():
     prof = profile_of([(1, 2, 0, 0)] * 4)
-    with pytest.raises(NoPlanFits, match=r"no configuration can be built for --gpus 3.*"
+    with pytest.raises(NoPlanFits, match=r"no configuration can be built for gpus 3.*"
                                          r"dualpipe pp=3: dualpipe needs an even number"):
         search(prof, Request(gpus=3, gpu_memory=1, global_batch=12, schedules=("dualpipe",)))
 

@@ -86,9 +86,9 @@ def test_check_world():
 
 def test_config_parser_uses_the_degrees():
     assert parse_config("tp=2,pp=4,dp=2", 16) == {"tp": 2, "pp": 4, "dp": 2}
-    with pytest.raises(UserError, match="tp=2 x pp=4 = 8 GPUs does not divide --gpus 12"):
+    with pytest.raises(UserError, match="tp=2 x pp=4 = 8 GPUs does not divide gpus 12"):
         parse_config("tp=2,pp=4", 12)
-    with pytest.raises(UserError, match="tp=2 x cp=1 x pp=2 x dp=2 = 8 GPUs != --gpus 16"):
+    with pytest.raises(UserError, match="tp=2 x cp=1 x pp=2 x dp=2 = 8 GPUs != gpus 16"):
         parse_config("tp=2,cp=1,pp=2,dp=2", 16)
 
 

@@ -20,6 +20,14 @@ from ..errors import ParamError, UserError
 
 FLAGS: dict[str, str] = {
     "model_args": "--model-arg",  # RunConfig.model_args: one --model-arg KEY=VALUE each
+    # the planner (plan/): the library's argument or Request field -> plan's flag
+    "hardware": "--gpu",  # search(hardware=...): the GPU preset --gpu names
+    "profiles": "--profile",  # ProfileSet(profiles): one --profile FILE each
+    "shardings": "--sharding",  # Request.shardings
+    "microbatch_sizes": "--microbatch-size",  # Request.microbatch_sizes
+    "grad_bytes": "--grad-wire-bytes",  # Request.grad_bytes: a gradient's bytes on the wire
+    "measured": "--measured-step",  # fit_efficiency(measured=...)
+    "fp8_peak_flops": "--fp8-peak-tflops",  # Hardware.fp8_peak_flops (the flag in TFLOP/s)
 }
 """Library names whose flag is not ``--`` + the name with ``-`` for ``_``."""
 

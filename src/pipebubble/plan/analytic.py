@@ -68,7 +68,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict
 
-from ..errors import UserError
+from ..errors import UserError, param
 from ..limits import check_layers
 from ..transformer_shape import TransformerShape
 from .profile import FORMAT, LayerProfile, Profile
@@ -144,22 +144,24 @@ def profile_rate(seq: int, batch: int, tflops: float | None, mfu: float | None, 
     """Check an analytic profile's settings; the FLOP/s its times are at (inf: hardware
     free, every time 0)."""
     if attention not in ("flash", "unfused"):
-        raise UserError(f"unknown --attention {attention!r}; valid are flash, unfused")
+        raise UserError(f"unknown {param('attention')} {attention!r}; valid are flash, unfused")
     for name, value in (("seq", seq), ("batch", batch)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise UserError(f"--{name} must be an integer >= 1, got {value!r}")
+            raise UserError(f"{param(name)} must be an integer >= 1, got {value!r}")
     if dtype not in DTYPE_BYTES:
-        raise UserError(f"unknown --dtype {dtype!r}; valid are {', '.join(DTYPE_BYTES)}")
+        raise UserError(f"unknown {param('dtype')} {dtype!r}; valid are {', '.join(DTYPE_BYTES)}")
     free = tflops is None and mfu is None
     if not free:
         if tflops is None or not (tflops > 0 and tflops != float("inf")):
-            raise UserError(f"--tflops must be a finite number > 0 (peak TFLOP/s), got "
+            raise UserError(f"{param('tflops')} must be a finite number > 0 (peak TFLOP/s), got "
                              f"{tflops}")
         if mfu is None or not 0 < mfu <= 1:
-            raise UserError(f"--mfu must be in (0, 1] (model FLOPs utilisation), got {mfu}")
+            raise UserError(f"{param('mfu')} must be in (0, 1] (model FLOPs utilisation), got "
+                            f"{mfu}")
     rate = float("inf") if free else tflops * 1e12 * mfu
     if not (rate > 0 and (free or math.isfinite(rate))):  # 1e-300 x 1e-300 underflows to 0
-        raise UserError(f"--tflops {tflops:g} x --mfu {mfu:g} is not a usable rate of FLOP/s")
+        raise UserError(f"{param('tflops')} {tflops:g} x {param('mfu')} {mfu:g} is not a usable "
+                        "rate of FLOP/s")
     return rate
 
 

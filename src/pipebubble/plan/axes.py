@@ -42,7 +42,7 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
-from ..errors import UserError
+from ..errors import UserError, param
 from ..limits import divisors
 from .dims import ParallelDims
 from .memory import model_state_bytes
@@ -201,7 +201,8 @@ def axis_flag(req, axis: str, values) -> str:
     """How the user gave ``axis``: ``--tp 1,2``, or ``--config tp=2`` when it came from
     ``--config`` (``req.config`` names the axes that did)."""
     text = ",".join(map(str, values))
-    return f"--config {axis}={text}" if axis in getattr(req, "config", ()) else f"--{axis} {text}"
+    return (f"{param('config')} {axis}={text}" if axis in getattr(req, "config", ()) else
+            f"{param(axis)} {text}")
 
 
 def splits(req, tp: tuple[int, ...], cp: tuple[int, ...]) -> list[tuple[int, int, int, int]]:

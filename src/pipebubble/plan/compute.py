@@ -58,9 +58,10 @@ PRECISIONS = ("bf16", "fp8")
 def check_precision(precision: str) -> str:
     """``precision`` if it is one of :data:`PRECISIONS`, else one line listing them."""
     if precision not in PRECISIONS:
-        from ..errors import UserError
+        from ..errors import UserError, param
 
-        raise UserError(f"unknown --precision {precision!r}; valid are {', '.join(PRECISIONS)}")
+        raise UserError(f"unknown {param('precision')} {precision!r}; valid are "
+                        f"{', '.join(PRECISIONS)}")
     return precision
 
 
@@ -91,10 +92,11 @@ def fp8_peak(hw, precision: str) -> float:
         return 0.0
     peak = getattr(hw, "fp8_peak_flops", 0.0)
     if not peak > 0:
-        from ..errors import UserError
+        from ..errors import UserError, param
 
-        raise UserError(f"--precision fp8: {hw.name} has no FP8 tensor cores (its preset has no "
-                         "FP8 peak); use --precision bf16, or give --fp8-peak-tflops")
+        raise UserError(f"{param('precision')} fp8: {hw.name} has no FP8 tensor cores (its preset "
+                        f"has no FP8 peak); use {param('precision')} bf16, or give "
+                        f"{param('fp8_peak_flops')}")
     return peak
 
 

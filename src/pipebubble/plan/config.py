@@ -11,7 +11,7 @@ is valid), :func:`restrict` narrows a planner Request to it.
 
 from __future__ import annotations
 
-from ..errors import UserError
+from ..errors import UserError, param
 from .dims import ParallelDims
 
 CONFIG_KEYS = ("tp", "sp", "cp", "pp", "dp", "ep", "sharding", "mbs", "schedule", "v",
@@ -22,26 +22,26 @@ def parse_config(text: str, gpus: int) -> dict:
     """``tp=8,pp=8,...`` as a dict of restrictions; the degrees must multiply into --gpus."""
     out: dict = {}
     if not text.strip(", \t"):
-        raise UserError(f"--config {text!r} is empty; give KEY=VALUE items, e.g. tp=8,pp=2 "
-                         f"(keys {', '.join(CONFIG_KEYS)})")
+        raise UserError(f"{param('config')} {text!r} is empty; give KEY=VALUE items, e.g. "
+                         f"tp=8,pp=2 (keys {', '.join(CONFIG_KEYS)})")
     for item in (x.strip() for x in text.split(",") if x.strip()):
         key, eq, value = item.partition("=")
         key, value = key.strip().lower(), value.strip()
         if not eq or key not in CONFIG_KEYS or not value:
-            raise UserError(f"--config item {item!r} must be KEY=VALUE with KEY one of "
+            raise UserError(f"{param('config')} item {item!r} must be KEY=VALUE with KEY one of "
                              f"{', '.join(CONFIG_KEYS)}")
         if key in out:
-            raise UserError(f"--config gives {key} twice; give each key once")
+            raise UserError(f"{param('config')} gives {key} twice; give each key once")
         if key in ("tp", "cp", "pp", "dp", "ep", "mbs", "v", "sp"):
             if not value.isascii() or not value.isdigit():  # no "+2", "1_0", "٢"
-                raise UserError(f"--config {key}={value[:40]!r} must be "
+                raise UserError(f"{param('config')} {key}={value[:40]!r} must be "
                                 + ("0 or 1" if key == "sp" else "an integer >= 1"))
             if len(value.lstrip("0")) > 18:
-                raise UserError(f"--config {key}: a {len(value)}-digit number is too large "
-                                "(the degrees multiply into --gpus)")
+                raise UserError(f"{param('config')} {key}: a {len(value)}-digit number is too "
+                                f"large (the degrees multiply into {param('gpus')})")
             out[key] = int(value)
             if out[key] < (0 if key == "sp" else 1) or (key == "sp" and out[key] > 1):
-                raise UserError(f"--config {key}={value} must be "
+                raise UserError(f"{param('config')} {key}={value} must be "
                                  + ("0 or 1" if key == "sp" else "an integer >= 1"))
         else:
             out[key] = value.lower()
@@ -51,9 +51,9 @@ def parse_config(text: str, gpus: int) -> dict:
     prod = dims.world
     if gpus % prod or (len(given) == 4 and prod != gpus):
         shown = " x ".join(f"{k}={out[k]}" for k in ("tp", "cp", "pp", "dp") if k in out)
-        raise UserError(f"--config {shown} = {prod} GPUs "
+        raise UserError(f"{param('config')} {shown} = {prod} GPUs "
                          + ("!= " if len(given) == 4 else "does not divide ")
-                         + f"--gpus {gpus}; tp x cp x pp x dp must equal --gpus")
+                         + f"{param('gpus')} {gpus}; tp x cp x pp x dp must equal {param('gpus')}")
     return out
 
 

@@ -79,7 +79,7 @@ import math
 
 import numpy as np
 
-from ..errors import UserError
+from ..errors import UserError, param
 from .compute import Rates, attention_backward_time, attention_time, gemm_time, memory_time
 from .context import block_cp_comm
 from .dims import ParallelDims
@@ -143,8 +143,8 @@ def check_imbalance(value: float | None) -> float | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or not (
             math.isfinite(value) and value >= 1):
-        raise UserError(f"--moe-imbalance must be a finite number >= 1 (the busiest expert "
-                         f"rank's tokens over the mean; 1: even routing), got {value!r}")
+        raise UserError(f"{param('moe_imbalance')} must be a finite number >= 1 (the busiest "
+                         f"expert rank's tokens over the mean; 1: even routing), got {value!r}")
     return float(value)
 
 
@@ -179,13 +179,13 @@ def ep_options(req, shape: MoEShape | None, hardware: bool) -> tuple[int, ...]:
     model's experts and the GPUs, else every power of two dividing the experts and the GPUs
     (1 for a dense model). One line for ``--ep`` on a dense profile."""
     given = getattr(req, "ep", None)
-    flag = ("--config ep=" if "ep" in getattr(req, "config", ()) else "--ep ") + ",".join(
-        map(str, given or ()))
+    flag = (f"{param('config')} ep=" if "ep" in getattr(req, "config", ()) else
+            f"{param('ep')} ") + ",".join(map(str, given or ()))
     if shape is None:
         if given and tuple(given) != (1,):
-            why = "needs" if hardware else "needs --gpu and"
-            raise UserError(f"{flag} {why} an MoE profile (profile --analytic --hf-config of "
-                             "a mixtral, qwen2_moe, qwen3_moe or deepseek_v3 config); this "
+            why = "needs" if hardware else f"needs {param('hardware')} and"
+            raise UserError(f"{flag} {why} an MoE profile (an analytic profile of the HF config of "
+                             "a mixtral, qwen2_moe, qwen3_moe or deepseek_v3 model); this "
                              "profile has no experts")
         return (1,)
     E = shape.experts
@@ -198,7 +198,7 @@ def ep_options(req, shape: MoEShape | None, hardware: bool) -> tuple[int, ...]:
         if not any(req.gpus % ep == 0 for ep in given):
             raise UserError(f"{flag} must divide dp x cp (expert parallelism is carved out of "
                              f"the data x context parallel ranks), but no ep given divides "
-                             f"--gpus {req.gpus}")
+                             f"{param('gpus')} {req.gpus}")
         return tuple(given)
     out, d = [], 1
     while d <= E and req.gpus % d == 0 and E % d == 0:
@@ -214,8 +214,8 @@ def check_ep_splits(req, ep_list, splits, shardings=(), gpus_per_node: int = 8) 
     given = getattr(req, "ep", None)
     if not given:
         return
-    flag = ("--config ep=" if "ep" in getattr(req, "config", ()) else "--ep ") + ",".join(
-        map(str, given))
+    flag = (f"{param('config')} ep=" if "ep" in getattr(req, "config", ()) else
+            f"{param('ep')} ") + ",".join(map(str, given))
     rooms = sorted({ParallelDims(cp=cp, dp_shard=dp).data_context for _, cp, _, dp in splits})
     if not any(room % ep == 0 for room in rooms for ep in ep_list):
         raise UserError(f"{flag} must divide dp x cp (expert parallelism is carved out of the "
@@ -230,10 +230,11 @@ def check_ep_splits(req, ep_list, splits, shardings=(), gpus_per_node: int = 8) 
     if shardings and not any(room % ep == 0 for room in shard_rooms for ep in ep_list):
         names = ", ".join(str(s) for s in shardings)
         raise UserError(f"{flag} must divide dp_shard x cp (EP borrows the sharded data-"
-                         f"parallel ranks, as torchtitan's mesh does), but --sharding {names} "
-                         f"leaves dp_shard x cp in {', '.join(map(str, sorted(shard_rooms)))} "
-                         "(ddp shards nothing: dp_shard 1); use --sharding zero1, zero2 or "
-                         "fsdp, or a cp that ep divides")
+                         f"parallel ranks, as torchtitan's mesh does), but {param('shardings')} "
+                         f"{names} leaves dp_shard x cp in "
+                         f"{', '.join(map(str, sorted(shard_rooms)))} (ddp shards nothing: "
+                         f"dp_shard 1); use {param('shardings')} zero1, zero2 or fsdp, or a cp "
+                         "that ep divides")
 
 
 # ---- one point's layer costs -----------------------------------------------------------------

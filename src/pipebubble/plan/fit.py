@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..errors import UserError
+from ..errors import UserError, param
 
 LOW = 0.01
 
@@ -23,18 +23,18 @@ def fit_efficiency(predict: Callable[[float], float], measured: float,
                    tol: float = 1e-7) -> float:
     """The efficiency ``e`` with ``predict(e) == measured``, to ``tol`` in ``e``."""
     if not (measured > 0 and measured != float("inf")):
-        raise UserError(f"--measured-step must be a finite number of seconds > 0, got "
+        raise UserError(f"{param('measured')} must be a finite number of seconds > 0, got "
                          f"{measured!r}")
     fast, slow = predict(1.0), predict(LOW)
     if measured < fast:
-        raise UserError(f"--measured-step {measured:g} s is faster than this configuration "
-                         f"can run even at --efficiency 1 ({fast:.4g} s predicted: the "
-                         "communication and memory-bound time alone take longer); check "
-                         "--config, --gpu and the network flags")
+        raise UserError(f"{param('measured')} {measured:g} s is faster than this configuration "
+                         f"can run even at {param('efficiency')} 1 ({fast:.4g} s predicted: "
+                         "the communication and memory-bound time alone take longer); check "
+                         f"{param('config')}, {param('hardware')} and the network")
     if measured > slow:
-        raise UserError(f"--measured-step {measured:g} s is slower than this configuration "
-                         f"at --efficiency {LOW} ({slow:.4g} s predicted); check --config "
-                         "and --global-batch")
+        raise UserError(f"{param('measured')} {measured:g} s is slower than this configuration "
+                         f"at {param('efficiency')} {LOW} ({slow:.4g} s predicted); check "
+                         f"{param('config')} and {param('global_batch')}")
     lo, hi = LOW, 1.0
     while hi - lo > tol:
         mid = (lo + hi) / 2

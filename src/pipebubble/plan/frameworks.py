@@ -76,7 +76,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..errors import UserError
+from ..errors import UserError, param
 from ..schedules import lookup
 
 FRAMEWORKS = ("megatron", "torchtitan", "deepspeed", "nemo", "none")
@@ -129,7 +129,7 @@ def get_framework(name: str | Framework) -> Framework:
         return name
     key = name.strip().lower() if isinstance(name, str) else name
     if key not in PROFILES:
-        raise UserError(f"unknown --framework {name!r}; valid are {', '.join(FRAMEWORKS)}")
+        raise UserError(f"unknown {param('framework')} {name!r}; valid are {', '.join(FRAMEWORKS)}")
     return PROFILES[key]
 
 
@@ -175,12 +175,12 @@ def settings(framework: str | Framework, dp_overlap: str | None = None,
     given = [f for f, v in zip(("--param-bytes", "--grad-bytes", "--optimizer-bytes"), states,
                                strict=True) if v is not None]
     if dp_overlap is not None:
-        dp = check_choice(dp_overlap, "--dp-overlap", DP_OVERLAPS) == "on"
+        dp = check_choice(dp_overlap, param("dp_overlap"), DP_OVERLAPS) == "on"
         given.append("--dp-overlap")
     else:
         dp = fw.dp_overlap
     if tp_overlap is not None:
-        tp = check_choice(tp_overlap, "--tp-overlap", TP_OVERLAPS)
+        tp = check_choice(tp_overlap, param("tp_overlap"), TP_OVERLAPS)
         given.append("--tp-overlap")
     else:
         tp = fw.tp_overlap

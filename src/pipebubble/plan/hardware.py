@@ -59,7 +59,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields, replace
 
-from ..errors import UserError
+from ..errors import UserError, param
 from ..params import check_real
 
 GB = 1e9
@@ -157,7 +157,7 @@ def get_hardware(name: str, **overrides) -> Hardware:
     """The preset ``name`` with ``overrides`` (None values ignored), checked."""
     key = name.strip().lower()
     if key not in PRESETS:
-        raise UserError(f"unknown --gpu {name!r}; valid are {', '.join(PRESETS)}")
+        raise UserError(f"unknown {param('gpu')} {name!r}; valid are {', '.join(PRESETS)}")
     given = {k: v for k, v in overrides.items() if v is not None}
     base = PRESETS[key]
     if "gpus_per_node" in given and "nics_per_node" not in given:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import UserError
+from ..errors import UserError, param
 from .analytic import RECOMPUTE_MODES, profile_batch
 from .profile import Profile
 
@@ -86,18 +86,19 @@ class ProfileSet:
 
     def __init__(self, profiles: list[Profile]):
         if not profiles:
-            raise UserError("give at least one --profile")
+            raise UserError(f"{param('profiles')}: give at least one profile")
         first = profiles[0]
         names = [layer.name for layer in first.layers]
         by_batch: dict[int, Profile] = {}
         for prof in profiles:
             if [layer.name for layer in prof.layers] != names:
-                raise UserError("the --profile files describe different models (layer names "
-                                 "differ); give profiles of one model at different --batch")
+                raise UserError(f"the {param('profiles')} files describe different models (layer "
+                                 f"names differ); give profiles of one model at different "
+                                 f"{param('batch')}")
             b = profile_batch(prof)
             if b in by_batch:
-                raise UserError(f"two --profile files were taken at batch {b}; give one per "
-                                 "microbatch size")
+                raise UserError(f"two {param('profiles')} files were taken at batch {b}; give one "
+                                 "per microbatch size")
             by_batch[b] = prof
         self.batches = sorted(by_batch)
         self.profile = by_batch[self.batches[0]]
@@ -131,9 +132,9 @@ class ProfileSet:
                 raise UserError(f"unknown recompute mode {recompute!r}; valid are "
                                  f"{', '.join(RECOMPUTE_MODES)}")
             if recompute != "none" and not self.has_recompute:
-                raise UserError(f"--recompute {recompute} needs a profile with "
+                raise UserError(f"{param('recompute')} {recompute} needs a profile with "
                                  f"activation_bytes_{recompute} per layer (an analytic "
-                                 "profile has them); use --recompute none")
+                                 f"profile has them); use {param('recompute')} none")
             v = self._interpolate(size)
             act_none = v["activation_bytes"]
             if recompute == "none":

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from itertools import combinations
 
+from ..errors import param
 from ..schedules import lookup
 from .partition import ranges_from_ends
 from .plans import Config, NoPlanFits, Plan, fmt_gib
@@ -97,14 +98,14 @@ class LeastMemory:
         r = self.req
         if plan is None:
             why = "; ".join(f"{k}: {v}" for k, v in list(self.why_not.items())[-2:])
-            return NoPlanFits(f"no configuration can be built for --gpus {r.gpus}, "
-                              f"--global-batch {r.global_batch} and {self.L} layers"
+            return NoPlanFits(f"no configuration can be built for {param('gpus')} {r.gpus}, "
+                              f"{param('global_batch')} {r.global_batch} and {self.L} layers"
                               + (f" ({why})" if why else ""), math.inf, None)
         c = plan.config
         what = f"{c.schedule} v={c.chunks}" if lookup(c.schedule).searched else c.schedule
         return NoPlanFits(
-            f"nothing fits in --gpu-memory {fmt_gib(r.gpu_memory)} per GPU: the least memory "
-            f"any plan needs is {fmt_gib(need, up=True)} (pp={c.pp}, dp={c.dp}, {what}, "
+            f"nothing fits in {param('gpu_memory')} {fmt_gib(r.gpu_memory)} per GPU: the least "
+            f"memory any plan needs is {fmt_gib(need, up=True)} (pp={c.pp}, dp={c.dp}, {what}, "
             f"microbatch size {c.microbatch_size}, recompute {c.recompute}); "
-            f"use --gpu-memory {fmt_gib(need, up=True)} or more, or more --gpus",
+            f"use {param('gpu_memory')} {fmt_gib(need, up=True)} or more, or more {param('gpus')}",
             need, plan)

@@ -67,7 +67,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from ..errors import UserError
+from ..errors import UserError, param
 from ..hf_keys import MOE_TYPES
 from ..limits import check_layers
 from ..transformer_shape import Heads
@@ -355,13 +355,13 @@ class _Keys:
     def int(self, key: str, default: int | None = None, lo: int = 1) -> int:
         if not self.has(key):
             if default is None:
-                raise UserError(f"--hf-config {self.path}: missing key {key!r} (needed for "
-                                 f"model_type {self.kind})")
+                raise UserError(f"{param('hf_config')} {self.path}: missing key {key!r} (needed "
+                                 f"for model_type {self.kind})")
             return default
         v = self.data[key]
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise UserError(f"--hf-config {self.path}: {key!r} must be an integer >= {lo}, "
-                             f"got {v!r}")
+            raise UserError(f"{param('hf_config')} {self.path}: {key!r} must be an integer >= "
+                             f"{lo}, got {v!r}")
         self.used[key] = v
         return v
 
@@ -370,13 +370,13 @@ class _Keys:
             return default
         v = self.data[key]
         if not isinstance(v, bool):
-            raise UserError(f"--hf-config {self.path}: {key!r} must be true or false, got "
+            raise UserError(f"{param('hf_config')} {self.path}: {key!r} must be true or false, got "
                              f"{v!r}")
         self.used[key] = v
         return v
 
     def fail(self, message: str) -> UserError:
-        return UserError(f"--hf-config {self.path}: {message}")
+        return UserError(f"{param('hf_config')} {self.path}: {message}")
 
 
 CAPACITY_KEYS = ("capacity_factor", "moe_capacity_factor", "expert_capacity_factor")
@@ -419,8 +419,8 @@ def _moe_shape_from_hf(data: dict, path: str = "config.json") -> tuple[MoEShape,
     """
     kind = data.get("model_type")
     if kind not in MOE_TYPES:
-        raise UserError(f"--hf-config {path}: model_type {kind!r} is not an MoE type; valid "
-                         f"are {', '.join(MOE_TYPES)}")
+        raise UserError(f"{param('hf_config')} {path}: model_type {kind!r} is not an MoE type; "
+                         f"valid are {', '.join(MOE_TYPES)}")
     g = _Keys(data, path, kind)
     layers, hidden = g.int("num_hidden_layers"), g.int("hidden_size")
     heads, vocab = g.int("num_attention_heads"), g.int("vocab_size")

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 
-from ..errors import UserError
+from ..errors import UserError, param
 from .profile import LayerProfile, Profile
 
 
@@ -60,8 +60,8 @@ def layer_all_to_all(layer: LayerProfile, ep: int, bandwidth: float | None,
         return 0.0, 0.0, False
     size = _seconds(size, "all_to_all_bytes", layer)
     if bandwidth is None:
-        raise UserError(f"--ep {ep}: layer {layer.name!r} has all-to-all bytes; give "
-                        "--ep-bandwidth (bytes/s each rank sends at, e.g. 50GB)")
+        raise UserError(f"{param('ep')} {ep}: layer {layer.name!r} has all-to-all bytes; give "
+                        f"{param('ep_bandwidth')} (bytes/s each rank sends at, e.g. 50GB)")
     one = size * (ep - 1) / ep / bandwidth + latency
     return 2 * one, 2 * one, False
 
@@ -72,9 +72,9 @@ def profile_costs(profile: Profile, ranks: int, ep: int = 1, bandwidth: float | 
     profile's layers, the all-to-all of ``ep``-way expert parallelism included (module doc).
     The keys are :class:`~pipebubble.costs.CostModel`'s."""
     if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
-        raise UserError(f"--ranks must be >= 1, got {ranks!r}")
+        raise UserError(f"{param('ranks')} must be >= 1, got {ranks!r}")
     if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1:
-        raise UserError(f"--ep must be an integer >= 1, got {ep!r}")
+        raise UserError(f"{param('ep')} must be an integer >= 1, got {ep!r}")
     f = b = w = a2a_f = a2a_b = 0.0
     for layer in profile.layers:
         fwd, bwd, inside = layer_all_to_all(layer, ep, bandwidth, latency)

@@ -72,7 +72,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..errors import UserError
+from ..errors import UserError, param
 from .analytic import TransformerShape
 from .axes import Axes, Point, axis_flag, splits
 from .compute import Rates, fp8_peak
@@ -121,8 +121,9 @@ def build_points(profiles, req: Request, hardware: Hardware | None = None,
     shardings = [Sharding.of(s) for s in  # one line for an unknown name
                  req.shardings or (SHARDINGS if hardware is not None else SHARDINGS[:4])]
     if req.precision != "bf16" and (hardware is None or shape is None):
-        raise UserError(f"--precision {req.precision} prices the GEMMs from the model's shape: "
-                         "it needs --gpu NAME and an analytic or --hf-config profile (a "
+        raise UserError(f"{param('precision')} {req.precision} prices the GEMMs from the model's "
+                         f"shape: it needs {param('hardware')} and an analytic or HF-config "
+                         "profile (a "
                          "measured profile's times are already in its precision)")
     if hardware is None or shape is None:
         asked = [axis_flag(req, k, v) for k, v in (("tp", req.tp), ("cp", req.cp),
@@ -133,8 +134,8 @@ def build_points(profiles, req: Request, hardware: Hardware | None = None,
                    else "needs an analytic or --hf-config profile (this one is measured)")
             raise UserError(f"{' and '.join(asked)} {why}")
         if req.sp and True in req.sp:
-            raise UserError("--sp 1 needs --tp > 1 (sequence parallelism splits TP's "
-                            "replicated activations)")
+            raise UserError(f"{param('sp')} 1 needs {param('tp')} > 1 (sequence parallelism "
+                            "splits TP's replicated activations)")
         splits(req, (1,), (1,))  # --pp and --dp together with --gpus
         out = []
         for s in shardings:
@@ -158,7 +159,8 @@ def build_points(profiles, req: Request, hardware: Hardware | None = None,
         for sp in sps:
             if sp and tp == 1:
                 if req.sp == (True,) and req.tp is not None and req.tp == (1,):
-                    raise UserError(f"--sp 1 needs tp > 1 ({axis_flag(req, 'tp', req.tp)})")
+                    raise UserError(f"{param('sp')} 1 needs tp > 1 "
+                                    f"({axis_flag(req, 'tp', req.tp)})")
                 continue
             for ep, costs in point_costs(shape, seq, rates, net, tp, sp, cp, flash, profiles,
                                          ep_list, req.moe_imbalance):
@@ -168,7 +170,7 @@ def build_points(profiles, req: Request, hardware: Hardware | None = None,
     if not out:  # only --sp 1 empties it: every tp the split leaves is 1
         given = "".join(f", {axis_flag(req, a, getattr(req, a))}"
                         for a in ("tp", "cp", "pp", "dp") if getattr(req, a))
-        raise UserError(f"--sp 1 needs tp > 1, but --gpus {req.gpus}{given} "
+        raise UserError(f"{param('sp')} 1 needs tp > 1, but {param('gpus')} {req.gpus}{given} "
                         f"leave{'' if given else 's'} only tp 1")
     return out
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from .. import limits
 from ..costs import CostModel
-from ..errors import UserError
+from ..errors import UserError, param
 from ..ir.schedule import Schedule
 from ..params import check_real
 from .dims import ParallelDims
@@ -109,28 +109,28 @@ class Request:
         for name in ("gpus", "global_batch", "max_chunks", "top"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise UserError(f"--{name.replace('_', '-')} must be an integer >= 1, got {v!r}")
+                raise UserError(f"{param(name)} must be an integer >= 1, got {v!r}")
         limits.check_plan(self.gpus, self.global_batch, self.microbatch_sizes)  # the bounds
-        limits.check_count(self.max_chunks, "--max-chunks", 1, limits.MAX_CHUNKS)
-        limits.check_count(self.exhaustive_cuts, "--exhaustive-cuts", 0,
+        limits.check_count(self.max_chunks, "max_chunks", 1, limits.MAX_CHUNKS)
+        limits.check_count(self.exhaustive_cuts, "exhaustive_cuts", 0,
                            limits.MAX_EXHAUSTIVE_CUTS)
         for name in ("p2p_bandwidth", "allreduce_bandwidth", "bytes_per_param", "latency"):
-            check_real(getattr(self, name), f"--{name.replace('_', '-')}")  # params.REALS
+            check_real(getattr(self, name), name)  # params.REALS
         if not (self.gpu_memory > 0 and math.isfinite(self.gpu_memory)):  # after --reserve
-            raise UserError(f"--gpu-memory must be a finite number > 0, got "
+            raise UserError(f"{param('gpu_memory')} must be a finite number > 0, got "
                              f"{self.gpu_memory!r}")
         from .sharding import check_reshard
 
         check_reshard(self.fsdp_reshard)
         if not isinstance(self.dp_overlap, bool):
-            raise UserError(f"--dp-overlap must be on or off, got {self.dp_overlap!r}")
+            raise UserError(f"{param('dp_overlap')} must be on or off, got {self.dp_overlap!r}")
         if not (self.grad_bytes >= 0 and math.isfinite(self.grad_bytes)):
-            raise UserError(f"--grad-wire-bytes must be >= 0, got {self.grad_bytes!r}")
+            raise UserError(f"{param('grad_bytes')} must be >= 0, got {self.grad_bytes!r}")
         self.model_states()  # each state's bytes > 0 and finite, the precision known
         if not self.microbatch_sizes or any(
                 isinstance(s, bool) or not isinstance(s, int) or s < 1
                 for s in self.microbatch_sizes):
-            raise UserError(f"--microbatch-size must be integers >= 1, got "
+            raise UserError(f"{param('microbatch_sizes')} must be integers >= 1, got "
                              f"{list(self.microbatch_sizes)}")
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 from itertools import combinations
 
 from ..costs import fits_limit
-from ..errors import UserError
+from ..errors import UserError, param
 from ..ir.schedule import Schedule, ScheduleError, make_schedule
 from ..schedules import get_schedule, lookup
 from .auto_plans import AutoPlans
@@ -108,7 +108,8 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
                                      else ("none",))
         for r in req.recompute:
             if r not in ("none", "selective", "full"):
-                raise UserError(f"unknown --recompute {r!r}; valid are none, selective, full")
+                raise UserError(f"unknown {param('recompute')} {r!r}; valid are none, selective, "
+                                "full")
             if r not in modes:
                 profiles.at(1, r)  # raises the profile's message
         self.simulated = 0

@@ -35,7 +35,7 @@ import math
 import time
 from collections.abc import Callable
 
-from ..errors import UserError
+from ..errors import UserError, param
 from ..schedules import lookup
 from .axes import Axes, Point
 from .plans import Config, Plan, Request, Result
@@ -69,7 +69,8 @@ def search_points(points: list[tuple[Point, object, Axes]], req: Request,
                 work.append((s.estimate(c), c, s))
     if not work and not autos:
         raise UserError(searchers[0].nothing_divides() if searchers else
-                        "no point of --tp, --cp and --sharding applies to these GPUs")
+                        f"no point of {param('tp')}, {param('cp')} and {param('shardings')} "
+                        "applies to these GPUs")
     work.sort(key=lambda x: x[0])
     best: list[Plan] = []
 

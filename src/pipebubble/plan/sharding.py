@@ -78,7 +78,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import UserError
+from ..errors import UserError, param
 from .network import Network, all_gather, allreduce, reduce_scatter
 from .shardings import Sharding
 
@@ -90,7 +90,8 @@ def check_reshard(policy: str) -> str:
     """``policy`` lower-cased, or a one-line :class:`~pipebubble.errors.UserError`."""
     key = policy.strip().lower() if isinstance(policy, str) else policy
     if key not in RESHARDS:
-        raise UserError(f"unknown --fsdp-reshard {policy!r}; valid are {', '.join(RESHARDS)}")
+        raise UserError(f"unknown {param('fsdp_reshard')} {policy!r}; valid are "
+                        f"{', '.join(RESHARDS)}")
     return key
 
 

@@ -68,7 +68,7 @@ from dataclasses import dataclass, field, replace
 from statistics import median
 
 from ..cut_rule import Cut
-from ..errors import UserError
+from ..errors import UserError, param
 from ..limits import available_cores, load_words, machine_load
 from ..sim.kernel import simulate
 from .planner import Plan
@@ -204,7 +204,7 @@ def calibrate(plan: Plan, timeout: float = 600.0, csv: str | None = None,
     order as a CSV file (needed for an ``auto`` plan)."""
     result = _run(command(plan, scale, repeat=repeat, csv=csv), timeout)
     if isinstance(result, str):
-        raise UserError(f"--validate: the calibration run failed: {result}")
+        raise UserError(f"{param('validate')}: the calibration run failed: {result}")
     steps, events = result
     step = median(steps)
     excess = [e["end"] - e["start"] - t
