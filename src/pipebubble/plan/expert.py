@@ -60,9 +60,13 @@ activations and the all-to-all bytes.
 node it reaches and forwarded over NVLink there (:func:`routed_shares`); without it every
 routed copy travels alone, as Megatron-Core's and torchtitan's all-to-all dispatchers send it.
 
+**A framework's recipe** (:class:`MoERecipe`, ``Request.moe_recipe``; off by default): FP8
+dispatch, block-scaled FP8 casts as HBM round trips, FP8 GEMMs' efficiency relative to bf16,
+the SMs communication holds while it overlaps compute, MTP modules on the head's stage and
+the MLA up-projections recomputed; :meth:`MoERecipe.deepseek_v3` is DeepSeek-V3's.
+
 **What is not priced**: the permutation kernels' exact traffic (counted as four reads and
-writes of the dispatched tokens), FP8 dispatch (DeepSeek-V3 sends the dispatched tokens in
-FP8; here 16-bit both ways), the aux-loss FLOPs, and per-microbatch FSDP traffic of the
+writes of the dispatched tokens), the aux-loss FLOPs, and per-microbatch FSDP traffic of the
 experts (priced as the dense group's).
 
 >>> from pipebubble.plan.network import Network
