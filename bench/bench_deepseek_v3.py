@@ -14,21 +14,35 @@ What the bench does:
    16,384 H100s (``plan.published.h100_efficiency``, the row ``H100_CALIBRATION``; bf16). The
    H800 is the H100's compute (``plan/hardware.py``'s ``h800`` preset: the H100 SXM with
    NVLink 200 GB/s one way, 160 GB/s at the 0.8 bus fraction as the report measures, and one
-   400 Gb/s IB NIC a GPU), so the fitted efficiency carries over; FP8 GEMMs run at the same
-   fraction of the FP8 peak.
-2. **DeepSeek's configuration** (``plan --config tp=1,cp=1,pp=16,dp=128,ep=64,sharding=zero1,
+   400 Gb/s IB NIC a GPU), so the fitted efficiency carries over.
+2. **DeepSeek's recipe** (``plan.expert.MoERecipe.deepseek_v3``), each term from the report
+   or a published measurement, none fitted to the target: FP8 dispatch and BF16 combine
+   (section 3.3.4); the tile/block-wise quantization as separate HBM round trips (sections
+   3.3.2, 3.5.2); 20 of 132 SMs held by communication while it overlaps compute (3.2.2);
+   the MTP module (2.2); RMSNorm and the MLA up-projections recomputed (3.2.3); and the FP8
+   GEMMs' efficiency relative to bf16 from DeepGEMM's own table on H800 at exactly
+   DeepSeek-V3's shapes (:data:`DEEPGEMM_H800`, :func:`fp8_gemm_ratio`: 0.653 of the FP8
+   peak against the shape curve, over the preset's 0.70 for cuBLAS bf16: 0.933).
+3. **DeepSeek's configuration** (``plan --config tp=1,cp=1,pp=16,dp=128,ep=64,sharding=zero1,
    schedule=dualpipe,recompute=none``; microbatch size searched) priced with its memory
    lifted: the run ran, and it fit by means the planner does not count (FP8 caching of the
-   activations, recomputing every RMSNorm and the MLA up-projections, the EMA on the CPU), so
-   the time model is what is checked; the memory our count gives is printed beside.
-3. The all-to-all: the simulator of this version times every action whole, so the prediction
-   has DualPipe's all-to-all exposed; the same schedule re-simulated with the all-to-all
-   removed (``CostModel.a2a_f``/``a2a_b`` taken out of F and B) is the most DualPipe's overlap
-   could hide. The two bracket what DualPipe's overlapped pairs give
-   (``StageCosts.pair_duration``) once the simulator honours them.
+   activations, the EMA on the CPU), so the time model is what is checked; the memory our
+   count gives is printed beside. The recipe is added one term at a time, each step's
+   throughput printed, then one MoE block's terms and the step's.
 4. **The planner's own pick** for the workload: every axis searched (tp, sp, cp, ep, pp, dp,
    sharding, microbatch size, every schedule family but ``auto``, chunks, recompute) under
    the H800's memory less the 5 % reserve, with the work it took.
+
+Measured (this version): without the recipe +37.4 % (FP8 at the calibrated efficiency of
+its doubled peak, the all-to-all in 16-bit); with it **+18.1 %**, the 15 % target **not
+met** by 3 points. FP8 dispatch alone is faster (+42.6 %: DualPipe's pairs then hide the
+whole all-to-all); the quantization round trips, the communication SMs, the MTP module (on
+the head's stage, the slowest), the recomputation and the FP8 kernels' efficiency bring it
+down. What is left: the router's imbalance (the report gives no figure; 1.1 alone gives
++14.5 %), the bf16 reference efficiency (0.70 assumed: a higher cuBLAS figure lowers the
+ratio), and DeepGEMM's table being the kernels as released in February 2025 (its "speedup"
+column, 1.2x on the MoE shapes over DeepSeek's CUTLASS-3.6-based kernels, gives a ratio of
+0.80 and +11.2 % if V3 was trained with those).
 
     python bench/bench_deepseek_v3.py [--no-search]
 
@@ -43,11 +57,13 @@ import time
 from dataclasses import replace
 
 from pipebubble.costs import CostModel
+from pipebubble.plan.compute import Rates, shape_factor
 from pipebubble.plan.config import parse_config, restrict
-from pipebubble.plan.expert import moe_model_flops_per_sequence
-from pipebubble.plan.hardware import get_hardware
+from pipebubble.plan.expert import ExpertCosts, MoERecipe, moe_model_flops_per_sequence
+from pipebubble.plan.hardware import PRESETS, get_hardware
 from pipebubble.plan.layercosts import ProfileSet
 from pipebubble.plan.moe import moe_profile, moe_shape_from_hf
+from pipebubble.plan.network import Network
 from pipebubble.plan.pipeline_axis import run_pipeline
 from pipebubble.plan.planner import Request, search
 from pipebubble.plan.published import h100_efficiency
@@ -68,6 +84,35 @@ STATES = (2.0, 4.0, 8.0)  # bf16 weights (+ the FP8 copy), fp32 gradients, fp32 
 # AdamW moments (report section 3.3.1: "BF16 ... for the first and second moments")
 TARGET = 0.15
 
+# DeepGEMM's README at its release (deepseek-ai/DeepGEMM, February 2025, "Performance": H800,
+# NVCC 12.8, FP8 with fine-grained scaling): (m, n, k, TFLOP/s, its speedup over DeepSeek's
+# CUTLASS-3.6-based kernels, GEMMs of that shape in one V3 MoE layer's forward at EP 64).
+# The dense rows at m = 4,096 tokens: Q and KV down fused (1,536 + 576), Q up (128 x 192),
+# KV up (128 x 256), O, the shared expert's gate+up and down; the grouped rows: 4 local
+# experts x 8,192 rows (4,096 tokens x top-8 / 4), gate+up and down.
+DEEPGEMM_H800 = (
+    (4096, 2112, 7168, 1058, 1.1, 1), (4096, 24576, 1536, 990, 1.0, 1),
+    (4096, 32768, 512, 590, 1.0, 1), (4096, 7168, 16384, 1358, 1.2, 1),
+    (4096, 4096, 7168, 1304, 1.1, 1), (4096, 7168, 2048, 1025, 1.1, 1),
+    (8192, 4096, 7168, 1297, 1.2, 4), (8192, 7168, 2048, 1099, 1.2, 4))
+
+
+def fp8_gemm_ratio(hw, before_deepgemm: bool = False) -> tuple[float, float]:
+    """(ratio, FP8 efficiency): DeepGEMM's FP8 GEMMs at V3's shapes as a fraction of the FP8
+    peak against the compute model's shape curve (each row's TFLOP/s over peak x g(m) g(n)
+    g(k)), FLOP-weighted (by time: the harmonic mean), over the preset's bf16 GEMM
+    efficiency (``PRESETS["h800"].efficiency``, 0.70: cuBLAS bf16 on H100). With
+    ``before_deepgemm`` each row divided by its speedup column (DeepSeek's earlier kernels)."""
+    flops = seconds = 0.0
+    for m, n, k, tflops, speedup, count in DEEPGEMM_H800:
+        work = 2.0 * m * n * k * count
+        eff = tflops * 1e12 / (hw.fp8_peak_flops * shape_factor(m) * shape_factor(n)
+                               * shape_factor(k))
+        flops += work
+        seconds += work / (eff / speedup if before_deepgemm else eff)
+    fp8 = flops / seconds
+    return fp8 / PRESETS["h800"].efficiency, fp8
+
 
 def tokens_per_gpu(step: float) -> float:
     return BATCH * SEQ / step / GPUS
@@ -86,6 +131,36 @@ def hidden_step(plan) -> float:
     return run.step_time + (plan.step_time - plan.pipeline_time)
 
 
+def ladder(recipe: MoERecipe) -> list[tuple[str, MoERecipe]]:
+    """The recipe's terms added one at a time, in the order the report states them."""
+    steps = [("none (16-bit all-to-all, FP8 GEMMs at the bf16 efficiency)", MoERecipe())]
+    for label, field in (
+            ("+ FP8 dispatch, BF16 combine (3.3.4)", "fp8_dispatch"),
+            ("+ quantization round trips in HBM (3.3.2, 3.5.2)", "block_scaling"),
+            ("+ 20 of 132 SMs to communication (3.2.2)", "comm_sms"),
+            ("+ the MTP module (2.2)", "mtp_layers"),
+            ("+ RMSNorm and MLA up-projections recomputed (3.2.3)", "recompute_latent"),
+            ("+ FP8 GEMM efficiency, DeepGEMM's table", "fp8_gemm_ratio")):
+        steps.append((label, replace(steps[-1][1], **{field: getattr(recipe, field)})))
+    return steps
+
+
+def block_terms(shape, hw, eff, recipe: MoERecipe, mbs: int) -> None:
+    """One MoE block's F, I and W on one rank at DeepSeek's configuration, term by term."""
+    for prec in ("fp8", "bf16"):
+        rates = Rates.of(hw, eff, prec)
+        ec = ExpertCosts(shape, SEQ, rates, Network.of(hw), ep=64, recipe=recipe)
+        t = ec.block_of(True, mbs)
+        ms = {k: v * 1e3 for k, v in t.items()}
+        casts_f = ms["f"] - ms["gemm_f"] - ms["attention_f"] - ms["elementwise_f"] - ms["a2a"]
+        print(f"  one MoE block, {prec} GEMMs (ms, mbs {mbs}): F {ms['f']:.2f} = GEMMs "
+              f"{ms['gemm_f']:.2f} + attention (bf16) {ms['attention_f']:.2f} + element-wise "
+              f"{ms['elementwise_f']:.2f} + all-to-all {ms['a2a']:.2f} + casts {casts_f:.2f}; "
+              f"I {ms['i']:.2f} (all-to-all {ms['a2a']:.2f}, recomputed up-projections and "
+              f"norms {ms['recomputed']:.2f}), W {ms['w']:.2f}; quantization round trips "
+              f"{ms['casts']:.2f} in all")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--no-search", action="store_true", help="skip the planner's own pick")
@@ -98,54 +173,80 @@ def main() -> int:
     shape, _ = moe_shape_from_hf(DEEPSEEK_V3)
     prof = ProfileSet([moe_profile(shape, SEQ, 1)])
     hw = replace(get_hardware("h800"), efficiency=eff)
+    ratio, fp8_eff = fp8_gemm_ratio(hw)
+    early, early_eff = fp8_gemm_ratio(hw, before_deepgemm=True)
+    recipe = MoERecipe.deepseek_v3(fp8_gemm_ratio=round(ratio, 3))
     base = Request(gpus=GPUS, gpu_memory=hw.memory, global_batch=BATCH,
                    microbatch_sizes=(1, 2), recompute=None, precision="fp8",
-                   state_bytes=STATES, grad_bytes=4.0, top=5)
+                   state_bytes=STATES, grad_bytes=4.0, top=5, moe_recipe=recipe)
     print(f"DeepSeek-V3: {shape.total_params() / 1e9:.1f}B total, "
           f"{shape.active_params() / 1e9:.1f}B active; {GPUS} H800s, global batch {BATCH} x "
           f"{SEQ}; published {PUBLISHED:,.0f} tokens/s/GPU (180K GPU-hours per 1T tokens)")
+    print(f"FP8 GEMMs: DeepGEMM's H800 table at V3's shapes reaches {fp8_eff:.3f} of the FP8 "
+          f"peak (against the shape curve), over {PRESETS['h800'].efficiency:.2f} for bf16: "
+          f"ratio {ratio:.3f} (with its speedup column undone, DeepSeek's earlier kernels: "
+          f"{early_eff:.3f}, ratio {early:.3f})")
 
-    # 2. DeepSeek's configuration, memory lifted (the run ran)
+    # 3. DeepSeek's configuration, memory lifted (the run ran), the recipe term by term
     cfg = restrict(replace(base, gpu_memory=2.0**50), parse_config(CONFIG, GPUS))
-    t0 = time.perf_counter()
-    res = search(prof, replace(cfg, top=1), hw, eff)
-    plan = res.plans[0]
-    secs = time.perf_counter() - t0
+    print(f"\nDeepSeek's configuration ({CONFIG}), the recipe added term by term "
+          "(report sections):")
+    plan = secs = None
+    for label, rc in ladder(recipe):
+        t0 = time.perf_counter()
+        p = search(prof, replace(cfg, top=1, moe_recipe=rc), hw, eff).plans[0]
+        secs = time.perf_counter() - t0
+        tok = tokens_per_gpu(p.step_time)
+        print(f"  {label:<58} {tok:>6,.0f} tokens/s/GPU ({tok / PUBLISHED - 1:+6.1%}), "
+              f"step {p.step_time:.2f} s")
+        plan = p
     tok = tokens_per_gpu(plan.step_time)
     err = tok / PUBLISHED - 1
     flops = moe_model_flops_per_sequence(shape, SEQ) * BATCH
     mfu = flops / (plan.step_time * GPUS * hw.peak_flops)
     a2a_f = max(plan.costs.a2a_f)
-    print(f"\nDeepSeek's configuration ({CONFIG}, mbs={plan.microbatch_size}, "
-          f"m={plan.microbatches}): step {plan.step_time:.2f} s, {tok:,.0f} tokens/s/GPU "
-          f"({err:+.1%} vs published; target within {TARGET:.0%}: "
-          f"{'met' if abs(err) <= TARGET else 'NOT met'}), model-FLOP MFU {mfu:.1%} of the "
-          f"bf16 peak, bubble {plan.bubble_fraction:.1%}; priced in {secs:.2f} s")
+    print(f"\nwith the recipe (mbs={plan.microbatch_size}, m={plan.microbatches}): step "
+          f"{plan.step_time:.2f} s, {tok:,.0f} tokens/s/GPU ({err:+.1%} vs published; target "
+          f"within {TARGET:.0%}: {'met' if abs(err) <= TARGET else 'NOT met'}), model-FLOP MFU "
+          f"{mfu:.1%} of the bf16 peak ({mfu / 2:.1%} of FP8's; published: "
+          f"{mfu / (1 + err):.1%}), bubble {plan.bubble_fraction:.1%}; priced in {secs:.2f} s")
+    block_terms(shape, hw, eff, recipe, plan.microbatch_size)
+    c = plan.costs
+    slow = max(range(len(c.f)), key=lambda s: c.f[s] + c.b[s])
+    tail = plan.step_time - plan.pipeline_time
+    print(f"  the step: pipeline {plan.pipeline_time:.2f} s (slowest stage {slow}: F "
+          f"{c.f[slow] * 1e3:.1f} ms, B {c.b[slow] * 1e3:.1f} ms, all-to-all "
+          f"{c.a2a_f[slow] * 1e3:.1f} + {c.a2a_b[slow] * 1e3:.1f} ms of them; the head's stage "
+          f"with the MTP module: F {c.f[-1] * 1e3:.1f}, B {c.b[-1] * 1e3:.1f}), bubble "
+          f"{plan.bubble_fraction:.1%}, ZeRO-1 traffic exposed and optimizer step "
+          f"{tail * 1e3:.0f} ms (the reduce-scatter behind the last backward)")
     lo = hidden_step(plan)
     print(f"  all-to-all: {a2a_f * 1e3:.1f} ms in one F of the slowest stage (ep 64 over 8 "
-          f"nodes, 3.5 IB crossings a token by the group-limited routing); as simulated, "
-          f"DualPipe's pairs hiding what the other half's compute covers: {tok:,.0f}; all of "
-          f"it hidden: step {lo:.2f} s, "
-          f"{tokens_per_gpu(lo):,.0f} tokens/s/GPU ({tokens_per_gpu(lo) / PUBLISHED - 1:+.1%})")
-    for prec in ("bf16",):  # FP8's gain is what the dense bf16 calibration cannot say
-        other = search(prof, replace(cfg, top=1, precision=prec), hw, eff).plans[0]
-        t_exp, t_hid = tokens_per_gpu(other.step_time), tokens_per_gpu(hidden_step(other))
-        print(f"  the same in {prec} (FP8 gaining nothing): {t_exp:,.0f} tokens/s/GPU as simulated "
-              f"({t_exp / PUBLISHED - 1:+.1%}), {t_hid:,.0f} hidden ({t_hid / PUBLISHED - 1:+.1%})")
+          f"nodes, 3.5 IB crossings a token by the group-limited routing); all of it "
+          f"hidden and no SMs taken: step {lo:.2f} s, {tokens_per_gpu(lo):,.0f} tokens/s/GPU "
+          f"({tokens_per_gpu(lo) / PUBLISHED - 1:+.1%})")
+    for label, change in (("bf16 GEMMs (the recipe's other terms kept)", dict(precision="bf16")),
+                          ("with --moe-imbalance 1.1", dict(moe_imbalance=1.1)),
+                          ("with DeepSeek's earlier kernels' ratio "
+                           f"{early:.3f}", dict(moe_recipe=replace(
+                               recipe, fp8_gemm_ratio=round(early, 3))))):
+        other = search(prof, replace(cfg, top=1, **change), hw, eff).plans[0]
+        t_o = tokens_per_gpu(other.step_time)
+        print(f"  {label}: {t_o:,.0f} tokens/s/GPU ({t_o / PUBLISHED - 1:+.1%})")
     peak = max(plan.peak_memory)
     print(f"  memory by our count: peak {peak / 2**30:.0f} GiB on an 80 GB H800 (activations "
           f"{plan.memory[0]['activations'] / 2**30:.0f} GiB on rank 0): DeepSeek fits by FP8 "
-          f"activation caching and recomputation the planner does not count")
+          f"activation caching the planner does not count")
     print("  = pipebubble plan --profile dsv3.json --gpu h800 --gpus 2048 --global-batch "
           f"15360 --precision fp8 --param-bytes 2 --grad-bytes 4 --optimizer-bytes 8 "
-          f"--gpu-memory 1PiB --config {CONFIG}")
-    print("  why it misses: the efficiency is a bf16 dense fit, assumed to hold at the FP8 "
-          "peak (2x): DeepSeek's FP8 GEMMs with fine-grained (1x128, 128x128) scaling and "
-          "their casts reach less, and DeepSeek gives 20 of 132 SMs to communication, which "
-          "the planner does not take from compute; so the FP8 figure is too fast, and the bf16 "
-          "one (FP8 gaining nothing) lands nearer. Also: the dispatch moves "
-          "16-bit values (DeepSeek: FP8), and the MTP module (one more layer and head, ~2 % "
-          "of the FLOPs) is left out")
+          f"--gpu-memory 1PiB --config {CONFIG} (the recipe: plan.expert.MoERecipe."
+          f"deepseek_v3({recipe.fp8_gemm_ratio}), library only)")
+    print(f"  why it misses: {err:+.1%} after every term the report states; left out for want "
+          "of a published figure: the router's load imbalance (aux-loss-free balancing is not "
+          "perfect; 1.1 alone closes the gap), kernel launch and synchronisation gaps in "
+          "DualPipe's chunk interleaving; and the ratio rests on a bf16 reference of 0.70 "
+          "(a faster cuBLAS lowers it) and on DeepGEMM's released kernels (the earlier ones "
+          "give the line above)")
 
     if args.no_search:
         return 0

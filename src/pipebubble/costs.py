@@ -57,6 +57,10 @@ class CostModel:
     backward is split; W has none) spent in expert parallelism's all-to-all (dispatch and
     combine). Run alone an action takes its whole time; an overlapped pair hides one half's
     all-to-all behind the other half's compute (:meth:`StageCosts.pair_duration`).
+    ``comm_sms`` is the share of the GPU's SMs the all-to-all's kernels hold while they run
+    beside compute (DeepSeek-V3: 20 of 132, arXiv 2412.19437 section 3.2.2): in an
+    overlapped pair the compute runs on the rest while they do. 0: communication takes no
+    SMs from compute.
     """
 
     f: Value = 1.0
@@ -73,6 +77,7 @@ class CostModel:
     i_extra: Value = 0.0  # seconds an I takes beyond B - W (module doc)
     a2a_f: Value = 0.0  # all-to-all seconds inside one F (class doc)
     a2a_b: Value = 0.0  # all-to-all seconds inside one B or I (class doc)
+    comm_sms: float = 0.0  # share of the SMs an overlapped all-to-all holds (class doc)
 
     @property
     def mem_b(self) -> Value:
@@ -152,6 +157,8 @@ class CostModel:
             raise ScheduleError(f"comm must be >= 0, got {self.comm}")
         if not 0 < self.overlap <= 1:
             raise ScheduleError(f"overlap must be in (0, 1], got {self.overlap}")
+        if not 0 <= self.comm_sms < 1:
+            raise ScheduleError(f"comm_sms must be in [0, 1), got {self.comm_sms}")
         mem = per_stage("activation_memory", self.activation_memory)
         mem_w = per_stage("weight_memory", self.weight_memory)
         mem_in = per_stage("input_memory", self.input_memory)
@@ -168,6 +175,7 @@ class CostModel:
             allreduce=per_stage("allreduce", self.allreduce),
             i_extra=per_stage("i_extra", self.i_extra),
             a2a_f=a2a_f if any(a2a_f) else None, a2a_b=a2a_b if any(a2a_b) else None,
+            comm_sms=float(self.comm_sms),
         )
 
 
@@ -203,6 +211,7 @@ class StageCosts:
     i_extra: list[float] | None = None  # None: 0 on every stage
     a2a_f: list[float] | None = None  # None: 0 on every stage
     a2a_b: list[float] | None = None
+    comm_sms: float = 0.0
 
     def a2a(self, stage: int, kind: str) -> float:
         """The all-to-all seconds inside one action: F's ``a2a_f``, B's or I's ``a2a_b``
@@ -233,15 +242,20 @@ class StageCosts:
         run on two streams, each half's communication behind the other's compute, so the pair
         takes ``overlap x max(C, A)``; ``min(C, A)`` of the all-to-all is hidden. Without
         all-to-all this is ``overlap x (F + B)``, the constant factor of :class:`CostModel`.
+        With ``comm_sms`` ``s``, the compute runs on ``1 - s`` of the SMs while the
+        all-to-all runs and on all of them after: ``overlap x max(C + s A, A)``.
 
         >>> sc = CostModel(f=2, b=4, w=0, a2a_f=1, a2a_b=1).resolve(1)
         >>> sc.pair_duration(0, 0), sc.duration(0, "F") + sc.duration(0, "B")
         ((4.0, 2.0), 6.0)
+        >>> CostModel(f=2, b=4, w=0, a2a_f=1, a2a_b=1, comm_sms=0.25).resolve(1).pair_duration(0, 0)
+        (4.5, 2.0)
         """
         total = self.duration(fwd_stage, "F") + self.duration(bwd_stage, bwd_kind)
         comm = self.a2a(fwd_stage, "F") + self.a2a(bwd_stage, bwd_kind)
         compute = total - comm
-        return self.overlap * max(compute, comm), min(compute, comm)
+        return (self.overlap * max(compute + self.comm_sms * comm, comm),
+                min(compute, comm))
 
     def pair_parts(self, fwd_stage: int, bwd_stage: int, bwd_kind: str = "B"
                    ) -> tuple[Part, Part]:

@@ -200,7 +200,7 @@ class Pricing:
         a2a_b = self._stage_column(lc, "a2a_b", ranges, S) or 0.0
         costs = CostModel(f=f, b=b, w=w, comm=comm, activation_memory=act,
                           weight_memory=act_w, allreduce=ar, i_extra=extra,
-                          a2a_f=a2a_f, a2a_b=a2a_b)
+                          a2a_f=a2a_f, a2a_b=a2a_b, comm_sms=lc.comm_sms)
         self._stage_costs[key] = (lc, (costs, params, transient))
         return costs, params, transient
 

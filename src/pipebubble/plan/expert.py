@@ -60,9 +60,13 @@ activations and the all-to-all bytes.
 node it reaches and forwarded over NVLink there (:func:`routed_shares`); without it every
 routed copy travels alone, as Megatron-Core's and torchtitan's all-to-all dispatchers send it.
 
+**A framework's recipe** (:class:`MoERecipe`, ``Request.moe_recipe``; off by default): FP8
+dispatch, block-scaled FP8 casts as HBM round trips, FP8 GEMMs' efficiency relative to bf16,
+the SMs communication holds while it overlaps compute, MTP modules on the head's stage and
+the MLA up-projections recomputed; :meth:`MoERecipe.deepseek_v3` is DeepSeek-V3's.
+
 **What is not priced**: the permutation kernels' exact traffic (counted as four reads and
-writes of the dispatched tokens), FP8 dispatch (DeepSeek-V3 sends the dispatched tokens in
-FP8; here 16-bit both ways), the aux-loss FLOPs, and per-microbatch FSDP traffic of the
+writes of the dispatched tokens), the aux-loss FLOPs, and per-microbatch FSDP traffic of the
 experts (priced as the dense group's).
 
 >>> from pipebubble.plan.network import Network
@@ -76,10 +80,11 @@ experts (priced as the dense group's).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..errors import UserError, param
+from ..errors import ParamError, UserError, param
 from .compute import Rates, attention_backward_time, attention_time, gemm_time, memory_time
 from .context import block_cp_comm
 from .dims import ParallelDims
@@ -92,6 +97,76 @@ from .tensor import block_tp_comm, block_tp_hidden
 
 ACT_BYTES = 2  # 16-bit activations on the wire
 DEFAULT_IMBALANCE = 1.0
+FP8_WIRE_BYTES = 1 + 4 / 128  # an FP8 value and its share of a 1 x 128 tile's fp32 scale
+
+
+@dataclass(frozen=True)
+class MoERecipe:
+    """How a framework runs an MoE model beyond its axes: what the planner prices when asked
+    (all off by default: Megatron-Core's all-to-all dispatcher in 16-bit, per-tensor FP8
+    with its casts fused, no extra modules). DeepSeek-V3's run is :meth:`deepseek_v3`.
+
+    - ``fp8_dispatch``: the forward's dispatch and the backward's combine gradient (the
+      tokens sent to the experts, and the gradient sent to their down-projections) travel
+      in FP8 with a 1 x 128 tile's fp32 scale (:data:`FP8_WIRE_BYTES` a value); the
+      forward's combine and the backward's dispatch gradient in 16-bit.
+    - ``block_scaling``: FP8 with fine-grained scaling (1 x 128 tiles for activations,
+      128 x 128 blocks for weights) whose quantization is not fused into the GEMMs: each FP8
+      GEMM input is read in 16-bit and written back in FP8 (3 bytes a value and the scale)
+      before the GEMM reads it; in the backward each output gradient is quantized twice
+      (1 x 128 for the data gradient, 128 x 1 for the weight gradient: read 2, write 1 + 1)
+      and each stored FP8 activation a weight gradient reads is transposed and re-quantized
+      (read 1, write 1). Memory-bound work at the HBM rate.
+    - ``fp8_gemm_ratio``: the fraction of the FP8 peak FP8 GEMMs reach, over the fraction of
+      the bf16 peak bf16 GEMMs reach (1.0: the same efficiency for both peaks).
+    - ``comm_sms``: the share of the SMs the all-to-all's kernels hold while they overlap
+      compute (:class:`~pipebubble.costs.CostModel`).
+    - ``mtp_layers``: multi-token-prediction modules on the last stage, each one more MoE
+      block, a ``2h x h`` projection and one more pass through the (shared) output head.
+    - ``recompute_latent``: the backward re-runs the MLA up-projections (Q and KV) and every
+      RMSNorm instead of keeping their outputs.
+    """
+
+    fp8_dispatch: bool = False
+    block_scaling: bool = False
+    fp8_gemm_ratio: float = 1.0
+    comm_sms: float = 0.0
+    mtp_layers: int = 0
+    recompute_latent: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("fp8_dispatch", "block_scaling", "recompute_latent"):
+            if not isinstance(getattr(self, name), bool):
+                raise ParamError(f"{param(name)} must be true or false, got "
+                                 f"{getattr(self, name)!r}")
+        r = self.fp8_gemm_ratio
+        if isinstance(r, bool) or not isinstance(r, int | float) or not 0 < r <= 1:
+            raise ParamError(f"{param('fp8_gemm_ratio')} must be in (0, 1] (FP8 GEMMs' "
+                             f"efficiency over bf16's), got {r!r}")
+        c = self.comm_sms
+        if isinstance(c, bool) or not isinstance(c, int | float) or not 0 <= c < 1:
+            raise ParamError(f"{param('comm_sms')} must be in [0, 1) (the share of the SMs "
+                             f"communication holds), got {c!r}")
+        m = self.mtp_layers
+        if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+            raise ParamError(f"{param('mtp_layers')} must be an integer >= 0, got {m!r}")
+
+    @classmethod
+    def deepseek_v3(cls, fp8_gemm_ratio: float = 1.0) -> MoERecipe:
+        """DeepSeek-V3's training recipe as its technical report (arXiv 2412.19437) states
+        it: FP8 dispatch, BF16 combine (section 3.3.4, "Low-Precision Communication");
+        tile- and block-wise quantization done outside the GEMMs (section 3.3.2; section
+        3.5.2: activations are "read ... from HBM for quantization, and the quantized FP8
+        values are then written back to HBM, only to be read again for MMA", and transposed
+        and re-quantized for the backward); 20 of the H800's 132 SMs given to communication
+        (section 3.2.2); one MTP module (section 2.2, ``num_nextn_predict_layers`` 1);
+        RMSNorm and the MLA up-projections recomputed in the backward (section 3.2.3). The
+        FP8 kernels' efficiency is not in the report: pass it."""
+        return cls(fp8_dispatch=True, block_scaling=True, fp8_gemm_ratio=fp8_gemm_ratio,
+                   comm_sms=20 / 132, mtp_layers=1, recompute_latent=True)
+
+
+NO_RECIPE = MoERecipe()
 
 
 # ---- the all-to-all ------------------------------------------------------------------------
@@ -247,7 +322,10 @@ class ExpertCosts(ParallelCosts):
     def __init__(self, shape: MoEShape, seq: int, rates: Rates, net: Network, tp: int = 1,
                  sp: bool = False, cp: int = 1, ep: int = 1, flash: bool = True,
                  imbalance: float = DEFAULT_IMBALANCE, names=None, modules=None,
-                 profile=None):
+                 profile=None, recipe: MoERecipe = NO_RECIPE):
+        self.recipe = recipe
+        if recipe.fp8_gemm_ratio != 1 and rates.fp8_flops > 0:
+            rates = replace(rates, fp8_flops=rates.fp8_flops * recipe.fp8_gemm_ratio)
         self.shape, self.seq, self.rates, self.net = shape, seq, rates, net
         self.tp, self.sp, self.cp, self.ep, self.flash = tp, sp, cp, ep, flash
         self.imbalance = imbalance
@@ -267,8 +345,13 @@ class ExpertCosts(ParallelCosts):
                     + (shape.router_params() if shape.is_moe(n) else 0))
             blocks.append(split / tp + kept + routed)
             experts.append(routed)
+        # the MTP modules (recipe.mtp_layers) on the head's stage: an MoE block each (the
+        # last block's parameters), its 2h x h projection and two more norms
+        mtp = recipe.mtp_layers
+        moe_last = max((n for n in range(L) if shape.is_moe(n)), default=L - 1)
+        head += mtp * (blocks[moe_last] + 2 * h * h / tp + 2 * h)
         self.params = np.array([emb, *blocks, head], dtype=np.float64)
-        self.experts = np.array([0.0, *experts, 0.0], dtype=np.float64)
+        self.experts = np.array([0.0, *experts, mtp * experts[moe_last]], dtype=np.float64)
         self.tied = V * h / tp if shape.tied_embeddings else 0.0
         self._cache: dict[tuple[int, str], LayerCosts] = {}
         self._blocks: dict[tuple[bool, int], dict] = {}
@@ -329,6 +412,21 @@ class ExpertCosts(ParallelCosts):
         elementwise = (2 * 4 + 2 * 6) * rows_sp * h + 4 * T * kv_width + 6 * T * inner
         if moe:  # router softmax / top-k (fp32), permute and unpermute the dispatched tokens
             elementwise += 12 * T * sh.experts + 8 * ACT_BYTES * routed_rows * h
+        rc = self.recipe
+        eight = r.fp8_flops > 0
+        casts_f = casts_i = casts_w = 0.0
+        if rc.block_scaling and eight:  # the quantization round trips (MoERecipe)
+            ins, outs, acts = self._fp8_tensors(moe, T, routed_rows)
+            casts_f = memory_time((ACT_BYTES + FP8_WIRE_BYTES) * ins, r)
+            casts_i = memory_time((ACT_BYTES + 2 * FP8_WIRE_BYTES) * outs, r)
+            casts_w = memory_time((1 + FP8_WIRE_BYTES) * acts, r)
+        redo = 0.0
+        if rc.recompute_latent:  # the MLA up-projections and the norms, again in the backward
+            ups = attn_gemms[1:2] + attn_gemms[3:4] if sh.mla is not None and sh.mla.q_rank \
+                else (attn_gemms[2:3] if sh.mla is not None else [])
+            redo = sum(gemm_time(m, n, k, r, fp8=True) for m, n, k in ups) + memory_time(
+                2 * 4 * rows_sp * h + (2 * 2 * T * (sh.mla.q_rank + sh.mla.kv_rank)
+                                       if sh.mla is not None else 0), r)
         mem = memory_time(elementwise, r)
         hide = (wgrads[0], wgrads[len(attn_gemms)])
         dhide = (dgrads[0], dgrads[len(attn_gemms)])
@@ -336,13 +434,51 @@ class ExpertCosts(ParallelCosts):
         tp_hidden = block_tp_hidden(T, h, t, self.net, self.sp, hide=hide, hide_dgrad=dhide)
         cp_f, cp_b = block_cp_comm(T, kv_width, cp, t, self.net, (attn, attn_b))
         shares = routed_shares(sh, ep, self.net.members_per_node(t, ep))
-        a2a = 2 * all_to_all_time(ACT_BYTES * routed_rows * h, ep, t, self.net,
-                                  shares) if moe else 0.0
+        # dispatch and combine (their gradients in the backward: the combine's gradient goes
+        # the dispatch's way); with recipe.fp8_dispatch one of each pair in FP8
+        wire = FP8_WIRE_BYTES if rc.fp8_dispatch else ACT_BYTES
+        a2a = (all_to_all_time(wire * routed_rows * h, ep, t, self.net, shares)
+               + all_to_all_time(ACT_BYTES * routed_rows * h, ep, t, self.net, shares)
+               ) if moe else 0.0
         got = self._blocks[key] = {
-            "f": fwd + attn + mem + tp_f + cp_f + a2a,
-            "i": dgrad + attn_b + 2 * mem + tp_b + cp_b + a2a, "w": wgrad, "a2a": a2a,
-            "selective": attn + cp_f, "hidden": tp_hidden}
+            "f": fwd + attn + mem + tp_f + cp_f + a2a + casts_f,
+            "i": dgrad + attn_b + 2 * mem + tp_b + cp_b + a2a + casts_i + redo,
+            "w": wgrad + casts_w, "a2a": a2a,
+            "selective": attn + cp_f, "hidden": tp_hidden,
+            "casts": casts_f + casts_i + casts_w, "recomputed": redo,
+            "gemm_f": fwd, "attention_f": attn, "elementwise_f": mem}
         return got
+
+    def _fp8_tensors(self, moe: bool, T: float, routed_rows: float
+                     ) -> tuple[float, float, float]:
+        """(values quantized before the forward's FP8 GEMMs, output-gradient values the
+        backward quantizes, stored FP8 activation values the weight gradients transpose) of
+        one block on this rank (``MoERecipe.block_scaling``): each distinct GEMM input once
+        (Q and KV down share the norm's output; the shared and routed experts the MoE input,
+        cast once before the dispatch), the routed tensors per dispatched copy."""
+        sh, t, h = self.shape, self.tp, self.shape.hidden
+        m, a = sh.mla, sh.heads
+        if m is None:
+            q, kv = a * sh.head_dim, sh.kv * sh.head_dim
+            attn_in, attn_out, attn_acts = h + q / t, (q + 2 * kv) / t + h, h + q / t
+        else:
+            dqk = m.nope_dim + m.rope_dim
+            lat = (m.q_rank + m.kv_rank) if m.q_rank else m.kv_rank
+            attn_in = h + lat + a * m.v_dim / t
+            attn_out = ((m.q_rank + a * dqk / t) if m.q_rank else a * dqk / t) + (
+                m.kv_rank + m.rope_dim) + a * (m.nope_dim + m.v_dim) / t + h
+            attn_acts = (2 * h if m.q_rank else h) + lat + a * m.v_dim / t
+        if moe:
+            fs = sh.shared_experts * sh.shared_ffn / t
+            k = routed_rows / T  # dispatched copies a token
+            fe = sh.expert_ffn / t
+            mlp_in = h + fs + k * fe
+            mlp_out = (3 * fs + h if fs else 0.0) + k * (2 * fe + h)
+            mlp_acts = (h + fs if fs else 0.0) + k * (h + fe)
+        else:
+            fd = sh.dense_ffn / t
+            mlp_in, mlp_out, mlp_acts = h + fd, 2 * fd + h, h + fd
+        return (T * (attn_in + mlp_in), T * (attn_out + mlp_out), T * (attn_acts + mlp_acts))
 
     def _activations(self, n: int, b: int, recompute: str) -> tuple[float, float, float]:
         """(kept by F under ``recompute``, of it what W needs, kept without recomputation)
@@ -398,6 +534,22 @@ class ExpertCosts(ParallelCosts):
         acc = [memory_time(self.rates.grad_accumulation * P, self.rates)
                for P in (self.params[0], self.params[-1])]
         a_head = head_activation_bytes(sh, s, b, t, self.sp, cp)
+        a2a_head = [0.0, 0.0]
+        mtp = self.recipe.mtp_layers
+        if mtp:  # each MTP module: an MoE block, its projection and the head again
+            n_m = max((n for n in range(sh.layers) if sh.is_moe(n)), default=sh.layers - 1)
+            blk = self.block_of(sh.is_moe(n_m), b)
+            kept, _, _ = self._activations(n_m, b, recompute)
+            T = s * b / cp
+            proj = gemm_time(T, sh.hidden, 2 * sh.hidden, self.rates, fp8=True)
+            proj_b = (gemm_time(T, 2 * sh.hidden, sh.hidden, self.rates, fp8=True),
+                      gemm_time(2 * sh.hidden, sh.hidden, T, self.rates, fp8=True))
+            extra_f = {"none": 0.0, "selective": blk["selective"], "full": blk["f"]}[recompute]
+            head = {"f": head["f"] + mtp * (blk["f"] + proj + head["f"]),
+                    "i": head["i"] + mtp * (blk["i"] + extra_f + proj_b[0] + head["i"]),
+                    "w": head["w"] + mtp * (blk["w"] + proj_b[1] + head["w"])}
+            a_head = a_head * (1 + mtp) + mtp * (kept + 4 * T * sh.hidden)
+            a2a_head = [mtp * blk["a2a"], mtp * blk["a2a"] * (2 if recompute == "full" else 1)]
         out = 2 * s * b / cp * sh.hidden / t
         col = lambda e, xs, hd: np.array([e, *xs, hd], dtype=np.float64)  # noqa: E731
         lc = LayerCosts(
@@ -409,14 +561,15 @@ class ExpertCosts(ParallelCosts):
             out=col(out, [out] * sh.layers, 0.0), params=self.params,
             transient=col(0.0, cols["transient"], 0.0), tied=self.tied,
             hidden=col(0.0, cols["hidden"], 0.0), expert=self.experts,
-            a2a_f=col(0.0, cols["a2a_f"], 0.0), a2a_b=col(0.0, cols["a2a_b"], 0.0))
+            a2a_f=col(0.0, cols["a2a_f"], a2a_head[0]),
+            a2a_b=col(0.0, cols["a2a_b"], a2a_head[1]), comm_sms=self.recipe.comm_sms)
         self._cache[key] = lc
         return lc
 
 
 def point_costs(shape, seq: int, rates: Rates, net: Network, tp: int, sp: bool, cp: int,
-                flash: bool, profiles, ep_list: tuple[int, ...], imbalance: float | None
-                ) -> list[tuple[int, object]]:
+                flash: bool, profiles, ep_list: tuple[int, ...], imbalance: float | None,
+                recipe: MoERecipe | None = None) -> list[tuple[int, object]]:
     """``(ep, layer costs)`` at one (tp, sp, cp): a dense shape's
     :class:`~pipebubble.plan.parallel_costs.ParallelCosts` (ep 1), an MoE shape's
     :class:`ExpertCosts` at every ep of ``ep_list``."""
@@ -424,8 +577,9 @@ def point_costs(shape, seq: int, rates: Rates, net: Network, tp: int, sp: bool, 
     if not isinstance(shape, MoEShape):
         return [(1, ParallelCosts(shape, seq, rates, net, tp, sp, cp, flash, **kw))]
     u = imbalance if imbalance is not None else default_imbalance(shape)
-    return [(ep, ExpertCosts(shape, seq, rates, net, tp, sp, cp, ep, flash, u, **kw))
-            for ep in ep_list]
+    rc = recipe or NO_RECIPE
+    return [(ep, ExpertCosts(shape, seq, rates, net, tp, sp, cp, ep, flash, u, **kw,
+                             recipe=rc)) for ep in ep_list]
 
 
 # ---- pastes ------------------------------------------------------------------------------------

@@ -59,6 +59,8 @@ class LayerCosts:
     experts (part of ``params``; their states are sharded over the expert-data-parallel
     group, :mod:`~pipebubble.plan.expert`), ``a2a_f`` / ``a2a_b``: the seconds of
     expert parallelism's all-to-all inside ``f`` and inside ``i``; None for dense layers.
+    ``comm_sms``: the share of the SMs the all-to-all's kernels take from compute while
+    they overlap it (:class:`~pipebubble.costs.CostModel`; 0 for dense layers).
     """
 
     f: np.ndarray
@@ -74,6 +76,7 @@ class LayerCosts:
     expert: np.ndarray | None = None
     a2a_f: np.ndarray | None = None
     a2a_b: np.ndarray | None = None
+    comm_sms: float = 0.0
 
     @property
     def work(self) -> np.ndarray:

@@ -163,7 +163,7 @@ def build_points(profiles, req: Request, hardware: Hardware | None = None,
                                     f"({axis_flag(req, 'tp', req.tp)})")
                 continue
             for ep, costs in point_costs(shape, seq, rates, net, tp, sp, cp, flash, profiles,
-                                         ep_list, req.moe_imbalance):
+                                         ep_list, req.moe_imbalance, req.moe_recipe):
                 for s in shardings:
                     pt = Point(ParallelDims(tp=tp, cp=cp, sp=sp), s, ep=ep)
                     out.append((pt, costs, hardware_axes(req, pt, hardware, mfu is None)))

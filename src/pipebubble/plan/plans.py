@@ -83,6 +83,7 @@ class Request:
     chunks: tuple[int, ...] | None = None  # None: every count up to max_chunks
     ep: tuple[int, ...] | None = None  # expert parallel (MoE; None: powers of 2, plan/expert)
     moe_imbalance: float | None = None  # busiest EP rank's tokens / mean (None: router's)
+    moe_recipe: object = None  # plan.expert.MoERecipe: FP8 dispatch, casts, ... (None: off)
     config: tuple[str, ...] = ()  # the axes --config gave (errors name it, not --tp ...)
 
     def pp1_schedules(self, names: list[str]) -> list[str]:
