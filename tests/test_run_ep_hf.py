@@ -269,6 +269,8 @@ def test_gloo_ep_mixtral_saves_a_checkpoint_a_local_run_resumes(tmp_path, run_cl
     assert resumed["train"]["first_step"] == 2
     whole = _local(run_cli, *common, "--steps", "3")
     assert out["losses"] + resumed["losses"] == pytest.approx(whole["losses"], rel=1e-12)
+    rc, _, err = run_cli("export-hf", ck, str(tmp_path / "hf"))  # whole experts: loadable
+    assert rc == 0 and "mixtral, 40,032 parameters, 2 steps trained" in err, err
 
 
 @pytest.mark.distributed

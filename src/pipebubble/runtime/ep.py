@@ -33,6 +33,18 @@ The routing weights multiply on the token's own rank, so the router's gradient s
 Since nothing is dropped (no capacity), a token's output is the unsplit model's function of
 that token, and the gradients equal the unsplit model's (``run --ep 2 --check --dtype
 float64`` prints the difference: ~1e-17).
+
+**HuggingFace mixtures of experts** (``mixtral``, ``qwen2_moe``, ``qwen3_moe``,
+``deepseek_v3``, :mod:`pipebubble.models.hf`). transformers' MoE block calls its router, then
+``experts(tokens, top_k_index, top_k_weights)``, then adds its shared experts; its experts are
+two fused tensors. :class:`ExpertParallelHFExperts` takes the place of ``experts`` only: it
+holds the member's rows of both tensors (same names, ``E/N`` rows) and sends the tokens
+through the same dispatch and combine (:func:`dispatch_combine`), so the router (DeepSeek-V3's
+grouped routing and bias included) and the shared experts stay the block's, replicated. A
+fused tensor's gradient rows are reduced over the expert-data-parallel group like any
+expert's; for the check a member reports its rows (:class:`Rows`), and a checkpoint holds the
+whole tensors, gathered over the EP group on save and cut to the own rows on load
+(:func:`row_shards`, :func:`gather_rows`), so it is the unsplit model's.
 """
 
 from __future__ import annotations
