@@ -1,8 +1,8 @@
 """HuggingFace mixtures of experts through the pipeline (models/hf.py): mixtral, qwen2_moe,
 qwen3_moe and deepseek_v3, built by transformers' own classes at toy size (random weights,
 float64), give the HF model's logits, and every schedule family's gradients equal the unsplit
-HF model's; training and a checkpoint resume as one run; the router's load-balancing loss and
-expert parallelism are refused in one line."""
+HF model's; training and a checkpoint resume as one run; the router's load-balancing loss is
+refused in one line (expert parallelism: tests/test_run_ep_hf.py)."""
 
 from __future__ import annotations
 
@@ -270,17 +270,6 @@ def test_bad_moe_configs_are_one_line_naming_the_key(tmp_path, run_cli, kind, ex
 def test_the_router_logits_flag_adds_no_loss_in_deepseek_so_it_is_accepted():
     model = tiny("deepseek_v3", output_router_logits=True)
     assert check_moe(model.config.to_dict(), "hf:x") > 0
-
-
-def test_ep_names_the_experts_key_and_is_refused_for_hf_models(tmp_path, run_cli):
-    model = _config(tmp_path, "mixtral")
-    rc, _, err = run_cli("run", "--model", model, "-p", "2", "-m", "2", "--schedule", "1f1b",
-                         "--dp", "3", "--ep", "3")
-    assert rc == 2 and err.count("\n") == 1
-    assert "--ep 3 must divide 'num_local_experts' 4" in err and "a divisor of 4" in err
-    rc, _, err = run_cli("run", "--model", model, "-p", "2", "-m", "2", "--schedule", "1f1b",
-                         "--dp", "2", "--ep", "2")
-    assert rc == 2 and err.count("\n") == 1 and "use --ep 1" in err
 
 
 VARIANTS = [(kind, {}) for kind in MOE_TYPES] + [

@@ -32,6 +32,7 @@ from ..runtime.dist.launch import launch, pin_sockets, under_launcher
 from ..runtime.dist.report import grad_diffs, measured_comm, measured_timeline
 from ..runtime.dist.watchdog import DIVERGED, default_action_timeout, publish_failure
 from ..runtime.dist.worker import Cluster, DistConfig, Env
+from ..runtime.ep import Rows
 from ..runtime.failures import preflight_timeout
 from ..sim.dataparallel import step_time_with_allreduce
 from ..sim.kernel import simulate
@@ -298,6 +299,8 @@ def param_diffs(results: list, ref_stages: list) -> float:
     for r in results:
         for s, params in (r.params or {}).items():
             for a, b in zip(params, ref_stages[s % per].parameters(), strict=True):
+                if isinstance(a, Rows):  # an HF fused expert tensor's own rows (--ep)
+                    a, b = a.value, a.of(b)
                 if a is not None and a.numel():  # None: another rank's expert (--ep)
                     worst = max(worst, float((a - b.detach().cpu()).abs().max()))
     return worst

@@ -33,6 +33,18 @@ The routing weights multiply on the token's own rank, so the router's gradient s
 Since nothing is dropped (no capacity), a token's output is the unsplit model's function of
 that token, and the gradients equal the unsplit model's (``run --ep 2 --check --dtype
 float64`` prints the difference: ~1e-17).
+
+**HuggingFace mixtures of experts** (``mixtral``, ``qwen2_moe``, ``qwen3_moe``,
+``deepseek_v3``, :mod:`pipebubble.models.hf`). transformers' MoE block calls its router, then
+``experts(tokens, top_k_index, top_k_weights)``, then adds its shared experts; its experts are
+two fused tensors. :class:`ExpertParallelHFExperts` takes the place of ``experts`` only: it
+holds the member's rows of both tensors (same names, ``E/N`` rows) and sends the tokens
+through the same dispatch and combine (:func:`dispatch_combine`), so the router (DeepSeek-V3's
+grouped routing and bias included) and the shared experts stay the block's, replicated. A
+fused tensor's gradient rows are reduced over the expert-data-parallel group like any
+expert's; for the check a member reports its rows (:class:`Rows`), and a checkpoint holds the
+whole tensors, gathered over the EP group on save and cut to the own rows on load
+(:func:`row_shards`, :func:`gather_rows`), so it is the unsplit model's.
 """
 
 from __future__ import annotations
@@ -170,28 +182,104 @@ class ExpertParallelMoE(nn.Module):
         probs = torch.softmax(self.router(tokens), dim=-1)
         weights, chosen = probs.topk(self.top_k, dim=-1)
         weights = weights / weights.sum(dim=-1, keepdim=True)
-        plan = plan_dispatch(chosen, self.num_experts, self.members)
-        got = torch.empty_like(plan.counts)  # got[i, e]: rows member i sends my expert e
-        self.exchange(got.reshape(-1), plan.counts.reshape(-1), None, None)
-        send, recv = plan.counts.sum(1).tolist(), got.sum(1).tolist()
-        rows = AllToAll.apply(tokens[plan.rows], send, recv, self.exchange)  # dispatch
-        done = torch.zeros_like(rows)
-        for e, where in zip(self.own, expert_rows(got), strict=True):
-            done = done.index_add(0, where, self.experts[str(e)](rows[where]))
-        back = AllToAll.apply(done, recv, send, self.exchange)  # combine
-        out = torch.zeros_like(tokens).index_add(
-            0, plan.rows, back * weights[plan.rows, plan.slots, None])
+        out = dispatch_combine(tokens, chosen, weights, self.num_experts, self.members,
+                               self.exchange, self.own,
+                               lambda e, rows: self.experts[str(e)](rows))
         if self.shared is not None:
             out = out + self.shared(tokens)
         return out.view_as(x)
 
 
+def dispatch_combine(tokens: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor,
+                     experts: int, members: int, exchange: Exchange, own: range,
+                     expert: Callable[[int, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """The routed experts' part of one MoE layer on one member (steps 2-4 of the module
+    doc): ``tokens`` (n x dim) routed to ``chosen`` (n x top_k expert indices) with
+    ``weights`` (n x top_k), over ``members`` members of which this one owns the experts
+    ``own``; ``expert(e, rows)`` runs own expert ``e`` on rows. Returns ``sum_k weights[t, k]
+    expert_{chosen[t, k]}(tokens[t])`` for every token ``t`` (n x dim, ``tokens``' dtype).
+
+    Collective over the EP group: every member calls it for the same layer at the same step.
+    The built-in MoE (:class:`ExpertParallelMoE`) and the HuggingFace experts
+    (:class:`ExpertParallelHFExperts`) both run through it."""
+    plan = plan_dispatch(chosen, experts, members)
+    got = torch.empty_like(plan.counts)  # got[i, e]: rows member i sends my expert e
+    exchange(got.reshape(-1), plan.counts.reshape(-1), None, None)
+    send, recv = plan.counts.sum(1).tolist(), got.sum(1).tolist()
+    rows = AllToAll.apply(tokens[plan.rows], send, recv, exchange)  # dispatch
+    done = torch.zeros_like(rows)
+    for e, where in zip(own, expert_rows(got), strict=True):
+        done = done.index_add(0, where, expert(e, rows[where]).to(done.dtype))
+    back = AllToAll.apply(done, recv, send, exchange)  # combine
+    scaled = back * weights[plan.rows, plan.slots, None]
+    return torch.zeros_like(tokens).index_add(0, plan.rows, scaled.to(tokens.dtype))
+
+
+class ExpertParallelHFExperts(nn.Module):
+    """One member's part of a HuggingFace MoE block's experts (``mixtral``, ``qwen2_moe``,
+    ``qwen3_moe``, ``deepseek_v3``: transformers' ``*Experts`` module, :data:`HF_EXPERTS`).
+
+    transformers keeps a layer's ``E`` experts fused, ``gate_up_proj`` (``E x 2f x h``) and
+    ``down_proj`` (``E x h x f``); expert ``e`` computes ``down_e(act(gate_e x) * up_e x)``
+    with ``gate_e, up_e`` the two halves of ``gate_up_proj[e] x``. This module holds rows
+    ``own`` of both (``E/N`` experts: :attr:`start` is the first), under the same names, and
+    takes the block's call unchanged, ``experts(tokens, top_k_index, top_k_weights)``: the
+    block's router (DeepSeek-V3's grouped routing and bias included) and its shared experts
+    stay the block's own, replicated. The tokens go through :func:`dispatch_combine`, the
+    built-in MoE's dispatch."""
+
+    def __init__(self, experts: nn.Module, members: int, member: int, exchange: Exchange):
+        super().__init__()
+        self.num_experts, self.members, self.exchange = experts.num_experts, members, exchange
+        self.own = owned_experts(self.num_experts, members, member)
+        self.start = self.own.start
+        rows = slice(self.own.start, self.own.stop)
+        gate_up, down = experts.gate_up_proj, experts.down_proj
+        # copies of the own rows (contiguous): the fused tensors are freed with the module
+        self.gate_up_proj = nn.Parameter(gate_up.detach()[rows].clone(),
+                                         requires_grad=gate_up.requires_grad)
+        self.down_proj = nn.Parameter(down.detach()[rows].clone(),
+                                      requires_grad=down.requires_grad)
+        self.act_fn = experts.act_fn
+
+    def expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        """Own expert ``e`` (its index in the layer) on rows ``x``: transformers' formula."""
+        i = e - self.start
+        gate, up = nn.functional.linear(x, self.gate_up_proj[i]).chunk(2, dim=-1)
+        return nn.functional.linear(self.act_fn(gate) * up, self.down_proj[i])
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                top_k_weights: torch.Tensor) -> torch.Tensor:
+        return dispatch_combine(hidden_states, top_k_index, top_k_weights, self.num_experts,
+                                self.members, self.exchange, self.own, self.expert)
+
+
+HF_EXPERTS = ("MixtralExperts", "Qwen2MoeExperts", "Qwen3MoeExperts", "DeepseekV3Experts")
+"""transformers' fused expert modules :class:`ExpertParallelHFExperts` shards (their forward
+is the formula of :meth:`ExpertParallelHFExperts.expert`; tests/test_run_ep_hf.py checks it
+against transformers' own on each)."""
+
+
+def _is_hf_experts(module: nn.Module) -> bool:
+    return (type(module).__name__ in HF_EXPERTS
+            and {n for n, _ in module.named_parameters()} == {"gate_up_proj", "down_proj"}
+            and module.gate_up_proj.shape[0] == module.num_experts)
+
+
 def moe_layers(module: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
-    """(parent, attribute, MoE) of every mixture-of-experts layer in ``module``."""
+    """(parent, attribute, layer) of every layer of ``module`` expert parallelism shards:
+    the built-in MoE (:class:`~pipebubble.models.moe.MoE`) and transformers' fused experts
+    (:data:`HF_EXPERTS`)."""
     from ..models.moe import MoE
 
     return [(parent, name, child) for parent in module.modules()
-            for name, child in parent.named_children() if isinstance(child, MoE)]
+            for name, child in parent.named_children()
+            if isinstance(child, MoE) or _is_hf_experts(child)]
+
+
+def experts_of(layer: nn.Module) -> int:
+    """How many experts a layer of :func:`moe_layers` has."""
+    return int(layer.num_experts) if _is_hf_experts(layer) else len(layer.experts)
 
 
 def check_ep(ep: int, dp: int, layers: list[nn.Module], model: str) -> None:
@@ -201,28 +289,66 @@ def check_ep(ep: int, dp: int, layers: list[nn.Module], model: str) -> None:
     found = [moe for layer in layers for _, _, moe in moe_layers(layer)]
     if not found:
         raise ParamError(f"{_EP} {ep}: {_MODEL} {model} has no mixture-of-experts layers "
-                         f"(models/moe.py's MoE, as in {_MODEL} moe); use {_EP} 1")
+                         f"(models/moe.py's MoE, as in {_MODEL} moe, or a HuggingFace MoE's "
+                         f"experts); use {_EP} 1")
     if dp % ep:
         raise ParamError(f"{_EP} {ep} must divide {_DP} {dp} (an EP group is {_EP} of a stage's "
                          f"data-parallel replicas); valid: a divisor of {dp}")
     for moe in found:
-        if len(moe.experts) % ep:
+        if experts_of(moe) % ep:
             raise ParamError(f"{_EP} {ep} must divide the experts of every MoE layer, got "
-                             f"{len(moe.experts)} experts; valid: a divisor of "
-                             f"{len(moe.experts)}")
+                             f"{experts_of(moe)} experts; valid: a divisor of "
+                             f"{experts_of(moe)}")
 
 
 def shard_experts(module: nn.Module, members: int, member: int, exchange: Exchange) -> int:
-    """Replace every MoE layer of ``module`` by its :class:`ExpertParallelMoE`, in place;
+    """Replace every MoE layer of ``module`` by its :class:`ExpertParallelMoE` (a
+    HuggingFace block's experts by their :class:`ExpertParallelHFExperts`), in place;
     returns how many. The experts this member does not own are dropped (freed)."""
     found = moe_layers(module)
     for parent, name, moe in found:
-        setattr(parent, name, ExpertParallelMoE(moe, members, member, exchange))
+        cls = ExpertParallelHFExperts if _is_hf_experts(moe) else ExpertParallelMoE
+        setattr(parent, name, cls(moe, members, member, exchange))
     return len(found)
 
 
 def expert_parameter_ids(module: nn.Module) -> set[int]:
     """``id`` of every expert parameter in ``module`` (reduced over the expert-data-parallel
     group, not the full data-parallel one)."""
-    return {id(p) for m in module.modules() if isinstance(m, ExpertParallelMoE)
-            for p in m.experts.parameters()}
+    out = set()
+    for m in module.modules():
+        if isinstance(m, ExpertParallelMoE):
+            out |= {id(p) for p in m.experts.parameters()}
+        elif isinstance(m, ExpertParallelHFExperts):
+            out |= {id(m.gate_up_proj), id(m.down_proj)}
+    return out
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Rows ``start .. start + len(value) - 1`` (dim 0) of an unsplit model's tensor of
+    ``total`` rows: a HuggingFace fused expert tensor's own rows, as a member holds them."""
+
+    value: torch.Tensor
+    start: int
+    total: int
+
+    def of(self, full: torch.Tensor) -> torch.Tensor:
+        """The same rows of the unsplit tensor ``full``."""
+        return full[self.start:self.start + self.value.shape[0]]
+
+
+def row_shards(module: nn.Module) -> dict[int, tuple[int, int]]:
+    """``id`` of each fused expert tensor ``module`` holds part of -> (first row, rows of the
+    unsplit tensor): the parameters whose checkpoint entry and check need the other
+    members' rows too (:class:`Rows`, :func:`gather_rows`)."""
+    return {id(p): (m.start, m.num_experts) for m in module.modules()
+            if isinstance(m, ExpertParallelHFExperts) for p in (m.gate_up_proj, m.down_proj)}
+
+
+def gather_rows(part: torch.Tensor, group) -> torch.Tensor:
+    """The unsplit tensor from every EP member's equal share of its rows (member order is
+    row order, :func:`owned_experts`): an all-gather over the EP ``group``."""
+    parts = [torch.empty_like(part) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, part.contiguous(), group=group)
+    return torch.cat(parts)

@@ -250,8 +250,9 @@ class Run:
         s, plan, cfg = self.setup, self.plan, self.cfg
         named = named_parameters_of(s, worker.modules)
         opt = optimizer_for(plan, named)
+        rows = getattr(worker, "row_shards", {})  # --ep: HF fused experts' own rows
         if plan.resume:
-            load_into(plan, named, opt)
+            load_into(plan, named, opt, rows)
         ref = make_reference(s, plan)  # rank 0 with the check
         out = RanksTrained()
         best, i = float("inf"), 0
@@ -286,7 +287,8 @@ class Run:
         if plan.save:
             worker.watchdog.at(f"saving the checkpoint to {plan.save}", True)
             save_from(plan, s, named, opt, out.losses, coordinator=coordinator,
-                      barrier=dist.barrier)
+                      barrier=dist.barrier, rows=rows, gather=getattr(worker, "gather_rows",
+                                                                      None))
         out.summary = train_summary(plan)
         if ref is not None:
             out.reference_losses = list(ref.losses)

@@ -245,15 +245,10 @@ def _check_ep(cfg: RunConfig, spec) -> None:
         raise ParamError(f"{_EP} {cfg.ep} runs with {_ENGINE} pipebubble only (torch's "
                          f"PipelineStage has no expert all-to-all); drop {_ENGINE} torch")
     experts = (spec.metadata or {}).get("moe_experts")  # an HF mixture of experts (models/hf.py)
-    if experts:
+    if experts and experts["count"] % cfg.ep:  # named by the config's key
         key, count = experts["key"], experts["count"]
-        if count % cfg.ep:
-            raise ParamError(f"{_EP} {cfg.ep} must divide {key!r} {count} (the experts of every "
-                            f"MoE layer of {_MODEL} {cfg.model}); valid: a divisor of {count}")
-        raise ParamError(f"{_EP} {cfg.ep}: {_MODEL} {cfg.model} holds each layer's {count} experts "
-                        f"in transformers' fused tensors, which run {_EP} does not shard; use "
-                         f"{_EP} 1 (every replica holds every expert), or {_MODEL} moe for "
-                         "expert parallelism")
+        raise ParamError(f"{_EP} {cfg.ep} must divide {key!r} {count} (the experts of every "
+                         f"MoE layer of {_MODEL} {cfg.model}); valid: a divisor of {count}")
     from .ep import check_ep
 
     check_ep(cfg.ep, cfg.dp, list(spec.layers), cfg.model)

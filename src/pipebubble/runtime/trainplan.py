@@ -129,22 +129,50 @@ def make_reference(setup, plan: TrainPlan) -> ReferenceTrainer | None:
 
 
 def load_into(plan: TrainPlan, named: list[tuple[str, nn.Parameter]],
-              opt: torch.optim.Optimizer) -> None:
+              opt: torch.optim.Optimizer, rows: dict[int, tuple[int, int]] | None = None
+              ) -> None:
     """Load the checkpoint's values of ``named`` (and their optimizer state) in place.
-    Each process reads only its own keys (no collective): ``no_dist`` DCP loading."""
+    Each process reads only its own keys (no collective): ``no_dist`` DCP loading.
+
+    ``rows``: ``id`` -> (first row, rows of the whole tensor) of the parameters this process
+    holds some rows of (``run --ep`` on a HuggingFace MoE: :func:`pipebubble.runtime.ep.
+    row_shards`); the checkpoint holds them whole, so they are read whole and their own
+    rows kept."""
     state = ckpt.rank_state(named, opt, plan.optimizer, for_load=True)
+    parts = _row_keys(named, rows or {}, plan.optimizer, state)
+    for key, _, (_, total) in parts:
+        state[key] = state[key].new_zeros((total, *state[key].shape[1:]))
     ckpt.load(str(plan.resume), state, meta=plan.resume_meta, no_dist=True)
+    for key, p, (start, _) in parts:
+        own = state[key][start:start + p.shape[0]].clone()
+        if key.startswith("model."):
+            p.data.copy_(own)
+        state[key] = own
     ckpt.install_optimizer_state(named, opt, plan.optimizer, state)
+
+
+def _row_keys(named: list[tuple[str, nn.Parameter]], rows: dict[int, tuple[int, int]],
+              optimizer: str, state: dict[str, torch.Tensor]
+              ) -> list[tuple[str, nn.Parameter, tuple[int, int]]]:
+    """(state key, parameter, (first row, rows in all)) of each entry of ``state`` holding
+    a parameter's rows (its value, and its optimizer state but the step count)."""
+    keys = [k for k in ckpt.OPTIMIZER_STATE[optimizer] if k != "step"]
+    return [(key, p, rows[id(p)]) for name, p in named if id(p) in rows
+            for key in (f"model.{name}", *(f"optim.{name}.{k}" for k in keys))
+            if key in state]
 
 
 def save_from(plan: TrainPlan, setup, named: list[tuple[str, nn.Parameter]],
               opt: torch.optim.Optimizer, losses: list[float], *, coordinator: bool = True,
-              barrier=lambda: None) -> None:
+              barrier=lambda: None, rows: dict[int, tuple[int, int]] | None = None,
+              gather=None) -> None:
     """Write the checkpoint after the last step (collective over the default group).
 
     A save that fails does not end the run: ``plan.save_error`` says why (the previous
     checkpoint is unchanged), ``saved_to`` becomes null, and the run still reports the
-    losses it computed, then exits 1."""
+    losses it computed, then exits 1. ``rows`` (as for :func:`load_into`) and ``gather(p,
+    part)`` (the whole tensor from every holder's rows, collective): such parameters and
+    their optimizer state are saved whole, so the checkpoint is the unsplit model's."""
     meta = ckpt.checkpoint_meta(
         model=setup.spec.name, description=setup.description, shapes=plan.shapes,
         steps_done=plan.start + plan.steps, seed=setup.seed, optimizer=plan.optimizer,
@@ -153,9 +181,11 @@ def save_from(plan: TrainPlan, setup, named: list[tuple[str, nn.Parameter]],
     hf_config = (setup.spec.metadata or {}).get("hf_config")
     if hf_config is not None:  # an hf: model: export-hf rebuilds it from this
         meta["hf_config"] = hf_config
+    state = ckpt.rank_state(named, opt, plan.optimizer)
+    for key, p, _ in _row_keys(named, rows or {}, plan.optimizer, state):
+        state[key] = gather(p, state[key])  # the same keys in the same order on every holder
     try:
-        ckpt.save(plan.save, ckpt.rank_state(named, opt, plan.optimizer), meta,
-                  coordinator=coordinator, barrier=barrier)
+        ckpt.save(plan.save, state, meta, coordinator=coordinator, barrier=barrier)
     except ckpt.SaveError as exc:
         plan.save_error = exc
 

@@ -251,6 +251,7 @@ class RankRun:
                 grp = dist.new_group([d * cfg.ranks + r for d in range(cfg.dp)])
                 if r == self.rank:
                     self.dp_group = grp
+        self.row_shards: dict[int, tuple[int, int]] = {}  # HF fused experts (runtime.ep)
         self.ep_group, self.edp_group, self.full_names = self._expert_parallel(cfg)
         self.copy_groups = self._copy_groups(cfg)
         self.ties = list(ties)
@@ -400,13 +401,14 @@ class RankRun:
     def _expert_parallel(self, cfg: DistConfig) -> tuple[object, object, dict]:
         """``run --ep N`` (:mod:`pipebubble.runtime.ep`): create the EP and expert-data-
         parallel groups (every process all of them, in the same order) and keep only this
-        rank's own experts in its MoE layers. Returns (EP group, EDP group or None when it
+        rank's own experts in its MoE layers (of a HuggingFace MoE, its rows of the fused
+        expert tensors: ``self.row_shards``). Returns (EP group, EDP group or None when it
         is one rank, stage -> the unsharded stage's parameter names, for the check)."""
         if cfg.ep <= 1:
             return None, None, {}
         if cfg.dp % cfg.ep:  # (the run command says so earlier, naming the flags)
             raise UserError(f"ep={cfg.ep} must divide dp={cfg.dp}")
-        from ..ep import expert_layout, group_exchange, shard_experts
+        from ..ep import expert_layout, group_exchange, row_shards, shard_experts
 
         ep_groups, edp_groups = expert_layout(cfg.ranks, cfg.dp, cfg.ep)
         mine = [None, None]
@@ -420,7 +422,18 @@ class RankRun:
         names = {s: [n for n, _ in mod.named_parameters()] for s, mod in self.modules.items()}
         for mod in self.modules.values():
             shard_experts(mod, cfg.ep, self.replica % cfg.ep, group_exchange(mine[0]))
+            self.row_shards.update(row_shards(mod))
         return mine[0], mine[1], names
+
+    def gather_rows(self, p: nn.Parameter, part: torch.Tensor) -> torch.Tensor:
+        """``part`` (``p``'s own rows, or a same-shaped state of it) with the other EP members'
+        rows: the unsplit tensor, for the checkpoint (collective over the EP group)."""
+        from ..ep import gather_rows
+
+        self.watchdog.at("gathering the experts' rows over the EP group", True)
+        full = gather_rows(part, self.ep_group)
+        self.watchdog.advance()
+        return full
 
     def _reduce_groups(self, mod: nn.Module, params: list) -> list[tuple[object, list]]:
         """(group, parameters) to sum the gradients of: every parameter over the data-
@@ -446,14 +459,22 @@ class RankRun:
 
     def _by_full_name(self, value) -> dict[int, list]:
         """``value(p)`` of each stage parameter, in the unsplit stage's order; with ``--ep``
-        None for another member's experts (the check takes them from their owner)."""
+        None for another member's experts (the check takes them from their owner), and a
+        HuggingFace fused expert tensor as its own :class:`~pipebubble.runtime.ep.Rows`."""
+        from ..ep import Rows
+
+        def of(p: nn.Parameter):
+            if id(p) in self.row_shards:
+                return Rows(value(p), *self.row_shards[id(p)])
+            return value(p)
+
         out = {}
         for s, mod in self.modules.items():
             if s not in self.full_names:
                 out[s] = [value(p) for p in mod.parameters()]
                 continue
             have = dict(mod.named_parameters())
-            out[s] = [value(have[n]) if n in have else None for n in self.full_names[s]]
+            out[s] = [of(have[n]) if n in have else None for n in self.full_names[s]]
         return out
 
 
