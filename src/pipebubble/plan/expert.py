@@ -137,19 +137,19 @@ class MoERecipe:
     def __post_init__(self) -> None:
         for name in ("fp8_dispatch", "block_scaling", "recompute_latent"):
             if not isinstance(getattr(self, name), bool):
-                raise ParamError(f"{param(name)} must be true or false, got "
+                raise ParamError(f"MoERecipe.{name} must be true or false, got "
                                  f"{getattr(self, name)!r}")
         r = self.fp8_gemm_ratio
         if isinstance(r, bool) or not isinstance(r, int | float) or not 0 < r <= 1:
-            raise ParamError(f"{param('fp8_gemm_ratio')} must be in (0, 1] (FP8 GEMMs' "
+            raise ParamError(f"MoERecipe.fp8_gemm_ratio must be in (0, 1] (FP8 GEMMs' "
                              f"efficiency over bf16's), got {r!r}")
         c = self.comm_sms
         if isinstance(c, bool) or not isinstance(c, int | float) or not 0 <= c < 1:
-            raise ParamError(f"{param('comm_sms')} must be in [0, 1) (the share of the SMs "
+            raise ParamError(f"MoERecipe.comm_sms must be in [0, 1) (the share of the SMs "
                              f"communication holds), got {c!r}")
         m = self.mtp_layers
         if isinstance(m, bool) or not isinstance(m, int) or m < 0:
-            raise ParamError(f"{param('mtp_layers')} must be an integer >= 0, got {m!r}")
+            raise ParamError(f"MoERecipe.mtp_layers must be an integer >= 0, got {m!r}")
 
     @classmethod
     def deepseek_v3(cls, fp8_gemm_ratio: float = 1.0) -> MoERecipe:
