@@ -183,6 +183,7 @@ class Clock:
             if lim is not None and len(lim) != p:
                 raise ValueError(f"{name} has {len(lim)} values; expected one per rank ({p})")
         self.S, self.m, self.p = S, m, p
+        self.chain_starts = tuple(chain_starts)
         consumers, hop, npred, table, per_action = (
             _table(sc, tuple(stage_to_rank), tuple(chain_starts), m) if _rows is None
             else _rows)
