@@ -36,6 +36,16 @@ FIT_TOLERANCE = 1e-9
 sums of float deltas may land a hair above a limit they meet exactly."""
 
 
+def fit_bound(limit: float) -> float:
+    """The highest level that fits ``limit``: :func:`fits_limit` is ``peak <= fit_bound(limit)``
+    (for a search's inner loop, a cap it compares many levels with, or a solver's bound).
+
+    >>> fit_bound(2.0) - 2.0 == 2 * FIT_TOLERANCE, fit_bound(0.5) - 0.5 == FIT_TOLERANCE
+    (True, True)
+    """
+    return limit + FIT_TOLERANCE * max(1.0, abs(limit))
+
+
 def fits_limit(peak: float, limit: float) -> bool:
     """Whether ``peak`` fits ``limit`` (the one test every search and report uses).
 

@@ -64,7 +64,7 @@ from functools import lru_cache
 from itertools import accumulate
 from math import floor
 
-from ..costs import FIT_TOLERANCE, StageCosts, fits_limit
+from ..costs import StageCosts, fit_bound, fits_limit
 from ..ir.deps import Layout, precedences
 from ..ir.schedule import Action
 
@@ -206,9 +206,8 @@ class Clock:
         self.busy = [zero] * p
         self.limits = limits
         self.limits_i = limits_i
-        self.room, self.room_i = ([_INF] * p if lim is None else [
-            x + FIT_TOLERANCE * max(1.0, abs(x)) for x in lim]  # fits_limit's bound
-            for lim in (limits, limits_i))
+        self.room, self.room_i = ([_INF] * p if lim is None else [fit_bound(x) for x in lim]
+                                  for lim in (limits, limits_i))
         self.place, self.place_at = self._placer()
 
     @classmethod
