@@ -40,8 +40,10 @@ def fit_bound(limit: float) -> float:
     """The highest level that fits ``limit``: :func:`fits_limit` is ``peak <= fit_bound(limit)``
     (for a search's inner loop, a cap it compares many levels with, or a solver's bound).
 
-    >>> fit_bound(2.0) - 2.0 == 2 * FIT_TOLERANCE, fit_bound(0.5) - 0.5 == FIT_TOLERANCE
-    (True, True)
+    >>> import math
+    >>> top = fit_bound(3.0)
+    >>> top > 3.0, fits_limit(top, 3.0), fits_limit(math.nextafter(top, math.inf), 3.0)
+    (True, True, False)
     """
     return limit + FIT_TOLERANCE * max(1.0, abs(limit))
 
