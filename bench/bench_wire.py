@@ -1,13 +1,13 @@
 """How fast is the wire: lowering a schedule to SEND/RECV programs and simulating them?
 
-For each case (1F1B p=16 m=1024, interleaved 1F1B p=8 m=512 v=2, ZB-V p=8 m=512, DualPipe
-p=8 m=1024: 8,000 to 33,000 compute steps, comm 0.1): ``lower`` (naive and
-batched), ``run_wire`` of the lowered program (naive with buffered sends, which do not deadlock,
-batched with blocking ones, as gloo), against validate + simulate of the same schedule in the same run (the
-ratio: how many simulations one wire pass costs). Times are the best of 3 repeats, in
-wall-clock seconds. The wire runs in Python one step at a time and the simulator does
-not, so the ratio is large; what it is for is comparing one version of the wire with
-another on one machine (a change to ``sim/wire.py`` should not move it).
+For each case (1F1B p=16 m=1024, interleaved 1F1B p=8 m=512 v=2, ZB-V p=8 m=512,
+DualPipe p=8 m=1024: 8,000 to 33,000 compute steps, comm 0.1): ``lower`` (naive and
+batched) and ``run_wire`` of the lowered program (naive with buffered sends, which do not
+deadlock; batched with blocking ones, as gloo), against validate + simulate of the same
+schedule in the same run (the ratio: how many simulations one wire pass costs). Times are
+the best of 3 repeats, in wall-clock seconds. The wire runs in Python one step at a time
+and the simulator does not, so the ratio is large; it is for comparing one version of the
+wire with another on one machine (a change to ``sim/wire.py`` should not move it).
 
 Run: ``.venv/bin/python bench/bench_wire.py``. Prints; asserts nothing.
 """
