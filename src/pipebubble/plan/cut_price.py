@@ -67,15 +67,24 @@ def fill_drain_links(stage_to_rank: tuple[int, ...], chain_starts: tuple[int, ..
             fill[b.stage] = (a.stage, e.crosses)
         elif a.kind == b.kind == Kind.I:  # I(b) waits for I(a): a drains through b
             drain[a.stage] = (b.stage, e.crosses)
-    out, placed, left = [], [False] * S, list(range(S))
-    while left:  # predecessors first (the rule's graph has no cycle)
-        nxt = [s for s in left if all(q < 0 or placed[q] for q in (fill[s][0], drain[s][0]))]
-        if not nxt:
-            raise ValueError("the rule's fill and drain edges form a cycle")
-        for s in nxt:
-            placed[s] = True
+    out, state = [], [0] * S  # predecessors first, depth first (0 new, 1 open, 2 placed)
+    for first in range(S):
+        stack = [first]
+        while stack:
+            s = stack[-1]
+            if state[s] == 2:
+                stack.pop()
+                continue
+            state[s] = 1
+            wait = [q for q in (fill[s][0], drain[s][0]) if q >= 0 and state[q] != 2]
+            if any(state[q] == 1 for q in wait):
+                raise ValueError("the rule's fill and drain edges form a cycle")
+            if wait:
+                stack += wait
+                continue
+            state[s] = 2
             out.append((s, *fill[s], *drain[s]))
-        left = [s for s in left if not placed[s]]
+            stack.pop()
     return tuple(out)
 
 
