@@ -161,6 +161,18 @@ def lower(schedule: Schedule, ordering: str = "batched",
     """
     if recv_first is None and ordering not in ORDERINGS:
         raise ScheduleError(f"unknown p2p ordering {ordering!r}; valid are {', '.join(ORDERINGS)}")
+    # The rule is the same for every microbatch: each (stage, kind)'s sends and receives are
+    # asked once (of microbatch 0), and made for each action from that (op, peer, message).
+    made: dict[tuple, list[tuple]] = {}
+
+    def comms(a: Action, of: Callable) -> list[Comm]:
+        s, k, m = a
+        got = made.get((s, k, of))
+        if got is None:
+            got = made[s, k, of] = [(c.op, c.peer, c.key[0], c.key[1])
+                                    for c in of(Action(s, k, 0), schedule)]
+        return [Comm(s, op, m, peer, (name, to, m)) for op, peer, name, to in got]
+
     orders = []
     for r in range(schedule.num_ranks):
         comps = schedule.orders[r]
@@ -168,8 +180,8 @@ def lower(schedule: Schedule, ordering: str = "batched",
         for k in range(len(comps) + 1):
             before = step_actions(comps[k - 1]) if k > 0 else ()
             after = step_actions(comps[k]) if k < len(comps) else ()
-            sends = [c for a in before for c in outputs_of(a, schedule)]
-            recvs = [c for a in after for c in inputs_of(a, schedule)]
+            sends = [c for a in before for c in comms(a, outputs_of)]
+            recvs = [c for a in after for c in comms(a, inputs_of)]
             if recv_first is not None:
                 out.extend(recvs + sends if recv_first(r, before, after) else sends + recvs)
             elif ordering == "batched":
