@@ -23,7 +23,8 @@ long as it, as the paper does), ``wait_i`` (leave a short hole rather than start
 when an I arrives before the F would end) and ``deep_first`` (which chunk's F goes first in
 the V placement) and ``critical`` (an F whose remaining path to the end of the step is
 longer than a ready I's goes first, even if it arrives a little later: list scheduling
-by critical path).
+by critical path). Whom a placed action wakes (the rank of the stage its output feeds) and
+those paths are read off the clock's edges, the rule's (:func:`rule_links`).
 :func:`greedy_order` returns the per-rank orders and the step time, or None if those knobs
 deadlock.
 
