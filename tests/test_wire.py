@@ -20,7 +20,8 @@ def test_naive_and_parity_text_for_1f1b():
         "1RECV_F0 1F0 1B0 1RECV_F1 1SEND_B0 1F1 1B1 1SEND_B1",  # odd: receive, then send
     ]
     batched = lower(s, "batched").orders
-    assert batched[1][3] == Batch((Comm(1, "SEND_B", 0, 0), Comm(1, "RECV_F", 1, 0)))
+    assert batched[1][3] == Batch((Comm(1, "SEND_B", 0, 0, ("grad", 0, 0)),
+                                   Comm(1, "RECV_F", 1, 0, ("act", 1, 1))))
 
 
 def test_every_message_sent_once_and_received_once():
@@ -107,8 +108,8 @@ def test_blocking_timing_by_hand():
     assert run_wire(lower(s, "naive"), c, blocking=False).timeline.step_time == 10
     res = run_wire(lower(s, "naive"), c, blocking=True)
     assert res.timeline.step_time == 11
-    assert res.comm_done[1, Comm(1, "RECV_F", 1, 0)] == 3.0
-    assert res.comm_done[0, Comm(0, "RECV_B", 0, 1)] == 6.5
+    assert res.comm_done[1, Comm(1, "RECV_F", 1, 0, ("act", 1, 1))] == 3.0
+    assert res.comm_done[0, Comm(0, "RECV_B", 0, 1, ("grad", 0, 0))] == 6.5
     # batched posts each receive one batch early: every message flows when it is sent
     assert run_wire(lower(s, "batched"), c, blocking=True).timeline.step_time == 10
 
@@ -228,7 +229,9 @@ def test_wire_edges_are_the_crossing_dependencies():
 def test_wire_model_by_hand():
     from pipebubble.sim.wire import WireModel
 
-    send, recv = Comm(0, "SEND_F", 0, 1), Comm(1, "RECV_F", 0, 0)
+    w = lower(get_schedule("gpipe", 2, 1), "naive")  # 0F0 0SEND_F0 ... / 1RECV_F0 1F0 ...
+    send, recv = w.orders[0][1], w.orders[1][0]
+    assert (str(send), str(recv)) == ("0SEND_F0", "1RECV_F0")
     assert send.key == recv.key == ("act", 1, 0)
     rendezvous = WireModel(comm=0.5, blocking=True)
     rendezvous.post(send, 1.0)

@@ -36,6 +36,18 @@ FIT_TOLERANCE = 1e-9
 sums of float deltas may land a hair above a limit they meet exactly."""
 
 
+def fit_bound(limit: float) -> float:
+    """The highest level that fits ``limit``: :func:`fits_limit` is ``peak <= fit_bound(limit)``
+    (for a search's inner loop, a cap it compares many levels with, or a solver's bound).
+
+    >>> import math
+    >>> top = fit_bound(3.0)
+    >>> top > 3.0, fits_limit(top, 3.0), fits_limit(math.nextafter(top, math.inf), 3.0)
+    (True, True, False)
+    """
+    return limit + FIT_TOLERANCE * max(1.0, abs(limit))
+
+
 def fits_limit(peak: float, limit: float) -> bool:
     """Whether ``peak`` fits ``limit`` (the one test every search and report uses).
 

@@ -3,11 +3,13 @@
 Every consumer of a schedule asks this module, so the rule is written once: the simulator,
 its deadlock messages, the interpreter's readiness checks and message hand-overs
 (``runtime/interpreter.py``), the wire lowering and the wire simulator (``sim/wire.py``: which
-edges need a SEND/RECV, when a compute step may start), the measured-run report's message
-delays (``runtime/dist/report.py``), the CSV deadlock messages (``interop/torch_csv.py``) and
-the Perfetto trace's flow arrows (``render/trace.py``); and every search, through
-:func:`precedences` (the MIP's edges, the bounds' paths) or the compiled program of
-``sim/program.py`` built on it.
+edges need a SEND/RECV, each message's name by :func:`message`, when a compute step may
+start), the measured-run report's message delays (``runtime/dist/report.py``), the CSV
+deadlock messages (``interop/torch_csv.py``) and the Perfetto trace's flow arrows
+(``render/trace.py``); and every search, through :func:`precedences` (the MIP's edges, the
+bounds' paths, the local search's problem, the step-by-step clock of ``sim/clock.py`` whose
+edges the greedy's wake-ups and tails read, the planner's fill and drain in
+``plan/cut_price.py``) or the compiled program of ``sim/program.py`` built on it.
 
 An action waits for *signals*. A signal is a fact one action produces:
 

@@ -25,11 +25,13 @@ skips a cut whose bound cannot beat the K-th best plan.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import numpy as np
 
 from ..costs import CostModel
-from ..ir.schedule import PackedOrder, Schedule, step_actions
+from ..ir.deps import Layout, precedences
+from ..ir.schedule import Action, Kind, PackedOrder, Schedule, step_actions
 from .layercosts import LayerCosts
 from .network import p2p
 from .partition import Ranges
@@ -37,6 +39,53 @@ from .plans import Config, Priced
 from .sharding import gathered_bytes
 
 OPT_MARGIN = 1 - 1e-12  # the optimizer term, linear here, rounds apart from the scored one
+
+
+@lru_cache(maxsize=256)
+def fill_drain_links(stage_to_rank: tuple[int, ...], chain_starts: tuple[int, ...]
+                     ) -> tuple[tuple[int, int, bool, int, bool], ...]:
+    """The edges the bound's fill and drain follow, from the dependency rule
+    (:func:`~pipebubble.ir.deps.precedences` of one microbatch's F and I): per stage ``s``,
+    ``(s, fill_from, crosses, drain_to, crosses)``: the stage whose F its F waits for (-1:
+    it starts a chain; its fill is that stage's fill plus its F), and the stage whose I
+    waits for its I, the gradient's next stage on its way back (-1: a chain's first stage;
+    its drain is that stage's drain plus its I), each with whether the edge crosses ranks.
+    In an order where both come before ``s``; once per placement.
+
+    >>> [link[1:4] for link in fill_drain_links((0, 1, 1, 0), (0,))]
+    [(-1, False, -1), (0, True, 0), (1, False, 1), (2, True, 2)]
+    """
+    S = len(stage_to_rank)
+    one = [Action(s, k, 0) for k in (Kind.F, Kind.I) for s in range(S)]
+    fill: list[tuple[int, bool]] = [(-1, False)] * S
+    drain: list[tuple[int, bool]] = [(-1, False)] * S
+    for e in precedences(one, Layout(S, stage_to_rank, chain_starts)):
+        a, b = e.before, e.after
+        if a.stage == b.stage:
+            continue  # F before its own I: not on either way
+        if a.kind == b.kind == Kind.F:
+            fill[b.stage] = (a.stage, e.crosses)
+        elif a.kind == b.kind == Kind.I:  # I(b) waits for I(a): a drains through b
+            drain[a.stage] = (b.stage, e.crosses)
+    out, state = [], [0] * S  # predecessors first, depth first (0 new, 1 open, 2 placed)
+    for first in range(S):
+        stack = [first]
+        while stack:
+            s = stack[-1]
+            if state[s] == 2:
+                stack.pop()
+                continue
+            state[s] = 1
+            wait = [q for q in (fill[s][0], drain[s][0]) if q >= 0 and state[q] != 2]
+            if any(state[q] == 1 for q in wait):
+                raise ValueError("the rule's fill and drain edges form a cycle")
+            if wait:
+                stack += wait
+                continue
+            state[s] = 2
+            out.append((s, *fill[s], *drain[s]))
+            stack.pop()
+    return tuple(out)
 
 
 class Pricing:
@@ -308,21 +357,23 @@ class Pricing:
         fwd, bwd = [0.0] * p, [0.0] * p
         late = [0.0] * p  # work that may follow the rank's last input-gradient action
         head, tail = [math.inf] * p, [math.inf] * p
-        before = after = 0.0
         cf, cb, cw, comm = costs.f, costs.b, costs.w, costs.comm
         ie = costs.i_extra if isinstance(costs.i_extra, list) else [0.0] * len(cb)
         # An I costs ie more than B - W: every backward pays it where none is fused (B).
         every = split and (split_only or (self.split(sched) and not self._kinds(sched)[1]))
         inc = [x if every else 0.0 for x in ie]
-        firsts = self._first_stages(sched)
+        # The fill and the drain along the rule's edges (fill_drain_links): microbatch 0's
+        # forwards up to each stage, and each stage's input gradient down to its chain's
+        # first stage; a stage's predecessor on each way comes first.
+        fill, drain = [0.0] * len(where), [0.0] * len(where)
+        for s, fq, f_cross, dq, d_cross in fill_drain_links(where, sched.chain_starts):
+            if fq >= 0:
+                fill[s] = fill[fq] + (cf[fq] + (comm if f_cross else 0.0))
+            if dq >= 0:
+                drain[s] = drain[dq] + ((min(cb[dq], cb[dq] - cw[dq] + ie[dq]) if split
+                                         else cb[dq]) + (comm if d_cross else 0.0))
         for s, r in enumerate(where):
-            if s in firsts:
-                before = after = 0.0
-            else:
-                hop = comm if where[s - 1] != r else 0.0
-                before += cf[s - 1] + hop
-                after += (min(cb[s - 1], cb[s - 1] - cw[s - 1] + ie[s - 1]) if split
-                          else cb[s - 1]) + hop
+            before, after = fill[s], drain[s]
             if before < head[r]:
                 head[r] = before
             if after < tail[r]:
@@ -352,13 +403,6 @@ class Pricing:
             got = self._exposures[key] = self.axes.sync(c.dp, c.pp).exposed(
                 times, fwd, bwd, params)
         return got
-
-    def _first_stages(self, sched: Schedule) -> frozenset[int]:
-        got = self._firsts.get(id(sched))
-        if got is None or got[0] is not sched:
-            got = self._firsts[id(sched)] = (sched, frozenset(
-                s for s in range(sched.num_stages) if sched.first_stage(s)))
-        return got[1]
 
     def split(self, sched: Schedule) -> bool:
         """Whether the schedule splits W from the backward (once per schedule)."""

@@ -30,6 +30,7 @@ import math
 
 import numpy as np
 
+from ..costs import fit_bound
 from ..ir.schedule import Schedule
 from .layercosts import LayerCosts
 from .partition import Ranges, balance_ranks, capped_partition, capped_within, min_max_partition
@@ -92,7 +93,7 @@ class Cuts:
         most layers each stage can hold within its cap sum to fewer than the layers (module
         doc; a necessary condition, with a margin for rounding)."""
         rows = self._memory_matrix(lc, c, sched, held)
-        cap = budget / (sched.num_stages // c.pp) * (1 + 1e-9)
+        cap = fit_bound(budget / (sched.num_stages // c.pp))
         if rows[0, 0] > cap or rows[-1, -1] > cap:
             return False  # the first layer is in the first stage, the last in the last
         if (rows.min(axis=0) > cap).any():

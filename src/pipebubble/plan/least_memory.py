@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from itertools import combinations
 
+from ..costs import fit_bound
 from ..errors import param
 from ..schedules import lookup
 from .partition import ranges_from_ends
@@ -63,7 +64,7 @@ class LeastMemory:
         other = self._score(c, sched, lc, self._capped_cut(lc, c, sched, held, budget),
                             math.inf, budget, held)
         if other is not None:
-            other.budget = budget * (1 + 1e-9)  # at this budget (b) exists again
+            other.budget = fit_bound(budget)  # at this budget (b) exists again
             other.cut_search = "min-max-capped"
         if plan is None or (other is not None and budget < max(plan.peak_memory)):
             return other

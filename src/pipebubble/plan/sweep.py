@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import TextIO
 
-from ..costs import CostModel
+from ..costs import CostModel, fits_limit
 from ..errors import UserError
 from ..ir.schedule import ScheduleError
 from ..schedules import SCHEDULES, closed_form_bubble, get_schedule, lookup
@@ -262,7 +262,7 @@ def _memory_point(name: str, sched, costs: CostModel, limit: float,
     timeline = timeline or simulate(sched, costs)
     peak = max(s.peak_memory for s in timeline.rank_stats())
     return MemoryPoint(name, sched.num_ranks, sched.num_microbatches, sched.chunks, limit,
-                       peak <= limit * (1 + 1e-9) + 1e-12, timeline.step_time,
+                       fits_limit(peak, limit), timeline.step_time,
                        timeline.bubble_fraction, peak)
 
 

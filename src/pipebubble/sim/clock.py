@@ -64,7 +64,7 @@ from functools import lru_cache
 from itertools import accumulate
 from math import floor
 
-from ..costs import FIT_TOLERANCE, StageCosts, fits_limit
+from ..costs import StageCosts, fit_bound, fits_limit
 from ..ir.deps import Layout, precedences
 from ..ir.schedule import Action
 
@@ -183,6 +183,7 @@ class Clock:
             if lim is not None and len(lim) != p:
                 raise ValueError(f"{name} has {len(lim)} values; expected one per rank ({p})")
         self.S, self.m, self.p = S, m, p
+        self.chain_starts = tuple(chain_starts)
         consumers, hop, npred, table, per_action = (
             _table(sc, tuple(stage_to_rank), tuple(chain_starts), m) if _rows is None
             else _rows)
@@ -205,9 +206,8 @@ class Clock:
         self.busy = [zero] * p
         self.limits = limits
         self.limits_i = limits_i
-        self.room, self.room_i = ([_INF] * p if lim is None else [
-            x + FIT_TOLERANCE * max(1.0, abs(x)) for x in lim]  # fits_limit's bound
-            for lim in (limits, limits_i))
+        self.room, self.room_i = ([_INF] * p if lim is None else [fit_bound(x) for x in lim]
+                                  for lim in (limits, limits_i))
         self.place, self.place_at = self._placer()
 
     @classmethod

@@ -51,6 +51,7 @@ from ..ir.deps import (
     carried,
     describe_wait,
     handovers,
+    message,
     producers,
     produces,
 )
@@ -67,13 +68,18 @@ class Comm(NamedTuple):
 
     ``op`` is SEND_F/RECV_F (activations) or SEND_B/RECV_B (input gradients). ``stage`` is the
     local stage, as in torch's text form: ``1SEND_B0`` is stage 1 sending the gradient of
-    microbatch 0 to stage 0.
+    microbatch 0 to stage 0. ``key`` is the message, as the transports name it
+    (``act``/``grad``, consumer stage, microbatch): the rule's
+    :func:`~pipebubble.ir.deps.message` of the signal and the stage that waits for it, set
+    where the operation is made (:func:`inputs_of`, :func:`outputs_of`), so a SEND and the
+    RECV it matches have the same key.
     """
 
     stage: int
     op: str
     microbatch: int
     peer: int
+    key: tuple[str, int, int]
 
     def __str__(self) -> str:
         return f"{self.stage}{self.op}{self.microbatch}"
@@ -83,20 +89,6 @@ class Comm(NamedTuple):
     @property
     def is_send(self) -> bool:
         return self.op.startswith("SEND")
-
-    @property
-    def key(self) -> tuple[str, int, int]:
-        """The message, as the transports name it: (``act``/``grad``, consumer stage, mb).
-
-        A SEND and the RECV it matches have the same key.
-        """
-        s, m = self.stage, self.microbatch
-        return {
-            "SEND_F": ("act", s + 1, m),
-            "RECV_F": ("act", s, m),
-            "SEND_B": ("grad", s - 1, m),
-            "RECV_B": ("grad", s, m),
-        }[self.op]
 
 
 class Batch(NamedTuple):
@@ -138,7 +130,8 @@ def inputs_of(action: Action, topo: Topology) -> list[Comm]:
     """
     s, _, m = action
     where = topo.stage_to_rank
-    return [Comm(s, "RECV_F" if d.signal.kind == Kind.F else "RECV_B", m, where[d.signal.stage])
+    return [Comm(s, "RECV_F" if d.signal.kind == Kind.F else "RECV_B", m, where[d.signal.stage],
+                 message(d.signal, s))
             for d in producers(action, topo) if d.crosses]
 
 
@@ -147,7 +140,9 @@ def outputs_of(action: Action, topo: Topology) -> list[Comm]:
     (:func:`~pipebubble.ir.deps.handovers`)."""
     s, k, m = action
     where = topo.stage_to_rank
-    return [Comm(s, "SEND_F" if k == Kind.F else "SEND_B", m, where[h.to_stage])
+    out = produces(action)
+    return [Comm(s, "SEND_F" if k == Kind.F else "SEND_B", m, where[h.to_stage],
+                 message(out, h.to_stage))
             for h in handovers(action, topo) if h.crosses]
 
 
@@ -166,6 +161,18 @@ def lower(schedule: Schedule, ordering: str = "batched",
     """
     if recv_first is None and ordering not in ORDERINGS:
         raise ScheduleError(f"unknown p2p ordering {ordering!r}; valid are {', '.join(ORDERINGS)}")
+    # The rule is the same for every microbatch: each (stage, kind)'s sends and receives are
+    # asked once (of microbatch 0), and made for each action from that (op, peer, message).
+    made: dict[tuple, list[tuple]] = {}
+
+    def comms(a: Action, of: Callable) -> list[Comm]:
+        s, k, m = a
+        got = made.get((s, k, of))
+        if got is None:
+            got = made[s, k, of] = [(c.op, c.peer, c.key[0], c.key[1])
+                                    for c in of(Action(s, k, 0), schedule)]
+        return [Comm(s, op, m, peer, (name, to, m)) for op, peer, name, to in got]
+
     orders = []
     for r in range(schedule.num_ranks):
         comps = schedule.orders[r]
@@ -173,8 +180,8 @@ def lower(schedule: Schedule, ordering: str = "batched",
         for k in range(len(comps) + 1):
             before = step_actions(comps[k - 1]) if k > 0 else ()
             after = step_actions(comps[k]) if k < len(comps) else ()
-            sends = [c for a in before for c in outputs_of(a, schedule)]
-            recvs = [c for a in after for c in inputs_of(a, schedule)]
+            sends = [c for a in before for c in comms(a, outputs_of)]
+            recvs = [c for a in after for c in comms(a, inputs_of)]
             if recv_first is not None:
                 out.extend(recvs + sends if recv_first(r, before, after) else sends + recvs)
             elif ordering == "batched":

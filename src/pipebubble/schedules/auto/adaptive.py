@@ -39,7 +39,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from functools import lru_cache
 
-from ...costs import StageCosts
+from ...costs import StageCosts, fit_bound, fits_limit
 from ...ir.schedule import Action, ScheduleError, v_placement
 from ...sim.clock import Clock
 from ..building_block import PERIOD, block, peak, place_w, reorder, reorder_ends, repeat
@@ -205,12 +205,12 @@ def adaptive_orders(p: int, m: int, sc: StageCosts, limits: list[float] | None,
             continue
     k = None  # chunk activations the limit allows every rank (for the warm-up fill)
     if limits is not None:
-        k = min(2 * p, min(int(lim / c + 1e-9) for lim, c in zip(limits, chunk_mb,
-                                                                  strict=True)))
+        k = min(2 * p, min(int(fit_bound(lim) / c) for lim, c in zip(limits, chunk_mb,
+                                                                   strict=True)))
     ranked = []
     for n, (offsets, times) in enumerate(preferred):
         held = steady_peaks(p, times)
-        if limits is None or all(h * c <= lim + 1e-9 for h, c, lim
+        if limits is None or all(fits_limit(h * c, lim) for h, c, lim
                                  in zip(held, chunk_mb, limits, strict=True)):
             ranked.append((n, offsets, times))
     seen: set[tuple] = set()
@@ -225,7 +225,7 @@ def adaptive_orders(p: int, m: int, sc: StageCosts, limits: list[float] | None,
         for offsets, times, held in _candidates(p, budget, family):
             if not budget.spend(RANK_WORK * p, "adaptive V"):
                 return
-            if limits is not None and any(h * c > lim + 1e-9 for h, c, lim
+            if limits is not None and any(not fits_limit(h * c, lim) for h, c, lim
                                           in zip(held, chunk_mb, limits, strict=True)):
                 continue
             length = times[2][0] - times[0][0]  # a microbatch's whole block on rank 0

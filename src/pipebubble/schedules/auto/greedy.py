@@ -23,7 +23,8 @@ long as it, as the paper does), ``wait_i`` (leave a short hole rather than start
 when an I arrives before the F would end) and ``deep_first`` (which chunk's F goes first in
 the V placement) and ``critical`` (an F whose remaining path to the end of the step is
 longer than a ready I's goes first, even if it arrives a little later: list scheduling
-by critical path).
+by critical path). Whom a placed action wakes (the rank of the stage its output feeds) and
+those paths are read off the clock's edges, the rule's (:func:`rule_links`).
 :func:`greedy_order` returns the per-rank orders and the step time, or None if those knobs
 deadlock.
 
@@ -99,8 +100,11 @@ def greedy_order(
     dur_w = [sc.duration(s, "W") for s in range(S)]
     f0 = [clock.rows[s][3] for s in range(S)]  # an F's net memory, an I's at its start
     i0 = [clock.rows[S + s][2] for s in range(S)]
-    up = [clock.hop[s] for s in range(S)]  # the lag into F(s) from the stage before,
-    down = [clock.hop[S + s] for s in range(S)]  # into I(s) from the stage after
+    # The rule, as the clock has it (its edges are ir/deps.precedences'): whom an F or an
+    # I of each stage wakes on another rank, and each action's longest path to the end.
+    links = rule_links(clock)
+    wake_f, wake_i = links.wake_rank[:S], links.wake_rank[S:2 * S]
+    at_f, at_i = links.wake_at[:S], links.wake_at[S:2 * S]
     # Room kept for what a rank must still hold to make progress: recomputation
     # re-materialises at the start of I; with two chunks, a forward of the first keeps room
     # for one forward of the later chunk. One is enough: every stage runs its Fs and Is in
@@ -110,13 +114,7 @@ def greedy_order(
     later = [[f0[x] for x in local[where[s]] if x > s] for s in range(S)]  # (the rank's
     later_sum = [sum(v) for v in later]  # later chunks' F, one each: the room they keep)
     caps = [warmup_cap(knobs.cap, p, r, len(local[r])) for r in range(p)]
-    # Longest path from an action's start to the end of the step (for ``critical``).
-    tail_i = [0.0] * S
-    for s in range(S):
-        tail_i[s] = dur_i[s] + (down[s - 1] + tail_i[s - 1] if s else dur_w[0])
-    tail_f = [0.0] * S
-    for s in range(S - 1, -1, -1):
-        tail_f[s] = dur_f[s] + (up[s + 1] + tail_f[s + 1] if s < S - 1 else tail_i[s])
+    tail_f, tail_i = links.tail[:S], links.tail[S:2 * S]  # (for ``critical``)
 
     nf, ni, nw = [0] * S, [0] * S, [0] * S
     orders: list[list[Action]] = [[] for _ in range(p)]
@@ -165,9 +163,10 @@ def greedy_order(
             ni[s] = j + 1
             append[r]((s, I, j))
             wake = (e, r)
-            if s:
-                q, x = where[s - 1], ready[xi[s - 1] + j]
-                if q != r and free[q] < x:
+            q = wake_i[s]  # the stage before, if it lives on another rank
+            if q >= 0:
+                x = ready[at_i[s] + j]
+                if free[q] < x:
                     push(heap, (x, q))
             left -= 1
             continue
@@ -202,9 +201,10 @@ def greedy_order(
             nf[s] = j + 1
             append[r]((s, F, j))
             wake = (e, r)
-            if s < S - 1:
-                q, x = where[s + 1], ready[xf[s + 1] + j]
-                if q != r and free[q] < x:
+            q = wake_f[s]  # the stage after, if it lives on another rank
+            if q >= 0:
+                x = ready[at_f[s] + j]
+                if free[q] < x:
                     push(heap, (x, q))
             left -= 1
             continue
@@ -231,6 +231,67 @@ def greedy_order(
     if left:
         return None
     return orders, clock.step_time, clock.span_idle
+
+
+class Links(NamedTuple):
+    """What the greedy reads of the dependency rule, per clock row (``kind S + stage``,
+    kinds F, I, W), all from :attr:`Clock.consumers <pipebubble.sim.clock.Clock>` (the
+    edges of :func:`~pipebubble.ir.deps.precedences`, with their lags):
+
+    - ``wake_rank``: the other rank whose action waits for this row's output (-1: none;
+      the rule hands an output to one neighbour stage at most), and ``wake_at`` that
+      waiter's first action number (its row times m): placing this row's action for
+      microbatch j may let that rank start action ``wake_at + j``;
+    - ``tail``: the longest path from the action's start to the end of its microbatch
+      (the W of its chain's first stage, where the gradient arrives last): its own
+      duration, then the edge lag and tail of the longest waiter on that way (None for a
+      row with no path there: the W of a later stage).
+    """
+
+    wake_rank: list[int]
+    wake_at: list[int]
+    tail: list[float | None]
+
+
+def rule_links(clock: Clock) -> Links:
+    """The :class:`Links` of ``clock``'s rule (once per greedy run: O(stages))."""
+    S, m = clock.S, clock.m
+    rows = clock.rows  # (rank, duration, ...) per row
+    wake_rank, wake_at = [-1] * (3 * S), [0] * (3 * S)
+    for row, waiters in enumerate(clock.consumers):
+        others = [a for a, _ in waiters if rows[a][0] != rows[row][0]]
+        if len(others) > 1:
+            raise ValueError("the rule handed one output to two other ranks")
+        if others:
+            wake_rank[row], wake_at[row] = rows[others[0]][0], others[0] * m
+    # Longest paths to the sinks, waiters first: the rows in the reverse of a topological
+    # order of the rule's graph (Kahn's, on the clock's producer counts).
+    sinks = {2 * S + s for s in clock.chain_starts}  # the Ws of the chains' first stages
+    left = [0] * (3 * S)
+    for waiters in clock.consumers:
+        for a, _ in waiters:
+            left[a] += 1
+    order = [row for row in range(3 * S) if not left[row]]
+    for row in order:  # (grows as it goes)
+        for a, _ in clock.consumers[row]:
+            left[a] -= 1
+            if not left[a]:
+                order.append(a)
+    if len(order) != 3 * S:
+        raise ValueError("the rule's graph has a cycle")
+    tail: list[float | None] = [None] * (3 * S)
+    for row in reversed(order):
+        if row in sinks:
+            tail[row] = rows[row][1]
+            continue
+        best = None
+        for a, lag in clock.consumers[row]:
+            t = tail[a]
+            if t is not None and (best is None or lag + t > best):
+                best = lag + t
+        if best is not None:
+            tail[row] = rows[row][1] + best
+    return Links(wake_rank, wake_at, tail)
 
 
 def _i_is_next(mine, ni, nf, soon, ready, xi) -> bool:

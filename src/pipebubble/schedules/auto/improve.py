@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import random
 
-from ...costs import FIT_TOLERANCE, StageCosts, fits_limit
+from ...costs import StageCosts, fit_bound, fits_limit
 from ...ir.deps import Layout, precedences
 from ...ir.schedule import Action, Kind, make_schedule
 from ...sim.program import memory_peak
@@ -188,7 +188,7 @@ class _Problem:
         if limit is None:
             return 0.0
         peak = memory_peak(self.d0, self.net, order)
-        return 0.0 if fits_limit(peak, limit) else peak - limit - FIT_TOLERANCE * max(1, limit)
+        return 0.0 if fits_limit(peak, limit) else peak - fit_bound(limit)
 
     def column_move(self, orders: list[list[int]], r: int, k: int, rng) -> bool:
         """Move order[k] of rank r before another action of that rank, and on every other

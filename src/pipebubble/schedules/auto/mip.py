@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from itertools import pairwise
 
-from ...costs import FIT_TOLERANCE, StageCosts, fits_limit
+from ...costs import StageCosts, fit_bound, fits_limit
 from ...ir.deps import Layout, precedences
 from ...ir.schedule import Action, ScheduleError, make_schedule
 from .bounds import lower_bound
@@ -353,7 +353,7 @@ def solve(highspy, sc: StageCosts, where: tuple[int, ...], m: int,
                     raise ScheduleError(f"no order fits memory limit {limits[r]:g} on rank {r}")
                 continue
             rows.add(-_INF, list(terms.items()),
-                     upper=limits[r] + FIT_TOLERANCE * max(1.0, abs(limits[r])) - load)
+                     upper=fit_bound(limits[r]) - load)
     h = _new_highs(highspy)
     h.setOptionValue("threads", 1)
     h.setOptionValue("time_limit", float(time_limit))
