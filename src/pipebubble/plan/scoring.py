@@ -193,8 +193,11 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
             if not self.capped_possible(lc, c, sched, self.held(sched), budget):
                 return None  # no (b) either
         else:  # simulate the (a) cuts that may win
+            # whether a cut fits is known from its order alone (MemoryBounds.fits, what the
+            # simulation reports): only the cuts that fit are simulated
             fits = [p for p in (self._simulate(c, sched, pa, budget, math.inf)
-                                for pa in fast if max(pa.static) <= budget) if p is not None]
+                                for pa in fast if max(pa.static) <= budget
+                                and self.fits(pa, sched, budget)) if p is not None]
             if fits:  # (a) fits: it is the plan of c
                 best = min(fits, key=lambda p: p.step_time)
                 best.cut_search = "min-max"
@@ -272,7 +275,7 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
     def _score(self, c, sched, lc, ranges, threshold, budget, held=None) -> Plan | None:
         """The cut's plan if it fits ``budget`` and beats ``threshold``, else None."""
         pr = self._price(c, sched, lc, ranges)
-        if pr.bound >= threshold or max(pr.static) > budget:
+        if pr.bound >= threshold or max(pr.static) > budget or not self.fits(pr, sched, budget):
             return None
         return self._simulate(c, sched, pr, budget, threshold)
 
