@@ -170,6 +170,8 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
             return self._evaluate_auto(c, lc, threshold, budget)
         if threshold < math.inf and self._surely_slow(c, lc, threshold):
             return None  # no cut can beat threshold (its schedule not generated for it)
+        if not min_memory and self._memory_bound(c) > budget:
+            return None  # its weights alone do not fit (memory_bound below is never less)
         sched = self.schedule(c)
         if sched is None:
             return None
@@ -180,11 +182,11 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
             return self._least_memory_plan(c, sched, lc, self.held(sched))
         if math.comb(self.L - 1, S_c - 1) <= self.req.exhaustive_cuts:
             return self._every_cut(c, sched, lc, threshold, budget)
+        if self.memory_bound(c, sched) > budget:
+            return None  # no cut fits
         pas = [self._price(c, sched, lc, cut) for cut in self._time_cuts(
             lc, c, S_c, sched.num_microbatches, sched.stage_to_rank)]
         fast = [pa for pa in pas if pa.bound < threshold]
-        if self.memory_bound(c, sched) > budget:
-            return None  # no cut fits
         if not fast:
             # No (a) cut can win. The plan of c is the fastest (a) cut that fits (it cannot
             # enter the top K), or (b) when none fits: (b) is all that could still win.
