@@ -18,7 +18,7 @@ from pipebubble.plan.layercosts import ProfileSet
 from pipebubble.plan.partition import min_max_partition, ranges_from_ends
 from pipebubble.plan.planner import Request, build_points, schedule_list
 from pipebubble.plan.scoring import SearchCache, Searcher
-from pipebubble.schedules import get_schedule
+from pipebubble.schedules import get_schedule, lookup
 from pipebubble.sim.program import schedule_peaks
 
 FAMILIES = tuple(n for n in schedule_list(None) if n != "auto")
@@ -199,3 +199,34 @@ def test_capped_within_never_rules_out_a_cut_that_is_within(costs, stages, mem, 
     for b in (best * 0.5, best * 0.999) if best < math.inf else (sum(costs),):
         if not capped_within(costs, stages, rows, cap, b):
             assert b < best
+
+
+@pytest.mark.parametrize("sharding", ["ddp", "fsdp"])
+def test_fits_from_the_order_is_the_simulated_plans_fit(sharding):
+    """The search simulates a cut only once :meth:`MemoryBounds.fits` (static bytes + the
+    order's peaks, no timing) says it fits, and weeds out configurations whose weights
+    alone exceed the budget before generating their schedule: both must say exactly what
+    the simulated plan says. For every family (DualPipe's pairs, ZB-V's V, FSDP's gathered
+    layers) and each (a) cut, at budgets just below, at and above the simulated peak."""
+    shape = TransformerShape(layers=6, hidden=256, ffn=1024, heads=8, vocab=8000)
+    prof, req, searchers = _searchers(shape, 4, 8, sharding)
+    s = searchers[0]
+    seen = set()
+    for c in s.configs():
+        if lookup(c.schedule).searched:
+            continue
+        sched = s.schedule(c)
+        if sched is None:
+            continue
+        lc = s.p.at(c.microbatch_size, c.recompute)
+        S_c = sched.num_stages // sched.chains
+        for cut in s._time_cuts(lc, c, S_c, sched.num_microbatches, sched.stage_to_rank):
+            pr = s._price(c, sched, lc, cut)
+            plan = s._simulate(c, sched, pr, math.inf, math.inf)
+            peak = max(plan.peak_memory)
+            assert s._memory_bound(c) <= peak  # never rules out a plan that fits
+            for budget in (math.nextafter(peak, 0.0), peak, peak * (1 + 1e-12), peak * 0.9):
+                simulated = s._simulate(c, sched, pr, budget, math.inf) is not None
+                assert s.fits(pr, sched, budget) == simulated, (c.schedule, budget)
+            seen.add(c.schedule)
+    assert {"1f1b", "zbv", "dualpipe", "interleaved-1f1b"} <= seen

@@ -59,9 +59,15 @@ class MemoryBounds:
         DualPipe)."""
         from ..schedules import lookup
 
-        lc = self.p.at(c.microbatch_size, c.recompute)
         copies = lookup(c.schedule).chains
-        return copies * self.axes.bytes_per_param(c.dp, c.pp) * float(lc.params.sum()) / c.pp
+        key = (c.microbatch_size, c.recompute, c.dp, c.pp, copies)  # once per searcher
+        memo = self.__dict__.setdefault("_weight_bounds", {})
+        got = memo.get(key)
+        if got is None:
+            lc = self.p.at(c.microbatch_size, c.recompute)
+            got = memo[key] = (copies * self.axes.bytes_per_param(c.dp, c.pp)
+                               * float(lc.params.sum()) / c.pp)
+        return got
 
     def memory_bound(self, c: Config, sched: Schedule) -> float:
         """No cut's busiest rank holds less: ``(weights of every stage + sum over stages of

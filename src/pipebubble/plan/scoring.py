@@ -171,6 +171,8 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
             return self._evaluate_auto(c, lc, threshold, budget)
         if threshold < math.inf and self._surely_slow(c, lc, threshold):
             return None  # no cut can beat threshold (its schedule not generated for it)
+        if not min_memory and self._memory_bound(c) > budget:
+            return None  # its weights alone do not fit (memory_bound below is never less)
         sched = self.schedule(c)
         if sched is None:
             return None
@@ -181,11 +183,11 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
             return self._least_memory_plan(c, sched, lc, self.held(sched))
         if math.comb(self.L - 1, S_c - 1) <= self.req.exhaustive_cuts:
             return self._every_cut(c, sched, lc, threshold, budget)
+        if self.memory_bound(c, sched) > budget:
+            return None  # no cut fits
         pas = [self._price(c, sched, lc, cut) for cut in self._time_cuts(
             lc, c, S_c, sched.num_microbatches, sched.stage_to_rank)]
         fast = [pa for pa in pas if pa.bound < threshold]
-        if self.memory_bound(c, sched) > budget:
-            return None  # no cut fits
         if not fast:
             # No (a) cut can win. The plan of c is the fastest (a) cut that fits (it cannot
             # enter the top K), or (b) when none fits: (b) is all that could still win.
@@ -194,8 +196,11 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
             if not self.capped_possible(lc, c, sched, self.held(sched), budget):
                 return None  # no (b) either
         else:  # simulate the (a) cuts that may win
+            # whether a cut fits is known from its order alone (MemoryBounds.fits, what the
+            # simulation reports): only the cuts that fit are simulated
             fits = [p for p in (self._simulate(c, sched, pa, budget, math.inf)
-                                for pa in fast if max(pa.static) <= budget) if p is not None]
+                                for pa in fast if max(pa.static) <= budget
+                                and self.fits(pa, sched, budget)) if p is not None]
             if fits:  # (a) fits: it is the plan of c
                 best = min(fits, key=lambda p: p.step_time)
                 best.cut_search = "min-max"
@@ -273,7 +278,7 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
     def _score(self, c, sched, lc, ranges, threshold, budget, held=None) -> Plan | None:
         """The cut's plan if it fits ``budget`` and beats ``threshold``, else None."""
         pr = self._price(c, sched, lc, ranges)
-        if pr.bound >= threshold or max(pr.static) > budget:
+        if pr.bound >= threshold or max(pr.static) > budget or not self.fits(pr, sched, budget):
             return None
         return self._simulate(c, sched, pr, budget, threshold)
 
