@@ -1,0 +1,184 @@
+"""Where ``plan --config`` ranks, from lower bounds alone: no full search.
+
+The asked configuration is priced exactly on its own (the search restricted to it,
+:func:`pipebubble.plan.config.restrict`: the same plan, step and memory the full search
+gives it). Every *other* configuration the full search would consider
+(:meth:`~pipebubble.plan.configs.Configs.configs` at every point of
+:func:`~pipebubble.plan.planner.build_points`) is only bounded, with the bounds the search
+prunes with, each true for every cut and order:
+
+- its step is at least :meth:`~pipebubble.plan.configs.Configs.config_bound` (the mean rank,
+  one microbatch's way through) and, where the placement is known, ``m x`` the min-max cut's
+  slowest stage (:meth:`~pipebubble.plan.scoring.Searcher.stage_bound`);
+- it fits nowhere when its weights spread evenly over the ranks
+  (:meth:`~pipebubble.plan.memory_bounds.MemoryBounds._memory_bound`) exceed the budget.
+
+A configuration whose bound is at or above the asked one's step, or that cannot fit, is
+certainly not faster; the others *could* be. The search gives each configuration at most
+one plan, so the asked configuration's rank in the full search (1 + the plans strictly
+faster, as ``plan`` counts it) lies between 1 and 1 + those that could be faster. The
+configurations of the restricted search itself are never faster (it returned the fastest
+of them). ``tests/test_plan_bound_rank.py`` runs the full search on small cases and checks
+the true rank lies in the interval.
+
+Two configurations on 2 GPUs, four equal layers (F = 1 s, B = 2 s): pp = 1 (m = 2) runs
+in 24 s, pp = 2 (m = 4) in 30 s. Asked for pp = 2, the other's bound (its mean rank, 24 s) is
+below 30 s, so it could be faster: rank #1 or #2 (the full search says #2). Asked for
+pp = 1, the other's bound (24 s of mean work and 0.5 s of mean fill) is above 24 s: #1.
+
+>>> from pipebubble.plan.layercosts import ProfileSet
+>>> from pipebubble.plan.plans import Request
+>>> from pipebubble.plan.profile import Profile
+>>> layer = {"forward": 1, "backward": 2, "params": 0, "activation_bytes": 0, "flops": 0}
+>>> prof = ProfileSet([Profile.from_dict({"batch": 1, "layers": [{"name": str(i), **layer}
+...                                                              for i in range(4)]})])
+>>> req = Request(gpus=2, gpu_memory=1, global_batch=4, microbatch_sizes=(1,),
+...               schedules=("1f1b",), recompute=("none",), latency=0, shardings=("ddp",))
+>>> r = rank_by_bounds(prof, req, {"pp": 2}, 30.0)
+>>> (r.considered, r.own, r.could_be_faster, r.low, r.high, r.best_bound)
+(2, 1, 1, 1, 2, 24.0)
+>>> r = rank_by_bounds(prof, req, {"pp": 1}, 24.0)
+>>> (r.could_be_faster, r.bounded_slower, r.exact)
+(0, 1, True)
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..schedules import lookup
+from .axes import Point
+from .plans import Config, Request
+from .shardings import Sharding
+
+FASTER = 1 - 1e-12  # "faster" as plan counts it: a step below the asked one's x FASTER
+
+
+@dataclass(frozen=True)
+class BoundRank:
+    """The asked configuration's rank interval (module doc)."""
+
+    step: float  # the asked configuration's priced step (seconds)
+    considered: int  # configurations the full search would consider, the asked ones included
+    own: int  # of them, the restricted search's (the asked configuration's): never faster
+    could_be_faster: int  # their lower bound is below ``step``
+    bounded_slower: int  # their lower bound is at or above ``step``
+    cannot_fit: int  # their memory lower bound is above the budget
+    best_bound: float | None  # the least lower bound of those that could be faster
+    best: Config | None  # the configuration with that bound
+    seconds: float  # the time the bounds took
+
+    @property
+    def low(self) -> int:
+        """The best rank it may have (bounds never prove another configuration faster)."""
+        return 1
+
+    @property
+    def high(self) -> int:
+        """The worst rank it may have: behind every configuration that could be faster."""
+        return 1 + self.could_be_faster
+
+    @property
+    def exact(self) -> bool:
+        """Whether the interval is one rank (#1: no configuration's bound beats it)."""
+        return self.low == self.high
+
+    def as_json(self) -> dict:
+        return {"low": self.low, "high": self.high, "considered": self.considered,
+                "own": self.own, "could_be_faster": self.could_be_faster,
+                "bounded_slower": self.bounded_slower, "cannot_fit": self.cannot_fit,
+                "best_bound": self.best_bound,
+                "best_bound_vs_step": (self.best_bound / self.step - 1
+                                       if self.best_bound is not None and self.step > 0
+                                       else None),
+                "seconds": self.seconds}
+
+
+PIPE_KEYS = {"pp": "pp", "dp": "dp", "mbs": "microbatch_size", "v": "chunks",
+             "schedule": "schedule", "recompute": "recompute"}  # --config key: Config field
+
+
+def _point_matches(tp: int, cp: int, sp: bool, ep: int, sharding: Sharding, config: dict
+                   ) -> bool:
+    if "sharding" in config and sharding is not Sharding.of(config["sharding"]):
+        return False
+    got = {"tp": tp, "cp": cp, "sp": sp, "ep": ep}
+    return all(got[k] == config[k] for k in got if k in config)
+
+
+def point_matches(pt: Point, config: dict) -> bool:
+    """Whether a point (tp, sp, cp, ep, sharding) is one ``config`` (``plan --config``'s
+    dict, :func:`~pipebubble.plan.config.parse_config`) allows."""
+    return _point_matches(pt.tp, pt.cp, pt.sp, pt.ep, pt.sharding, config)
+
+
+def matches(c: Config, config: dict) -> bool:
+    """Whether ``c`` is one of the configurations ``config`` restricts the search to."""
+    return _point_matches(c.tp, c.cp, c.sp, c.dims.ep, c.sharding, config) and all(
+        getattr(c, f) == config[k] for k, f in PIPE_KEYS.items() if k in config)
+
+
+def rank_by_bounds(profiles, req: Request, config: dict, step: float, hardware=None,
+                   efficiency: float | None = None, mfu: float | None = None,
+                   may_count: Callable[[Config], bool] | None = None) -> BoundRank:
+    """The rank interval of a configuration priced at ``step`` among every configuration
+    the full search of ``req`` considers (module doc); ``may_count``: False for a
+    configuration that cannot be in the ranking's pool (one the framework surely does not
+    run), left out of the count (kept: every configuration)."""
+    from .planner import build_points
+    from .scoring import SearchCache, Searcher
+
+    t0 = time.perf_counter()
+    below = step * FASTER
+    cache = SearchCache()
+    considered = own = slower = no_fit = 0
+    open_: list[tuple[float, Config, Searcher]] = []  # could be faster, by config bound
+    chains: dict[str, int] = {}
+    for _, costs, axes in build_points(profiles, req, hardware, efficiency, mfu):
+        s = Searcher(costs, req, axes, cache)
+        weights: dict[tuple, float] = {}  # the memory bound, once per what it depends on
+        pipe = [(f, config[k]) for k, f in PIPE_KEYS.items() if k in config]
+        here = point_matches(s.point, config)
+        for c in s.configs():
+            considered += 1
+            if here and all(getattr(c, f) == v for f, v in pipe):  # matches(c, config)
+                own += 1
+                continue
+            if may_count is not None and not may_count(c):
+                slower += 1  # not in the pool: not ranked against
+                continue
+            if c.bound >= below:
+                slower += 1
+                continue
+            ch = chains.get(c.schedule)
+            if ch is None:
+                ch = chains[c.schedule] = lookup(c.schedule).chains
+            key = (c.microbatch_size, c.recompute, c.dp, c.pp, ch)
+            need = weights.get(key)
+            if need is None:
+                need = weights[key] = s.memory_floor(c)
+            if need > req.gpu_memory * (1 + 1e-9):
+                no_fit += 1
+                continue
+            open_.append((c.bound, c, s))
+    # The least bound of those left, with the slowest-stage bound too: refined lowest
+    # first, until no unrefined one's bound is below the best refined.
+    open_.sort(key=lambda x: x[0])
+    best, best_c, left = math.inf, None, []
+    for bound, c, s in open_:
+        if bound >= best:
+            left.append(bound)
+            continue
+        b = max(bound, s.stage_bound(c))
+        left.append(b)
+        if b < best:
+            best, best_c = b, c
+    could = sum(b < below for b in left)  # a refined bound may reach the step
+    slower += len(left) - could
+    if best >= below:
+        best, best_c = math.inf, None
+    return BoundRank(step, considered, own, could, slower, no_fit,
+                     None if best_c is None else best, best_c, time.perf_counter() - t0)
