@@ -136,9 +136,9 @@ def test_config_is_predicted_and_ranked(tiny, capsys):
                         for p in every["plans"])
     rb = mine["rank_bounds"]
     assert rb["low"] <= true_rank <= rb["high"] and rb["considered"] == every["searched"]
-    assert mine["rank"] == (1 if rb["low"] == rb["high"] else None)
-    assert f"rank between #1 and #{rb['high']:,}" in mine["rank_note"] or \
-        mine["rank_note"].startswith("rank: #1 (no configuration's lower bound beats it")
+    assert mine["rank"] == (rb["low"] if rb["low"] == rb["high"] else None)
+    assert mine["rank_note"].startswith(f"rank between #{rb['low']} and #{rb['high']:,}: "
+                                        if rb["low"] < rb["high"] else f"rank: #{rb['low']} (")
 
 
 def test_calibration_round_trips(tiny, capsys):

@@ -95,10 +95,17 @@ def _check(prof, req, hw, full, text: str, may_count=None, pool=None):
               if p.step_time < mine.step_time * FASTER]
     true_rank = 1 + len(faster)
     assert r.low <= true_rank <= r.high, (text, true_rank, r)
-    assert r.could_be_faster + r.bounded_slower + r.cannot_fit + r.own == r.considered
-    if faster:  # each faster plan's bound is at most its step: none below the best bound
+    assert (r.faster + r.could_be_faster + r.slower + r.cannot_fit + r.not_run + r.own
+            == r.considered)
+    assert r.priced <= 8 and r.faster <= r.priced
+    if r.fastest is not None:  # a priced plan: the full search's plan of that configuration
+        q = {_key(p.config): p for p in full.plans}[_key(r.fastest.config)]
+        assert q.step_time == r.fastest.step_time < mine.step_time
+    if len(faster) > r.faster:  # one not priced: its bound (at most its step) is open
         assert r.best_bound is not None
-        assert min(p.step_time for p in faster) >= r.best_bound * (1 - 1e-12)
+        # each faster plan not priced is at least the best open bound: only the priced
+        # ones may be faster than that
+        assert sum(p.step_time < r.best_bound * (1 - 1e-12) for p in faster) <= r.faster
     if r.best_bound is not None:
         assert r.best_bound < mine.step_time and r.best is not None
     return true_rank, r
@@ -154,5 +161,61 @@ def test_the_bounds_rule_out_most_configurations_on_a_large_shape():
     config = parse_config("tp=8,pp=8,dp=1,sharding=ddp,mbs=1,schedule=1f1b,recompute=full", 64)
     mine = search(prof, replace(restrict(req, config), top=1), hw).plans[0]
     r = rank_by_bounds(prof, req, config, mine.step_time, hw)
-    assert r.bounded_slower + r.cannot_fit > 0 and r.could_be_faster > 0
-    assert r.best_bound < mine.step_time and r.high == 1 + r.could_be_faster
+    assert r.slower + r.cannot_fit > 0 and r.could_be_faster > 0
+    assert r.best_bound < mine.step_time and r.high == r.low + r.could_be_faster
+    assert r.priced == 8 and r.faster >= 1  # the lowest bounds priced: some beat it
+
+
+# ---- the command line --------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def free_profile(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bound_rank") / "tiny.json"
+    analytic_profile(layers=6, hidden=512, ffn=1408, heads=8, kv_heads=4, vocab=8192, seq=512,
+                     batch=1).save(path)
+    return str(path)
+
+
+CLI = ["--gpus", "8", "--gpu", "h100-sxm", "--global-batch", "16", "--mbs", "1,2",
+       "--schedules", "1f1b,interleaved-1f1b", "--max-chunks", "2"]
+
+
+def test_the_command_states_the_rank_and_prints_the_configuration(free_profile, capsys):
+    from pipebubble.cli import main
+
+    cfg = "tp=2,pp=2,dp=2,sharding=ddp,mbs=1,schedule=1f1b,recompute=none"
+    assert main(["plan", "--profile", free_profile, *CLI, "--config", cfg]) == 0
+    text = " ".join(capsys.readouterr().out.split())  # wrapped at the terminal's width
+    assert "--config priced on its own" in text and "full search considers" in text
+    assert "--config: tp=2 sp cp=1 pp=2 dp=2 ddp 1f1b" in text or \
+        "--config: tp=2 cp=1 pp=2 dp=2 ddp 1f1b" in text
+    assert ("rank between #" in text and "for the exact rank" in text) or "rank: #" in text
+    assert "pastes for --config (tp=2" in text and "fastest plans that fit" not in text
+    assert "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2" in text
+
+
+def test_a_configuration_that_does_not_fit_is_said_so_without_a_search(free_profile, capsys):
+    import json
+
+    from pipebubble.cli import main
+
+    assert main(["plan", "--profile", free_profile, *CLI, "--gpu-memory", "300MiB",
+                 "--reserve", "0", "--config", "tp=1,pp=1,dp=8,sharding=ddp,mbs=2",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["plans"] == [] and out["config"]["fits"] is False
+    assert out["config"]["rank"] is None and "does not fit" in out["config"]["rank_note"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--exact-rank"], "--exact-rank ranks a --config among the full search's plans; give "
+     "--config K=V,... too"),
+    (["--config", "tp=3"], "--config tp=3 = 3 GPUs does not divide --gpus 8"),
+    (["--config", "pp=2,pp=2"], "--config gives pp twice"),
+])
+def test_bad_input_is_one_line(free_profile, capsys, argv, message):
+    from pipebubble.cli import main
+
+    assert main(["plan", "--profile", free_profile, *CLI, *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err

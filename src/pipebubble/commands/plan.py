@@ -781,10 +781,12 @@ def config_json(mine, priced, bounds, req, profiles, out_path: str | None, ctx: 
     if bounds is not None:
         fws = ctx.get("framework")
         fw = fws.framework.name if fws is not None else "none"
-        item["rank"] = 1 if bounds.exact else None
+        item["rank"] = bounds.low if bounds.exact else None
         item["rank_note"] = rank_statement(bounds, fw)
         item["rank_bounds"] = {**bounds.as_json(), "framework": fw,
                                "best": _label(bounds.best) if bounds.best is not None
+                               else None,
+                               "fastest": _label(bounds.fastest) if bounds.fastest is not None
                                else None}
     out["config"] = item
     out["pastes"] = pastes(mine, item, profiles, ctx, stem, None, NOT_SEARCHED)
@@ -799,18 +801,34 @@ def config_json(mine, priced, bounds, req, profiles, out_path: str | None, ctx: 
 def rank_statement(b, framework: str = "none") -> str:
     """The rank the bounds give (:class:`~pipebubble.plan.bound_rank.BoundRank`), in words."""
     among = "" if framework == "none" else f" {framework} may run"
-    others = b.considered - b.own
+    priced = ""
+    if b.fastest is not None:
+        priced = (f"{b.faster:,} of the {b.priced} with the lowest bounds, priced, are faster "
+                  f"(the fastest, {_label(b.fastest)}: {_t(b.fastest.step_time)}, a step "
+                  f"{1 - b.fastest.step_time / b.step:.1%} shorter)")
+    elif b.priced:
+        priced = f"the {b.priced} with the lowest bounds, priced, are not faster"
     if b.exact:
-        return (f"rank: #1 (no configuration's lower bound beats it: every other of the "
-                f"{others:,} configurations{among} a full search considers is bounded at or "
-                "above its step or cannot fit)")
+        head = (f"rank: #{b.low} (no other configuration{among}'s lower bound beats it"
+                if b.faster == 0 and not b.priced else f"rank: #{b.low} (exact")
+        return f"{head}: {', '.join(x for x in (priced, _not_faster(b)) if x)})"
     pct = 1 - b.best_bound / b.step if b.step > 0 else 0.0
-    return (f"rank between #{b.low} and #{b.high:,}: {b.could_be_faster:,} configurations"
-            f"{among} could be faster (their lower bounds are below its step), "
-            f"{b.bounded_slower + b.cannot_fit:,} are certainly not ({b.bounded_slower:,} "
-            f"bounded at or above it, {b.cannot_fit:,} cannot fit); the best bound, "
-            f"{_label(b.best)}, is {_t(b.best_bound)}: at most {pct:.1%} faster; run plan "
-            "without --config, or add --exact-rank, for the exact rank")
+    could = (f"{b.could_be_faster:,} more configurations{among} could be faster (their lower "
+             f"bounds are below its step; the best, {_label(b.best)}, is {_t(b.best_bound)}: "
+             f"a step at most {pct:.1%} shorter)")
+    return (f"rank between #{b.low} and #{b.high:,}: "
+            + "; ".join(x for x in (priced, could, _not_faster(b)) if x)
+            + "; run plan without --config, or add --exact-rank, for the exact rank")
+
+
+def _not_faster(b) -> str:
+    """The configurations certainly not faster, in words."""
+    parts = [f"{b.slower:,} slower" if b.slower else "",
+             f"{b.cannot_fit:,} cannot fit" if b.cannot_fit else "",
+             f"{b.not_run:,} not run by the framework" if b.not_run else ""]
+    parts = [x for x in parts if x]
+    return f"{b.slower + b.cannot_fit + b.not_run:,} are certainly not ({', '.join(parts)})" \
+        if parts else ""
 
 
 def print_config(console, mine, req, out: dict) -> None:

@@ -14,17 +14,23 @@ prunes with, each true for every cut and order:
   (:meth:`~pipebubble.plan.memory_bounds.MemoryBounds._memory_bound`) exceed the budget.
 
 A configuration whose bound is at or above the asked one's step, or that cannot fit, is
-certainly not faster; the others *could* be. The search gives each configuration at most
-one plan, so the asked configuration's rank in the full search (1 + the plans strictly
-faster, as ``plan`` counts it) lies between 1 and 1 + those that could be faster. The
-configurations of the restricted search itself are never faster (it returned the fastest
-of them). ``tests/test_plan_bound_rank.py`` runs the full search on small cases and checks
-the true rank lies in the interval.
+certainly not faster; the others *could* be. The few of them with the lowest bounds
+(:data:`PRICE`, each with a quick schedule: at most :data:`PRICE_UNITS` microbatch-stages,
+not ``auto``) are priced exactly, as the full search prices them
+(:meth:`~pipebubble.plan.scoring.Searcher.evaluate`): each is then faster, slower or does
+not fit. The search gives each configuration at most one plan, so the asked
+configuration's rank in the full search (1 + the plans strictly faster, as ``plan`` counts
+it) lies between 1 + those priced faster and 1 + those plus the ones that could still be.
+The configurations of the restricted search itself are never faster (it returned the
+fastest of them). ``tests/test_plan_bound_rank.py`` runs the full search on small cases and
+checks the true rank lies in the interval. All counts are of work, never of the clock: the
+same answer on any machine.
 
 Two configurations on 2 GPUs, four equal layers (F = 1 s, B = 2 s): pp = 1 (m = 2) runs
 in 24 s, pp = 2 (m = 4) in 30 s. Asked for pp = 2, the other's bound (its mean rank, 24 s) is
-below 30 s, so it could be faster: rank #1 or #2 (the full search says #2). Asked for
-pp = 1, the other's bound (24 s of mean work and 0.5 s of mean fill) is above 24 s: #1.
+below 30 s, so it could be faster: rank #1 or #2 from the bounds alone, #2 once it is
+priced. Asked for pp = 1, the other's bound (24 s of mean work and 0.5 s of mean fill) is
+above 24 s: #1.
 
 >>> from pipebubble.plan.layercosts import ProfileSet
 >>> from pipebubble.plan.plans import Request
@@ -34,11 +40,14 @@ pp = 1, the other's bound (24 s of mean work and 0.5 s of mean fill) is above 24
 ...                                                              for i in range(4)]})])
 >>> req = Request(gpus=2, gpu_memory=1, global_batch=4, microbatch_sizes=(1,),
 ...               schedules=("1f1b",), recompute=("none",), latency=0, shardings=("ddp",))
->>> r = rank_by_bounds(prof, req, {"pp": 2}, 30.0)
+>>> r = rank_by_bounds(prof, req, {"pp": 2}, 30.0, price=0)
 >>> (r.considered, r.own, r.could_be_faster, r.low, r.high, r.best_bound)
 (2, 1, 1, 1, 2, 24.0)
+>>> r = rank_by_bounds(prof, req, {"pp": 2}, 30.0)
+>>> (r.priced, r.faster, r.low, r.high, r.fastest.step_time)
+(1, 1, 2, 2, 24.0)
 >>> r = rank_by_bounds(prof, req, {"pp": 1}, 24.0)
->>> (r.could_be_faster, r.bounded_slower, r.exact)
+>>> (r.could_be_faster, r.slower, r.exact)
 (0, 1, True)
 """
 
@@ -51,10 +60,12 @@ from dataclasses import dataclass
 
 from ..schedules import lookup
 from .axes import Point
-from .plans import Config, Request
+from .plans import Config, Plan, Request
 from .shardings import Sharding
 
 FASTER = 1 - 1e-12  # "faster" as plan counts it: a step below the asked one's x FASTER
+PRICE = 8  # the configurations of lowest bound priced exactly, at most
+PRICE_UNITS = 1 << 14  # ... and only where pp x m x chunks is at most this (a quick schedule)
 
 
 @dataclass(frozen=True)
@@ -64,36 +75,42 @@ class BoundRank:
     step: float  # the asked configuration's priced step (seconds)
     considered: int  # configurations the full search would consider, the asked ones included
     own: int  # of them, the restricted search's (the asked configuration's): never faster
-    could_be_faster: int  # their lower bound is below ``step``
-    bounded_slower: int  # their lower bound is at or above ``step``
-    cannot_fit: int  # their memory lower bound is above the budget
+    could_be_faster: int  # not priced, and their lower bound is below ``step``
+    slower: int  # bounded at or above ``step``, or priced and not faster
+    cannot_fit: int  # their memory lower bound is above the budget, or priced: none fits
     best_bound: float | None  # the least lower bound of those that could be faster
     best: Config | None  # the configuration with that bound
     seconds: float  # the time the bounds took
+    faster: int = 0  # priced (the lowest bounds first, :data:`PRICE`) and faster
+    fastest: Plan | None = None  # the fastest of those
+    priced: int = 0  # configurations priced exactly
+    not_run: int = 0  # left out: the framework surely does not run them (``may_count``)
 
     @property
     def low(self) -> int:
-        """The best rank it may have (bounds never prove another configuration faster)."""
-        return 1
+        """The best rank it may have: behind the configurations priced and faster."""
+        return 1 + self.faster
 
     @property
     def high(self) -> int:
         """The worst rank it may have: behind every configuration that could be faster."""
-        return 1 + self.could_be_faster
+        return 1 + self.faster + self.could_be_faster
 
     @property
     def exact(self) -> bool:
-        """Whether the interval is one rank (#1: no configuration's bound beats it)."""
+        """Whether the interval is one rank."""
         return self.low == self.high
 
     def as_json(self) -> dict:
         return {"low": self.low, "high": self.high, "considered": self.considered,
-                "own": self.own, "could_be_faster": self.could_be_faster,
-                "bounded_slower": self.bounded_slower, "cannot_fit": self.cannot_fit,
+                "own": self.own, "faster": self.faster, "priced": self.priced,
+                "could_be_faster": self.could_be_faster, "slower": self.slower,
+                "cannot_fit": self.cannot_fit, "not_run": self.not_run,
                 "best_bound": self.best_bound,
                 "best_bound_vs_step": (self.best_bound / self.step - 1
                                        if self.best_bound is not None and self.step > 0
                                        else None),
+                "fastest_step": self.fastest.step_time if self.fastest else None,
                 "seconds": self.seconds}
 
 
@@ -123,18 +140,20 @@ def matches(c: Config, config: dict) -> bool:
 
 def rank_by_bounds(profiles, req: Request, config: dict, step: float, hardware=None,
                    efficiency: float | None = None, mfu: float | None = None,
-                   may_count: Callable[[Config], bool] | None = None) -> BoundRank:
+                   may_count: Callable[[Config], bool] | None = None, price: int = PRICE
+                   ) -> BoundRank:
     """The rank interval of a configuration priced at ``step`` among every configuration
     the full search of ``req`` considers (module doc); ``may_count``: False for a
     configuration that cannot be in the ranking's pool (one the framework surely does not
-    run), left out of the count (kept: every configuration)."""
+    run), left out of the count (kept: every configuration); ``price``: how many of the
+    lowest bounds to price exactly."""
     from .planner import build_points
     from .scoring import SearchCache, Searcher
 
     t0 = time.perf_counter()
     below = step * FASTER
     cache = SearchCache()
-    considered = own = slower = no_fit = 0
+    considered = own = slower = no_fit = not_run = 0
     open_: list[tuple[float, Config, Searcher]] = []  # could be faster, by config bound
     chains: dict[str, int] = {}
     for _, costs, axes in build_points(profiles, req, hardware, efficiency, mfu):
@@ -148,7 +167,7 @@ def rank_by_bounds(profiles, req: Request, config: dict, step: float, hardware=N
                 own += 1
                 continue
             if may_count is not None and not may_count(c):
-                slower += 1  # not in the pool: not ranked against
+                not_run += 1  # not in the pool: not ranked against
                 continue
             if c.bound >= below:
                 slower += 1
@@ -167,18 +186,33 @@ def rank_by_bounds(profiles, req: Request, config: dict, step: float, hardware=N
     # The least bound of those left, with the slowest-stage bound too: refined lowest
     # first, until no unrefined one's bound is below the best refined.
     open_.sort(key=lambda x: x[0])
-    best, best_c, left = math.inf, None, []
+    best, left = math.inf, []
     for bound, c, s in open_:
-        if bound >= best:
-            left.append(bound)
+        if bound < best:
+            bound = max(bound, s.stage_bound(c))
+            best = min(best, bound)
+        left.append((bound, c, s))
+    left = [x for x in left if x[0] < below]
+    slower += len(open_) - len(left)  # a refined bound reached the step
+    # The few with the lowest bounds are priced exactly (the plan the full search gives
+    # them), within a counted budget: each is then faster, slower or does not fit.
+    left.sort(key=lambda x: x[0])
+    faster, fastest, priced, rest = 0, None, 0, []
+    for bound, c, s in left:
+        units = c.pp * c.microbatches * c.chunks
+        if (priced >= price or lookup(c.schedule).searched or units > PRICE_UNITS):
+            rest.append((bound, c))
             continue
-        b = max(bound, s.stage_bound(c))
-        left.append(b)
-        if b < best:
-            best, best_c = b, c
-    could = sum(b < below for b in left)  # a refined bound may reach the step
-    slower += len(left) - could
-    if best >= below:
-        best, best_c = math.inf, None
-    return BoundRank(step, considered, own, could, slower, no_fit,
-                     None if best_c is None else best, best_c, time.perf_counter() - t0)
+        priced += 1
+        plan = s.evaluate(c, math.inf, req.gpu_memory)
+        if plan is None:
+            no_fit += 1
+        elif plan.step_time < below:
+            faster += 1
+            if fastest is None or plan.step_time < fastest.step_time:
+                fastest = plan
+        else:
+            slower += 1
+    best_bound, best_c = min(rest, key=lambda x: x[0], default=(None, None))
+    return BoundRank(step, considered, own, len(rest), slower, no_fit, best_bound, best_c,
+                     time.perf_counter() - t0, faster, fastest, priced, not_run)
