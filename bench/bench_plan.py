@@ -222,7 +222,6 @@ def bench_config(rows, baseline: bool = True) -> None:
     from pipebubble.cli import main as cli
     from pipebubble.commands import plan as _plan_command  # noqa: F401  (imports, untimed)
     from pipebubble.plan import bound_rank as _bound_rank  # noqa: F401
-    from pipebubble.plan.analytic import TransformerShape, shape_profile
 
     def run(argv: list[str]) -> tuple[float, float, dict]:
         cold()
@@ -237,47 +236,74 @@ def bench_config(rows, baseline: bool = True) -> None:
 
     print(f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; plan --config in-process "
           "after the imports, each run cold; target < 1 s of CPU")
+    here = os.getcwd()
     with tempfile.TemporaryDirectory() as tmp:
-        warm = os.path.join(tmp, "warm.json")  # the lazy imports of one run, untimed
-        shape_profile(TransformerShape(layers=2, hidden=256, ffn=688, heads=4, vocab=1000),
-                      256, 1).save(warm)
-        run(["plan", "--profile", warm, "--gpus", "8", "--gpu", "h100-sxm", "--global-batch",
-             "16", "--config", "tp=1,pp=2,dp=4", "--json"])
-        for name, gpus, attention, text in rows:
-            layers, hidden, ffn, heads, kv, vocab, seq, gpu = SHAPES[name]
-            shape = TransformerShape(layers=layers, hidden=hidden, ffn=ffn, heads=heads,
-                                     vocab=vocab, kv_heads=kv)
-            path = os.path.join(tmp, f"{name}.json")
-            shape_profile(shape, seq, 1, attention=attention).save(path)
-            argv = ["plan", "--profile", path, "--gpus", str(gpus), "--gpu", gpu,
-                    "--global-batch", "2048", "--recompute", "none,full", "--config", text,
-                    "--json"]
-            wall, cpu, out = run(argv)
-            cfg = out["config"]
-            rb = cfg.get("rank_bounds") or {}
-            print(f"{name} on {gpus} x {gpu} ({attention}), --config {text}:")
-            print(f"  --config:             {wall:7.2f} s wall, {cpu:6.2f} s CPU "
-                  f"({'met' if cpu < 1 else 'MISSED'} < 1 s); step "
-                  f"{cfg['predicted_step_time']:.3f} s; rank #{rb.get('low')}..#"
-                  f"{rb.get('high')} of {rb.get('considered')} configurations "
-                  f"({rb.get('faster')} of {rb.get('priced')} priced faster, "
-                  f"{rb.get('could_be_faster')} could be faster, {rb.get('slower')} slower, "
-                  f"{rb.get('cannot_fit')} cannot fit); bounds {rb.get('seconds', 0):.2f} s",
-                  flush=True)
-            if not baseline:
-                continue
-            b_wall, b_cpu, b_out = run([*argv, "--exact-rank"])
-            same = b_out["config"]["predicted_step_time"] == cfg["predicted_step_time"]
-            exact = b_out["config"]["rank"]
-            held = exact is None or rb.get("low", 1) <= exact <= rb.get("high", exact)
-            print(f"  --exact-rank (full):  {b_wall:7.2f} s wall, {b_cpu:6.2f} s CPU; "
-                  f"{b_out['searched']} configurations, {b_out['simulated']} simulations; "
-                  f"--config is {b_wall / wall:.0f}x faster (CPU {b_cpu / cpu:.0f}x); same "
-                  f"step: {same}; exact rank "
-                  f"{'#' + str(exact) if exact else b_out['config']['rank_note']}"
-                  f"{'' if held else ' OUTSIDE the bounds interval'}", flush=True)
-            if not same or not held:
-                raise SystemExit("plan --config disagrees with the full search")
+        os.chdir(tmp)  # the CSV orders the pastes write land there
+        try:
+            _config_rows(rows, baseline, tmp, run)
+        finally:
+            os.chdir(here)
+
+
+def _config_rows(rows, baseline: bool, tmp: str, run) -> None:
+    """:func:`bench_config`'s rows, in ``tmp``."""
+    from pipebubble.plan.analytic import TransformerShape, shape_profile
+
+    warm = os.path.join(tmp, "warm.json")  # the lazy imports of one run, untimed
+    shape_profile(TransformerShape(layers=2, hidden=256, ffn=688, heads=4, vocab=1000),
+                  256, 1).save(warm)
+    run(["plan", "--profile", warm, "--gpus", "8", "--gpu", "h100-sxm", "--global-batch",
+         "16", "--config", "tp=1,pp=2,dp=4", "--json"])
+    for name, gpus, attention, text in rows:
+        layers, hidden, ffn, heads, kv, vocab, seq, gpu = SHAPES[name]
+        shape = TransformerShape(layers=layers, hidden=hidden, ffn=ffn, heads=heads,
+                                 vocab=vocab, kv_heads=kv)
+        path = os.path.join(tmp, f"{name}.json")
+        shape_profile(shape, seq, 1, attention=attention).save(path)
+        argv = ["plan", "--profile", path, "--gpus", str(gpus), "--gpu", gpu,
+                "--global-batch", "2048", "--recompute", "none,full", "--config", text,
+                "--json"]
+        wall, cpu, out = run(argv)
+        cfg = out["config"]
+        rb = cfg.get("rank_bounds") or {}
+        print(f"{name} on {gpus} x {gpu} ({attention}), --config {text}:")
+        print(f"  --config:             {wall:7.2f} s wall, {cpu:6.2f} s CPU "
+              f"({'met' if cpu < 1 else 'MISSED'} < 1 s); step "
+              f"{cfg['predicted_step_time']:.3f} s; rank #{rb.get('low')}..#"
+              f"{rb.get('high')} of {rb.get('considered')} configurations "
+              f"({rb.get('faster')} of {rb.get('priced')} priced faster, "
+              f"{rb.get('could_be_faster')} could be faster, {rb.get('slower')} slower, "
+              f"{rb.get('cannot_fit')} cannot fit); bounds {rb.get('seconds', 0):.2f} s",
+              flush=True)
+        if not baseline:
+            continue
+        b_wall, b_cpu, b_out = run([*argv, "--exact-rank"])
+        same = b_out["config"]["predicted_step_time"] == cfg["predicted_step_time"]
+        exact = b_out["config"]["rank"]
+        held = exact is None or rb.get("low", 1) <= exact <= rb.get("high", exact)
+        print(f"  --exact-rank (full):  {b_wall:7.2f} s wall, {b_cpu:6.2f} s CPU; "
+              f"{b_out['searched']} configurations, {b_out['simulated']} simulations; "
+              f"--config is {b_wall / wall:.0f}x faster (CPU {b_cpu / cpu:.0f}x); same "
+              f"step: {same}; exact rank "
+              f"{'#' + str(exact) if exact else b_out['config']['rank_note']}"
+              f"{'' if held else ' OUTSIDE the bounds interval'}", flush=True)
+        if not same or not held:
+            raise SystemExit("plan --config disagrees with the full search")
+        top = b_out["plans"][0]  # the search's best, asked for: its interval holds #1
+        text = (f"tp={top['tp']},sp={int(top['sp'])},cp={top['cp']},pp={top['pp']},"
+                f"dp={top['dp']},sharding={top['sharding']},mbs={top['microbatch_size']},"
+                f"schedule={top['schedule']},v={top['chunks']},"
+                f"recompute={top['recompute']}")
+        t_wall, t_cpu, t_out = run([*argv[:-3], "--config", text, "--json"])
+        trb = t_out["config"]["rank_bounds"]
+        ok = (trb["low"] == 1 and t_out["config"]["predicted_step_time"]
+              == top["predicted_step_time"])
+        print(f"  the search's #1 as --config ({text}): {t_wall:.2f} s wall, {t_cpu:.2f} s "
+              f"CPU; rank #{trb['low']}..#{trb['high']} ({trb['could_be_faster']} could "
+              f"be faster; best bound {trb['best_bound_vs_step'] or 0:+.1%}); "
+              f"{'holds #1' if ok else 'DOES NOT hold #1'}", flush=True)
+        if not ok:
+            raise SystemExit("plan --config disagrees with the full search")
 
 
 def top_lines(plans) -> list[str]:

@@ -15,8 +15,9 @@ prunes with, each true for every cut and order:
 
 A configuration whose bound is at or above the asked one's step, or that cannot fit, is
 certainly not faster; the others *could* be. The few of them with the lowest bounds
-(:data:`PRICE`, each with a quick schedule: at most :data:`PRICE_UNITS` microbatch-stages,
-not ``auto``) are priced exactly, as the full search prices them
+(:data:`PRICE`, one schedule per split of the GPUs, microbatch size and recomputation, not
+``auto``, within :data:`PRICE_UNITS` microbatch-stages in all) are priced exactly, as the
+full search prices them
 (:meth:`~pipebubble.plan.scoring.Searcher.evaluate`): each is then faster, slower or does
 not fit. The search gives each configuration at most one plan, so the asked
 configuration's rank in the full search (1 + the plans strictly faster, as ``plan`` counts
@@ -65,7 +66,7 @@ from .shardings import Sharding
 
 FASTER = 1 - 1e-12  # "faster" as plan counts it: a step below the asked one's x FASTER
 PRICE = 8  # the configurations of lowest bound priced exactly, at most
-PRICE_UNITS = 1 << 14  # ... and only where pp x m x chunks is at most this (a quick schedule)
+PRICE_UNITS = 1 << 15  # ... within this many microbatch-stages (pp x m x chunks) in all
 
 
 @dataclass(frozen=True)
@@ -197,13 +198,16 @@ def rank_by_bounds(profiles, req: Request, config: dict, step: float, hardware=N
     # The few with the lowest bounds are priced exactly (the plan the full search gives
     # them), within a counted budget: each is then faster, slower or does not fit.
     left.sort(key=lambda x: x[0])
-    faster, fastest, priced, rest = 0, None, 0, []
+    faster, fastest, priced, work, rest, tried = 0, None, 0, 0, [], set()
     for bound, c, s in left:
         units = c.pp * c.microbatches * c.chunks
-        if (priced >= price or lookup(c.schedule).searched or units > PRICE_UNITS):
+        group = (id(s), c.pp, c.dp, c.microbatch_size, c.recompute)
+        if (priced >= price or lookup(c.schedule).searched or work + units > PRICE_UNITS
+                or group in tried):  # one schedule per split: its siblings often fail alike
             rest.append((bound, c))
             continue
-        priced += 1
+        priced, work = priced + 1, work + units
+        tried.add(group)
         plan = s.evaluate(c, math.inf, req.gpu_memory)
         if plan is None:
             no_fit += 1
