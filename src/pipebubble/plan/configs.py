@@ -51,6 +51,7 @@ class Configs:
         """Every configuration of this point, with its bound (module doc)."""
         req, L, pt, G = self.req, self.L, self.point, self.gpus
         chains = {name: chains_of(name) for name in self.names}  # once, not per config
+        options = {name: chunk_options(name, req.max_chunks) for name in self.names}
         pp1 = req.pp1_schedules(self.names)
         for pp in limits.divisors(G):  # O(sqrt N), not N
             dp = G // pp
@@ -75,7 +76,7 @@ class Configs:
                     for name in self.names:
                         if pp == 1 and name not in pp1:
                             continue  # one rank: every schedule is the same plan
-                        for v in chunk_options(name, req.max_chunks):
+                        for v in options[name]:
                             if req.chunks is not None and v not in req.chunks:
                                 continue
                             if pp * v > L:  # stages per chain (DualPipe: pp per copy)
