@@ -71,7 +71,7 @@ def _key(c) -> tuple:
             c.schedule if c.pp > 1 else None, c.chunks)
 
 
-def _check(prof, req, hw, full, text: str, may_count=None, pool=None):
+def _check(prof, req, hw, full, text: str, may_count=None, pool=None, ranks=None):
     """Price ``text`` on its own, rank it by the bounds, and check both against ``full``."""
     config = parse_config(text, req.gpus)
     try:
@@ -89,7 +89,8 @@ def _check(prof, req, hw, full, text: str, may_count=None, pool=None):
         if p.config == q.config:  # (at pp = 1 the full search prices one family only)
             assert (p.step_time, p.peak_memory, p.ranges) == (q.step_time, q.peak_memory,
                                                               q.ranges), text
-    r = rank_by_bounds(prof, req, config, mine.step_time, hw, may_count=may_count)
+    r = rank_by_bounds(prof, req, config, mine.step_time, hw, may_count=may_count,
+                       ranks=ranks)
     assert r.considered == full.searched  # every configuration the full search considers
     faster = [p for p in (full.plans if pool is None else pool)
               if p.step_time < mine.step_time * FASTER]
@@ -101,6 +102,7 @@ def _check(prof, req, hw, full, text: str, may_count=None, pool=None):
     if r.fastest is not None:  # a priced plan: the full search's plan of that configuration
         q = {_key(p.config): p for p in full.plans}[_key(r.fastest.config)]
         assert q.step_time == r.fastest.step_time < mine.step_time
+        assert ranks is None or ranks(r.fastest)  # in the pool ranked among
     if len(faster) > r.faster:  # one not priced: its bound (at most its step) is open
         assert r.best_bound is not None
         # each faster plan not priced is at least the best open bound: only the priced
@@ -145,7 +147,8 @@ def test_the_rank_among_what_a_framework_runs_holds():
     assert pool and len(pool) < len(full.plans)
     for p in sorted(full.plans, key=lambda p: p.step_time)[::40]:
         got = _check(prof, req, hw, full, _text(p),
-                     may_count=lambda c: F.may_run_config(fw, c), pool=pool)
+                     may_count=lambda c: F.may_run_config(fw, c), pool=pool,
+                     ranks=lambda p: F.blocker(fw, p) is None)
         assert got is not None
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 from .. import limits as L
 from ..errors import UserError
@@ -424,6 +425,7 @@ def run(args: argparse.Namespace) -> int:
         if fws.framework.name != "none":
             result = framework_ranking(fws, result, profiles, req, hw, efficiency, args.mfu)
     mine, mine_fits, priced = None, True, None
+    t_priced = time.perf_counter()
     if config is not None:
         from dataclasses import replace
 
@@ -439,12 +441,16 @@ def run(args: argparse.Namespace) -> int:
     bounds = None
     if alone and mine_fits:
         from ..plan.bound_rank import rank_by_bounds
-        from ..plan.frameworks import may_run_config
+        from ..plan.frameworks import blocker, may_run_config
 
         fw = fws.framework
-        bounds = rank_by_bounds(profiles, req, config, mine.step_time, hw, efficiency,
-                                args.mfu, None if fw.name == "none"
-                                else lambda c: may_run_config(fw, c))
+        if fw.name == "none":
+            bounds = rank_by_bounds(profiles, req, config, mine.step_time, hw, efficiency,
+                                    args.mfu)
+        else:  # ranked among what the framework runs
+            bounds = rank_by_bounds(profiles, req, config, mine.step_time, hw, efficiency,
+                                    args.mfu, lambda c: may_run_config(fw, c),
+                                    ranks=lambda p: blocker(fw, p) is None)
     validations = []
     if args.validate:
         from ..plan.validate import fits_here, validate
@@ -466,7 +472,8 @@ def run(args: argparse.Namespace) -> int:
            "efficiency": hw.efficiency if hw is not None and args.mfu is None else None,
            "framework": fws}
     if alone:
-        out = config_json(mine, priced, bounds, req, profiles, args.out, ctx)
+        out = config_json(mine, priced, bounds, req, profiles, args.out, ctx,
+                          time.perf_counter() - t_priced - (bounds.seconds if bounds else 0.0))
     else:
         out = result_json(result, profiles, validations, args.out, ctx, mine,
                           runnable_finder(result, profiles, req, hw, efficiency, args.mfu))
@@ -752,18 +759,19 @@ NOT_SEARCHED = ("not looked for: plan --config ranks by bounds, without a full s
                 "plan without --config, or add --exact-rank, for the best plan {} runs")
 
 
-def config_json(mine, priced, bounds, req, profiles, out_path: str | None, ctx: dict) -> dict:
+def config_json(mine, priced, bounds, req, profiles, out_path: str | None, ctx: dict,
+                seconds: float = 0.0) -> dict:
     """The JSON of ``plan --config`` without a full search: the configuration priced on its
     own (``priced``: the search restricted to it) under ``config``, its pastes, and its rank
     from the bounds (``bounds``, :class:`~pipebubble.plan.bound_rank.BoundRank`; None when it
-    does not fit) under ``config.rank_bounds``; ``plans`` is empty (none was searched)."""
+    does not fit) under ``config.rank_bounds``; ``plans`` is empty (none was searched);
+    ``seconds``: the pricing's."""
     stem = os.path.splitext(out_path)[0] if out_path else "plan"
     hw = ctx.get("hw")
     csv = csv_name(stem, "config", mine)
     item = plan_item(mine, profiles, ctx, csv)
     if csv:
         wrote(csv)
-    seconds = priced.seconds if priced is not None else 0.0
     out = {"searched": priced.searched if priced is not None else 0,
            "simulated": priced.simulated if priced is not None else 0,
            "seconds": seconds,
@@ -842,9 +850,10 @@ def print_config(console, mine, req, out: dict) -> None:
         "efficiency") else ""
     ranked = (f"; ranked by the lower bounds of the {rb['considered']:,} configurations a "
               f"full search considers, in {rb['seconds']:.2f} s" if rb else "")
-    console.print(f"[bold]--config priced on its own[/bold] ({out['searched']} "
-                  f"configuration{'s' if out['searched'] != 1 else ''}, {out['simulated']} "
-                  f"simulation{'s' if out['simulated'] != 1 else ''}) in "
+    what = (f"{out['searched']} configuration{'s' if out['searched'] != 1 else ''}, "
+            f"{out['simulated']} simulation{'s' if out['simulated'] != 1 else ''}"
+            if cfg.get("fits", True) else "it does not fit: the least memory it needs")
+    console.print(f"[bold]--config priced on its own[/bold] ({what}) in "
                   f"{out['seconds']:.2f} s{ranked}; {req.gpus} GPUs{gpu} x "
                   f"{_gib(out['gpu_memory'])} ({_gib(req.gpu_memory)} after --reserve), global "
                   f"batch {req.global_batch}; ranks ordered tp (innermost), cp, dp, pp "
@@ -857,7 +866,11 @@ def print_config(console, mine, req, out: dict) -> None:
     for line in framework_lines(out, [(None, cfg)]):
         console.print(line, highlight=False, markup=False)
     console.print(f"--config: {plan_summary(mine, req.gpu_memory)}", highlight=False)
-    if cfg.get("rank_note"):
+    if not cfg.get("fits", True):
+        console.print(f"--config {cfg['rank_note']}: it needs "
+                      f"{_gib(max(cfg['peak_memory']))} at its peak; not ranked",
+                      highlight=False)
+    elif cfg.get("rank_note"):
         console.print(cfg["rank_note"], highlight=False)
     print_pastes(console, out["pastes"], "--config",
                  (out.get("framework") or {}).get("framework", "none"))

@@ -141,13 +141,14 @@ def matches(c: Config, config: dict) -> bool:
 
 def rank_by_bounds(profiles, req: Request, config: dict, step: float, hardware=None,
                    efficiency: float | None = None, mfu: float | None = None,
-                   may_count: Callable[[Config], bool] | None = None, price: int = PRICE
-                   ) -> BoundRank:
+                   may_count: Callable[[Config], bool] | None = None, price: int = PRICE,
+                   ranks: Callable[[Plan], bool] | None = None) -> BoundRank:
     """The rank interval of a configuration priced at ``step`` among every configuration
     the full search of ``req`` considers (module doc); ``may_count``: False for a
     configuration that cannot be in the ranking's pool (one the framework surely does not
-    run), left out of the count (kept: every configuration); ``price``: how many of the
-    lowest bounds to price exactly."""
+    run), left out of the count (kept: every configuration); ``ranks``: whether a priced
+    plan is in that pool (the framework runs it: :func:`~pipebubble.plan.frameworks.blocker`
+    says none); ``price``: how many of the lowest bounds to price exactly."""
     from .planner import build_points
     from .scoring import SearchCache, Searcher
 
@@ -211,6 +212,8 @@ def rank_by_bounds(profiles, req: Request, config: dict, step: float, hardware=N
         plan = s.evaluate(c, math.inf, req.gpu_memory)
         if plan is None:
             no_fit += 1
+        elif ranks is not None and not ranks(plan):
+            not_run += 1  # priced, but not in the pool (the framework does not run it)
         elif plan.step_time < below:
             faster += 1
             if fastest is None or plan.step_time < fastest.step_time:
