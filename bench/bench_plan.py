@@ -27,6 +27,7 @@ them against a file another version wrote (pruning must never change them).
     python bench/bench_plan.py --scale [--no-auto] [--gpus 16384] [--repeats 1]
                                [--save-top FILE | --compare-top FILE]
     python bench/bench_plan.py --table [all | gpt-1t:512:unfused,llama-7b:64,...]
+    python bench/bench_plan.py --config [all | gpt-1t:512,...] [--no-baseline]
 
 With ``--table``: a full search (every axis, auto included) per dense shape and scale
 (LLaMA-7B on 64 A100s up to a 2T GPT shape on 16,384 H100s, flash and unfused attention),
@@ -34,6 +35,13 @@ and DeepSeek-V3 (MoE) on 2,048 H800s as bench/bench_deepseek_v3.py plans it but 
 in the candidate set (row ``deepseek-v3:2048``): wall and CPU seconds, configurations
 priced, simulations run and auto's searches; the target (under 10 s) is checked on the
 CPU seconds, which a loaded machine inflates less than the wall.
+
+With ``--config``: ``pipebubble plan --config`` (in-process, after the imports, each run
+cold) on a published-like configuration per shape (:data:`CONFIG_ROWS`: GPT-1T on 512
+A100s, GPT-3 175B on 1,024, LLaMA-3 405B on 16,384 H100s): the configuration priced on its
+own and ranked by the bounds (target < 1 s of CPU), against the same command with
+``--exact-rank`` (the full search, what ``--config`` cost before) timed in the same run,
+the ratio, the rank interval and, when the full search shows it, the exact rank.
 """
 
 from __future__ import annotations
@@ -224,6 +232,112 @@ def bench_table(rows: list[tuple[str, int, str]], repeats: int = 1) -> None:
               f"10 s: {'met' if cpu < 10 else 'MISSED'}", flush=True)
 
 
+CONFIG_ROWS = [  # (shape, GPUs, attention, --config): the --config rows
+    ("gpt-1t", 512, "flash",
+     "tp=8,pp=16,dp=4,sharding=zero1,mbs=1,schedule=interleaved-1f1b,v=2,recompute=full"),
+    ("gpt-175b", 1024, "flash",
+     "tp=8,pp=8,dp=16,sharding=zero1,mbs=1,schedule=interleaved-1f1b,v=2,recompute=full"),
+    ("llama3-405b", 16384, "flash",
+     "tp=8,cp=1,pp=16,dp=128,sharding=fsdp,mbs=1,schedule=interleaved-1f1b,v=2,"
+     "recompute=none"),
+]
+
+
+def bench_config(rows, baseline: bool = True) -> None:
+    """``plan --config`` against ``plan --config --exact-rank`` (module doc), each through
+    the command line's own code (``pipebubble.cli.main``, output captured), cold."""
+    import contextlib
+    import io
+    import json
+    import tempfile
+
+    from pipebubble.cli import main as cli
+    from pipebubble.commands import plan as _plan_command  # noqa: F401  (imports, untimed)
+    from pipebubble.plan import bound_rank as _bound_rank  # noqa: F401
+
+    def run(argv: list[str]) -> tuple[float, float, dict]:
+        cold()
+        buf = io.StringIO()
+        t0, c0 = time.perf_counter(), time.process_time()
+        with contextlib.redirect_stdout(buf):
+            rc = cli(argv)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        if rc != 0:
+            raise SystemExit(f"plan {' '.join(argv)} exited {rc}")
+        return wall, cpu, json.loads(buf.getvalue())
+
+    print(f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; plan --config in-process "
+          "after the imports, each run cold; target < 1 s of CPU")
+    here = os.getcwd()
+    with tempfile.TemporaryDirectory() as tmp:
+        os.chdir(tmp)  # the CSV orders the pastes write land there
+        try:
+            _config_rows(rows, baseline, tmp, run)
+        finally:
+            os.chdir(here)
+
+
+def _config_rows(rows, baseline: bool, tmp: str, run) -> None:
+    """:func:`bench_config`'s rows, in ``tmp``."""
+    from pipebubble.plan.analytic import TransformerShape, shape_profile
+
+    warm = os.path.join(tmp, "warm.json")  # the lazy imports of one run, untimed
+    shape_profile(TransformerShape(layers=2, hidden=256, ffn=688, heads=4, vocab=1000),
+                  256, 1).save(warm)
+    run(["plan", "--profile", warm, "--gpus", "8", "--gpu", "h100-sxm", "--global-batch",
+         "16", "--config", "tp=1,pp=2,dp=4", "--json"])
+    for name, gpus, attention, text in rows:
+        layers, hidden, ffn, heads, kv, vocab, seq, gpu = SHAPES[name]
+        shape = TransformerShape(layers=layers, hidden=hidden, ffn=ffn, heads=heads,
+                                 vocab=vocab, kv_heads=kv)
+        path = os.path.join(tmp, f"{name}.json")
+        shape_profile(shape, seq, 1, attention=attention).save(path)
+        argv = ["plan", "--profile", path, "--gpus", str(gpus), "--gpu", gpu,
+                "--global-batch", "2048", "--recompute", "none,full", "--config", text,
+                "--json"]
+        wall, cpu, out = run(argv)
+        cfg = out["config"]
+        rb = cfg.get("rank_bounds") or {}
+        print(f"{name} on {gpus} x {gpu} ({attention}), --config {text}:")
+        print(f"  --config:             {wall:7.2f} s wall, {cpu:6.2f} s CPU "
+              f"({'met' if cpu < 1 else 'MISSED'} < 1 s); step "
+              f"{cfg['predicted_step_time']:.3f} s; rank #{rb.get('low')}..#"
+              f"{rb.get('high')} of {rb.get('considered')} configurations "
+              f"({rb.get('faster')} of {rb.get('priced')} priced faster, "
+              f"{rb.get('could_be_faster')} could be faster, {rb.get('slower')} slower, "
+              f"{rb.get('cannot_fit')} cannot fit); bounds {rb.get('seconds', 0):.2f} s",
+              flush=True)
+        if not baseline:
+            continue
+        b_wall, b_cpu, b_out = run([*argv, "--exact-rank"])
+        same = b_out["config"]["predicted_step_time"] == cfg["predicted_step_time"]
+        exact = b_out["config"]["rank"]
+        held = exact is None or rb.get("low", 1) <= exact <= rb.get("high", exact)
+        print(f"  --exact-rank (full):  {b_wall:7.2f} s wall, {b_cpu:6.2f} s CPU; "
+              f"{b_out['searched']} configurations, {b_out['simulated']} simulations; "
+              f"--config is {b_wall / wall:.0f}x faster (CPU {b_cpu / cpu:.0f}x); same "
+              f"step: {same}; exact rank "
+              f"{'#' + str(exact) if exact else b_out['config']['rank_note']}"
+              f"{'' if held else ' OUTSIDE the bounds interval'}", flush=True)
+        if not same or not held:
+            raise SystemExit("plan --config disagrees with the full search")
+        top = b_out["plans"][0]  # the search's best, asked for: its interval holds #1
+        text = (f"tp={top['tp']},sp={int(top['sp'])},cp={top['cp']},pp={top['pp']},"
+                f"dp={top['dp']},sharding={top['sharding']},mbs={top['microbatch_size']},"
+                f"schedule={top['schedule']},v={top['chunks']},"
+                f"recompute={top['recompute']}")
+        t_wall, t_cpu, t_out = run([*argv[:-3], "--config", text, "--json"])
+        trb = t_out["config"]["rank_bounds"]
+        ok = (trb["low"] == 1 and t_out["config"]["predicted_step_time"]
+              == top["predicted_step_time"])
+        print(f"  the search's #1 as --config ({text}): {t_wall:.2f} s wall, {t_cpu:.2f} s "
+              f"CPU; rank #{trb['low']}..#{trb['high']} ({trb['could_be_faster']} could "
+              f"be faster; best bound {trb['best_bound_vs_step'] or 0:+.1%}); "
+              f"{'holds #1' if ok else 'DOES NOT hold #1'}", flush=True)
+        if not ok:
+            raise SystemExit("plan --config disagrees with the full search")
+
+
 def top_lines(plans) -> list[str]:
     """One line per plan: its configuration, cut, step and peak, exactly (repr)."""
     return [f"tp={p.tp} sp={p.sp} cp={p.cp} pp={p.pp} dp={p.dp} {p.sharding} {p.schedule} "
@@ -330,7 +444,18 @@ def main() -> None:
     ap.add_argument("--table", nargs="?", const="all", default=None, metavar="ROWS",
                     help="a full search per shape and scale (all, or a comma list of "
                     "SHAPE:GPUS[:unfused], shapes " + ", ".join(SHAPES) + ")")
+    ap.add_argument("--config", nargs="?", const="all", default=None, metavar="ROWS",
+                    help="plan --config against plan --config --exact-rank (all, or a comma "
+                    "list of SHAPE:GPUS of " + ", ".join(r[0] for r in CONFIG_ROWS) + ")")
+    ap.add_argument("--no-baseline", action="store_true",
+                    help="--config: skip the full searches (--exact-rank)")
     args = ap.parse_args()
+    if args.config:
+        rows = CONFIG_ROWS if args.config == "all" else [
+            r for x in args.config.split(",") for r in CONFIG_ROWS
+            if (r[0], r[1]) == (x.split(":")[0], int(x.split(":")[1]))]
+        bench_config(rows, not args.no_baseline)
+        return
     if args.table:
         rows = TABLE if args.table == "all" else [
             (x.split(":")[0], int(x.split(":")[1]),

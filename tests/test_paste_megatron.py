@@ -90,8 +90,8 @@ def profile(tmp_path_factory):
 def flags_of(profile, name, tmp_path, capsys) -> tuple[dict, str, str]:
     """(the plan the flags are for, as JSON, the flags, the environment they need)."""
     assert main(["plan", "--profile", profile, "--gpus", "8", "--global-batch", "32",
-                 "--gpu", "h100-sxm", "--config", CONFIGS[name], "--json", "--out",
-                 str(tmp_path / "p.json")]) == 0
+                 "--gpu", "h100-sxm", "--config", CONFIGS[name], "--exact-rank", "--json",
+                 "--out", str(tmp_path / "p.json")]) == 0  # --exact-rank: the plan instead
     out = json.loads(capsys.readouterr().out)
     mg = out["pastes"]["megatron"]
     assert "core_v0.16.1" in mg["version"]

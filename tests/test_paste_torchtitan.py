@@ -68,7 +68,8 @@ def paste_of(profile, name, tmp_path, capsys):
     """(the plan's JSON item the paste is for, its torchtitan paste)."""
     out_file = tmp_path / "plan.json"
     assert main(["plan", "--profile", profile, "--gpus", "8", "--global-batch", "32",
-                 "--config", CONFIGS[name], "--json", "--out", str(out_file)]) == 0
+                 "--config", CONFIGS[name], "--exact-rank", "--json", "--out",
+                 str(out_file)]) == 0  # --exact-rank: the best plan it runs, when blocked
     out = json.loads(capsys.readouterr().out)
     paste = out["pastes"]["torchtitan"]
     item = out["config"]
@@ -212,13 +213,21 @@ def test_config_pastes_its_own_plan_and_writes_its_csv_without_out(profile, tmp_
 
 def test_zero1_is_said_not_runnable_in_torchtitan_never_pasted_as_ddp(profile, capsys):
     assert main(["plan", "--profile", profile, "--gpus", "8", "--global-batch", "32",
-                 "--config", CONFIGS["zero1"], "--json"]) == 0
+                 "--config", CONFIGS["zero1"], "--exact-rank", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     tt = out["pastes"]["torchtitan"]
     assert tt["runnable"] is False and "no ZeRO-1" in tt["reason"]
     assert "parallelism" not in tt and tt["instead"]["config"]["sharding"] in ("ddp", "fsdp")
     mg = out["pastes"]["megatron"]["flags"]
     assert "--use-distributed-optimizer" in mg and "--overlap-param-gather" in mg
+    # without --exact-rank no search looks for the plan it runs instead, and it says so
+    assert main(["plan", "--profile", profile, "--gpus", "8", "--global-batch", "32",
+                 "--config", CONFIGS["zero1"], "--json"]) == 0
+    fast = json.loads(capsys.readouterr().out)
+    tt = fast["pastes"]["torchtitan"]
+    assert tt["runnable"] is False and "no ZeRO-1" in tt["reason"] and tt["instead"] is None
+    assert "add --exact-rank, for the best plan torchtitan runs" in tt["instead_note"]
+    assert fast["pastes"]["megatron"]["flags"] == out["pastes"]["megatron"]["flags"]
 
 
 # ---- torchtitan 0.2: the TOML job file ---------------------------------------------------

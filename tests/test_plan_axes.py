@@ -100,8 +100,8 @@ BASE = ["--gpus", "16", "--global-batch", "32", "--gpu", "h100-sxm", "--schedule
 
 
 def test_config_is_predicted_and_ranked(tiny, capsys):
-    out = plan(capsys, "--profile", tiny[0], *BASE, "--config",
-               "tp=2,sp=1,pp=2,dp=4,sharding=zero1,mbs=1,schedule=1f1b,recompute=none")
+    cfg_text = "tp=2,sp=1,pp=2,dp=4,sharding=zero1,mbs=1,schedule=1f1b,recompute=none"
+    out = plan(capsys, "--profile", tiny[0], *BASE, "--config", cfg_text, "--exact-rank")
     cfg = out["config"]
     assert (cfg["tp"], cfg["sp"], cfg["pp"], cfg["dp"], cfg["sharding"]) == (2, True, 2, 4,
                                                                             "zero1")
@@ -115,6 +115,30 @@ def test_config_is_predicted_and_ranked(tiny, capsys):
         assert p["tp"] * p["cp"] * p["pp"] * p["dp"] == 16
         assert p["tokens_per_second_per_gpu"] == pytest.approx(
             32 * 512 / p["predicted_step_time"] / 16)
+    # without --exact-rank: the same plan and pastes, no full search, a rank interval from
+    # the bounds that holds the true rank (a full search listing every plan)
+    alone = plan(capsys, "--profile", tiny[0], *BASE, "--config", cfg_text)
+    assert alone["plans"] == []
+
+    def own(pastes):  # the configuration's own pastes (the plan another runs instead aside)
+        return {fw: {k: v for k, v in pastes[fw].items() if not k.startswith("instead")}
+                for fw in ("torchtitan", "megatron")}
+
+    assert own(alone["pastes"]) == own(out["pastes"])
+    assert alone["pastes"]["torchtitan"]["instead"] is None  # ZeRO-1: none searched for
+    mine = alone["config"]
+    for key in ("predicted_step_time", "peak_memory", "stages", "megatron", "memory",
+                "mfu"):
+        assert mine[key] == cfg[key], key
+    every = plan(capsys, "--profile", tiny[0], *BASE, "--top", "100000")
+    assert len(every["plans"]) < 100000  # every configuration's plan
+    true_rank = 1 + sum(p["predicted_step_time"] < mine["predicted_step_time"] * (1 - 1e-12)
+                        for p in every["plans"])
+    rb = mine["rank_bounds"]
+    assert rb["low"] <= true_rank <= rb["high"] and rb["considered"] == every["searched"]
+    assert mine["rank"] == (rb["low"] if rb["low"] == rb["high"] else None)
+    assert mine["rank_note"].startswith(f"rank between #{rb['low']} and #{rb['high']:,}: "
+                                        if rb["low"] < rb["high"] else f"rank: #{rb['low']} (")
 
 
 def test_calibration_round_trips(tiny, capsys):

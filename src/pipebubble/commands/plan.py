@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 from .. import limits as L
 from ..errors import UserError
@@ -192,7 +193,10 @@ def add_axes_flags(p: argparse.ArgumentParser) -> None:
                    help="memory kept free on every GPU (5%%)")
     g.add_argument("--config", default=None, metavar="K=V,...",
                    help="evaluate this configuration (keys tp, sp, cp, pp, dp, ep, sharding, mbs, "
-                   "schedule, v, recompute; the rest searched) and rank it against the best")
+                   "schedule, v, recompute; the rest searched) and rank it by the lower bounds "
+                   "of every other configuration, without a full search")
+    g.add_argument("--exact-rank", action="store_true",
+                   help="with --config: run the full search too and rank it among its plans")
     g.add_argument("--measured-step", type=real_flag("--measured-step"), default=None,
                    metavar="S",
                    help="with --config and --gpu: fit --efficiency to this measured step")
@@ -400,30 +404,53 @@ def run(args: argparse.Namespace) -> int:
             args.measured_step)
         hw = replace(hw, efficiency=efficiency)
         cal_source = "measured"
-    try:
-        result = search(profiles, req, hw, efficiency, args.mfu)
-    except NoPlanFits as exc:
-        if budget < memory:  # name the --gpu-memory that leaves that much after --reserve
-            need = exc.smallest + (memory - budget) if not args.reserve.strip().endswith("%") \
-                else exc.smallest * memory / budget
-            raise NoPlanFits(f"{render(exc)} (the budget is --gpu-memory minus --reserve "
-                             f"{args.reserve}: --gpu-memory {fmt_gib(need, up=True)} with it, "
-                             "or --reserve 0)", exc.smallest, exc.plan) from None
-        raise
-    if fws.framework.name != "none":
-        result = framework_ranking(fws, result, profiles, req, hw, efficiency, args.mfu)
-    mine, mine_fits = None, True
+    if args.exact_rank and config is None:
+        raise UserError("--exact-rank ranks a --config among the full search's plans; give "
+                        "--config K=V,... too")
+    # --config alone: priced on its own and ranked by bounds (plan/bound_rank.py); the full
+    # search only for --exact-rank or --validate (which runs the search's plans)
+    alone = config is not None and not args.exact_rank and not args.validate
+    result = None
+    if not alone:
+        try:
+            result = search(profiles, req, hw, efficiency, args.mfu)
+        except NoPlanFits as exc:
+            if budget < memory:  # name the --gpu-memory that leaves that much after --reserve
+                need = exc.smallest + (memory - budget) if not args.reserve.strip().endswith(
+                    "%") else exc.smallest * memory / budget
+                raise NoPlanFits(f"{render(exc)} (the budget is --gpu-memory minus --reserve "
+                                 f"{args.reserve}: --gpu-memory {fmt_gib(need, up=True)} with "
+                                 "it, or --reserve 0)", exc.smallest, exc.plan) from None
+            raise
+        if fws.framework.name != "none":
+            result = framework_ranking(fws, result, profiles, req, hw, efficiency, args.mfu)
+    mine, mine_fits, priced = None, True, None
+    t_priced = time.perf_counter()
     if config is not None:
         from dataclasses import replace
 
         try:
-            mine = search(profiles, replace(restrict(req, config), top=1), hw, efficiency,
-                          args.mfu).plans[0]
+            priced = search(profiles, replace(restrict(req, config), top=1), hw, efficiency,
+                            args.mfu)
+            mine = priced.plans[0]
             mine_fits = True
         except NoPlanFits as exc:  # report it anyway: what it would need
             if exc.plan is None:
                 raise
             mine, mine_fits = exc.plan, False
+    bounds = None
+    if alone and mine_fits:
+        from ..plan.bound_rank import rank_by_bounds
+        from ..plan.frameworks import blocker, may_run_config
+
+        fw = fws.framework
+        if fw.name == "none":
+            bounds = rank_by_bounds(profiles, req, config, mine.step_time, hw, efficiency,
+                                    args.mfu)
+        else:  # ranked among what the framework runs
+            bounds = rank_by_bounds(profiles, req, config, mine.step_time, hw, efficiency,
+                                    args.mfu, lambda c: may_run_config(fw, c),
+                                    ranks=lambda p: blocker(fw, p) is None)
     validations = []
     if args.validate:
         from ..plan.validate import fits_here, validate
@@ -444,8 +471,12 @@ def run(args: argparse.Namespace) -> int:
            "imbalance": req.moe_imbalance,
            "efficiency": hw.efficiency if hw is not None and args.mfu is None else None,
            "framework": fws}
-    out = result_json(result, profiles, validations, args.out, ctx, mine,
-                      runnable_finder(result, profiles, req, hw, efficiency, args.mfu))
+    if alone:
+        out = config_json(mine, priced, bounds, req, profiles, args.out, ctx,
+                          time.perf_counter() - t_priced - (bounds.seconds if bounds else 0.0))
+    else:
+        out = result_json(result, profiles, validations, args.out, ctx, mine,
+                          runnable_finder(result, profiles, req, hw, efficiency, args.mfu))
     from ..plan.frameworks import calibration_note
 
     measured = f"{args.measured_step:g} s at --config {args.config}" if (
@@ -467,7 +498,10 @@ def run(args: argparse.Namespace) -> int:
         return 1 if failed else 0
     from rich.console import Console
 
-    print_plans(Console(), result, out, validations)
+    if alone:
+        print_config(Console(), mine, req, out)
+    else:
+        print_plans(Console(), result, out, validations)
     if failed:
         sys.stderr.write(f"pipebubble: --validate failed: {judged['summary']}\n")
     return 1 if failed else 0
@@ -721,10 +755,134 @@ def result_json(result, profiles, validations, out_path: str | None, ctx: dict |
     return out
 
 
-def pastes(plan, item: dict, profiles, ctx: dict, stem: str, runnable=None) -> dict:
+NOT_SEARCHED = ("not looked for: plan --config ranks by bounds, without a full search; run "
+                "plan without --config, or add --exact-rank, for the best plan {} runs")
+
+
+def config_json(mine, priced, bounds, req, profiles, out_path: str | None, ctx: dict,
+                seconds: float = 0.0) -> dict:
+    """The JSON of ``plan --config`` without a full search: the configuration priced on its
+    own (``priced``: the search restricted to it) under ``config``, its pastes, and its rank
+    from the bounds (``bounds``, :class:`~pipebubble.plan.bound_rank.BoundRank`; None when it
+    does not fit) under ``config.rank_bounds``; ``plans`` is empty (none was searched);
+    ``seconds``: the pricing's."""
+    stem = os.path.splitext(out_path)[0] if out_path else "plan"
+    hw = ctx.get("hw")
+    csv = csv_name(stem, "config", mine)
+    item = plan_item(mine, profiles, ctx, csv)
+    if csv:
+        wrote(csv)
+    out = {"searched": priced.searched if priced is not None else 0,
+           "simulated": priced.simulated if priced is not None else 0,
+           "seconds": seconds,
+           "configurations_per_second": None,
+           "gpus": req.gpus, "gpu_memory": ctx.get("memory", req.gpu_memory),
+           "memory_budget": req.gpu_memory, "global_batch": req.global_batch,
+           "gpu": hw.name if hw is not None else None, "efficiency": ctx.get("efficiency"),
+           "axis_order": "tp (innermost, NVLink), cp, dp, pp (outermost)",
+           "precision": req.precision,
+           "model_states": dict(zip(("weights", "gradients", "optimizer"),
+                                    req.model_states(), strict=True),
+                                gradient_wire=req.grad_bytes),
+           "plans": []}
+    item["vs_best"] = None  # no best was searched for: rank_bounds.best_bound_vs_step
+    if bounds is not None:
+        fws = ctx.get("framework")
+        fw = fws.framework.name if fws is not None else "none"
+        item["rank"] = bounds.low if bounds.exact else None
+        item["rank_note"] = rank_statement(bounds, fw)
+        item["rank_bounds"] = {**bounds.as_json(), "framework": fw,
+                               "best": _label(bounds.best) if bounds.best is not None
+                               else None,
+                               "fastest": _label(bounds.fastest) if bounds.fastest is not None
+                               else None}
+    out["config"] = item
+    out["pastes"] = pastes(mine, item, profiles, ctx, stem, None, NOT_SEARCHED)
+    for fw in ("torchtitan", "megatron"):
+        note = out["pastes"][fw].get("instead_note")
+        if note:
+            out["pastes"][fw]["instead_note"] = note.format(
+                "torchtitan" if fw == "torchtitan" else "Megatron-LM")
+    return out
+
+
+def rank_statement(b, framework: str = "none") -> str:
+    """The rank the bounds give (:class:`~pipebubble.plan.bound_rank.BoundRank`), in words."""
+    among = "" if framework == "none" else f" {framework} may run"
+    priced = ""
+    if b.fastest is not None:
+        priced = (f"{b.faster:,} of the {b.priced} with the lowest bounds, priced, are faster "
+                  f"(the fastest, {_label(b.fastest)}: {_t(b.fastest.step_time)}, a step "
+                  f"{1 - b.fastest.step_time / b.step:.1%} shorter)")
+    elif b.priced:
+        priced = f"the {b.priced} with the lowest bounds, priced, are not faster"
+    if b.exact:
+        head = (f"rank: #{b.low} (no other configuration{among}'s lower bound beats it"
+                if b.faster == 0 and not b.priced else f"rank: #{b.low} (exact")
+        return f"{head}: {', '.join(x for x in (priced, _not_faster(b)) if x)})"
+    pct = 1 - b.best_bound / b.step if b.step > 0 else 0.0
+    could = (f"{b.could_be_faster:,} more configurations{among} could be faster (their lower "
+             f"bounds are below its step; the best, {_label(b.best)}, is {_t(b.best_bound)}: "
+             f"a step at most {pct:.1%} shorter)")
+    return (f"rank between #{b.low} and #{b.high:,}: "
+            + "; ".join(x for x in (priced, could, _not_faster(b)) if x)
+            + "; run plan without --config, or add --exact-rank, for the exact rank")
+
+
+def _not_faster(b) -> str:
+    """The configurations certainly not faster, in words."""
+    parts = [f"{b.slower:,} slower" if b.slower else "",
+             f"{b.cannot_fit:,} cannot fit" if b.cannot_fit else "",
+             f"{b.not_run:,} not run by the framework" if b.not_run else ""]
+    parts = [x for x in parts if x]
+    return f"{b.slower + b.cannot_fit + b.not_run:,} are certainly not ({', '.join(parts)})" \
+        if parts else ""
+
+
+def print_config(console, mine, req, out: dict) -> None:
+    """``plan --config`` without a full search: the configuration's row, its summary, its
+    rank from the bounds and its pastes."""
+    from ..render.table import fit
+
+    cfg = out["config"]
+    rb = cfg.get("rank_bounds")
+    gpu = f" ({out['gpu']}, efficiency {out['efficiency']:g})" if out.get("gpu") and out.get(
+        "efficiency") else ""
+    ranked = (f"; ranked by the lower bounds of the {rb['considered']:,} configurations a "
+              f"full search considers, in {rb['seconds']:.2f} s" if rb else "")
+    what = (f"{out['searched']} configuration{'s' if out['searched'] != 1 else ''}, "
+            f"{out['simulated']} simulation{'s' if out['simulated'] != 1 else ''}"
+            if cfg.get("fits", True) else "it does not fit: the least memory it needs")
+    console.print(f"[bold]--config priced on its own[/bold] ({what}) in "
+                  f"{out['seconds']:.2f} s{ranked}; {req.gpus} GPUs{gpu} x "
+                  f"{_gib(out['gpu_memory'])} ({_gib(req.gpu_memory)} after --reserve), global "
+                  f"batch {req.global_batch}; ranks ordered tp (innermost), cp, dp, pp "
+                  "(outermost)", highlight=False)
+    console.print(_states_line(req), highlight=False)
+    name = ("cfg" if not rb else f"cfg (#{rb['low']})" if rb["low"] == rb["high"]
+            else f"cfg (#{rb['low']}-#{rb['high']})")
+    console.print(fit(plan_table("--config (predicted by simulation; tp 's': sequence "
+                                 "parallel)", [name], [cfg]), console.width))
+    for line in framework_lines(out, [(None, cfg)]):
+        console.print(line, highlight=False, markup=False)
+    console.print(f"--config: {plan_summary(mine, req.gpu_memory)}", highlight=False)
+    if not cfg.get("fits", True):
+        console.print(f"--config {cfg['rank_note']}: it needs "
+                      f"{_gib(max(cfg['peak_memory']))} at its peak; not ranked",
+                      highlight=False)
+    elif cfg.get("rank_note"):
+        console.print(cfg["rank_note"], highlight=False)
+    print_pastes(console, out["pastes"], "--config",
+                 (out.get("framework") or {}).get("framework", "none"))
+
+
+def pastes(plan, item: dict, profiles, ctx: dict, stem: str, runnable=None,
+           not_searched: str | None = None) -> dict:
     """The pastes printed for ``plan`` (its JSON ``item``): each framework's own when it
     runs the plan, else the reason and, under ``instead``, the paste of the best plan it
-    runs (``runnable(framework)``, None when no plan it runs fits)."""
+    runs (``runnable(framework)``, None when no plan it runs fits). ``not_searched``: no
+    such plan was looked for (``plan --config`` without a full search), why, as
+    ``instead_note``."""
     from ..plan import settings
 
     out = {"plan": _label(plan), "torchtitan": item["torchtitan"],
@@ -740,6 +898,8 @@ def pastes(plan, item: dict, profiles, ctx: dict, stem: str, runnable=None) -> d
         alt = runnable(fw) if runnable is not None else None
         if alt is None:
             out[fw]["instead"] = None
+            if not_searched:
+                out[fw]["instead_note"] = not_searched
             continue
         alt_item = plan_item(alt, profiles, ctx, csv_name(stem, fw, alt))
         if csv_name(stem, fw, alt):
@@ -801,7 +961,8 @@ def _margin(a, b) -> tuple[float, str]:
 
 
 def _label(p) -> str:
-    c = p.config
+    """A plan's (or a configuration's) degrees, sharding, schedule and microbatching."""
+    c = getattr(p, "config", p)
     return (f"tp={c.tp}{' sp' if c.sp else ''} cp={c.cp} pp={c.pp} dp={c.dp}"
             f"{f' ep={c.dims.ep}' if c.dims.ep > 1 else ''} {c.sharding} "
             f"{c.schedule} v={c.chunks} mbs={c.microbatch_size} m={c.microbatches} "
@@ -810,8 +971,6 @@ def _label(p) -> str:
 
 def print_plans(console, result, out: dict, validations) -> None:
     """The top plans as a table, why the best wins, its settings, and the validation."""
-    from rich.table import Table
-
     from ..render.table import fit
 
     req = result.request
@@ -823,22 +982,42 @@ def print_plans(console, result, out: dict, validations) -> None:
                   f"{req.gpus} GPUs{gpu} x {_gib(out['gpu_memory'])} ({_gib(req.gpu_memory)} "
                   f"after --reserve), global batch {req.global_batch}; ranks ordered tp "
                   "(innermost), cp, dp, pp (outermost)", highlight=False)
+    console.print(_states_line(req), highlight=False)
+    rows = list(zip(result.plans[:req.top], out["plans"], strict=False))
+    if out.get("config") is not None:
+        rows.append((None, out["config"]))
+    names = [str(k + 1) if p is not None else f"cfg (#{item['rank'] or '>' + str(k)})"
+             for k, (p, item) in enumerate(rows)]
+    console.print(fit(plan_table("fastest plans that fit (predicted by simulation; tp 's': "
+                                 "sequence parallel)", names, [item for _, item in rows]),
+                      console.width))  # headers give way at 80 columns, values never
+    for line in framework_lines(out, rows):  # wrapped at the console's width, as why_best's
+        console.print(line, highlight=False, markup=False)
+    for line in why_best(result, out):
+        console.print(line, highlight=False)
+    print_pastes(console, out["pastes"], "--config" if out.get("config") else "the best plan",
+                 (out.get("framework") or {}).get("framework", "none"))
+    if validations:
+        print_validations(console, result, validations, out.get("validation"))
+
+
+def _states_line(req) -> str:
     w, g, o = req.model_states()
-    console.print(f"{req.precision}; model states {w:g} + {g:g} + {o:g} bytes a parameter "
-                  f"(weights + gradients + optimizer), gradients reduced in {req.grad_bytes:g}",
-                  highlight=False)
-    t = Table(title="fastest plans that fit (predicted by simulation; tp 's': sequence "
-              "parallel)")
+    return (f"{req.precision}; model states {w:g} + {g:g} + {o:g} bytes a parameter "
+            f"(weights + gradients + optimizer), gradients reduced in {req.grad_bytes:g}")
+
+
+def plan_table(title: str, names: list[str], items: list[dict]):
+    """The plans' table: one row per plan's JSON item, named ``names``."""
+    from rich.table import Table
+
+    t = Table(title=title)
     for col in ("#", "tp.cp.pp.dp", "sharding", "schedule", "mbs x m", "recomp.", "step",
                 "tok/s/GPU", "MFU", "bubble", "memory"):
         t.add_column(col, justify="left" if col in ("schedule", "recomp.", "sharding")
                      else "right")
-    rows = list(zip(result.plans[:req.top], out["plans"], strict=False))
-    if out.get("config") is not None:
-        rows.append((None, out["config"]))
-    for k, (p, item) in enumerate(rows):
+    for name, item in zip(names, items, strict=True):
         tok, mfu = item.get("tokens_per_second_per_gpu"), item.get("mfu")
-        name = str(k + 1) if p is not None else f"cfg (#{item['rank'] or '>' + str(k)})"
         sched = item["schedule"] + (f" v={item['chunks']}" if item["chunks"] > 1 else "") + (
             f" (not in {item['framework']})" if item.get("not_runnable") else
             "" if item["runnable_in"] or item.get("framework") else " (no framework)")
@@ -852,15 +1031,7 @@ def print_plans(console, result, out: dict, validations) -> None:
                   f"{tok:,.0f}" if tok else f"{item['samples_per_second']:.1f} sm/s",
                   f"{mfu:.1%}" if mfu else "—", f"{item['bubble_fraction']:.1%}",
                   _gib(max(item["peak_memory"])))
-    console.print(fit(t, console.width))  # headers give way at 80 columns, values never
-    for line in framework_lines(out, rows):  # wrapped at the console's width, as why_best's
-        console.print(line, highlight=False, markup=False)
-    for line in why_best(result, out):
-        console.print(line, highlight=False)
-    print_pastes(console, out["pastes"], "--config" if out.get("config") else "the best plan",
-                 (out.get("framework") or {}).get("framework", "none"))
-    if validations:
-        print_validations(console, result, validations, out.get("validation"))
+    return t
 
 
 def framework_lines(out: dict, rows) -> list[str]:
@@ -884,10 +1055,13 @@ def framework_lines(out: dict, rows) -> list[str]:
     return lines
 
 
-def _not_runnable(framework: str, reason: str | None, alt: dict | None) -> str:
+def _not_runnable(framework: str, reason: str | None, alt: dict | None,
+                  note: str | None = None) -> str:
     """The line saying ``framework`` cannot run the plan, and the best plan it runs instead
-    (``alt``, a paste's ``instead``), or that none was found."""
+    (``alt``, a paste's ``instead``), or that none was found, or (``note``) why none was
+    looked for."""
     return f"{framework}: not runnable in {framework}: {reason}" + (
+        f"; {note}" if alt is None and note else
         "; no plan it runs was found (among the --schedules and --sharding asked for)"
         if alt is None else
         f"; the best plan it runs instead: {alt['plan']} ({_t(alt['predicted_step_time'])}"
@@ -916,7 +1090,7 @@ def print_pastes(console, pastes: dict, which: str, framework: str = "none") -> 
         pass
     elif tt.get("runnable") is False:
         alt = tt.get("instead")
-        say(_not_runnable("torchtitan", tt["reason"], alt))
+        say(_not_runnable("torchtitan", tt["reason"], alt, tt.get("instead_note")))
         tt = alt
     if tt is not None:
         say(toml_text(tt))
@@ -927,7 +1101,7 @@ def print_pastes(console, pastes: dict, which: str, framework: str = "none") -> 
     mg = pastes["megatron"]
     if mg["flags"] is None:
         alt = mg.get("instead")
-        say(_not_runnable("Megatron-LM", mg.get("reason"), alt))
+        say(_not_runnable("Megatron-LM", mg.get("reason"), alt, mg.get("instead_note")))
         mg = alt
     if mg is not None:
         env = f"{mg['env']} " if mg.get("env") else ""
@@ -1020,19 +1194,24 @@ def _print_table(console, result, validations, judged: dict | None) -> None:
                   "orders run from their CSV)", highlight=False)
 
 
+def plan_summary(b, budget: float) -> str:
+    """One plan in a sentence: its configuration, step, bubble, traffic and memory."""
+    mem = b.memory[max(range(len(b.peak_memory)), key=lambda r: b.peak_memory[r])] \
+        if b.memory else {}
+    parts = ", ".join(f"{k.replace('_', ' ')} {_gib(v)}" for k, v in mem.items() if v > 0)
+    return (f"{_label(b)}: {_t(b.step_time)} per step, {b.samples_per_second:.1f} "
+            f"samples/s; bubble {b.bubble_fraction:.1%}, data-parallel traffic "
+            f"{_t(b.allreduce_time)} of which {_t(b.dp_exposed)} exposed, optimizer step "
+            f"{_t(b.optimizer_time)}, P2P "
+            f"{b.comm * 1e3:.3g} ms per hop; memory {_gib(max(b.peak_memory))} of "
+            f"{_gib(budget)} budget ({parts})")
+
+
 def why_best(result, out: dict) -> list[str]:
     """A few sentences: what the best plan is, its memory, and why it beats the next."""
     plans = result.plans
     b = plans[0]
-    mem = b.memory[max(range(len(b.peak_memory)), key=lambda r: b.peak_memory[r])] \
-        if b.memory else {}
-    parts = ", ".join(f"{k.replace('_', ' ')} {_gib(v)}" for k, v in mem.items() if v > 0)
-    lines = [f"best: {_label(b)}: {_t(b.step_time)} per step, {b.samples_per_second:.1f} "
-             f"samples/s; bubble {b.bubble_fraction:.1%}, data-parallel traffic "
-             f"{_t(b.allreduce_time)} of which {_t(b.dp_exposed)} exposed, optimizer step "
-             f"{_t(b.optimizer_time)}, P2P "
-             f"{b.comm * 1e3:.3g} ms per hop; memory {_gib(max(b.peak_memory))} of "
-             f"{_gib(result.request.gpu_memory)} budget ({parts})"]
+    lines = [f"best: {plan_summary(b, result.request.gpu_memory)}"]
     if b.pp == 1:
         lines.append("  (pp = 1: do not pipeline)")
     a2a = out["plans"][0].get("all_to_all") if out.get("plans") else None

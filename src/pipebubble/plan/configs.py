@@ -50,6 +50,9 @@ class Configs:
     def configs(self) -> Iterator[Config]:
         """Every configuration of this point, with its bound (module doc)."""
         req, L, pt, G = self.req, self.L, self.point, self.gpus
+        chains = {name: chains_of(name) for name in self.names}  # once, not per config
+        options = {name: chunk_options(name, req.max_chunks) for name in self.names}
+        pp1 = req.pp1_schedules(self.names)
         for pp in limits.divisors(G):  # O(sqrt N), not N
             dp = G // pp
             if (req.pp is not None and pp not in req.pp) or (
@@ -71,16 +74,16 @@ class Configs:
                 for rec in req.recompute:
                     bounds = {}  # by chains (configs.chains_of)
                     for name in self.names:
-                        if pp == 1 and name not in req.pp1_schedules(self.names):
+                        if pp == 1 and name not in pp1:
                             continue  # one rank: every schedule is the same plan
-                        for v in chunk_options(name, req.max_chunks):
+                        for v in options[name]:
                             if req.chunks is not None and v not in req.chunks:
                                 continue
                             if pp * v > L:  # stages per chain (DualPipe: pp per copy)
                                 continue
                             if pp == 1 and v > 1:
                                 continue
-                            ch = chains_of(name)
+                            ch = chains[name]
                             if ch not in bounds:
                                 bounds[ch] = self.config_bound(pp, dp, size, m, rec, ch)
                             yield Config(dims, size, m, name, v, rec, bounds[ch],

@@ -282,6 +282,23 @@ def may_run(framework: str | Framework, sharding) -> bool:
     return fw.name == "none" or not sh.hybrid
 
 
+def may_run_config(framework: str | Framework, c) -> bool:
+    """False only when :func:`blocker` refuses every plan of configuration ``c`` (known from
+    the configuration alone: a sharding the framework never runs, a pipelined family it has
+    no schedule for, torchtitan's one model copy); True does not promise it runs. What
+    ``plan --config`` ranks among under a framework (:mod:`~pipebubble.plan.bound_rank`)."""
+    fw = get_framework(framework)
+    if fw.name == "none":
+        return True
+    if not may_run(fw, c.sharding):
+        return False
+    if c.pp == 1:
+        return True
+    if fw.name == "torchtitan":  # it may run a family without a class from a CSV order
+        return lookup(c.schedule).chains == 1
+    return fw.runs_schedule(c.schedule)
+
+
 def narrowed(framework: str | Framework, req, hardware: bool = True):
     """``req`` restricted to what the framework can run (its schedules, the shardings it runs
     at some depth, DeepSpeed's cp 1), for a search that finds its plans when the plans of a

@@ -69,6 +69,16 @@ class MemoryBounds:
                                * float(lc.params.sum()) / c.pp)
         return got
 
+    def memory_floor(self, c: Config) -> float:
+        """No cut and no order of ``c`` has its busiest rank hold less than
+        :meth:`_memory_bound` plus one microbatch's activations of the model spread over the
+        ranks: a rank's order runs the forward of microbatch 0 on each of its stages (of the
+        chain it takes) before the backward of any, so it holds all their activations at
+        once. Needs no schedule (``plan --config`` ranks with it,
+        :mod:`~pipebubble.plan.bound_rank`)."""
+        lc = self.p.at(c.microbatch_size, c.recompute)
+        return self._memory_bound(c) + float(lc.act.sum()) / c.pp
+
     def memory_bound(self, c: Config, sched: Schedule) -> float:
         """No cut's busiest rank holds less: ``(weights of every stage + sum over stages of
         held_s x M_B(s)) / pp``, where ``held_s`` counts microbatches from F to their first

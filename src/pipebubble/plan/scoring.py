@@ -225,13 +225,7 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
         S_c = c.pp * c.chunks
         if placement is None or S_c > self.L:
             return False
-        key = ("slowest stage", c.microbatch_size, c.recompute, S_c)
-        slowest = self._cuts.get(key)
-        if slowest is None:
-            work = self.cut_costs(lc, c, 1)  # the very cut (a) starts from
-            slowest = self._cuts[key] = max(float(work[a:b + 1].sum()) for a, b in
-                                            min_max_partition(work, S_c))
-        if c.microbatches * slowest * (1 - 1e-9) >= threshold:
+        if self.stage_bound(c, lc) >= threshold:
             return True
         if ((c.schedule, c.pp, c.microbatches, c.chunks) in self._schedules
                 or math.comb(self.L - 1, S_c - 1) > min(self.req.exhaustive_cuts, SHAPE_CUTS)):
@@ -240,6 +234,25 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
         return all(self._price(c, shape, lc, ranges_from_ends([*ends, self.L]),
                                split=True).bound >= threshold
                    for ends in combinations(range(1, self.L), S_c - 1))
+
+    def stage_bound(self, c: Config, lc=None) -> float:
+        """No cut of ``c`` takes less than ``m x`` the min-max cut's slowest stage (every
+        cut has a stage at least that slow, and its rank works it m times): the first test
+        of :meth:`_surely_slow`, also what ``plan --config`` ranks with
+        (:mod:`~pipebubble.plan.bound_rank`). 0.0 where the placement is not known before
+        generating (``auto``, DualPipe) or the stages outnumber the layers."""
+        S_c = c.pp * c.chunks
+        if placement_of(c.schedule) is None or S_c > self.L:
+            return 0.0
+        key = ("slowest stage", c.microbatch_size, c.recompute, S_c)
+        slowest = self._cuts.get(key)
+        if slowest is None:
+            if lc is None:
+                lc = self.p.at(c.microbatch_size, c.recompute)
+            work = self.cut_costs(lc, c, 1)  # the very cut (a) starts from
+            slowest = self._cuts[key] = max(float(work[a:b + 1].sum()) for a, b in
+                                            min_max_partition(work, S_c))
+        return c.microbatches * slowest * (1 - 1e-9)
 
     def _shape(self, c: Config, placement: str) -> Schedule:
         """A schedule with ``c``'s ranks, stages, microbatches and ``placement`` and no
