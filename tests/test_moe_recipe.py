@@ -154,7 +154,7 @@ def test_the_planner_prices_the_recipe_and_dualpipe_pays_the_sms():
     (dict(comm_sms=1.0), "comm_sms"), (dict(comm_sms=-0.1), "comm_sms"),
     (dict(fp8_gemm_ratio=0.0), "fp8_gemm_ratio"), (dict(fp8_gemm_ratio=1.5), "fp8_gemm_ratio"),
     (dict(mtp_layers=-1), "mtp_layers"), (dict(mtp_layers=1.5), "mtp_layers"),
-    (dict(fp8_dispatch=1), "fp8_dispatch")])
+    (dict(fp8_dispatch=1), "fp8_dispatch"), (dict(fp8_activations=0), "fp8_activations")])
 def test_bad_recipe_is_one_line_naming_the_field(kw, name):
     with pytest.raises(ParamError) as exc:
         MoERecipe(**kw)
@@ -164,6 +164,89 @@ def test_bad_recipe_is_one_line_naming_the_field(kw, name):
 
 def test_deepseek_v3_recipe_is_the_reports():
     r = MoERecipe.deepseek_v3(0.9)
-    assert (r.fp8_dispatch, r.block_scaling, r.mtp_layers, r.recompute_latent) == (
-        True, True, 1, True)
+    assert (r.fp8_dispatch, r.block_scaling, r.mtp_layers, r.recompute_latent,
+            r.fp8_activations) == (True, True, 1, True, True)
     assert r.comm_sms == pytest.approx(20 / 132) and r.fp8_gemm_ratio == 0.9
+
+
+def _kept(costs: ExpertCosts, moe: bool = True, recompute: str = "none") -> float:
+    return costs._activations(1 if moe else 0, 1, recompute)[0]
+
+
+def test_recompute_latent_keeps_the_latents_not_their_norms_nor_q_k_v():
+    """MLA MoE block, tp 1, T = 32: the normed attention and MLP inputs (4 T h), the normed
+    latents (2 T (r_q + r_kv)) and Q, K, V (2 T a (2 d_qk + d_v)) not kept; while the block's
+    backward runs they are there again (the transient)."""
+    T, h, a = SEQ, 64, 4
+    dropped = 4 * T * h + 2 * T * (48 + 32) + 2 * T * a * (2 * 24 + 16)
+    on, off = _costs(MLA, recompute_latent=True), _costs(MLA)
+    assert _kept(off) - _kept(on) == pytest.approx(dropped)
+    assert on._activations(1, 1, "none")[2] == pytest.approx(_kept(off))
+    lc = on.at(1)
+    assert lc.transient[2] == pytest.approx(dropped) and off.at(1).transient[2] == 0.0
+    # a GQA block has no up-projections: only the normed inputs
+    assert _kept(_costs(SMALL)) - _kept(_costs(SMALL, recompute_latent=True)) == (
+        pytest.approx(4 * T * h))
+
+
+def test_fp8_activations_by_hand_on_an_moe_and_a_dense_block():
+    """GQA, tp 1, ep 16, T = 32, k = 2 copies a token: O's input (q = a d = 64) from 2 to
+    E5M6's 1.5 + 4/128 bytes; the shared expert's SwiGLU (6 T f_s) and each copy's (6 f_e)
+    to gate and up in FP8 (2 x 1.03125), the product re-run; each dispatched copy (2 h) to
+    FP8. Dense block: O's input and the down-projection's input (2 T f) in FP8."""
+    T, h, q, fs, fe, k, fd = SEQ, 64, 64, 32, 64, 2, 128
+    w8 = 1 + 4 / 128
+    moe = (2 - (1.5 + 4 / 128)) * T * q + (6 - 2 * w8) * T * fs + T * k * (
+        (2 - w8) * h + (6 - 2 * w8) * fe)
+    dense = (2 - (1.5 + 4 / 128)) * T * q + (2 - w8) * T * fd
+    on, off = _costs(fp8_activations=True), _costs()
+    assert _kept(off) - _kept(on) == pytest.approx(moe)
+    assert _kept(off, moe=False) - _kept(on, moe=False) == pytest.approx(dense)
+    # the products re-run in the backward: 2 T f_s + 2 T k f_e live again
+    assert on._activations(1, 1, "none")[2] - _kept(on) == pytest.approx(
+        2 * T * fs + 2 * T * k * fe)
+    # under imbalance u the routed part scales by u, the rest does not
+    u = 1.5
+    on_u = ExpertCosts(SMALL, SEQ, FP8, NET, ep=16, imbalance=u,
+                       recipe=MoERecipe(fp8_activations=True))
+    off_u = ExpertCosts(SMALL, SEQ, FP8, NET, ep=16, imbalance=u)
+    routed = T * k * ((2 - w8) * h + (6 - 2 * w8) * fe)
+    assert _kept(off_u) - _kept(on_u) == pytest.approx(moe + (u - 1) * routed)
+
+
+def test_recipe_memory_under_tp_sp_and_full_recompute():
+    """TP 2 with SP and CP 2: every saved byte split by t and cp (norm outputs too, with SP);
+    full recomputation keeps the block input whatever the recipe."""
+    kw = dict(tp=2, sp=True, cp=2, ep=8)
+    both = MoERecipe(recompute_latent=True, fp8_activations=True)
+    on = ExpertCosts(MLA, SEQ, FP8, NET, recipe=both, **kw)
+    off = ExpertCosts(MLA, SEQ, FP8, NET, **kw)
+    one = ExpertCosts(MLA, SEQ, FP8, NET, ep=8, recipe=both)
+    base = ExpertCosts(MLA, SEQ, FP8, NET, ep=8)
+    assert _kept(off) - _kept(on) == pytest.approx((_kept(base) - _kept(one)) / 4)
+    assert _kept(on, recompute="full") == _kept(off, recompute="full")
+
+
+def test_the_planner_fits_more_with_the_recipes_memory():
+    """The same plan's activation peak falls by the recipe's share, its time unchanged."""
+    prof = ProfileSet([moe_profile(MLA, seq=SEQ, batch=1)])
+    hw = get_hardware("h100-sxm")
+    req = Request(gpus=16, gpu_memory=80 * 2**30, global_batch=32, microbatch_sizes=(1,),
+                  schedules=("1f1b",), recompute=("none",), top=1, pp=(2,), ep=(8,),
+                  shardings=("zero1",), tp=(1,), cp=(1,))
+    plain = search(prof, req, hw, 0.5).plans[0]
+    on = search(prof, replace(req, moe_recipe=MoERecipe(fp8_activations=True)), hw,
+                0.5).plans[0]
+    assert on.step_time == pytest.approx(plain.step_time)
+    assert sum(m["activations"] for m in on.memory) < sum(
+        m["activations"] for m in plain.memory)
+
+
+def test_recipe_named_lists_the_valid_ones():
+    from pipebubble.plan.expert import recipe_named
+
+    assert recipe_named("none") == MoERecipe()
+    assert recipe_named("deepseek-v3", 0.9) == MoERecipe.deepseek_v3(0.9)
+    with pytest.raises(ParamError) as exc:
+        recipe_named("megatron")
+    assert exc.value.params == ("moe_recipe",) and "deepseek-v3, none" in str(exc.value)

@@ -197,6 +197,8 @@ def test_the_table_shows_ep(tmp_path, capsys, monkeypatch):
     (["--moe-imbalance", "0.5"], "--moe-imbalance must be a finite number >= 1"),
     (["--moe-imbalance", "nan"], "--moe-imbalance"),
     (["--moe-imbalance", "inf"], "--moe-imbalance"),
+    (["--moe-recipe", "deepseek"], "--moe-recipe must be one of deepseek-v3, none, got "
+                                   "'deepseek'"),
 ])
 def test_bad_moe_input_is_one_line(tmp_path, capsys, monkeypatch, extra, words):
     monkeypatch.chdir(tmp_path)
@@ -291,3 +293,22 @@ def test_torchtitan_gets_ep_and_a_note_where_it_lays_the_experts_out_otherwise()
     assert entries == {"expert_parallel_degree": 2}
     assert "expert_tensor_parallel_degree = 2 only if ep is a multiple of cp 4" in note
     assert "torchtitan 0.3" in note
+
+
+def test_moe_recipe_flag_reaches_the_planner(tmp_path, capsys, monkeypatch):
+    """--moe-recipe deepseek-v3 prices the recipe: the same configuration is slower (its MTP
+    module on the head's stage, the casts, the communication SMs) than with none, which is
+    the default."""
+    monkeypatch.chdir(tmp_path)
+    prof = _write_profile(tmp_path)
+    got = {}
+    for name in ("none", "deepseek-v3"):
+        rc, out, err = _plan(["--profile", prof, *BASE, "--precision", "fp8", "--config",
+                              "ep=4,pp=2,sharding=zero1", "--moe-recipe", name, "--json"],
+                             capsys)
+        assert rc == 0, err
+        got[name] = json.loads(out)["config"]
+    rc, out, err = _plan(["--profile", prof, *BASE, "--precision", "fp8", "--config",
+                          "ep=4,pp=2,sharding=zero1", "--json"], capsys)
+    assert rc == 0 and json.loads(out)["config"] == got["none"]
+    assert got["deepseek-v3"]["predicted_step_time"] > got["none"]["predicted_step_time"]

@@ -32,6 +32,13 @@ from .common import (
 )
 
 
+def _moe_recipe(text: str):
+    """``--moe-recipe NAME`` (:func:`pipebubble.plan.expert.recipe_named`)."""
+    from ..plan.expert import recipe_named
+
+    return recipe_named(text)
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "plan", help="choose pp, dp, microbatches, schedule, chunks, recompute for N GPUs",
@@ -166,6 +173,12 @@ def add_axes_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--moe-imbalance", type=real_flag("--moe-imbalance"), default=None,
                    metavar="X", help="MoE: the busiest expert rank's tokens over the mean, "
                    ">= 1 (default the router's capacity factor, else 1.0: even routing)")
+    g.add_argument("--moe-recipe", type=as_arg_type(_moe_recipe), default=None,
+                   metavar="NAME", help="MoE: a framework's recipe beyond the axes, "
+                   "deepseek-v3 (DeepSeek-V3's FP8 dispatch, block-scaled casts, 20 of 132 SMs "
+                   "to communication, one MTP module, RMSNorm and MLA up-projections "
+                   "recomputed, FP8 activation caching; FP8 GEMMs at the bf16 efficiency) or "
+                   "none (default)")
     g.add_argument("--sp", default=None, metavar="0,1",
                    help="sequence parallelism off (0), on (1) or both (with tp > 1)")
     g.add_argument("--sharding", default=None, metavar="LIST",
@@ -301,6 +314,7 @@ def build_request(args: argparse.Namespace, profiles, memory: float | None = Non
                    pp=tuple(args.pp) if args.pp else None, dp=tuple(args.dp) if args.dp else None,
                    ep=tuple(args.ep) if args.ep else None,
                    moe_imbalance=check_imbalance(args.moe_imbalance),
+                   moe_recipe=args.moe_recipe,
                    sp=sp, shardings=shardings, fsdp_reshard=check_reshard(args.fsdp_reshard),
                    microbatch_sizes=tuple(args.microbatch_size), schedules=names,
                    max_chunks=args.max_chunks, recompute=modes,

@@ -98,6 +98,7 @@ from .tensor import block_tp_comm, block_tp_hidden
 ACT_BYTES = 2  # 16-bit activations on the wire
 DEFAULT_IMBALANCE = 1.0
 FP8_WIRE_BYTES = 1 + 4 / 128  # an FP8 value and its share of a 1 x 128 tile's fp32 scale
+E5M6_BYTES = 1.5 + 4 / 128  # a 12-bit E5M6 value and its 1 x 128 tile's scale
 
 
 @dataclass(frozen=True)
@@ -124,7 +125,28 @@ class MoERecipe:
     - ``mtp_layers``: multi-token-prediction modules on the last stage, each one more MoE
       block, a ``2h x h`` projection and one more pass through the (shared) output head.
     - ``recompute_latent``: the backward re-runs the MLA up-projections (Q and KV) and every
-      RMSNorm instead of keeping their outputs.
+      RMSNorm instead of keeping their outputs. In memory (:meth:`ExpertCosts.
+      recipe_activation_savings`): the two normed block inputs (the attention's and the
+      MLP's, ``4 T h``), the normed latents (``2 T (r_q + r_kv)``) and Q, K, V (``2 T a
+      (2 d_qk + d_v)``) are not kept; the latents themselves and the norms' inputs are.
+      The re-run tensors of one block live during its backward (the ``transient`` column).
+    - ``fp8_activations``: FP8 activation caching (the FP8 weight-gradient GEMMs read their
+      inputs in FP8): the inputs of the Linear after attention in E5M6 with a power-of-2
+      1 x 128 scale (1.5 + 4/128 bytes a value), the MoE up-projections' inputs (the
+      dispatched tokens, arriving in FP8) and the SwiGLU inputs (gate and up) of the shared
+      and routed experts in FP8 (:data:`FP8_WIRE_BYTES`), the SwiGLU product re-computed in
+      the backward; in a dense MLP its down-projection input in FP8. What stays 16-bit: the
+      norms' inputs, the latents, the router's fp32 probabilities, the expert outputs the
+      combine's backward reads (the gate weights' gradient), the dense MLP's gate and up.
+
+    Memory the planner already counts as DeepSeek-V3 runs it: the MTP module's embedding and
+    head are the main model's, no parameters of their own (under DualPipe the head's rank
+    holds an embedding too, so they share it physically; under other schedules the copy of
+    the embedding the MTP module needs on the head's stage is **not** counted); the EMA of
+    the parameters, kept in CPU memory, takes no GPU memory (the planner counts none); the
+    low-precision optimizer states are ``Request.state_bytes`` (``--param-bytes``, ``--grad-bytes``,
+    ``--optimizer-bytes``: 8 for an fp32 master and bf16 AdamW moments, 4 for fp32
+    gradients).
     """
 
     fp8_dispatch: bool = False
@@ -133,9 +155,10 @@ class MoERecipe:
     comm_sms: float = 0.0
     mtp_layers: int = 0
     recompute_latent: bool = False
+    fp8_activations: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("fp8_dispatch", "block_scaling", "recompute_latent"):
+        for name in ("fp8_dispatch", "block_scaling", "recompute_latent", "fp8_activations"):
             if not isinstance(getattr(self, name), bool):
                 raise ParamError(f"MoERecipe.{name} must be true or false, got "
                                  f"{getattr(self, name)!r}")
@@ -160,10 +183,27 @@ class MoERecipe:
         values are then written back to HBM, only to be read again for MMA", and transposed
         and re-quantized for the backward); 20 of the H800's 132 SMs given to communication
         (section 3.2.2); one MTP module (section 2.2, ``num_nextn_predict_layers`` 1);
-        RMSNorm and the MLA up-projections recomputed in the backward (section 3.2.3). The
-        FP8 kernels' efficiency is not in the report: pass it."""
+        RMSNorm and the MLA up-projections recomputed in the backward (section 3.2.3); FP8
+        activation caching, E5M6 for the attention output projection's input (section
+        3.3.3, "Low-Precision Activation"). The FP8 kernels' efficiency is not in the
+        report: pass it."""
         return cls(fp8_dispatch=True, block_scaling=True, fp8_gemm_ratio=fp8_gemm_ratio,
-                   comm_sms=20 / 132, mtp_layers=1, recompute_latent=True)
+                   comm_sms=20 / 132, mtp_layers=1, recompute_latent=True,
+                   fp8_activations=True)
+
+
+RECIPES = ("deepseek-v3", "none")
+
+
+def recipe_named(name: str, fp8_gemm_ratio: float = 1.0) -> MoERecipe:
+    """``plan --moe-recipe NAME``: ``deepseek-v3`` (:meth:`MoERecipe.deepseek_v3` at
+    ``fp8_gemm_ratio``) or ``none`` (off). One line naming the valid ones otherwise."""
+    if name == "deepseek-v3":
+        return MoERecipe.deepseek_v3(fp8_gemm_ratio)
+    if name == "none":
+        return NO_RECIPE
+    raise ParamError(f"{param('moe_recipe')} must be one of {', '.join(RECIPES)}, "
+                     f"got {name!r}")
 
 
 NO_RECIPE = MoERecipe()
@@ -496,14 +536,51 @@ class ExpertCosts(ParallelCosts):
         repl = 8 * tokens * sh.hidden
         routed = c.dispatched_tokens * (4 * sh.hidden + 6 * sh.expert_ffn)
         rest = c.activation_bytes - repl - routed
-        none = (repl / (t if self.sp else 1) + (rest + routed * self.imbalance) / t) / cp
+        saved, redo = self.recipe_activation_savings(sh.is_moe(n), tokens)
+        repl, rest, routed = repl - saved[0], rest - saved[1], routed - saved[2]
+        split = lambda r, x, y: (r / (t if self.sp else 1) + (x + y * self.imbalance) / t  # noqa: E731
+                                 ) / cp
+        none = split(repl, rest, routed)
         w = min(c.weight_activation_bytes / t / cp, none)
         if recompute == "full":
             kept = 2 * tokens * sh.hidden / cp / (t if self.sp else 1)
         else:  # FlashAttention keeps no scores: selective keeps what none keeps
             kept = none
-        got = self._blocks[key] = (kept, min(w, kept), none)
+        # what the backward re-runs lives while the block's backward runs (the transient)
+        live = max(none + split(*redo), kept)
+        got = self._blocks[key] = (kept, min(w, kept), live)
         return got
+
+    def recipe_activation_savings(self, moe: bool, tokens: float
+                                  ) -> tuple[tuple[float, float, float],
+                                             tuple[float, float, float]]:
+        """Bytes of one block's activations (``tokens`` tokens, before TP, SP and CP
+        split them) the recipe does not keep, as (replicated, split, per dispatched copy)
+        parts of :meth:`_activations`' count, and of them what the backward re-computes
+        (:class:`MoERecipe`'s ``recompute_latent`` and ``fp8_activations``)."""
+        rc, sh, T = self.recipe, self.shape, tokens
+        h, m = sh.hidden, sh.mla
+        repl = split = routed = 0.0
+        r_repl = r_split = r_routed = 0.0
+        if rc.recompute_latent:  # the normed block inputs, normed latents and Q, K, V
+            repl = r_repl = 4 * T * h
+            if m is not None:
+                qk, v = sh.heads * (m.nope_dim + m.rope_dim), sh.heads * m.v_dim
+                split = r_split = 2 * T * (m.q_rank + m.kv_rank) + 2 * T * (2 * qk + v)
+        if rc.fp8_activations:
+            o_in = sh.heads * (m.v_dim if m is not None else sh.head_dim)
+            split += (ACT_BYTES - E5M6_BYTES) * T * o_in  # the output projection's input
+            if moe:  # gate and up in FP8, their product re-computed; the tokens in FP8
+                fs = sh.shared_experts * sh.shared_ffn
+                split += (6 - 2 * FP8_WIRE_BYTES) * T * fs
+                r_split += 2 * T * fs
+                routed = (ACT_BYTES - FP8_WIRE_BYTES) * h + (
+                    6 - 2 * FP8_WIRE_BYTES) * sh.expert_ffn
+                r_routed = 2 * sh.expert_ffn
+            else:  # the down-projection's input in FP8
+                split += (ACT_BYTES - FP8_WIRE_BYTES) * T * sh.dense_ffn
+        d = T * sh.top_k if moe else 0.0  # dispatched copies
+        return (repl, split, routed * d), (r_repl, r_split, r_routed * d)
 
     def at(self, size: int, recompute: str = "none") -> LayerCosts:
         key = (size, recompute)
