@@ -28,9 +28,6 @@ FLAGS: dict[str, str] = {
     "grad_bytes": "--grad-wire-bytes",  # Request.grad_bytes: a gradient's bytes on the wire
     "measured": "--measured-step",  # fit_efficiency(measured=...)
     "fp8_peak_flops": "--fp8-peak-tflops",  # Hardware.fp8_peak_flops (the flag in TFLOP/s)
-    # plan.expert.MoERecipe's fields: the command line sets them only as --moe-recipe NAME
-    "fp8_gemm_ratio": "--moe-recipe", "comm_sms": "--moe-recipe",
-    "mtp_layers": "--moe-recipe",
 }
 """Library names whose flag is not ``--`` + the name with ``-`` for ``_``."""
 
