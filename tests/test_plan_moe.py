@@ -310,5 +310,8 @@ def test_moe_recipe_flag_reaches_the_planner(tmp_path, capsys, monkeypatch):
         got[name] = json.loads(out)["config"]
     rc, out, err = _plan(["--profile", prof, *BASE, "--precision", "fp8", "--config",
                           "ep=4,pp=2,sharding=zero1", "--json"], capsys)
-    assert rc == 0 and json.loads(out)["config"] == got["none"]
+    default = json.loads(out)["config"]
+    for c in (default, *got.values()):  # how long the rank's bounds took: not the plan
+        c["rank_bounds"].pop("seconds", None)
+    assert rc == 0 and default == got["none"]
     assert got["deepseek-v3"]["predicted_step_time"] > got["none"]["predicted_step_time"]
