@@ -151,7 +151,7 @@ def _simulate_blocks(schedule: Schedule, flat: FlatActions, sc: StageCosts,
                      lag: float | None = None) -> Timeline | None:
     """:func:`simulate` by the :class:`Blocks` program; None on a deadlock. ``lag``: the
     one lag of every dependency (:meth:`_Rule.uniform`), or None to read each step's."""
-    blocks = compile_blocks(schedule, flat, sc, spare=lag is not None)
+    blocks = compile_blocks(schedule, flat, sc, spare=lag is not None, views=True)
     end = _run_blocks(blocks) if lag is None else _run_blocks_uniform(blocks, lag)
     if any(end[last] == _INF for last in blocks.last):
         return None
@@ -187,7 +187,8 @@ def _compile_program(schedule: Schedule, flat: FlatActions, sc: StageCosts,
                      spare: bool) -> Program:
     """:func:`compile_program`; with ``spare``, one more step after ``never`` that ends at
     -inf, which an action without a neighbour dependency waits for instead of step 0 (so
-    that adding any lag to its end changes nothing: :func:`_run_uniform`)."""
+    that adding any lag to its end changes nothing: :func:`_run_uniform`) and the columns
+    as memoryviews of numpy arrays (:func:`_filled`: what :func:`simulate` runs)."""
     import numpy as np
 
     S, M, p = schedule.num_stages, schedule.num_microbatches, schedule.num_ranks
@@ -218,9 +219,9 @@ def _compile_program(schedule: Schedule, flat: FlatActions, sc: StageCosts,
     made = np.array([_SIGNAL[produces(Action(0, k, 0)).kind] for k in KINDS])[kind]
     ready[(made * S + flat.stage) * M + mb] = step + fwd_part
     # The columns are written in place in C arrays (numpy views of them; no copy).
-    c_producer, producer = _filled("q", size + spare, never)
-    c_lag, lag = _filled("d", size + spare, 0.0)
-    c_duration, duration = _filled("d", size + spare, 0.0)
+    c_producer, producer = _filled("q", size + spare, never, views=spare)
+    c_lag, lag = _filled("d", size + spare, 0.0, views=spare)
+    c_duration, duration = _filled("d", size + spare, 0.0, views=spare)
     producer[step] = ready[(np.array(rule.needs) * M)[row] + mb]
     lag[step] = np.array([sc.comm if c else 0.0 for c in rule.crosses])[row]
     duration[step] = np.array([sc.duration(s, k) for s in range(S) for k in KINDS])[row]
@@ -233,7 +234,7 @@ def _compile_program(schedule: Schedule, flat: FlatActions, sc: StageCosts,
         wait, bwd_step = step[fwd] - 1, step[bwd]
         producer[wait], lag[wait] = producer[bwd_step], lag[bwd_step]
         producer[bwd_step], lag[bwd_step] = size if spare else 0, 0.0  # met by the wait
-    c_initial, initial = _filled("d", size + spare, _INF)
+    c_initial, initial = _filled("d", size + spare, _INF, views=spare)
     initial[boundary] = 0.0
     initial[size - 2] = 0.0  # the boundary after the last rank
     if spare:
@@ -271,10 +272,11 @@ class Blocks(NamedTuple):
 
 
 def compile_blocks(schedule: Schedule, flat: FlatActions, sc: StageCosts,
-                   spare: bool = False) -> Blocks:
+                   spare: bool = False, views: bool = False) -> Blocks:
     """The :class:`Blocks` of ``schedule`` under ``sc``: :func:`compile_program`'s
     gathers with a pair's two parts on one step. ``spare``: as :func:`_compile_program`'s
-    (a lone action's second producer is then the spare step too)."""
+    (a lone action's second producer is then the spare step too). ``views``: the columns
+    are memoryviews of numpy arrays instead of C arrays (see :func:`_filled`)."""
     import numpy as np
 
     S, M, p = schedule.num_stages, schedule.num_microbatches, schedule.num_ranks
@@ -313,20 +315,20 @@ def compile_blocks(schedule: Schedule, flat: FlatActions, sc: StageCosts,
     # action (a lone action or a pair's forward part), then a pair's backward part.
     one = np.flatnonzero(flat.pair != 2)
     at, row_one = step[one], row[one]
-    producer, v_producer = _filled("q", size, never)
-    lag, v_lag = _filled("d", size, 0.0)
-    duration, v_duration = _filled("d", size, 0.0)
+    producer, v_producer = _filled("q", size, never, views=views)
+    lag, v_lag = _filled("d", size, 0.0, views=views)
+    duration, v_duration = _filled("d", size, 0.0, views=views)
     v_producer[at] = ready[needs[row_one] + mb[one]]
     v_lag[at] = comm[row_one]
     v_duration[at] = cost[row_one]
-    producer2, v_producer2 = _filled("q", size, size - 1 if spare else 0)
-    lag2, v_lag2 = _filled("d", size, 0.0)
-    duration2, v_duration2 = _filled("d", size, 0.0)
+    producer2, v_producer2 = _filled("q", size, size - 1 if spare else 0, views=views)
+    lag2, v_lag2 = _filled("d", size, 0.0, views=views)
+    duration2, v_duration2 = _filled("d", size, 0.0, views=views)
     at, row_bwd = step[bwd], row[bwd]
     v_duration[at], v_duration2[at] = _pair_durations(sc, flat, fwd)  # (the same step)
     v_producer2[at] = ready[needs[row_bwd] + mb[bwd]]
     v_lag2[at] = comm[row_bwd]
-    initial, v_initial = _filled("d", size, _INF)
+    initial, v_initial = _filled("d", size, _INF, views=views)
     v_initial[boundary] = 0.0
     v_initial[size - 2 - spare] = 0.0
     if spare:
@@ -345,9 +347,8 @@ def _run_blocks(blocks: Blocks) -> array:
     rank, is never woken: overwriting its waiters loses nothing)."""
     producer, lag, duration = blocks.producer, blocks.lag, blocks.duration
     producer2, lag2, duration2 = blocks.producer2, blocks.lag2, blocks.duration2
-    end = array("d", blocks.initial_end)
-    waiter = [0] * len(end)  # waiter[j], waiter2[j]: the steps parked on j (0: none)
-    waiter2 = [0] * len(end)
+    end, waiter = _clock(blocks.initial_end)  # waiter[j], waiter2[j]: the steps parked on j
+    waiter2 = _clock(blocks.initial_end, ends=False)[1]  # (0: none)
     inf = _INF
     stack = blocks.first[:]
     pop, push = stack.pop, stack.append
@@ -393,9 +394,8 @@ def _run_blocks_uniform(blocks: Blocks, lag: float) -> array:
     blocks compiled with a spare step (see :func:`_run_uniform`)."""
     producer, duration = blocks.producer, blocks.duration
     producer2, duration2 = blocks.producer2, blocks.duration2
-    end = array("d", blocks.initial_end)
-    waiter = [0] * len(end)
-    waiter2 = [0] * len(end)
+    end, waiter = _clock(blocks.initial_end)
+    waiter2 = _clock(blocks.initial_end, ends=False)[1]
     inf = _INF
     stack = blocks.first[:]
     pop, push = stack.pop, stack.append
@@ -547,8 +547,7 @@ def _run_uniform(program: Program, lag: float) -> array:
     step (:func:`_compile_program`): one array read fewer per step, about 15% on 1F1B.
     The sum is the same double: ``end[producer[i]] + lag``."""
     producer, duration = program.producer, program.duration
-    end = array("d", program.initial_end)
-    waiter = [0] * len(end)
+    end, waiter = _clock(program.initial_end)
     inf = _INF
     stack = program.first[:]
     pop, push = stack.pop, stack.append
@@ -726,19 +725,48 @@ def _columns(schedule: Schedule, flat: FlatActions, sc: StageCosts, start: array
         offsets=list(flat.offsets),
         a2a_hidden=hidden,
         a2a_exposed=exposed,
+        # from the kind codes, not the letters: the activations column and the kinds present
+        _np={"inflight": np.array(_INFLIGHT, dtype=np.int64)[flat.kind]},
+        _kinds=frozenset(KINDS[k] for k in np.flatnonzero(np.bincount(flat.kind, minlength=4))),
     )
 
+
+_INFLIGHT = tuple({"F": 1, "B": -1, "I": -1}.get(k, 0) for k in KINDS)
+"""Per kind code, the change in activations held (Timeline's ``inflight`` column)."""
 
 _LETTERS = bytes.maketrans(bytes(range(len(KINDS))), "".join(KINDS).encode("ascii"))
 
 
-def _filled(typecode: str, size: int, value: float) -> tuple[array, np.ndarray]:
+def _filled(typecode: str, size: int, value: float, views: bool = False
+            ) -> tuple[array | memoryview, np.ndarray]:
     """A C array of ``size`` copies of ``value`` (``q``: int64, ``d``: double) and a
-    writable numpy view of it (drop the view before the array is resized: never here)."""
+    writable numpy view of it (drop the view before the array is resized: never here).
+
+    ``views``: a numpy array and a memoryview of it instead, which index the same (Python
+    ints and floats), and a little faster in the clock's loop. numpy asks the kernel for
+    huge pages for large arrays, so a million steps' column costs a few page faults where a
+    C array's costs two thousand: in a fresh process (the command line) that is a
+    measurable share of the whole simulation."""
     import numpy as np
 
+    if views:
+        values = np.full(size, value, dtype=np.int64 if typecode == "q" else np.float64)
+        return memoryview(values), values
     out = array(typecode, [value]) * size
     return out, np.frombuffer(out, dtype=np.int64 if typecode == "q" else np.float64)
+
+
+def _clock(initial: array | memoryview, ends: bool = True
+           ) -> tuple[array | memoryview | None, list[int] | memoryview]:
+    """The loop's ``end`` (a copy of ``initial``: unless ``ends`` is False) and ``waiter``
+    (zeros) columns, of the kind ``initial`` is: C array and list, or memoryviews of numpy
+    arrays (:func:`_filled`)."""
+    if isinstance(initial, array):
+        return (array("d", initial) if ends else None), [0] * len(initial)
+    import numpy as np
+
+    end = memoryview(np.array(initial, dtype=np.float64)) if ends else None
+    return end, memoryview(np.zeros(len(initial), dtype=np.int64))
 
 
 def _doubles(values: np.ndarray) -> array:
