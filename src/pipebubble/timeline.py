@@ -80,14 +80,16 @@ class Timeline:
     num_stages: int
     num_microbatches: int
     stage_to_rank: tuple[int, ...]
-    rank: list[int]
-    stage: list[int]
+    # Each column a list, or (from the simulator) a memoryview of a numpy array: either
+    # indexes as Python ints and floats.
+    rank: Sequence[int]
+    stage: Sequence[int]
     kind: list[str]
-    microbatch: list[int]
-    start: Sequence[float]  # a list, or array("d") from the simulator
+    microbatch: Sequence[int]
+    start: Sequence[float]
     end: Sequence[float]
-    mem_start: list[float]
-    mem_end: list[float]
+    mem_start: Sequence[float]
+    mem_end: Sequence[float]
     overlapped: list[bool]
     source: str = "simulated"
     # Independent stage chains (DualPipe's two model copies: 2), each running

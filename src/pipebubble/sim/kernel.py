@@ -636,9 +636,9 @@ def _timeline(schedule: Schedule, flat: FlatActions, sc: StageCosts, program: Pr
     lag = np.frombuffer(program.lag, dtype=np.float64)
     step = program.step
     n = len(step)
-    start, v_start = _filled("d", n, 0.0)
+    start, v_start = _filled("d", n, 0.0, views=True)
     np.maximum(ends[step - 1], ends[producer[step]] + lag[step], out=v_start)
-    stop, v_stop = _filled("d", n, 0.0)
+    stop, v_stop = _filled("d", n, 0.0, views=True)
     np.take(ends, step, out=v_stop, mode="wrap")  # (wrap: unbuffered; step is in range)
     del v_start, v_stop
     return _columns(schedule, flat, sc, start, stop)
@@ -663,9 +663,9 @@ def _block_timeline(schedule: Schedule, flat: FlatActions, sc: StageCosts, block
     np.maximum(begin[1:], ends[producer2[1:]] + lag2[1:], out=begin[1:])
     step = blocks.step
     n = len(step)
-    start, v_start = _filled("d", n, 0.0)
+    start, v_start = _filled("d", n, 0.0, views=True)
     np.take(begin, step, out=v_start, mode="wrap")
-    stop, v_stop = _filled("d", n, 0.0)
+    stop, v_stop = _filled("d", n, 0.0, views=True)
     np.take(ends, step, out=v_stop, mode="wrap")
     fwd = blocks.forward
     at = step[fwd]
@@ -676,17 +676,20 @@ def _block_timeline(schedule: Schedule, flat: FlatActions, sc: StageCosts, block
     return _columns(schedule, flat, sc, start, stop)
 
 
-def _columns(schedule: Schedule, flat: FlatActions, sc: StageCosts, start: array,
-             end: array) -> Timeline:
-    """The Timeline of ``flat``'s actions with these starts and ends (C doubles)."""
+def _columns(schedule: Schedule, flat: FlatActions, sc: StageCosts, start: memoryview,
+             end: memoryview) -> Timeline:
+    """The Timeline of ``flat``'s actions with these starts and ends. Its number columns
+    are memoryviews of numpy arrays (:func:`_filled`; rank, stage and microbatch: of the
+    checked flat arrays themselves, read-only): they index as Python ints and floats, and
+    numpy reads them without a copy."""
     import numpy as np
 
     S, n = schedule.num_stages, len(flat.stage)
     row = flat.stage * 4 + flat.kind
     deltas = [sc.memory_deltas(s, k) for s in range(S) for k in KINDS]
-    mem_start, v_mem_start = _filled("d", n, 0.0)
+    mem_start, v_mem_start = _filled("d", n, 0.0, views=True)
     np.take(np.array([d[0] for d in deltas]), row, out=v_mem_start, mode="wrap")
-    mem_end, v_mem_end = _filled("d", n, 0.0)
+    mem_end, v_mem_end = _filled("d", n, 0.0, views=True)
     np.take(np.array([d[1] for d in deltas]), row, out=v_mem_end, mode="wrap")
     del v_mem_start, v_mem_end
     # The kind letters: the codes as bytes, translated; list() of a str shares CPython's
@@ -712,10 +715,10 @@ def _columns(schedule: Schedule, flat: FlatActions, sc: StageCosts, start: array
         stage_to_rank=tuple(schedule.stage_to_rank),
         chains=schedule.chains,
         chain_starts=schedule.chain_starts,
-        rank=_ints(flat.rank),
-        stage=_ints(flat.stage),
+        rank=_read_only(flat.rank),
+        stage=_read_only(flat.stage),
         kind=list(letters.decode("ascii")),
-        microbatch=_ints(flat.microbatch),
+        microbatch=_read_only(flat.microbatch),
         start=start,
         end=end,
         mem_start=mem_start,
@@ -778,10 +781,11 @@ def _doubles(values: np.ndarray) -> array:
     return out  # one copy (tobytes() would make two)
 
 
-def _ints(values: np.ndarray) -> array:
-    """C 64-bit integers that index as Python ints."""
+def _read_only(values: np.ndarray) -> memoryview:
+    """A read-only memoryview of ``values`` as 64-bit integers (no copy when they are):
+    it indexes as Python ints."""
     import numpy as np
 
-    out = array("q")
-    out.frombytes(memoryview(np.ascontiguousarray(values, dtype=np.int64)).cast("B"))
-    return out
+    view = np.asarray(values, dtype=np.int64).view()
+    view.flags.writeable = False
+    return memoryview(view)
