@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy as np
 from rich.console import Console, Group
 from rich.table import Table
-from rich.text import Text
+from rich.text import Span, Text
 
 from ..timeline import Timeline
 
@@ -61,10 +61,14 @@ def gantt(timeline: Timeline, width: int | None = None, title: str | None = None
     chunk = chunk_of_stage(timeline)
     lines = []
     for r in range(timeline.num_ranks):
-        line = Text(f"rank {r}".ljust(label_w))
+        # one Text per row with a span per run: what appending run by run builds, without
+        # rich's per-append work (a million-action row has a run per label)
+        parts, spans, at = [f"rank {r}".ljust(label_w)], [], label_w
         for text, style in _runs(_cells(timeline, r, t0, scale, cols, chunk, columns)):
-            line.append(text, style)
-        lines.append(line)
+            parts.append(text)
+            spans.append(Span(at, at + len(text), style))
+            at += len(text)
+        lines.append(Text("".join(parts), spans=spans))
     unit = "s" if timeline.source == "measured" else ""
     end_label = f"{step:.4g}{unit}"
     axis = Text(" " * label_w + "0".ljust(max(1, cols - len(end_label))) + end_label, style="dim")
@@ -119,7 +123,10 @@ def _cells(timeline: Timeline, r: int, t0: float, scale: float, cols: int,
     column = np.arange(cols)
     last = np.searchsorted(c0, column, side="right") - 1
     long = np.flatnonzero((end - start) * scale > 1.5)
-    keep = np.union1d(np.union1d(last[last >= 0], long), long[long > 0] - 1)
+    shows = np.zeros(hi - lo, dtype=bool)
+    shows[last[last >= 0]] = shows[long] = True
+    shows[long[long > 0] - 1] = True
+    keep = np.flatnonzero(shows)
     c0 = c0[keep]
     c1 = np.minimum(np.maximum(c0 + 1, np.rint((end[keep] - t0) * scale).astype(np.int64)),
                     cols)
