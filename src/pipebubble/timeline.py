@@ -90,7 +90,7 @@ class Timeline:
     end: Sequence[float]
     mem_start: Sequence[float]
     mem_end: Sequence[float]
-    overlapped: list[bool]
+    overlapped: Sequence[bool]
     source: str = "simulated"
     # Independent stage chains (DualPipe's two model copies: 2), each running
     # num_microbatches. Derived from ``chain_starts``; kept as an argument so that a caller
@@ -326,21 +326,22 @@ class Timeline:
         return out
 
 
-_INFLIGHT = np.zeros(128, dtype=np.int64)
+_INFLIGHT = np.zeros(128, dtype=np.int8)  # (cumsum of int8 counts in int64)
 _INFLIGHT[ord("F")], _INFLIGHT[ord("B")], _INFLIGHT[ord("I")] = 1, -1, -1
 
 
 def _inflight(kind: Sequence[str]) -> np.ndarray:
-    """+1 per F, -1 per B or I, 0 for any other kind: the change in activations held.
+    """+1 per F, -1 per B or I, 0 for any other kind: the change in activations held
+    (int8: numpy sums and cumsums small ints in int64).
     One-letter ASCII kinds (every simulated timeline's) are read as bytes, several times
     faster than a numpy string array; others by their first letter, as before."""
     if not len(kind):
-        return np.zeros(0, dtype=np.int64)
+        return np.zeros(0, dtype=np.int8)
     letters = "".join(kind)
     if len(letters) == len(kind) and letters.isascii() and "" not in kind:
         return _INFLIGHT[np.frombuffer(letters.encode("ascii"), dtype=np.uint8)]
     codes = np.array(kind, dtype="U1")
-    return (codes == "F").astype(np.int64) - (codes == "B") - (codes == "I")
+    return ((codes == "F").astype(np.int8) - (codes == "B") - (codes == "I")).astype(np.int8)
 
 
 def _chain_starts(starts: Sequence[int], chains: int, num_stages: int) -> tuple[int, ...]:

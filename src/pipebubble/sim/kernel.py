@@ -129,15 +129,17 @@ def simulate(schedule: Schedule, costs: CostModel | StageCosts | None = None) ->
             return timeline
         # a deadlock: the three-step program below names each rank's stuck action
     if lag is not None and not pairs:  # one lag for every dependency: a lighter loop
+        # (no lag column: the one lag is added as a constant; the ends written in place)
         program = _compile_program(schedule, flat, sc, spare=True)
-        end = _run_uniform(program, lag)
+        end = _run_uniform(program, lag, in_place=True)
     else:
         program = compile_program(schedule, flat, sc)
         end = run(program)
+        lag = None
     stuck = [r for r, last in enumerate(program.last) if end[last] == _INF]
     if stuck:
         raise _deadlock(schedule, flat, program, end, stuck)
-    return _timeline(schedule, flat, sc, program, end)
+    return _timeline(schedule, flat, sc, program, end, lag)
 
 
 BLOCKS_FROM = 256
@@ -152,10 +154,11 @@ def _simulate_blocks(schedule: Schedule, flat: FlatActions, sc: StageCosts,
     """:func:`simulate` by the :class:`Blocks` program; None on a deadlock. ``lag``: the
     one lag of every dependency (:meth:`_Rule.uniform`), or None to read each step's."""
     blocks = compile_blocks(schedule, flat, sc, spare=lag is not None, views=True)
-    end = _run_blocks(blocks) if lag is None else _run_blocks_uniform(blocks, lag)
+    end = (_run_blocks(blocks) if lag is None else
+           _run_blocks_uniform(blocks, lag, in_place=True))
     if any(end[last] == _INF for last in blocks.last):
         return None
-    return _block_timeline(schedule, flat, sc, blocks, end)
+    return _block_timeline(schedule, flat, sc, blocks, end, lag)
 
 
 class Program(NamedTuple):
@@ -220,10 +223,13 @@ def _compile_program(schedule: Schedule, flat: FlatActions, sc: StageCosts,
     ready[(made * S + flat.stage) * M + mb] = step + fwd_part
     # The columns are written in place in C arrays (numpy views of them; no copy).
     c_producer, producer = _filled("q", size + spare, never, views=spare)
-    c_lag, lag = _filled("d", size + spare, 0.0, views=spare)
+    # simulate's program (spare) adds its one lag as a constant: no column (unless pairs)
+    c_lag, lag = _filled("d", 0 if spare and not num_pairs else size + spare, 0.0,
+                         views=spare)
     c_duration, duration = _filled("d", size + spare, 0.0, views=spare)
     producer[step] = ready[(np.array(rule.needs) * M)[row] + mb]
-    lag[step] = np.array([sc.comm if c else 0.0 for c in rule.crosses])[row]
+    if len(lag):
+        lag[step] = np.array([sc.comm if c else 0.0 for c in rule.crosses])[row]
     duration[step] = np.array([sc.duration(s, k) for s in range(S) for k in KINDS])[row]
     if num_pairs:
         fwd = np.flatnonzero(fwd_part)
@@ -316,18 +322,21 @@ def compile_blocks(schedule: Schedule, flat: FlatActions, sc: StageCosts,
     one = np.flatnonzero(flat.pair != 2)
     at, row_one = step[one], row[one]
     producer, v_producer = _filled("q", size, never, views=views)
-    lag, v_lag = _filled("d", size, 0.0, views=views)
+    lags = not (spare and views)  # simulate's uniform run adds its one lag as a constant
+    lag, v_lag = _filled("d", size if lags else 0, 0.0, views=views)
     duration, v_duration = _filled("d", size, 0.0, views=views)
     v_producer[at] = ready[needs[row_one] + mb[one]]
-    v_lag[at] = comm[row_one]
+    if lags:
+        v_lag[at] = comm[row_one]
     v_duration[at] = cost[row_one]
     producer2, v_producer2 = _filled("q", size, size - 1 if spare else 0, views=views)
-    lag2, v_lag2 = _filled("d", size, 0.0, views=views)
+    lag2, v_lag2 = _filled("d", size if lags else 0, 0.0, views=views)
     duration2, v_duration2 = _filled("d", size, 0.0, views=views)
     at, row_bwd = step[bwd], row[bwd]
     v_duration[at], v_duration2[at] = _pair_durations(sc, flat, fwd)  # (the same step)
     v_producer2[at] = ready[needs[row_bwd] + mb[bwd]]
-    v_lag2[at] = comm[row_bwd]
+    if lags:
+        v_lag2[at] = comm[row_bwd]
     initial, v_initial = _filled("d", size, _INF, views=views)
     v_initial[boundary] = 0.0
     v_initial[size - 2 - spare] = 0.0
@@ -389,12 +398,12 @@ def _run_blocks(blocks: Blocks) -> array:
     return end
 
 
-def _run_blocks_uniform(blocks: Blocks, lag: float) -> array:
+def _run_blocks_uniform(blocks: Blocks, lag: float, in_place: bool = False) -> array:
     """:func:`_run_blocks` when every dependency has the same ``lag`` (DualPipe), for
     blocks compiled with a spare step (see :func:`_run_uniform`)."""
     producer, duration = blocks.producer, blocks.duration
     producer2, duration2 = blocks.producer2, blocks.duration2
-    end, waiter = _clock(blocks.initial_end)
+    end, waiter = _clock(blocks.initial_end, in_place=in_place)
     waiter2 = _clock(blocks.initial_end, ends=False)[1]
     inf = _INF
     stack = blocks.first[:]
@@ -541,13 +550,14 @@ def _run(program: Program) -> array:
     return end
 
 
-def _run_uniform(program: Program, lag: float) -> array:
+def _run_uniform(program: Program, lag: float, in_place: bool = False) -> array:
     """:func:`_run` when every dependency has the same ``lag`` (1F1B, GPipe, interleaved
     1F1B: each stage's neighbours on other ranks), for a program compiled with a spare
     step (:func:`_compile_program`): one array read fewer per step, about 15% on 1F1B.
-    The sum is the same double: ``end[producer[i]] + lag``."""
+    The sum is the same double: ``end[producer[i]] + lag``. ``in_place``: the ends are
+    written over ``program.initial_end`` (which is returned), not a copy."""
     producer, duration = program.producer, program.duration
-    end, waiter = _clock(program.initial_end)
+    end, waiter = _clock(program.initial_end, in_place=in_place)
     inf = _INF
     stack = program.first[:]
     pop, push = stack.pop, stack.append
@@ -625,7 +635,7 @@ def _deadlock(schedule: Schedule, flat: FlatActions, program: Program, end: arra
 
 
 def _timeline(schedule: Schedule, flat: FlatActions, sc: StageCosts, program: Program,
-              end: array) -> Timeline:
+              end: array, uniform: float | None = None) -> Timeline:
     """Columns of the Timeline: numpy gathers and C arrays (no Python object per action
     except the kind letters, which are shared). A step's start is the loop's
     ``max(end[i - 1], end[producer[i]] + lag[i])``, vectorised: the same doubles."""
@@ -633,11 +643,13 @@ def _timeline(schedule: Schedule, flat: FlatActions, sc: StageCosts, program: Pr
 
     ends = np.frombuffer(end, dtype=np.float64)
     producer = np.frombuffer(program.producer, dtype=np.int64)
-    lag = np.frombuffer(program.lag, dtype=np.float64)
     step = program.step
+    # ``uniform``: the one lag the loop added (a program without a lag column)
+    lag = uniform if uniform is not None else np.frombuffer(program.lag,
+                                                            dtype=np.float64)[step]
     n = len(step)
     start, v_start = _filled("d", n, 0.0, views=True)
-    np.maximum(ends[step - 1], ends[producer[step]] + lag[step], out=v_start)
+    np.maximum(ends[step - 1], ends[producer[step]] + lag, out=v_start)
     stop, v_stop = _filled("d", n, 0.0, views=True)
     np.take(ends, step, out=v_stop, mode="wrap")  # (wrap: unbuffered; step is in range)
     del v_start, v_stop
@@ -645,7 +657,7 @@ def _timeline(schedule: Schedule, flat: FlatActions, sc: StageCosts, program: Pr
 
 
 def _block_timeline(schedule: Schedule, flat: FlatActions, sc: StageCosts, blocks: Blocks,
-                    end: array) -> Timeline:
+                    end: array, uniform: float | None = None) -> Timeline:
     """:func:`_timeline` for :class:`Blocks`: each block's start is the loop's maximum,
     vectorised over the steps (the same doubles); a pair's forward part runs from it to
     ``start + duration``, its backward part from there to the block's end."""
@@ -654,13 +666,16 @@ def _block_timeline(schedule: Schedule, flat: FlatActions, sc: StageCosts, block
     ends = np.frombuffer(end, dtype=np.float64)
     producer = np.frombuffer(blocks.producer, dtype=np.int64)
     producer2 = np.frombuffer(blocks.producer2, dtype=np.int64)
-    lag = np.frombuffer(blocks.lag, dtype=np.float64)
-    lag2 = np.frombuffer(blocks.lag2, dtype=np.float64)
     duration = np.frombuffer(blocks.duration, dtype=np.float64)
+    if uniform is None:
+        lag = np.frombuffer(blocks.lag, dtype=np.float64)[1:]
+        lag2 = np.frombuffer(blocks.lag2, dtype=np.float64)[1:]
+    else:  # the one lag the loop added (blocks without lag columns)
+        lag = lag2 = uniform
     begin = np.empty(len(ends))  # begin[i]: when step i starts (boundaries: unused)
     begin[0] = 0.0
-    np.maximum(ends[:-1], ends[producer[1:]] + lag[1:], out=begin[1:])
-    np.maximum(begin[1:], ends[producer2[1:]] + lag2[1:], out=begin[1:])
+    np.maximum(ends[:-1], ends[producer[1:]] + lag, out=begin[1:])
+    np.maximum(begin[1:], ends[producer2[1:]] + lag2, out=begin[1:])
     step = blocks.step
     n = len(step)
     start, v_start = _filled("d", n, 0.0, views=True)
@@ -695,7 +710,6 @@ def _columns(schedule: Schedule, flat: FlatActions, sc: StageCosts, start: memor
     # The kind letters: the codes as bytes, translated; list() of a str shares CPython's
     # one-letter strings (no object per action).
     letters = flat.kind.astype(np.uint8, copy=False).tobytes().translate(_LETTERS)
-    pairs = bool(flat.pair.any())
     hidden = exposed = None
     if sc.has_a2a:  # each action's all-to-all: hidden in a pair, or exposed
         alone = np.array([sc.lone_part(s, k).exposed for s in range(S) for k in KINDS])
@@ -723,13 +737,13 @@ def _columns(schedule: Schedule, flat: FlatActions, sc: StageCosts, start: memor
         end=end,
         mem_start=mem_start,
         mem_end=mem_end,
-        overlapped=(flat.pair > 0).tolist() if pairs else [False] * n,
+        overlapped=memoryview(flat.pair > 0),  # (indexes as Python bools)
         source="simulated",
         offsets=list(flat.offsets),
         a2a_hidden=hidden,
         a2a_exposed=exposed,
         # from the kind codes, not the letters: the activations column and the kinds present
-        _np={"inflight": np.array(_INFLIGHT, dtype=np.int64)[flat.kind]},
+        _np={"inflight": np.array(_INFLIGHT, dtype=np.int8)[flat.kind]},
         _kinds=frozenset(KINDS[k] for k in np.flatnonzero(np.bincount(flat.kind, minlength=4))),
     )
 
@@ -759,16 +773,18 @@ def _filled(typecode: str, size: int, value: float, views: bool = False
     return out, np.frombuffer(out, dtype=np.int64 if typecode == "q" else np.float64)
 
 
-def _clock(initial: array | memoryview, ends: bool = True
+def _clock(initial: array | memoryview, ends: bool = True, in_place: bool = False
            ) -> tuple[array | memoryview | None, list[int] | memoryview]:
-    """The loop's ``end`` (a copy of ``initial``: unless ``ends`` is False) and ``waiter``
-    (zeros) columns, of the kind ``initial`` is: C array and list, or memoryviews of numpy
-    arrays (:func:`_filled`)."""
+    """The loop's ``end`` (a copy of ``initial``, or ``initial`` itself ``in_place``; None
+    unless ``ends``) and ``waiter`` (zeros) columns, of the kind ``initial`` is: C array
+    and list, or memoryviews of numpy arrays (:func:`_filled`)."""
     if isinstance(initial, array):
-        return (array("d", initial) if ends else None), [0] * len(initial)
+        end = (initial if in_place else array("d", initial)) if ends else None
+        return end, [0] * len(initial)
     import numpy as np
 
-    end = memoryview(np.array(initial, dtype=np.float64)) if ends else None
+    end = None if not ends else initial if in_place else memoryview(
+        np.array(initial, dtype=np.float64))
     return end, memoryview(np.zeros(len(initial), dtype=np.int64))
 
 
