@@ -9,7 +9,19 @@ this run.
 Targets (issue 10): ``simulate --schedule 1f1b -p 4 -m 8 --json`` < 0.3 s; the 1M-action
 ``simulate --schedule 1f1b -p 64 -m 8192`` < 2 s with its terminal chart, < 4 s with --json.
 
-Run: ``.venv/bin/python bench/bench_cli.py``. Prints; asserts nothing.
+Throughput through the command line (issue 30): ``simulate`` with its terminal chart on about
+a million actions, less the same command on the fewest microbatches the family takes (which
+leaves out the interpreter's start-up and the imports): (actions - actions at the few) /
+(CPU time - CPU time at the few), each the best of a few fresh processes. Cases: 1F1B p=64
+m=8192 against m=1, DualPipe p=64 m=8192 and DualPipeV p=64 m=4096 (its -v 2 doubles the
+stages: about a million actions) against m=128 (both need m >= 2p). Beside it the library's
+validate + simulate of the same schedule in this process (``bench/bench_simulate.py``'s
+measure: a fresh copy each repeat, best CPU time of 5) and the ratio of the two: the command
+adds generation, its metrics and the chart, and pays a fresh process's first touch of its
+memory. Target >= 3 M actions/s through the command line for each.
+
+Run: ``.venv/bin/python bench/bench_cli.py`` (``throughput``: only the throughput rows).
+Prints; asserts nothing.
 """
 
 from __future__ import annotations
@@ -44,6 +56,48 @@ def timed(argv: list[str]) -> tuple[float, float]:
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
+THROUGHPUT = (("1f1b", 64, 8192, 1), ("dualpipe", 64, 8192, 128), ("dualpipev", 64, 4096, 128))
+
+
+def library_cpu(name: str, p: int, m: int, repeats: int = 5) -> float:
+    """Best CPU seconds of validate + simulate of a fresh copy of the schedule (in this
+    process: bench_simulate.py's measure)."""
+    from dataclasses import replace
+
+    from pipebubble import CostModel, get_schedule, simulate, validate
+
+    schedule = get_schedule(name, p, m)
+    best = float("inf")
+    for _ in range(repeats):
+        fresh = replace(schedule)  # validated again (validate() remembers the last one)
+        t = time.process_time()
+        validate(fresh)
+        simulate(fresh, CostModel())
+        best = min(best, time.process_time() - t)
+    return best
+
+
+def throughput(repeats: int = 5) -> None:
+    from pipebubble import get_schedule
+
+    cli = [sys.executable, "-m", "pipebubble", "simulate", "--width", "100"]
+    print("simulate through the command line, actions per CPU second (issue 30):")
+    for name, p, m, few in THROUGHPUT:
+        n = get_schedule(name, p, m).num_actions()
+        n_few = get_schedule(name, p, few).num_actions()
+        cpu = {}
+        for _ in range(repeats):  # interleaved: a disturbance hits both sizes alike
+            for size in (m, few):
+                got = timed(cli + ["--schedule", name, "-p", str(p), "-m", str(size)])[1]
+                cpu[size] = min(cpu.get(size, float("inf")), got)
+        rate = (n - n_few) / (cpu[m] - cpu[few])
+        lib = n / library_cpu(name, p, m)
+        print(f"   {name:9s} p={p} m={m:<5d} ({n:,} actions) less m={few:<3d}: "
+              f"{cpu[m]:.3f} - {cpu[few]:.3f} s CPU = {rate / 1e6:.2f} M actions/s; library "
+              f"validate + simulate {lib / 1e6:.2f} M/s; command / library "
+              f"{rate / lib:.2f}  target >= 3.00 M/s")
+
+
 def main() -> None:
     cli = [sys.executable, "-m", "pipebubble"]
     for label, argv, target, repeats in CASES:
@@ -51,7 +105,11 @@ def main() -> None:
         wall, cpu = min(timed(full) for _ in range(repeats))
         goal = f"  target < {target} s" if target else ""
         print(f"{label:38s} best of {repeats:2d}: {wall:6.3f} s wall, {cpu:6.3f} s CPU{goal}")
+    throughput()
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["throughput"]:
+        throughput()
+    else:
+        main()

@@ -80,15 +80,17 @@ class Timeline:
     num_stages: int
     num_microbatches: int
     stage_to_rank: tuple[int, ...]
-    rank: list[int]
-    stage: list[int]
+    # Each column a list, or (from the simulator) a memoryview of a numpy array: either
+    # indexes as Python ints and floats.
+    rank: Sequence[int]
+    stage: Sequence[int]
     kind: list[str]
-    microbatch: list[int]
-    start: Sequence[float]  # a list, or array("d") from the simulator
+    microbatch: Sequence[int]
+    start: Sequence[float]
     end: Sequence[float]
-    mem_start: list[float]
-    mem_end: list[float]
-    overlapped: list[bool]
+    mem_start: Sequence[float]
+    mem_end: Sequence[float]
+    overlapped: Sequence[bool]
     source: str = "simulated"
     # Independent stage chains (DualPipe's two model copies: 2), each running
     # num_microbatches. Derived from ``chain_starts``; kept as an argument so that a caller
@@ -98,6 +100,7 @@ class Timeline:
     _stats: list[RankStats] | None = field(default=None, repr=False)
     _step: float | None = field(default=None, repr=False)
     _np: dict | None = field(default=None, repr=False)
+    _kinds: frozenset[str] | None = field(default=None, repr=False)
     # First stage of each chain, as ``Schedule.chain_starts`` (DualPipe p=4: ``(0, 4)``).
     chain_starts: tuple[int, ...] = ()
     # Per event, the all-to-all inside it hidden behind an overlapped pair's compute and
@@ -179,6 +182,13 @@ class Timeline:
             )
 
     @property
+    def kinds(self) -> frozenset[str]:
+        """The kinds its events have (``{"F", "B"}`` for 1F1B), found once."""
+        if self._kinds is None:
+            self._kinds = frozenset(self.kind)
+        return self._kinds
+
+    @property
     def has_a2a(self) -> bool:
         """Whether the events record all-to-all (hidden and exposed) time."""
         return self.a2a_hidden is not None and self.a2a_exposed is not None
@@ -194,8 +204,8 @@ class Timeline:
     @property
     def step_time(self) -> float:
         if self._step is None:
-            a = self._arrays()
-            self._step = float(a["end"].max() - a["start"].min()) if len(self.start) else 0.0
+            self._step = (float(self._column("end").max() - self._column("start").min())
+                          if len(self.start) else 0.0)
         return self._step
 
     def rank_stats(self) -> list[RankStats]:
@@ -203,18 +213,29 @@ class Timeline:
             self._stats = [self._one_rank(r) for r in range(self.num_ranks)]
         return self._stats
 
-    def _arrays(self) -> dict[str, np.ndarray]:
-        """Columns as numpy arrays (built once): the metrics are vectorised."""
+    def _column(self, name: str) -> np.ndarray:
+        """One column as a numpy array, built once and only when asked (the metrics are
+        vectorised): ``start``, ``end``, ``m0``/``m1`` (memory at an event's start / end)
+        and ``inflight`` (+1 for F, -1 for B and I). The simulator's columns are C arrays,
+        which numpy reads without a copy."""
         if self._np is None:
-            kind = np.array(self.kind, dtype="U1") if self.kind else np.zeros(0, dtype="U1")
-            inflight = (kind == "F").astype(np.int64) - (kind == "B") - (kind == "I")
-            self._np = {
-                "start": np.asarray(self.start, dtype=np.float64),
-                "end": np.asarray(self.end, dtype=np.float64),
-                "m0": np.asarray(self.mem_start, dtype=np.float64),
-                "m1": np.asarray(self.mem_end, dtype=np.float64),
-                "inflight": inflight,
-            }
+            self._np = {}
+        got = self._np.get(name)
+        if got is None:
+            if name == "inflight":
+                got = _inflight(self.kind)
+            else:
+                source = {"start": self.start, "end": self.end, "m0": self.mem_start,
+                          "m1": self.mem_end}[name]
+                got = np.asarray(source, dtype=np.float64)
+            self._np[name] = got
+        return got
+
+    def _arrays(self) -> dict[str, np.ndarray]:
+        """Every column of :meth:`_column` as numpy arrays (built once)."""
+        for name in ("start", "end", "m0", "m1", "inflight"):
+            self._column(name)
+        assert self._np is not None
         return self._np
 
     def _one_rank(self, r: int) -> RankStats:
@@ -303,6 +324,24 @@ class Timeline:
                 row["a2a_exposed"] = e.a2a_exposed
             out.append(row)
         return out
+
+
+_INFLIGHT = np.zeros(128, dtype=np.int8)  # (cumsum of int8 counts in int64)
+_INFLIGHT[ord("F")], _INFLIGHT[ord("B")], _INFLIGHT[ord("I")] = 1, -1, -1
+
+
+def _inflight(kind: Sequence[str]) -> np.ndarray:
+    """+1 per F, -1 per B or I, 0 for any other kind: the change in activations held
+    (int8: numpy sums and cumsums small ints in int64).
+    One-letter ASCII kinds (every simulated timeline's) are read as bytes, several times
+    faster than a numpy string array; others by their first letter, as before."""
+    if not len(kind):
+        return np.zeros(0, dtype=np.int8)
+    letters = "".join(kind)
+    if len(letters) == len(kind) and letters.isascii() and "" not in kind:
+        return _INFLIGHT[np.frombuffer(letters.encode("ascii"), dtype=np.uint8)]
+    codes = np.array(kind, dtype="U1")
+    return ((codes == "F").astype(np.int8) - (codes == "B") - (codes == "I")).astype(np.int8)
 
 
 def _chain_starts(starts: Sequence[int], chains: int, num_stages: int) -> tuple[int, ...]:

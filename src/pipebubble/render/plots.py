@@ -250,7 +250,7 @@ def draw_memory(ax, timeline: Timeline, *, factor: float) -> None:
 
 
 def _legend_handles(timelines: Sequence[Timeline]) -> list:
-    kinds = {k for t in timelines for k in set(t.kind)}
+    kinds = {k for t in timelines for k in t.kinds}
     handles = [Patch(facecolor=kind_color(k), label=f"{k}  {KIND_NAMES[k]}")
                for k in KIND_ORDER if k in kinds]
     chunks = max((max(chunk_of_stage(t), default=0) + 1 for t in timelines), default=1)

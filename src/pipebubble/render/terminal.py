@@ -7,10 +7,12 @@ dot. A long timeline is scaled to the terminal width rather than wrapped.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from rich.console import Console, Group
 from rich.table import Table
-from rich.text import Text
+from rich.text import Span, Text
 
 from ..timeline import Timeline
 
@@ -48,7 +50,8 @@ def gantt(timeline: Timeline, width: int | None = None, title: str | None = None
     fit = max(20, Console().width - label_w - 1)
     width = fit if width is None else max(10, min(width, fit))
     step = timeline.step_time or 1.0
-    t0 = float(np.min(timeline.start)) if len(timeline.start) else 0.0
+    columns = _Columns.of(timeline)
+    t0 = float(columns.start.min()) if len(timeline.start) else 0.0
     # Prefer a whole number of columns per time unit (at most 6) when the timeline fits.
     cols = width
     scale = cols / step
@@ -58,15 +61,19 @@ def gantt(timeline: Timeline, width: int | None = None, title: str | None = None
     chunk = chunk_of_stage(timeline)
     lines = []
     for r in range(timeline.num_ranks):
-        line = Text(f"rank {r}".ljust(label_w))
-        for text, style in _runs(_cells(timeline, r, t0, scale, cols, chunk)):
-            line.append(text, style)
-        lines.append(line)
+        # one Text per row with a span per run: what appending run by run builds, without
+        # rich's per-append work (a million-action row has a run per label)
+        parts, spans, at = [f"rank {r}".ljust(label_w)], [], label_w
+        for text, style in _runs(_cells(timeline, r, t0, scale, cols, chunk, columns)):
+            parts.append(text)
+            spans.append(Span(at, at + len(text), style))
+            at += len(text)
+        lines.append(Text("".join(parts), spans=spans))
     unit = "s" if timeline.source == "measured" else ""
     end_label = f"{step:.4g}{unit}"
     axis = Text(" " * label_w + "0".ljust(max(1, cols - len(end_label))) + end_label, style="dim")
     legend = Text(" " * label_w)
-    kinds = sorted(set(timeline.kind), key="FIBW".index) if len(timeline.kind) else []
+    kinds = sorted(timeline.kinds, key="FIBW".index)
     for k in kinds:
         legend.append(f" {k} ", STYLES[k][0])
         legend.append(f" {KIND_NAMES[k]}  ")
@@ -80,7 +87,7 @@ def gantt(timeline: Timeline, width: int | None = None, title: str | None = None
 
 
 def _cells(timeline: Timeline, r: int, t0: float, scale: float, cols: int,
-           chunk: list[int]) -> list[tuple[str, str]]:
+           chunk: list[int], columns: _Columns | None = None) -> list[tuple[str, str]]:
     """Rank ``r``'s row: one (character, style) per column.
 
     Each event fills the columns ``c0 = round(start x scale)`` up to ``c1 = round(end x
@@ -89,19 +96,69 @@ def _cells(timeline: Timeline, r: int, t0: float, scale: float, cols: int,
     run together), or only its first letter when it does not. Events are in time order, so
     ``c0`` and ``c1`` only grow along a row and the owner of column c is the last event with
     ``c0 <= c``, if its ``c1 > c``.
+
+    Only a few events per column can show: the last to start in each column (it owns the
+    column, or its first letter is there), the last letter-only one in each column, and
+    those long enough for a label. A row of many short events paints those only (a handful
+    of passes over its starts and ends, then work per column); :func:`_paint` gives each
+    the same cells as painting every event would. ``columns``: the timeline's
+    :class:`_Columns` (built here when not given).
     """
     lo, hi = timeline.offsets[r], timeline.offsets[r + 1]
-    start = np.asarray(timeline.start[lo:hi], dtype=np.float64)
-    end = np.asarray(timeline.end[lo:hi], dtype=np.float64)
+    col = _Columns.of(timeline) if columns is None else columns
+    start, end = col.start[lo:hi], col.end[lo:hi]
     c0 = np.rint((start - t0) * scale).astype(np.int64)
-    c1 = np.minimum(np.maximum(c0 + 1, np.rint((end - t0) * scale).astype(np.int64)), cols)
-    if len(c1) > 1 and (np.diff(c1) < 0).any():  # events overlap (a measured oddity)
-        return _cells_one_by_one(timeline, lo, hi, c0.tolist(), c1.tolist(), cols, chunk)
+    if hi - lo > 1 and not (c0[0] >= 0 and np.isfinite(start[[0, -1]]).all()
+                            and np.isfinite(end[[0, -1]]).all()
+                            and (start[1:] >= start[:-1]).all() and (end[1:] >= end[:-1]).all()):
+        # not in time order (or before t0, or not finite): as painting every event
+        c1 = np.minimum(np.maximum(c0 + 1, np.rint((end - t0) * scale).astype(np.int64)), cols)
+        if len(c1) > 1 and (np.diff(c1) < 0).any():  # events overlap (a measured oddity)
+            return _cells_one_by_one(timeline, lo, hi, c0.tolist(), c1.tolist(), cols, chunk)
+        return _paint(timeline, lo, np.arange(hi - lo), c0, c1, t0, scale, cols, chunk, col)
+    # Starts and ends in time order: c0 and c1 only grow. The events that can show: the
+    # last to start at or before each column, and those long enough for a label (which
+    # needs round(end) - round(start) >= 3, so more than 1.5 columns) with the event
+    # before each (the last letter-only one of its column may be followed by labelled ones).
+    column = np.arange(cols)
+    last = np.searchsorted(c0, column, side="right") - 1
+    long = np.flatnonzero((end - start) * scale > 1.5)
+    shows = np.zeros(hi - lo, dtype=bool)
+    shows[last[last >= 0]] = shows[long] = True
+    shows[long[long > 0] - 1] = True
+    keep = np.flatnonzero(shows)
+    c0 = c0[keep]
+    c1 = np.minimum(np.maximum(c0 + 1, np.rint((end[keep] - t0) * scale).astype(np.int64)),
+                    cols)
+    return _paint(timeline, lo, keep, c0, c1, t0, scale, cols, chunk, col)
+
+
+class _Columns(NamedTuple):
+    """A timeline's starts, ends and microbatches as numpy arrays, read once per chart
+    (the simulator's C arrays without a copy)."""
+
+    start: np.ndarray
+    end: np.ndarray
+    microbatch: np.ndarray
+
+    @classmethod
+    def of(cls, timeline: Timeline) -> _Columns:
+        return cls(np.asarray(timeline.start, dtype=np.float64),
+                   np.asarray(timeline.end, dtype=np.float64),
+                   np.asarray(timeline.microbatch, dtype=np.int64))
+
+
+def _paint(timeline: Timeline, lo: int, events: np.ndarray, c0: np.ndarray, c1: np.ndarray,
+           t0: float, scale: float, cols: int, chunk: list[int],
+           col: _Columns) -> list[tuple[str, str]]:
+    """The row's cells from ``events`` (indices into the rank's events, ascending, with
+    their ``c0`` and ``c1``, both non-decreasing): each column's owner is the last of them
+    with ``c0 <= c`` (if its ``c1 > c``); labels as :func:`_cells` says."""
     column = np.arange(cols)
     owner = np.searchsorted(c0, column, side="right") - 1  # last event starting at or before
     owner = np.where((owner >= 0) & (c1[np.maximum(owner, 0)] > column), owner, -1)
     # Labels: wide enough events write "F3" (padded), the others their first letter at c0.
-    mb = np.asarray(timeline.microbatch[lo:hi], dtype=np.int64)
+    mb = col.microbatch[lo + events]
     text_len = 2 + np.searchsorted(_POWERS_OF_TEN, mb, side="right")  # "F" and the digits
     room = c1 - c0
     wide = np.flatnonzero(room > text_len)
@@ -119,13 +176,14 @@ def _cells(timeline: Timeline, r: int, t0: float, scale: float, cols: int,
         offset[span] = np.where(later, np.arange(int(text_len[e])), offset[span])
     cells = []
     kind, stage, micro = timeline.kind, timeline.stage, timeline.microbatch
+    index = (lo + events).tolist()
     for e, w, k in zip(owner.tolist(), writer[:cols].tolist(), offset[:cols].tolist(),
                        strict=True):
         if w >= 0:  # labels are written over the fills
-            i = lo + w
+            i = index[w]
             cells.append((f"{kind[i]}{micro[i]}"[k], _style(kind[i], chunk[stage[i]])))
         elif e >= 0:
-            i = lo + e
+            i = index[e]
             cells.append((" ", _style(kind[i], chunk[stage[i]])))
         else:
             cells.append(IDLE)

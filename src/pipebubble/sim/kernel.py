@@ -129,15 +129,17 @@ def simulate(schedule: Schedule, costs: CostModel | StageCosts | None = None) ->
             return timeline
         # a deadlock: the three-step program below names each rank's stuck action
     if lag is not None and not pairs:  # one lag for every dependency: a lighter loop
+        # (no lag column: the one lag is added as a constant; the ends written in place)
         program = _compile_program(schedule, flat, sc, spare=True)
-        end = _run_uniform(program, lag)
+        end = _run_uniform(program, lag, in_place=True)
     else:
         program = compile_program(schedule, flat, sc)
         end = run(program)
+        lag = None
     stuck = [r for r, last in enumerate(program.last) if end[last] == _INF]
     if stuck:
         raise _deadlock(schedule, flat, program, end, stuck)
-    return _timeline(schedule, flat, sc, program, end)
+    return _timeline(schedule, flat, sc, program, end, lag)
 
 
 BLOCKS_FROM = 256
@@ -151,11 +153,12 @@ def _simulate_blocks(schedule: Schedule, flat: FlatActions, sc: StageCosts,
                      lag: float | None = None) -> Timeline | None:
     """:func:`simulate` by the :class:`Blocks` program; None on a deadlock. ``lag``: the
     one lag of every dependency (:meth:`_Rule.uniform`), or None to read each step's."""
-    blocks = compile_blocks(schedule, flat, sc, spare=lag is not None)
-    end = _run_blocks(blocks) if lag is None else _run_blocks_uniform(blocks, lag)
+    blocks = compile_blocks(schedule, flat, sc, spare=lag is not None, views=True)
+    end = (_run_blocks(blocks) if lag is None else
+           _run_blocks_uniform(blocks, lag, in_place=True))
     if any(end[last] == _INF for last in blocks.last):
         return None
-    return _block_timeline(schedule, flat, sc, blocks, end)
+    return _block_timeline(schedule, flat, sc, blocks, end, lag)
 
 
 class Program(NamedTuple):
@@ -187,7 +190,8 @@ def _compile_program(schedule: Schedule, flat: FlatActions, sc: StageCosts,
                      spare: bool) -> Program:
     """:func:`compile_program`; with ``spare``, one more step after ``never`` that ends at
     -inf, which an action without a neighbour dependency waits for instead of step 0 (so
-    that adding any lag to its end changes nothing: :func:`_run_uniform`)."""
+    that adding any lag to its end changes nothing: :func:`_run_uniform`) and the columns
+    as memoryviews of numpy arrays (:func:`_filled`: what :func:`simulate` runs)."""
     import numpy as np
 
     S, M, p = schedule.num_stages, schedule.num_microbatches, schedule.num_ranks
@@ -218,11 +222,14 @@ def _compile_program(schedule: Schedule, flat: FlatActions, sc: StageCosts,
     made = np.array([_SIGNAL[produces(Action(0, k, 0)).kind] for k in KINDS])[kind]
     ready[(made * S + flat.stage) * M + mb] = step + fwd_part
     # The columns are written in place in C arrays (numpy views of them; no copy).
-    c_producer, producer = _filled("q", size + spare, never)
-    c_lag, lag = _filled("d", size + spare, 0.0)
-    c_duration, duration = _filled("d", size + spare, 0.0)
+    c_producer, producer = _filled("q", size + spare, never, views=spare)
+    # simulate's program (spare) adds its one lag as a constant: no column (unless pairs)
+    c_lag, lag = _filled("d", 0 if spare and not num_pairs else size + spare, 0.0,
+                         views=spare)
+    c_duration, duration = _filled("d", size + spare, 0.0, views=spare)
     producer[step] = ready[(np.array(rule.needs) * M)[row] + mb]
-    lag[step] = np.array([sc.comm if c else 0.0 for c in rule.crosses])[row]
+    if len(lag):
+        lag[step] = np.array([sc.comm if c else 0.0 for c in rule.crosses])[row]
     duration[step] = np.array([sc.duration(s, k) for s in range(S) for k in KINDS])[row]
     if num_pairs:
         fwd = np.flatnonzero(fwd_part)
@@ -233,7 +240,7 @@ def _compile_program(schedule: Schedule, flat: FlatActions, sc: StageCosts,
         wait, bwd_step = step[fwd] - 1, step[bwd]
         producer[wait], lag[wait] = producer[bwd_step], lag[bwd_step]
         producer[bwd_step], lag[bwd_step] = size if spare else 0, 0.0  # met by the wait
-    c_initial, initial = _filled("d", size + spare, _INF)
+    c_initial, initial = _filled("d", size + spare, _INF, views=spare)
     initial[boundary] = 0.0
     initial[size - 2] = 0.0  # the boundary after the last rank
     if spare:
@@ -271,10 +278,11 @@ class Blocks(NamedTuple):
 
 
 def compile_blocks(schedule: Schedule, flat: FlatActions, sc: StageCosts,
-                   spare: bool = False) -> Blocks:
+                   spare: bool = False, views: bool = False) -> Blocks:
     """The :class:`Blocks` of ``schedule`` under ``sc``: :func:`compile_program`'s
     gathers with a pair's two parts on one step. ``spare``: as :func:`_compile_program`'s
-    (a lone action's second producer is then the spare step too)."""
+    (a lone action's second producer is then the spare step too). ``views``: the columns
+    are memoryviews of numpy arrays instead of C arrays (see :func:`_filled`)."""
     import numpy as np
 
     S, M, p = schedule.num_stages, schedule.num_microbatches, schedule.num_ranks
@@ -313,20 +321,23 @@ def compile_blocks(schedule: Schedule, flat: FlatActions, sc: StageCosts,
     # action (a lone action or a pair's forward part), then a pair's backward part.
     one = np.flatnonzero(flat.pair != 2)
     at, row_one = step[one], row[one]
-    producer, v_producer = _filled("q", size, never)
-    lag, v_lag = _filled("d", size, 0.0)
-    duration, v_duration = _filled("d", size, 0.0)
+    producer, v_producer = _filled("q", size, never, views=views)
+    lags = not (spare and views)  # simulate's uniform run adds its one lag as a constant
+    lag, v_lag = _filled("d", size if lags else 0, 0.0, views=views)
+    duration, v_duration = _filled("d", size, 0.0, views=views)
     v_producer[at] = ready[needs[row_one] + mb[one]]
-    v_lag[at] = comm[row_one]
+    if lags:
+        v_lag[at] = comm[row_one]
     v_duration[at] = cost[row_one]
-    producer2, v_producer2 = _filled("q", size, size - 1 if spare else 0)
-    lag2, v_lag2 = _filled("d", size, 0.0)
-    duration2, v_duration2 = _filled("d", size, 0.0)
+    producer2, v_producer2 = _filled("q", size, size - 1 if spare else 0, views=views)
+    lag2, v_lag2 = _filled("d", size if lags else 0, 0.0, views=views)
+    duration2, v_duration2 = _filled("d", size, 0.0, views=views)
     at, row_bwd = step[bwd], row[bwd]
     v_duration[at], v_duration2[at] = _pair_durations(sc, flat, fwd)  # (the same step)
     v_producer2[at] = ready[needs[row_bwd] + mb[bwd]]
-    v_lag2[at] = comm[row_bwd]
-    initial, v_initial = _filled("d", size, _INF)
+    if lags:
+        v_lag2[at] = comm[row_bwd]
+    initial, v_initial = _filled("d", size, _INF, views=views)
     v_initial[boundary] = 0.0
     v_initial[size - 2 - spare] = 0.0
     if spare:
@@ -345,9 +356,8 @@ def _run_blocks(blocks: Blocks) -> array:
     rank, is never woken: overwriting its waiters loses nothing)."""
     producer, lag, duration = blocks.producer, blocks.lag, blocks.duration
     producer2, lag2, duration2 = blocks.producer2, blocks.lag2, blocks.duration2
-    end = array("d", blocks.initial_end)
-    waiter = [0] * len(end)  # waiter[j], waiter2[j]: the steps parked on j (0: none)
-    waiter2 = [0] * len(end)
+    end, waiter = _clock(blocks.initial_end)  # waiter[j], waiter2[j]: the steps parked on j
+    waiter2 = _clock(blocks.initial_end, ends=False)[1]  # (0: none)
     inf = _INF
     stack = blocks.first[:]
     pop, push = stack.pop, stack.append
@@ -388,14 +398,13 @@ def _run_blocks(blocks: Blocks) -> array:
     return end
 
 
-def _run_blocks_uniform(blocks: Blocks, lag: float) -> array:
+def _run_blocks_uniform(blocks: Blocks, lag: float, in_place: bool = False) -> array:
     """:func:`_run_blocks` when every dependency has the same ``lag`` (DualPipe), for
     blocks compiled with a spare step (see :func:`_run_uniform`)."""
     producer, duration = blocks.producer, blocks.duration
     producer2, duration2 = blocks.producer2, blocks.duration2
-    end = array("d", blocks.initial_end)
-    waiter = [0] * len(end)
-    waiter2 = [0] * len(end)
+    end, waiter = _clock(blocks.initial_end, in_place=in_place)
+    waiter2 = _clock(blocks.initial_end, ends=False)[1]
     inf = _INF
     stack = blocks.first[:]
     pop, push = stack.pop, stack.append
@@ -541,14 +550,14 @@ def _run(program: Program) -> array:
     return end
 
 
-def _run_uniform(program: Program, lag: float) -> array:
+def _run_uniform(program: Program, lag: float, in_place: bool = False) -> array:
     """:func:`_run` when every dependency has the same ``lag`` (1F1B, GPipe, interleaved
     1F1B: each stage's neighbours on other ranks), for a program compiled with a spare
     step (:func:`_compile_program`): one array read fewer per step, about 15% on 1F1B.
-    The sum is the same double: ``end[producer[i]] + lag``."""
+    The sum is the same double: ``end[producer[i]] + lag``. ``in_place``: the ends are
+    written over ``program.initial_end`` (which is returned), not a copy."""
     producer, duration = program.producer, program.duration
-    end = array("d", program.initial_end)
-    waiter = [0] * len(end)
+    end, waiter = _clock(program.initial_end, in_place=in_place)
     inf = _INF
     stack = program.first[:]
     pop, push = stack.pop, stack.append
@@ -626,7 +635,7 @@ def _deadlock(schedule: Schedule, flat: FlatActions, program: Program, end: arra
 
 
 def _timeline(schedule: Schedule, flat: FlatActions, sc: StageCosts, program: Program,
-              end: array) -> Timeline:
+              end: array, uniform: float | None = None) -> Timeline:
     """Columns of the Timeline: numpy gathers and C arrays (no Python object per action
     except the kind letters, which are shared). A step's start is the loop's
     ``max(end[i - 1], end[producer[i]] + lag[i])``, vectorised: the same doubles."""
@@ -634,19 +643,21 @@ def _timeline(schedule: Schedule, flat: FlatActions, sc: StageCosts, program: Pr
 
     ends = np.frombuffer(end, dtype=np.float64)
     producer = np.frombuffer(program.producer, dtype=np.int64)
-    lag = np.frombuffer(program.lag, dtype=np.float64)
     step = program.step
+    # ``uniform``: the one lag the loop added (a program without a lag column)
+    lag = uniform if uniform is not None else np.frombuffer(program.lag,
+                                                            dtype=np.float64)[step]
     n = len(step)
-    start, v_start = _filled("d", n, 0.0)
-    np.maximum(ends[step - 1], ends[producer[step]] + lag[step], out=v_start)
-    stop, v_stop = _filled("d", n, 0.0)
+    start, v_start = _filled("d", n, 0.0, views=True)
+    np.maximum(ends[step - 1], ends[producer[step]] + lag, out=v_start)
+    stop, v_stop = _filled("d", n, 0.0, views=True)
     np.take(ends, step, out=v_stop, mode="wrap")  # (wrap: unbuffered; step is in range)
     del v_start, v_stop
     return _columns(schedule, flat, sc, start, stop)
 
 
 def _block_timeline(schedule: Schedule, flat: FlatActions, sc: StageCosts, blocks: Blocks,
-                    end: array) -> Timeline:
+                    end: array, uniform: float | None = None) -> Timeline:
     """:func:`_timeline` for :class:`Blocks`: each block's start is the loop's maximum,
     vectorised over the steps (the same doubles); a pair's forward part runs from it to
     ``start + duration``, its backward part from there to the block's end."""
@@ -655,18 +666,21 @@ def _block_timeline(schedule: Schedule, flat: FlatActions, sc: StageCosts, block
     ends = np.frombuffer(end, dtype=np.float64)
     producer = np.frombuffer(blocks.producer, dtype=np.int64)
     producer2 = np.frombuffer(blocks.producer2, dtype=np.int64)
-    lag = np.frombuffer(blocks.lag, dtype=np.float64)
-    lag2 = np.frombuffer(blocks.lag2, dtype=np.float64)
     duration = np.frombuffer(blocks.duration, dtype=np.float64)
+    if uniform is None:
+        lag = np.frombuffer(blocks.lag, dtype=np.float64)[1:]
+        lag2 = np.frombuffer(blocks.lag2, dtype=np.float64)[1:]
+    else:  # the one lag the loop added (blocks without lag columns)
+        lag = lag2 = uniform
     begin = np.empty(len(ends))  # begin[i]: when step i starts (boundaries: unused)
     begin[0] = 0.0
-    np.maximum(ends[:-1], ends[producer[1:]] + lag[1:], out=begin[1:])
-    np.maximum(begin[1:], ends[producer2[1:]] + lag2[1:], out=begin[1:])
+    np.maximum(ends[:-1], ends[producer[1:]] + lag, out=begin[1:])
+    np.maximum(begin[1:], ends[producer2[1:]] + lag2, out=begin[1:])
     step = blocks.step
     n = len(step)
-    start, v_start = _filled("d", n, 0.0)
+    start, v_start = _filled("d", n, 0.0, views=True)
     np.take(begin, step, out=v_start, mode="wrap")
-    stop, v_stop = _filled("d", n, 0.0)
+    stop, v_stop = _filled("d", n, 0.0, views=True)
     np.take(ends, step, out=v_stop, mode="wrap")
     fwd = blocks.forward
     at = step[fwd]
@@ -677,23 +691,25 @@ def _block_timeline(schedule: Schedule, flat: FlatActions, sc: StageCosts, block
     return _columns(schedule, flat, sc, start, stop)
 
 
-def _columns(schedule: Schedule, flat: FlatActions, sc: StageCosts, start: array,
-             end: array) -> Timeline:
-    """The Timeline of ``flat``'s actions with these starts and ends (C doubles)."""
+def _columns(schedule: Schedule, flat: FlatActions, sc: StageCosts, start: memoryview,
+             end: memoryview) -> Timeline:
+    """The Timeline of ``flat``'s actions with these starts and ends. Its number columns
+    are memoryviews of numpy arrays (:func:`_filled`; rank, stage and microbatch: of the
+    checked flat arrays themselves, read-only): they index as Python ints and floats, and
+    numpy reads them without a copy."""
     import numpy as np
 
     S, n = schedule.num_stages, len(flat.stage)
     row = flat.stage * 4 + flat.kind
     deltas = [sc.memory_deltas(s, k) for s in range(S) for k in KINDS]
-    mem_start, v_mem_start = _filled("d", n, 0.0)
+    mem_start, v_mem_start = _filled("d", n, 0.0, views=True)
     np.take(np.array([d[0] for d in deltas]), row, out=v_mem_start, mode="wrap")
-    mem_end, v_mem_end = _filled("d", n, 0.0)
+    mem_end, v_mem_end = _filled("d", n, 0.0, views=True)
     np.take(np.array([d[1] for d in deltas]), row, out=v_mem_end, mode="wrap")
     del v_mem_start, v_mem_end
     # The kind letters: the codes as bytes, translated; list() of a str shares CPython's
     # one-letter strings (no object per action).
     letters = flat.kind.astype(np.uint8, copy=False).tobytes().translate(_LETTERS)
-    pairs = bool(flat.pair.any())
     hidden = exposed = None
     if sc.has_a2a:  # each action's all-to-all: hidden in a pair, or exposed
         alone = np.array([sc.lone_part(s, k).exposed for s in range(S) for k in KINDS])
@@ -713,32 +729,63 @@ def _columns(schedule: Schedule, flat: FlatActions, sc: StageCosts, start: array
         stage_to_rank=tuple(schedule.stage_to_rank),
         chains=schedule.chains,
         chain_starts=schedule.chain_starts,
-        rank=_ints(flat.rank),
-        stage=_ints(flat.stage),
+        rank=_read_only(flat.rank),
+        stage=_read_only(flat.stage),
         kind=list(letters.decode("ascii")),
-        microbatch=_ints(flat.microbatch),
+        microbatch=_read_only(flat.microbatch),
         start=start,
         end=end,
         mem_start=mem_start,
         mem_end=mem_end,
-        overlapped=(flat.pair > 0).tolist() if pairs else [False] * n,
+        overlapped=memoryview(flat.pair > 0),  # (indexes as Python bools)
         source="simulated",
         offsets=list(flat.offsets),
         a2a_hidden=hidden,
         a2a_exposed=exposed,
+        # from the kind codes, not the letters: the activations column and the kinds present
+        _np={"inflight": np.array(_INFLIGHT, dtype=np.int8)[flat.kind]},
+        _kinds=frozenset(KINDS[k] for k in np.flatnonzero(np.bincount(flat.kind, minlength=4))),
     )
 
+
+_INFLIGHT = tuple({"F": 1, "B": -1, "I": -1}.get(k, 0) for k in KINDS)
+"""Per kind code, the change in activations held (Timeline's ``inflight`` column)."""
 
 _LETTERS = bytes.maketrans(bytes(range(len(KINDS))), "".join(KINDS).encode("ascii"))
 
 
-def _filled(typecode: str, size: int, value: float) -> tuple[array, np.ndarray]:
+def _filled(typecode: str, size: int, value: float, views: bool = False
+            ) -> tuple[array | memoryview, np.ndarray]:
     """A C array of ``size`` copies of ``value`` (``q``: int64, ``d``: double) and a
-    writable numpy view of it (drop the view before the array is resized: never here)."""
+    writable numpy view of it (drop the view before the array is resized: never here).
+
+    ``views``: a numpy array and a memoryview of it instead, which index the same (Python
+    ints and floats), and a little faster in the clock's loop. numpy asks the kernel for
+    huge pages for large arrays, so a million steps' column costs a few page faults where a
+    C array's costs two thousand: in a fresh process (the command line) that is a
+    measurable share of the whole simulation."""
     import numpy as np
 
+    if views:
+        values = np.full(size, value, dtype=np.int64 if typecode == "q" else np.float64)
+        return memoryview(values), values
     out = array(typecode, [value]) * size
     return out, np.frombuffer(out, dtype=np.int64 if typecode == "q" else np.float64)
+
+
+def _clock(initial: array | memoryview, ends: bool = True, in_place: bool = False
+           ) -> tuple[array | memoryview | None, list[int] | memoryview]:
+    """The loop's ``end`` (a copy of ``initial``, or ``initial`` itself ``in_place``; None
+    unless ``ends``) and ``waiter`` (zeros) columns, of the kind ``initial`` is: C array
+    and list, or memoryviews of numpy arrays (:func:`_filled`)."""
+    if isinstance(initial, array):
+        end = (initial if in_place else array("d", initial)) if ends else None
+        return end, [0] * len(initial)
+    import numpy as np
+
+    end = None if not ends else initial if in_place else memoryview(
+        np.array(initial, dtype=np.float64))
+    return end, memoryview(np.zeros(len(initial), dtype=np.int64))
 
 
 def _doubles(values: np.ndarray) -> array:
@@ -750,10 +797,11 @@ def _doubles(values: np.ndarray) -> array:
     return out  # one copy (tobytes() would make two)
 
 
-def _ints(values: np.ndarray) -> array:
-    """C 64-bit integers that index as Python ints."""
+def _read_only(values: np.ndarray) -> memoryview:
+    """A read-only memoryview of ``values`` as 64-bit integers (no copy when they are):
+    it indexes as Python ints."""
     import numpy as np
 
-    out = array("q")
-    out.frombytes(memoryview(np.ascontiguousarray(values, dtype=np.int64)).cast("B"))
-    return out
+    view = np.asarray(values, dtype=np.int64).view()
+    view.flags.writeable = False
+    return memoryview(view)
