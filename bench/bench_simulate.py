@@ -23,7 +23,8 @@ of that repeat.
 3. Generating the 1M-action 1F1B (target < 0.5 s); drawing its terminal Gantt (< 0.3 s).
 4. Linear in ranks: simulate p=16000, m=1 against p=4000, m=1 (4x the actions; a quadratic
    simulator would take 16x). Target: ratio near 4.
-5. Incremental re-time (the evaluation core, ``sim/program.py`` and ``sim/critical.py``):
+5. Incremental re-time (the evaluation core ``sim/program.py`` with answers from the tails,
+   ``bench/large_search/``: ``core.py`` and ``critical.py``):
    ZB-H1 p=16 m=1042 (50,016 actions, comm 0.1): one action moved by one place on its rank
    (``Compiled.swap`` of neighbours), against a full validate + simulate of the schedule
    (best of 3, this run). Three sorts of move (two neighbouring Ws traded; a W with its
@@ -46,7 +47,7 @@ of that repeat.
    actions whose end, and whose tail, changed (computed untimed), and for the moves that
    shortened the step their own speed-up and shares.
 7. The local search over large orders (``python bench/bench_simulate.py large``,
-   ``schedules/auto/large.py``) from auto's answer on bench_auto's Table 8 settings and two
+   ``bench/large_search/search.py``) from auto's answer on bench_auto's Table 8 settings and two
    Zero Bubble Table 9 rows, and from the registered ZB-H1 / ZB-V orders with unequal
    stages: the step before and after, the gap to auto's lower bound, the seconds, moves
    tried, kept (shorter) / kept on flat ground, and the cost of each kept move against a
@@ -59,10 +60,14 @@ Prints; asserts nothing.
 from __future__ import annotations
 
 import io
+import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 from pipebubble import CostModel, get_schedule, simulate, validate
+
+sys.path.insert(0, str(Path(__file__).parent))  # (large_search/, beside this file)
 
 NO_TIME = {"UNSHARD", "RESHARD", "REDUCE_GRAD"}  # torch bookkeeping actions, not compute
 
@@ -182,7 +187,7 @@ def linear_in_ranks() -> None:
 def incremental() -> None:
     import random
 
-    from pipebubble.sim.program import Compiled
+    from large_search import TailsCompiled as Compiled
 
     print("5) incremental re-time of one moved action, ZB-H1 p=16 m=1042, vs a full simulation")
     schedule = get_schedule("zb-h1", 16, 1042)
@@ -291,9 +296,8 @@ def _kept_case(name: str, p: int, m: int, v: int | None, uneven: bool, moves: in
     import statistics
 
     import numpy as np
-
-    from pipebubble.sim.critical import tolerance
-    from pipebubble.sim.program import Compiled
+    from large_search import TailsCompiled as Compiled
+    from large_search.critical import tolerance
 
     schedule = get_schedule(name, p, m, v)
     costs = unequal(schedule.num_stages) if uneven else CostModel(f=1, b=2, w=1, comm=0.1)
@@ -388,13 +392,13 @@ LARGE_CASES = (  # (label, p, m, costs, memory limit, placement)
 
 
 def large_search(tries: int = 20000) -> None:
-    """Section 7: the local search over large orders (``schedules/auto/large.py``) from
+    """Section 7: the local search over large orders (``large_search/search.py``) from
     auto's answer."""
-    from pipebubble import auto_schedule
-    from pipebubble.schedules.auto.large import local_search
-    from pipebubble.sim.program import Compiled
+    from large_search import TailsCompiled, local_search
 
-    print(f"7) local search over large orders (auto/large.py, at most {tries:,} moves) from "
+    from pipebubble import auto_schedule
+
+    print(f"7) local search over large orders (large_search/, at most {tries:,} moves) from "
           "auto's answer")
     print(f"   {'setting':34s} {'actions':>7s} {'auto s':>6s} {'auto step':>12s} "
           f"{'searched':>12s} {'gain':>7s} {'gap before/after':>17s} {'search s':>8s} "
@@ -434,20 +438,18 @@ def large_search(tries: int = 20000) -> None:
     label, p, m, costs, limit, placement = LARGE_CASES[1]
     s = auto_schedule(p, m, costs, memory_limit=limit, placement=placement)
     rates = []
-    for tails_from in (Compiled.TAILS_FROM, 10 ** 9):
-        Compiled.TAILS_FROM = tails_from
+    for tails_from in (TailsCompiled.TAILS_FROM, 10 ** 9):
+        TailsCompiled.TAILS_FROM = tails_from
         try:
             out = local_search(s, costs, limit, tries=500)
         finally:
-            Compiled.TAILS_FROM = 4096
+            TailsCompiled.TAILS_FROM = 4096
         rates.append(out.tried / out.seconds)
     print(f"   {label}, 500 moves: {rates[0]:.0f} moves/s answered from the tails, "
           f"{rates[1]:.0f} moves/s each re-timed: {rates[0] / rates[1]:.1f}x")
 
 
 if __name__ == "__main__":
-    import sys
-
     if sys.argv[1:] == ["incremental"]:
         incremental()
         raise SystemExit

@@ -29,31 +29,11 @@ search over just those decides it (exact when every action takes some time; with
 zero-duration actions a tie in time does not order two steps, so :meth:`reorder` runs the
 whole kernel instead).
 
-**Answers from the tails, left pending.** Most moves a search tries are taken back, so
-re-timing each one is mostly wasted. For one stretch of one rank reordered (a swap of
-neighbours; one action moved up to :attr:`Compiled.WINDOW` places), on a program without
-Overlap pairs, :meth:`Compiled.swap`, :meth:`~Compiled.move` and :meth:`~Compiled.reorder`
-first ask the critical-path analysis of ``sim/critical.py``: the ends kept here (heads), the
-longest path from each step to the end of the step (tails, one backward run of the kernel's
-loop, then kept up to date backwards from each kept change, where tails change), give the
-new step time of the stretch in a few
-dozen operations, or say that only a re-time can tell (a critical step moved and the step
-may get shorter). A deadlock of a swap of neighbours is found there too, exactly. The move
-is then *pending*: :attr:`~Compiled.step_time`, :attr:`~Compiled.deadlocked`,
-:meth:`~Compiled.peaks`, :meth:`~Compiled.fits` and :meth:`~Compiled.schedule` answer
-without re-timing it (the peaks: the rank's memory walk in its new order, exactly); the
-same move taken back cancels it at no cost; anything else first re-times it (*settles*
-it): another move (the pending one was kept), :meth:`~Compiled.settle`, or a read of the
-times (:meth:`~Compiled.end_of`, :meth:`~Compiled.ends_of`, :meth:`~Compiled.start_of`).
-A caller that reads the times after every move gains nothing from the tails, so after such
-a read they are rebuilt only every :attr:`~Compiled.BACKOFF` re-times, then twice as
-rarely, until a move is taken back again. :attr:`~Compiled.counts` counts what happened.
-
-The one difference: a step time answered from the tails sums the same durations as the
-kernel in another order, so it may differ from a full run in its last bits (within
-``2 x`` :func:`~pipebubble.sim.critical.tolerance`, about ``3e-11`` of the step time on
-50,000 actions; a test keeps it there). A deadlock, the peaks, and every time once settled
-are the simulator's to the last bit.
+**Answers from the tails** (a move's step time from each step's longest path to the end,
+without re-timing it) lived here and in ``sim/critical.py``; they paid only from 4,096 steps,
+which no product path reaches (``auto``'s local search stops at 300 actions), so they moved to
+``bench/large_search/`` with the local search over large orders that used them (see its
+README section and ``docs/design.md``, "The evaluation core").
 
 **Fits the limit.** One tolerance, :data:`~pipebubble.costs.FIT_TOLERANCE` (relative to the
 limit, and absolute below 1): :func:`~pipebubble.costs.fits_limit` is the one test.
@@ -74,7 +54,6 @@ from operator import itemgetter
 from ..costs import CostModel, StageCosts, fits_limit
 from ..ir.check import flat_actions
 from ..ir.schedule import Schedule, ScheduleError, Step, make_schedule, step_actions
-from .critical import Tails, Window, tolerance
 from .kernel import Program, compile_program, run
 
 _INF = float("inf")
@@ -166,33 +145,27 @@ def _last_difference(a: list[int], b: list[int]) -> int:
 class Compiled:
     """``schedule`` under ``costs``, compiled once (validated on the way): step time,
     per-rank peaks, ``fits(limits)``, and incremental re-timing of changed orders.
-    ``tails_from``: the size (steps) from which moves are answered from the tails
-    (default :attr:`TAILS_FROM`).
 
     Orders are lists of *step ids*: ``steps[i]`` is the Action or Overlap with id ``i``
     (numbered rank after rank in the schedule's order); ``orders[r]`` is rank r's current
-    order of ids (a pending move included). :meth:`reorder` changes them; :meth:`schedule`
+    order of ids. :meth:`reorder` changes them; :meth:`schedule`
     gives the current one.
 
     >>> from pipebubble.schedules import get_schedule
-    >>> c = Compiled(get_schedule("zb-h1", ranks=2, microbatches=4), CostModel(comm=0.5),
-    ...              tails_from=0)  # (small: answered from the tails only when asked to)
-    >>> c.step_time, c.swap(0, 1, 2), c.swap(0, 1, 2)  # 0F1 0I0 traded, then back
+    >>> c = Compiled(get_schedule("zb-h1", ranks=2, microbatches=4), CostModel(comm=0.5))
+    >>> o = c.orders[0]
+    >>> swapped = o[:1] + [o[2], o[1]] + o[3:]  # 0F1 0I0 traded, then back
+    >>> c.step_time, c.reorder({0: swapped}), c.reorder({0: o})
     (15.0, 17.0, 15.0)
-    >>> c.counts["lazy"], c.counts["cancelled"], c.counts["re-timed"]
-    (1, 1, 0)
+    >>> c.counts["re-timed"], c.counts["restored"]
+    (1, 1)
     """
 
     FAR = 0.03  # the share of steps after which a re-time hands over to the kernel's loop
     FLOOR = 64  # (plus this many)
     SMALL = 4096  # steps: below this, every re-time is the kernel's loop over them all
-    WINDOW = 16  # steps: a changed stretch up to this long may be answered from the tails
-    BACKOFF = 8  # re-times before the tails are tried again after a read settled a move
-    TAILS_FROM = 4096  # steps: below this, no answers from the tails (measured: on small
-    # programs a full re-time is cheap and keeping the tails costs more than they save)
 
-    def __init__(self, schedule: Schedule, costs: CostModel | StageCosts | None = None,
-                 tails_from: int | None = None):
+    def __init__(self, schedule: Schedule, costs: CostModel | StageCosts | None = None):
         import numpy as np
 
         costs = costs or CostModel()
@@ -262,32 +235,15 @@ class Compiled:
         self._peaks: list[float | None] = [None] * schedule.num_ranks
         self._queued = bytearray(size)
         self._gather: tuple | None = None  # (id, the sequence, its nodes): ends_of's
-        # Lazy answers (module docstring): a move answered from the tails, not yet re-timed.
-        self._pending: tuple | None = None  # (rank, lo, hi, old order, answer, old peak)
-        self._tails: Tails | None = None  # of the program as re-timed (None: not built)
         self._way: tuple | None = None  # the way back from the last re-time: (the orders
         # before it, whether it was stuck, what to put back: see _way_back_to)
-        tails_from = self.TAILS_FROM if tails_from is None else tails_from
-        self._window = None if (prog.num_pairs or size < tails_from
-                                or any(len(c) > 1 for c in self._consumers)) \
-            else Window(self._need, self._lag_of, self._dur_of, self._consumers,
-                        self._rank_at, self.last)
-        self._lazy = True  # whether to refresh stale tails (False after a read settled)
-        self._backoff, self._waited = self.BACKOFF, 0
-        self.counts = {"lazy": 0, "cancelled": 0, "settled": 0, "re-timed": 0,
-                       "suffix runs": 0, "ends evaluated": 0, "tails evaluated": 0,
-                       "tails re-runs": 0, "restored": 0, "tails deferred": 0}
-        self._version, self._top = 0, None  # (the ends' version; _seed_top's cache)
+        self.counts = {"re-timed": 0, "suffix runs": 0, "ends evaluated": 0, "restored": 0}
         self._full_run()
 
     # ---- the answers -------------------------------------------------------------
     @property
     def step_time(self) -> float:
-        """The step time (``inf`` when the current orders deadlock); of a pending move, the
-        answer from the tails (the module docstring: equal to a full run's to within
-        rounding)."""
-        if self._pending is not None:
-            return self._pending[4]
+        """The step time (``inf`` when the current orders deadlock)."""
         return self._time()
 
     def _time(self) -> float:
@@ -298,37 +254,17 @@ class Compiled:
                     if self.last[r] >= self.first[r]), default=0.0)
 
     @property
-    def pending(self) -> bool:
-        """Whether the last move was answered from the tails and is not yet re-timed (the
-        same move taken back then cancels it at no cost)."""
-        return self._pending is not None
-
-    @property
-    def rounding(self) -> float:
-        """How far :attr:`step_time` may be from a full run's: 0 once settled; of a pending
-        move, ``2 x`` :func:`~pipebubble.sim.critical.tolerance` (the module docstring).
-        A caller that rounds the step time settles where the rounding could tell."""
-        if self._pending is None or self._pending[4] == _INF:
-            return 0.0
-        return 2 * tolerance(len(self._end), self._pending[4])
-
-    @property
     def deadlocked(self) -> bool:
-        if self._pending is not None:
-            return self._pending[4] == _INF
+        """Whether the current orders deadlock."""
         return self._stuck
 
     def end_of(self, step_id: int) -> float:
         """When step ``step_id`` ends (an Overlap: its backward part, the pair's end)."""
-        if self._pending is not None:
-            self._settle(read=True)
         return self._end[self._pos_of[self._nodes_of[step_id][-1]]]
 
     def ends_of(self, step_ids: Sequence[int]) -> tuple[float, ...]:
         """The ends of these steps, in this order (an Overlap: its end), gathered in C;
         the node list of a sequence asked for before is remembered."""
-        if self._pending is not None:
-            self._settle(read=True)
         key = id(step_ids)
         if self._gather is None or self._gather[0] != key:
             self._gather = (key, step_ids, [self._nodes_of[i][-1] for i in step_ids])
@@ -340,8 +276,6 @@ class Compiled:
     def start_of(self, step_id: int) -> float:
         """When step ``step_id`` starts (an Overlap: its forward part, which waits for
         the pair's wait step: the pair's start)."""
-        if self._pending is not None:
-            self._settle(read=True)
         nodes = self._nodes_of[step_id]
         return self._start[self._pos_of[nodes[1] if len(nodes) > 1 else nodes[0]]]
 
@@ -350,58 +284,17 @@ class Compiled:
         for r, got in enumerate(self._peaks):
             if got is None:
                 ids = self._node_at[self.first[r]:self.last[r] + 1]
-                pend = self._pending
-                if pend is not None and pend[0] == r:  # (no pairs: a step is one node)
-                    ids[pend[1]:pend[2] + 1] = [self._nodes_of[i][0]
-                                                for i in self.orders[r][pend[1]:pend[2] + 1]]
                 real = [x for x in ids if self._real[x]]  # not a pair's wait step
                 self._peaks[r] = _peak(self._d0[real], self._d1[real])
         return list(self._peaks)
 
     def ends_sum(self) -> float:
-        """The sum of every step's end (re-times a pending move first; ``inf`` when the
-        orders deadlock): a search's tie-break on flat ground."""
-        if self._pending is not None:
-            self._settle(read=False)
+        """The sum of every step's end (``inf`` when the orders deadlock): a search's
+        tie-break on flat ground."""
         if self._stuck:
             return _INF
         end = self._end
         return sum(sum(end[lo:hi + 1]) for lo, hi in zip(self.first, self.last, strict=True))
-
-    def critical(self, within: float = 0.0) -> list[tuple[int, int]]:
-        """The (rank, index) of every step on a longest path, or within ``within`` of one
-        (its end + tail at least the step time - ``within`` - the rounding allowance of
-        :func:`~pipebubble.sim.critical.tolerance`), rank after rank; re-times a pending
-        move first and brings the tails up to date (builds them the first time). Empty
-        when the orders deadlock.
-
-        >>> from pipebubble.schedules import get_schedule
-        >>> c = Compiled(get_schedule("1f1b", ranks=2, microbatches=2), CostModel())
-        >>> c.critical()  # rank 0: F F B B end at 1, 2, 6, 9; the second B starts at 7
-        [(0, 0), (0, 3), (1, 0), (1, 1), (1, 2), (1, 3)]
-        """
-        import numpy as np
-
-        if self._pending is not None:
-            self._settle(read=False)
-        if self._stuck:
-            return []
-        if self._num_pairs or any(len(c) > 1 for c in self._consumers):
-            raise ScheduleError("critical(): not for programs with Overlap pairs")
-        if self._tails is None:
-            self._tails = Tails(self._producer, self._lag, self._duration, self._initial,
-                                self.first, self.last)
-        elif self._tails.dirty:
-            self._update_tails()
-        step = self._time()
-        floor = step - within - tolerance(len(self._end), step)
-        out = []
-        end = np.asarray(self._end)
-        for r in range(len(self.orders)):
-            q = np.arange(self.first[r], self.last[r] + 1)
-            hit = np.flatnonzero(end[q] + self._tails.tails(q) >= floor)
-            out += [(r, int(k)) for k in hit]
-        return out
 
     def fits(self, limits: float | Sequence[float] | None) -> bool:
         """Every rank's peak within its limit (one value for all, or one per rank; None:
@@ -421,25 +314,9 @@ class Compiled:
                              chain_starts=b.chain_starts, **b.options)
 
     # ---- changing the orders -----------------------------------------------------
-    def move(self, rank: int, k: int, to: int) -> float:
-        """Take the ``k``-th step of ``rank`` out and put it back at position ``to`` (of
-        the shortened order); return the new step time (from the tails, the move left
-        pending, where they tell; else re-timed)."""
-        order = list(self.orders[rank])
-        order.insert(to, order.pop(k))
-        return self._edit({rank: (min(k, to), max(k, to), order)})
-
-    def swap(self, rank: int, k: int, k2: int) -> float:
-        """Trade the ``k``-th and ``k2``-th steps of ``rank``; return the new step time (as
-        :meth:`move`)."""
-        order = list(self.orders[rank])
-        order[k], order[k2] = order[k2], order[k]
-        return self._edit({rank: (min(k, k2), max(k, k2), order)})
-
     def reorder(self, changes: Mapping[int, Sequence[int]]) -> float:
         """Give the ranks in ``changes`` these orders (each a permutation of the rank's step
-        ids) and re-time incrementally (one stretch of one rank: answered from the tails
-        where they tell, as :meth:`move`); returns the new step time (``inf``: deadlock).
+        ids) and re-time incrementally; returns the new step time (``inf``: deadlock).
 
         The orders are not validated here (a search moves an action only where its rank
         allows it: after its own F, before its W, ...); :meth:`schedule` is a Schedule that
@@ -459,117 +336,13 @@ class Compiled:
             edits[r] = (lo, hi, new)
         return self._edit(edits)
 
-    def settle(self) -> float:
-        """Re-time a pending move now (a move a search keeps); returns the step time. The
-        reads (:meth:`end_of`, :meth:`ends_of`, :meth:`start_of`) do this themselves."""
-        if self._pending is not None:
-            self._settle(read=False)
-        return self.step_time
-
     def _edit(self, edits: Mapping[int, tuple[int, int, list[int]]]) -> float:
-        """Change the orders (rank -> first and last changed index, new order): cancel the
-        pending move if this takes it back, else settle it; then answer this one from the
-        tails where that is exact (it stays pending), or re-time."""
+        """Change the orders (rank -> first and last changed index, new order) and re-time."""
         edits = {r: e for r, e in edits.items() if e[0] < e[1]}
         if not edits:
             return self.step_time
-        pend = self._pending
-        if pend is not None:
-            r, lo, hi, old, _, peak = pend
-            if list(edits) == [r]:
-                lo2, hi2, new = edits[r]
-                a, b = min(lo, lo2), max(hi, hi2)
-                if new[a:b + 1] == old[a:b + 1]:  # the same move taken back: nothing to do
-                    self.orders[r], self._peaks[r], self._pending = old, peak, None
-                    self.counts["cancelled"] += 1
-                    self._lazy, self._backoff = True, self.BACKOFF
-                    return self.step_time
-            self._settle(read=False)
-        way = self._way
-        if way is not None and self._back(way, edits):
-            return self._apply({r: (lo, hi, self.orders[r], new)
-                                for r, (lo, hi, new) in edits.items()})  # (put back)
-        if len(edits) == 1 and self._window is not None and not self._stuck:
-            ((r, (lo, hi, new)),) = edits.items()
-            if hi - lo < self.WINDOW and self._tails_ready(self.first[r] + lo):
-                p0 = self.first[r] + lo  # (no pairs: one node per step)
-                step = self._time()
-                got = self._window.step_time(
-                    self._tails, self._end, self._pos_of, self._node_at, r, p0,
-                    [self._nodes_of[i][0] for i in new[lo:hi + 1]], step,
-                    tolerance(len(self._end), step))
-                if got is not None:
-                    self._pending = (r, lo, hi, self.orders[r], got, self._peaks[r])
-                    self.orders[r], self._peaks[r] = new, None
-                    self.counts["lazy"] += 1
-                    return got
         return self._apply({r: (lo, hi, self.orders[r], new)
                             for r, (lo, hi, new) in edits.items()})
-
-    def _settle(self, read: bool) -> None:
-        """Re-time the pending move (its answer says whether it deadlocks). ``read``: a
-        read asked for the times, a hint that the caller reads them after every move, so
-        the tails are not rebuilt for the next few (:attr:`BACKOFF`)."""
-        r, lo, hi, old, answer, _ = self._pending
-        self._pending = None
-        self.counts["settled"] += 1
-        if read:
-            self._lazy = False
-        peak = self._peaks[r]  # (of the new order, if asked for while pending)
-        self._apply({r: (lo, hi, old, self.orders[r])}, deadlock=answer == _INF)
-        self._peaks[r] = peak
-
-    def refresh_tails(self) -> None:
-        """Bring the tails up to date now (the next move answered from them would do it
-        first; a search that times its kept moves calls this to charge it to them)."""
-        if self._pending is None and not self._stuck and self._window is not None:
-            self._tails_ready()
-
-    def _tails_ready(self, p0: int | None = None) -> bool:
-        """Whether the tails are up to date, bringing them up to date (backwards from what
-        changed, or all the first time) if that is likely to pay; with ``p0``, the first
-        position of a stretch to answer: whether the tails it reads are up to date.
-
-        Those are the tails of the stretch's steps and of what waits for them, all ending
-        at or after ``end[p0]``. A kept change may have changed only the tails of what
-        its steps (the seeds) wait for, which end no later than they do: so where every
-        seed ends before ``end[p0]``, the tails the stretch reads hold, and the update
-        waits for a stretch that needs it (on demand: a search that tries later moves
-        after earlier ones updates them once a pass)."""
-        t = self._tails
-        if t is not None and not t.dirty:
-            return True
-        if t is not None and p0 is not None and t.seeds and self._end[p0] > self._seed_top():
-            self.counts["tails deferred"] += 1
-            return True
-        if not self._lazy:
-            self._waited += 1
-            if self._waited < self._backoff:
-                return False
-            self._waited, self._backoff = 0, min(2 * self._backoff, 4096)
-        if t is None:
-            self._tails = Tails(self._producer, self._lag, self._duration, self._initial,
-                                self.first, self.last)
-        else:
-            self._update_tails()
-        return True
-
-    def _seed_top(self) -> float:
-        """The latest end of a step whose tails' inputs changed since the last update."""
-        t = self._tails
-        key = (self._version, len(t.seeds))
-        if self._top is None or self._top[0] != key:
-            end, mirror = self._end, t.mirror
-            self._top = (key, max(end[mirror[m]] for m in t.seeds))
-        return self._top[1]
-
-    def _update_tails(self) -> None:
-        """:meth:`Tails.update`, counted."""
-        t = self._tails
-        before = t.evaluated
-        if not t.update():
-            self.counts["tails re-runs"] += 1
-        self.counts["tails evaluated"] += t.evaluated - before
 
     def _apply(self, edits: Mapping[int, tuple[int, int, list[int], list[int]]],
                deadlock: bool | None = None) -> float:
@@ -578,11 +351,8 @@ class Compiled:
         The edits that take the last re-time back (the orders before it, exactly) put the
         times it changed back instead (:meth:`_way_back_to`)."""
         way, self._way = self._way, None
-        self._version += 1  # (the ends change)
         if way is not None and self._back(way, edits):
             return self._way_back_to(way, edits)
-        if self._stuck and self._tails is not None:
-            self._tails = None  # (its seeds, left unmarked in a deadlock, wait in vain)
         segments = []  # (first, last) position of each changed stretch
         whole = self._stuck or not self._positive or len(self._end) < self.SMALL
         if not whole and not deadlock:
@@ -611,10 +381,7 @@ class Compiled:
                 self.counts["suffix runs"] += 1
             else:
                 self._way = (before, stuck, undo)
-        if self._tails is not None and not self._stuck:
-            for _, p1 in segments:  # what the changed steps wait for may have other tails
-                self._tails.mark(self._end, self._end[p1])  # (in a deadlock: kept unmarked
-        return self.step_time  # for the way back; anything else drops them)
+        return self.step_time
 
     def _back(self, way: tuple, edits: Mapping[int, tuple]) -> bool:
         """Whether ``edits`` give each rank the order ``way`` remembers, and only those."""
@@ -634,19 +401,12 @@ class Compiled:
                 start[q], end[q] = t, e
         elif saved is not None:
             self._end, self._start_list = saved
-        segments = []
         for r, (lo, hi, old, new) in edits.items():
-            segments.append(self._place(r, lo, hi, old, new))
+            self._place(r, lo, hi, old, new)
             self.orders[r] = new
             self._peaks[r] = None
         self._stuck = stuck
         self.counts["restored"] += 1
-        if self._tails is not None:
-            if stuck:
-                self._tails = None
-            else:
-                for _, p1 in segments:
-                    self._tails.mark(self._end, self._end[p1])
         return self.step_time
 
     def _place(self, r: int, lo: int, hi: int, old: Sequence[int],
@@ -673,9 +433,6 @@ class Compiled:
             self._duration[q] = self._dur_of[x]
             for c in self._consumers[x]:
                 producer[pos_of[c]] = prod_np[pos_of[c]] = q
-        if self._tails is not None:
-            self._tails.place(p0, p1, self._node_at, pos_of, need, self._lag_of,
-                              self._dur_of, self._consumers, self._rank_at, was)
         return p0, p1
 
     def _cycle(self, segments: list[tuple[int, int]]) -> bool:

@@ -23,10 +23,8 @@ Each evaluation asks the evaluation core (:class:`~pipebubble.sim.program.Compil
 compiled once per search): it re-times only what the move changed, with the simulator's
 own numbers; an order that deadlocks scores as infinite. It reads the step time first and
 the sum of ends only when the step does not decide (a tie, or an annealing draw the step
-alone cannot refuse), so a move the core answers from the tails and the search refuses is
-taken back without a re-time (on programs of ``Compiled.TAILS_FROM`` steps and more;
-below, every move is re-timed, which measured faster). Memory
-is the core's walk (:func:`~pipebubble.sim.program.memory_peak`) under its one tolerance.
+alone cannot refuse). Memory is the core's walk
+(:func:`~pipebubble.sim.program.memory_peak`) under its one tolerance.
 """
 
 from __future__ import annotations
@@ -123,10 +121,7 @@ class _Problem:
     def step(self, orders: list[list[int]]) -> float:
         """The step time of these orders, rounded to 9 places (inf on deadlock). The first
         call compiles them (:class:`~pipebubble.sim.program.Compiled`); later ones hand the
-        ranks that changed to the core. A move of one rank it answered from the tails is
-        left pending: if the next orders are another move, it is taken back first (at no
-        cost: a search tries a move, reads the step, and goes on from the kept orders), so
-        each try is one stretch of one rank away from the kept orders."""
+        ranks that changed to the core."""
         from ...sim.program import Compiled
 
         core = self._core
@@ -140,34 +135,23 @@ class _Problem:
                     self._step_of[x] = i
             self._seen = [list(o) for o in orders]
             self._ids = self._step_of
-            self._before = None  # (rank, its order) before a pending move
         else:
             step_of, seen = self._step_of, self._seen
             changed = [r for r, o in enumerate(orders) if o != seen[r]]
-            if changed and core.pending:
-                r, old = self._before
-                core.reorder({r: [step_of[x] for x in old]})  # cancels it
-                seen[r] = old
-                changed = [r for r, o in enumerate(orders) if o != seen[r]]
             if changed:
-                self._before = (changed[0], seen[changed[0]]) if len(changed) == 1 else None
                 for r in changed:
                     seen[r] = list(orders[r])
                 core.reorder({r: [step_of[x] for x in orders[r]] for r in changed})
         step = core.step_time
         if step == _INF:
             return _INF
-        slack = core.rounding  # (a pending answer: settle if the rounding could tell)
-        if slack and round(step - slack, 9) != round(step + slack, 9):
-            step = core.settle()
         return round(step, 9)
 
     def ends(self) -> float:
         """The sum of every action's end (rounded to 9 places) of the orders :meth:`step`
         was last asked about, which must not deadlock: the tie-break, read only when the
-        step time does not decide (this re-times a pending move: the kept orders)."""
+        step time does not decide."""
         core = self._core
-        core.settle()
         ends = core.ends_of(self._ids)  # in action-number order, as the sum always ran
         return round(sum(ends), 9)
 

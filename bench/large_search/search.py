@@ -1,10 +1,11 @@
 """Local search over large orders: short moves of critical actions, answered from the tails.
 
-The local search of :mod:`.improve` holds every action in Python lists and re-times each
-move, so it stops at a few hundred actions. This one works on orders of 5,000 to 50,000
-actions and more, through the evaluation core (:class:`~pipebubble.sim.program.Compiled`):
-the core keeps each step's end and *tail* (the longest path from it to the end of the
-step, ``sim/critical.py``), answers a move of one stretch of one rank from them without
+The local search of ``auto`` (``pipebubble.schedules.auto.improve``) holds every action in
+Python lists and re-times each move, so it stops at a few hundred actions. This one works on
+orders of 5,000 to 50,000 actions and more, through the evaluation core with answers from the
+tails (:class:`~large_search.core.TailsCompiled`, ``core.py`` beside this file): it keeps
+each step's end and *tail* (the longest path from it to the end of the step,
+``critical.py``), answers a move of one stretch of one rank from them without
 re-timing anything, takes a refused move back at no cost, and re-times a kept one only
 where ends and tails change (forwards from the moved stretch, backwards into what it waits
 for, each stopping where a value stays the same).
@@ -18,7 +19,7 @@ rounding; the kept move is then re-timed, so the step time is the simulator's to
 bit) and every rank's activation memory fits its limit with the one tolerance
 (:func:`~pipebubble.costs.fits_limit`). With ``sideways`` (the default), a move that
 keeps the step time (exactly, once re-timed) is kept too when every action ends earlier in
-sum, which lets the search cross flat ground, as :mod:`.improve` does; such a move is
+sum, which lets the search cross flat ground, as ``auto``'s local search does; such a move is
 re-timed to be judged, and taken back, when refused, by putting the times it changed back.
 A pass tries every critical action of the order it starts from, in an order drawn from a
 generator seeded by ``seed``; passes repeat until one keeps nothing (a local optimum of
@@ -26,9 +27,11 @@ these moves) or ``tries`` moves have been tried. The budget counts moves, not se
 the result depends only on the input.
 
 What it gains (``python bench/bench_simulate.py large``): from auto's answers on the
-Table 8 settings of ``bench/bench_auto.py`` (4,608 to 49,152 actions), 0.03 % to 0.12 %
-of the step in 0.3 to 6 s; on the Zero Bubble Table 9 rows, nothing. A kept move that
-shortens the step shortens the longest path: every end after it and every tail before it
+Table 8 settings of ``bench/bench_auto.py`` (4,608 to 49,152 actions), 0.03 % to 0.25 %
+of the step in 0.9 to 2.4 s; on the Zero Bubble Table 9 rows, nothing. That is why it lives
+here, in ``bench/``, and not in ``auto``: the gain is too small to pay for the machinery
+(``auto`` searches orders of at most 300 actions, where the tails never engage). A kept move
+that shortens the step shortens the longest path: every end after it and every tail before it
 move, so re-timing it costs about one kernel run, inherently; moves tried and refused
 (most of them) cost almost nothing.
 
@@ -47,10 +50,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ...costs import CostModel, StageCosts
-from ...ir.schedule import Schedule, ScheduleError, step_actions
-from ...sim.critical import tolerance
-from ...sim.program import Compiled
+from pipebubble.costs import CostModel, StageCosts
+from pipebubble.ir.schedule import Schedule, ScheduleError, step_actions
+
+from .core import TailsCompiled
+from .critical import tolerance
 
 WINDOW = 4  # places an action may move, each way (the core answers up to 15)
 TRIES = 200_000  # moves tried, at most (the deterministic budget)
@@ -83,12 +87,12 @@ def local_search(schedule: Schedule, costs: CostModel | StageCosts | None = None
     within ``memory_limit`` (one value for every rank, or one per rank; None: none).
     The result is never slower than the start; it is the start itself when the start
     does not fit the limit or deadlocks."""
-    if not 1 <= window <= Compiled.WINDOW - 1:
-        raise ValueError(f"window={window}: must be 1..{Compiled.WINDOW - 1}")
+    if not 1 <= window <= TailsCompiled.WINDOW - 1:
+        raise ValueError(f"window={window}: must be 1..{TailsCompiled.WINDOW - 1}")
     if tries < 0:
         raise ValueError(f"tries={tries}: must be >= 0")
     t0 = time.perf_counter()
-    core = Compiled(schedule, costs)
+    core = TailsCompiled(schedule, costs)
     start = step = core.step_time
     tried = kept = passes = 0
     kept_seconds: list[float] = []

@@ -1,6 +1,6 @@
 """Critical-path analysis: the step time of a locally changed order, without re-timing it.
 
-The kernel's program (``sim/kernel.py``) is a DAG: step q starts at ``max(end[q - 1],
+The kernel's program (``pipebubble.sim.kernel``) is a DAG: step q starts at ``max(end[q - 1],
 end[producer[q]] + lag[q])`` and lasts ``duration[q]``. Besides each step's *end* (its head),
 keep its **tail**: the longest path from the end of q to the end of the step, over q's
 successors v (the next step of its rank, weight 0; the step that waits for q's output,
@@ -56,7 +56,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 
-from .kernel import Program, run
+from pipebubble.sim.kernel import Program, run
 
 _INF = float("inf")
 _U = 2.0 ** -53  # the unit roundoff of a double
