@@ -121,6 +121,9 @@ def test_mtp_puts_one_more_moe_block_and_head_pass_on_the_head():
     assert lo.f[-1] - lf.f[-1] == pytest.approx(blk["f"] + proj + lf.f[-1])
     assert lo.a2a_f[-1] == pytest.approx(blk["a2a"]) and lf.a2a_f[-1] == 0.0
     assert list(lo.f[:-1]) == list(lf.f[:-1])
+    # the MTP module embeds with the main table: the head's stage keeps a copy of it where
+    # its rank holds no embedding (test_plan_tied_copies.py), V x h (tp 1); none without MTP
+    assert lo.tied == on.shape.vocab * h and lf.tied == 0.0
 
 
 def test_comm_sms_slow_the_overlapped_pair_by_their_share_of_the_all_to_all():

@@ -24,6 +24,7 @@ from pipebubble.plan.planner import (
     schedule_list,
     search,
 )
+from pipebubble.plan.plans import one_rank_order
 from pipebubble.plan.profile import Profile
 from pipebubble.plan.scoring import legacy_axes
 from pipebubble.plan.sharding import Sync
@@ -46,8 +47,8 @@ def profile_of(layers, batch=1) -> ProfileSet:
 def every_configuration(profiles: ProfileSet, req: Request):
     """(config, schedule, layer costs) for every sharding, pp, microbatch size,
     recomputation, family and chunks the request allows, stated directly from the planner's
-    documented rules (at pp = 1 every family is one plan, 1F1B's; a sharding over one
-    replica is ddp's)."""
+    documented rules (at pp = 1 families of equal one-rank orders are one plan, the first
+    of 1F1B then the request's order; a sharding over one replica is ddp's)."""
     for sharding in req.shardings or SHARDINGS:
         for pp in [d for d in range(1, req.gpus + 1) if req.gpus % d == 0]:
             dp = req.gpus // pp
@@ -59,9 +60,14 @@ def every_configuration(profiles: ProfileSet, req: Request):
                 m = req.global_batch // (dp * size)
                 for rec in req.recompute:
                     lc = profiles.at(size, rec)
-                    for name in schedule_list(req.schedules):
-                        if pp == 1 and name != "1f1b":
-                            continue
+                    names = schedule_list(req.schedules)
+                    seen = set()
+                    for name in sorted(names, key=lambda n: n != "1f1b"):
+                        if pp == 1:
+                            key = one_rank_order(name, m)
+                            if key is None or key in seen:
+                                continue
+                            seen.add(key)
                         for v in chunk_options(name, req.max_chunks):
                             try:
                                 sched = get_schedule(name, pp, m, v)
@@ -139,8 +145,10 @@ def test_hand_example_pp1_beats_pp2():
                                schedules=("1f1b", "gpipe"), recompute=("none",), latency=0,
                                shardings=("ddp",)))
     # pp=1: 2 microbatches x 4 layers x 3 s = 24; pp=2, 1F1B or GPipe, m=4: (4+1) x 6 = 30.
-    # At pp = 1 both families are one plan (one rank runs F, B in turn): shown once.
-    assert [(p.pp, p.step_time) for p in res.plans] == [(1, 24.0)] + [(2, 30.0)] * 2
+    # At pp = 1 the orders differ (F0 B0 F1 B1 against F0 F1 B0 B1: GPipe holds both
+    # microbatches' activations), so each family is priced: here both 24 (no activations).
+    assert [(p.pp, p.step_time) for p in res.plans] == [(1, 24.0)] * 2 + [(2, 30.0)] * 2
+    assert {p.schedule for p in res.plans if p.pp == 1} == {"1f1b", "gpipe"}
 
 
 def test_memory_decides_between_gpipe_and_1f1b():

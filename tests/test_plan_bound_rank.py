@@ -14,6 +14,7 @@ from pipebubble.plan.config import parse_config, restrict
 from pipebubble.plan.hardware import get_hardware
 from pipebubble.plan.layercosts import ProfileSet
 from pipebubble.plan.planner import NoPlanFits, Request, search
+from pipebubble.plan.plans import one_rank_order
 from pipebubble.plan.profile import Profile
 
 ALL = 10**6  # top: every configuration's plan
@@ -66,7 +67,8 @@ def _text(p, keys=None) -> str:
 
 def _key(c) -> tuple:
     """A configuration, its schedule left out at pp = 1 (the full search tries one family
-    there, a search asked for another family tries that one)."""
+    of each order there, a search asked for another family of that order tries that one;
+    test_at_pp_1_each_family_is_priced_as_the_full_search_prices_it checks them)."""
     return (c.dims, c.sharding, c.microbatch_size, c.microbatches, c.recompute,
             c.schedule if c.pp > 1 else None, c.chunks)
 
@@ -86,7 +88,7 @@ def _check(prof, req, hw, full, text: str, may_count=None, pool=None, ranks=None
     by_key = {_key(p.config): p for p in full.plans}
     for p in alone:
         q = by_key[_key(p.config)]
-        if p.config == q.config:  # (at pp = 1 the full search prices one family only)
+        if p.config == q.config:  # (at pp = 1 the full search prices one of an order)
             assert (p.step_time, p.peak_memory, p.ranges) == (q.step_time, q.peak_memory,
                                                               q.ranges), text
     r = rank_by_bounds(prof, req, config, mine.step_time, hw, may_count=may_count,
@@ -150,6 +152,51 @@ def test_the_rank_among_what_a_framework_runs_holds():
                      may_count=lambda c: F.may_run_config(fw, c), pool=pool,
                      ranks=lambda p: F.blocker(fw, p) is None)
         assert got is not None
+
+
+def test_at_pp_1_each_family_is_priced_as_the_full_search_prices_it():
+    """One rank: families whose orders are equal are the same plan, tried once (1F1B first);
+    the others are priced apart, and ``--config schedule=F`` prices F as the full search
+    does (or, merged, as the family of F's order). By hand: GPipe keeps all m microbatches'
+    activations where 1F1B keeps one; ZB-H2's order at pp = 1 is ZB-H1's; ZB-H1 splits each
+    backward, so under TP its I exposes the collectives B hides behind its W: slower."""
+    fams = ("gpipe", "1f1b", "zb-h1", "zb-h2")
+    prof = ProfileSet([analytic_profile(layers=4, hidden=512, ffn=1408, heads=8, kv_heads=4,
+                                        vocab=8192, seq=512, batch=1)])
+    hw = get_hardware("h100-sxm")
+    req = Request(gpus=2, gpu_memory=hw.memory * 0.95, global_batch=8, microbatch_sizes=(2,),
+                  recompute=("none",), pp=(1,), shardings=("ddp",), schedules=fams)
+    full = search(prof, replace(req, top=ALL), hw).plans
+    assert one_rank_order("zb-h2", 4) == one_rank_order("zb-h1", 4)
+    assert {p.config.schedule for p in full} == {"gpipe", "1f1b", "zb-h1"}
+    by_config = {p.config: p for p in full}
+    assert len(by_config) == len(full)  # one plan a configuration
+    checked, tps = 0, set()
+    for p in full:
+        if p.config.schedule != "1f1b":
+            continue
+        c, m = p.config, p.config.microbatches
+        assert req.pp1_schedules(list(fams), m) == ["1f1b", "gpipe", "zb-h1"]
+        for f in fams:
+            text = _text(p).replace("schedule=1f1b", f"schedule={f}")
+            mine = search(prof, replace(restrict(req, parse_config(text, req.gpus)), top=1),
+                          hw).plans[0]
+            same = by_config[replace(c, schedule="zb-h1" if f == "zb-h2" else f)]
+            assert mine.config.schedule == f
+            assert (mine.step_time, mine.peak_memory, mine.ranges) == (
+                same.step_time, same.peak_memory, same.ranges), (f, _text(p))
+            checked += 1
+        gpipe = by_config[replace(c, schedule="gpipe")]
+        zb = by_config[replace(c, schedule="zb-h1")]
+        tps.add(c.tp)
+        assert gpipe.memory[0]["activations"] == pytest.approx(m * p.memory[0]["activations"])
+        assert gpipe.step_time == pytest.approx(p.step_time, rel=1e-12)
+        assert zb.memory[0]["activations"] == p.memory[0]["activations"]
+        if c.tp > 1:
+            assert zb.step_time > p.step_time * 1.01
+        else:
+            assert zb.step_time == pytest.approx(p.step_time, rel=1e-12)
+    assert tps == {1, 2} and checked >= 4 * 2  # tp 1 (dp 2) and tp 2 (with and without sp)
 
 
 def test_the_bounds_rule_out_most_configurations_on_a_large_shape():

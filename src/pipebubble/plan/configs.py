@@ -52,7 +52,6 @@ class Configs:
         req, L, pt, G = self.req, self.L, self.point, self.gpus
         chains = {name: chains_of(name) for name in self.names}  # once, not per config
         options = {name: chunk_options(name, req.max_chunks) for name in self.names}
-        pp1 = req.pp1_schedules(self.names)
         for pp in limits.divisors(G):  # O(sqrt N), not N
             dp = G // pp
             if (req.pp is not None and pp not in req.pp) or (
@@ -71,11 +70,12 @@ class Configs:
                 m = req.global_batch // (dp * size)
                 if not limits.plan_microbatches_ok(m):  # bounded work per configuration
                     continue
+                pp1 = req.pp1_schedules(self.names, m) if pp == 1 else ()
                 for rec in req.recompute:
                     bounds = {}  # by chains (configs.chains_of)
                     for name in self.names:
                         if pp == 1 and name not in pp1:
-                            continue  # one rank: every schedule is the same plan
+                            continue  # one rank: the same order as one tried, same plan
                         for v in options[name]:
                             if req.chunks is not None and v not in req.chunks:
                                 continue

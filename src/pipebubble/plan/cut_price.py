@@ -88,6 +88,35 @@ def fill_drain_links(stage_to_rank: tuple[int, ...], chain_starts: tuple[int, ..
     return tuple(out)
 
 
+@lru_cache(maxsize=256)
+def embedding_copies(stage_to_rank: tuple[int, ...], chain_starts: tuple[int, ...]
+                     ) -> tuple[tuple[int, int], ...]:
+    """Where a tied embedding needs a copy beside its head: per head whose rank holds no
+    embedding yet, ``(the rank of its chain's first stage, the head's rank)``, each such
+    head rank once. Every chain is a whole copy of the model cut the same way (DualPipe's
+    two chains share the weights), so a rank holds the embedding when it holds a chain's
+    first stage. The head (in its chain's last stage) needs no copy when its rank holds
+    one: a V placement (rank 0 holds the chain's first and last stage) or DualPipe (the
+    head of one chain sits on the rank of the other chain's first stage, whose embedding
+    the copies' own sync keeps equal). Each copy's gradient is all-reduced with the
+    embedding's rank (:meth:`~pipebubble.plan.axes.Axes.tied_allreduce`).
+
+    >>> embedding_copies((0, 1, 2, 3, 0, 1, 2, 3), (0,))  # loop: a copy on rank 3
+    ((0, 3),)
+    >>> embedding_copies((0, 1, 1, 0), (0,)), embedding_copies((0, 1, 1, 0), (0, 2))
+    ((), ())
+    """
+    S = len(stage_to_rank)
+    ends = list(chain_starts) + [S]
+    holds = {stage_to_rank[s] for s in chain_starts}
+    out: list[tuple[int, int]] = []
+    for k, first in enumerate(chain_starts):
+        head = stage_to_rank[ends[k + 1] - 1]
+        if head not in holds and all(b != head for _, b in out):
+            out.append((stage_to_rank[first], head))
+    return tuple(out)
+
+
 class Pricing:
     """Pricing cuts (a part of :class:`~pipebubble.plan.scoring.Searcher`)."""
 
@@ -286,10 +315,9 @@ class Pricing:
         memory and the parameters (tied copies counted): :meth:`_price`'s bound and memory
         beyond the work."""
         where = np.asarray(sched.stage_to_rank)
-        ends = [(where[s], where[s + len(ranges) - 1]) for s in range(0, len(where),
-                                                                       len(ranges))]
-        copies = [b for a, b in ends if a != b] if lc.tied else []  # tied embedding copies
-        if copies:  # on the head's rank (layercosts.LayerCosts.tied); Axes.tied_allreduce
+        ends = embedding_copies(sched.stage_to_rank, sched.chain_starts) if lc.tied else ()
+        copies = [b for _, b in ends]  # tied embedding copies, on the heads' ranks
+        if copies:  # (layercosts.LayerCosts.tied); Axes.tied_allreduce
             rank_params = [P + lc.tied * copies.count(r) for r, P in enumerate(rank_params)]
         experts = self._stage_column(lc, "expert", ranges, len(where))
         rank_expert = (np.bincount(where, weights=experts, minlength=c.pp).tolist()
@@ -304,8 +332,8 @@ class Pricing:
                 if x is None:
                     x = seen[key] = self._exposed(c, *key)
                 ar.append(x)
-        for a, b in ends if copies else ():
-            t = self.axes.tied_allreduce(c.dp, c.pp, lc.tied) if a != b else 0.0
+        for a, b in ends:
+            t = self.axes.tied_allreduce(c.dp, c.pp, lc.tied)
             ar = [x + t * ((r == a) + (r == b)) for r, x in enumerate(ar)]
         k = self._optimizer_rate(c)
         done = [a + k * P for a, P in zip(ar, rank_params, strict=True)]

@@ -12,8 +12,8 @@ rule, not a bound): the sharding never changes the cut, and the cut does not dep
 (b) When no (a) cut fits: the same min-max cut with a memory cap per stage, ``budget /
 stages per rank``, where a layer's memory in stage s is its model states and recomputation
 transient plus ``held_s x`` its activation bytes (``held_s``: the most microbatches stage s
-holds at once); the last layer also carries a tied embedding's copy where the last stage is
-not on the first stage's rank (as :mod:`~pipebubble.plan.cut_price` counts it). Each
+holds at once); the last layer also carries a tied embedding's copy where the last stage's
+rank holds no embedding (:func:`~pipebubble.plan.cut_price.embedding_copies`). Each
 rank's peak is then at most the sum of its stages' caps: (b) fits by construction.
 
 Most configurations of a large model have no (b) cut at all (the activations of the
@@ -32,6 +32,7 @@ import numpy as np
 
 from ..costs import fit_bound
 from ..ir.schedule import Schedule
+from .cut_price import embedding_copies
 from .layercosts import LayerCosts
 from .partition import Ranges, balance_ranks, capped_partition, capped_within, min_max_partition
 from .plans import Config
@@ -73,9 +74,10 @@ class Cuts:
         rows = static[None, :] + h[:, None] * lc.act[None, :]
         where = sched.stage_to_rank
         # A tied embedding's copy sits with the head (the last layer, always in the chain's
-        # last stage) when that stage is not on the rank of the chain's first stage.
-        for k in range(sched.chains) if lc.tied else ():
-            if where[k * S_c] != where[(k + 1) * S_c - 1]:
+        # last stage) when the head's rank holds no chain's first stage (embedding_copies).
+        heads = {b for _, b in embedding_copies(where, sched.chain_starts)} if lc.tied else ()
+        for k in range(sched.chains):
+            if where[(k + 1) * S_c - 1] in heads:
                 rows[(k + 1) * S_c - 1, -1] += bpp * lc.tied
         out = rows[:S_c]
         for k in range(1, sched.chains):

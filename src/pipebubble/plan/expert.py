@@ -140,9 +140,12 @@ class MoERecipe:
       combine's backward reads (the gate weights' gradient), the dense MLP's gate and up.
 
     Memory the planner already counts as DeepSeek-V3 runs it: the MTP module's embedding and
-    head are the main model's, no parameters of their own (under DualPipe the head's rank
-    holds an embedding too, so they share it physically; under other schedules the copy of
-    the embedding the MTP module needs on the head's stage is **not** counted); the EMA of
+    head are the main model's, no parameters of their own; the MTP module needs the
+    embedding on the head's stage, so where the head's rank holds none (loop placements:
+    1F1B, interleaved) it keeps a copy and all-reduces its gradient with the embedding's
+    rank, as a tied embedding's copy (``LayerCosts.tied``); under a V placement (rank 0
+    holds both ends) and DualPipe (the head's rank holds the other chain's first stage) it
+    shares the embedding already there; the EMA of
     the parameters, kept in CPU memory, takes no GPU memory (the planner counts none); the
     low-precision optimizer states are ``Request.state_bytes`` (``--param-bytes``, ``--grad-bytes``,
     ``--optimizer-bytes``: 8 for an fp32 master and bf16 AdamW moments, 4 for fp32
@@ -392,7 +395,10 @@ class ExpertCosts(ParallelCosts):
         head += mtp * (blocks[moe_last] + 2 * h * h / tp + 2 * h)
         self.params = np.array([emb, *blocks, head], dtype=np.float64)
         self.experts = np.array([0.0, *experts, mtp * experts[moe_last]], dtype=np.float64)
-        self.tied = V * h / tp if shape.tied_embeddings else 0.0
+        # the head's stage needs the embedding too with a tied head or an MTP module (which
+        # embeds the shifted tokens with the main model's table): a copy where the head's
+        # rank holds none (plan/cut_price.embedding_copies), one for both uses
+        self.tied = V * h / tp if shape.tied_embeddings or mtp else 0.0
         self._cache: dict[tuple[int, str], LayerCosts] = {}
         self._blocks: dict[tuple[bool, int], dict] = {}
 

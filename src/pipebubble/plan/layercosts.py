@@ -50,15 +50,17 @@ class LayerCosts:
     ``out``: bytes sent to the next stage; ``params``: parameter count; ``transient``: bytes
     re-materialised while the layer's backward runs (recomputation only); ``tied``: the
     local parameters of a tied embedding's copy, which the stage holding the head keeps
-    when it is not on the embedding's rank (Megatron-LM at pp > 1: the copy's weights,
+    when its rank holds no embedding (Megatron-LM at pp > 1: the copy's weights,
     gradients and optimizer state, and an all-reduce of its gradient with the first
-    stage); 0 when the embedding is not tied. ``hidden``: per layer, the seconds of work a
-    fused backward (B) runs behind its weight gradients and an I without its W does not
-    (the backward's TP collectives, :mod:`~pipebubble.plan.tensor`); None (measured
-    profiles): none known. ``expert``: per layer, the local parameters of its routed
-    experts (part of ``params``; their states are sharded over the expert-data-parallel
-    group, :mod:`~pipebubble.plan.expert`), ``a2a_f`` / ``a2a_b``: the seconds of
-    expert parallelism's all-to-all inside ``f`` and inside ``i``; None for dense layers.
+    stage; :func:`~pipebubble.plan.cut_price.embedding_copies` says where); 0 when the
+    embedding is not tied (nor needed by an MTP module on the head's stage). ``hidden``:
+    per layer, the seconds of work a fused backward (B) runs behind its weight gradients
+    and an I without its W does not (the backward's TP collectives,
+    :mod:`~pipebubble.plan.tensor`); None (measured profiles): none known. ``expert``:
+    per layer, the local parameters of its routed experts (part of ``params``; their
+    states are sharded over the expert-data-parallel group, :mod:`~pipebubble.plan.expert`),
+    ``a2a_f`` / ``a2a_b``: the seconds of expert parallelism's all-to-all inside ``f`` and
+    inside ``i``; None for dense layers.
     ``comm_sms``: the share of the SMs the all-to-all's kernels take from compute while
     they overlap it (:class:`~pipebubble.costs.CostModel`; 0 for dense layers).
     """

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from .. import limits
 from ..costs import CostModel
@@ -86,14 +87,27 @@ class Request:
     moe_recipe: object = None  # plan.expert.MoERecipe: FP8 dispatch, casts, ... (None: off)
     config: tuple[str, ...] = ()  # the axes --config gave (errors name it, not --tp ...)
 
-    def pp1_schedules(self, names: list[str]) -> list[str]:
-        """The schedules tried at pp = 1, where every family is the same plan (one rank runs
-        every microbatch's F and B in turn): the standard family (1F1B) if asked for, or
-        the first one-chain one asked for."""
+    def pp1_schedules(self, names: list[str], microbatches: int) -> list[str]:
+        """The schedules tried at pp = 1 with ``microbatches`` microbatches: one family per
+        distinct order of the one rank (:func:`one_rank_order`), the standard family (1F1B)
+        first, then in ``names``' order. Families whose orders are equal price equally
+        (step and memory) and are shown once; the others are priced apart: GPipe holds every
+        microbatch's activations (m > 1), ZB-H1 and ZB-H2 split each backward into I and W.
+        A family that searches orders (``auto``) or has no one-stage schedule (interleaved,
+        V placements: two stages a rank at least) only when no other one-chain family is
+        (it then says why it has no plan)."""
         from ..schedules import STANDARD, lookup
 
-        one = [n for n in names if lookup(n).chains == 1]
-        return [STANDARD] if STANDARD in one else one[:1]
+        one = sorted((n for n in names if lookup(n).chains == 1), key=lambda n: n != STANDARD)
+        out, seen = [], set()
+        for n in one:
+            if lookup(n).searched:
+                continue
+            key = one_rank_order(n, microbatches)
+            if key is not None and key not in seen:  # None: no one-stage schedule at all
+                seen.add(key)
+                out.append(n)
+        return out or one[:1]
 
     def model_states(self) -> tuple[float, float, float]:
         """``(w, g, o)`` bytes per parameter (:func:`~pipebubble.plan.memory.model_states`):
@@ -262,3 +276,24 @@ def fmt_gib(n: float, up: bool = False) -> str:
     g = n / 2**30
     g = math.ceil(g * 100 - 1e-9) / 100 if up else round(g, 2)
     return f"{g:.2f}GiB"
+
+
+@lru_cache(maxsize=1024)
+def one_rank_order(name: str, microbatches: int) -> tuple[str, ...] | None:
+    """The family's order at pp = 1 (one stage, ``microbatches`` microbatches) as its actions
+    in turn (``0F0 0B0 0F1 ...``), None where the family has no such schedule. Equal orders
+    are the same plan: :meth:`Request.pp1_schedules` tries one family of each.
+
+    >>> one_rank_order("1f1b", 2), one_rank_order("gpipe", 2)
+    (('0F0', '0B0', '0F1', '0B1'), ('0F0', '0F1', '0B0', '0B1'))
+    >>> one_rank_order("gpipe", 1) == one_rank_order("1f1b", 1)
+    True
+    """
+    from ..ir.schedule import ScheduleError, step_actions
+    from ..schedules import get_schedule
+
+    try:
+        sched = get_schedule(name, 1, microbatches, 1)
+    except ScheduleError:
+        return None
+    return tuple(str(a) for o in sched.orders for st in o for a in step_actions(st))
