@@ -59,6 +59,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..costs import fits_limit
 from ..schedules import lookup
 from .axes import Point
 from .plans import Config, Plan, Request
@@ -181,7 +182,7 @@ def rank_by_bounds(profiles, req: Request, config: dict, step: float, hardware=N
             need = weights.get(key)
             if need is None:
                 need = weights[key] = s.memory_floor(c)
-            if need > req.gpu_memory * (1 + 1e-9):
+            if not fits_limit(need, req.gpu_memory):
                 no_fit += 1
                 continue
             open_.append((c.bound, c, s))
