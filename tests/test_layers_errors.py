@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import ast
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -92,6 +93,46 @@ def test_no_library_module_writes_a_flag_into_an_error():
                        "commands/_flags.py writes the flag:\n" + "\n".join(found))
 
 
+TEXT_ALLOWED: dict[str, str] = {  # module -> why a module-level text there holds flags
+    "params.py": "PARAMS is the explorer's parameter table: each parameter's flag, by design",
+    "plan/settings.py": "torchtitan's own flags (--job.config_file), another tool's command line",
+}
+
+
+def flagged_texts(source: str) -> list[tuple[int, list[str]]]:
+    """(line, flags) of every module-level assignment (a string, a table of them) and every
+    function default holding a flag: text that an error is later built from (``what =
+    "--hf-config"``, ``_FLAGS = {...}``), which :func:`flagged_errors` cannot see."""
+    tree = ast.parse(source)
+    values = [n.value for n in tree.body
+              if isinstance(n, ast.Assign | ast.AnnAssign) and n.value is not None]
+    for n in ast.walk(tree):
+        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef):
+            values += n.args.defaults + [d for d in n.args.kw_defaults if d is not None]
+    return sorted((v.lineno, sorted(set(f))) for v in values if (f := _flags_in(v)))
+
+
+def test_the_text_detector_sees_a_flag_table_and_a_flag_default():
+    bad = ('_FLAGS = {"memory": ("--gpu-memory", 1.0)}\n'
+           'def read(path, what="--hf-config"):\n'
+           '    """Read it (as --hf-config does)."""\n'
+           '    note = "--inside a body is not seen"\n')
+    assert flagged_texts(bad) == [(1, ["--gpu-memory"]), (2, ["--hf-config"])]
+    good = ('"""The module doc may show --gpu."""\n_RANGES = {"memory": ("gpu_memory", 1.0)}\n'
+            'def read(path, what=param("hf_config")):\n    pass\n')
+    assert flagged_texts(good) == []
+
+
+def test_no_library_module_keeps_flags_in_its_tables_or_defaults():
+    found = [f"{rel}:{line}: {' '.join(flags)}" for rel, path in _library_modules()
+             if rel not in TEXT_ALLOWED
+             for line, flags in flagged_texts(path.read_text(encoding="utf-8"))]
+    assert not found, ("library text an error is built from names parameters "
+                       "(errors.param), not flags:\n" + "\n".join(found))
+    for rel in TEXT_ALLOWED:  # the list only shrinks
+        assert flagged_texts((ROOT / rel).read_text(encoding="utf-8")), rel
+
+
 def test_the_allow_list_is_still_needed():
     """An entry whose modules no longer name flags in errors goes (the list only shrinks)."""
     for prefix in ALLOWED:
@@ -168,12 +209,16 @@ def _refusal(call) -> UserError:
 def test_the_planner_library_names_its_parameters_and_the_cli_its_flags():
     """A caller of the planner's functions reads the names it passed; the CLI reads flags."""
     from pipebubble.plan.analytic import profile_rate
+    from pipebubble.plan.axes import splits
     from pipebubble.plan.config import parse_config
     from pipebubble.plan.fit import fit_efficiency
     from pipebubble.plan.hardware import get_hardware
+    from pipebubble.plan.hfconfig import read_hf_config
     from pipebubble.plan.layercosts import ProfileSet
+    from pipebubble.plan.memory import model_states
     from pipebubble.plan.plans import Request
     from pipebubble.plan.sharding import check_reshard
+    from pipebubble.plan.shardings import Sharding
 
     def req(**kw):
         return Request(gpus=8, gpu_memory=2**34, global_batch=8, **kw).check()
@@ -200,6 +245,23 @@ def test_the_planner_library_names_its_parameters_and_the_cli_its_flags():
          "unknown --fsdp-reshard 'sometimes'"),
         (lambda: profile_rate(0, 1, None, None, "bf16", "flash"),
          "seq must be an integer >= 1, got 0", "--seq must be an integer >= 1, got 0"),
+        (lambda: replace(get_hardware("h100-sxm"), nics_per_node=0).check(),
+         "nics_per_node must be an integer >= 1", "--nics-per-node must be an integer >= 1"),
+        (lambda: replace(get_hardware("h100-sxm"), memory=0.5).check(),
+         "gpu_memory must be a number in [1, 1e+18] bytes",
+         "--gpu-memory must be a number in [1, 1e+18] bytes"),
+        (lambda: replace(get_hardware("h100-sxm"), peak_flops=1.0).check(),
+         "peak_tflops must be a number in", "--peak-tflops must be a number in"),
+        (lambda: model_states(2.0, 0.0), "gradient_bytes must be a finite number of bytes > 0",
+         "--grad-bytes must be a finite number of bytes > 0"),
+        (lambda: model_states(2.0, 2.0, -1.0), "optimizer_bytes must be a finite number",
+         "--optimizer-bytes must be a finite number"),
+        (lambda: Sharding.of("zero4"), "unknown sharding 'zero4'", "unknown --sharding 'zero4'"),
+        (lambda: read_hf_config("/nonexistent/config.json"), "cannot read hf_config",
+         "cannot read --hf-config"),
+        (lambda: splits(Request(gpus=12, gpu_memory=1, global_batch=8, tp=(8,)), (8,), (1,)),
+         "tp 8 does not divide gpus 12; tp x cp x pp x dp must equal gpus",
+         "--tp 8 does not divide --gpus 12; tp x cp x pp x dp must equal --gpus"),
     ]
     for call, library, cli in cases:
         exc = _refusal(call)

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pipebubble.commands._flags import render
 from pipebubble.ir.schedule import ScheduleError
 from pipebubble.plan.analytic import analytic_profile
 from pipebubble.plan.axes import Point
@@ -406,9 +407,11 @@ def test_batch_that_cannot_divide_names_valid_values():
     prof = profile_of([(1, 2, 0, 0)] * 4)
     with pytest.raises(ValueError) as info:
         search(prof, Request(gpus=4, gpu_memory=1, global_batch=7, microbatch_sizes=(2,)))
-    msg = str(info.value)
+    msg = render(info.value)  # as the command line writes it
     assert msg.startswith("--global-batch 7 cannot be split")
     assert "one of 2, 4, 8" in msg and "(nearest: 6 or 8)" in msg
+    assert str(info.value).startswith("global_batch 7 cannot be split")  # the library's words
+    assert info.value.params == ("global_batch", "gpus", "microbatch_sizes")
 
 
 def test_schedules_that_do_not_exist_are_named():

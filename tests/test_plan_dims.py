@@ -6,6 +6,7 @@ import itertools
 
 import pytest
 
+from pipebubble.commands._flags import render
 from pipebubble.errors import UserError
 from pipebubble.plan.analytic import TransformerShape, shape_profile
 from pipebubble.plan.config import parse_config
@@ -80,8 +81,9 @@ def test_expert_parallel_inside_shard_times_context():
 
 def test_check_world():
     ParallelDims(tp=2, pp=2, dp_replicate=4).check_world(16)
-    with pytest.raises(UserError, match="= 16 GPUs, but --gpus is 32"):
+    with pytest.raises(UserError, match="= 16 GPUs, but gpus is 32") as info:
         ParallelDims(tp=2, pp=2, dp_replicate=4).check_world(32)
+    assert "but --gpus is 32; tp x cp x pp x dp must equal --gpus" in render(info.value)
 
 
 def test_config_parser_uses_the_degrees():

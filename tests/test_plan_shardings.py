@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from pipebubble.commands._flags import render
 from pipebubble.errors import UserError
 from pipebubble.plan.memory import model_state_bytes
 from pipebubble.plan.network import Network
@@ -69,8 +70,9 @@ def test_names():
     assert Sharding.of(" FSDP ") is Sharding.FSDP and Sharding.FSDP == "fsdp"
     assert json.dumps({"s": Sharding.ZERO2}) == '{"s": "zero2"}' and f"{Sharding.HSDP}" == "hsdp"
     assert [s.label for s in Sharding] == ["DDP", "ZeRO-1", "ZeRO-2", "FSDP", "HSDP"]
-    with pytest.raises(UserError, match=r"^unknown --sharding 'zero3'; valid are ddp, zero1, "
-                                        r"zero2, fsdp, hsdp$"):
+    with pytest.raises(UserError, match=r"^unknown sharding 'zero3'; valid are ddp, zero1, "
+                                        r"zero2, fsdp, hsdp$") as info:
         Sharding.of("zero3")
-    with pytest.raises(UserError, match="unknown --sharding 'x'"):
+    assert render(info.value).startswith("unknown --sharding 'zero3'")  # the CLI's words
+    with pytest.raises(UserError, match="unknown sharding 'x'"):
         Sync("x", Network.flat(1e9, 0.0), 2)

@@ -26,6 +26,7 @@ FLAGS: dict[str, str] = {
     "shardings": "--sharding",  # Request.shardings
     "microbatch_sizes": "--microbatch-size",  # Request.microbatch_sizes
     "grad_bytes": "--grad-wire-bytes",  # Request.grad_bytes: a gradient's bytes on the wire
+    "gradient_bytes": "--grad-bytes",  # Request.state_bytes[1]: a held gradient's bytes
     "measured": "--measured-step",  # fit_efficiency(measured=...)
     "fp8_peak_flops": "--fp8-peak-tflops",  # Hardware.fp8_peak_flops (the flag in TFLOP/s)
 }

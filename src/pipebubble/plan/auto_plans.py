@@ -201,7 +201,7 @@ class AutoPlans:
     def _evaluate_auto(self, c, lc, threshold, budget) -> Plan | None:
         """The auto plan of ``c`` if it fits ``budget`` and beats ``threshold`` (module doc)."""
         pr = self._auto_cut(c, lc)
-        if pr is None or pr.bound >= threshold or max(pr.static) > budget:
+        if pr is None or pr.bound >= threshold or not fits_limit(max(pr.static), budget):
             return None
         if self.auto_ruled_out(c, lc, pr, threshold):
             return None  # no order auto can return beats threshold: not searched

@@ -235,18 +235,20 @@ def _nothing_left(req, lists: dict) -> str:
                                                                           for a in given))):
         if single:
             prod = math.prod(lists[a][0] for a in given)
-            what = (f"{shown} does not divide --gpus {req.gpus}" if len(given) == 1 else
-                    f"{shown} = {prod} GPUs does not divide --gpus {req.gpus}")
+            what = (f"{shown} does not divide {param('gpus')} {req.gpus}" if len(given) == 1 else
+                    f"{shown} = {prod} GPUs does not divide {param('gpus')} {req.gpus}")
         else:
-            what = f"no {shown} divides --gpus {req.gpus}"
-        return f"{what}; tp x cp x pp x dp must equal --gpus"
+            what = f"no {shown} divides {param('gpus')} {req.gpus}"
+        return f"{what}; tp x cp x pp x dp must equal {param('gpus')}"
     free = [a for a in ("tp", "cp") if a not in given]
     left = sorted({req.gpus // math.prod(c) for c in itertools.product(*(lists[a] for a in given))
                    if req.gpus % math.prod(c) == 0})
     if not free:
         return (f"{shown} leave{'s' if len(given) == 1 else ''} {','.join(map(str, left))} "
-                f"of --gpus {req.gpus} unused; tp x cp x pp x dp must equal --gpus")
+                f"of {param('gpus')} {req.gpus} unused; tp x cp x pp x dp must equal "
+                f"{param('gpus')}")
     made = ", ".join(f"{a} {','.join(map(str, lists[a]))}" for a in free)
     return (f"{shown} leave{'s' if len(given) == 1 else ''} {','.join(map(str, left))} of "
-            f"--gpus {req.gpus} for {' x '.join(free)}, which the model's degrees ({made}) "
-            f"cannot make; tp x cp x pp x dp must equal --gpus")
+            f"{param('gpus')} {req.gpus} for {' x '.join(free)}, which the model's degrees "
+            f"({made}) "
+            f"cannot make; tp x cp x pp x dp must equal {param('gpus')}")

@@ -42,6 +42,7 @@ from statistics import median
 
 from ..costs import CostModel
 from ..cut_rule import Cut
+from ..errors import marked
 from ..ir.schedule import Schedule, step_actions
 from ..schedules import STANDARD, get_schedule
 from ..sim.kernel import simulate
@@ -214,8 +215,9 @@ def cut(profile: Profile, method: str, options: Options, schedule: Schedule | No
     except PartitionError as exc:
         if memory is None:
             raise
-        raise PartitionError(f"{method}: {exc} (memory in bytes, at {options.bytes_per_param:g}"
-                             " bytes per parameter plus in-flight activations)") from None
+        raise PartitionError(f"{method}: {marked(exc)} (memory in bytes, at "
+                             f"{options.bytes_per_param:g} bytes per parameter plus in-flight "
+                             "activations)") from None
 
 
 def make_schedule(options: Options) -> Schedule:

@@ -28,6 +28,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from .. import limits
+from ..errors import param
 from .axes import axis_flag
 from .cut_price import OPT_MARGIN
 from .families import chunk_options
@@ -133,9 +134,10 @@ class Configs:
         below = max((B // d * d for d in pairs if B // d), default=None)
         above = min((B // d + 1) * d for d in pairs)
         near = f"{below} or {above}" if below else str(above)
-        return (f"--global-batch {B} cannot be split into microbatches: it must be a multiple "
-                f"of dp x microbatch size for some dp dividing --gpus {r.gpus} and "
-                f"--microbatch-size {','.join(map(str, r.microbatch_sizes))}, i.e. of one of "
+        sizes = ",".join(map(str, r.microbatch_sizes))
+        return (f"{param('global_batch')} {B} cannot be split into microbatches: it must be a "
+                f"multiple of dp x microbatch size for some dp dividing {param('gpus')} "
+                f"{r.gpus} and {param('microbatch_sizes')} {sizes}, i.e. of one of "
                 f"{', '.join(map(str, pairs))} (nearest: {near})")
 
 
@@ -143,26 +145,28 @@ def _why_no_split(r, G: int, L: int, splits: list, pt) -> str:
     """The batch splits (``splits``: (pp, dp, microbatch size)), but each split is ruled
     out: name the first limit every one of them breaks."""
     mp = pt.dims.model_parallel
-    B, ranks = r.global_batch, f"--gpus {r.gpus}" + (f" / (tp x cp = {mp})" if mp > 1
-                                                     else "")
+    B, ranks = r.global_batch, f"{param('gpus')} {r.gpus}" + (f" / (tp x cp = {mp})"
+                                                              if mp > 1 else "")
+    batch = param("global_batch")
     if all(pp > L for pp, _, _ in splits):
         dp = max(d for _, d, _ in splits)
         need = min(d for d in limits.divisors(G) if G // d <= L)
-        return (f"{ranks} leaves a pipeline of at least {G // dp} stages: --global-batch {B} "
+        return (f"{ranks} leaves a pipeline of at least {G // dp} stages: {batch} {B} "
                 f"allows at most dp = {dp} (dp x microbatch size must divide it), and pp = "
                 f"GPUs / dp must be at most the profile's {L} layers; use at most "
-                f"{pt.dims.with_split(L, dp, 1).world} GPUs or a --global-batch that is a "
+                f"{pt.dims.with_split(L, dp, 1).world} GPUs or a {batch} that is a "
                 f"multiple of "
                 f"{need} x microbatch size (dp >= {need})")
     if all(not limits.plan_microbatches_ok(B // (d * s)) for _, d, s in splits):
-        return (f"--global-batch {B} over these GPUs gives more than "
+        return (f"{batch} {B} over these GPUs gives more than "
                 f"{limits.MAX_PLAN_MICROBATCHES:,} microbatches per pipeline for every split: "
-                "use larger --microbatch-size values or more GPUs")
+                f"use larger {param('microbatch_sizes')} values or more GPUs")
     if pt.sharding.shards_optimizer and all(pt.dims.with_split(1, d, 1).data_context == 1
                                     for _, d, _ in splits):
-        return (f"--sharding {pt.sharding} shards the model states over dp x cp ranks, but "
-                f"every split of {ranks} has one; use --sharding ddp or more GPUs")
+        return (f"{param('shardings')} {pt.sharding} shards the model states over dp x cp "
+                "ranks, but "
+                f"every split of {ranks} has one; use {param('shardings')} ddp or more GPUs")
     given = [axis_flag(r, a, v) for a, v in (("pp", r.pp), ("dp", r.dp)) if v]
-    return (f"no configuration of {ranks} and --global-batch {B} passes "
+    return (f"no configuration of {ranks} and {batch} {B} passes "
             f"{' and '.join(given) or 'the limits'}: pp x chunks stages must be at most the "
             f"profile's {L} layers")

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..errors import UserError
+from ..errors import UserError, param
 
 DEGREES = ("tp", "cp", "pp", "dp_replicate", "dp_shard", "ep")
 AXES = ("tp", "cp", "dp", "pp")  # innermost first: the order of the process grid
@@ -172,7 +172,7 @@ class ParallelDims:
         """Whether ``ep`` divides ``dp_shard x cp`` (these degrees with that shard split)."""
         return (dp_shard * self.cp) % ep == 0
 
-    def check_world(self, gpus: int, flag: str = "--gpus") -> None:
+    def check_world(self, gpus: int, flag: str = param("gpus")) -> None:
         """One line unless the degrees use exactly ``gpus`` GPUs."""
         if self.world != gpus:
             raise UserError(f"tp {self.tp} x cp {self.cp} x pp {self.pp} x dp {self.dp} = "

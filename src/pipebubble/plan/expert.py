@@ -84,7 +84,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..errors import ParamError, UserError, param
+from ..errors import ParamError, UserError, marked, param
 from .compute import Rates, attention_backward_time, attention_time, gemm_time, memory_time
 from .context import block_cp_comm
 from .dims import ParallelDims
@@ -286,7 +286,7 @@ def moe_shape_of(profiles) -> MoEShape | None:
     try:
         shape = MoEShape(**d)
     except TypeError as exc:
-        raise UserError(f"the profile's 'moe' entry is not an MoE shape ({exc})") from None
+        raise UserError(f"the profile's 'moe' entry is not an MoE shape ({marked(exc)})") from None
     if len(profiles) != shape.layers + 2:
         return None
     return shape

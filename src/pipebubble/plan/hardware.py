@@ -59,7 +59,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields, replace
 
-from ..errors import UserError, param
+from ..errors import ParamError, UserError, param
 from ..params import check_real
 
 GB = 1e9
@@ -100,30 +100,30 @@ class Hardware:
                 continue
             if f.name in ("gpus_per_node", "nics_per_node"):
                 if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                    raise UserError(f"--{f.name.replace('_', '-')} must be an integer >= 1, "
-                                     f"got {v!r}")
+                    raise ParamError(f"{param(f.name)} must be an integer >= 1, got {v!r}")
                 continue
             if f.name == "fp8_peak_flops" and v == 0:
                 continue  # no FP8 tensor cores
-            if f.name in _FLAGS:  # the ranges the flags have (params.REALS)
-                flag, scale = _FLAGS[f.name]
-                check_real(v * scale if isinstance(v, int | float) else v, flag)
+            if f.name in _RANGES:  # the ranges of params.REALS
+                name, scale = _RANGES[f.name]
+                check_real(v * scale if isinstance(v, int | float) else v, name)
                 continue
             if not (v >= 0 and math.isfinite(v)):
-                raise UserError(f"--{f.name.replace('_', '-')} must be a finite number >= 0, "
-                                 f"got {v!r}")
+                raise ParamError(f"{param(f.name)} must be a finite number >= 0, got {v!r}")
 
 
-_FLAGS = {"peak_flops": ("--peak-tflops", 1e-12), "memory": ("--gpu-memory", 1.0),
-          "fp8_peak_flops": ("--fp8-peak-tflops", 1e-12),
-          "hbm_bandwidth": ("--hbm-bandwidth", 1.0),
-          "nvlink_bandwidth": ("--nvlink-bandwidth", 1.0),
-          "nvlink_latency": ("--nvlink-latency", 1.0),
-          "inter_node_bandwidth": ("--inter-node-bandwidth", 1.0),
-          "inter_node_latency": ("--inter-node-latency", 1.0),
-          "efficiency": ("--efficiency", 1.0), "bus_fraction": ("--bus-fraction", 1.0)}
-"""Each numeric field's flag (and the field's value in that flag's unit: FLOP/s x 1e-12 is
-TFLOP/s), whose range in :data:`pipebubble.params.REALS` the field must lie in."""
+_RANGES = {"peak_flops": ("peak_tflops", 1e-12), "memory": ("gpu_memory", 1.0),
+           "fp8_peak_flops": ("fp8_peak_tflops", 1e-12),
+           "hbm_bandwidth": ("hbm_bandwidth", 1.0),
+           "nvlink_bandwidth": ("nvlink_bandwidth", 1.0),
+           "nvlink_latency": ("nvlink_latency", 1.0),
+           "inter_node_bandwidth": ("inter_node_bandwidth", 1.0),
+           "inter_node_latency": ("inter_node_latency", 1.0),
+           "efficiency": ("efficiency", 1.0), "bus_fraction": ("bus_fraction", 1.0)}
+"""Each numeric field's parameter name in :data:`pipebubble.params.REALS` (the planner's
+name for it: ``peak_tflops``, ``gpu_memory``) and the field's value in that parameter's unit
+(FLOP/s x 1e-12 is TFLOP/s): the range the field must lie in, and the name its error marks
+(:func:`pipebubble.errors.param`; the command line writes it as its flag)."""
 
 
 def _gpu(name, tflops, mem_gb, hbm_tbs, nvlink_gbs, net_gbs, eff, mem_unit=GIB, fp8=0.0):

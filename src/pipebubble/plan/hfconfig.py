@@ -15,7 +15,7 @@ shaped by :mod:`pipebubble.plan.moe`.
 
 from __future__ import annotations
 
-from ..errors import UserError
+from ..errors import UserError, param
 from ..files import read_json_file
 from ..hf_keys import (  # noqa: F401 - the checker's names, as before
     GPT2_LIKE,
@@ -32,7 +32,7 @@ from ..transformer_shape import TransformerShape
 from .moe import MoEShape, moe_shape_from_hf
 
 
-def read_hf_config(path: str, what: str = "--hf-config"
+def read_hf_config(path: str, what: str = param("hf_config")
                    ) -> tuple[TransformerShape | MoEShape, dict]:
     """The shape and ``{key: value}`` of what was used, from a ``config.json`` file (read
     with every check of :func:`pipebubble.files.read_json_file`)."""
@@ -49,7 +49,7 @@ def shape_from_hf(data: dict, path: str = "config.json", where: str | None = Non
     (:func:`~pipebubble.hf_keys.check_hf_config`): a dense decoder's
     :class:`TransformerShape`, or for mixtral, qwen2_moe, qwen3_moe and deepseek_v3 an
     :class:`~pipebubble.plan.moe.MoEShape`."""
-    where = where if where is not None else f"--hf-config {path}"
+    where = where if where is not None else f"{param('hf_config')} {path}"
     if data.get("model_type") in MOE_TYPES:
         shape, used = moe_shape_from_hf(check_hf_config(data, where), path)
         if data.get("max_position_embeddings") is not None:  # --seq is checked against it

@@ -96,25 +96,28 @@ from __future__ import annotations
 
 import math
 
-from ..errors import UserError
+from ..errors import ParamError
+from ..errors import param as mark
 from .shardings import SHARDINGS, Sharding
 
 __all__ = ["SHARDINGS"]
 FP8_COPY_BYTES = 1.0  # an FP8 copy of each weight (--precision fp8)
-STATE_FLAGS = ("--param-bytes", "--grad-bytes", "--optimizer-bytes")
+STATE_PARAMS = ("param_bytes", "gradient_bytes", "optimizer_bytes")
+"""The names errors give ``model_states``' three byte counts (``Request.state_bytes``)."""
 
 
 def model_states(param: float = 2.0, grad: float = 2.0, optimizer: float = 12.0,
                  precision: str = "bf16") -> tuple[float, float, float]:
     """``(w, g, o)``, the bytes per parameter the count above uses: ``param`` (the weights),
     ``grad`` and ``optimizer`` (master copy + Adam moments), each a finite number > 0, and
-    the FP8 copy in ``w`` under ``precision`` ``fp8``. Raises one line naming the flag."""
+    the FP8 copy in ``w`` under ``precision`` ``fp8``. Raises one line naming the parameter
+    (:data:`STATE_PARAMS`)."""
     from .compute import check_precision
 
-    for flag, v in zip(STATE_FLAGS, (param, grad, optimizer), strict=True):
+    for name, v in zip(STATE_PARAMS, (param, grad, optimizer), strict=True):
         if isinstance(v, bool) or not isinstance(v, int | float) or not (
                 v > 0 and math.isfinite(v)):
-            raise UserError(f"{flag} must be a finite number of bytes > 0, got {v!r}")
+            raise ParamError(f"{mark(name)} must be a finite number of bytes > 0, got {v!r}")
     copy = FP8_COPY_BYTES if check_precision(precision) == "fp8" else 0.0
     return float(param) + copy, float(grad), float(optimizer)
 

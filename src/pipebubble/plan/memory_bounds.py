@@ -40,7 +40,7 @@ class MemoryBounds:
         need = list(pr.static)
         for s, r in enumerate(sched.stage_to_rank):
             need[r] += held[s] * act[s]
-        return max(need) <= budget
+        return fits_limit(max(need), budget)
 
     def fits(self, pr: Priced, sched: Schedule, budget: float) -> bool:
         """Whether the cut fits ``budget`` on every rank: static bytes + the order's

@@ -72,7 +72,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..errors import UserError, param
+from ..errors import UserError, marked, param
 from .analytic import TransformerShape
 from .axes import Axes, Point, axis_flag, splits
 from .compute import Rates, fp8_peak
@@ -216,7 +216,7 @@ def model_of(profiles) -> tuple[TransformerShape | None, int | None, bool]:
     try:
         shape = TransformerShape(**model)
     except TypeError as exc:
-        raise UserError(f"the profile's 'model' entry is not a transformer shape ({exc})"
+        raise UserError(f"the profile's 'model' entry is not a transformer shape ({marked(exc)})"
                         ) from None
     if len(profiles) != shape.layers + 2:
         return None, None, True

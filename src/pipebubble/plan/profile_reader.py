@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 import os
 
-from ..errors import UserError
+from ..errors import UserError, marked
 from ..limits import MAX_LAYERS, MAX_TIME, MIN_TIME
 
 FIELDS = ("name", "forward", "backward", "params", "activation_bytes", "flops")
@@ -82,7 +82,7 @@ def load_document(path: str | os.PathLike, what: str = "profile file") -> tuple[
     try:  # a regular UTF-8 file under the size limit, sane nesting, finite numbers
         return read_json_file(path, what), f"{what} {os.fspath(path)!r}"
     except FileError as exc:
-        raise ProfileError(str(exc)) from None
+        raise ProfileError(marked(exc)) from None
 
 
 def check_document(data: object, where: str = "profile") -> dict:

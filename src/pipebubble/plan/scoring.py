@@ -28,12 +28,11 @@ tests/test_plan.py).
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field, replace
 from itertools import combinations
 
 from ..costs import fits_limit
-from ..errors import UserError, param
+from ..errors import UserError, marked, param
 from ..ir.schedule import Schedule, ScheduleError, make_schedule
 from ..schedules import get_schedule, lookup
 from .auto_plans import AutoPlans
@@ -73,8 +72,6 @@ class SearchCache:
     runs: dict = field(default_factory=dict)
     # Orders-free schedules of a placement (pp, m, stages): bounds before generating.
     shapes: dict = field(default_factory=dict)
-    # per family: (p m v, seconds / (p m v)) of its largest schedule generated
-    rates: dict = field(default_factory=dict)
     # Cuts (a) depend on the layer costs only: per layer-cost object (the shardings of one
     # (tp, sp, cp) share it), the object and its cuts.
     cuts: dict = field(default_factory=dict)
@@ -88,7 +85,21 @@ class SearchCache:
 
 
 SHAPE_CUTS = 16  # the most cuts priced to rule a configuration out before generating it
-COSTLY = 0.05  # seconds: a schedule slower to generate is visited late (Searcher.costly)
+COSTLY = 2**17  # actions: a schedule with more is generated late (Searcher.costly)
+
+
+def schedule_actions(c: Config) -> int:
+    """The actions ``c``'s schedule will have, known before generating it: an F and a B (or
+    an F, an I and a W where the family splits the backward) per microbatch and stage (at
+    most, for DualPipe's families: an overlapped F&B pair is one action).
+
+    >>> from pipebubble.plan.dims import ParallelDims
+    >>> c = Config(ParallelDims(pp=4), 1, 8, "1f1b", 1, "none", 0.0)
+    >>> schedule_actions(c), schedule_actions(replace(c, schedule="zb-h1"))
+    (64, 96)
+    """
+    per = 3 if lookup(c.schedule).split_backward else 2
+    return per * c.pp * c.microbatches * c.chunks
 
 
 class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
@@ -123,7 +134,6 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
         self.why_not: dict[str, str] = cache.why_not
         self._runs: dict[tuple, tuple[Schedule, object]] = cache.runs
         self._shapes: dict[tuple, Schedule] = cache.shapes
-        self._rates: dict[str, tuple] = cache.rates
         self._cuts: dict[tuple, list] = cache.cuts_of(profiles)
         # This point's sharding: the data-parallel traffic and the costs that carry it.
         self._sync_times: dict[tuple, tuple[float, float]] = {}
@@ -136,27 +146,22 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
         """The family's schedule of ``c`` (generated once per search), None if it has none."""
         key = (c.schedule, c.pp, c.microbatches, c.chunks)
         if key not in self._schedules:
-            t0 = time.perf_counter()
             try:
                 self._schedules[key] = get_schedule(c.schedule, c.pp, c.microbatches, c.chunks)
             except ScheduleError as exc:
                 self._schedules[key] = None
-                self.why_not.setdefault(f"{c.schedule} pp={c.pp}", str(exc))
-            units = c.pp * c.microbatches * c.chunks
-            if units >= self._rates.get(c.schedule, (0, 0.0))[0]:  # the largest tells best
-                self._rates[c.schedule] = (units, (time.perf_counter() - t0) / units)
+                self.why_not.setdefault(f"{c.schedule} pp={c.pp}", marked(exc))
         return self._schedules[key]
 
     def costly(self, c: Config) -> bool:
-        """Whether generating ``c``'s schedule would likely take over :data:`COSTLY` seconds
-        (at the rate per microbatch-stage of its family's largest schedule generated in this
-        search): the search then visits ``c`` late, when its threshold is tighter. Only an
-        order."""
+        """Whether ``c``'s schedule, not generated yet, would have over :data:`COSTLY` actions
+        (:func:`schedule_actions`): the search then visits ``c`` late, when its threshold is
+        tighter. Only an order, and one fixed by the request alone (never the clock), so a
+        search does the same work on any machine and load."""
         if lookup(c.schedule).searched or (c.schedule, c.pp, c.microbatches,
                                            c.chunks) in self._schedules:
             return False
-        rate = self._rates.get(c.schedule, (0, 0.0))[1]
-        return rate * c.pp * c.microbatches * c.chunks > COSTLY
+        return schedule_actions(c) > COSTLY
 
     # -- the plan of one configuration --
     def evaluate(self, c: Config, threshold: float, budget: float,
@@ -171,7 +176,7 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
             return self._evaluate_auto(c, lc, threshold, budget)
         if threshold < math.inf and self._surely_slow(c, lc, threshold):
             return None  # no cut can beat threshold (its schedule not generated for it)
-        if not min_memory and self._memory_bound(c) > budget:
+        if not min_memory and not fits_limit(self._memory_bound(c), budget):
             return None  # its weights alone do not fit (memory_bound below is never less)
         sched = self.schedule(c)
         if sched is None:
@@ -183,7 +188,7 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
             return self._least_memory_plan(c, sched, lc, self.held(sched))
         if math.comb(self.L - 1, S_c - 1) <= self.req.exhaustive_cuts:
             return self._every_cut(c, sched, lc, threshold, budget)
-        if self.memory_bound(c, sched) > budget:
+        if not fits_limit(self.memory_bound(c, sched), budget):
             return None  # no cut fits
         pas = [self._price(c, sched, lc, cut) for cut in self._time_cuts(
             lc, c, S_c, sched.num_microbatches, sched.stage_to_rank)]
@@ -199,7 +204,7 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
             # whether a cut fits is known from its order alone (MemoryBounds.fits, what the
             # simulation reports): only the cuts that fit are simulated
             fits = [p for p in (self._simulate(c, sched, pa, budget, math.inf)
-                                for pa in fast if max(pa.static) <= budget
+                                for pa in fast if fits_limit(max(pa.static), budget)
                                 and self.fits(pa, sched, budget)) if p is not None]
             if fits:  # (a) fits: it is the plan of c
                 best = min(fits, key=lambda p: p.step_time)
@@ -207,7 +212,7 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
                 return best if best.step_time < threshold else None
         # No (a) cut that may win fits. Of the others learn only whether they fit (from
         # their order's memory, not simulated): if one does, it is the plan, and too slow.
-        if any(max(pa.static) <= budget and self.fits(pa, sched, budget)
+        if any(fits_limit(max(pa.static), budget) and self.fits(pa, sched, budget)
                for pa in pas if pa.bound >= threshold):
             return None
         return self._capped_plan(c, sched, lc, threshold, budget)
@@ -276,7 +281,7 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
 
     def _every_cut(self, c, sched, lc, threshold, budget) -> Plan | None:
         """Few cuts: every one scored, the fastest that fits below ``threshold``."""
-        if self.memory_bound(c, sched) > budget:
+        if not fits_limit(self.memory_bound(c, sched), budget):
             return None
         held = self.held(sched)
         S_c = sched.num_stages // sched.chains
@@ -291,7 +296,8 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
     def _score(self, c, sched, lc, ranges, threshold, budget, held=None) -> Plan | None:
         """The cut's plan if it fits ``budget`` and beats ``threshold``, else None."""
         pr = self._price(c, sched, lc, ranges)
-        if pr.bound >= threshold or max(pr.static) > budget or not self.fits(pr, sched, budget):
+        if (pr.bound >= threshold or not fits_limit(max(pr.static), budget)
+                or not self.fits(pr, sched, budget)):
             return None
         return self._simulate(c, sched, pr, budget, threshold)
 

@@ -16,9 +16,10 @@ chunks, recompute). The loop:
    does too); its search is bounded by counted work, never the clock
    (:mod:`~pipebubble.schedules.auto.budget`), so a plan run twice gives the same plans on
    any machine;
-   families whose schedule would take long to generate (:meth:`Searcher.costly`, learnt from
-   the family's largest schedule so far) wait until after ``auto``, for its tighter
-   threshold (only the order changes, never what is found);
+   families whose schedule would take long to generate (:meth:`Searcher.costly`: over
+   :data:`~pipebubble.plan.scoring.COSTLY` actions, counted from pp x m x chunks, never
+   timed, so the work is the same on any machine and load) wait until after ``auto``, for
+   its tighter threshold (only the order changes, never what is found);
 3. score the others by simulation (:meth:`Searcher.evaluate`: cut, price, simulate) and keep
    the K fastest that fit.
 

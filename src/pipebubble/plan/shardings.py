@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from ..errors import UserError
+from ..errors import UserError, param
 
 # name: (params, grads, optimizer sharded, hybrid, label, Megatron-FSDP strategy)
 _FACTS = {
@@ -56,7 +56,7 @@ class Sharding(StrEnum):
     HSDP = "hsdp"
 
     @classmethod
-    def of(cls, name: str, flag: str = "--sharding") -> Sharding:
+    def of(cls, name: str, flag: str = param("sharding")) -> Sharding:
         """The member named ``name`` (any case), or one line listing the valid ones."""
         if isinstance(name, cls):
             return name

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import TextIO
 
 from ..costs import CostModel, fits_limit
-from ..errors import UserError
+from ..errors import UserError, param
 from ..ir.schedule import ScheduleError
 from ..schedules import SCHEDULES, closed_form_bubble, get_schedule, lookup
 from ..sim.kernel import simulate
@@ -197,7 +197,7 @@ class MemoryPoint:
     peak_memory: float | None
 
 
-def parse_limits(text: str, flag: str = "--memory-limit") -> list[float]:
+def parse_limits(text: str, flag: str = param("memory_limit")) -> list[float]:
     """Limits from ``4``, ``1..8`` (step 1), ``1..8:0.5`` or a comma list of those; sorted.
     Every value must be finite and >= 0 (:func:`_range_parts`, as :func:`parse_range`).
 
