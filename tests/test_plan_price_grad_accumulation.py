@@ -36,5 +36,5 @@ def test_one_pass_per_microbatch_in_w():
 
 
 def test_negative_is_refused():
-    with pytest.raises(UserError, match="grad-accumulation-bytes"):
+    with pytest.raises(UserError, match="grad_accumulation_bytes"):
         get_hardware("a100-80gb", grad_accumulation_bytes=-1.0)

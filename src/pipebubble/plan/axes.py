@@ -33,7 +33,7 @@ naming the flags given (``--tp``, ``--config tp=``), never a default value nobod
 ...     splits(Req(), tp=(1, 2), cp=(1, 2))
 ... except UserError as exc:
 ...     print(exc)
---tp 1 x --pp 4 = 4 GPUs does not divide --gpus 2; tp x cp x pp x dp must equal --gpus
+tp 1 x pp 4 = 4 GPUs does not divide gpus 2; tp x cp x pp x dp must equal gpus
 """
 
 from __future__ import annotations

@@ -69,7 +69,7 @@ that framework's other published runs after the fit.
 ...     get_framework("jax")
 ... except UserError as exc:
 ...     print(exc)
-unknown --framework 'jax'; valid are megatron, torchtitan, deepspeed, nemo, none
+unknown framework 'jax'; valid are megatron, torchtitan, deepspeed, nemo, none
 """
 
 from __future__ import annotations
