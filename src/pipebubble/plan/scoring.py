@@ -61,7 +61,6 @@ class SearchCache:
     schedules: dict = field(default_factory=dict)  # (family, pp, m, v) -> Schedule | None
     held: dict = field(default_factory=dict)  # per schedule: microbatches held per stage
     split: dict = field(default_factory=dict)  # per schedule: split / fused backward
-    firsts: dict = field(default_factory=dict)  # per schedule: each rank's first stage
     peaks: dict = field(default_factory=dict)  # per order and stage memory: simulated peaks
     ranks: dict = field(default_factory=dict)
     prefixes: dict = field(default_factory=dict)  # per layer costs: prefix sums
@@ -128,7 +127,7 @@ class Searcher(Configs, Cuts, Pricing, MemoryBounds, AutoPlans, LeastMemory):
         # Shared by the searchers of one search (one per point): SearchCache.
         cache = self.cache = SearchCache() if shared is None else shared
         self._schedules: dict[tuple, Schedule | None] = cache.schedules
-        self._held, self._split, self._firsts = cache.held, cache.split, cache.firsts
+        self._held, self._split = cache.held, cache.split
         self._peaks, self._ranks = cache.peaks, cache.ranks
         self._prefixes, self._sums = cache.prefixes, cache.sums
         self.why_not: dict[str, str] = cache.why_not
