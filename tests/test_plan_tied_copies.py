@@ -9,9 +9,9 @@ import pytest
 
 from pipebubble.plan.analytic import TransformerShape, shape_profile
 from pipebubble.plan.cut_price import copy_partners, embedding_copies
-from pipebubble.plan.network import allreduce
 from pipebubble.plan.hardware import get_hardware
 from pipebubble.plan.layercosts import ProfileSet
+from pipebubble.plan.network import allreduce
 from pipebubble.plan.planner import Request, build_points
 from pipebubble.plan.scoring import SearchCache, Searcher
 
