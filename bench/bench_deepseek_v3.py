@@ -274,13 +274,18 @@ def memory_check(shape, hw, prof, cfg, plan, recipe: MoERecipe, eff: float) -> N
     blocks = acts / (per_token * SEQ * plan.microbatch_size)
     states = mem["weights"] + mem["gradients"] + mem["optimizer"]
     peak = max(plan.peak_memory)
+    first, last = plan.ranges[0], plan.ranges[-1]
     print(f"  rank 0 holds {acts / gib:.1f} GiB of activations (about {blocks:.0f} MoE blocks' "
-          f"worth of one microbatch: DualPipe keeps PP + 1 = 17 stages' microbatches on a rank, "
-          f"~3.8 layers a stage, and the fp32 logits of the head and the MTP head) and "
+          f"worth of one microbatch: DualPipe keeps PP + 1 = 17 stages' microbatches on a rank; "
+          f"rank 0's are stage 0, profile layers {first[0]}-{first[1]} (the embedding and the 3 "
+          f"dense blocks, whose 18,432-wide MLP keeps more), and the head's stage, "
+          f"{last[0]}-{last[1]} (the fp32 logits of the head and the MTP head)) and "
           f"{states / gib:.1f} GiB of states (bf16 weights + FP8 copy {mem['weights'] / gib:.1f},"
           f" fp32 gradients {mem['gradients'] / gib:.1f} unsharded under ZeRO-1, fp32 master + "
           f"bf16 moments {mem['optimizer'] / gib:.1f} sharded over dp 128 and the experts' 2)")
     expert_out = 2 * shape.top_k * shape.hidden
+    ends = 2 * shape.vocab * shape.hidden  # rank 0's embedding and head, and their states
+    ends_states = ends * (STATES[0] + 1 + STATES[1] + STATES[2] / 128)
     print(f"  the gate weights in the SwiGLU drop the expert outputs ({expert_out:,} bytes a "
           f"token, {expert_out / (per_token + expert_out):.0%} of the block with the report's "
           f"terms): {max(mid.peak_memory) / gib:.1f} -> {peak / gib:.1f} GiB. Not in the "
@@ -290,13 +295,15 @@ def memory_check(shape, hw, prof, cfg, plan, recipe: MoERecipe, eff: float) -> N
           f"gradient (Megatron-Core's WeightedSwiGLUFunction runs it so)")
     print(f"  DeepEP's buffers (config.hpp's size hints at EP 64, 20 SMs): "
           f"{buffers / gib:.2f} GiB a GPU, not in the planner's count: inside its 5 % "
-          f"reserve ({(hw.memory - budget) / gib:.1f} GiB); peak + buffers "
-          f"{(peak + buffers) / gib:.1f} GiB: "
+          f"reserve ({(hw.memory - budget) / gib:.1f} GiB). With this cut (the fastest, "
+          f"{'/'.join(str(b - a + 1) for a, b in plan.ranges)} profile layers a stage) peak + "
+          f"buffers is {(peak + buffers) / gib:.1f} GiB: "
           f"{'fits' if peak + buffers <= hw.memory else 'does NOT fit'} the H800's "
-          f"{hw.memory / gib:.1f} GiB ({(hw.memory - peak - buffers) / gib:.1f} GiB to spare "
-          f"for the allocator, the NCCL buffers and the backward's transients); the count "
-          f"still holds what the report does not say DeepSeek avoids (the FP8 weight copies, "
-          f"the full fp32 logits)")
+          f"{hw.memory / gib:.1f} GiB; rank 0 holds the embedding and the head "
+          f"({ends / 1e9:.2f}B parameters, {ends_states / gib:.1f} GiB of states); the cut "
+          f"that fits is below. The count still holds "
+          f"what the report does not say DeepSeek avoids (the FP8 weight copies, the full "
+          f"fp32 logits)")
 
 
 def main() -> int:
@@ -361,10 +368,12 @@ def main() -> int:
           f"{plan.bubble_fraction:.1%}, ZeRO-1 traffic exposed and optimizer step "
           f"{tail * 1e3:.0f} ms (the reduce-scatter behind the last backward)")
     lo = hidden_step(plan)
+    d_gbs, c_gbs = (x / 1e9 for x in recipe.a2a_rates(64))
     print(f"  all-to-all: {a2a_f * 1e3:.1f} ms in one F of the slowest stage (ep 64 over 8 "
           f"nodes, each token to 4 nodes by the group-limited routing, 3.5 of them remote; "
-          f"DeepEP's 51 / 50 GB/s count the 4 copies: 44.6 / 43.8 GB/s on the remote ones, "
-          f"against 40 at the network's 0.8 of 50); all of it "
+          f"DeepEP's {d_gbs:.0f} / {c_gbs:.0f} GB/s count the 4 copies: {d_gbs * 3.5 / 4:.1f} / "
+          f"{c_gbs * 3.5 / 4:.1f} GB/s on the remote ones, against 40 at the network's 0.8 of "
+          f"50); all of it "
           f"hidden and no SMs taken: step {lo:.2f} s, {tokens_per_gpu(lo):,.0f} tokens/s/GPU "
           f"({tokens_per_gpu(lo) / PUBLISHED - 1:+.1%})")
     for label, change in (("bf16 GEMMs (the recipe's other terms kept)", dict(precision="bf16")),
