@@ -17,48 +17,58 @@ What the bench does:
    400 Gb/s IB NIC a GPU), so the fitted efficiency carries over.
 2. **DeepSeek's recipe** (``plan.expert.MoERecipe.deepseek_v3``), each term from the report
    or a published measurement, none fitted to the target: FP8 dispatch and BF16 combine
-   (section 3.3.4); the tile/block-wise quantization as separate HBM round trips (sections
-   3.3.2, 3.5.2); 20 of 132 SMs held by communication while it overlaps compute (3.2.2);
-   the MTP module (2.2); RMSNorm and the MLA up-projections recomputed (3.2.3); and the FP8
-   GEMMs' efficiency relative to bf16 from DeepGEMM's own table on H800 at exactly
-   DeepSeek-V3's shapes (:data:`DEEPGEMM_H800`, :func:`fp8_gemm_ratio`: 0.653 of the FP8
-   peak against the shape curve, over the preset's 0.70 for cuBLAS bf16: 0.933).
+   (section 3.3.4); DeepEP's measured dispatch and combine bandwidth on H800 at EP 64 (51 and
+   50 GB/s over RDMA, counting each token's copy to each of the 4 nodes it reaches, its own
+   included: DeepEP's README at its release and ``tests/test_internode.py``); the tile/block-
+   wise quantization as separate HBM round trips (sections 3.3.2, 3.5.2); 20 of 132 SMs held
+   by communication while it overlaps compute (3.2.2); the MTP module (2.2); RMSNorm and the
+   MLA up-projections recomputed (3.2.3); FP8 activation caching (3.3.3); the gate weights
+   applied in the SwiGLU, so that no expert output is kept for the combine's backward
+   (memory only: DeepEP's combine adds without weights, ``deep_ep/buffer.py``; the report
+   keeps only the SwiGLU inputs; Megatron-Core's ``WeightedSwiGLUFunction`` computes the
+   weights' gradient from the re-computed product); and the FP8 GEMMs' efficiency relative to
+   bf16 from DeepGEMM's table on H800 at exactly DeepSeek-V3's shapes (:data:`DEEPGEMM_H800`,
+   :func:`fp8_gemm_ratio`) with its "speedup" column undone: V3 was trained before DeepGEMM
+   existed (report December 2024, DeepGEMM February 2025), and that column is DeepGEMM's gain
+   over DeepSeek's own earlier, CUTLASS-3.6-based kernels: 0.561 of the FP8 peak against the
+   shape curve, over the preset's 0.70 for cuBLAS bf16, a ratio of 0.801 (0.933 with
+   DeepGEMM's released kernels, printed beside).
 3. **DeepSeek's configuration** (``plan --config tp=1,cp=1,pp=16,dp=128,ep=64,sharding=zero1,
-   schedule=dualpipe,recompute=none``; microbatch size searched) priced with its memory
-   lifted, so that the time model is checked whatever the memory count says. The recipe is
+   schedule=dualpipe,recompute=none``; microbatch size searched), first with its memory
+   lifted, so that the time model is checked whatever the memory count says: the recipe
    added one term at a time, each step's throughput printed, then one MoE block's terms and
-   the step's. Then its memory by rank, with and without the recipe's memory terms
-   (section 3.2.3's recomputation of RMSNorm and the MLA up-projections, section 3.3.3's
-   FP8 activation caching with E5M6 for the output projection's input; the EMA on the CPU
-   and the MTP module's shared embedding and head cost no GPU memory in the count; the
-   BF16 AdamW moments, fp32 master weights and fp32 gradients are the state bytes), one MoE
-   block's activations term by term (checked against the library's count), and which
-   terms dominate.
+   the step's. Then its memory by rank (without the recipe's memory terms, with the report's,
+   with the weighted SwiGLU), one MoE block's activations term by term (checked against the
+   library's count), DeepEP's buffers (its ``config.hpp`` size hints: 0.69 GiB, inside the
+   planner's 5 % reserve). Then the configuration **as it must run, in the H800's memory less
+   the 5 % reserve**, the planner choosing the cut (the report gives none): the prediction.
 4. **The planner's own pick** for the workload: every axis searched (tp, sp, cp, ep, pp, dp,
    sharding, microbatch size, every schedule family but ``auto``, chunks, recompute) under
    the H800's memory less the 5 % reserve, with the work it took, side by side with
    DeepSeek's configuration term by term.
 
-Measured (this version): without the recipe +37.4 % (FP8 at the calibrated efficiency of
-its doubled peak, the all-to-all in 16-bit); with it **+18.1 %**, the 15 % target **not
-met** by 3 points. FP8 dispatch alone is faster (+42.6 %: DualPipe's pairs then hide the
-whole all-to-all); the quantization round trips, the communication SMs, the MTP module (on
-the head's stage, the slowest), the recomputation and the FP8 kernels' efficiency bring it
-down. What is left: the router's imbalance (the report gives no figure; 1.1 alone gives
-+14.5 %), the bf16 reference efficiency (0.70 assumed: a higher cuBLAS figure lowers the
-ratio), and DeepGEMM's table being the kernels as released in February 2025 (its "speedup"
-column, 1.2x on the MoE shapes over DeepSeek's CUTLASS-3.6-based kernels, gives a ratio of
-0.80 and +11.2 % if V3 was trained with those).
+Measured (this version; the previous one: +18.1 % with the memory lifted, 101.1 GiB, no fit):
+DeepSeek's configuration in the H800's memory, **1,606 tokens/s/GPU, +4.1 %** against the
+published 1,543 (target within 15 %: met), peak 68.3 GiB a GPU (69.0 with DeepEP's buffers)
+against 79.6: **it fits**. Its cut keeps fewer blocks on rank 0, which holds the embedding
+and the head (3/2/3/.../6/2 profile layers a stage against 6/4/.../4/1), 7.8 % slower than
+the fastest cut. With the memory lifted +12.2 % (the fastest cut, peak 86.7 GiB: no fit).
+Each term's effect with the memory lifted: without the recipe +37.4 %; FP8 dispatch +42.6 %
+(DualPipe's pairs then hide the whole all-to-all); DeepEP's rates +43.9 % (their remote
+copies at 44.6 GB/s against the network's 40); the quantization round trips, the SMs, the
+MTP module and the recomputation bring it to +22.4 %; V3's FP8 kernels to +12.2 %. With
+DeepGEMM's released kernels instead: +19.2 % lifted, +12.2 % in memory. What is left out for
+want of a published figure: the router's imbalance (``--moe-imbalance 1.1`` gives +8.8 %
+lifted), kernel launch gaps; and the ratio rests on a bf16 reference of 0.70.
 
-Memory (this version): DeepSeek's configuration needs 174.7 GiB a GPU by the count without
-the recipe's memory terms and **101.1 GiB with them: it still does not fit** the H800's
-79.6 GiB. The activations dominate (66 GiB on rank 0, DualPipe's PP + 1 stages of
-microbatches in flight), and in them the expert outputs the combine's backward reads, kept in
-bf16 (42 % of an MoE block's 270,848 bytes a token: the report says nothing of caching them
-in FP8 or recomputing them); then the fp32 gradients, unsharded under ZeRO-1 (18.4 GiB).
-Without the expert outputs it would be about 73 GiB. The planner's pick, which must fit, is
-tp 1, cp 2, pp 16, dp 64, ep 16, ZeRO-2, DualPipe: 6.3 % slower than DeepSeek's
-configuration as priced (cp 2's thinner GEMMs and K/V ring, ZeRO-2's exposed reduce-scatter).
+Memory: 174.7 GiB a GPU without the recipe's memory terms, 101.1 with the report's, 86.7 with
+the gate weights in the SwiGLU (the eight bf16 expert outputs, 114,688 bytes a token, 42 % of
+an MoE block's 270,848, no longer kept), all at the fastest cut; the cut that fits peaks at
+68.3. What dominates: the activations (DualPipe's PP + 1 stages of microbatches in flight; in
+an MoE block the FP8 dispatched tokens, 38 %, and SwiGLU inputs, 22 %), then the fp32
+gradients, unsharded under ZeRO-1. The planner's pick, tp 1, pp 16, dp 128, ep 32, ZeRO-2,
+DualPipe, is 10.4 % faster than DeepSeek's configuration as it fits: ZeRO-2 shards the fp32
+gradients, so its cut need not starve rank 0.
 
     python bench/bench_deepseek_v3.py [--no-search]
 

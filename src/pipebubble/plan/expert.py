@@ -62,8 +62,10 @@ routed copy travels alone, as Megatron-Core's and torchtitan's all-to-all dispat
 
 **A framework's recipe** (:class:`MoERecipe`, ``Request.moe_recipe``; off by default): FP8
 dispatch, block-scaled FP8 casts as HBM round trips, FP8 GEMMs' efficiency relative to bf16,
-the SMs communication holds while it overlaps compute, MTP modules on the head's stage and
-the MLA up-projections recomputed; :meth:`MoERecipe.deepseek_v3` is DeepSeek-V3's.
+the SMs communication holds while it overlaps compute, MTP modules on the head's stage,
+the MLA up-projections recomputed, FP8 activation caching, the gate weights applied in the
+SwiGLU (no expert outputs kept) and a dispatch kernel's measured bandwidth;
+:meth:`MoERecipe.deepseek_v3` is DeepSeek-V3's.
 
 **What is not priced**: the permutation kernels' exact traffic (counted as four reads and
 writes of the dispatched tokens), the aux-loss FLOPs, and per-microbatch FSDP traffic of the
