@@ -416,7 +416,7 @@ def main() -> int:
     layers = lambda p: "/".join(str(hi - lo + 1) for lo, hi in p.ranges)  # noqa: E731
     print(f"\nDeepSeek's configuration in the H800's memory ({budget / 2**30:.1f} GiB, the "
           f"planner's cut; the report gives none): {tok_fit:,.0f} tokens/s/GPU "
-          f"(**{err_fit:+.1%}** vs published; target within {TARGET:.0%}: "
+          f"({err_fit:+.1%} vs published; target within {TARGET:.0%}: "
           f"{'met' if abs(err_fit) <= TARGET else 'NOT met'}), step {fit.step_time:.2f} s, "
           f"bubble {fit.bubble_fraction:.1%}; peak {fit.peak_memory[r] / 2**30:.1f} GiB on "
           f"rank {r}, {(fit.peak_memory[r] + buffers) / 2**30:.1f} with DeepEP's buffers: "
