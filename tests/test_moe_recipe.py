@@ -165,11 +165,49 @@ def test_bad_recipe_is_one_line_naming_the_field(kw, name):
     assert str(exc.value).startswith(f"MoERecipe.{name} must ") and "\n" not in str(exc.value)
 
 
+@pytest.mark.parametrize("rows", [((1, 1e9, 1e9),), ((16, 0.0, 1e9),), ((16, 1e9),),
+                                  [(16, 1e9, 1e9)], ((16.0, 1e9, 1e9),),
+                                  ((16, float("inf"), 1e9),)])
+def test_bad_measured_all_to_all_is_one_line(rows):
+    with pytest.raises(ParamError) as exc:
+        MoERecipe(a2a_measured=rows)
+    assert str(exc.value).startswith("MoERecipe.a2a_measured must ") and (
+        "\n" not in str(exc.value))
+
+
 def test_deepseek_v3_recipe_is_the_reports():
     r = MoERecipe.deepseek_v3(0.9)
     assert (r.fp8_dispatch, r.block_scaling, r.mtp_layers, r.recompute_latent,
-            r.fp8_activations) == (True, True, 1, True, True)
+            r.fp8_activations, r.weighted_swiglu) == (True, True, 1, True, True, True)
     assert r.comm_sms == pytest.approx(20 / 132) and r.fp8_gemm_ratio == 0.9
+    # DeepEP's README (V1, H800, CX7): EP 64 dispatch 51 GB/s, combine 50 GB/s over RDMA
+    assert r.a2a_rates(64) == (51e9, 50e9) and r.a2a_rates(8) is None
+
+
+# two groups of 8 experts, each token's top 2 within its best group: at EP 16 over two
+# nodes (one group a node) a token reaches exactly one node
+GROUPED = replace(SMALL, expert_groups=2, group_top_k=1)
+
+
+def test_measured_all_to_all_by_hand_under_group_limited_routing():
+    """EP 16 over 2 nodes, T k h = 32 x 2 x 64 values a rank, FP8 dispatch. A token reaches
+    one node, so DeepEP's accounting sends 1 copy a token (its own node's counted) for its 2
+    expert copies: 1/2 of the bytes at the measured rate (2 GB/s dispatch, 1 GB/s combine);
+    NVLink 7/8 of them at 100 GB/s, the slower side wins. The network's pricing sends the
+    remote half of the tokens: (2 - 1) x 1/2 / 2 = 1/4 of the bytes at 10 GB/s."""
+    values = SEQ * 2 * 64
+    rc = dict(fp8_dispatch=True, a2a_measured=((16, 2e9, 1e9),))
+    got = _costs(GROUPED, **rc).block_of(True, 1)["a2a"]
+    want = FP8_WIRE_BYTES * values * 0.5 / 2e9 + 2 * values * 0.5 / 1e9
+    assert got == pytest.approx(want)
+    net = _costs(GROUPED, fp8_dispatch=True).block_of(True, 1)["a2a"]
+    assert net == pytest.approx((FP8_WIRE_BYTES + 2) * values * 0.25 / 10e9)
+    # an EP degree the table does not list keeps the network's rates
+    other = dict(fp8_dispatch=True, a2a_measured=((32, 2e9, 1e9),))
+    assert _costs(GROUPED, **other).block_of(True, 1)["a2a"] == pytest.approx(net)
+    # without group-limited routing the measured rates are not used (each copy travels alone)
+    plain = _costs(SMALL, fp8_dispatch=True).block_of(True, 1)["a2a"]
+    assert _costs(SMALL, **rc).block_of(True, 1)["a2a"] == pytest.approx(plain)
 
 
 def _kept(costs: ExpertCosts, moe: bool = True, recompute: str = "none") -> float:
@@ -215,6 +253,29 @@ def test_fp8_activations_by_hand_on_an_moe_and_a_dense_block():
     off_u = ExpertCosts(SMALL, SEQ, FP8, NET, ep=16, imbalance=u)
     routed = T * k * ((2 - w8) * h + (6 - 2 * w8) * fe)
     assert _kept(off_u) - _kept(on_u) == pytest.approx(moe + (u - 1) * routed)
+
+
+def test_weighted_swiglu_keeps_no_expert_outputs():
+    """The gate weights applied in the SwiGLU: each dispatched copy's output (2 h bytes) not
+    kept, T k = 64 copies at tp 1; a dense block keeps what it kept; the time is the same
+    (the weights' gradient reads the SwiGLU product the backward has anyway)."""
+    T, h, k = SEQ, 64, 2
+    on, off = _costs(weighted_swiglu=True), _costs()
+    assert _kept(off) - _kept(on) == pytest.approx(T * k * 2 * h)
+    assert _kept(off, moe=False) == _kept(on, moe=False)
+    assert on.block_of(True, 1) == off.block_of(True, 1)
+    # with FP8 caching too the two savings add; the re-run product is the same transient
+    both = _costs(weighted_swiglu=True, fp8_activations=True)
+    fp8 = _costs(fp8_activations=True)
+    assert _kept(fp8) - _kept(both) == pytest.approx(T * k * 2 * h)
+    assert (both._activations(1, 1, "none")[2] - _kept(both)) == pytest.approx(
+        fp8._activations(1, 1, "none")[2] - _kept(fp8))
+    # under imbalance u the dropped outputs scale by u (they are per dispatched copy)
+    u = 1.5
+    on_u = ExpertCosts(SMALL, SEQ, FP8, NET, ep=16, imbalance=u,
+                       recipe=MoERecipe(weighted_swiglu=True))
+    off_u = ExpertCosts(SMALL, SEQ, FP8, NET, ep=16, imbalance=u)
+    assert _kept(off_u) - _kept(on_u) == pytest.approx(u * T * k * 2 * h)
 
 
 def test_recipe_memory_under_tp_sp_and_full_recompute():

@@ -180,8 +180,9 @@ def add_axes_flags(p: argparse.ArgumentParser) -> None:
                    metavar="NAME", help="MoE: a framework's recipe beyond the axes, "
                    "deepseek-v3 (DeepSeek-V3's FP8 dispatch, block-scaled casts, 20 of 132 SMs "
                    "to communication, one MTP module, RMSNorm and MLA up-projections "
-                   "recomputed, FP8 activation caching; FP8 GEMMs at the bf16 efficiency) or "
-                   "none (default)")
+                   "recomputed, FP8 activation caching, the gate weights in the SwiGLU, "
+                   "DeepEP's measured all-to-all rates on H800; FP8 GEMMs at the bf16 "
+                   "efficiency) or none (default)")
     g.add_argument("--sp", default=None, metavar="0,1",
                    help="sequence parallelism off (0), on (1) or both (with tp > 1)")
     g.add_argument("--sharding", default=None, metavar="LIST",

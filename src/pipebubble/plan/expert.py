@@ -62,8 +62,10 @@ routed copy travels alone, as Megatron-Core's and torchtitan's all-to-all dispat
 
 **A framework's recipe** (:class:`MoERecipe`, ``Request.moe_recipe``; off by default): FP8
 dispatch, block-scaled FP8 casts as HBM round trips, FP8 GEMMs' efficiency relative to bf16,
-the SMs communication holds while it overlaps compute, MTP modules on the head's stage and
-the MLA up-projections recomputed; :meth:`MoERecipe.deepseek_v3` is DeepSeek-V3's.
+the SMs communication holds while it overlaps compute, MTP modules on the head's stage,
+the MLA up-projections recomputed, FP8 activation caching, the gate weights applied in the
+SwiGLU (no expert outputs kept) and a dispatch kernel's measured bandwidth;
+:meth:`MoERecipe.deepseek_v3` is DeepSeek-V3's.
 
 **What is not priced**: the permutation kernels' exact traffic (counted as four reads and
 writes of the dispatched tokens), the aux-loss FLOPs, and per-microbatch FSDP traffic of the
@@ -99,6 +101,13 @@ ACT_BYTES = 2  # 16-bit activations on the wire
 DEFAULT_IMBALANCE = 1.0
 FP8_WIRE_BYTES = 1 + 4 / 128  # an FP8 value and its share of a 1 x 128 tile's fp32 scale
 E5M6_BYTES = 1.5 + 4 / 128  # a 12-bit E5M6 value and its 1 x 128 tile's scale
+DEEPEP_H800 = ((16, 43e9, 43e9), (32, 58e9, 57e9), (64, 51e9, 50e9))
+"""DeepEP's normal kernels on H800 with one CX7 400 Gb/s NIC a GPU, in DeepSeek-V3's
+pretraining setting (4,096 tokens a rank, hidden 7,168, top-4 groups, top-8 experts, FP8
+dispatch, BF16 combine): (EP, dispatch, combine) "bottleneck bandwidth" over RDMA
+(deepseek-ai/DeepEP README at its release, February 2025, "Normal kernels with NVLink and
+RDMA forwarding"; now docs/legacy.md), counted per token copy to each node reached, its own
+node's included (:attr:`MoERecipe.a2a_measured`)."""
 
 
 @dataclass(frozen=True)
@@ -137,7 +146,28 @@ class MoERecipe:
       and routed experts in FP8 (:data:`FP8_WIRE_BYTES`), the SwiGLU product re-computed in
       the backward; in a dense MLP its down-projection input in FP8. What stays 16-bit: the
       norms' inputs, the latents, the router's fp32 probabilities, the expert outputs the
-      combine's backward reads (the gate weights' gradient), the dense MLP's gate and up.
+      combine's backward reads (the gate weights' gradient; :attr:`weighted_swiglu` drops
+      them), the dense MLP's gate and up.
+    - ``weighted_swiglu``: each routed copy's gate weight multiplies its SwiGLU product,
+      before the down-projection (its linearity gives the same output), instead of the
+      expert's output: the gate weight's gradient is then the SwiGLU product (re-computed
+      under ``fp8_activations``, kept otherwise) dotted with the down-projection's input
+      gradient, and no expert output is kept for the combine's backward (``2 h`` bytes a
+      routed copy less). Megatron-Core's ``WeightedSwiGLUFunction``
+      (``megatron/core/fusions/fused_bias_swiglu.py``: it saves the SwiGLU input and the
+      weights, and its backward forms the weights' gradient from the re-computed product)
+      runs it; DeepEP's combine is an "addition without weights" (``deep_ep/buffer.py``,
+      ``Buffer.combine``), so DeepSeek's weights are applied on the experts' side, and the
+      report caches only the SwiGLU inputs (section 3.3.3).
+    - ``a2a_measured``: the dispatch and combine kernels' measured bandwidth over the NICs
+      by EP degree, ``((ep, dispatch bytes/s, combine bytes/s), ...)``, as DeepEP's normal
+      kernels count it: one copy of a token to each node it reaches, its own node's
+      included (``tests/test_internode.py``: ``num_rdma_token_sent`` counts the distinct
+      nodes of each token's experts), so a token routed to ``n`` nodes costs ``n`` copies at
+      that rate; under group-limited routing only (DeepEP's node-limited forwarding). The
+      dispatch rate for the FP8 pair (the forward's dispatch and the backward's
+      combine-gradient), the combine rate for the 16-bit pair; an EP degree not listed keeps
+      the network's rate (:func:`all_to_all_time`).
 
     Memory the planner already counts as DeepSeek-V3 runs it: the MTP module's embedding and
     head are the main model's, no parameters of their own; the MTP module needs the
@@ -159,9 +189,12 @@ class MoERecipe:
     mtp_layers: int = 0
     recompute_latent: bool = False
     fp8_activations: bool = False
+    weighted_swiglu: bool = False
+    a2a_measured: tuple[tuple[int, float, float], ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("fp8_dispatch", "block_scaling", "recompute_latent", "fp8_activations"):
+        for name in ("fp8_dispatch", "block_scaling", "recompute_latent", "fp8_activations",
+                     "weighted_swiglu"):
             if not isinstance(getattr(self, name), bool):
                 raise ParamError(f"MoERecipe.{name} must be true or false, got "
                                  f"{getattr(self, name)!r}")
@@ -176,6 +209,23 @@ class MoERecipe:
         m = self.mtp_layers
         if isinstance(m, bool) or not isinstance(m, int) or m < 0:
             raise ParamError(f"MoERecipe.mtp_layers must be an integer >= 0, got {m!r}")
+        rows = self.a2a_measured
+        ok = isinstance(rows, tuple) and all(
+            isinstance(r, tuple) and len(r) == 3 and isinstance(r[0], int)
+            and not isinstance(r[0], bool) and r[0] > 1
+            and all(isinstance(x, int | float) and not isinstance(x, bool)
+                    and math.isfinite(x) and x > 0 for x in r[1:]) for r in rows)
+        if not ok:
+            raise ParamError(f"MoERecipe.a2a_measured must be a tuple of (ep > 1, dispatch "
+                             f"bytes/s > 0, combine bytes/s > 0) rows, got {rows!r}")
+
+    def a2a_rates(self, ep: int) -> tuple[float, float] | None:
+        """(dispatch, combine) bytes/s measured at ``ep`` (:attr:`a2a_measured`), None when
+        not listed."""
+        for e, d, c in self.a2a_measured:
+            if e == ep:
+                return float(d), float(c)
+        return None
 
     @classmethod
     def deepseek_v3(cls, fp8_gemm_ratio: float = 1.0) -> MoERecipe:
@@ -188,11 +238,14 @@ class MoERecipe:
         (section 3.2.2); one MTP module (section 2.2, ``num_nextn_predict_layers`` 1);
         RMSNorm and the MLA up-projections recomputed in the backward (section 3.2.3); FP8
         activation caching, E5M6 for the attention output projection's input (section
-        3.3.3, "Low-Precision Activation"). The FP8 kernels' efficiency is not in the
-        report: pass it."""
+        3.3.3, "Low-Precision Activation"). Beyond the report: the gate weights applied in
+        the SwiGLU (``weighted_swiglu``: DeepEP's combine adds without weights, and the
+        report keeps only the SwiGLU inputs) and DeepEP's measured all-to-all bandwidth on
+        H800 (:data:`DEEPEP_H800`). The FP8 kernels' efficiency is not in the report: pass
+        it."""
         return cls(fp8_dispatch=True, block_scaling=True, fp8_gemm_ratio=fp8_gemm_ratio,
                    comm_sms=20 / 132, mtp_layers=1, recompute_latent=True,
-                   fp8_activations=True)
+                   fp8_activations=True, weighted_swiglu=True, a2a_measured=DEEPEP_H800)
 
 
 RECIPES = ("deepseek-v3", "none")
@@ -214,7 +267,7 @@ NO_RECIPE = MoERecipe()
 
 # ---- the all-to-all ------------------------------------------------------------------------
 def all_to_all_time(nbytes: float, ep: int, tp: int, net: Network,
-                    shares: tuple[float, float] | None = None) -> float:
+                    shares: tuple[float, float] | None = None, nic_rate: float = 0.0) -> float:
     """Seconds of one all-to-all in which each of ``ep`` ranks (``tp`` apart) sends
     ``nbytes``, ``1 / ep`` of it to each member (its own share stays): the ``m - 1`` other
     members in its node (``m`` = members a node, :meth:`~pipebubble.plan.network.Network.
@@ -222,7 +275,8 @@ def all_to_all_time(nbytes: float, ep: int, tp: int, net: Network,
     ``(ep - m) / ep`` through the rank's share of its node's NICs (every GPU sends at once:
     :meth:`~pipebubble.plan.network.Network.hop`); both run at once, so the slower one plus
     one message latency. ``shares``: other (NVLink, NIC) fractions of ``nbytes``
-    (:func:`routed_shares`)."""
+    (:func:`routed_shares`); ``nic_rate``: the bytes/s the NIC part moves at (a measured
+    kernel's, :attr:`MoERecipe.a2a_measured`) instead of the network's."""
     if ep <= 1 or nbytes <= 0:
         return 0.0
     m = net.members_per_node(tp, ep)
@@ -231,10 +285,11 @@ def all_to_all_time(nbytes: float, ep: int, tp: int, net: Network,
     if ep <= m:
         return intra + net.intra[1]
     bw, lat = net.hop(net.gpus_per_node)  # across nodes: the GPU's share of the NICs
-    return max(intra, nbytes * off / bw) + lat
+    return max(intra, nbytes * off / (nic_rate or bw)) + lat
 
 
-def routed_shares(shape: MoEShape, ep: int, members: int) -> tuple[float, float] | None:
+def routed_shares(shape: MoEShape, ep: int, members: int, own_node: bool = False
+                  ) -> tuple[float, float] | None:
     """(NVLink, NIC) fractions of a rank's ``T k`` dispatched copies under DeepSeek's
     group-limited routing, None without it (every copy then travels alone,
     :func:`all_to_all_time`'s default). With ``G`` expert groups spread evenly over the ``N``
@@ -244,13 +299,18 @@ def routed_shares(shape: MoEShape, ep: int, members: int) -> tuple[float, float]
     it reaches and forwards it over NVLink there (arXiv 2412.19437, section 3.2.2), so the
     NIC carries ``(N - 1) x`` that probability over ``k`` of the copies, and NVLink the
     ``(m - 1) / m`` of the copies that land on another GPU of their node. DeepSeek-V3 on 8
-    nodes (``G = 8``, ``g = 4``): 3.5 crossings a token, not the 7 of its 8 copies."""
+    nodes (``G = 8``, ``g = 4``): 3.5 crossings a token, not the 7 of its 8 copies.
+    ``own_node``: the NIC part counts the copy to the token's own node too, ``N`` x that
+    probability (4 a token here), as DeepEP's measured bandwidth counts it
+    (:attr:`MoERecipe.a2a_measured`)."""
     G, g = shape.expert_groups, shape.group_top_k
     nodes = ep // members if ep > members else 1
     if not G or not g or nodes <= 1 or G % nodes:
         return None
     reach = 1 - math.comb(G - G // nodes, g) / math.comb(G, g)
     k = shape.top_k
+    if own_node:
+        return (members - 1) / members, min(nodes * reach / k, 1.0)
     return (members - 1) / members, min((nodes - 1) * reach / k, (ep - members) / ep)
 
 
@@ -479,12 +539,18 @@ class ExpertCosts(ParallelCosts):
         tp_f, tp_b = block_tp_comm(T, h, t, self.net, self.sp, hide=hide, hide_dgrad=dhide)
         tp_hidden = block_tp_hidden(T, h, t, self.net, self.sp, hide=hide, hide_dgrad=dhide)
         cp_f, cp_b = block_cp_comm(T, kv_width, cp, t, self.net, (attn, attn_b))
-        shares = routed_shares(sh, ep, self.net.members_per_node(t, ep))
+        members = self.net.members_per_node(t, ep)
+        shares = routed_shares(sh, ep, members)
         # dispatch and combine (their gradients in the backward: the combine's gradient goes
-        # the dispatch's way); with recipe.fp8_dispatch one of each pair in FP8
+        # the dispatch's way); with recipe.fp8_dispatch one of each pair in FP8; at a
+        # measured kernel's rates (recipe.a2a_measured) under group-limited routing
         wire = FP8_WIRE_BYTES if rc.fp8_dispatch else ACT_BYTES
-        a2a = (all_to_all_time(wire * routed_rows * h, ep, t, self.net, shares)
-               + all_to_all_time(ACT_BYTES * routed_rows * h, ep, t, self.net, shares)
+        rates = rc.a2a_rates(ep) if shares is not None else None
+        if rates is not None:
+            shares = routed_shares(sh, ep, members, own_node=True)
+        d_rate, c_rate = rates or (0.0, 0.0)
+        a2a = (all_to_all_time(wire * routed_rows * h, ep, t, self.net, shares, d_rate)
+               + all_to_all_time(ACT_BYTES * routed_rows * h, ep, t, self.net, shares, c_rate)
                ) if moe else 0.0
         got = self._blocks[key] = {
             "f": fwd + attn + mem + tp_f + cp_f + a2a + casts_f,
@@ -563,7 +629,8 @@ class ExpertCosts(ParallelCosts):
         """Bytes of one block's activations (``tokens`` tokens, before TP, SP and CP
         split them) the recipe does not keep, as (replicated, split, per dispatched copy)
         parts of :meth:`_activations`' count, and of them what the backward re-computes
-        (:class:`MoERecipe`'s ``recompute_latent`` and ``fp8_activations``)."""
+        (:class:`MoERecipe`'s ``recompute_latent``, ``fp8_activations`` and
+        ``weighted_swiglu``)."""
         rc, sh, T = self.recipe, self.shape, tokens
         h, m = sh.hidden, sh.mla
         repl = split = routed = 0.0
@@ -585,6 +652,8 @@ class ExpertCosts(ParallelCosts):
                 r_routed = 2 * sh.expert_ffn
             else:  # the down-projection's input in FP8
                 split += (ACT_BYTES - FP8_WIRE_BYTES) * T * sh.dense_ffn
+        if rc.weighted_swiglu and moe:  # no expert output kept for the combine's backward
+            routed += ACT_BYTES * h
         d = T * sh.top_k if moe else 0.0  # dispatched copies
         return (repl, split, routed * d), (r_repl, r_split, r_routed * d)
 
