@@ -170,7 +170,7 @@ class Program(NamedTuple):
     are C arrays: built from numpy without a Python object per step, and numpy reads them
     back without a copy."""
 
-    producer: array  # of int64
+    producer: array  # of int64 (simulate's: a memoryview, int32: _filled)
     lag: array  # of doubles
     duration: array
     initial_end: array
@@ -216,7 +216,7 @@ def _compile_program(schedule: Schedule, flat: FlatActions, sc: StageCosts,
     # holds the step at whose end it is ready (a pair's forward output: at the pair's end,
     # the end of its backward part, the next step). The M slots after them read step 0: no
     # dependency.
-    ready = np.zeros(3 * S * M + M, dtype=np.int64)
+    ready = np.zeros(3 * S * M + M, dtype=_step_dtype(size + 1))
     if spare:
         ready[3 * S * M:] = size  # the spare step
     made = np.array([_SIGNAL[produces(Action(0, k, 0)).kind] for k in KINDS])[kind]
@@ -264,7 +264,7 @@ class Blocks(NamedTuple):
     no double). ``step[a]`` is the block of action ``a``; the rest as in
     :class:`Program`."""
 
-    producer: array  # of int64
+    producer: array  # of int64 (simulate's: a memoryview, int32: _filled)
     lag: array  # of doubles
     producer2: array
     lag2: array
@@ -308,7 +308,7 @@ def compile_blocks(schedule: Schedule, flat: FlatActions, sc: StageCosts,
     starts = np.asarray(flat.offsets[:-1])
     boundary = starts + np.arange(p) - np.concatenate(([0], back))[starts]
     # Signal slots as in compile_program; every output is ready at its block's end.
-    ready = np.zeros(3 * S * M + M, dtype=np.int64)
+    ready = np.zeros(3 * S * M + M, dtype=_step_dtype(size + 1))
     if spare:
         ready[3 * S * M:] = size  # the spare step
     made = np.array([_SIGNAL[produces(Action(0, k, 0)).kind] for k in KINDS])[kind]
@@ -642,7 +642,7 @@ def _timeline(schedule: Schedule, flat: FlatActions, sc: StageCosts, program: Pr
     import numpy as np
 
     ends = np.frombuffer(end, dtype=np.float64)
-    producer = np.frombuffer(program.producer, dtype=np.int64)
+    producer = _ints(program.producer)
     step = program.step
     # ``uniform``: the one lag the loop added (a program without a lag column)
     lag = uniform if uniform is not None else np.frombuffer(program.lag,
@@ -664,8 +664,7 @@ def _block_timeline(schedule: Schedule, flat: FlatActions, sc: StageCosts, block
     import numpy as np
 
     ends = np.frombuffer(end, dtype=np.float64)
-    producer = np.frombuffer(blocks.producer, dtype=np.int64)
-    producer2 = np.frombuffer(blocks.producer2, dtype=np.int64)
+    producer, producer2 = _ints(blocks.producer), _ints(blocks.producer2)
     duration = np.frombuffer(blocks.duration, dtype=np.float64)
     if uniform is None:
         lag = np.frombuffer(blocks.lag, dtype=np.float64)[1:]
@@ -763,11 +762,13 @@ def _filled(typecode: str, size: int, value: float, views: bool = False
     ints and floats), and a little faster in the clock's loop. numpy asks the kernel for
     huge pages for large arrays, so a million steps' column costs a few page faults where a
     C array's costs two thousand: in a fresh process (the command line) that is a
-    measurable share of the whole simulation."""
+    measurable share of the whole simulation. Step numbers (``q``) are then 32-bit
+    integers wherever they fit (:func:`_step_dtype`): half the memory to touch."""
     import numpy as np
 
     if views:
-        values = np.full(size, value, dtype=np.int64 if typecode == "q" else np.float64)
+        values = np.full(size, value, dtype=_step_dtype(size) if typecode == "q"
+                         else np.float64)
         return memoryview(values), values
     out = array(typecode, [value]) * size
     return out, np.frombuffer(out, dtype=np.int64 if typecode == "q" else np.float64)
@@ -785,7 +786,23 @@ def _clock(initial: array | memoryview, ends: bool = True, in_place: bool = Fals
 
     end = None if not ends else initial if in_place else memoryview(
         np.array(initial, dtype=np.float64))
-    return end, memoryview(np.zeros(len(initial), dtype=np.int64))
+    return end, memoryview(np.zeros(len(initial), dtype=_step_dtype(len(initial))))
+
+
+def _step_dtype(size: int) -> type:
+    """The numpy integer type of step numbers in a program of ``size`` steps: int32 up to
+    2**31 steps (every schedule within the action limits), else int64."""
+    import numpy as np
+
+    return np.int32 if size < 2**31 else np.int64
+
+
+def _ints(column: array | memoryview) -> np.ndarray:
+    """A column of step numbers (a C array of int64, or a memoryview of :func:`_filled`'s
+    int32 or int64) as numpy integers, without a copy."""
+    import numpy as np
+
+    return np.frombuffer(column, dtype=np.int32 if column.itemsize == 4 else np.int64)
 
 
 def _doubles(values: np.ndarray) -> array:
