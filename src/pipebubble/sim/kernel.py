@@ -706,8 +706,8 @@ def _columns(schedule: Schedule, flat: FlatActions, sc: StageCosts, start: memor
     mem_end, v_mem_end = _filled("d", n, 0.0, views=True)
     np.take(np.array([d[1] for d in deltas]), row, out=v_mem_end, mode="wrap")
     del v_mem_start, v_mem_end
-    # The kind letters: the codes as bytes, translated; list() of a str shares CPython's
-    # one-letter strings (no object per action).
+    # The kind letters: the codes as bytes, translated, as one str (a byte per action, no
+    # list of a million references for the garbage collector to walk).
     letters = flat.kind.astype(np.uint8, copy=False).tobytes().translate(_LETTERS)
     hidden = exposed = None
     if sc.has_a2a:  # each action's all-to-all: hidden in a pair, or exposed
@@ -730,7 +730,7 @@ def _columns(schedule: Schedule, flat: FlatActions, sc: StageCosts, start: memor
         chain_starts=schedule.chain_starts,
         rank=_read_only(flat.rank),
         stage=_read_only(flat.stage),
-        kind=list(letters.decode("ascii")),
+        kind=letters.decode("ascii"),
         microbatch=_read_only(flat.microbatch),
         start=start,
         end=end,
@@ -742,8 +742,8 @@ def _columns(schedule: Schedule, flat: FlatActions, sc: StageCosts, start: memor
         a2a_hidden=hidden,
         a2a_exposed=exposed,
         # from the kind codes, not the letters: the activations column and the kinds present
-        _np={"inflight": np.array(_INFLIGHT, dtype=np.int8)[flat.kind]},
-        _kinds=frozenset(KINDS[k] for k in np.flatnonzero(np.bincount(flat.kind, minlength=4))),
+        _np={"inflight": np.array(_INFLIGHT, dtype=np.int8).take(flat.kind)},
+        _kinds=frozenset(k for c, k in enumerate(KINDS) if (flat.kind == c).any()),
     )
 
 
