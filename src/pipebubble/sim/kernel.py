@@ -203,9 +203,13 @@ def _compile_program(schedule: Schedule, flat: FlatActions, sc: StageCosts,
     # Step numbers: one boundary step before each rank's steps, and a wait step before
     # each pair's forward part.
     fwd_part = flat.pair == 1
-    pairs = np.cumsum(fwd_part)  # pairs begun so far, this action's included
-    step = np.arange(n) + flat.rank + 1 + pairs
-    num_pairs = int(pairs[-1]) if n else 0
+    if fwd_part.any():
+        pairs = np.cumsum(fwd_part)  # pairs begun so far, this action's included
+        step = np.arange(n) + flat.rank + 1 + pairs
+        num_pairs = int(pairs[-1])
+    else:  # (no cumsum of zeros)
+        step = np.arange(1, n + 1) + flat.rank
+        num_pairs, pairs = 0, np.zeros(n, dtype=np.int64)
     size = n + p + num_pairs + 2  # + the boundary after the last rank, + never
     never = size - 1
     starts = np.asarray(flat.offsets[:-1])
@@ -219,8 +223,7 @@ def _compile_program(schedule: Schedule, flat: FlatActions, sc: StageCosts,
     ready = np.zeros(3 * S * M + M, dtype=_step_dtype(size + 1))
     if spare:
         ready[3 * S * M:] = size  # the spare step
-    made = np.array([_SIGNAL[produces(Action(0, k, 0)).kind] for k in KINDS])[kind]
-    ready[(made * S + flat.stage) * M + mb] = step + fwd_part
+    ready[_slots(S, M)[row] + mb] = step + fwd_part if num_pairs else step
     # The columns are written in place in C arrays (numpy views of them; no copy).
     c_producer, producer = _filled("q", size + spare, never, views=spare)
     # simulate's program (spare) adds its one lag as a constant: no column (unless pairs)
@@ -311,8 +314,7 @@ def compile_blocks(schedule: Schedule, flat: FlatActions, sc: StageCosts,
     ready = np.zeros(3 * S * M + M, dtype=_step_dtype(size + 1))
     if spare:
         ready[3 * S * M:] = size  # the spare step
-    made = np.array([_SIGNAL[produces(Action(0, k, 0)).kind] for k in KINDS])[kind]
-    ready[(made * S + flat.stage) * M + mb] = step
+    ready[_slots(S, M)[row] + mb] = step
     needs = np.array(rule.needs) * M
     size += spare
     comm = np.array([sc.comm if c else 0.0 for c in rule.crosses])
@@ -501,6 +503,17 @@ class _Rule(NamedTuple):
 _SIGNAL = {"F": 0, "I": 1, "W": 2}  # the signal kinds of ir/deps.py, numbered for slots
 
 
+def _slots(S: int, M: int) -> np.ndarray:
+    """Per (stage, kind) row, the first of the M signal slots its actions fill
+    (:func:`compile_program`): ``(signal x S + stage) x M`` with ``signal`` the kind of
+    output the action produces (``ir/deps.py``'s :func:`~pipebubble.ir.deps.produces`)."""
+    import numpy as np
+
+    made = [_SIGNAL[produces(Action(0, k, 0)).kind] for k in KINDS]
+    return np.array([(made[k] * S + s) * M for s in range(S) for k in range(len(KINDS))],
+                    dtype=np.int64)
+
+
 @lru_cache(maxsize=64)
 def _rule(topo: Layout) -> _Rule:
     S, where = topo.num_stages, topo.stage_to_rank
@@ -649,7 +662,8 @@ def _timeline(schedule: Schedule, flat: FlatActions, sc: StageCosts, program: Pr
                                                             dtype=np.float64)[step]
     n = len(step)
     start, v_start = _filled("d", n, 0.0, views=True)
-    np.maximum(ends[step - 1], ends[producer[step]] + lag, out=v_start)
+    waits_for = producer[step].astype(np.intp)  # (numpy gathers fastest by intp indices)
+    np.maximum(ends[step - 1], ends[waits_for] + lag, out=v_start)
     stop, v_stop = _filled("d", n, 0.0, views=True)
     np.take(ends, step, out=v_stop, mode="wrap")  # (wrap: unbuffered; step is in range)
     del v_start, v_stop
@@ -673,8 +687,9 @@ def _block_timeline(schedule: Schedule, flat: FlatActions, sc: StageCosts, block
         lag = lag2 = uniform
     begin = np.empty(len(ends))  # begin[i]: when step i starts (boundaries: unused)
     begin[0] = 0.0
-    np.maximum(ends[:-1], ends[producer[1:]] + lag, out=begin[1:])
-    np.maximum(begin[1:], ends[producer2[1:]] + lag2, out=begin[1:])
+    # (numpy gathers fastest by intp indices)
+    np.maximum(ends[:-1], ends[producer[1:].astype(np.intp)] + lag, out=begin[1:])
+    np.maximum(begin[1:], ends[producer2[1:].astype(np.intp)] + lag2, out=begin[1:])
     step = blocks.step
     n = len(step)
     start, v_start = _filled("d", n, 0.0, views=True)
