@@ -112,7 +112,9 @@ def run(args: argparse.Namespace) -> int:
     axis = None
     if args.width:
         axis = max(1, args.width - len(f"rank {timeline.num_ranks - 1}") - 2)
-    console.print(gantt(timeline, width=axis, title=title))
+    # (a console without colours, e.g. piped, drops the styles: none are made)
+    console.print(gantt(timeline, width=axis, title=title,
+                        styled=console.color_system is not None))
     console.print(summary_table(timeline))
     info = search_info(schedule)
     bound = (info.lower_bound.value, info.lower_bound.kind) if info else None
