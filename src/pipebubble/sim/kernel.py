@@ -393,9 +393,11 @@ def _run_blocks(blocks: Blocks) -> array:
             woken = waiter[i]
             if woken:
                 push(woken)
+                waiter[i] = 0  # (frees the parked step's number)
                 woken = waiter2[i]
                 if woken:
                     push(woken)
+                    waiter2[i] = 0
             i += 1
     return end
 
@@ -440,9 +442,11 @@ def _run_blocks_uniform(blocks: Blocks, lag: float, in_place: bool = False) -> a
             woken = waiter[i]
             if woken:
                 push(woken)
+                waiter[i] = 0  # (frees the parked step's number)
                 woken = waiter2[i]
                 if woken:
                     push(woken)
+                    waiter2[i] = 0
             i += 1
     return end
 
@@ -559,6 +563,7 @@ def _run(program: Program) -> array:
             woken = waiter[i]
             if woken:
                 push(woken)
+                waiter[i] = 0  # (frees the parked step's number)
             i += 1
     return end
 
@@ -589,6 +594,7 @@ def _run_uniform(program: Program, lag: float, in_place: bool = False) -> array:
             woken = waiter[i]
             if woken:
                 push(woken)
+                waiter[i] = 0  # (frees the parked step's number)
             i += 1
     return end
 
@@ -792,8 +798,11 @@ def _filled(typecode: str, size: int, value: float, views: bool = False
 def _clock(initial: array | memoryview, ends: bool = True, in_place: bool = False
            ) -> tuple[array | memoryview | None, list[int] | memoryview]:
     """The loop's ``end`` (a copy of ``initial``, or ``initial`` itself ``in_place``; None
-    unless ``ends``) and ``waiter`` (zeros) columns, of the kind ``initial`` is: C array
-    and list, or memoryviews of numpy arrays (:func:`_filled`)."""
+    unless ``ends``), of the kind ``initial`` is (C array, or memoryview of a numpy array:
+    :func:`_filled`), and ``waiter`` column: a list of zeros. A list indexes several times
+    faster than a memoryview (no int object made per read), and costs nothing to make
+    (every entry the one 0); it holds the number of each step parked and not yet woken, a
+    few per rank (the loops put back 0 when they wake one)."""
     if isinstance(initial, array):
         end = (initial if in_place else array("d", initial)) if ends else None
         return end, [0] * len(initial)
@@ -801,7 +810,7 @@ def _clock(initial: array | memoryview, ends: bool = True, in_place: bool = Fals
 
     end = None if not ends else initial if in_place else memoryview(
         np.array(initial, dtype=np.float64))
-    return end, memoryview(np.zeros(len(initial), dtype=_step_dtype(len(initial))))
+    return end, [0] * len(initial)
 
 
 def _step_dtype(size: int) -> type:
