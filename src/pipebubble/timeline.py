@@ -81,10 +81,11 @@ class Timeline:
     num_microbatches: int
     stage_to_rank: tuple[int, ...]
     # Each column a list, or (from the simulator) a memoryview of a numpy array: either
-    # indexes as Python ints and floats.
+    # indexes as Python ints and floats. ``kind``: a list of letters, or (from the
+    # simulator) one str of them, which indexes, slices and iterates as letters too.
     rank: Sequence[int]
     stage: Sequence[int]
-    kind: list[str]
+    kind: Sequence[str]
     microbatch: Sequence[int]
     start: Sequence[float]
     end: Sequence[float]
@@ -337,8 +338,9 @@ def _inflight(kind: Sequence[str]) -> np.ndarray:
     faster than a numpy string array; others by their first letter, as before."""
     if not len(kind):
         return np.zeros(0, dtype=np.int8)
-    letters = "".join(kind)
-    if len(letters) == len(kind) and letters.isascii() and "" not in kind:
+    letters = "".join(kind)  # (a str of letters: itself)
+    if len(letters) == len(kind) and letters.isascii() and (
+            isinstance(kind, str) or "" not in kind):
         return _INFLIGHT[np.frombuffer(letters.encode("ascii"), dtype=np.uint8)]
     codes = np.array(kind, dtype="U1")
     return ((codes == "F").astype(np.int8) - (codes == "B") - (codes == "I")).astype(np.int8)

@@ -19,7 +19,7 @@ from ..interop.timeline_json import (
     span_bubble,
     write_simulate_json,
 )
-from ..limits import MAX_WIDTH
+from ..limits import MAX_WIDTH, estimate_actions
 from ..schedules import search_info
 from .common import (
     add_cost_flags,
@@ -37,6 +37,34 @@ from .compare import add_profile_flags, costs_with_profile
 TIME_UNIT = "in the time unit of --f/--b/--w/--comm; seconds with --profile"
 """What a simulated time means: the cost flags have no unit of their own, so the step time
 is in theirs (seconds when they are seconds)."""
+
+
+KEEP_MEMORY_FROM = 100_000
+"""Actions from which ``simulate`` asks malloc to keep the memory it frees
+(:func:`keep_freed_memory`)."""
+
+
+def keep_freed_memory() -> None:
+    """Have glibc's malloc serve large blocks from its heap and keep what is freed there,
+    instead of mapping fresh memory for each block and handing it back when freed.
+
+    Simulating a million actions makes a few dozen arrays of 1 to 12 MB, most of them
+    temporaries; each fresh mapping is zeroed page by page by the kernel when first
+    touched (numpy asks for huge pages: 2 MB at a time), which cost this command as much
+    system time as the simulation's numpy work took user time. Reused, each page is
+    touched fresh once. The command exits soon after, so nothing is lost by keeping.
+    Does nothing where malloc is not glibc's."""
+    try:
+        import ctypes
+
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):  # no C library to load, or not glibc
+        return
+    mallopt(_M_TRIM_THRESHOLD, 1 << 30)  # keep up to 1 GiB freed at the heap's top
+    mallopt(_M_MMAP_THRESHOLD, 32 << 20)  # blocks up to 32 MB (glibc's most) from the heap
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters (glibc's malloc.h)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -58,6 +86,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_outputs(args)
+    if None not in (args.ranks, args.microbatches) and estimate_actions(
+            args.ranks, args.microbatches, args.chunks, args.schedule) >= KEEP_MEMORY_FROM:
+        keep_freed_memory()  # before the schedule is made: all its arrays reuse memory
     schedule = load_schedule(args)
     costs = costs_with_profile(args, costs_from_args(args), schedule.num_ranks)
     timeline = simulate_checked(schedule, costs)
@@ -81,7 +112,9 @@ def run(args: argparse.Namespace) -> int:
     axis = None
     if args.width:
         axis = max(1, args.width - len(f"rank {timeline.num_ranks - 1}") - 2)
-    console.print(gantt(timeline, width=axis, title=title))
+    # (a console without colours, e.g. piped, drops the styles: none are made)
+    console.print(gantt(timeline, width=axis, title=title,
+                        styled=console.color_system is not None))
     console.print(summary_table(timeline))
     info = search_info(schedule)
     bound = (info.lower_bound.value, info.lower_bound.kind) if info else None

@@ -86,6 +86,9 @@ def _flatten(schedule: Schedule) -> FlatActions | None:
     """Rank orders -> flat arrays; None if a kind is unknown (the scan names it)."""
     import numpy as np
 
+    joined = _joined(schedule.orders)
+    if joined is not None:
+        return joined
     stages, kinds, mbs, pairs, offsets = [], [], [], [], [0]
     for order in schedule.orders:
         if isinstance(order, RankOrder):
@@ -123,6 +126,51 @@ def _flatten(schedule: Schedule) -> FlatActions | None:
         return FlatActions(offsets, empty, empty.astype(np.int8), empty, empty.astype(np.int8),
                            rank)
     return FlatActions(offsets, cat(stages), cat(kinds), cat(mbs), cat(pairs), rank)
+
+
+def _joined(orders: tuple) -> FlatActions | None:
+    """The flat arrays of orders that are views of them, end to end (what
+    :meth:`RankOrder.split <pipebubble.ir.orders.RankOrder.split>` makes), without a copy;
+    None for any other orders."""
+    import numpy as np
+
+    if not orders or not all(isinstance(o, RankOrder) for o in orders):
+        return None
+    offsets = [0]
+    for o in orders:
+        offsets.append(offsets[-1] + len(o.stage))
+    columns = []
+    for name, dtype in (("stage", np.int64), ("kind", np.int8), ("microbatch", np.int64)):
+        whole = _whole([getattr(o, name) for o in orders], dtype)
+        if whole is None:
+            return None
+        columns.append(whole)
+    if all(o.pair is None for o in orders):
+        pair = np.zeros(offsets[-1], dtype=np.int8)
+    else:
+        pair = _whole([o.pair for o in orders], np.int8)
+        if pair is None:
+            return None
+    rank = np.repeat(np.arange(len(orders)), np.diff(offsets))
+    return FlatActions(offsets, *columns, pair, rank)
+
+
+def _whole(parts: list, dtype: type) -> np.ndarray | None:
+    """The one 1-D array of ``dtype`` whose consecutive slices ``parts`` are, first to
+    last and covering all of it; None if they are not."""
+    import numpy as np
+
+    base = parts[0].base if isinstance(parts[0], np.ndarray) else None
+    if (not isinstance(base, np.ndarray) or base.dtype != dtype or base.ndim != 1
+            or not base.flags.c_contiguous):
+        return None
+    at, size = base.__array_interface__["data"][0], base.itemsize
+    for part in parts:
+        if (not isinstance(part, np.ndarray) or part.base is not base
+                or part.__array_interface__["data"][0] != at or part.strides != (size,)):
+            return None
+        at += len(part) * size
+    return base if at == base.__array_interface__["data"][0] + base.nbytes else None
 
 
 def _valid(schedule: Schedule, flat: FlatActions) -> bool:

@@ -36,7 +36,8 @@ _new_action = partial(tuple.__new__, Action)  # Action from a (stage, kind, micr
 class RankOrder(PackedOrder):
     """One rank's actions in order, stored as ``stage``, ``kind`` (codes) and ``microbatch``
     arrays of equal length, one entry per action, and ``pair`` (None when the order holds
-    no Overlap; else int8 codes: 1 forward part, 2 backward part, 0 lone). ``len`` and
+    no Overlap; else int8 codes: 1 forward part, 2 backward part, 0 lone; all 0 reads as
+    None does, which :meth:`split` leaves on a rank without pairs). ``len`` and
     indexing count steps (a pair is one step), as on the tuple it stands for. Immutable by
     convention: never write into the arrays."""
 
@@ -90,6 +91,35 @@ class RankOrder(PackedOrder):
         if not ok:
             raise ScheduleError("an Overlap pairs a forward with a backward (F then B or I)")
         return cls(stage, kind, microbatch, pair if len(fwd) else None)
+
+    @classmethod
+    def split(cls, stage: np.ndarray, kind: np.ndarray, microbatch: np.ndarray,
+              offsets: list[int], pair: np.ndarray | None = None) -> list[RankOrder]:
+        """Every rank's order as views of flat columns (int64 stages, int8 kind codes,
+        int64 microbatches, int8 pair codes or None): rank r's actions are ``offsets[r]``
+        to ``offsets[r + 1]``. A generator that writes all ranks' actions into one set of
+        arrays hands them over this way, and ``ir/check.py`` then reads the flat columns
+        as they are (no copy of a million actions).
+
+        >>> import numpy as np
+        >>> RankOrder.split(np.array([0, 0, 1, 1]), np.array([0, 3, 0, 3], dtype=np.int8),
+        ...                 np.zeros(4, dtype=np.int64), [0, 2, 4])
+        [(0F0, 0B0), (1F0, 1B0)]
+        """
+        if pair is not None:  # each pair's two parts on one rank, as with_pairs checks them
+            import numpy as np
+
+            starts = np.asarray(offsets[:-1])
+            starts = starts[starts < len(pair)]
+            if (pair[starts] == 2).any():
+                raise ScheduleError("an Overlap pairs a forward with a backward (F then B "
+                                    "or I)")
+            cls.with_pairs(stage, kind, microbatch, pair)  # the checks, on all at once
+        orders = []
+        for lo, hi in zip(offsets[:-1], offsets[1:], strict=True):
+            part = None if pair is None else pair[lo:hi]
+            orders.append(cls(stage[lo:hi], kind[lo:hi], microbatch[lo:hi], part))
+        return orders
 
     def num_actions(self) -> int:
         """Actions in the order: a pair counts as its two."""

@@ -39,12 +39,15 @@ def chunk_of_stage(timeline: Timeline) -> list[int]:
     return out
 
 
-def gantt(timeline: Timeline, width: int | None = None, title: str | None = None) -> Group:
+def gantt(timeline: Timeline, width: int | None = None, title: str | None = None,
+          styled: bool = True) -> Group:
     """A rich renderable: the Gantt chart, its time axis and a legend.
 
     ``width`` is the number of columns for the time axis (default: fit the terminal).
     Each row costs a few numpy operations over the rank's events and Python work per
-    column only, so a million-action timeline draws as fast as a small one.
+    column only, so a million-action timeline draws as fast as a small one. ``styled``
+    False leaves the rows' colours out (for a console without colours, which would drop
+    them: the same text, without the work of a style per run of cells).
     """
     label_w = len(f"rank {timeline.num_ranks - 1}") + 1
     fit = max(20, Console().width - label_w - 1)
@@ -63,8 +66,12 @@ def gantt(timeline: Timeline, width: int | None = None, title: str | None = None
     for r in range(timeline.num_ranks):
         # one Text per row with a span per run: what appending run by run builds, without
         # rich's per-append work (a million-action row has a run per label)
+        cells = _cells(timeline, r, t0, scale, cols, chunk, columns)
+        if not styled:
+            lines.append(Text(f"rank {r}".ljust(label_w) + "".join(ch for ch, _ in cells)))
+            continue
         parts, spans, at = [f"rank {r}".ljust(label_w)], [], label_w
-        for text, style in _runs(_cells(timeline, r, t0, scale, cols, chunk, columns)):
+        for text, style in _runs(cells):
             parts.append(text)
             spans.append(Span(at, at + len(text), style))
             at += len(text)

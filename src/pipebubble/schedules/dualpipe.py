@@ -31,11 +31,18 @@ DualPipe itself (:func:`dualpipe`) is two mirrored DualPipeVs: see its docstring
 from __future__ import annotations
 
 from collections import deque
+from typing import TYPE_CHECKING
 
 from ..ir.orders import CODE, RankOrder
 from ..ir.schedule import Schedule, ScheduleError, make_schedule
 from ..sim.formulas import dualpipe_closed_form, dualpipev_closed_form
 from .registry import ScheduleSpec, register
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    # a rank's order in pieces, each (stage, kind code, microbatch, pair code) arrays
+    Parts = list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]
 
 _F, _I, _W, _B = (CODE[k] for k in "FIWB")
 
@@ -46,16 +53,35 @@ def dualpipev(ranks: int, microbatches: int, chunks: int = 2) -> Schedule:
         raise ScheduleError(
             f"dualpipev needs microbatches >= 2 x ranks = {2 * p}, got {m}"
         )
-    orders = [_rank_order(p, m, r, (r, 2 * p - 1 - r)) for r in range(p)]
+    orders = _orders([_rank_parts(p, m, r, (r, 2 * p - 1 - r)) for r in range(p)])
     return make_schedule("dualpipev", orders, 2 * p, m, placement="v")
 
 
-def _rank_order(p: int, m: int, r: int, stage: tuple[int, int]) -> RankOrder:
+def _orders(ranks: list[Parts]) -> list[RankOrder]:
+    """The ranks' orders from their pieces: every piece copied once into one set of flat
+    arrays, rank after rank, which the orders are views of
+    (:meth:`~pipebubble.ir.orders.RankOrder.split`, read without a copy by validation)."""
+    import numpy as np
+
+    offsets = [0]
+    for parts in ranks:
+        offsets.append(offsets[-1] + sum(len(piece[0]) for piece in parts))
+    columns = []
+    for c, dtype in enumerate((np.int64, np.int8, np.int64, np.int8)):
+        out = np.empty(offsets[-1], dtype=dtype)
+        np.concatenate([piece[c] for parts in ranks for piece in parts], out=out,
+                       casting="unsafe")
+        columns.append(out)
+    stage, kind, mb, pair = columns
+    return RankOrder.split(stage, kind, mb, offsets, pair)
+
+
+def _rank_parts(p: int, m: int, r: int, stage: tuple[int, int]) -> Parts:
     """The eight phases of rank ``r`` of a ``p``-rank DualPipeV with ``m`` microbatches;
     ``stage`` = (its chunk-0 stage, its chunk-1 stage). Rank p - 1 is the turn of the V.
 
-    Built as arrays (:class:`~pipebubble.ir.orders.RankOrder` with pairs): the short phases
-    one action at a time, the steady state (phase 4, all but O(p) of the actions) with numpy.
+    Built as arrays (:func:`_orders` joins them): the short phases one action at a time,
+    the steady state (phase 4, all but O(p) of the actions) with numpy.
     """
     import numpy as np
 
@@ -132,11 +158,8 @@ def _rank_order(p: int, m: int, r: int, stage: tuple[int, int]) -> RankOrder:
         b(0, split=True)
     for _ in range(r + 1):
         w()
-    dtypes = (np.int64, np.int8, np.int64, np.int8)
-    stage_, kind, mb, pair = (
-        np.concatenate([np.array(h, dtype=d), x, np.array(t, dtype=d)]).astype(d, copy=False)
-        for h, x, t, d in zip(head, steady, tail, dtypes, strict=True))
-    return RankOrder.with_pairs(stage_, kind, mb, pair)
+    return [tuple(np.array(column, dtype=np.int64) for column in head), steady,
+            tuple(np.array(column, dtype=np.int64) for column in tail)]
 
 
 def dualpipe(ranks: int, microbatches: int, chunks: int = 1) -> Schedule:
@@ -183,11 +206,12 @@ def dualpipe(ranks: int, microbatches: int, chunks: int = 1) -> Schedule:
             f"enter from each end, and each direction needs >= p), got {total}"
         )
     half, m = p // 2, total // 2
-    orders = []
+    ranks_parts = []
     for r in range(p):
         mine = (r, 2 * p - 1 - r)  # (copy A's stage, copy B's stage)
         near_far = mine if r < half else mine[::-1]
-        orders.append(_rank_order(half, m, min(r, p - 1 - r), near_far))
+        ranks_parts.append(_rank_parts(half, m, min(r, p - 1 - r), near_far))
+    orders = _orders(ranks_parts)
     return make_schedule("dualpipe", orders, 2 * p, m, placement="v", chain_starts=(0, p))
 
 

@@ -10,24 +10,30 @@ Rank 1 of 2 with m = 3:  ``1F0 1B0 1F1 1B1 1F2 1B2``.
 
 from __future__ import annotations
 
-from ..ir.orders import RankOrder, interleave
+from ..ir.orders import CODE, RankOrder
 from ..ir.schedule import Schedule, make_schedule
 from ..sim.formulas import gpipe_closed_form
 from .registry import ScheduleSpec, register
 
 
 def one_f_one_b(ranks: int, microbatches: int, chunks: int = 1) -> Schedule:
+    """Every rank's 2m actions written into one set of flat arrays (rank after rank), which
+    the orders are views of (:meth:`~pipebubble.ir.orders.RankOrder.split`)."""
     import numpy as np
 
-    m = microbatches
-    orders = []
+    m, n = microbatches, 2 * microbatches  # n: actions per rank
+    stage = np.repeat(np.arange(ranks, dtype=np.int64), n)  # stage r on rank r
+    kind = np.empty(ranks * n, dtype=np.int8)
+    mb = np.empty(ranks * n, dtype=np.int64)
     for r in range(ranks):
         warmup = min(ranks - r - 1, m)
-        steady = np.arange(warmup, m)  # F of microbatch warmup + j, then B of j
-        kinds = "F" * warmup + "FB" * (m - warmup) + "B" * warmup
-        mbs = np.concatenate([np.arange(warmup), interleave(steady, steady - warmup),
-                              np.arange(m - warmup, m)])
-        orders.append(RankOrder.build(r, kinds, mbs))
+        k, b = kind[r * n:(r + 1) * n], mb[r * n:(r + 1) * n]
+        k[:warmup], b[:warmup] = CODE["F"], np.arange(warmup)  # warm-up forwards
+        # steady state: F of microbatch warmup + j, then B of j
+        k[warmup:n - warmup:2], b[warmup:n - warmup:2] = CODE["F"], np.arange(warmup, m)
+        k[warmup + 1:n - warmup:2], b[warmup + 1:n - warmup:2] = CODE["B"], np.arange(m - warmup)
+        k[n - warmup:], b[n - warmup:] = CODE["B"], np.arange(m - warmup, m)  # drain
+    orders = RankOrder.split(stage, kind, mb, list(range(0, ranks * n + 1, n)))
     return make_schedule("1f1b", orders, ranks, microbatches)
 
 

@@ -170,7 +170,7 @@ class Program(NamedTuple):
     are C arrays: built from numpy without a Python object per step, and numpy reads them
     back without a copy."""
 
-    producer: array  # of int64
+    producer: array  # of int64 (simulate's: a memoryview, int32: _filled)
     lag: array  # of doubles
     duration: array
     initial_end: array
@@ -203,9 +203,13 @@ def _compile_program(schedule: Schedule, flat: FlatActions, sc: StageCosts,
     # Step numbers: one boundary step before each rank's steps, and a wait step before
     # each pair's forward part.
     fwd_part = flat.pair == 1
-    pairs = np.cumsum(fwd_part)  # pairs begun so far, this action's included
-    step = np.arange(n) + flat.rank + 1 + pairs
-    num_pairs = int(pairs[-1]) if n else 0
+    if fwd_part.any():
+        pairs = np.cumsum(fwd_part)  # pairs begun so far, this action's included
+        step = np.arange(n) + flat.rank + 1 + pairs
+        num_pairs = int(pairs[-1])
+    else:  # (no cumsum of zeros)
+        step = np.arange(1, n + 1) + flat.rank
+        num_pairs, pairs = 0, np.zeros(n, dtype=np.int64)
     size = n + p + num_pairs + 2  # + the boundary after the last rank, + never
     never = size - 1
     starts = np.asarray(flat.offsets[:-1])
@@ -216,11 +220,10 @@ def _compile_program(schedule: Schedule, flat: FlatActions, sc: StageCosts,
     # holds the step at whose end it is ready (a pair's forward output: at the pair's end,
     # the end of its backward part, the next step). The M slots after them read step 0: no
     # dependency.
-    ready = np.zeros(3 * S * M + M, dtype=np.int64)
+    ready = np.zeros(3 * S * M + M, dtype=_step_dtype(size + 1))
     if spare:
         ready[3 * S * M:] = size  # the spare step
-    made = np.array([_SIGNAL[produces(Action(0, k, 0)).kind] for k in KINDS])[kind]
-    ready[(made * S + flat.stage) * M + mb] = step + fwd_part
+    ready[_slots(S, M)[row] + mb] = step + fwd_part if num_pairs else step
     # The columns are written in place in C arrays (numpy views of them; no copy).
     c_producer, producer = _filled("q", size + spare, never, views=spare)
     # simulate's program (spare) adds its one lag as a constant: no column (unless pairs)
@@ -264,7 +267,7 @@ class Blocks(NamedTuple):
     no double). ``step[a]`` is the block of action ``a``; the rest as in
     :class:`Program`."""
 
-    producer: array  # of int64
+    producer: array  # of int64 (simulate's: a memoryview, int32: _filled)
     lag: array  # of doubles
     producer2: array
     lag2: array
@@ -308,11 +311,10 @@ def compile_blocks(schedule: Schedule, flat: FlatActions, sc: StageCosts,
     starts = np.asarray(flat.offsets[:-1])
     boundary = starts + np.arange(p) - np.concatenate(([0], back))[starts]
     # Signal slots as in compile_program; every output is ready at its block's end.
-    ready = np.zeros(3 * S * M + M, dtype=np.int64)
+    ready = np.zeros(3 * S * M + M, dtype=_step_dtype(size + 1))
     if spare:
         ready[3 * S * M:] = size  # the spare step
-    made = np.array([_SIGNAL[produces(Action(0, k, 0)).kind] for k in KINDS])[kind]
-    ready[(made * S + flat.stage) * M + mb] = step
+    ready[_slots(S, M)[row] + mb] = step
     needs = np.array(rule.needs) * M
     size += spare
     comm = np.array([sc.comm if c else 0.0 for c in rule.crosses])
@@ -391,9 +393,11 @@ def _run_blocks(blocks: Blocks) -> array:
             woken = waiter[i]
             if woken:
                 push(woken)
+                waiter[i] = 0  # (frees the parked step's number)
                 woken = waiter2[i]
                 if woken:
                     push(woken)
+                    waiter2[i] = 0
             i += 1
     return end
 
@@ -438,9 +442,11 @@ def _run_blocks_uniform(blocks: Blocks, lag: float, in_place: bool = False) -> a
             woken = waiter[i]
             if woken:
                 push(woken)
+                waiter[i] = 0  # (frees the parked step's number)
                 woken = waiter2[i]
                 if woken:
                     push(woken)
+                    waiter2[i] = 0
             i += 1
     return end
 
@@ -501,6 +507,17 @@ class _Rule(NamedTuple):
 _SIGNAL = {"F": 0, "I": 1, "W": 2}  # the signal kinds of ir/deps.py, numbered for slots
 
 
+def _slots(S: int, M: int) -> np.ndarray:
+    """Per (stage, kind) row, the first of the M signal slots its actions fill
+    (:func:`compile_program`): ``(signal x S + stage) x M`` with ``signal`` the kind of
+    output the action produces (``ir/deps.py``'s :func:`~pipebubble.ir.deps.produces`)."""
+    import numpy as np
+
+    made = [_SIGNAL[produces(Action(0, k, 0)).kind] for k in KINDS]
+    return np.array([(made[k] * S + s) * M for s in range(S) for k in range(len(KINDS))],
+                    dtype=np.int64)
+
+
 @lru_cache(maxsize=64)
 def _rule(topo: Layout) -> _Rule:
     S, where = topo.num_stages, topo.stage_to_rank
@@ -546,6 +563,7 @@ def _run(program: Program) -> array:
             woken = waiter[i]
             if woken:
                 push(woken)
+                waiter[i] = 0  # (frees the parked step's number)
             i += 1
     return end
 
@@ -576,6 +594,7 @@ def _run_uniform(program: Program, lag: float, in_place: bool = False) -> array:
             woken = waiter[i]
             if woken:
                 push(woken)
+                waiter[i] = 0  # (frees the parked step's number)
             i += 1
     return end
 
@@ -642,14 +661,15 @@ def _timeline(schedule: Schedule, flat: FlatActions, sc: StageCosts, program: Pr
     import numpy as np
 
     ends = np.frombuffer(end, dtype=np.float64)
-    producer = np.frombuffer(program.producer, dtype=np.int64)
+    producer = _ints(program.producer)
     step = program.step
     # ``uniform``: the one lag the loop added (a program without a lag column)
     lag = uniform if uniform is not None else np.frombuffer(program.lag,
                                                             dtype=np.float64)[step]
     n = len(step)
     start, v_start = _filled("d", n, 0.0, views=True)
-    np.maximum(ends[step - 1], ends[producer[step]] + lag, out=v_start)
+    waits_for = producer[step].astype(np.intp)  # (numpy gathers fastest by intp indices)
+    np.maximum(ends[step - 1], ends[waits_for] + lag, out=v_start)
     stop, v_stop = _filled("d", n, 0.0, views=True)
     np.take(ends, step, out=v_stop, mode="wrap")  # (wrap: unbuffered; step is in range)
     del v_start, v_stop
@@ -664,8 +684,7 @@ def _block_timeline(schedule: Schedule, flat: FlatActions, sc: StageCosts, block
     import numpy as np
 
     ends = np.frombuffer(end, dtype=np.float64)
-    producer = np.frombuffer(blocks.producer, dtype=np.int64)
-    producer2 = np.frombuffer(blocks.producer2, dtype=np.int64)
+    producer, producer2 = _ints(blocks.producer), _ints(blocks.producer2)
     duration = np.frombuffer(blocks.duration, dtype=np.float64)
     if uniform is None:
         lag = np.frombuffer(blocks.lag, dtype=np.float64)[1:]
@@ -674,8 +693,9 @@ def _block_timeline(schedule: Schedule, flat: FlatActions, sc: StageCosts, block
         lag = lag2 = uniform
     begin = np.empty(len(ends))  # begin[i]: when step i starts (boundaries: unused)
     begin[0] = 0.0
-    np.maximum(ends[:-1], ends[producer[1:]] + lag, out=begin[1:])
-    np.maximum(begin[1:], ends[producer2[1:]] + lag2, out=begin[1:])
+    # (numpy gathers fastest by intp indices)
+    np.maximum(ends[:-1], ends[producer[1:].astype(np.intp)] + lag, out=begin[1:])
+    np.maximum(begin[1:], ends[producer2[1:].astype(np.intp)] + lag2, out=begin[1:])
     step = blocks.step
     n = len(step)
     start, v_start = _filled("d", n, 0.0, views=True)
@@ -707,8 +727,8 @@ def _columns(schedule: Schedule, flat: FlatActions, sc: StageCosts, start: memor
     mem_end, v_mem_end = _filled("d", n, 0.0, views=True)
     np.take(np.array([d[1] for d in deltas]), row, out=v_mem_end, mode="wrap")
     del v_mem_start, v_mem_end
-    # The kind letters: the codes as bytes, translated; list() of a str shares CPython's
-    # one-letter strings (no object per action).
+    # The kind letters: the codes as bytes, translated, as one str (a byte per action, no
+    # list of a million references for the garbage collector to walk).
     letters = flat.kind.astype(np.uint8, copy=False).tobytes().translate(_LETTERS)
     hidden = exposed = None
     if sc.has_a2a:  # each action's all-to-all: hidden in a pair, or exposed
@@ -731,7 +751,7 @@ def _columns(schedule: Schedule, flat: FlatActions, sc: StageCosts, start: memor
         chain_starts=schedule.chain_starts,
         rank=_read_only(flat.rank),
         stage=_read_only(flat.stage),
-        kind=list(letters.decode("ascii")),
+        kind=letters.decode("ascii"),
         microbatch=_read_only(flat.microbatch),
         start=start,
         end=end,
@@ -743,8 +763,8 @@ def _columns(schedule: Schedule, flat: FlatActions, sc: StageCosts, start: memor
         a2a_hidden=hidden,
         a2a_exposed=exposed,
         # from the kind codes, not the letters: the activations column and the kinds present
-        _np={"inflight": np.array(_INFLIGHT, dtype=np.int8)[flat.kind]},
-        _kinds=frozenset(KINDS[k] for k in np.flatnonzero(np.bincount(flat.kind, minlength=4))),
+        _np={"inflight": np.array(_INFLIGHT, dtype=np.int8).take(flat.kind)},
+        _kinds=frozenset(k for c, k in enumerate(KINDS) if (flat.kind == c).any()),
     )
 
 
@@ -763,11 +783,13 @@ def _filled(typecode: str, size: int, value: float, views: bool = False
     ints and floats), and a little faster in the clock's loop. numpy asks the kernel for
     huge pages for large arrays, so a million steps' column costs a few page faults where a
     C array's costs two thousand: in a fresh process (the command line) that is a
-    measurable share of the whole simulation."""
+    measurable share of the whole simulation. Step numbers (``q``) are then 32-bit
+    integers wherever they fit (:func:`_step_dtype`): half the memory to touch."""
     import numpy as np
 
     if views:
-        values = np.full(size, value, dtype=np.int64 if typecode == "q" else np.float64)
+        values = np.full(size, value, dtype=_step_dtype(size) if typecode == "q"
+                         else np.float64)
         return memoryview(values), values
     out = array(typecode, [value]) * size
     return out, np.frombuffer(out, dtype=np.int64 if typecode == "q" else np.float64)
@@ -776,8 +798,11 @@ def _filled(typecode: str, size: int, value: float, views: bool = False
 def _clock(initial: array | memoryview, ends: bool = True, in_place: bool = False
            ) -> tuple[array | memoryview | None, list[int] | memoryview]:
     """The loop's ``end`` (a copy of ``initial``, or ``initial`` itself ``in_place``; None
-    unless ``ends``) and ``waiter`` (zeros) columns, of the kind ``initial`` is: C array
-    and list, or memoryviews of numpy arrays (:func:`_filled`)."""
+    unless ``ends``), of the kind ``initial`` is (C array, or memoryview of a numpy array:
+    :func:`_filled`), and ``waiter`` column: a list of zeros. A list indexes several times
+    faster than a memoryview (no int object made per read), and costs nothing to make
+    (every entry the one 0); it holds the number of each step parked and not yet woken, a
+    few per rank (the loops put back 0 when they wake one)."""
     if isinstance(initial, array):
         end = (initial if in_place else array("d", initial)) if ends else None
         return end, [0] * len(initial)
@@ -785,7 +810,23 @@ def _clock(initial: array | memoryview, ends: bool = True, in_place: bool = Fals
 
     end = None if not ends else initial if in_place else memoryview(
         np.array(initial, dtype=np.float64))
-    return end, memoryview(np.zeros(len(initial), dtype=np.int64))
+    return end, [0] * len(initial)
+
+
+def _step_dtype(size: int) -> type:
+    """The numpy integer type of step numbers in a program of ``size`` steps: int32 up to
+    2**31 steps (every schedule within the action limits), else int64."""
+    import numpy as np
+
+    return np.int32 if size < 2**31 else np.int64
+
+
+def _ints(column: array | memoryview) -> np.ndarray:
+    """A column of step numbers (a C array of int64, or a memoryview of :func:`_filled`'s
+    int32 or int64) as numpy integers, without a copy."""
+    import numpy as np
+
+    return np.frombuffer(column, dtype=np.int32 if column.itemsize == 4 else np.int64)
 
 
 def _doubles(values: np.ndarray) -> array:
