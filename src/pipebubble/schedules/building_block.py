@@ -476,7 +476,7 @@ def build_periodic(p: int, microbatches: int, candidates: list[tuple[int, ...]],
     if microbatches <= small_m:
         return [list(row) for row in _build_kept(p, microbatches, tuple(candidates), cap)]
     small = _build_kept(p, small_m, tuple(candidates), cap)
-    grown = extend(small, small_m, microbatches, [6] * p)
+    grown = extend(small, small_m, microbatches, [6] * p, packed=True)
     return grown if grown is not None else build(p, microbatches, candidates, cap)
 
 

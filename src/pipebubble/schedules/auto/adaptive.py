@@ -310,10 +310,10 @@ def _build(p: int, m: int, small: int, offsets: tuple[int, ...],
         got = reorder(p, small, base, c, c_i, fill=fill, warmup=targets, deep=deep)
         if got is None:
             continue
-        if (grown := extend(got[1], small, m, [6] * p)) is not None:
+        if (grown := extend(got[1], small, m, [6] * p, packed=True)) is not None:
             yield name + label, grown
         if targets is not None and (waved := wave_cooldown(p, small, got[1], k)) is not None:
-            if (grown := extend(waved, small, m, [6] * p)) is not None:
+            if (grown := extend(waved, small, m, [6] * p, packed=True)) is not None:
                 yield name + label + " (cool-down wave)", grown
 
 
