@@ -474,8 +474,8 @@ def _stretched(p: int, m: int, sc: StageCosts, where: tuple[int, ...], limits: l
                         zip(_repeat_peaks(p, m, times, period, sc), limits, strict=True)):
                     continue
                 found = period if found is None else found
-                sched = make_schedule("auto", repeat(p, m, times, period), 2 * p, m,
-                                      placement="v")
+                sched = make_schedule("auto", repeat(p, m, times, period, packed=True),
+                                      2 * p, m, placement="v")
                 scored = _score(sched, sc, limits)
                 if scored is not None:
                     yield scored[0], sched.orders, f"{name} block every {period} units"
