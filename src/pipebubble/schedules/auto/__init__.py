@@ -61,6 +61,7 @@ from ...costs import CostModel, StageCosts, fits_limit
 from ...ir.schedule import (
     Action,
     Overlap,
+    PackedOrder,
     Schedule,
     ScheduleError,
     loop_placement,
@@ -370,7 +371,9 @@ def _search(ranks: int, microbatches: int, costs: CostModel | None,
     key, orders, source, kind = best
     sc, where = resolved[kind]
     steps = (Action, Overlap)  # a greedy tuple becomes an Action; a DualPipeV Overlap stays
-    cand = make_schedule("auto", [[a if isinstance(a, steps) else Action(*a) for a in o]
+    # (a packed order reads as its Actions and Overlaps already: kept as it is)
+    cand = make_schedule("auto", [o if isinstance(o, PackedOrder) else
+                                  [a if isinstance(a, steps) else Action(*a) for a in o]
                                   for o in orders], len(where), m, placement=list(where))
     timeline = _score(cand, sc, limits)[1]  # the one simulator re-scores the winner
     lb = named[kind] if placement != "any" else min(named.values(), key=lambda b: b.value)
