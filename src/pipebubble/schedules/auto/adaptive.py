@@ -211,15 +211,16 @@ def steady_peaks(p: int, times: tuple[list[int], ...]) -> list[int]:
     >>> steady_peaks(1, ([0, 1], [3, 2], [9, 4]))  # [0, 9) and [1, 4): phases 1-2 hold 3
     [3]
     """
+    import numpy as np
+
     t_f, _, t_w = times
     S = 2 * p
-    per_phase = [[0] * PERIOD for _ in range(p)]
-    for s in range(S):
-        row = per_phase[s if s < p else S - 1 - s]
-        a, b = t_f[s], t_w[s]
-        for ph in range(PERIOD):
-            row[ph] += max(0, (b - ph + PERIOD - 1) // PERIOD - (a - ph + PERIOD - 1) // PERIOD)
-    return [max(row) for row in per_phase]
+    ph = np.arange(PERIOD, dtype=np.int64)[None, :]  # (integer floor division, as Python's)
+    a = np.asarray(t_f, dtype=np.int64)[:, None]
+    b = np.asarray(t_w, dtype=np.int64)[:, None]
+    held = np.maximum(0, (b - ph + PERIOD - 1) // PERIOD - (a - ph + PERIOD - 1) // PERIOD)
+    per_phase = held[:p] + held[S - 1:p - 1:-1]  # rank r: stages r and S - 1 - r
+    return per_phase.max(axis=1).tolist()
 
 
 def adaptive_orders(p: int, m: int, sc: StageCosts, limits: list[float] | None,
