@@ -27,6 +27,7 @@ them against a file another version wrote (pruning must never change them).
     python bench/bench_plan.py --scale [--no-auto] [--gpus 16384] [--repeats 1]
                                [--save-top FILE | --compare-top FILE]
     python bench/bench_plan.py --table [all | gpt-1t:512:unfused,llama-7b:64,...]
+                               [--save-top FILE | --compare-top FILE]
     python bench/bench_plan.py --config [all | gpt-1t:512,...] [--no-baseline]
 
 With ``--table``: a full search (every axis, auto included) per dense shape and scale
@@ -197,11 +198,21 @@ def moe_case():
     return prof, req, hw, eff
 
 
-def bench_table(rows: list[tuple[str, int, str]], repeats: int = 1) -> None:
+def bench_table(rows: list[tuple[str, int, str]], repeats: int = 1,
+                save_top: str | None = None, compare_top: str | None = None) -> None:
     """One full search per row (a dense shape of :data:`SHAPES` on that many GPUs of its
     preset, global batch 2048, recompute none and full, every axis, auto included), each
     cold: wall and CPU seconds, configurations priced, simulations run, auto's searches
-    and their seconds; target under 10 s."""
+    and their seconds; target under 10 s. ``save_top`` / ``compare_top``: each row's top
+    plans (:func:`top_lines`, under the row's name) written to / checked against a file
+    another version wrote, row by row (rows not in the file are not checked)."""
+    saved: dict[str, list[str]] = {}
+    if compare_top:
+        with open(compare_top) as f:
+            for line in f.read().splitlines():
+                row, _, plan = line.partition(" | ")
+                saved.setdefault(row, []).append(plan)
+    written, changed = [], []
     from pipebubble.plan.analytic import TransformerShape, shape_profile
     from pipebubble.plan.hardware import get_hardware
 
@@ -230,6 +241,19 @@ def bench_table(rows: list[tuple[str, int, str]], repeats: int = 1) -> None:
               f"pp={b.pp} dp={b.dp} {b.sharding} {b.schedule} v={b.chunks} "
               f"mbs={b.microbatch_size} {b.recompute} {b.step_time:.3f} s; target under "
               f"10 s: {'met' if cpu < 10 else 'MISSED'}", flush=True)
+        row = f"{name}:{gpus}:{attention}"
+        lines = top_lines(res.plans)
+        written += [f"{row} | {line}" for line in lines]
+        if row in saved:
+            same = saved[row] == lines
+            print(f"  the same top {len(lines)} plans as {compare_top}: {same}", flush=True)
+            if not same:
+                changed.append(row)
+    if save_top:
+        with open(save_top, "w") as f:
+            f.write("".join(line + "\n" for line in written))
+    if changed:
+        raise SystemExit(f"the top plans changed: {', '.join(changed)}")
 
 
 CONFIG_ROWS = [  # (shape, GPUs, attention, --config): the --config rows
@@ -434,9 +458,10 @@ def main() -> None:
     ap.add_argument("--scale", action="store_true", help="405B on 16,384 GPUs, every axis")
     ap.add_argument("--no-auto", action="store_true", help="--scale without auto")
     ap.add_argument("--gpus", type=int, default=16384, help="--scale: GPUs (16384)")
-    ap.add_argument("--save-top", metavar="FILE", help="--scale: write the top plans' lines")
+    ap.add_argument("--save-top", metavar="FILE",
+                    help="--scale, --table: write the top plans' lines")
     ap.add_argument("--compare-top", metavar="FILE",
-                    help="--scale: check the top plans against lines --save-top wrote "
+                    help="--scale, --table: check the top plans against lines --save-top wrote "
                     "(another version's run), exit 1 if they differ")
     ap.add_argument("--cut-gap", type=int, default=0, metavar="N",
                     help="also compare the min-max cut rule with every cut on N random "
@@ -460,7 +485,7 @@ def main() -> None:
         rows = TABLE if args.table == "all" else [
             (x.split(":")[0], int(x.split(":")[1]),
              x.split(":")[2] if x.count(":") > 1 else "flash") for x in args.table.split(",")]
-        bench_table(rows, args.repeats or 1)
+        bench_table(rows, args.repeats or 1, args.save_top, args.compare_top)
         return
     if args.scale:
         bench_scale(args.gpus, not args.no_auto, args.repeats or 1, args.save_top,

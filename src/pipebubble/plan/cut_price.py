@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
+from operator import itemgetter
 
 import numpy as np
 
 from ..costs import CostModel
 from ..ir.deps import Layout, precedences
-from ..ir.schedule import Action, Kind, PackedOrder, Schedule, step_actions
+from ..ir.schedule import Action, Kind, Overlap, PackedOrder, Schedule
 from .layercosts import LayerCosts
 from .network import p2p
 from .partition import Ranges
@@ -480,7 +481,18 @@ class Pricing:
             if split and all(isinstance(o, PackedOrder) for o in orders):
                 fused = bool((np.concatenate([o.kind for o in orders]) == 3).any())  # B = 3
             else:
-                fused = split and any(a.kind == "B" for o in orders for st in o
-                                      for a in step_actions(st))
+                fused = split and any(map(_has_fused, orders))
             got = self._split[id(sched)] = (sched, split, fused)
         return got[1], got[2]
+
+
+_KIND = itemgetter(1)  # an Action's kind; an Overlap's second field is its backward Action
+
+
+def _has_fused(order) -> bool:
+    """Whether a rank's order runs a fused backward (B), an overlapped block's included;
+    the scans of kinds and types run in C, the per-step one only where blocks overlap."""
+    if "B" in map(_KIND, order):
+        return True
+    return Overlap in map(type, order) and any(
+        a.kind == "B" for st in order if type(st) is Overlap for a in st)

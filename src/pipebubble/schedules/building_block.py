@@ -92,10 +92,14 @@ def place_w(t_i: list[int], taken: list[set[int]], rank: list[int],
 
 
 def repeat(p: int, microbatches: int, times: tuple[list[int], list[int], list[int]],
-           period: int = PERIOD) -> list[list[Action]]:
-    """Per-rank orders: the block repeated every ``period`` units, sorted by time."""
+           period: int = PERIOD, packed: bool = False) -> list[list[Action]]:
+    """Per-rank orders: the block repeated every ``period`` units, sorted by time (then by
+    the clock's pass number). With ``packed``: as RankOrders, sorted by numpy (the same
+    actions)."""
     t_f, t_i, t_w = times
     S, m = 2 * p, microbatches
+    if packed:
+        return _repeat_packed(p, m, times, period)
     acts = _actions(S, m)
     timed: list[list[tuple[int, int]]] = [[] for _ in range(p)]  # (time, pass id)
     for s in range(S):
@@ -104,6 +108,29 @@ def repeat(p: int, microbatches: int, times: tuple[list[int], list[int], list[in
             lo = (k * S + s) * m
             row.extend(zip(range(t0, t0 + period * m, period), range(lo, lo + m), strict=True))
     return [[acts[x] for _, x in sorted(row)] for row in timed]
+
+
+def _repeat_packed(p: int, m: int, times: tuple[list[int], list[int], list[int]],
+                   period: int) -> list:
+    """:func:`repeat` as RankOrders: each rank's (time, pass number) pairs sorted by
+    ``np.lexsort``, the pass numbers ``(k S + s) m + j`` read back as stage, kind, j."""
+    import numpy as np
+
+    from ..ir.orders import RankOrder
+
+    S = 2 * p
+    j = np.arange(m, dtype=np.int64)
+    out = []
+    for r in range(p):
+        at, ids = [], []
+        for s in (r, S - 1 - r):
+            for k, t0 in enumerate((times[0][s], times[1][s], times[2][s])):
+                at.append(t0 + period * j)
+                ids.append((k * S + s) * m + j)
+        t, x = np.concatenate(at), np.concatenate(ids)
+        x = x[np.lexsort((x, t))]
+        out.append(RankOrder((x // m) % S, (x // (S * m)).astype(np.int8), x % m))
+    return out
 
 
 @lru_cache(maxsize=4)
@@ -476,7 +503,7 @@ def build_periodic(p: int, microbatches: int, candidates: list[tuple[int, ...]],
     if microbatches <= small_m:
         return [list(row) for row in _build_kept(p, microbatches, tuple(candidates), cap)]
     small = _build_kept(p, small_m, tuple(candidates), cap)
-    grown = extend(small, small_m, microbatches, [6] * p)
+    grown = extend(small, small_m, microbatches, [6] * p, packed=True)
     return grown if grown is not None else build(p, microbatches, candidates, cap)
 
 

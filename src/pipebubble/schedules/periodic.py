@@ -22,6 +22,7 @@ the order for ``m`` directly. Callers also validate: a cut is local to its rank.
 from __future__ import annotations
 
 from itertools import chain, repeat
+from operator import itemgetter
 
 from ..ir.schedule import Action
 
@@ -54,11 +55,12 @@ def find_cut(row: list[Action], length: int) -> int | None:
     return None
 
 
-def extend(orders: list[list[Action]], m0: int, m: int, per_rank: list[int]
-           ) -> list[list[Action]] | None:
+def extend(orders: list[list[Action]], m0: int, m: int, per_rank: list[int],
+           packed: bool = False) -> list[list[Action]] | None:
     """``orders`` (for ``m0`` microbatches) with ``m - m0`` periods inserted on every
     rank; ``per_rank[r]`` is rank r's actions per microbatch (3 x its stages). None if a
-    rank has no cut."""
+    rank has no cut. With ``packed``, a grown row of lone Actions comes as a
+    :class:`~pipebubble.ir.orders.RankOrder` (the same actions, laid out by numpy)."""
     extra = m - m0
     if extra <= 0:
         return orders if extra == 0 else None
@@ -70,6 +72,9 @@ def extend(orders: list[list[Action]], m0: int, m: int, per_rank: list[int]
         c = find_cut(row, length)
         if c is None:
             return None
+        if packed and set(map(type, row)) == {Action}:
+            out.append(_packed(row, c, length, extra))
+            continue
         seg = row[c - length:c]
         grown = list(row[:c])
         # period d holds seg shifted by d: one column per action of seg (built in C by
@@ -81,3 +86,23 @@ def extend(orders: list[list[Action]], m0: int, m: int, per_rank: list[int]
         grown.extend([_new(Action, (s, k, j + extra)) for s, k, j in row[c:]])
         out.append(grown)
     return out
+
+
+def _packed(row, c: int, length: int, extra: int):
+    """:func:`extend`'s grown row as a RankOrder: ``row[:c]``, then ``extra`` copies of
+    the period ``row[c - length:c]`` (copy d with every microbatch d higher), then
+    ``row[c:]`` shifted by ``extra``."""
+    import numpy as np
+
+    from ..ir.orders import CODE, RankOrder
+
+    stage = np.fromiter(map(itemgetter(0), row), dtype=np.int64, count=len(row))
+    kind = np.fromiter(map(CODE.__getitem__, map(itemgetter(1), row)), dtype=np.int8,
+                       count=len(row))
+    mb = np.fromiter(map(itemgetter(2), row), dtype=np.int64, count=len(row))
+    lo = c - length
+    shifts = np.arange(1, extra + 1, dtype=np.int64)[:, None]
+    return RankOrder(
+        np.concatenate([stage[:c], np.tile(stage[lo:c], extra), stage[c:]]),
+        np.concatenate([kind[:c], np.tile(kind[lo:c], extra), kind[c:]]),
+        np.concatenate([mb[:c], (mb[lo:c][None, :] + shifts).ravel(), mb[c:] + extra]))

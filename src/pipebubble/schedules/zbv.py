@@ -38,40 +38,48 @@ def zbv(ranks: int, microbatches: int, chunks: int = 2) -> Schedule:
 
 
 def _rank_order(p: int, n: int, r: int):
-    """Rank r's steps 1-5 above for n microbatches, as (stages, kind codes, microbatches)."""
+    """Rank r's steps 1-5 above for n microbatches, as (stages, kind codes, microbatches);
+    each step is a pattern of (stage, kind) repeated, laid out by numpy."""
     import numpy as np
 
     c0, c1 = r, 2 * p - 1 - r
     nxt = {(c, k): 0 for c in (c0, c1) for k in "FIW"}
-    stage: list[int] = []
-    kinds: list[str] = []
-    mbs: list[int] = []
+    stages: list = []
+    letters: list[str] = []
+    mbs: list = []
 
-    def run(s: int, letters: str) -> None:
-        for k in letters:
-            stage.append(s)
-            kinds.append(k)
-            mbs.append(nxt[s, k])
-            nxt[s, k] += 1
+    def rep(pattern: tuple[tuple[int, str], ...], times: int) -> None:
+        if times <= 0:
+            return
+        seen: dict[tuple[int, str], int] = {}
+        first = []  # each slot's microbatch in the first repeat
+        for sk in pattern:
+            first.append(nxt[sk] + seen.get(sk, 0))
+            seen[sk] = seen.get(sk, 0) + 1
+        step = np.array([seen[sk] for sk in pattern], dtype=np.int64)
+        rows = np.arange(times, dtype=np.int64)[:, None]
+        mbs.append((np.array(first, dtype=np.int64) + rows * step).ravel())
+        stages.append(np.tile(np.array([s for s, _ in pattern], dtype=np.int64), times))
+        letters.append("".join(k for _, k in pattern) * times)
+        for sk, count in seen.items():
+            nxt[sk] += count * times
 
-    run(c0, "F" * (2 * (p - r) - 1))
-    for _ in range(r):
-        run(c1, "F")
-        run(c0, "F")
-    for _ in range(p - r):
-        run(c1, "FIW")
-    while nxt[c1, "F"] < nxt[c0, "F"] or nxt[c0, "F"] < n:
-        run(c0, "FIW" if nxt[c0, "F"] < n else "IW")
-        run(c1, "FIW")
-    for _ in range(r):
-        run(c0, "I")
-        run(c1, "I")
-    for _ in range(p - r):
-        run(c0, "IW")
-    run(c1, "W" * (nxt[c1, "I"] - nxt[c1, "W"]))
-    run(c0, "W" * (nxt[c0, "I"] - nxt[c0, "W"]))
-    codes = RankOrder.build(0, "".join(kinds), mbs).kind
-    return np.array(stage, dtype=np.int64), codes, np.array(mbs, dtype=np.int64)
+    fiw0 = ((c0, "F"), (c0, "I"), (c0, "W"))
+    fiw1 = ((c1, "F"), (c1, "I"), (c1, "W"))
+    rep(((c0, "F"),), 2 * (p - r) - 1)
+    rep(((c1, "F"), (c0, "F")), r)
+    rep(fiw1, p - r)
+    # step 4 while c0 has forwards left, then c0's I and W beside c1's FIW until c1's
+    # forwards catch up with c0's
+    rep(fiw0 + fiw1, n - nxt[c0, "F"])
+    rep(fiw0[1:] + fiw1, nxt[c0, "F"] - nxt[c1, "F"])
+    rep(((c0, "I"), (c1, "I")), r)
+    rep(((c0, "I"), (c0, "W")), p - r)
+    rep(((c1, "W"),), nxt[c1, "I"] - nxt[c1, "W"])
+    rep(((c0, "W"),), nxt[c0, "I"] - nxt[c0, "W"])
+    mb = np.concatenate(mbs)
+    codes = RankOrder.build(0, "".join(letters), mb).kind
+    return np.concatenate(stages), codes, mb
 
 
 register(

@@ -39,26 +39,25 @@ def split_backward_orders(
     ranks: int, microbatches: int, warmup: list[int], delay: list[int]
 ) -> list[RankOrder]:
     """The ZB-H family: per rank ``warmup[r]`` forwards, then F/I pairs with each W held back
-    ``delay[r]`` microbatches, then the held-back Ws."""
+    ``delay[r]`` microbatches, then the held-back Ws. (Laid out by numpy: step j of the
+    middle is F of microbatch w + j while forwards remain, I of j, W of j - delay once
+    j >= delay.)"""
+    import numpy as np
+
     m = microbatches
+    j = np.arange(m, dtype=np.int64)
+    kinds3 = np.array(["F", "I", "W"])
     orders = []
     for r in range(ranks):
-        kinds, mbs = ["F"] * min(warmup[r], m), list(range(min(warmup[r], m)))
-        next_f, next_w = len(mbs), 0
-        for j in range(m):
-            if next_f < m:
-                kinds.append("F")
-                mbs.append(next_f)
-                next_f += 1
-            kinds.append("I")
-            mbs.append(j)
-            if j >= delay[r]:
-                kinds.append("W")
-                mbs.append(next_w)
-                next_w += 1
-        kinds += ["W"] * (m - next_w)
-        mbs += range(next_w, m)
-        orders.append(RankOrder.build(r, "".join(kinds), mbs))
+        w0, d = min(warmup[r], m), delay[r]
+        mbs = np.stack([w0 + j, j, j - d], axis=1)
+        keep = np.stack([j < m - w0, np.ones(m, dtype=bool), j >= d], axis=1)
+        next_w = int(keep[:, 2].sum())
+        letters = ("F" * w0 + "".join(np.broadcast_to(kinds3, (m, 3))[keep].tolist())
+                   + "W" * (m - next_w))
+        mb = np.concatenate([np.arange(w0, dtype=np.int64), mbs[keep],
+                             np.arange(next_w, m, dtype=np.int64)])
+        orders.append(RankOrder.build(r, letters, mb))
     return orders
 
 

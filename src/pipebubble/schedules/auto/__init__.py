@@ -61,6 +61,7 @@ from ...costs import CostModel, StageCosts, fits_limit
 from ...ir.schedule import (
     Action,
     Overlap,
+    PackedOrder,
     Schedule,
     ScheduleError,
     loop_placement,
@@ -370,7 +371,9 @@ def _search(ranks: int, microbatches: int, costs: CostModel | None,
     key, orders, source, kind = best
     sc, where = resolved[kind]
     steps = (Action, Overlap)  # a greedy tuple becomes an Action; a DualPipeV Overlap stays
-    cand = make_schedule("auto", [[a if isinstance(a, steps) else Action(*a) for a in o]
+    # (a packed order reads as its Actions and Overlaps already: kept as it is)
+    cand = make_schedule("auto", [o if isinstance(o, PackedOrder) else
+                                  [a if isinstance(a, steps) else Action(*a) for a in o]
                                   for o in orders], len(where), m, placement=list(where))
     timeline = _score(cand, sc, limits)[1]  # the one simulator re-scores the winner
     lb = named[kind] if placement != "any" else min(named.values(), key=lambda b: b.value)
@@ -474,8 +477,8 @@ def _stretched(p: int, m: int, sc: StageCosts, where: tuple[int, ...], limits: l
                         zip(_repeat_peaks(p, m, times, period, sc), limits, strict=True)):
                     continue
                 found = period if found is None else found
-                sched = make_schedule("auto", repeat(p, m, times, period), 2 * p, m,
-                                      placement="v")
+                sched = make_schedule("auto", repeat(p, m, times, period, packed=True),
+                                      2 * p, m, placement="v")
                 scored = _score(sched, sc, limits)
                 if scored is not None:
                     yield scored[0], sched.orders, f"{name} block every {period} units"

@@ -92,6 +92,34 @@ def switched_block(p: int, near: int, far: int, switch: int, turn_f: int, turn_i
     return t_f, t_i, place_w(t_i, taken, rank)
 
 
+def _switched_free(p: int, near: int, far: int, switch: int) -> list[bool]:
+    """Per turn of :data:`_TURNS`, whether :func:`switched_block` finds no collision (its
+    forward and input-gradient times in closed form, every turn at once by numpy): tF of
+    stage s is its hops' sum, plus ``turn_f`` from stage p on; tI is tF of the last stage
+    plus ``top`` plus the hops back, plus ``turn_i`` from stage p - 1 down. A rank's two
+    stages' four times must differ modulo 6."""
+    import numpy as np
+
+    S = 2 * p
+    step = [near if r < switch else far for r in range(p - 1)]
+    base_f = [0] * S  # tF without turn_f
+    for s in range(1, S):
+        base_f[s] = base_f[s - 1] + (0 if s == p else step[s - 1] if s < p else 1)
+    base_i = [0] * S  # tI - (tF[S-1] + top) without turn_i
+    for s in range(S - 2, -1, -1):
+        gap = 0 if s == p - 1 else 1 if s < p - 1 else step[S - 2 - s]
+        base_i[s] = base_i[s + 1] + gap
+    turns = np.array(_TURNS, dtype=np.int64)  # (turn_f, turn_i, top)
+    tf, ti, top = turns[:, 0:1], turns[:, 1:2], turns[:, 2:3]
+    up = np.arange(S) >= p  # stages past the turn of the forwards
+    t_f = np.array(base_f)[None, :] + tf * up
+    t_i = t_f[:, S - 1:S] + top + np.array(base_i)[None, :] + ti * ~up
+    r = np.arange(p)
+    four = np.stack([t_f[:, r], t_i[:, r], t_f[:, S - 1 - r], t_i[:, S - 1 - r]], axis=2)
+    four = np.sort(four % PERIOD, axis=2)
+    return (np.diff(four, axis=2) != 0).all(axis=(1, 2)).tolist()
+
+
 def _collides(p: int, a: int, b: int, turn_f: int, turn_i: int, top: int) -> bool:
     """Whether the uniform block (a, b, b, a, turns) puts two F or I of a rank in one slot
     modulo 6 (``building_block.block``'s test, on the closed-form times of rank r's two
@@ -162,7 +190,10 @@ def _group(p: int, family: str, n: int) -> tuple:
             group.append((offsets, times, tuple(steady_peaks(p, times))))
     else:
         (near, far), switch = _SWITCHED[n // (p - 2)], n % (p - 2) + 1
-        for turn in _TURNS:
+        free = _switched_free(p, near, far, switch)
+        for turn, ok in zip(_TURNS, free, strict=True):
+            if not ok:
+                continue  # switched_block would return None
             times = switched_block(p, near, far, switch, *turn)
             if times is not None:
                 group.append(((near, far, switch, *turn), times,
@@ -180,15 +211,16 @@ def steady_peaks(p: int, times: tuple[list[int], ...]) -> list[int]:
     >>> steady_peaks(1, ([0, 1], [3, 2], [9, 4]))  # [0, 9) and [1, 4): phases 1-2 hold 3
     [3]
     """
+    import numpy as np
+
     t_f, _, t_w = times
     S = 2 * p
-    per_phase = [[0] * PERIOD for _ in range(p)]
-    for s in range(S):
-        row = per_phase[s if s < p else S - 1 - s]
-        a, b = t_f[s], t_w[s]
-        for ph in range(PERIOD):
-            row[ph] += max(0, (b - ph + PERIOD - 1) // PERIOD - (a - ph + PERIOD - 1) // PERIOD)
-    return [max(row) for row in per_phase]
+    ph = np.arange(PERIOD, dtype=np.int64)[None, :]  # (integer floor division, as Python's)
+    a = np.asarray(t_f, dtype=np.int64)[:, None]
+    b = np.asarray(t_w, dtype=np.int64)[:, None]
+    held = np.maximum(0, (b - ph + PERIOD - 1) // PERIOD - (a - ph + PERIOD - 1) // PERIOD)
+    per_phase = held[:p] + held[S - 1:p - 1:-1]  # rank r: stages r and S - 1 - r
+    return per_phase.max(axis=1).tolist()
 
 
 def adaptive_orders(p: int, m: int, sc: StageCosts, limits: list[float] | None,
@@ -310,10 +342,10 @@ def _build(p: int, m: int, small: int, offsets: tuple[int, ...],
         got = reorder(p, small, base, c, c_i, fill=fill, warmup=targets, deep=deep)
         if got is None:
             continue
-        if (grown := extend(got[1], small, m, [6] * p)) is not None:
+        if (grown := extend(got[1], small, m, [6] * p, packed=True)) is not None:
             yield name + label, grown
         if targets is not None and (waved := wave_cooldown(p, small, got[1], k)) is not None:
-            if (grown := extend(waved, small, m, [6] * p)) is not None:
+            if (grown := extend(waved, small, m, [6] * p, packed=True)) is not None:
                 yield name + label + " (cool-down wave)", grown
 
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 
 from ...costs import StageCosts, fits_limit
 from ...ir.deps import Layout, precedences
@@ -113,7 +114,7 @@ def bound(sc: StageCosts, stage_to_rank: tuple[int, ...], microbatches: int,
         fill = max(fill, head + m * sum(f[s] + i[s] for s in mine) + after)
     by_kind = {"busiest rank": busiest, "fill and drain": fill}
     if limits is not None:
-        memory = 0.0
+        memory, pos = 0.0, None
         for s in range(S):
             held = sum(sc.memory_deltas(s, "F"))
             limit = limits[stage_to_rank[s]]
@@ -125,7 +126,9 @@ def bound(sc: StageCosts, stage_to_rank: tuple[int, ...], microbatches: int,
             if k >= m or k == 0:
                 continue  # no constraint (k = 0: below the smallest limit, refused elsewhere)
             fa, ia = Action(s, "F", 0), Action(s, "I", 0)
-            trip = _longest(fa, ia, dur, succ, order)
+            if pos is None:
+                pos = {a: n for n, a in enumerate(order)}
+            trip = _longest(fa, ia, dur, succ, order, pos)
             memory = max(memory, release[fa] + (m - 1) // k * trip + tail[fa])
         if memory > 0:  # some stage's limit binds
             by_kind["memory"] = memory
@@ -133,15 +136,23 @@ def bound(sc: StageCosts, stage_to_rank: tuple[int, ...], microbatches: int,
     return LowerBound(by_kind[kind], kind, by_kind)
 
 
-def _longest(src: Action, dst: Action, dur, succ, order) -> float:
-    """The longest path from ``src``'s start to ``dst``'s end (both of one microbatch)."""
+def _longest(src: Action, dst: Action, dur, succ, order, pos=None) -> float:
+    """The longest path from ``src``'s start to ``dst``'s end (both of one microbatch);
+    ``pos``: each action's place in ``order`` (a topological order: every path into
+    ``dst`` is final once the scan reaches it)."""
     at = {src: 0.0}
-    for a in order[order.index(src):]:
-        if a not in at:
+    get = at.get
+    start = order.index(src) if pos is None else pos[src]
+    for a in islice(order, start, None):
+        if a == dst:
+            break
+        t0 = get(a)
+        if t0 is None:
             continue
+        t0 += dur[a]
         for b, lag in succ[a]:
-            t = at[a] + dur[a] + lag
-            if t > at.get(b, -1.0):
+            t = t0 + lag
+            if t > get(b, -1.0):
                 at[b] = t
     return at[dst] + dur[dst]
 
