@@ -1,4 +1,4 @@
-"""The planner's rule for skipping ``auto`` (plan/auto_plans.py, ``auto_ruled_out``) and the
+"""The planner's rule for skipping ``auto`` (plan/auto_plans.py, ``AutoPlans.ruled_out``) and the
 facts it rests on: the families it takes as split-only have no fused backward at any size
 tried; an order auto returns with a fused backward (B) is a registered schedule's, unchanged;
 and on small instances the rule never rules out a plan auto does give."""

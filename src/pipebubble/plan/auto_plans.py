@@ -48,7 +48,7 @@ from .schedule_facts import ScheduleFacts
 from .search_cache import PointCache
 
 # A family whose every backward is split (an I and a W: no B) at every size (its spec's
-# ``split_only``) meets the split-only bound, so auto_ruled_out need not generate it (V-Half
+# ``split_only``) meets the split-only bound, so AutoPlans.ruled_out need not generate it (V-Half
 # and V-Min take seconds at p = 64); tests/test_plan_scale_auto.py checks the specs against
 # every registered family's schedules. Any other family is generated and looked at.
 

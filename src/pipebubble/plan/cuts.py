@@ -118,7 +118,7 @@ class Cuts:
 
     def memory_rows(self, lc: LayerCosts, c: Config, sched: Schedule, held: list[int]
                      ) -> list[list]:
-        """:meth:`_memory_matrix` as lists (what the partitioner takes)."""
+        """:meth:`memory_matrix` as lists (what the partitioner takes)."""
         return self.memory_matrix(lc, c, sched, held).tolist()
 
     def capped_possible(self, lc: LayerCosts, c: Config, sched: Schedule, held: list[int],
