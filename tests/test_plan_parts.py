@@ -4,7 +4,11 @@ layers whose numbers can be checked by hand (plan/scoring.py's module doc lists 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
+import pytest
+
+from pipebubble.errors import UserError
 from pipebubble.plan.axes import Point
 from pipebubble.plan.configs import Configs
 from pipebubble.plan.cut_price import Pricing
@@ -174,3 +178,12 @@ def test_the_searcher_composes_its_parts_over_one_cache():
     c = next(c for c in s.configs() if c.pp == 2)
     assert other.schedule(c) is s.schedule(c)
     assert other.point_cache is not s.point_cache
+
+
+def test_configs_settle_the_recomputation_modes_of_the_profile():
+    prof = toy([(1, 2, 0, 0)] * 2)  # measured without recomputation fields: none only
+    req = replace(request(2, 4), recompute=None)
+    assert Configs(prof, req, legacy_axes(req, Point())).req.recompute == ("none",)
+    bad = replace(req, recompute=("sometimes",))
+    with pytest.raises(UserError, match="unknown recompute 'sometimes'; valid are none"):
+        Configs(prof, bad, legacy_axes(bad, Point()))

@@ -24,11 +24,12 @@ them.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 import numpy as np
 
 from .. import limits
-from ..errors import param
+from ..errors import UserError, param
 from .axes import Axes, axis_flag
 from .cut_price import OPT_MARGIN
 from .families import chunk_options, schedule_list
@@ -47,16 +48,33 @@ def chains_of(name: str) -> int:
     return lookup(name).chains
 
 
+def settle_recompute(profiles: ProfileSet, req: Request) -> Request:
+    """``req`` with its recomputation modes checked against ``profiles``, and set where the
+    request leaves them open (None: none, and full where the profile has it)."""
+    modes = profiles.recompute_modes()
+    if req.recompute is None:
+        req = replace(req, recompute=("none", "full") if "full" in modes else ("none",))
+    for r in req.recompute:
+        if r not in ("none", "selective", "full"):
+            raise UserError(f"unknown {param('recompute')} {r!r}; valid are none, selective, "
+                            "full")
+        if r not in modes:
+            profiles.at(1, r)  # raises the profile's message
+    return req
+
+
 class Configs:
     """Enumeration (module doc): a part of :class:`~pipebubble.plan.scoring.Searcher`.
 
     Inputs: the ``profiles`` (the layers' sums each bound needs), the ``req`` (the axes'
-    allowed values, with its recomputation modes set), the point's ``axes`` (its degrees,
-    hop and optimizer) and its ``point`` cache (the bounds, once per what they depend on).
-    Of the request's GPUs, :attr:`gpus` are left to the pipeline and data parallelism."""
+    allowed values; :attr:`req` is it with its recomputation modes settled,
+    :func:`settle_recompute`), the point's ``axes`` (its degrees, hop and optimizer) and
+    its ``point`` cache (the bounds, once per what they depend on). Of the request's GPUs,
+    :attr:`gpus` are left to the pipeline and data parallelism."""
 
     def __init__(self, profiles: ProfileSet, req: Request, axes: Axes,
                  point: PointCache | None = None):
+        req = settle_recompute(profiles, req)
         self.p, self.req, self.axes, self.L = profiles, req, axes, len(profiles)
         self.point = axes.point
         self.gpus = req.gpus // self.point.dims.model_parallel  # pipeline x data parallel

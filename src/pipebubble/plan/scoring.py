@@ -51,11 +51,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import replace
 from itertools import combinations
 
 from ..costs import fits_limit
-from ..errors import UserError, param
 from ..ir.schedule import Schedule
 from ..schedules import lookup
 from .auto_plans import AutoPlans
@@ -109,20 +107,11 @@ class Searcher:
         self.axes = axes or legacy_axes(req, Point())
         self.point = self.axes.point
         self.L = len(profiles)
-        modes = profiles.recompute_modes()
-        if req.recompute is None:
-            req = replace(req, recompute=("none", "full") if "full" in modes else ("none",))
-        for r in req.recompute:
-            if r not in ("none", "selective", "full"):
-                raise UserError(f"unknown {param('recompute')} {r!r}; valid are none, selective, "
-                                "full")
-            if r not in modes:
-                profiles.at(1, r)  # raises the profile's message
-        self.req = req
         cache = self.cache = SearchCache() if shared is None else shared
         here = self.point_cache = PointCache()
         self.facts = ScheduleFacts(cache)
         self.listing = Configs(profiles, req, self.axes, here)
+        req = self.req = self.listing.req  # its recomputation modes settled
         self.gpus, self.names = self.listing.gpus, self.listing.names
         self.cuts = Cuts(profiles, self.axes, cache)
         self.pricing = Pricing(self.axes, cache, here, self.facts)
