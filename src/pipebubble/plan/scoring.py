@@ -85,6 +85,7 @@ def schedule_actions(c: Config) -> int:
     an F, an I and a W where the family splits the backward) per microbatch and stage (at
     most, for DualPipe's families: an overlapped F&B pair is one action).
 
+    >>> from dataclasses import replace
     >>> from pipebubble.plan.dims import ParallelDims
     >>> c = Config(ParallelDims(pp=4), 1, 8, "1f1b", 1, "none", 0.0)
     >>> schedule_actions(c), schedule_actions(replace(c, schedule="zb-h1"))
