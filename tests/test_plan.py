@@ -96,8 +96,23 @@ def rank_steps(tl, costs, params, sched, c: Config, req: Request) -> list[float]
         hidden = max(after * share, after - sum(costs.b[s] for s in mine)) + max(
             before * share, before - sum(costs.f[s] for s in mine))
         end = max(tl.end[tl.offsets[r]:tl.offsets[r + 1]]) - min(tl.start)
-        out.append(end + (hidden if c.dp > 1 else 0.0))
+        out.append(end + (hidden if c.dp > 1 else 0.0) + copy_sum(sched, params, r, c, req))
     return out
+
+
+def copy_sum(sched, params, r: int, c: Config, req: Request) -> float:
+    """DualPipe's two copies: rank ``r`` holds stage j of one chain and its partner the
+    same stage of the other; after the data-parallel reduction the two all-reduce their
+    1/dp shard of the gradient (2 ranks: the bytes once over the link, 2 latencies)."""
+    if sched.chains < 2:
+        return 0.0
+    half = sched.num_stages // 2
+    mine = [s for s in range(sched.num_stages) if sched.stage_to_rank[s] == r]
+    partner = {sched.stage_to_rank[(s + half) % sched.num_stages] for s in mine} - {r}
+    if not partner:
+        return 0.0
+    grad = req.grad_bytes * sum(params[s] for s in mine) / c.dp
+    return grad / req.p2p_bandwidth + 2 * req.latency
 
 
 def plan_step(p, profiles: ProfileSet, req: Request) -> float:

@@ -203,7 +203,7 @@ def test_profiles_at_two_batch_sizes_are_interpolated(tmp_path, capsys):
 def test_dualpipe_has_no_torch_csv(small_profile, tmp_path, capsys):
     out = plan_json(capsys, "--profile", small_profile, "--gpus", "4", "--global-batch", "16",
                     "--schedules", "dualpipe", "--recompute", "none", "--top", "1",
-                    "--out", str(tmp_path / "p.json"))
+                    "--sharding", "fsdp", "--out", str(tmp_path / "p.json"))
     tt = out["plans"][0]["torchtitan"]
     assert tt["runnable"] is False and "two copies" in tt["reason"]
     assert out["pastes"]["torchtitan"]["instead"] is None  # --schedules dualpipe: no other

@@ -135,7 +135,7 @@ def test_tp_overlap_on_pipelines_the_forward_collectives():
 
 # ---- what each framework runs, and the ranking ------------------------------------------------
 
-SMALL = ["--gpus", "16", "--gpu", "h100-sxm", "--global-batch", "64", "--pp", "2",
+SMALL = ["--gpus", "16", "--gpu", "h100-sxm", "--global-batch", "256", "--pp", "2",
          "--top", "3"]
 
 

@@ -6,6 +6,8 @@ and 8 x 25 GB/s HDR NICs a node, H100 NVLink 450 GB/s and 8 x 50 GB/s NDR, laten
 a node and 5 us across.
 """
 
+import json
+
 import pytest
 
 from pipebubble.cli import main
@@ -96,3 +98,40 @@ def test_bad_nics_per_node_is_one_line(tmp_path, capsys, value):
                "--gpu", "a100-80gb", "--nics-per-node", value])
     err = capsys.readouterr().err
     assert rc == 2 and "--nics-per-node" in err and err.count("\n") == 1
+
+
+def test_bus_fraction_scales_every_link():
+    """--bus-fraction X: a ring reaches X of each link's rate (nccl-tests' bus bandwidth over
+    the link rate). At 0.4 instead of 0.8 every link runs at half its preset rate."""
+    half = Network.of(get_hardware("a100-80gb", bus_fraction=0.4))
+    assert half.link(stride=8, size=16) == (10e9, 5e-6)  # one 25 GB/s NIC x 0.4
+    assert half.link(stride=1, size=128) == (80e9, 5e-6)  # 8 NICs x 25 x 0.4
+
+
+def test_bus_fraction_flag_slows_the_data_parallel_sync(tmp_path, capsys):
+    path = tmp_path / "p.json"
+    analytic_profile(layers=4, hidden=1024, ffn=4096, heads=8, vocab=1000, seq=512, batch=1,
+                     tflops=100, mfu=0.5).save(path)
+    """The same plan (zero2 over 16 A100s, two nodes) at a bus fraction 8x lower: its
+    data-parallel traffic takes up to 8x longer (the latency part does not scale)."""
+    sync = {}
+    for x in ("0.8", "0.1"):
+        out = tmp_path / f"plan{x}.json"
+        rc = main(["plan", "--profile", str(path), "--gpus", "16", "--global-batch", "16",
+                   "--gpu", "a100-80gb", "--pp", "1", "--dp", "16", "--sharding", "zero2",
+                   "--microbatch-size", "1", "--bus-fraction", x,
+                   "--out", str(out)])
+        assert rc == 0, capsys.readouterr().err
+        sync[x] = json.loads(out.read_text())["plans"][0]["allreduce_time"]
+    assert 7 < sync["0.1"] / sync["0.8"] <= 8
+
+
+@pytest.mark.parametrize("value", ["0", "1.5", "nan"])
+def test_bad_bus_fraction_is_one_line(tmp_path, capsys, value):
+    path = tmp_path / "p.json"
+    analytic_profile(layers=2, hidden=64, ffn=256, heads=4, vocab=100, seq=64, batch=1,
+                     tflops=100, mfu=0.5).save(path)
+    rc = main(["plan", "--profile", str(path), "--gpus", "8", "--global-batch", "8",
+               "--gpu", "a100-80gb", "--bus-fraction", value])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--bus-fraction" in err and err.count("\n") == 1

@@ -8,9 +8,10 @@ first stage (the same weights), rank 0 chain 1's head and chain 0's first stage:
 import pytest
 
 from pipebubble.plan.analytic import TransformerShape, shape_profile
-from pipebubble.plan.cut_price import embedding_copies
+from pipebubble.plan.cut_price import copy_partners, embedding_copies
 from pipebubble.plan.hardware import get_hardware
 from pipebubble.plan.layercosts import ProfileSet
+from pipebubble.plan.network import allreduce
 from pipebubble.plan.planner import Request, build_points
 from pipebubble.plan.scoring import SearchCache, Searcher
 
@@ -66,7 +67,12 @@ def test_tied_memory_and_allreduce_by_hand(name):
     t = s.axes.tied_allreduce(c.dp, c.pp, lc.tied)
     assert t > 0
     want = [t * (r in copies or (bool(copies) and r == 0)) for r in range(PP)]
-    assert pr.exposed == pytest.approx(want, abs=1e-15)
+    if sched.chains == 2:  # DualPipe: rank r and rank PP-1-r hold the same two stages, and
+        # all-reduce their gradients (dp = 1: all of them), PP-1-2r stages apart
+        for r in range(PP):
+            link = s.axes.net.hop(abs(PP - 1 - 2 * r))  # tp = cp = dp = 1: ranks apart
+            want[r] += allreduce(s.axes.grad_bytes * pr.rank_params[r], 2, link)
+    assert pr.exposed == pytest.approx(want, rel=1e-12, abs=1e-15)
     # cut (b)'s memory rows: the copy on the head's layer where (and only where) it is kept
     held = s.held(sched)
     rows = s.cuts.memory_matrix(lc, c, sched, held)
@@ -75,3 +81,11 @@ def test_tied_memory_and_allreduce_by_hand(name):
     assert extra[-1, -1] == pytest.approx(bpp * lc.tied if copies else 0.0)
     extra[-1, -1] = 0.0
     assert not extra.any()
+
+
+def test_the_copy_partners_follow_the_chains():
+    """Ranks that hold the same stage of DualPipe's two chains sum their gradients."""
+    assert copy_partners((0, 1, 2, 3, 3, 2, 1, 0), (0, 4)) == ((0, 3), (1, 2))
+    assert copy_partners((0, 1, 1, 0), (0, 2)) == ((0, 1),)
+    for one_chain in ((0, 1, 2, 3), (0, 1, 2, 3, 3, 2, 1, 0)):
+        assert copy_partners(one_chain, (0,)) == ()

@@ -156,6 +156,9 @@ def add_axes_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--inter-node-latency", type=real_flag("--inter-node-latency"), default=None,
                    metavar="S",
                    help="override the preset's scale-out latency per message")
+    g.add_argument("--bus-fraction", type=real_flag("--bus-fraction"), default=None,
+                   metavar="X", help="override the share of a link's rate ring collectives "
+                   "reach (nccl-tests' bus bandwidth over the link rate; preset 0.8)")
     g.add_argument("--gpus-per-node", type=positive_int("--gpus-per-node"), default=None,
                    metavar="N", help="override the preset's GPUs per node (8)")
     g.add_argument("--nics-per-node", type=positive_int("--nics-per-node"), default=None,
@@ -361,7 +364,8 @@ def hardware_of(args: argparse.Namespace):
             "nvlink_latency": args.nvlink_latency,
             "inter_node_bandwidth": args.inter_node_bandwidth,
             "inter_node_latency": args.inter_node_latency, "gpus_per_node": args.gpus_per_node,
-            "nics_per_node": args.nics_per_node, "efficiency": args.efficiency}
+            "nics_per_node": args.nics_per_node, "efficiency": args.efficiency,
+            "bus_fraction": args.bus_fraction}
     if args.gpu is None:
         given = [f"--{k.replace('_', '-')}" for k, v in over.items() if v is not None]
         if given:

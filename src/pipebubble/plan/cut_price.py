@@ -120,6 +120,34 @@ def embedding_copies(stage_to_rank: tuple[int, ...], chain_starts: tuple[int, ..
     return tuple(out)
 
 
+@lru_cache(maxsize=256)
+def copy_partners(stage_to_rank: tuple[int, ...], chain_starts: tuple[int, ...]
+                  ) -> tuple[tuple[int, int], ...]:
+    """The rank pairs holding the same stage of different chains: per pair ``(r, q)``,
+    ``r < q``, once. Every chain is a whole copy of the model cut the same way (DualPipe:
+    stage ``j`` of the first chain on rank ``j``, of the second on rank ``p - 1 - j``), so
+    the two copies' gradients of a stage are summed before the optimizer steps
+    (:meth:`~pipebubble.plan.axes.Axes.copy_allreduce`; DualPipe's example sums each rank's
+    two stages with rank ``p - 1 - r``'s).
+
+    >>> copy_partners((0, 1, 2, 3, 3, 2, 1, 0), (0, 4))  # DualPipe, 4 ranks
+    ((0, 3), (1, 2))
+    >>> copy_partners((0, 1, 2, 3, 0, 1, 2, 3), (0,)), copy_partners((0, 1, 1, 0), (0,))
+    ((), ())
+    """
+    if len(chain_starts) < 2:
+        return ()
+    first = chain_starts[0]
+    size = chain_starts[1] - first
+    pairs: set[tuple[int, int]] = set()
+    for start in chain_starts[1:]:
+        for j in range(size):
+            r, q = stage_to_rank[first + j], stage_to_rank[start + j]
+            if r != q:
+                pairs.add((min(r, q), max(r, q)))
+    return tuple(sorted(pairs))
+
+
 class Pricing:
     """Pricing cuts (module doc): a part of :class:`~pipebubble.plan.scoring.Searcher`.
 
@@ -354,6 +382,13 @@ class Pricing:
         for a, b in ends:
             t = self.axes.tied_allreduce(c.dp, c.pp, lc.tied)
             ar = [x + t * ((r == a) + (r == b)) for r, x in enumerate(ar)]
+        for a, b in copy_partners(sched.stage_to_rank, sched.chain_starts):
+            # two copies of the same stages: their gradients summed (each rank holds the
+            # same parameters as its partner, so either one's counts serve)
+            t = self.axes.copy_allreduce(c.dp, c.pp, b - a, rank_params[a],
+                                         rank_expert[a] if rank_expert is not None else 0.0)
+            ar[a] += t
+            ar[b] += t
         k = self._optimizer_rate(c)
         done = [a + k * P for a, P in zip(ar, rank_params, strict=True)]
         if rank_expert is not None:  # experts: their shard of the expert-data-parallel group
