@@ -187,3 +187,14 @@ def test_configs_settle_the_recomputation_modes_of_the_profile():
     bad = replace(req, recompute=("sometimes",))
     with pytest.raises(UserError, match="unknown recompute 'sometimes'; valid are none"):
         Configs(prof, bad, legacy_axes(bad, Point()))
+
+
+def test_least_memory_names_the_orders_peak_when_nothing_fits():
+    # pp = 2 only (batch 3 does not split over dp = 2), 1F1B, m = 3, one layer of 10
+    # activation bytes per stage: rank 0 holds 2 microbatches at its peak, so 20 bytes
+    prof = toy([(1, 2, 0, 10), (1, 2, 0, 10)])
+    s = Searcher(prof, replace(request(2, 3), gpu_memory=5))
+    c = next(iter(s.configs()))
+    assert (c.pp, c.microbatches) == (2, 3)
+    assert s.evaluate(c, math.inf, 5) is None
+    assert s.least.least_plan(c).needs == 20 == s.no_fit([c]).smallest
