@@ -124,12 +124,12 @@ def plan_step(p, profiles: ProfileSet, req: Request) -> float:
     return max(rank_steps(tl, p.costs, params, p.schedule_obj, p.config, req))
 
 
-def _cut_step(pricing: Searcher, req: Request, c: Config, sched, lc, ranges):
+def _cut_step(searcher: Searcher, req: Request, c: Config, sched, lc, ranges):
     """(step, fits) of one cut, priced by the planner's cost model, timed by simulate."""
-    costs, params, transient = pricing.stage_costs(c, sched, lc, ranges)
+    costs, params, transient = searcher.pricing.stage_costs(c, sched, lc, ranges)
     tl = simulate(sched, costs)
-    bpp = pricing.axes.bytes_per_param(c.dp, c.pp)
-    gathered = pricing._gathered(c, lc, sched, ranges) or [0.0] * c.pp  # fsdp resharding
+    bpp = searcher.axes.bytes_per_param(c.dp, c.pp)
+    gathered = searcher.pricing.gathered(c, lc, sched, ranges) or [0.0] * c.pp  # fsdp resharding
     peaks = []
     for r, stats in enumerate(tl.rank_stats()):
         mine = [s for s in range(sched.num_stages) if sched.stage_to_rank[s] == r]
@@ -147,9 +147,9 @@ def brute_force(profiles: ProfileSet, req: Request) -> float:
     (Prices each cut with the planner's cost model; times and memory come from simulate.)"""
     L, best = len(profiles), math.inf
     for c, sched, lc in every_configuration(profiles, req):
-        pricing = pricer(profiles, req, c)
+        searcher = pricer(profiles, req, c)
         for ends in combinations(range(1, L), sched.num_stages // sched.chains - 1):
-            step, fits = _cut_step(pricing, req, c, sched, lc, ranges_from_ends([*ends, L]))
+            step, fits = _cut_step(searcher, req, c, sched, lc, ranges_from_ends([*ends, L]))
             if fits:
                 best = min(best, step)
     return best
@@ -222,28 +222,28 @@ def brute_force_candidates(profiles: ProfileSet, req: Request) -> list[float]:
 
     L, found = len(profiles), []
     for c, sched, lc in every_configuration(profiles, req):
-        pricing = pricer(profiles, req, c)
+        searcher = pricer(profiles, req, c)
         pp, S_c = c.pp, sched.num_stages // sched.chains
         if math.comb(L - 1, S_c - 1) <= req.exhaustive_cuts:
             cuts = [ranges_from_ends([*e, L])
                     for e in combinations(range(1, L), S_c - 1)]
         else:
-            work = pricing.cut_costs(lc, c, sched.num_microbatches)
+            work = searcher.cuts.cut_costs(lc, c, sched.num_microbatches)
             cuts = [min_max_partition(work, S_c)]
             where = sched.stage_to_rank
             if len(where) > len(set(where)):
                 cuts.append(balance_ranks(work, cuts[0], where))
-        fit = [t for t, ok in (_cut_step(pricing, req, c, sched, lc, r)
+        fit = [t for t, ok in (_cut_step(searcher, req, c, sched, lc, r)
                                for r in cuts) if ok]
         if not fit and math.comb(L - 1, S_c - 1) > req.exhaustive_cuts:
-            rows = pricing._memory_rows(lc, c, sched, pricing.held(sched))
+            rows = searcher.cuts.memory_rows(lc, c, sched, searcher.held(sched))
             try:
                 capped = min_max_partition(
                     work, S_c, memory=rows,
                     memory_cap=req.gpu_memory / (sched.num_stages // pp))
             except PartitionError:
                 continue
-            fit = [t for t, ok in [_cut_step(pricing, req, c, sched, lc,
+            fit = [t for t, ok in [_cut_step(searcher, req, c, sched, lc,
                                              capped)] if ok]
         if fit:
             found.append(min(fit))
@@ -373,7 +373,7 @@ def test_nothing_fits_names_the_true_least_memory_auto_included(recompute):
     # the rank's stages (bounds.min_limits), on the worst rank.
     s = Searcher(prof, req)
     c = named.config
-    pr = s._auto_cut(c, prof.at(c.microbatch_size, c.recompute))
+    pr = s.autos.cut(c, prof.at(c.microbatch_size, c.recompute))
     act = pr.costs.activation_memory
     per_rank = [pr.static[r] + sum(act[k] for k, q in enumerate(named.stage_to_rank) if q == r)
                 for r in range(c.pp)]
@@ -541,9 +541,9 @@ def test_the_pruning_bound_never_exceeds_the_simulated_step(layers, gpus, batch,
         best = math.inf
         for ends in combinations(range(1, L), sched.num_stages // sched.chains - 1):
             ranges = ranges_from_ends([*ends, L])
-            priced = s._price(c, sched, lc, ranges)
+            priced = s.pricing.price(c, sched, lc, ranges)
             tl = simulate(sched, priced.costs)
-            _, params, _ = s.stage_costs(c, sched, lc, ranges)
+            _, params, _ = s.pricing.stage_costs(c, sched, lc, ranges)
             step = max(rank_steps(tl, priced.costs, params, sched, c, req))
             assert priced.bound <= step * (1 + 1e-12), (c, ranges)
             best = min(best, step)
@@ -557,7 +557,8 @@ def test_the_bound_is_the_1f1b_step_for_equal_stages():
     s = Searcher(prof, Request(gpus=4, gpu_memory=1, global_batch=8, microbatch_sizes=(1,),
                                schedules=("1f1b",), recompute=("none",), latency=0))
     c = next(c for c in s.configs() if c.pp == 4)
-    priced = s._price(c, s.schedule(c), prof.at(1, "none"), [(0, 0), (1, 1), (2, 2), (3, 3)])
+    priced = s.pricing.price(c, s.schedule(c), prof.at(1, "none"),
+                             [(0, 0), (1, 1), (2, 2), (3, 3)])
     assert priced.bound == (8 + 4 - 1) * (1 + 2) == 33
 
 
@@ -694,7 +695,7 @@ def test_min_max_cut_without_caps_is_the_sweeps_cut():
 
 
 def test_no_capped_cut_is_only_claimed_when_none_exists():
-    """Searcher.capped_possible may say False only where the capped partitioner finds no
+    """Cuts.capped_possible may say False only where the capped partitioner finds no
     cut (it is a necessary condition): random layers, schedules and budgets."""
     import random
 
@@ -720,10 +721,10 @@ def test_no_capped_cut_is_only_claimed_when_none_exists():
         held = s.held(sched)
         for budget in (rng.uniform(10, 400) for _ in range(5)):
             per_rank = sched.num_stages // pp
-            cut = capped_partition(s.cut_costs(lc, c, sched.num_microbatches),
+            cut = capped_partition(s.cuts.cut_costs(lc, c, sched.num_microbatches),
                                    sched.num_stages // sched.chains,
-                                   s._memory_rows(lc, c, sched, held), budget / per_rank)
-            if not s.capped_possible(lc, c, sched, held, budget):
+                                   s.cuts.memory_rows(lc, c, sched, held), budget / per_rank)
+            if not s.cuts.capped_possible(lc, c, sched, held, budget):
                 said_no += 1
                 assert cut is None
     assert said_no > 0  # the check is exercised

@@ -56,8 +56,8 @@ def whole(s: Searcher, c):
     sched = s.schedule(c)
     lc = s.p.at(1, "none")
     ranges = ranges_from_ends([s.L])
-    pr = s._price(c, sched, lc, ranges)
-    return lc, pr, s._simulate(c, sched, pr, math.inf, math.inf)
+    pr = s.pricing.price(c, sched, lc, ranges)
+    return lc, pr, s.scorer.simulate(c, sched, pr, math.inf, math.inf)
 
 
 @pytest.mark.parametrize("gpus, link", [(8, NVLINK), (16, ACROSS_8)])
@@ -176,7 +176,8 @@ def test_no_plan_is_cheaper_than_its_traffic(layers, hidden, gpus, per, reshard,
         sync = s.axes.sync(c.dp, c.pp)
         for ends in combinations(range(1, s.L), sched.num_stages - 1):
             ranges = ranges_from_ends([*ends, s.L])
-            plan = s._simulate(c, sched, s._price(c, sched, lc, ranges), math.inf, math.inf)
+            pr = s.pricing.price(c, sched, lc, ranges)
+            plan = s.scorer.simulate(c, sched, pr, math.inf, math.inf)
             for r in range(c.pp):
                 mine = [ranges[st_] for st_, k in enumerate(sched.stage_to_rank) if k == r]
                 P = [float(p) for a, b in mine for p in lc.params[a:b + 1]]

@@ -1,4 +1,4 @@
-"""The planner's rule for skipping ``auto`` (plan/auto_plans.py, ``auto_ruled_out``) and the
+"""The planner's rule for skipping ``auto`` (plan/auto_plans.py, ``AutoPlans.ruled_out``) and the
 facts it rests on: the families it takes as split-only have no fused backward at any size
 tried; an order auto returns with a fused backward (B) is a registered schedule's, unchanged;
 and on small instances the rule never rules out a plan auto does give."""
@@ -100,18 +100,18 @@ def test_the_rule_never_rules_out_a_plan_auto_gives(gpus, batch, budget):
             if c.schedule != "auto":
                 continue
             lc = s.p.at(c.microbatch_size, c.recompute)
-            pr = s._auto_cut(c, lc)
+            pr = s.autos.cut(c, lc)
             if pr is None:
                 continue
-            split = s._price(c, s._auto_shape(c), lc, pr.ranges, split=True,
+            split = s.pricing.price(c, s.facts.auto_shape(c), lc, pr.ranges, split=True,
                              split_only=True).bound
             assert split >= pr.bound
             tighter += split > pr.bound * (1 + 1e-9)
-            plan = s._evaluate_auto(c, lc, math.inf, budget)
+            plan = s.autos.evaluate(c, lc, math.inf, budget)
             if plan is None:
                 continue
             checked += 1
-            assert not s.auto_ruled_out(c, lc, pr, math.nextafter(plan.step_time, math.inf))
+            assert not s.autos.ruled_out(c, lc, pr, math.nextafter(plan.step_time, math.inf))
             if "B" not in _kinds(plan.schedule_obj):
                 assert split <= plan.step_time * (1 + 1e-12), c
     assert checked and tighter
@@ -130,18 +130,18 @@ def test_the_memory_floor_never_passes_over_a_plan_auto_gives(gpus, batch, budge
             if c.schedule != "auto":
                 continue
             lc = s.p.at(c.microbatch_size, c.recompute)
-            pr = s._auto_cut(c, lc)
+            pr = s.autos.cut(c, lc)
             if pr is None or max(pr.static) > budget:
                 continue
             left = [budget - x for x in pr.static]
-            floor = s._split_order_floor(c, pr, left)
+            floor = s.autos.split_order_floor(c, pr, left)
             binding += floor > pr.bound * (1 + 1e-6)
-            plan = s._evaluate_auto(c, lc, math.inf, budget)
+            plan = s.autos.evaluate(c, lc, math.inf, budget)
             if plan is None:
                 continue
             checked += 1
             if "B" in _kinds(plan.schedule_obj):
-                assert s._fused_floor(c, pr, left) <= plan.step_time * (1 + 1e-12), c
+                assert s.autos.fused_floor(c, pr, left) <= plan.step_time * (1 + 1e-12), c
             else:
                 assert floor <= plan.step_time, c
     assert checked and binding

@@ -84,13 +84,13 @@ def test_bounds_never_exceed_the_scored_step(hidden, tied, gpus, batch, sharding
             kind = placement_of(c.schedule)
             for ends in combinations(range(1, L), S_c - 1):
                 ranges = ranges_from_ends([*ends, L])
-                pr = s._price(c, sched, lc, ranges)
-                plan = s._simulate(c, sched, pr, math.inf, math.inf)
+                pr = s.pricing.price(c, sched, lc, ranges)
+                plan = s.scorer.simulate(c, sched, pr, math.inf, math.inf)
                 step = plan.step_time
                 assert c.bound <= step, (c, ranges)
                 assert pr.bound <= step, (c, ranges)
                 if kind is not None and sched.chains == 1:
-                    shape_only = s._price(c, s._shape(c, kind), lc, ranges, split=True)
+                    shape_only = s.pricing.price(c, s.facts.shape(c, kind), lc, ranges, split=True)
                     assert shape_only.bound <= step, (c, ranges)
                     slowest = max(float(lc.work[a:b + 1].sum())
                                   for a, b in min_max_partition(lc.work, S_c))
@@ -112,9 +112,9 @@ def test_the_bound_counts_the_optimizer_step():
     work = c.microbatches * float(lc.work.sum())
     assert c.bound == pytest.approx(work + opt, rel=1e-9)
     sched = s.schedule(c)
-    pr = s._price(c, sched, lc, [(0, len(lc.f) - 1)])
+    pr = s.pricing.price(c, sched, lc, [(0, len(lc.f) - 1)])
     assert pr.bound == pytest.approx(work + opt, rel=1e-9)
-    assert s._simulate(c, sched, pr, math.inf, math.inf).step_time == pytest.approx(
+    assert s.scorer.simulate(c, sched, pr, math.inf, math.inf).step_time == pytest.approx(
         work + opt, rel=1e-9)
 
 
@@ -139,10 +139,10 @@ def test_the_capped_cut_counts_the_tied_copy_and_fits():
                  + max(held) * float(lc.act.sum()))
         for k in range(60):
             budget = total * (0.1 + 0.02 * k)
-            cut = s._capped_cut(lc, c, sched, held, budget)
+            cut = s.cuts.capped_cut(lc, c, sched, held, budget)
             if cut is None:
                 continue
-            pr = s._price(c, sched, lc, cut)
+            pr = s.pricing.price(c, sched, lc, cut)
             key = tuple(cut)
             if key not in peaks_of:
                 peaks_of[key] = schedule_peaks(sched, pr.costs)
@@ -220,13 +220,13 @@ def test_fits_from_the_order_is_the_simulated_plans_fit(sharding):
             continue
         lc = s.p.at(c.microbatch_size, c.recompute)
         S_c = sched.num_stages // sched.chains
-        for cut in s._time_cuts(lc, c, S_c, sched.num_microbatches, sched.stage_to_rank):
-            pr = s._price(c, sched, lc, cut)
-            plan = s._simulate(c, sched, pr, math.inf, math.inf)
+        for cut in s.cuts.time_cuts(lc, c, S_c, sched.num_microbatches, sched.stage_to_rank):
+            pr = s.pricing.price(c, sched, lc, cut)
+            plan = s.scorer.simulate(c, sched, pr, math.inf, math.inf)
             peak = max(plan.peak_memory)
-            assert s._memory_bound(c) <= peak  # never rules out a plan that fits
+            assert s.memory.weight_bound(c) <= peak  # never rules out a plan that fits
             for budget in (math.nextafter(peak, 0.0), peak, peak * (1 + 1e-12), peak * 0.9):
-                simulated = s._simulate(c, sched, pr, budget, math.inf) is not None
-                assert s.fits(pr, sched, budget) == simulated, (c.schedule, budget)
+                simulated = s.scorer.simulate(c, sched, pr, budget, math.inf) is not None
+                assert s.memory.fits(pr, sched, budget) == simulated, (c.schedule, budget)
             seen.add(c.schedule)
     assert {"1f1b", "zbv", "dualpipe", "interleaved-1f1b"} <= seen

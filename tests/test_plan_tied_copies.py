@@ -56,7 +56,7 @@ def test_tied_memory_and_allreduce_by_hand(name):
     S_c = sched.num_stages // sched.chains
     L = len(lc.params)
     ranges = [(k * L // S_c, (k + 1) * L // S_c - 1) for k in range(S_c)]
-    pr = s._price(c, sched, lc, ranges)
+    pr = s.pricing.price(c, sched, lc, ranges)
     bpp = s.axes.bytes_per_param(c.dp, c.pp)
     copies = COPIES[name]
     for r in range(PP):
@@ -75,8 +75,8 @@ def test_tied_memory_and_allreduce_by_hand(name):
     assert pr.exposed == pytest.approx(want, rel=1e-12, abs=1e-15)
     # cut (b)'s memory rows: the copy on the head's layer where (and only where) it is kept
     held = s.held(sched)
-    rows = s._memory_matrix(lc, c, sched, held)
-    plain = s._memory_matrix(type(lc)(**{**lc.__dict__, "tied": 0.0}), c, sched, held)
+    rows = s.cuts.memory_matrix(lc, c, sched, held)
+    plain = s.cuts.memory_matrix(type(lc)(**{**lc.__dict__, "tied": 0.0}), c, sched, held)
     extra = rows - plain
     assert extra[-1, -1] == pytest.approx(bpp * lc.tied if copies else 0.0)
     extra[-1, -1] = 0.0

@@ -15,9 +15,12 @@
 - ``planner.py`` (with ``plans.py``, ``families.py``): choose pp, dp, microbatch size,
   schedule, chunks and recomputation under a memory budget, scored by the simulator;
   ``search.py``: the loop over every point of the axes around the pipeline; ``scoring.py``:
-  the plan of one configuration, from ``configs.py`` (what to try), ``cuts.py`` (where to
+  the plan of one configuration, a ``Searcher`` composed of parts: ``schedule_facts.py``
+  (schedules and what their orders say), ``configs.py`` (what to try), ``cuts.py`` (where to
   cut), ``cut_price.py`` (a cut's costs and lower bound), ``memory_bounds.py`` (fits, from
-  the order alone), ``auto_plans.py`` (``auto``) and ``least_memory.py`` (nothing fits).
+  the order alone), ``cut_score.py`` (a cut simulated into a plan), ``auto_plans.py``
+  (``auto``) and ``least_memory.py`` (nothing fits); ``search_cache.py``: the search's
+  shared cache and each point's own.
 - The axes, one concept each: ``hardware.py`` (GPU presets), ``network.py`` (two levels,
   collectives), ``compute.py`` (per-op GEMM, attention, memory-bound time), ``tensor.py``
   (TP/SP), ``context.py`` (CP), ``sharding.py`` (DDP, ZeRO, FSDP, HSDP traffic and overlap),

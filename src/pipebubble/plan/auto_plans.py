@@ -8,7 +8,7 @@ where it can win: the cut is priced first, and the bound of that price (true for
 of the cut, :mod:`~pipebubble.plan.cut_price`) must beat the K-th best plan found. The
 search visits auto configurations after every family's, in order of that bound, so the
 threshold they face is the tightest the families give. Then a tighter bound that holds for
-every order auto can return (:meth:`AutoPlans.auto_ruled_out`): its own searched orders
+every order auto can return (:meth:`AutoPlans.ruled_out`): its own searched orders
 split every backward into an I and a W, so the cut's bound counting each backward's hidden
 part (``split_only``) holds for them; the only others it returns are registered schedules
 unchanged, and of those only the ones with a fused backward (1F1B, GPipe, DualPipeV) can
@@ -27,7 +27,7 @@ of counted work, the same as ``pipebubble schedule auto``), bounded by the work 
 not depend on the clock or the load.
 
 When nothing fits, the least budget at which auto finds an order is known without running
-it (:meth:`AutoPlans.least_auto_budget`).
+it (:meth:`AutoPlans.least_budget`).
 """
 
 from __future__ import annotations
@@ -36,21 +36,40 @@ import math
 import time
 
 from ..costs import fits_limit
-from ..ir.schedule import ScheduleError, loop_placement, make_schedule, v_placement
+from ..ir.schedule import ScheduleError, loop_placement, v_placement
 from ..schedules.registry import get_schedule, lookup, schedule_names
-from .layercosts import LayerCosts
+from .axes import Axes
+from .cut_price import Pricing
+from .cut_score import CutScorer
+from .cuts import Cuts
+from .layercosts import LayerCosts, ProfileSet
 from .plans import Config, Plan, Priced
+from .schedule_facts import ScheduleFacts
+from .search_cache import PointCache
 
 # A family whose every backward is split (an I and a W: no B) at every size (its spec's
-# ``split_only``) meets the split-only bound, so auto_ruled_out need not generate it (V-Half
+# ``split_only``) meets the split-only bound, so AutoPlans.ruled_out need not generate it (V-Half
 # and V-Min take seconds at p = 64); tests/test_plan_scale_auto.py checks the specs against
 # every registered family's schedules. Any other family is generated and looked at.
 
 
 class AutoPlans:
-    """``auto`` (a part of :class:`~pipebubble.plan.scoring.Searcher`)."""
+    """``auto`` (module doc): a part of :class:`~pipebubble.plan.scoring.Searcher`.
 
-    def _auto_cut(self, c: Config, lc: LayerCosts) -> Priced | None:
+    Inputs: the ``profiles``, the point's ``axes`` (optimizer time), its ``point`` cache
+    (auto's priced cuts and floors) and the parts it calls: the schedules' ``facts``
+    (order-free shapes, split or fused backwards), ``cuts`` (the min-max cut), ``pricing``
+    (the cut's price and bounds) and ``scorer`` (simulating an order on the cut).
+    :attr:`runs` and :attr:`seconds` count the automatic scheduler's searches."""
+
+    def __init__(self, profiles: ProfileSet, axes: Axes, point: PointCache,
+                 facts: ScheduleFacts, cuts: Cuts, pricing: Pricing, scorer: CutScorer):
+        self.p, self.axes, self.L = profiles, axes, len(profiles)
+        self.facts, self.cuts, self.pricing, self.scorer = facts, cuts, pricing, scorer
+        self._auto_cuts = point.auto_cuts
+        self.runs, self.seconds = 0, 0.0  # the automatic scheduler's searches
+
+    def cut(self, c: Config, lc: LayerCosts) -> Priced | None:
         """The cut ``auto`` is searched on (the min-max cut into ``pp x chunks`` stages of its
         placement), priced; None when there are too few layers or no automatic scheduler."""
         if c.pp * c.chunks > self.L:
@@ -59,19 +78,19 @@ class AutoPlans:
         got = self._auto_cuts.get(key)
         if got is not None and got[0] is lc:
             return got[1]
-        shape = self._auto_shape(c)
-        cut = self._time_cuts(lc, c, c.pp * c.chunks, c.microbatches, shape.stage_to_rank)[0]
-        pr = self._price(c, shape, lc, cut, split=True)  # the order may split W
+        shape = self.facts.auto_shape(c)
+        cut = self.cuts.time_cuts(lc, c, c.pp * c.chunks, c.microbatches, shape.stage_to_rank)[0]
+        pr = self.pricing.price(c, shape, lc, cut, split=True)  # the order may split W
         self._auto_cuts[key] = (lc, pr)
         return pr
 
-    def auto_bound(self, c: Config) -> float:
+    def bound(self, c: Config) -> float:
         """The bound of auto's cut (inf when auto has no cut here)."""
-        pr = self._auto_cut(c, self.p.at(c.microbatch_size, c.recompute))
+        pr = self.cut(c, self.p.at(c.microbatch_size, c.recompute))
         return math.inf if pr is None else pr.bound
 
-    def least_auto_budget(self, c: Config) -> float | None:
-        """The least ``--gpu-memory`` at which :meth:`_evaluate_auto` finds an order for
+    def least_budget(self, c: Config) -> float | None:
+        """The least ``--gpu-memory`` at which :meth:`evaluate` finds an order for
         ``c``: its cut does not depend on the budget, and the automatic scheduler finds an
         order exactly when each rank's memory left after its static bytes is at least
         :func:`~pipebubble.schedules.auto.bounds.min_limits` (every stage holding one
@@ -79,7 +98,7 @@ class AutoPlans:
         from ..schedules.auto.bounds import min_limits
 
         lc = self.p.at(c.microbatch_size, c.recompute)
-        pr = self._auto_cut(c, lc)
+        pr = self.cut(c, lc)
         if pr is None:
             return None
         where = _auto_where(c)
@@ -91,31 +110,31 @@ class AutoPlans:
             least = math.nextafter(least, math.inf)
         return least
 
-    def auto_ruled_out(self, c: Config, lc: LayerCosts, pr: Priced, threshold: float) -> bool:
+    def ruled_out(self, c: Config, lc: LayerCosts, pr: Priced, threshold: float) -> bool:
         """Whether no order auto can return for ``c`` gives a plan below ``threshold``
         (module doc): auto's order is either one of its searched orders (greedy, adaptive
         V blocks, stretched blocks, local search, MIP and tail windows: every backward split
         into an I and a W, so the cut's bound with ``split_only``, which also counts the
         part of each backward that splitting it exposes, holds for it:
-        :meth:`~.cut_price.Pricing._price`) or one of the registered schedules of its
+        :meth:`~.cut_price.Pricing.price`) or one of the registered schedules of its
         placement unchanged; of these only those with a fused backward (B: 1F1B, GPipe,
         DualPipeV) can beat that bound, and their plans on auto's cut are simulated (the
         very step auto's plan would have with that order, memory aside)."""
         key = (id(lc), c, "split only")
         got = self._auto_cuts.get(key)
         if got is None or got[0] is not lc:
-            bound = self._price(c, self._auto_shape(c), lc, pr.ranges, split=True,
+            bound = self.pricing.price(c, self.facts.auto_shape(c), lc, pr.ranges, split=True,
                                 split_only=True).bound
             got = self._auto_cuts[key] = (lc, bound, None)
         if got[1] < threshold:
             return False
         if got[2] is None:  # the fused registered schedules' plans, once
-            fused = min((self._step(c, sched, pr)[2] for sched in self._fused_registered(c)),
+            fused = min((self.scorer.step(c, sched, pr)[2] for sched in self._fused_registered(c)),
                         default=math.inf)
             got = self._auto_cuts[key] = (lc, got[1], fused)
         return got[2] >= threshold
 
-    def _split_order_floor(self, c: Config, pr: Priced, left: list[float]) -> float:
+    def split_order_floor(self, c: Config, pr: Priced, left: list[float]) -> float:
         """A step no plan of ``c`` with one of auto's searched orders (every backward split)
         beats with ``left`` bytes per rank for activations: the automatic scheduler's own
         bound (:func:`~pipebubble.schedules.auto.bounds.bound`, its memory kind included:
@@ -140,7 +159,7 @@ class AutoPlans:
         self._auto_cuts[key] = (pr, floor)
         return floor
 
-    def _fused_floor(self, c: Config, pr: Priced, left: list[float]) -> float:
+    def fused_floor(self, c: Config, pr: Priced, left: list[float]) -> float:
         """The fastest plan on auto's cut of the registered fused-backward schedules that
         fit ``left`` (the one kind of order auto returns that its split-order bound does not
         cover; auto returns a registered schedule only when its peak fits): inf if none."""
@@ -156,19 +175,9 @@ class AutoPlans:
         for sched in self._fused_registered(c):
             if all(fits_limit(x, cap) for x, cap in
                    zip(schedule_peaks(sched, sc), left, strict=True)):
-                best = min(best, self._step(c, sched, pr)[2])
+                best = min(best, self.scorer.step(c, sched, pr)[2])
         self._auto_cuts[key] = (pr, best)
         return best
-
-    def _auto_shape(self, c: Config):
-        """An order-free schedule of auto's placement for ``c`` (what a price needs)."""
-        key = ("auto shape", c.pp, c.chunks, c.microbatches)
-        got = self._shapes.get(key)
-        if got is None:
-            got = self._shapes[key] = make_schedule(
-                c.schedule, [()] * c.pp, c.pp * c.chunks, c.microbatches,
-                placement=lookup(c.schedule).placement_at(c.chunks))
-        return got
 
     def _fused_registered(self, c: Config):
         """The registered schedules auto scores in ``c``'s placement (the same filter and
@@ -186,28 +195,28 @@ class AutoPlans:
                 continue
             if sched.chains != 1 or sched.stage_to_rank != where:
                 continue
-            split, fused = self._kinds(sched)
+            split, fused = self.facts.kinds(sched)
             if not split or fused:
                 yield sched
 
-    def auto_plan_at(self, c: Config, budget: float) -> Plan | None:
+    def plan_at(self, c: Config, budget: float) -> Plan | None:
         """The auto plan of ``c`` at ``budget``, marked as found from that budget on."""
-        plan = self._evaluate_auto(c, self.p.at(c.microbatch_size, c.recompute), math.inf,
+        plan = self.evaluate(c, self.p.at(c.microbatch_size, c.recompute), math.inf,
                                    budget)
         if plan is not None:
             plan.budget = budget
         return plan
 
-    def _evaluate_auto(self, c, lc, threshold, budget) -> Plan | None:
+    def evaluate(self, c, lc, threshold, budget) -> Plan | None:
         """The auto plan of ``c`` if it fits ``budget`` and beats ``threshold`` (module doc)."""
-        pr = self._auto_cut(c, lc)
+        pr = self.cut(c, lc)
         if pr is None or pr.bound >= threshold or not fits_limit(max(pr.static), budget):
             return None
-        if self.auto_ruled_out(c, lc, pr, threshold):
+        if self.ruled_out(c, lc, pr, threshold):
             return None  # no order auto can return beats threshold: not searched
         left = [budget - x for x in pr.static]
-        if (self._split_order_floor(c, pr, left) >= threshold
-                and self._fused_floor(c, pr, left) >= threshold):
+        if (self.split_order_floor(c, pr, left) >= threshold
+                and self.fused_floor(c, pr, left) >= threshold):
             return None  # nor under the memory left: not searched
         t0 = time.perf_counter()
         try:
@@ -217,11 +226,11 @@ class AutoPlans:
         except (ScheduleError, ValueError):
             return None  # no order fits the memory left
         finally:
-            self.auto_runs += 1
-            self.auto_seconds += time.perf_counter() - t0
+            self.runs += 1
+            self.seconds += time.perf_counter() - t0
         if tuple(sched.stage_to_rank) != _auto_where(c):
             return None
-        plan = self._simulate(c, sched, pr, budget, threshold)
+        plan = self.scorer.simulate(c, sched, pr, budget, threshold)
         if plan is not None:
             plan.cut_search = "min-max"  # auto's order is searched for the min-max cut only
         return plan

@@ -9,9 +9,9 @@ prunes with, each true for every cut and order:
 
 - its step is at least :meth:`~pipebubble.plan.configs.Configs.config_bound` (the mean rank,
   one microbatch's way through) and, where the placement is known, ``m x`` the min-max cut's
-  slowest stage (:meth:`~pipebubble.plan.scoring.Searcher.stage_bound`);
+  slowest stage (:meth:`~pipebubble.plan.cuts.Cuts.stage_bound`);
 - it fits nowhere when its weights spread evenly over the ranks
-  (:meth:`~pipebubble.plan.memory_bounds.MemoryBounds._memory_bound`) exceed the budget.
+  (:meth:`~pipebubble.plan.memory_bounds.MemoryBounds.weight_bound`) exceed the budget.
 
 A configuration whose bound is at or above the asked one's step, or that cannot fit, is
 certainly not faster; the others *could* be. The few of them with the lowest bounds

@@ -24,16 +24,19 @@ them.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 import numpy as np
 
 from .. import limits
-from ..errors import param
-from .axes import axis_flag
+from ..errors import UserError, param
+from .axes import Axes, axis_flag
 from .cut_price import OPT_MARGIN
-from .families import chunk_options
+from .families import chunk_options, schedule_list
+from .layercosts import ProfileSet
 from .network import p2p
-from .plans import Config
+from .plans import Config, Request
+from .search_cache import PointCache
 
 
 def chains_of(name: str) -> int:
@@ -45,8 +48,39 @@ def chains_of(name: str) -> int:
     return lookup(name).chains
 
 
+def settle_recompute(profiles: ProfileSet, req: Request) -> Request:
+    """``req`` with its recomputation modes checked against ``profiles``, and set where the
+    request leaves them open (None: none, and full where the profile has it)."""
+    modes = profiles.recompute_modes()
+    if req.recompute is None:
+        req = replace(req, recompute=("none", "full") if "full" in modes else ("none",))
+    for r in req.recompute:
+        if r not in ("none", "selective", "full"):
+            raise UserError(f"unknown {param('recompute')} {r!r}; valid are none, selective, "
+                            "full")
+        if r not in modes:
+            profiles.at(1, r)  # raises the profile's message
+    return req
+
+
 class Configs:
-    """Enumeration (a part of :class:`~pipebubble.plan.scoring.Searcher`)."""
+    """Enumeration (module doc): a part of :class:`~pipebubble.plan.scoring.Searcher`.
+
+    Inputs: the ``profiles`` (the layers' sums each bound needs), the ``req`` (the axes'
+    allowed values; :attr:`req` is it with its recomputation modes settled,
+    :func:`settle_recompute`), the point's ``axes`` (its degrees, hop and optimizer) and
+    its ``point`` cache (the bounds, once per what they depend on). Of the request's GPUs,
+    :attr:`gpus` are left to the pipeline and data parallelism."""
+
+    def __init__(self, profiles: ProfileSet, req: Request, axes: Axes,
+                 point: PointCache | None = None):
+        req = settle_recompute(profiles, req)
+        self.p, self.req, self.axes, self.L = profiles, req, axes, len(profiles)
+        self.point = axes.point
+        self.gpus = req.gpus // self.point.dims.model_parallel  # pipeline x data parallel
+        self.names = schedule_list(req.schedules)
+        point = PointCache() if point is None else point
+        self._config_bounds, self._layer_sums = point.config_bounds, point.layer_sums
 
     def configs(self) -> Iterator[Config]:
         """Every configuration of this point, with its bound (module doc)."""
@@ -94,11 +128,11 @@ class Configs:
                      ) -> float:
         """No cut and no order of such a configuration takes less (module doc)."""
         key = (pp, dp, size, m, rec, chains)
-        memo = self.__dict__.setdefault("_config_bounds", {})
+        memo = self._config_bounds
         got = memo.get(key)
         if got is None:
             lc = self.p.at(size, rec)
-            sums = self.__dict__.setdefault("_layer_sums", {})
+            sums = self._layer_sums
             if (size, rec) not in sums:
                 sums[(size, rec)] = (float(lc.work.sum()), float(lc.f.sum() + lc.i.sum()),
                                      np.concatenate(([0.0], np.cumsum(lc.f))),

@@ -10,7 +10,7 @@ resharded ``always`` moves its traffic every microbatch: each stage's F and B ca
 per-layer prefetch does not hide of it (:meth:`Pricing._traffic_extra`), and each rank's
 static memory the gathered layers in flight (:func:`~pipebubble.plan.sharding.gathered_bytes`).
 
-:meth:`Pricing._price` adds each rank's static memory (model states under the sharding,
+:meth:`Pricing.price` adds each rank's static memory (model states under the sharding,
 the largest recomputation transient) and a **lower bound** on the step that holds for
 every order of the schedule: rank r starts no sooner than ``head_r``, the forwards of
 microbatch 0 through the stages before its first one (and the hops between ranks); then
@@ -26,17 +26,19 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
-from operator import itemgetter
 
 import numpy as np
 
 from ..costs import CostModel
 from ..ir.deps import Layout, precedences
-from ..ir.schedule import Action, Kind, Overlap, PackedOrder, Schedule
+from ..ir.schedule import Action, Kind, Schedule
+from .axes import Axes
 from .layercosts import LayerCosts
 from .network import p2p
 from .partition import Ranges
 from .plans import Config, Priced
+from .schedule_facts import ScheduleFacts
+from .search_cache import PointCache, SearchCache
 from .sharding import gathered_bytes
 
 OPT_MARGIN = 1 - 1e-12  # the optimizer term, linear here, rounds apart from the scored one
@@ -147,7 +149,23 @@ def copy_partners(stage_to_rank: tuple[int, ...], chain_starts: tuple[int, ...]
 
 
 class Pricing:
-    """Pricing cuts (a part of :class:`~pipebubble.plan.scoring.Searcher`)."""
+    """Pricing cuts (module doc): a part of :class:`~pipebubble.plan.scoring.Searcher`.
+
+    Inputs: the point's ``axes`` (its traffic, bytes per parameter and optimizer), the
+    search's ``cache`` (sums per layer costs and cut, shared by every point), the point's
+    own ``point`` cache (what depends on its sharding) and the schedules' ``facts`` (whether
+    a schedule splits its backward). Each is made fresh when not given."""
+
+    def __init__(self, axes: Axes, cache: SearchCache | None = None,
+                 point: PointCache | None = None, facts: ScheduleFacts | None = None):
+        self.axes = axes
+        cache = SearchCache() if cache is None else cache
+        point = PointCache() if point is None else point
+        self.facts = ScheduleFacts(cache) if facts is None else facts
+        self._prefixes, self._sums, self._ranks = cache.prefixes, cache.sums, cache.ranks
+        self._sync_times, self._exposures = point.sync_times, point.exposures
+        self._stage_costs, self._tails = point.stage_costs, point.tails
+        self._fsdp_layers = point.fsdp_layers
 
     def _prefix(self, lc: LayerCosts) -> dict[str, np.ndarray]:
         """Prefix sums of the layers' columns (once per layer costs)."""
@@ -213,7 +231,7 @@ class Pricing:
         S_c = len(ranges)
         return [float(q[ranges[s % S_c][1] + 1] - q[ranges[s % S_c][0]]) for s in range(S)]
 
-    def _rank_optimizer(self, c: Config, params: float, expert: float = 0.0) -> float:
+    def rank_optimizer(self, c: Config, params: float, expert: float = 0.0) -> float:
         """The optimizer step of a rank's ``params`` local parameters, ``expert`` of them
         experts' (sharded over the expert-data-parallel group)."""
         if expert <= 0:
@@ -229,7 +247,7 @@ class Pricing:
         sync = self.axes.sync(c.dp, c.pp)
         if not sync.per_microbatch:
             return None
-        memo = self.__dict__.setdefault("_fsdp_layers", {})
+        memo = self._fsdp_layers
         key = (id(lc), c.dp, c.pp)
         got = memo.get(key)
         if got is None or got[0] is not lc:
@@ -255,7 +273,7 @@ class Pricing:
         be = [ag[b] + qb[b] - qb[a] + rs[a] for a, b in idx]
         return fe, be
 
-    def _gathered(self, c: Config, lc: LayerCosts, sched: Schedule, ranges: Ranges
+    def gathered(self, c: Config, lc: LayerCosts, sched: Schedule, ranges: Ranges
                   ) -> list[float] | None:
         """Per rank, the gathered layers FSDP resharded ``always`` holds at once (the
         largest of its stages', :func:`~pipebubble.plan.sharding.gathered_bytes`); None when
@@ -278,7 +296,7 @@ class Pricing:
         behind its W (``LayerCosts.hidden``, as ``CostModel.i_extra``). ``rkey``:
         ``tuple(ranges)``, when the caller has it."""
         S = sched.num_stages
-        split = lc.hidden is not None and (self.split(sched) if split is None else split)
+        split = lc.hidden is not None and (self.facts.split(sched) if split is None else split)
         rkey = tuple(ranges) if rkey is None else rkey
         key = (id(lc), S, rkey, c.dp, c.pp, split)  # the placement does not matter
         got = self._stage_costs.get(key)
@@ -311,7 +329,7 @@ class Pricing:
         self._stage_costs[key] = (lc, (costs, params, transient))
         return costs, params, transient
 
-    def _price(self, c, sched, lc, ranges, split: bool | None = None,
+    def price(self, c, sched, lc, ranges, split: bool | None = None,
                split_only: bool = False) -> Priced:
         """A cut's costs, each rank's static memory and the lower bound of the module doc.
         ``split``: whether W is split from the backward (None: ask the schedule);
@@ -319,7 +337,7 @@ class Pricing:
         ``sched``'s orders (auto's searched orders: every backward an I and a W)."""
         rkey = tuple(ranges)
         if split is None:
-            split = self.split(sched)
+            split = self.facts.split(sched)
         costs, params, transient = self.stage_costs(c, sched, lc, ranges, split, rkey)
         traffic = ((tuple(costs.f), tuple(costs.b)) if self.axes.sync(c.dp, c.pp).per_microbatch
                    else None)  # F and B then carry FSDP's per-microbatch traffic
@@ -341,7 +359,7 @@ class Pricing:
                     ) -> tuple:
         """Per rank of a priced cut: the exposed data-parallel traffic, what it and the
         optimizer step add after the work (``done``) and their least (``first``), the static
-        memory and the parameters (tied copies counted): :meth:`_price`'s bound and memory
+        memory and the parameters (tied copies counted): :meth:`price`'s bound and memory
         beyond the work."""
         where = np.asarray(sched.stage_to_rank)
         ends = embedding_copies(sched.stage_to_rank, sched.chain_starts) if lc.tied else ()
@@ -385,7 +403,7 @@ class Pricing:
             static = [x + more * E for x, E in zip(static, rank_expert, strict=True)]
         for r in copies:
             static[r] += bpp * lc.tied
-        gathered = self._gathered(c, lc, sched, ranges)
+        gathered = self.gathered(c, lc, sched, ranges)
         if gathered is not None:  # FSDP resharded always: the layers in flight
             static = [x + y for x, y in zip(static, gathered, strict=True)]
         return (ar, done, first, [x + t for x, t in zip(static, trans, strict=True)],
@@ -406,7 +424,7 @@ class Pricing:
         """Per rank: ``head``, ``tail``, ``busy``, ``late`` of the bound (module doc), its
         parameters, largest transient, and one microbatch's forward and backward. They do
         not depend on the sharding: computed once per (schedule, cut, hop time).
-        ``split_only``: for orders whose every backward is split (see :meth:`_price`);
+        ``split_only``: for orders whose every backward is split (see :meth:`price`);
         ``traffic``: a key for F and B when they carry FSDP's per-microbatch traffic."""
         rkey = tuple(ranges) if rkey is None else rkey
         key = (id(sched), id(lc), rkey, costs.comm, split, split_only, traffic)
@@ -424,7 +442,8 @@ class Pricing:
         cf, cb, cw, comm = costs.f, costs.b, costs.w, costs.comm
         ie = costs.i_extra if isinstance(costs.i_extra, list) else [0.0] * len(cb)
         # An I costs ie more than B - W: every backward pays it where none is fused (B).
-        every = split and (split_only or (self.split(sched) and not self._kinds(sched)[1]))
+        every = split and (split_only or (self.facts.split(sched)
+                                          and not self.facts.kinds(sched)[1]))
         inc = [x if every else 0.0 for x in ie]
         # The fill and the drain along the rule's edges (fill_drain_links): microbatch 0's
         # forwards up to each stage, and each stage's input gradient down to its chain's
@@ -467,32 +486,3 @@ class Pricing:
             got = self._exposures[key] = self.axes.sync(c.dp, c.pp).exposed(
                 times, fwd, bwd, params)
         return got
-
-    def split(self, sched: Schedule) -> bool:
-        """Whether the schedule splits W from the backward (once per schedule)."""
-        return self._kinds(sched)[0]
-
-    def _kinds(self, sched: Schedule) -> tuple[bool, bool]:
-        """(whether it has split backwards, whether it also has fused ones, B)."""
-        got = self._split.get(id(sched))
-        if got is None or got[0] is not sched:  # an id is reused once its object is gone
-            split = sched.uses_split_backward()
-            orders = sched.orders
-            if split and all(isinstance(o, PackedOrder) for o in orders):
-                fused = bool((np.concatenate([o.kind for o in orders]) == 3).any())  # B = 3
-            else:
-                fused = split and any(map(_has_fused, orders))
-            got = self._split[id(sched)] = (sched, split, fused)
-        return got[1], got[2]
-
-
-_KIND = itemgetter(1)  # an Action's kind; an Overlap's second field is its backward Action
-
-
-def _has_fused(order) -> bool:
-    """Whether a rank's order runs a fused backward (B), an overlapped block's included;
-    the scans of kinds and types run in C, the per-step one only where blocks overlap."""
-    if "B" in map(_KIND, order):
-        return True
-    return Overlap in map(type, order) and any(
-        a.kind == "B" for st in order if type(st) is Overlap for a in st)

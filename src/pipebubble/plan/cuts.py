@@ -32,20 +32,52 @@ import numpy as np
 
 from ..costs import fit_bound
 from ..ir.schedule import Schedule
+from .axes import Axes
 from .cut_price import embedding_copies
-from .layercosts import LayerCosts
+from .families import placement_of
+from .layercosts import LayerCosts, ProfileSet
 from .partition import Ranges, balance_ranks, capped_partition, capped_within, min_max_partition
 from .plans import Config
+from .search_cache import SearchCache
 
 
 class Cuts:
-    """Cuts (a) and (b) (a part of :class:`~pipebubble.plan.scoring.Searcher`)."""
+    """Cuts (a) and (b) (module doc): a part of :class:`~pipebubble.plan.scoring.Searcher`.
+
+    Inputs: the ``profiles`` (the layer costs per microbatch size and recompute), the
+    point's ``axes`` (bytes per parameter, for cut (b)'s memory) and the search's ``cache``,
+    whose cuts of these profiles every point shares (made fresh when not given)."""
+
+    def __init__(self, profiles: ProfileSet, axes: Axes, cache: SearchCache | None = None):
+        self.p, self.axes, self.L = profiles, axes, len(profiles)
+        self._cuts: dict[tuple, object] = (SearchCache() if cache is None
+                                           else cache).cuts_of(profiles)
+
+    def stage_bound(self, c: Config, lc: LayerCosts | None = None) -> float:
+        """No cut of ``c`` takes less than ``m x`` the min-max cut's slowest stage (every
+        cut has a stage at least that slow, and its rank works it m times): the first test
+        of :meth:`~pipebubble.plan.scoring.Searcher.surely_slow`, also what ``plan
+        --config`` ranks with (:mod:`~pipebubble.plan.bound_rank`). 0.0 where the placement
+        is not known before generating (``auto``, DualPipe) or the stages outnumber the
+        layers."""
+        S_c = c.pp * c.chunks
+        if placement_of(c.schedule) is None or S_c > self.L:
+            return 0.0
+        key = ("slowest stage", c.microbatch_size, c.recompute, S_c)
+        slowest = self._cuts.get(key)
+        if slowest is None:
+            if lc is None:
+                lc = self.p.at(c.microbatch_size, c.recompute)
+            work = self.cut_costs(lc, c, 1)  # the very cut (a) starts from
+            slowest = self._cuts[key] = max(float(work[a:b + 1].sum()) for a, b in
+                                            min_max_partition(work, S_c))
+        return c.microbatches * slowest * (1 - 1e-9)
 
     def cut_costs(self, lc: LayerCosts, c: Config, microbatches: int) -> np.ndarray:
         """What a layer adds to its rank's step: ``m x (F + I + W)`` (module doc)."""
         return microbatches * lc.work
 
-    def _time_cuts(self, lc: LayerCosts, c: Config, stages: int, microbatches: int,
+    def time_cuts(self, lc: LayerCosts, c: Config, stages: int, microbatches: int,
                    where: tuple[int, ...]) -> list[Ranges]:
         """Cuts (a): the min-max cut of :meth:`cut_costs` and, when ranks hold several stages
         (``where``: stage -> rank), its refinement by :func:`balance_ranks` if different.
@@ -63,7 +95,7 @@ class Cuts:
             self._cuts[key] = got
         return got
 
-    def _memory_matrix(self, lc: LayerCosts, c: Config, sched: Schedule, held: list[int]
+    def memory_matrix(self, lc: LayerCosts, c: Config, sched: Schedule, held: list[int]
                        ) -> np.ndarray:
         """Per stage of one copy, each layer's memory bound in that stage (the worst of the
         copies): ``static + held_s x act`` (module doc), stages x layers."""
@@ -84,17 +116,17 @@ class Cuts:
             out = np.maximum(out, rows[k * S_c:(k + 1) * S_c])
         return out
 
-    def _memory_rows(self, lc: LayerCosts, c: Config, sched: Schedule, held: list[int]
+    def memory_rows(self, lc: LayerCosts, c: Config, sched: Schedule, held: list[int]
                      ) -> list[list]:
-        """:meth:`_memory_matrix` as lists (what the partitioner takes)."""
-        return self._memory_matrix(lc, c, sched, held).tolist()
+        """:meth:`memory_matrix` as lists (what the partitioner takes)."""
+        return self.memory_matrix(lc, c, sched, held).tolist()
 
     def capped_possible(self, lc: LayerCosts, c: Config, sched: Schedule, held: list[int],
                         budget: float) -> bool:
         """False only when no cut (b) exists: an end layer does not fit its stage, or the
         most layers each stage can hold within its cap sum to fewer than the layers (module
         doc; a necessary condition, with a margin for rounding)."""
-        rows = self._memory_matrix(lc, c, sched, held)
+        rows = self.memory_matrix(lc, c, sched, held)
         cap = fit_bound(budget / (sched.num_stages // c.pp))
         if rows[0, 0] > cap or rows[-1, -1] > cap:
             return False  # the first layer is in the first stage, the last in the last
@@ -109,7 +141,7 @@ class Cuts:
         room = (np.cumsum(np.sort(inside, axis=1), axis=1) <= cap).sum(axis=1)
         return float(room.sum()) >= self.L
 
-    def _capped_cut(self, lc, c, sched, held, budget, below: float = math.inf
+    def capped_cut(self, lc, c, sched, held, budget, below: float = math.inf
                     ) -> Ranges | None:
         """Cut (b), or None when none exists, or (``below`` finite) when none can be faster
         than ``below``: a stage's cost (:meth:`cut_costs`) is part of its rank's work, so a
@@ -120,7 +152,7 @@ class Cuts:
         S_c = sched.num_stages // sched.chains
         per_rank = sched.num_stages // c.pp
         costs = self.cut_costs(lc, c, sched.num_microbatches)
-        rows = self._memory_rows(lc, c, sched, held)
+        rows = self.memory_rows(lc, c, sched, held)
         if below < math.inf and not capped_within(costs, S_c, rows, budget / per_rank, below):
             return None
         return capped_partition(costs, S_c, rows, budget / per_rank)

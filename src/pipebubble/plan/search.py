@@ -12,7 +12,7 @@ chunks, recompute). The loop:
    a 1F1B-like fill and drain), skipping any whose bound cannot beat the K-th best step
    found; ``auto`` (an order search, seconds each) comes after the families, in order of its
    cut's bound, so it runs only where it can still beat the K-th best plan of every family
-   (and a bound for every order it can return, :meth:`~.auto_plans.AutoPlans.auto_ruled_out`,
+   (and a bound for every order it can return, :meth:`~.auto_plans.AutoPlans.ruled_out`,
    does too); its search is bounded by counted work, never the clock
    (:mod:`~pipebubble.schedules.auto.budget`), so a plan run twice gives the same plans on
    any machine;
