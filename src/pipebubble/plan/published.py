@@ -200,6 +200,21 @@ def korthikanti_flops(shape: TransformerShape, seq: int, batch: int) -> float:
     return 72 * B * L * s * h * h * (1 + s / (6 * h) + V / (12 * h * L))
 
 
+def neox_flops(shape: TransformerShape, seq: int, batch: int, params: float) -> float:
+    """The FLOPs of a step as gpt-neox counted them when GPT-NeoX-20B was trained
+    (``megatron/logging.py`` ``get_flops`` from 2021 to September 2023, EleutherAI/gpt-neox
+    c560814b, the 20B release): ``B s (6 N + 60 s h L)``, ``N`` the model's parameters
+    (``get_total_params``). Model FLOPs: no recomputation factor, whatever the run
+    recomputed (the factor came with #1044, September 2023, from Megatron-DeepSpeed).
+
+    >>> from pipebubble.plan.analytic import TransformerShape
+    >>> sh = TransformerShape(layers=2, hidden=8, ffn=32, heads=2, vocab=16)
+    >>> neox_flops(sh, seq=4, batch=1, params=100)  # 4 x (600 + 60 x 4 x 8 x 2)
+    17760.0
+    """
+    return float(batch * seq * (6 * params + 60 * seq * shape.hidden * shape.layers))
+
+
 def llama_flops(shape: TransformerShape, seq: int, batch: int) -> float:
     """Model FLOPs of a LLaMA step as a causal FlashAttention kernel executes them: ``6`` per
     token and matrix parameter (blocks and head) plus the causal half of attention's
@@ -250,12 +265,14 @@ def _step(r: dict, shape: TransformerShape) -> float:
     if how == "megatron-eq3":
         L, h, V = shape.layers, shape.hidden, shape.vocab
         return 96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h)) / (n * x * 1e12)
+    if how == "neox-2022":
+        return neox_flops(shape, s, B, r["flop_params"]) / (n * x * 1e12)
     if how == "llama":
         return llama_flops(shape, s, B) / (x * 1e12 * n)
     if how == "tokens":
         return B * s / (x * n)
     raise ValueError(f"run {r['name']!r}: unknown step_from {how!r}; valid are seconds, "
-                     "korthikanti-eq7, megatron-eq3, llama, tokens")
+                     "korthikanti-eq7, megatron-eq3, neox-2022, llama, tokens")
 
 
 def load_runs(directory: Path | None = None) -> tuple[Run, ...]:
@@ -354,7 +371,8 @@ def engine_step(run: Run, plan, efficiency: float) -> float:
         return plan.step_time
     hw = replace(get_hardware(run.gpu), **dict(run.hardware), efficiency=efficiency)
     tied = run.shape.vocab * run.shape.hidden if run.shape.tied_embeddings else 0.0
-    return deepspeed_step(plan, hw, tied)
+    boundary = 2.0 * run.seq * plan.microbatch_size * run.shape.hidden  # 16-bit, s b h
+    return deepspeed_step(plan, hw, tied, boundary)
 
 
 def rank_config(run: Run, efficiency: float, top: int = 30, reserve: float = 0.0):
