@@ -58,7 +58,8 @@ not published and the planner takes its fastest, 1; at microbatch 2 the rows lan
 -5 % (bench_frameworks.py, "what if"), but no source says 2. BigScience's sweep on the same
 engine (bigscience train/tr11-176B-ml/chronicles-prequel.md, "Choosing the fastest 3D
 Topology": TP 8, PP 6 / 12, batch 2,048) measured microbatch 2 6.1 % faster than 1, where the
-planner prices 4.2 % for BLOOM's shape: about 2 points a microbatch unpriced, not the 11-15."""
+planner prices 4.2 % for BLOOM's shape and BF16 optimizer: about 2 points unpriced, not the
+11-15."""
 
 
 def _cfg(p) -> str:
