@@ -117,12 +117,13 @@ def test_published_steps_agree_with_the_sources_other_numbers():
             530e9, rel=0.01)
     # GPT-NeoX-20B: configs/20B.yml's microbatch 4 x 32 accumulation steps x DP 12 = 1536
     # sequences; the model card's 20,556,201,984 parameters (the shape's count is within
-    # 0.01 %: it omits no matrix); 117 TFLOP/s by eq. 3 with recomputation.
+    # 0.01 %: it omits no matrix); 117 TFLOP/s by gpt-neox's get_flops of the time (model
+    # FLOPs, B s (6 N + 60 s h L); tests/test_plan_deepspeed.py checks it by hand).
     neox = RUNS["20B"]
     assert neox.batch == 4 * 32 * 12 and "dp=12," in neox.config and "pp=4," in neox.config
     assert neox.shape.total_params() == pytest.approx(20_556_201_984, rel=1e-4)
-    eq3 = 96 * 1536 * 2048 * 44 * 6144**2 * (1 + 2048 / (6 * 6144) + 50432 / (16 * 44 * 6144))
-    assert eq3 / (neox.step * 96) / 1e12 == pytest.approx(117)
+    count = 1536 * 2048 * (6 * 20_556_201_984 + 60 * 2048 * 6144 * 44)
+    assert count / (neox.step * 96) / 1e12 == pytest.approx(117)
     # Llama 3: TP x CP x PP x DP = GPUs, 16M tokens a step, MFU = TFLOP/s / 989 (43/41/38 %).
     for name, mfu in (("405B 8K 8k", 0.43), ("405B 8K 16k", 0.41), ("405B 128K 16k", 0.38)):
         r = RUNS[name]
@@ -214,9 +215,10 @@ def test_known_misses_have_the_named_causes(efficiency, rows):
     published = RUNS["530B 2240"].step / RUNS["530B 3360"].step
     assert mt[0]["plan"].step_time / mt[2]["plan"].step_time == pytest.approx(published,
                                                                             rel=0.05)
-    # GPT-NeoX-20B, the other fp16 DeepSpeed-pipeline run: over-predicted by about as much.
+    # GPT-NeoX-20B at the A100 Megatron-LM fit (the planner's pricing): over-predicted by
+    # about 13 % (-8 % in step at DeepSpeed's own fit: test_deepspeed_fit_predicts_neox).
     neox = rows["20B"]
-    assert 0.15 < neox["error"] < 0.35, neox
+    assert 0.08 < neox["error"] < 0.2, neox
     assert (neox["plan"].microbatches, neox["plan"].recompute) == (32, "full")
     # torchtitan: over-predicted (another GPU), but the 8 -> 128 GPU scaling is right.
     t1, t3 = rows["8B FSDP 8"], rows["8B FSDP 128"]
@@ -326,3 +328,26 @@ def test_deepspeed_engine_prices_every_deepspeed_run(rows):
 def test_unknown_engine_is_named():
     with pytest.raises(ValueError, match="unknown engine 'megatron-x'.*valid are '', 'deepspeed'"):
         engine_step(replace(RUNS["20B"], engine="megatron-x"), None, 0.7)
+
+
+@pytest.fixture(scope="module")
+def framework_rows():
+    """Each run at its (GPU, framework) fit, priced under its framework (bench_frameworks)."""
+    eff, got = predict_runs(by_framework=True)
+    return eff, {r["model"]: r for r in got}
+
+
+def test_deepspeed_fit_predicts_neox_within_10_percent_and_mt_nlg_misses(framework_rows):
+    """At DeepSpeed's A100 fit (BLOOM): GPT-NeoX-20B within 10 % of its step; MT-NLG 530B
+    predicted 10-16 % faster than it ran (the known miss, bench/published/mt_nlg_530b.toml);
+    the DeepSpeed fit below Megatron-LM's."""
+    eff, rows = framework_rows
+    assert eff["a100-80gb", "deepspeed"] < eff["a100-80gb", "megatron"]
+    assert rows["176B"]["calibration"] and abs(rows["176B"]["error"]) < 1e-3
+    step = lambda r: 1 / (1 + r["error"]) - 1  # noqa: E731  predicted / published step - 1
+    assert -0.10 < step(rows["20B"]) < 0
+    for g in (2240, 2800, 3360):
+        assert -0.16 < step(rows[f"530B {g}"]) < -0.10
+    assert all(r["fits"] for n, r in rows.items() if n != "8B FSDP 8")
+    # Both calibrations are reported: at one efficiency per GPU torchtitan's rows are +50 %.
+    assert rows["8B FSDP 128"]["gpu_error"] > 0.4 > abs(rows["8B FSDP 128"]["error"])

@@ -26,10 +26,9 @@ def test_steps_follow_the_metric_by_hand():
     t1 = runs["8B FSDP 8"]  # tokens/s per GPU: 16 x 8192 tokens over 5,762 x 8
     assert t1.step == pytest.approx(16 * 8192 / (5762 * 8))
     assert runs["530B 2240"].step == 60.1  # the published iteration time itself
-    neox = runs["20B"]  # eq. 3 at 117 TFLOP/s on 96 GPUs
-    h, L, s, V = 6144, 44, 2048, 50432
-    assert neox.step == pytest.approx(96 * 1536 * s * L * h * h * (1 + s / (6 * h) + V / (
-        16 * L * h)) / (96 * 117e12))
+    neox = runs["20B"]  # gpt-neox's get_flops of 2022 at 117 TFLOP/s on 96 GPUs
+    h, L, s, N = 6144, 44, 2048, 20_556_201_984
+    assert neox.step == pytest.approx(1536 * s * (6 * N + 60 * s * h * L) / (96 * 117e12))
 
 
 def test_an_unknown_step_rule_is_named(tmp_path):

@@ -9,10 +9,12 @@ with this module instead.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..ir.schedule import Kind
 from ..sim.wire import lower, run_wire
 from .hardware import Hardware
-from .network import Network, allreduce
+from .network import Network, all_gather, allreduce
 from .plans import Plan
 
 
@@ -55,13 +57,48 @@ def deepspeed_lowering(schedule):
     return lower(schedule, "deepspeed", recv_first=recv_first)
 
 
-def deepspeed_step(plan: Plan, hw: Hardware, tied_params: float = 0.0) -> float:
+def partition_gathers(plan: Plan, hw: Hardware, activation_bytes: float) -> tuple[list, list]:
+    """Seconds each stage's F and B spend re-assembling the activations DeepSpeed's
+    PipelineEngine splits over the TP ranks (``engine.py``: ``is_pipe_partitioned`` and
+    ``is_grad_partitioned`` are ``is_model_parallel``, on whenever TP > 1, from the first
+    engine, 65c2f97, 2020-09, until #4322 made them optional in 2023-11): a stage sends
+    only its rank's 1/t of the boundary activation (``PartitionedTensor``), so
+
+    - a forward on every stage but the first opens with ``PartitionedTensor.full()`` of its
+      input, one all-gather over the TP group (``_exec_forward_pass``);
+    - a backward on every stage but the last gathers its own output back (its data was
+      freed after the send: ``first_output.data = torch.zeros(1)``) and the received
+      gradient, two all-gathers (``_exec_backward_pass``).
+
+    Each all-gathers ``activation_bytes`` (the whole boundary activation, ``2 s b h``) on
+    the TP group's link. ``([F extra per stage], [B extra per stage])``; zeros at TP 1.
+
+    >>> from types import SimpleNamespace as NS
+    >>> from pipebubble.plan.hardware import get_hardware
+    >>> hw = replace(get_hardware("a100-80gb"), nvlink_bandwidth=100e9, nvlink_latency=0.0,
+    ...              bus_fraction=1.0)
+    >>> plan = NS(tp=4, pp=3)
+    >>> f, b = partition_gathers(plan, hw, 1e9)  # 3/4 x 1 GB at 100 GB/s: 7.5 ms a gather
+    >>> [round(x * 1e3, 1) for x in f], [round(x * 1e3, 1) for x in b]
+    ([0.0, 7.5, 7.5], [15.0, 15.0, 0.0])
+    """
+    t, p = plan.tp, plan.pp
+    if t <= 1 or activation_bytes <= 0:
+        return [0.0] * p, [0.0] * p
+    g = all_gather(activation_bytes, t, Network.of(hw).link(1, t))
+    return ([0.0] + [g] * (p - 1), [2 * g] * (p - 1) + [0.0])
+
+
+def deepspeed_step(plan: Plan, hw: Hardware, tied_params: float = 0.0,
+                   activation_bytes: float = 0.0) -> float:
     """The step of ``plan`` (as the planner priced it on ``hw``) on DeepSpeed's
     PipelineEngine, seconds: ``max_r (end_r + DP_r) + tied + optimizer``, where
 
     - ``end_r`` is rank r's last compute in the wire simulation of the engine's P2P order
       (:func:`deepspeed_lowering`, blocking: ``run_wire(..., blocking=True)``), with the
-      plan's stage costs and P2P hop;
+      plan's stage costs, each F and B with the all-gathers of the activations the engine
+      splits over TP (:func:`partition_gathers`, ``activation_bytes`` the whole boundary
+      activation of a microbatch; 0: none), and the plan's P2P hop;
     - ``DP_r`` is all of the rank's data-parallel traffic (the plan's per-stage
       ``allreduce``: before + after), none of it overlapped: the engine turns the backward's
       gradient hooks off (``engine.py``: ``self.enable_backward_allreduce = False``, "We
@@ -74,7 +111,13 @@ def deepspeed_step(plan: Plan, hw: Hardware, tied_params: float = 0.0) -> float:
     """
 
     c = plan.config
-    tl = run_wire(deepspeed_lowering(plan.schedule_obj), plan.costs, blocking=True).timeline
+    costs = plan.costs
+    if plan.tp > 1 and activation_bytes > 0:
+        fx, bx = partition_gathers(plan, hw, activation_bytes)
+        st = costs.resolve(plan.pp)
+        costs = replace(costs, f=[x + y for x, y in zip(st.f, fx, strict=True)],
+                        b=[x + y for x, y in zip(st.b, bx, strict=True)])
+    tl = run_wire(deepspeed_lowering(plan.schedule_obj), costs, blocking=True).timeline
     end = [max((e.end for e in tl.events(r)), default=0.0) - min(tl.start) for r in
            range(plan.pp)]
     dp = [0.0] * plan.pp

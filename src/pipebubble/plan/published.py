@@ -176,6 +176,9 @@ class Run:
     note: str = ""
     engine: str = ""  # the pipeline engine it ran on, where its pricing differs from the
     # planner's (ENGINES): "deepspeed" for DeepSpeed's PipelineEngine (deepspeed_step)
+    grad_wire: float = 4.0  # bytes a gradient on the data-parallel wire (its data file's
+    # grad_wire_bytes: 2 where DeepSpeed reduced fp16 gradients as they are)
+    framework: str = "megatron"  # whose calibration prices it (plan/frameworks.py)
 
 
 ENGINES = ("", "deepspeed")  # "": priced as the planner prices any plan (batched P2P, the
@@ -198,6 +201,21 @@ def korthikanti_flops(shape: TransformerShape, seq: int, batch: int) -> float:
     ``72 B L s h^2 (1 + s / (6 h) + V / (12 h L))``."""
     B, s, L, h, V = batch, seq, shape.layers, shape.hidden, shape.vocab
     return 72 * B * L * s * h * h * (1 + s / (6 * h) + V / (12 * h * L))
+
+
+def neox_flops(shape: TransformerShape, seq: int, batch: int, params: float) -> float:
+    """The FLOPs of a step as gpt-neox counted them when GPT-NeoX-20B was trained
+    (``megatron/logging.py`` ``get_flops`` from 2021 to September 2023, EleutherAI/gpt-neox
+    c560814b, the 20B release): ``B s (6 N + 60 s h L)``, ``N`` the model's parameters
+    (``get_total_params``). Model FLOPs: no recomputation factor, whatever the run
+    recomputed (the factor came with #1044, September 2023, from Megatron-DeepSpeed).
+
+    >>> from pipebubble.plan.analytic import TransformerShape
+    >>> sh = TransformerShape(layers=2, hidden=8, ffn=32, heads=2, vocab=16)
+    >>> neox_flops(sh, seq=4, batch=1, params=100)  # 4 x (600 + 60 x 4 x 8 x 2)
+    17760.0
+    """
+    return float(batch * seq * (6 * params + 60 * seq * shape.hidden * shape.layers))
 
 
 def llama_flops(shape: TransformerShape, seq: int, batch: int) -> float:
@@ -250,12 +268,14 @@ def _step(r: dict, shape: TransformerShape) -> float:
     if how == "megatron-eq3":
         L, h, V = shape.layers, shape.hidden, shape.vocab
         return 96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h)) / (n * x * 1e12)
+    if how == "neox-2022":
+        return neox_flops(shape, s, B, r["flop_params"]) / (n * x * 1e12)
     if how == "llama":
         return llama_flops(shape, s, B) / (x * 1e12 * n)
     if how == "tokens":
         return B * s / (x * n)
     raise ValueError(f"run {r['name']!r}: unknown step_from {how!r}; valid are seconds, "
-                     "korthikanti-eq7, megatron-eq3, llama, tokens")
+                     "korthikanti-eq7, megatron-eq3, neox-2022, llama, tokens")
 
 
 def load_runs(directory: Path | None = None) -> tuple[Run, ...]:
@@ -275,7 +295,9 @@ def load_runs(directory: Path | None = None) -> tuple[Run, ...]:
                             r["gpu"], r["config"], r["metric"], r["published"], _step(r, shape),
                             flash=r.get("flash", True), search=search,
                             hardware=tuple(r.get("hardware", {}).items()),
-                            note=r.get("note", ""), engine=r.get("engine", "")))
+                            note=r.get("note", ""), engine=r.get("engine", ""),
+                            grad_wire=float(r.get("grad_wire_bytes", 4.0)),
+                            framework=r.get("framework", "megatron")))
     return tuple(runs)
 
 
@@ -305,11 +327,15 @@ RESERVE = 0.05  # the planner's default reserve (``plan --reserve 5%``): its bud
 # priced against the physical memory (``reserve=0``) and the reserve is reported beside it.
 
 
-def _setup(run: Run, efficiency: float, top: int = 1, reserve: float = 0.0):
+def _setup(run: Run, efficiency: float, top: int = 1, reserve: float = 0.0,
+           framework: str | None = None):
     """(profiles, the request as ``plan`` builds it, the hardware): the model at the run's
     sequence, the GPU preset with the run's overrides, the budget the GPU's memory less
-    ``reserve`` (a fraction; 0: the physical memory)."""
+    ``reserve`` (a fraction; 0: the physical memory); with ``framework``, priced under its
+    profile (:func:`~pipebubble.plan.frameworks.apply`: its data-parallel and TP overlap,
+    reshard policy) at the run's own precision and model states (its source's)."""
     from ..schedules import schedule_names
+    from .frameworks import apply, settings
 
     hw = replace(get_hardware(run.gpu), **dict(run.hardware), efficiency=efficiency)
     prof = ProfileSet([shape_profile(run.shape, run.seq, 1,
@@ -318,7 +344,11 @@ def _setup(run: Run, efficiency: float, top: int = 1, reserve: float = 0.0):
                   schedules=tuple(schedule_names(searched=False)))
     fields.update(run.search)
     req = Request(gpus=run.gpus, gpu_memory=hw.memory * (1 - reserve), global_batch=run.batch,
-                  grad_bytes=4.0, top=top, **fields)
+                  grad_bytes=run.grad_wire, top=top, **fields)
+    if framework is not None:
+        fw = replace(settings(framework), state_bytes=None, grad_wire=None,
+                     grad_accumulation_bytes=None)  # the run's own (its source's)
+        req, hw = apply(fw, req, hw)
     return prof, req, hw
 
 
@@ -329,14 +359,17 @@ def predict_config(run: Run, efficiency: float, reserve: float = 0.0):
     return _predict(run, efficiency, reserve)[0]
 
 
-def _predict(run: Run, efficiency: float, reserve: float = 0.0):
+def _predict(run: Run, efficiency: float, reserve: float = 0.0, framework: str | None = None,
+             config: str = ""):
     """(the plan, whether it fits the budget: the GPU's memory less ``reserve``); one that
-    does not is the least-memory plan, as ``plan --config`` reports it."""
+    does not is the least-memory plan, as ``plan --config`` reports it. ``framework``:
+    priced under its profile (:func:`_setup`); ``config``: ``plan --config`` text appended
+    to the run's."""
     from .config import parse_config, restrict
     from .planner import search
 
-    prof, req, hw = _setup(run, efficiency, reserve=reserve)
-    one = replace(restrict(req, parse_config(run.config, run.gpus)), top=1)
+    prof, req, hw = _setup(run, efficiency, reserve=reserve, framework=framework)
+    one = replace(restrict(req, parse_config(run.config + config, run.gpus)), top=1)
     try:
         return search(prof, one, hw, efficiency).plans[0], True
     except NoPlanFits as exc:
@@ -354,23 +387,55 @@ def engine_step(run: Run, plan, efficiency: float) -> float:
         return plan.step_time
     hw = replace(get_hardware(run.gpu), **dict(run.hardware), efficiency=efficiency)
     tied = run.shape.vocab * run.shape.hidden if run.shape.tied_embeddings else 0.0
-    return deepspeed_step(plan, hw, tied)
+    boundary = 2.0 * run.seq * plan.microbatch_size * run.shape.hidden  # 16-bit, s b h
+    return deepspeed_step(plan, hw, tied, boundary)
 
 
-def rank_config(run: Run, efficiency: float, top: int = 30, reserve: float = 0.0):
+def framework_plan(run: Run, efficiency: float, config: str = "") -> tuple:
+    """(the plan, its step as the run's engine runs it) of ``run``'s published configuration
+    (plus ``config``) priced under its framework's profile (``Run.framework``) at
+    ``efficiency``, at the physical memory: what ``bench/bench_frameworks.py`` fits and
+    predicts."""
+    plan = _predict(run, efficiency, framework=run.framework, config=config)[0]
+    return plan, engine_step(run, plan, efficiency)
+
+
+FRAMEWORK_FITS = {("a100-80gb", "megatron"): "18.4B", ("h100-sxm", "megatron"): H100_CALIBRATION,
+                  ("h100-sxm", "torchtitan"): "8B FSDP 8", ("a100-80gb", "deepspeed"): "176B"}
+"""The run each (GPU, framework) efficiency is fitted on (``plan/frameworks.py``
+``CALIBRATIONS`` records the figures): Megatron-LM's A100 on Table 1's 18.4B row
+(:func:`predict_table1`), the others on the named published run."""
+
+
+def framework_efficiencies(runs: tuple[Run, ...] | None = None) -> dict:
+    """``{(gpu, framework): efficiency}`` fitted on :data:`FRAMEWORK_FITS`."""
+    runs = runs or published_runs()
+    out = {}
+    for (gpu, fw), name in FRAMEWORK_FITS.items():
+        if (gpu, fw) == ("a100-80gb", "megatron"):
+            out[gpu, fw] = predict_table1(name)[0]
+            continue
+        cal = next(r for r in runs if r.name == name)
+        out[gpu, fw] = fit_efficiency(lambda e, c=cal: framework_plan(c, e)[1], cal.step)
+    return out
+
+
+def rank_config(run: Run, efficiency: float, top: int = 30, reserve: float = 0.0,
+                framework: str | None = None):
     """(the published configuration's rank among the planner's ``top`` plans, None if
     slower than all of them; the planner's own best plan), as ``plan --config`` ranks it:
     every axis searched (tp, sp, cp, pp, dp, sharding, microbatch size, every schedule family
     but ``auto``, chunks, recompute). Both under the same budget, the GPU's memory less
     ``reserve`` (0 by default: the physical memory the published configuration is priced
-    at), so that the published configuration competes with plans given the same memory."""
+    at), so that the published configuration competes with plans given the same memory;
+    ``framework``: both priced under its profile (:func:`_setup`)."""
     from ..schedules import schedule_names
     from .planner import search
 
-    prof, req, hw = _setup(run, efficiency, top, reserve)
+    prof, req, hw = _setup(run, efficiency, top, reserve, framework)
     req = replace(req, schedules=tuple(schedule_names(searched=False)))
     plans = search(prof, req, hw, efficiency).plans
-    mine = predict_config(run, efficiency, reserve)
+    mine = _predict(run, efficiency, reserve, framework)[0]
     faster = sum(1 for p in plans if p.step_time < mine.step_time * (1 - 1e-12))
     return (faster + 1 if faster < len(plans) else None), plans[0]
 
@@ -393,31 +458,50 @@ def h100_efficiency(runs: tuple[Run, ...] | None = None) -> float:
 
 
 def predict_runs(runs: tuple[Run, ...] | None = None, ranks: bool = False,
-                 efficiencies: dict[str, float] | None = None) -> tuple[dict, list[dict]]:
-    """({gpu: efficiency}, one dict per run: published and predicted metric, the error, the
+                 efficiencies: dict | None = None,
+                 by_framework: bool = False) -> tuple[dict, list[dict]]:
+    """(the efficiencies, one dict per run: published and predicted metric, the error, the
     plan chosen for the published configuration and, with ``ranks``, its rank among the
-    planner's plans and the planner's own pick with its predicted margin)."""
+    planner's plans and the planner's own pick with its predicted margin).
+
+    Two calibrations. By default one efficiency per GPU (``{gpu: efficiency}``: Megatron-LM's
+    A100 fit, the Llama 3 H100 fit) and the planner's own pricing. ``by_framework``: each run
+    at its (GPU, framework) fit (``{(gpu, framework): efficiency}``,
+    :func:`framework_efficiencies`) and priced under its framework's profile, as
+    ``bench/bench_frameworks.py`` prices it; ``gpu_error`` is then the error at the GPU's
+    Megatron-LM fit with the planner's pricing, beside it."""
     runs = runs or published_runs()
     eff = dict(efficiencies or {})
-    if "a100-80gb" not in eff:
-        eff["a100-80gb"] = a100_efficiency()
-    if "h100-sxm" not in eff:
-        eff["h100-sxm"] = h100_efficiency(runs)
+    if by_framework:
+        if not all(k in eff for k in FRAMEWORK_FITS):
+            eff = {**framework_efficiencies(runs), **eff}
+        per_gpu = {g: eff[g, "megatron"] for g in ("a100-80gb", "h100-sxm")}
+    else:
+        if "a100-80gb" not in eff:
+            eff["a100-80gb"] = a100_efficiency()
+        if "h100-sxm" not in eff:
+            eff["h100-sxm"] = h100_efficiency(runs)
+        per_gpu = eff
     out = []
     for run in runs:
-        e = eff[SAME_CHIP.get(run.gpu, run.gpu)]
-        plan, fits = _predict(run, e)
+        gpu = SAME_CHIP.get(run.gpu, run.gpu)
+        fw = run.framework if by_framework else None
+        e = eff[gpu, run.framework] if by_framework else eff[gpu]
+        plan, fits = _predict(run, e, framework=fw)
         step = engine_step(run, plan, e)
-        tight, tight_fits = _predict(run, e, RESERVE)
-        rank, best = rank_config(run, e) if ranks else (None, None)
+        tight, tight_fits = _predict(run, e, RESERVE, framework=fw)
+        rank, best = rank_config(run, e, framework=fw) if ranks else (None, None)
         physical = memory_of(run)
         need = max(plan.peak_memory)
+        fit_on = (FRAMEWORK_FITS.get((gpu, run.framework)) if by_framework else
+                  H100_CALIBRATION)
         item = {"source": run.source, "model": run.name, "gpus": run.gpus,
                 "config": run.config, "metric": run.metric, "published": run.published,
                 "predicted": run.published * run.step / step,
                 "error": run.step / step - 1, "step": step, "engine": run.engine,
+                "framework": run.framework, "efficiency": e,
                 "planner_error": run.step / plan.step_time - 1, "plan": plan, "rank": rank,
-                "best": best, "calibration": run.name == H100_CALIBRATION, "note": run.note,
+                "best": best, "calibration": run.name == fit_on, "note": run.note,
                 "fits": fits, "need": need, "physical": physical,
                 "reserve_budget": physical * (1 - RESERVE),
                 "fits_reserve": need <= physical * (1 - RESERVE),
@@ -425,6 +509,9 @@ def predict_runs(runs: tuple[Run, ...] | None = None, ranks: bool = False,
                 "reserve_error": run.step / (step if (tight.config, tight.step_time) == (
                     plan.config, plan.step_time) else engine_step(run, tight, e)) - 1,
                 "margin": plan.step_time / best.step_time - 1 if best is not None else None}
+        if by_framework:
+            g = per_gpu[gpu]
+            item["gpu_error"] = run.step / engine_step(run, _predict(run, g)[0], g) - 1
         out.append(item)
     return eff, out
 
