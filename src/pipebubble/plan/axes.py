@@ -171,10 +171,12 @@ class Axes:
                 reshard=resolve_reshard(self.reshard, pp), overlap=self.dp_overlap)
         return got
 
-    def hop(self, dp: int) -> Link:
+    def hop(self, dp: int, stages: int = 1) -> Link:
+        """The link between a rank and the rank ``stages`` pipeline stages away (``tp x cp
+        x dp`` ranks a stage; ``p2p`` when one link serves every hop)."""
         if self.p2p is not None:
             return self.p2p
-        return self.net.hop(self.dims(dp).stage_distance(1))
+        return self.net.hop(self.dims(dp).stage_distance(stages))
 
     def optimizer_time(self, dp: int, params: float) -> float:
         """Seconds of the optimizer step of a rank with ``params`` local parameters."""
@@ -189,8 +191,7 @@ class Axes:
         reduction and not overlapped), ``tp x cp x dp x (pp - 1)`` ranks apart."""
         if params <= 0 or pp <= 1:
             return 0.0
-        link = self.p2p or self.net.hop(self.dims(dp, pp).stage_distance(pp - 1))
-        return allreduce(self.grad_bytes * params, 2, link)
+        return allreduce(self.grad_bytes * params, 2, self.hop(dp, pp - 1))
 
     def copy_allreduce(self, dp: int, pp: int, distance: int, params: float,
                        expert_params: float = 0.0) -> float:
@@ -213,8 +214,8 @@ class Axes:
         d = self.dims(dp, pp)
         dense = (params - expert_params) / max(d.data_context, 1)
         experts = expert_params / max(d.expert_data_parallel, 1)
-        link = self.p2p or self.net.hop(d.stage_distance(distance))
-        return allreduce(self.grad_bytes * (dense + experts), 2, link)
+        return allreduce(self.grad_bytes * (dense + experts), 2, self.hop(dp, distance))
+
 
 # ---- the degrees, chosen together -------------------------------------------------------------
 AXIS_NAMES = ("tp", "cp", "pp", "dp")
