@@ -289,10 +289,13 @@ def test_torchtitan_gets_ep_and_a_note_where_it_lays_the_experts_out_otherwise()
 
     assert torchtitan_moe(ParallelDims(dp_shard=8, ep=4)) == (
         {"expert_parallel_degree": 4}, None)
-    entries, note = torchtitan_moe(ParallelDims(tp=2, cp=4, dp_shard=2, ep=2))
-    assert entries == {"expert_parallel_degree": 2}
+    entries, note = torchtitan_moe(ParallelDims(tp=2, cp=4, dp_shard=2, ep=2))  # etp = tp
+    assert entries == {"expert_parallel_degree": 2, "expert_tensor_parallel_degree": 2}
     assert "expert_tensor_parallel_degree = 2 only if ep is a multiple of cp 4" in note
-    assert "torchtitan 0.3" in note
+    assert "torchtitan 0.3" in note and "expert_parallel_degree = 4 at etp 1" in note
+    # etp 1: torchtitan 0.2's etp 1 and 0.3's only layout (EP borrows the TP ranks)
+    assert torchtitan_moe(ParallelDims(tp=2, sp=True, dp_shard=2, ep=4, etp=1)) == (
+        {"expert_parallel_degree": 4, "expert_tensor_parallel_degree": 1}, None)
 
 
 def test_moe_recipe_flag_reaches_the_planner(tmp_path, capsys, monkeypatch):

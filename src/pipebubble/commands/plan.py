@@ -173,6 +173,10 @@ def add_axes_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ep", type=int_list("--ep"), default=None, metavar="LIST",
                    help="expert-parallel degrees (MoE profiles: inside dp_shard x cp, dividing "
                    "the experts; default every power of two that does)")
+    g.add_argument("--etp", type=int_list("--etp"), default=None, metavar="LIST",
+                   help="expert-tensor-parallel degrees (MoE profiles: ranks splitting each "
+                   "expert, dividing tp, below tp with sp only; default 1 and tp, what "
+                   "Megatron-Core and torchtitan run)")
     g.add_argument("--moe-imbalance", type=real_flag("--moe-imbalance"), default=None,
                    metavar="X", help="MoE: the busiest expert rank's tokens over the mean, "
                    ">= 1 (default the router's capacity factor, else 1.0: even routing)")
@@ -317,6 +321,7 @@ def build_request(args: argparse.Namespace, profiles, memory: float | None = Non
                    tp=tuple(args.tp) if args.tp else None, cp=tuple(args.cp) if args.cp else None,
                    pp=tuple(args.pp) if args.pp else None, dp=tuple(args.dp) if args.dp else None,
                    ep=tuple(args.ep) if args.ep else None,
+                   etp=tuple(args.etp) if args.etp else None,
                    moe_imbalance=check_imbalance(args.moe_imbalance),
                    moe_recipe=args.moe_recipe,
                    sp=sp, shardings=shardings, fsdp_reshard=check_reshard(args.fsdp_reshard),
@@ -927,7 +932,7 @@ def pastes(plan, item: dict, profiles, ctx: dict, stem: str, runnable=None,
             "version": settings.MEGATRON, "flags": alt_item["megatron"],
             "env": alt_item["megatron_env"]}
         out[fw]["instead"] = {"plan": _label(alt), "config": {k: alt_item[k] for k in (
-                                  "tp", "sp", "cp", "pp", "dp", "ep", "sharding", "schedule",
+                                  "tp", "sp", "cp", "pp", "dp", "ep", "etp", "sharding", "schedule",
                                   "chunks", "placement", "microbatch_size", "microbatches",
                                   "recompute", "stages")},
                               "predicted_step_time": alt.step_time,
@@ -983,7 +988,8 @@ def _label(p) -> str:
     """A plan's (or a configuration's) degrees, sharding, schedule and microbatching."""
     c = getattr(p, "config", p)
     return (f"tp={c.tp}{' sp' if c.sp else ''} cp={c.cp} pp={c.pp} dp={c.dp}"
-            f"{f' ep={c.dims.ep}' if c.dims.ep > 1 else ''} {c.sharding} "
+            f"{f' ep={c.dims.ep}' if c.dims.ep > 1 else ''}"
+            f"{f' etp={c.dims.etp}' if c.dims.etp != c.tp else ''} {c.sharding} "
             f"{c.schedule} v={c.chunks} mbs={c.microbatch_size} m={c.microbatches} "
             f"recompute {c.recompute}")
 
@@ -1043,7 +1049,9 @@ def plan_table(title: str, names: list[str], items: list[dict]):
         shard = item["sharding"] + (f" ({item['fsdp_reshard']})" if item.get("fsdp_reshard")
                                     else "")  # fsdp (always) / fsdp (never)
         t.add_row(name, f"{item['tp']}{'s' if item['sp'] else ''}.{item['cp']}.{item['pp']}."
-                  f"{item['dp']}" + (f" ep{item['ep']}" if item.get("ep", 1) > 1 else ""),
+                  f"{item['dp']}" + (f" ep{item['ep']}" if item.get("ep", 1) > 1 else "")
+                  + (f" etp{item['etp']}" if item.get("etp", item["tp"]) != item["tp"]
+                     else ""),
                   shard, sched,
                   f"{item['microbatch_size']}x{item['microbatches']}", item["recompute"],
                   _t(item["predicted_step_time"]),
@@ -1235,7 +1243,8 @@ def why_best(result, out: dict) -> list[str]:
         lines.append("  (pp = 1: do not pipeline)")
     a2a = out["plans"][0].get("all_to_all") if out.get("plans") else None
     if a2a:  # MoE: plan/expert.py
-        lines.append(f"  expert parallel ep={b.dims.ep} over {a2a['nodes']} node(s), expert-"
+        lines.append(f"  expert parallel ep={b.dims.ep} over {a2a['nodes']} node(s), expert "
+                     f"tensor parallel etp={b.dims.etp}, expert-"
                      f"data-parallel {b.dims.expert_data_parallel}: all-to-all "
                      f"{_t(a2a['forward'])} in F and {_t(a2a['backward'])} in the backward "
                      f"of the slowest stage, a microbatch (imbalance {a2a['imbalance']:g})")

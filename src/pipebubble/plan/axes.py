@@ -60,9 +60,12 @@ class Point:
     dims: ParallelDims = ParallelDims()
     sharding: Sharding = Sharding.DDP  # or its name
     ep: int = 1  # expert parallel (MoE): set in dims once dp is known (plan/expert.py)
+    etp: int | None = None  # expert tensor parallel (MoE; None: tp), with ep
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sharding", Sharding.of(self.sharding))
+        if self.etp is None:
+            object.__setattr__(self, "etp", self.dims.tp)
 
     tp = property(lambda self: self.dims.tp)
     sp = property(lambda self: self.dims.sp)
@@ -96,19 +99,20 @@ class Axes:
             pt = self.point
             replicate, shard = pt.sharding.split_dp(dp, pt.dims.model_parallel,
                                                     self.net.gpus_per_node)
-            got = self._dims[(dp, pp)] = pt.dims.with_split(pp, replicate, shard, pt.ep)
+            got = self._dims[(dp, pp)] = pt.dims.with_split(pp, replicate, shard, pt.ep,
+                                                                   pt.etp)
         return got
 
     def ep_fits(self, dp: int) -> bool:
         """Whether the point's ``ep`` fits ``dp`` data-parallel ranks split by its sharding
         (EP is carved out of ``dp_shard x cp``: :class:`~pipebubble.plan.dims.ParallelDims`)."""
         pt = self.point
-        if pt.ep == 1:
+        if pt.ep == 1 and pt.etp == pt.dims.tp:
             return True
         if pt.sharding.hybrid:
             return False  # hsdp's shard group and the expert-data-parallel group: not priced
         _, shard = pt.sharding.split_dp(dp, pt.dims.model_parallel, self.net.gpus_per_node)
-        return pt.dims.ep_fits(pt.ep, shard)
+        return pt.dims.ep_fits(pt.ep, shard, pt.etp)
 
     # -- the experts (MoE): sharded over EP, their states over the expert-data-parallel group
     def _expert_sharding(self) -> Sharding:
@@ -127,7 +131,7 @@ class Axes:
 
     def expert_sync(self, dp: int, pp: int = 1) -> Sync:
         """The experts' gradient reduction (and gather) over their expert-data-parallel
-        group, ``tp x ep`` ranks apart (``ParallelDims.group("edp")``)."""
+        group, ``etp x ep`` ranks apart (``ParallelDims.group("edp")``)."""
         if self.point.sharding.hybrid:
             return self.sync(dp, pp)
         key = ("experts", dp, pp)

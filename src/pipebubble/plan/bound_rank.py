@@ -120,23 +120,23 @@ PIPE_KEYS = {"pp": "pp", "dp": "dp", "mbs": "microbatch_size", "v": "chunks",
              "schedule": "schedule", "recompute": "recompute"}  # --config key: Config field
 
 
-def _point_matches(tp: int, cp: int, sp: bool, ep: int, sharding: Sharding, config: dict
-                   ) -> bool:
+def _point_matches(tp: int, cp: int, sp: bool, ep: int, sharding: Sharding, config: dict,
+                   etp: int | None = None) -> bool:
     if "sharding" in config and sharding is not Sharding.of(config["sharding"]):
         return False
-    got = {"tp": tp, "cp": cp, "sp": sp, "ep": ep}
+    got = {"tp": tp, "cp": cp, "sp": sp, "ep": ep, "etp": tp if etp is None else etp}
     return all(got[k] == config[k] for k in got if k in config)
 
 
 def point_matches(pt: Point, config: dict) -> bool:
     """Whether a point (tp, sp, cp, ep, sharding) is one ``config`` (``plan --config``'s
     dict, :func:`~pipebubble.plan.config.parse_config`) allows."""
-    return _point_matches(pt.tp, pt.cp, pt.sp, pt.ep, pt.sharding, config)
+    return _point_matches(pt.tp, pt.cp, pt.sp, pt.ep, pt.sharding, config, pt.etp)
 
 
 def matches(c: Config, config: dict) -> bool:
     """Whether ``c`` is one of the configurations ``config`` restricts the search to."""
-    return _point_matches(c.tp, c.cp, c.sp, c.dims.ep, c.sharding, config) and all(
+    return _point_matches(c.tp, c.cp, c.sp, c.dims.ep, c.sharding, config, c.dims.etp) and all(
         getattr(c, f) == config[k] for k, f in PIPE_KEYS.items() if k in config)
 
 

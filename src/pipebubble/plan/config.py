@@ -1,7 +1,7 @@
 """What the user runs now: ``plan --config tp=8,pp=8,dp=24,...`` as restrictions of the search.
 
-The keys are the axes of a plan (tp, sp, cp, pp, dp, ep, sharding, mbs, schedule, v,
-recompute; ``ep``: expert parallel, MoE profiles only); any subset may be given and the
+The keys are the axes of a plan (tp, sp, cp, pp, dp, ep, etp, sharding, mbs, schedule, v,
+recompute; ``ep``, ``etp``: expert parallel and expert tensor parallel, MoE profiles only); any subset may be given and the
 rest is searched. :func:`parse_config` checks the text (one line naming the item and what
 is valid), :func:`restrict` narrows a planner Request to it.
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 from ..errors import UserError, param
 from .dims import ParallelDims
 
-CONFIG_KEYS = ("tp", "sp", "cp", "pp", "dp", "ep", "sharding", "mbs", "schedule", "v",
+CONFIG_KEYS = ("tp", "sp", "cp", "pp", "dp", "ep", "etp", "sharding", "mbs", "schedule", "v",
                "recompute")
 
 
@@ -32,7 +32,7 @@ def parse_config(text: str, gpus: int) -> dict:
                              f"{', '.join(CONFIG_KEYS)}")
         if key in out:
             raise UserError(f"{param('config')} gives {key} twice; give each key once")
-        if key in ("tp", "cp", "pp", "dp", "ep", "mbs", "v", "sp"):
+        if key in ("tp", "cp", "pp", "dp", "ep", "etp", "mbs", "v", "sp"):
             if not value.isascii() or not value.isdigit():  # no "+2", "1_0", "٢"
                 raise UserError(f"{param('config')} {key}={value[:40]!r} must be "
                                 + ("0 or 1" if key == "sp" else "an integer >= 1"))
@@ -63,6 +63,7 @@ def restrict(req, config: dict):  # -> Request (plan/planner.py)
 
     ch = {}
     for key, field in (("tp", "tp"), ("cp", "cp"), ("pp", "pp"), ("dp", "dp"), ("ep", "ep"),
+                       ("etp", "etp"),
                        ("mbs", "microbatch_sizes"), ("v", "chunks")):
         if key in config:
             ch[field] = (config[key],)
@@ -76,5 +77,5 @@ def restrict(req, config: dict):  # -> Request (plan/planner.py)
         ch["recompute"] = (config["recompute"],)
     if "v" in config:
         ch["max_chunks"] = max(req.max_chunks, config["v"])
-    ch["config"] = tuple(k for k in ("tp", "cp", "pp", "dp", "ep") if k in config)
+    ch["config"] = tuple(k for k in ("tp", "cp", "pp", "dp", "ep", "etp") if k in config)
     return replace(req, **ch)

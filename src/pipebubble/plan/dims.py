@@ -14,7 +14,19 @@ process groups):
   mesh borrows from ``dp_shard`` and ``cp``; Megatron-Core: ``--expert-model-parallel-size``
   inside data x context parallel). An EP group is ``ep`` consecutive ranks of the
   ``cp x dp`` grid (stride ``tp``), the expert-data-parallel group the ranks ``tp x ep``
-  apart that hold the same experts (:mod:`pipebubble.plan.expert`).
+  apart that hold the same experts (:mod:`pipebubble.plan.expert`);
+- ``etp``: expert tensor parallel, the ranks that split each expert's matrices (Megatron-Core
+  ``--expert-tensor-parallel-size``, default ``tp``; torchtitan
+  ``expert_tensor_parallel_degree``, 1 or ``tp``). ``None`` means ``tp`` (Megatron-Core's
+  default, the planner's layout before ETP had a degree of its own). ``etp`` divides ``tp``
+  (an ETP group is a slice of a TP group) and, below ``tp``, needs ``sp`` (Megatron-Core
+  runs MoE with TP only under sequence parallelism: each ETP group serves its slice of the
+  TP group's tokens). The expert mesh of a stage is ``etp x ep x edp = tp x cp x dp``
+  (Megatron-Core's expert rank generator, ETP innermost): an ETP group is ``etp``
+  consecutive ranks, an EP group ``ep`` ranks ``etp`` apart, the expert-data-parallel
+  group ``tp x cp x dp / (etp x ep)`` ranks ``etp x ep`` apart. EP then borrows the
+  ``tp / etp`` TP ranks besides ``dp_shard x cp``: ``ep`` divides ``(tp / etp) x dp_shard
+  x cp``.
 
 ``world = tp x cp x pp x dp``. The ranks are numbered as both frameworks build their grid:
 TP innermost (neighbouring ranks), then CP, then DP, PP outermost. So a group of an axis is
@@ -41,6 +53,14 @@ tp must be an integer >= 1, got 0
 ... except UserError as exc:
 ...     print(exc)  # doctest: +ELLIPSIS
 ep 4 must divide dp_shard x cp = 6 (expert parallelism is carved out of ...); valid are 1, 2, 3, 6
+>>> e = ParallelDims(tp=4, sp=True, dp_shard=4, ep=8, etp=1)  # EP borrows the 4 TP ranks
+>>> e.expert_data_parallel, e.group("etp"), e.group("ep"), e.group("edp")
+(2, (1, 1), (1, 8), (8, 2))
+>>> try:
+...     ParallelDims(tp=4, etp=3)
+... except UserError as exc:
+...     print(exc)  # doctest: +ELLIPSIS
+etp 3 must divide tp 4 (an expert-tensor-parallel group is a slice of ...); valid are 1, 2, 4
 """
 
 from __future__ import annotations
@@ -49,7 +69,7 @@ from dataclasses import dataclass, replace
 
 from ..errors import UserError, param
 
-DEGREES = ("tp", "cp", "pp", "dp_replicate", "dp_shard", "ep")
+DEGREES = ("tp", "cp", "pp", "dp_replicate", "dp_shard", "ep", "etp")
 AXES = ("tp", "cp", "dp", "pp")  # innermost first: the order of the process grid
 
 
@@ -64,8 +84,11 @@ class ParallelDims:
     dp_shard: int = 1
     ep: int = 1  # expert parallel: inside dp_shard x cp (plan/expert.py)
     sp: bool = False  # sequence parallelism over the tp ranks
+    etp: int | None = None  # expert tensor parallel, divides tp (None: tp, Megatron's default)
 
     def __post_init__(self) -> None:
+        if self.etp is None:
+            object.__setattr__(self, "etp", self.tp)
         for name in DEGREES:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -76,12 +99,25 @@ class ParallelDims:
         if self.sp and self.tp == 1:
             raise UserError("sp needs tp > 1 (sequence parallelism splits TP's replicated "
                             "activations)")
-        room = self.dp_shard * self.cp
+        if self.tp % self.etp:
+            valid = ", ".join(str(d) for d in range(1, self.tp + 1) if self.tp % d == 0)
+            raise UserError(f"etp {self.etp} must divide tp {self.tp} (an expert-tensor-"
+                            f"parallel group is a slice of a TP group); valid are {valid}")
+        if self.etp < self.tp and not self.sp:
+            raise UserError(f"etp {self.etp} < tp {self.tp} needs sp (each expert-tensor-"
+                            f"parallel group serves its sequence shard of the TP group's "
+                            f"tokens, as Megatron-Core runs MoE with TP); valid without sp: "
+                            f"etp {self.tp}")
+        room = self.dp_shard * self.cp * (self.tp // self.etp)
         if room % self.ep:
             valid = ", ".join(str(d) for d in range(1, room + 1) if room % d == 0)
-            raise UserError(f"ep {self.ep} must divide dp_shard x cp = {room} (expert "
+            what = ("dp_shard x cp" if self.etp == self.tp else
+                    "tp / etp x dp_shard x cp")
+            raise UserError(f"ep {self.ep} must divide {what} = {room} (expert "
                             f"parallelism is carved out of the sharded data x context "
-                            f"parallel ranks); valid are {valid}")
+                            f"parallel ranks" + ("" if self.etp == self.tp else
+                                                 " and the TP ranks ETP leaves")
+                            + f"); valid are {valid}")
 
     # ---- derived sizes ---------------------------------------------------------------------
     @property
@@ -124,26 +160,36 @@ class ParallelDims:
 
     @property
     def expert_data_parallel(self) -> int:
-        """The expert-data-parallel ranks: ``dp x cp / ep`` (expert weights are replicated
-        or sharded over them)."""
-        return self.data_context // self.ep
+        """The expert-data-parallel ranks: ``tp x cp x dp / (etp x ep)`` (``dp x cp / ep``
+        at ``etp = tp``; expert weights are replicated or sharded over them)."""
+        return self.stage_ranks // (self.etp * self.ep)
+
+    @property
+    def etp_groups(self) -> int:
+        """Expert-tensor-parallel groups in one TP group, ``tp / etp``: each serves that
+        share of the TP group's tokens."""
+        return self.tp // self.etp
 
     def group(self, axis: str) -> tuple[int, int]:
         """``(stride, size)`` of a group of ``axis`` (``tp``, ``cp``, ``dp``, ``dp_cp``,
-        ``ep``, ``edp``, ``pp``) in the grid (module doc): ``dp_cp`` is the data x context
-        group of the gradient reduction, ``tp`` ranks apart; ``ep`` the expert-parallel group
-        (``ep`` consecutive ranks of ``cp x dp``), ``edp`` the expert-data-parallel group
-        that reduces the experts' gradients (``tp x ep`` apart)."""
+        ``etp``, ``ep``, ``edp``, ``pp``) in the grid (module doc): ``dp_cp`` is the data x
+        context group of the gradient reduction, ``tp`` ranks apart; the expert mesh
+        (Megatron-Core's, ETP innermost): ``etp`` consecutive ranks, the expert-parallel
+        group ``ep`` ranks ``etp`` apart (``tp`` apart, in ``cp x dp``, at ``etp = tp``),
+        ``edp`` the expert-data-parallel group that reduces the experts' gradients (``etp x
+        ep`` apart)."""
         sizes = {"tp": self.tp, "cp": self.cp, "dp": self.dp, "pp": self.pp}
         if axis == "dp_cp":
             return self.tp, self.data_context
+        if axis == "etp":
+            return 1, self.etp
         if axis == "ep":
-            return self.tp, self.ep
+            return self.etp, self.ep
         if axis == "edp":
-            return self.tp * self.ep, self.expert_data_parallel
+            return self.etp * self.ep, self.expert_data_parallel
         if axis not in sizes:
-            raise UserError(f"unknown axis {axis!r}; valid are {', '.join(AXES)}, dp_cp, ep, "
-                            "edp")
+            raise UserError(f"unknown axis {axis!r}; valid are {', '.join(AXES)}, dp_cp, etp, "
+                            "ep, edp")
         stride = 1
         for inner in AXES[:AXES.index(axis)]:
             stride *= sizes[inner]
@@ -161,16 +207,19 @@ class ParallelDims:
         return max(1, min(gpus_per_node, self.world) // self.members_per_node(
             axis, gpus_per_node))
 
-    def with_split(self, pp: int, dp_replicate: int, dp_shard: int, ep: int | None = None
-                   ) -> ParallelDims:
+    def with_split(self, pp: int, dp_replicate: int, dp_shard: int, ep: int | None = None,
+                   etp: int | None = None) -> ParallelDims:
         """These model-parallel degrees with a pipeline and data-parallel split (and
-        ``ep``, when given: it must divide the split's ``dp_shard x cp``)."""
+        ``ep``, ``etp``, when given: ``ep`` must divide the split's ``tp / etp x dp_shard x
+        cp``)."""
         return replace(self, pp=pp, dp_replicate=dp_replicate, dp_shard=dp_shard,
-                       ep=self.ep if ep is None else ep)
+                       ep=self.ep if ep is None else ep, etp=self.etp if etp is None else etp)
 
-    def ep_fits(self, ep: int, dp_shard: int) -> bool:
-        """Whether ``ep`` divides ``dp_shard x cp`` (these degrees with that shard split)."""
-        return (dp_shard * self.cp) % ep == 0
+    def ep_fits(self, ep: int, dp_shard: int, etp: int | None = None) -> bool:
+        """Whether ``ep`` divides ``tp / etp x dp_shard x cp`` (these degrees with that
+        shard split; ``etp`` None: these degrees' own)."""
+        etp = self.etp if etp is None else etp
+        return (dp_shard * self.cp * (self.tp // etp)) % ep == 0
 
     def check_world(self, gpus: int, flag: str = param("gpus")) -> None:
         """One line unless the degrees use exactly ``gpus`` GPUs."""
@@ -181,4 +230,5 @@ class ParallelDims:
 
     def as_json(self) -> dict:
         return {"tp": self.tp, "sp": self.sp, "cp": self.cp, "pp": self.pp, "dp": self.dp,
-                "dp_replicate": self.dp_replicate, "dp_shard": self.dp_shard, "ep": self.ep}
+                "dp_replicate": self.dp_replicate, "dp_shard": self.dp_shard, "ep": self.ep,
+                "etp": self.etp}

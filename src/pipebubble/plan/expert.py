@@ -95,7 +95,7 @@ from .memory import embedding_activation_bytes, head_activation_bytes
 from .moe import LatentAttention, MoEShape, layer_cost
 from .network import Network
 from .parallel_costs import MODES, ParallelCosts
-from .tensor import block_tp_comm, block_tp_hidden
+from .tensor import block_tp_comm, block_tp_hidden, sp_collective
 
 ACT_BYTES = 2  # 16-bit activations on the wire
 DEFAULT_IMBALANCE = 1.0
@@ -314,6 +314,28 @@ def routed_shares(shape: MoEShape, ep: int, members: int, own_node: bool = False
     return (members - 1) / members, min((nodes - 1) * reach / k, (ep - members) / ep)
 
 
+def etp_block_comm(tokens: float, hidden: int, tp: int, etp: int, net: Network,
+                   hide: tuple[float, float], hide_dgrad: tuple[float, float],
+                   hide_experts: tuple[float, float], shared: bool
+                   ) -> tuple[float, float, float]:
+    """(forward, backward, hidden by a fused B) seconds of an MoE block's TP collectives
+    with expert tensor parallelism below TP (``etp < tp``, sequence parallel): the
+    attention's all-gather / reduce-scatter pair over the TP group on the ``tokens``, the
+    shared experts' pair likewise (when the block has them: a dense MLP split over TP), and
+    the routed experts' pair over the ETP group (``etp`` consecutive ranks) on its
+    ``tokens x etp / tp`` (Megatron-Core's all-to-all dispatcher gathers the tokens over the
+    expert-tensor group around the experts and reduce-scatters their output;
+    :func:`~pipebubble.plan.tensor.sp_collective`). ``hide``, ``hide_dgrad``: the QKV and
+    shared up-projection's weight- and data-gradient seconds, ``hide_experts`` the routed
+    up-projection's. At ``etp = tp`` the block is priced by
+    :func:`~pipebubble.plan.tensor.block_tp_comm` (one MLP pair on all the tokens)."""
+    parts = [sp_collective(tokens, hidden, tp, net, hide[0], hide_dgrad[0])]
+    if shared:
+        parts.append(sp_collective(tokens, hidden, tp, net, hide[1], hide_dgrad[1]))
+    parts.append(sp_collective(tokens * etp / tp, hidden, etp, net, *hide_experts))
+    return tuple(sum(p[i] for p in parts) for i in range(3))
+
+
 # ---- the request's checks ------------------------------------------------------------------
 def check_imbalance(value: float | None) -> float | None:
     """``--moe-imbalance``: None (the default) or a finite number >= 1."""
@@ -425,12 +447,14 @@ class ExpertCosts(ParallelCosts):
     def __init__(self, shape: MoEShape, seq: int, rates: Rates, net: Network, tp: int = 1,
                  sp: bool = False, cp: int = 1, ep: int = 1, flash: bool = True,
                  imbalance: float = DEFAULT_IMBALANCE, names=None, modules=None,
-                 profile=None, recipe: MoERecipe = NO_RECIPE):
+                 profile=None, recipe: MoERecipe = NO_RECIPE, etp: int | None = None):
         self.recipe = recipe
         if recipe.fp8_gemm_ratio != 1 and rates.fp8_flops > 0:
             rates = replace(rates, fp8_flops=rates.fp8_flops * recipe.fp8_gemm_ratio)
         self.shape, self.seq, self.rates, self.net = shape, seq, rates, net
         self.tp, self.sp, self.cp, self.ep, self.flash = tp, sp, cp, ep, flash
+        self.etp = tp if etp is None else etp  # expert tensor parallel (ParallelDims.etp)
+        self.etp_groups = tp // self.etp  # ETP groups a TP group: each has 1/g of its tokens
         self.imbalance = imbalance
         L = shape.layers
         self.names = names or ["tok_embeddings", *(f"layers.{i}" for i in range(L)), "output"]
@@ -441,7 +465,8 @@ class ExpertCosts(ParallelCosts):
         head = h + (0.0 if shape.tied_embeddings else V * h / tp)
         blocks, experts = [], []
         for n in range(L):
-            routed = shape.experts * shape.expert_params() / tp / ep if shape.is_moe(n) else 0.0
+            routed = (shape.experts * shape.expert_params() / self.etp / ep if shape.is_moe(n)
+                      else 0.0)
             split = shape.attention_matmul_params() + (
                 shape.shared_params() if shape.is_moe(n) else 3 * h * shape.dense_ffn)
             kept = (shape.attention_other_params() + 2 * h
@@ -485,18 +510,20 @@ class ExpertCosts(ParallelCosts):
         if key in self._blocks:
             return self._blocks[key]
         sh, r, t, cp, ep, u = self.shape, self.rates, self.tp, self.cp, self.ep, self.imbalance
+        e, g = self.etp, self.etp_groups
         T = self.seq * b / cp
         h = sh.hidden
         attn_gemms, width, head_dim, kv_width = self._attention(T)
         if moe:
             fs = sh.shared_experts * sh.shared_ffn
             shared = [(T, 2 * fs / t, h), (T, h, fs / t)] if fs else []
-            routed_rows = T * sh.top_k * u
+            # the ETP group's dispatched copies: its 1/g of the TP group's T tokens, top k
+            routed_rows = T * sh.top_k * u / g
             local = sh.experts // ep
             rows = routed_rows / local  # per local expert
-            experts = [(rows, 2 * sh.expert_ffn / t, h), (rows, h, sh.expert_ffn / t)]
+            experts = [(rows, 2 * sh.expert_ffn / e, h), (rows, h, sh.expert_ffn / e)]
             mlp = shared + experts
-            inner = (fs + routed_rows / T * sh.expert_ffn) / t  # SwiGLU width per token
+            inner = (fs + routed_rows / T * sh.expert_ffn * g) / t  # SwiGLU width per token
             router = [(T, sh.experts, h)]
         else:
             mlp = [(T, 2 * sh.dense_ffn / t, h), (T, h, sh.dense_ffn / t)]
@@ -536,10 +563,18 @@ class ExpertCosts(ParallelCosts):
         mem = memory_time(elementwise, r)
         hide = (wgrads[0], wgrads[len(attn_gemms)])
         dhide = (dgrads[0], dgrads[len(attn_gemms)])
-        tp_f, tp_b = block_tp_comm(T, h, t, self.net, self.sp, hide=hide, hide_dgrad=dhide)
-        tp_hidden = block_tp_hidden(T, h, t, self.net, self.sp, hide=hide, hide_dgrad=dhide)
+        if moe and e < t:  # the routed experts' collectives in the ETP group (module doc)
+            n_s = 2 if fs else 0  # the shared experts' GEMMs come first in the MLP
+            hide_e = (wgrads[len(attn_gemms) + n_s], dgrads[len(attn_gemms) + n_s])
+            tp_f, tp_b, tp_hidden = etp_block_comm(T, h, t, e, self.net, hide, dhide,
+                                                   hide_e, bool(fs))
+        else:
+            tp_f, tp_b = block_tp_comm(T, h, t, self.net, self.sp, hide=hide,
+                                       hide_dgrad=dhide)
+            tp_hidden = block_tp_hidden(T, h, t, self.net, self.sp, hide=hide,
+                                        hide_dgrad=dhide)
         cp_f, cp_b = block_cp_comm(T, kv_width, cp, t, self.net, (attn, attn_b))
-        members = self.net.members_per_node(t, ep)
+        members = self.net.members_per_node(e, ep)  # the EP group: ep ranks etp apart
         shares = routed_shares(sh, ep, members)
         # dispatch and combine (their gradients in the backward: the combine's gradient goes
         # the dispatch's way); with recipe.fp8_dispatch one of each pair in FP8; at a
@@ -549,8 +584,8 @@ class ExpertCosts(ParallelCosts):
         if rates is not None:
             shares = routed_shares(sh, ep, members, own_node=True)
         d_rate, c_rate = rates or (0.0, 0.0)
-        a2a = (all_to_all_time(wire * routed_rows * h, ep, t, self.net, shares, d_rate)
-               + all_to_all_time(ACT_BYTES * routed_rows * h, ep, t, self.net, shares, c_rate)
+        a2a = (all_to_all_time(wire * routed_rows * h, ep, e, self.net, shares, d_rate)
+               + all_to_all_time(ACT_BYTES * routed_rows * h, ep, e, self.net, shares, c_rate)
                ) if moe else 0.0
         got = self._blocks[key] = {
             "f": fwd + attn + mem + tp_f + cp_f + a2a + casts_f,
@@ -582,8 +617,8 @@ class ExpertCosts(ParallelCosts):
             attn_acts = (2 * h if m.q_rank else h) + lat + a * m.v_dim / t
         if moe:
             fs = sh.shared_experts * sh.shared_ffn / t
-            k = routed_rows / T  # dispatched copies a token
-            fe = sh.expert_ffn / t
+            k = routed_rows / T  # dispatched copies a token, on this rank
+            fe = sh.expert_ffn / self.etp
             mlp_in = h + fs + k * fe
             mlp_out = (3 * fs + h if fs else 0.0) + k * (2 * fe + h)
             mlp_acts = (h + fs if fs else 0.0) + k * (h + fe)
@@ -721,46 +756,100 @@ class ExpertCosts(ParallelCosts):
 
 def point_costs(shape, seq: int, rates: Rates, net: Network, tp: int, sp: bool, cp: int,
                 flash: bool, profiles, ep_list: tuple[int, ...], imbalance: float | None,
-                recipe: MoERecipe | None = None) -> list[tuple[int, object]]:
-    """``(ep, layer costs)`` at one (tp, sp, cp): a dense shape's
-    :class:`~pipebubble.plan.parallel_costs.ParallelCosts` (ep 1), an MoE shape's
-    :class:`ExpertCosts` at every ep of ``ep_list``."""
+                recipe: MoERecipe | None = None, etp_list: tuple[int, ...] | None = None
+                ) -> list[tuple[int, int, object]]:
+    """``(ep, etp, layer costs)`` at one (tp, sp, cp): a dense shape's
+    :class:`~pipebubble.plan.parallel_costs.ParallelCosts` (ep 1, etp tp), an MoE shape's
+    :class:`ExpertCosts` at every ep of ``ep_list`` and etp of ``etp_list`` this point
+    allows (:func:`etp_options`; None: ``tp`` alone)."""
     kw = dict(names=profiles.names, modules=profiles.modules, profile=profiles.profile)
     if not isinstance(shape, MoEShape):
-        return [(1, ParallelCosts(shape, seq, rates, net, tp, sp, cp, flash, **kw))]
+        return [(1, tp, ParallelCosts(shape, seq, rates, net, tp, sp, cp, flash, **kw))]
     u = imbalance if imbalance is not None else default_imbalance(shape)
     rc = recipe or NO_RECIPE
-    return [(ep, ExpertCosts(shape, seq, rates, net, tp, sp, cp, ep, flash, u, **kw,
-                             recipe=rc)) for ep in ep_list]
+    etps = (tp,) if etp_list is None else etp_options(etp_list, tp, sp)
+    return [(ep, e, ExpertCosts(shape, seq, rates, net, tp, sp, cp, ep, flash, u, **kw,
+                                recipe=rc, etp=e)) for ep in ep_list for e in etps]
+
+
+def etp_options(etp_list: tuple[int, ...], tp: int, sp: bool) -> tuple[int, ...]:
+    """The etp of ``etp_list`` one (tp, sp) point allows: those dividing ``tp``, below it
+    only with SP (:class:`~pipebubble.plan.dims.ParallelDims`).
+
+    >>> etp_options((1, 8), tp=8, sp=True), etp_options((1, 8), tp=8, sp=False)
+    ((1, 8), (8,))
+    """
+    return tuple(e for e in sorted(set(etp_list)) if tp % e == 0 and (e == tp or sp))
+
+
+def etp_search(req, shape: MoEShape | None, tps: tuple[int, ...]) -> tuple[int, ...] | None:
+    """``--etp`` (``etp=`` of ``--config``) checked against the model and the tp degrees
+    searched, else what Megatron-Core and torchtitan both run: 1 (experts whole) and tp
+    (their TP split; None here, each point adds its own tp). One line for ``--etp`` on a
+    dense profile or an etp that divides no tp of the search."""
+    given = getattr(req, "etp", None)
+    flag = (f"{param('config')} etp=" if "etp" in getattr(req, "config", ()) else
+            f"{param('etp')} ") + ",".join(map(str, given or ()))
+    if shape is None:
+        if given and tuple(given) != (1,):
+            raise UserError(f"{flag} needs an MoE profile (an analytic profile of the HF "
+                            "config of a mixtral, qwen2_moe, qwen3_moe or deepseek_v3 "
+                            "model); this profile has no experts")
+        return None
+    if not given:
+        return (1, *tps)
+    for e in given:
+        if not any(tp % e == 0 for tp in tps):
+            valid = sorted({d for tp in tps for d in range(1, tp + 1) if tp % d == 0})
+            raise UserError(f"{flag}: etp {e} must divide tp (an expert-tensor-parallel "
+                            f"group is a slice of a TP group), and no tp searched "
+                            f"({', '.join(map(str, tps))}) it divides; valid are "
+                            f"{', '.join(map(str, valid))}")
+    return tuple(given)
 
 
 # ---- pastes ------------------------------------------------------------------------------------
 def torchtitan_moe(dims) -> tuple[dict, str | None]:
-    """torchtitan's ``[parallelism]`` entry for an MoE plan, ``expert_parallel_degree``, and
-    a note where torchtitan lays the experts out otherwise than priced here: with TP, the
-    experts are priced split over TP (Megatron-Core's default), which torchtitan 0.2 runs as
-    ``expert_tensor_parallel_degree = tp`` (its EP mesh then needs ep a multiple of cp) and
-    torchtitan 0.3 not at all (its EP borrows ranks from ``dp_shard x cp x tp``, experts
-    whole: ``expert_parallel_degree = ep x tp`` is its nearest layout)."""
+    """torchtitan's ``[parallelism]`` entries for an MoE plan, ``expert_parallel_degree``
+    and (with TP and EP) ``expert_tensor_parallel_degree`` = etp (torchtitan 0.2's TOML: 1,
+    its default, or tp), and a note where torchtitan lays the experts out otherwise than
+    priced: 0.2 runs etp = tp only with ep a multiple of cp, and etp 1 or tp only; at ep 1
+    its experts follow TP whatever etp says; torchtitan 0.3 has no expert tensor
+    parallelism (its EP borrows ranks from ``dp_shard x cp x tp``, experts whole: the
+    plan's etp 1 layout), so it runs an etp = tp > 1 plan only as ``ep x tp`` at etp 1."""
     out = {"expert_parallel_degree": dims.ep}
-    note = None
-    if dims.ep > 1 and dims.tp > 1:
-        note = (f"the plan splits the experts over tp {dims.tp} (Megatron-Core's layout): "
-                f"torchtitan 0.2 runs it with expert_tensor_parallel_degree = {dims.tp}"
-                + (f" only if ep is a multiple of cp {dims.cp}" if dims.ep % dims.cp else "")
-                + "; torchtitan 0.3's EP borrows the TP ranks instead, experts whole "
-                  "(expert_parallel_degree = ep x tp is its nearest layout, not this plan)")
-    return out, note
+    notes = []
+    tp, ep, etp = dims.tp, dims.ep, dims.etp
+    if ep > 1 and tp > 1:
+        out["expert_tensor_parallel_degree"] = etp
+        if etp not in (1, tp):
+            notes.append(f"torchtitan runs expert_tensor_parallel_degree 1 or tp {tp} only, "
+                         f"not {etp}")
+        elif etp == tp and ep % dims.cp:
+            notes.append(f"torchtitan 0.2 runs expert_tensor_parallel_degree = {tp} only if "
+                         f"ep is a multiple of cp {dims.cp}")
+        if etp != 1:
+            notes.append(f"the plan splits the experts over etp {etp}: torchtitan 0.3 has no "
+                         "expert_tensor_parallel_degree (its EP borrows the TP ranks, experts "
+                         f"whole: expert_parallel_degree = {ep * etp} at etp 1 is its "
+                         "nearest layout, not this plan)")
+    elif ep == 1 and etp < tp:
+        notes.append(f"the plan keeps the experts whole (etp {etp}) at ep 1: torchtitan "
+                     f"splits them over tp {tp} there (its expert_tensor_parallel_degree "
+                     "applies only with ep > 1)")
+    return out, "; ".join(notes) or None
 
 
-def megatron_moe_flags(shape: MoEShape, ep: int) -> list[str]:
-    """Megatron-Core's MoE flags for the shape at ``ep``: ``--num-experts``,
-    ``--moe-router-topk``, ``--moe-ffn-hidden-size``, ``--expert-model-parallel-size``, the
+def megatron_moe_flags(shape: MoEShape, ep: int, etp: int = 1) -> list[str]:
+    """Megatron-Core's MoE flags for the shape at ``ep`` and ``etp``: ``--num-experts``,
+    ``--moe-router-topk``, ``--moe-ffn-hidden-size``, ``--expert-model-parallel-size``,
+    ``--expert-tensor-parallel-size`` (always written: its default is the TP size), the
     shared experts, the dense layers (``--moe-layer-freq``) and MLA."""
     flags = [f"--hidden-size {shape.hidden}", f"--num-attention-heads {shape.heads}",
              f"--num-experts {shape.experts}", f"--moe-router-topk {shape.top_k}",
              f"--moe-ffn-hidden-size {shape.expert_ffn}",
-             f"--expert-model-parallel-size {ep}", "--moe-token-dispatcher-type alltoall",
+             f"--expert-model-parallel-size {ep}", f"--expert-tensor-parallel-size {etp}",
+             "--moe-token-dispatcher-type alltoall",
              "--swiglu"]
     if shape.shared_experts:
         flags.append(f"--moe-shared-expert-intermediate-size "

@@ -77,7 +77,8 @@ from .analytic import TransformerShape
 from .axes import Axes, Point, axis_flag, splits
 from .compute import Rates, fp8_peak
 from .dims import ParallelDims
-from .expert import check_ep_splits, check_imbalance, ep_options, moe_shape_of, point_costs
+from .expert import (check_ep_splits, check_imbalance, ep_options, etp_search, moe_shape_of,
+                     point_costs)
 from .families import _auto_function, chunk_options, held_per_stage, schedule_list
 from .hardware import Hardware
 from .layercosts import ProfileSet
@@ -127,7 +128,7 @@ def build_points(profiles, req: Request, hardware: Hardware | None = None,
                          "measured profile's times are already in its precision)")
     if hardware is None or shape is None:
         asked = [axis_flag(req, k, v) for k, v in (("tp", req.tp), ("cp", req.cp),
-                                                    ("ep", req.ep))
+                                                    ("ep", req.ep), ("etp", req.etp))
                  if v is not None and tuple(v) != (1,)]
         if asked:
             why = ("needs --gpu (the compute model prices TP and CP)" if hardware is None
@@ -154,7 +155,9 @@ def build_points(profiles, req: Request, hardware: Hardware | None = None,
     cps = tuple(d for d in (1, 2, 4, 8) if seq % d == 0)
     out = []
     check_ep_splits(req, ep_list, splits(req, tps, cps), shardings, hardware.gpus_per_node)
-    for tp, cp in sorted({(tp, cp) for tp, cp, _, _ in splits(req, tps, cps)}):
+    points = sorted({(tp, cp) for tp, cp, _, _ in splits(req, tps, cps)})
+    etp_list = etp_search(req, moe, tuple(sorted({tp for tp, _ in points})))
+    for tp, cp in points:
         sps = req.sp or ((False, True) if tp > 1 else (False,))
         for sp in sps:
             if sp and tp == 1:
@@ -162,11 +165,16 @@ def build_points(profiles, req: Request, hardware: Hardware | None = None,
                     raise UserError(f"{param('sp')} 1 needs tp > 1 "
                                     f"({axis_flag(req, 'tp', req.tp)})")
                 continue
-            for ep, costs in point_costs(shape, seq, rates, net, tp, sp, cp, flash, profiles,
-                                         ep_list, req.moe_imbalance, req.moe_recipe):
+            for ep, etp, costs in point_costs(shape, seq, rates, net, tp, sp, cp, flash,
+                                              profiles, ep_list, req.moe_imbalance,
+                                              req.moe_recipe, etp_list):
                 for s in shardings:
-                    pt = Point(ParallelDims(tp=tp, cp=cp, sp=sp), s, ep=ep)
+                    pt = Point(ParallelDims(tp=tp, cp=cp, sp=sp, etp=etp), s, ep=ep, etp=etp)
                     out.append((pt, costs, hardware_axes(req, pt, hardware, mfu is None)))
+    if req.etp and not out:  # every given etp is below its tp without SP
+        raise UserError(f"{axis_flag(req, 'etp', req.etp)} below tp needs {param('sp')} 1 "
+                        "(each expert-tensor-parallel group serves its sequence shard of the "
+                        "TP group's tokens); give an etp equal to tp or allow sp 1")
     if not out:  # only --sp 1 empties it: every tp the split leaves is 1
         given = "".join(f", {axis_flag(req, a, getattr(req, a))}"
                         for a in ("tp", "cp", "pp", "dp") if getattr(req, a))

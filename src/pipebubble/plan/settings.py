@@ -267,13 +267,16 @@ def torchtitan(plan: Plan, profiles: ProfileSet, csv_path: str | Path | None = N
     return out
 
 
+TOML_ONLY = ("expert_tensor_parallel_degree",)  # torchtitan 0.2 has it, 0.3 does not
+
+
 def torchtitan_cli(paste: dict, parts: list[list[str]] | None = None) -> str:
     """torchtitan 0.3's CLI overrides for a paste's tables (``parts``: its module lists
     with 0.3's names), to follow ``--module M --config F``."""
     flags = []
     for table in ("training", "parallelism"):
         for k, v in paste[table].items():
-            if v is None:
+            if v is None or k in TOML_ONLY:
                 continue
             if k == "module_fqns_per_model_part":
                 v = " ".join(",".join(p) for p in (parts if parts is not None else v))
@@ -309,7 +312,7 @@ def megatron(plan: Plan, profiles: ProfileSet, seq: int | None = None) -> str | 
 
     moe = moe_shape_of(profiles)
     if moe is not None:  # --num-experts, --moe-router-topk, --expert-model-parallel-size ...
-        flags += megatron_moe_flags(moe, c.dims.ep)
+        flags += megatron_moe_flags(moe, c.dims.ep, c.dims.etp)
     if isinstance(seq, int) and seq > 0:
         flags.append(f"--seq-length {seq} --max-position-embeddings {seq}")
     flags.append(f"--tensor-model-parallel-size {c.tp}")

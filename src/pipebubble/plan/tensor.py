@@ -142,6 +142,23 @@ def block_tp_comm(tokens: float, hidden: int, tp: int, net: Network, sp: bool = 
                      + sum(max(0.0, ag - d) for d in hide_dgrad))
 
 
+def sp_collective(tokens: float, hidden: int, tp: int, net: Network, hide: float = 0.0,
+                  hide_dgrad: float = 0.0) -> tuple[float, float, float]:
+    """(forward, backward, hidden by a fused B) seconds of one sequence-parallel
+    collective pair over ``tp`` consecutive ranks: the forward's all-gather and
+    reduce-scatter, the backward's gradient all-gather (exposed), the input gradient's
+    reduce-scatter behind ``hide`` (its GEMM's weight gradient) and the input's re-gather
+    behind ``hide_dgrad`` (module doc; nothing hidden with ``net.tp_overlap`` off). Half of
+    :func:`block_tp_comm` with SP, for one of its two pairs."""
+    if tp <= 1:
+        return 0.0, 0.0, 0.0
+    rs, ag = _sp_parts(tokens, hidden, tp, net)
+    if not net.tp_overlap:
+        return rs + ag, ag + rs + ag, 0.0
+    return (rs + ag, ag + max(0.0, rs - hide) + max(0.0, ag - hide_dgrad),
+            min(rs, hide) + min(ag, hide_dgrad))
+
+
 def block_tp_hidden(tokens: float, hidden: int, tp: int, net: Network, sp: bool = False,
                     hide: tuple[float, float] = (0.0, 0.0),
                     hide_dgrad: tuple[float, float] = (0.0, 0.0)) -> float:
