@@ -407,16 +407,22 @@ def ep_options(req, shape: MoEShape | None, hardware: bool) -> tuple[int, ...]:
     return tuple(out)
 
 
-def check_ep_splits(req, ep_list, splits, shardings=(), gpus_per_node: int = 8) -> None:
+def check_ep_splits(req, ep_list, splits, shardings=(), gpus_per_node: int = 8,
+                    etp_list: tuple[int, ...] | None = None) -> None:
     """One line unless some ``(tp, cp, pp, dp)`` split and sharding leave ``dp_shard x cp``
-    divisible by a given ep (only when ``--ep`` or ``ep=`` is given): ddp has no
-    ``dp_shard`` ranks to borrow, so under ddp ep must divide cp."""
+    (times ``tp / etp`` for an etp of ``etp_list`` below tp) divisible by a given ep (only
+    when ``--ep`` or ``ep=`` is given): ddp has no ``dp_shard`` ranks to borrow, so under
+    ddp ep must divide cp (``tp / etp x cp``)."""
     given = getattr(req, "ep", None)
     if not given:
         return
     flag = (f"{param('config')} ep=" if "ep" in getattr(req, "config", ()) else
             f"{param('ep')} ") + ",".join(map(str, given))
-    rooms = sorted({ParallelDims(cp=cp, dp_shard=dp).data_context for _, cp, _, dp in splits})
+    def lent(tp: int) -> set[int]:  # the TP ranks EP borrows: tp / etp
+        return {tp // e for e in (etp_list or (tp,)) if tp % e == 0} or {1}
+
+    rooms = sorted({ParallelDims(cp=cp, dp_shard=dp).data_context * g
+                    for tp, cp, _, dp in splits for g in lent(tp)})
     if not any(room % ep == 0 for room in rooms for ep in ep_list):
         raise UserError(f"{flag} must divide dp x cp (expert parallelism is carved out of the "
                          f"data x context parallel ranks); these degrees leave dp x cp in "
@@ -426,7 +432,8 @@ def check_ep_splits(req, ep_list, splits, shardings=(), gpus_per_node: int = 8) 
         mp = ParallelDims(tp=tp, cp=cp).model_parallel
         for s in shardings:
             _, shard = s.split_dp(dp, mp, gpus_per_node)
-            shard_rooms.add(ParallelDims(cp=cp, dp_shard=shard).data_context)
+            shard_rooms.update(ParallelDims(cp=cp, dp_shard=shard).data_context * g
+                               for g in lent(tp))
     if shardings and not any(room % ep == 0 for room in shard_rooms for ep in ep_list):
         names = ", ".join(str(s) for s in shardings)
         raise UserError(f"{flag} must divide dp_shard x cp (EP borrows the sharded data-"
@@ -505,7 +512,8 @@ class ExpertCosts(ParallelCosts):
 
     def block_of(self, moe: bool, b: int) -> dict[str, float]:
         """Seconds of one block's F, I, W (a dense or an MoE block), the all-to-all part of
-        F (``a2a``, the same in the backward), the selective recompute and TP's hidden part."""
+        F (``a2a``, the same in the backward), the selective recompute and TP's hidden part;
+        ``expert_flops``: the routed experts' forward GEMM FLOPs on this rank."""
         key = (moe, b)
         if key in self._blocks:
             return self._blocks[key]
@@ -593,6 +601,7 @@ class ExpertCosts(ParallelCosts):
             "w": wgrad + casts_w, "a2a": a2a,
             "selective": attn + cp_f, "hidden": tp_hidden,
             "casts": casts_f + casts_i + casts_w, "recomputed": redo,
+            "expert_flops": sum(2 * local * m * n * k for m, n, k in experts) if moe else 0.0,
             "gemm_f": fwd, "attention_f": attn, "elementwise_f": mem}
         return got
 

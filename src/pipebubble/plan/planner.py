@@ -154,9 +154,10 @@ def build_points(profiles, req: Request, hardware: Hardware | None = None,
                 if shape.heads % d == 0 and d & (d - 1) == 0 and _kv_even(shape.kv, d))
     cps = tuple(d for d in (1, 2, 4, 8) if seq % d == 0)
     out = []
-    check_ep_splits(req, ep_list, splits(req, tps, cps), shardings, hardware.gpus_per_node)
     points = sorted({(tp, cp) for tp, cp, _, _ in splits(req, tps, cps)})
     etp_list = etp_search(req, moe, tuple(sorted({tp for tp, _ in points})))
+    check_ep_splits(req, ep_list, splits(req, tps, cps), shardings, hardware.gpus_per_node,
+                    etp_list)
     for tp, cp in points:
         sps = req.sp or ((False, True) if tp > 1 else (False,))
         for sp in sps:

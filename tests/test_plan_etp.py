@@ -1,0 +1,174 @@
+"""Expert tensor parallelism (``ParallelDims.etp``, ``plan --etp``): the degree, its checks,
+and every term it prices checked by hand on a tiny MoE shape (plan/expert.py)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from pipebubble.cli import main
+from pipebubble.errors import UserError
+from pipebubble.plan.analytic import analytic_profile
+from pipebubble.plan.axes import Axes, Point
+from pipebubble.plan.compute import Rates
+from pipebubble.plan.dims import ParallelDims
+from pipebubble.plan.expert import ExpertCosts, etp_block_comm, megatron_moe_flags
+from pipebubble.plan.moe import MoEShape, moe_profile
+from pipebubble.plan.network import Network
+
+NET = Network(gpus_per_node=8, intra=(100e9, 1e-6), inter=(10e9, 5e-6))
+FREE = Network(gpus_per_node=8, intra=(100e9, 0.0), inter=(10e9, 0.0))
+# 4 layers (the first dense), 8 experts of inner size 64, top 2, one shared expert
+TINY = MoEShape(layers=4, hidden=64, heads=4, vocab=128, experts=8, top_k=2, expert_ffn=64,
+                shared_experts=1, shared_ffn=64, dense_layers=(0,), dense_ffn=128)
+SEQ = 32  # T = 32 tokens a microbatch (b 1, cp 1)
+RATES = Rates(1e15, 3e12)
+
+
+def _costs(etp: int, tp: int = 4, ep: int = 2, net: Network = NET) -> ExpertCosts:
+    return ExpertCosts(TINY, SEQ, RATES, net, tp=tp, sp=True, cp=1, ep=ep, etp=etp)
+
+
+# ---- the degree --------------------------------------------------------------------------
+def test_the_expert_mesh_is_etp_x_ep_x_edp_per_stage():
+    d = ParallelDims(tp=4, sp=True, dp_shard=4, ep=8, etp=1)  # EP borrows the 4 TP ranks
+    assert d.expert_data_parallel == 4 * 4 // (1 * 8) == 2
+    assert (d.group("etp"), d.group("ep"), d.group("edp")) == ((1, 1), (1, 8), (8, 2))
+    e = ParallelDims(tp=4, dp_shard=4, ep=2)  # etp defaults to tp: the layout before etp
+    assert e.etp == 4 and e.group("ep") == (4, 2) and e.group("edp") == (8, 2)
+    assert e.expert_data_parallel == e.data_context // e.ep == 2
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(tp=4, sp=True, etp=3), "etp 3 must divide tp 4"),
+    (dict(tp=4, etp=2), "etp 2 < tp 4 needs sp"),
+    (dict(tp=2, sp=True, dp_shard=2, ep=8, etp=1), "ep 8 must divide tp / etp x dp_shard x cp = 4"),
+    (dict(tp=2, etp=0), "etp must be an integer >= 1, got 0"),
+])
+def test_bad_etp_is_one_line_naming_it(kw, words):
+    with pytest.raises(UserError) as exc:
+        ParallelDims(**kw)
+    assert words in str(exc.value) and "\n" not in str(exc.value)
+
+
+# ---- every ETP term by hand (tp 4, sp, ep 2; T = 32, h = 64, E = 8, k = 2, f_e = 64) ------
+def test_expert_params_are_split_over_ep_x_etp():
+    whole = TINY.experts * TINY.expert_params()  # 8 experts x 3 x 64 x 64 = 98,304
+    assert whole == 98_304
+    for etp in (1, 2, 4):
+        assert _costs(etp).experts[2] == whole / (2 * etp)  # block 1 (an MoE block)
+    assert _costs(1).experts[2] == 4 * 3 * 64 * 64  # etp 1: E / ep = 4 whole experts
+
+
+def test_expert_gemm_flops_are_each_ranks_share_whatever_etp():
+    """Each rank computes its ETP group's T k / (tp / etp) copies on f_e / etp columns:
+    6 T k h f_e / tp = 6 x 32 x 2 x 64 x 64 / 4 = 393,216 forward FLOPs at every etp."""
+    for etp in (1, 2, 4):
+        assert _costs(etp).block_of(True, 1)["expert_flops"] == 393_216
+
+
+def test_all_to_all_moves_the_etp_groups_tokens_over_ep_ranks_etp_apart():
+    """Two all-to-alls in F of 2 x (T k / g) x h bytes; ep 2 in one node: half of it over
+    NVLink (100 GB/s) + 1 us each. etp 1: g = 4, 2,048 B; etp 4 (today's layout): 8,192 B."""
+    assert _costs(1).block_of(True, 1)["a2a"] == pytest.approx(2 * (1024 / 100e9 + 1e-6))
+    assert _costs(4).block_of(True, 1)["a2a"] == pytest.approx(2 * (4096 / 100e9 + 1e-6))
+
+
+def test_etp_collectives_run_in_the_etp_group_on_its_share_of_the_tokens():
+    """tp 4, etp 2, no latency: the attention's and the shared experts' all-gather and
+    reduce-scatter of 2 x 32 x 64 B over 4 ranks, 3/4 x 4,096 / 100e9 = 30.72 ns each; the
+    routed experts' of 2 x 16 x 64 B over the 2 ETP ranks, 1/2 x 2,048 / 100e9 = 10.24 ns."""
+    tp_one, etp_one = 3 / 4 * 4096 / 100e9, 1 / 2 * 2048 / 100e9
+    f, b, hidden = etp_block_comm(32, 64, 4, 2, FREE, (0, 0), (0, 0), (0, 0), shared=True)
+    assert f == pytest.approx(2 * (2 * tp_one) + 2 * etp_one)
+    assert b == pytest.approx(2 * (3 * tp_one) + 3 * etp_one)  # AG, RS, AG each, none hidden
+    assert hidden == 0
+    f, b, hidden = etp_block_comm(32, 64, 4, 2, FREE, (1, 1), (1, 1), (1, 1), shared=False)
+    assert f == pytest.approx(2 * tp_one + 2 * etp_one)  # no shared experts: two pairs
+    assert b == pytest.approx(tp_one + etp_one)  # only the gradient all-gathers show
+    assert hidden == pytest.approx(2 * tp_one + 2 * etp_one)
+
+
+def test_expert_states_are_sharded_over_expert_data_parallel():
+    """zero1, dp 4, tp 4, ep 2: the expert-data-parallel group is 16 / (etp x 2) ranks,
+    2 + 2 + 12 / edp bytes a local expert parameter; its reduction ranks etp x ep apart."""
+    for etp, edp in ((1, 8), (4, 2)):
+        ax = Axes(Point(ParallelDims(tp=4, sp=True), "zero1", ep=2, etp=etp), NET)
+        assert ax.dims(4).expert_data_parallel == edp
+        assert ax.expert_bytes_per_param(4) == pytest.approx(2 + 2 + 12 / edp)
+        sync = ax.expert_sync(4)
+        assert ax.dims(4).group("edp") == (2 * etp, edp) and sync is not None
+
+
+def test_activations_per_rank_do_not_depend_on_etp():
+    """Each rank keeps its share of the dispatched copies, (4 h + 6 f_e) bytes a copy over
+    tp, at every etp: the routed work moves between ranks, not its amount."""
+    base = _costs(4).at(1)
+    for etp in (1, 2):
+        lc = _costs(etp).at(1)
+        for col in ("act", "act_w", "transient"):
+            assert list(getattr(lc, col)) == list(getattr(base, col))
+
+
+def test_etp_equal_to_tp_is_the_default_layout():
+    """etp = tp (Megatron-Core's default) prices exactly what the planner priced before
+    etp had a degree: the same numbers as leaving etp out."""
+    for tp in (1, 2, 4):
+        given, left = _costs(tp, tp=tp).at(1), ExpertCosts(TINY, SEQ, RATES, NET, tp=tp,
+                                                           sp=tp > 1, cp=1, ep=2).at(1)
+        for col in ("f", "i", "w", "act", "a2a_f", "a2a_b", "params", "expert"):
+            assert list(getattr(given, col)) == list(getattr(left, col))
+
+
+def test_megatron_paste_names_the_expert_tensor_parallel_size():
+    flags = " ".join(megatron_moe_flags(TINY, 2, 1))
+    assert "--expert-model-parallel-size 2" in flags
+    assert "--expert-tensor-parallel-size 1" in flags
+
+
+# ---- the CLI -----------------------------------------------------------------------------
+BASE = ["--gpu", "h100-sxm", "--gpus", "8", "--global-batch", "16", "--microbatch-size", "1",
+        "--schedules", "1f1b", "--recompute", "none"]
+
+
+@pytest.fixture()
+def moe_file(tmp_path):
+    path = tmp_path / "moe.json"
+    moe_profile(TINY, seq=SEQ, batch=1).save(str(path))
+    return str(path)
+
+
+def _bad(args, capsys) -> str:
+    assert main(["plan", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1
+    return err
+
+
+def test_bad_etp_on_the_cli_exits_2_with_one_line(moe_file, tmp_path, capsys):
+    err = _bad(["--profile", moe_file, *BASE, "--etp", "3"], capsys)
+    assert "--etp 3" in err and "must divide tp" in err
+    err = _bad(["--profile", moe_file, *BASE, "--config", "tp=2,etp=1", "--sp", "0"], capsys)
+    assert "etp=1" in err and "--sp 1" in err
+    dense = tmp_path / "dense.json"
+    analytic_profile(layers=4, hidden=64, ffn=128, heads=4, vocab=128, seq=SEQ,
+                     batch=1).save(str(dense))
+    err = _bad(["--profile", str(dense), *BASE, "--etp", "2"], capsys)
+    assert "--etp 2" in err and "MoE profile" in err
+
+
+def test_the_plan_searches_and_prints_etp(moe_file, capsys, monkeypatch, tmp_path):
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["plan", "--profile", moe_file, *BASE, "--config", "tp=2,sp=1,pp=1,etp=1,ep=8,"
+                 "sharding=fsdp", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["config"]["etp"] == 1 and data["config"]["ep"] == 8
+    paste = data["pastes"]
+    flags = paste["megatron"]["flags"] or paste["megatron"]["instead"]["flags"]
+    assert "--expert-tensor-parallel-size" in flags
+    assert paste["torchtitan"]["parallelism"]["expert_tensor_parallel_degree"] == 1
+    assert "expert_tensor_parallel_degree" not in paste["torchtitan"]["cli"]  # 0.3: none
+    assert math.isfinite(data["config"]["predicted_step_time"])
