@@ -77,8 +77,14 @@ from .analytic import TransformerShape
 from .axes import Axes, Point, axis_flag, splits
 from .compute import Rates, fp8_peak
 from .dims import ParallelDims
-from .expert import (check_ep_splits, check_imbalance, ep_options, etp_search, moe_shape_of,
-                     point_costs)
+from .expert import (
+    check_ep_splits,
+    check_imbalance,
+    ep_options,
+    etp_search,
+    moe_shape_of,
+    point_costs,
+)
 from .families import _auto_function, chunk_options, held_per_stage, schedule_list
 from .hardware import Hardware
 from .layercosts import ProfileSet
