@@ -2,8 +2,8 @@
 
 The keys are the axes of a plan (tp, sp, cp, pp, dp, ep, etp, sharding, mbs, schedule, v,
 recompute; ``ep``, ``etp``: expert parallel and expert tensor parallel, MoE profiles only);
-any subset may be given and the rest is searched. :func:`parse_config` checks the text (one line naming the item and what
-is valid), :func:`restrict` narrows a planner Request to it.
+any subset may be given and the rest is searched. :func:`parse_config` checks the text (one
+line naming the item and what is valid), :func:`restrict` narrows a planner Request to it.
 
 >>> parse_config("tp=8,pp=2,sharding=zero1", gpus=64)
 {'tp': 8, 'pp': 2, 'sharding': 'zero1'}
