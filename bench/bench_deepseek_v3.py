@@ -456,7 +456,7 @@ def main() -> int:
     gain = fit.step_time / best.step_time - 1
     print(f"\nthe planner's pick (every axis, every family but auto, "
           f"{hw.memory * 0.95 / 2**30:.1f} GiB budget): tp={c.tp} cp={c.cp} pp={c.pp} "
-          f"dp={c.dp} ep={c.dims.ep} {c.sharding} {c.schedule} v={c.chunks} "
+          f"dp={c.dp} ep={c.dims.ep} etp={c.dims.etp} {c.sharding} {c.schedule} v={c.chunks} "
           f"mbs={c.microbatch_size} recompute {c.recompute}: "
           f"{tokens_per_gpu(best.step_time):,.0f} tokens/s/GPU ({gain:+.1%} throughput over "
           f"DeepSeek's configuration as priced), peak {max(best.peak_memory) / 2**30:.1f} GiB")

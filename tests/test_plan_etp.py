@@ -125,6 +125,8 @@ def test_megatron_paste_names_the_expert_tensor_parallel_size():
     flags = " ".join(megatron_moe_flags(TINY, 2, 1))
     assert "--expert-model-parallel-size 2" in flags
     assert "--expert-tensor-parallel-size 1" in flags
+    assert "--disable-bias-linear" not in flags  # Megatron-Core: bias in MoE at ETP 1 only
+    assert "--disable-bias-linear" in " ".join(megatron_moe_flags(TINY, 2, 4))
 
 
 # ---- the CLI -----------------------------------------------------------------------------

@@ -852,13 +852,17 @@ def torchtitan_moe(dims) -> tuple[dict, str | None]:
 def megatron_moe_flags(shape: MoEShape, ep: int, etp: int = 1) -> list[str]:
     """Megatron-Core's MoE flags for the shape at ``ep`` and ``etp``: ``--num-experts``,
     ``--moe-router-topk``, ``--moe-ffn-hidden-size``, ``--expert-model-parallel-size``,
-    ``--expert-tensor-parallel-size`` (always written: its default is the TP size), the
-    shared experts, the dense layers (``--moe-layer-freq``) and MLA."""
+    ``--expert-tensor-parallel-size`` (always written: its default is the TP size; above 1
+    with ``--disable-bias-linear``, which Megatron-Core's ``TransformerConfig`` requires of
+    an MoE model at ETP > 1, "Bias in Moe is only supported when ETP==1", and these models'
+    linear layers have no bias), the shared experts, the dense layers (``--moe-layer-freq``)
+    and MLA."""
     flags = [f"--hidden-size {shape.hidden}", f"--num-attention-heads {shape.heads}",
              f"--num-experts {shape.experts}", f"--moe-router-topk {shape.top_k}",
              f"--moe-ffn-hidden-size {shape.expert_ffn}",
              f"--expert-model-parallel-size {ep}", f"--expert-tensor-parallel-size {etp}",
              "--moe-token-dispatcher-type alltoall",
+             *(["--disable-bias-linear"] if etp > 1 else []),
              "--swiglu"]
     if shape.shared_experts:
         flags.append(f"--moe-shared-expert-intermediate-size "
