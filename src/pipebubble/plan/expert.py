@@ -17,13 +17,17 @@ mixtral, qwen2_moe, qwen3_moe or deepseek_v3 config; the shape is
 - **router** ``(T, E, h)``; **shared experts** as a dense SwiGLU MLP of ``n_s f_s``;
 - **routed experts**: each EP rank holds ``E / ep`` experts and computes the tokens routed to
   them, on average the ``T k`` its own tokens send out, ``u`` times that on the busiest rank
-  (the step waits for it): per local expert a grouped GEMM of ``T k u ep / E`` rows,
-  ``(rows, 2 f_e / t, h)`` and ``(rows, h, f_e / t)`` (expert tensor parallelism = TP,
-  Megatron-Core's default). Without EP one rank runs all ``E`` experts on ``T k / E``
-  rows each, which the shape curve prices as thin GEMMs;
+  (the step waits for it): per local expert a grouped GEMM of ``T k u ep / (g E)`` rows,
+  ``(rows, 2 f_e / e, h)`` and ``(rows, h, f_e / e)``, with ``e`` the expert-tensor-parallel
+  degree (``ParallelDims.etp``: ``t`` by default, Megatron-Core's) and ``g = t / e`` the ETP
+  groups of a TP group, each serving ``1 / g`` of its tokens; at ``e < t`` the routed
+  experts' all-gather / reduce-scatter run in the ETP group on ``T / g`` tokens
+  (:func:`etp_block_comm`), the shared experts' over TP as a dense MLP's. Without EP one
+  rank runs all ``E`` experts on ``T k / E`` rows each, which the shape curve prices as thin GEMMs;
 - **all-to-all** (:func:`all_to_all_time`): dispatch and combine in the forward, their
-  gradients in the backward, four per MoE layer and microbatch, each moving ``T k u h``
-  16-bit values per rank, ``(ep - 1) / ep`` of them off the rank;
+  gradients in the backward, four per MoE layer and microbatch, each moving ``T k u h / g``
+  16-bit values per rank, ``(ep - 1) / ep`` of them off the rank (the EP group ``etp`` ranks
+  apart);
 - **dense layers** (DeepSeek-V3's first three): a SwiGLU MLP of ``dense_ffn``.
 
 F holds the attention, the MLP and its two all-to-alls, I (the input gradient) the data
@@ -35,11 +39,12 @@ F&B pairs hide one half's all-to-all behind the other's compute
 (:meth:`~pipebubble.costs.StageCosts.pair_duration`).
 
 **The EP axis** (Megatron-Core ``--expert-model-parallel-size``, torchtitan
-``expert_parallel_degree``): an EP group is ``ep`` consecutive ranks of the ``cp x dp``
-grid (``tp`` apart), carved out of ``dp_shard x cp``
-(:class:`~pipebubble.plan.dims.ParallelDims`); ``ep`` must divide ``E``. The ranks ``tp x
-ep`` apart holding the same experts form the expert-data-parallel group of ``dp x cp / ep``
-ranks: the experts' weights, gradients and optimizer states are ``1 / (t ep)`` per rank and
+``expert_parallel_degree``): an EP group is ``ep`` ranks ``etp`` apart (at ``etp = tp``
+consecutive ranks of the ``cp x dp`` grid), carved out of ``tp / etp x dp_shard x cp``
+(:class:`~pipebubble.plan.dims.ParallelDims`); ``ep`` must divide ``E``. The ranks ``etp x
+ep`` apart holding the same experts form the expert-data-parallel group of ``tp x cp x dp /
+(etp x ep)`` ranks: the experts' weights, gradients and optimizer states are ``1 / (etp
+ep)`` per rank and
 sharded over that group as the sharding shards dense states over ``dp x cp``
 (:meth:`~pipebubble.plan.axes.Axes.expert_bytes_per_param`; hsdp is searched at ep 1 only,
 its experts sharded as its other states), their
@@ -460,7 +465,8 @@ class ExpertCosts(ParallelCosts):
             rates = replace(rates, fp8_flops=rates.fp8_flops * recipe.fp8_gemm_ratio)
         self.shape, self.seq, self.rates, self.net = shape, seq, rates, net
         self.tp, self.sp, self.cp, self.ep, self.flash = tp, sp, cp, ep, flash
-        self.etp = tp if etp is None else etp  # expert tensor parallel (ParallelDims.etp)
+        # checked: etp divides tp, below it only with SP
+        self.etp = ParallelDims(tp=tp, sp=sp and tp > 1, etp=etp).etp
         self.etp_groups = tp // self.etp  # ETP groups a TP group: each has 1/g of its tokens
         self.imbalance = imbalance
         L = shape.layers
