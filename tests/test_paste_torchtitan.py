@@ -307,3 +307,51 @@ def test_the_cli_overrides_load_into_torchtitan_03(profile, name, tmp_path, caps
                     parallelism=par, local_batch_size=cfg.training.local_batch_size,
                     stages=stages, loss_fn=lambda o, t: o.sum()),
                 model, item, par.module_fqns_per_model_part)
+
+
+# ---- an MoE plan: expert parallelism and expert tensor parallelism -----------------------
+
+@pytest.mark.slow
+@needs_torchtitan
+def test_an_moe_paste_carries_ep_and_etp_into_torchtitan(tmp_path, capsys):
+    """tp 2 with sp, etp 1 (experts whole), ep 8 borrowing the TP ranks: 0.2's TOML sets
+    expert_tensor_parallel_degree 1, 0.3's CLI (no such option: its EP always borrows TP)
+    leaves it out; each line's own ParallelDims accepts the degrees."""
+    from pipebubble.plan.moe import MoEShape, moe_profile
+
+    shape = MoEShape(layers=4, hidden=64, heads=4, vocab=128, experts=8, top_k=2,
+                     expert_ffn=64)
+    prof = tmp_path / "moe.json"
+    moe_profile(shape, seq=32, batch=1).save(str(prof))
+    assert main(["plan", "--profile", str(prof), "--gpu", "h100-sxm", "--gpus", "8",
+                 "--global-batch", "16", "--config", "tp=2,sp=1,pp=1,dp=4,ep=8,etp=1,"
+                 "sharding=fsdp,mbs=1,recompute=none", "--json"]) == 0
+    paste = json.loads(capsys.readouterr().out)["pastes"]["torchtitan"]
+    assert paste["parallelism"]["expert_parallel_degree"] == 8
+    assert paste["parallelism"]["expert_tensor_parallel_degree"] == 1
+    assert "expert_tensor_parallel_degree" not in paste["cli"]
+    if VERSION.startswith("0.2."):
+        from torchtitan.config import ConfigManager
+        from torchtitan.distributed.parallel_dims import ParallelDims
+
+        from pipebubble.plan.settings import toml_text
+
+        toml = tmp_path / "job.toml"
+        toml.write_text(toml_text(paste) + "\n")
+        par = ConfigManager().parse_args(["--job.config_file", str(toml)]).parallelism
+        assert (par.expert_parallel_degree, par.expert_tensor_parallel_degree) == (8, 1)
+        ParallelDims(dp_replicate=par.data_parallel_replicate_degree,
+                     dp_shard=par.data_parallel_shard_degree, cp=par.context_parallel_degree,
+                     tp=par.tensor_parallel_degree, pp=par.pipeline_parallel_degree,
+                     ep=par.expert_parallel_degree, etp=par.expert_tensor_parallel_degree,
+                     world_size=8)
+    else:
+        pytest.importorskip("triton", reason="torchtitan 0.3's llama3 config imports triton")
+        from torchtitan.config.manager import ConfigManager
+        from torchtitan.distributed.parallel_dims import ParallelDims
+
+        args = ["--module", "llama3", "--config", "llama3_debugmodel",
+                *shlex.split(paste["cli"])]
+        par = ConfigManager().parse_args(args).parallelism
+        assert par.expert_parallel_degree == 8 and par.tensor_parallel_degree == 2
+        ParallelDims.from_config(par, 8)
