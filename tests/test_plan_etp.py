@@ -174,3 +174,16 @@ def test_the_plan_searches_and_prints_etp(moe_file, capsys, monkeypatch, tmp_pat
     assert paste["torchtitan"]["parallelism"]["expert_tensor_parallel_degree"] == 1
     assert "expert_tensor_parallel_degree" not in paste["torchtitan"]["cli"]  # 0.3: none
     assert math.isfinite(data["config"]["predicted_step_time"])
+
+
+def test_torchtitan_refuses_an_etp_between_1_and_tp(moe_file, capsys, monkeypatch, tmp_path):
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["plan", "--profile", moe_file, *BASE, "--config", "tp=4,sp=1,pp=1,etp=2,"
+                 "ep=2,sharding=fsdp", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    tt = data["pastes"]["torchtitan"]
+    assert tt["runnable"] is False and "1 or tp 4 only, not etp 2" in tt["reason"]
+    mg = data["pastes"]["megatron"]  # Megatron-Core runs any etp dividing the mesh
+    assert "--expert-tensor-parallel-size 2" in (mg["flags"] or mg["instead"]["flags"])
