@@ -131,10 +131,18 @@ def simulate(schedule: Schedule, costs: CostModel | StageCosts | None = None) ->
     if lag is not None and not pairs:  # one lag for every dependency: a lighter loop
         # (no lag column: the one lag is added as a constant; the ends written in place)
         program = _compile_program(schedule, flat, sc, spare=True)
-        end = _run_uniform(program, lag, in_place=True)
+        end = _scanned(program.initial_end, [program.producer], [lag], [program.duration],
+                       program, in_place=True)
+        if end is None:
+            end = _run_uniform(program, lag, in_place=True)
     else:
         program = compile_program(schedule, flat, sc)
-        end = run(program)
+        end = None
+        if not program.num_pairs:  # (a pair's wait step takes no time: see sim/scan.py)
+            end = _scanned(program.initial_end, [program.producer], [program.lag],
+                           [program.duration], program)
+        if end is None:
+            end = run(program)
         lag = None
     stuck = [r for r, last in enumerate(program.last) if end[last] == _INF]
     if stuck:
@@ -154,11 +162,38 @@ def _simulate_blocks(schedule: Schedule, flat: FlatActions, sc: StageCosts,
     """:func:`simulate` by the :class:`Blocks` program; None on a deadlock. ``lag``: the
     one lag of every dependency (:meth:`_Rule.uniform`), or None to read each step's."""
     blocks = compile_blocks(schedule, flat, sc, spare=lag is not None, views=True)
-    end = (_run_blocks(blocks) if lag is None else
-           _run_blocks_uniform(blocks, lag, in_place=True))
+    lags = [lag, lag] if lag is not None else [blocks.lag, blocks.lag2]
+    end = _scanned(blocks.initial_end, [blocks.producer, blocks.producer2], lags,
+                   [blocks.duration, blocks.duration2], blocks, in_place=lag is not None)
+    if end is None:
+        end = (_run_blocks(blocks) if lag is None else
+               _run_blocks_uniform(blocks, lag, in_place=True))
     if any(end[last] == _INF for last in blocks.last):
         return None
     return _block_timeline(schedule, flat, sc, blocks, end, lag)
+
+
+def _scanned(initial: array | memoryview, producers: list, lags: list, durations: list,
+             program: Program | Blocks, in_place: bool = False) -> array | memoryview | None:
+    """The ends the loop would give, by ``sim/scan.py``'s whole-rank scans (the same
+    doubles), or None where it declines (its programs of :data:`~.scan.SCAN_FROM` steps
+    and more, exact arithmetic, settling in a few sweeps): then the loop runs. The columns
+    as the program holds them (C arrays or memoryviews; a lag: one number or a column);
+    ``in_place``: the ends written over ``initial`` (else into a copy)."""
+    import numpy as np
+
+    from .scan import SCAN_FROM, solve
+
+    if len(initial) < SCAN_FROM:
+        return None
+    end = initial if in_place else array("d", initial)
+    if not solve([_ints(x) for x in producers],
+                 [x if isinstance(x, float) else np.frombuffer(x, dtype=np.float64)
+                  for x in lags],
+                 [np.frombuffer(x, dtype=np.float64) for x in durations],
+                 program.first, program.last, np.frombuffer(end, dtype=np.float64)):
+        return None  # (solve left the ranks' steps at inf, as the loop expects them)
+    return end
 
 
 class Program(NamedTuple):
