@@ -82,7 +82,7 @@ def test_the_scan_gives_the_loops_doubles(case, blocks):
     schedule, costs = case
     if not blocks and any(flat_actions(schedule).pair):
         blocks = True  # (the three-step program's wait steps take no time: it declines)
-    want, got = loop_and_scan(schedule, costs, blocks, sweeps=10**6)
+    want, got = loop_and_scan(schedule, costs, blocks, sweeps=10**6, lagged=True)
     assert got is not None
     assert want.tobytes() == got.tobytes()
 
@@ -91,7 +91,7 @@ def test_the_scan_gives_the_loops_doubles(case, blocks):
 @given(grid_cases())
 def test_with_its_default_limits_it_settles_or_declines(case):
     schedule, costs = case
-    want, got = loop_and_scan(schedule, costs, blocks=True)
+    want, got = loop_and_scan(schedule, costs, blocks=True, lagged=True)
     assert got is None or want.tobytes() == got.tobytes()
 
 
@@ -100,7 +100,10 @@ def test_off_the_grid_or_no_time_it_declines():
     s = get_schedule("1f1b", 4, 8)
     assert loop_and_scan(s, CostModel(f=1.0, b=2.0))[1] is not None
     assert loop_and_scan(s, CostModel(f=0.1, b=0.2, w=0.1))[1] is None
-    assert loop_and_scan(s, CostModel(f=1.0, b=2.0, comm=0.1))[1] is None
+    assert loop_and_scan(s, CostModel(f=1.0, b=2.0, comm=0.1), lagged=True)[1] is None
+    assert loop_and_scan(s, CostModel(f=1.0, b=2.0, comm=0.5))[1] is None  # a lag: declined
+    assert loop_and_scan(s, CostModel(f=1.0, b=2.0, comm=0.5), sweeps=10**6,
+                         lagged=True)[1] is not None
     assert loop_and_scan(s, CostModel(f=[1.0, 0.0, 1.0, 1.0], b=2.0))[1] is None
     assert loop_and_scan(s, CostModel(f=2.0**60, b=2.0))[1] is None  # sums past 2**53
 
@@ -134,12 +137,13 @@ def loop_only(schedule, costs, monkeypatch):
 @pytest.mark.parametrize("comm", [0.0, 0.5])
 def test_every_family_through_simulate(name, comm, spy, monkeypatch):
     """simulate() on each family at a size the scan takes: the loop's Timeline to the bit.
-    Without comm the scan settles for the lock-step families; with comm, or where ranks
-    wait at every step (V-Half, V-Min), it may give up (a zigzag) and the loop runs."""
+    Without comm the scan settles for the lock-step families; where ranks wait at every
+    step (V-Half, V-Min) it gives up, and a comm lag it declines: the loop runs."""
     s = get_schedule(name, 8, 256)
     costs = CostModel(f=1.0, b=2.0, w=0.75, comm=comm)
     got = simulate(s, costs)
     assert spy and (spy[-1] or comm or name not in SETTLE)
+    assert not comm or not any(spy)  # a comm lag: declined
     assert timeline_columns(got) == timeline_columns(loop_only(s, costs, monkeypatch))
 
 

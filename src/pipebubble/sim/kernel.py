@@ -186,14 +186,16 @@ def _scanned(initial: array | memoryview, producers: list, lags: list, durations
 
     if len(initial) < SCAN_FROM:
         return None
-    end = initial if in_place else array("d", initial)
+    ends = np.frombuffer(initial, dtype=np.float64)
+    if not in_place:
+        ends = ends.copy()
     if not solve([_ints(x) for x in producers],
                  [x if isinstance(x, float) else np.frombuffer(x, dtype=np.float64)
                   for x in lags],
                  [np.frombuffer(x, dtype=np.float64) for x in durations],
-                 program.first, program.last, np.frombuffer(end, dtype=np.float64)):
+                 program.first, program.last, ends):
         return None  # (solve left the ranks' steps at inf, as the loop expects them)
-    return end
+    return initial if in_place else memoryview(ends)
 
 
 class Program(NamedTuple):

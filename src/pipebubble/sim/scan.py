@@ -18,7 +18,8 @@ equation at every step, and on an acyclic program that equation has one solution
 loop's. 1F1B, DualPipe and DualPipeV without comm settle in 3 or 4 sweeps. Where the ranks
 wait for each other at every step (a comm lag), the longest path zigzags between ranks once
 per microbatch and each sweep settles one more zigzag: :func:`solve` gives up after
-:data:`SWEEPS` sweeps and the kernel runs its loop.
+:data:`SWEEPS` sweeps, declines programs with a lag from the start, and the kernel runs its
+loop.
 
 **The same doubles.** The scan adds in another order than the loop (``S[i] + (ready[j] -
 P[j])`` where the loop adds ``d[j] + ... + d[i]`` to ``ready[j]``), which in floating point
@@ -34,7 +35,7 @@ loop would report, could look settled) and for a negative lag.
 >>> # (step 0: a boundary, which ends at 0, is what a step without a dependency waits for)
 >>> end = np.array([0.0, np.inf, np.inf, 0.0, np.inf, 0.0])
 >>> solve([np.array([0, 0, 0, 0, 1, 0])], [np.array([0, 0, 0, 0, 0.5, 0])],
-...       [np.array([0, 1, 2, 0, 3, 0.0])], [1, 4], [2, 4], end)
+...       [np.array([0, 1, 2, 0, 3, 0.0])], [1, 4], [2, 4], end, lagged=True)
 True
 >>> end[[1, 2, 4]].tolist()
 [1.0, 3.0, 4.5]
@@ -53,7 +54,9 @@ SWEEPS = 6
 """Sweeps over the ranks after which :func:`solve` gives up. 1F1B, GPipe, interleaved 1F1B,
 ZB-H1/H2, DualPipe and DualPipeV settle in 3 or 4 without comm; a program that zigzags needs
 about one per microbatch. A sweep costs a 15th to a 25th of the loop (1F1B p=64 m=8192),
-so giving up costs the loop about a third more."""
+so giving up costs the loop about a third more. With a comm lag every family but GPipe
+zigzags (rank r+1's F waits for rank r's at every step), so :func:`solve` does not try
+programs with a lag other than 0 (unless asked: the tests)."""
 
 SCAN_FROM = 2048
 """Steps from which the kernel tries :func:`solve` before its loop (below that its few dozen
@@ -62,19 +65,22 @@ numpy calls per sweep cost more than the loop's steps)."""
 
 def solve(producers: Sequence[np.ndarray], lags: Sequence[float | np.ndarray],
           durations: Sequence[np.ndarray], first: Sequence[int], last: Sequence[int],
-          end: np.ndarray, sweeps: int = SWEEPS) -> bool:
+          end: np.ndarray, sweeps: int = SWEEPS, lagged: bool = False) -> bool:
     """Write the loop's ends into ``end`` (which holds the program's initial ends: the
     boundary steps' 0, ``inf`` for the ranks' steps) and return True; or return False and
     leave the ranks' steps at ``inf``. ``producers``, ``lags``, ``durations``: one column each for a
     program's step, two for a block (its forward part's, then its backward part's); a lag
     is one number for every step or a column. Rank r's steps are ``first[r]`` ..
     ``last[r]``. It gives up after ``sweeps`` sweeps (with as many as steps, an acyclic
-    program always settles)."""
+    program always settles), and declines a lag other than 0 unless ``lagged`` (see
+    :data:`SWEEPS`)."""
     import numpy as np
 
     ranges = [(lo, hi + 1) for lo, hi in zip(first, last, strict=True) if hi >= lo]
     if not ranges:
         return True
+    if not lagged and any(np.any(lag) for lag in lags):
+        return False
     dur = durations[0] if len(durations) == 1 else durations[0] + durations[1]
     if not _exact(dur, durations, lags, sum(hi - lo for lo, hi in ranges)):
         return False
