@@ -40,6 +40,12 @@ How it stays fast:
    run changes nothing: the result is the longest path through the DAG of rank orders
    and dependencies.
 
+4. **No loop where a scan will do.** From :data:`~.scan.SCAN_FROM` steps :func:`simulate`
+   first asks ``sim/scan.py`` for the ends: each rank's as one numpy max-plus scan, the ranks
+   swept until nothing changes (:func:`_scanned`). It answers only where its additions are
+   exact (then in any order the same doubles as the loop's) and it settles in a few sweeps
+   (no comm: 1F1B, DualPipe, DualPipeV, ...); otherwise, and on a deadlock, the loop runs.
+
 When the stack is empty and a rank has not finished, nothing can advance: a deadlock. The
 error names the action each unfinished rank is stuck at and what it waits for
 (:func:`~pipebubble.ir.deps.describe_wait`). The simulator never hangs.
