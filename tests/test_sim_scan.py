@@ -129,7 +129,7 @@ def timeline_columns(timeline):
 
 def loop_only(schedule, costs, monkeypatch):
     with monkeypatch.context() as m:
-        m.setattr(scan, "SCAN_FROM", 2**62)
+        m.setattr(scan, "worth_trying", lambda steps, ranks: False)
         return simulate(schedule, costs)
 
 
@@ -171,3 +171,15 @@ def test_a_deadlock_of_many_steps_is_the_loops_to_report(spy):
         simulate(s)
     assert spy == [False]
     assert info.value.stuck == {0: ("0B0", "0F0 and 1I/B0"), 1: (f"1F{m - 1}", f"0F{m - 1}")}
+
+
+@pytest.mark.parametrize("p", [4, 2049])  # (from 2,048 ranks the pairs are sorted, not tabled)
+def test_which_ranks_wait_on_which(p):
+    """1F1B: rank r's forwards wait for rank r-1, its backwards for rank r+1, so a change on
+    rank r concerns r-1 and r+1."""
+    s = get_schedule("1f1b", p, 1)
+    sc = CostModel().resolve(s.num_stages, s.chunks)
+    prog = compile_program(s, flat_actions(s), sc)
+    ranges = [(lo, hi + 1) for lo, hi in zip(prog.first, prog.last, strict=True)]
+    got = scan._waits_on([_ints(prog.producer).astype(np.intp)], ranges, len(prog.producer))
+    assert got == [[r for r in (q - 1, q + 1) if 0 <= r < p] for q in range(p)]

@@ -40,7 +40,8 @@ How it stays fast:
    run changes nothing: the result is the longest path through the DAG of rank orders
    and dependencies.
 
-4. **No loop where a scan will do.** From :data:`~.scan.SCAN_FROM` steps :func:`simulate`
+4. **No loop where a scan will do.** On a large program (:func:`~.scan.worth_trying`)
+   :func:`simulate`
    first asks ``sim/scan.py`` for the ends: each rank's as one numpy max-plus scan, the ranks
    swept until nothing changes (:func:`_scanned`). It answers only where its additions are
    exact (then in any order the same doubles as the loop's) and it settles in a few sweeps
@@ -182,15 +183,15 @@ def _simulate_blocks(schedule: Schedule, flat: FlatActions, sc: StageCosts,
 def _scanned(initial: array | memoryview, producers: list, lags: list, durations: list,
              program: Program | Blocks, in_place: bool = False) -> array | memoryview | None:
     """The ends the loop would give, by ``sim/scan.py``'s whole-rank scans (the same
-    doubles), or None where it declines (its programs of :data:`~.scan.SCAN_FROM` steps
-    and more, exact arithmetic, settling in a few sweeps): then the loop runs. The columns
+    doubles), or None where it declines (it takes large programs, :func:`~.scan.worth_trying`;
+    exact arithmetic; settling in a few sweeps): then the loop runs. The columns
     as the program holds them (C arrays or memoryviews; a lag: one number or a column);
     ``in_place``: the ends written over ``initial`` (else into a copy)."""
     import numpy as np
 
-    from .scan import SCAN_FROM, solve
+    from .scan import solve, worth_trying
 
-    if len(initial) < SCAN_FROM:
+    if not worth_trying(len(initial), len(program.first)):
         return None
     ends = np.frombuffer(initial, dtype=np.float64)
     if not in_place:

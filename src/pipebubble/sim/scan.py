@@ -59,8 +59,18 @@ zigzags (rank r+1's F waits for rank r's at every step), so :func:`solve` does n
 programs with a lag other than 0 (unless asked: the tests)."""
 
 SCAN_FROM = 2048
-"""Steps from which the kernel tries :func:`solve` before its loop (below that its few dozen
-numpy calls per sweep cost more than the loop's steps)."""
+"""Steps from which the kernel tries :func:`solve` before its loop, if the ranks have
+:data:`PER_RANK` steps each on average too (below that the dozen numpy calls per rank and
+sweep cost more than the loop's steps: 1F1B p=64 m=32, 64 steps a rank, takes the scan twice
+the loop's time; at 256 steps a rank three quarters)."""
+
+PER_RANK = 192
+
+
+def worth_trying(steps: int, ranks: int) -> bool:
+    """Whether a program of ``steps`` steps over ``ranks`` ranks is large enough for
+    :func:`solve` to beat the loop (:data:`SCAN_FROM`, :data:`PER_RANK`)."""
+    return steps >= SCAN_FROM and steps >= PER_RANK * ranks
 
 
 def solve(producers: Sequence[np.ndarray], lags: Sequence[float | np.ndarray],
@@ -165,8 +175,16 @@ def _waits_on(producers: Sequence[np.ndarray], ranges: Sequence[tuple[int, int]]
     rank_at = np.full(size, -1, dtype=np.int64)
     for r, (lo, hi) in enumerate(ranges):
         rank_at[lo:hi] = r
-    if p * p > 1 << 22:  # (a table too large: every rank waits on every other)
-        return [list(range(p))] * p
+    if p * p > 1 << 22:  # (a table too large: the pairs, sorted)
+        pairs = np.unique(np.concatenate([
+            rank_at[prod[lo:hi]] * p + r for prod in producers for r, (lo, hi) in
+            enumerate(ranges)]))
+        pairs = pairs[pairs >= 0]  # (a boundary or spare producer: -1 x p + r < 0)
+        waits_on: list[list[int]] = [[] for _ in range(p)]
+        for producer, consumer in zip((pairs // p).tolist(), (pairs % p).tolist(),
+                                      strict=True):
+            waits_on[producer].append(consumer)
+        return waits_on
     edges = np.zeros(p * p, dtype=np.int64)
     for prod in producers:
         for r, (lo, hi) in enumerate(ranges):
