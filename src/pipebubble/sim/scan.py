@@ -26,7 +26,7 @@ P[j])`` where the loop adds ``d[j] + ... + d[i]`` to ``ready[j]``), which in flo
 can differ in the last bit. :func:`solve` therefore runs only where every addition is exact,
 so that any order gives the one real sum: every duration and lag a multiple of ``2**-K``
 and every sum the program can form (at most all durations plus a lag per step) below
-``2**(51 - K)`` in magnitude, for one K (the default costs are integers: K = 0). Otherwise
+``2**(51 - K)`` in magnitude, for one K >= 0 (the default costs are integers). Otherwise
 it declines, as it does for a step of no duration (a cycle of such steps, a deadlock the
 loop would report, could look settled) and for a negative lag.
 
@@ -78,8 +78,8 @@ def solve(producers: Sequence[np.ndarray], lags: Sequence[float | np.ndarray],
           end: np.ndarray, sweeps: int = SWEEPS, lagged: bool = False) -> bool:
     """Write the loop's ends into ``end`` (which holds the program's initial ends: the
     boundary steps' 0, ``inf`` for the ranks' steps) and return True; or return False and
-    leave the ranks' steps at ``inf``. ``producers``, ``lags``, ``durations``: one column each for a
-    program's step, two for a block (its forward part's, then its backward part's); a lag
+    leave the ranks' steps at ``inf``. ``producers``, ``lags``, ``durations``: one column
+    each for a program's step, two for a block (its forward part's, then its backward part's); a lag
     is one number for every step or a column. Rank r's steps are ``first[r]`` ..
     ``last[r]``. It gives up after ``sweeps`` sweeps (with as many as steps, an acyclic
     program always settles), and declines a lag other than 0 unless ``lagged`` (see
@@ -152,6 +152,8 @@ def _exact(dur: np.ndarray, durations: Sequence[np.ndarray], lags: Sequence, ste
     if not math.isfinite(bound):
         return False
     k = 50 - math.ceil(math.log2(bound))  # every sum below 2**(51 - k), with room
+    if k < 0:  # (sums past 2**50: a scale below 1 could round a small value to 0)
+        return False
     scale = 2.0 ** k
     for x in [*durations, *lags]:
         y = np.multiply(x, scale)  # (by a power of two: exact)
