@@ -40,6 +40,13 @@ How it stays fast:
    run changes nothing: the result is the longest path through the DAG of rank orders
    and dependencies.
 
+4. **No loop where a scan will do.** On a large program (:func:`~.scan.worth_trying`)
+   :func:`simulate`
+   first asks ``sim/scan.py`` for the ends: each rank's as one numpy max-plus scan, the ranks
+   swept until nothing changes (:func:`_scanned`). It answers only where its additions are
+   exact (then in any order the same doubles as the loop's) and it settles in a few sweeps
+   (no comm: 1F1B, DualPipe, DualPipeV, ...); otherwise, and on a deadlock, the loop runs.
+
 When the stack is empty and a rank has not finished, nothing can advance: a deadlock. The
 error names the action each unfinished rank is stuck at and what it waits for
 (:func:`~pipebubble.ir.deps.describe_wait`). The simulator never hangs.
@@ -131,10 +138,18 @@ def simulate(schedule: Schedule, costs: CostModel | StageCosts | None = None) ->
     if lag is not None and not pairs:  # one lag for every dependency: a lighter loop
         # (no lag column: the one lag is added as a constant; the ends written in place)
         program = _compile_program(schedule, flat, sc, spare=True)
-        end = _run_uniform(program, lag, in_place=True)
+        end = _scanned(program.initial_end, [program.producer], [lag], [program.duration],
+                       program, in_place=True)
+        if end is None:
+            end = _run_uniform(program, lag, in_place=True)
     else:
         program = compile_program(schedule, flat, sc)
-        end = run(program)
+        end = None
+        if not program.num_pairs:  # (a pair's wait step takes no time: see sim/scan.py)
+            end = _scanned(program.initial_end, [program.producer], [program.lag],
+                           [program.duration], program)
+        if end is None:
+            end = run(program)
         lag = None
     stuck = [r for r, last in enumerate(program.last) if end[last] == _INF]
     if stuck:
@@ -154,11 +169,40 @@ def _simulate_blocks(schedule: Schedule, flat: FlatActions, sc: StageCosts,
     """:func:`simulate` by the :class:`Blocks` program; None on a deadlock. ``lag``: the
     one lag of every dependency (:meth:`_Rule.uniform`), or None to read each step's."""
     blocks = compile_blocks(schedule, flat, sc, spare=lag is not None, views=True)
-    end = (_run_blocks(blocks) if lag is None else
-           _run_blocks_uniform(blocks, lag, in_place=True))
+    lags = [lag, lag] if lag is not None else [blocks.lag, blocks.lag2]
+    end = _scanned(blocks.initial_end, [blocks.producer, blocks.producer2], lags,
+                   [blocks.duration, blocks.duration2], blocks, in_place=lag is not None)
+    if end is None:
+        end = (_run_blocks(blocks) if lag is None else
+               _run_blocks_uniform(blocks, lag, in_place=True))
     if any(end[last] == _INF for last in blocks.last):
         return None
     return _block_timeline(schedule, flat, sc, blocks, end, lag)
+
+
+def _scanned(initial: array | memoryview, producers: list, lags: list, durations: list,
+             program: Program | Blocks, in_place: bool = False) -> array | memoryview | None:
+    """The ends the loop would give, by ``sim/scan.py``'s whole-rank scans (the same
+    doubles), or None where it declines (it takes large programs, :func:`~.scan.worth_trying`;
+    exact arithmetic; settling in a few sweeps): then the loop runs. The columns
+    as the program holds them (C arrays or memoryviews; a lag: one number or a column);
+    ``in_place``: the ends written over ``initial`` (else into a copy)."""
+    import numpy as np
+
+    from .scan import solve, worth_trying
+
+    if not worth_trying(len(initial), len(program.first)):
+        return None
+    ends = np.frombuffer(initial, dtype=np.float64)
+    if not in_place:
+        ends = ends.copy()
+    if not solve([_ints(x) for x in producers],
+                 [x if isinstance(x, float) else np.frombuffer(x, dtype=np.float64)
+                  for x in lags],
+                 [np.frombuffer(x, dtype=np.float64) for x in durations],
+                 program.first, program.last, ends):
+        return None  # (solve left the ranks' steps at inf, as the loop expects them)
+    return initial if in_place else memoryview(ends)
 
 
 class Program(NamedTuple):
