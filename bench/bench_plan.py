@@ -79,6 +79,10 @@ def cold() -> None:
     except ImportError:
         return
     auto._REMEMBERED.clear()
+    if hasattr(auto, "_RUNS"):  # the registered schedules' scores
+        auto._RUNS.clear()
+    if hasattr(auto.bounds, "_PATHS"):  # the bounds' paths per costs
+        auto.bounds._PATHS.clear()
     if hasattr(auto.adaptive, "_KEPT"):
         auto.adaptive._KEPT.clear()
         auto.adaptive._kept_actions = 0
