@@ -543,12 +543,23 @@ def _greedy(kind: str, p: int, m: int, sc: StageCosts, where: tuple[int, ...],
         got = greedy_order(p, m, sc, where, limits, knobs)
         if got is None:
             continue
-        orders = [[Action(*a) for a in o] for o in got[0]]
+        orders = [_packed_row(o) for o in got[0]]  # the same actions, as arrays
         scored = _score(make_schedule("auto", orders, len(where), m, placement=list(where)),
                         sc, limits)
         if scored is not None:
             name = "greedy " + ",".join(f"{k}={v}" for k, v in knobs._asdict().items())
             yield scored[0], orders, name
+
+
+def _packed_row(row: list[tuple]) -> PackedOrder:
+    """A greedy rank order of ``(stage, kind, microbatch)`` tuples as a RankOrder (the
+    arrays the simulator reads: no Action made per step)."""
+    from ...ir.orders import RankOrder
+
+    if not row:
+        return RankOrder.build([], "", [])
+    stage, kind, mb = zip(*row, strict=True)
+    return RankOrder.build(stage, "".join(kind), mb)
 
 
 _TURNS = sorted(((tf, ti, top) for tf in range(1, 7) for ti in range(1, 7)
