@@ -53,6 +53,7 @@ import dataclasses
 import functools
 import math
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -602,28 +603,28 @@ def _registered_run(sched: Schedule, sc: StageCosts, simulate: bool = False) -> 
     rank's peak in the timeline (score None where the simulator refuses the order). They
     depend on the order and the costs alone, never on the limit, so they are kept: the
     planner asks auto for the same costs under a limit per sharding, and each request
-    scores the same registered schedules. (The registry keeps the schedule, so its id
-    names it while it lives; the entry holds it too.)"""
+    scores the same registered schedules. (An entry names the schedule by its id and a
+    weak reference: it does not keep a schedule the registry's cache has let go.)"""
     from ...sim.kernel import simulate as run_sim
     from ...sim.program import schedule_peaks
 
     key = (id(sched), tuple(_frozen(getattr(sc, f.name)) for f in dataclasses.fields(sc)))
     got = _RUNS.get(key)
-    if got is not None and got[0] is sched:
+    if got is not None and got[0]() is sched:
         _RUNS.move_to_end(key)
         if len(got) == 4 or not simulate:
             return got
     else:
-        got = (sched, list(schedule_peaks(sched, sc)))
+        got = (weakref.ref(sched), list(schedule_peaks(sched, sc)))
     if simulate:
         try:
             timeline = run_sim(sched, sc)
         except ScheduleError:
-            got = (sched, got[1], None, None)
+            got = (got[0], got[1], None, None)
         else:
             stats = timeline.rank_stats()
-            got = (sched, got[1], (round(timeline.step_time, 9),
-                                   round(sum(s.span - s.busy for s in stats), 9)),
+            got = (got[0], got[1], (round(timeline.step_time, 9),
+                                    round(sum(s.span - s.busy for s in stats), 9)),
                    [s.peak_memory for s in stats])
     _RUNS[key] = got
     while len(_RUNS) > KEEP_RUNS:
