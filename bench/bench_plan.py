@@ -57,22 +57,32 @@ from pipebubble.plan.planner import Request, search
 
 
 def cold() -> None:
-    """Forget the generated schedules (the registry's cache) and auto's remembered answers,
-    so that a repeat in this process costs what a fresh process's run does."""
+    """Forget the generated schedules (the registry's cache), auto's remembered answers and
+    every function-level cache (``functools.lru_cache``) of the loaded ``pipebubble``
+    modules (auto's blocks and orders, building_block's kept builds and reorders, the cut
+    price's tables, ...), so that a repeat in this process costs what a fresh process's
+    run does."""
+    import sys
+
     from pipebubble.schedules import registry
 
     registry._cache.clear()
     registry._cached_actions = 0
+    for name, module in list(sys.modules.items()):
+        if name.startswith("pipebubble.") and module is not None:
+            for value in list(vars(module).values()):
+                if callable(getattr(value, "cache_clear", None)) and hasattr(
+                        value, "cache_info"):
+                    value.cache_clear()
     try:
         from pipebubble.schedules import auto
     except ImportError:
         return
     auto._REMEMBERED.clear()
-    # and what it keeps of blocks and their orders (where this version keeps them)
-    for cached in (getattr(auto, "_stretched_blocks", None),
-                   getattr(auto.adaptive, "_group", None)):
-        if cached is not None:
-            cached.cache_clear()
+    if hasattr(auto, "_RUNS"):  # the registered schedules' scores
+        auto._RUNS.clear()
+    if hasattr(auto.bounds, "_PATHS"):  # the bounds' paths per costs
+        auto.bounds._PATHS.clear()
     if hasattr(auto.adaptive, "_KEPT"):
         auto.adaptive._KEPT.clear()
         auto.adaptive._kept_actions = 0

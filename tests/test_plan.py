@@ -565,9 +565,9 @@ def test_the_bound_is_the_1f1b_step_for_equal_stages():
 @pytest.mark.parametrize("name, chunks", [(n, v) for n in FAMILIES
                                           for v in chunk_options(n, 3)])
 def test_held_microbatches_from_the_core_equal_counting_by_a_walk(name, chunks):
-    """held_per_stage reads the evaluation core's per-rank peaks (a unit of memory on one
-    stage of each rank at a time); counting F and B/W of each stage along the orders must
-    give the same numbers, for every family."""
+    """held_per_stage counts over the validated flat actions the evaluation core reads
+    (each stage's running count of F minus B/W); counting F and B/W of each stage along the
+    orders must give the same numbers, for every family."""
     from pipebubble.plan.families import _held, held_per_stage
 
     for p, m in ((4, 16), (3, 7)):

@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 
 from pipebubble.errors import UserError
+from pipebubble.plan.auto_plans import AutoPlans
 from pipebubble.plan.axes import Point
 from pipebubble.plan.configs import Configs
 from pipebubble.plan.cut_price import Pricing
@@ -198,3 +199,43 @@ def test_least_memory_names_the_orders_peak_when_nothing_fits():
     assert (c.pp, c.microbatches) == (2, 3)
     assert s.evaluate(c, math.inf, 5) is None
     assert s.least.least_plan(c).needs == 20 == s.no_fit([c]).smallest
+
+
+def test_auto_plans_alone_search_the_min_max_cut_under_the_memory_left():
+    # Two layers of F 1, B 2 (I 1 + W 1), 10 activation bytes each, no weights; auto on
+    # pp = 2 (loop placement), m = 3. Its cut is one layer per stage.
+    prof = toy([(1, 2, 0, 10), (1, 2, 0, 10)])
+    req = replace(request(2, 3), schedules=("auto",))
+    axes = legacy_axes(req, Point())
+    facts, here = ScheduleFacts(), PointCache()
+    pricing = Pricing(axes, None, here, facts)
+    memory = MemoryBounds(prof, axes, None, here, facts)
+    autos = AutoPlans(prof, axes, here, facts, Cuts(prof, axes), pricing,
+                      CutScorer(prof, req, axes, pricing, memory))
+    c, lc = Config(ParallelDims(pp=2), 1, 3, "auto", 1, "none", 0.0), prof.at(1, "none")
+    pr = autos.cut(c, lc)
+    assert pr.ranges == [(0, 0), (1, 1)] and autos.cut(c, lc) is pr  # priced once
+    assert pr.static == [0.0, 0.0]
+    # V placement (chunks 2) needs 4 stages of 2 layers: no cut, no bound
+    assert autos.cut(replace(c, chunks=2), lc) is None
+    assert autos.bound(replace(c, chunks=2)) == math.inf
+    # Plenty of memory: rank 1 starts after one forward (1) and works 3 x (1 + 1 + 1) = 9,
+    # so no order beats 10, and ZB-H1's order reaches it (3m + p - 1).
+    assert autos.evaluate(c, lc, math.inf, 1e12).step_time == 10
+    assert autos.evaluate(c, lc, math.inf, 20).step_time == 10  # two in flight suffice
+    # 10 bytes: a rank holds one microbatch from its F to its W (its I leaves the W's 10),
+    # so the microbatches go one after another, F0 F1 I1 I0 W0 = 5 each: 3 x 5 = 15.
+    plan = autos.evaluate(c, lc, math.inf, 10)
+    assert plan.step_time == 15 and max(plan.peak_memory) == 10
+    assert plan.cut_search == "min-max"
+    assert autos.evaluate(c, lc, 15, 10) is None  # it must beat the threshold
+    # below one microbatch per stage no order exists: the least budget is 10
+    assert autos.least_budget(c) == 10 and autos.evaluate(c, lc, math.inf, 9.99) is None
+    assert autos.plan_at(c, 10).budget == 10
+    # the fused registered schedules on the cut: 1F1B's (m + p - 1)(F + B) = 12 is the best
+    assert {s.name for s in autos._fused_registered(c)} == {"1f1b", "gpipe"}
+    assert autos.fused_floor(c, pr, [1e12, 1e12]) == 12
+    assert not autos.ruled_out(c, lc, pr, 11) and autos.ruled_out(c, lc, pr, 10)
+    # with one microbatch in flight the split orders' floor (memory kind: F0's microbatches
+    # a round trip F0 F1 I1 I0 = 4 apart, the last one's path 5) is 2 x 4 + 5 = 13
+    assert math.isclose(autos.split_order_floor(c, pr, [10, 10]), 13, rel_tol=1e-8)

@@ -170,11 +170,18 @@ class AutoPlans:
         if got is not None and got[0] is pr:
             return got[1]
         where = _auto_where(c)
-        sc = pr.costs.resolve(len(where), c.chunks)
+        sc = None
         best = math.inf
         for sched in self._fused_registered(c):
-            if all(fits_limit(x, cap) for x, cap in
-                   zip(schedule_peaks(sched, sc), left, strict=True)):
+            pkey = (id(sched), *(tuple(v) if isinstance(v, list | tuple) else v for v in (
+                pr.costs.activation_memory, pr.costs.weight_memory, pr.costs.input_memory,
+                pr.costs.recompute)))  # what the peaks read (CostModel.memory_deltas)
+            peaks = self._auto_cuts.get(pkey)  # the order's peaks: shared by the limits
+            if peaks is None or peaks[0] is not sched:
+                if sc is None:
+                    sc = pr.costs.resolve(len(where), c.chunks)
+                peaks = self._auto_cuts[pkey] = (sched, schedule_peaks(sched, sc))
+            if all(fits_limit(x, cap) for x, cap in zip(peaks[1], left, strict=True)):
                 best = min(best, self.scorer.step(c, sched, pr)[2])
         self._auto_cuts[key] = (pr, best)
         return best

@@ -48,29 +48,38 @@ def held_per_stage(schedule: Schedule, until: tuple[str, ...] = ("B", "W")) -> l
 
 
 def _held_both(schedule: Schedule) -> tuple[list[int], list[int]]:
-    """:func:`held_per_stage` until B/W and until B/I, from the evaluation core's memory
-    walk (:func:`~pipebubble.sim.program.schedule_peaks`): give the ``j``-th stage of every
-    rank one unit of activation memory and the others none, and the rank's peak is how many
-    microbatches that stage holds at once; a unit ``M_W`` keeps a split backward's share
-    until W, none frees it all at I."""
-    from ..costs import CostModel
-    from ..sim.program import schedule_peaks
+    """:func:`held_per_stage` until B/W and until B/I, from the validated flat actions
+    (:func:`~pipebubble.ir.check.flat_actions`, what the evaluation core's memory walk
+    reads): each stage's actions in its rank's order (a stable sort by stage), +1 at each
+    F and -1 at each B and W (or B and I); the highest running count (and 0) is how many
+    microbatches the stage holds at once. It is the peak
+    :func:`~pipebubble.sim.program.schedule_peaks` gives a rank when that stage alone
+    has one unit of activation memory (and of ``M_W``, or none): every stage in one pass
+    (tests/test_plan.py checks it against a walk over the orders)."""
+    import numpy as np
 
-    S, where = schedule.num_stages, schedule.stage_to_rank
-    slot, seen = [], {}
-    for r in where:  # the stage's place among its rank's stages
-        slot.append(seen.get(r, 0))
-        seen[r] = slot[-1] + 1
-    until_w, until_i = [0] * S, [0] * S
-    for j in range(max(slot, default=-1) + 1):
-        act = [1.0 if slot[s] == j else 0.0 for s in range(S)]
-        for keep, out in ((act, until_w), ([0.0] * S, until_i)):
-            peaks = schedule_peaks(schedule, CostModel(activation_memory=act,
-                                                       weight_memory=keep))
-            for s in range(S):
-                if slot[s] == j:
-                    out[s] = round(peaks[where[s]])
-    return until_w, until_i
+    from ..ir.check import flat_actions
+
+    S = schedule.num_stages
+    flat = flat_actions(schedule)
+    by_stage = np.argsort(flat.stage, kind="stable")
+    stage, kind = flat.stage[by_stage], flat.kind[by_stage]
+    starts = np.searchsorted(stage, np.arange(S + 1))
+    full = starts[1:] > starts[:-1]  # stages with actions
+    out = []
+    for freed in (2, 1):  # kind codes F 0, I 1, W 2, B 3: W (until W), I (until I)
+        d = (kind == 0).astype(np.int64) - ((kind == 3) | (kind == freed))
+        run = np.cumsum(d)
+        held = [0] * S
+        if full.any():
+            lo = starts[:-1][full]
+            top = np.maximum.reduceat(run, lo)
+            before = np.where(lo > 0, run[np.maximum(lo - 1, 0)], 0)
+            for s, x in zip(np.flatnonzero(full).tolist(), (top - before).tolist(),
+                            strict=True):
+                held[s] = max(0, x)
+        out.append(held)
+    return out[0], out[1]
 
 
 def _held(schedule: Schedule, until: tuple[str, ...]) -> list[int]:

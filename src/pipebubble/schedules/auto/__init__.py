@@ -53,6 +53,7 @@ import dataclasses
 import functools
 import math
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -437,12 +438,14 @@ def _registered(kind: str, p: int, m: int, sc: StageCosts, where: tuple[int, ...
             continue
         if sched.chains != 1 or sched.stage_to_rank != where:
             continue
-        if not _fits(sched, sc, limits):
+        run = _registered_run(sched, sc)
+        if not _within(run[1], limits):
             too_big.add(name)
             continue
-        scored = _score(sched, sc, limits)
-        if scored is not None:
-            yield scored[0], sched.orders, name
+        if len(run) == 2:  # simulated once, on the first limit it fits
+            run = _registered_run(sched, sc, simulate=True)
+        if run[2] is not None and _within(run[3], limits):
+            yield run[2], sched.orders, name
     if kind == "v" and "v-min" in too_big and p % 3 == 2:
         # V-Min's published block holds less than v-min's when M_W < M_B and p mod 3 = 2
         from ..v_min import v_min_published
@@ -541,12 +544,23 @@ def _greedy(kind: str, p: int, m: int, sc: StageCosts, where: tuple[int, ...],
         got = greedy_order(p, m, sc, where, limits, knobs)
         if got is None:
             continue
-        orders = [[Action(*a) for a in o] for o in got[0]]
+        orders = [_packed_row(o) for o in got[0]]  # the same actions, as arrays
         scored = _score(make_schedule("auto", orders, len(where), m, placement=list(where)),
                         sc, limits)
         if scored is not None:
             name = "greedy " + ",".join(f"{k}={v}" for k, v in knobs._asdict().items())
             yield scored[0], orders, name
+
+
+def _packed_row(row: list[tuple]) -> PackedOrder:
+    """A greedy rank order of ``(stage, kind, microbatch)`` tuples as a RankOrder (the
+    arrays the simulator reads: no Action made per step)."""
+    from ...ir.orders import RankOrder
+
+    if not row:
+        return RankOrder.build([], "", [])
+    stage, kind, mb = zip(*row, strict=True)
+    return RankOrder.build(stage, "".join(kind), mb)
 
 
 _TURNS = sorted(((tf, ti, top) for tf in range(1, 7) for ti in range(1, 7)
@@ -576,6 +590,52 @@ def _turned_block(p: int, steps: tuple[int, ...], period: int):
         if best is None or got < best[:2]:
             best = (*got, times)
     return None if best is None else best[2]
+
+
+KEEP_RUNS = 256  # registered schedules' peaks and scores kept (_registered_run), at most
+_RUNS: OrderedDict[tuple, tuple] = OrderedDict()  # (id(schedule), costs) -> its run
+
+
+def _registered_run(sched: Schedule, sc: StageCosts, simulate: bool = False) -> tuple:
+    """``(sched, peaks)`` of a registered schedule on ``sc``: its order's peak memory per
+    rank (:func:`~pipebubble.sim.program.schedule_peaks`), and with ``simulate`` also
+    ``score, simulated peaks``: :func:`_score`'s ``(step, idle inside spans)`` and each
+    rank's peak in the timeline (score None where the simulator refuses the order). They
+    depend on the order and the costs alone, never on the limit, so they are kept: the
+    planner asks auto for the same costs under a limit per sharding, and each request
+    scores the same registered schedules. (An entry names the schedule by its id and a
+    weak reference: it does not keep a schedule the registry's cache has let go.)"""
+    from ...sim.kernel import simulate as run_sim
+    from ...sim.program import schedule_peaks
+
+    key = (id(sched), tuple(_frozen(getattr(sc, f.name)) for f in dataclasses.fields(sc)))
+    got = _RUNS.get(key)
+    if got is not None and got[0]() is sched:
+        _RUNS.move_to_end(key)
+        if len(got) == 4 or not simulate:
+            return got
+    else:
+        got = (weakref.ref(sched), list(schedule_peaks(sched, sc)))
+    if simulate:
+        try:
+            timeline = run_sim(sched, sc)
+        except ScheduleError:
+            got = (got[0], got[1], None, None)
+        else:
+            stats = timeline.rank_stats()
+            got = (got[0], got[1], (round(timeline.step_time, 9),
+                                    round(sum(s.span - s.busy for s in stats), 9)),
+                   [s.peak_memory for s in stats])
+    _RUNS[key] = got
+    while len(_RUNS) > KEEP_RUNS:
+        _RUNS.popitem(last=False)
+    return got
+
+
+def _within(peaks, limits: list[float] | None) -> bool:
+    """Whether every rank's peak fits its limit (no limit: yes)."""
+    return limits is None or all(fits_limit(x, cap) for x, cap in
+                                 zip(peaks, limits, strict=True))
 
 
 def _fits(sched: Schedule, sc: StageCosts, limits: list[float] | None) -> bool:

@@ -40,7 +40,7 @@ from collections.abc import Iterator
 from functools import lru_cache
 
 from ...costs import StageCosts, fit_bound, fits_limit
-from ...ir.schedule import Action, ScheduleError, v_placement
+from ...ir.schedule import Action, PackedOrder, ScheduleError, v_placement
 from ...sim.clock import Clock
 from ..building_block import PERIOD, block, peak, place_w, reorder, reorder_ends, repeat
 from ..periodic import extend
@@ -297,11 +297,14 @@ def _built(p: int, m: int, small: int, offsets: tuple[int, ...],
         for name, orders in got:
             if budget is not None and budget.late():
                 return
-            yield name, [list(o) for o in orders]
+            yield name, [o if isinstance(o, PackedOrder) else list(o) for o in orders]
         return
     made = []
     for name, orders in _build(p, m, small, offsets, times, k, budget):
-        made.append((name, tuple(map(tuple, orders))))
+        # a packed order (periodic.extend's RankOrder, immutable) is kept as it is: made
+        # into a tuple of Actions it cost as much as the build, and came back unpacked
+        made.append((name, tuple(o if isinstance(o, PackedOrder) else tuple(o)
+                                 for o in orders)))
         yield name, orders
     if budget is not None and budget.late():
         return  # cut short: not kept

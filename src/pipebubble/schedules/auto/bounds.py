@@ -38,8 +38,9 @@ it is feasible (one microbatch at a time); below it nothing is.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from itertools import islice
 
 from ...costs import StageCosts, fits_limit
@@ -99,7 +100,9 @@ def bound(sc: StageCosts, stage_to_rank: tuple[int, ...], microbatches: int,
     """The best of the provable bounds (see the module docstring), named by kind; the
     memory kind only with ``limits`` (one per rank)."""
     S, m = len(stage_to_rank), microbatches
-    dur, succ, order, release, tail = _paths(sc, stage_to_rank)
+    paths = _kept_paths(sc, tuple(stage_to_rank))
+    dur, succ, order, release, tail = paths[:5]
+    trips = paths[5]  # stage -> its round trip F .. I (costs and placement alone)
     f = [sc.duration(s, "F") for s in range(S)]
     i = [sc.duration(s, "I") for s in range(S)]
     w = [sc.duration(s, "W") for s in range(S)]
@@ -126,14 +129,36 @@ def bound(sc: StageCosts, stage_to_rank: tuple[int, ...], microbatches: int,
             if k >= m or k == 0:
                 continue  # no constraint (k = 0: below the smallest limit, refused elsewhere)
             fa, ia = Action(s, "F", 0), Action(s, "I", 0)
-            if pos is None:
-                pos = {a: n for n, a in enumerate(order)}
-            trip = _longest(fa, ia, dur, succ, order, pos)
+            trip = trips.get(s)
+            if trip is None:
+                if pos is None:
+                    pos = {a: n for n, a in enumerate(order)}
+                trip = trips[s] = _longest(fa, ia, dur, succ, order, pos)
             memory = max(memory, release[fa] + (m - 1) // k * trip + tail[fa])
         if memory > 0:  # some stage's limit binds
             by_kind["memory"] = memory
     kind = max(by_kind, key=lambda k: (by_kind[k], -KINDS.index(k)))
     return LowerBound(by_kind[kind], kind, by_kind)
+
+
+KEEP_PATHS = 256  # (costs, placement) whose paths are kept, at most
+_PATHS: OrderedDict[tuple, tuple] = OrderedDict()
+
+
+def _kept_paths(sc: StageCosts, where: tuple[int, ...]) -> tuple:
+    """:func:`_paths` and a dict of the round trips :func:`bound` has measured, kept per
+    (costs, placement): they depend on nothing else, and the planner asks the bound of the
+    same costs under a limit per sharding and at every microbatch count."""
+    key = (tuple(tuple(v) if isinstance(v, list) else v
+                 for v in (getattr(sc, f.name) for f in fields(sc))), where)
+    got = _PATHS.get(key)
+    if got is not None:
+        _PATHS.move_to_end(key)
+        return got
+    got = _PATHS[key] = (*_paths(sc, where), {})
+    while len(_PATHS) > KEEP_PATHS:
+        _PATHS.popitem(last=False)
+    return got
 
 
 def _longest(src: Action, dst: Action, dur, succ, order, pos=None) -> float:
