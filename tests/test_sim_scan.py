@@ -147,6 +147,22 @@ def test_every_family_through_simulate(name, comm, spy, monkeypatch):
     assert timeline_columns(got) == timeline_columns(loop_only(s, costs, monkeypatch))
 
 
+@pytest.mark.parametrize("p,m", [(4, 512), (8, 256)])
+def test_v_min_settles_within_the_default_sweeps(p, m, spy, monkeypatch):
+    """V-Min with f = 1, b = 2, w = 1 settles in 7 sweeps (one more than the first cap of 6,
+    which sent every V-Min program back to the loop after six wasted sweeps): the scan
+    answers, and with the loop's Timeline."""
+    s = get_schedule("v-min", p, m)
+    costs = CostModel(f=1.0, b=2.0, w=1.0)
+    want, got = loop_and_scan(s, costs, sweeps=scan.SWEEPS)
+    assert got is not None and np.array_equal(want, got)
+    assert loop_and_scan(s, costs, sweeps=6)[1] is None  # the sweeps it needs: 7
+    tried = len(spy)
+    got = simulate(s, costs)
+    assert spy[tried:] == [True]  # simulate() asked the scan once, and it answered
+    assert timeline_columns(got) == timeline_columns(loop_only(s, costs, monkeypatch))
+
+
 def test_the_one_lag_and_the_lag_columns_agree(spy, monkeypatch):
     """1F1B's one lag, ZB-V's lag column (the V's turn: no comm), per stage costs."""
     for name in ("1f1b", "zbv", "dualpipev"):

@@ -50,13 +50,15 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import numpy as np
 
-SWEEPS = 6
+SWEEPS = 8
 """Sweeps over the ranks after which :func:`solve` gives up. 1F1B, GPipe, interleaved 1F1B,
-ZB-H1/H2, DualPipe and DualPipeV settle in 3 or 4 without comm; a program that zigzags needs
-about one per microbatch. A sweep costs a 15th to a 25th of the loop (1F1B p=64 m=8192),
-so giving up costs the loop about a third more. With a comm lag every family but GPipe
-zigzags (rank r+1's F waits for rank r's at every step), so :func:`solve` does not try
-programs with a lag other than 0 (unless asked: the tests)."""
+ZB-H1/H2, DualPipe and DualPipeV settle in 3 or 4 without comm, V-Min in 7 with f = 1,
+b = 2, w = 1 (p = 4 … 32, m = 256 … 2,048; its loop then takes 3 to 4 times the scan's time),
+V-Half in 5 to 21 depending on the costs; a program that zigzags needs about one per
+microbatch. A sweep costs a 15th to a 25th of the loop (1F1B p=64 m=8192), so giving up
+costs the loop about 30 to 40 % more. With a comm lag every family but GPipe zigzags (rank
+r+1's F waits for rank r's at every step), so :func:`solve` does not try programs with a
+lag other than 0 (unless asked: the tests)."""
 
 SCAN_FROM = 2048
 """Steps from which the kernel tries :func:`solve` before its loop, if the ranks have
