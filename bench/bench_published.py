@@ -129,9 +129,7 @@ def main() -> None:
           f"{sum(abs(x) for x in d.values()) / len(d):.1%} over the {len(d)} predicted rows, "
           f"largest {d[id(worst)]:+.1%} ({worst['source']} {worst['model']}); "
           + ("every published configuration fits its GPU" if all(r["fits"] for r in rows) else
-             "over its GPU's memory: " + ", ".join(r["model"] for r in rows if not r["fits"])
-             + " (torchtitan's op-level selective checkpointing keeps less than the planner's "
-             "selective, which it is priced as)"))
+             "over its GPU's memory: " + ", ".join(r["model"] for r in rows if not r["fits"])))
     if not args.no_rank:
         slower = [r for r in rows if r["margin"] < -1e-9]
         print("Planner's pick against the published configuration, each at its framework's "

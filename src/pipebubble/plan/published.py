@@ -446,8 +446,9 @@ def rank_config(run: Run, efficiency: float, top: int = 30, reserve: float = 0.0
     from .planner import search
 
     prof, req, hw = _setup(run, efficiency, top, reserve, framework)
+    modes = tuple(m for m in RECOMPUTE_MODES if m != "op" or framework in ("torchtitan", "none"))
     req = replace(req, schedules=tuple(schedule_names(searched=False)),
-                  recompute=req.recompute or RECOMPUTE_MODES)
+                  recompute=req.recompute or modes)  # op-level SAC: torchtitan's only
     mine = _predict(run, efficiency, reserve, framework)[0]
     keep, step = None, (lambda p: p.step_time)
     if framework not in (None, "none"):
