@@ -30,9 +30,9 @@ at the physical memory) beside the published configuration, both priced the same
 fit.
 
 ``--torchtitan-why`` adds what moves the torchtitan rows at the Llama 3 H100 efficiency: the
-planner's selective recomputation against full (torchtitan's op-level SAC recomputes every
-second matmul and the element-wise ops), the preset's 989 TFLOP/s against the 500 W HBM2e
-H100's lower clocks, and the memory each needs.
+op-level SAC it ran (recompute op: every second matmul and the element-wise ops re-run)
+against the planner's selective and full recomputation, the preset's 989 TFLOP/s against the
+500 W HBM2e H100's lower clocks, and the memory each needs.
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ import time
 from dataclasses import replace
 
 from pipebubble.plan import published as P
-from pipebubble.plan.planner import search
 
 
 def priced(run, framework: str, efficiency: float, config: str = ""):
@@ -112,9 +111,6 @@ def main() -> None:
 
 def picks(runs, fitted: dict) -> None:
     """Each run's published configuration beside the planner's pick under its framework."""
-    from pipebubble.plan.frameworks import narrowed, rank
-    from pipebubble.schedules import schedule_names
-
     print("\nthe planner's pick under each run's framework (physical memory, every family "
           "but auto, every recompute mode), both at the fit:\n")
     print("| run | framework | published config, predicted (s) | pick | pick (s) | "
@@ -124,21 +120,8 @@ def picks(runs, fitted: dict) -> None:
         fw = run.framework
         e = fitted[P.SAME_CHIP.get(run.gpu, run.gpu), fw]
         t0 = time.perf_counter()
-        prof, req, hw = P._setup(run, e, top=30, framework=fw)
-        req = replace(req, schedules=tuple(schedule_names(searched=False)),
-                      recompute=("none", "selective", "full"))
-        found = search(prof, req, hw, e).plans
-        more = []
-        if not any(why is None for _, why in rank(fw, found)):  # as plan --framework does
-            more = search(prof, narrowed(fw, req), hw, e).plans
-        ok = [p for p, why in rank(fw, found, more) if why is None]
+        _, best, step = P.rank_config(run, e, framework=fw)  # among the plans fw runs
         _, mine = priced(run, fw, e)
-        if not ok:
-            print(f"| {run.source} {run.name} | {fw} | {mine:.3f} | none of the {len(found)} "
-                  f"runnable | | | | {time.perf_counter() - t0:.0f} s |")
-            continue
-        best = ok[0]
-        step = P.engine_step(run, best, e)
         c = best.config
         label = (f"tp={c.tp}{' sp' if c.sp else ''} cp={c.cp} pp={c.pp} dp={c.dp} "
                  f"{c.sharding} {c.schedule} v={c.chunks} mbs={c.microbatch_size} "
@@ -155,14 +138,16 @@ def torchtitan_why(runs, efficiency: float) -> None:
           "peak memory GiB (physical 89.4) |")
     print("|---|---|---|---|---|---|")
     for run in (r for r in runs if r.source.startswith("torchtitan")):
-        for what, cfg, hw in (("as published (selective)", "", ()),
+        for what, cfg, hw in (("as published (op-level SAC: recompute op)", "", ()),
+                              ("the planner's selective (attention core)",
+                               ",recompute=selective", ()),
                               ("full recompute", ",recompute=full", ()),
-                              ("selective, peak 835 TFLOP/s (H100 NVL)", "",
+                              ("op, peak 835 TFLOP/s (H100 NVL)", "",
                                (("peak_flops", 835e12),)),
                               ("full, peak 835 TFLOP/s", ",recompute=full",
                                (("peak_flops", 835e12),))):
-            r2 = replace(run, config=run.config.replace(",recompute=selective", "")
-                         + (cfg or ",recompute=selective"), hardware=(*run.hardware, *hw))
+            r2 = replace(run, config=run.config.replace(",recompute=op", "")
+                         + (cfg or ",recompute=op"), hardware=(*run.hardware, *hw))
             plan, step = priced(r2, "torchtitan", efficiency)
             print(f"| {run.name} | {what} | {step:.3f} | {run.step:.3f} | "
                   f"{step / run.step - 1:+.1%} | {max(plan.peak_memory) / 2**30:.1f} |")

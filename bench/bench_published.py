@@ -18,7 +18,11 @@ faster it predicts its pick to be. Runs made on DeepSpeed's pipeline engine (MT-
 GPT-NeoX-20B, BLOOM) are priced as that engine runs the plan (``plan.deepspeed.deepspeed_step``:
 blocking P2P in its TrainSchedule order, simulated by ``sim/wire.py``, and the data-parallel
 reduction after the flush); the *engine* column gives beside it the error as the planner
-prices the plan (the rank and the pick are the planner's pricing).
+prices the plan. The rank and the pick are taken among the plans the row's framework runs
+(``plan.frameworks.blocker``: no DualPipe, ZB-V or V-Half for Megatron-LM or DeepSpeed, no
+ZeRO-1/2 for torchtitan; the published configuration counts as one it runs), priced under its
+framework's profile and, for the DeepSpeed rows, at the engine's step
+(``plan.published.rank_config``).
 
     python bench/bench_published.py [--no-rank] [--explain] [--memory]
 
@@ -125,9 +129,13 @@ def main() -> None:
           f"{sum(abs(x) for x in d.values()) / len(d):.1%} over the {len(d)} predicted rows, "
           f"largest {d[id(worst)]:+.1%} ({worst['source']} {worst['model']}); "
           + ("every published configuration fits its GPU" if all(r["fits"] for r in rows) else
-             "over its GPU's memory: " + ", ".join(r["model"] for r in rows if not r["fits"])
-             + " (torchtitan's op-level selective checkpointing keeps less than the planner's "
-             "selective, which it is priced as)"))
+             "over its GPU's memory: " + ", ".join(r["model"] for r in rows if not r["fits"])))
+    if not args.no_rank:
+        slower = [r for r in rows if r["margin"] < -1e-9]
+        print("Planner's pick against the published configuration, each at its framework's "
+              "pricing: " + ("no slower on every row" if not slower else
+                             "slower on " + ", ".join(f"{r['model']} ({-r['margin']:.1%})"
+                                                      for r in slower)))
     g = [1 / (1 + r["gpu_error"]) - 1 for r in others]
     print(f"At one efficiency per GPU (Megatron-LM's) and the planner's pricing: "
           f"{min(g):+.1%} … {max(g):+.1%}")

@@ -68,8 +68,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    type=positive_int("--max-chunks", L.MAX_CHUNKS),
                    help="most stages per rank for interleaved families (4)")
     p.add_argument("--recompute", default=None, metavar="LIST",
-                   help="recomputation modes: none, selective, full (none,full when the "
-                   "profile allows it, else none)")
+                   help="recomputation modes: none, selective, full, op (torchtitan's "
+                   "op-level selective checkpointing), or all (none,full when the profile "
+                   "allows it, else none)")
     p.add_argument("--param-bytes", type=size_value("--param-bytes"), default=None,
                    metavar="N", help="bytes of each weight the forward reads (2: bf16)")
     p.add_argument("--grad-bytes", type=size_value("--grad-bytes"), default=None, metavar="N",
@@ -280,7 +281,9 @@ def build_request(args: argparse.Namespace, profiles, memory: float | None = Non
         # With FlashAttention selective recomputation keeps what none keeps and re-runs the
         # attention: never better, so it is tried only when asked for (--recompute).
         flash = profiles.metadata().get("attention", "flash") == "flash"
-        modes = profiles.recompute_modes() if hardware and not flash else (
+        # torchtitan's op-level SAC (op) only when asked for, as it is one framework's policy
+        modes = tuple(m for m in profiles.recompute_modes() if m != "op") if (
+            hardware and not flash) else (
             ("none", "full") if "full" in profiles.recompute_modes() else ("none",))
     else:
         modes = tuple(dict.fromkeys(m.lower() for m in L.split_list(args.recompute,

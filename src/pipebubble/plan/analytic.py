@@ -76,7 +76,8 @@ from .profile import FORMAT, LayerProfile, Profile
 __all__ = ["TransformerShape", "analytic_profile", "shape_profile"]
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
-RECOMPUTE_MODES = ("none", "selective", "full")
+RECOMPUTE_MODES = ("none", "selective", "full", "op")  # op: torchtitan's op-level SAC
+# (memory.op_sac_matmuls)
 SOURCE = ("Korthikanti et al. 2022 (activations); Narayanan et al. 2021 (FLOPs); "
           "time = FLOPs / (tflops x mfu)")
 
@@ -107,7 +108,7 @@ def shape_profile(shape: TransformerShape, seq: int, batch: int, tflops: float |
     """:func:`analytic_profile` of a shape. Without ``tflops`` and ``mfu`` the profile is
     hardware free: every time is 0 and ``plan --gpu NAME`` prices the layers from the shape
     (:mod:`pipebubble.plan.parallel_costs`); ``source`` (the HF keys used) is recorded."""
-    from .memory import block_activation_bytes, block_weight_grad_bytes
+    from .memory import block_activation_bytes, block_weight_grad_bytes, op_sac_matmuls
 
     layers, hidden, vocab = shape.layers, shape.hidden, shape.vocab
     free = tflops is None and mfu is None
@@ -118,6 +119,9 @@ def shape_profile(shape: TransformerShape, seq: int, batch: int, tflops: float |
     pmm = shape.block_matmul_params()
     scores = 4 * b * s * s * shape.heads * shape.head_dim
     flash = attention == "flash"
+    qd, kvd, f = shape.heads * shape.head_dim, shape.kv * shape.head_dim, shape.ffn
+    redo = {"wk": h * kvd, "wo": qd * h, "w3": h * f, "w2": f * h}  # parameters of each
+    # matrix torchtitan's op-level SAC recomputes (memory.op_sac_matmuls)
     out = [embedding_layer(shape.embedding_params(), t, h, k, rate)]
     block_act = block_activation_bytes(shape, s, b, flash=flash) * k
     for n in range(layers):
@@ -128,7 +132,10 @@ def shape_profile(shape: TransformerShape, seq: int, batch: int, tflops: float |
             out_bytes=2 * t * h * k,
             full=(2 * t * h * k, (2 * t * pmm + scores) / rate),
             selective=(block_activation_bytes(shape, s, b, recompute="selective",
-                                              flash=flash) * k, scores / rate)))
+                                              flash=flash) * k, scores / rate),
+            op=(block_activation_bytes(shape, s, b, recompute="op", flash=flash) * k,
+                2 * t * sum(redo[n] for n, _, kept in op_sac_matmuls(shape) if not kept)
+                / rate)))
     out.append(head_layer(shape.head_params(), t, h, V, k, rate))
     meta = {"format": FORMAT, "source": "analytic", "method": SOURCE, "device": "analytic",
             "dtype": dtype, "batch": batch, "seq": seq, "tflops": tflops, "mfu": mfu,
@@ -185,7 +192,8 @@ def head_layer(params: int, t: int, h: int, V: int, k: float, rate: float) -> La
 
 def _layer(name: str, kind: str, *, params: int, fwd: float, i: float, w: float, rate: float,
            act: float, act_w: float, out_bytes: float, full: tuple[float, float],
-           selective: tuple[float, float], modules: list[str] | None = None) -> LayerProfile:
+           selective: tuple[float, float], op: tuple[float, float] | None = None,
+           modules: list[str] | None = None) -> LayerProfile:
     """One layer from FLOPs (forward, input gradient, weight gradient) and bytes."""
     extra: dict = {
         "forward_flops": float(fwd), "input_grad_flops": float(i),
@@ -198,6 +206,8 @@ def _layer(name: str, kind: str, *, params: int, fwd: float, i: float, w: float,
         "activation_bytes_selective": float(selective[0]),
         "recompute_time_selective": float(selective[1]),
     }
+    if op is not None:
+        extra["activation_bytes_op"], extra["recompute_time_op"] = float(op[0]), float(op[1])
     if modules:
         extra["modules"] = modules
     return LayerProfile(name, fwd / rate, (i + w) / rate, int(params), float(act),

@@ -55,9 +55,9 @@ def settle_recompute(profiles: ProfileSet, req: Request) -> Request:
     if req.recompute is None:
         req = replace(req, recompute=("none", "full") if "full" in modes else ("none",))
     for r in req.recompute:
-        if r not in ("none", "selective", "full"):
+        if r not in ("none", "selective", "full", "op"):
             raise UserError(f"unknown {param('recompute')} {r!r}; valid are none, selective, "
-                            "full")
+                            "full, op")
         if r not in modes:
             profiles.at(1, r)  # raises the profile's message
     return req

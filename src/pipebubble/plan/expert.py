@@ -712,9 +712,9 @@ class ExpertCosts(ParallelCosts):
         got = self._cache.get(key)
         if got is not None:
             return got
-        if recompute not in MODES:
-            raise UserError(f"unknown recompute mode {recompute!r}; valid are "
-                             f"{', '.join(MODES)}")
+        if recompute not in MODES or recompute == "op":  # op: dense blocks only
+            raise UserError(f"unknown recompute mode {recompute!r} for MoE layers; valid are "
+                             f"{', '.join(m for m in MODES if m != 'op')}")
         sh, s, b, t, cp = self.shape, self.seq, size, self.tp, self.cp
         emb, head = self.ends(b)
         cols: dict[str, list[float]] = {k: [] for k in (

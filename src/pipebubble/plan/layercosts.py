@@ -38,7 +38,8 @@ from .profile import Profile
 
 _SCALED = ("forward", "backward", "weight_backward", "activation_bytes",
            "weight_activation_bytes", "output_bytes", "activation_bytes_full",
-           "recompute_time_full", "activation_bytes_selective", "recompute_time_selective")
+           "recompute_time_full", "activation_bytes_selective", "recompute_time_selective",
+           "activation_bytes_op", "recompute_time_op")
 
 
 @dataclass(frozen=True)
@@ -181,7 +182,7 @@ def _fields(prof: Profile) -> dict[str, np.ndarray]:
         out["weight_activation_bytes"].append(
             float(e.get("weight_activation_bytes", layer.activation_bytes)))
         out["output_bytes"].append(float(e.get("output_bytes", 0.0)))
-        for mode in ("full", "selective"):
+        for mode in ("full", "selective", "op"):
             out[f"activation_bytes_{mode}"].append(
                 float(e.get(f"activation_bytes_{mode}", layer.activation_bytes)))
             out[f"recompute_time_{mode}"].append(float(e.get(f"recompute_time_{mode}", 0.0)))

@@ -58,7 +58,13 @@ their product) and models without dropout (LLaMA):
 - split over TP: Q, K, V, the attention output and the MLP's inner activations;
 - the attention core ``5 a s^2 b / cp`` only without FlashAttention (which keeps none of it);
 - ``selective`` recomputation drops the core (so equals ``none`` with FlashAttention);
-  ``full`` keeps the block input only, ``2 T h`` (``/ t`` with SP).
+  ``full`` keeps the block input only, ``2 T h`` (``/ t`` with SP);
+- ``op``: torchtitan's op-level selective checkpointing (``activation_checkpoint.mode =
+  "selective"``, ``selective_ac_option = "op"``; its ``_op_sac_save_list`` and policy in
+  ``torchtitan/distributed/activation_checkpoint.py``): of the ops of a block it keeps the
+  outputs of every matrix multiply (``aten.mm``) except every second one of the block, of
+  SDPA (FlashAttention's output and its fp32 log-sum-exp) and of the reduce-scatters, and
+  recomputes everything else from the block's input (:func:`op_sac_matmuls` says which).
 
 What the count assumes: each tensor a backward reads is kept once, and nothing else (no
 stage outputs: Megatron-LM frees an output's data once sent; no allocator or NCCL memory:
@@ -139,12 +145,37 @@ def block_activation_bytes(shape, s: int, b: int, tp: int = 1, sp: bool = False,
     qd = shape.heads * shape.head_dim
     if recompute == "full":
         return 2 * T * h / (tp if sp else 1)
+    if recompute == "op":
+        kept = sum(width for _, width, saved in op_sac_matmuls(shape, tp) if saved)
+        sdpa = 2 * qd / tp + 4 * shape.heads / tp  # the output, the fp32 log-sum-exp
+        scatters = 2 * 2 * h / tp if sp and tp > 1 else 0.0  # after wo and w2
+        return T * (2 * h / (tp if sp else 1) + 2 * kept + sdpa + scatters)
     replicated = 8 * T * h + (2 * T * h if shape.dropout else 0)  # two 1-byte masks
     split = 2 * T * qd + 4 * T * kvd + 2 * T * qd + (6 if shape.swiglu else 4) * T * f
     core = 0.0
     if not flash and recompute == "none":
         core = 5 * shape.heads * s * s * b / (cp * tp)  # local queries x every key, a/t heads
     return replicated / (tp if sp else 1) + split / tp + core
+
+
+def op_sac_matmuls(shape, tp: int = 1) -> list[tuple[str, float, bool]]:
+    """The matrix multiplies of one block in the order torchtitan's decoder runs them
+    (``wq``, ``wk``, ``wv``, SDPA, ``wo``; ``w1``, ``w3``, ``w2`` for SwiGLU, ``w1``, ``w2``
+    otherwise), each ``(name, output width a token on a TP rank, kept)`` under its op-level
+    policy: the count restarts in each block and every even-numbered ``mm`` is recomputed
+    ("saves output of all compute ops, except every second mm"). ``wo`` and ``w2`` give their
+    full ``h`` on each TP rank (partial sums before the reduction).
+
+    >>> from pipebubble.plan.analytic import TransformerShape
+    >>> sh = TransformerShape(layers=1, hidden=8, ffn=16, heads=2, vocab=10, kv_heads=1)
+    >>> [(n, w) for n, w, kept in op_sac_matmuls(sh) if kept]
+    [('wq', 8), ('wv', 4), ('w1', 16), ('w2', 8)]
+    """
+    h, f = shape.hidden, shape.ffn
+    qd, kvd = shape.heads * shape.head_dim, shape.kv * shape.head_dim
+    mms = [("wq", qd / tp), ("wk", kvd / tp), ("wv", kvd / tp), ("wo", h), ("w1", f / tp)]
+    mms += [("w3", f / tp), ("w2", h)] if shape.swiglu else [("w2", h)]
+    return [(n, w if w != int(w) else int(w), i % 2 == 1) for i, (n, w) in enumerate(mms, 1)]
 
 
 def block_weight_grad_bytes(shape, s: int, b: int, tp: int = 1, sp: bool = False,

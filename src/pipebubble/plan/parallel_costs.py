@@ -44,11 +44,12 @@ from .memory import (
     block_weight_grad_bytes,
     embedding_activation_bytes,
     head_activation_bytes,
+    op_sac_matmuls,
 )
 from .network import Network
 from .tensor import block_tp_comm, block_tp_hidden, tp_collective
 
-MODES = ("none", "selective", "full")
+MODES = ("none", "selective", "full", "op")  # op: torchtitan's op-level SAC (memory.py)
 
 
 class ParallelCosts:
@@ -116,8 +117,15 @@ class ParallelCosts:
                                     hide_dgrad=(dgrads[0], dgrads[2]))
         cp_f, cp_b = block_cp_comm(T, kv / t, cp, t, self.net, (attn, attn_b))
         F = fwd + attn + mem + tp_f + cp_f
+        # op-level SAC (memory.op_sac_matmuls) re-runs the multiplies it does not keep, every
+        # element-wise op (norms, rotary, the MLP's activation, residual adds) and, with SP,
+        # the forward's two all-gathers (half its TP collectives; the reduce-scatters kept)
+        redo = {"wk": gemm_time(T, kv / t, h, r, fp8=True), "wo": fwds[1],
+                "w3": gemm_time(T, f / t, h, r, fp8=True), "w2": fwds[3]}
+        op = sum(redo[n] for n, _, kept in op_sac_matmuls(sh, t) if not kept) + mem + (
+            tp_f / 2 if self.sp else tp_f)
         return {"f": F, "i": dgrad + attn_b + 2 * mem + tp_b + cp_b, "w": wgrad,
-                "selective": attn + cp_f, "hidden": tp_hidden}
+                "selective": attn + cp_f, "op": op, "hidden": tp_hidden}
 
     def ends(self, b: int) -> tuple[dict, dict]:
         """Embedding and head: (f, i, w) seconds each."""
@@ -144,7 +152,8 @@ class ParallelCosts:
         L = sh.layers
         a_none = block_activation_bytes(sh, s, b, t, sp, cp, "none", self.flash)
         a_keep = block_activation_bytes(sh, s, b, t, sp, cp, recompute, self.flash)
-        extra = {"none": 0.0, "selective": blk["selective"], "full": blk["f"]}[recompute]
+        extra = {"none": 0.0, "selective": blk["selective"], "full": blk["f"],
+                 "op": blk["op"]}[recompute]
         a_w = min(block_weight_grad_bytes(sh, s, b, t, sp, cp), a_keep)
         a_emb = embedding_activation_bytes(s, b, cp)
         a_head = head_activation_bytes(sh, s, b, t, sp, cp)

@@ -14,7 +14,8 @@ speak of. So every profile, read from a file (``Profile.load``), built from a di
   ``params``, ``activation_bytes``, ``flops``;
 - every number, required or optional (:data:`OPTIONAL`: ``weight_backward``,
   ``weight_activation_bytes``, ``output_bytes``, ``activation_bytes_full``,
-  ``activation_bytes_selective``, ``recompute_time_full``, ``recompute_time_selective``), is
+  ``activation_bytes_selective``, ``recompute_time_full``, ``recompute_time_selective``,
+  ``activation_bytes_op``, ``recompute_time_op``), is
   a JSON number (not a string, not ``true``), finite, and 0 or in ``[MIN, MAX]`` for its
   unit (:data:`BOUNDS`): times 1e-12..1e12 s, bytes up to 2^70, FLOPs up to 1e30, params
   a whole number up to 1e18. Below the minimum, sums and ratios underflow (a denormal
@@ -61,11 +62,13 @@ BOUNDS: dict[str, tuple[str, float]] = {
     "weight_backward": ("seconds", MAX_TIME),
     "recompute_time_full": ("seconds", MAX_TIME),
     "recompute_time_selective": ("seconds", MAX_TIME),
+    "recompute_time_op": ("seconds", MAX_TIME),
     "activation_bytes": ("bytes", MAX_BYTES),
     "weight_activation_bytes": ("bytes", MAX_BYTES),
     "output_bytes": ("bytes", MAX_BYTES),
     "activation_bytes_full": ("bytes", MAX_BYTES),
     "activation_bytes_selective": ("bytes", MAX_BYTES),
+    "activation_bytes_op": ("bytes", MAX_BYTES),
     "flops": ("FLOPs", MAX_FLOPS),
     "params": ("parameters", float(MAX_PARAMS)),
 }

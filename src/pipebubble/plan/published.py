@@ -52,6 +52,7 @@ with the published TP, PP and data parallelism, searching what the paper does no
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -421,23 +422,58 @@ def framework_efficiencies(runs: tuple[Run, ...] | None = None) -> dict:
 
 
 def rank_config(run: Run, efficiency: float, top: int = 30, reserve: float = 0.0,
-                framework: str | None = None):
+                framework: str | None = None) -> tuple:
     """(the published configuration's rank among the planner's ``top`` plans, None if
-    slower than all of them; the planner's own best plan), as ``plan --config`` ranks it:
-    every axis searched (tp, sp, cp, pp, dp, sharding, microbatch size, every schedule family
-    but ``auto``, chunks, recompute). Both under the same budget, the GPU's memory less
-    ``reserve`` (0 by default: the physical memory the published configuration is priced
-    at), so that the published configuration competes with plans given the same memory;
-    ``framework``: both priced under its profile (:func:`_setup`)."""
+    slower than all of them; the planner's own best plan; its step), as ``plan --config``
+    ranks it: every axis searched (tp, sp, cp, pp, dp, sharding, microbatch size, every
+    schedule family but ``auto``, chunks, every recompute mode, so that the published one is
+    among them). Both under the same budget, the GPU's memory less ``reserve`` (0 by
+    default: the physical memory the published configuration is priced at), so that the
+    published configuration competes with plans given the same memory.
+
+    ``framework``: both priced under its profile (:func:`_setup`: its traffic, overlap and
+    model states) and ranked among the plans it runs (its schedules, shardings and
+    DeepSpeed's cp 1 searched, :func:`~pipebubble.plan.frameworks.narrowed`, and the plans
+    :func:`~pipebubble.plan.frameworks.blocker` passes, as ``plan --config --framework``
+    ranks), with the published configuration counted as one it runs (it ran there: Llama 3's
+    ZeRO-2 under PP is not Megatron-LM's, whose calibration prices it); then each of the
+    ``top`` plans at its step as the run's engine runs it (:func:`engine_step`), so that a
+    DeepSpeed row's pick is the fastest of them on DeepSpeed's pipeline engine. ``None`` or
+    ``none``: every plan, at the planner's pricing."""
     from ..schedules import schedule_names
+    from .analytic import RECOMPUTE_MODES
+    from .frameworks import blocker, narrowed
     from .planner import search
 
     prof, req, hw = _setup(run, efficiency, top, reserve, framework)
-    req = replace(req, schedules=tuple(schedule_names(searched=False)))
-    plans = search(prof, req, hw, efficiency).plans
+    modes = tuple(m for m in RECOMPUTE_MODES if m != "op" or framework in ("torchtitan", "none"))
+    req = replace(req, schedules=tuple(schedule_names(searched=False)),
+                  recompute=req.recompute or modes)  # op-level SAC: torchtitan's only
     mine = _predict(run, efficiency, reserve, framework)[0]
-    faster = sum(1 for p in plans if p.step_time < mine.step_time * (1 - 1e-12))
-    return (faster + 1 if faster < len(plans) else None), plans[0]
+    keep, step = None, (lambda p: p.step_time)
+    if framework not in (None, "none"):
+        req = narrowed(framework, req)
+        if req is None:
+            raise ValueError(f"run {run.name!r}: framework {framework!r} runs none of the "
+                             "schedules and shardings searched")
+
+        def keep(p) -> bool:
+            return blocker(framework, p) is None or p.config == mine.config
+
+        def step(p) -> float:
+            return engine_step(run, p, efficiency)
+    if req.cp is None:  # the planner's cp (1, 2, 4, 8) and the published one (Llama 3's 16)
+        req = replace(req, cp=tuple(sorted({1, 2, 4, 8, mine.config.cp})))
+    plans = search(prof, req, hw, efficiency, keep=keep).plans
+    ours, steps = step(mine), {}
+    for p in plans:  # fastest first by the planner's step, which the engine's is never under
+        # (blocking P2P waits at least as long as buffered, the reduction is as exposed):
+        # past both ours and the best so far, no plan can be faster than either
+        if p.step_time < max(ours, min(steps.values(), default=math.inf)):
+            steps[id(p)] = step(p)
+    faster = sum(1 for x in steps.values() if x < ours * (1 - 1e-12))
+    best = min(plans, key=lambda p: (steps.get(id(p), math.inf), plans.index(p)))
+    return (faster + 1 if faster < len(plans) else None), best, steps.get(id(best), step(best))
 
 
 def memory_of(run: Run) -> float:
@@ -490,7 +526,8 @@ def predict_runs(runs: tuple[Run, ...] | None = None, ranks: bool = False,
         plan, fits = _predict(run, e, framework=fw)
         step = engine_step(run, plan, e)
         tight, tight_fits = _predict(run, e, RESERVE, framework=fw)
-        rank, best = rank_config(run, e, framework=fw) if ranks else (None, None)
+        rank, best, best_step = rank_config(run, e, framework=fw) if ranks else (
+            None, None, None)
         physical = memory_of(run)
         need = max(plan.peak_memory)
         fit_on = (FRAMEWORK_FITS.get((gpu, run.framework)) if by_framework else
@@ -508,7 +545,9 @@ def predict_runs(runs: tuple[Run, ...] | None = None, ranks: bool = False,
                 "reserve_plan": tight, "reserve_plan_fits": tight_fits,
                 "reserve_error": run.step / (step if (tight.config, tight.step_time) == (
                     plan.config, plan.step_time) else engine_step(run, tight, e)) - 1,
-                "margin": plan.step_time / best.step_time - 1 if best is not None else None}
+                "best_step": best_step,
+                "margin": (step if fw else plan.step_time) / best_step - 1
+                if best is not None else None}
         if by_framework:
             g = per_gpu[gpu]
             item["gpu_error"] = run.step / engine_step(run, _predict(run, g)[0], g) - 1

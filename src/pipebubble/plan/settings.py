@@ -169,6 +169,8 @@ def megatron_blocker(plan: Plan) -> str | None:
         return f"Megatron-LM pipelines {names} only, not {c.schedule}"
     if c.sharding.hybrid:
         return "these flags have no HSDP form for Megatron-LM"
+    if c.recompute == "op":
+        return "Megatron-LM has no op-level selective checkpointing (torchtitan's 'op' policy)"
     if c.sharding.shards_grads and c.pp > 1:
         return (f"Megatron-LM shards gradients{' and weights' if c.sharding.shards_params else ''}"
                 f" ({c.sharding.label}) only with Megatron-FSDP or torch FSDP2, neither of "
@@ -256,13 +258,14 @@ def torchtitan(plan: Plan, profiles: ProfileSet, csv_path: str | Path | None = N
 
                 write_torch_csv(plan.schedule_obj, csv_path)
                 par["pipeline_parallel_schedule_csv"] = str(csv_path)
-    mode = "full" if c.recompute == "full" else "none"
+    mode = {"full": "full", "op": "selective"}.get(c.recompute, "none")
     if c.recompute == "selective":
         notes.append("the plan's selective recomputation (the attention core) is what "
                      "torchtitan's SDPA/FlashAttention does itself: mode none; torchtitan's "
                      "own 'selective' is another policy")
     out = {"version": TORCHTITAN_TOML, "training": training, "parallelism": par,
-           "activation_checkpoint": {"mode": mode}}
+           "activation_checkpoint": {"mode": mode, **(
+               {"selective_ac_option": "op"} if c.recompute == "op" else {})}}
     out["cli_version"] = TORCHTITAN_CLI
     out["cli"] = torchtitan_cli(out, module_parts(plan, profiles, "lm_head")
                                 if c.pp > 1 else None)
