@@ -187,6 +187,19 @@ def test_the_table_shows_ep(tmp_path, capsys, monkeypatch):
     assert "ep=8" in out and "all-to-all" in out
 
 
+def test_recompute_all_on_an_moe_profile_tries_the_moe_modes(tmp_path, capsys, monkeypatch):
+    """--recompute all means every mode the MoE layers are priced for: torchtitan's op-level
+    checkpointing (dense blocks only) is left out, not a one-line refusal of the whole plan."""
+    monkeypatch.chdir(tmp_path)
+    args = [a if a != "none" else "all" for a in BASE]
+    rc, out, err = _plan(["--profile", _write_profile(tmp_path), *args, "--json"], capsys)
+    assert rc == 0, err
+    modes = {p["recompute"] for p in json.loads(out)["plans"]}
+    assert "op" not in modes and len(modes) > 1
+    rc, _, err = _plan(["--profile", _write_profile(tmp_path), *BASE[:-1], "op"], capsys)
+    assert rc == 2 and "op" in err and "MoE" in err and len(err.strip().splitlines()) == 1
+
+
 # ---- bad input: one line, exit 2 ----------------------------------------------------------------
 @pytest.mark.parametrize("extra, words", [
     (["--ep", "3"], "must divide the model's 8 experts"),

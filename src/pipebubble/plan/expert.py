@@ -707,14 +707,19 @@ class ExpertCosts(ParallelCosts):
         d = T * sh.top_k if moe else 0.0  # dispatched copies
         return (repl, split, routed * d), (r_repl, r_split, r_routed * d)
 
+    def recompute_modes(self) -> tuple[str, ...]:
+        """The modes MoE layers are priced for: torchtitan's op-level checkpointing (op)
+        is priced for dense blocks only."""
+        return tuple(m for m in MODES if m != "op")
+
     def at(self, size: int, recompute: str = "none") -> LayerCosts:
         key = (size, recompute)
         got = self._cache.get(key)
         if got is not None:
             return got
-        if recompute not in MODES or recompute == "op":  # op: dense blocks only
+        if recompute not in self.recompute_modes():
             raise UserError(f"unknown recompute mode {recompute!r} for MoE layers; valid are "
-                             f"{', '.join(m for m in MODES if m != 'op')}")
+                             f"{', '.join(self.recompute_modes())}")
         sh, s, b, t, cp = self.shape, self.seq, size, self.tp, self.cp
         emb, head = self.ends(b)
         cols: dict[str, list[float]] = {k: [] for k in (

@@ -114,6 +114,10 @@ class ProfileSet:
         self.params = np.array([layer.params for layer in first.layers], dtype=np.float64)
         self.has_recompute = all("activation_bytes_full" in layer.extra
                                  for p in by_batch.values() for layer in p.layers)
+        # torchtitan's op-level SAC where the profile prices it (analytic dense blocks; an
+        # MoE profile's layers have no activation_bytes_op)
+        self.has_op = self.has_recompute and any(
+            "activation_bytes_op" in layer.extra for layer in first.layers)
         self._fields = {b: _fields(by_batch[b]) for b in self.batches}
         self._cache: dict[tuple[int, str], LayerCosts] = {}
         model = self.profile.metadata.get("model")
@@ -128,7 +132,9 @@ class ProfileSet:
 
     def recompute_modes(self) -> tuple[str, ...]:
         """The modes this profile supports."""
-        return RECOMPUTE_MODES if self.has_recompute else ("none",)
+        if not self.has_recompute:
+            return ("none",)
+        return RECOMPUTE_MODES if self.has_op else tuple(m for m in RECOMPUTE_MODES if m != "op")
 
     def at(self, size: int, recompute: str = "none") -> LayerCosts:
         """The layers at microbatch size ``size`` with recomputation ``recompute``."""
@@ -137,6 +143,11 @@ class ProfileSet:
             if recompute not in RECOMPUTE_MODES:
                 raise UserError(f"unknown recompute mode {recompute!r}; valid are "
                                  f"{', '.join(RECOMPUTE_MODES)}")
+            if recompute == "op" and self.has_recompute and not self.has_op:
+                raise UserError(f"{param('recompute')} op needs a profile with "
+                                 f"activation_bytes_op per layer (an analytic profile of a "
+                                 f"dense model has them; MoE layers are not priced for it); "
+                                 f"valid are {', '.join(self.recompute_modes())}")
             if recompute != "none" and not self.has_recompute:
                 raise UserError(f"{param('recompute')} {recompute} needs a profile with "
                                  f"activation_bytes_{recompute} per layer (an analytic "
