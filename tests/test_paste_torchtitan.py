@@ -52,6 +52,7 @@ CONFIGS = {
     "v-half-csv": "tp=1,cp=1,pp=2,dp=4,sharding=ddp,schedule=v-half,mbs=1,recompute=none",
     "pp1-selective": "tp=1,cp=1,pp=1,dp=8,sharding=fsdp,mbs=2,recompute=selective",
     "zero1": "tp=1,cp=1,pp=2,dp=4,sharding=zero1,schedule=1f1b,mbs=1,recompute=none",
+    "1f1b-op": "tp=1,cp=1,pp=2,dp=4,sharding=fsdp,schedule=1f1b,mbs=1,recompute=op",
 }
 
 
@@ -251,7 +252,10 @@ def test_the_toml_loads_into_torchtitan_02(profile, name, tmp_path, capsys):
     toml.write_text(toml_text(paste) + "\n")
     cfg = ConfigManager().parse_args(["--job.config_file", str(toml)])
     check_parsed(cfg, item, paste, "output")
-    assert cfg.activation_checkpoint.mode == ("full" if item["recompute"] == "full" else "none")
+    assert cfg.activation_checkpoint.mode == {"full": "full", "op": "selective"}.get(
+        item["recompute"], "none")
+    if item["recompute"] == "op":  # torchtitan's op-level SAC
+        assert cfg.activation_checkpoint.selective_ac_option == "op"
     if item["pp"] == 1:
         return
     from torchtitan.distributed.pipeline_parallel import (
@@ -286,10 +290,12 @@ def test_the_cli_overrides_load_into_torchtitan_03(profile, name, tmp_path, caps
     args = ["--module", "llama3", "--config", "llama3_debugmodel", *shlex.split(paste["cli"])]
     cfg = ConfigManager().parse_args(args)
     check_parsed(cfg, item, paste, "lm_head")
-    from torchtitan.distributed.activation_checkpoint import FullAC
+    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 
     if item["recompute"] == "full":
         assert isinstance(cfg.activation_checkpoint, FullAC.Config)
+    elif item["recompute"] == "op":  # 0.3's selective subcommand is its per-op SAC
+        assert isinstance(cfg.activation_checkpoint, SelectiveAC.Config)
     else:
         assert cfg.activation_checkpoint is None  # none: torchtitan's default is selective
     if item["pp"] == 1:

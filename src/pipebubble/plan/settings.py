@@ -36,9 +36,11 @@ tests/test_paste_megatron.py), are :data:`TORCHTITAN_TOML`, :data:`TORCHTITAN_CL
   block re-run in backward). The plan's ``selective`` is Korthikanti et al.'s (the
   attention core, softmax(QK^T)V, recomputed, nothing else): torchtitan's attention is
   SDPA/FlashAttention, which keeps no score matrix and recomputes it in its own backward,
-  so that plan runs there as ``none``. torchtitan's own ``selective`` (its default) is
-  another policy (per op: every second matmul recomputed; or every n-th block) that the
-  plan did not price, so ``none`` is always written, never left to the default.
+  so that plan runs there as ``none``, written out, never left to torchtitan's default.
+  torchtitan's own ``selective`` with ``selective_ac_option = "op"`` (every second matmul,
+  SDPA's output and the reduce-scatters kept, the rest re-run) is the plan's ``op``
+  (:func:`~pipebubble.plan.memory.op_sac_matmuls`): ``mode = "selective"`` with that option
+  (0.3: ``activation_checkpoint:selective``, its per-op policy).
 
 **torchtitan 0.3** (the current release) reads no TOML: a ``config_registry`` function
 (``--module llama3 --config llama3_8b``) and CLI overrides of its fields, the same values as
