@@ -13,6 +13,7 @@ processes over torch.distributed). ``make test`` runs the tests with neither mar
 """
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,6 +26,31 @@ torch.set_num_threads(1)
 settings.register_profile("ci", max_examples=60, deadline=None)
 settings.register_profile("dev", max_examples=30, deadline=None)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+# No test writes into the checkout: a command that writes where it runs (plan's torch CSVs,
+# profile's --out default) runs in tmp_path (monkeypatch.chdir). The session compares the
+# repository root before and after (the tools' caches aside) and fails naming what appeared.
+ROOT = Path(__file__).resolve().parent.parent
+TOOL_CACHES = {".pytest_cache", ".hypothesis", "__pycache__", ".ruff_cache", ".coverage"}
+_root_before: set[str] = set()
+
+
+def pytest_sessionstart(session):
+    if not hasattr(session.config, "workerinput"):  # (the controller, or a run without -n)
+        _root_before.update(os.listdir(ROOT))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if hasattr(session.config, "workerinput") or not _root_before:
+        return
+    stray = sorted(set(os.listdir(ROOT)) - _root_before - TOOL_CACHES)
+    if stray:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.ensure_newline()
+            reporter.write_line(f"tests wrote into the checkout's root: {', '.join(stray)} "
+                                "(run the command in tmp_path: monkeypatch.chdir)", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture

@@ -62,7 +62,8 @@ def _simulate_json(capsys, name: str, p: int, m: int) -> str:
     return capsys.readouterr().out
 
 
-def test_plan_searches_it_and_pastes_it(lifo, capsys, tmp_path):
+def test_plan_searches_it_and_pastes_it(lifo, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # (the pastes' torch CSV is written where plan runs)
     from pipebubble.plan.analytic import analytic_profile
 
     profile = tmp_path / "small.json"

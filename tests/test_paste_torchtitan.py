@@ -212,7 +212,9 @@ def test_config_pastes_its_own_plan_and_writes_its_csv_without_out(profile, tmp_
     assert "Megatron-LM: not runnable in Megatron-LM: Megatron-LM pipelines 1F1B" in out
 
 
-def test_zero1_is_said_not_runnable_in_torchtitan_never_pasted_as_ddp(profile, capsys):
+def test_zero1_is_said_not_runnable_in_torchtitan_never_pasted_as_ddp(profile, capsys,
+                                                                       tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # (the pastes' torch CSV is written where plan runs)
     assert main(["plan", "--profile", profile, "--gpus", "8", "--global-batch", "32",
                  "--config", CONFIGS["zero1"], "--exact-rank", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)

@@ -185,9 +185,11 @@ def test_bad_hf_config_is_one_line(tmp_path, capsys):
     assert err.count("\n") == 1 and "model_type 't5' is not supported" in err
 
 
-def test_a_v_placed_csv_order_names_a_class_that_places_stages_v_wise(tiny, capsys):
+def test_a_v_placed_csv_order_names_a_class_that_places_stages_v_wise(tiny, capsys, tmp_path,
+                                                                       monkeypatch):
     """torchtitan places stages from the class alone: a V-placed order run from its CSV must
     name ZBVZeroBubble (V, two stages per rank), never a loop-placing class."""
+    monkeypatch.chdir(tmp_path)  # (the pastes' torch CSV is written where plan runs)
     out = plan(capsys, "--profile", tiny[0], "--gpus", "4", "--global-batch", "16", "--gpu",
                "h100-sxm", "--schedules", "v-half,zb-h1", "--pp", "2", "--tp", "1", "--cp",
                "1", "--mbs", "1", "--top", "10", "--sharding", "ddp,fsdp")

@@ -153,10 +153,11 @@ def test_plan_and_analytic_profile_import_neither_torch_nor_matplotlib(small_pro
 
 
 @pytest.mark.distributed
-def test_validate_runs_the_top_plan(small_profile, capsys):
+def test_validate_runs_the_top_plan(small_profile, capsys, tmp_path, monkeypatch):
     """The best plan on 2 GPUs is an ``auto`` order; it runs for real from its CSV (slow: an
     calibration run at 1/50 scale, then the plan, each starting its processes). The accuracy figures
     come from bench/bench_plan.py; here: the runs happened and report consistent numbers."""
+    monkeypatch.chdir(tmp_path)  # (the pastes' torch CSV is written where plan runs)
     rc = main(["plan", "--profile", small_profile, "--gpus", "2", "--global-batch", "8",
                "--schedules", "1f1b,auto", "--microbatch-size", "1", "--recompute", "none",
                "--validate", "1", "--target-step", "0.1", "--json"])
