@@ -84,6 +84,16 @@ class Configs:
 
     def configs(self) -> Iterator[Config]:
         """Every configuration of this point, with its bound (module doc)."""
+        sharding = self.point.sharding
+        for dims, size, m, rec, members in self.groups():
+            for name, v, bound in members:
+                yield Config(dims, size, m, name, v, rec, bound, sharding)
+
+    def groups(self) -> Iterator[tuple]:
+        """The configurations of :meth:`configs`, in its order, grouped by what they share:
+        ``(dims, microbatch size, microbatches, recompute, members)``, each member a
+        ``(schedule, chunks, bound)`` (the search builds a :class:`Config` only for those
+        it visits)."""
         req, L, pt, G = self.req, self.L, self.point, self.gpus
         chains = {name: chains_of(name) for name in self.names}  # once, not per config
         options = {name: chunk_options(name, req.max_chunks) for name in self.names}
@@ -99,6 +109,10 @@ class Configs:
                 continue  # nothing to shard: the same plan as ddp, shown once
             if pt.sharding.hybrid and not self.axes.shard(dp):
                 continue  # the shard group would be 1 or all of dp: ddp or fsdp
+            # (schedule, chunks, chains) of this pp: the same for every size and recompute
+            kinds = [(name, v, chains[name]) for name in self.names for v in options[name]
+                     if (req.chunks is None or v in req.chunks) and pp * v <= L
+                     and not (pp == 1 and v > 1)]
             for size in req.microbatch_sizes:
                 if req.global_batch % (dp * size):
                     continue
@@ -106,23 +120,18 @@ class Configs:
                 if not limits.plan_microbatches_ok(m):  # bounded work per configuration
                     continue
                 pp1 = req.pp1_schedules(self.names, m) if pp == 1 else ()
+                # one rank: only the orders pp1 keeps (the others give the same plan)
+                here = kinds if pp > 1 else [k for k in kinds if k[0] in pp1]
                 for rec in req.recompute:
                     bounds = {}  # by chains (configs.chains_of)
-                    for name in self.names:
-                        if pp == 1 and name not in pp1:
-                            continue  # one rank: the same order as one tried, same plan
-                        for v in options[name]:
-                            if req.chunks is not None and v not in req.chunks:
-                                continue
-                            if pp * v > L:  # stages per chain (DualPipe: pp per copy)
-                                continue
-                            if pp == 1 and v > 1:
-                                continue
-                            ch = chains[name]
-                            if ch not in bounds:
-                                bounds[ch] = self.config_bound(pp, dp, size, m, rec, ch)
-                            yield Config(dims, size, m, name, v, rec, bounds[ch],
-                                         pt.sharding)
+                    members = []
+                    for name, v, ch in here:
+                        b = bounds.get(ch)
+                        if b is None:
+                            b = bounds[ch] = self.config_bound(pp, dp, size, m, rec, ch)
+                        members.append((name, v, b))
+                    if members:
+                        yield dims, size, m, rec, members
 
     def config_bound(self, pp: int, dp: int, size: int, m: int, rec: str, chains: int
                      ) -> float:
@@ -146,6 +155,11 @@ class Configs:
             one = path + 2 * (pp - 1) * hop
             got = memo[key] = max(m * work / pp + head / pp + opt, one)
         return got
+
+    def work(self, size: int, rec: str) -> float:
+        """The model's F + I + W of one microbatch at ``size`` and ``rec`` (known once a
+        bound at them is: :meth:`config_bound`)."""
+        return self._layer_sums[(size, rec)][0]
 
     def estimate(self, c: Config) -> float:
         """A rough step of ``c`` that only orders the visit: the mean rank's work with a
