@@ -164,44 +164,47 @@ class Listed:
     def __init__(self, searchers: list[Searcher]):
         est: list[float] = []
         bnd: list[float] = []
-        where: list[int] = []  # group, member, group, member, ...
-        self._groups: list[tuple] = []  # (searcher, dims, size, m, recompute, members)
+        at_group: list[int] = []
+        at_member: list[int] = []
+        groups: list[tuple] = []
+        self._groups = groups  # (searcher, dims, size, m, recompute, kinds, bounds)
         self.autos: list[tuple[Config, Searcher]] = []
-        searched: dict[str, bool] = {}
-        groups = self._groups
+        split: dict[int, tuple] = {}  # per kinds list: its families' and auto's members
         for s in searchers:
             sharding = s.point.sharding
-            for dims, size, m, rec, members in s.listing.groups():
+            for dims, size, m, rec, kinds, bounds in s.listing.groups():
                 g = len(groups)
-                groups.append((s, dims, size, m, rec, members))
+                groups.append((s, dims, size, m, rec, kinds, bounds))
+                got = split.get(id(kinds))
+                if got is None or got[0] is not kinds:
+                    fam = [k for k, (name, _, _) in enumerate(kinds)
+                           if not lookup(name).searched]
+                    got = split[id(kinds)] = (
+                        kinds, fam, [kinds[k][1] for k in fam], [kinds[k][2] for k in fam],
+                        [kinds[k] for k in range(len(kinds)) if k not in set(fam)])
+                _, fam, vs, chs, auto = got
                 work = s.listing.work(size, rec)
                 pp = dims.pp
-                by_v: dict[int, float] = {}
-                for k, (name, v, b) in enumerate(members):
-                    auto = searched.get(name)
-                    if auto is None:
-                        auto = searched[name] = lookup(name).searched
-                    if auto:
-                        self.autos.append((Config(dims, size, m, name, v, rec, b, sharding),
-                                           s))
-                        continue
-                    e = by_v.get(v)
-                    if e is None:  # Configs.estimate, the same arithmetic
-                        e = by_v[v] = m * work / pp * (1 + (pp - 1) / (m * v))
-                    est.append(e)
-                    bnd.append(b)
-                    where += (g, k)
+                # Configs.estimate, the same arithmetic, once per chunks
+                ests = {v: m * work / pp * (1 + (pp - 1) / (m * v)) for v in set(vs)}
+                est += [ests[v] for v in vs]
+                bnd += [bounds[ch] for ch in chs]
+                at_group += [g] * len(fam)
+                at_member += fam
+                for name, v, ch in auto:
+                    self.autos.append((Config(dims, size, m, name, v, rec, bounds[ch],
+                                              sharding), s))
         # arrays, not lists: nothing the garbage collector walks in the rest of the search
         self.estimates = np.array(est, dtype=float)
         self.bounds = np.array(bnd, dtype=float)
-        self._where = np.array(where, dtype=np.int64).reshape(-1, 2)
+        self._group = at_group
+        self._member = at_member
 
     def config(self, j: int) -> tuple[Config, Searcher]:
         """The ``j``-th family configuration listed, and its searcher."""
-        g, k = self._where[j].tolist()
-        s, dims, size, m, rec, members = self._groups[g]
-        name, v, b = members[k]
-        return Config(dims, size, m, name, v, rec, b, s.point.sharding), s
+        s, dims, size, m, rec, kinds, bounds = self._groups[self._group[j]]
+        name, v, ch = kinds[self._member[j]]
+        return Config(dims, size, m, name, v, rec, bounds[ch], s.point.sharding), s
 
 
 def plan_order(p: Plan) -> tuple:
