@@ -36,7 +36,7 @@ from .families import chunk_options, schedule_list
 from .layercosts import ProfileSet
 from .network import p2p
 from .plans import Config, Request
-from .search_cache import PointCache
+from .search_cache import PointCache, SearchCache
 
 
 def chains_of(name: str) -> int:
@@ -73,17 +73,32 @@ class Configs:
     :attr:`gpus` are left to the pipeline and data parallelism."""
 
     def __init__(self, profiles: ProfileSet, req: Request, axes: Axes,
-                 point: PointCache | None = None):
+                 point: PointCache | None = None, shared: SearchCache | None = None):
         req = settle_recompute(profiles, req)
         self.p, self.req, self.axes, self.L = profiles, req, axes, len(profiles)
         self.point = axes.point
         self.gpus = req.gpus // self.point.dims.model_parallel  # pipeline x data parallel
         self.names = schedule_list(req.schedules)
         point = PointCache() if point is None else point
-        self._config_bounds, self._layer_sums = point.config_bounds, point.layer_sums
+        self._config_bounds = point.config_bounds
+        # the layer sums and the pipeline's part of each bound depend on the layer costs
+        # (and the hop), not on the sharding: shared by the points of one costs object
+        self._layer_sums = (point.layer_sums if shared is None
+                            else shared.listing_of(profiles))
 
     def configs(self) -> Iterator[Config]:
         """Every configuration of this point, with its bound (module doc)."""
+        sharding = self.point.sharding
+        for dims, size, m, rec, kinds, bounds in self.groups():
+            for name, v, ch in kinds:
+                yield Config(dims, size, m, name, v, rec, bounds[ch], sharding)
+
+    def groups(self) -> Iterator[tuple]:
+        """The configurations of :meth:`configs`, in its order, grouped by what they share:
+        ``(dims, microbatch size, microbatches, recompute, kinds, bounds)``, ``kinds`` the
+        group's ``(schedule, chunks, chains)`` in order (one list shared by the groups of a
+        pp) and ``bounds`` the bound by chains (the search builds a :class:`Config` only
+        for those it visits)."""
         req, L, pt, G = self.req, self.L, self.point, self.gpus
         chains = {name: chains_of(name) for name in self.names}  # once, not per config
         options = {name: chunk_options(name, req.max_chunks) for name in self.names}
@@ -99,30 +114,25 @@ class Configs:
                 continue  # nothing to shard: the same plan as ddp, shown once
             if pt.sharding.hybrid and not self.axes.shard(dp):
                 continue  # the shard group would be 1 or all of dp: ddp or fsdp
+            # (schedule, chunks, chains) of this pp: the same for every size and recompute
+            kinds = [(name, v, chains[name]) for name in self.names for v in options[name]
+                     if (req.chunks is None or v in req.chunks) and pp * v <= L
+                     and not (pp == 1 and v > 1)]
             for size in req.microbatch_sizes:
                 if req.global_batch % (dp * size):
                     continue
                 m = req.global_batch // (dp * size)
                 if not limits.plan_microbatches_ok(m):  # bounded work per configuration
                     continue
+                # one rank: only the orders pp1 keeps (the others give the same plan)
                 pp1 = req.pp1_schedules(self.names, m) if pp == 1 else ()
+                here = kinds if pp > 1 else [k for k in kinds if k[0] in pp1]
+                if not here:
+                    continue
+                used = list(dict.fromkeys(ch for _, _, ch in here))  # first seen first
                 for rec in req.recompute:
-                    bounds = {}  # by chains (configs.chains_of)
-                    for name in self.names:
-                        if pp == 1 and name not in pp1:
-                            continue  # one rank: the same order as one tried, same plan
-                        for v in options[name]:
-                            if req.chunks is not None and v not in req.chunks:
-                                continue
-                            if pp * v > L:  # stages per chain (DualPipe: pp per copy)
-                                continue
-                            if pp == 1 and v > 1:
-                                continue
-                            ch = chains[name]
-                            if ch not in bounds:
-                                bounds[ch] = self.config_bound(pp, dp, size, m, rec, ch)
-                            yield Config(dims, size, m, name, v, rec, bounds[ch],
-                                         pt.sharding)
+                    yield dims, size, m, rec, here, {
+                        ch: self.config_bound(pp, dp, size, m, rec, ch) for ch in used}
 
     def config_bound(self, pp: int, dp: int, size: int, m: int, rec: str, chains: int
                      ) -> float:
@@ -131,21 +141,30 @@ class Configs:
         memo = self._config_bounds
         got = memo.get(key)
         if got is None:
-            lc = self.p.at(size, rec)
-            sums = self._layer_sums
+            sums = self._layer_sums  # shared by the points of these layer costs
             if (size, rec) not in sums:
+                lc = self.p.at(size, rec)
                 sums[(size, rec)] = (float(lc.work.sum()), float(lc.f.sum() + lc.i.sum()),
                                      np.concatenate(([0.0], np.cumsum(lc.f))),
                                      float(lc.params.sum()),
                                      float(lc.out[:-1].min()) if len(lc.out) > 1 else 0.0)
             work, path, pref_f, params, out = sums[(size, rec)]
             hop = p2p(out, self.axes.hop(dp)) if pp > 1 and chains == 1 else 0.0
-            places = np.arange(pp) // chains
-            head = float((pref_f[np.minimum(places, len(pref_f) - 1)] + places * hop).sum())
+            pipe_key = (size, rec, pp, m, chains, hop)  # what the pipeline's part reads
+            pipe = sums.get(pipe_key)
+            if pipe is None:
+                places = np.arange(pp) // chains
+                head = float((pref_f[np.minimum(places, len(pref_f) - 1)]
+                              + places * hop).sum())
+                pipe = sums[pipe_key] = (m * work / pp + head / pp, path + 2 * (pp - 1) * hop)
             opt = self.axes.optimizer_time(dp, params / pp) * OPT_MARGIN
-            one = path + 2 * (pp - 1) * hop
-            got = memo[key] = max(m * work / pp + head / pp + opt, one)
+            got = memo[key] = max(pipe[0] + opt, pipe[1])
         return got
+
+    def work(self, size: int, rec: str) -> float:
+        """The model's F + I + W of one microbatch at ``size`` and ``rec`` (known once a
+        bound at them is: :meth:`config_bound`)."""
+        return self._layer_sums[(size, rec)][0]
 
     def estimate(self, c: Config) -> float:
         """A rough step of ``c`` that only orders the visit: the mean rank's work with a

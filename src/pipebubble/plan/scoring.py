@@ -111,7 +111,7 @@ class Searcher:
         cache = self.cache = SearchCache() if shared is None else shared
         here = self.point_cache = PointCache()
         self.facts = ScheduleFacts(cache)
-        self.listing = Configs(profiles, req, self.axes, here)
+        self.listing = Configs(profiles, req, self.axes, here, cache)
         req = self.req = self.listing.req  # its recomputation modes settled
         self.gpus, self.names = self.listing.gpus, self.listing.names
         self.cuts = Cuts(profiles, self.axes, cache)

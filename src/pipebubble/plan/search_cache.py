@@ -38,6 +38,16 @@ class SearchCache:
     # (tp, sp, cp) share it), the object and its cuts.
     cuts: dict = field(default_factory=dict)
 
+    # Configs' layer sums and the pipeline's part of its bounds, per layer-cost object.
+    listing: dict = field(default_factory=dict)
+
+    def listing_of(self, profiles) -> dict:
+        """The listing cache of ``profiles`` (kept beside it: never another object's)."""
+        got = self.listing.get(id(profiles))
+        if got is None or got[0] is not profiles:
+            got = self.listing[id(profiles)] = (profiles, {})
+        return got[1]
+
     def cuts_of(self, profiles) -> dict:
         """The cut cache of ``profiles`` (kept beside it: never another object's)."""
         got = self.cuts.get(id(profiles))
