@@ -24,7 +24,7 @@ Example: ``CostModel(f=1, b=2).resolve(stages=8, chunks=2).f == [0.5] * 8``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import NamedTuple
 
 from .ir.schedule import ScheduleError
@@ -239,6 +239,12 @@ class StageCosts:
             return fwd
         return (self.a2a_b[stage] if self.a2a_b else 0.0) + (fwd if self.recompute[stage]
                                                             else 0.0)
+
+    def key(self) -> tuple:
+        """The costs as one hashable value (each per-stage list as a tuple): equal keys,
+        equal costs, for the caches of what depends on the costs alone."""
+        return tuple(tuple(v) if isinstance(v, list) else v
+                     for v in (getattr(self, f.name) for f in fields(self)))
 
     @property
     def has_a2a(self) -> bool:

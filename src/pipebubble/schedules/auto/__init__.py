@@ -608,7 +608,7 @@ def _registered_run(sched: Schedule, sc: StageCosts, simulate: bool = False) -> 
     from ...sim.kernel import simulate as run_sim
     from ...sim.program import schedule_peaks
 
-    key = (id(sched), tuple(_frozen(getattr(sc, f.name)) for f in dataclasses.fields(sc)))
+    key = (id(sched), sc.key())
     got = _RUNS.get(key)
     if got is not None and got[0]() is sched:
         _RUNS.move_to_end(key)

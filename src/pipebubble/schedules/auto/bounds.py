@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from itertools import islice
 
 from ...costs import StageCosts, fits_limit
@@ -149,8 +149,7 @@ def _kept_paths(sc: StageCosts, where: tuple[int, ...]) -> tuple:
     """:func:`_paths` and a dict of the round trips :func:`bound` has measured, kept per
     (costs, placement): they depend on nothing else, and the planner asks the bound of the
     same costs under a limit per sharding and at every microbatch count."""
-    key = (tuple(tuple(v) if isinstance(v, list) else v
-                 for v in (getattr(sc, f.name) for f in fields(sc))), where)
+    key = (sc.key(), where)
     got = _PATHS.get(key)
     if got is not None:
         _PATHS.move_to_end(key)
