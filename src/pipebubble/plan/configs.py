@@ -63,6 +63,13 @@ def settle_recompute(profiles: ProfileSet, req: Request) -> Request:
     return req
 
 
+def visit_estimate(work: float, m: int, pp: int, v: int) -> float:
+    """A rough step that only orders the search's visit: the mean rank's work with a
+    1F1B-like fill and drain, ``m x (F + I + W) / pp x (1 + (pp - 1) / (m v))`` (``work``:
+    one microbatch's F + I + W over the model)."""
+    return m * work / pp * (1 + (pp - 1) / (m * v))
+
+
 class Configs:
     """Enumeration (module doc): a part of :class:`~pipebubble.plan.scoring.Searcher`.
 
@@ -167,10 +174,9 @@ class Configs:
         return self._layer_sums[(size, rec)][0]
 
     def estimate(self, c: Config) -> float:
-        """A rough step of ``c`` that only orders the visit: the mean rank's work with a
-        1F1B-like fill and drain, ``m x (F + I + W) / pp x (1 + (pp - 1) / (m v))``."""
-        work = self._layer_sums[(c.microbatch_size, c.recompute)][0]
-        return c.microbatches * work / c.pp * (1 + (c.pp - 1) / (c.microbatches * c.chunks))
+        """A rough step of ``c`` that only orders the visit (:func:`visit_estimate`)."""
+        return visit_estimate(self.work(c.microbatch_size, c.recompute), c.microbatches, c.pp,
+                              c.chunks)
 
     def nothing_divides(self) -> str:
         """The error when no configuration exists: the limit that rules every split out

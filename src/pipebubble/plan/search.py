@@ -43,6 +43,7 @@ import numpy as np
 from ..errors import UserError, param
 from ..schedules import lookup
 from .axes import Axes, Point
+from .configs import visit_estimate
 from .plans import Config, Plan, Request, Result
 from .scoring import SearchCache, Searcher
 
@@ -181,12 +182,10 @@ class Listed:
                            if not lookup(name).searched]
                     got = split[id(kinds)] = (
                         kinds, fam, [kinds[k][1] for k in fam], [kinds[k][2] for k in fam],
-                        [kinds[k] for k in range(len(kinds)) if k not in set(fam)])
+                        [kind for kind in kinds if lookup(kind[0]).searched])
                 _, fam, vs, chs, auto = got
                 work = s.listing.work(size, rec)
-                pp = dims.pp
-                # Configs.estimate, the same arithmetic, once per chunks
-                ests = {v: m * work / pp * (1 + (pp - 1) / (m * v)) for v in set(vs)}
+                ests = {v: visit_estimate(work, m, dims.pp, v) for v in set(vs)}  # per chunks
                 est += [ests[v] for v in vs]
                 bnd += [bounds[ch] for ch in chs]
                 at_group += [g] * len(fam)
