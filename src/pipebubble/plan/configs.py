@@ -30,6 +30,7 @@ import numpy as np
 
 from .. import limits
 from ..errors import UserError, param
+from .analytic import RECOMPUTE_MODES
 from .axes import Axes, axis_flag
 from .cut_price import OPT_MARGIN
 from .families import chunk_options, schedule_list
@@ -55,9 +56,9 @@ def settle_recompute(profiles: ProfileSet, req: Request) -> Request:
     if req.recompute is None:
         req = replace(req, recompute=("none", "full") if "full" in modes else ("none",))
     for r in req.recompute:
-        if r not in ("none", "selective", "full", "op"):
-            raise UserError(f"unknown {param('recompute')} {r!r}; valid are none, selective, "
-                            "full, op")
+        if r not in RECOMPUTE_MODES:
+            raise UserError(f"unknown {param('recompute')} {r!r}; valid are "
+                            f"{', '.join(RECOMPUTE_MODES)}")
         if r not in modes:
             profiles.at(1, r)  # raises the profile's message
     return req

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .analytic import RECOMPUTE_MODES
 from .compute import Rates, attention_backward_time, attention_time, gemm_time, memory_time
 from .context import block_cp_comm
 from .layercosts import LayerCosts
@@ -49,7 +50,7 @@ from .memory import (
 from .network import Network
 from .tensor import block_tp_comm, block_tp_hidden, tp_collective
 
-MODES = ("none", "selective", "full", "op")  # op: torchtitan's op-level SAC (memory.py)
+MODES = RECOMPUTE_MODES  # (the analytic profile's; op: torchtitan's op-level SAC, memory.py)
 
 
 class ParallelCosts:
