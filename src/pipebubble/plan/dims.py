@@ -108,7 +108,7 @@ class ParallelDims:
                             f"parallel group serves its sequence shard of the TP group's "
                             f"tokens, as Megatron-Core runs MoE with TP); valid without sp: "
                             f"etp {self.tp}")
-        room = self.dp_shard * self.cp * (self.tp // self.etp)
+        room = self.ep_room(self.dp_shard)
         if room % self.ep:
             valid = ", ".join(str(d) for d in range(1, room + 1) if room % d == 0)
             what = ("dp_shard x cp" if self.etp == self.tp else
@@ -215,11 +215,14 @@ class ParallelDims:
         return replace(self, pp=pp, dp_replicate=dp_replicate, dp_shard=dp_shard,
                        ep=self.ep if ep is None else ep, etp=self.etp if etp is None else etp)
 
+    def ep_room(self, dp_shard: int, etp: int | None = None) -> int:
+        """The ranks EP is carved out of, ``tp / etp x dp_shard x cp`` (these degrees with
+        that shard split; ``etp`` None: these degrees' own)."""
+        return dp_shard * self.cp * (self.tp // (self.etp if etp is None else etp))
+
     def ep_fits(self, ep: int, dp_shard: int, etp: int | None = None) -> bool:
-        """Whether ``ep`` divides ``tp / etp x dp_shard x cp`` (these degrees with that
-        shard split; ``etp`` None: these degrees' own)."""
-        etp = self.etp if etp is None else etp
-        return (dp_shard * self.cp * (self.tp // etp)) % ep == 0
+        """Whether ``ep`` divides :meth:`ep_room`."""
+        return self.ep_room(dp_shard, etp) % ep == 0
 
     def check_world(self, gpus: int, flag: str = param("gpus")) -> None:
         """One line unless the degrees use exactly ``gpus`` GPUs."""

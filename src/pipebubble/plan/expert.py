@@ -465,9 +465,10 @@ class ExpertCosts(ParallelCosts):
             rates = replace(rates, fp8_flops=rates.fp8_flops * recipe.fp8_gemm_ratio)
         self.shape, self.seq, self.rates, self.net = shape, seq, rates, net
         self.tp, self.sp, self.cp, self.ep, self.flash = tp, sp, cp, ep, flash
-        # checked: etp divides tp, below it only with SP
-        self.etp = ParallelDims(tp=tp, sp=sp and tp > 1, etp=etp).etp
-        self.etp_groups = tp // self.etp  # ETP groups a TP group: each has 1/g of its tokens
+        # checked: etp divides tp, below it only with SP; each of a TP group's tp / etp ETP
+        # groups has that share of its tokens
+        dims = ParallelDims(tp=tp, sp=sp and tp > 1, etp=etp)
+        self.etp, self.etp_groups = dims.etp, dims.etp_groups
         self.imbalance = imbalance
         L = shape.layers
         self.names = names or ["tok_embeddings", *(f"layers.{i}" for i in range(L)), "output"]
