@@ -18,15 +18,19 @@ process groups):
 - ``etp``: expert tensor parallel, the ranks that split each expert's matrices (Megatron-Core
   ``--expert-tensor-parallel-size``, default ``tp``; torchtitan
   ``expert_tensor_parallel_degree``, 1 or ``tp``). ``None`` means ``tp`` (Megatron-Core's
-  default, the planner's layout before ETP had a degree of its own). ``etp`` divides ``tp``
-  (an ETP group is a slice of a TP group) and, below ``tp``, needs ``sp`` (Megatron-Core
-  runs MoE with TP only under sequence parallelism: each ETP group serves its slice of the
-  TP group's tokens). The expert mesh of a stage is ``etp x ep x edp = tp x cp x dp``
-  (Megatron-Core's expert rank generator, ETP innermost): an ETP group is ``etp``
-  consecutive ranks, an EP group ``ep`` ranks ``etp`` apart, the expert-data-parallel
-  group ``tp x cp x dp / (etp x ep)`` ranks ``etp x ep`` apart. EP then borrows the
-  ``tp / etp`` TP ranks besides ``dp_shard x cp``: ``ep`` divides ``(tp / etp) x dp_shard
-  x cp``.
+  default, the planner's layout before ETP had a degree of its own). The expert mesh of a
+  stage is ``etp x ep x edp = tp x cp x dp`` (Megatron-Core's "MoE parallel folding": its
+  expert rank generator is built apart from the dense one, ETP innermost, and
+  ``initialize_model_parallel`` asks only that ``etp x ep x pp`` divide the world): an ETP
+  group is ``etp`` consecutive ranks, an EP group ``ep`` ranks ``etp`` apart, the
+  expert-data-parallel group ``tp x cp x dp / (etp x ep)`` ranks ``etp x ep`` apart. So
+  ``etp`` may be below ``tp`` (a slice of a TP group), above it (ETP groups spanning ``etp /
+  tp`` TP groups) or neither; here, as EP, the ETP x EP ranks are carved out of ``tp x cp x
+  dp_shard``: ``etp x ep`` divides ``tp x dp_shard x cp``. An ``etp`` other than ``tp`` at
+  ``tp > 1`` needs ``sp``: Megatron-Core trains MoE layers with TP only under sequence
+  parallelism (``MoELayer.forward`` raises otherwise, core 0.16.1), each rank dispatching
+  its own sequence shard (torchtitan, whose TP is always sequence-parallel, runs etp 1 or
+  ``tp`` only).
 
 ``world = tp x cp x pp x dp``. The ranks are numbered as both frameworks build their grid:
 TP innermost (neighbouring ranks), then CP, then DP, PP outermost. So a group of an axis is
@@ -56,11 +60,13 @@ ep 4 must divide dp_shard x cp = 6 (expert parallelism is carved out of ...); va
 >>> e = ParallelDims(tp=4, sp=True, dp_shard=4, ep=8, etp=1)  # EP borrows the 4 TP ranks
 >>> e.expert_data_parallel, e.group("etp"), e.group("ep"), e.group("edp")
 (2, (1, 1), (1, 8), (8, 2))
+>>> ParallelDims(tp=2, sp=True, dp_shard=4, ep=2, etp=4).group("edp")  # ETP over 2 TP groups
+(8, 1)
 >>> try:
-...     ParallelDims(tp=4, etp=3)
+...     ParallelDims(tp=4, sp=True, dp_shard=2, etp=16)
 ... except UserError as exc:
 ...     print(exc)  # doctest: +ELLIPSIS
-etp 3 must divide tp 4 (an expert-tensor-parallel group is a slice of ...); valid are 1, 2, 4
+etp 16 must divide tp x dp_shard x cp = 8 (the expert mesh's ...); valid are 1, 2, 4, 8
 """
 
 from __future__ import annotations
@@ -99,20 +105,19 @@ class ParallelDims:
         if self.sp and self.tp == 1:
             raise UserError("sp needs tp > 1 (sequence parallelism splits TP's replicated "
                             "activations)")
-        if self.tp % self.etp:
-            valid = ", ".join(str(d) for d in range(1, self.tp + 1) if self.tp % d == 0)
-            raise UserError(f"etp {self.etp} must divide tp {self.tp} (an expert-tensor-"
-                            f"parallel group is a slice of a TP group); valid are {valid}")
-        if self.etp < self.tp and not self.sp:
-            raise UserError(f"etp {self.etp} < tp {self.tp} needs sp (each expert-tensor-"
-                            f"parallel group serves its sequence shard of the TP group's "
-                            f"tokens, as Megatron-Core runs MoE with TP); valid without sp: "
-                            f"etp {self.tp}")
+        check_etp_sp(self.tp, self.sp, self.etp)
+        mesh = self.tp * self.cp * self.dp_shard
+        if mesh % self.etp:
+            valid = ", ".join(str(d) for d in range(1, mesh + 1) if mesh % d == 0)
+            raise UserError(f"etp {self.etp} must divide tp x dp_shard x cp = {mesh} (the "
+                            f"expert mesh's ETP x EP ranks are carved out of the stage's TP, "
+                            f"CP and sharded data-parallel ranks); valid are {valid}")
         room = self.ep_room(self.dp_shard)
         if room % self.ep:
             valid = ", ".join(str(d) for d in range(1, room + 1) if room % d == 0)
             what = ("dp_shard x cp" if self.etp == self.tp else
-                    "tp / etp x dp_shard x cp")
+                    "tp / etp x dp_shard x cp" if self.tp % self.etp == 0 else
+                    "tp x dp_shard x cp / etp")
             raise UserError(f"ep {self.ep} must divide {what} = {room} (expert "
                             f"parallelism is carved out of the sharded data x context "
                             f"parallel ranks" + ("" if self.etp == self.tp else
@@ -165,10 +170,11 @@ class ParallelDims:
         return self.stage_ranks // (self.etp * self.ep)
 
     @property
-    def etp_groups(self) -> int:
-        """Expert-tensor-parallel groups in one TP group, ``tp / etp``: each serves that
-        share of the TP group's tokens."""
-        return self.tp // self.etp
+    def etp_groups(self) -> float:
+        """Expert-tensor-parallel groups per TP group, ``tp / etp``: each ETP group serves
+        ``1 / etp_groups`` of a TP group's tokens (below 1 at ``etp > tp``: an ETP group
+        serves ``etp / tp`` TP groups' tokens). An int when ``etp`` divides ``tp``."""
+        return self.tp // self.etp if self.tp % self.etp == 0 else self.tp / self.etp
 
     def group(self, axis: str) -> tuple[int, int]:
         """``(stride, size)`` of a group of ``axis`` (``tp``, ``cp``, ``dp``, ``dp_cp``,
@@ -216,13 +222,19 @@ class ParallelDims:
                        ep=self.ep if ep is None else ep, etp=self.etp if etp is None else etp)
 
     def ep_room(self, dp_shard: int, etp: int | None = None) -> int:
-        """The ranks EP is carved out of, ``tp / etp x dp_shard x cp`` (these degrees with
-        that shard split; ``etp`` None: these degrees' own)."""
-        return dp_shard * self.cp * (self.tp // (self.etp if etp is None else etp))
+        """The ranks EP is carved out of, ``tp x dp_shard x cp / etp`` (``tp / etp x
+        dp_shard x cp`` at an etp dividing tp; these degrees with that shard split; ``etp``
+        None: these degrees' own); 0 when ``etp`` does not divide ``tp x dp_shard x cp``."""
+        e = self.etp if etp is None else etp
+        if self.tp % e == 0:
+            return dp_shard * self.cp * (self.tp // e)
+        mesh = self.tp * self.cp * dp_shard
+        return mesh // e if mesh % e == 0 else 0
 
     def ep_fits(self, ep: int, dp_shard: int, etp: int | None = None) -> bool:
-        """Whether ``ep`` divides :meth:`ep_room`."""
-        return self.ep_room(dp_shard, etp) % ep == 0
+        """Whether ``ep`` divides :meth:`ep_room` (and the room is not empty)."""
+        room = self.ep_room(dp_shard, etp)
+        return room > 0 and room % ep == 0
 
     def check_world(self, gpus: int, flag: str = param("gpus")) -> None:
         """One line unless the degrees use exactly ``gpus`` GPUs."""
@@ -235,3 +247,14 @@ class ParallelDims:
         return {"tp": self.tp, "sp": self.sp, "cp": self.cp, "pp": self.pp, "dp": self.dp,
                 "dp_replicate": self.dp_replicate, "dp_shard": self.dp_shard, "ep": self.ep,
                 "etp": self.etp}
+
+
+def check_etp_sp(tp: int, sp: bool, etp: int) -> None:
+    """One line unless an ``etp`` other than ``tp`` at ``tp > 1`` comes with ``sp``
+    (module doc: Megatron-Core's ``MoELayer.forward`` refuses MoE training with TP and
+    without sequence parallelism; torchtitan's TP is sequence-parallel)."""
+    if etp != tp and tp > 1 and not sp:
+        raise UserError(f"etp {etp} with tp {tp} needs sp (Megatron-Core trains MoE layers "
+                        f"with TP only under sequence parallelism, each rank dispatching its "
+                        f"sequence shard; without it the TP ranks hold the same tokens); "
+                        f"valid without sp: etp {tp}")

@@ -94,11 +94,11 @@ import numpy as np
 from ..errors import ParamError, UserError, marked, param
 from .compute import Rates, attention_backward_time, attention_time, gemm_time, memory_time
 from .context import block_cp_comm
-from .dims import ParallelDims
+from .dims import ParallelDims, check_etp_sp
 from .layercosts import LayerCosts
 from .memory import embedding_activation_bytes, head_activation_bytes
 from .moe import LatentAttention, MoEShape, layer_cost
-from .network import Network
+from .network import Network, all_gather, reduce_scatter
 from .parallel_costs import MODES, ParallelCosts
 from .tensor import block_tp_comm, block_tp_hidden, sp_collective
 
@@ -320,25 +320,40 @@ def routed_shares(shape: MoEShape, ep: int, members: int, own_node: bool = False
 
 
 def etp_block_comm(tokens: float, hidden: int, tp: int, etp: int, net: Network,
-                   hide: tuple[float, float], hide_dgrad: tuple[float, float],
-                   hide_experts: tuple[float, float], shared: bool
-                   ) -> tuple[float, float, float]:
-    """(forward, backward, hidden by a fused B) seconds of an MoE block's TP collectives
-    with expert tensor parallelism below TP (``etp < tp``, sequence parallel): the
-    attention's all-gather / reduce-scatter pair over the TP group on the ``tokens``, the
-    shared experts' pair likewise (when the block has them: a dense MLP split over TP), and
-    the routed experts' pair over the ETP group (``etp`` consecutive ranks) on its
-    ``tokens x etp / tp`` (Megatron-Core's all-to-all dispatcher gathers the tokens over the
-    expert-tensor group around the experts and reduce-scatters their output;
-    :func:`~pipebubble.plan.tensor.sp_collective`). ``hide``, ``hide_dgrad``: the QKV and
-    shared up-projection's weight- and data-gradient seconds, ``hide_experts`` the routed
-    up-projection's. At ``etp = tp`` the block is priced by
-    :func:`~pipebubble.plan.tensor.block_tp_comm` (one MLP pair on all the tokens)."""
+                   hide: tuple[float, float], hide_dgrad: tuple[float, float], shared: bool,
+                   rows: float) -> tuple[float, float, float]:
+    """(forward, backward, hidden by a fused B) seconds of an MoE block's TP and ETP
+    collectives at an etp other than tp, as Megatron-Core's all-to-all dispatcher runs them
+    (``MoEAlltoAllTokenDispatcher``: "A2A(EP) -> AG(TP)" before the experts, "RS(TP) ->
+    A2A(EP)" after them, its TP the expert-tensor group): the attention's sequence-parallel
+    all-gather / reduce-scatter pair over the TP group on the ``tokens``, the shared
+    experts' pair likewise (``shared``: a dense MLP over TP, ``SharedExpertMLP``), and, in
+    the ETP group (``etp`` consecutive ranks), the all-gather of the ``rows`` dispatched
+    copies after the EP all-to-all and the reduce-scatter of the experts' output before
+    the combine, their gradients' reduce-scatter and all-gather in the backward.
+
+    The routed pair is never hidden (under every ``--tp-overlap``): the dispatcher's
+    collectives are autograd functions of their own, run after the grouped GEMMs'
+    backward (data and weight gradients together), and TransformerEngine's userbuffers
+    (``--tp-comm-overlap``) are off for the experts (Megatron-Core 0.16.1
+    ``extensions/transformer_engine.py``: ``TELinear`` "Disable ub overlap for experts";
+    ``TEGroupedLinear`` hands TE no TP group, "the comms between TP and EP group is
+    explicitly handled by MoE token dispatcher"), nor does the grouped GEMM's weight
+    gradient re-gather its input (it keeps the gathered copies). ``hide``, ``hide_dgrad``:
+    the QKV and shared up-projection's weight- and data-gradient seconds
+    (:func:`~pipebubble.plan.tensor.sp_collective`). At ``etp = tp`` the block is priced
+    by :func:`~pipebubble.plan.tensor.block_tp_comm` (one MLP pair on the TP group's
+    tokens, torchtitan's layout)."""
     parts = [sp_collective(tokens, hidden, tp, net, hide[0], hide_dgrad[0])]
     if shared:
         parts.append(sp_collective(tokens, hidden, tp, net, hide[1], hide_dgrad[1]))
-    parts.append(sp_collective(tokens * etp / tp, hidden, etp, net, *hide_experts))
-    return tuple(sum(p[i] for p in parts) for i in range(3))
+    f, b, hid = (sum(p[i] for p in parts) for i in range(3))
+    if etp > 1:
+        link = net.link(1, etp)
+        n = ACT_BYTES * rows * hidden
+        pair = all_gather(n, etp, link) + reduce_scatter(n, etp, link)
+        f, b = f + pair, b + pair
+    return f, b, hid
 
 
 # ---- the request's checks ------------------------------------------------------------------
@@ -415,7 +430,7 @@ def ep_options(req, shape: MoEShape | None, hardware: bool) -> tuple[int, ...]:
 def check_ep_splits(req, ep_list, splits, shardings=(), gpus_per_node: int = 8,
                     etp_list: tuple[int, ...] | None = None) -> None:
     """One line unless some ``(tp, cp, pp, dp)`` split and sharding leave ``dp_shard x cp``
-    (times ``tp / etp`` for an etp of ``etp_list`` below tp) divisible by a given ep (only
+    (``tp x dp_shard x cp / etp`` for an etp of ``etp_list`` other than tp) divisible by a given ep (only
     when ``--ep`` or ``ep=`` is given): ddp has no ``dp_shard`` ranks to borrow, so under
     ddp ep must divide cp (``tp / etp x cp``)."""
     given = getattr(req, "ep", None)
@@ -423,11 +438,12 @@ def check_ep_splits(req, ep_list, splits, shardings=(), gpus_per_node: int = 8,
         return
     flag = (f"{param('config')} ep=" if "ep" in getattr(req, "config", ()) else
             f"{param('ep')} ") + ",".join(map(str, given))
-    def lent(tp: int) -> set[int]:  # the TP ranks EP borrows: tp / etp
-        return {tp // e for e in (etp_list or (tp,)) if tp % e == 0} or {1}
+    def room(tp: int, cp: int, shard: int) -> set[int]:  # tp x shard x cp / etp
+        d = ParallelDims(tp=tp, cp=cp)
+        return {r for e in (etp_list or (tp,)) if (r := d.ep_room(shard, e))} or {
+            shard * cp}
 
-    rooms = sorted({ParallelDims(cp=cp, dp_shard=dp).data_context * g
-                    for tp, cp, _, dp in splits for g in lent(tp)})
+    rooms = sorted({r for tp, cp, _, dp in splits for r in room(tp, cp, dp)})
     if not any(room % ep == 0 for room in rooms for ep in ep_list):
         raise UserError(f"{flag} must divide dp x cp (expert parallelism is carved out of the "
                          f"data x context parallel ranks); these degrees leave dp x cp in "
@@ -437,8 +453,7 @@ def check_ep_splits(req, ep_list, splits, shardings=(), gpus_per_node: int = 8,
         mp = ParallelDims(tp=tp, cp=cp).model_parallel
         for s in shardings:
             _, shard = s.split_dp(dp, mp, gpus_per_node)
-            shard_rooms.update(ParallelDims(cp=cp, dp_shard=shard).data_context * g
-                               for g in lent(tp))
+            shard_rooms.update(room(tp, cp, shard))
     if shardings and not any(room % ep == 0 for room in shard_rooms for ep in ep_list):
         names = ", ".join(str(s) for s in shardings)
         raise UserError(f"{flag} must divide dp_shard x cp (EP borrows the sharded data-"
@@ -465,10 +480,14 @@ class ExpertCosts(ParallelCosts):
             rates = replace(rates, fp8_flops=rates.fp8_flops * recipe.fp8_gemm_ratio)
         self.shape, self.seq, self.rates, self.net = shape, seq, rates, net
         self.tp, self.sp, self.cp, self.ep, self.flash = tp, sp, cp, ep, flash
-        # checked: etp divides tp, below it only with SP; each of a TP group's tp / etp ETP
-        # groups has that share of its tokens
-        dims = ParallelDims(tp=tp, sp=sp and tp > 1, etp=etp)
-        self.etp, self.etp_groups = dims.etp, dims.etp_groups
+        # an etp other than tp needs SP (at tp > 1) and must split the experts' columns; an
+        # ETP group serves 1 / (tp / etp) of its TP group's tokens (ParallelDims.etp_groups)
+        e = tp if etp is None else etp
+        if isinstance(e, bool) or not isinstance(e, int) or e < 1:
+            raise UserError(f"etp must be an integer >= 1, got {e!r}")
+        check_etp_sp(tp, sp and tp > 1, e)
+        check_etp_shape(shape, e)
+        self.etp, self.etp_groups = e, (tp // e if tp % e == 0 else tp / e)
         self.imbalance = imbalance
         L = shape.layers
         self.names = names or ["tok_embeddings", *(f"layers.{i}" for i in range(L)), "output"]
@@ -578,11 +597,9 @@ class ExpertCosts(ParallelCosts):
         mem = memory_time(elementwise, r)
         hide = (wgrads[0], wgrads[len(attn_gemms)])
         dhide = (dgrads[0], dgrads[len(attn_gemms)])
-        if moe and e < t:  # the routed experts' collectives in the ETP group (module doc)
-            n_s = 2 if fs else 0  # the shared experts' GEMMs come first in the MLP
-            hide_e = (wgrads[len(attn_gemms) + n_s], dgrads[len(attn_gemms) + n_s])
+        if moe and e != t:  # Megatron-Core's dispatcher: the copies gathered over ETP
             tp_f, tp_b, tp_hidden = etp_block_comm(T, h, t, e, self.net, hide, dhide,
-                                                   hide_e, bool(fs))
+                                                   bool(fs), routed_rows)
         else:
             tp_f, tp_b = block_tp_comm(T, h, t, self.net, self.sp, hide=hide,
                                        hide_dgrad=dhide)
@@ -599,8 +616,11 @@ class ExpertCosts(ParallelCosts):
         if rates is not None:
             shares = routed_shares(sh, ep, members, own_node=True)
         d_rate, c_rate = rates or (0.0, 0.0)
-        a2a = (all_to_all_time(wire * routed_rows * h, ep, e, self.net, shares, d_rate)
-               + all_to_all_time(ACT_BYTES * routed_rows * h, ep, e, self.net, shares, c_rate)
+        # each rank sends its own tokens' copies (etp != tp: Megatron-Core's dispatcher,
+        # 1 / etp of the gathered rows), or, at etp = tp, its TP group's (torchtitan's)
+        sent = routed_rows if e == t else routed_rows / e
+        a2a = (all_to_all_time(wire * sent * h, ep, e, self.net, shares, d_rate)
+               + all_to_all_time(ACT_BYTES * sent * h, ep, e, self.net, shares, c_rate)
                ) if moe else 0.0
         got = self._blocks[key] = {
             "f": fwd + attn + mem + tp_f + cp_f + a2a + casts_f,
@@ -659,12 +679,17 @@ class ExpertCosts(ParallelCosts):
         repl = 8 * tokens * sh.hidden
         routed = c.dispatched_tokens * (4 * sh.hidden + 6 * sh.expert_ffn)
         rest = c.activation_bytes - repl - routed
-        saved, redo = self.recipe_activation_savings(sh.is_moe(n), tokens)
+        # etp != tp (Megatron-Core's dispatcher): each ETP rank keeps the copies gathered
+        # over its ETP group as the up-projection's input, etp x its own (2 h bytes a copy)
+        g = self.etp if sh.is_moe(n) and self.etp != t else 1
+        extra = c.dispatched_tokens * 2 * sh.hidden * (g - 1)
+        routed += extra
+        saved, redo = self.recipe_activation_savings(sh.is_moe(n), tokens, g)
         repl, rest, routed = repl - saved[0], rest - saved[1], routed - saved[2]
         split = lambda r, x, y: (r / (t if self.sp else 1) + (x + y * self.imbalance) / t  # noqa: E731
                                  ) / cp
         none = split(repl, rest, routed)
-        w = min(c.weight_activation_bytes / t / cp, none)
+        w = min((c.weight_activation_bytes + extra) / t / cp, none)
         if recompute == "full":
             kept = 2 * tokens * sh.hidden / cp / (t if self.sp else 1)
         else:  # FlashAttention keeps no scores: selective keeps what none keeps
@@ -674,14 +699,15 @@ class ExpertCosts(ParallelCosts):
         got = self._blocks[key] = (kept, min(w, kept), live)
         return got
 
-    def recipe_activation_savings(self, moe: bool, tokens: float
+    def recipe_activation_savings(self, moe: bool, tokens: float, gathered: int = 1
                                   ) -> tuple[tuple[float, float, float],
                                              tuple[float, float, float]]:
         """Bytes of one block's activations (``tokens`` tokens, before TP, SP and CP
         split them) the recipe does not keep, as (replicated, split, per dispatched copy)
         parts of :meth:`_activations`' count, and of them what the backward re-computes
         (:class:`MoERecipe`'s ``recompute_latent``, ``fp8_activations`` and
-        ``weighted_swiglu``)."""
+        ``weighted_swiglu``); ``gathered``: the up-projection inputs a rank keeps per
+        dispatched copy of its own (its ETP group's, at an etp other than tp)."""
         rc, sh, T = self.recipe, self.shape, tokens
         h, m = sh.hidden, sh.mla
         repl = split = routed = 0.0
@@ -698,7 +724,7 @@ class ExpertCosts(ParallelCosts):
                 fs = sh.shared_experts * sh.shared_ffn
                 split += (6 - 2 * FP8_WIRE_BYTES) * T * fs
                 r_split += 2 * T * fs
-                routed = (ACT_BYTES - FP8_WIRE_BYTES) * h + (
+                routed = (ACT_BYTES - FP8_WIRE_BYTES) * h * gathered + (
                     6 - 2 * FP8_WIRE_BYTES) * sh.expert_ffn
                 r_routed = 2 * sh.expert_ffn
             else:  # the down-projection's input in FP8
@@ -777,37 +803,60 @@ class ExpertCosts(ParallelCosts):
 
 def point_costs(shape, seq: int, rates: Rates, net: Network, tp: int, sp: bool, cp: int,
                 flash: bool, profiles, ep_list: tuple[int, ...], imbalance: float | None,
-                recipe: MoERecipe | None = None, etp_list: tuple[int, ...] | None = None
-                ) -> list[tuple[int, int, object]]:
+                recipe: MoERecipe | None = None, etp_list: tuple[int, ...] | None = None,
+                etp_given: bool = False) -> list[tuple[int, int, object]]:
     """``(ep, etp, layer costs)`` at one (tp, sp, cp): a dense shape's
     :class:`~pipebubble.plan.parallel_costs.ParallelCosts` (ep 1, etp tp), an MoE shape's
     :class:`ExpertCosts` at every ep of ``ep_list`` and etp of ``etp_list`` this point
-    allows (:func:`etp_options`; None: ``tp`` alone)."""
+    allows (:func:`etp_options`; None: ``tp`` alone; ``etp_given``: the list is the
+    user's)."""
     kw = dict(names=profiles.names, modules=profiles.modules, profile=profiles.profile)
     if not isinstance(shape, MoEShape):
         return [(1, tp, ParallelCosts(shape, seq, rates, net, tp, sp, cp, flash, **kw))]
     u = imbalance if imbalance is not None else default_imbalance(shape)
     rc = recipe or NO_RECIPE
-    etps = (tp,) if etp_list is None else etp_options(etp_list, tp, sp)
+    etps = (tp,) if etp_list is None else etp_options(etp_list, tp, sp, etp_given)
     return [(ep, e, ExpertCosts(shape, seq, rates, net, tp, sp, cp, ep, flash, u, **kw,
                                 recipe=rc, etp=e)) for ep in ep_list for e in etps]
 
 
-def etp_options(etp_list: tuple[int, ...], tp: int, sp: bool) -> tuple[int, ...]:
-    """The etp of ``etp_list`` one (tp, sp) point allows: those dividing ``tp``, below it
-    only with SP (:class:`~pipebubble.plan.dims.ParallelDims`).
+def etp_options(etp_list: tuple[int, ...], tp: int, sp: bool, given: bool = False
+                ) -> tuple[int, ...]:
+    """The etp of ``etp_list`` one (tp, sp) point allows. The search's own list (``given``
+    False): those dividing ``tp``, below it only with SP. A given list: every etp equal to
+    ``tp``, or other with SP or at tp 1 (:func:`~pipebubble.plan.dims.check_etp_sp`;
+    whether the stage's ranks hold it is the split's question, ``ParallelDims.ep_fits``).
 
     >>> etp_options((1, 8), tp=8, sp=True), etp_options((1, 8), tp=8, sp=False)
     ((1, 8), (8,))
+    >>> etp_options((1, 2, 16), tp=2, sp=True, given=True), etp_options((4,), 1, False, True)
+    ((1, 2, 16), (4,))
     """
-    return tuple(e for e in sorted(set(etp_list)) if tp % e == 0 and (e == tp or sp))
+    if not given:
+        return tuple(e for e in sorted(set(etp_list)) if tp % e == 0 and (e == tp or sp))
+    return tuple(e for e in sorted(set(etp_list)) if e == tp or sp or tp == 1)
 
 
-def etp_search(req, shape: MoEShape | None, tps: tuple[int, ...]) -> tuple[int, ...] | None:
-    """``--etp`` (``etp=`` of ``--config``) checked against the model and the tp degrees
-    searched, else what Megatron-Core and torchtitan both run: 1 (experts whole) and tp
-    (their TP split; None here, each point adds its own tp). One line for ``--etp`` on a
-    dense profile or an etp that divides no tp of the search."""
+def check_etp_shape(shape: MoEShape, etp: int, flag: str = "etp") -> None:
+    """One line unless ``etp`` divides the experts' inner size (each ETP rank holds ``f_e
+    / etp`` of every expert's columns; Megatron-Core's grouped linears divide it)."""
+    f = shape.expert_ffn
+    if f % etp:
+        valid = ", ".join(str(d) for d in range(1, min(f, 64) + 1) if f % d == 0)
+        raise UserError(f"{flag} {etp} must divide the model's expert inner size {f} (each "
+                        f"expert-tensor-parallel rank holds f_e / etp of each expert's "
+                        f"columns); valid include {valid}")
+
+
+def etp_search(req, shape: MoEShape | None, tps: tuple[int, ...],
+               stages: tuple[int, ...] = ()) -> tuple[int, ...] | None:
+    """``--etp`` (``etp=`` of ``--config``) checked against the model and the degrees
+    searched, else the divisors of each point's tp among 1 and the tp searched (1: experts
+    whole, and tp: the TP split, the layouts Megatron-Core and torchtitan both run; None
+    here for a dense profile). One line for ``--etp`` on a dense profile, an etp that does
+    not divide the experts' inner size, or one that divides no stage's ``tp x cp x dp``
+    of the splits (``stages``: Megatron-Core's expert mesh ``etp x ep x edp`` is the
+    stage's ranks)."""
     given = getattr(req, "etp", None)
     flag = (f"{param('config')} etp=" if "etp" in getattr(req, "config", ()) else
             f"{param('etp')} ") + ",".join(map(str, given or ()))
@@ -820,12 +869,13 @@ def etp_search(req, shape: MoEShape | None, tps: tuple[int, ...]) -> tuple[int, 
     if not given:
         return (1, *tps)
     for e in given:
-        if not any(tp % e == 0 for tp in tps):
-            valid = sorted({d for tp in tps for d in range(1, tp + 1) if tp % d == 0})
-            raise UserError(f"{flag}: etp {e} must divide tp (an expert-tensor-parallel "
-                            f"group is a slice of a TP group), and no tp searched "
-                            f"({', '.join(map(str, tps))}) it divides; valid are "
-                            f"{', '.join(map(str, valid))}")
+        check_etp_shape(shape, e, f"{flag}: etp")
+        if stages and not any(n % e == 0 for n in stages):
+            valid = sorted({d for n in stages for d in range(1, n + 1) if n % d == 0})
+            raise UserError(f"{flag}: etp {e} must divide a stage's tp x cp x dp (the expert "
+                            f"mesh etp x ep x edp is the stage's ranks), and these degrees "
+                            f"leave tp x cp x dp in {', '.join(map(str, sorted(stages)))}; "
+                            f"valid are {', '.join(map(str, valid))}")
     return tuple(given)
 
 
@@ -841,12 +891,13 @@ def torchtitan_moe(dims) -> tuple[dict, str | None]:
     out = {"expert_parallel_degree": dims.ep}
     notes = []
     tp, ep, etp = dims.tp, dims.ep, dims.etp
-    if ep > 1 and tp > 1:
+    if etp not in (1, tp):  # torchtitan_blocker refuses the plan; the entry says why
         out["expert_tensor_parallel_degree"] = etp
-        if etp not in (1, tp):
-            notes.append(f"torchtitan runs expert_tensor_parallel_degree 1 or tp {tp} only, "
-                         f"not {etp}")
-        elif etp == tp and ep % dims.cp:
+        notes.append(f"torchtitan runs expert_tensor_parallel_degree 1 or tp {tp} only, "
+                     f"not {etp}")
+    elif ep > 1 and tp > 1:
+        out["expert_tensor_parallel_degree"] = etp
+        if etp == tp and ep % dims.cp:
             notes.append(f"torchtitan 0.2 runs expert_tensor_parallel_degree = {tp} only if "
                          f"ep is a multiple of cp {dims.cp}")
         if etp != 1:
@@ -854,7 +905,7 @@ def torchtitan_moe(dims) -> tuple[dict, str | None]:
                          "expert_tensor_parallel_degree (its EP borrows the TP ranks, experts "
                          f"whole: expert_parallel_degree = {ep * etp} at etp 1 is its "
                          "nearest layout, not this plan)")
-    elif ep == 1 and etp < tp:
+    elif ep == 1 and etp == 1 < tp:
         notes.append(f"the plan keeps the experts whole (etp {etp}) at ep 1: torchtitan "
                      f"splits them over tp {tp} there (its expert_tensor_parallel_degree "
                      "applies only with ep > 1)")

@@ -161,7 +161,9 @@ def build_points(profiles, req: Request, hardware: Hardware | None = None,
     cps = tuple(d for d in (1, 2, 4, 8) if seq % d == 0)
     out = []
     points = sorted({(tp, cp) for tp, cp, _, _ in splits(req, tps, cps)})
-    etp_list = etp_search(req, moe, tuple(sorted({tp for tp, _ in points})))
+    etp_list = etp_search(req, moe, tuple(sorted({tp for tp, _ in points})),
+                          tuple(sorted({tp * cp * dp for tp, cp, _, dp in splits(req, tps,
+                                                                                 cps)})))
     check_ep_splits(req, ep_list, splits(req, tps, cps), shardings, hardware.gpus_per_node,
                     etp_list)
     for tp, cp in points:
@@ -174,14 +176,15 @@ def build_points(profiles, req: Request, hardware: Hardware | None = None,
                 continue
             for ep, etp, costs in point_costs(shape, seq, rates, net, tp, sp, cp, flash,
                                               profiles, ep_list, req.moe_imbalance,
-                                              req.moe_recipe, etp_list):
-                for s in shardings:
-                    pt = Point(ParallelDims(tp=tp, cp=cp, sp=sp, etp=etp), s, ep=ep, etp=etp)
+                                              req.moe_recipe, etp_list, bool(req.etp)):
+                for s in shardings:  # the stage's dims check etp against the split (Axes)
+                    pt = Point(ParallelDims(tp=tp, cp=cp, sp=sp), s, ep=ep, etp=etp)
                     out.append((pt, costs, hardware_axes(req, pt, hardware, mfu is None)))
-    if req.etp and not out:  # every given etp is below its tp without SP
-        raise UserError(f"{axis_flag(req, 'etp', req.etp)} below tp needs {param('sp')} 1 "
-                        "(each expert-tensor-parallel group serves its sequence shard of the "
-                        "TP group's tokens); give an etp equal to tp or allow sp 1")
+    if req.etp and not out:  # every given etp differs from its tp > 1 without SP
+        raise UserError(f"{axis_flag(req, 'etp', req.etp)} other than tp needs {param('sp')} "
+                        "1 (Megatron-Core trains MoE layers with TP only under sequence "
+                        "parallelism, each rank dispatching its sequence shard); give an etp "
+                        "equal to tp or allow sp 1")
     if not out:  # only --sp 1 empties it: every tp the split leaves is 1
         given = "".join(f", {axis_flag(req, a, getattr(req, a))}"
                         for a in ("tp", "cp", "pp", "dp") if getattr(req, a))

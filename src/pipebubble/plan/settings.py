@@ -149,9 +149,9 @@ def torchtitan_blocker(plan: Plan) -> str | None:
                 "degrees would run it as DDP, every replica holding the whole optimizer "
                 "state)")
     d = c.dims
-    if d.ep > 1 and d.tp > 1 and d.etp not in (1, d.tp):
-        return (f"torchtitan's expert tensor parallelism is 1 or tp {d.tp} only, not etp "
-                f"{d.etp}")
+    if d.etp not in (1, d.tp):  # 0.2: 1 or tp (and at ep 1 the experts follow TP); 0.3: 1
+        return (f"not runnable in torchtitan: its expert tensor parallelism is 1 or tp "
+                f"{d.tp} only, not etp {d.etp}")
     if c.pp > 1 and plan.schedule_obj.chains > 1:
         return ("torch.distributed.pipelining runs one model copy; DualPipe's two copies "
                 "have no torch form (dualpipev is its one-copy variant)")
