@@ -4,6 +4,7 @@ and every term it prices checked by hand on a tiny MoE shape (plan/expert.py).""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -40,10 +41,25 @@ def test_the_expert_mesh_is_etp_x_ep_x_edp_per_stage():
     assert e.expert_data_parallel == e.data_context // e.ep == 2
 
 
+def test_etp_above_tp_spans_tp_groups_of_the_stage():
+    """Megatron-Core's expert mesh is carved apart from the dense one (etp x ep x edp = tp
+    x cp x dp): etp 4 over tp 2 spans two TP groups; etp 3 over tp 2 straddles them."""
+    d = ParallelDims(tp=2, sp=True, dp_shard=4, ep=2, etp=4)
+    assert d.expert_data_parallel == 2 * 4 // (4 * 2) == 1
+    assert (d.group("etp"), d.group("ep"), d.group("edp")) == ((1, 4), (4, 2), (8, 1))
+    assert d.ep_room(4) == 2 and d.etp_groups == 0.5
+    odd = ParallelDims(tp=2, sp=True, dp_shard=3, etp=3)
+    assert odd.ep_room(3) == 2 and odd.expert_data_parallel == 2
+    assert not odd.ep_fits(2, dp_shard=2)  # 3 does not divide tp x dp_shard = 4
+    assert ParallelDims(tp=1, dp_shard=4, etp=2).expert_data_parallel == 2  # ETP without TP
+
+
 @pytest.mark.parametrize("kw, words", [
-    (dict(tp=4, sp=True, etp=3), "etp 3 must divide tp 4"),
-    (dict(tp=4, etp=2), "etp 2 < tp 4 needs sp"),
+    (dict(tp=4, sp=True, dp_shard=2, etp=16), "etp 16 must divide tp x dp_shard x cp = 8"),
+    (dict(tp=4, etp=2), "etp 2 with tp 4 needs sp"),
+    (dict(tp=2, etp=4, dp_shard=2), "etp 4 with tp 2 needs sp"),
     (dict(tp=2, sp=True, dp_shard=2, ep=8, etp=1), "ep 8 must divide tp / etp x dp_shard x cp = 4"),
+    (dict(tp=2, sp=True, dp_shard=4, ep=4, etp=4), "ep 4 must divide tp x dp_shard x cp / etp = 2"),
     (dict(tp=2, etp=0), "etp must be an integer >= 1, got 0"),
 ])
 def test_bad_etp_is_one_line_naming_it(kw, words):
@@ -56,38 +72,63 @@ def test_bad_etp_is_one_line_naming_it(kw, words):
 def test_expert_params_are_split_over_ep_x_etp():
     whole = TINY.experts * TINY.expert_params()  # 8 experts x 3 x 64 x 64 = 98,304
     assert whole == 98_304
-    for etp in (1, 2, 4):
+    for etp in (1, 2, 4, 8):
         assert _costs(etp).experts[2] == whole / (2 * etp)  # block 1 (an MoE block)
     assert _costs(1).experts[2] == 4 * 3 * 64 * 64  # etp 1: E / ep = 4 whole experts
 
 
 def test_expert_gemm_flops_are_each_ranks_share_whatever_etp():
-    """Each rank computes its ETP group's T k / (tp / etp) copies on f_e / etp columns:
-    6 T k h f_e / tp = 6 x 32 x 2 x 64 x 64 / 4 = 393,216 forward FLOPs at every etp."""
-    for etp in (1, 2, 4):
+    """Each rank computes its ETP group's T k etp / tp copies on f_e / etp columns:
+    6 T k h f_e / tp = 6 x 32 x 2 x 64 x 64 / 4 = 393,216 forward FLOPs at every etp (etp 8:
+    128 copies, 32 rows a local expert, (32, 16, 64) and (32, 64, 8) GEMMs, 4 experts)."""
+    for etp in (1, 2, 4, 8):
         assert _costs(etp).block_of(True, 1)["expert_flops"] == 393_216
 
 
-def test_all_to_all_moves_the_etp_groups_tokens_over_ep_ranks_etp_apart():
-    """Two all-to-alls in F of 2 x (T k / g) x h bytes; ep 2 in one node: half of it over
-    NVLink (100 GB/s) + 1 us each. etp 1: g = 4, 2,048 B; etp 4 (today's layout): 8,192 B."""
-    assert _costs(1).block_of(True, 1)["a2a"] == pytest.approx(2 * (1024 / 100e9 + 1e-6))
+def test_all_to_all_sends_each_ranks_own_copies_except_at_etp_tp():
+    """Two all-to-alls in F; ep 2. Megatron-Core's dispatcher (every etp but tp): each rank
+    sends its own T k / tp = 16 copies, 2,048 B; in one node half of it over NVLink (100
+    GB/s) + 1 us. etp 4 = tp (torchtitan's layout, the planner's before etp): the TP
+    group's 64 copies, 8,192 B. etp 8: the EP pair is 8 ranks apart, two nodes: half of the
+    2,048 B over the 10 GB/s NIC + 5 us."""
+    for etp in (1, 2):
+        assert _costs(etp).block_of(True, 1)["a2a"] == pytest.approx(2 * (1024 / 100e9 + 1e-6))
     assert _costs(4).block_of(True, 1)["a2a"] == pytest.approx(2 * (4096 / 100e9 + 1e-6))
+    assert _costs(8).block_of(True, 1)["a2a"] == pytest.approx(2 * (1024 / 10e9 + 5e-6))
 
 
-def test_etp_collectives_run_in_the_etp_group_on_its_share_of_the_tokens():
+TP_ONE = 3 / 4 * 4096 / 100e9  # an AG or RS of 2 x 32 x 64 B over 4 ranks: 30.72 ns
+
+
+def test_etp_collectives_gather_the_dispatched_copies_in_the_etp_group():
     """tp 4, etp 2, no latency: the attention's and the shared experts' all-gather and
-    reduce-scatter of 2 x 32 x 64 B over 4 ranks, 3/4 x 4,096 / 100e9 = 30.72 ns each; the
-    routed experts' of 2 x 16 x 64 B over the 2 ETP ranks, 1/2 x 2,048 / 100e9 = 10.24 ns."""
-    tp_one, etp_one = 3 / 4 * 4096 / 100e9, 1 / 2 * 2048 / 100e9
-    f, b, hidden = etp_block_comm(32, 64, 4, 2, FREE, (0, 0), (0, 0), (0, 0), shared=True)
-    assert f == pytest.approx(2 * (2 * tp_one) + 2 * etp_one)
-    assert b == pytest.approx(2 * (3 * tp_one) + 3 * etp_one)  # AG, RS, AG each, none hidden
+    reduce-scatter of 2 x 32 x 64 B over 4 ranks, 30.72 ns each; the routed experts' of
+    the ETP group's 32 copies (T k etp / tp), 2 x 32 x 64 B over 2 ranks, 1/2 x 4,096 /
+    100e9 = 20.48 ns, once each way in F and in B (no re-gather: the grouped GEMM keeps
+    the gathered copies)."""
+    etp_one = 1 / 2 * 4096 / 100e9
+    f, b, hidden = etp_block_comm(32, 64, 4, 2, FREE, (0, 0), (0, 0), True, 32)
+    assert f == pytest.approx(2 * (2 * TP_ONE) + 2 * etp_one)
+    assert b == pytest.approx(2 * (3 * TP_ONE) + 2 * etp_one)  # TP: AG, RS, AG each
     assert hidden == 0
-    f, b, hidden = etp_block_comm(32, 64, 4, 2, FREE, (1, 1), (1, 1), (1, 1), shared=False)
-    assert f == pytest.approx(2 * tp_one + 2 * etp_one)  # no shared experts: two pairs
-    assert b == pytest.approx(tp_one + etp_one)  # only the gradient all-gathers show
-    assert hidden == pytest.approx(2 * tp_one + 2 * etp_one)
+    f, b, hidden = etp_block_comm(32, 64, 4, 2, FREE, (1, 1), (1, 1), False, 32)
+    assert f == pytest.approx(2 * TP_ONE + 2 * etp_one)  # no shared experts: one TP pair
+    assert b == pytest.approx(TP_ONE + 2 * etp_one)  # TP: the gradient all-gather shows
+    assert hidden == pytest.approx(2 * TP_ONE)  # the TP pair's RS and re-gather, not ETP's
+
+
+@pytest.mark.parametrize("overlap, pipelined", [(False, False), (True, False), (True, True)])
+def test_etp_collectives_are_exposed_under_every_tp_overlap(overlap, pipelined):
+    """Megatron-Core runs the ETP all-gather / reduce-scatter in the dispatcher, off
+    TransformerEngine's userbuffers (off for experts) and after the grouped GEMMs'
+    backward: at tp 1, etp 4 (no TP pair), 64 copies x 64 x 2 B = 8,192 B, 3/4 x 8,192 /
+    100e9 = 61.44 ns each, both in F and in B, nothing hidden, whatever --tp-overlap."""
+    net = replace(FREE, tp_overlap=overlap, tp_comm_overlap=pipelined)
+    pair = 2 * (3 / 4 * 8192 / 100e9)
+    f, b, hidden = etp_block_comm(32, 64, 1, 4, net, (1, 1), (1, 1), True, 64)
+    assert (f, b, hidden) == (pytest.approx(pair), pytest.approx(pair), 0)
+    blk = ExpertCosts(TINY, SEQ, RATES, net, tp=1, cp=1, ep=1, etp=4).block_of(True, 1)
+    assert blk["hidden"] == 0
 
 
 def test_expert_states_are_sharded_over_expert_data_parallel():
@@ -101,14 +142,18 @@ def test_expert_states_are_sharded_over_expert_data_parallel():
         assert ax.dims(4).group("edp") == (2 * etp, edp) and sync is not None
 
 
-def test_activations_per_rank_do_not_depend_on_etp():
-    """Each rank keeps its share of the dispatched copies, (4 h + 6 f_e) bytes a copy over
-    tp, at every etp: the routed work moves between ranks, not its amount."""
-    base = _costs(4).at(1)
-    for etp in (1, 2):
+def test_activations_keep_the_gathered_copies_at_etp_other_than_tp():
+    """Each rank keeps its share of the dispatched copies' (4 h + 6 f_e) bytes over tp,
+    and under Megatron-Core's dispatcher the up-projection's input for all etp copies of
+    its ETP group: 2 h (etp - 1) T k / tp more, 2 x 64 x 1 x 64 / 4 = 2,048 B at etp 2,
+    14,336 B at etp 8, in the MoE blocks only (index 1 is the dense block). etp 1 and
+    etp = tp keep what the planner kept before etp had a degree."""
+    base = _costs(1).at(1)
+    assert list(_costs(4).at(1).act) == list(base.act)
+    for etp, more in ((2, 2048), (8, 14_336)):
         lc = _costs(etp).at(1)
-        for col in ("act", "act_w", "transient"):
-            assert list(getattr(lc, col)) == list(getattr(base, col))
+        assert lc.act[1] == base.act[1] and lc.act[2] == base.act[2] + more
+        assert lc.act_w[2] == base.act_w[2] + more
 
 
 def test_etp_equal_to_tp_is_the_default_layout():
@@ -150,7 +195,9 @@ def _bad(args, capsys) -> str:
 
 def test_bad_etp_on_the_cli_exits_2_with_one_line(moe_file, tmp_path, capsys):
     err = _bad(["--profile", moe_file, *BASE, "--etp", "3"], capsys)
-    assert "--etp 3" in err and "must divide tp" in err
+    assert "--etp 3" in err and "expert inner size 64" in err
+    err = _bad(["--profile", moe_file, *BASE, "--etp", "32"], capsys)  # 8 GPUs a stage
+    assert "--etp 32" in err and "must divide a stage's tp x cp x dp" in err
     err = _bad(["--profile", moe_file, *BASE, "--config", "tp=2,etp=1", "--sp", "0"], capsys)
     assert "etp=1" in err and "--sp 1" in err
     dense = tmp_path / "dense.json"
@@ -185,5 +232,24 @@ def test_torchtitan_refuses_an_etp_between_1_and_tp(moe_file, capsys, monkeypatc
     data = json.loads(capsys.readouterr().out)
     tt = data["pastes"]["torchtitan"]
     assert tt["runnable"] is False and "1 or tp 4 only, not etp 2" in tt["reason"]
+    assert "not runnable in torchtitan" in tt["reason"]
     mg = data["pastes"]["megatron"]  # Megatron-Core runs any etp dividing the mesh
     assert "--expert-tensor-parallel-size 2" in (mg["flags"] or mg["instead"]["flags"])
+
+
+def test_the_plan_runs_etp_above_tp(moe_file, capsys, monkeypatch, tmp_path):
+    """tp 2, dp 4 (fsdp): etp 4 spans two TP groups, ep 2 the rest; Megatron-Core's paste
+    carries it (with --disable-bias-linear), torchtitan refuses it in one sentence."""
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["plan", "--profile", moe_file, *BASE, "--config", "tp=2,sp=1,pp=1,etp=4,"
+                 "ep=2,sharding=fsdp", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["config"]["etp"] == 4 and data["config"]["ep"] == 2
+    mg = data["pastes"]["megatron"]
+    flags = mg["flags"] or mg["instead"]["flags"]
+    assert "--expert-tensor-parallel-size 4" in flags and "--disable-bias-linear" in flags
+    tt = data["pastes"]["torchtitan"]
+    assert tt["runnable"] is False and "not runnable in torchtitan" in tt["reason"]
+    assert "not etp 4" in tt["reason"]

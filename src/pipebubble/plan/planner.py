@@ -161,9 +161,10 @@ def build_points(profiles, req: Request, hardware: Hardware | None = None,
     cps = tuple(d for d in (1, 2, 4, 8) if seq % d == 0)
     out = []
     points = sorted({(tp, cp) for tp, cp, _, _ in splits(req, tps, cps)})
+    stages = {ParallelDims(tp=tp, cp=cp, dp_shard=dp).stage_ranks
+              for tp, cp, _, dp in splits(req, tps, cps)}  # Megatron's expert mesh: etp | these
     etp_list = etp_search(req, moe, tuple(sorted({tp for tp, _ in points})),
-                          tuple(sorted({tp * cp * dp for tp, cp, _, dp in splits(req, tps,
-                                                                                 cps)})))
+                          tuple(sorted(stages)))
     check_ep_splits(req, ep_list, splits(req, tps, cps), shardings, hardware.gpus_per_node,
                     etp_list)
     for tp, cp in points:
