@@ -431,8 +431,8 @@ def check_ep_splits(req, ep_list, splits, shardings=(), gpus_per_node: int = 8,
                     etp_list: tuple[int, ...] | None = None) -> None:
     """One line unless some ``(tp, cp, pp, dp)`` split and sharding leave ``dp_shard x cp``
     (``tp x dp_shard x cp / etp`` for an etp of ``etp_list`` other than tp) divisible by a
-    given ep (only when ``--ep`` or ``ep=`` is given): ddp has no ``dp_shard`` ranks to borrow, so under
-    ddp ep must divide cp (``tp / etp x cp``)."""
+    given ep (only when ``--ep`` or ``ep=`` is given): ddp has no ``dp_shard`` ranks to
+    borrow, so under ddp ep must divide cp (``tp / etp x cp``)."""
     given = getattr(req, "ep", None)
     if not given:
         return
