@@ -19,15 +19,20 @@ mixtral, qwen2_moe, qwen3_moe or deepseek_v3 config; the shape is
   them, on average the ``T k`` its own tokens send out, ``u`` times that on the busiest rank
   (the step waits for it): per local expert a grouped GEMM of ``T k u ep / (g E)`` rows,
   ``(rows, 2 f_e / e, h)`` and ``(rows, h, f_e / e)``, with ``e`` the expert-tensor-parallel
-  degree (``ParallelDims.etp``: ``t`` by default, Megatron-Core's) and ``g = t / e`` the ETP
-  groups of a TP group, each serving ``1 / g`` of its tokens; at ``e < t`` the routed
-  experts' all-gather / reduce-scatter run in the ETP group on ``T / g`` tokens
-  (:func:`etp_block_comm`), the shared experts' over TP as a dense MLP's. Without EP one
-  rank runs all ``E`` experts on ``T k / E`` rows each, which the shape curve prices as thin GEMMs;
+  degree (``ParallelDims.etp``: ``t`` by default, Megatron-Core's) and ``g = t / e`` (below 1
+  at ``e > t``) the ETP groups of a TP group, each serving ``1 / g`` of its tokens. Without
+  EP one rank runs all ``E`` experts on ``T k / E`` rows each, which the shape curve prices
+  as thin GEMMs. Two layouts (:func:`etp_block_comm`): at ``e = t`` torchtitan 0.2's (the
+  planner's before ETP had a degree): the MLP's all-gather / reduce-scatter on the TP
+  group's ``T`` tokens, as a dense block; at every other ``e`` Megatron-Core's all-to-all
+  dispatcher: the attention's and shared experts' pairs over TP, and the ``T k u / g``
+  dispatched copies all-gathered over the ETP group after the all-to-all and their output
+  reduce-scattered before the combine, never hidden;
 - **all-to-all** (:func:`all_to_all_time`): dispatch and combine in the forward, their
-  gradients in the backward, four per MoE layer and microbatch, each moving ``T k u h / g``
-  16-bit values per rank, ``(ep - 1) / ep`` of them off the rank (the EP group ``etp`` ranks
-  apart);
+  gradients in the backward, four per MoE layer and microbatch, each moving ``T k u h``
+  16-bit values per rank at ``e = t`` (the TP group's copies), ``T k u h / t`` at every
+  other ``e`` (the rank's own), ``(ep - 1) / ep`` of them off the rank (the EP group ``etp``
+  ranks apart);
 - **dense layers** (DeepSeek-V3's first three): a SwiGLU MLP of ``dense_ffn``.
 
 F holds the attention, the MLP and its two all-to-alls, I (the input gradient) the data
@@ -57,7 +62,8 @@ the mean, so ``u = C`` is its worst case and the default when the profile names 
 (``capacity_factor`` in the shape's ``extra``); the HF configs of the four models name none
 (their routers drop nothing), and the default is then 1.0, perfectly even routing, which
 auxiliary-loss or bias balancing approaches but never reaches: give ``--moe-imbalance
-1.1`` or more for a margin. It scales the routed experts' compute, their dispatched
+1.1`` or more for a margin. No published measurement of the busiest rank's load for these
+models was found to set it from (:func:`default_imbalance`). It scales the routed experts' compute, their dispatched
 activations and the all-to-all bytes.
 
 **Group-limited routing** (DeepSeek-V3's ``n_group`` / ``topk_group``: each token to at most
@@ -369,7 +375,16 @@ def check_imbalance(value: float | None) -> float | None:
 
 
 def default_imbalance(shape: MoEShape) -> float:
-    """The router's capacity factor when the shape names one, else 1.0 (module doc)."""
+    """The router's capacity factor when the shape names one, else 1.0 (module doc).
+
+    Not a measured figure: none was found for the busiest EP rank of these models.
+    Megatron-Core's MoE guide (``megatron/core/transformer/moe/README.md``) lists the
+    balancing options and ``--moe-expert-capacity-factor`` without a measured imbalance;
+    Wang et al., "Auxiliary-Loss-Free Load Balancing Strategy for Mixture-of-Experts"
+    (arXiv 2408.15664, the bias DeepSeek-V3 balances with) measure MaxVio, the heaviest
+    expert's load over the mean minus 1 (``u - 1`` with one expert a rank; a rank holding
+    several averages them, so its ``u`` is at most that), on 1B and 3B models; its figures
+    were not at hand to quote."""
     cf = shape.extra.get("capacity_factor") if isinstance(shape.extra, dict) else None
     return float(cf) if isinstance(cf, int | float) and cf >= 1 else DEFAULT_IMBALANCE
 
