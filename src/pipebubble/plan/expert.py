@@ -63,8 +63,8 @@ the mean, so ``u = C`` is its worst case and the default when the profile names 
 (their routers drop nothing), and the default is then 1.0, perfectly even routing, which
 auxiliary-loss or bias balancing approaches but never reaches: give ``--moe-imbalance
 1.1`` or more for a margin. No published measurement of the busiest rank's load for these
-models was found to set it from (:func:`default_imbalance`). It scales the routed experts' compute, their dispatched
-activations and the all-to-all bytes.
+models was found to set it from (:func:`default_imbalance`). It scales the routed experts'
+compute, their dispatched activations and the all-to-all bytes.
 
 **Group-limited routing** (DeepSeek-V3's ``n_group`` / ``topk_group``: each token to at most
 4 of 8 nodes) is priced as DeepSeek dispatches it, each token crossing once to each remote
