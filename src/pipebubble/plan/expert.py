@@ -459,9 +459,11 @@ def check_ep_splits(req, ep_list, splits, shardings=(), gpus_per_node: int = 8,
             shard * cp}
 
     rooms = sorted({r for tp, cp, _, dp in splits for r in room(tp, cp, dp)})
+    lent = " and the TP ranks ETP leaves, tp / etp" if etp_list else ""
     if not any(room % ep == 0 for room in rooms for ep in ep_list):
         raise UserError(f"{flag} must divide dp x cp (expert parallelism is carved out of the "
-                         f"data x context parallel ranks); these degrees leave dp x cp in "
+                         f"data x context parallel ranks{lent}); these degrees leave "
+                         f"{'tp x dp x cp / etp' if etp_list else 'dp x cp'} in "
                          f"{', '.join(map(str, rooms))}")
     shard_rooms = set()
     for tp, cp, _, dp in splits:

@@ -150,8 +150,8 @@ def torchtitan_blocker(plan: Plan) -> str | None:
                 "state)")
     d = c.dims
     if d.etp not in (1, d.tp):  # 0.2: 1 or tp (and at ep 1 the experts follow TP); 0.3: 1
-        return (f"not runnable in torchtitan: its expert tensor parallelism is 1 or tp "
-                f"{d.tp} only, not etp {d.etp}")
+        return (f"torchtitan's expert tensor parallelism is 1 or tp {d.tp} only, not etp "
+                f"{d.etp}")
     if c.pp > 1 and plan.schedule_obj.chains > 1:
         return ("torch.distributed.pipelining runs one model copy; DualPipe's two copies "
                 "have no torch form (dualpipev is its one-copy variant)")
