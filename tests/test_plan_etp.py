@@ -200,6 +200,11 @@ def test_bad_etp_on_the_cli_exits_2_with_one_line(moe_file, tmp_path, capsys):
     assert "--etp 32" in err and "must divide a stage's tp x cp x dp" in err
     err = _bad(["--profile", moe_file, *BASE, "--config", "tp=2,etp=1", "--sp", "0"], capsys)
     assert "etp=1" in err and "--sp 1" in err
+    err = _bad(["--profile", moe_file, *BASE, "--config", "tp=2,etp=4", "--sp", "0"], capsys)
+    assert "etp=4 other than tp needs --sp 1" in err  # above tp: Megatron needs SP too
+    err = _bad(["--profile", moe_file, *BASE, "--config", "tp=2,sp=1,pp=1,etp=4,ep=4,"
+                "sharding=fsdp"], capsys)  # 2 x 4 ranks: etp 4 leaves EP 2 of them
+    assert "ep=4 must divide" in err and "tp x dp x cp / etp in 2" in err
     dense = tmp_path / "dense.json"
     analytic_profile(layers=4, hidden=64, ffn=128, heads=4, vocab=128, seq=SEQ,
                      batch=1).save(str(dense))
