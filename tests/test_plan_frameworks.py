@@ -282,18 +282,22 @@ def test_narrowed_search_space():
 
 # ---- what each profile runs: op-level SAC, sequence parallelism ---------------------------
 
-def test_op_sac_and_sequence_parallelism_come_from_the_profiles():
+def test_recompute_modes_and_sequence_parallelism_come_from_the_profiles():
     """Only torchtitan (and no framework) run op-level SAC; DeepSpeed's profile (the
-    Megatron-DeepSpeed forks of its published runs) has no sequence parallelism, so its
-    narrowed search keeps sp 0 and drops ``op``, and a request that asks only for SP or only
-    for ``op`` leaves it nothing."""
+    Megatron-DeepSpeed forks of its published runs) has no sequence parallelism and no
+    selective recomputation, so its narrowed search keeps sp 0 and none / full, and a
+    request that asks only for SP or only for ``op`` leaves it nothing."""
     assert [n for n in F.FRAMEWORKS if "op" in F.recompute_modes(n)] == ["torchtitan", "none"]
+    assert F.recompute_modes("deepspeed") == ("none", "full")
+    assert F.recompute_modes("megatron") == ("none", "selective", "full")
     assert [n for n in F.FRAMEWORKS if not F.get_framework(n).sequence_parallel] == [
         "deepspeed"]
-    req = Request(gpus=8, gpu_memory=1e10, global_batch=8, recompute=("full", "op"))
+    req = Request(gpus=8, gpu_memory=1e10, global_batch=8,
+                  recompute=("selective", "full", "op"))
     assert F.narrowed("deepspeed", req).sp == (False,)
     assert F.narrowed("deepspeed", req).recompute == ("full",)
-    assert F.narrowed("torchtitan", req).recompute == ("full", "op")
+    assert F.narrowed("megatron", req).recompute == ("selective", "full")
+    assert F.narrowed("torchtitan", req).recompute == ("selective", "full", "op")
     assert F.narrowed("megatron", req).sp is None
     assert F.narrowed("deepspeed", Request(gpus=8, gpu_memory=1e10, global_batch=8,
                                            sp=(True,))) is None

@@ -38,8 +38,14 @@ the version it is written for:
   (2, 6, 12); torchtitan's FSDP2 keeps fp32 sharded parameters and gradients and fp32 Adam
   moments, 4 + 4 + 8 = 16 bytes sharded, which the planner's (2, 2, 12) counts the same,
   reducing in fp32 (``mixed_precision_reduce = "float32"``);
-- ``op_sac``: whether it runs torchtitan's op-level selective checkpointing (``recompute
-  op``): torchtitan only (``selective_ac_option = "op"``); ``sequence_parallel``: whether it
+- ``recompute``: the recomputation modes it runs. torchtitan's op-level selective
+  checkpointing (``recompute op``, ``selective_ac_option = "op"``) is torchtitan's alone;
+  Megatron-LM's ``selective`` (the attention core, ``--recompute-granularity selective``)
+  came with its sequence parallelism (Korthikanti et al. 2022), and the DeepSpeed forks have
+  only whole-layer checkpointing (``--checkpoint-activations``; no selective in
+  bigscience-workshop/Megatron-DeepSpeed's arguments, nor in gpt-neox's at the 20B release,
+  c560814b, nor in the 2021 Megatron-DeepSpeed): ``none`` and ``full``. ``sequence_parallel``:
+  whether it
   runs Megatron-style sequence parallelism beside TP. The DeepSpeed profile is written for
   the Megatron-DeepSpeed forks its published runs used, which have none: the MT-NLG fork of
   2021 predates Megatron-LM's (2022), bigscience-workshop/Megatron-DeepSpeed (BLOOM) has no
@@ -119,7 +125,8 @@ class Framework:
     grad_wire: float | None = None  # bytes a gradient on the wire (None: the planner's 4)
     grad_accumulation_bytes: float = 0.0  # HBM bytes a parameter and microbatch (hardware.py)
     schedule_field: str | None = None  # the ScheduleSpec field naming its class; None: any
-    op_sac: bool = False  # runs torchtitan's op-level selective checkpointing (recompute op)
+    recompute: tuple[str, ...] = ("none", "selective", "full")  # the modes it runs (op:
+    # torchtitan's op-level SAC)
     sequence_parallel: bool = True  # runs Megatron-style sequence parallelism (sp with TP)
     loss_bytes: float = 0.0  # bytes a local logit its loss holds beyond the kept fp32
     # probabilities at the loss's peak (Hardware.loss_bytes; module doc)
@@ -136,16 +143,18 @@ PROFILES = {f.name: f for f in (
               schedule_field="megatron", loss_bytes=2.0),
     Framework("torchtitan", "torchtitan", "torchtitan 0.2 / 0.3 (FSDP2, eager)",
               tp_overlap="off", reshard="auto", states=(2.0, 2.0, 12.0), grad_wire=4.0,
-              schedule_field="torchtitan", op_sac=True, loss_bytes=8.0),
+              schedule_field="torchtitan", recompute=("none", "selective", "full", "op"),
+              loss_bytes=8.0),
     Framework("deepspeed", "DeepSpeed", "DeepSpeed's PipelineEngine with its BF16 optimizer "
               "and the Megatron-DeepSpeed forks of 2021-22", dp_overlap=False,
               tp_overlap="off", reshard="always", states=(2.0, 6.0, 12.0), grad_wire=4.0,
               grad_accumulation_bytes=18.0, schedule_field="deepspeed",
-              sequence_parallel=False, loss_bytes=2.0),
+              sequence_parallel=False, recompute=("none", "full"), loss_bytes=2.0),
     Framework("nemo", "NeMo", "NeMo 2.x recipes on Megatron-Core", tp_overlap="on",
               reshard="always", states=(2.0, 4.0, 12.0), grad_wire=4.0,
               schedule_field="megatron", loss_bytes=2.0),
-    Framework("none", "no framework", "the planner's own defaults", op_sac=True),
+    Framework("none", "no framework", "the planner's own defaults",
+              recompute=("none", "selective", "full", "op")),
 )}
 
 
@@ -259,8 +268,10 @@ def blocker(framework: str | Framework, plan) -> str | None:
     if fw.name == "none":
         return None
     c = plan.config
-    if c.recompute == "op" and not fw.op_sac:
-        return f"{fw.label} has no op-level selective checkpointing (torchtitan's 'op' policy)"
+    if c.recompute not in fw.recompute:
+        what = ("op-level selective checkpointing (torchtitan's 'op' policy)"
+                if c.recompute == "op" else f"{c.recompute} recomputation")
+        return f"{fw.label} ({fw.version}) has no {what}: it runs {', '.join(fw.recompute)}"
     if c.sp and c.tp > 1 and not fw.sequence_parallel:
         return (f"{fw.label} ({fw.version}) has no Megatron-style sequence parallelism: run it "
                 "with sp 0")
@@ -362,12 +373,12 @@ def narrowed(framework: str | Framework, req, hardware: bool = True):
 
 
 def recompute_modes(framework: str | Framework) -> tuple[str, ...]:
-    """The recomputation modes the framework runs (``op`` only where its profile has
-    op-level SAC)."""
+    """The recomputation modes the framework runs (its profile's ``recompute``, in the
+    planner's order)."""
     from .analytic import RECOMPUTE_MODES
 
     fw = get_framework(framework)
-    return tuple(m for m in RECOMPUTE_MODES if m != "op" or fw.op_sac)
+    return tuple(m for m in RECOMPUTE_MODES if m in fw.recompute)
 
 
 def runnable_in(plan) -> list[str]:
