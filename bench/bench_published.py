@@ -58,12 +58,15 @@ GIB = 2**30
 MISSES = """
 Not within 10 % and why (bench/published/mt_nlg_530b.toml): MT-NLG 530B on DeepSpeed's engine
 is predicted 11-15 % faster than it ran; the cause is not identified. Its microbatch size is
-not published and the planner takes its fastest, 1; at microbatch 2 the rows land at -4 ...
--5 % (bench_frameworks.py, "what if"), but no source says 2. BigScience's sweep on the same
-engine (bigscience train/tr11-176B-ml/chronicles-prequel.md, "Choosing the fastest 3D
-Topology": TP 8, PP 6 / 12, batch 2,048) measured microbatch 2 6.1 % faster than 1, where the
-planner prices 4.2 % for BLOOM's shape and BF16 optimizer: about 2 points unpriced, not the
-11-15."""
+not published and the planner takes its fastest, 1. Fitting (m + p - 1) slots of a
+microbatch plus a per-step part to the three published steps: at microbatch 1, 0.197 s a
+slot + 6.0 s, where the planner prices 0.194 s + 0.16 s (the slot within 1.4 %, ~5.8 s a step
+unpriced); at microbatch 2, 0.394 s a slot - 0.7 s against the planner's 0.373 (a slot 5.6 %
+under, nothing left for the reduction and optimizer). No source says which. At microbatch 2
+the rows land at -4 ... -5 % (bench_frameworks.py, "what if"), but it is not used. The same
+shape on the same 2,240 GPUs ran at 42.1 % MFU with full recomputation under Megatron-LM
+(Korthikanti et al. 2022, abstract) where this run's step is 30.2 %: the gap is the 2021
+DeepSpeed engine and fork, which the DeepSpeed fit (BLOOM, 2022) does not carry."""
 
 
 def _cfg(p) -> str:

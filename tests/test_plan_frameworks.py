@@ -278,3 +278,38 @@ def test_narrowed_search_space():
     assert all(lookup(n).chains == 1 for n in tt.schedules) and tt.cp is None
     assert F.narrowed("megatron", Request(gpus=8, gpu_memory=1e10, global_batch=8,
                                           schedules=("zb-h1",))) is None
+
+
+# ---- what each profile runs: op-level SAC, sequence parallelism ---------------------------
+
+def test_recompute_modes_and_sequence_parallelism_come_from_the_profiles():
+    """Only torchtitan (and no framework) run op-level SAC; DeepSpeed's profile (the
+    Megatron-DeepSpeed forks of its published runs) has no sequence parallelism and no
+    selective recomputation, so its narrowed search keeps sp 0 and none / full, and a
+    request that asks only for SP or only for ``op`` leaves it nothing."""
+    assert [n for n in F.FRAMEWORKS if "op" in F.recompute_modes(n)] == ["torchtitan", "none"]
+    assert F.recompute_modes("deepspeed") == ("none", "full")
+    assert F.recompute_modes("megatron") == ("none", "selective", "full")
+    assert [n for n in F.FRAMEWORKS if not F.get_framework(n).sequence_parallel] == [
+        "deepspeed"]
+    req = Request(gpus=8, gpu_memory=1e10, global_batch=8,
+                  recompute=("selective", "full", "op"))
+    assert F.narrowed("deepspeed", req).sp == (False,)
+    assert F.narrowed("deepspeed", req).recompute == ("full",)
+    assert F.narrowed("megatron", req).recompute == ("selective", "full")
+    assert F.narrowed("torchtitan", req).recompute == ("selective", "full", "op")
+    assert F.narrowed("megatron", req).sp is None
+    assert F.narrowed("deepspeed", Request(gpus=8, gpu_memory=1e10, global_batch=8,
+                                           sp=(True,))) is None
+    assert F.narrowed("megatron", Request(gpus=8, gpu_memory=1e10, global_batch=8,
+                                          recompute=("op",))) is None
+
+
+def test_deepspeed_marks_a_sequence_parallel_plan_with_the_reason(free_profile, capsys):
+    out = plan_json(capsys, "--profile", free_profile, *SMALL, "--framework", "deepspeed",
+                    "--tp", "2", "--sp", "1", "--schedules", "1f1b", "--sharding", "zero1")
+    assert out["plans"] and all("no Megatron-style sequence parallelism" in p["not_runnable"]
+                                for p in out["plans"])
+    out = plan_json(capsys, "--profile", free_profile, *SMALL, "--framework", "megatron",
+                    "--tp", "2", "--sp", "1", "--schedules", "1f1b", "--sharding", "zero1")
+    assert out["plans"][0]["not_runnable"] is None

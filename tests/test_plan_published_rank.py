@@ -4,6 +4,8 @@ slower than the published configuration."""
 
 from __future__ import annotations
 
+import pytest
+
 from pipebubble.plan.frameworks import blocker
 from pipebubble.plan.published import (
     engine_step,
@@ -11,6 +13,7 @@ from pipebubble.plan.published import (
     predict_config,
     published_runs,
     rank_config,
+    ranked_plans,
 )
 
 RUNS = {r.name: r for r in published_runs()}
@@ -42,3 +45,31 @@ def test_a_torchtitan_rows_pick_is_one_torchtitan_runs_and_none_ranks_every_plan
     assert step == pick.step_time <= framework_plan(run, TORCHTITAN)[0].step_time
     _, free, free_step = rank_config(run, TORCHTITAN)
     assert free_step == free.step_time <= predict_config(run, TORCHTITAN).step_time
+
+
+def _pruning_is_exact(name: str) -> None:
+    """Every plan ``rank_config`` ranks the row's configuration among: its step on
+    DeepSpeed's engine is never under the planner's (what the pruning assumes), and the
+    rank, pick and step are the same with the engine pricing every plan (brute force)."""
+    run = RUNS[name]
+    mine, plans, step = ranked_plans(run, DEEPSPEED, framework="deepspeed")
+    assert len(plans) == 30
+    steps = [step(p) for p in plans]
+    assert step(mine) >= mine.step_time
+    assert all(x >= p.step_time for p, x in zip(plans, steps, strict=True))
+    ours = step(mine)
+    faster = sum(1 for x in steps if x < ours * (1 - 1e-12))
+    best = min(range(len(plans)), key=lambda i: (steps[i], i))
+    rank, pick, pick_step = rank_config(run, DEEPSPEED, framework="deepspeed")
+    assert rank == (faster + 1 if faster < len(plans) else None)
+    assert (pick.config, pick_step) == (plans[best].config, steps[best])
+
+
+def test_deepspeed_engine_pruning_is_exact_on_neox():
+    _pruning_is_exact("20B")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["176B", "530B 2240"])
+def test_deepspeed_engine_pruning_is_exact_on_bloom_and_mt_nlg(name):
+    _pruning_is_exact(name)

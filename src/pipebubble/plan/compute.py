@@ -76,13 +76,15 @@ class Rates:
     flat: bool = False  # ``--mfu``: every FLOP at ``flops``, no shape curve, no HBM time
     grad_accumulation: float = 0.0  # HBM bytes per local parameter per backward (hardware.py)
     fp8_flops: float = 0.0
+    loss_bytes: float = 0.0  # memory, carried with the rates: Hardware.loss_bytes
 
     @classmethod
     def of(cls, hw, efficiency: float | None = None, precision: str = "bf16") -> Rates:
         e = hw.efficiency if efficiency is None else efficiency
         return cls(hw.peak_flops * e, hw.hbm_bandwidth,
                    grad_accumulation=getattr(hw, "grad_accumulation_bytes", 0.0),
-                   fp8_flops=fp8_peak(hw, precision) * e)
+                   fp8_flops=fp8_peak(hw, precision) * e,
+                   loss_bytes=getattr(hw, "loss_bytes", 0.0))
 
 
 def fp8_peak(hw, precision: str) -> float:

@@ -38,6 +38,33 @@ the version it is written for:
   (2, 6, 12); torchtitan's FSDP2 keeps fp32 sharded parameters and gradients and fp32 Adam
   moments, 4 + 4 + 8 = 16 bytes sharded, which the planner's (2, 2, 12) counts the same,
   reducing in fp32 (``mixed_precision_reduce = "float32"``);
+- ``recompute``: the recomputation modes it runs. torchtitan's op-level selective
+  checkpointing (``recompute op``, ``selective_ac_option = "op"``) is torchtitan's alone;
+  Megatron-LM's ``selective`` (the attention core, ``--recompute-granularity selective``)
+  came with its sequence parallelism (Korthikanti et al. 2022), and the DeepSpeed forks have
+  only whole-layer checkpointing (``--checkpoint-activations``; no selective in
+  bigscience-workshop/Megatron-DeepSpeed's arguments, nor in gpt-neox's at the 20B release,
+  c560814b, nor in the 2021 Megatron-DeepSpeed): ``none`` and ``full``. ``sequence_parallel``:
+  whether it
+  runs Megatron-style sequence parallelism beside TP. The DeepSpeed profile is written for
+  the Megatron-DeepSpeed forks its published runs used, which have none: the MT-NLG fork of
+  2021 predates Megatron-LM's (2022), bigscience-workshop/Megatron-DeepSpeed (BLOOM) has no
+  ``sequence_parallel`` anywhere in its code up to its last commit (8387ae1, 2023-12), and
+  gpt-neox added it in #1257 (2024-08); DeepSpeed's own sequence parallelism is Ulysses
+  (below). :func:`blocker` refuses either where the profile says no;
+- ``loss_bytes``: what the loss holds at its peak beyond the fp32 probabilities it keeps
+  for the backward (which every head counts, ``4 T V / t``: :func:`~pipebubble.plan.memory.
+  head_activation_bytes`), in bytes a local logit (``Hardware.loss_bytes``, priced as the
+  head's transient). torchtitan's eager loss (``torch.nn.functional.cross_entropy(pred.
+  flatten(0, 1).float(), ...)``, train.py at 9dec370; torch.compile left off for it) keeps
+  log-softmax's fp32 output, and its backward creates two more fp32 ``[T, V]`` tensors while
+  that output is alive, the gradient ``nll_loss`` returns and the one log-softmax's backward
+  returns: 8. Megatron-LM's vocabulary-parallel cross-entropy (``megatron/core/
+  tensor_parallel/cross_entropy.py``; ``mpu/cross_entropy.py`` in the 2021 Megatron-DeepSpeed
+  fork) works in place on the fp32 copy of the logits (``-=`` the max, ``exp`` into it, the
+  softmax saved and turned into the gradient in place): beside it only the 16-bit logits
+  while the copy is made, and the 16-bit cast of the gradient: 2 (Megatron-LM, NeMo and the
+  DeepSpeed forks, which call it on ``output.float()``);
 - the shardings it runs with and without pipelining (:func:`blocker`): Megatron-LM's
   distributed optimizer is ZeRO-1 at any pp, ZeRO-2 / FSDP only as Megatron-FSDP without
   PP (torch FSDP2 is refused with PP); DeepSpeed ZeRO 1/2/3, but its pipeline engine refuses
@@ -98,6 +125,11 @@ class Framework:
     grad_wire: float | None = None  # bytes a gradient on the wire (None: the planner's 4)
     grad_accumulation_bytes: float = 0.0  # HBM bytes a parameter and microbatch (hardware.py)
     schedule_field: str | None = None  # the ScheduleSpec field naming its class; None: any
+    recompute: tuple[str, ...] = ("none", "selective", "full")  # the modes it runs (op:
+    # torchtitan's op-level SAC)
+    sequence_parallel: bool = True  # runs Megatron-style sequence parallelism (sp with TP)
+    loss_bytes: float = 0.0  # bytes a local logit its loss holds beyond the kept fp32
+    # probabilities at the loss's peak (Hardware.loss_bytes; module doc)
 
     def runs_schedule(self, name: str) -> bool:
         """Whether the framework pipelines the family (its spec names a class for it)."""
@@ -108,18 +140,21 @@ class Framework:
 PROFILES = {f.name: f for f in (
     Framework("megatron", "Megatron-LM", "Megatron-LM core_v0.16.1", tp_overlap="backward",
               reshard="always", states=(2.0, 4.0, 12.0), grad_wire=4.0,
-              schedule_field="megatron"),
+              schedule_field="megatron", loss_bytes=2.0),
     Framework("torchtitan", "torchtitan", "torchtitan 0.2 / 0.3 (FSDP2, eager)",
               tp_overlap="off", reshard="auto", states=(2.0, 2.0, 12.0), grad_wire=4.0,
-              schedule_field="torchtitan"),
+              schedule_field="torchtitan", recompute=("none", "selective", "full", "op"),
+              loss_bytes=8.0),
     Framework("deepspeed", "DeepSpeed", "DeepSpeed's PipelineEngine with its BF16 optimizer "
-              "and Megatron-DeepSpeed", dp_overlap=False, tp_overlap="off", reshard="always",
-              states=(2.0, 6.0, 12.0), grad_wire=4.0, grad_accumulation_bytes=18.0,
-              schedule_field="deepspeed"),
+              "and the Megatron-DeepSpeed forks of 2021-22", dp_overlap=False,
+              tp_overlap="off", reshard="always", states=(2.0, 6.0, 12.0), grad_wire=4.0,
+              grad_accumulation_bytes=18.0, schedule_field="deepspeed",
+              sequence_parallel=False, recompute=("none", "full"), loss_bytes=2.0),
     Framework("nemo", "NeMo", "NeMo 2.x recipes on Megatron-Core", tp_overlap="on",
               reshard="always", states=(2.0, 4.0, 12.0), grad_wire=4.0,
-              schedule_field="megatron"),
-    Framework("none", "no framework", "the planner's own defaults"),
+              schedule_field="megatron", loss_bytes=2.0),
+    Framework("none", "no framework", "the planner's own defaults",
+              recompute=("none", "selective", "full", "op")),
 )}
 
 
@@ -156,6 +191,7 @@ class Settings:
     grad_wire: float | None
     grad_accumulation_bytes: float | None  # None: the hardware's own
     given: tuple[str, ...] = ()  # the flags the user set
+    loss_bytes: float | None = None  # None: the hardware's own (Hardware.loss_bytes)
 
     def as_json(self) -> dict:
         return {"framework": self.framework.name, "version": self.framework.version,
@@ -196,7 +232,8 @@ def settings(framework: str | Framework, dp_overlap: str | None = None,
         held = tuple(float(v) if v is not None else d for v, d in zip(states, fw.states,
                                                                        strict=True))
     return Settings(fw, dp, tp, policy, held, None if wire_given else fw.grad_wire,
-                    fw.grad_accumulation_bytes if fw.name != "none" else None, tuple(given))
+                    fw.grad_accumulation_bytes if fw.name != "none" else None, tuple(given),
+                    fw.loss_bytes if fw.name != "none" else None)
 
 
 def apply(s: Settings, req, hw=None):
@@ -214,6 +251,8 @@ def apply(s: Settings, req, hw=None):
                       "tp_comm_overlap": s.tp_overlap == "on"}
         if s.grad_accumulation_bytes is not None and hw.grad_accumulation_bytes == 0:
             over["grad_accumulation_bytes"] = s.grad_accumulation_bytes
+        if s.loss_bytes is not None:
+            over["loss_bytes"] = s.loss_bytes
         hw = replace(hw, **over)
     return req, hw
 
@@ -228,6 +267,14 @@ def blocker(framework: str | Framework, plan) -> str | None:
 
     if fw.name == "none":
         return None
+    c = plan.config
+    if c.recompute not in fw.recompute:
+        what = ("op-level selective checkpointing (torchtitan's 'op' policy)"
+                if c.recompute == "op" else f"{c.recompute} recomputation")
+        return f"{fw.label} ({fw.version}) has no {what}: it runs {', '.join(fw.recompute)}"
+    if c.sp and c.tp > 1 and not fw.sequence_parallel:
+        return (f"{fw.label} ({fw.version}) has no Megatron-style sequence parallelism: run it "
+                "with sp 0")
     if fw.name == "torchtitan":
         return pastes.torchtitan_blocker(plan)
     if fw.name in ("megatron", "nemo"):
@@ -249,8 +296,6 @@ def deepspeed_blocker(plan) -> str | None:
     if c.sharding.hybrid:
         return ("DeepSpeed has no HSDP as priced here (its ZeRO++ hierarchical partitioning "
                 "is another scheme)")
-    if c.recompute == "op":
-        return "DeepSpeed has no op-level selective checkpointing (torchtitan's 'op' policy)"
     if c.cp > 1:
         return ("DeepSpeed's sequence parallelism is Ulysses (an all-to-all of the heads), "
                 "not the ring context parallelism priced here")
@@ -303,7 +348,8 @@ def may_run_config(framework: str | Framework, c) -> bool:
 
 def narrowed(framework: str | Framework, req, hardware: bool = True):
     """``req`` restricted to what the framework can run (its schedules, the shardings it runs
-    at some depth, DeepSpeed's cp 1), for a search that finds its plans when the plans of a
+    at some depth, DeepSpeed's cp 1, sp 0 where its profile has no sequence parallelism, the
+    recompute modes it runs), for a search that finds its plans when the plans of a
     full one are all plans it cannot run; None when nothing is left."""
     from .families import schedule_list
     from .shardings import SHARDINGS
@@ -317,7 +363,22 @@ def narrowed(framework: str | Framework, req, hardware: bool = True):
     ch: dict = {"schedules": names, "shardings": shardings}
     if fw.name == "deepspeed" and req.cp is None:
         ch["cp"] = (1,)
+    if not fw.sequence_parallel:  # its plans have sp 0
+        ch["sp"] = tuple(x for x in (req.sp or (False,)) if not x)
+    if req.recompute is not None:  # None: the search's own modes, which have no op
+        ch["recompute"] = tuple(m for m in req.recompute if m in recompute_modes(fw))
+    if not ch.get("sp", True) or not ch.get("recompute", True):
+        return None
     return replace(req, **ch)
+
+
+def recompute_modes(framework: str | Framework) -> tuple[str, ...]:
+    """The recomputation modes the framework runs (its profile's ``recompute``, in the
+    planner's order)."""
+    from .analytic import RECOMPUTE_MODES
+
+    fw = get_framework(framework)
+    return tuple(m for m in RECOMPUTE_MODES if m in fw.recompute)
 
 
 def runnable_in(plan) -> list[str]:

@@ -36,7 +36,15 @@ B200 (NVIDIA's HGX B200 figure: 36 PFLOP/s FP8 dense for 8 GPUs), 2,615 on MI300
 data sheet: 2,614.9 TFLOP/s dense FP8); 0 where the tensor cores have no FP8 (A100), and
 ``--precision fp8`` is refused there.
 
-Every numeric field but ``grad_accumulation_bytes`` (a library field, like ``tp_overlap``)
+``loss_bytes`` (0 by default) is memory, not traffic: the bytes a logit (a token and
+vocabulary entry on the rank) that the loss holds while it runs beyond the fp32
+probabilities every head keeps for the backward: the framework profile sets it
+(:mod:`pipebubble.plan.frameworks`: 8 for torchtitan's eager cross-entropy, 2 for
+Megatron-LM's in-place vocabulary-parallel one), and the head's layer counts it as its
+backward's transient (:mod:`pipebubble.plan.parallel_costs`).
+
+Every numeric field but ``grad_accumulation_bytes`` and ``loss_bytes`` (library fields, like
+``tp_overlap``)
 can be overridden from the command line (``--peak-tflops``, ``--fp8-peak-tflops``, ``--gpu-memory``,
 ``--hbm-bandwidth``, ``--gpus-per-node``, ``--nvlink-bandwidth``, ``--nvlink-latency``,
 ``--inter-node-bandwidth``, ``--inter-node-latency``, ``--nics-per-node``; overriding
@@ -84,6 +92,8 @@ class Hardware:
     bus_fraction: float = 0.8  # fraction of the link rate ring collectives reach
     tp_overlap: bool = True  # backward TP collectives behind weight gradients (tensor.py)
     grad_accumulation_bytes: float = 0.0  # HBM bytes per local parameter per backward
+    loss_bytes: float = 0.0  # bytes a local logit the loss holds beyond its kept fp32
+    # probabilities while it runs (the head's transient; plan/frameworks.py sets it)
     nics_per_node: int = 8  # scale-out NICs a node, each at inter_node_bandwidth
     fp8_peak_flops: float = 0.0  # dense FP8 FLOP/s; 0: no FP8 tensor cores
     tp_comm_overlap: bool = False  # TP collectives pipelined with their GEMMs (tensor.py:

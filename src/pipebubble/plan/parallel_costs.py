@@ -25,7 +25,9 @@ One block on one rank, ``T = s b / cp`` tokens, ``t`` = TP degree, ``q`` = heads
   delay.
 
 Recomputation adds to I the forward it re-runs: all of F (``full``) or the attention
-(``selective``).
+(``selective``). The head's transient is what the framework's loss holds beyond the fp32
+probabilities the head keeps, ``Hardware.loss_bytes`` a local logit (``T V / t`` of them;
+:mod:`~pipebubble.plan.frameworks`).
 
 Precision (``plan --precision fp8``, :mod:`~pipebubble.plan.compute`): the four GEMMs of a
 block, forward and both gradients, at the FP8 rate when ``rates`` has one; attention, the
@@ -169,7 +171,8 @@ class ParallelCosts:
             act=col(a_emb, a_keep, a_head), act_w=col(0.0, a_w, min(a_head, 2 * s * b / cp
                                                                         * sh.hidden)),
             out=col(out, out, 0.0), params=self.params,
-            transient=col(0.0, a_none - a_keep, 0.0), tied=self.tied,
+            transient=col(0.0, a_none - a_keep, self.rates.loss_bytes * s * b / cp
+                          * sh.vocab / t), tied=self.tied,
             hidden=col(0.0, blk["hidden"], 0.0))
         self._cache[key] = lc
         return lc

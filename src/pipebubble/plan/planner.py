@@ -153,7 +153,7 @@ def build_points(profiles, req: Request, hardware: Hardware | None = None,
         return out
     rates = Rates.of(hardware, efficiency, req.precision) if mfu is None else Rates(
         hardware.peak_flops * mfu, hardware.hbm_bandwidth, flat=True,
-        fp8_flops=fp8_peak(hardware, req.precision) * mfu)
+        fp8_flops=fp8_peak(hardware, req.precision) * mfu, loss_bytes=hardware.loss_bytes)
     net = Network.of(hardware)
     check_degrees(req, shape.heads, shape.kv, seq)
     tps = tuple(d for d in range(1, hardware.gpus_per_node + 1)  # powers of two in a node

@@ -422,40 +422,60 @@ def framework_efficiencies(runs: tuple[Run, ...] | None = None) -> dict:
 
 
 def rank_config(run: Run, efficiency: float, top: int = 30, reserve: float = 0.0,
-                framework: str | None = None) -> tuple:
+                framework: str | None = None, prune: bool = True) -> tuple:
     """(the published configuration's rank among the planner's ``top`` plans, None if
     slower than all of them; the planner's own best plan; its step), as ``plan --config``
     ranks it: every axis searched (tp, sp, cp, pp, dp, sharding, microbatch size, every
-    schedule family but ``auto``, chunks, every recompute mode, so that the published one is
-    among them). Both under the same budget, the GPU's memory less ``reserve`` (0 by
-    default: the physical memory the published configuration is priced at), so that the
-    published configuration competes with plans given the same memory.
+    schedule family but ``auto``, chunks, every recompute mode the framework runs, so that
+    the published one is among them). Both under the same budget, the GPU's memory less
+    ``reserve`` (0 by default: the physical memory the published configuration is priced
+    at), so that the published configuration competes with plans given the same memory.
 
     ``framework``: both priced under its profile (:func:`_setup`: its traffic, overlap and
-    model states) and ranked among the plans it runs (its schedules, shardings and
-    DeepSpeed's cp 1 searched, :func:`~pipebubble.plan.frameworks.narrowed`, and the plans
+    model states) and ranked among the plans it runs (its schedules, shardings, recompute
+    modes, sequence parallelism where it has it and DeepSpeed's cp 1 searched,
+    :func:`~pipebubble.plan.frameworks.narrowed`, and the plans
     :func:`~pipebubble.plan.frameworks.blocker` passes, as ``plan --config --framework``
     ranks), with the published configuration counted as one it runs (it ran there: Llama 3's
     ZeRO-2 under PP is not Megatron-LM's, whose calibration prices it); then each of the
     ``top`` plans at its step as the run's engine runs it (:func:`engine_step`), so that a
     DeepSpeed row's pick is the fastest of them on DeepSpeed's pipeline engine. ``None`` or
-    ``none``: every plan, at the planner's pricing."""
+    ``none``: every plan, at the planner's pricing.
+
+    ``prune``: skip the engine's pricing of a plan whose planner step is already past both
+    the published configuration's engine step and the best found, which is exact when no
+    plan's engine step is under its planner step (tests/test_plan_published_rank.py checks
+    that on every plan of the DeepSpeed rows it searches, and that the pick is the same
+    without pruning)."""
+    mine, plans, step = ranked_plans(run, efficiency, top, reserve, framework)
+    ours, steps = step(mine), {}
+    for p in plans:  # fastest first by the planner's step
+        if not prune or p.step_time < max(ours, min(steps.values(), default=math.inf)):
+            steps[id(p)] = step(p)
+    faster = sum(1 for x in steps.values() if x < ours * (1 - 1e-12))
+    best = min(plans, key=lambda p: (steps.get(id(p), math.inf), plans.index(p)))
+    return (faster + 1 if faster < len(plans) else None), best, steps.get(id(best), step(best))
+
+
+def ranked_plans(run: Run, efficiency: float, top: int = 30, reserve: float = 0.0,
+                 framework: str | None = None) -> tuple:
+    """(the published configuration's plan, the ``top`` plans :func:`rank_config` ranks it
+    among, fastest first by the planner's step, the step each is ranked by: the run's
+    engine's under a framework, else the planner's)."""
     from ..schedules import schedule_names
-    from .analytic import RECOMPUTE_MODES
-    from .frameworks import blocker, narrowed
+    from .frameworks import blocker, narrowed, recompute_modes
     from .planner import search
 
     prof, req, hw = _setup(run, efficiency, top, reserve, framework)
-    modes = tuple(m for m in RECOMPUTE_MODES if m != "op" or framework in ("torchtitan", "none"))
     req = replace(req, schedules=tuple(schedule_names(searched=False)),
-                  recompute=req.recompute or modes)  # op-level SAC: torchtitan's only
+                  recompute=req.recompute or recompute_modes(framework or "none"))
     mine = _predict(run, efficiency, reserve, framework)[0]
     keep, step = None, (lambda p: p.step_time)
     if framework not in (None, "none"):
         req = narrowed(framework, req)
         if req is None:
             raise ValueError(f"run {run.name!r}: framework {framework!r} runs none of the "
-                             "schedules and shardings searched")
+                             "schedules, shardings and recompute modes searched")
 
         def keep(p) -> bool:
             return blocker(framework, p) is None or p.config == mine.config
@@ -464,16 +484,7 @@ def rank_config(run: Run, efficiency: float, top: int = 30, reserve: float = 0.0
             return engine_step(run, p, efficiency)
     if req.cp is None:  # the planner's cp (1, 2, 4, 8) and the published one (Llama 3's 16)
         req = replace(req, cp=tuple(sorted({1, 2, 4, 8, mine.config.cp})))
-    plans = search(prof, req, hw, efficiency, keep=keep).plans
-    ours, steps = step(mine), {}
-    for p in plans:  # fastest first by the planner's step, which the engine's is never under
-        # (blocking P2P waits at least as long as buffered, the reduction is as exposed):
-        # past both ours and the best so far, no plan can be faster than either
-        if p.step_time < max(ours, min(steps.values(), default=math.inf)):
-            steps[id(p)] = step(p)
-    faster = sum(1 for x in steps.values() if x < ours * (1 - 1e-12))
-    best = min(plans, key=lambda p: (steps.get(id(p), math.inf), plans.index(p)))
-    return (faster + 1 if faster < len(plans) else None), best, steps.get(id(best), step(best))
+    return mine, search(prof, req, hw, efficiency, keep=keep).plans, step
 
 
 def memory_of(run: Run) -> float:
