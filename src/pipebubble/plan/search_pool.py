@@ -81,7 +81,8 @@ class Board:
         self.auto_state = ctx.RawValue("i", 0)  # 0: not sorted, 1: being sorted, 2: sorted
         self.auto_ready = ctx.Event()
         self.auto_order = ctx.RawArray("q", max(autos, 1))
-        self.auto_count = ctx.RawValue("q", 0)
+        self.auto_starts = ctx.RawArray("q", autos + 1)  # where each group of siblings starts
+        self.auto_count = ctx.RawValue("q", 0)  # groups
         self.next_auto = ctx.RawValue("q", 0)
         self.late = ctx.RawArray("q", max(families, 1))
         self.late_count = ctx.RawValue("q", 0)
@@ -224,22 +225,24 @@ def worker_loop(v: SharedVisits, board: Board, listed: Listed, visit_order: np.n
         if sorts:
             board.auto_state.value = 1
     if sorts:  # the first worker here sorts auto's configurations for all
-        order = auto_order(autos, v.threshold())
+        order, starts = sibling_groups(autos, auto_order(autos, v.threshold()))
         board.auto_order[:len(order)] = order
-        board.auto_count.value = len(order)
+        board.auto_starts[:len(starts)] = starts
+        board.auto_count.value = len(starts) - 1
         board.auto_state.value = 2
         board.auto_ready.set()
     else:
         while not board.auto_ready.wait(1.0):
             if os.getppid() != parent:
                 return
-    while True:  # auto's, one at a time in that order
+    while True:  # auto's, a group of siblings at a time in that order
         with lock:
-            k = board.next_auto.value
-            if k >= board.auto_count.value:
+            g = board.next_auto.value
+            if g >= board.auto_count.value:
                 break
-            board.next_auto.value = k + 1
-        v.visit(*autos[board.auto_order[k]])
+            board.next_auto.value = g + 1
+        for k in range(board.auto_starts[g], board.auto_starts[g + 1]):
+            v.visit(*autos[board.auto_order[k]])
     while True:  # the deferred costly families, once every worker is past the families
         with lock:
             k, added = board.next_late.value, board.late_count.value
@@ -256,6 +259,24 @@ def worker_loop(v: SharedVisits, board: Board, listed: Listed, visit_order: np.n
             time.sleep(POLL)
             continue
         v.visit(*listed.config(j))
+
+
+def sibling_groups(autos: list, order: list[int]) -> tuple[list[int], list[int]]:
+    """``order`` with each auto configuration moved up to its first sibling's place (the
+    same configuration at another sharding: the same layer costs, pipeline and
+    microbatches, which auto's caches of orders and runs serve again), and where each group
+    starts (and the end): a worker takes a group, so those caches serve it in one process."""
+    groups: dict[tuple, list[int]] = {}
+    for k in order:
+        c, s = autos[k]
+        key = (id(s.p), c.pp, c.dp, c.microbatches, c.chunks, c.microbatch_size, c.recompute,
+               c.schedule)
+        groups.setdefault(key, []).append(k)
+    out, starts = [], [0]
+    for members in groups.values():  # dicts keep the order of first appearance
+        out += members
+        starts.append(len(out))
+    return out, starts
 
 
 def failure(exc: BaseException) -> tuple[bool, str, bytes | None]:
