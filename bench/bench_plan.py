@@ -27,7 +27,7 @@ them against a file another version wrote (pruning must never change them).
     python bench/bench_plan.py --scale [--no-auto] [--gpus 16384] [--repeats 1]
                                [--save-top FILE | --compare-top FILE]
     python bench/bench_plan.py --table [all | gpt-1t:512:unfused,llama-7b:64,...]
-                               [--save-top FILE | --compare-top FILE]
+                               [--jobs N] [--save-top FILE | --compare-top FILE]
     python bench/bench_plan.py --config [all | gpt-1t:512,...] [--no-baseline]
 
 With ``--table``: a full search (every axis, auto included) per dense shape and scale
@@ -35,7 +35,11 @@ With ``--table``: a full search (every axis, auto included) per dense shape and 
 and DeepSeek-V3 (MoE) on 2,048 H800s as bench/bench_deepseek_v3.py plans it but with auto
 in the candidate set (row ``deepseek-v3:2048``): wall and CPU seconds, configurations
 priced, simulations run and auto's searches; the target (under 10 s) is checked on the
-CPU seconds, which a loaded machine inflates less than the wall.
+CPU seconds, which a loaded machine inflates less than the wall. With ``--jobs N`` (default:
+the CPUs this process may use) each row runs again over N worker processes
+(``plan --jobs``), cold: its wall beside the one-process CPU seconds, the ratio, whether its
+top plans are the same (the run stops if not), and the target judged on that wall, at the
+load printed beside it (other work on the machine inflates it).
 
 With ``--config``: ``pipebubble plan --config`` (in-process, after the imports, each run
 cold) on a published-like configuration per shape (:data:`CONFIG_ROWS`: GPT-1T on 512
@@ -209,13 +213,17 @@ def moe_case():
 
 
 def bench_table(rows: list[tuple[str, int, str]], repeats: int = 1,
-                save_top: str | None = None, compare_top: str | None = None) -> None:
+                save_top: str | None = None, compare_top: str | None = None,
+                jobs: int = 1) -> None:
     """One full search per row (a dense shape of :data:`SHAPES` on that many GPUs of its
     preset, global batch 2048, recompute none and full, every axis, auto included), each
     cold: wall and CPU seconds, configurations priced, simulations run, auto's searches
     and their seconds; target under 10 s. ``save_top`` / ``compare_top``: each row's top
     plans (:func:`top_lines`, under the row's name) written to / checked against a file
-    another version wrote, row by row (rows not in the file are not checked)."""
+    another version wrote, row by row (rows not in the file are not checked). With ``jobs``
+    > 1 each row also runs over that many worker processes (``Request.jobs``), cold too:
+    its wall seconds beside the one-process CPU seconds, their ratio, the same plans (or
+    the run stops), and the target judged on that wall at the printed load."""
     saved: dict[str, list[str]] = {}
     if compare_top:
         with open(compare_top) as f:
@@ -227,7 +235,7 @@ def bench_table(rows: list[tuple[str, int, str]], repeats: int = 1,
     from pipebubble.plan.hardware import get_hardware
 
     print(f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; each row cold, best of "
-          f"{repeats}")
+          f"{repeats}" + (f"; then over {jobs} worker processes, cold" if jobs > 1 else ""))
     print(f"{'shape':<12} {'GPUs':>6} {'attention':<8} {'wall s':>7} {'CPU s':>7} "
           f"{'configs':>8} {'simulated':>9} {'auto':>5} {'auto s':>7}  best")
     for name, gpus, attention in rows:
@@ -249,8 +257,25 @@ def bench_table(rows: list[tuple[str, int, str]], repeats: int = 1,
               f"{res.searched:>8} {res.simulated:>9} {res.auto_runs:>5} "
               f"{res.auto_seconds:>7.1f}  tp={b.tp}{' sp' if b.sp else ''} cp={b.cp} "
               f"pp={b.pp} dp={b.dp} {b.sharding} {b.schedule} v={b.chunks} "
-              f"mbs={b.microbatch_size} {b.recompute} {b.step_time:.3f} s; target under "
-              f"10 s: {'met' if cpu < 10 else 'MISSED'}", flush=True)
+              f"mbs={b.microbatch_size} {b.recompute} {b.step_time:.3f} s"
+              + ("" if jobs > 1 else f"; target under 10 s: {'met' if cpu < 10 else 'MISSED'}"),
+              flush=True)
+        if jobs > 1:
+            from dataclasses import replace
+
+            preq = replace(req, jobs=jobs)
+            pwall, _, pres = best_of(
+                repeats, lambda prof=prof, req=preq, hw=hw, eff=eff: search(prof, req, hw, eff),
+                cold)
+            same = top_lines(pres.plans) == top_lines(res.plans)
+            print(f"  {jobs} jobs: wall {pwall:.1f} s (one process {cpu:.1f} CPU s: "
+                  f"x{cpu / pwall:.2f}, efficiency {cpu / pwall / jobs:.0%}) at load "
+                  f"{os.getloadavg()[0]:.1f}; simulated {pres.simulated}, auto "
+                  f"{pres.auto_runs} in {pres.auto_seconds:.1f} s; the same top plans: "
+                  f"{same}; target under 10 s: {'met' if pwall < 10 else 'MISSED'}",
+                  flush=True)
+            if not same:
+                changed.append(f"{name}:{gpus}:{attention} (jobs {jobs})")
         row = f"{name}:{gpus}:{attention}"
         lines = top_lines(res.plans)
         written += [f"{row} | {line}" for line in lines]
@@ -479,6 +504,9 @@ def main() -> None:
     ap.add_argument("--table", nargs="?", const="all", default=None, metavar="ROWS",
                     help="a full search per shape and scale (all, or a comma list of "
                     "SHAPE:GPUS[:unfused], shapes " + ", ".join(SHAPES) + ")")
+    ap.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)), metavar="N",
+                    help="--table: also search over N worker processes (the CPUs this "
+                    "process may use; 1: one process only)")
     ap.add_argument("--config", nargs="?", const="all", default=None, metavar="ROWS",
                     help="plan --config against plan --config --exact-rank (all, or a comma "
                     "list of SHAPE:GPUS of " + ", ".join(r[0] for r in CONFIG_ROWS) + ")")
@@ -495,7 +523,7 @@ def main() -> None:
         rows = TABLE if args.table == "all" else [
             (x.split(":")[0], int(x.split(":")[1]),
              x.split(":")[2] if x.count(":") > 1 else "flash") for x in args.table.split(",")]
-        bench_table(rows, args.repeats or 1, args.save_top, args.compare_top)
+        bench_table(rows, args.repeats or 1, args.save_top, args.compare_top, args.jobs)
         return
     if args.scale:
         bench_scale(args.gpus, not args.no_auto, args.repeats or 1, args.save_top,

@@ -97,6 +97,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="per message (1e-5)")
     p.add_argument("--top", type=positive_int("--top"), default=5, metavar="K",
                    help="plans to show (5)")
+    p.add_argument("--jobs", type=positive_int("--jobs", L.MAX_JOBS), default=None, metavar="N",
+                   help="worker processes of the search (the CPUs this process may use): the "
+                   "same plans at any N; 1 searches in one process; a small search runs in "
+                   "one process whatever N is")
     p.add_argument("--exhaustive-cuts", default=64, metavar="N",
                    type=int_flag("--exhaustive-cuts", 0, L.MAX_EXHAUSTIVE_CUTS),
                    help="score every cut when there are at most N of them (64)")
@@ -333,7 +337,17 @@ def build_request(args: argparse.Namespace, profiles, memory: float | None = Non
                    **state_fields(args),
                    p2p_bandwidth=args.p2p_bandwidth,
                    allreduce_bandwidth=args.allreduce_bandwidth, latency=args.latency,
-                   top=max(args.top, 3 * args.validate), exhaustive_cuts=args.exhaustive_cuts)
+                   top=max(args.top, 3 * args.validate), exhaustive_cuts=args.exhaustive_cuts,
+                   jobs=args.jobs if args.jobs is not None else available_cpus())
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity; the machine's count where the
+    platform has no affinity)."""
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except AttributeError:
+        return max(os.cpu_count() or 1, 1)
 
 
 def state_fields(args: argparse.Namespace) -> dict:

@@ -87,6 +87,9 @@ class Request:
     moe_imbalance: float | None = None  # busiest EP rank's tokens / mean (None: router's)
     moe_recipe: object = None  # plan.expert.MoERecipe: FP8 dispatch, casts, ... (None: off)
     config: tuple[str, ...] = ()  # the axes --config gave (errors name it, not --tp ...)
+    # worker processes of the search (plan/search_pool.py): the same plans at any count;
+    # 1 searches in this process
+    jobs: int = 1
 
     def pp1_schedules(self, names: list[str], microbatches: int) -> list[str]:
         """The schedules tried at pp = 1 with ``microbatches`` microbatches: one family per
@@ -122,7 +125,7 @@ class Request:
         return model_states(w, g, o, self.precision)
 
     def check(self) -> None:
-        for name in ("gpus", "global_batch", "max_chunks", "top"):
+        for name in ("gpus", "global_batch", "max_chunks", "top", "jobs"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise UserError(f"{param(name)} must be an integer >= 1, got {v!r}")

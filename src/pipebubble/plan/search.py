@@ -46,12 +46,8 @@ from .axes import Axes, Point
 from .configs import visit_estimate
 from .plans import Config, Plan, Request, Result
 from .scoring import SearchCache, Searcher
-
-
-def runnable_nowhere(name: str) -> bool:
-    """Whether no framework runs the family: more than one chain (DualPipe's two model
-    copies: torch.distributed.pipelining runs one, Megatron-LM pipelines neither)."""
-    return lookup(name).chains > 1
+from .search_pool import parallel_search, runs_parallel
+from .visits import Visits, auto_order, plan_order, runnable_nowhere
 
 TIE = 5e-4  # a margin that prints as 0.0 %
 
@@ -85,7 +81,8 @@ def collector_paused():
 
 def _search_points(points: list[tuple[Point, object, Axes]], req: Request,
                    keep: Callable[[Plan], bool] | None) -> Result:
-    """:func:`search_points`, with the collector paused."""
+    """:func:`search_points`, with the collector paused: in one process, or over
+    ``req.jobs`` worker processes when the listing is large (:mod:`.search_pool`)."""
     t0 = time.perf_counter()
     shared = SearchCache()
     searchers = [Searcher(costs, req, axes, shared) for _, costs, axes in points]
@@ -94,66 +91,64 @@ def _search_points(points: list[tuple[Point, object, Axes]], req: Request,
         raise UserError(searchers[0].nothing_divides() if searchers else
                         f"no point of {param('tp')}, {param('cp')} and {param('shardings')} "
                         "applies to these GPUs")
-    autos = listed.autos
     # the visit order: by the estimate, ties in listing order (a stable sort)
     visit_order = np.argsort(listed.estimates, kind="stable")
+    if runs_parallel(req, listed):
+        found, counts = parallel_search(req, keep, searchers, listed, visit_order)
+    else:
+        found = one_process(req, keep, listed, visit_order)
+        counts = (sum(s.simulated for s in searchers), sum(s.auto_runs for s in searchers),
+                  sum(s.auto_seconds for s in searchers))
+    if not found:
+        raise least_memory(searchers, [listed.config(j) for j in visit_order.tolist()]
+                           + listed.autos)
+    best = ranked(found, req.top)
+    simulated, auto_runs, auto_seconds = counts
+    return Result(best, len(listed.estimates) + len(listed.autos), simulated,
+                  time.perf_counter() - t0, req, auto_runs, auto_seconds)
+
+
+def one_process(req: Request, keep: Callable[[Plan], bool] | None, listed: Listed,
+                visit_order: np.ndarray) -> list[Plan]:
+    """The search in this process: the families in ``visit_order``, then auto's
+    configurations, then the costly families deferred (module doc); the plans found."""
+    v = Visits(req, keep)
     bounds = listed.bounds
-    best: list[Plan] = []
-
-    late: list[tuple[float, Config, Searcher]] = []  # costly: visited after the rest
-
-    def threshold() -> float:
-        """What a plan must beat: nothing until K plans are known, then the K-th step, a
-        tie included (it may still sort before the K-th: ties go by plan_order, whatever
-        the order of the visit)."""
-        if not req.prune or len(best) < req.top:
-            return math.inf
-        return math.nextafter(best[-1].step_time, math.inf)
-
-    def visit(c: Config, s: Searcher, may_defer: bool = False) -> None:
-        limit = threshold()
-        if c.bound >= limit:
-            return  # no cut of c can enter the top K
-        if may_defer and limit < math.inf and s.costly(c):
-            late.append((0.0, c, s))
-            return
-        plan = s.evaluate(c, limit, req.gpu_memory)
-        if plan is not None and (keep is None or keep(plan)):
-            best.append(plan)
-            best.sort(key=plan_order)
-            del best[req.top:]
-
+    late: list[int] = []  # costly: visited after the rest
     ahead = visit_order  # the family configurations not visited yet, in order
     todo, k, seen = ahead.tolist(), 0, math.inf
     while k < len(todo):
-        limit = threshold()
+        limit = v.threshold()
         if limit < seen:  # the threshold fell: drop those it rules out (visit would)
             rest = ahead[k:]
             ahead = rest[bounds[rest] < limit]
             todo, k, seen = ahead.tolist(), 0, limit
             continue
-        visit(*listed.config(todo[k]), may_defer=True)
+        if v.visit(*listed.config(todo[k]), may_defer=True):
+            late.append(todo[k])
         k += 1
     # auto searches orders (seconds each): after the families, by the bound of its cut,
     # against the threshold they have set; then the costly schedules, in the order of the
     # estimate, against the threshold auto has tightened.
-    order = autos
-    if threshold() < math.inf:
-        order = sorted(((c, s) for c, s in autos if c.bound < threshold()),
-                       key=lambda cs: cs[1].auto_bound(cs[0]))
-    for c, s in order + [(c, s) for _, c, s in late]:
-        visit(c, s)
-    if not best:
-        raise least_memory(searchers, [listed.config(j) for j in visit_order.tolist()] + autos)
-    for k in range(len(best) - 1):  # no 0.0 % win for a schedule no framework runs
+    autos = listed.autos
+    for k in auto_order(autos, v.threshold()):
+        v.visit(*autos[k])
+    for j in late:
+        v.visit(*listed.config(j))
+    return v.best
+
+
+def ranked(found: list[Plan], top: int) -> list[Plan]:
+    """The ``top`` first of ``found`` by :func:`plan_order` (a total order of
+    configurations: the same whatever order they were found in), then no 0.0 % win for a
+    schedule no framework runs."""
+    best = sorted(found, key=plan_order)[:top]
+    for k in range(len(best) - 1):
         a, b = best[k], best[k + 1]
         if (runnable_nowhere(a.schedule) and not runnable_nowhere(b.schedule)
                 and b.step_time <= a.step_time * (1 + TIE)):
             best[k], best[k + 1] = b, a
-    simulated = sum(s.simulated for s in searchers)
-    return Result(best, len(listed.estimates) + len(autos), simulated,
-                  time.perf_counter() - t0, req,
-                  sum(s.auto_runs for s in searchers), sum(s.auto_seconds for s in searchers))
+    return best
 
 
 class Listed:
@@ -204,14 +199,6 @@ class Listed:
         s, dims, size, m, rec, kinds, bounds = self._groups[self._group[j]]
         name, v, ch = kinds[self._member[j]]
         return Config(dims, size, m, name, v, rec, bounds[ch], s.point.sharding), s
-
-
-def plan_order(p: Plan) -> tuple:
-    """Fastest first; on a tie the lighter plan, then one some framework runs, then the
-    least model parallelism."""
-    c = p.config
-    return (p.step_time, max(p.peak_memory), runnable_nowhere(c.schedule), c.dims.model_parallel,
-            c.pp, c.schedule, c.chunks, c.microbatch_size, c.recompute, c.sharding, c.sp)
 
 
 def least_memory(searchers: list[Searcher], work: list[tuple[Config, Searcher]]):

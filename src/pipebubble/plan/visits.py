@@ -1,0 +1,89 @@
+"""The visit of one configuration by the planner's search (:mod:`.search`, and each worker
+of :mod:`.search_pool`), and the one order of plans.
+
+:class:`Visits` scores a configuration unless its true bound cannot beat the K-th best step
+found; :func:`plan_order` ranks plans, a total order of configurations, so the plans kept do
+not depend on the order they were found in; :func:`auto_order` is the order ``auto``'s
+configurations are visited in.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from ..schedules import lookup
+from .plans import Config, Plan, Request
+from .scoring import Searcher
+
+
+def runnable_nowhere(name: str) -> bool:
+    """Whether no framework runs the family: more than one chain (DualPipe's two model
+    copies: torch.distributed.pipelining runs one, Megatron-LM pipelines neither)."""
+    return lookup(name).chains > 1
+
+
+def plan_order(p: Plan) -> tuple:
+    """Fastest first; on a tie the lighter plan, then one some framework runs, then the
+    least model parallelism, then the rest of the configuration: no two configurations
+    tie, so the order plans are found in (one process or several) never decides."""
+    c, d = p.config, p.config.dims
+    return (p.step_time, max(p.peak_memory), runnable_nowhere(c.schedule), d.model_parallel,
+            c.pp, c.schedule, c.chunks, c.microbatch_size, c.recompute, c.sharding, c.sp,
+            d.tp, d.cp, d.ep, d.etp, d.dp_replicate, d.dp_shard)
+
+
+class Visits:
+    """The visit of one configuration against the K-th best step found (the one rule of the
+    one-process search and of each worker's, :mod:`.search_pool`): :attr:`best` holds the
+    K plans that fit (``keep`` them) that this visitor found, by :func:`plan_order`. The
+    threshold reads the K-th best step from :meth:`kth`: by default this visitor's own,
+    a worker's reads the K-th of every worker's (a true bound either way)."""
+
+    def __init__(self, req: Request, keep: Callable[[Plan], bool] | None):
+        self.req, self.keep = req, keep
+        self.best: list[Plan] = []
+
+    def kth(self) -> float:
+        """The K-th best step found (inf until K are)."""
+        best = self.best
+        return best[-1].step_time if len(best) >= self.req.top else math.inf
+
+    def found(self, plan: Plan) -> None:
+        """A plan that fits and is kept: into :attr:`best`."""
+        best = self.best
+        best.append(plan)
+        best.sort(key=plan_order)
+        del best[self.req.top:]
+
+    def threshold(self) -> float:
+        """What a plan must beat: nothing until K plans are known, then the K-th step, a
+        tie included (it may still sort before the K-th: ties go by plan_order, whatever
+        the order of the visit)."""
+        if not self.req.prune:
+            return math.inf
+        return math.nextafter(self.kth(), math.inf)
+
+    def visit(self, c: Config, s: Searcher, may_defer: bool = False) -> bool:
+        """Score ``c`` unless its bound rules it out; with ``may_defer``, a costly one
+        (:meth:`Searcher.costly`) once a threshold is known is not scored but deferred:
+        True then (the caller visits it late)."""
+        limit = self.threshold()
+        if c.bound >= limit:
+            return False  # no cut of c can enter the top K
+        if may_defer and limit < math.inf and s.costly(c):
+            return True
+        plan = s.evaluate(c, limit, self.req.gpu_memory)
+        if plan is not None and (self.keep is None or self.keep(plan)):
+            self.found(plan)
+        return False
+
+
+def auto_order(autos: list[tuple[Config, Searcher]], limit: float) -> list[int]:
+    """The order auto's configurations are visited in (after the families): by the bound
+    of their cut, those whose own bound beats ``limit`` (all of them, in listing order,
+    while no threshold is known)."""
+    if limit == math.inf:
+        return list(range(len(autos)))
+    return sorted((k for k, (c, _) in enumerate(autos) if c.bound < limit),
+                  key=lambda k: autos[k][1].auto_bound(autos[k][0]))
