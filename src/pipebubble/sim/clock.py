@@ -518,7 +518,6 @@ class Clock:
             per_row.append((taken[r], levels[2 * r], levels[2 * r + 1], rooms,
                             a0, a1, a0_i, a1_i))
         pending, settle, place = self._pending, self._levels, self.place
-        from numpy import flatnonzero
 
         def pull(x: int, at: int, lo: int) -> int:
             slots, held, held_i, rooms, a0, a1, a0_i, a1_i = per_row[x // m]
@@ -529,7 +528,7 @@ class Clock:
                 return at
             if rooms is not None:  # the last unit below ``at`` where one more does not fit
                 room, room_i = rooms
-                over = flatnonzero((held[lo:at] > room) | (held_i[lo:at] > room_i))
+                over = ((held[lo:at] > room) | (held_i[lo:at] > room_i)).nonzero()[0]
                 if len(over):
                     lo += int(over[-1]) + 1
             try:
