@@ -80,6 +80,7 @@ Timeline read (:func:`_filled`: a numpy view of a C array), so no column is copi
 
 from __future__ import annotations
 
+import struct
 from array import array
 from collections.abc import Sequence
 from functools import lru_cache
@@ -126,6 +127,19 @@ def simulate(schedule: Schedule, costs: CostModel | StageCosts | None = None) ->
             f"costs are for {len(sc.f)} stages but the schedule has {schedule.num_stages}"
         )
     flat = flat_actions(schedule)
+    key = KEPT.key(schedule, flat, sc)
+    if key is not None:
+        got = KEPT.get(key, flat)
+        if got is not None:  # these actions under these costs, simulated before
+            return _columns(schedule, flat, sc, *got)
+    timeline = _simulated(schedule, flat, sc)
+    if key is not None:
+        KEPT.put(key, flat, timeline.start, timeline.end)
+    return timeline
+
+
+def _simulated(schedule: Schedule, flat: FlatActions, sc: StageCosts) -> Timeline:
+    """:func:`simulate` of the checked ``flat`` actions under ``sc``: compiled and run."""
     pairs = bool(flat.pair.any())
     rule = _rule(Layout(schedule.num_stages, tuple(schedule.stage_to_rank),
                         tuple(schedule.chain_starts)))
@@ -155,6 +169,106 @@ def simulate(schedule: Schedule, costs: CostModel | StageCosts | None = None) ->
     if stuck:
         raise _deadlock(schedule, flat, program, end, stuck)
     return _timeline(schedule, flat, sc, program, end, lag)
+
+
+class _Kept:
+    """The start and end columns of the last few large simulations, by what decides them:
+    the actions (flat, in rank order), the placement and chains, and the costs. A planner
+    simulates one order several times under one set of costs (a family's schedule and
+    auto's answer that is that same order, a cut scored twice); a repeat is then the
+    Timeline's columns around copies of the kept times, the same doubles, without the
+    loop. Kept from :data:`KEEP_FROM` actions (below that a simulation costs little more
+    than the look-up), :data:`KEEP_ACTIONS` actions in all, the oldest dropped first.
+
+    A key holds what is cheap to compare (sizes, placement, chains, each rank's count of
+    actions and the costs, every float by its sign too: ``-0.0`` is not ``0.0`` here); a
+    hit also needs every action column equal to the kept one's (the kept arrays are the
+    checked flat actions, which nothing writes: a schedule's orders are immutable).
+    ``cache_clear`` forgets them all (``bench/bench_plan.py``'s cold start calls it),
+    ``cache_info`` counts hits and misses."""
+
+    def __init__(self) -> None:
+        self._kept: dict[tuple, list[tuple[FlatActions, np.ndarray, np.ndarray]]] = {}
+        self._actions = 0
+        self.hits = self.misses = 0
+        # (on the instance, not the class: a cold start clears what has them, and the
+        # class's unbound methods would not do)
+        self.cache_clear, self.cache_info = self.clear, self.info
+
+    def key(self, schedule: Schedule, flat: FlatActions, sc: StageCosts) -> tuple | None:
+        """The look-up key of this simulation, or None below :data:`KEEP_FROM` actions."""
+        if len(flat.stage) < KEEP_FROM:
+            return None
+        return (schedule.num_stages, schedule.num_microbatches, schedule.num_ranks,
+                tuple(schedule.stage_to_rank), tuple(schedule.chain_starts),
+                tuple(flat.offsets), _signed(sc.key()))
+
+    def get(self, key: tuple, flat: FlatActions) -> tuple[memoryview, memoryview] | None:
+        """Copies of the kept start and end columns (writable memoryviews of numpy arrays,
+        as the kernel makes them) of these actions under this key, or None."""
+        import numpy as np
+
+        for kept, start, end in self._kept.get(key, ()):
+            if all(a is b or np.array_equal(a, b) for a, b in zip(
+                    (flat.stage, flat.kind, flat.microbatch, flat.pair),
+                    (kept.stage, kept.kind, kept.microbatch, kept.pair), strict=True)):
+                self.hits += 1
+                self._kept[key] = self._kept.pop(key)  # (the most recent last)
+                return memoryview(start.copy()), memoryview(end.copy())
+        self.misses += 1
+        return None
+
+    def put(self, key: tuple, flat: FlatActions, start: Sequence[float],
+            end: Sequence[float]) -> None:
+        """Keep copies of a simulation's start and end columns under ``key``."""
+        import numpy as np
+
+        n = len(flat.stage)
+        if n > KEEP_ACTIONS:
+            return
+        entries = self._kept.pop(key, [])
+        entries.append((flat, np.array(start, dtype=np.float64),
+                        np.array(end, dtype=np.float64)))
+        self._kept[key] = entries
+        self._actions += n
+        while self._actions > KEEP_ACTIONS:
+            oldest = next(iter(self._kept))
+            dropped = self._kept[oldest].pop(0)
+            self._actions -= len(dropped[0].stage)
+            if not self._kept[oldest]:
+                del self._kept[oldest]
+
+    def clear(self) -> None:
+        """Forget every kept simulation."""
+        self._kept.clear()
+        self._actions = 0
+        self.hits = self.misses = 0
+
+    def info(self) -> dict[str, int]:
+        """Hits, misses and the actions kept."""
+        return {"hits": self.hits, "misses": self.misses, "actions": self._actions}
+
+
+def _signed(value: object) -> object:
+    """``value`` (a costs key: numbers, bools, None and tuples of them) with every float
+    replaced by its 8 bytes, so that keys are equal exactly when the doubles are (``-0.0``
+    and ``0.0`` differ, a NaN equals itself: the same bits give the same result)."""
+    if isinstance(value, float):
+        return struct.pack("<d", value)
+    if isinstance(value, tuple):
+        return tuple(_signed(v) for v in value)
+    return value
+
+
+KEEP_FROM = 4096
+"""Actions from which :func:`simulate` keeps its result (:class:`_Kept`)."""
+
+KEEP_ACTIONS = 1 << 22
+"""Actions kept in all (about 64 MiB of times, 4 M actions: five GPT-1T schedules of p = 64
+and m = 2,048)."""
+
+KEPT = _Kept()
+"""The kept simulations (:class:`_Kept`)."""
 
 
 BLOCKS_FROM = 256
