@@ -61,14 +61,9 @@ def flat_actions(schedule: Schedule) -> FlatActions:
     if got is not None and got[0]() is schedule:
         return got[1]
     flat = _flatten(schedule)
-    seen = None if flat is None else _SEEN.find(schedule, flat)
-    if seen is not None:
-        flat = seen  # the same actions, checked before (the same arrays from here on)
-    elif flat is None or not _valid(schedule, flat):
+    if flat is None or not _valid(schedule, flat):
         _scan(schedule)  # names the first bad action
         raise ScheduleError(f"schedule {schedule.name!r} is invalid")  # _scan always raises
-    else:
-        _SEEN.add(schedule, flat)
     try:
         ref = weakref.ref(schedule, lambda _r, key=key: _forget(key, _r))
     except TypeError:
@@ -78,75 +73,6 @@ def flat_actions(schedule: Schedule) -> FlatActions:
     while len(_kept) > KEEP_FLAT:
         _kept.pop(next(iter(_kept)), None)
     return flat
-
-
-class _Seen:
-    """The flat actions of the last large schedules that passed :func:`_valid`, by the
-    sizes, placement and each rank's count of actions; a new schedule object with the same
-    actions (a planner builds one order several times: a family's schedule renamed,
-    auto's answer that is that same order) is valid too, and gets those arrays without a
-    check: comparing the columns costs a fraction of the rules. From :data:`SEEN_FROM`
-    actions, :data:`SEEN_ACTIONS` in all (the oldest dropped first); the arrays are
-    immutable (a schedule's orders are). ``cache_clear`` forgets them (a cold start)."""
-
-    def __init__(self) -> None:
-        self._seen: dict[tuple, list[FlatActions]] = {}
-        self._actions = 0
-        self.cache_clear = self.clear  # (on the instance: see sim/kernel.py's _Kept)
-        self.cache_info = self.info
-
-    @staticmethod
-    def key(schedule: Schedule, flat: FlatActions) -> tuple:
-        return (schedule.num_ranks, schedule.num_stages, schedule.num_microbatches,
-                tuple(schedule.stage_to_rank), tuple(flat.offsets))
-
-    def find(self, schedule: Schedule, flat: FlatActions) -> FlatActions | None:
-        """The kept checked arrays equal to ``flat``'s under the same key, or None."""
-        import numpy as np
-
-        if len(flat.stage) < SEEN_FROM:
-            return None
-        for kept in self._seen.get(self.key(schedule, flat), ()):
-            if all(a is b or np.array_equal(a, b) for a, b in zip(
-                    (flat.stage, flat.kind, flat.microbatch, flat.pair),
-                    (kept.stage, kept.kind, kept.microbatch, kept.pair), strict=True)):
-                return kept
-        return None
-
-    def add(self, schedule: Schedule, flat: FlatActions) -> None:
-        """Keep ``flat`` (which passed :func:`_valid` for ``schedule``)."""
-        n = len(flat.stage)
-        if not SEEN_FROM <= n <= SEEN_ACTIONS:
-            return
-        key = self.key(schedule, flat)
-        entries = self._seen.pop(key, [])
-        entries.append(flat)
-        self._seen[key] = entries
-        self._actions += n
-        while self._actions > SEEN_ACTIONS:
-            oldest = next(iter(self._seen))
-            self._actions -= len(self._seen[oldest].pop(0).stage)
-            if not self._seen[oldest]:
-                del self._seen[oldest]
-
-    def clear(self) -> None:
-        """Forget every kept schedule."""
-        self._seen.clear()
-        self._actions = 0
-
-    def info(self) -> dict[str, int]:
-        """The actions kept."""
-        return {"actions": self._actions}
-
-
-SEEN_FROM = 4096
-"""Actions from which :func:`flat_actions` keeps a checked schedule's arrays (:class:`_Seen`)."""
-
-SEEN_ACTIONS = 1 << 21
-"""Actions :class:`_Seen` keeps in all (26 bytes each: about 50 MiB of arrays at most,
-most of them the kept schedules' own)."""
-
-_SEEN = _Seen()
 
 
 def _forget(key: int, ref: weakref.ref) -> None:
