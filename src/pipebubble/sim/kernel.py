@@ -47,6 +47,13 @@ How it stays fast:
    exact (then in any order the same doubles as the loop's) and it settles in a few sweeps
    (no comm: 1F1B, DualPipe, DualPipeV, ...); otherwise, and on a deadlock, the loop runs.
 
+5. **Not twice.** :func:`simulate` keeps the start and end columns of its last large
+   simulations (:class:`_Kept`): the same actions under the same costs (a planner asks for
+   one order more than once) give the Timeline around copies of them, the same doubles.
+   With a comm lag and off-grid costs (every planner simulation) the scan cannot answer
+   (no order of the additions but the loop's gives its doubles), so this is what spares
+   the loop there.
+
 When the stack is empty and a rank has not finished, nothing can advance: a deadlock. The
 error names the action each unfinished rank is stuck at and what it waits for
 (:func:`~pipebubble.ir.deps.describe_wait`). The simulator never hangs.
