@@ -440,6 +440,22 @@ def _unit_times(p: int, m: int, ids: list[list[int]]) -> list[int] | None:
     return [e - 1 for e in end]
 
 
+def _first_ready(rows: list[int], where: list[int], nxt: list[int], ready: list[float],
+                 m: int, t: int) -> int:
+    """Of the next passes of ``rows`` (``nxt``: each row's next microbatch) that sit in a
+    list (``where``: their place in it, -1 if absent) and are ready by ``t``, the one
+    earliest in the list; -1 if none."""
+    pick, at = -1, -1
+    for row in rows:
+        j = nxt[row]
+        if j < m:
+            x = row * m + j
+            q = where[x]
+            if q >= 0 and ready[x] <= t and (pick < 0 or q < at):
+                pick, at = x, q
+    return pick
+
+
 def _fill_holes(p: int, m: int, fixed: list[list[int]], pools: list[list[int]]
                 ) -> list[list[int]] | None:
     """A unit-time list schedule on :meth:`~pipebubble.sim.clock.Clock.units` (passes by
@@ -487,22 +503,9 @@ def _fill_holes(p: int, m: int, fixed: list[list[int]], pools: list[list[int]]
                     continue
             # the first ready pass of its pool (in pool order), else its first ready I
             # later in ``fixed``
-            pick, at = -1, -1
-            for row in rows_all[r]:
-                j = nxt[row]
-                if j < m:
-                    x = row * m + j
-                    q = in_pool[x]
-                    if q >= 0 and ready[x] <= t and (pick < 0 or q < at):
-                        pick, at = x, q
+            pick = _first_ready(rows_all[r], in_pool, nxt, ready, m, t)
             if pick < 0:
-                for row in rows_i[r]:
-                    j = nxt[row]
-                    if j < m:
-                        x = row * m + j
-                        q = in_fixed[x]
-                        if q >= 0 and ready[x] <= t and (pick < 0 or q < at):
-                            pick, at = x, q
+                pick = _first_ready(rows_i[r], in_fixed, nxt, ready, m, t)
             if pick >= 0:
                 picks.append(pick)
         idle = idle + 1 if not picks else 0
