@@ -702,9 +702,12 @@ class ExpertCosts(ParallelCosts):
         elif moe and self.sp and t > 1 and self.net.tp_comm_overlap:
             tp_f, tp_b, tp_hidden = replicated_block_comm(
                 T, h, t, self.net, hide, dhide, (fwds[0], fwds[na - 1]), dgrads[na - 1])
-        else:
+        else:  # a dense block (DeepSeek's first ones) pipelines as ParallelCosts' does
+            pipe = {} if moe else {"fwd_gemms": (fwds[0], fwds[na - 1], fwds[na],
+                                                 fwds[na + 1]),
+                                   "dgrad_rows": (dgrads[na - 1], dgrads[na + 1])}
             tp_f, tp_b = block_tp_comm(T, h, t, self.net, self.sp, hide=hide,
-                                       hide_dgrad=dhide)
+                                       hide_dgrad=dhide, **pipe)
             tp_hidden = block_tp_hidden(T, h, t, self.net, self.sp, hide=hide,
                                         hide_dgrad=dhide)
         cp_f, cp_b = block_cp_comm(T, kv_width, cp, t, self.net, (attn, attn_b))
