@@ -23,15 +23,16 @@ mixtral, qwen2_moe, qwen3_moe or deepseek_v3 config; the shape is
   at ``e > t``) the ETP groups of a TP group, each serving ``1 / g`` of its tokens. Without
   EP one rank runs all ``E`` experts on ``T k / E`` rows each, which the shape curve prices
   as thin GEMMs. Two layouts (:func:`etp_block_comm`): at ``e = t`` torchtitan 0.2's (the
-  planner's before ETP had a degree): the MLP's all-gather / reduce-scatter on the TP
-  group's ``T`` tokens, as a dense block; at every other ``e`` Megatron-Core's all-to-all
-  dispatcher: the attention's and shared experts' pairs over TP, and the ``T k u / g``
+  planner's before ETP had a degree; ``--framework torchtitan``, ``deepspeed``, ``none``):
+  the MLP's all-gather / reduce-scatter on the TP group's ``T`` tokens, as a dense block;
+  at every other ``e``, and at ``e = t`` under ``--framework megatron`` or ``nemo``
+  (:attr:`MoERecipe.megatron_dispatch`), Megatron-Core's all-to-all dispatcher: the attention's and shared experts' pairs over TP, and the ``T k u / g``
   dispatched copies all-gathered over the ETP group after the all-to-all and their output
   reduce-scattered before the combine, never hidden;
 - **all-to-all** (:func:`all_to_all_time`): dispatch and combine in the forward, their
   gradients in the backward, four per MoE layer and microbatch, each moving ``T k u h``
-  16-bit values per rank at ``e = t`` (the TP group's copies), ``T k u h / t`` at every
-  other ``e`` (the rank's own), ``(ep - 1) / ep`` of them off the rank (the EP group ``etp``
+  16-bit values per rank in torchtitan's layout (the TP group's copies), ``T k u h / t``
+  in Megatron-Core's (the rank's own), ``(ep - 1) / ep`` of them off the rank (the EP group ``etp``
   ranks apart);
 - **dense layers** (DeepSeek-V3's first three): a SwiGLU MLP of ``dense_ffn``.
 
