@@ -26,7 +26,8 @@ mixtral, qwen2_moe, qwen3_moe or deepseek_v3 config; the shape is
   planner's before ETP had a degree; ``--framework torchtitan``, ``deepspeed``, ``none``):
   the MLP's all-gather / reduce-scatter on the TP group's ``T`` tokens, as a dense block;
   at every other ``e``, and at ``e = t`` under ``--framework megatron`` or ``nemo``
-  (:attr:`MoERecipe.megatron_dispatch`), Megatron-Core's all-to-all dispatcher: the attention's and shared experts' pairs over TP, and the ``T k u / g``
+  (:attr:`MoERecipe.megatron_dispatch`), Megatron-Core's all-to-all dispatcher: the
+  attention's and shared experts' pairs over TP, and the ``T k u / g``
   dispatched copies all-gathered over the ETP group after the all-to-all and their output
   reduce-scattered before the combine, never hidden;
 - **all-to-all** (:func:`all_to_all_time`): dispatch and combine in the forward, their
