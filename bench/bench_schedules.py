@@ -55,8 +55,11 @@ TORCH = {"gpipe": ("GPipe", None), "interleaved-1f1b": ("Interleaved1F1B", 2),
 
 
 def best_of(fn, repeat: int = 3) -> float:
+    from pipebubble.sim import kernel
+
     times = []
     for _ in range(repeat):
+        kernel.KEPT.cache_clear()  # (simulate() keeps its large results: each run anew)
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)

@@ -205,6 +205,81 @@ def test_cooldown_wave_keeps_every_pass_and_orders_validate(k):
     assert waved
 
 
+def _fill_holes_by_scanning(p, m, fixed, pools):
+    """The rule of ``adaptive._fill_holes`` read literally: in a hole, scan the pool in
+    order for a ready pass that is its row's next, then the rest of the fixed order for
+    such an I; unit passes, each rank at most one a unit."""
+    S = 2 * p
+    where = [s if s < p else S - 1 - s for s in range(S)]
+    nxt, done, end = [0] * (3 * S), set(), {}
+    I0, W0 = S * m, 2 * S * m
+    out = [[] for _ in range(p)]
+    left, t, idle = sum(map(len, fixed)) + sum(map(len, pools)), 0, 0
+
+    def ready(x):
+        row, j = divmod(x, m)
+        k, s = divmod(row, S)
+        need = []  # its producers (the rule of ir/deps.py: F after the stage before, I
+        # after its F and the stage after's I, W after its I)
+        if k == 0 and s > 0:
+            need.append((0 * S + s - 1) * m + j)
+        if k == 1:
+            need.append((0 * S + s) * m + j)
+            if s < S - 1:
+                need.append((1 * S + s + 1) * m + j)
+        if k == 2:
+            need.append((1 * S + s) * m + j)
+        return all(y in end and end[y] <= t for y in need)
+
+    def ok(x):
+        return x not in done and nxt[x // m] == x % m and ready(x)
+
+    while left:
+        picks = []
+        for r in range(p):
+            rest = [x for x in fixed[r] if x not in done]
+            if rest and ok(rest[0]):
+                picks.append(rest[0])
+                continue
+            pick = next((x for x in pools[r] if ok(x)), None)
+            if pick is None:
+                pick = next((x for x in rest if I0 <= x < W0 and ok(x)), None)
+            if pick is not None:
+                picks.append(pick)
+        idle = idle + 1 if not picks else 0
+        if idle > 1:
+            return None
+        for x in picks:
+            nxt[x // m] += 1
+            done.add(x)
+            end[x] = t + 1
+            out[where[x // m % S]].append(x)
+        left -= len(picks)
+        t += 1
+    return out
+
+
+@pytest.mark.parametrize("p, k", [(3, 4), (4, 5), (4, 6)])
+def test_cooldown_wave_hole_filling_is_the_literal_scan(p, k, monkeypatch):
+    """wave_cooldown's list schedule (which reads each rank's rows' next passes instead of
+    scanning its lists) picks what the literal scan of the rule picks, pass for pass."""
+    from pipebubble.schedules.auto import adaptive
+
+    m = 2 * p + 4
+    sc = UNIT.resolve(2 * p, 2)
+    real, compared = adaptive._fill_holes, []
+
+    def both(p_, m_, fixed, pools):
+        got = real(p_, m_, fixed, pools)
+        compared.append(got is not None and got == _fill_holes_by_scanning(p_, m_, fixed, pools))
+        return got
+
+    monkeypatch.setattr(adaptive, "_fill_holes", both)
+    for _source, orders in adaptive_orders(p, m, sc, [k / 2] * p, Budget(0.05)):
+        wave_cooldown(p, m, orders, k)
+    assert compared and all(compared)
+
+
 @pytest.mark.parametrize("p, k", [(4, 5), (8, 9), (8, 11)])
 def test_adaptive_stage_reaches_the_v_shape_bound_with_the_cooldown_wave(p, k):
     # 6m + 6p - 1 - 3k: p=4 k=5 104, p=8 k=9 212, p=8 k=11 206 (the authors' adaptive V

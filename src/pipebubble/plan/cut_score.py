@@ -91,6 +91,7 @@ class CutScorer:
         plan.dp_exposed = max(pr.exposed, default=0.0)
         plan.optimizer_time = max(opt, default=0.0)
         plan.static = list(pr.static)
+        plan.moe = pr.rank_expert is not None  # routed experts priced (plan/expert.py)
         w, g, o = self.axes.state_bytes
         n = max(self.axes.shard(c.dp), 1)
         keep = self.axes.keeps_weights(c.pp)

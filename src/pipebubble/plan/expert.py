@@ -23,15 +23,17 @@ mixtral, qwen2_moe, qwen3_moe or deepseek_v3 config; the shape is
   at ``e > t``) the ETP groups of a TP group, each serving ``1 / g`` of its tokens. Without
   EP one rank runs all ``E`` experts on ``T k / E`` rows each, which the shape curve prices
   as thin GEMMs. Two layouts (:func:`etp_block_comm`): at ``e = t`` torchtitan 0.2's (the
-  planner's before ETP had a degree): the MLP's all-gather / reduce-scatter on the TP
-  group's ``T`` tokens, as a dense block; at every other ``e`` Megatron-Core's all-to-all
-  dispatcher: the attention's and shared experts' pairs over TP, and the ``T k u / g``
+  planner's before ETP had a degree; ``--framework torchtitan``, ``deepspeed``, ``none``):
+  the MLP's all-gather / reduce-scatter on the TP group's ``T`` tokens, as a dense block;
+  at every other ``e``, and at ``e = t`` under ``--framework megatron`` or ``nemo``
+  (:attr:`MoERecipe.megatron_dispatch`), Megatron-Core's all-to-all dispatcher: the
+  attention's and shared experts' pairs over TP, and the ``T k u / g``
   dispatched copies all-gathered over the ETP group after the all-to-all and their output
   reduce-scattered before the combine, never hidden;
 - **all-to-all** (:func:`all_to_all_time`): dispatch and combine in the forward, their
   gradients in the backward, four per MoE layer and microbatch, each moving ``T k u h``
-  16-bit values per rank at ``e = t`` (the TP group's copies), ``T k u h / t`` at every
-  other ``e`` (the rank's own), ``(ep - 1) / ep`` of them off the rank (the EP group ``etp``
+  16-bit values per rank in torchtitan's layout (the TP group's copies), ``T k u h / t``
+  in Megatron-Core's (the rank's own), ``(ep - 1) / ep`` of them off the rank (the EP group ``etp``
   ranks apart);
 - **dense layers** (DeepSeek-V3's first three): a SwiGLU MLP of ``dense_ffn``.
 
@@ -106,7 +108,7 @@ from .memory import embedding_activation_bytes, head_activation_bytes
 from .moe import LatentAttention, MoEShape, layer_cost
 from .network import Network, all_gather, reduce_scatter
 from .parallel_costs import MODES, ParallelCosts
-from .tensor import block_tp_comm, block_tp_hidden, sp_collective
+from .tensor import block_tp_comm, block_tp_hidden, pipelined, sp_collective
 
 ACT_BYTES = 2  # 16-bit activations on the wire
 DEFAULT_IMBALANCE = 1.0
@@ -179,6 +181,21 @@ class MoERecipe:
       dispatch rate for the FP8 pair (the forward's dispatch and the backward's
       combine-gradient), the combine rate for the 16-bit pair; an EP degree not listed keeps
       the network's rate (:func:`all_to_all_time`).
+    - ``megatron_dispatch``: at ``etp = tp > 1`` with SP, Megatron-Core's layout (set by
+      ``plan --framework megatron`` or ``nemo``, :func:`~pipebubble.plan.frameworks.apply`)
+      instead of torchtitan 0.2's. Megatron-Core (core 0.16.1,
+      ``transformer/moe/token_dispatcher.py``) runs ``MoEAlltoAllTokenDispatcher`` the same
+      at every etp: "A2A(EP) -> AG(TP)" before the experts and "RS(TP) -> A2A(EP)" after,
+      its TP group ``pg_collection.expt_tp`` (the TP ranks at its default etp = tp), so each
+      rank sends its own sequence shard's ``T k u / tp`` copies and the ``T k u`` copies are
+      gathered over the group (:func:`etp_block_comm`). torchtitan 0.2.2
+      (``torchtitan/models/llama4/infra/parallelize.py``, ``apply_moe_ep_tp``) all-gathers
+      the MoE input over TP (``Shard(1)`` to ``Replicate()``), routes the whole TP group's
+      ``T`` tokens on every TP rank and reduce-scatters the output (``Partial()`` to
+      ``Shard(1)``); its ``ExpertTensorParallel._token_dispatch``
+      (``torchtitan/distributed/expert_parallel.py``) sends that replicated input over EP:
+      ``T k u`` copies a rank, no gather after it. Off: torchtitan's (the planner's own
+      default, ``--framework none``). Other etp are Megatron-Core's layout either way.
 
     Memory the planner already counts as DeepSeek-V3 runs it: the MTP module's embedding and
     head are the main model's, no parameters of their own; the MTP module needs the
@@ -201,11 +218,12 @@ class MoERecipe:
     recompute_latent: bool = False
     fp8_activations: bool = False
     weighted_swiglu: bool = False
+    megatron_dispatch: bool = False
     a2a_measured: tuple[tuple[int, float, float], ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("fp8_dispatch", "block_scaling", "recompute_latent", "fp8_activations",
-                     "weighted_swiglu"):
+                     "weighted_swiglu", "megatron_dispatch"):
             if not isinstance(getattr(self, name), bool):
                 raise ParamError(f"MoERecipe.{name} must be true or false, got "
                                  f"{getattr(self, name)!r}")
@@ -325,9 +343,52 @@ def routed_shares(shape: MoEShape, ep: int, members: int, own_node: bool = False
     return (members - 1) / members, min((nodes - 1) * reach / k, (ep - members) / ep)
 
 
+def pipelined_pair(tokens: float, hidden: int, tp: int, net: Network, hide: float,
+                   hide_dgrad: float, gemms: tuple[float, float], dgrad_row: float
+                   ) -> tuple[float, float, float]:
+    """:func:`~pipebubble.plan.tensor.sp_collective` with the all-gather and the
+    reduce-scatter pipelined with their GEMMs (``net.tp_comm_overlap``, TransformerEngine's
+    userbuffers; :func:`~pipebubble.plan.tensor.pipelined`): the forward's all-gather
+    behind the column-parallel GEMM ``gemms[0]``, its reduce-scatter behind the row-parallel
+    ``gemms[1]``, the backward's gradient all-gather behind the row-parallel data gradient
+    ``dgrad_row``; the input gradient's reduce-scatter and the re-gather as
+    :func:`~pipebubble.plan.tensor.sp_collective` prices them (behind ``hide`` and
+    ``hide_dgrad``, all exposed with ``net.tp_overlap`` off), as
+    :func:`~pipebubble.plan.tensor.block_tp_comm` prices a dense block's pairs."""
+    if tp <= 1:
+        return 0.0, 0.0, 0.0
+    link = net.link(1, tp)
+    n = ACT_BYTES * tokens * hidden
+    rs, ag = reduce_scatter(n, tp, link), all_gather(n, tp, link)
+    f = pipelined(ag, gemms[0], tp) + pipelined(rs, gemms[1], tp)
+    grad_ag = pipelined(ag, dgrad_row, tp)
+    if not net.tp_overlap:
+        return f, grad_ag + rs + ag, 0.0
+    return (f, grad_ag + max(0.0, rs - hide) + max(0.0, ag - hide_dgrad),
+            min(rs, hide) + min(ag, hide_dgrad))
+
+
+def replicated_block_comm(tokens: float, hidden: int, tp: int, net: Network,
+                          hide: tuple[float, float], hide_dgrad: tuple[float, float],
+                          attention: tuple[float, float], dgrad_o: float
+                          ) -> tuple[float, float, float]:
+    """(forward, backward, hidden by a fused B) seconds of an MoE block's TP collectives
+    in torchtitan's layout at ``etp = tp`` under ``--tp-overlap on`` (SP): the attention's
+    pair pipelined with QKV and O (``attention``: their forward seconds; ``dgrad_o``: O's
+    data gradient), as a dense block's under torchtitan's AsyncTP; the MoE's pair (the
+    all-gather of its input before the router, the shared and the routed experts, the
+    reduce-scatter of their summed output) exposed: no single GEMM reads the one or writes
+    the other (:func:`~pipebubble.plan.tensor.sp_collective`). Without ``--tp-overlap on``
+    the block is :func:`~pipebubble.plan.tensor.block_tp_comm`'s."""
+    a = pipelined_pair(tokens, hidden, tp, net, hide[0], hide_dgrad[0], attention, dgrad_o)
+    m = sp_collective(tokens, hidden, tp, net, hide[1], hide_dgrad[1])
+    return a[0] + m[0], a[1] + m[1], a[2] + m[2]
+
+
 def etp_block_comm(tokens: float, hidden: int, tp: int, etp: int, net: Network,
                    hide: tuple[float, float], hide_dgrad: tuple[float, float], shared: bool,
-                   rows: float) -> tuple[float, float, float]:
+                   rows: float, fwd_gemms: tuple[float, ...] = (),
+                   dgrad_rows: tuple[float, ...] = ()) -> tuple[float, float, float]:
     """(forward, backward, hidden by a fused B) seconds of an MoE block's TP and ETP
     collectives at an etp other than tp, as Megatron-Core's all-to-all dispatcher runs them
     (``MoEAlltoAllTokenDispatcher``: "A2A(EP) -> AG(TP)" before the experts, "RS(TP) ->
@@ -349,10 +410,27 @@ def etp_block_comm(tokens: float, hidden: int, tp: int, etp: int, net: Network,
     the QKV and shared up-projection's weight- and data-gradient seconds
     (:func:`~pipebubble.plan.tensor.sp_collective`). At ``etp = tp`` the block is priced
     by :func:`~pipebubble.plan.tensor.block_tp_comm` (one MLP pair on the TP group's
-    tokens, torchtitan's layout)."""
-    parts = [sp_collective(tokens, hidden, tp, net, hide[0], hide_dgrad[0])]
-    if shared:
-        parts.append(sp_collective(tokens, hidden, tp, net, hide[1], hide_dgrad[1]))
+    tokens, torchtitan's layout; under Megatron-Core's framework at ``etp = tp`` too,
+    :attr:`MoERecipe.megatron_dispatch`).
+
+    With ``net.tp_comm_overlap`` (``--tp-overlap on``: Megatron-LM's ``--tp-comm-overlap``)
+    the attention's and the shared experts' pairs are pipelined with their GEMMs
+    (:func:`pipelined_pair`; ``fwd_gemms``: QKV, O, then the shared fc1 and fc2 forward
+    seconds, ``dgrad_rows``: O's and fc2's data gradients): Megatron-Core builds QKV, O
+    and ``SharedExpertMLP``'s fc1 and fc2 (an ``MLP`` with ``is_expert`` False,
+    ``transformer/moe/shared_experts.py``, ``transformer/mlp.py``) as TransformerEngine
+    linears with the ``qkv``, ``proj``, ``fc1``, ``fc2`` userbuffers; the routed pair stays
+    exposed (above)."""
+    pipe = net.tp_comm_overlap and len(fwd_gemms) == 2 * (1 + shared) and len(
+        dgrad_rows) == 1 + shared
+    if pipe:
+        parts = [pipelined_pair(tokens, hidden, tp, net, hide[j], hide_dgrad[j],
+                                fwd_gemms[2 * j:2 * j + 2], dgrad_rows[j])
+                 for j in range(1 + shared)]
+    else:
+        parts = [sp_collective(tokens, hidden, tp, net, hide[0], hide_dgrad[0])]
+        if shared:
+            parts.append(sp_collective(tokens, hidden, tp, net, hide[1], hide_dgrad[1]))
     f, b, hid = (sum(p[i] for p in parts) for i in range(3))
     if etp > 1:
         link = net.link(1, etp)
@@ -505,6 +583,9 @@ class ExpertCosts(ParallelCosts):
         check_etp_sp(tp, sp and tp > 1, e)
         check_etp_shape(shape, e)
         self.etp, self.etp_groups = e, (tp // e if tp % e == 0 else tp / e)
+        # Megatron-Core's dispatcher (each rank its own sequence shard, copies gathered over
+        # ETP) at every etp but tp, and at etp = tp under its framework (MoERecipe)
+        self.gathered = e != tp or (recipe.megatron_dispatch and sp and tp > 1)
         self.imbalance = imbalance
         L = shape.layers
         self.names = names or ["tok_embeddings", *(f"layers.{i}" for i in range(L)), "output"]
@@ -583,8 +664,8 @@ class ExpertCosts(ParallelCosts):
         # the last two GEMMs of an MoE block run once per local expert (all alike)
         times = [local if moe and j >= len(gemms) - 2 else 1 for j in range(len(gemms))]
         each = list(zip(times, gemms, strict=True))
-        fwd = sum(x * gemm_time(m, n, k, r, fp8=True) for x, (m, n, k) in each)
-        fwd += sum(gemm_time(m, n, k, r) for m, n, k in router)
+        fwds = [x * gemm_time(m, n, k, r, fp8=True) for x, (m, n, k) in each]
+        fwd = sum(fwds) + sum(gemm_time(m, n, k, r) for m, n, k in router)
         dgrads = [x * gemm_time(m, k, n, r, fp8=True) for x, (m, n, k) in each]
         wgrads = [x * gemm_time(k, n, m, r, fp8=True) for x, (m, n, k) in each]
         dgrad = sum(dgrads) + sum(gemm_time(m, k, n, r) for m, n, k in router)
@@ -614,12 +695,21 @@ class ExpertCosts(ParallelCosts):
         mem = memory_time(elementwise, r)
         hide = (wgrads[0], wgrads[len(attn_gemms)])
         dhide = (dgrads[0], dgrads[len(attn_gemms)])
-        if moe and e != t:  # Megatron-Core's dispatcher: the copies gathered over ETP
+        na = len(attn_gemms)  # QKV (the first) and O (the last) of the attention
+        if moe and self.gathered:  # Megatron-Core's dispatcher: the copies gathered over ETP
+            cols = (fwds[0], fwds[na - 1]) + ((fwds[na], fwds[na + 1]) if fs else ())
+            drows = (dgrads[na - 1],) + ((dgrads[na + 1],) if fs else ())
             tp_f, tp_b, tp_hidden = etp_block_comm(T, h, t, e, self.net, hide, dhide,
-                                                   bool(fs), routed_rows)
-        else:
+                                                   bool(fs), routed_rows, cols, drows)
+        elif moe and self.sp and t > 1 and self.net.tp_comm_overlap:
+            tp_f, tp_b, tp_hidden = replicated_block_comm(
+                T, h, t, self.net, hide, dhide, (fwds[0], fwds[na - 1]), dgrads[na - 1])
+        else:  # a dense block (DeepSeek's first ones) pipelines as ParallelCosts' does
+            pipe = {} if moe else {"fwd_gemms": (fwds[0], fwds[na - 1], fwds[na],
+                                                 fwds[na + 1]),
+                                   "dgrad_rows": (dgrads[na - 1], dgrads[na + 1])}
             tp_f, tp_b = block_tp_comm(T, h, t, self.net, self.sp, hide=hide,
-                                       hide_dgrad=dhide)
+                                       hide_dgrad=dhide, **pipe)
             tp_hidden = block_tp_hidden(T, h, t, self.net, self.sp, hide=hide,
                                         hide_dgrad=dhide)
         cp_f, cp_b = block_cp_comm(T, kv_width, cp, t, self.net, (attn, attn_b))
@@ -635,7 +725,7 @@ class ExpertCosts(ParallelCosts):
         d_rate, c_rate = rates or (0.0, 0.0)
         # each rank sends its own tokens' copies (etp != tp: Megatron-Core's dispatcher,
         # 1 / etp of the gathered rows), or, at etp = tp, its TP group's (torchtitan's)
-        sent = routed_rows if e == t else routed_rows / e
+        sent = routed_rows / e if self.gathered else routed_rows
         a2a = (all_to_all_time(wire * sent * h, ep, e, self.net, shares, d_rate)
                + all_to_all_time(ACT_BYTES * sent * h, ep, e, self.net, shares, c_rate)
                ) if moe else 0.0
@@ -698,7 +788,7 @@ class ExpertCosts(ParallelCosts):
         rest = c.activation_bytes - repl - routed
         # etp != tp (Megatron-Core's dispatcher): each ETP rank keeps the copies gathered
         # over its ETP group as the up-projection's input, etp x its own (2 h bytes a copy)
-        g = self.etp if sh.is_moe(n) and self.etp != t else 1
+        g = self.etp if sh.is_moe(n) and self.gathered else 1
         extra = c.dispatched_tokens * 2 * sh.hidden * (g - 1)
         routed += extra
         saved, redo = self.recipe_activation_savings(sh.is_moe(n), tokens, g)

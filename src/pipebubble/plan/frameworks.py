@@ -245,6 +245,10 @@ def apply(s: Settings, req, hw=None):
         ch["state_bytes"] = s.state_bytes
     if s.grad_wire is not None:
         ch["grad_bytes"] = s.grad_wire
+    if s.framework.name in ("megatron", "nemo"):  # MoE at etp = tp: its dispatcher's layout
+        from .expert import NO_RECIPE  # (plan/expert.py MoERecipe.megatron_dispatch)
+
+        ch["moe_recipe"] = replace(req.moe_recipe or NO_RECIPE, megatron_dispatch=True)
     req = replace(req, **ch)
     if hw is not None:
         over: dict = {"tp_overlap": s.tp_overlap != "off",

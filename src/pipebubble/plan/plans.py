@@ -202,6 +202,7 @@ class Plan:
     static: list[float] = field(default_factory=list)  # per rank: model states + transient
     memory: list[dict] = field(default_factory=list)  # per rank: the peak's breakdown (bytes)
     fsdp_reshard: str = ""  # fsdp / hsdp: always or never, as priced (plan.sharding)
+    moe: bool = False  # a mixture-of-experts model's plan (routed experts priced)
 
     @property
     def needs(self) -> float:

@@ -173,6 +173,10 @@ def megatron_blocker(plan: Plan) -> str | None:
         return "these flags have no HSDP form for Megatron-LM"
     if c.recompute == "op":
         return "Megatron-LM has no op-level selective checkpointing (torchtitan's 'op' policy)"
+    if getattr(plan, "moe", False) and c.tp > 1 and not c.sp:  # MoELayer.forward raises
+        return (f"Megatron-Core trains MoE layers with tp {c.tp} only under sequence "
+                "parallelism (MoELayer.forward raises in training with TP and without "
+                "--sequence-parallel): sp 1")
     if c.sharding.shards_grads and c.pp > 1:
         return (f"Megatron-LM shards gradients{' and weights' if c.sharding.shards_params else ''}"
                 f" ({c.sharding.label}) only with Megatron-FSDP or torch FSDP2, neither of "

@@ -293,10 +293,14 @@ def _reorder(p: int, microbatches: int, orders, cap: int, cap_i: int | None, fil
             best_key, best = None, -1
             cool = forwards[r] == 2 * m
             for s in (r, S - 1 - r):
-                for k in range(3):
-                    i = place(k * S + s)
+                for row in (s, S + s, 2 * S + s):  # F, I, W (place(row), inline)
+                    j = nxt[row]
+                    if j >= m:
+                        continue
+                    i = where[row * m + j]
                     if i < 0 or ready[rids[i]] > t:
                         continue
+                    k = row // S
                     if k == 0:  # the forwards the block runs before it, still to run
                         pf = pending_f[r]
                         more = bisect_left(pf, i) - bisect_left(pf, h)

@@ -57,11 +57,9 @@ inf
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from functools import lru_cache
-from itertools import accumulate
 from math import floor
 
 from ..costs import StageCosts, fit_bound, fits_limit
@@ -69,6 +67,7 @@ from ..ir.deps import Layout, precedences
 from ..ir.schedule import Action
 
 _INF = float("inf")
+_NO_ROOM = 1 << 62  # a unit calendar's room without a limit: a level no count reaches
 KINDS = "FIW"
 
 
@@ -398,7 +397,11 @@ class Clock:
         # the levels (per rank: used's, used_i's), as differences until first read (a
         # booking is then one add per pass)
         self._diffs: list[list[int]] | None = [[0] * (horizon + 1) for _ in range(2 * self.p)]
-        self._held: list[list[int]] = [[0] * horizon for _ in range(2 * self.p)]
+        import numpy as np
+
+        # (int64 arrays: a pull moves a pass over a hundred units and more at p >= 16, and
+        # adds to a span of them: one array operation, not a loop)
+        self._held: list = [np.zeros(horizon, dtype=np.int64) for _ in range(2 * self.p)]
         self._pending = [True]
         # per row: (start part, rest) of used, the same of used_i (F adds at its start,
         # I / W free at their end; W keeping nothing changes only the net)
@@ -436,16 +439,19 @@ class Clock:
             if a1_i:
                 d_i[after] = [v + a1_i for v in d_i[after]]
             return
-        held, held_i = self.held[r], self.held_i[r]
+        held, held_i = self._held[2 * r], self._held[2 * r + 1]
         for u in range(at, hi + 1, every):
-            for v in range(u, self.horizon):
-                held[v] += a0 + (a1 if v > u else 0)
-                held_i[v] += a0_i + (a1_i if v > u else 0)
+            held[u] += a0
+            held_i[u] += a0_i
+            held[u + 1:] += a0 + a1
+            held_i[u + 1:] += a0_i + a1_i
 
-    def _levels(self) -> list[list[int]]:
+    def _levels(self) -> list:
         if self._diffs is not None:
+            import numpy as np
+
             for lv, d in zip(self._held, self._diffs, strict=True):
-                lv[:] = accumulate(d[:-1])
+                np.cumsum(d[:-1], out=lv)
             self._diffs = None
             self._pending[0] = False
         return self._held
@@ -453,13 +459,13 @@ class Clock:
     @property
     def held(self) -> list[list[int]]:
         """Per rank, the memory in use during each unit of the calendar (``used``'s
-        count), every booked pass at its unit."""
-        return self._levels()[0::2]
+        count), every booked pass at its unit (a copy, as lists)."""
+        return [lv.tolist() for lv in self._levels()[0::2]]
 
     @property
     def held_i(self) -> list[list[int]]:
         """:attr:`held` as if W kept nothing (``used_i``'s count)."""
-        return self._levels()[1::2]
+        return [lv.tolist() for lv in self._levels()[1::2]]
 
     def fits_from(self, rank: int, lo: int, hi: int, extra: int = 1) -> int:
         """The first unit ``u`` in ``lo .. hi`` such that ``extra`` more memory at every
@@ -470,10 +476,12 @@ class Clock:
         levels = self._levels()
         held, held_i = levels[2 * rank], levels[2 * rank + 1]
         room, room_i = self.room[rank] - extra, self.room_i[rank] - extra
-        u = hi
-        while u > lo and held[u - 1] <= room and held_i[u - 1] <= room_i:
-            u -= 1
-        return u
+        import numpy as np
+
+        if lo >= hi:
+            return hi
+        over = np.flatnonzero((held[lo:hi] > room) | (held_i[lo:hi] > room_i))
+        return lo + int(over[-1]) + 1 if len(over) else lo
 
     def first_free(self, rank: int, lo: int, hi: int) -> int:
         """The first unit of ``lo .. hi - 1`` no pass is booked at on ``rank`` (-1: none)."""
@@ -499,7 +507,7 @@ class Clock:
         m, taken, levels, cal = self.m, self.taken, self._held, self._cal_rows
         # the levels are ints: the rooms as the highest int that passes (an int compare is
         # cheaper than a mixed one; no limit: a level no count reaches)
-        room_of, room_i_of = ([floor(x) if x < _INF else 2 * sys.maxsize for x in rooms]
+        room_of, room_i_of = ([floor(x) if x < _INF else _NO_ROOM for x in rooms]
                               for rooms in (self.room, self.room_i))
         # per row: its rank's calendar and levels, the rooms left for its start part
         # (None: it adds nothing at its start, no limit to test), its parts
@@ -515,12 +523,14 @@ class Clock:
             slots, held, held_i, rooms, a0, a1, a0_i, a1_i = per_row[x // m]
             if pending[0]:
                 settle()
-            if rooms is not None:
+            if lo >= at:
+                place(x, at)
+                return at
+            if rooms is not None:  # the last unit below ``at`` where one more does not fit
                 room, room_i = rooms
-                u = at
-                while u > lo and held[u - 1] <= room and held_i[u - 1] <= room_i:
-                    u -= 1
-                lo = u
+                over = ((held[lo:at] > room) | (held_i[lo:at] > room_i)).nonzero()[0]
+                if len(over):
+                    lo += int(over[-1]) + 1
             try:
                 to = slots.index(0, lo, at) if lo < at else -1
             except ValueError:
@@ -530,17 +540,14 @@ class Clock:
                 return at
             slots[at], slots[to] = 0, x + 1
             # its start part now counts over to .. at - 1 too, the rest over to + 1 .. at
-            # (short spans: loops are cheaper than slices)
-            if a0 or a0_i:
-                for v in range(to, at):
-                    held[v] += a0
-                    held_i[v] += a0_i
+            if a0:
+                held[to:at] += a0
+            if a0_i:
+                held_i[to:at] += a0_i
             if a1:
-                for v in range(to + 1, at + 1):
-                    held[v] += a1
+                held[to + 1:at + 1] += a1
             if a1_i:
-                for v in range(to + 1, at + 1):
-                    held_i[v] += a1_i
+                held_i[to + 1:at + 1] += a1_i
             place(x, to)
             return to
 

@@ -92,11 +92,13 @@ def schedule_peaks(schedule: Schedule, costs: CostModel | StageCosts) -> list[fl
     sc = costs if isinstance(costs, StageCosts) else costs.resolve(schedule.num_stages,
                                                                     schedule.chunks)
     flat = flat_actions(schedule)
-    mem = np.array([sc.memory_deltas(s, k) for s in range(schedule.num_stages)
-                    for k in "FIWB"]).reshape(-1, 2)[flat.stage * 4 + flat.kind]
+    table = np.array([sc.memory_deltas(s, k) for s in range(schedule.num_stages)
+                      for k in "FIWB"], dtype=np.float64).reshape(-1, 2)
+    # (take along the rows: a few times faster than indexing the table by an array)
+    mem = table.take(flat.stage * 4 + flat.kind, axis=0)
     # row-major, mem's rows laid end to end are each action's start then end delta: the
     # interleaved deltas of :func:`_peak`, one slice per rank (the same numpy cumsum)
-    deltas = np.ascontiguousarray(mem, dtype=np.float64).ravel()
+    deltas = mem.ravel()
     cumsum = np.cumsum
     return [max(0.0, float(cumsum(deltas[2 * lo:2 * hi]).max())) if hi > lo else 0.0
             for lo, hi in zip(flat.offsets, flat.offsets[1:], strict=False)]

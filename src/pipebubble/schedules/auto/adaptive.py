@@ -440,6 +440,22 @@ def _unit_times(p: int, m: int, ids: list[list[int]]) -> list[int] | None:
     return [e - 1 for e in end]
 
 
+def _first_ready(rows: list[int], where: list[int], nxt: list[int], ready: list[float],
+                 m: int, t: int) -> int:
+    """Of the next passes of ``rows`` (``nxt``: each row's next microbatch) that sit in a
+    list (``where``: their place in it, -1 if absent) and are ready by ``t``, the one
+    earliest in the list; -1 if none."""
+    pick, at = -1, -1
+    for row in rows:
+        j = nxt[row]
+        if j < m:
+            x = row * m + j
+            q = where[x]
+            if q >= 0 and ready[x] <= t and (pick < 0 or q < at):
+                pick, at = x, q
+    return pick
+
+
 def _fill_holes(p: int, m: int, fixed: list[list[int]], pools: list[list[int]]
                 ) -> list[list[int]] | None:
     """A unit-time list schedule on :meth:`~pipebubble.sim.clock.Clock.units` (passes by
@@ -452,33 +468,44 @@ def _fill_holes(p: int, m: int, fixed: list[list[int]], pools: list[list[int]]
     rank = v_placement(p)
     nxt = [0] * (3 * S)  # next microbatch per row (kind S + stage)
     ran = [False] * (3 * S * m)
-    head, pool_head = [0] * p, [0] * p
+    head = [0] * p
     out: list[list[int]] = [[] for _ in range(p)]
     left = sum(len(f) + len(q) for f, q in zip(fixed, pools, strict=True))
     t, idle = 0, 0
-    I0, W0 = S * m, 2 * S * m  # the first I's and W's numbers
-
-    def ok(x: int) -> bool:  # its turn in its row, and its inputs there by t
-        return nxt[x // m] == x % m and ready[x] <= t
+    # Where each pass sits in its rank's ``fixed`` and ``pool`` (-1: not there). A pass
+    # that may run is its row's next (microbatch order), so the first ready one of a
+    # list is the ready next pass of one of the rank's rows that sits earliest there:
+    # every earlier entry of the list ran already (a row's passes run in order), or is
+    # not its row's next.
+    in_fixed, in_pool = [-1] * (3 * S * m), [-1] * (3 * S * m)
+    for seq in fixed:
+        for n, x in enumerate(seq):
+            in_fixed[x] = n
+    for pool in pools:
+        for n, x in enumerate(pool):
+            in_pool[x] = n
+    stages = [[s for s in range(S) if rank[s] == r] for r in range(p)]
+    rows_i = [[S + s for s in mine] for mine in stages]  # the rank's I rows
+    rows_all = [[k * S + s for k in range(3) for s in mine] for mine in stages]
 
     while left:
         picks = []
         for r in range(p):
-            seq, pool = fixed[r], pools[r]
+            seq = fixed[r]
             h, n = head[r], len(seq)
             while h < n and ran[seq[h]]:
                 h += 1
             head[r] = h
-            if h < n and ok(seq[h]):
-                picks.append(seq[h])
-                continue
-            q = pool_head[r]
-            while q < len(pool) and ran[pool[q]]:
-                q += 1
-            pool_head[r] = q
-            pick = next((x for x in pool[q:] if not ran[x] and ok(x)), -1)
+            if h < n:
+                x = seq[h]
+                if nxt[x // m] == x % m and ready[x] <= t:
+                    picks.append(x)
+                    continue
+            # the first ready pass of its pool (in pool order), else its first ready I
+            # later in ``fixed``
+            pick = _first_ready(rows_all[r], in_pool, nxt, ready, m, t)
             if pick < 0:
-                pick = next((x for x in seq[h:] if I0 <= x < W0 and not ran[x] and ok(x)), -1)
+                pick = _first_ready(rows_i[r], in_fixed, nxt, ready, m, t)
             if pick >= 0:
                 picks.append(pick)
         idle = idle + 1 if not picks else 0
