@@ -106,6 +106,8 @@ def _mask(kind: str, config: Any, h: torch.Tensor, pos: torch.Tensor):
               "cache": None, "past_key_values": None, "position_ids": pos,
               "cache_position": pos[0]}
     params = inspect.signature(fn).parameters
+    if "cache" in params:  # 5.25 renamed past_key_values to cache, keeping it deprecated
+        del values["past_key_values"]
     return fn(**{k: v for k, v in values.items() if k in params})
 
 
