@@ -155,3 +155,60 @@ def test_cli_jobs_gives_the_same_plans(capsys, tmp_path):
         out.append([{k: v for k, v in p.items() if "seconds" not in k}
                     for p in got["plans"]])
     assert out[0] == out[1]
+
+
+CTRL_C_SCRIPT = """
+import sys, time
+from dataclasses import replace
+from pipebubble.plan import search_pool
+from pipebubble.plan.analytic import analytic_profile
+from pipebubble.plan.layercosts import ProfileSet
+from pipebubble.plan.planner import Request, search
+from pipebubble.plan.scoring import Searcher
+search_pool.PARALLEL_AT = 0
+slow = Searcher.evaluate
+def evaluate(self, *a, **k):
+    time.sleep(0.5)  # a search long enough to be interrupted in the middle
+    return slow(self, *a, **k)
+Searcher.evaluate = evaluate
+print("searching", flush=True)
+search(ProfileSet([analytic_profile(**%r)]), replace(Request(**%r), jobs=2))
+print("finished", flush=True)
+"""
+
+
+def _children(pid: int) -> list[int]:
+    import pathlib
+    text = pathlib.Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    return [int(x) for x in text.split()]
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/task"),
+                    reason="needs /proc to see the workers")
+def test_ctrl_c_stops_the_parent_and_its_workers():
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = CTRL_C_SCRIPT % (DENSE, DENSE_CASES["unpruned"])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout.readline() == "searching\n"
+        deadline = time.monotonic() + 60
+        while len(kids := _children(proc.pid)) < 2:  # both workers forked
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)  # never a hang
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "finished" not in out and proc.returncode != 0
+    assert "KeyboardInterrupt" in err
+    time.sleep(0.2)
+    assert not [k for k in kids if os.path.exists(f"/proc/{k}") and
+                open(f"/proc/{k}/stat").read().split()[2] != "Z"]  # the workers are gone
