@@ -146,10 +146,12 @@ def test_activations_keep_the_gathered_copies_at_etp_other_than_tp():
     """Each rank keeps its share of the dispatched copies' (4 h + 6 f_e) bytes over tp,
     and under Megatron-Core's dispatcher the up-projection's input for all etp copies of
     its ETP group: 2 h (etp - 1) T k / tp more, 2 x 64 x 1 x 64 / 4 = 2,048 B at etp 2,
-    14,336 B at etp 8, in the MoE blocks only (index 1 is the dense block). etp 1 and
-    etp = tp keep what the planner kept before etp had a degree."""
+    14,336 B at etp 8, in the MoE blocks only (index 1 is the dense block). At etp = tp
+    (torchtitan's layout, the MoE input replicated over TP) each rank keeps the inputs and
+    the experts' outputs of all T k copies: 2 x 2 h (tp - 1) T k / tp = 12,288 B more."""
     base = _costs(1).at(1)
-    assert list(_costs(4).at(1).act) == list(base.act)
+    tt = _costs(4).at(1).act
+    assert tt[1] == base.act[1] and tt[2] == base.act[2] + 12_288
     for etp, more in ((2, 2048), (8, 14_336)):
         lc = _costs(etp).at(1)
         assert lc.act[1] == base.act[1] and lc.act[2] == base.act[2] + more

@@ -59,11 +59,15 @@ def test_megatron_at_etp_tp_gathers_the_copies_over_tp():
 
 
 def test_megatron_at_etp_tp_keeps_the_gathered_copies():
-    """The up-projection keeps all T k = 64 gathered copies (2 h B each) where
-    torchtitan's layout counts its 1/tp share: 2 x 64 x 64 x (4 - 1) / 4 = 6,144 B more
-    in each MoE block (index 2; index 1 is the dense block)."""
-    tt, mg = _costs().at(1), _costs(MEGATRON).at(1)
-    assert mg.act[1] == tt.act[1] and mg.act[2] == pytest.approx(tt.act[2] + 6144)
+    """Megatron-Core: the up-projection keeps all T k = 64 gathered copies (2 h B each), its
+    1/tp share of the rest: 2 x 64 x 64 x (4 - 1) / 4 = 6,144 B over a 1/tp share of every
+    copy's tensors. torchtitan's layout replicates the MoE input over TP, so each TP rank
+    also keeps the experts' partial outputs of all 64 copies: 6,144 B more again (index 2;
+    index 1 is the dense block, the same in both)."""
+    tt, mg, share = _costs().at(1), _costs(MEGATRON).at(1), _costs(etp=1).at(1)
+    assert mg.act[1] == tt.act[1] == share.act[1]
+    assert mg.act[2] == pytest.approx(share.act[2] + 6144)
+    assert tt.act[2] == pytest.approx(share.act[2] + 2 * 6144)
 
 
 def test_the_framework_sets_the_dispatcher():

@@ -786,12 +786,17 @@ class ExpertCosts(ParallelCosts):
         repl = 8 * tokens * sh.hidden
         routed = c.dispatched_tokens * (4 * sh.hidden + 6 * sh.expert_ffn)
         rest = c.activation_bytes - repl - routed
-        # etp != tp (Megatron-Core's dispatcher): each ETP rank keeps the copies gathered
-        # over its ETP group as the up-projection's input, etp x its own (2 h bytes a copy)
-        g = self.etp if sh.is_moe(n) and self.gathered else 1
-        extra = c.dispatched_tokens * 2 * sh.hidden * (g - 1)
-        routed += extra
-        saved, redo = self.recipe_activation_savings(sh.is_moe(n), tokens, g)
+        # Megatron-Core's dispatcher: each ETP rank keeps the copies gathered over its ETP
+        # group as the up-projection's input, etp x its own (2 h bytes a copy). torchtitan's
+        # layout at etp = tp > 1: the MoE input is replicated over TP (Shard(1) ->
+        # Replicate), so every TP rank dispatches all T k copies and keeps their inputs and
+        # the experts' (partial) outputs the combine weighs, tp x its share of each
+        moe = sh.is_moe(n)
+        replicated = moe and not self.gathered and t > 1
+        g = self.etp if moe and (self.gathered or replicated) else 1
+        extra = c.dispatched_tokens * 2 * sh.hidden * (g - 1)  # the up-projection inputs
+        routed += 2 * extra if replicated else extra
+        saved, redo = self.recipe_activation_savings(moe, tokens, g, g if replicated else 1)
         repl, rest, routed = repl - saved[0], rest - saved[1], routed - saved[2]
         split = lambda r, x, y: (r / (t if self.sp else 1) + (x + y * self.imbalance) / t  # noqa: E731
                                  ) / cp
@@ -806,15 +811,17 @@ class ExpertCosts(ParallelCosts):
         got = self._blocks[key] = (kept, min(w, kept), live)
         return got
 
-    def recipe_activation_savings(self, moe: bool, tokens: float, gathered: int = 1
-                                  ) -> tuple[tuple[float, float, float],
+    def recipe_activation_savings(self, moe: bool, tokens: float, gathered: int = 1,
+                                  outputs: int = 1) -> tuple[tuple[float, float, float],
                                              tuple[float, float, float]]:
         """Bytes of one block's activations (``tokens`` tokens, before TP, SP and CP
         split them) the recipe does not keep, as (replicated, split, per dispatched copy)
         parts of :meth:`_activations`' count, and of them what the backward re-computes
         (:class:`MoERecipe`'s ``recompute_latent``, ``fp8_activations`` and
         ``weighted_swiglu``); ``gathered``: the up-projection inputs a rank keeps per
-        dispatched copy of its own (its ETP group's, at an etp other than tp)."""
+        dispatched copy of its own (its ETP group's, at an etp other than tp; its TP
+        group's in torchtitan's layout at etp = tp); ``outputs``: the experts' outputs it
+        keeps per copy of its own (its TP group's in torchtitan's layout at etp = tp)."""
         rc, sh, T = self.recipe, self.shape, tokens
         h, m = sh.hidden, sh.mla
         repl = split = routed = 0.0
@@ -837,7 +844,7 @@ class ExpertCosts(ParallelCosts):
             else:  # the down-projection's input in FP8
                 split += (ACT_BYTES - FP8_WIRE_BYTES) * T * sh.dense_ffn
         if rc.weighted_swiglu and moe:  # no expert output kept for the combine's backward
-            routed += ACT_BYTES * h
+            routed += ACT_BYTES * h * outputs
         d = T * sh.top_k if moe else 0.0  # dispatched copies
         return (repl, split, routed * d), (r_repl, r_split, r_routed * d)
 
