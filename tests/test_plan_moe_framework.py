@@ -16,11 +16,11 @@ from pipebubble.plan.expert import (
     NO_RECIPE,
     ExpertCosts,
     etp_block_comm,
-    pipelined_pair,
     replicated_block_comm,
 )
 from pipebubble.plan.moe import moe_profile
 from pipebubble.plan.plans import Request
+from pipebubble.plan.tensor import pipelined_pair
 from test_plan_etp import BASE, FREE, NET, RATES, SEQ, TINY
 
 MEGATRON = replace(NO_RECIPE, megatron_dispatch=True)

@@ -108,7 +108,7 @@ from .memory import embedding_activation_bytes, head_activation_bytes
 from .moe import LatentAttention, MoEShape, layer_cost
 from .network import Network, all_gather, reduce_scatter
 from .parallel_costs import MODES, ParallelCosts
-from .tensor import block_tp_comm, block_tp_hidden, pipelined, sp_collective
+from .tensor import block_tp_comm, block_tp_hidden, pipelined_pair, sp_collective
 
 ACT_BYTES = 2  # 16-bit activations on the wire
 DEFAULT_IMBALANCE = 1.0
@@ -341,31 +341,6 @@ def routed_shares(shape: MoEShape, ep: int, members: int, own_node: bool = False
     if own_node:
         return (members - 1) / members, min(nodes * reach / k, 1.0)
     return (members - 1) / members, min((nodes - 1) * reach / k, (ep - members) / ep)
-
-
-def pipelined_pair(tokens: float, hidden: int, tp: int, net: Network, hide: float,
-                   hide_dgrad: float, gemms: tuple[float, float], dgrad_row: float
-                   ) -> tuple[float, float, float]:
-    """:func:`~pipebubble.plan.tensor.sp_collective` with the all-gather and the
-    reduce-scatter pipelined with their GEMMs (``net.tp_comm_overlap``, TransformerEngine's
-    userbuffers; :func:`~pipebubble.plan.tensor.pipelined`): the forward's all-gather
-    behind the column-parallel GEMM ``gemms[0]``, its reduce-scatter behind the row-parallel
-    ``gemms[1]``, the backward's gradient all-gather behind the row-parallel data gradient
-    ``dgrad_row``; the input gradient's reduce-scatter and the re-gather as
-    :func:`~pipebubble.plan.tensor.sp_collective` prices them (behind ``hide`` and
-    ``hide_dgrad``, all exposed with ``net.tp_overlap`` off), as
-    :func:`~pipebubble.plan.tensor.block_tp_comm` prices a dense block's pairs."""
-    if tp <= 1:
-        return 0.0, 0.0, 0.0
-    link = net.link(1, tp)
-    n = ACT_BYTES * tokens * hidden
-    rs, ag = reduce_scatter(n, tp, link), all_gather(n, tp, link)
-    f = pipelined(ag, gemms[0], tp) + pipelined(rs, gemms[1], tp)
-    grad_ag = pipelined(ag, dgrad_row, tp)
-    if not net.tp_overlap:
-        return f, grad_ag + rs + ag, 0.0
-    return (f, grad_ag + max(0.0, rs - hide) + max(0.0, ag - hide_dgrad),
-            min(rs, hide) + min(ag, hide_dgrad))
 
 
 def replicated_block_comm(tokens: float, hidden: int, tp: int, net: Network,

@@ -159,6 +159,28 @@ def sp_collective(tokens: float, hidden: int, tp: int, net: Network, hide: float
             min(rs, hide) + min(ag, hide_dgrad))
 
 
+def pipelined_pair(tokens: float, hidden: int, tp: int, net: Network, hide: float,
+                   hide_dgrad: float, gemms: tuple[float, float], dgrad_row: float
+                   ) -> tuple[float, float, float]:
+    """:func:`sp_collective` with the all-gather and the reduce-scatter pipelined with their
+    GEMMs (``net.tp_comm_overlap``, TransformerEngine's userbuffers; :func:`pipelined`): the
+    forward's all-gather behind the column-parallel GEMM ``gemms[0]``, its reduce-scatter
+    behind the row-parallel ``gemms[1]``, the backward's gradient all-gather behind the
+    row-parallel data gradient ``dgrad_row``; the input gradient's reduce-scatter and the
+    re-gather as :func:`sp_collective` prices them (behind ``hide`` and ``hide_dgrad``, all
+    exposed with ``net.tp_overlap`` off), as :func:`block_tp_comm` prices a dense block's
+    pairs (an MoE block's pairs one at a time: :mod:`~pipebubble.plan.expert`)."""
+    if tp <= 1:
+        return 0.0, 0.0, 0.0
+    rs, ag = _sp_parts(tokens, hidden, tp, net)
+    f = pipelined(ag, gemms[0], tp) + pipelined(rs, gemms[1], tp)
+    grad_ag = pipelined(ag, dgrad_row, tp)
+    if not net.tp_overlap:
+        return f, grad_ag + rs + ag, 0.0
+    return (f, grad_ag + max(0.0, rs - hide) + max(0.0, ag - hide_dgrad),
+            min(rs, hide) + min(ag, hide_dgrad))
+
+
 def block_tp_hidden(tokens: float, hidden: int, tp: int, net: Network, sp: bool = False,
                     hide: tuple[float, float] = (0.0, 0.0),
                     hide_dgrad: tuple[float, float] = (0.0, 0.0)) -> float:
