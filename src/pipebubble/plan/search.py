@@ -46,7 +46,7 @@ from .axes import Axes, Point
 from .configs import visit_estimate
 from .plans import Config, Plan, Request, Result
 from .scoring import SearchCache, Searcher
-from .search_pool import parallel_search, runs_parallel
+from .search_pool import counts_of, parallel_search, runs_parallel
 from .visits import Visits, auto_order, plan_order, runnable_nowhere
 
 TIE = 5e-4  # a margin that prints as 0.0 %
@@ -97,8 +97,7 @@ def _search_points(points: list[tuple[Point, object, Axes]], req: Request,
         found, counts = parallel_search(req, keep, searchers, listed, visit_order)
     else:
         found = one_process(req, keep, listed, visit_order)
-        counts = (sum(s.simulated for s in searchers), sum(s.auto_runs for s in searchers),
-                  sum(s.auto_seconds for s in searchers))
+        counts = counts_of(searchers)
     if not found:
         raise least_memory(searchers, [listed.config(j) for j in visit_order.tolist()]
                            + listed.autos)

@@ -54,7 +54,7 @@ import numpy as np
 from ..errors import UserError
 from .plans import Plan, Request
 from .scoring import Searcher
-from .visits import Visits, auto_order
+from .visits import Visits, auto_order, threshold_of
 
 PARALLEL_AT = 40_000  # listed configurations (families and auto's): fewer run in one process
 GRAB = 4  # family configurations a worker takes at once, of those its threshold leaves
@@ -240,8 +240,7 @@ def worker_loop(v: SharedVisits, board: Board, listed, visit_order: np.ndarray,
                     board.active[me] = 0
                     board.in_families.value -= 1
                     break
-                limit = math.nextafter(board.steps[board.top - 1], math.inf) if v.req.prune \
-                    else math.inf
+                limit = threshold_of(board.steps[board.top - 1], v.req.prune)  # (locked)
                 hit = np.flatnonzero(ordered_bounds[k:k + WINDOW] < limit)
                 if len(hit) > GRAB:
                     hit = hit[:GRAB]

@@ -33,6 +33,13 @@ def plan_order(p: Plan) -> tuple:
             d.tp, d.cp, d.ep, d.etp, d.dp_replicate, d.dp_shard)
 
 
+def threshold_of(kth: float, prune: bool) -> float:
+    """What a plan must beat given the K-th best step found (inf until K are): nothing
+    without pruning, else that step, a tie included (a tie may still sort before the K-th:
+    ties go by plan_order, whatever the order of the visit)."""
+    return math.nextafter(kth, math.inf) if prune else math.inf
+
+
 class Visits:
     """The visit of one configuration against the K-th best step found (the one rule of the
     one-process search and of each worker's, :mod:`.search_pool`): :attr:`best` holds the
@@ -57,12 +64,8 @@ class Visits:
         del best[self.req.top:]
 
     def threshold(self) -> float:
-        """What a plan must beat: nothing until K plans are known, then the K-th step, a
-        tie included (it may still sort before the K-th: ties go by plan_order, whatever
-        the order of the visit)."""
-        if not self.req.prune:
-            return math.inf
-        return math.nextafter(self.kth(), math.inf)
+        """What a plan must beat: :func:`threshold_of` the K-th best step."""
+        return threshold_of(self.kth(), self.req.prune)
 
     def visit(self, c: Config, s: Searcher, may_defer: bool = False) -> bool:
         """Score ``c`` unless its bound rules it out; with ``may_defer``, a costly one
