@@ -65,6 +65,10 @@ the version it is written for:
   softmax saved and turned into the gradient in place): beside it only the 16-bit logits
   while the copy is made, and the 16-bit cast of the gradient: 2 (Megatron-LM, NeMo and the
   DeepSpeed forks, which call it on ``output.float()``);
+- ``megatron_dispatch``: whether an MoE plan at ``etp = tp`` is laid out as Megatron-Core's
+  all-to-all token dispatcher runs it (Megatron-LM and NeMo), each rank dispatching its own
+  sequence shard, or as torchtitan does, the TP group's tokens replicated
+  (:attr:`~pipebubble.plan.expert.MoERecipe.megatron_dispatch`);
 - the shardings it runs with and without pipelining (:func:`blocker`): Megatron-LM's
   distributed optimizer is ZeRO-1 at any pp, ZeRO-2 / FSDP only as Megatron-FSDP without
   PP (torch FSDP2 is refused with PP); DeepSpeed ZeRO 1/2/3, but its pipeline engine refuses
@@ -130,6 +134,8 @@ class Framework:
     sequence_parallel: bool = True  # runs Megatron-style sequence parallelism (sp with TP)
     loss_bytes: float = 0.0  # bytes a local logit its loss holds beyond the kept fp32
     # probabilities at the loss's peak (Hardware.loss_bytes; module doc)
+    megatron_dispatch: bool = False  # MoE at etp = tp laid out as Megatron-Core's token
+    # dispatcher runs it (plan/expert.py MoERecipe.megatron_dispatch); else torchtitan's
 
     def runs_schedule(self, name: str) -> bool:
         """Whether the framework pipelines the family (its spec names a class for it)."""
@@ -140,7 +146,7 @@ class Framework:
 PROFILES = {f.name: f for f in (
     Framework("megatron", "Megatron-LM", "Megatron-LM core_v0.16.1", tp_overlap="backward",
               reshard="always", states=(2.0, 4.0, 12.0), grad_wire=4.0,
-              schedule_field="megatron", loss_bytes=2.0),
+              schedule_field="megatron", loss_bytes=2.0, megatron_dispatch=True),
     Framework("torchtitan", "torchtitan", "torchtitan 0.2 / 0.3 (FSDP2, eager)",
               tp_overlap="off", reshard="auto", states=(2.0, 2.0, 12.0), grad_wire=4.0,
               schedule_field="torchtitan", recompute=("none", "selective", "full", "op"),
@@ -152,7 +158,7 @@ PROFILES = {f.name: f for f in (
               sequence_parallel=False, recompute=("none", "full"), loss_bytes=2.0),
     Framework("nemo", "NeMo", "NeMo 2.x recipes on Megatron-Core", tp_overlap="on",
               reshard="always", states=(2.0, 4.0, 12.0), grad_wire=4.0,
-              schedule_field="megatron", loss_bytes=2.0),
+              schedule_field="megatron", loss_bytes=2.0, megatron_dispatch=True),
     Framework("none", "no framework", "the planner's own defaults",
               recompute=("none", "selective", "full", "op")),
 )}
@@ -245,7 +251,7 @@ def apply(s: Settings, req, hw=None):
         ch["state_bytes"] = s.state_bytes
     if s.grad_wire is not None:
         ch["grad_bytes"] = s.grad_wire
-    if s.framework.name in ("megatron", "nemo"):  # MoE at etp = tp: its dispatcher's layout
+    if s.framework.megatron_dispatch:  # MoE at etp = tp: Megatron-Core's dispatcher's layout
         from .expert import NO_RECIPE  # (plan/expert.py MoERecipe.megatron_dispatch)
 
         ch["moe_recipe"] = replace(req.moe_recipe or NO_RECIPE, megatron_dispatch=True)
