@@ -605,7 +605,6 @@ def _registered_run(sched: Schedule, sc: StageCosts, simulate: bool = False) -> 
     planner asks auto for the same costs under a limit per sharding, and each request
     scores the same registered schedules. (An entry names the schedule by its id and a
     weak reference: it does not keep a schedule the registry's cache has let go.)"""
-    from ...sim.kernel import simulate as run_sim
     from ...sim.program import schedule_peaks
 
     key = (id(sched), sc.key())
@@ -617,15 +616,8 @@ def _registered_run(sched: Schedule, sc: StageCosts, simulate: bool = False) -> 
     else:
         got = (weakref.ref(sched), list(schedule_peaks(sched, sc)))
     if simulate:
-        try:
-            timeline = run_sim(sched, sc)
-        except ScheduleError:
-            got = (got[0], got[1], None, None)
-        else:
-            stats = timeline.rank_stats()
-            got = (got[0], got[1], (round(timeline.step_time, 9),
-                                    round(sum(s.span - s.busy for s in stats), 9)),
-                   [s.peak_memory for s in stats])
+        run = _scored(sched, sc)
+        got = (got[0], got[1], *(run[:2] if run is not None else (None, None)))
     _RUNS[key] = got
     while len(_RUNS) > KEEP_RUNS:
         _RUNS.popitem(last=False)
@@ -642,12 +634,12 @@ def _fits(sched: Schedule, sc: StageCosts, limits: list[float] | None) -> bool:
     """Peak memory depends on the order only: check it before timing anything."""
     from ...sim.program import schedule_peaks
 
-    return limits is None or all(fits_limit(x, cap) for x, cap in
-                                 zip(schedule_peaks(sched, sc), limits, strict=True))
+    return limits is None or _within(schedule_peaks(sched, sc), limits)
 
 
-def _score(sched: Schedule, sc: StageCosts, limits: list[float] | None):
-    """(step time, idle inside spans) and the timeline; None if over the limit."""
+def _scored(sched: Schedule, sc: StageCosts):
+    """((step time, idle inside spans), each rank's peak memory, the timeline) of a
+    simulation of ``sched`` on ``sc``; None where the simulator refuses the order."""
     from ...sim.kernel import simulate
 
     try:
@@ -655,13 +647,17 @@ def _score(sched: Schedule, sc: StageCosts, limits: list[float] | None):
     except ScheduleError:
         return None
     stats = timeline.rank_stats()
-    peaks = [s.peak_memory for s in stats]
-    if limits is not None and not all(fits_limit(x, cap)
-                                      for x, cap in zip(peaks, limits, strict=True)):
+    score = (round(timeline.step_time, 9), round(sum(s.span - s.busy for s in stats), 9))
+    return score, [s.peak_memory for s in stats], timeline
+
+
+def _score(sched: Schedule, sc: StageCosts, limits: list[float] | None):
+    """(step time, idle inside spans) and the timeline; None if refused or over the
+    limit."""
+    run = _scored(sched, sc)
+    if run is None or not _within(run[1], limits):
         return None
-    step = round(timeline.step_time, 9)
-    span_idle = round(sum(s.span - s.busy for s in stats), 9)
-    return (step, span_idle), timeline
+    return run[0], run[2]
 
 
 @dataclass(frozen=True)
