@@ -174,7 +174,7 @@ class ParallelDims:
         """Expert-tensor-parallel groups per TP group, ``tp / etp``: each ETP group serves
         ``1 / etp_groups`` of a TP group's tokens (below 1 at ``etp > tp``: an ETP group
         serves ``etp / tp`` TP groups' tokens). An int when ``etp`` divides ``tp``."""
-        return self.tp // self.etp if self.tp % self.etp == 0 else self.tp / self.etp
+        return etp_groups(self.tp, self.etp)
 
     def group(self, axis: str) -> tuple[int, int]:
         """``(stride, size)`` of a group of ``axis`` (``tp``, ``cp``, ``dp``, ``dp_cp``,
@@ -258,3 +258,9 @@ def check_etp_sp(tp: int, sp: bool, etp: int) -> None:
                         f"with TP only under sequence parallelism, each rank dispatching its "
                         f"sequence shard; without it the TP ranks hold the same tokens); "
                         f"valid without sp: etp {tp}")
+
+
+def etp_groups(tp: int, etp: int) -> float:
+    """``tp / etp``, the expert-tensor-parallel groups of a TP group
+    (:attr:`ParallelDims.etp_groups`): an int when ``etp`` divides ``tp``."""
+    return tp // etp if tp % etp == 0 else tp / etp

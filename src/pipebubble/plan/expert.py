@@ -102,7 +102,7 @@ import numpy as np
 from ..errors import ParamError, UserError, marked, param
 from .compute import Rates, attention_backward_time, attention_time, gemm_time, memory_time
 from .context import block_cp_comm
-from .dims import ParallelDims, check_etp_sp
+from .dims import ParallelDims, check_etp_sp, etp_groups
 from .layercosts import LayerCosts
 from .memory import embedding_activation_bytes, head_activation_bytes
 from .moe import LatentAttention, MoEShape, layer_cost
@@ -557,7 +557,7 @@ class ExpertCosts(ParallelCosts):
             raise UserError(f"etp must be an integer >= 1, got {e!r}")
         check_etp_sp(tp, sp and tp > 1, e)
         check_etp_shape(shape, e)
-        self.etp, self.etp_groups = e, (tp // e if tp % e == 0 else tp / e)
+        self.etp, self.etp_groups = e, etp_groups(tp, e)
         # Megatron-Core's dispatcher (each rank its own sequence shard, copies gathered over
         # ETP) at every etp but tp, and at etp = tp under its framework (MoERecipe)
         self.gathered = e != tp or (recipe.megatron_dispatch and sp and tp > 1)
