@@ -56,6 +56,7 @@ import argparse
 import os
 import time
 
+from pipebubble.limits import available_cores
 from pipebubble.plan.analytic import analytic_profile
 from pipebubble.plan.layercosts import ProfileSet
 from pipebubble.plan.planner import Request, search
@@ -507,7 +508,7 @@ def main() -> None:
     ap.add_argument("--table", nargs="?", const="all", default=None, metavar="ROWS",
                     help="a full search per shape and scale (all, or a comma list of "
                     "SHAPE:GPUS[:unfused], shapes " + ", ".join(SHAPES) + ")")
-    ap.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)), metavar="N",
+    ap.add_argument("--jobs", type=int, default=available_cores(), metavar="N",
                     help="--table: also search over N worker processes (the CPUs this "
                     "process may use; 1: one process only)")
     ap.add_argument("--config", nargs="?", const="all", default=None, metavar="ROWS",

@@ -338,16 +338,7 @@ def build_request(args: argparse.Namespace, profiles, memory: float | None = Non
                    p2p_bandwidth=args.p2p_bandwidth,
                    allreduce_bandwidth=args.allreduce_bandwidth, latency=args.latency,
                    top=max(args.top, 3 * args.validate), exhaustive_cuts=args.exhaustive_cuts,
-                   jobs=args.jobs if args.jobs is not None else available_cpus())
-
-
-def available_cpus() -> int:
-    """The CPUs this process may run on (its affinity; the machine's count where the
-    platform has no affinity)."""
-    try:
-        return max(len(os.sched_getaffinity(0)), 1)
-    except AttributeError:
-        return max(os.cpu_count() or 1, 1)
+                   jobs=args.jobs if args.jobs is not None else L.available_cores())
 
 
 def state_fields(args: argparse.Namespace) -> dict:
