@@ -38,3 +38,20 @@ def test_one_pass_per_microbatch_in_w():
 def test_negative_is_refused():
     with pytest.raises(UserError, match="grad_accumulation_bytes"):
         get_hardware("a100-80gb", grad_accumulation_bytes=-1.0)
+
+
+def test_mfu_rates_carry_the_hardware_but_price_no_hbm_time():
+    # --mfu: every FLOP at peak x mfu and no HBM time, so the accumulation's bytes (carried
+    # like the loss bytes) add nothing; the FLOP rates are the peak's times mfu exactly
+    hw = replace(get_hardware("h100-sxm"), grad_accumulation_bytes=18.0)
+    r = Rates.of(hw, efficiency=0.9, precision="fp8", mfu=0.4)
+    assert r.flat and r.flops == hw.peak_flops * 0.4 and r.fp8_flops == hw.fp8_peak_flops * 0.4
+    assert r.grad_accumulation == 18.0 and r.loss_bytes == hw.loss_bytes
+    run = next(x for x in published_runs() if x.name == "176B")
+
+    def w(acc: float):
+        rates = Rates.of(replace(hw, grad_accumulation_bytes=acc), mfu=0.4)
+        return ParallelCosts(run.shape, 2048, rates, Network.of(hw), tp=4,
+                             flash=False).at(1, "full").w
+
+    assert (w(18.0) == w(0.0)).all()

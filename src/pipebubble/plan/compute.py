@@ -79,9 +79,15 @@ class Rates:
     loss_bytes: float = 0.0  # memory, carried with the rates: Hardware.loss_bytes
 
     @classmethod
-    def of(cls, hw, efficiency: float | None = None, precision: str = "bf16") -> Rates:
+    def of(cls, hw, efficiency: float | None = None, precision: str = "bf16",
+           mfu: float | None = None) -> Rates:
+        """``hw``'s rates at ``efficiency`` (default the preset's), or, with ``mfu``
+        (``--mfu``), every FLOP at ``peak x mfu`` with no shape curve and no HBM time (so the
+        gradient-accumulation bytes carried here cost nothing there)."""
         e = hw.efficiency if efficiency is None else efficiency
-        return cls(hw.peak_flops * e, hw.hbm_bandwidth,
+        if mfu is not None:
+            e = mfu
+        return cls(hw.peak_flops * e, hw.hbm_bandwidth, flat=mfu is not None,
                    grad_accumulation=getattr(hw, "grad_accumulation_bytes", 0.0),
                    fp8_flops=fp8_peak(hw, precision) * e,
                    loss_bytes=getattr(hw, "loss_bytes", 0.0))

@@ -75,7 +75,7 @@ from collections.abc import Callable
 from ..errors import UserError, marked, param
 from .analytic import TransformerShape
 from .axes import Axes, Point, axis_flag, splits
-from .compute import Rates, fp8_peak
+from .compute import Rates
 from .dims import ParallelDims
 from .expert import (
     check_ep_splits,
@@ -151,9 +151,7 @@ def build_points(profiles, req: Request, hardware: Hardware | None = None,
                                                                                hardware)
             out.append((pt, profiles, axes))
         return out
-    rates = Rates.of(hardware, efficiency, req.precision) if mfu is None else Rates(
-        hardware.peak_flops * mfu, hardware.hbm_bandwidth, flat=True,
-        fp8_flops=fp8_peak(hardware, req.precision) * mfu, loss_bytes=hardware.loss_bytes)
+    rates = Rates.of(hardware, efficiency, req.precision, mfu)
     net = Network.of(hardware)
     check_degrees(req, shape.heads, shape.kv, seq)
     tps = tuple(d for d in range(1, hardware.gpus_per_node + 1)  # powers of two in a node
