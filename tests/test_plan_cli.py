@@ -112,6 +112,9 @@ def test_table_output(small_profile, capsys):
      "most dp = 64"),
     (["--gpus", "1048576", "--global-batch", "64"], "use at most 640 GPUs"),
     (["--gpus", "64", "--global-batch", "64", "--pp", "16"], "passes --pp 16: pp x chunks"),
+    # hsdp inside one node (8 GPUs a node, dp 8 at pp 2): its shard group would be all of dp
+    (["--gpus", "16", "--global-batch", "64", "--gpu", "h100-sxm", "--sharding", "hsdp",
+      "--pp", "2"], "at dp 8 (tp x cp = 1, 8 GPUs a node) its shard group would be 1 or all"),
     (["--gpus", "4", "--global-batch", "16", "--schedules", "nope"], "unknown schedule 'nope'"),
     (["--gpus", "4", "--global-batch", "16", "--recompute", "sometimes"],
      "unknown --recompute 'sometimes'; valid are none, selective, full"),

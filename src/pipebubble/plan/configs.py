@@ -187,7 +187,7 @@ class Configs:
         splits = [(pp, G // pp, s) for pp in limits.divisors(G) for s in r.microbatch_sizes
                   if not r.global_batch % (G // pp * s)]
         if splits:
-            return _why_no_split(r, G, self.L, splits, self.point)
+            return _why_no_split(r, G, self.L, splits, self.point, self.axes)
         pairs = sorted({(G // pp) * s for pp in limits.divisors(G)
                         for s in r.microbatch_sizes})
         B = r.global_batch
@@ -201,7 +201,7 @@ class Configs:
                 f"{', '.join(map(str, pairs))} (nearest: {near})")
 
 
-def _why_no_split(r, G: int, L: int, splits: list, pt) -> str:
+def _why_no_split(r, G: int, L: int, splits: list, pt, axes) -> str:
     """The batch splits (``splits``: (pp, dp, microbatch size)), but each split is ruled
     out: name the first limit every one of them breaks."""
     mp = pt.dims.model_parallel
@@ -227,6 +227,15 @@ def _why_no_split(r, G: int, L: int, splits: list, pt) -> str:
                 "ranks, but "
                 f"every split of {ranks} has one; use {param('shardings')} ddp or more GPUs")
     given = [axis_flag(r, a, v) for a, v in (("pp", r.pp), ("dp", r.dp)) if v]
+    asked = sorted({d for pp, d, _ in splits if pp <= L and (r.pp is None or pp in r.pp)
+                    and (r.dp is None or d in r.dp)})
+    if pt.sharding.hybrid and asked and not any(axes.shard(d) for d in asked):
+        node = axes.net.gpus_per_node
+        return (f"{param('shardings')} hsdp shards over the data-parallel ranks of a node "
+                f"and replicates across nodes, but at dp {', '.join(map(str, asked))} "
+                f"(tp x cp = {mp}, {node} GPUs a node) its shard group would be 1 or all of "
+                f"dp, which is ddp or fsdp: use {param('shardings')} fsdp or ddp, or dp "
+                f"above {max(node // mp, 1)} (more GPUs)")
     return (f"no configuration of {ranks} and {batch} {B} passes "
             f"{' and '.join(given) or 'the limits'}: pp x chunks stages must be at most the "
             f"profile's {L} layers")
