@@ -180,6 +180,24 @@ def test_megatron_fsdp_with_pp_marked_with_the_reason(free_profile, capsys):
     assert f"--config: not runnable in megatron: {why}" in text
 
 
+@pytest.mark.parametrize("name", ["megatron", "deepspeed"])
+def test_config_leaves_the_schedule_open_to_what_the_framework_runs(free_profile, capsys,
+                                                                   dualpipe_wins, name):
+    # --config fixes the degrees; the schedule it leaves open is searched, and under a
+    # framework among what it runs: DualPipe (fastest without one) is not the config's pick
+    cfg = "pp=2,sharding=zero1"
+    free = plan_json(capsys, "--profile", free_profile, *SMALL, *DUALPIPE, "--config", cfg)
+    assert lookup(free["config"]["schedule"]).chains == 2  # the premise
+    out = plan_json(capsys, "--profile", free_profile, *SMALL, *DUALPIPE, "--config", cfg,
+                    "--framework", name)["config"]
+    assert out["not_runnable"] is None and lookup(out["schedule"]).chains == 1
+    assert out["predicted_step_time"] > free["config"]["predicted_step_time"]
+    # pinned, it is priced as asked and marked
+    pinned = plan_json(capsys, "--profile", free_profile, *SMALL, *DUALPIPE, "--config",
+                       cfg + ",schedule=dualpipe", "--framework", name)["config"]
+    assert pinned["schedule"] == "dualpipe" and "dualpipe" in pinned["not_runnable"].lower()
+
+
 def test_deepspeed_refuses_what_its_pipeline_engine_refuses(free_profile, capsys):
     out = plan_json(capsys, "--profile", free_profile, *SMALL, "--framework", "deepspeed",
                     "--schedules", "1f1b,interleaved-1f1b", "--sharding", "zero1,zero2",

@@ -462,8 +462,8 @@ def run(args: argparse.Namespace) -> int:
         from dataclasses import replace
 
         try:
-            priced = search(profiles, replace(restrict(req, config), top=1), hw, efficiency,
-                            args.mfu)
+            priced = price_config(fws, profiles, restrict(req, config), hw, efficiency,
+                                  args.mfu)
             mine = priced.plans[0]
             mine_fits = True
         except NoPlanFits as exc:  # report it anyway: what it would need
@@ -559,6 +559,31 @@ def framework_of(args: argparse.Namespace, req, hw):
 
             hw, source = replace(hw, efficiency=cal.efficiency), "published"
     return fws, req, hw, source
+
+
+def price_config(fws, profiles, one, hw, efficiency, mfu):
+    """The search of the configurations ``--config`` matches (``one``: the request it
+    restricts), its best plan first: what ``--config`` leaves open (the schedule, chunks,
+    microbatch size, recomputation, sharding) searched. Under a framework the best of them
+    it runs, when there is one (a search narrowed to its schedules, shardings and modes);
+    else the best of that narrowed search or, when nothing is left of it, of them all, which
+    the output marks "not runnable in FRAMEWORK" with the reason."""
+    from dataclasses import replace
+
+    from ..plan.frameworks import blocker, narrowed
+    from ..plan.planner import NoPlanFits, search
+
+    fw = fws.framework
+    narrow = narrowed(fw, one, hw is not None) if fw.name != "none" else None
+    if narrow is not None:
+        try:
+            got = search(profiles, replace(narrow, top=20), hw, efficiency, mfu)
+        except (NoPlanFits, UserError):
+            got = None
+        if got is not None:  # none it runs: the narrowed best, marked with what blocks it
+            runs = [p for p in got.plans if blocker(fw, p) is None] or got.plans
+            return replace(got, plans=runs[:1], request=replace(got.request, top=1))
+    return search(profiles, replace(one, top=1), hw, efficiency, mfu)
 
 
 def framework_ranking(fws, result, profiles, req, hw, efficiency, mfu):
@@ -1234,9 +1259,12 @@ def plan_summary(b, budget: float) -> str:
     mem = b.memory[max(range(len(b.peak_memory)), key=lambda r: b.peak_memory[r])] \
         if b.memory else {}
     parts = ", ".join(f"{k.replace('_', ' ')} {_gib(v)}" for k, v in mem.items() if v > 0)
+    inside = (" a step (FSDP's gathers and reduce-scatters of each microbatch are inside its "
+              "F and B)" if b.fsdp_reshard == "always" else "")
     return (f"{_label(b)}: {_t(b.step_time)} per step, {b.samples_per_second:.1f} "
             f"samples/s; bubble {b.bubble_fraction:.1%}, data-parallel traffic "
-            f"{_t(b.allreduce_time)} of which {_t(b.dp_exposed)} exposed, optimizer step "
+            f"{_t(b.allreduce_time)}{inside}; gradient traffic exposed after the last "
+            f"backward {_t(b.dp_exposed)}, optimizer step "
             f"{_t(b.optimizer_time)}, P2P "
             f"{b.comm * 1e3:.3g} ms per hop; memory {_gib(max(b.peak_memory))} of "
             f"{_gib(budget)} budget ({parts})")
