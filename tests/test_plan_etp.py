@@ -50,16 +50,20 @@ def test_etp_above_tp_spans_tp_groups_of_the_stage():
     assert d.ep_room(4) == 2 and d.etp_groups == 0.5
     odd = ParallelDims(tp=2, sp=True, dp_shard=3, etp=3)
     assert odd.ep_room(3) == 2 and odd.expert_data_parallel == 2
-    assert not odd.ep_fits(2, dp_shard=2)  # 3 does not divide tp x dp_shard = 4
+    assert not odd.ep_fits(2, data=2)  # 3 does not divide tp x dp = 4
     assert ParallelDims(tp=1, dp_shard=4, etp=2).expert_data_parallel == 2  # ETP without TP
 
 
 @pytest.mark.parametrize("kw, words", [
-    (dict(tp=4, sp=True, dp_shard=2, etp=16), "etp 16 must divide tp x dp_shard x cp = 8"),
+    (dict(tp=4, sp=True, dp_shard=2, etp=16), "etp 16 must divide tp x dp x cp = 8"),
+    (dict(tp=4, sp=True, dp_replicate=2, etp=16, ep_from="dp_shard"),
+     "etp 16 must divide tp x dp_shard x cp = 4"),
     (dict(tp=4, etp=2), "etp 2 with tp 4 needs sp"),
     (dict(tp=2, etp=4, dp_shard=2), "etp 4 with tp 2 needs sp"),
-    (dict(tp=2, sp=True, dp_shard=2, ep=8, etp=1), "ep 8 must divide tp / etp x dp_shard x cp = 4"),
-    (dict(tp=2, sp=True, dp_shard=4, ep=4, etp=4), "ep 4 must divide tp x dp_shard x cp / etp = 2"),
+    (dict(tp=2, sp=True, dp_shard=2, ep=8, etp=1), "ep 8 must divide tp / etp x dp x cp = 4"),
+    (dict(tp=2, sp=True, dp_shard=4, ep=4, etp=4), "ep 4 must divide tp x dp x cp / etp = 2"),
+    (dict(tp=2, sp=True, dp_replicate=2, dp_shard=2, ep=8, etp=1, ep_from="dp_shard"),
+     "ep 8 must divide tp / etp x dp_shard x cp = 4"),
     (dict(tp=2, etp=0), "etp must be an integer >= 1, got 0"),
 ])
 def test_bad_etp_is_one_line_naming_it(kw, words):

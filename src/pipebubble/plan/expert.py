@@ -497,19 +497,22 @@ def ep_options(req, shape: MoEShape | None, hardware: bool) -> tuple[int, ...]:
 
 def check_ep_splits(req, ep_list, splits, shardings=(), gpus_per_node: int = 8,
                     etp_list: tuple[int, ...] | None = None) -> None:
-    """One line unless some ``(tp, cp, pp, dp)`` split and sharding leave ``dp_shard x cp``
-    (``tp x dp_shard x cp / etp`` for an etp of ``etp_list`` other than tp) divisible by a
-    given ep (only when ``--ep`` or ``ep=`` is given): ddp has no ``dp_shard`` ranks to
-    borrow, so under ddp ep must divide cp (``tp / etp x cp``)."""
+    """One line unless some ``(tp, cp, pp, dp)`` split and sharding leave room for a given
+    ep (only when ``--ep`` or ``ep=`` is given): ``tp x cp x dp / etp`` (``dp x cp`` at
+    ``etp = tp``) under Megatron-Core's folding (``req.ep_from`` ``"dp"``, the default:
+    every data-parallel rank, replicated or sharded), ``dp_shard`` in place of ``dp``
+    under torchtitan's (``"dp_shard"``: ddp shards nothing, so there ep must divide cp,
+    ``tp / etp x cp``)."""
     given = getattr(req, "ep", None)
     if not given:
         return
+    ep_from = getattr(req, "ep_from", "dp")
     flag = (f"{param('config')} ep=" if "ep" in getattr(req, "config", ()) else
             f"{param('ep')} ") + ",".join(map(str, given))
-    def room(tp: int, cp: int, shard: int) -> set[int]:  # tp x shard x cp / etp
+    def room(tp: int, cp: int, data: int) -> set[int]:  # tp x data x cp / etp
         d = ParallelDims(tp=tp, cp=cp)
-        return {r for e in (etp_list or (tp,)) if (r := d.ep_room(shard, e))} or {
-            shard * cp}
+        return {r for e in (etp_list or (tp,)) if (r := d.ep_room(data, e))} or {
+            data * cp}
 
     rooms = sorted({r for tp, cp, _, dp in splits for r in room(tp, cp, dp)})
     lent = " and the TP ranks ETP leaves, tp / etp" if etp_list else ""
@@ -518,6 +521,8 @@ def check_ep_splits(req, ep_list, splits, shardings=(), gpus_per_node: int = 8,
                          f"data x context parallel ranks{lent}); these degrees leave "
                          f"{'tp x dp x cp / etp' if etp_list else 'dp x cp'} in "
                          f"{', '.join(map(str, rooms))}")
+    if ep_from == "dp":
+        return  # every split's data-parallel ranks are EP's, whatever the sharding
     shard_rooms = set()
     for tp, cp, _, dp in splits:
         mp = ParallelDims(tp=tp, cp=cp).model_parallel
@@ -526,12 +531,13 @@ def check_ep_splits(req, ep_list, splits, shardings=(), gpus_per_node: int = 8,
             shard_rooms.update(room(tp, cp, shard))
     if shardings and not any(room % ep == 0 for room in shard_rooms for ep in ep_list):
         names = ", ".join(str(s) for s in shardings)
-        raise UserError(f"{flag} must divide dp_shard x cp (EP borrows the sharded data-"
-                         f"parallel ranks, as torchtitan's mesh does), but {param('shardings')} "
+        raise UserError(f"{flag} must divide dp_shard x cp (torchtitan's EP borrows the "
+                         f"sharded data-parallel ranks only), but {param('shardings')} "
                          f"{names} leaves dp_shard x cp in "
                          f"{', '.join(map(str, sorted(shard_rooms)))} (ddp shards nothing: "
-                         f"dp_shard 1); use {param('shardings')} zero1, zero2 or fsdp, or a cp "
-                         "that ep divides")
+                         f"dp_shard 1); use {param('shardings')} fsdp, or a cp "
+                         "that ep divides, or a framework that runs EP over replicated "
+                         f"ranks ({param('framework')} megatron)")
 
 
 # ---- one point's layer costs -----------------------------------------------------------------
