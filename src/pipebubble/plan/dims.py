@@ -135,8 +135,8 @@ class ParallelDims:
         if mesh % self.etp:
             valid = ", ".join(str(d) for d in range(1, mesh + 1) if mesh % d == 0)
             raise UserError(f"etp {self.etp} must divide tp x {what} x cp = {mesh} (the "
-                            f"expert mesh's ETP x EP ranks are carved out of the stage's TP, "
-                            f"CP and {self._ranks_named()}); valid are {valid}")
+                            f"expert mesh's ETP x EP ranks are carved out of the stage's TP and "
+                            f"CP ranks and {self._ranks_named()}); valid are {valid}")
         room = self.ep_room(data)
         if room % self.ep:
             valid = ", ".join(str(d) for d in range(1, room + 1) if room % d == 0)
@@ -144,15 +144,15 @@ class ParallelDims:
                     f"tp / etp x {what} x cp" if self.tp % self.etp == 0 else
                     f"tp x {what} x cp / etp")
             raise UserError(f"ep {self.ep} must divide {rule} = {room} (expert "
-                            f"parallelism is carved out of the {self._ranks_named()} and "
-                            f"the context parallel ranks" + ("" if self.etp == self.tp else
-                                                           " and the TP ranks ETP leaves")
-                            + f"); valid are {valid}")
+                            f"parallelism is carved out of the context parallel ranks"
+                            + ("" if self.etp == self.tp else ", the TP ranks ETP leaves")
+                            + f" and {self._ranks_named()}); valid are {valid}")
 
     def _ranks_named(self) -> str:
-        return ("data-parallel ranks, replicated or sharded (Megatron-Core's MoE parallel "
-                "folding)" if self.ep_from == "dp" else
-                "sharded data-parallel ranks only (torchtitan's mesh: never dp_replicate)")
+        return ("the data-parallel ranks, replicated or sharded, as Megatron-Core folds its "
+                "expert mesh" if self.ep_from == "dp" else
+                "the sharded data-parallel ranks only, as torchtitan's mesh: never "
+                "dp_replicate")
 
     def ep_data(self, dp_replicate: int, dp_shard: int) -> int:
         """The data-parallel ranks EP may take at that split: all ``dp_replicate x
