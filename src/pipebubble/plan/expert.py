@@ -47,8 +47,10 @@ F&B pairs hide one half's all-to-all behind the other's compute
 
 **The EP axis** (Megatron-Core ``--expert-model-parallel-size``, torchtitan
 ``expert_parallel_degree``): an EP group is ``ep`` ranks ``etp`` apart (at ``etp = tp``
-consecutive ranks of the ``cp x dp`` grid), carved out of ``tp / etp x dp_shard x cp``
-(:class:`~pipebubble.plan.dims.ParallelDims`); ``ep`` must divide ``E``. The ranks ``etp x
+consecutive ranks of the ``cp x dp`` grid), carved out of ``tp / etp x dp x cp`` under
+Megatron-Core's folding (any data-parallel rank, replicated or sharded: Megatron-LM, NeMo,
+DeepSpeed, ``none``), of ``tp / etp x dp_shard x cp`` under torchtitan's mesh
+(:class:`~pipebubble.plan.dims.ParallelDims` ``ep_from``); ``ep`` must divide ``E``. The ranks ``etp x
 ep`` apart holding the same experts form the expert-data-parallel group of ``tp x cp x dp /
 (etp x ep)`` ranks: the experts' weights, gradients and optimizer states are ``1 / (etp
 ep)`` per rank and
