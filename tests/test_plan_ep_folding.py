@@ -109,6 +109,7 @@ def test_cli_megatron_pastes_ep_over_ddp(tmp_path, capsys, monkeypatch):
     flags = best["megatron"]
     assert "--expert-model-parallel-size 4" in flags
     assert "--use-distributed-optimizer" not in flags
+    assert "--moe-router-dtype fp32" in flags  # the ETP reduce-scatter's dtype (plan/expert)
 
 
 @pytest.mark.parametrize("extra, words", [

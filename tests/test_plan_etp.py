@@ -107,17 +107,20 @@ TP_ONE = 3 / 4 * 4096 / 100e9  # an AG or RS of 2 x 32 x 64 B over 4 ranks: 30.7
 def test_etp_collectives_gather_the_dispatched_copies_in_the_etp_group():
     """tp 4, etp 2, no latency: the attention's and the shared experts' all-gather and
     reduce-scatter of 2 x 32 x 64 B over 4 ranks, 30.72 ns each; the routed experts' of
-    the ETP group's 32 copies (T k etp / tp), 2 x 32 x 64 B over 2 ranks, 1/2 x 4,096 /
-    100e9 = 20.48 ns, once each way in F and in B (no re-gather: the grouped GEMM keeps
-    the gathered copies)."""
-    etp_one = 1 / 2 * 4096 / 100e9
+    the ETP group's 32 copies (T k etp / tp) over 2 ranks: the tokens' all-gather 2 x 32 x
+    64 B, 1/2 x 4,096 / 100e9 = 20.48 ns, the outputs' reduce-scatter in fp32 (the
+    routing probabilities' dtype, Megatron-Core's combine_preprocess), 4 x 32 x 64 B,
+    40.96 ns, once each way in F and in B (no re-gather: the grouped GEMM keeps the
+    gathered copies)."""
+    etp_pair = 1 / 2 * 4096 / 100e9 + 1 / 2 * 8192 / 100e9
+    assert etp_pair == pytest.approx(61.44e-9)
     f, b, hidden = etp_block_comm(32, 64, 4, 2, FREE, (0, 0), (0, 0), True, 32)
-    assert f == pytest.approx(2 * (2 * TP_ONE) + 2 * etp_one)
-    assert b == pytest.approx(2 * (3 * TP_ONE) + 2 * etp_one)  # TP: AG, RS, AG each
+    assert f == pytest.approx(2 * (2 * TP_ONE) + etp_pair)
+    assert b == pytest.approx(2 * (3 * TP_ONE) + etp_pair)  # TP: AG, RS, AG each
     assert hidden == 0
     f, b, hidden = etp_block_comm(32, 64, 4, 2, FREE, (1, 1), (1, 1), False, 32)
-    assert f == pytest.approx(2 * TP_ONE + 2 * etp_one)  # no shared experts: one TP pair
-    assert b == pytest.approx(TP_ONE + 2 * etp_one)  # TP: the gradient all-gather shows
+    assert f == pytest.approx(2 * TP_ONE + etp_pair)  # no shared experts: one TP pair
+    assert b == pytest.approx(TP_ONE + etp_pair)  # TP: the gradient all-gather shows
     assert hidden == pytest.approx(2 * TP_ONE)  # the TP pair's RS and re-gather, not ETP's
 
 
@@ -125,10 +128,11 @@ def test_etp_collectives_gather_the_dispatched_copies_in_the_etp_group():
 def test_etp_collectives_are_exposed_under_every_tp_overlap(overlap, pipelined):
     """Megatron-Core runs the ETP all-gather / reduce-scatter in the dispatcher, off
     TransformerEngine's userbuffers (off for experts) and after the grouped GEMMs'
-    backward: at tp 1, etp 4 (no TP pair), 64 copies x 64 x 2 B = 8,192 B, 3/4 x 8,192 /
-    100e9 = 61.44 ns each, both in F and in B, nothing hidden, whatever --tp-overlap."""
+    backward: at tp 1, etp 4 (no TP pair), 64 copies x 64: the all-gather of 2 B values,
+    8,192 B, 3/4 x 8,192 / 100e9 = 61.44 ns, the reduce-scatter of fp32 ones, 16,384 B,
+    122.88 ns, both in F and in B, nothing hidden, whatever --tp-overlap."""
     net = replace(FREE, tp_overlap=overlap, tp_comm_overlap=pipelined)
-    pair = 2 * (3 / 4 * 8192 / 100e9)
+    pair = 3 / 4 * 8192 / 100e9 + 3 / 4 * 16384 / 100e9
     f, b, hidden = etp_block_comm(32, 64, 1, 4, net, (1, 1), (1, 1), True, 64)
     assert (f, b, hidden) == (pytest.approx(pair), pytest.approx(pair), 0)
     blk = ExpertCosts(TINY, SEQ, RATES, net, tp=1, cp=1, ep=1, etp=4).block_of(True, 1)

@@ -113,6 +113,7 @@ from .parallel_costs import MODES, ParallelCosts
 from .tensor import block_tp_comm, block_tp_hidden, pipelined_pair, sp_collective
 
 ACT_BYTES = 2  # 16-bit activations on the wire
+PROBS_BYTES = 4  # the routing probabilities' dtype: fp32 (--moe-router-dtype fp32)
 DEFAULT_IMBALANCE = 1.0
 FP8_WIRE_BYTES = 1 + 4 / 128  # an FP8 value and its share of a 1 x 128 tile's fp32 scale
 E5M6_BYTES = 1.5 + 4 / 128  # a 12-bit E5M6 value and its 1 x 128 tile's scale
@@ -376,6 +377,20 @@ def etp_block_comm(tokens: float, hidden: int, tp: int, etp: int, net: Network,
     copies after the EP all-to-all and the reduce-scatter of the experts' output before
     the combine, their gradients' reduce-scatter and all-gather in the backward.
 
+    The bytes: the all-gather carries the dispatched tokens (16-bit, ``ACT_BYTES``), the
+    reduce-scatter the experts' outputs cast to the routing probabilities' dtype first
+    (``combine_preprocess``: ``reduce_scatter_to_sequence_parallel_region(hidden_states.
+    to(self.probs.dtype), ...).to(hidden_states.dtype)``, core 0.16.1
+    ``transformer/moe/token_dispatcher.py``), which is the router's: the input's (bf16)
+    by default, fp32 with ``--moe-router-dtype fp32`` (``router.py``: ``router_dtype``).
+    The planner keeps the probabilities in fp32 (their activations, ``4 T E``, and the
+    softmax are priced in fp32; Megatron-Core advises fp32 routing from 32 experts), and
+    its Megatron paste writes ``--moe-router-dtype fp32``: so the reduce-scatter moves
+    :data:`PROBS_BYTES` a value, and in the backward its gradient's all-gather too (the
+    cast's backward brings the gradient to fp32 before it), while the dispatch's gradient
+    reduce-scatter stays 16-bit. (The probabilities themselves also travel, one value a
+    copy beside ``h`` of the token: not priced.)
+
     The routed pair is never hidden (under every ``--tp-overlap``): the dispatcher's
     collectives are autograd functions of their own, run after the grouped GEMMs'
     backward (data and weight gradients together), and TransformerEngine's userbuffers
@@ -409,10 +424,11 @@ def etp_block_comm(tokens: float, hidden: int, tp: int, etp: int, net: Network,
         if shared:
             parts.append(sp_collective(tokens, hidden, tp, net, hide[1], hide_dgrad[1]))
     f, b, hid = (sum(p[i] for p in parts) for i in range(3))
-    if etp > 1:
+    if etp > 1:  # the tokens' all-gather in 16-bit, the outputs' reduce-scatter in fp32
         link = net.link(1, etp)
-        n = ACT_BYTES * rows * hidden
-        pair = all_gather(n, etp, link) + reduce_scatter(n, etp, link)
+        n = rows * hidden
+        pair = all_gather(ACT_BYTES * n, etp, link) + reduce_scatter(PROBS_BYTES * n, etp,
+                                                                      link)
         f, b = f + pair, b + pair
     return f, b, hid
 
@@ -1015,13 +1031,15 @@ def megatron_moe_flags(shape: MoEShape, ep: int, etp: int = 1) -> list[str]:
     ``--expert-tensor-parallel-size`` (always written: its default is the TP size; above 1
     with ``--disable-bias-linear``, which Megatron-Core's ``TransformerConfig`` requires of
     an MoE model at ETP > 1, "Bias in Moe is only supported when ETP==1", and these models'
-    linear layers have no bias), the shared experts, the dense layers (``--moe-layer-freq``)
+    linear layers have no bias), ``--moe-router-dtype fp32`` (the planner prices the routing
+    probabilities, and the ETP reduce-scatter Megatron-Core runs in their dtype, in fp32:
+    :func:`etp_block_comm`), the shared experts, the dense layers (``--moe-layer-freq``)
     and MLA."""
     flags = [f"--hidden-size {shape.hidden}", f"--num-attention-heads {shape.heads}",
              f"--num-experts {shape.experts}", f"--moe-router-topk {shape.top_k}",
              f"--moe-ffn-hidden-size {shape.expert_ffn}",
              f"--expert-model-parallel-size {ep}", f"--expert-tensor-parallel-size {etp}",
-             "--moe-token-dispatcher-type alltoall",
+             "--moe-token-dispatcher-type alltoall", "--moe-router-dtype fp32",
              *(["--disable-bias-linear"] if etp > 1 else []),
              "--swiglu"]
     if shape.shared_experts:
