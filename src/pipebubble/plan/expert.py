@@ -50,8 +50,8 @@ F&B pairs hide one half's all-to-all behind the other's compute
 consecutive ranks of the ``cp x dp`` grid), carved out of ``tp / etp x dp x cp`` under
 Megatron-Core's folding (any data-parallel rank, replicated or sharded: Megatron-LM, NeMo,
 DeepSpeed, ``none``), of ``tp / etp x dp_shard x cp`` under torchtitan's mesh
-(:class:`~pipebubble.plan.dims.ParallelDims` ``ep_from``); ``ep`` must divide ``E``. The ranks ``etp x
-ep`` apart holding the same experts form the expert-data-parallel group of ``tp x cp x dp /
+(:class:`~pipebubble.plan.dims.ParallelDims` ``ep_from``); ``ep`` must divide ``E``. The
+ranks ``etp x ep`` apart holding the same experts form the expert-data-parallel group of ``tp x cp x dp /
 (etp x ep)`` ranks: the experts' weights, gradients and optimizer states are ``1 / (etp
 ep)`` per rank and
 sharded over that group as the sharding shards dense states over ``dp x cp``
