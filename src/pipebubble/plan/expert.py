@@ -52,12 +52,11 @@ Megatron-Core's folding (any data-parallel rank, replicated or sharded: Megatron
 DeepSpeed, ``none``), of ``tp / etp x dp_shard x cp`` under torchtitan's mesh
 (:class:`~pipebubble.plan.dims.ParallelDims` ``ep_from``); ``ep`` must divide ``E``. The
 ranks ``etp x ep`` apart holding the same experts form the expert-data-parallel group of
-``tp x cp x dp / (etp x ep)`` ranks: the experts' weights, gradients and optimizer states are ``1 / (etp
-ep)`` per rank and
-sharded over that group as the sharding shards dense states over ``dp x cp``
-(:meth:`~pipebubble.plan.axes.Axes.expert_bytes_per_param`; hsdp is searched at ep 1 only,
-its experts sharded as its other states), their
-gradients reduced over it (:meth:`~pipebubble.plan.axes.Axes.expert_sync`), behind the
+``tp x cp x dp / (etp x ep)`` ranks: the experts' weights, gradients and optimizer states
+are ``1 / (etp ep)`` per rank and sharded over that group as the sharding shards dense
+states over ``dp x cp`` (replicated under ddp; :meth:`~pipebubble.plan.axes.Axes.
+expert_bytes_per_param`; hsdp is searched at ep 1 only, its experts sharded as its other
+states), their gradients reduced over it (:meth:`~pipebubble.plan.axes.Axes.expert_sync`), behind the
 same last backward as the dense gradients.
 
 **The load-imbalance factor** ``u`` (``--moe-imbalance``, >= 1): the busiest EP rank's
