@@ -56,8 +56,8 @@ ranks ``etp x ep`` apart holding the same experts form the expert-data-parallel 
 are ``1 / (etp ep)`` per rank and sharded over that group as the sharding shards dense
 states over ``dp x cp`` (replicated under ddp; :meth:`~pipebubble.plan.axes.Axes.
 expert_bytes_per_param`; hsdp is searched at ep 1 only, its experts sharded as its other
-states), their gradients reduced over it (:meth:`~pipebubble.plan.axes.Axes.expert_sync`), behind the
-same last backward as the dense gradients.
+states), their gradients reduced over it (:meth:`~pipebubble.plan.axes.Axes.expert_sync`),
+behind the same last backward as the dense gradients.
 
 **The load-imbalance factor** ``u`` (``--moe-imbalance``, >= 1): the busiest EP rank's
 tokens over the mean. A router with a capacity factor ``C`` drops what exceeds ``C`` times
