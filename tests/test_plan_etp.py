@@ -266,3 +266,32 @@ def test_the_plan_runs_etp_above_tp(moe_file, capsys, monkeypatch, tmp_path):
     assert "--expert-tensor-parallel-size 4" in flags and "--disable-bias-linear" in flags
     tt = data["pastes"]["torchtitan"]
     assert tt["runnable"] is False and "1 or tp 2 only, not etp 4" in tt["reason"]
+
+
+def test_dualpipe_pair_hides_the_etp_pair_with_the_all_to_all():
+    """tp 1, etp 4, ep 2, no latency: the block's hideable communication (``a2a_f``) is
+    its all-to-all plus the ETP pair over the 4 ranks' T k = 64 copies each, 256 x 64
+    values: the 16-bit all-gather 3/4 x 32,768 / 100e9 = 245.76 ns, the fp32 reduce-scatter
+    491.52 ns, 737.28 ns, and the same in the backward. An F&B pair of two such blocks,
+    compute far above communication, hides all of both halves' (before: the all-to-all
+    only); a lone F shows it whole."""
+    from pipebubble.costs import CostModel
+
+    slow = Rates(1e12, 3e10)  # a slow chip: compute well above the communication
+    lc = ExpertCosts(TINY, SEQ, slow, FREE, tp=1, cp=1, ep=2, etp=4).at(1)
+    blk = ExpertCosts(TINY, SEQ, slow, FREE, tp=1, cp=1, ep=2, etp=4).block_of(True, 1)
+    pair = 3 / 4 * 32768 / 100e9 + 3 / 4 * 65536 / 100e9
+    assert blk["etp"] == pytest.approx(pair) == pytest.approx(737.28e-9)
+    assert lc.a2a_f[2] == pytest.approx(blk["a2a"] + pair)  # layer 1: the first MoE block
+    assert lc.a2a_b[2] == pytest.approx(blk["a2a"] + pair)
+    assert lc.a2a_f[1] == 0  # the dense block: nothing to hide
+    assert ExpertCosts(TINY, SEQ, RATES, FREE, tp=1, cp=1, ep=2, etp=1).block_of(
+        True, 1)["etp"] == 0  # experts whole: no ETP pair
+    f, b = float(lc.f[2]), float(lc.i[2] + lc.w[2])
+    sc = CostModel(f=f, b=b, w=0, a2a_f=float(lc.a2a_f[2]), a2a_b=float(lc.a2a_b[2])).resolve(1)
+    time, hidden = sc.pair_duration(0, 0)
+    comm = 2 * (blk["a2a"] + pair)
+    assert f + b - comm > comm  # compute-bound: every byte of it hides
+    assert hidden == pytest.approx(comm) and time == pytest.approx(f + b - comm)
+    lone = sc.lone_part(0, "F")
+    assert lone.exposed == pytest.approx(blk["a2a"] + pair) and lone.hidden == 0

@@ -40,10 +40,20 @@ mixtral, qwen2_moe, qwen3_moe or deepseek_v3 config; the shape is
 F holds the attention, the MLP and its two all-to-alls, I (the input gradient) the data
 gradients, the backward all-to-alls and twice the memory-bound work, W the weight gradients;
 full recomputation re-runs F (its all-to-alls too). The planner's :class:`~pipebubble.costs.
-CostModel` gets the all-to-all part of F and of the backward as ``a2a_f`` and ``a2a_b``:
-``f`` and ``b`` stay the whole action times, the all-to-all exposed; DualPipe's overlapped
-F&B pairs hide one half's all-to-all behind the other's compute
-(:meth:`~pipebubble.costs.StageCosts.pair_duration`).
+CostModel` gets the expert-parallel communication of F and of the backward as ``a2a_f`` and
+``a2a_b``: the all-to-alls and, in Megatron-Core's dispatcher layout, the routed experts'
+ETP all-gather / reduce-scatter (:func:`etp_pair_time`), which sit between the dispatch and
+the experts and between the experts and the combine, where the all-to-alls sit: ``f`` and
+``b`` stay the whole action times, that communication exposed; DualPipe's overlapped F&B
+pairs hide one half's communication behind the other's compute
+(:meth:`~pipebubble.costs.StageCosts.pair_duration`), the ETP pair with the all-to-all (a
+chunk's dispatch phase, all-to-all then all-gather, runs while the other chunk computes, as
+the combine phase does; DeepSeek-V3 ran no TP, so its report does not say; Megatron-Core's
+own F&B overlap, ``--overlap-moe-expert-parallel-comm``, runs the ETP pair in its "mlp"
+node on the compute stream, ``models/gpt/fine_grained_callables.py`` and
+``models/common/model_chunk_schedule_plan.py`` in core 0.16.1, but it pairs 1F1B chunks,
+which the planner prices unpaired). The attention's and shared experts' TP collectives stay
+out of it (they feed compute in the chunk itself).
 
 **The EP axis** (Megatron-Core ``--expert-model-parallel-size``, torchtitan
 ``expert_parallel_degree``): an EP group is ``ep`` ranks ``etp`` apart (at ``etp = tp``
@@ -423,13 +433,21 @@ def etp_block_comm(tokens: float, hidden: int, tp: int, etp: int, net: Network,
         if shared:
             parts.append(sp_collective(tokens, hidden, tp, net, hide[1], hide_dgrad[1]))
     f, b, hid = (sum(p[i] for p in parts) for i in range(3))
-    if etp > 1:  # the tokens' all-gather in 16-bit, the outputs' reduce-scatter in fp32
-        link = net.link(1, etp)
-        n = rows * hidden
-        pair = all_gather(ACT_BYTES * n, etp, link) + reduce_scatter(PROBS_BYTES * n, etp,
-                                                                      link)
-        f, b = f + pair, b + pair
-    return f, b, hid
+    pair = etp_pair_time(rows, hidden, etp, net)
+    return f + pair, b + pair, hid
+
+
+def etp_pair_time(rows: float, hidden: int, etp: int, net: Network) -> float:
+    """Seconds of the routed experts' ETP pair of one block, each way (forward: the
+    tokens' all-gather after the dispatch and the outputs' reduce-scatter before the
+    combine; backward: their gradients' reduce-scatter and all-gather) over ``etp``
+    consecutive ranks, ``rows`` gathered copies of ``hidden`` values: the tokens in 16-bit,
+    the outputs in the routing probabilities' dtype (:func:`etp_block_comm`); 0 at etp 1."""
+    if etp <= 1:
+        return 0.0
+    link = net.link(1, etp)
+    n = rows * hidden
+    return all_gather(ACT_BYTES * n, etp, link) + reduce_scatter(PROBS_BYTES * n, etp, link)
 
 
 # ---- the request's checks ------------------------------------------------------------------
@@ -727,10 +745,14 @@ class ExpertCosts(ParallelCosts):
         a2a = (all_to_all_time(wire * sent * h, ep, e, self.net, shares, d_rate)
                + all_to_all_time(ACT_BYTES * sent * h, ep, e, self.net, shares, c_rate)
                ) if moe else 0.0
+        # the ETP pair (Megatron-Core's dispatcher, inside tp_f / tp_b): communication
+        # between the dispatch and the experts, and the experts and the combine
+        etp_comm = etp_pair_time(routed_rows, h, e, self.net) if moe and self.gathered \
+            else 0.0
         got = self._blocks[key] = {
             "f": fwd + attn + mem + tp_f + cp_f + a2a + casts_f,
             "i": dgrad + attn_b + 2 * mem + tp_b + cp_b + a2a + casts_i + redo,
-            "w": wgrad + casts_w, "a2a": a2a,
+            "w": wgrad + casts_w, "a2a": a2a, "etp": etp_comm,
             "selective": attn + cp_f, "hidden": tp_hidden,
             "casts": casts_f + casts_i + casts_w, "recomputed": redo,
             "expert_flops": sum(2 * local * m * n * k for m, n, k in experts) if moe else 0.0,
@@ -875,8 +897,9 @@ class ExpertCosts(ParallelCosts):
             cols["act_w"].append(w)
             cols["transient"].append(none - kept)
             cols["hidden"].append(blk["hidden"])
-            cols["a2a_f"].append(blk["a2a"])
-            cols["a2a_b"].append(blk["a2a"] * (2 if recompute == "full" else 1))
+            comm = blk["a2a"] + blk["etp"]  # what a DualPipe pair may hide (module doc)
+            cols["a2a_f"].append(comm)
+            cols["a2a_b"].append(comm * (2 if recompute == "full" else 1))
         acc = [memory_time(self.rates.grad_accumulation * P, self.rates)
                for P in (self.params[0], self.params[-1])]
         a_head = head_activation_bytes(sh, s, b, t, self.sp, cp)
@@ -895,7 +918,8 @@ class ExpertCosts(ParallelCosts):
                     "i": head["i"] + mtp * (blk["i"] + extra_f + proj_b[0] + head["i"]),
                     "w": head["w"] + mtp * (blk["w"] + proj_b[1] + head["w"])}
             a_head = a_head * (1 + mtp) + mtp * (kept + 4 * T * sh.hidden)
-            a2a_head = [mtp * blk["a2a"], mtp * blk["a2a"] * (2 if recompute == "full" else 1)]
+            comm = blk["a2a"] + blk["etp"]
+            a2a_head = [mtp * comm, mtp * comm * (2 if recompute == "full" else 1)]
         out = 2 * s * b / cp * sh.hidden / t
         col = lambda e, xs, hd: np.array([e, *xs, hd], dtype=np.float64)  # noqa: E731
         lc = LayerCosts(
@@ -1074,8 +1098,9 @@ def moe_model_flops_per_sequence(shape: MoEShape, seq: int) -> float:
 def all_to_all_summary(plan, profiles, hardware, imbalance: float | None = None
                        ) -> dict | None:
     """For an MoE plan: the all-to-all seconds in one microbatch's F and backward of its
-    slowest stage (``a2a_f``, ``a2a_b`` of its CostModel), the nodes an EP group spans and
-    the imbalance priced; None for a dense plan."""
+    slowest stage (``a2a_f``, ``a2a_b`` of its CostModel: with the ETP pair where
+    Megatron-Core's dispatcher gathers over etp > 1, :func:`etp_pair_time`), the nodes an
+    EP group spans and the imbalance priced; None for a dense plan."""
     shape = moe_shape_of(profiles)
     if shape is None:
         return None
