@@ -62,7 +62,10 @@ def test_members_and_groups_per_node_match_the_network():
     ({"dp_shard": True}, "dp_shard must be an integer >= 1, got True"),
     ({"sp": True}, "sp needs tp > 1"),
     ({"sp": 1, "tp": 2}, "sp must be a bool"),
-    ({"ep": 3, "dp_shard": 4}, "ep 3 must divide dp_shard x cp = 4 .*valid are 1, 2, 4$"),
+    ({"ep": 3, "dp_shard": 4}, "ep 3 must divide dp x cp = 4 .*valid are 1, 2, 4$"),
+    ({"ep": 3, "dp_shard": 4, "ep_from": "dp_shard"},
+     "ep 3 must divide dp_shard x cp = 4 .*valid are 1, 2, 4$"),
+    ({"ep_from": "dp_replicate"}, "ep_from must be one of dp, dp_shard"),
 ])
 def test_bad_degrees_are_one_line(kwargs, message):
     with pytest.raises(UserError, match=message) as exc:
@@ -71,12 +74,26 @@ def test_bad_degrees_are_one_line(kwargs, message):
 
 
 def test_expert_parallel_inside_shard_times_context():
-    """EP is carved out of dp_shard x cp (torchtitan); the rest is expert data parallel."""
-    d = ParallelDims(cp=2, dp_shard=4, ep=8)
+    """torchtitan's rule: EP is carved out of dp_shard x cp; the rest is expert data
+    parallel."""
+    d = ParallelDims(cp=2, dp_shard=4, ep=8, ep_from="dp_shard")
     assert d.expert_data_parallel == 1
-    assert ParallelDims(cp=2, dp_shard=4, ep=2).expert_data_parallel == 4
+    assert ParallelDims(cp=2, dp_shard=4, ep=2, ep_from="dp_shard").expert_data_parallel == 4
     with pytest.raises(UserError, match="ep 2 must divide dp_shard x cp = 1"):
-        ParallelDims(dp_replicate=4, ep=2)  # replicas are no room for experts
+        ParallelDims(dp_replicate=4, ep=2, ep_from="dp_shard")  # torchtitan: replicas no room
+
+
+def test_expert_parallel_over_replicated_ranks_as_megatron_core_folds_it():
+    """Megatron-Core's rule (the default): EP takes any data-parallel ranks, DDP's replicas
+    too. World 16 = tp 2 x dp_replicate 4 x pp 2, ep 4: Megatron-Core's expert_dp = world /
+    (etp ep pp) = 16 / (2 x 4 x 2) = 1; at ep 2, 2, the EDP pair 2 x 2 = 4 ranks apart."""
+    d = ParallelDims(tp=2, pp=2, dp_replicate=4, ep=4)
+    assert d.world == 16 and d.expert_data_parallel == 16 // (2 * 4 * 2) == 1
+    assert d.group("ep") == (2, 4)  # ranks 0, 2, 4, 6: the TP-rank-0 of each replica
+    two = ParallelDims(tp=2, pp=2, dp_replicate=4, ep=2)
+    assert two.expert_data_parallel == 2 and two.group("edp") == (4, 2)
+    with pytest.raises(UserError, match="ep 8 must divide dp x cp = 4"):
+        ParallelDims(tp=2, dp_replicate=4, ep=8)
 
 
 def test_check_world():

@@ -50,16 +50,20 @@ def test_etp_above_tp_spans_tp_groups_of_the_stage():
     assert d.ep_room(4) == 2 and d.etp_groups == 0.5
     odd = ParallelDims(tp=2, sp=True, dp_shard=3, etp=3)
     assert odd.ep_room(3) == 2 and odd.expert_data_parallel == 2
-    assert not odd.ep_fits(2, dp_shard=2)  # 3 does not divide tp x dp_shard = 4
+    assert not odd.ep_fits(2, data=2)  # 3 does not divide tp x dp = 4
     assert ParallelDims(tp=1, dp_shard=4, etp=2).expert_data_parallel == 2  # ETP without TP
 
 
 @pytest.mark.parametrize("kw, words", [
-    (dict(tp=4, sp=True, dp_shard=2, etp=16), "etp 16 must divide tp x dp_shard x cp = 8"),
+    (dict(tp=4, sp=True, dp_shard=2, etp=16), "etp 16 must divide tp x dp x cp = 8"),
+    (dict(tp=4, sp=True, dp_replicate=2, etp=16, ep_from="dp_shard"),
+     "etp 16 must divide tp x dp_shard x cp = 4"),
     (dict(tp=4, etp=2), "etp 2 with tp 4 needs sp"),
     (dict(tp=2, etp=4, dp_shard=2), "etp 4 with tp 2 needs sp"),
-    (dict(tp=2, sp=True, dp_shard=2, ep=8, etp=1), "ep 8 must divide tp / etp x dp_shard x cp = 4"),
-    (dict(tp=2, sp=True, dp_shard=4, ep=4, etp=4), "ep 4 must divide tp x dp_shard x cp / etp = 2"),
+    (dict(tp=2, sp=True, dp_shard=2, ep=8, etp=1), "ep 8 must divide tp / etp x dp x cp = 4"),
+    (dict(tp=2, sp=True, dp_shard=4, ep=4, etp=4), "ep 4 must divide tp x dp x cp / etp = 2"),
+    (dict(tp=2, sp=True, dp_replicate=2, dp_shard=2, ep=8, etp=1, ep_from="dp_shard"),
+     "ep 8 must divide tp / etp x dp_shard x cp = 4"),
     (dict(tp=2, etp=0), "etp must be an integer >= 1, got 0"),
 ])
 def test_bad_etp_is_one_line_naming_it(kw, words):
@@ -103,17 +107,20 @@ TP_ONE = 3 / 4 * 4096 / 100e9  # an AG or RS of 2 x 32 x 64 B over 4 ranks: 30.7
 def test_etp_collectives_gather_the_dispatched_copies_in_the_etp_group():
     """tp 4, etp 2, no latency: the attention's and the shared experts' all-gather and
     reduce-scatter of 2 x 32 x 64 B over 4 ranks, 30.72 ns each; the routed experts' of
-    the ETP group's 32 copies (T k etp / tp), 2 x 32 x 64 B over 2 ranks, 1/2 x 4,096 /
-    100e9 = 20.48 ns, once each way in F and in B (no re-gather: the grouped GEMM keeps
-    the gathered copies)."""
-    etp_one = 1 / 2 * 4096 / 100e9
+    the ETP group's 32 copies (T k etp / tp) over 2 ranks: the tokens' all-gather 2 x 32 x
+    64 B, 1/2 x 4,096 / 100e9 = 20.48 ns, the outputs' reduce-scatter in fp32 (the
+    routing probabilities' dtype, Megatron-Core's combine_preprocess), 4 x 32 x 64 B,
+    40.96 ns, once each way in F and in B (no re-gather: the grouped GEMM keeps the
+    gathered copies)."""
+    etp_pair = 1 / 2 * 4096 / 100e9 + 1 / 2 * 8192 / 100e9
+    assert etp_pair == pytest.approx(61.44e-9)
     f, b, hidden = etp_block_comm(32, 64, 4, 2, FREE, (0, 0), (0, 0), True, 32)
-    assert f == pytest.approx(2 * (2 * TP_ONE) + 2 * etp_one)
-    assert b == pytest.approx(2 * (3 * TP_ONE) + 2 * etp_one)  # TP: AG, RS, AG each
+    assert f == pytest.approx(2 * (2 * TP_ONE) + etp_pair)
+    assert b == pytest.approx(2 * (3 * TP_ONE) + etp_pair)  # TP: AG, RS, AG each
     assert hidden == 0
     f, b, hidden = etp_block_comm(32, 64, 4, 2, FREE, (1, 1), (1, 1), False, 32)
-    assert f == pytest.approx(2 * TP_ONE + 2 * etp_one)  # no shared experts: one TP pair
-    assert b == pytest.approx(TP_ONE + 2 * etp_one)  # TP: the gradient all-gather shows
+    assert f == pytest.approx(2 * TP_ONE + etp_pair)  # no shared experts: one TP pair
+    assert b == pytest.approx(TP_ONE + etp_pair)  # TP: the gradient all-gather shows
     assert hidden == pytest.approx(2 * TP_ONE)  # the TP pair's RS and re-gather, not ETP's
 
 
@@ -121,10 +128,11 @@ def test_etp_collectives_gather_the_dispatched_copies_in_the_etp_group():
 def test_etp_collectives_are_exposed_under_every_tp_overlap(overlap, pipelined):
     """Megatron-Core runs the ETP all-gather / reduce-scatter in the dispatcher, off
     TransformerEngine's userbuffers (off for experts) and after the grouped GEMMs'
-    backward: at tp 1, etp 4 (no TP pair), 64 copies x 64 x 2 B = 8,192 B, 3/4 x 8,192 /
-    100e9 = 61.44 ns each, both in F and in B, nothing hidden, whatever --tp-overlap."""
+    backward: at tp 1, etp 4 (no TP pair), 64 copies x 64: the all-gather of 2 B values,
+    8,192 B, 3/4 x 8,192 / 100e9 = 61.44 ns, the reduce-scatter of fp32 ones, 16,384 B,
+    122.88 ns, both in F and in B, nothing hidden, whatever --tp-overlap."""
     net = replace(FREE, tp_overlap=overlap, tp_comm_overlap=pipelined)
-    pair = 2 * (3 / 4 * 8192 / 100e9)
+    pair = 3 / 4 * 8192 / 100e9 + 3 / 4 * 16384 / 100e9
     f, b, hidden = etp_block_comm(32, 64, 1, 4, net, (1, 1), (1, 1), True, 64)
     assert (f, b, hidden) == (pytest.approx(pair), pytest.approx(pair), 0)
     blk = ExpertCosts(TINY, SEQ, RATES, net, tp=1, cp=1, ep=1, etp=4).block_of(True, 1)
@@ -258,3 +266,32 @@ def test_the_plan_runs_etp_above_tp(moe_file, capsys, monkeypatch, tmp_path):
     assert "--expert-tensor-parallel-size 4" in flags and "--disable-bias-linear" in flags
     tt = data["pastes"]["torchtitan"]
     assert tt["runnable"] is False and "1 or tp 2 only, not etp 4" in tt["reason"]
+
+
+def test_dualpipe_pair_hides_the_etp_pair_with_the_all_to_all():
+    """tp 1, etp 4, ep 2, no latency: the block's hideable communication (``a2a_f``) is
+    its all-to-all plus the ETP pair over the 4 ranks' T k = 64 copies each, 256 x 64
+    values: the 16-bit all-gather 3/4 x 32,768 / 100e9 = 245.76 ns, the fp32 reduce-scatter
+    491.52 ns, 737.28 ns, and the same in the backward. An F&B pair of two such blocks,
+    compute far above communication, hides all of both halves' (before: the all-to-all
+    only); a lone F shows it whole."""
+    from pipebubble.costs import CostModel
+
+    slow = Rates(1e12, 3e10)  # a slow chip: compute well above the communication
+    lc = ExpertCosts(TINY, SEQ, slow, FREE, tp=1, cp=1, ep=2, etp=4).at(1)
+    blk = ExpertCosts(TINY, SEQ, slow, FREE, tp=1, cp=1, ep=2, etp=4).block_of(True, 1)
+    pair = 3 / 4 * 32768 / 100e9 + 3 / 4 * 65536 / 100e9
+    assert blk["etp"] == pytest.approx(pair) == pytest.approx(737.28e-9)
+    assert lc.a2a_f[2] == pytest.approx(blk["a2a"] + pair)  # layer 1: the first MoE block
+    assert lc.a2a_b[2] == pytest.approx(blk["a2a"] + pair)
+    assert lc.a2a_f[1] == 0  # the dense block: nothing to hide
+    assert ExpertCosts(TINY, SEQ, RATES, FREE, tp=1, cp=1, ep=2, etp=1).block_of(
+        True, 1)["etp"] == 0  # experts whole: no ETP pair
+    f, b = float(lc.f[2]), float(lc.i[2] + lc.w[2])
+    sc = CostModel(f=f, b=b, w=0, a2a_f=float(lc.a2a_f[2]), a2a_b=float(lc.a2a_b[2])).resolve(1)
+    time, hidden = sc.pair_duration(0, 0)
+    comm = 2 * (blk["a2a"] + pair)
+    assert f + b - comm > comm  # compute-bound: every byte of it hides
+    assert hidden == pytest.approx(comm) and time == pytest.approx(f + b - comm)
+    lone = sc.lone_part(0, "F")
+    assert lone.exposed == pytest.approx(blk["a2a"] + pair) and lone.hidden == 0

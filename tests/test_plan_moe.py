@@ -121,7 +121,7 @@ def test_expert_states_shard_over_the_expert_data_parallel_group():
 
 
 def test_ddp_replicates_the_experts_of_each_ep_rank():
-    """DDP at EP 2 (inside CP 2: DDP has no dp_shard ranks to borrow): experts / 2 a rank,
+    """DDP at EP 2 (inside CP 2, which every framework's rule allows): experts / 2 a rank,
     every state whole."""
     res = search(_profiles(), _request(pp=(1,), cp=(2,), ep=(2,), shardings=("ddp",)),
                  get_hardware("h100-sxm"))
@@ -207,7 +207,8 @@ def test_recompute_all_on_an_moe_profile_tries_the_moe_modes(tmp_path, capsys, m
     (["--config", "ep=3"], "--config ep=3: ep 3 must divide the model's 8 experts"),
     (["--config", "ep=4,pp=4"], "must divide dp x cp"),
     # (tp 1: at etp 1 < tp, EP could borrow the TP ranks ddp leaves: tests/test_plan_etp.py)
-    (["--ep", "2", "--cp", "1", "--tp", "1", "--sharding", "ddp"], "must divide dp_shard x cp"),
+    (["--ep", "2", "--cp", "1", "--tp", "1", "--sharding", "ddp", "--framework", "torchtitan"],
+     "must divide dp_shard x cp (torchtitan's EP borrows the sharded data-parallel ranks"),
     (["--moe-imbalance", "0.5"], "--moe-imbalance must be a finite number >= 1"),
     (["--moe-imbalance", "nan"], "--moe-imbalance"),
     (["--moe-imbalance", "inf"], "--moe-imbalance"),

@@ -45,16 +45,17 @@ def test_megatron_at_etp_tp_sends_the_ranks_own_shard():
 
 def test_megatron_at_etp_tp_gathers_the_copies_over_tp():
     """Megatron-Core: the attention's and shared experts' SP pairs over TP (30.72 ns each
-    collective) and the all-gather / reduce-scatter of the T k = 64 received copies over
-    the 4 ETP (= TP) ranks, 3/4 x 8,192 / 100e9 = 61.44 ns each, in F and in B; the
+    collective) and, over the 4 ETP (= TP) ranks, the all-gather of the T k = 64 received
+    copies in 16-bit, 3/4 x 8,192 / 100e9 = 61.44 ns, and the reduce-scatter of their
+    outputs in fp32 (the routing probabilities' dtype), 122.88 ns, in F and in B; the
     block's F is torchtitan's minus its MLP pair (2 x 30.72 ns) plus these two and minus
     the all-to-all it no longer sends."""
-    routed = 3 / 4 * 8192 / 100e9
+    routed = 3 / 4 * 8192 / 100e9 + 3 / 4 * 16384 / 100e9
     f, b, hid = etp_block_comm(32, 64, 4, 4, FREE, (0, 0), (0, 0), True, 64)
-    assert f == pytest.approx(2 * 2 * TP_ONE + 2 * routed)
-    assert b == pytest.approx(2 * 3 * TP_ONE + 2 * routed) and hid == 0
+    assert f == pytest.approx(2 * 2 * TP_ONE + routed)
+    assert b == pytest.approx(2 * 3 * TP_ONE + routed) and hid == 0
     tt, mg = _costs(net=FREE).block_of(True, 1), _costs(MEGATRON, FREE).block_of(True, 1)
-    assert mg["f"] - tt["f"] == pytest.approx(2 * routed + mg["a2a"] - tt["a2a"])
+    assert mg["f"] - tt["f"] == pytest.approx(routed + mg["a2a"] - tt["a2a"])
     assert mg["a2a"] == pytest.approx(tt["a2a"] / 4)
 
 
@@ -106,18 +107,18 @@ def test_pipelined_pair_by_hand():
 def test_megatron_overlap_covers_attention_and_shared_experts_not_the_routed():
     """--tp-comm-overlap under Megatron-Core's dispatcher (tp 4, etp 2, GEMMs of 1 s):
     the attention's and the shared experts' pairs each show TP_ONE / 2 in F and TP_ONE / 4
-    in B; the routed pair over the 2 ETP ranks (32 copies: 1/2 x 4,096 / 100e9 = 20.48 ns
-    a collective) stays whole."""
+    in B; the routed pair over the 2 ETP ranks (32 copies: the 16-bit all-gather 1/2 x
+    4,096 / 100e9 = 20.48 ns, the fp32 reduce-scatter 40.96 ns) stays whole."""
     net = replace(FREE, tp_comm_overlap=True)
-    etp_one = 1 / 2 * 4096 / 100e9
+    etp_pair = 1 / 2 * 4096 / 100e9 + 1 / 2 * 8192 / 100e9
     f, b, hid = etp_block_comm(32, 64, 4, 2, net, (1, 1), (1, 1), True, 32, (1, 1, 1, 1),
                                (1, 1))
-    assert f == pytest.approx(2 * TP_ONE / 2 + 2 * etp_one)
-    assert b == pytest.approx(2 * TP_ONE / 4 + 2 * etp_one)
+    assert f == pytest.approx(2 * TP_ONE / 2 + etp_pair)
+    assert b == pytest.approx(2 * TP_ONE / 4 + etp_pair)
     assert hid == pytest.approx(2 * 2 * TP_ONE)
     plain = etp_block_comm(32, 64, 4, 2, FREE, (1, 1), (1, 1), True, 32, (1, 1, 1, 1),
                            (1, 1))  # the same GEMMs without the overlap: 2 AG + 2 RS + 2
-    assert plain[0] == pytest.approx(2 * 2 * TP_ONE + 2 * etp_one)
+    assert plain[0] == pytest.approx(2 * 2 * TP_ONE + etp_pair)
 
 
 def test_torchtitan_layout_overlaps_the_attention_only():

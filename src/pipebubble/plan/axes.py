@@ -105,14 +105,16 @@ class Axes:
 
     def ep_fits(self, dp: int) -> bool:
         """Whether the point's ``ep`` fits ``dp`` data-parallel ranks split by its sharding
-        (EP is carved out of ``dp_shard x cp``: :class:`~pipebubble.plan.dims.ParallelDims`)."""
+        (EP is carved out of ``dp x cp``, or ``dp_shard x cp`` under torchtitan's rule:
+        :class:`~pipebubble.plan.dims.ParallelDims` ``ep_from``)."""
         pt = self.point
         if pt.ep == 1 and pt.etp == pt.dims.tp:
             return True
         if pt.sharding.hybrid:
             return False  # hsdp's shard group and the expert-data-parallel group: not priced
-        _, shard = pt.sharding.split_dp(dp, pt.dims.model_parallel, self.net.gpus_per_node)
-        return pt.dims.ep_fits(pt.ep, shard, pt.etp)
+        replicate, shard = pt.sharding.split_dp(dp, pt.dims.model_parallel,
+                                                self.net.gpus_per_node)
+        return pt.dims.ep_fits(pt.ep, pt.dims.ep_data(replicate, shard), pt.etp)
 
     # -- the experts (MoE): sharded over EP, their states over the expert-data-parallel group
     def _expert_sharding(self) -> Sharding:
@@ -122,7 +124,10 @@ class Axes:
 
     def expert_bytes_per_param(self, dp: int, pp: int = 1) -> float:
         """Model-state bytes per local expert parameter: the sharding over the
-        expert-data-parallel group (``dp x cp / ep`` ranks), not ``dp x cp``."""
+        expert-data-parallel group (``tp x cp x dp / (etp x ep)`` ranks), not ``dp x cp``:
+        replicated over it under ddp (EP over plain data-parallel ranks, Megatron-Core's
+        folding), sharded under zero1/2 and fsdp (Megatron-Core's distributed optimizer
+        shards expert states over its expert-data-parallel group)."""
         if self.point.sharding.hybrid:
             return self.bytes_per_param(dp, pp)
         n = self.dims(dp, pp).expert_data_parallel

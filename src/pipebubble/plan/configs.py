@@ -116,7 +116,7 @@ class Configs:
                     req.dp is not None and dp not in req.dp):
                 continue
             if not self.axes.ep_fits(dp):
-                continue  # expert parallelism is carved out of dp_shard x cp (plan/expert.py)
+                continue  # EP is carved out of dp (or dp_shard) x cp (plan/dims.py ep_from)
             dims = self.axes.dims(dp, pp)
             if pt.sharding.shards_optimizer and dims.data_context == 1:
                 continue  # nothing to shard: the same plan as ddp, shown once

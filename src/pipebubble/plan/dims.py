@@ -10,23 +10,33 @@ process groups):
   share (shard) the model states, ``dp_replicate`` groups of them hold copies: DDP is
   ``dp_replicate = dp``, ZeRO and FSDP ``dp_shard = dp``, HSDP both above 1 (torchtitan's
   ``data_parallel_replicate_degree`` and ``data_parallel_shard_degree``);
-- ``ep``: expert parallel, carved out of the ``dp_shard x cp`` ranks (torchtitan: the EP
-  mesh borrows from ``dp_shard`` and ``cp``; Megatron-Core: ``--expert-model-parallel-size``
-  inside data x context parallel). An EP group is ``ep`` consecutive ranks of the
-  ``cp x dp`` grid (stride ``tp``), the expert-data-parallel group the ranks ``tp x ep``
-  apart that hold the same experts (:mod:`pipebubble.plan.expert`);
+- ``ep``: expert parallel, carved out of the stage's data x context parallel ranks (and
+  the TP ranks ETP leaves). Which data-parallel ranks it may take is the framework's rule,
+  ``ep_from``: ``"dp"`` (the default), every one of them, replicated or sharded, as
+  Megatron-Core's "MoE parallel folding" builds its expert mesh (core 0.16.1
+  ``parallel_state.initialize_model_parallel``: an expert ``RankGenerator`` of ``etp x ep
+  x expert_dp x pp`` over the same world as the dense one, asking only ``world % (etp x ep
+  x pp) == 0`` and ``expert_dp = world / (etp x ep x pp)``; nothing there depends on
+  ``--use-distributed-optimizer``, so EP runs over plain DDP ranks too) and DeepSpeed's
+  expert groups (``deepspeed/utils/groups.py`` ``_get_expert_parallel_ranks``: ep divides
+  ``world / (tp x pp)``, at any ZeRO stage); ``"dp_shard"``, only the sharded ones, as
+  torchtitan's mesh (0.3.0 ``distributed/parallel_dims.py``: the sparse mesh ``pp x
+  dp_replicate x efsdp x ep`` with ``efsdp = dp_shard x cp x tp / ep``, so EP never takes a
+  ``dp_replicate`` rank; 0.2 at ``etp = tp``: ``ep`` divides ``dp_shard x cp``). An EP
+  group is ``ep`` ranks ``etp`` apart, the expert-data-parallel group the ranks ``etp x
+  ep`` apart that hold the same experts (:mod:`pipebubble.plan.expert`);
 - ``etp``: expert tensor parallel, the ranks that split each expert's matrices (Megatron-Core
   ``--expert-tensor-parallel-size``, default ``tp``; torchtitan
   ``expert_tensor_parallel_degree``, 1 or ``tp``). ``None`` means ``tp`` (Megatron-Core's
   default, the planner's layout before ETP had a degree of its own). The expert mesh of a
   stage is ``etp x ep x edp = tp x cp x dp`` (Megatron-Core's "MoE parallel folding": its
-  expert rank generator is built apart from the dense one, ETP innermost, and
-  ``initialize_model_parallel`` asks only that ``etp x ep x pp`` divide the world): an ETP
+  expert rank generator is built apart from the dense one, in the order ``tp-cp-ep-dp-pp``
+  with ``cp = 1``: ETP innermost, then EP, then expert-data-parallel, PP outermost): an ETP
   group is ``etp`` consecutive ranks, an EP group ``ep`` ranks ``etp`` apart, the
   expert-data-parallel group ``tp x cp x dp / (etp x ep)`` ranks ``etp x ep`` apart. So
   ``etp`` may be below ``tp`` (a slice of a TP group), above it (ETP groups spanning ``etp /
-  tp`` TP groups) or neither; here, as EP, the ETP x EP ranks are carved out of ``tp x cp x
-  dp_shard``: ``etp x ep`` divides ``tp x dp_shard x cp``. An ``etp`` other than ``tp`` at
+  tp`` TP groups) or neither; the ETP x EP ranks are carved out of ``tp x cp x dp``
+  (``tp x cp x dp_shard`` under ``ep_from = "dp_shard"``). An ``etp`` other than ``tp`` at
   ``tp > 1`` needs ``sp``: Megatron-Core trains MoE layers with TP only under sequence
   parallelism (``MoELayer.forward`` raises otherwise, core 0.16.1), each rank dispatching
   its own sequence shard (torchtitan, whose TP is always sequence-parallel, runs etp 1 or
@@ -56,7 +66,15 @@ tp must be an integer >= 1, got 0
 ...     ParallelDims(cp=2, dp_shard=3, ep=4)
 ... except UserError as exc:
 ...     print(exc)  # doctest: +ELLIPSIS
-ep 4 must divide dp_shard x cp = 6 (expert parallelism is carved out of ...); valid are 1, 2, 3, 6
+ep 4 must divide dp x cp = 6 (expert parallelism is carved out of ...); valid are 1, 2, 3, 6
+>>> f = ParallelDims(tp=2, dp_replicate=4, ep=4)  # EP over plain DDP ranks (Megatron-Core)
+>>> f.expert_data_parallel, f.group("ep"), f.group("edp")
+(1, (2, 4), (8, 1))
+>>> try:
+...     ParallelDims(tp=2, dp_replicate=4, ep=4, ep_from="dp_shard")  # torchtitan's mesh
+... except UserError as exc:
+...     print(exc)  # doctest: +ELLIPSIS
+ep 4 must divide dp_shard x cp = 1 (...); valid are 1
 >>> e = ParallelDims(tp=4, sp=True, dp_shard=4, ep=8, etp=1)  # EP borrows the 4 TP ranks
 >>> e.expert_data_parallel, e.group("etp"), e.group("ep"), e.group("edp")
 (2, (1, 1), (1, 8), (8, 2))
@@ -66,7 +84,7 @@ ep 4 must divide dp_shard x cp = 6 (expert parallelism is carved out of ...); va
 ...     ParallelDims(tp=4, sp=True, dp_shard=2, etp=16)
 ... except UserError as exc:
 ...     print(exc)  # doctest: +ELLIPSIS
-etp 16 must divide tp x dp_shard x cp = 8 (the expert mesh's ...); valid are 1, 2, 4, 8
+etp 16 must divide tp x dp x cp = 8 (the expert mesh's ...); valid are 1, 2, 4, 8
 """
 
 from __future__ import annotations
@@ -76,6 +94,7 @@ from dataclasses import dataclass, replace
 from ..errors import UserError, param
 
 DEGREES = ("tp", "cp", "pp", "dp_replicate", "dp_shard", "ep", "etp")
+EP_FROM = ("dp", "dp_shard")  # the data-parallel ranks EP may take (module doc)
 AXES = ("tp", "cp", "dp", "pp")  # innermost first: the order of the process grid
 
 
@@ -88,9 +107,10 @@ class ParallelDims:
     pp: int = 1
     dp_replicate: int = 1
     dp_shard: int = 1
-    ep: int = 1  # expert parallel: inside dp_shard x cp (plan/expert.py)
+    ep: int = 1  # expert parallel: inside dp x cp, or dp_shard x cp (ep_from; plan/expert.py)
     sp: bool = False  # sequence parallelism over the tp ranks
     etp: int | None = None  # expert tensor parallel, divides tp (None: tp, Megatron's default)
+    ep_from: str = "dp"  # the data-parallel ranks EP takes: dp (Megatron-Core) or dp_shard
 
     def __post_init__(self) -> None:
         if self.etp is None:
@@ -106,23 +126,38 @@ class ParallelDims:
             raise UserError("sp needs tp > 1 (sequence parallelism splits TP's replicated "
                             "activations)")
         check_etp_sp(self.tp, self.sp, self.etp)
-        mesh = self.tp * self.cp * self.dp_shard
+        if self.ep_from not in EP_FROM:
+            raise UserError(f"ep_from must be one of {', '.join(EP_FROM)} (the data-parallel "
+                            f"ranks expert parallelism may take), got {self.ep_from!r}")
+        data = self.ep_data(self.dp_replicate, self.dp_shard)
+        mesh = self.tp * self.cp * data
+        what = "dp" if self.ep_from == "dp" else "dp_shard"
         if mesh % self.etp:
             valid = ", ".join(str(d) for d in range(1, mesh + 1) if mesh % d == 0)
-            raise UserError(f"etp {self.etp} must divide tp x dp_shard x cp = {mesh} (the "
-                            f"expert mesh's ETP x EP ranks are carved out of the stage's TP, "
-                            f"CP and sharded data-parallel ranks); valid are {valid}")
-        room = self.ep_room(self.dp_shard)
+            raise UserError(f"etp {self.etp} must divide tp x {what} x cp = {mesh} (the "
+                            f"expert mesh's ETP x EP ranks are carved out of the stage's TP and "
+                            f"CP ranks and {self._ranks_named()}); valid are {valid}")
+        room = self.ep_room(data)
         if room % self.ep:
             valid = ", ".join(str(d) for d in range(1, room + 1) if room % d == 0)
-            what = ("dp_shard x cp" if self.etp == self.tp else
-                    "tp / etp x dp_shard x cp" if self.tp % self.etp == 0 else
-                    "tp x dp_shard x cp / etp")
-            raise UserError(f"ep {self.ep} must divide {what} = {room} (expert "
-                            f"parallelism is carved out of the sharded data x context "
-                            f"parallel ranks" + ("" if self.etp == self.tp else
-                                                 " and the TP ranks ETP leaves")
-                            + f"); valid are {valid}")
+            rule = (f"{what} x cp" if self.etp == self.tp else
+                    f"tp / etp x {what} x cp" if self.tp % self.etp == 0 else
+                    f"tp x {what} x cp / etp")
+            raise UserError(f"ep {self.ep} must divide {rule} = {room} (expert "
+                            f"parallelism is carved out of the context parallel ranks"
+                            + ("" if self.etp == self.tp else ", the TP ranks ETP leaves")
+                            + f" and {self._ranks_named()}); valid are {valid}")
+
+    def _ranks_named(self) -> str:
+        return ("the data-parallel ranks, replicated or sharded, as Megatron-Core folds its "
+                "expert mesh" if self.ep_from == "dp" else
+                "the sharded data-parallel ranks only, as torchtitan's mesh: never "
+                "dp_replicate")
+
+    def ep_data(self, dp_replicate: int, dp_shard: int) -> int:
+        """The data-parallel ranks EP may take at that split: all ``dp_replicate x
+        dp_shard`` of them (``ep_from = "dp"``), or the ``dp_shard`` ones."""
+        return dp_replicate * dp_shard if self.ep_from == "dp" else dp_shard
 
     # ---- derived sizes ---------------------------------------------------------------------
     @property
@@ -216,24 +251,24 @@ class ParallelDims:
     def with_split(self, pp: int, dp_replicate: int, dp_shard: int, ep: int | None = None,
                    etp: int | None = None) -> ParallelDims:
         """These model-parallel degrees with a pipeline and data-parallel split (and
-        ``ep``, ``etp``, when given: ``ep`` must divide the split's ``tp / etp x dp_shard x
-        cp``)."""
+        ``ep``, ``etp``, when given: ``ep`` must divide the split's :meth:`ep_room`)."""
         return replace(self, pp=pp, dp_replicate=dp_replicate, dp_shard=dp_shard,
                        ep=self.ep if ep is None else ep, etp=self.etp if etp is None else etp)
 
-    def ep_room(self, dp_shard: int, etp: int | None = None) -> int:
-        """The ranks EP is carved out of, ``tp x dp_shard x cp / etp`` (``tp / etp x
-        dp_shard x cp`` at an etp dividing tp; these degrees with that shard split; ``etp``
-        None: these degrees' own); 0 when ``etp`` does not divide ``tp x dp_shard x cp``."""
+    def ep_room(self, data: int, etp: int | None = None) -> int:
+        """The ranks EP is carved out of, ``tp x data x cp / etp`` (``tp / etp x data x
+        cp`` at an etp dividing tp), ``data`` the data-parallel ranks it may take
+        (:meth:`ep_data`: ``dp``, or ``dp_shard`` under torchtitan's rule); ``etp`` None:
+        these degrees' own; 0 when ``etp`` does not divide ``tp x data x cp``."""
         e = self.etp if etp is None else etp
         if self.tp % e == 0:
-            return dp_shard * self.cp * (self.tp // e)
-        mesh = self.tp * self.cp * dp_shard
+            return data * self.cp * (self.tp // e)
+        mesh = self.tp * self.cp * data
         return mesh // e if mesh % e == 0 else 0
 
-    def ep_fits(self, ep: int, dp_shard: int, etp: int | None = None) -> bool:
+    def ep_fits(self, ep: int, data: int, etp: int | None = None) -> bool:
         """Whether ``ep`` divides :meth:`ep_room` (and the room is not empty)."""
-        room = self.ep_room(dp_shard, etp)
+        room = self.ep_room(data, etp)
         return room > 0 and room % ep == 0
 
     def check_world(self, gpus: int, flag: str = param("gpus")) -> None:

@@ -40,23 +40,34 @@ mixtral, qwen2_moe, qwen3_moe or deepseek_v3 config; the shape is
 F holds the attention, the MLP and its two all-to-alls, I (the input gradient) the data
 gradients, the backward all-to-alls and twice the memory-bound work, W the weight gradients;
 full recomputation re-runs F (its all-to-alls too). The planner's :class:`~pipebubble.costs.
-CostModel` gets the all-to-all part of F and of the backward as ``a2a_f`` and ``a2a_b``:
-``f`` and ``b`` stay the whole action times, the all-to-all exposed; DualPipe's overlapped
-F&B pairs hide one half's all-to-all behind the other's compute
-(:meth:`~pipebubble.costs.StageCosts.pair_duration`).
+CostModel` gets the expert-parallel communication of F and of the backward as ``a2a_f`` and
+``a2a_b``: the all-to-alls and, in Megatron-Core's dispatcher layout, the routed experts'
+ETP all-gather / reduce-scatter (:func:`etp_pair_time`), which sit between the dispatch and
+the experts and between the experts and the combine, where the all-to-alls sit: ``f`` and
+``b`` stay the whole action times, that communication exposed; DualPipe's overlapped F&B
+pairs hide one half's communication behind the other's compute
+(:meth:`~pipebubble.costs.StageCosts.pair_duration`), the ETP pair with the all-to-all (a
+chunk's dispatch phase, all-to-all then all-gather, runs while the other chunk computes, as
+the combine phase does; DeepSeek-V3 ran no TP, so its report does not say; Megatron-Core's
+own F&B overlap, ``--overlap-moe-expert-parallel-comm``, runs the ETP pair in its "mlp"
+node on the compute stream, ``models/gpt/fine_grained_callables.py`` and
+``models/common/model_chunk_schedule_plan.py`` in core 0.16.1, but it pairs 1F1B chunks,
+which the planner prices unpaired). The attention's and shared experts' TP collectives stay
+out of it (they feed compute in the chunk itself).
 
 **The EP axis** (Megatron-Core ``--expert-model-parallel-size``, torchtitan
 ``expert_parallel_degree``): an EP group is ``ep`` ranks ``etp`` apart (at ``etp = tp``
-consecutive ranks of the ``cp x dp`` grid), carved out of ``tp / etp x dp_shard x cp``
-(:class:`~pipebubble.plan.dims.ParallelDims`); ``ep`` must divide ``E``. The ranks ``etp x
-ep`` apart holding the same experts form the expert-data-parallel group of ``tp x cp x dp /
-(etp x ep)`` ranks: the experts' weights, gradients and optimizer states are ``1 / (etp
-ep)`` per rank and
-sharded over that group as the sharding shards dense states over ``dp x cp``
-(:meth:`~pipebubble.plan.axes.Axes.expert_bytes_per_param`; hsdp is searched at ep 1 only,
-its experts sharded as its other states), their
-gradients reduced over it (:meth:`~pipebubble.plan.axes.Axes.expert_sync`), behind the
-same last backward as the dense gradients.
+consecutive ranks of the ``cp x dp`` grid), carved out of ``tp / etp x dp x cp`` under
+Megatron-Core's folding (any data-parallel rank, replicated or sharded: Megatron-LM, NeMo,
+DeepSpeed, ``none``), of ``tp / etp x dp_shard x cp`` under torchtitan's mesh
+(:class:`~pipebubble.plan.dims.ParallelDims` ``ep_from``); ``ep`` must divide ``E``. The
+ranks ``etp x ep`` apart holding the same experts form the expert-data-parallel group of
+``tp x cp x dp / (etp x ep)`` ranks: the experts' weights, gradients and optimizer states
+are ``1 / (etp ep)`` per rank and sharded over that group as the sharding shards dense
+states over ``dp x cp`` (replicated under ddp; :meth:`~pipebubble.plan.axes.Axes.
+expert_bytes_per_param`; hsdp is searched at ep 1 only, its experts sharded as its other
+states), their gradients reduced over it (:meth:`~pipebubble.plan.axes.Axes.expert_sync`),
+behind the same last backward as the dense gradients.
 
 **The load-imbalance factor** ``u`` (``--moe-imbalance``, >= 1): the busiest EP rank's
 tokens over the mean. A router with a capacity factor ``C`` drops what exceeds ``C`` times
@@ -111,6 +122,7 @@ from .parallel_costs import MODES, ParallelCosts
 from .tensor import block_tp_comm, block_tp_hidden, pipelined_pair, sp_collective
 
 ACT_BYTES = 2  # 16-bit activations on the wire
+PROBS_BYTES = 4  # the routing probabilities' dtype: fp32 (--moe-router-dtype fp32)
 DEFAULT_IMBALANCE = 1.0
 FP8_WIRE_BYTES = 1 + 4 / 128  # an FP8 value and its share of a 1 x 128 tile's fp32 scale
 E5M6_BYTES = 1.5 + 4 / 128  # a 12-bit E5M6 value and its 1 x 128 tile's scale
@@ -374,6 +386,20 @@ def etp_block_comm(tokens: float, hidden: int, tp: int, etp: int, net: Network,
     copies after the EP all-to-all and the reduce-scatter of the experts' output before
     the combine, their gradients' reduce-scatter and all-gather in the backward.
 
+    The bytes: the all-gather carries the dispatched tokens (16-bit, ``ACT_BYTES``), the
+    reduce-scatter the experts' outputs cast to the routing probabilities' dtype first
+    (``combine_preprocess``: ``reduce_scatter_to_sequence_parallel_region(hidden_states.
+    to(self.probs.dtype), ...).to(hidden_states.dtype)``, core 0.16.1
+    ``transformer/moe/token_dispatcher.py``), which is the router's: the input's (bf16)
+    by default, fp32 with ``--moe-router-dtype fp32`` (``router.py``: ``router_dtype``).
+    The planner keeps the probabilities in fp32 (their activations, ``4 T E``, and the
+    softmax are priced in fp32; Megatron-Core advises fp32 routing from 32 experts), and
+    its Megatron paste writes ``--moe-router-dtype fp32``: so the reduce-scatter moves
+    :data:`PROBS_BYTES` a value, and in the backward its gradient's all-gather too (the
+    cast's backward brings the gradient to fp32 before it), while the dispatch's gradient
+    reduce-scatter stays 16-bit. (The probabilities themselves also travel, one value a
+    copy beside ``h`` of the token: not priced.)
+
     The routed pair is never hidden (under every ``--tp-overlap``): the dispatcher's
     collectives are autograd functions of their own, run after the grouped GEMMs'
     backward (data and weight gradients together), and TransformerEngine's userbuffers
@@ -407,12 +433,21 @@ def etp_block_comm(tokens: float, hidden: int, tp: int, etp: int, net: Network,
         if shared:
             parts.append(sp_collective(tokens, hidden, tp, net, hide[1], hide_dgrad[1]))
     f, b, hid = (sum(p[i] for p in parts) for i in range(3))
-    if etp > 1:
-        link = net.link(1, etp)
-        n = ACT_BYTES * rows * hidden
-        pair = all_gather(n, etp, link) + reduce_scatter(n, etp, link)
-        f, b = f + pair, b + pair
-    return f, b, hid
+    pair = etp_pair_time(rows, hidden, etp, net)
+    return f + pair, b + pair, hid
+
+
+def etp_pair_time(rows: float, hidden: int, etp: int, net: Network) -> float:
+    """Seconds of the routed experts' ETP pair of one block, each way (forward: the
+    tokens' all-gather after the dispatch and the outputs' reduce-scatter before the
+    combine; backward: their gradients' reduce-scatter and all-gather) over ``etp``
+    consecutive ranks, ``rows`` gathered copies of ``hidden`` values: the tokens in 16-bit,
+    the outputs in the routing probabilities' dtype (:func:`etp_block_comm`); 0 at etp 1."""
+    if etp <= 1:
+        return 0.0
+    link = net.link(1, etp)
+    n = rows * hidden
+    return all_gather(ACT_BYTES * n, etp, link) + reduce_scatter(PROBS_BYTES * n, etp, link)
 
 
 # ---- the request's checks ------------------------------------------------------------------
@@ -497,19 +532,22 @@ def ep_options(req, shape: MoEShape | None, hardware: bool) -> tuple[int, ...]:
 
 def check_ep_splits(req, ep_list, splits, shardings=(), gpus_per_node: int = 8,
                     etp_list: tuple[int, ...] | None = None) -> None:
-    """One line unless some ``(tp, cp, pp, dp)`` split and sharding leave ``dp_shard x cp``
-    (``tp x dp_shard x cp / etp`` for an etp of ``etp_list`` other than tp) divisible by a
-    given ep (only when ``--ep`` or ``ep=`` is given): ddp has no ``dp_shard`` ranks to
-    borrow, so under ddp ep must divide cp (``tp / etp x cp``)."""
+    """One line unless some ``(tp, cp, pp, dp)`` split and sharding leave room for a given
+    ep (only when ``--ep`` or ``ep=`` is given): ``tp x cp x dp / etp`` (``dp x cp`` at
+    ``etp = tp``) under Megatron-Core's folding (``req.ep_from`` ``"dp"``, the default:
+    every data-parallel rank, replicated or sharded), ``dp_shard`` in place of ``dp``
+    under torchtitan's (``"dp_shard"``: ddp shards nothing, so there ep must divide cp,
+    ``tp / etp x cp``)."""
     given = getattr(req, "ep", None)
     if not given:
         return
+    ep_from = getattr(req, "ep_from", "dp")
     flag = (f"{param('config')} ep=" if "ep" in getattr(req, "config", ()) else
             f"{param('ep')} ") + ",".join(map(str, given))
-    def room(tp: int, cp: int, shard: int) -> set[int]:  # tp x shard x cp / etp
+    def room(tp: int, cp: int, data: int) -> set[int]:  # tp x data x cp / etp
         d = ParallelDims(tp=tp, cp=cp)
-        return {r for e in (etp_list or (tp,)) if (r := d.ep_room(shard, e))} or {
-            shard * cp}
+        return {r for e in (etp_list or (tp,)) if (r := d.ep_room(data, e))} or {
+            data * cp}
 
     rooms = sorted({r for tp, cp, _, dp in splits for r in room(tp, cp, dp)})
     lent = " and the TP ranks ETP leaves, tp / etp" if etp_list else ""
@@ -518,6 +556,8 @@ def check_ep_splits(req, ep_list, splits, shardings=(), gpus_per_node: int = 8,
                          f"data x context parallel ranks{lent}); these degrees leave "
                          f"{'tp x dp x cp / etp' if etp_list else 'dp x cp'} in "
                          f"{', '.join(map(str, rooms))}")
+    if ep_from == "dp":
+        return  # every split's data-parallel ranks are EP's, whatever the sharding
     shard_rooms = set()
     for tp, cp, _, dp in splits:
         mp = ParallelDims(tp=tp, cp=cp).model_parallel
@@ -526,12 +566,13 @@ def check_ep_splits(req, ep_list, splits, shardings=(), gpus_per_node: int = 8,
             shard_rooms.update(room(tp, cp, shard))
     if shardings and not any(room % ep == 0 for room in shard_rooms for ep in ep_list):
         names = ", ".join(str(s) for s in shardings)
-        raise UserError(f"{flag} must divide dp_shard x cp (EP borrows the sharded data-"
-                         f"parallel ranks, as torchtitan's mesh does), but {param('shardings')} "
+        raise UserError(f"{flag} must divide dp_shard x cp (torchtitan's EP borrows the "
+                         f"sharded data-parallel ranks only), but {param('shardings')} "
                          f"{names} leaves dp_shard x cp in "
                          f"{', '.join(map(str, sorted(shard_rooms)))} (ddp shards nothing: "
-                         f"dp_shard 1); use {param('shardings')} zero1, zero2 or fsdp, or a cp "
-                         "that ep divides")
+                         f"dp_shard 1); use {param('shardings')} fsdp, or a cp "
+                         "that ep divides, or a framework that runs EP over replicated "
+                         f"ranks ({param('framework')} megatron)")
 
 
 # ---- one point's layer costs -----------------------------------------------------------------
@@ -704,10 +745,14 @@ class ExpertCosts(ParallelCosts):
         a2a = (all_to_all_time(wire * sent * h, ep, e, self.net, shares, d_rate)
                + all_to_all_time(ACT_BYTES * sent * h, ep, e, self.net, shares, c_rate)
                ) if moe else 0.0
+        # the ETP pair (Megatron-Core's dispatcher, inside tp_f / tp_b): communication
+        # between the dispatch and the experts, and the experts and the combine
+        etp_comm = etp_pair_time(routed_rows, h, e, self.net) if moe and self.gathered \
+            else 0.0
         got = self._blocks[key] = {
             "f": fwd + attn + mem + tp_f + cp_f + a2a + casts_f,
             "i": dgrad + attn_b + 2 * mem + tp_b + cp_b + a2a + casts_i + redo,
-            "w": wgrad + casts_w, "a2a": a2a,
+            "w": wgrad + casts_w, "a2a": a2a, "etp": etp_comm,
             "selective": attn + cp_f, "hidden": tp_hidden,
             "casts": casts_f + casts_i + casts_w, "recomputed": redo,
             "expert_flops": sum(2 * local * m * n * k for m, n, k in experts) if moe else 0.0,
@@ -852,8 +897,9 @@ class ExpertCosts(ParallelCosts):
             cols["act_w"].append(w)
             cols["transient"].append(none - kept)
             cols["hidden"].append(blk["hidden"])
-            cols["a2a_f"].append(blk["a2a"])
-            cols["a2a_b"].append(blk["a2a"] * (2 if recompute == "full" else 1))
+            comm = blk["a2a"] + blk["etp"]  # what a DualPipe pair may hide (module doc)
+            cols["a2a_f"].append(comm)
+            cols["a2a_b"].append(comm * (2 if recompute == "full" else 1))
         acc = [memory_time(self.rates.grad_accumulation * P, self.rates)
                for P in (self.params[0], self.params[-1])]
         a_head = head_activation_bytes(sh, s, b, t, self.sp, cp)
@@ -872,7 +918,8 @@ class ExpertCosts(ParallelCosts):
                     "i": head["i"] + mtp * (blk["i"] + extra_f + proj_b[0] + head["i"]),
                     "w": head["w"] + mtp * (blk["w"] + proj_b[1] + head["w"])}
             a_head = a_head * (1 + mtp) + mtp * (kept + 4 * T * sh.hidden)
-            a2a_head = [mtp * blk["a2a"], mtp * blk["a2a"] * (2 if recompute == "full" else 1)]
+            comm = blk["a2a"] + blk["etp"]
+            a2a_head = [mtp * comm, mtp * comm * (2 if recompute == "full" else 1)]
         out = 2 * s * b / cp * sh.hidden / t
         col = lambda e, xs, hd: np.array([e, *xs, hd], dtype=np.float64)  # noqa: E731
         lc = LayerCosts(
@@ -1007,13 +1054,15 @@ def megatron_moe_flags(shape: MoEShape, ep: int, etp: int = 1) -> list[str]:
     ``--expert-tensor-parallel-size`` (always written: its default is the TP size; above 1
     with ``--disable-bias-linear``, which Megatron-Core's ``TransformerConfig`` requires of
     an MoE model at ETP > 1, "Bias in Moe is only supported when ETP==1", and these models'
-    linear layers have no bias), the shared experts, the dense layers (``--moe-layer-freq``)
+    linear layers have no bias), ``--moe-router-dtype fp32`` (the planner prices the routing
+    probabilities, and the ETP reduce-scatter Megatron-Core runs in their dtype, in fp32:
+    :func:`etp_block_comm`), the shared experts, the dense layers (``--moe-layer-freq``)
     and MLA."""
     flags = [f"--hidden-size {shape.hidden}", f"--num-attention-heads {shape.heads}",
              f"--num-experts {shape.experts}", f"--moe-router-topk {shape.top_k}",
              f"--moe-ffn-hidden-size {shape.expert_ffn}",
              f"--expert-model-parallel-size {ep}", f"--expert-tensor-parallel-size {etp}",
-             "--moe-token-dispatcher-type alltoall",
+             "--moe-token-dispatcher-type alltoall", "--moe-router-dtype fp32",
              *(["--disable-bias-linear"] if etp > 1 else []),
              "--swiglu"]
     if shape.shared_experts:
@@ -1049,8 +1098,9 @@ def moe_model_flops_per_sequence(shape: MoEShape, seq: int) -> float:
 def all_to_all_summary(plan, profiles, hardware, imbalance: float | None = None
                        ) -> dict | None:
     """For an MoE plan: the all-to-all seconds in one microbatch's F and backward of its
-    slowest stage (``a2a_f``, ``a2a_b`` of its CostModel), the nodes an EP group spans and
-    the imbalance priced; None for a dense plan."""
+    slowest stage (``a2a_f``, ``a2a_b`` of its CostModel: with the ETP pair where
+    Megatron-Core's dispatcher gathers over etp > 1, :func:`etp_pair_time`), the nodes an
+    EP group spans and the imbalance priced; None for a dense plan."""
     shape = moe_shape_of(profiles)
     if shape is None:
         return None

@@ -69,6 +69,13 @@ the version it is written for:
   all-to-all token dispatcher runs it (Megatron-LM and NeMo), each rank dispatching its own
   sequence shard, or as torchtitan does, the TP group's tokens replicated
   (:attr:`~pipebubble.plan.expert.MoERecipe.megatron_dispatch`);
+- ``ep_from``: which data-parallel ranks expert parallelism may take (:class:`~pipebubble.
+  plan.dims.ParallelDims`): Megatron-LM and NeMo any, replicated (DDP) or sharded (the
+  distributed optimizer), as Megatron-Core's "MoE parallel folding" builds its expert mesh
+  over the whole world (``parallel_state.initialize_model_parallel``); DeepSpeed any too
+  (``deepspeed/utils/groups.py``: ep divides ``world / (tp x pp)``, EP groups inside each
+  TP rank's data-parallel group); torchtitan only the sharded ones (its sparse mesh ``pp x
+  dp_replicate x efsdp x ep``); ``none`` Megatron-Core's, the least restrictive;
 - the shardings it runs with and without pipelining (:func:`blocker`): Megatron-LM's
   distributed optimizer is ZeRO-1 at any pp, ZeRO-2 / FSDP only as Megatron-FSDP without
   PP (torch FSDP2 is refused with PP); DeepSpeed ZeRO 1/2/3, but its pipeline engine refuses
@@ -136,6 +143,9 @@ class Framework:
     # probabilities at the loss's peak (Hardware.loss_bytes; module doc)
     megatron_dispatch: bool = False  # MoE at etp = tp laid out as Megatron-Core's token
     # dispatcher runs it (plan/expert.py MoERecipe.megatron_dispatch); else torchtitan's
+    ep_from: str = "dp"  # the data-parallel ranks EP may take (plan/dims.py ParallelDims):
+    # dp, replicated or sharded (Megatron-Core's folding, DeepSpeed's expert groups), or
+    # dp_shard (torchtitan's mesh)
 
     def runs_schedule(self, name: str) -> bool:
         """Whether the framework pipelines the family (its spec names a class for it)."""
@@ -150,7 +160,7 @@ PROFILES = {f.name: f for f in (
     Framework("torchtitan", "torchtitan", "torchtitan 0.2 / 0.3 (FSDP2, eager)",
               tp_overlap="off", reshard="auto", states=(2.0, 2.0, 12.0), grad_wire=4.0,
               schedule_field="torchtitan", recompute=("none", "selective", "full", "op"),
-              loss_bytes=8.0),
+              loss_bytes=8.0, ep_from="dp_shard"),
     Framework("deepspeed", "DeepSpeed", "DeepSpeed's PipelineEngine with its BF16 optimizer "
               "and the Megatron-DeepSpeed forks of 2021-22", dp_overlap=False,
               tp_overlap="off", reshard="always", states=(2.0, 6.0, 12.0), grad_wire=4.0,
@@ -251,6 +261,8 @@ def apply(s: Settings, req, hw=None):
         ch["state_bytes"] = s.state_bytes
     if s.grad_wire is not None:
         ch["grad_bytes"] = s.grad_wire
+    if req.ep_from != s.framework.ep_from:  # EP over replicated ranks, or not (plan/dims.py)
+        ch["ep_from"] = s.framework.ep_from
     if s.framework.megatron_dispatch:  # MoE at etp = tp: Megatron-Core's dispatcher's layout
         from .expert import NO_RECIPE  # (plan/expert.py MoERecipe.megatron_dispatch)
 
@@ -295,8 +307,16 @@ def blocker(framework: str | Framework, plan) -> str | None:
 
 
 def deepspeed_blocker(plan) -> str | None:
-    """Why DeepSpeed cannot run ``plan``, or None."""
+    """Why DeepSpeed cannot run ``plan``, or None. An MoE plan runs at ``etp = tp`` only:
+    DeepSpeed's MoE has no expert tensor parallel degree (the Megatron-DeepSpeed forks split
+    experts over the TP ranks with ``--enable-expert-tensor-parallelism``, or keep them
+    whole on every TP rank; neither lends TP ranks to EP, the etp-below-tp layout priced
+    here), its EP groups ``ep`` data-parallel ranks ``tp`` apart
+    (``deepspeed/utils/groups.py`` ``_get_expert_parallel_ranks``)."""
     c = plan.config
+    if c.dims.ep > 1 and c.dims.etp != c.tp:
+        return (f"DeepSpeed's MoE has no expert tensor parallel degree of its own: its "
+                f"experts follow TP (etp = tp {c.tp}), not etp {c.dims.etp}")
     if c.pp > 1 and not get_framework("deepspeed").runs_schedule(c.schedule):
         return (f"DeepSpeed's pipeline engine runs its TrainSchedule (1F1B, one stage a rank) "
                 f"only, not {c.schedule}")

@@ -177,7 +177,8 @@ def build_points(profiles, req: Request, hardware: Hardware | None = None,
                                               profiles, ep_list, req.moe_imbalance,
                                               req.moe_recipe, etp_list, bool(req.etp)):
                 for s in shardings:  # the stage's dims check etp against the split (Axes)
-                    pt = Point(ParallelDims(tp=tp, cp=cp, sp=sp), s, ep=ep, etp=etp)
+                    pt = Point(ParallelDims(tp=tp, cp=cp, sp=sp, ep_from=req.ep_from), s,
+                               ep=ep, etp=etp)
                     out.append((pt, costs, hardware_axes(req, pt, hardware, mfu is None)))
     if req.etp and not out:  # every given etp differs from its tp > 1 without SP
         raise UserError(f"{axis_flag(req, 'etp', req.etp)} other than tp needs {param('sp')} "

@@ -84,6 +84,8 @@ class Request:
     chunks: tuple[int, ...] | None = None  # None: every count up to max_chunks
     ep: tuple[int, ...] | None = None  # expert parallel (MoE; None: powers of 2, plan/expert)
     etp: tuple[int, ...] | None = None  # expert tensor parallel (MoE; None: 1 and tp)
+    ep_from: str = "dp"  # the data-parallel ranks EP takes: dp (Megatron-Core), dp_shard
+    # (torchtitan): plan/dims.py ParallelDims.ep_from, set by plan/frameworks.apply
     moe_imbalance: float | None = None  # busiest EP rank's tokens / mean (None: router's)
     moe_recipe: object = None  # plan.expert.MoERecipe: FP8 dispatch, casts, ... (None: off)
     config: tuple[str, ...] = ()  # the axes --config gave (errors name it, not --tp ...)

@@ -152,6 +152,10 @@ def torchtitan_blocker(plan: Plan) -> str | None:
     if d.etp not in (1, d.tp):  # 0.2: 1 or tp (and at ep 1 the experts follow TP); 0.3: 1
         return (f"torchtitan's expert tensor parallelism is 1 or tp {d.tp} only, not etp "
                 f"{d.etp}")
+    if d.ep > 1 and not d.ep_fits(d.ep, d.dp_shard, d.etp):  # its sparse mesh: no dp_replicate
+        return (f"torchtitan's EP borrows dp_shard x cp (x tp / etp) ranks only, never "
+                f"dp_replicate ones (its sparse mesh pp x dp_replicate x efsdp x ep): ep "
+                f"{d.ep} does not divide {d.ep_room(d.dp_shard)} here")
     if c.pp > 1 and plan.schedule_obj.chains > 1:
         return ("torch.distributed.pipelining runs one model copy; DualPipe's two copies "
                 "have no torch form (dualpipev is its one-copy variant)")
