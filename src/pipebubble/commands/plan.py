@@ -1281,7 +1281,8 @@ def why_best(result, out: dict) -> list[str]:
     if a2a:  # MoE: plan/expert.py
         lines.append(f"  expert parallel ep={b.dims.ep} over {a2a['nodes']} node(s), expert "
                      f"tensor parallel etp={b.dims.etp}, expert-"
-                     f"data-parallel {b.dims.expert_data_parallel}: all-to-all "
+                     f"data-parallel {b.dims.expert_data_parallel}: all-to-all"
+                     f"{' (with the ETP all-gather and reduce-scatter)' if b.dims.etp > 1 else ''} "
                      f"{_t(a2a['forward'])} in F and {_t(a2a['backward'])} in the backward "
                      f"of the slowest stage, a microbatch (imbalance {a2a['imbalance']:g})")
     if len(plans) > 1:
