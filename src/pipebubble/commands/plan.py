@@ -1279,10 +1279,15 @@ def why_best(result, out: dict) -> list[str]:
         lines.append("  (pp = 1: do not pipeline)")
     a2a = out["plans"][0].get("all_to_all") if out.get("plans") else None
     if a2a:  # MoE: plan/expert.py
+        # Megatron-Core's dispatcher (etp != tp, or Megatron / NeMo at etp = tp with SP)
+        # gathers the copies over ETP: that pair is in the figure (expert.etp_pair_time)
+        fw = out.get("framework", {}).get("framework")
+        gathers = b.dims.etp > 1 and (b.dims.etp != b.dims.tp or (
+            fw in ("megatron", "nemo") and b.sp and b.tp > 1))
         lines.append(f"  expert parallel ep={b.dims.ep} over {a2a['nodes']} node(s), expert "
                      f"tensor parallel etp={b.dims.etp}, expert-"
                      f"data-parallel {b.dims.expert_data_parallel}: all-to-all"
-                     f"{' (with the ETP all-gather and reduce-scatter)' if b.dims.etp > 1 else ''} "
+                     f"{' (with the ETP all-gather and reduce-scatter)' if gathers else ''} "
                      f"{_t(a2a['forward'])} in F and {_t(a2a['backward'])} in the backward "
                      f"of the slowest stage, a microbatch (imbalance {a2a['imbalance']:g})")
     if len(plans) > 1:
