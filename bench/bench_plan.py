@@ -77,6 +77,9 @@ def cold() -> None:
     from pipebubble.sim import program
 
     program._peaks_kept.clear()  # the orders' peaks by memory table
+    from pipebubble.ir import check
+
+    check._checked.clear()  # the schedules known valid
     for name, module in list(sys.modules.items()):
         if name.startswith("pipebubble.") and module is not None:
             for value in list(vars(module).values()):
