@@ -74,6 +74,12 @@ def cold() -> None:
 
     registry._cache.clear()
     registry._cached_actions = 0
+    from pipebubble.sim import program
+
+    program._peaks_kept.clear()  # the orders' peaks by memory table
+    from pipebubble.ir import check
+
+    check._checked.clear()  # the schedules known valid
     for name, module in list(sys.modules.items()):
         if name.startswith("pipebubble.") and module is not None:
             for value in list(vars(module).values()):

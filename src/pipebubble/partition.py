@@ -149,16 +149,16 @@ def _memory_reach(memory: Sequence[Sequence[float]] | None,
             else [float(c) for c in memory_cap])
     if len(caps) != stages:
         raise PartitionError(f"memory_cap has {len(caps)} values; expected 1 or {stages}")
-    rows = [list(memory[0])] * stages if len(memory) == 1 else [list(r) for r in memory]
+    rows = [memory[0]] * stages if len(memory) == 1 else list(memory)
     if len(rows) != stages or any(len(r) != L for r in rows):
         raise PartitionError(f"memory must have 1 or {stages} rows of {L} values (stages x layers)")
     out, cache = [], {}
     for k in range(stages):
         if not caps[k] >= 0:
             raise PartitionError(f"memory cap must be >= 0, got {caps[k]} for stage {k}")
-        key = (tuple(rows[k]), caps[k])
+        m = np.asarray(rows[k], dtype=np.float64)  # (rows alike by their doubles: one answer)
+        key = (m.tobytes(), caps[k])
         if key not in cache:
-            m = np.asarray(rows[k], dtype=np.float64)
             if np.any(~(m >= 0)):
                 raise PartitionError(f"memory of every layer must be >= 0 (stage {k})")
             q = np.concatenate(([0.0], np.cumsum(m)))

@@ -50,6 +50,9 @@ class FlatActions(NamedTuple):
 KEEP_FLAT = 32  # schedules whose checked flat actions are kept (a planner simulates one
 # schedule under many costs; validate() then simulate() reads one twice)
 _kept: dict[int, tuple[weakref.ref, FlatActions]] = {}  # id -> (the schedule, its arrays)
+KEEP_CHECKED = 4096  # schedules known valid (a weak reference each, no arrays): a schedule
+# whose arrays were dropped is laid out again but not checked again (its orders are immutable)
+_checked: dict[int, weakref.ref] = {}
 
 
 def flat_actions(schedule: Schedule) -> FlatActions:
@@ -61,7 +64,11 @@ def flat_actions(schedule: Schedule) -> FlatActions:
     if got is not None and got[0]() is schedule:
         return got[1]
     flat = _flatten(schedule)
-    if flat is None or not _valid(schedule, flat):
+    seen = _checked.get(key)
+    # (checked once: the arrays of a schedule whose arrays were dropped are laid out again,
+    # a fraction of the check's cost)
+    if flat is None or ((seen is None or seen() is not schedule)
+                        and not _valid(schedule, flat)):
         _scan(schedule)  # names the first bad action
         raise ScheduleError(f"schedule {schedule.name!r} is invalid")  # _scan always raises
     try:
@@ -72,6 +79,10 @@ def flat_actions(schedule: Schedule) -> FlatActions:
     _kept[key] = (ref, flat)
     while len(_kept) > KEEP_FLAT:
         _kept.pop(next(iter(_kept)), None)
+    _checked.pop(key, None)
+    _checked[key] = ref
+    while len(_checked) > KEEP_CHECKED:
+        _checked.pop(next(iter(_checked)), None)
     return flat
 
 
@@ -80,6 +91,8 @@ def _forget(key: int, ref: weakref.ref) -> None:
     got = _kept.get(key)
     if got is not None and got[0] is ref:
         _kept.pop(key, None)
+    if _checked.get(key) is ref:
+        _checked.pop(key, None)
 
 
 def _flatten(schedule: Schedule) -> FlatActions | None:

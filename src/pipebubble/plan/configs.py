@@ -157,7 +157,12 @@ class Configs:
                                      float(lc.params.sum()),
                                      float(lc.out[:-1].min()) if len(lc.out) > 1 else 0.0)
             work, path, pref_f, params, out = sums[(size, rec)]
-            hop = p2p(out, self.axes.hop(dp)) if pp > 1 and chains == 1 else 0.0
+            if pp > 1 and chains == 1:  # (the hop and the optimizer read dp and the sums)
+                hop = memo.get(("hop", dp, out))
+                if hop is None:
+                    hop = memo[("hop", dp, out)] = p2p(out, self.axes.hop(dp))
+            else:
+                hop = 0.0
             pipe_key = (size, rec, pp, m, chains, hop)  # what the pipeline's part reads
             pipe = sums.get(pipe_key)
             if pipe is None:
@@ -165,7 +170,10 @@ class Configs:
                 head = float((pref_f[np.minimum(places, len(pref_f) - 1)]
                               + places * hop).sum())
                 pipe = sums[pipe_key] = (m * work / pp + head / pp, path + 2 * (pp - 1) * hop)
-            opt = self.axes.optimizer_time(dp, params / pp) * OPT_MARGIN
+            opt = memo.get(("optimizer", dp, params / pp))
+            if opt is None:
+                opt = memo[("optimizer", dp, params / pp)] = (
+                    self.axes.optimizer_time(dp, params / pp) * OPT_MARGIN)
             got = memo[key] = max(pipe[0] + opt, pipe[1])
         return got
 

@@ -152,7 +152,7 @@ class Cuts:
         S_c = sched.num_stages // sched.chains
         per_rank = sched.num_stages // c.pp
         costs = self.cut_costs(lc, c, sched.num_microbatches)
-        rows = self.memory_rows(lc, c, sched, held)
+        rows = self.memory_matrix(lc, c, sched, held)  # (the partitioner reads its doubles)
         if below < math.inf and not capped_within(costs, S_c, rows, budget / per_rank, below):
             return None
         return capped_partition(costs, S_c, rows, budget / per_rank)

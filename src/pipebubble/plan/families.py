@@ -62,7 +62,9 @@ def _held_both(schedule: Schedule) -> tuple[list[int], list[int]]:
 
     S = schedule.num_stages
     flat = flat_actions(schedule)
-    by_stage = np.argsort(flat.stage, kind="stable")
+    # (a stable sort of 16-bit keys is numpy's radix sort: the same order, twice as fast)
+    keys = flat.stage.astype(np.int16) if S < 2 ** 15 else flat.stage
+    by_stage = np.argsort(keys, kind="stable")
     stage, kind = flat.stage[by_stage], flat.kind[by_stage]
     starts = np.searchsorted(stage, np.arange(S + 1))
     full = starts[1:] > starts[:-1]  # stages with actions

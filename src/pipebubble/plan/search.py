@@ -164,20 +164,20 @@ class Listed:
         groups: list[tuple] = []
         self._groups = groups  # (searcher, dims, size, m, recompute, kinds, bounds)
         self.autos: list[tuple[Config, Searcher]] = []
-        split: dict[int, tuple] = {}  # per kinds list: its families' and auto's members
+        split: dict[tuple, tuple] = {}  # per kinds (by value): families' and auto's members
         for s in searchers:
             sharding = s.point.sharding
             for dims, size, m, rec, kinds, bounds in s.listing.groups():
                 g = len(groups)
                 groups.append((s, dims, size, m, rec, kinds, bounds))
-                got = split.get(id(kinds))
-                if got is None or got[0] is not kinds:
+                got = split.get(tuple(kinds))
+                if got is None:
                     fam = [k for k, (name, _, _) in enumerate(kinds)
                            if not lookup(name).searched]
-                    got = split[id(kinds)] = (
-                        kinds, fam, [kinds[k][1] for k in fam], [kinds[k][2] for k in fam],
+                    got = split[tuple(kinds)] = (
+                        fam, [kinds[k][1] for k in fam], [kinds[k][2] for k in fam],
                         [kind for kind in kinds if lookup(kind[0]).searched])
-                _, fam, vs, chs, auto = got
+                fam, vs, chs, auto = got
                 work = s.listing.work(size, rec)
                 ests = {v: visit_estimate(work, m, dims.pp, v) for v in set(vs)}  # per chunks
                 est += [ests[v] for v in vs]

@@ -208,12 +208,14 @@ def _reorder_kept(p: int, microbatches: int, orders: tuple[tuple[Action, ...], .
 
 
 def _reorder(p: int, microbatches: int, orders, cap: int, cap_i: int | None, fill: bool,
-             warmup, deep: int) -> tuple[int, list[list[Action]]] | None:
+             warmup, deep: int, every_unit: bool = False
+             ) -> tuple[int, list[list[Action]]] | None:
     """The body of :func:`reorder`: a list scheduler in unit time steps on the evaluation
     core's clock (``sim/clock.py``, :meth:`Clock.units`): the clock knows when each pass's
     inputs are there (the rule of ``ir/deps.py``) and what each rank holds (``used``
     until W against ``cap``, ``used_i`` until I against ``cap_i``, the one tolerance);
-    this function keeps only the choices."""
+    this function keeps only the choices. ``every_unit``: look at every rank at every
+    unit, none asleep (the same picks, slower: the tests' reference)."""
     S, m = 2 * p, microbatches
     Sm = S * m
     clock = Clock.units(tuple(v_placement(p)), m, [cap] * p,
@@ -251,9 +253,21 @@ def _reorder(p: int, microbatches: int, orders, cap: int, cap_i: int | None, fil
     begun = [False] * p  # the rank has run an input gradient
     late_done = [0] * p  # I and W of its chunk-0 stage the rank has run (deep)
 
+    # A rank that picked nothing at t picks nothing later until its own state changes (it
+    # runs a pass), a pass of a neighbouring rank runs (the only ones its passes wait for:
+    # adjacent stages sit on the same or a neighbouring rank in the V placement), or t
+    # reaches the ready time of one of the passes it looks at (each row's next pass and
+    # its head): until then it sleeps, and the picks are the same as looking every unit.
+    awake, wake, looked = [True] * p, [0] * p, []
+    inf = float("inf")
+
     while left:
         chosen = []
+        looked.clear()
         for r in range(p):
+            if not awake[r] and t < wake[r]:
+                continue
+            looked.append(r)
             rids, rran, n = ids[r], ran[r], len(ids[r])
             h = head[r]
             while h < n and rran[h]:
@@ -316,6 +330,30 @@ def _reorder(p: int, microbatches: int, orders, cap: int, cap_i: int | None, fil
                 chosen.append((r, best))
         if not chosen:
             return None  # nothing can run and nothing is running: the rules stalled
+        for r in () if every_unit else looked:
+            awake[r] = False
+        for r, _ in chosen:
+            awake[r] = True
+            if r:
+                awake[r - 1] = True
+            if r + 1 < p:
+                awake[r + 1] = True
+        for r in looked:
+            if not awake[r]:  # asleep until one of the passes it looks at is ready
+                soon = inf
+                h = head[r]
+                if h < len(ids[r]):
+                    soon = ready[ids[r][h]]
+                    if soon <= t:
+                        soon = inf
+                for s in (r, S - 1 - r):
+                    for row in (s, S + s, 2 * S + s):
+                        j = nxt[row]
+                        if j < m:
+                            at = ready[row * m + j]
+                            if t < at < soon:
+                                soon = at
+                wake[r] = soon
         xs = []
         for r, i in chosen:
             x = ids[r][i]

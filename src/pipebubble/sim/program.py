@@ -48,6 +48,7 @@ limit, and absolute below 1): :func:`~pipebubble.costs.fits_limit` is the one te
 from __future__ import annotations
 
 import heapq
+import weakref
 from collections.abc import Mapping, Sequence
 from operator import itemgetter
 
@@ -91,17 +92,87 @@ def schedule_peaks(schedule: Schedule, costs: CostModel | StageCosts) -> list[fl
 
     sc = costs if isinstance(costs, StageCosts) else costs.resolve(schedule.num_stages,
                                                                     schedule.chunks)
-    flat = flat_actions(schedule)
     table = np.array([sc.memory_deltas(s, k) for s in range(schedule.num_stages)
                       for k in "FIWB"], dtype=np.float64).reshape(-1, 2)
-    # (take along the rows: a few times faster than indexing the table by an array)
-    mem = table.take(flat.stage * 4 + flat.kind, axis=0)
-    # row-major, mem's rows laid end to end are each action's start then end delta: the
-    # interleaved deltas of :func:`_peak`, one slice per rank (the same numpy cumsum)
-    deltas = mem.ravel()
+    # the peaks read the orders and this table only: a planner asks one order under the
+    # same memory costs from several places (its shardings, auto's fused floor)
+    kept = _kept_peaks(schedule)
+    key = table.tobytes()
+    got = None if kept is None else kept.get(key)
+    if got is None:
+        got = _peaks_of(schedule, table)
+        if kept is not None:
+            kept[key] = got
+    return list(got)
+
+
+KEEP_PEAKS = 64  # schedules whose peaks by memory table are kept (each while it lives)
+_peaks_kept: dict[int, tuple[weakref.ref, dict[bytes, tuple[float, ...]]]] = {}
+
+
+def _kept_peaks(schedule: Schedule) -> dict[bytes, tuple[float, ...]] | None:
+    """The peaks already computed for ``schedule``, by memory table (a new, empty dict
+    for a schedule not seen among the last :data:`KEEP_PEAKS`; None if it cannot be
+    referred to weakly). A schedule's orders are immutable, so a kept answer stays true."""
+    key = id(schedule)
+    got = _peaks_kept.get(key)
+    if got is not None and got[0]() is schedule:
+        return got[1]
+    try:
+        ref = weakref.ref(schedule, lambda r, key=key: _forget_peaks(key, r))
+    except TypeError:
+        return None
+    _peaks_kept.pop(key, None)
+    _peaks_kept[key] = (ref, {})
+    while len(_peaks_kept) > KEEP_PEAKS:
+        _peaks_kept.pop(next(iter(_peaks_kept)), None)
+    return _peaks_kept[key][1]
+
+
+def _forget_peaks(key: int, ref: weakref.ref) -> None:
+    """A kept schedule is gone: drop its peaks (unless its id went to a newer one)."""
+    got = _peaks_kept.get(key)
+    if got is not None and got[0] is ref:
+        _peaks_kept.pop(key, None)
+
+
+def _peaks_of(schedule: Schedule, table) -> tuple[float, ...]:
+    """:func:`schedule_peaks` under the memory ``table`` (rows stage x 4 + kind: the start
+    and end delta), computed."""
+    import numpy as np
+
+    flat = flat_actions(schedule)
+    idx = flat.stage * 4 + flat.kind
+    spans = list(zip(flat.offsets, flat.offsets[1:], strict=False))
     cumsum = np.cumsum
-    return [max(0.0, float(cumsum(deltas[2 * lo:2 * hi]).max())) if hi > lo else 0.0
-            for lo, hi in zip(flat.offsets, flat.offsets[1:], strict=False)]
+    # Whole bytes (every planner's table): the running sums in int64, several times faster
+    # than numpy's float cumsum and the same doubles wherever every sum stays within 2^53
+    # (then each float addition of the walk is exact); a rank past that walks in floats.
+    ints = None
+    if np.isfinite(table).all() and (np.abs(table).max() < _EXACT if table.size else True) \
+            and (table == np.trunc(table)).all():
+        ints = table.astype(np.int64).take(idx, axis=0).ravel()
+    # (take along the rows: a few times faster than indexing the table by an array)
+    deltas = table.take(idx, axis=0).ravel() if ints is None else None
+    out = []
+    for lo, hi in spans:
+        if hi <= lo:
+            out.append(0.0)
+            continue
+        if ints is not None:
+            run = cumsum(ints[2 * lo:2 * hi])
+            top = int(run.max())
+            if top <= _EXACT and int(run.min()) >= -_EXACT:
+                out.append(max(0.0, float(top)))
+                continue
+            seg = ints[2 * lo:2 * hi].astype(np.float64)
+        else:  # row-major, the rows laid end to end are each action's start then end
+            seg = deltas[2 * lo:2 * hi]  # delta: the interleaved deltas of :func:`_peak`
+        out.append(max(0.0, float(cumsum(seg).max())))
+    return tuple(out)
+
+
+_EXACT = 2 ** 53  # every int up to this is a double, and a sum of two such is exact
 
 
 def _peak(d0, d1) -> float:
