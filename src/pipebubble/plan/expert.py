@@ -537,7 +537,8 @@ def check_ep_splits(req, ep_list, splits, shardings=(), gpus_per_node: int = 8,
     ``etp = tp``) under Megatron-Core's folding (``req.ep_from`` ``"dp"``, the default:
     every data-parallel rank, replicated or sharded), ``dp_shard`` in place of ``dp``
     under torchtitan's (``"dp_shard"``: ddp shards nothing, so there ep must divide cp,
-    ``tp / etp x cp``)."""
+    ``tp / etp x cp``), and HSDP's shard group under either rule when every sharding asked
+    for is hsdp (:attr:`~pipebubble.plan.dims.ParallelDims.hybrid`)."""
     given = getattr(req, "ep", None)
     if not given:
         return
@@ -556,14 +557,25 @@ def check_ep_splits(req, ep_list, splits, shardings=(), gpus_per_node: int = 8,
                          f"data x context parallel ranks{lent}); these degrees leave "
                          f"{'tp x dp x cp / etp' if etp_list else 'dp x cp'} in "
                          f"{', '.join(map(str, rooms))}")
-    if ep_from == "dp":
+    if ep_from == "dp" and not all(s.hybrid for s in shardings):
         return  # every split's data-parallel ranks are EP's, whatever the sharding
     shard_rooms = set()
     for tp, cp, _, dp in splits:
         mp = ParallelDims(tp=tp, cp=cp).model_parallel
         for s in shardings:
-            _, shard = s.split_dp(dp, mp, gpus_per_node)
+            replicate, shard = s.split_dp(dp, mp, gpus_per_node)
+            if s.hybrid and min(replicate, shard) == 1:
+                continue  # no shard group at this dp: hsdp is not searched there
             shard_rooms.update(room(tp, cp, shard))
+    if shardings and all(s.hybrid for s in shardings):
+        if shard_rooms and not any(room % ep == 0 for room in shard_rooms for ep in ep_list):
+            valid = sorted({d for r in shard_rooms for d in range(1, r + 1) if r % d == 0})
+            raise UserError(f"{flag} must divide HSDP's shard group, tp / etp x dp_shard x cp "
+                            f"(torchtitan's mesh pp x dp_replicate x efsdp x ep carves EP "
+                            f"out of it, never out of dp_replicate), but these degrees leave "
+                            f"it in {', '.join(map(str, sorted(shard_rooms)))}; valid ep are "
+                            f"{', '.join(map(str, valid))}")
+        return
     if shardings and not any(room % ep == 0 for room in shard_rooms for ep in ep_list):
         names = ", ".join(str(s) for s in shardings)
         raise UserError(f"{flag} must divide dp_shard x cp (torchtitan's EP borrows the "
