@@ -1127,4 +1127,5 @@ def all_to_all_summary(plan, profiles, hardware, imbalance: float | None = None
     return {"ep": plan.dims.ep, "nodes": span, "forward": float(f[slow]),
             "backward": float(b[slow]), "experts": shape.experts, "top_k": shape.top_k,
             "expert_data_parallel": plan.dims.expert_data_parallel,
+            "efsdp": plan.dims.efsdp,  # the experts' states' shard group (hsdp: of edp)
             "imbalance": imbalance if imbalance is not None else default_imbalance(shape)}
