@@ -65,9 +65,24 @@ ranks ``etp x ep`` apart holding the same experts form the expert-data-parallel 
 ``tp x cp x dp / (etp x ep)`` ranks: the experts' weights, gradients and optimizer states
 are ``1 / (etp ep)`` per rank and sharded over that group as the sharding shards dense
 states over ``dp x cp`` (replicated under ddp; :meth:`~pipebubble.plan.axes.Axes.
-expert_bytes_per_param`; hsdp is searched at ep 1 only, its experts sharded as its other
-states), their gradients reduced over it (:meth:`~pipebubble.plan.axes.Axes.expert_sync`),
-behind the same last backward as the dense gradients.
+expert_bytes_per_param`), their gradients reduced over it (:meth:`~pipebubble.plan.axes.
+Axes.expert_sync`), behind the same last backward as the dense gradients, or per microbatch
+with FSDP's gathers when the weights are resharded ``always``.
+
+**HSDP** (torchtitan 0.3.0, the only framework here that runs it): EP is carved out of the
+shard group, ``tp / etp x dp_shard x cp``, under either rule
+(:attr:`~pipebubble.plan.dims.ParallelDims.hybrid`; its sparse mesh ``pp x dp_replicate x
+efsdp x ep``, ``distributed/parallel_dims.py`` ``ParallelDims.build_mesh``), and the
+experts' states are sharded over ``efsdp = tp x cp x dp_shard / (etp x ep)`` and replicated
+over ``dp_replicate``: ``models/deepseek_v3/parallelize.py`` ``parallelize_deepseekv3``
+passes ``edp_mesh = ["dp_replicate", "efsdp"]`` to ``distributed/fsdp.py``
+``apply_fsdp_to_decoder``, whose ``shard_placement_fn`` puts the routed experts' parameters
+on that mesh and the rest of the block on the dense ``["dp_replicate", "fsdp"]``. Their
+traffic is HSDP's over the experts' own groups: gathers and a reduce-scatter over
+``efsdp`` (``etp x ep`` ranks apart, inside the shard group's node), then an all-reduce of
+``1 / efsdp`` of the gradient over ``dp_replicate`` (``tp x cp x dp_shard`` apart, one
+member a node), once a step resharded ``never`` (torchtitan under PP), every microbatch
+resharded ``always``.
 
 **The load-imbalance factor** ``u`` (``--moe-imbalance``, >= 1): the busiest EP rank's
 tokens over the mean. A router with a capacity factor ``C`` drops what exceeds ``C`` times
@@ -92,8 +107,9 @@ SwiGLU (no expert outputs kept) and a dispatch kernel's measured bandwidth;
 :meth:`MoERecipe.deepseek_v3` is DeepSeek-V3's.
 
 **What is not priced**: the permutation kernels' exact traffic (counted as four reads and
-writes of the dispatched tokens), the aux-loss FLOPs, and per-microbatch FSDP traffic of the
-experts (priced as the dense group's).
+writes of the dispatched tokens) and the aux-loss FLOPs. FSDP's per-microbatch gathers of a
+layer's experts and of its other weights are two collectives, one after the other, each
+over its own group.
 
 >>> from pipebubble.plan.network import Network
 >>> net = Network(8, (100e9, 0.0), (10e9, 0.0))
