@@ -156,3 +156,20 @@ def test_dims_refuse_ep_over_replicas_under_hsdp():
     with pytest.raises(UserError, match=r"^ep 16 must divide dp_shard x cp = 8 .*HSDP's "
                                         r"shard group only.*valid are 1, 2, 4, 8$"):
         ParallelDims(dp_replicate=4, dp_shard=8, ep=16)
+
+
+def test_hsdp_shards_over_dp_shard_and_cp_by_hand():
+    """16 GPUs, tp 1, cp 2, hsdp over dp 8: 4 data-parallel ranks a node with their CP
+    pairs, 2 replicas. torchtitan shards over dp_shard x cp = 8 ranks (its fsdp mesh), so
+    the dense states are 16 / 8 = 2 B a parameter resharded always, and the replicas'
+    all-reduce runs between the two nodes (8 apart); ep 4 at etp 1 leaves efsdp 8 / 4 = 2."""
+    ax = Axes(Point(ParallelDims(cp=2), "hsdp", ep=4, etp=1), NET,
+              state_bytes=(2.0, 2.0, 12.0), grad_bytes=4.0)
+    d = ax.dims(8)
+    assert (d.dp_replicate, d.dp_shard, ax.shard(8), d.efsdp) == (2, 4, 8, 2)
+    assert ax.bytes_per_param(8, pp=1) == 2.0 and ax.expert_bytes_per_param(8, pp=1) == 8.0
+    sync = ax.sync(8, 2)
+    assert (sync.n, sync.shard, sync.stride) == (16, 8, 1)
+    P = 1e6
+    assert sync.times(P, 2)[1] == pytest.approx(7 / 8 * 4 * P / 100e9
+                                                + 2 * 1 / 2 * 4 * P / 8 / 10e9)

@@ -162,10 +162,13 @@ class Axes:
                          self.state_bytes, self.hbm)
 
     def shard(self, dp: int) -> int:
-        """Ranks sharing the model states: ``dp x cp`` (hsdp: its shard group, 0 if none)."""
+        """Ranks sharing the model states: ``dp x cp`` (hsdp: its shard group, ``dp_shard x
+        cp``, 0 if none: torchtitan shards over ``dp_shard`` and ``cp`` together, its
+        ``fsdp`` mesh in ``ParallelDims.build_mesh`` and the shard axes of
+        ``distributed/full_dtensor.py`` ``resolve_fsdp_mesh``, 0.3.0)."""
         d = self.dims(dp)
         if self.point.sharding.hybrid:
-            return d.dp_shard if d.dp_replicate > 1 and d.dp_shard > 1 else 0
+            return d.dp_shard * d.cp if d.hybrid else 0
         return d.data_context
 
     def bytes_per_param(self, dp: int, pp: int = 1) -> float:
