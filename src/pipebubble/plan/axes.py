@@ -163,12 +163,11 @@ class Axes:
 
     def shard(self, dp: int) -> int:
         """Ranks sharing the model states: ``dp x cp`` (hsdp: its shard group, ``dp_shard x
-        cp``, 0 if none: torchtitan shards over ``dp_shard`` and ``cp`` together, its
-        ``fsdp`` mesh in ``ParallelDims.build_mesh`` and the shard axes of
-        ``distributed/full_dtensor.py`` ``resolve_fsdp_mesh``, 0.3.0)."""
+        cp`` as torchtitan shards, :attr:`~pipebubble.plan.dims.ParallelDims.shard_group`;
+        0 if none)."""
         d = self.dims(dp)
         if self.point.sharding.hybrid:
-            return d.dp_shard * d.cp if d.hybrid else 0
+            return d.shard_group if d.hybrid else 0
         return d.data_context
 
     def bytes_per_param(self, dp: int, pp: int = 1) -> float:

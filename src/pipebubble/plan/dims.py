@@ -226,6 +226,13 @@ class ParallelDims:
         return self.stage_ranks // (self.etp * self.ep)
 
     @property
+    def shard_group(self) -> int:
+        """HSDP's shard group, ``dp_shard x cp`` ranks (torchtitan's ``fsdp`` mesh: it
+        shards over ``dp_shard`` and ``cp`` together, 0.3.0 ``ParallelDims.build_mesh``
+        and ``distributed/full_dtensor.py`` ``resolve_fsdp_mesh``)."""
+        return self.dp_shard * self.cp
+
+    @property
     def efsdp(self) -> int:
         """The ranks that shard the experts' states: torchtitan's ``efsdp`` under HSDP
         (:attr:`hybrid`), ``tp x cp x dp_shard / (etp x ep)`` (0.3.0 ``efsdp = dp_shard x
