@@ -363,3 +363,37 @@ def test_an_moe_paste_carries_ep_and_etp_into_torchtitan(tmp_path, capsys):
         par = ConfigManager().parse_args(args).parallelism
         assert par.expert_parallel_degree == 8 and par.tensor_parallel_degree == 2
         ParallelDims.from_config(par, 8)
+
+
+@pytest.mark.slow
+@needs_torchtitan
+@needs_03
+def test_an_hsdp_ep_paste_loads_into_torchtitan_03(tmp_path, capsys):
+    """HSDP x EP on 32 GPUs (4 replicas of a shard group of 8, ep 4, tp 1): 0.3's CLI
+    carries data_parallel_replicate_degree, data_parallel_shard_degree and
+    expert_parallel_degree, its ParallelDims accepts them, and its efsdp (dp_shard x cp x
+    tp / ep, distributed/parallel_dims.py build_mesh) is the group the planner shards the
+    experts' states over."""
+    pytest.importorskip("triton", reason="torchtitan 0.3's llama3 config imports triton")
+    from torchtitan.config.manager import ConfigManager
+    from torchtitan.distributed.parallel_dims import ParallelDims
+
+    from pipebubble.plan.moe import MoEShape, moe_profile
+
+    shape = MoEShape(layers=4, hidden=64, heads=4, vocab=128, experts=8, top_k=2,
+                     expert_ffn=64)
+    prof = tmp_path / "moe.json"
+    moe_profile(shape, seq=32, batch=1).save(str(prof))
+    assert main(["plan", "--profile", str(prof), "--gpu", "h100-sxm", "--gpus", "32",
+                 "--global-batch", "64", "--config", "tp=1,pp=1,dp=32,ep=4,sharding=hsdp,"
+                 "mbs=1,recompute=none", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    paste, c = data["pastes"]["torchtitan"], data["config"]
+    assert (c["dp_replicate"], c["dp_shard"], c["ep"]) == (4, 8, 4)
+    args = ["--module", "llama3", "--config", "llama3_debugmodel", *shlex.split(paste["cli"])]
+    par = ConfigManager().parse_args(args).parallelism
+    assert (par.data_parallel_replicate_degree, par.data_parallel_shard_degree,
+            par.expert_parallel_degree) == (4, 8, 4)
+    dims = ParallelDims.from_config(par, 32)
+    efsdp = dims.dp_shard * dims.cp * dims.tp // dims.ep
+    assert efsdp == c["all_to_all"]["efsdp"] == 2

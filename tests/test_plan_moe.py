@@ -163,7 +163,7 @@ BASE = ["--gpu", "h100-sxm", "--gpus", "8", "--global-batch", "16", "--microbatc
 def test_config_ep_and_the_pastes_carry_ep(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     prof = _write_profile(tmp_path)
-    rc, out, err = _plan(["--profile", prof, *BASE, "--config", "ep=4,pp=1,sharding=fsdp",
+    rc, out, err = _plan(["--profile", prof, *BASE, "--config", "ep=4,pp=1,tp=1,sharding=fsdp",
                           "--json"], capsys)
     assert rc == 0, err
     data = json.loads(out)

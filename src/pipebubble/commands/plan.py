@@ -1286,7 +1286,9 @@ def why_best(result, out: dict) -> list[str]:
             fw in ("megatron", "nemo") and b.sp and b.tp > 1))
         lines.append(f"  expert parallel ep={b.dims.ep} over {a2a['nodes']} node(s), expert "
                      f"tensor parallel etp={b.dims.etp}, expert-"
-                     f"data-parallel {b.dims.expert_data_parallel}: all-to-all"
+                     f"data-parallel {b.dims.expert_data_parallel}"
+                     + (f" (efsdp {b.dims.efsdp} x dp_replicate {b.dims.dp_replicate}, "
+                        "HSDP)" if b.dims.hybrid else "") + ": all-to-all"
                      f"{' (with the ETP all-gather and reduce-scatter)' if gathers else ''} "
                      f"{_t(a2a['forward'])} in F and {_t(a2a['backward'])} in the backward "
                      f"of the slowest stage, a microbatch (imbalance {a2a['imbalance']:g})")

@@ -105,63 +105,69 @@ class Axes:
 
     def ep_fits(self, dp: int) -> bool:
         """Whether the point's ``ep`` fits ``dp`` data-parallel ranks split by its sharding
-        (EP is carved out of ``dp x cp``, or ``dp_shard x cp`` under torchtitan's rule:
-        :class:`~pipebubble.plan.dims.ParallelDims` ``ep_from``)."""
+        (EP is carved out of ``dp x cp``, or ``dp_shard x cp`` under torchtitan's rule and
+        under HSDP: :class:`~pipebubble.plan.dims.ParallelDims` ``ep_from`` and
+        ``hybrid``)."""
         pt = self.point
         if pt.ep == 1 and pt.etp == pt.dims.tp:
             return True
-        if pt.sharding.hybrid:
-            return False  # hsdp's shard group and the expert-data-parallel group: not priced
         replicate, shard = pt.sharding.split_dp(dp, pt.dims.model_parallel,
                                                 self.net.gpus_per_node)
         return pt.dims.ep_fits(pt.ep, pt.dims.ep_data(replicate, shard), pt.etp)
 
     # -- the experts (MoE): sharded over EP, their states over the expert-data-parallel group
-    def _expert_sharding(self) -> Sharding:
-        """The sharding of the experts' states (hsdp is never asked: at ep 1, the only ep
-        it is searched with (:meth:`ep_fits`), its experts are priced as its other states)."""
-        return self.point.sharding
+    def expert_shard(self, dp: int, pp: int = 1) -> int:
+        """Ranks sharing the experts' states: the expert-data-parallel group, ``tp x cp x
+        dp / (etp x ep)`` ranks; under hsdp torchtitan's ``efsdp``, ``tp x cp x dp_shard /
+        (etp x ep)`` of them, the experts replicated over ``dp_replicate``
+        (:attr:`~pipebubble.plan.dims.ParallelDims.efsdp`)."""
+        return self.dims(dp, pp).efsdp
 
     def expert_bytes_per_param(self, dp: int, pp: int = 1) -> float:
         """Model-state bytes per local expert parameter: the sharding over the
         expert-data-parallel group (``tp x cp x dp / (etp x ep)`` ranks), not ``dp x cp``:
         replicated over it under ddp (EP over plain data-parallel ranks, Megatron-Core's
         folding), sharded under zero1/2 and fsdp (Megatron-Core's distributed optimizer
-        shards expert states over its expert-data-parallel group)."""
-        if self.point.sharding.hybrid:
-            return self.bytes_per_param(dp, pp)
-        n = self.dims(dp, pp).expert_data_parallel
-        return model_state_bytes(self._expert_sharding(), max(n, 1), *self.state_bytes,
-                                 keep=self.keeps_weights(pp))
+        shards expert states over its expert-data-parallel group), sharded over ``efsdp``
+        under hsdp (:meth:`expert_shard`: ``(w + g + o) / efsdp``, ``w + g + o / efsdp``
+        resharded ``never``)."""
+        return model_state_bytes(self.point.sharding, max(self.expert_shard(dp, pp), 1),
+                                 *self.state_bytes, keep=self.keeps_weights(pp))
 
     def expert_sync(self, dp: int, pp: int = 1) -> Sync:
         """The experts' gradient reduction (and gather) over their expert-data-parallel
-        group, ``etp x ep`` ranks apart (``ParallelDims.group("edp")``)."""
-        if self.point.sharding.hybrid:
-            return self.sync(dp, pp)
+        group, ``etp x ep`` ranks apart (``ParallelDims.group("edp")``). Under hsdp it is
+        HSDP's over the experts' own mesh (torchtitan's ``edp_mesh`` ``["dp_replicate",
+        "efsdp"]``): gathers and a reduce-scatter over ``efsdp`` (``etp x ep`` apart,
+        inside the shard group's node), then an all-reduce of ``1 / efsdp`` of the
+        gradient over ``dp_replicate`` (``tp x cp x dp_shard`` apart, one member a shard
+        group: across nodes), per microbatch when the weights are resharded ``always``
+        (:class:`~pipebubble.plan.sharding.Sync` with ``shard = efsdp``)."""
         key = ("experts", dp, pp)
         got = self._syncs.get(key)
         if got is None:
-            stride, n = self.dims(dp, pp).group("edp")
-            got = self._syncs[key] = Sync(self._expert_sharding(), self.net, n,
+            d = self.dims(dp, pp)
+            stride, n = d.group("edp")
+            hybrid = self.point.sharding.hybrid and d.hybrid
+            got = self._syncs[key] = Sync(self.point.sharding, self.net, n,
                                           self.grad_bytes, stride=stride,
+                                          shard=d.efsdp if hybrid else 0,
                                           reshard=resolve_reshard(self.reshard, pp))
         return got
 
     def expert_optimizer_time(self, dp: int, params: float) -> float:
         """Seconds of the optimizer step of ``params`` local expert parameters (their shard
-        of the expert-data-parallel group)."""
-        if self.point.sharding.hybrid:
-            return self.optimizer_time(dp, params)
-        n = self.dims(dp).expert_data_parallel
-        return step_time(params, self._expert_sharding(), max(n, 1), self.state_bytes,
-                         self.hbm)
+        of the expert-data-parallel group, of ``efsdp`` under hsdp)."""
+        return step_time(params, self.point.sharding, max(self.expert_shard(dp), 1),
+                         self.state_bytes, self.hbm)
 
     def shard(self, dp: int) -> int:
-        """Ranks sharing the model states: ``dp x cp`` (hsdp: its shard group, 0 if none)."""
+        """Ranks sharing the model states: ``dp x cp`` (hsdp: its shard group, ``dp_shard x
+        cp`` as torchtitan shards, :attr:`~pipebubble.plan.dims.ParallelDims.shard_group`;
+        0 if none)."""
         d = self.dims(dp)
         if self.point.sharding.hybrid:
-            return d.dp_shard if d.dp_replicate > 1 and d.dp_shard > 1 else 0
+            return d.shard_group if d.hybrid else 0
         return d.data_context
 
     def bytes_per_param(self, dp: int, pp: int = 1) -> float:
@@ -208,7 +214,8 @@ class Axes:
         with ``params`` local parameters (``expert_params`` of them experts) and its partner
         ``distance`` stages away, after the data-parallel reduction and not overlapped.
         Each rank then holds its shard of the reduced gradient (``1 / (dp x cp)`` of it,
-        the experts' ``1 / (dp x cp / ep)``; the whole gradient without data parallelism),
+        the experts' ``1 / (dp x cp / ep)``; hsdp's shard group's and ``efsdp``'s shares;
+        the whole gradient without data parallelism),
         and the two partners all-reduce that shard: what folding the partner into the
         reduction group (``2 x dp`` members instead of ``dp``) adds to a ring, too.
 
@@ -221,8 +228,9 @@ class Axes:
         if distance <= 0 or params <= 0:
             return 0.0
         d = self.dims(dp, pp)
-        dense = (params - expert_params) / max(d.data_context, 1)
-        experts = expert_params / max(d.expert_data_parallel, 1)
+        shard = self.shard(dp) if self.point.sharding.hybrid else d.data_context
+        dense = (params - expert_params) / max(shard, 1)
+        experts = expert_params / max(self.expert_shard(dp, pp), 1)
         return allreduce(self.grad_bytes * (dense + experts), 2, self.hop(dp, distance))
 
 

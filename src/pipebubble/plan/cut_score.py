@@ -101,7 +101,7 @@ class CutScorer:
             plan.fsdp_reshard = "never" if keep else "always"
         gathered = self.pricing.gathered(c, self.p.at(c.microbatch_size, c.recompute), sched,
                                          pr.ranges) if fsdp else None
-        n_e = n if c.sharding.hybrid else max(c.dims.expert_data_parallel, 1)  # plan/expert
+        n_e = max(self.axes.expert_shard(c.dp, c.pp), 1)  # efsdp under hsdp (plan/axes.py)
         for r in range(c.pp):
             E = pr.rank_expert[r] if pr.rank_expert else 0.0
             P = pr.rank_params[r] - E

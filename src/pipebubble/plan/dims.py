@@ -22,7 +22,9 @@ process groups):
   ``world / (tp x pp)``, at any ZeRO stage); ``"dp_shard"``, only the sharded ones, as
   torchtitan's mesh (0.3.0 ``distributed/parallel_dims.py``: the sparse mesh ``pp x
   dp_replicate x efsdp x ep`` with ``efsdp = dp_shard x cp x tp / ep``, so EP never takes a
-  ``dp_replicate`` rank; 0.2 at ``etp = tp``: ``ep`` divides ``dp_shard x cp``). An EP
+  ``dp_replicate`` rank; 0.2 at ``etp = tp``: ``ep`` divides ``dp_shard x cp``). HSDP's
+  degrees (both ``dp_replicate`` and ``dp_shard`` above 1, :attr:`ParallelDims.hybrid`)
+  follow torchtitan's rule under either ``ep_from``: only torchtitan runs HSDP. An EP
   group is ``ep`` ranks ``etp`` apart, the expert-data-parallel group the ranks ``etp x
   ep`` apart that hold the same experts (:mod:`pipebubble.plan.expert`);
 - ``etp``: expert tensor parallel, the ranks that split each expert's matrices (Megatron-Core
@@ -80,6 +82,9 @@ ep 4 must divide dp_shard x cp = 1 (...); valid are 1
 (2, (1, 1), (1, 8), (8, 2))
 >>> ParallelDims(tp=2, sp=True, dp_shard=4, ep=2, etp=4).group("edp")  # ETP over 2 TP groups
 (8, 1)
+>>> h = ParallelDims(dp_replicate=4, dp_shard=8, ep=4, etp=1)  # HSDP: EP in the shard group
+>>> h.efsdp, h.group("ep"), h.group("efsdp"), h.group("dp_replicate")
+(2, (1, 4), (4, 2), (8, 4))
 >>> try:
 ...     ParallelDims(tp=4, sp=True, dp_shard=2, etp=16)
 ... except UserError as exc:
@@ -131,7 +136,7 @@ class ParallelDims:
                             f"ranks expert parallelism may take), got {self.ep_from!r}")
         data = self.ep_data(self.dp_replicate, self.dp_shard)
         mesh = self.tp * self.cp * data
-        what = "dp" if self.ep_from == "dp" else "dp_shard"
+        what = "dp" if self.ep_from == "dp" and not self.hybrid else "dp_shard"
         if mesh % self.etp:
             valid = ", ".join(str(d) for d in range(1, mesh + 1) if mesh % d == 0)
             raise UserError(f"etp {self.etp} must divide tp x {what} x cp = {mesh} (the "
@@ -149,6 +154,9 @@ class ParallelDims:
                             + f" and {self._ranks_named()}); valid are {valid}")
 
     def _ranks_named(self) -> str:
+        if self.hybrid:
+            return ("HSDP's shard group only, as torchtitan's mesh pp x dp_replicate x efsdp "
+                    "x ep lays it out: never dp_replicate")
         return ("the data-parallel ranks, replicated or sharded, as Megatron-Core folds its "
                 "expert mesh" if self.ep_from == "dp" else
                 "the sharded data-parallel ranks only, as torchtitan's mesh: never "
@@ -156,8 +164,21 @@ class ParallelDims:
 
     def ep_data(self, dp_replicate: int, dp_shard: int) -> int:
         """The data-parallel ranks EP may take at that split: all ``dp_replicate x
-        dp_shard`` of them (``ep_from = "dp"``), or the ``dp_shard`` ones."""
-        return dp_replicate * dp_shard if self.ep_from == "dp" else dp_shard
+        dp_shard`` of them (``ep_from = "dp"``), or the ``dp_shard`` ones (``"dp_shard"``,
+        and HSDP's split, both above 1, under either rule: :attr:`hybrid`)."""
+        if self.ep_from == "dp" and not (dp_replicate > 1 and dp_shard > 1):
+            return dp_replicate * dp_shard
+        return dp_shard
+
+    @property
+    def hybrid(self) -> bool:
+        """HSDP's degrees: ``dp_replicate`` copies of a ``dp_shard`` group, both above 1.
+        Only torchtitan runs HSDP with EP here, and it carves EP out of the shard group
+        whatever ``ep_from`` says (module doc): its sparse mesh ``pp x dp_replicate x
+        efsdp x ep`` (0.3.0 ``distributed/parallel_dims.py`` ``ParallelDims.build_mesh``)
+        keeps ``dp_replicate`` outside EP; Megatron-Core, whose folding lets EP take any
+        data-parallel rank, has no HSDP."""
+        return self.dp_replicate > 1 and self.dp_shard > 1
 
     # ---- derived sizes ---------------------------------------------------------------------
     @property
@@ -205,6 +226,25 @@ class ParallelDims:
         return self.stage_ranks // (self.etp * self.ep)
 
     @property
+    def shard_group(self) -> int:
+        """HSDP's shard group, ``dp_shard x cp`` ranks (torchtitan's ``fsdp`` mesh: it
+        shards over ``dp_shard`` and ``cp`` together, 0.3.0 ``ParallelDims.build_mesh``
+        and ``distributed/full_dtensor.py`` ``resolve_fsdp_mesh``)."""
+        return self.dp_shard * self.cp
+
+    @property
+    def efsdp(self) -> int:
+        """The ranks that shard the experts' states: torchtitan's ``efsdp`` under HSDP
+        (:attr:`hybrid`), ``tp x cp x dp_shard / (etp x ep)`` (0.3.0 ``efsdp = dp_shard x
+        cp x tp / ep``, at the plan's etp 1), the experts replicated over ``dp_replicate``
+        (:func:`torchtitan.distributed.fsdp.apply_fsdp_to_decoder` shards the routed
+        experts over the 2-D ``edp_mesh`` ``["dp_replicate", "efsdp"]``:
+        ``models/deepseek_v3/parallelize.py`` ``parallelize_deepseekv3``); otherwise the
+        whole expert-data-parallel group."""
+        edp = self.expert_data_parallel
+        return edp // self.dp_replicate if self.hybrid else edp
+
+    @property
     def etp_groups(self) -> float:
         """Expert-tensor-parallel groups per TP group, ``tp / etp``: each ETP group serves
         ``1 / etp_groups`` of a TP group's tokens (below 1 at ``etp > tp``: an ETP group
@@ -218,7 +258,9 @@ class ParallelDims:
         (Megatron-Core's, ETP innermost): ``etp`` consecutive ranks, the expert-parallel
         group ``ep`` ranks ``etp`` apart (``tp`` apart, in ``cp x dp``, at ``etp = tp``),
         ``edp`` the expert-data-parallel group that reduces the experts' gradients (``etp x
-        ep`` apart)."""
+        ep`` apart); under HSDP (:attr:`hybrid`) ``edp`` is ``efsdp`` (the first
+        :attr:`efsdp` of them, inside the shard group's block of ``tp x cp x dp_shard``
+        ranks) times ``dp_replicate`` (one member a block, ``tp x cp x dp_shard`` apart)."""
         sizes = {"tp": self.tp, "cp": self.cp, "dp": self.dp, "pp": self.pp}
         if axis == "dp_cp":
             return self.tp, self.data_context
@@ -228,9 +270,13 @@ class ParallelDims:
             return self.etp, self.ep
         if axis == "edp":
             return self.etp * self.ep, self.expert_data_parallel
+        if axis == "efsdp":
+            return self.etp * self.ep, self.efsdp
+        if axis == "dp_replicate":
+            return self.model_parallel * self.dp_shard, self.dp_replicate
         if axis not in sizes:
             raise UserError(f"unknown axis {axis!r}; valid are {', '.join(AXES)}, dp_cp, etp, "
-                            "ep, edp")
+                            "ep, edp, efsdp, dp_replicate")
         stride = 1
         for inner in AXES[:AXES.index(axis)]:
             stride *= sizes[inner]

@@ -65,9 +65,24 @@ ranks ``etp x ep`` apart holding the same experts form the expert-data-parallel 
 ``tp x cp x dp / (etp x ep)`` ranks: the experts' weights, gradients and optimizer states
 are ``1 / (etp ep)`` per rank and sharded over that group as the sharding shards dense
 states over ``dp x cp`` (replicated under ddp; :meth:`~pipebubble.plan.axes.Axes.
-expert_bytes_per_param`; hsdp is searched at ep 1 only, its experts sharded as its other
-states), their gradients reduced over it (:meth:`~pipebubble.plan.axes.Axes.expert_sync`),
-behind the same last backward as the dense gradients.
+expert_bytes_per_param`), their gradients reduced over it (:meth:`~pipebubble.plan.axes.
+Axes.expert_sync`), behind the same last backward as the dense gradients, or per microbatch
+with FSDP's gathers when the weights are resharded ``always``.
+
+**HSDP** (torchtitan 0.3.0, the only framework here that runs it): EP is carved out of the
+shard group, ``tp / etp x dp_shard x cp``, under either rule
+(:attr:`~pipebubble.plan.dims.ParallelDims.hybrid`; its sparse mesh ``pp x dp_replicate x
+efsdp x ep``, ``distributed/parallel_dims.py`` ``ParallelDims.build_mesh``), and the
+experts' states are sharded over ``efsdp = tp x cp x dp_shard / (etp x ep)`` and replicated
+over ``dp_replicate``: ``models/deepseek_v3/parallelize.py`` ``parallelize_deepseekv3``
+passes ``edp_mesh = ["dp_replicate", "efsdp"]`` to ``distributed/fsdp.py``
+``apply_fsdp_to_decoder``, whose ``shard_placement_fn`` puts the routed experts' parameters
+on that mesh and the rest of the block on the dense ``["dp_replicate", "fsdp"]``. Their
+traffic is HSDP's over the experts' own groups: gathers and a reduce-scatter over
+``efsdp`` (``etp x ep`` ranks apart, inside the shard group's node), then an all-reduce of
+``1 / efsdp`` of the gradient over ``dp_replicate`` (``tp x cp x dp_shard`` apart, one
+member a node), once a step resharded ``never`` (torchtitan under PP), every microbatch
+resharded ``always``.
 
 **The load-imbalance factor** ``u`` (``--moe-imbalance``, >= 1): the busiest EP rank's
 tokens over the mean. A router with a capacity factor ``C`` drops what exceeds ``C`` times
@@ -92,8 +107,9 @@ SwiGLU (no expert outputs kept) and a dispatch kernel's measured bandwidth;
 :meth:`MoERecipe.deepseek_v3` is DeepSeek-V3's.
 
 **What is not priced**: the permutation kernels' exact traffic (counted as four reads and
-writes of the dispatched tokens), the aux-loss FLOPs, and per-microbatch FSDP traffic of the
-experts (priced as the dense group's).
+writes of the dispatched tokens) and the aux-loss FLOPs. FSDP's per-microbatch gathers of a
+layer's experts and of its other weights are two collectives, one after the other, each
+over its own group.
 
 >>> from pipebubble.plan.network import Network
 >>> net = Network(8, (100e9, 0.0), (10e9, 0.0))
@@ -537,7 +553,8 @@ def check_ep_splits(req, ep_list, splits, shardings=(), gpus_per_node: int = 8,
     ``etp = tp``) under Megatron-Core's folding (``req.ep_from`` ``"dp"``, the default:
     every data-parallel rank, replicated or sharded), ``dp_shard`` in place of ``dp``
     under torchtitan's (``"dp_shard"``: ddp shards nothing, so there ep must divide cp,
-    ``tp / etp x cp``)."""
+    ``tp / etp x cp``), and HSDP's shard group under either rule when every sharding asked
+    for is hsdp (:attr:`~pipebubble.plan.dims.ParallelDims.hybrid`)."""
     given = getattr(req, "ep", None)
     if not given:
         return
@@ -556,14 +573,25 @@ def check_ep_splits(req, ep_list, splits, shardings=(), gpus_per_node: int = 8,
                          f"data x context parallel ranks{lent}); these degrees leave "
                          f"{'tp x dp x cp / etp' if etp_list else 'dp x cp'} in "
                          f"{', '.join(map(str, rooms))}")
-    if ep_from == "dp":
+    if ep_from == "dp" and not all(s.hybrid for s in shardings):
         return  # every split's data-parallel ranks are EP's, whatever the sharding
     shard_rooms = set()
     for tp, cp, _, dp in splits:
         mp = ParallelDims(tp=tp, cp=cp).model_parallel
         for s in shardings:
-            _, shard = s.split_dp(dp, mp, gpus_per_node)
+            replicate, shard = s.split_dp(dp, mp, gpus_per_node)
+            if s.hybrid and min(replicate, shard) == 1:
+                continue  # no shard group at this dp: hsdp is not searched there
             shard_rooms.update(room(tp, cp, shard))
+    if shardings and all(s.hybrid for s in shardings):
+        if shard_rooms and not any(room % ep == 0 for room in shard_rooms for ep in ep_list):
+            valid = sorted({d for r in shard_rooms for d in range(1, r + 1) if r % d == 0})
+            raise UserError(f"{flag} must divide HSDP's shard group, tp / etp x dp_shard x cp "
+                            f"(torchtitan's mesh pp x dp_replicate x efsdp x ep carves EP "
+                            f"out of it, never out of dp_replicate), but these degrees leave "
+                            f"it in {', '.join(map(str, sorted(shard_rooms)))}; valid ep are "
+                            f"{', '.join(map(str, valid))}")
+        return
     if shardings and not any(room % ep == 0 for room in shard_rooms for ep in ep_list):
         names = ", ".join(str(s) for s in shardings)
         raise UserError(f"{flag} must divide dp_shard x cp (torchtitan's EP borrows the "
@@ -1115,4 +1143,5 @@ def all_to_all_summary(plan, profiles, hardware, imbalance: float | None = None
     return {"ep": plan.dims.ep, "nodes": span, "forward": float(f[slow]),
             "backward": float(b[slow]), "experts": shape.experts, "top_k": shape.top_k,
             "expert_data_parallel": plan.dims.expert_data_parallel,
+            "efsdp": plan.dims.efsdp,  # the experts' states' shard group (hsdp: of edp)
             "imbalance": imbalance if imbalance is not None else default_imbalance(shape)}
