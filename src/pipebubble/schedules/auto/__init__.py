@@ -541,26 +541,15 @@ def _greedy(kind: str, p: int, m: int, sc: StageCosts, where: tuple[int, ...],
     scored by the simulator like every candidate (the greedy's own clock only steers its
     choices)."""
     for knobs in knob_grid(p, m, _CHUNKS[kind]) if grid is None else grid:
-        got = greedy_order(p, m, sc, where, limits, knobs)
+        got = greedy_order(p, m, sc, where, limits, knobs, packed=True)
         if got is None:
             continue
-        orders = [_packed_row(o) for o in got[0]]  # the same actions, as arrays
+        orders = got[0]  # the actions as arrays (RankOrders: no Action made per step)
         scored = _score(make_schedule("auto", orders, len(where), m, placement=list(where)),
                         sc, limits)
         if scored is not None:
             name = "greedy " + ",".join(f"{k}={v}" for k, v in knobs._asdict().items())
             yield scored[0], orders, name
-
-
-def _packed_row(row: list[tuple]) -> PackedOrder:
-    """A greedy rank order of ``(stage, kind, microbatch)`` tuples as a RankOrder (the
-    arrays the simulator reads: no Action made per step)."""
-    from ...ir.orders import RankOrder
-
-    if not row:
-        return RankOrder.build([], "", [])
-    stage, kind, mb = zip(*row, strict=True)
-    return RankOrder.build(stage, "".join(kind), mb)
 
 
 _TURNS = sorted(((tf, ti, top) for tf in range(1, 7) for ti in range(1, 7)
