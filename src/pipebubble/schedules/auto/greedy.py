@@ -235,6 +235,124 @@ def _greedy_ids(p: int, m: int, sc: StageCosts, where: tuple[int, ...],
                 wake = (soon, r)
         return (None if left else (orders, clock.step_time, clock.span_idle))
 
+    if one_stage and all(len(mine) == 2 for mine in local):  # (the V placement)
+        while heap or wake:
+            t, r = pop(heap) if wake is None else pushpop(heap, wake)
+            wake = None
+            te = t + _EPS
+            if free[r] > te:
+                continue
+            mine = local[r]
+            a, b = mine  # a < b: b is a's later chunk
+            u, room = used[r], lim[r]
+            soon = _INF
+            # 1. I (the loop below's choices, its scans over the rank's two stages unrolled)
+            pick_i = -1
+            j = ni[a]
+            if j < nf[a]:
+                at = ready[xi[a] + j]
+                if at <= te:
+                    if u + i0[a] <= room:
+                        best, pick_i = at, a
+                else:
+                    soon = at
+            j = ni[b]
+            if j < nf[b]:
+                at = ready[xi[b] + j]
+                if at <= te:
+                    if (pick_i < 0 or at < best) and u + i0[b] <= room:
+                        pick_i = b
+                elif at < soon:
+                    soon = at
+            if pick_i >= 0 and critical:
+                for s in mine:
+                    j = nf[s]
+                    if (j < m and tail_f[s] > tail_i[pick_i]
+                            and (s == 0 or ready[xf[s] + j] < t + dur_i[pick_i] - _EPS)
+                            and u + f0[s] + keep[r] + later_sum[s] <= room
+                            and not (s == a and nf[s] - ni[s] >= caps[r])):
+                        pick_i = -1
+                        break
+            if pick_i >= 0:
+                s = pick_i
+                j = ni[s]
+                x = xi[s] + j
+                wake = (place(x, t), r)
+                ni[s] = j + 1
+                append[r](x)
+                q = wake_i[s]
+                if q >= 0:
+                    x = ready[at_i[s] + j]
+                    if free[q] < x:
+                        push(heap, (x, q))
+                left -= 1
+                continue
+            # 2. F (a keeps room for one F of b; the warm-up cap counts a)
+            pick_f = -1
+            blocked = False
+            j = nf[a]
+            if j < m:
+                at = ready[xf[a] + j]
+                if at != _INF:
+                    need = u + f0[a] + keep[r]
+                    for v in later[a]:
+                        need += v
+                    if need > room or j - ni[a] >= caps[r]:
+                        blocked = at <= te
+                    elif at <= te:
+                        pick_f = a
+                    else:
+                        soon = at if at < soon else soon
+            j = nf[b]
+            if j < m:
+                at = ready[xf[b] + j]
+                if at != _INF:
+                    need = u + f0[b] + keep[r]
+                    for v in later[b]:
+                        need += v
+                    if need > room:
+                        blocked = blocked or at <= te
+                    elif at <= te:
+                        if pick_f < 0 or (deep_first or j < nf[a]):
+                            pick_f = b
+                    elif at < soon:
+                        soon = at
+            if pick_f >= 0 and not (wait_i and soon < t + dur_f[pick_f] - _EPS
+                                    and _i_is_next(mine, ni, nf, soon, ready, xi)):
+                s = pick_f
+                j = nf[s]
+                x = xf[s] + j
+                wake = (place(x, t), r)
+                nf[s] = j + 1
+                append[r](x)
+                q = wake_f[s]
+                if q >= 0:
+                    x = ready[at_f[s] + j]
+                    if free[q] < x:
+                        push(heap, (x, q))
+                left -= 1
+                continue
+            # 3. W: the older I's
+            pick_w = -1
+            j = nw[a]
+            if j < ni[a]:
+                oldest, pick_w = end[xi[a] + j], a
+            j = nw[b]
+            if j < ni[b] and (pick_w < 0 or end[xi[b] + j] < oldest):
+                pick_w = b
+            if pick_w >= 0 and (blocked or pick_f >= 0 or not lazy_w
+                                or soon >= t + dur_w[pick_w] - _EPS):
+                s = pick_w
+                x = xw[s] + nw[s]
+                wake = (place(x, t), r)
+                nw[s] += 1
+                append[r](x)
+                left -= 1
+                continue
+            if pick_f >= 0 or pick_w >= 0:
+                wake = (soon, r)
+        return (None if left else (orders, clock.step_time, clock.span_idle))
+
     while heap or wake:
         t, r = pop(heap) if wake is None else pushpop(heap, wake)
         wake = None
