@@ -52,6 +52,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import struct
 import time
 import weakref
 from collections import OrderedDict
@@ -376,7 +377,7 @@ def _search(ranks: int, microbatches: int, costs: CostModel | None,
     cand = make_schedule("auto", [o if isinstance(o, PackedOrder) else
                                   [a if isinstance(a, steps) else Action(*a) for a in o]
                                   for o in orders], len(where), m, placement=list(where))
-    timeline = _score(cand, sc, limits)[1]  # the one simulator re-scores the winner
+    timeline = _score(cand, sc, limits, timeline=True)[1]  # the simulator re-scores it
     lb = named[kind] if placement != "any" else min(named.values(), key=lambda b: b.value)
     info = Provenance(generator=source, placement=kind, chunks=_CHUNKS[kind],
                       step_time=timeline.step_time, lower_bound=lb,
@@ -541,26 +542,15 @@ def _greedy(kind: str, p: int, m: int, sc: StageCosts, where: tuple[int, ...],
     scored by the simulator like every candidate (the greedy's own clock only steers its
     choices)."""
     for knobs in knob_grid(p, m, _CHUNKS[kind]) if grid is None else grid:
-        got = greedy_order(p, m, sc, where, limits, knobs)
+        got = greedy_order(p, m, sc, where, limits, knobs, packed=True)
         if got is None:
             continue
-        orders = [_packed_row(o) for o in got[0]]  # the same actions, as arrays
+        orders = got[0]  # the actions as arrays (RankOrders: no Action made per step)
         scored = _score(make_schedule("auto", orders, len(where), m, placement=list(where)),
                         sc, limits)
         if scored is not None:
             name = "greedy " + ",".join(f"{k}={v}" for k, v in knobs._asdict().items())
             yield scored[0], orders, name
-
-
-def _packed_row(row: list[tuple]) -> PackedOrder:
-    """A greedy rank order of ``(stage, kind, microbatch)`` tuples as a RankOrder (the
-    arrays the simulator reads: no Action made per step)."""
-    from ...ir.orders import RankOrder
-
-    if not row:
-        return RankOrder.build([], "", [])
-    stage, kind, mb = zip(*row, strict=True)
-    return RankOrder.build(stage, "".join(kind), mb)
 
 
 _TURNS = sorted(((tf, ti, top) for tf in range(1, 7) for ti in range(1, 7)
@@ -651,13 +641,73 @@ def _scored(sched: Schedule, sc: StageCosts):
     return score, [s.peak_memory for s in stats], timeline
 
 
-def _score(sched: Schedule, sc: StageCosts, limits: list[float] | None):
-    """(step time, idle inside spans) and the timeline; None if refused or over the
-    limit."""
+def _score(sched: Schedule, sc: StageCosts, limits: list[float] | None,
+           timeline: bool = False):
+    """(step time, idle inside spans) and, with ``timeline``, the timeline (else None);
+    None if refused or over the limit. Without ``timeline`` an order of RankOrders
+    scored before under the same costs is not simulated again (:func:`_scored_kept`)."""
+    if not timeline:
+        run = _scored_kept(sched, sc)
+        if run is None or not _within(run[1], limits):
+            return None
+        return run[0], None
     run = _scored(sched, sc)
     if run is None or not _within(run[1], limits):
         return None
     return run[0], run[2]
+
+
+KEEP_SCORES = 4096  # scores of orders kept (_scored_kept), at most
+_SCORES: OrderedDict[tuple, tuple | None] = OrderedDict()  # order digest, costs -> score
+
+
+def _scored_kept(sched: Schedule, sc: StageCosts) -> tuple | None:
+    """:func:`_scored`'s ``(score, peaks)``, kept by what decides them: the placement, the
+    counts, the costs and a digest of every rank's action arrays. The planner asks auto
+    for the same costs under a limit per sharding, and the adaptive blocks of one cut and
+    limit come back under another (other blocks, the same order): such a repeat is the
+    stored score, the same floats, without the simulation. Orders that are not all
+    RankOrders (the local search's lists) are simulated each time."""
+    import hashlib
+
+    from ...ir.orders import RankOrder
+
+    digest = hashlib.blake2b(digest_size=20)
+    for o in sched.orders:
+        if type(o) is not RankOrder:
+            run = _scored(sched, sc)
+            return None if run is None else run[:2]
+        digest.update(len(o.stage).to_bytes(8, "little"))
+        for column in (o.stage, o.kind, o.microbatch):
+            digest.update(column.dtype.str.encode())
+            digest.update(column.tobytes())
+        digest.update(b"-" if o.pair is None else o.pair.tobytes())
+    key = (sched.num_stages, sched.num_microbatches, tuple(sched.stage_to_rank),
+           tuple(sched.chain_starts), digest.digest(), _bits(sc.key()))
+    if key in _SCORES:
+        _SCORES.move_to_end(key)
+        return _SCORES[key]
+    run = _scored(sched, sc)
+    got = None if run is None else run[:2]
+    _SCORES[key] = got
+    while len(_SCORES) > KEEP_SCORES:
+        _SCORES.popitem(last=False)
+    return got
+
+
+# (a cold start, bench/bench_plan.py's, forgets them as it does every function's cache)
+_scored_kept.cache_clear = _SCORES.clear  # type: ignore[attr-defined]
+_scored_kept.cache_info = lambda: {"kept": len(_SCORES)}  # type: ignore[attr-defined]
+
+
+def _bits(value):
+    """A costs key with every float as its 8 bytes: equal exactly when the doubles are
+    (``-0.0`` is not ``0.0``), as the kernel keys its kept simulations."""
+    if isinstance(value, float):
+        return struct.pack("<d", value)
+    if isinstance(value, tuple):
+        return tuple(_bits(v) for v in value)
+    return value
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ import heapq
 from typing import NamedTuple
 
 from ...costs import StageCosts
-from ...ir.schedule import Action, Kind
+from ...ir.schedule import Kind
 from ...sim.clock import Clock
 
 _INF = float("inf")
@@ -77,16 +77,47 @@ def greedy_order(
     stage_to_rank: tuple[int, ...],
     limits: list[float] | None,
     knobs: Knobs,
-) -> tuple[list[list[tuple]], float, float] | None:
+    packed: bool = False,
+) -> tuple[list, float, float] | None:
     """Per-rank orders of one step (``(stage, kind, microbatch)`` tuples: make Actions with
-    ``Action(*a)``), its step time and the idle time inside the ranks' spans, built
-    greedily; None on deadlock.
+    ``Action(*a)``; with ``packed``, one :class:`~pipebubble.ir.orders.RankOrder` a rank
+    instead, the arrays the simulator reads), its step time and the idle time inside the
+    ranks' spans, built greedily; None on deadlock.
 
     ``sc`` holds one entry per stage (one chain: stage s feeds s + 1); ``stage_to_rank``
     places them; ``limits[r]`` caps rank r's activation memory (None: no cap).
     """
-    p, m, S = ranks, microbatches, len(stage_to_rank)
-    where = stage_to_rank
+    got = _greedy_ids(ranks, microbatches, sc, stage_to_rank, limits, knobs)
+    if got is None:
+        return None
+    ids, step, span_idle = got
+    S, m = len(stage_to_rank), microbatches
+    if packed:
+        return [_packed(row, S, m) for row in ids], step, span_idle
+    kinds = (Kind.F, Kind.I, Kind.W)
+    return [[(x // m % S, kinds[x // (S * m)], x % m) for x in row] for row in ids], \
+        step, span_idle
+
+
+def _packed(row: list[int], S: int, m: int):
+    """One rank's clock numbers (``x = (kind S + stage) m + microbatch``) as a RankOrder:
+    the same arrays as ``RankOrder.build`` of its (stage, kind, microbatch) steps."""
+    import numpy as np
+
+    from ...ir.orders import RankOrder
+
+    x = np.array(row, dtype=np.int64)
+    return RankOrder.build(x // m % S, (x // (S * m)).astype(np.int8), x % m)
+
+
+def _greedy_ids(p: int, m: int, sc: StageCosts, where: tuple[int, ...],
+                limits: list[float] | None, knobs: Knobs, one_stage: bool = True
+                ) -> tuple[list[list[int]], float, float] | None:
+    """:func:`greedy_order` with each rank's order as the clock's action numbers. Where
+    every rank holds one stage (the loop placement) a loop with the stage scans unrolled
+    runs (``one_stage=False``: the general loop, which makes the same choices; a test
+    keeps them equal)."""
+    S = len(where)
     clock = Clock(sc, where, m, limits)  # the times, the rule and the memory in use
     ready, end, free, used, lim = clock.ready, clock.end, clock.free, clock.used, clock.room
     place = clock.place
@@ -117,15 +148,210 @@ def greedy_order(
     tail_f, tail_i = links.tail[:S], links.tail[S:2 * S]  # (for ``critical``)
 
     nf, ni, nw = [0] * S, [0] * S, [0] * S
-    orders: list[list[Action]] = [[] for _ in range(p)]
+    orders: list[list[int]] = [[] for _ in range(p)]
     left = 3 * S * m
     heap = [(0.0, r) for r in range(p)]
-    F, I, W = Kind.F, Kind.I, Kind.W
     pop, push, pushpop = heapq.heappop, heapq.heappush, heapq.heappushpop
     wake = None  # the rank's own next wake-up, pushed and popped in one (heappushpop)
     append = [o.append for o in orders]  # (locals: read once per action)
     critical, deep_first, wait_i, lazy_w = (knobs.critical, knobs.deep_first, knobs.wait_i,
                                             knobs.lazy_w)
+
+    if one_stage and all(len(mine) == 1 for mine in local):  # (the loop placement)
+        one = [mine[0] for mine in local]
+        while heap or wake:
+            t, r = pop(heap) if wake is None else pushpop(heap, wake)
+            wake = None
+            te = t + _EPS
+            if free[r] > te:
+                continue
+            s = one[r]
+            u, room = used[r], lim[r]
+            soon = _INF
+            # 1. I (the same choices as the loop below, with one stage to choose from)
+            j = ni[s]
+            pick_i = False
+            if j < nf[s]:
+                at = ready[xi[s] + j]
+                if at <= te:
+                    pick_i = u + i0[s] <= room
+                else:
+                    soon = at
+            if pick_i and critical:
+                jf = nf[s]
+                if (jf < m and tail_f[s] > tail_i[s]
+                        and (s == 0 or ready[xf[s] + jf] < t + dur_i[s] - _EPS)
+                        and u + f0[s] + keep[r] + later_sum[s] <= room
+                        and not jf - j >= caps[r]):
+                    pick_i = False
+            if pick_i:
+                x = xi[s] + j
+                wake = (place(x, t), r)
+                ni[s] = j + 1
+                append[r](x)
+                q = wake_i[s]
+                if q >= 0:
+                    x = ready[at_i[s] + j]
+                    if free[q] < x:
+                        push(heap, (x, q))
+                left -= 1
+                continue
+            # 2. F
+            pick_f = blocked = False
+            jf = nf[s]
+            if jf < m:
+                at = ready[xf[s] + jf]
+                if at != _INF:
+                    if u + f0[s] + keep[r] > room or jf - j >= caps[r]:
+                        blocked = at <= te
+                    elif at <= te:
+                        pick_f = True
+                    elif at < soon:
+                        soon = at
+            if pick_f and not (wait_i and soon < t + dur_f[s] - _EPS and j < jf
+                               and ready[xi[s] + j] <= soon + _EPS):
+                x = xf[s] + jf
+                wake = (place(x, t), r)
+                nf[s] = jf + 1
+                append[r](x)
+                q = wake_f[s]
+                if q >= 0:
+                    x = ready[at_f[s] + jf]
+                    if free[q] < x:
+                        push(heap, (x, q))
+                left -= 1
+                continue
+            # 3. W
+            jw = nw[s]
+            pick_w = jw < j
+            if pick_w and (blocked or pick_f or not lazy_w or soon >= t + dur_w[s] - _EPS):
+                x = xw[s] + jw
+                wake = (place(x, t), r)
+                nw[s] = jw + 1
+                append[r](x)
+                left -= 1
+                continue
+            if pick_f or pick_w:
+                wake = (soon, r)
+        return (None if left else (orders, clock.step_time, clock.span_idle))
+
+    if one_stage and all(len(mine) == 2 for mine in local):  # (the V placement)
+        while heap or wake:
+            t, r = pop(heap) if wake is None else pushpop(heap, wake)
+            wake = None
+            te = t + _EPS
+            if free[r] > te:
+                continue
+            mine = local[r]
+            a, b = mine  # a < b: b is a's later chunk
+            u, room = used[r], lim[r]
+            soon = _INF
+            # 1. I (the loop below's choices, its scans over the rank's two stages unrolled)
+            pick_i = -1
+            j = ni[a]
+            if j < nf[a]:
+                at = ready[xi[a] + j]
+                if at <= te:
+                    if u + i0[a] <= room:
+                        best, pick_i = at, a
+                else:
+                    soon = at
+            j = ni[b]
+            if j < nf[b]:
+                at = ready[xi[b] + j]
+                if at <= te:
+                    if (pick_i < 0 or at < best) and u + i0[b] <= room:
+                        pick_i = b
+                elif at < soon:
+                    soon = at
+            if pick_i >= 0 and critical:
+                for s in mine:
+                    j = nf[s]
+                    if (j < m and tail_f[s] > tail_i[pick_i]
+                            and (s == 0 or ready[xf[s] + j] < t + dur_i[pick_i] - _EPS)
+                            and u + f0[s] + keep[r] + later_sum[s] <= room
+                            and not (s == a and nf[s] - ni[s] >= caps[r])):
+                        pick_i = -1
+                        break
+            if pick_i >= 0:
+                s = pick_i
+                j = ni[s]
+                x = xi[s] + j
+                wake = (place(x, t), r)
+                ni[s] = j + 1
+                append[r](x)
+                q = wake_i[s]
+                if q >= 0:
+                    x = ready[at_i[s] + j]
+                    if free[q] < x:
+                        push(heap, (x, q))
+                left -= 1
+                continue
+            # 2. F (a keeps room for one F of b; the warm-up cap counts a)
+            pick_f = -1
+            blocked = False
+            j = nf[a]
+            if j < m:
+                at = ready[xf[a] + j]
+                if at != _INF:
+                    need = u + f0[a] + keep[r]
+                    for v in later[a]:
+                        need += v
+                    if need > room or j - ni[a] >= caps[r]:
+                        blocked = at <= te
+                    elif at <= te:
+                        pick_f = a
+                    else:
+                        soon = at if at < soon else soon
+            j = nf[b]
+            if j < m:
+                at = ready[xf[b] + j]
+                if at != _INF:
+                    need = u + f0[b] + keep[r]
+                    for v in later[b]:
+                        need += v
+                    if need > room:
+                        blocked = blocked or at <= te
+                    elif at <= te:
+                        if pick_f < 0 or (deep_first or j < nf[a]):
+                            pick_f = b
+                    elif at < soon:
+                        soon = at
+            if pick_f >= 0 and not (wait_i and soon < t + dur_f[pick_f] - _EPS
+                                    and _i_is_next(mine, ni, nf, soon, ready, xi)):
+                s = pick_f
+                j = nf[s]
+                x = xf[s] + j
+                wake = (place(x, t), r)
+                nf[s] = j + 1
+                append[r](x)
+                q = wake_f[s]
+                if q >= 0:
+                    x = ready[at_f[s] + j]
+                    if free[q] < x:
+                        push(heap, (x, q))
+                left -= 1
+                continue
+            # 3. W: the older I's
+            pick_w = -1
+            j = nw[a]
+            if j < ni[a]:
+                oldest, pick_w = end[xi[a] + j], a
+            j = nw[b]
+            if j < ni[b] and (pick_w < 0 or end[xi[b] + j] < oldest):
+                pick_w = b
+            if pick_w >= 0 and (blocked or pick_f >= 0 or not lazy_w
+                                or soon >= t + dur_w[pick_w] - _EPS):
+                s = pick_w
+                x = xw[s] + nw[s]
+                wake = (place(x, t), r)
+                nw[s] += 1
+                append[r](x)
+                left -= 1
+                continue
+            if pick_f >= 0 or pick_w >= 0:
+                wake = (soon, r)
+        return (None if left else (orders, clock.step_time, clock.span_idle))
 
     while heap or wake:
         t, r = pop(heap) if wake is None else pushpop(heap, wake)
@@ -134,6 +360,7 @@ def greedy_order(
         if free[r] > te:
             continue
         mine = local[r]
+        u, room = used[r], lim[r]  # (placing an action ends the turn: read once)
         soon = _INF  # earliest known arrival of an I or an allowed F (for the knobs)
         # 1. I: the critical path.
         pick_i = -1
@@ -143,7 +370,7 @@ def greedy_order(
             if j < nf[s]:
                 at = ready[xi[s] + j]
                 if at <= te:
-                    if at < best and used[r] + i0[s] <= lim[r]:
+                    if at < best and u + i0[s] <= room:
                         best, pick_i = at, s
                 elif at < soon:
                     soon = at
@@ -152,17 +379,17 @@ def greedy_order(
                 j = nf[s]  # would end, runs first (waiting for it if need be)
                 if (j < m and tail_f[s] > tail_i[pick_i]
                         and (s == 0 or ready[xf[s] + j] < t + dur_i[pick_i] - _EPS)
-                        and used[r] + f0[s] + keep[r] + later_sum[s] <= lim[r]
+                        and u + f0[s] + keep[r] + later_sum[s] <= room
                         and not (s == mine[0] and nf[s] - ni[s] >= caps[r])):
                     pick_i = -1
                     break
         if pick_i >= 0:
             s = pick_i
             j = ni[s]
-            e = place(xi[s] + j, t)
+            x = xi[s] + j
+            wake = (place(x, t), r)
             ni[s] = j + 1
-            append[r]((s, I, j))
-            wake = (e, r)
+            append[r](x)
             q = wake_i[s]  # the stage before, if it lives on another rank
             if q >= 0:
                 x = ready[at_i[s] + j]
@@ -181,15 +408,15 @@ def greedy_order(
             at = ready[xf[s] + j]
             if at == _INF:
                 continue
-            need = used[r] + f0[s] + keep[r]
+            need = u + f0[s] + keep[r]
             if later[s]:  # (mostly empty: one chunk, or the rank's last)
                 for v in later[s]:
                     need += v
-            if need > lim[r] or (s == first and nf[s] - ni[s] >= caps[r]):
+            if need > room or (s == first and j - ni[s] >= caps[r]):
                 blocked = blocked or at <= te
                 continue
             if at <= te:
-                if pick_f < 0 or (s > pick_f if deep_first else nf[s] < nf[pick_f]):
+                if pick_f < 0 or (s > pick_f if deep_first else j < nf[pick_f]):
                     pick_f = s
             elif at < soon:
                 soon = at
@@ -197,10 +424,10 @@ def greedy_order(
                                 and _i_is_next(mine, ni, nf, soon, ready, xi)):
             s = pick_f
             j = nf[s]
-            e = place(xf[s] + j, t)
+            x = xf[s] + j
+            wake = (place(x, t), r)
             nf[s] = j + 1
-            append[r]((s, F, j))
-            wake = (e, r)
+            append[r](x)
             q = wake_f[s]  # the stage after, if it lives on another rank
             if q >= 0:
                 x = ready[at_f[s] + j]
@@ -218,11 +445,10 @@ def greedy_order(
         if pick_w >= 0 and (blocked or pick_f >= 0 or not lazy_w
                             or soon >= t + dur_w[pick_w] - _EPS):
             s = pick_w
-            j = nw[s]
-            e = place(xw[s] + j, t)
-            nw[s] = j + 1
-            append[r]((s, W, j))
-            wake = (e, r)
+            x = xw[s] + nw[s]
+            wake = (place(x, t), r)
+            nw[s] += 1
+            append[r](x)
             left -= 1
             continue
         if pick_f >= 0 or pick_w >= 0:
