@@ -18,7 +18,7 @@ def test_a_dropped_schedule_is_laid_out_again_and_not_checked_again(monkeypatch)
     others = [get_schedule("gpipe", 2, m) for m in range(1, check.KEEP_FLAT + 2)]
     for o in others:  # its arrays drop out of the kept ones
         check.flat_actions(o)
-    assert id(s) not in check._kept
+    assert check._kept.get(s) is None
     calls = []
     real = check._valid
     monkeypatch.setattr(check, "_valid", lambda *a: calls.append(1) or real(*a))
@@ -37,3 +37,21 @@ def test_an_invalid_schedule_still_raises_every_time():
     for _ in range(2):
         with pytest.raises(ScheduleError):
             check.flat_actions(bad)
+
+
+def test_live_kept_holds_the_newest_and_forgets_the_collected():
+    import gc
+
+    class Obj:
+        pass
+
+    kept = check.LiveKept(2)
+    a, b, c = Obj(), Obj(), Obj()
+    for o, v in ((a, 1), (b, 2), (c, 3)):
+        assert kept.put(o, v)
+    assert len(kept) == 2 and kept.get(a) is None  # the oldest dropped
+    assert (kept.get(b), kept.get(c)) == (2, 3)
+    del b
+    gc.collect()
+    assert len(kept) == 1 and kept.get(c) == 3  # b collected: its value is gone
+    assert kept.put(5, "x") is False and kept.get(5) is None  # an int has no weak reference

@@ -47,52 +47,71 @@ class FlatActions(NamedTuple):
     rank: np.ndarray  # the rank of each action
 
 
+class LiveKept:
+    """Values kept for live objects (schedules, whose orders are immutable), by identity:
+    at most ``size`` of them, the oldest dropped first; each dropped when its object is
+    collected (a weak reference), so a newer object given a collected one's id is never
+    answered for it. An object that cannot be referred to weakly is not kept."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._kept: dict[int, tuple[weakref.ref, object]] = {}
+
+    def get(self, obj: object):
+        """The value kept for ``obj``, or None."""
+        got = self._kept.get(id(obj))
+        return got[1] if got is not None and got[0]() is obj else None
+
+    def put(self, obj: object, value: object) -> bool:
+        """Keep ``value`` for ``obj`` (the newest); False if ``obj`` cannot be kept."""
+        key = id(obj)
+        try:
+            ref = weakref.ref(obj, lambda r, key=key: self._forget(key, r))
+        except TypeError:
+            return False
+        self._kept.pop(key, None)
+        self._kept[key] = (ref, value)
+        while len(self._kept) > self.size:
+            self._kept.pop(next(iter(self._kept)), None)
+        return True
+
+    def _forget(self, key: int, ref: weakref.ref) -> None:
+        """``key``'s object is gone: drop its value (unless the id went to a newer one)."""
+        got = self._kept.get(key)
+        if got is not None and got[0] is ref:
+            del self._kept[key]
+
+    def clear(self) -> None:
+        self._kept.clear()
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+
 KEEP_FLAT = 32  # schedules whose checked flat actions are kept (a planner simulates one
 # schedule under many costs; validate() then simulate() reads one twice)
-_kept: dict[int, tuple[weakref.ref, FlatActions]] = {}  # id -> (the schedule, its arrays)
-KEEP_CHECKED = 4096  # schedules known valid (a weak reference each, no arrays): a schedule
-# whose arrays were dropped is laid out again but not checked again (its orders are immutable)
-_checked: dict[int, weakref.ref] = {}
+_kept = LiveKept(KEEP_FLAT)  # the schedule -> its checked arrays
+KEEP_CHECKED = 4096  # schedules known valid (no arrays): a schedule whose arrays were
+# dropped is laid out again but not checked again (its orders are immutable)
+_checked = LiveKept(KEEP_CHECKED)
 
 
 def flat_actions(schedule: Schedule) -> FlatActions:
     """The schedule's actions as checked flat arrays; raise ScheduleError like validate().
     The last :data:`KEEP_FLAT` schedules' arrays are kept (a schedule's orders are
     immutable), each while the schedule lives."""
-    key = id(schedule)
-    got = _kept.get(key)
-    if got is not None and got[0]() is schedule:
-        return got[1]
+    got = _kept.get(schedule)
+    if got is not None:
+        return got
     flat = _flatten(schedule)
-    seen = _checked.get(key)
     # (checked once: the arrays of a schedule whose arrays were dropped are laid out again,
     # a fraction of the check's cost)
-    if flat is None or ((seen is None or seen() is not schedule)
-                        and not _valid(schedule, flat)):
+    if flat is None or (_checked.get(schedule) is None and not _valid(schedule, flat)):
         _scan(schedule)  # names the first bad action
         raise ScheduleError(f"schedule {schedule.name!r} is invalid")  # _scan always raises
-    try:
-        ref = weakref.ref(schedule, lambda _r, key=key: _forget(key, _r))
-    except TypeError:
-        return flat
-    _kept.pop(key, None)
-    _kept[key] = (ref, flat)
-    while len(_kept) > KEEP_FLAT:
-        _kept.pop(next(iter(_kept)), None)
-    _checked.pop(key, None)
-    _checked[key] = ref
-    while len(_checked) > KEEP_CHECKED:
-        _checked.pop(next(iter(_checked)), None)
+    if _kept.put(schedule, flat):
+        _checked.put(schedule, True)
     return flat
-
-
-def _forget(key: int, ref: weakref.ref) -> None:
-    """A kept schedule is gone: drop its arrays (unless its id went to a newer one)."""
-    got = _kept.get(key)
-    if got is not None and got[0] is ref:
-        _kept.pop(key, None)
-    if _checked.get(key) is ref:
-        _checked.pop(key, None)
 
 
 def _flatten(schedule: Schedule) -> FlatActions | None:

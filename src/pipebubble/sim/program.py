@@ -48,12 +48,11 @@ limit, and absolute below 1): :func:`~pipebubble.costs.fits_limit` is the one te
 from __future__ import annotations
 
 import heapq
-import weakref
 from collections.abc import Mapping, Sequence
 from operator import itemgetter
 
 from ..costs import CostModel, StageCosts, fits_limit
-from ..ir.check import flat_actions
+from ..ir.check import LiveKept, flat_actions
 from ..ir.schedule import Schedule, ScheduleError, Step, make_schedule, step_actions
 from .kernel import Program, compile_program, run
 
@@ -96,7 +95,12 @@ def schedule_peaks(schedule: Schedule, costs: CostModel | StageCosts) -> list[fl
                       for k in "FIWB"], dtype=np.float64).reshape(-1, 2)
     # the peaks read the orders and this table only: a planner asks one order under the
     # same memory costs from several places (its shardings, auto's fused floor)
-    kept = _kept_peaks(schedule)
+    # (a schedule's orders are immutable, so a kept answer stays true)
+    kept = _peaks_kept.get(schedule)
+    if kept is None:
+        kept = {}
+        if not _peaks_kept.put(schedule, kept):
+            kept = None
     key = table.tobytes()
     got = None if kept is None else kept.get(key)
     if got is None:
@@ -107,33 +111,7 @@ def schedule_peaks(schedule: Schedule, costs: CostModel | StageCosts) -> list[fl
 
 
 KEEP_PEAKS = 64  # schedules whose peaks by memory table are kept (each while it lives)
-_peaks_kept: dict[int, tuple[weakref.ref, dict[bytes, tuple[float, ...]]]] = {}
-
-
-def _kept_peaks(schedule: Schedule) -> dict[bytes, tuple[float, ...]] | None:
-    """The peaks already computed for ``schedule``, by memory table (a new, empty dict
-    for a schedule not seen among the last :data:`KEEP_PEAKS`; None if it cannot be
-    referred to weakly). A schedule's orders are immutable, so a kept answer stays true."""
-    key = id(schedule)
-    got = _peaks_kept.get(key)
-    if got is not None and got[0]() is schedule:
-        return got[1]
-    try:
-        ref = weakref.ref(schedule, lambda r, key=key: _forget_peaks(key, r))
-    except TypeError:
-        return None
-    _peaks_kept.pop(key, None)
-    _peaks_kept[key] = (ref, {})
-    while len(_peaks_kept) > KEEP_PEAKS:
-        _peaks_kept.pop(next(iter(_peaks_kept)), None)
-    return _peaks_kept[key][1]
-
-
-def _forget_peaks(key: int, ref: weakref.ref) -> None:
-    """A kept schedule is gone: drop its peaks (unless its id went to a newer one)."""
-    got = _peaks_kept.get(key)
-    if got is not None and got[0] is ref:
-        _peaks_kept.pop(key, None)
+_peaks_kept = LiveKept(KEEP_PEAKS)  # the schedule -> {memory table bytes: its peaks}
 
 
 def _peaks_of(schedule: Schedule, table) -> tuple[float, ...]:
