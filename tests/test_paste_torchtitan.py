@@ -319,18 +319,23 @@ def test_the_cli_overrides_load_into_torchtitan_03(profile, name, tmp_path, caps
 
 # ---- an MoE plan: expert parallelism and expert tensor parallelism -----------------------
 
-@pytest.mark.slow
-@needs_torchtitan
-def test_an_moe_paste_carries_ep_and_etp_into_torchtitan(tmp_path, capsys):
-    """tp 2 with sp, etp 1 (experts whole), ep 8 borrowing the TP ranks: 0.2's TOML sets
-    expert_tensor_parallel_degree 1, 0.3's CLI (no such option: its EP always borrows TP)
-    leaves it out; each line's own ParallelDims accepts the degrees."""
+def _small_moe_profile(tmp_path):
+    """A 4-layer MoE profile (8 experts, top 2) saved under ``tmp_path``; its path."""
     from pipebubble.plan.moe import MoEShape, moe_profile
 
     shape = MoEShape(layers=4, hidden=64, heads=4, vocab=128, experts=8, top_k=2,
                      expert_ffn=64)
     prof = tmp_path / "moe.json"
     moe_profile(shape, seq=32, batch=1).save(str(prof))
+    return prof
+
+@pytest.mark.slow
+@needs_torchtitan
+def test_an_moe_paste_carries_ep_and_etp_into_torchtitan(tmp_path, capsys):
+    """tp 2 with sp, etp 1 (experts whole), ep 8 borrowing the TP ranks: 0.2's TOML sets
+    expert_tensor_parallel_degree 1, 0.3's CLI (no such option: its EP always borrows TP)
+    leaves it out; each line's own ParallelDims accepts the degrees."""
+    prof = _small_moe_profile(tmp_path)
     assert main(["plan", "--profile", str(prof), "--gpu", "h100-sxm", "--gpus", "8",
                  "--global-batch", "16", "--config", "tp=2,sp=1,pp=1,dp=4,ep=8,etp=1,"
                  "sharding=fsdp,mbs=1,recompute=none", "--json"]) == 0
@@ -378,12 +383,7 @@ def test_an_hsdp_ep_paste_loads_into_torchtitan_03(tmp_path, capsys):
     from torchtitan.config.manager import ConfigManager
     from torchtitan.distributed.parallel_dims import ParallelDims
 
-    from pipebubble.plan.moe import MoEShape, moe_profile
-
-    shape = MoEShape(layers=4, hidden=64, heads=4, vocab=128, experts=8, top_k=2,
-                     expert_ffn=64)
-    prof = tmp_path / "moe.json"
-    moe_profile(shape, seq=32, batch=1).save(str(prof))
+    prof = _small_moe_profile(tmp_path)
     assert main(["plan", "--profile", str(prof), "--gpu", "h100-sxm", "--gpus", "32",
                  "--global-batch", "64", "--config", "tp=1,pp=1,dp=32,ep=4,sharding=hsdp,"
                  "mbs=1,recompute=none", "--json"]) == 0

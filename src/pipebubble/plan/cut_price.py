@@ -253,9 +253,13 @@ class Pricing:
         if got is None or got[0] is not lc:
             ex = lc.expert if lc.expert is not None else [0.0] * len(lc.params)
             es = self.axes.expert_sync(c.dp, c.pp)  # the experts' own group (plan/axes.py)
-            traffic = [sync.layer_traffic(float(P - E)) for P, E in zip(lc.params, ex, strict=True)]
-            traffic = [(g + es.layer_traffic(float(E))[0], r + es.layer_traffic(float(E))[1])
-                       if E > 0 else (g, r) for (g, r), E in zip(traffic, ex, strict=True)]
+            traffic = []
+            for P, E in zip(lc.params, ex, strict=True):
+                g, r = sync.layer_traffic(float(P - E))
+                if E > 0:
+                    eg, er = es.layer_traffic(float(E))
+                    g, r = g + eg, r + er
+                traffic.append((g, r))
             ag = np.array([t[0] for t in traffic])
             rs = np.array([t[1] for t in traffic])
             f, b = lc.f, lc.i + lc.w
