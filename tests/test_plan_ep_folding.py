@@ -121,7 +121,12 @@ def test_cli_megatron_pastes_ep_over_ddp(tmp_path, capsys, monkeypatch):
      "tp x dp x cp / etp in 1, 2, 4"),
     (["--tp", "1", "--cp", "1", "--ep", "2", "--sharding", "ddp", "--framework", "torchtitan"],
      "--ep 2 must divide dp_shard x cp (torchtitan's EP borrows the sharded data-parallel "
-     "ranks only)"),
+     "ranks only), but --sharding ddp leaves"),
+    # the same refusal for a --config names the keys the user wrote, not flags
+    (["--config", "tp=1,cp=1,pp=1,dp=8,ep=2,sharding=ddp,mbs=1", "--framework", "torchtitan"],
+     "--config ep=2 must divide dp_shard x cp (torchtitan's EP borrows the sharded "
+     "data-parallel ranks only), but --config sharding=ddp leaves dp_shard x cp in 1 "
+     "(ddp shards nothing: dp_shard 1); use --config sharding=fsdp"),
 ])
 def test_ep_the_framework_leaves_no_room_for_is_one_line(tmp_path, capsys, monkeypatch,
                                                         extra, words):

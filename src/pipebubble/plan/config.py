@@ -77,5 +77,6 @@ def restrict(req, config: dict):  # -> Request (plan/planner.py)
         ch["recompute"] = (config["recompute"],)
     if "v" in config:
         ch["max_chunks"] = max(req.max_chunks, config["v"])
-    ch["config"] = tuple(k for k in ("tp", "cp", "pp", "dp", "ep", "etp") if k in config)
+    ch["config"] = tuple(k for k in ("tp", "cp", "pp", "dp", "ep", "etp", "sharding")
+                         if k in config)
     return replace(req, **ch)

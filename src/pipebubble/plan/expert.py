@@ -594,13 +594,18 @@ def check_ep_splits(req, ep_list, splits, shardings=(), gpus_per_node: int = 8,
         return
     if shardings and not any(room % ep == 0 for room in shard_rooms for ep in ep_list):
         names = ", ".join(str(s) for s in shardings)
+        # the sharding as the user gave it: a --config key or the flag
+        in_config = "sharding" in getattr(req, "config", ())
+        given_as = (f"{param('config')} sharding={names}" if in_config
+                    else f"{param('shardings')} {names}")
+        fix = (f"{param('config')} sharding=fsdp" if in_config
+               else f"{param('shardings')} fsdp")
         raise UserError(f"{flag} must divide dp_shard x cp (torchtitan's EP borrows the "
-                         f"sharded data-parallel ranks only), but {param('shardings')} "
-                         f"{names} leaves dp_shard x cp in "
-                         f"{', '.join(map(str, sorted(shard_rooms)))} (ddp shards nothing: "
-                         f"dp_shard 1); use {param('shardings')} fsdp, or a cp "
-                         "that ep divides, or a framework that runs EP over replicated "
-                         f"ranks ({param('framework')} megatron)")
+                         f"sharded data-parallel ranks only), but {given_as} leaves "
+                         f"dp_shard x cp in {', '.join(map(str, sorted(shard_rooms)))} "
+                         f"(ddp shards nothing: dp_shard 1); use {fix}, or a cp that ep "
+                         "divides, or a framework that runs EP over replicated ranks "
+                         f"({param('framework')} megatron)")
 
 
 # ---- one point's layer costs -----------------------------------------------------------------

@@ -88,7 +88,7 @@ class Request:
     # (torchtitan): plan/dims.py ParallelDims.ep_from, set by plan/frameworks.apply
     moe_imbalance: float | None = None  # busiest EP rank's tokens / mean (None: router's)
     moe_recipe: object = None  # plan.expert.MoERecipe: FP8 dispatch, casts, ... (None: off)
-    config: tuple[str, ...] = ()  # the axes --config gave (errors name it, not --tp ...)
+    config: tuple[str, ...] = ()  # the axes (and sharding) --config gave: errors name it
     # worker processes of the search (plan/search_pool.py): the same plans at any count;
     # 1 searches in this process
     jobs: int = 1
