@@ -50,8 +50,12 @@ def test_live_kept_holds_the_newest_and_forgets_the_collected():
     for o, v in ((a, 1), (b, 2), (c, 3)):
         assert kept.put(o, v)
     assert len(kept) == 2 and kept.get(a) is None  # the oldest dropped
-    assert (kept.get(b), kept.get(c)) == (2, 3)
+    assert (kept.get(c), kept.get(b)) == (3, 2)  # b asked for last: c is now the oldest
+    d = Obj()
+    kept.put(d, 4)
+    assert kept.get(c) is None and (kept.get(b), kept.get(d)) == (2, 4)
+    c = d
     del b
     gc.collect()
-    assert len(kept) == 1 and kept.get(c) == 3  # b collected: its value is gone
+    assert len(kept) == 1 and kept.get(c) == 4  # b collected: its value is gone
     assert kept.put(5, "x") is False and kept.get(5) is None  # an int has no weak reference

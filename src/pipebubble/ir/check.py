@@ -49,18 +49,23 @@ class FlatActions(NamedTuple):
 
 class LiveKept:
     """Values kept for live objects (schedules, whose orders are immutable), by identity:
-    at most ``size`` of them, the oldest dropped first; each dropped when its object is
-    collected (a weak reference), so a newer object given a collected one's id is never
-    answered for it. An object that cannot be referred to weakly is not kept."""
+    at most ``size`` of them, the least recently asked for dropped first; each dropped when
+    its object is collected (a weak reference), so a newer object given a collected one's
+    id is never answered for it. An object that cannot be referred to weakly is not kept."""
 
     def __init__(self, size: int) -> None:
         self.size = size
         self._kept: dict[int, tuple[weakref.ref, object]] = {}
 
     def get(self, obj: object):
-        """The value kept for ``obj``, or None."""
-        got = self._kept.get(id(obj))
-        return got[1] if got is not None and got[0]() is obj else None
+        """The value kept for ``obj`` (now the most recently asked for), or None."""
+        key = id(obj)
+        got = self._kept.get(key)
+        if got is None or got[0]() is not obj:
+            return None
+        if next(reversed(self._kept)) != key:
+            self._kept[key] = self._kept.pop(key)
+        return got[1]
 
     def put(self, obj: object, value: object) -> bool:
         """Keep ``value`` for ``obj`` (the newest); False if ``obj`` cannot be kept."""
@@ -98,7 +103,7 @@ _checked = LiveKept(KEEP_CHECKED)
 
 def flat_actions(schedule: Schedule) -> FlatActions:
     """The schedule's actions as checked flat arrays; raise ScheduleError like validate().
-    The last :data:`KEEP_FLAT` schedules' arrays are kept (a schedule's orders are
+    The arrays of the :data:`KEEP_FLAT` schedules asked for last are kept (its orders are
     immutable), each while the schedule lives."""
     got = _kept.get(schedule)
     if got is not None:
