@@ -49,7 +49,8 @@ def every_configuration(profiles: ProfileSet, req: Request):
     """(config, schedule, layer costs) for every sharding, pp, microbatch size,
     recomputation, family and chunks the request allows, stated directly from the planner's
     documented rules (at pp = 1 families of equal one-rank orders are one plan, the first
-    of 1F1B then the request's order; a sharding over one replica is ddp's)."""
+    of 1F1B then the request's order, an I followed by its W counting as B where nothing
+    hides behind W; a sharding over one replica is ddp's)."""
     for sharding in req.shardings or SHARDINGS:
         for pp in [d for d in range(1, req.gpus + 1) if req.gpus % d == 0]:
             dp = req.gpus // pp
@@ -64,8 +65,9 @@ def every_configuration(profiles: ProfileSet, req: Request):
                     names = schedule_list(req.schedules)
                     seen = set()
                     for name in sorted(names, key=lambda n: n != "1f1b"):
-                        if pp == 1:
-                            key = one_rank_order(name, m)
+                        if pp == 1:  # I then W is B where nothing hides behind W
+                            apart = lc.hidden is not None and bool((lc.hidden > 0).any())
+                            key = one_rank_order(name, m, apart)
                             if key is None or key in seen:
                                 continue
                             seen.add(key)

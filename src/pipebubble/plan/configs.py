@@ -133,7 +133,8 @@ class Configs:
                 if not limits.plan_microbatches_ok(m):  # bounded work per configuration
                     continue
                 # one rank: only the orders pp1 keeps (the others give the same plan)
-                pp1 = req.pp1_schedules(self.names, m) if pp == 1 else ()
+                pp1 = (req.pp1_schedules(self.names, m, self.split_apart(size))
+                       if pp == 1 else ())
                 here = kinds if pp > 1 else [k for k in kinds if k[0] in pp1]
                 if not here:
                     continue
@@ -141,6 +142,16 @@ class Configs:
                 for rec in req.recompute:
                     yield dims, size, m, rec, here, {
                         ch: self.config_bound(pp, dp, size, m, rec, ch) for ch in used}
+
+    def split_apart(self, size: int) -> bool:
+        """Whether a backward split into I and W prices apart from B at this point and
+        microbatch size: some layer's backward hides work behind its W (TP's collectives,
+        ``LayerCosts.hidden``) under some recompute asked for."""
+        for rec in self.req.recompute:
+            hidden = self.p.at(size, rec).hidden
+            if hidden is not None and bool(np.any(hidden > 0)):
+                return True
+        return False
 
     def config_bound(self, pp: int, dp: int, size: int, m: int, rec: str, chains: int
                      ) -> float:

@@ -93,12 +93,15 @@ class Request:
     # 1 searches in this process
     jobs: int = 1
 
-    def pp1_schedules(self, names: list[str], microbatches: int) -> list[str]:
+    def pp1_schedules(self, names: list[str], microbatches: int,
+                      split_apart: bool = True) -> list[str]:
         """The schedules tried at pp = 1 with ``microbatches`` microbatches: one family per
         distinct order of the one rank (:func:`one_rank_order`), the standard family (1F1B)
         first, then in ``names``' order. Families whose orders are equal price equally
         (step and memory) and are shown once; the others are priced apart: GPipe holds every
-        microbatch's activations (m > 1), ZB-H1 and ZB-H2 split each backward into I and W.
+        microbatch's activations (m > 1); ZB-H1 and ZB-H2 split each backward into I and W,
+        which prices apart only where a backward hides something behind its W (TP's
+        collectives: ``split_apart``); else I then W is B, and they are 1F1B's plan.
         A family that searches orders (``auto``) or has no one-stage schedule (interleaved,
         V placements: two stages a rank at least) only when no other one-chain family is
         (it then says why it has no plan)."""
@@ -109,7 +112,7 @@ class Request:
         for n in one:
             if lookup(n).searched:
                 continue
-            key = one_rank_order(n, microbatches)
+            key = one_rank_order(n, microbatches, split_apart)
             if key is not None and key not in seen:  # None: no one-stage schedule at all
                 seen.add(key)
                 out.append(n)
@@ -286,15 +289,20 @@ def fmt_gib(n: float, up: bool = False) -> str:
 
 
 @lru_cache(maxsize=1024)
-def one_rank_order(name: str, microbatches: int) -> tuple[str, ...] | None:
+def one_rank_order(name: str, microbatches: int, split_apart: bool = True
+                   ) -> tuple[str, ...] | None:
     """The family's order at pp = 1 (one stage, ``microbatches`` microbatches) as its actions
     in turn (``0F0 0B0 0F1 ...``), None where the family has no such schedule. Equal orders
-    are the same plan: :meth:`Request.pp1_schedules` tries one family of each.
+    are the same plan: :meth:`Request.pp1_schedules` tries one family of each. Without
+    ``split_apart`` (a backward hides nothing behind its W) an I followed at once by its W
+    is written as the B it adds up to.
 
     >>> one_rank_order("1f1b", 2), one_rank_order("gpipe", 2)
     (('0F0', '0B0', '0F1', '0B1'), ('0F0', '0F1', '0B0', '0B1'))
     >>> one_rank_order("gpipe", 1) == one_rank_order("1f1b", 1)
     True
+    >>> one_rank_order("zb-h1", 1), one_rank_order("zb-h1", 1, split_apart=False)
+    (('0F0', '0I0', '0W0'), ('0F0', '0B0'))
     """
     from ..ir.schedule import ScheduleError, step_actions
     from ..schedules import get_schedule
@@ -303,4 +311,13 @@ def one_rank_order(name: str, microbatches: int) -> tuple[str, ...] | None:
         sched = get_schedule(name, 1, microbatches, 1)
     except ScheduleError:
         return None
-    return tuple(str(a) for o in sched.orders for st in o for a in step_actions(st))
+    acts = [a for o in sched.orders for st in o for a in step_actions(st)]
+    out: list[str] = []
+    for a in acts:
+        text = str(a)
+        if (not split_apart and a.kind == "W" and out
+                and out[-1] == f"{a.stage}I{a.microbatch}"):
+            out[-1] = f"{a.stage}B{a.microbatch}"
+        else:
+            out.append(text)
+    return tuple(out)
