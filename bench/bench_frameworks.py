@@ -18,9 +18,11 @@ predicted at it, and the spread is the least and most of predicted / published s
   4D-parallel framework, the same techniques: TP + SP, interleaved 1F1B, ZeRO-2-like FSDP,
   context parallelism) stands in, fitted on its 16,384-GPU 8K row;
 - torchtitan, H100: its Llama 3.1 8B FSDP runs (docs/performance.md), fitted on 8 GPUs;
-- DeepSpeed, A100: BLOOM-176B (fitted: its BF16 optimizer's accumulation and its network are
-  priced), MT-NLG 530B on 2,240 / 2,800 / 3,360 GPUs and GPT-NeoX-20B (predicted), each on
-  DeepSpeed's pipeline engine (``plan.deepspeed.deepspeed_step``).
+- DeepSpeed, A100: GPT-NeoX-20B (fitted), MT-NLG 530B on 2,240 / 2,800 / 3,360 GPUs and
+  BLOOM-176B (predicted), each on DeepSpeed's pipeline engine
+  (``plan.deepspeed.deepspeed_step``). Five runs, so the fit point is chosen by a rule, which
+  the script prints the evidence for: fitted on each run in turn, the one whose fit predicts
+  the other four with the smallest worst error (``published.fits_by_candidate``).
 
     python bench/bench_frameworks.py [--torchtitan-why] [--picks]
 
@@ -93,15 +95,17 @@ def main() -> None:
     for key, ds in spreads.items():
         print(f"| {key[0]} | {key[1]} | {fitted[key]:.3f} | {min(ds):+.1%} … {max(ds):+.1%} | "
               f"{len(ds)} |")
-    e = fitted["a100-80gb", "deepspeed"]
-    print("\nNot within 10 %: MT-NLG 530B (cause not identified; bench/published/"
-          "mt_nlg_530b.toml). Its microbatch size is not published, so the planner takes its "
-          "fastest; what if it was 2 (no source says so):\n")
-    print("| run | mbs 1 (the planner's pick) | mbs 2 |")
-    print("|---|---|---|")
-    for run in (r for r in runs if r.source.startswith("MT-NLG")):
-        got = [priced(run, run.framework, e, f",mbs={m}")[1] / run.step - 1 for m in (1, 2)]
-        print(f"| {run.name} | {got[0]:+.1%} | {got[1]:+.1%} |")
+    print("\nDeepSpeed's A100 fit point: each of its runs as the one fitted on, and how far "
+          "the other four are then predicted (predicted / published step - 1); the fit is "
+          f"the row with the smallest worst error ({P.FRAMEWORK_FITS['a100-80gb', 'deepspeed']}"
+          "):\n")
+    print("| fitted on | efficiency | the other runs | worst | mean |")
+    print("|---|---|---|---|---|")
+    for cal, e, ds in P.fits_by_candidate("a100-80gb", "deepspeed", runs):
+        worst, mean = max(map(abs, ds.values())), sum(map(abs, ds.values())) / len(ds)
+        print(f"| {cal.source} {cal.name} | {e:.3f} | "
+              + ", ".join(f"{n} {d:+.1%}" for n, d in ds.items())
+              + f" | {worst:.1%} | {mean:.1%} |")
     print(f"\n({time.perf_counter() - t0:.0f} s)")
     if args.torchtitan_why:
         torchtitan_why(runs, fitted["h100-sxm", "megatron"])

@@ -62,6 +62,7 @@ from .analytic import TransformerShape, shape_profile
 from .deepspeed import deepspeed_step
 from .dims import ParallelDims
 from .fit import fit_efficiency
+from .frameworks import SAME_CHIP  # chips whose efficiency is another's
 from .hardware import get_hardware
 from .layercosts import ProfileSet
 from .plans import NoPlanFits, Request
@@ -187,8 +188,6 @@ ENGINES = ("", "deepspeed")  # "": priced as the planner prices any plan (batche
 
 
 A100_PEAK, H100_PEAK = 312e12, 989e12
-SAME_CHIP = {"a100-40gb": "a100-80gb"}  # the same A100 (its tensor cores, its efficiency);
-# what differs, the memory and HBM bandwidth, is in the preset
 
 
 def _gpt(layers, hidden, heads, vocab=VOCAB, positions=SEQ) -> TransformerShape:
@@ -402,10 +401,28 @@ def framework_plan(run: Run, efficiency: float, config: str = "") -> tuple:
 
 
 FRAMEWORK_FITS = {("a100-80gb", "megatron"): "18.4B", ("h100-sxm", "megatron"): H100_CALIBRATION,
-                  ("h100-sxm", "torchtitan"): "8B FSDP 8", ("a100-80gb", "deepspeed"): "176B"}
+                  ("h100-sxm", "torchtitan"): "8B FSDP 8", ("a100-80gb", "deepspeed"): "20B"}
 """The run each (GPU, framework) efficiency is fitted on (``plan/frameworks.py``
 ``CALIBRATIONS`` records the figures): Megatron-LM's A100 on Table 1's 18.4B row
-(:func:`predict_table1`), the others on the named published run."""
+(:func:`predict_table1`), the others on the named published run. DeepSpeed's A100 on
+GPT-NeoX-20B: of its five runs, the one whose fit predicts the other four with the smallest
+worst error (:func:`fits_by_candidate`; ``bench/bench_frameworks.py`` prints each)."""
+
+
+def fits_by_candidate(gpu: str, framework: str, runs: tuple[Run, ...] | None = None
+                      ) -> list[tuple[Run, float, dict[str, float]]]:
+    """For each published run of (``gpu``, ``framework``) (through :data:`SAME_CHIP`) as the
+    calibration point: (the run, the efficiency fitted on it, ``{other run's name:
+    predicted / published step - 1}`` at that efficiency), each priced as
+    :func:`framework_plan` prices it."""
+    runs = runs or published_runs()
+    mine = [r for r in runs if r.framework == framework and SAME_CHIP.get(r.gpu, r.gpu) == gpu]
+    out = []
+    for cal in mine:
+        e = fit_efficiency(lambda e, c=cal: framework_plan(c, e)[1], cal.step)
+        out.append((cal, e, {r.name: float(framework_plan(r, e)[1] / r.step - 1)
+                             for r in mine if r is not cal}))
+    return out
 
 
 def framework_efficiencies(runs: tuple[Run, ...] | None = None) -> dict:
