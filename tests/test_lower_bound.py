@@ -122,3 +122,38 @@ def test_auto_prints_one_bound_and_its_gap(limit, capsys):
     assert out["auto"]["gap"] == pytest.approx(out["step_time"] / out["lower_bound"] - 1)
     assert out["auto"]["gap"] >= 0
     assert [s["name"] for s in out["auto"]["stages"]][:2] == ["registered schedules", "greedy"]
+
+
+def _scan_trip(src, dst, dur, succ, order):
+    """One round trip by the plain longest-path scan from ``src``: the oracle for the
+    one-pass, all-sources trips."""
+    at = {src: 0.0}
+    for a in order[order.index(src):]:
+        if a == dst:
+            break
+        if a in at:
+            for b, lag in succ[a]:
+                at[b] = max(at.get(b, -1.0), at[a] + dur[a] + lag)
+    return at[dst] + dur[dst]
+
+
+@settings(max_examples=40, deadline=None)
+@given(p=st.integers(1, 5), v=st.booleans(), data=st.data())
+def test_every_round_trip_in_one_pass_is_the_longest_path(p, v, data):
+    """The memory kind's round trips (F of a stage to its I, every stage at once) are the
+    longest paths a scan from each F finds, to the float, on loop and V placements with
+    uneven times and a hop cost."""
+    from pipebubble.schedules.auto.bounds import _paths, _trips
+
+    where = v_placement(p) if v else tuple(range(p))
+    S = len(where)
+    t = st.floats(0.01, 5, allow_nan=False)
+    b = data.draw(st.lists(t, min_size=S, max_size=S))
+    share = data.draw(st.lists(st.floats(0, 1), min_size=S, max_size=S))  # W's part of B
+    costs = CostModel(f=data.draw(st.lists(t, min_size=S, max_size=S)), b=b,
+                      w=[x * y for x, y in zip(b, share, strict=True)],
+                      comm=data.draw(st.floats(0, 2))).resolve(S)
+    dur, succ, order, _, _ = _paths(costs, where)
+    got = _trips(S, dur, succ, order)
+    for s in range(S):
+        assert got[s] == _scan_trip(Action(s, "F", 0), Action(s, "I", 0), dur, succ, order)

@@ -41,7 +41,6 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from itertools import islice
 
 from ...costs import StageCosts, fits_limit
 from ...ir.deps import Layout, precedences
@@ -117,7 +116,7 @@ def bound(sc: StageCosts, stage_to_rank: tuple[int, ...], microbatches: int,
         fill = max(fill, head + m * sum(f[s] + i[s] for s in mine) + after)
     by_kind = {"busiest rank": busiest, "fill and drain": fill}
     if limits is not None:
-        memory, pos = 0.0, None
+        memory = 0.0
         for s in range(S):
             held = sum(sc.memory_deltas(s, "F"))
             limit = limits[stage_to_rank[s]]
@@ -128,13 +127,10 @@ def bound(sc: StageCosts, stage_to_rank: tuple[int, ...], microbatches: int,
                 k -= 1
             if k >= m or k == 0:
                 continue  # no constraint (k = 0: below the smallest limit, refused elsewhere)
-            fa, ia = Action(s, "F", 0), Action(s, "I", 0)
-            trip = trips.get(s)
-            if trip is None:
-                if pos is None:
-                    pos = {a: n for n, a in enumerate(order)}
-                trip = trips[s] = _longest(fa, ia, dur, succ, order, pos)
-            memory = max(memory, release[fa] + (m - 1) // k * trip + tail[fa])
+            fa = Action(s, "F", 0)
+            if not trips:  # every stage's round trip, in one pass (kept with the paths)
+                trips.update(_trips(S, dur, succ, order))
+            memory = max(memory, release[fa] + (m - 1) // k * trips[s] + tail[fa])
         if memory > 0:  # some stage's limit binds
             by_kind["memory"] = memory
     kind = max(by_kind, key=lambda k: (by_kind[k], -KINDS.index(k)))
@@ -160,25 +156,28 @@ def _kept_paths(sc: StageCosts, where: tuple[int, ...]) -> tuple:
     return got
 
 
-def _longest(src: Action, dst: Action, dur, succ, order, pos=None) -> float:
-    """The longest path from ``src``'s start to ``dst``'s end (both of one microbatch);
-    ``pos``: each action's place in ``order`` (a topological order: every path into
-    ``dst`` is final once the scan reaches it)."""
-    at = {src: 0.0}
-    get = at.get
-    start = order.index(src) if pos is None else pos[src]
-    for a in islice(order, start, None):
-        if a == dst:
-            break
-        t0 = get(a)
-        if t0 is None:
+def _trips(S: int, dur, succ, order) -> dict[int, float]:
+    """Every stage's round trip, the longest path from its F's start to its I's end, in one
+    pass over the topological ``order`` for all S sources at once (one row of path lengths
+    per action, a column per source; unreachable: -inf): each action's column is final once
+    the scan reaches it, and a path's length is summed action by action along it (start,
+    plus the action's time, plus the lag to the next), whichever source it is from."""
+    import numpy as np
+
+    row = {a: n for n, a in enumerate(order)}
+    at = np.full((len(order), S), -np.inf)
+    for s in range(S):
+        at[row[Action(s, "F", 0)], s] = 0.0
+    for a in order:
+        out = succ[a]
+        if not out:
             continue
-        t0 += dur[a]
-        for b, lag in succ[a]:
-            t = t0 + lag
-            if t > get(b, -1.0):
-                at[b] = t
-    return at[dst] + dur[dst]
+        t0 = at[row[a]] + dur[a]
+        for b, lag in out:
+            dst = at[row[b]]
+            np.maximum(dst, t0 + lag, out=dst)
+    return {s: float(at[row[Action(s, "I", 0)], s] + dur[Action(s, "I", 0)])
+            for s in range(S)}
 
 
 def lower_bound(sc: StageCosts, stage_to_rank: tuple[int, ...], microbatches: int,
