@@ -41,6 +41,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from ...costs import StageCosts, fits_limit
 from ...ir.deps import Layout, precedences
@@ -66,16 +67,17 @@ def _stages_of(stage_to_rank: tuple[int, ...]) -> list[list[int]]:
     return [[s for s, r in enumerate(stage_to_rank) if r == q] for q in range(p)]
 
 
-def _paths(sc: StageCosts, where: tuple[int, ...]):
-    """One microbatch's DAG: durations, successors with lags, a topological order,
-    ``release`` and ``tail`` of every action (see the module docstring)."""
+@lru_cache(maxsize=256)
+def _dag(where: tuple[int, ...]) -> tuple:
+    """One microbatch's F, I and W actions on placement ``where``, the dependency rule's
+    edges among them (successors, each with whether it crosses ranks) and a topological
+    order: the placement's alone, whatever the costs."""
     S = len(where)
     acts = [Action(s, k, 0) for s in range(S) for k in "FIW"]
-    dur = {a: sc.duration(a.stage, a.kind) for a in acts}
-    succ: dict[Action, list[tuple[Action, float]]] = {a: [] for a in acts}
+    succ: dict[Action, list[tuple[Action, bool]]] = {a: [] for a in acts}
     count = dict.fromkeys(acts, 0)
     for e in precedences(acts, Layout(S, tuple(where), (0,))):
-        succ[e.before].append((e.after, sc.comm if e.crosses else 0.0))
+        succ[e.before].append((e.after, e.crosses))
         count[e.after] += 1
     order = [a for a in acts if not count[a]]
     for a in order:
@@ -83,6 +85,17 @@ def _paths(sc: StageCosts, where: tuple[int, ...]):
             count[b] -= 1
             if not count[b]:
                 order.append(b)
+    return acts, succ, tuple(order)
+
+
+def _paths(sc: StageCosts, where: tuple[int, ...]):
+    """One microbatch's DAG: durations, successors with lags, a topological order,
+    ``release`` and ``tail`` of every action (see the module docstring)."""
+    acts, edges, order = _dag(tuple(where))
+    dur = {a: sc.duration(a.stage, a.kind) for a in acts}
+    comm = sc.comm
+    succ = {a: [(b, comm if crosses else 0.0) for b, crosses in out]
+            for a, out in edges.items()}
     release = dict.fromkeys(acts, 0.0)
     for a in order:
         for b, lag in succ[a]:
