@@ -193,6 +193,7 @@ SHAPES = {  # name: (layers, hidden, ffn, heads, kv heads, vocab, sequence, GPU 
 TABLE = [  # (shape, GPUs, attention): the --table rows
     ("llama-7b", 64, "flash"), ("gpt-175b", 1024, "flash"), ("gpt-1t", 512, "flash"),
     ("gpt-1t", 512, "unfused"), ("llama3-405b", 16384, "flash"), ("gpt-2t", 16384, "flash"),
+    ("llama3-405b", 2048, "unfused"),  # the slowest row found (2026-12-07): memory-bound auto
     ("deepseek-v3", 2048, "flash"),
 ]
 
