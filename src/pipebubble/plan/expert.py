@@ -594,12 +594,11 @@ def check_ep_splits(req, ep_list, splits, shardings=(), gpus_per_node: int = 8,
         return
     if shardings and not any(room % ep == 0 for room in shard_rooms for ep in ep_list):
         names = ", ".join(str(s) for s in shardings)
-        # the sharding as the user gave it: a --config key or the flag
         in_config = "sharding" in getattr(req, "config", ())
-        given_as = (f"{param('config')} sharding={names}" if in_config
-                    else f"{param('shardings')} {names}")
-        fix = (f"{param('config')} sharding=fsdp" if in_config
-               else f"{param('shardings')} fsdp")
+        def as_given(value: str) -> str:  # a --config key, or the flag, as the user gave it
+            return (f"{param('config')} sharding={value}" if in_config
+                    else f"{param('shardings')} {value}")
+        given_as, fix = as_given(names), as_given("fsdp")
         raise UserError(f"{flag} must divide dp_shard x cp (torchtitan's EP borrows the "
                          f"sharded data-parallel ranks only), but {given_as} leaves "
                          f"dp_shard x cp in {', '.join(map(str, sorted(shard_rooms)))} "

@@ -311,13 +311,10 @@ def one_rank_order(name: str, microbatches: int, split_apart: bool = True
         sched = get_schedule(name, 1, microbatches, 1)
     except ScheduleError:
         return None
-    acts = [a for o in sched.orders for st in o for a in step_actions(st)]
-    out: list[str] = []
-    for a in acts:
-        text = str(a)
-        if (not split_apart and a.kind == "W" and out
-                and out[-1] == f"{a.stage}I{a.microbatch}"):
-            out[-1] = f"{a.stage}B{a.microbatch}"
+    out: list = []
+    for a in (a for o in sched.orders for st in o for a in step_actions(st)):
+        if not split_apart and a.kind == "W" and out and out[-1] == a._replace(kind="I"):
+            out[-1] = a._replace(kind="B")  # I then its W: the B they add up to
         else:
-            out.append(text)
-    return tuple(out)
+            out.append(a)
+    return tuple(map(str, out))

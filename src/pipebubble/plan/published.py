@@ -419,10 +419,16 @@ def fits_by_candidate(gpu: str, framework: str, runs: tuple[Run, ...] | None = N
     mine = [r for r in runs if r.framework == framework and SAME_CHIP.get(r.gpu, r.gpu) == gpu]
     out = []
     for cal in mine:
-        e = fit_efficiency(lambda e, c=cal: framework_plan(c, e)[1], cal.step)
+        e = fitted_on(cal)
         out.append((cal, e, {r.name: float(framework_plan(r, e)[1] / r.step - 1)
                              for r in mine if r is not cal}))
     return out
+
+
+def fitted_on(run: Run) -> float:
+    """The efficiency at which ``run``'s published configuration, priced under its framework
+    (:func:`framework_plan`), takes its published step."""
+    return fit_efficiency(lambda e: framework_plan(run, e)[1], run.step)
 
 
 def framework_efficiencies(runs: tuple[Run, ...] | None = None) -> dict:
@@ -433,8 +439,7 @@ def framework_efficiencies(runs: tuple[Run, ...] | None = None) -> dict:
         if (gpu, fw) == ("a100-80gb", "megatron"):
             out[gpu, fw] = predict_table1(name)[0]
             continue
-        cal = next(r for r in runs if r.name == name)
-        out[gpu, fw] = fit_efficiency(lambda e, c=cal: framework_plan(c, e)[1], cal.step)
+        out[gpu, fw] = fitted_on(next(r for r in runs if r.name == name))
     return out
 
 
