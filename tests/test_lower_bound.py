@@ -60,6 +60,96 @@ def test_never_above_a_proven_optimum():
     assert all(x <= 40.34 for x in b.by_kind.values())
 
 
+def test_memory_area_binds_when_the_w_holds_the_memory_too():
+    """p=2, m=3, limit 1, M_W = 1 (the I frees nothing): rank 0 holds a microbatch from its
+    F0 until its W0, F0 F1 I1 I0 W0 = 5, one at a time: 3 x 5 = 15 (the round trips alone
+    say 13); the one-at-a-time order reaches it."""
+    costs = CostModel(weight_memory=1.0)
+    b = bound(costs.resolve(2), (0, 1), 3, limits=[1, 1])
+    assert (b.value, b.kind) == (15.0, "memory")
+    rank0 = [Action(0, k, j) for j in range(3) for k in "FIW"]
+    rank1 = [Action(1, k, j) for j in range(3) for k in "FIW"]
+    s = make_schedule("one at a time", [rank0, rank1], 2, 3)
+    assert max(schedule_peaks(s, costs)) == 1.0
+    assert simulate(s, costs).step_time == 15.0
+
+
+def random_orders(rng, where: tuple[int, ...], m: int, sc, limits) -> list[list[Action]]:
+    """Random rank orders that never deadlock: one action at a time, chosen at random among
+    those whose inputs are done (F(s, j) after F(s - 1, j); I(s, j) after F(s, j) and
+    I(s + 1, j); W(s, j) after I(s, j); each kind of a stage in microbatch order), put at
+    the end of its rank's order; mostly a backward when one is ready and a forward only
+    where its rank's memory has room (so that many fit, and some come near the best)."""
+    S = len(where)
+    done = {(s, k): 0 for s in range(S) for k in "FIW"}
+    orders: list[list[Action]] = [[] for _ in range(max(where) + 1)]
+    held = [0.0] * len(orders)
+
+    def ready(s: int, k: str) -> bool:
+        j = done[(s, k)]
+        if j >= m:
+            return False
+        if k == "F":
+            return (s == 0 or done[(s - 1, "F")] > j) and fits_limit(
+                held[where[s]] + sum(sc.memory_deltas(s, "F")), limits[where[s]])
+        if k == "I":
+            return done[(s, "F")] > j and (s == S - 1 or done[(s + 1, "I")] > j)
+        return done[(s, "I")] > j
+
+    for _ in range(3 * S * m):
+        can = [(s, k) for s in range(S) for k in "FIW" if ready(s, k)]
+        back = [x for x in can if x[1] != "F"]
+        if back and rng.random() < 0.7:
+            can = back
+        if not can:  # every forward left is over its limit: this order will not fit
+            can = [(s, "F") for s in range(S) if done[(s, "F")] < m
+                   and (s == 0 or done[(s - 1, "F")] > done[(s, "F")])]
+        s, k = rng.choice(can)
+        orders[where[s]].append(Action(s, k, done[(s, k)]))
+        held[where[s]] += sum(sc.memory_deltas(s, k))
+        done[(s, k)] += 1
+    return orders
+
+
+@pytest.mark.parametrize("placement", ["v", "loop"])
+def test_no_order_that_fits_beats_the_memory_bound(placement):
+    """V (each rank's second stage nested in its first) and interleaved loop placements,
+    p=2, m=3, random costs and limits: every random order that fits its limits and does
+    not deadlock takes at least every kind of the bound (a lower bound holds for every
+    order, not only the optimum)."""
+    import random
+
+    rng = random.Random(7)
+    where = v_placement(2) if placement == "v" else (0, 1, 0, 1)
+    ran = binds = 0
+    for _ in range(60):
+        w = [rng.uniform(0.1, 1) for _ in range(4)]
+        costs = CostModel(f=[rng.uniform(0.3, 2) for _ in range(4)],
+                          b=[x + rng.uniform(0.3, 3) for x in w], w=w,
+                          comm=rng.choice([0.0, 0.3]),
+                          activation_memory=[rng.uniform(0.5, 1.5) for _ in range(4)],
+                          weight_memory=rng.choice([0.0, 0.2]))
+        sc = costs.resolve(4, 2)
+        need = sum(sc.activation_memory)
+        limits = [rng.uniform(0.6, 2.0) * need] * 2
+        b = bound(sc, where, 3, limits=limits)
+        binds += b.kind == "memory"
+        for _ in range(40):
+            orders = random_orders(rng, where, 3, sc, limits)
+            sched = make_schedule("random", orders, 4, 3, placement=placement)
+            if not all(fits_limit(x, cap) for x, cap in zip(schedule_peaks(sched, sc), limits,
+                                                            strict=True)):
+                continue
+            try:
+                step = simulate(sched, sc).step_time
+            except Deadlock:
+                continue
+            ran += 1
+            for kind, value in b.by_kind.items():
+                assert value <= step + 1e-9, (kind, value, step, placement)
+    assert ran > 100 and binds > 5  # enough orders fit, and the memory kind binds often
+
+
 def rank_orders(stage: int, m: int):
     """Every order of one stage's F, I, W that runs each kind in microbatch order and each
     microbatch's F before its I before its W."""
@@ -157,3 +247,35 @@ def test_every_round_trip_in_one_pass_is_the_longest_path(p, v, data):
     got = _trips(S, dur, succ, order)
     for s in range(S):
         assert got[s] == _scan_trip(Action(s, "F", 0), Action(s, "I", 0), dur, succ, order)
+
+
+@pytest.mark.parametrize("name,p,m,v", [("v-min", 4, 12, 2), ("v-half", 4, 12, 2),
+                                        ("zbv", 4, 8, 2), ("zb-h1", 4, 8, 1),
+                                        ("zb-h2", 3, 9, 1), ("v-min", 6, 18, 2)])
+def test_an_orders_own_round_trips_bound_its_step(name, p, m, v):
+    """The bound with ``held`` (the order's microbatches held per stage until their I:
+    what the planner's order floor reads, plan/cut_score.py) is at or below the order's
+    simulated step, under random costs; the planner takes it only from orders it can
+    speak of (split, one chain, in microbatch order), never from 1F1B's fused B."""
+    import random
+
+    from pipebubble.plan.dims import ParallelDims
+    from pipebubble.plan.plans import Config
+    from pipebubble.plan.schedule_facts import ScheduleFacts
+
+    rng = random.Random(3)
+    facts = ScheduleFacts()
+    sched = facts.schedule(Config(ParallelDims(pp=p), 1, m, name, v, "none", 0.0))
+    held = facts.trip_counts(sched)
+    assert held is not None and len(held) == sched.num_stages
+    assert facts.trip_counts(facts.schedule(Config(ParallelDims(pp=p), 1, m, "1f1b", 1,
+                                                   "none", 0.0))) is None
+    S = sched.num_stages
+    for _ in range(20):
+        w = [rng.uniform(0.1, 1) for _ in range(S)]
+        costs = CostModel(f=[rng.uniform(0.3, 2) for _ in range(S)],
+                          b=[x + rng.uniform(0.3, 3) for x in w], w=w,
+                          comm=rng.choice([0.0, 0.2]))
+        sc = costs.resolve(S, v)
+        b = bound(sc, tuple(sched.stage_to_rank), m, held=held)
+        assert b.value <= simulate(sched, sc).step_time + 1e-9

@@ -236,6 +236,8 @@ def test_auto_plans_alone_search_the_min_max_cut_under_the_memory_left():
     assert {s.name for s in autos._fused_registered(c)} == {"1f1b", "gpipe"}
     assert autos.fused_floor(c, pr, [1e12, 1e12]) == 12
     assert not autos.ruled_out(c, lc, pr, 11) and autos.ruled_out(c, lc, pr, 10)
-    # with one microbatch in flight the split orders' floor (memory kind: F0's microbatches
-    # a round trip F0 F1 I1 I0 = 4 apart, the last one's path 5) is 2 x 4 + 5 = 13
-    assert math.isclose(autos.split_order_floor(c, pr, [10, 10]), 13, rel_tol=1e-8)
+    # with one microbatch in flight the split orders' floor is the memory kind's area: each
+    # microbatch holds rank 0's 10 bytes from its F0 to its W0 (F0 F1 I1 I0 W0, 5 at
+    # least), one at a time: 3 x 5 = 15, the plan above (the round trips alone: F0's
+    # microbatches 4 apart, the last one's path 5, 2 x 4 + 5 = 13)
+    assert math.isclose(autos.split_order_floor(c, pr, [10, 10]), 15, rel_tol=1e-8)

@@ -50,6 +50,24 @@ def _has_fused(order) -> bool:
         a.kind == "B" for st in order if type(st) is Overlap for a in st)
 
 
+def _in_order(sched: Schedule) -> bool:
+    """Whether every stage runs its forwards in microbatch order, and its I's (the flat
+    actions in rank order, a stable sort by stage: each stage's actions as its rank runs
+    them)."""
+    from ..ir.check import flat_actions
+
+    flat = flat_actions(sched)
+    keys = flat.stage.astype(np.int16) if sched.num_stages < 2 ** 15 else flat.stage
+    by_stage = np.argsort(keys, kind="stable")
+    stage, kind, mb = flat.stage[by_stage], flat.kind[by_stage], flat.microbatch[by_stage]
+    for code in (0, 1):  # F, I
+        at = kind == code
+        st, m = stage[at].astype(np.int64), mb[at].astype(np.int64)
+        if not bool(np.all((np.diff(st) != 0) | (np.diff(m) > 0))):
+            return False
+    return True
+
+
 class ScheduleFacts:
     """Schedules and their order-only facts, kept in ``cache`` (module doc)."""
 
@@ -57,6 +75,7 @@ class ScheduleFacts:
         self.cache = SearchCache() if cache is None else cache
         self._schedules = self.cache.schedules
         self._held, self._split, self._shapes = self.cache.held, self.cache.split, self.cache.shapes
+        self._in_order = self.cache.in_order
         self.why_not: dict[str, str] = self.cache.why_not
 
     def schedule(self, c: Config) -> Schedule | None:
@@ -98,6 +117,20 @@ class ScheduleFacts:
                 fused = split and any(map(_has_fused, orders))
             got = self._split[id(sched)] = (sched, split, fused)
         return got[1], got[2]
+
+    def trip_counts(self, sched: Schedule) -> list[int] | None:
+        """Of an order the round-trip bound reads (:func:`~pipebubble.schedules.auto.bounds.
+        bound` with ``held``): each stage's microbatches held at once until their I
+        (:meth:`held` until B/I), when the order has one chain, splits every backward (I
+        and W, no B: the bound's own actions) and runs each stage's forwards and I's in
+        microbatch order (what the bound's argument needs; every family here does, but it
+        is checked, once per schedule); else None."""
+        got = self._in_order.get(id(sched))
+        if got is None or got[0] is not sched:  # an id is reused once its object is gone
+            split, fused = self.kinds(sched)
+            ok = sched.chains == 1 and split and not fused and _in_order(sched)
+            got = self._in_order[id(sched)] = (sched, ok)
+        return self.held(sched, ("B", "I")) if got[1] else None
 
     def shape(self, c: Config, placement: str) -> Schedule:
         """A schedule with ``c``'s ranks, stages, microbatches and ``placement`` and no

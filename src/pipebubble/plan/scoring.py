@@ -227,14 +227,20 @@ class Searcher:
                 return None  # no (b) either
         else:  # simulate the (a) cuts that may win
             # whether a cut fits is known from its order alone (MemoryBounds.fits, what the
-            # simulation reports): only the cuts that fit are simulated
-            fits = [p for p in (simulate(c, sched, pa, budget, math.inf)
-                                for pa in fast if fits_limit(max(pa.static), budget)
-                                and memory.fits(pa, sched, budget)) if p is not None]
+            # simulation reports): only the cuts that fit are simulated, and of those only
+            # the ones whose order's floor (CutScorer.bound: long orders) beats threshold
+            fitting = [pa for pa in fast if fits_limit(max(pa.static), budget)
+                       and memory.fits(pa, sched, budget)]
+            floor = self.scorer.bound
+            fits = [p for p in (simulate(c, sched, pa, budget, math.inf) for pa in fitting
+                                if floor(c, sched, pa, threshold) < threshold)
+                    if p is not None]
             if fits:  # (a) fits: it is the plan of c
                 best = min(fits, key=lambda p: p.step_time)
                 best.cut_search = "min-max"
                 return best if best.step_time < threshold else None
+            if len(fitting) > len(fits):  # (a) fits, its floor at threshold or above
+                return None
         # No (a) cut that may win fits. Of the others learn only whether they fit (from
         # their order's memory, not simulated): if one does, it is the plan, and too slow.
         if any(fits_limit(max(pa.static), budget) and memory.fits(pa, sched, budget)

@@ -19,7 +19,9 @@ chunks, recompute). The loop:
    families whose schedule would take long to generate (:meth:`Searcher.costly`: over
    :data:`~pipebubble.plan.scoring.COSTLY` actions, counted from pp x m x chunks, never
    timed, so the work is the same on any machine and load) wait until after ``auto``, for
-   its tighter threshold (only the order changes, never what is found);
+   its tighter threshold, or, while the cheaper families have found fewer than K plans
+   that fit (no threshold yet: a memory-bound model), until just before ``auto``, as many
+   as it takes to find them (only the order changes, never what is found);
 3. score the others by simulation (:meth:`Searcher.evaluate`: cut, price, simulate) and keep
    the K fastest that fit.
 
@@ -127,8 +129,13 @@ def one_process(req: Request, keep: Callable[[Plan], bool] | None, listed: Liste
             late.append(todo[k])
         k += 1
     # auto searches orders (seconds each): after the families, by the bound of its cut,
-    # against the threshold they have set; then the costly schedules, in the order of the
-    # estimate, against the threshold auto has tightened.
+    # against the threshold they have set (while the cheap families have set none, the
+    # costly ones first, until one is known); then the rest of the costly schedules, in the
+    # order of the estimate, against the threshold auto has tightened.
+    late.reverse()
+    while late and v.threshold() == math.inf:
+        v.visit(*listed.config(late.pop()))
+    late.reverse()
     autos = listed.autos
     for k in auto_order(autos, v.threshold()):
         v.visit(*autos[k])

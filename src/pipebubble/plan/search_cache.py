@@ -24,6 +24,7 @@ class SearchCache:
     schedules: dict = field(default_factory=dict)  # (family, pp, m, v) -> Schedule | None
     held: dict = field(default_factory=dict)  # per schedule: microbatches held per stage
     split: dict = field(default_factory=dict)  # per schedule: split / fused backward
+    in_order: dict = field(default_factory=dict)  # per schedule: microbatches in order
     peaks: dict = field(default_factory=dict)  # per order and stage memory: simulated peaks
     ranks: dict = field(default_factory=dict)  # per schedule and cut: Pricing's rank sums
     prefixes: dict = field(default_factory=dict)  # per layer costs: prefix sums

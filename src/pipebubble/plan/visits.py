@@ -69,12 +69,12 @@ class Visits:
 
     def visit(self, c: Config, s: Searcher, may_defer: bool = False) -> bool:
         """Score ``c`` unless its bound rules it out; with ``may_defer``, a costly one
-        (:meth:`Searcher.costly`) once a threshold is known is not scored but deferred:
-        True then (the caller visits it late)."""
+        (:meth:`Searcher.costly`) is not scored but deferred: True then (the caller visits
+        it late: after auto, or before it while no threshold is known)."""
         limit = self.threshold()
         if c.bound >= limit:
             return False  # no cut of c can enter the top K
-        if may_defer and limit < math.inf and s.costly(c):
+        if may_defer and s.costly(c):
             return True
         plan = s.evaluate(c, limit, self.req.gpu_memory)
         if plan is not None and (self.keep is None or self.keep(plan)):

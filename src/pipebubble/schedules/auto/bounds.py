@@ -16,10 +16,17 @@ path from its start to the end of the microbatch (its own time included).
   ``step >= head_r + m x (F + I of r's stages) + min over r's stages s of (tail(I_s) - I_s)``.
 - **memory** (with a limit, for orders that run each stage's microbatches in order, as
   every schedule here does): a microbatch holds what its F on stage s leaves (``M_B``, or
-  the kept input under recomputation) until its I there ends. If rank r's limit holds at
-  most k of them, ``F(s, j + k)`` cannot start before ``I(s, j)`` has ended, so the forwards
+  the kept input under recomputation) until its I there ends, and all that time also what
+  it left on the earlier stages of s's rank (their I's come after s's: the V's second
+  stage on a rank nests in its first, an interleaved chunk in the chunks before it). If
+  rank r's limit holds at most k microbatches' worth of that, ``F(s, j + k)`` cannot
+  start before ``I(s, j)`` has ended, so the forwards
   of microbatches 0, k, 2k, ... are each a round trip ``F(s) .. I(s)`` apart:
-  ``step >= release(F_s) + floor((m - 1) / k) x trip(s) + tail(F_s)``.
+  ``step >= release(F_s) + floor((m - 1) / k) x trip(s) + tail(F_s)``. And by area: each
+  microbatch holds what its F on s left for at least the round trip, and ``M_W`` for at
+  least its W after that, all of it on the rank between its first forward's release and
+  the step's end, under the limit: ``step >= head_r + m x sum over r's stages of (kept_s x
+  trip(s) + M_W,s x W_s) / limit_r``.
 
 >>> from pipebubble.costs import CostModel
 >>> lower_bound(CostModel().resolve(4), (0, 1, 2, 3), 8)  # 3m + p - 1 with F = I = W = 1
@@ -108,9 +115,15 @@ def _paths(sc: StageCosts, where: tuple[int, ...]):
 
 
 def bound(sc: StageCosts, stage_to_rank: tuple[int, ...], microbatches: int,
-          limits: Sequence[float] | None = None) -> LowerBound:
+          limits: Sequence[float] | None = None,
+          held: Sequence[int] | None = None) -> LowerBound:
     """The best of the provable bounds (see the module docstring), named by kind; the
-    memory kind only with ``limits`` (one per rank)."""
+    memory kind only with ``limits`` (one per rank) or ``held``: of one order, how many
+    microbatches each stage holds at once (an F not yet followed by its I or B, in the
+    rank's order: :func:`~pipebubble.plan.families.held_per_stage` until B/I). Then k is
+    that count, whatever the memory: in an order that runs each stage's microbatches in
+    order and holds at most k of them, ``F(s, j + k)`` comes after ``I(s, j)`` (or its B,
+    which ends later) on the rank, so the round trips bound that order's step."""
     S, m = len(stage_to_rank), microbatches
     paths = _kept_paths(sc, tuple(stage_to_rank))
     dur, succ, order, release, tail = paths[:5]
@@ -128,26 +141,52 @@ def bound(sc: StageCosts, stage_to_rank: tuple[int, ...], microbatches: int,
         after = min(tail[Action(s, "I", 0)] - i[s] for s in mine)
         fill = max(fill, head + m * sum(f[s] + i[s] for s in mine) + after)
     by_kind = {"busiest rank": busiest, "fill and drain": fill}
-    if limits is not None:
+    if limits is not None or held is not None:
         memory = 0.0
+        nested = 0.0 if held is not None else _nested(sc, stage_to_rank)
         for s in range(S):
-            held = sum(sc.memory_deltas(s, "F"))
-            limit = limits[stage_to_rank[s]]
-            if held <= 0:
-                continue
-            k = int(limit // held) + 1
-            while k > 0 and not fits_limit(k * held, limit):
-                k -= 1
-            if k >= m or k == 0:
+            if held is not None:
+                k = held[s]
+            else:
+                kept = nested[s]
+                limit = limits[stage_to_rank[s]]
+                if sum(sc.memory_deltas(s, "F")) <= 0:
+                    continue
+                k = int(limit // kept) + 1
+                while k > 0 and not fits_limit(k * kept, limit):
+                    k -= 1
+            if k >= m or k <= 0:
                 continue  # no constraint (k = 0: below the smallest limit, refused elsewhere)
             fa = Action(s, "F", 0)
             if not trips:  # every stage's round trip, in one pass (kept with the paths)
                 trips.update(_trips(S, dur, succ, order))
             memory = max(memory, release[fa] + (m - 1) // k * trips[s] + tail[fa])
+        if limits is not None:  # the area each microbatch holds, against the limit's
+            if not trips:
+                trips.update(_trips(S, dur, succ, order))
+            for r, mine in enumerate(_stages_of(stage_to_rank)):
+                if not mine or limits[r] <= 0:
+                    continue
+                area = m * sum(sum(sc.memory_deltas(s, "F")) * trips[s]
+                               + sc.weight_memory[s] * w[s] for s in mine)
+                if area > 0:
+                    head = min(release[Action(s, "F", 0)] for s in mine)
+                    memory = max(memory, head + area / limits[r])
         if memory > 0:  # some stage's limit binds
             by_kind["memory"] = memory
     kind = max(by_kind, key=lambda k: (by_kind[k], -KINDS.index(k)))
     return LowerBound(by_kind[kind], kind, by_kind)
+
+
+def _nested(sc: StageCosts, stage_to_rank: tuple[int, ...]) -> list[float]:
+    """Per stage s, what a microbatch holds on s's rank while it is in flight on s (its F
+    on s begun, its I there not ended): what its F left on s and on every earlier stage of
+    that rank, whose I comes after s's (the gradient flows back through s first)."""
+    out, seen = [], {}
+    for s, r in enumerate(stage_to_rank):
+        seen[r] = seen.get(r, 0.0) + sum(sc.memory_deltas(s, "F"))
+        out.append(seen[r])
+    return out
 
 
 KEEP_PATHS = 256  # (costs, placement) whose paths are kept, at most
