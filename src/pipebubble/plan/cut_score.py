@@ -29,7 +29,6 @@ from .pipeline_axis import run_pipeline
 from .plans import Config, Plan, Priced, Request
 from .search_cache import SearchCache
 
-
 FLOOR_FROM = 2**14  # actions (about): a shorter order is simulated without its floor
 
 
