@@ -125,84 +125,103 @@ def bound(sc: StageCosts, stage_to_rank: tuple[int, ...], microbatches: int,
     order and holds at most k of them, ``F(s, j + k)`` comes after ``I(s, j)`` (or its B,
     which ends later) on the rank, so the round trips bound that order's step."""
     S, m = len(stage_to_rank), microbatches
-    paths = _kept_paths(sc, tuple(stage_to_rank))
-    dur, succ, order, release, tail = paths[:5]
-    trips = paths[5]  # stage -> its round trip F .. I (costs and placement alone)
-    f = [sc.duration(s, "F") for s in range(S)]
-    i = [sc.duration(s, "I") for s in range(S)]
-    w = [sc.duration(s, "W") for s in range(S)]
-    busiest = 0.0
-    fill = max(release[a] + tail[a] for a in order)
-    for mine in _stages_of(stage_to_rank):
-        if not mine:
-            continue
-        head = min(release[Action(s, "F", 0)] for s in mine)
-        busiest = max(busiest, head + m * sum(f[s] + i[s] + w[s] for s in mine))
-        after = min(tail[Action(s, "I", 0)] - i[s] for s in mine)
-        fill = max(fill, head + m * sum(f[s] + i[s] for s in mine) + after)
+    fr = _kept_frame(sc, tuple(stage_to_rank))
+    if limits is not None or held is not None:
+        kept, nested, m_w = _memory(sc, stage_to_rank)
+    busiest = max((h + m * x for h, x in zip(fr.head, fr.busy, strict=True)), default=0.0)
+    fill = max([fr.path] + [h + m * x + a for h, x, a in zip(fr.head, fr.fi, fr.after,
+                                                             strict=True)])
     by_kind = {"busiest rank": busiest, "fill and drain": fill}
     if limits is not None or held is not None:
         memory = 0.0
-        nested = 0.0 if held is not None else _nested(sc, stage_to_rank)
         for s in range(S):
             if held is not None:
                 k = held[s]
             else:
-                kept = nested[s]
-                limit = limits[stage_to_rank[s]]
-                if sum(sc.memory_deltas(s, "F")) <= 0:
+                if kept[s] <= 0:
                     continue
-                k = int(limit // kept) + 1
-                while k > 0 and not fits_limit(k * kept, limit):
+                need, limit = nested[s], limits[stage_to_rank[s]]
+                k = int(limit // need) + 1
+                while k > 0 and not fits_limit(k * need, limit):
                     k -= 1
             if k >= m or k <= 0:
                 continue  # no constraint (k = 0: below the smallest limit, refused elsewhere)
-            fa = Action(s, "F", 0)
-            if not trips:  # every stage's round trip, in one pass (kept with the paths)
-                trips.update(_trips(S, dur, succ, order))
-            memory = max(memory, release[fa] + (m - 1) // k * trips[s] + tail[fa])
+            memory = max(memory, fr.release_f[s] + (m - 1) // k * fr.trips()[s]
+                         + fr.tail_f[s])
         if limits is not None:  # the area each microbatch holds, against the limit's
-            if not trips:
-                trips.update(_trips(S, dur, succ, order))
-            for r, mine in enumerate(_stages_of(stage_to_rank)):
-                if not mine or limits[r] <= 0:
-                    continue
-                area = m * sum(sum(sc.memory_deltas(s, "F")) * trips[s]
-                               + sc.weight_memory[s] * w[s] for s in mine)
-                if area > 0:
-                    head = min(release[Action(s, "F", 0)] for s in mine)
-                    memory = max(memory, head + area / limits[r])
+            trips, w = fr.trips(), fr.w
+            for r, mine in enumerate(fr.stages):
+                area = sum(kept[s] * trips[s] + m_w[s] * w[s] for s in mine)
+                if area > 0 and limits[r] > 0:
+                    memory = max(memory, fr.head_of[r] + m * area / limits[r])
         if memory > 0:  # some stage's limit binds
             by_kind["memory"] = memory
     kind = max(by_kind, key=lambda k: (by_kind[k], -KINDS.index(k)))
     return LowerBound(by_kind[kind], kind, by_kind)
 
 
-def _nested(sc: StageCosts, stage_to_rank: tuple[int, ...]) -> list[float]:
-    """Per stage s, what a microbatch holds on s's rank while it is in flight on s (its F
-    on s begun, its I there not ended): what its F left on s and on every earlier stage of
-    that rank, whose I comes after s's (the gradient flows back through s first)."""
+def _memory(sc: StageCosts, where: tuple[int, ...]) -> tuple[list, list, list]:
+    """Per stage what its F keeps, what a microbatch holds on its rank while in flight
+    there (its F on the stage begun, its I there not ended: what its F left on the stage
+    and on every earlier stage of that rank, whose I comes after this one's) and M_W: the
+    memory :func:`bound` reads (the frame is the time's)."""
+    kept = [sum(sc.memory_deltas(s, "F")) for s in range(len(where))]
     out, seen = [], {}
-    for s, r in enumerate(stage_to_rank):
-        seen[r] = seen.get(r, 0.0) + sum(sc.memory_deltas(s, "F"))
+    for s, r in enumerate(where):
+        seen[r] = seen.get(r, 0.0) + kept[s]
         out.append(seen[r])
-    return out
+    return kept, out, list(sc.weight_memory)
 
 
-KEEP_PATHS = 256  # (costs, placement) whose paths are kept, at most
-_PATHS: OrderedDict[tuple, tuple] = OrderedDict()
+class _Frame:
+    """What :func:`bound` reads of one placement's durations and comm, whatever the
+    microbatches, limits and memory: per rank with stages its first forward's release
+    (``head``), its F + I + W (``busy``) and F + I (``fi``) per microbatch and the least
+    path after its last I (``after``); one microbatch's whole path; per stage its F's
+    release and tail; the round trips, made when first asked (a pass over the DAG)."""
+
+    def __init__(self, sc: StageCosts, where: tuple[int, ...]):
+        dur, succ, order, release, tail = _paths(sc, where)
+        self._dag = (len(where), dur, succ, order)
+        S = len(where)
+        f = [sc.duration(s, "F") for s in range(S)]
+        i = [sc.duration(s, "I") for s in range(S)]
+        self.w = [sc.duration(s, "W") for s in range(S)]
+        self.path = max(release[a] + tail[a] for a in order)
+        self.release_f = [release[Action(s, "F", 0)] for s in range(S)]
+        self.tail_f = [tail[Action(s, "F", 0)] for s in range(S)]
+        self.stages = _stages_of(where)
+        self.head_of = [min((self.release_f[s] for s in mine), default=0.0)
+                        for mine in self.stages]
+        full = [mine for mine in self.stages if mine]
+        self.head = [min(self.release_f[s] for s in mine) for mine in full]
+        self.busy = [sum(f[s] + i[s] + self.w[s] for s in mine) for mine in full]
+        self.fi = [sum(f[s] + i[s] for s in mine) for mine in full]
+        self.after = [min(tail[Action(s, "I", 0)] - i[s] for s in mine) for mine in full]
+        self._trips: dict[int, float] | None = None
+
+    def trips(self) -> dict[int, float]:
+        """Every stage's round trip F .. I (:func:`_trips`), once."""
+        if self._trips is None:
+            self._trips = _trips(*self._dag)
+        return self._trips
 
 
-def _kept_paths(sc: StageCosts, where: tuple[int, ...]) -> tuple:
-    """:func:`_paths` and a dict of the round trips :func:`bound` has measured, kept per
-    (costs, placement): they depend on nothing else, and the planner asks the bound of the
-    same costs under a limit per sharding and at every microbatch count."""
-    key = (sc.key(), where)
+KEEP_PATHS = 256  # (costs, placement) whose frames are kept, at most
+_PATHS: OrderedDict[tuple, _Frame] = OrderedDict()
+
+
+def _kept_frame(sc: StageCosts, where: tuple[int, ...]) -> _Frame:
+    """:class:`_Frame` of (durations and comm, placement), kept: it depends on nothing
+    else, and the planner asks the bound of the same durations under a limit and memory
+    per sharding and at every microbatch count."""
+    key = (tuple(sc.f), tuple(sc.b), tuple(sc.w), sc.comm, tuple(sc.recompute),
+           tuple(sc.i_extra) if sc.i_extra else None, where)  # what the durations read
     got = _PATHS.get(key)
     if got is not None:
         _PATHS.move_to_end(key)
         return got
-    got = _PATHS[key] = (*_paths(sc, where), {})
+    got = _PATHS[key] = _Frame(sc, where)
     while len(_PATHS) > KEEP_PATHS:
         _PATHS.popitem(last=False)
     return got
