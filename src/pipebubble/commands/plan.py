@@ -444,8 +444,10 @@ def run(args: argparse.Namespace) -> int:
     alone = config is not None and not args.exact_rank and not args.validate
     result = None
     if not alone:
-        try:
-            result = search(profiles, req, hw, efficiency, args.mfu)
+        from ..plan.settings import megatron_side
+
+        try:  # Megatron-LM's fastest plan on the way, for its paste (runnable_finder)
+            result = search(profiles, req, hw, efficiency, args.mfu, sides=(megatron_side(),))
         except NoPlanFits as exc:
             if budget < memory:  # name the --gpu-memory that leaves that much after --reserve
                 need = exc.smallest + (memory - budget) if not args.reserve.strip().endswith(
@@ -647,7 +649,8 @@ def judge_validations(result, validations, tolerance: float, out: dict) -> dict 
 
 def runnable_finder(result, profiles, req, hw, efficiency, mfu):
     """``find(framework)``: the fastest plan that framework runs: among the plans found, else
-    from a search narrowed to its shardings and schedules; None when none fits."""
+    the search's side answer for it (:class:`~pipebubble.plan.visits.Side`: Megatron-LM's),
+    else from a search narrowed to its shardings and schedules; None when none fits."""
     from dataclasses import replace
 
     from ..plan import settings
@@ -662,6 +665,8 @@ def runnable_finder(result, profiles, req, hw, efficiency, mfu):
         for p in result.plans:
             if blocker(p) is None:
                 return p
+        if framework in result.sides:  # the search found it on the way (plan/visits.py Side)
+            return result.sides[framework]
         ok = settings.TORCHTITAN_SHARDINGS if framework == "torchtitan" else \
             settings.MEGATRON_SHARDINGS
         every = SHARDINGS if hw is not None else SHARDINGS[:4]  # hsdp needs --gpu

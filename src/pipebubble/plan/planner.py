@@ -103,14 +103,16 @@ __all__ = ["Config", "NoPlanFits", "Plan", "Request", "Result", "Searcher",
 
 def search(profiles: ProfileSet, req: Request, hardware: Hardware | None = None,
            efficiency: float | None = None, mfu: float | None = None,
-           keep: Callable[[Plan], bool] | None = None) -> Result:
+           keep: Callable[[Plan], bool] | None = None, sides: tuple = ()) -> Result:
     """The ``req.top`` fastest plans that fit, fastest first (see the module doc and
     :mod:`pipebubble.plan.search`). With ``hardware``, an analytic or HF profile is priced
     by the compute model at every (tp, sp, cp); without, the profile's own times are used
     (tp = cp = 1). With ``keep``, the fastest of the plans it keeps (e.g. those a
-    framework runs)."""
+    framework runs). ``sides`` (:class:`~pipebubble.plan.visits.Side`): each one's fastest
+    plan too, in ``Result.sides``."""
     req.check()
-    return search_points(build_points(profiles, req, hardware, efficiency, mfu), req, keep)
+    return search_points(build_points(profiles, req, hardware, efficiency, mfu), req, keep,
+                         sides)
 
 
 def build_points(profiles, req: Request, hardware: Hardware | None = None,

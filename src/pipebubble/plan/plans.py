@@ -268,6 +268,7 @@ class Result:
     request: Request
     auto_runs: int = 0  # searches of the automatic scheduler (``auto``)
     auto_seconds: float = 0.0  # the time they took
+    sides: dict = field(default_factory=dict)  # a side's name -> its fastest plan or None
 
 
 

@@ -49,19 +49,22 @@ from .configs import visit_estimate
 from .plans import Config, Plan, Request, Result
 from .scoring import SearchCache, Searcher
 from .search_pool import counts_of, parallel_search, runs_parallel
-from .visits import Visits, auto_order, plan_order, runnable_nowhere
+from .visits import Side, Visits, auto_order, plan_order, runnable_nowhere
 
 TIE = 5e-4  # a margin that prints as 0.0 %
 
 
 def search_points(points: list[tuple[Point, object, Axes]], req: Request,
-                  keep: Callable[[Plan], bool] | None = None) -> Result:
+                  keep: Callable[[Plan], bool] | None = None,
+                  sides: tuple[Side, ...] = ()) -> Result:
     """The ``req.top`` fastest plans over ``points`` (``(point, layer costs, axes)``); with
     ``keep``, of the plans it keeps only (a framework's runnable plans: the threshold is set
-    by those, so the search stays as tight as for the top ``req.top`` of all)."""
+    by those, so the search stays as tight as for the top ``req.top`` of all). Each of
+    ``sides`` (:class:`~.visits.Side`) also gets its fastest plan, in ``Result.sides`` by
+    name (None where none fits)."""
     req.check()
     with collector_paused():
-        return _search_points(points, req, keep)
+        return _search_points(points, req, keep, sides)
 
 
 @contextmanager
@@ -82,7 +85,7 @@ def collector_paused():
 
 
 def _search_points(points: list[tuple[Point, object, Axes]], req: Request,
-                   keep: Callable[[Plan], bool] | None) -> Result:
+                   keep: Callable[[Plan], bool] | None, sides: tuple[Side, ...]) -> Result:
     """:func:`search_points`, with the collector paused: in one process, or over
     ``req.jobs`` worker processes when the listing is large (:mod:`.search_pool`)."""
     t0 = time.perf_counter()
@@ -96,9 +99,10 @@ def _search_points(points: list[tuple[Point, object, Axes]], req: Request,
     # the visit order: by the estimate, ties in listing order (a stable sort)
     visit_order = np.argsort(listed.estimates, kind="stable")
     if runs_parallel(req, listed):
-        found, counts = parallel_search(req, keep, searchers, listed, visit_order)
+        found, side_found, counts = parallel_search(req, keep, searchers, listed, visit_order,
+                                                    sides)
     else:
-        found = one_process(req, keep, listed, visit_order)
+        found, side_found = one_process(req, keep, listed, visit_order, sides)
         counts = counts_of(searchers)
     if not found:
         raise least_memory(searchers, [listed.config(j) for j in visit_order.tolist()]
@@ -106,20 +110,24 @@ def _search_points(points: list[tuple[Point, object, Axes]], req: Request,
     best = ranked(found, req.top)
     simulated, auto_runs, auto_seconds = counts
     return Result(best, len(listed.estimates) + len(listed.autos), simulated,
-                  time.perf_counter() - t0, req, auto_runs, auto_seconds)
+                  time.perf_counter() - t0, req, auto_runs, auto_seconds,
+                  sides={side.name: min(side_found[i], key=plan_order, default=None)
+                         for i, side in enumerate(sides)})
 
 
 def one_process(req: Request, keep: Callable[[Plan], bool] | None, listed: Listed,
-                visit_order: np.ndarray) -> list[Plan]:
+                visit_order: np.ndarray, sides: tuple[Side, ...] = ()
+                ) -> tuple[list[Plan], list[list[Plan]]]:
     """The search in this process: the families in ``visit_order``, then auto's
-    configurations, then the costly families deferred (module doc); the plans found."""
-    v = Visits(req, keep)
+    configurations, then the costly families deferred (module doc); the plans found, and
+    each side's (its fastest, or none)."""
+    v = Visits(req, keep, sides)
     bounds = listed.bounds
     late: list[int] = []  # costly: visited after the rest
     ahead = visit_order  # the family configurations not visited yet, in order
     todo, k, seen = ahead.tolist(), 0, math.inf
     while k < len(todo):
-        limit = v.threshold()
+        limit = v.loosest()
         if limit < seen:  # the threshold fell: drop those it rules out (visit would)
             rest = ahead[k:]
             ahead = rest[bounds[rest] < limit]
@@ -137,11 +145,11 @@ def one_process(req: Request, keep: Callable[[Plan], bool] | None, listed: Liste
         v.visit(*listed.config(late.pop()))
     late.reverse()
     autos = listed.autos
-    for k in auto_order(autos, v.threshold()):
+    for k in auto_order(autos, v.loosest(autos=True)):
         v.visit(*autos[k])
     for j in late:
         v.visit(*listed.config(j))
-    return v.best
+    return v.best, [[p] if p is not None else [] for p in v.side_best]
 
 
 def ranked(found: list[Plan], top: int) -> list[Plan]:

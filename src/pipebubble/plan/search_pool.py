@@ -56,7 +56,7 @@ import numpy as np
 from ..errors import UserError
 from .plans import Plan, Request
 from .scoring import Searcher
-from .visits import Visits, auto_order, threshold_of
+from .visits import Side, Visits, auto_order, threshold_of
 
 PARALLEL_AT = 40_000  # listed configurations (families and auto's): fewer run in one process
 GRAB = 4  # family configurations a worker takes at once, of those its threshold leaves
@@ -79,10 +79,11 @@ class Board:
     """What the workers share (allocated before the fork): the K best steps found by any
     of them, the counters that hand out the work, and the costly families deferred."""
 
-    def __init__(self, ctx, top: int, families: int, autos: int, jobs: int):
+    def __init__(self, ctx, top: int, families: int, autos: int, jobs: int, sides: int = 0):
         self.lock = ctx.Lock()
         self.top = top
         self.steps = ctx.RawArray("d", [math.inf] * top)  # ascending
+        self.side_steps = ctx.RawArray("d", [math.inf] * max(sides, 1))  # each side's best
         self.next_family = ctx.RawValue("q", 0)
         self.in_families = ctx.RawValue("i", jobs)  # workers not past the families yet
         self.auto_state = ctx.RawValue("i", 0)  # 0: not sorted, 1: being sorted, 2: sorted
@@ -120,6 +121,16 @@ class Board:
         with self.lock:
             return self.steps[self.top - 1]
 
+    def side(self, i: int) -> float:
+        """Side ``i``'s fastest step found by any worker."""
+        with self.lock:
+            return self.side_steps[i]
+
+    def side_add(self, i: int, step: float) -> None:
+        with self.lock:
+            if step < self.side_steps[i]:
+                self.side_steps[i] = step
+
     def add(self, step: float) -> None:
         """A plan's step into the K best (each plan once: the workers visit apart)."""
         with self.lock:
@@ -137,8 +148,8 @@ class SharedVisits(Visits):
     """A worker's :class:`~.search.Visits`: its threshold is the K-th best step of every
     worker's plans (:class:`Board`), and each plan it finds goes onto the board."""
 
-    def __init__(self, req: Request, keep, board: Board):
-        super().__init__(req, keep)
+    def __init__(self, req: Request, keep, board: Board, sides: tuple[Side, ...] = ()):
+        super().__init__(req, keep, sides)
         self.board = board
 
     def kth(self) -> float:
@@ -148,15 +159,32 @@ class SharedVisits(Visits):
         super().found(plan)
         self.board.add(plan.step_time)
 
+    def side_step(self, i: int) -> float:
+        return self.board.side(i)
+
+    def side_found(self, i: int, plan: Plan) -> None:
+        super().side_found(i, plan)
+        self.board.side_add(i, plan.step_time)
+
+    def locked_loosest(self) -> float:
+        """:meth:`loosest` read under the board's lock (held by the caller)."""
+        b, prune = self.board, self.req.prune
+        limit = threshold_of(b.steps[b.top - 1], prune)
+        for i in range(len(self.sides)):
+            limit = max(limit, threshold_of(b.side_steps[i], prune))
+        return limit
+
 
 def parallel_search(req: Request, keep: Callable[[Plan], bool] | None,
-                    searchers: list[Searcher], listed, visit_order: np.ndarray
-                    ) -> tuple[list[Plan], tuple[int, int, float]]:
-    """The plans ``req.jobs`` workers found (each one's K best) and the counts summed over
-    them: (simulations, auto's searches, their seconds)."""
+                    searchers: list[Searcher], listed, visit_order: np.ndarray,
+                    sides: tuple[Side, ...] = ()
+                    ) -> tuple[list[Plan], list[list[Plan]], tuple[int, int, float]]:
+    """The plans ``req.jobs`` workers found (each one's K best), each side's (each worker's
+    fastest) and the counts summed over them: (simulations, auto's searches, their
+    seconds)."""
     ctx = mp.get_context("fork")
     jobs = req.jobs
-    board = Board(ctx, req.top, len(visit_order), len(listed.autos), jobs)
+    board = Board(ctx, req.top, len(visit_order), len(listed.autos), jobs, len(sides))
     ordered_bounds = listed.bounds[visit_order]
     base = counts_of(searchers)
     parent = os.getpid()
@@ -164,11 +192,11 @@ def parallel_search(req: Request, keep: Callable[[Plan], bool] | None,
     def work(conn, me: int) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C
         try:
-            v = SharedVisits(req, keep, board)
+            v = SharedVisits(req, keep, board, sides)
             worker_loop(v, board, listed, visit_order, ordered_bounds, parent, me)
             now = counts_of(searchers)
-            conn.send(("ok", pickle.dumps(v.best), tuple(a - b for a, b in zip(now, base,
-                                                                                strict=True))))
+            conn.send(("ok", pickle.dumps((v.best, v.side_best)),
+                       tuple(a - b for a, b in zip(now, base, strict=True))))
         except BaseException as exc:  # noqa: BLE001 -- every failure goes back as one line
             conn.send(("error", *failure(exc)))
         finally:
@@ -184,6 +212,7 @@ def parallel_search(req: Request, keep: Callable[[Plan], bool] | None,
             procs.append(p)
             conns[r] = i
         found: list[Plan] = []
+        side_found: list[list[Plan]] = [[] for _ in sides]
         total = [0, 0, 0.0]
         while conns:
             for r in wait(list(conns)):
@@ -199,11 +228,16 @@ def parallel_search(req: Request, keep: Callable[[Plan], bool] | None,
                     r.close()
                 if msg[0] == "error":
                     raise rebuilt(msg[1:], i, jobs)
-                found += pickle.loads(msg[1])
+                best, side_best = pickle.loads(msg[1])
+                found += best
+                for got, plan in zip(side_found, side_best, strict=True):
+                    if plan is not None:
+                        got.append(plan)
                 total = [a + b for a, b in zip(total, msg[2], strict=True)]
         for p in procs:
             p.join()
-        return found, (base[0] + total[0], base[1] + total[1], base[2] + total[2])
+        return found, side_found, (base[0] + total[0], base[1] + total[1],
+                                   base[2] + total[2])
     finally:
         for p in procs:
             if p.is_alive():
@@ -242,7 +276,7 @@ def worker_loop(v: SharedVisits, board: Board, listed, visit_order: np.ndarray,
                     board.active[me] = 0
                     board.in_families.value -= 1
                     break
-                limit = threshold_of(board.steps[board.top - 1], v.req.prune)  # (locked)
+                limit = v.locked_loosest()  # (locked)
                 hit = np.flatnonzero(ordered_bounds[k:k + WINDOW] < limit)
                 if len(hit) > GRAB:
                     hit = hit[:GRAB]
@@ -280,7 +314,7 @@ def worker_loop(v: SharedVisits, board: Board, listed, visit_order: np.ndarray,
         if sorts:
             board.auto_state.value = 1
     if sorts:  # the first worker here sorts auto's configurations for all
-        order, starts = sibling_groups(autos, auto_order(autos, v.threshold()))
+        order, starts = sibling_groups(autos, auto_order(autos, v.loosest(autos=True)))
         board.auto_order[:len(order)] = order
         board.auto_starts[:len(starts)] = starts
         board.auto_count.value = len(starts) - 1

@@ -167,8 +167,27 @@ def torchtitan_blocker(plan: Plan) -> str | None:
 
 def megatron_blocker(plan: Plan) -> str | None:
     """Why Megatron-LM cannot run this plan (one sentence), or None when it can."""
-    c = plan.config
-    if c.pp > 1 and c.schedule not in megatron_families():
+    return megatron_config_blocker(plan.config, getattr(plan, "moe", False))
+
+
+def megatron_side():
+    """The planner's side answer for Megatron-LM (:class:`~pipebubble.plan.visits.Side`):
+    its fastest runnable plan, found by the search itself (``plan``'s Megatron paste). A
+    configuration is admitted by what of it alone Megatron-LM runs (its routed experts
+    aside: a plan's, checked when it is kept)."""
+    from .visits import Side
+
+    families = frozenset(megatron_families())
+    return Side("megatron", lambda c: megatron_config_blocker(c, families=families) is None,
+                lambda p: megatron_blocker(p) is None)
+
+
+def megatron_config_blocker(c, moe: bool = False,
+                            families: frozenset[str] | None = None) -> str | None:
+    """Why Megatron-LM cannot run configuration ``c`` (one sentence; ``moe``: its plan
+    prices routed experts), or None when it can. ``families``: :func:`megatron_families`,
+    when the caller has it."""
+    if c.pp > 1 and c.schedule not in (families or megatron_families()):
         from ..schedules import lookup
 
         names = " and ".join(lookup(n).megatron for n in megatron_families())
@@ -177,7 +196,7 @@ def megatron_blocker(plan: Plan) -> str | None:
         return "these flags have no HSDP form for Megatron-LM"
     if c.recompute == "op":
         return "Megatron-LM has no op-level selective checkpointing (torchtitan's 'op' policy)"
-    if getattr(plan, "moe", False) and c.tp > 1 and not c.sp:  # MoELayer.forward raises
+    if moe and c.tp > 1 and not c.sp:  # MoELayer.forward raises
         return (f"Megatron-Core trains MoE layers with tp {c.tp} only under sequence "
                 "parallelism (MoELayer.forward raises in training with TP and without "
                 "--sequence-parallel): sp 1")

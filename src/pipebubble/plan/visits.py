@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from ..schedules import lookup
 from .plans import Config, Plan, Request
@@ -40,6 +41,22 @@ def threshold_of(kth: float, prune: bool) -> float:
     return math.nextafter(kth, math.inf) if prune else math.inf
 
 
+@dataclass(frozen=True)
+class Side:
+    """A second answer the search gives on the way: the fastest plan ``keep`` keeps (a
+    framework's runnable plans), among the configurations ``may`` admits (a superset of
+    those whose plans it keeps, known from the configuration alone; ``autos``: whether it
+    admits any of auto's). A configuration it admits is scored against the looser of the
+    two thresholds, so the side's plan is the one a search of its own would find (the
+    same configurations, the same true bounds), without a second search's listing, costs
+    and simulations (``plan``'s Megatron paste: "the best plan it runs instead")."""
+
+    name: str
+    may: Callable[[Config], bool]
+    keep: Callable[[Plan], bool]
+    autos: bool = False
+
+
 class Visits:
     """The visit of one configuration against the K-th best step found (the one rule of the
     one-process search and of each worker's, :mod:`.search_pool`): :attr:`best` holds the
@@ -47,9 +64,12 @@ class Visits:
     threshold reads the K-th best step from :meth:`kth`: by default this visitor's own,
     a worker's reads the K-th of every worker's (a true bound either way)."""
 
-    def __init__(self, req: Request, keep: Callable[[Plan], bool] | None):
+    def __init__(self, req: Request, keep: Callable[[Plan], bool] | None,
+                 sides: tuple[Side, ...] = ()):
         self.req, self.keep = req, keep
         self.best: list[Plan] = []
+        self.sides = sides
+        self.side_best: list[Plan | None] = [None] * len(sides)  # each side's fastest
 
     def kth(self) -> float:
         """The K-th best step found (inf until K are)."""
@@ -67,18 +87,53 @@ class Visits:
         """What a plan must beat: :func:`threshold_of` the K-th best step."""
         return threshold_of(self.kth(), self.req.prune)
 
+    def side_step(self, i: int) -> float:
+        """Side ``i``'s fastest step found (inf until one is)."""
+        got = self.side_best[i]
+        return math.inf if got is None else got.step_time
+
+    def side_found(self, i: int, plan: Plan) -> None:
+        """A plan side ``i`` keeps: its fastest, by :func:`plan_order`."""
+        got = self.side_best[i]
+        if got is None or plan_order(plan) < plan_order(got):
+            self.side_best[i] = plan
+
+    def loosest(self, autos: bool = False) -> float:
+        """The loosest threshold any configuration faces (of auto's only, ``autos``): what
+        the visit's filters may drop by."""
+        limit = self.threshold()
+        for i, side in enumerate(self.sides):
+            if side.autos or not autos:
+                limit = max(limit, threshold_of(self.side_step(i), self.req.prune))
+        return limit
+
+    def limit_of(self, c: Config) -> float:
+        """What ``c``'s plan must beat: the threshold, or a side's where ``c`` may be that
+        side's and its threshold is looser."""
+        limit = self.threshold()
+        for i, side in enumerate(self.sides):
+            t = threshold_of(self.side_step(i), self.req.prune)
+            if t > limit and side.may(c):
+                limit = t
+        return limit
+
     def visit(self, c: Config, s: Searcher, may_defer: bool = False) -> bool:
         """Score ``c`` unless its bound rules it out; with ``may_defer``, a costly one
         (:meth:`Searcher.costly`) is not scored but deferred: True then (the caller visits
         it late: after auto, or before it while no threshold is known)."""
-        limit = self.threshold()
+        limit = self.limit_of(c) if self.sides else self.threshold()
         if c.bound >= limit:
-            return False  # no cut of c can enter the top K
+            return False  # no cut of c can enter the top K (nor a side's best)
         if may_defer and s.costly(c):
             return True
         plan = s.evaluate(c, limit, self.req.gpu_memory)
-        if plan is not None and (self.keep is None or self.keep(plan)):
-            self.found(plan)
+        if plan is None:
+            return False
+        if self.keep is None or self.keep(plan):
+            self.found(plan)  # (one slower than the K-th falls off the end)
+        for i, side in enumerate(self.sides):
+            if side.may(c) and plan.step_time <= self.side_step(i) and side.keep(plan):
+                self.side_found(i, plan)
         return False
 
 
