@@ -16,7 +16,9 @@ copy-on-write) and visit the same configurations by the same rule
 - then auto's configurations, in the order of their cut's bound, a group of siblings
   (the same configuration at every sharding) at a time from a second counter (the first
   worker there sorts them, against the threshold then);
-- then the costly families any worker deferred (:meth:`~.scoring.Searcher.costly`).
+- then the costly families any worker deferred (:meth:`~.scoring.Searcher.costly`), each
+  worker its own first (their schedules are the ones it owns: generated in one worker, not
+  in each), then the others'.
 
 The threshold is the K-th best step of every worker's plans: each plan a worker finds
 (and keeps) goes into one shared array of the K best steps, so the threshold any worker
@@ -113,9 +115,12 @@ class Board:
         self.inbox_next = ctx.RawArray("q", jobs)
         self.active = ctx.RawArray("i", [1] * jobs)  # still visiting families
         self.families = max(families, 1)
-        self.late = ctx.RawArray("q", max(families, 1))
-        self.late_count = ctx.RawValue("q", 0)
-        self.next_late = ctx.RawValue("q", 0)
+        # the costly families deferred, a queue per worker (the one that deferred them,
+        # which owns their schedules: it takes its own first, then the others')
+        self.late = ctx.RawArray("q", max(families, 1) * jobs)
+        self.late_count = ctx.RawArray("q", jobs)
+        self.next_late = ctx.RawArray("q", jobs)
+        self.jobs = jobs
 
     def kth(self) -> float:
         with self.lock:
@@ -290,18 +295,13 @@ def worker_loop(v: SharedVisits, board: Board, listed, visit_order: np.ndarray,
                 continue
             if v.visit(c, s, may_defer=True):
                 with lock:
-                    board.late[board.late_count.value] = j
-                    board.late_count.value += 1
+                    board.late[base + board.late_count[me]] = j
+                    board.late_count[me] += 1
     while v.threshold() == math.inf:  # no threshold yet: the deferred first, till one is
         with lock:
-            k, added = board.next_late.value, board.late_count.value
-            if k < added:
-                board.next_late.value = k + 1
-                j = board.late[k]
-            elif board.in_families.value == 0:
+            j = take_late(board, me)
+            if j < 0 and board.in_families.value == 0:
                 break  # none left to come: auto's, against no threshold
-            else:
-                j = -1
         if j < 0:
             if os.getppid() != parent:
                 return
@@ -335,20 +335,27 @@ def worker_loop(v: SharedVisits, board: Board, listed, visit_order: np.ndarray,
             v.visit(*autos[board.auto_order[k]])
     while True:  # the deferred costly families, once every worker is past the families
         with lock:
-            k, added = board.next_late.value, board.late_count.value
-            if k < added:
-                board.next_late.value = k + 1
-                j = board.late[k]
-            elif board.in_families.value == 0:
+            j = take_late(board, me)
+            if j < 0 and board.in_families.value == 0:
                 return
-            else:
-                j = -1
         if j < 0:
             if os.getppid() != parent:
                 return
             time.sleep(POLL)
             continue
         v.visit(*listed.config(j))
+
+
+def take_late(board: Board, me: int) -> int:
+    """The next deferred family for worker ``me`` (under the lock), -1 when none is queued
+    now: the first of its own queue (the schedules it owns: generated once, here), else the
+    first of another's."""
+    for w in [me] + [w for w in range(board.jobs) if w != me]:
+        k = board.next_late[w]
+        if k < board.late_count[w]:
+            board.next_late[w] = k + 1
+            return board.late[w * board.families + k]
+    return -1
 
 
 def affinity(board: Board, autos: list, order: list[int], starts: list[int]) -> None:
