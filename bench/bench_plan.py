@@ -37,9 +37,11 @@ in the candidate set (row ``deepseek-v3:2048``): wall and CPU seconds, configura
 priced, simulations run and auto's searches; the target (under 10 s) is checked on the
 CPU seconds, which a loaded machine inflates less than the wall. With ``--jobs N`` (default:
 the CPUs this process may use) each row runs again over N worker processes
-(``plan --jobs``), cold: its wall beside the one-process CPU seconds, the ratio, whether its
-top plans are the same (the run stops if not), and the target judged on that wall, at the
-load printed beside it (other work on the machine inflates it).
+(``plan --jobs``), in a fresh Python process as ``plan`` runs it (forked from this one,
+whose heap holds the first search's leavings, the workers ran slower): its wall beside the
+one-process CPU seconds, the ratio, whether its top plans are the same (the run stops if
+not), and the target judged on that wall, at the load printed beside it (other work on the
+machine inflates it).
 
 With ``--config``: ``pipebubble plan --config`` (in-process, after the imports, each run
 cold) on a published-like configuration per shape (:data:`CONFIG_ROWS`: GPT-1T on 512
@@ -240,24 +242,13 @@ def bench_table(rows: list[tuple[str, int, str]], repeats: int = 1,
                 row, _, plan = line.partition(" | ")
                 saved.setdefault(row, []).append(plan)
     written, changed = [], []
-    from pipebubble.plan.analytic import TransformerShape, shape_profile
-    from pipebubble.plan.hardware import get_hardware
 
     print(f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; each row cold, best of "
           f"{repeats}" + (f"; then over {jobs} worker processes, cold" if jobs > 1 else ""))
     print(f"{'shape':<12} {'GPUs':>6} {'attention':<8} {'wall s':>7} {'CPU s':>7} "
           f"{'configs':>8} {'simulated':>9} {'auto':>5} {'auto s':>7}  best")
     for name, gpus, attention in rows:
-        if name == "deepseek-v3":  # the MoE row (bench_deepseek_v3.py's search, auto in)
-            prof, req, hw, eff = moe_case()
-        else:
-            layers, hidden, ffn, heads, kv, vocab, seq, gpu = SHAPES[name]
-            shape = TransformerShape(layers=layers, hidden=hidden, ffn=ffn, heads=heads,
-                                     vocab=vocab, kv_heads=kv)
-            prof = ProfileSet([shape_profile(shape, seq, 1, attention=attention)])
-            hw, eff = get_hardware(gpu), None
-            req = Request(gpus=gpus, gpu_memory=hw.memory * 0.95, global_batch=2048,
-                          recompute=("none", "full"), top=5)
+        prof, req, hw, eff = row_case(name, gpus, attention)
         wall, cpu, res = best_of(
             repeats, lambda prof=prof, req=req, hw=hw, eff=eff: search(prof, req, hw, eff),
             cold)
@@ -269,18 +260,15 @@ def bench_table(rows: list[tuple[str, int, str]], repeats: int = 1,
               f"mbs={b.microbatch_size} {b.recompute} {b.step_time:.3f} s"
               + ("" if jobs > 1 else f"; target under 10 s: {'met' if cpu < 10 else 'MISSED'}"),
               flush=True)
-        if jobs > 1:
-            from dataclasses import replace
-
-            preq = replace(req, jobs=jobs)
-            pwall, _, pres = best_of(
-                repeats, lambda prof=prof, req=preq, hw=hw, eff=eff: search(prof, req, hw, eff),
-                cold)
-            same = top_lines(pres.plans) == top_lines(res.plans)
+        if jobs > 1:  # in a fresh process, as plan runs it (this one's heap is the first
+            # search's: its workers would fork from it)
+            got = [child_search(name, gpus, attention, jobs) for _ in range(repeats)]
+            pwall, simulated, auto_runs, auto_s, lines = min(got)
+            same = lines == top_lines(res.plans)
             print(f"  {jobs} jobs: wall {pwall:.1f} s (one process {cpu:.1f} CPU s: "
                   f"x{cpu / pwall:.2f}, efficiency {cpu / pwall / jobs:.0%}) at load "
-                  f"{os.getloadavg()[0]:.1f}; simulated {pres.simulated}, auto "
-                  f"{pres.auto_runs} in {pres.auto_seconds:.1f} s; the same top plans: "
+                  f"{os.getloadavg()[0]:.1f}; simulated {simulated}, auto "
+                  f"{auto_runs} in {auto_s:.1f} s; the same top plans: "
                   f"{same}; target under 10 s: {'met' if pwall < 10 else 'MISSED'}",
                   flush=True)
             if not same:
@@ -298,6 +286,53 @@ def bench_table(rows: list[tuple[str, int, str]], repeats: int = 1,
             f.write("".join(line + "\n" for line in written))
     if changed:
         raise SystemExit(f"the top plans changed: {', '.join(changed)}")
+
+
+def row_case(name: str, gpus: int, attention: str):
+    """(profiles, request, hardware, efficiency) of a --table row: a dense shape of
+    :data:`SHAPES` on ``gpus`` of its preset (global batch 2048, recompute none and full,
+    every axis, auto in), or the MoE row (:func:`moe_case`)."""
+    from pipebubble.plan.analytic import TransformerShape, shape_profile
+    from pipebubble.plan.hardware import get_hardware
+
+    if name == "deepseek-v3":  # the MoE row (bench_deepseek_v3.py's search, auto in)
+        return moe_case()
+    layers, hidden, ffn, heads, kv, vocab, seq, gpu = SHAPES[name]
+    shape = TransformerShape(layers=layers, hidden=hidden, ffn=ffn, heads=heads,
+                             vocab=vocab, kv_heads=kv)
+    prof = ProfileSet([shape_profile(shape, seq, 1, attention=attention)])
+    hw = get_hardware(gpu)
+    req = Request(gpus=gpus, gpu_memory=hw.memory * 0.95, global_batch=2048,
+                  recompute=("none", "full"), top=5)
+    return prof, req, hw, None
+
+
+def child_search(name: str, gpus: int, attention: str, jobs: int) -> tuple:
+    """A row's search over ``jobs`` workers in a fresh Python process (``--child``), as
+    ``plan`` runs it: (wall s, simulated, auto's searches, their seconds, top lines)."""
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, __file__, "--child", f"{name}:{gpus}:{attention}",
+                          "--jobs", str(jobs)], capture_output=True, text=True, check=True)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    return (got["wall"], got["simulated"], got["auto_runs"], got["auto_seconds"],
+            got["top"])
+
+
+def child(row: str, jobs: int) -> None:
+    """--child: one row's search over ``jobs`` workers, timed, as one JSON line."""
+    import json
+    from dataclasses import replace
+
+    name, gpus, attention = row.split(":")
+    prof, req, hw, eff = row_case(name, int(gpus), attention)
+    t0 = time.perf_counter()
+    res = search(prof, replace(req, jobs=jobs), hw, eff)
+    wall = time.perf_counter() - t0
+    print(json.dumps({"wall": wall, "simulated": res.simulated, "auto_runs": res.auto_runs,
+                      "auto_seconds": res.auto_seconds, "top": top_lines(res.plans)}))
 
 
 CONFIG_ROWS = [  # (shape, GPUs, attention, --config): the --config rows
@@ -523,7 +558,11 @@ def main() -> None:
                     "list of SHAPE:GPUS of " + ", ".join(r[0] for r in CONFIG_ROWS) + ")")
     ap.add_argument("--no-baseline", action="store_true",
                     help="--config: skip the full searches (--exact-rank)")
+    ap.add_argument("--child", metavar="ROW", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child:
+        child(args.child, args.jobs)
+        return
     if args.config:
         rows = CONFIG_ROWS if args.config == "all" else [
             r for x in args.config.split(",") for r in CONFIG_ROWS
