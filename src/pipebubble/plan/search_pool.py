@@ -297,17 +297,10 @@ def worker_loop(v: SharedVisits, board: Board, listed, visit_order: np.ndarray,
                 with lock:
                     board.late[base + board.late_count[me]] = j
                     board.late_count[me] += 1
-    while v.threshold() == math.inf:  # no threshold yet: the deferred first, till one is
-        with lock:
-            j = take_late(board, me)
-            if j < 0 and board.in_families.value == 0:
-                break  # none left to come: auto's, against no threshold
-        if j < 0:
-            if os.getppid() != parent:
-                return
-            time.sleep(POLL)
-            continue
-        v.visit(*listed.config(j))
+    # no threshold yet: the deferred first, till one is (or none is left to come: then
+    # auto's, against no threshold)
+    if not visit_late(v, board, listed, me, parent, lambda: v.threshold() == math.inf):
+        return
     autos = listed.autos
     with lock:
         sorts = board.auto_state.value == 0
@@ -333,17 +326,27 @@ def worker_loop(v: SharedVisits, board: Board, listed, visit_order: np.ndarray,
             break
         for k in range(board.auto_starts[g], board.auto_starts[g + 1]):
             v.visit(*autos[board.auto_order[k]])
-    while True:  # the deferred costly families, once every worker is past the families
-        with lock:
+    # the deferred costly families, once every worker is past the families
+    visit_late(v, board, listed, me, parent, lambda: True)
+
+
+def visit_late(v: SharedVisits, board: Board, listed, me: int, parent: int,
+               going: Callable[[], bool]) -> bool:
+    """Worker ``me`` visits deferred families (:func:`take_late`) while ``going()`` holds,
+    until none is queued and every worker is past the families (none can come); False when
+    the parent is gone."""
+    while going():
+        with board.lock:
             j = take_late(board, me)
             if j < 0 and board.in_families.value == 0:
-                return
+                return True
         if j < 0:
             if os.getppid() != parent:
-                return
+                return False
             time.sleep(POLL)
             continue
         v.visit(*listed.config(j))
+    return True
 
 
 def take_late(board: Board, me: int) -> int:
