@@ -67,12 +67,10 @@ class CutScorer:
         ``threshold`` and the order is long (over :data:`FLOOR_FROM` actions, where a
         simulation costs far more than the bound), the larger of it and the order's own
         floor (:meth:`order_floor`)."""
-        if pr.bound >= threshold or threshold == math.inf:
+        if (pr.bound >= threshold or threshold == math.inf
+                or 3 * sched.num_stages * sched.num_microbatches < FLOOR_FROM):
             return pr.bound
-        facts = self.memory.facts
-        if 3 * sched.num_stages * sched.num_microbatches < FLOOR_FROM:
-            return pr.bound
-        held = facts.trip_counts(sched)
+        held = self.memory.facts.trip_counts(sched)
         if held is None:
             return pr.bound
         return max(pr.bound, self.order_floor(c, sched, pr, held))
@@ -93,12 +91,16 @@ class CutScorer:
 
         sc = pr.costs.resolve(sched.num_stages, sched.chunks)
         lb = bound(sc, tuple(sched.stage_to_rank), sched.num_microbatches, held=held).value
-        opt = [self.pricing.rank_optimizer(c, P, E) for P, E in zip(
-            pr.rank_params, pr.rank_expert or [0.0] * len(pr.rank_params), strict=True)]
+        opt = self.rank_optimizers(c, pr)
         after = min(x + o for x, o in zip(pr.exposed, opt, strict=True))
         floor = (lb + after) * (1 - 1e-9)  # a true bound, rounding aside
         self._floors[key] = (sched, pr, floor)
         return floor
+
+    def rank_optimizers(self, c: Config, pr: Priced) -> list[float]:
+        """Each rank's optimizer step on the cut (optimizer.py; experts' sharded apart)."""
+        return [self.pricing.rank_optimizer(c, P, E) for P, E in zip(
+            pr.rank_params, pr.rank_expert or [0.0] * len(pr.rank_params), strict=True)]
 
     def step(self, c: Config, sched: Schedule, pr: Priced) -> tuple[object, list, float]:
         """The cut's pipeline run (simulated once per schedule and stage costs), each rank's
@@ -114,8 +116,7 @@ class CutScorer:
             self.simulated += 1
             got = self._runs[key] = (sched, run_pipeline(sched, co))
         run = got[1]
-        opt = [self.pricing.rank_optimizer(c, P, E) for P, E in zip(  # optimizer.py
-            pr.rank_params, pr.rank_expert or [0.0] * len(pr.rank_params), strict=True)]
+        opt = self.rank_optimizers(c, pr)
         step = float(max(e + x + o for e, x, o in zip(run.rank_end, pr.exposed, opt,
                                                        strict=True)))
         return run, opt, step

@@ -47,6 +47,21 @@ def held_per_stage(schedule: Schedule, until: tuple[str, ...] = ("B", "W")) -> l
         ("B", "W"), ("B", "I")) else _held(schedule, until)
 
 
+def by_stage(schedule: Schedule):
+    """The validated flat actions' (:func:`~pipebubble.ir.check.flat_actions`) stage, kind
+    and microbatch columns, each stage's actions in its rank's order (a stable sort by
+    stage)."""
+    import numpy as np
+
+    from ..ir.check import flat_actions
+
+    flat = flat_actions(schedule)
+    # (a stable sort of 16-bit keys is numpy's radix sort: the same order, twice as fast)
+    keys = flat.stage.astype(np.int16) if schedule.num_stages < 2 ** 15 else flat.stage
+    order = np.argsort(keys, kind="stable")
+    return flat.stage[order], flat.kind[order], flat.microbatch[order]
+
+
 def _held_both(schedule: Schedule) -> tuple[list[int], list[int]]:
     """:func:`held_per_stage` until B/W and until B/I, from the validated flat actions
     (:func:`~pipebubble.ir.check.flat_actions`, what the evaluation core's memory walk
@@ -58,14 +73,8 @@ def _held_both(schedule: Schedule) -> tuple[list[int], list[int]]:
     (tests/test_plan.py checks it against a walk over the orders)."""
     import numpy as np
 
-    from ..ir.check import flat_actions
-
     S = schedule.num_stages
-    flat = flat_actions(schedule)
-    # (a stable sort of 16-bit keys is numpy's radix sort: the same order, twice as fast)
-    keys = flat.stage.astype(np.int16) if S < 2 ** 15 else flat.stage
-    by_stage = np.argsort(keys, kind="stable")
-    stage, kind = flat.stage[by_stage], flat.kind[by_stage]
+    stage, kind, _ = by_stage(schedule)
     starts = np.searchsorted(stage, np.arange(S + 1))
     full = starts[1:] > starts[:-1]  # stages with actions
     out = []

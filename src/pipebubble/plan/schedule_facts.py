@@ -34,7 +34,7 @@ from ..ir.schedule import (
     make_schedule,
 )
 from ..schedules import get_schedule, lookup
-from .families import _held_both
+from .families import _held_both, by_stage
 from .plans import Config
 from .search_cache import SearchCache
 
@@ -51,15 +51,9 @@ def _has_fused(order) -> bool:
 
 
 def _in_order(sched: Schedule) -> bool:
-    """Whether every stage runs its forwards in microbatch order, and its I's (the flat
-    actions in rank order, a stable sort by stage: each stage's actions as its rank runs
-    them)."""
-    from ..ir.check import flat_actions
-
-    flat = flat_actions(sched)
-    keys = flat.stage.astype(np.int16) if sched.num_stages < 2 ** 15 else flat.stage
-    by_stage = np.argsort(keys, kind="stable")
-    stage, kind, mb = flat.stage[by_stage], flat.kind[by_stage], flat.microbatch[by_stage]
+    """Whether every stage runs its forwards in microbatch order, and its I's (each stage's
+    actions as its rank runs them: :func:`~pipebubble.plan.families.by_stage`)."""
+    stage, kind, mb = by_stage(sched)
     for code in (0, 1):  # F, I
         at = kind == code
         st, m = stage[at].astype(np.int64), mb[at].astype(np.int64)

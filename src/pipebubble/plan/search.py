@@ -140,10 +140,11 @@ def one_process(req: Request, keep: Callable[[Plan], bool] | None, listed: Liste
     # against the threshold they have set (while the cheap families have set none, the
     # costly ones first, until one is known); then the rest of the costly schedules, in the
     # order of the estimate, against the threshold auto has tightened.
-    late.reverse()
-    while late and v.threshold() == math.inf:
-        v.visit(*listed.config(late.pop()))
-    late.reverse()
+    first = 0
+    while first < len(late) and v.threshold() == math.inf:
+        v.visit(*listed.config(late[first]))
+        first += 1
+    late = late[first:]
     autos = listed.autos
     for k in auto_order(autos, v.loosest(autos=True)):
         v.visit(*autos[k])

@@ -121,7 +121,7 @@ class Visits:
         """Score ``c`` unless its bound rules it out; with ``may_defer``, a costly one
         (:meth:`Searcher.costly`) is not scored but deferred: True then (the caller visits
         it late: after auto, or before it while no threshold is known)."""
-        limit = self.limit_of(c) if self.sides else self.threshold()
+        limit = self.limit_of(c)
         if c.bound >= limit:
             return False  # no cut of c can enter the top K (nor a side's best)
         if may_defer and s.costly(c):

@@ -194,7 +194,7 @@ class _Frame:
         self.head_of = [min((self.release_f[s] for s in mine), default=0.0)
                         for mine in self.stages]
         full = [mine for mine in self.stages if mine]
-        self.head = [min(self.release_f[s] for s in mine) for mine in full]
+        self.head = [h for h, mine in zip(self.head_of, self.stages, strict=True) if mine]
         self.busy = [sum(f[s] + i[s] + self.w[s] for s in mine) for mine in full]
         self.fi = [sum(f[s] + i[s] for s in mine) for mine in full]
         self.after = [min(tail[Action(s, "I", 0)] - i[s] for s in mine) for mine in full]
@@ -260,9 +260,10 @@ def lower_bound(sc: StageCosts, stage_to_rank: tuple[int, ...], microbatches: in
 
 def min_limits(sc: StageCosts, stage_to_rank: tuple[int, ...]) -> list[float]:
     """Per rank, the smallest activation-memory limit any order can run under; see above."""
+    kept = _memory(sc, stage_to_rank)[0]
     out = []
     for mine in _stages_of(stage_to_rank):
-        held = sum(sum(sc.memory_deltas(s, "F")) for s in mine)
+        held = sum(kept[s] for s in mine)
         extra = max((sc.memory_deltas(s, "I")[0] for s in mine), default=0.0)
         out.append(held + extra)
     return out
